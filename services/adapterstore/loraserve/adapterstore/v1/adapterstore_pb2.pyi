@@ -1,0 +1,325 @@
+import datetime
+
+from google.protobuf import timestamp_pb2 as _timestamp_pb2
+from google.protobuf.internal import containers as _containers
+from google.protobuf.internal import enum_type_wrapper as _enum_type_wrapper
+from google.protobuf import descriptor as _descriptor
+from google.protobuf import message as _message
+from collections.abc import Iterable as _Iterable, Mapping as _Mapping
+from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
+
+DESCRIPTOR: _descriptor.FileDescriptor
+
+class EventType(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    EVENT_TYPE_UNSPECIFIED: _ClassVar[EventType]
+    EVENT_TYPE_REVISION_PUSHED: _ClassVar[EventType]
+    EVENT_TYPE_CURRENT_REVISION_SET: _ClassVar[EventType]
+    EVENT_TYPE_ADAPTER_DELETED: _ClassVar[EventType]
+
+class ReportType(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    REPORT_TYPE_UNSPECIFIED: _ClassVar[ReportType]
+    REPORT_TYPE_ACK: _ClassVar[ReportType]
+    REPORT_TYPE_NACK: _ClassVar[ReportType]
+    REPORT_TYPE_REMOVED: _ClassVar[ReportType]
+EVENT_TYPE_UNSPECIFIED: EventType
+EVENT_TYPE_REVISION_PUSHED: EventType
+EVENT_TYPE_CURRENT_REVISION_SET: EventType
+EVENT_TYPE_ADAPTER_DELETED: EventType
+REPORT_TYPE_UNSPECIFIED: ReportType
+REPORT_TYPE_ACK: ReportType
+REPORT_TYPE_NACK: ReportType
+REPORT_TYPE_REMOVED: ReportType
+
+class FileInfo(_message.Message):
+    __slots__ = ("name", "size", "sha256")
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    SIZE_FIELD_NUMBER: _ClassVar[int]
+    SHA256_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    size: int
+    sha256: str
+    def __init__(self, name: _Optional[str] = ..., size: _Optional[int] = ..., sha256: _Optional[str] = ...) -> None: ...
+
+class Revision(_message.Message):
+    __slots__ = ("adapter_name", "revision", "files", "base_model", "rank", "alpha", "target_modules", "create_time", "pushed_by", "description", "seq")
+    ADAPTER_NAME_FIELD_NUMBER: _ClassVar[int]
+    REVISION_FIELD_NUMBER: _ClassVar[int]
+    FILES_FIELD_NUMBER: _ClassVar[int]
+    BASE_MODEL_FIELD_NUMBER: _ClassVar[int]
+    RANK_FIELD_NUMBER: _ClassVar[int]
+    ALPHA_FIELD_NUMBER: _ClassVar[int]
+    TARGET_MODULES_FIELD_NUMBER: _ClassVar[int]
+    CREATE_TIME_FIELD_NUMBER: _ClassVar[int]
+    PUSHED_BY_FIELD_NUMBER: _ClassVar[int]
+    DESCRIPTION_FIELD_NUMBER: _ClassVar[int]
+    SEQ_FIELD_NUMBER: _ClassVar[int]
+    adapter_name: str
+    revision: int
+    files: _containers.RepeatedCompositeFieldContainer[FileInfo]
+    base_model: str
+    rank: int
+    alpha: float
+    target_modules: _containers.RepeatedScalarFieldContainer[str]
+    create_time: _timestamp_pb2.Timestamp
+    pushed_by: str
+    description: str
+    seq: int
+    def __init__(self, adapter_name: _Optional[str] = ..., revision: _Optional[int] = ..., files: _Optional[_Iterable[_Union[FileInfo, _Mapping]]] = ..., base_model: _Optional[str] = ..., rank: _Optional[int] = ..., alpha: _Optional[float] = ..., target_modules: _Optional[_Iterable[str]] = ..., create_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., pushed_by: _Optional[str] = ..., description: _Optional[str] = ..., seq: _Optional[int] = ...) -> None: ...
+
+class Adapter(_message.Message):
+    __slots__ = ("name", "current_revision", "latest_revision", "current", "create_time", "update_time")
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    CURRENT_REVISION_FIELD_NUMBER: _ClassVar[int]
+    LATEST_REVISION_FIELD_NUMBER: _ClassVar[int]
+    CURRENT_FIELD_NUMBER: _ClassVar[int]
+    CREATE_TIME_FIELD_NUMBER: _ClassVar[int]
+    UPDATE_TIME_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    current_revision: int
+    latest_revision: int
+    current: Revision
+    create_time: _timestamp_pb2.Timestamp
+    update_time: _timestamp_pb2.Timestamp
+    def __init__(self, name: _Optional[str] = ..., current_revision: _Optional[int] = ..., latest_revision: _Optional[int] = ..., current: _Optional[_Union[Revision, _Mapping]] = ..., create_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., update_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ...) -> None: ...
+
+class PushHeader(_message.Message):
+    __slots__ = ("name", "files", "no_promote", "description")
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    FILES_FIELD_NUMBER: _ClassVar[int]
+    NO_PROMOTE_FIELD_NUMBER: _ClassVar[int]
+    DESCRIPTION_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    files: _containers.RepeatedCompositeFieldContainer[FileInfo]
+    no_promote: bool
+    description: str
+    def __init__(self, name: _Optional[str] = ..., files: _Optional[_Iterable[_Union[FileInfo, _Mapping]]] = ..., no_promote: _Optional[bool] = ..., description: _Optional[str] = ...) -> None: ...
+
+class FileChunk(_message.Message):
+    __slots__ = ("file_name", "offset", "data")
+    FILE_NAME_FIELD_NUMBER: _ClassVar[int]
+    OFFSET_FIELD_NUMBER: _ClassVar[int]
+    DATA_FIELD_NUMBER: _ClassVar[int]
+    file_name: str
+    offset: int
+    data: bytes
+    def __init__(self, file_name: _Optional[str] = ..., offset: _Optional[int] = ..., data: _Optional[bytes] = ...) -> None: ...
+
+class PushAdapterRequest(_message.Message):
+    __slots__ = ("header", "chunk")
+    HEADER_FIELD_NUMBER: _ClassVar[int]
+    CHUNK_FIELD_NUMBER: _ClassVar[int]
+    header: PushHeader
+    chunk: FileChunk
+    def __init__(self, header: _Optional[_Union[PushHeader, _Mapping]] = ..., chunk: _Optional[_Union[FileChunk, _Mapping]] = ...) -> None: ...
+
+class PushAdapterResponse(_message.Message):
+    __slots__ = ("revision", "promoted", "seq")
+    REVISION_FIELD_NUMBER: _ClassVar[int]
+    PROMOTED_FIELD_NUMBER: _ClassVar[int]
+    SEQ_FIELD_NUMBER: _ClassVar[int]
+    revision: Revision
+    promoted: bool
+    seq: int
+    def __init__(self, revision: _Optional[_Union[Revision, _Mapping]] = ..., promoted: _Optional[bool] = ..., seq: _Optional[int] = ...) -> None: ...
+
+class GetAdapterRequest(_message.Message):
+    __slots__ = ("name", "revision")
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    REVISION_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    revision: int
+    def __init__(self, name: _Optional[str] = ..., revision: _Optional[int] = ...) -> None: ...
+
+class GetAdapterResponse(_message.Message):
+    __slots__ = ("adapter", "revision")
+    ADAPTER_FIELD_NUMBER: _ClassVar[int]
+    REVISION_FIELD_NUMBER: _ClassVar[int]
+    adapter: Adapter
+    revision: Revision
+    def __init__(self, adapter: _Optional[_Union[Adapter, _Mapping]] = ..., revision: _Optional[_Union[Revision, _Mapping]] = ...) -> None: ...
+
+class ListAdaptersRequest(_message.Message):
+    __slots__ = ("page_size", "page_token", "base_model")
+    PAGE_SIZE_FIELD_NUMBER: _ClassVar[int]
+    PAGE_TOKEN_FIELD_NUMBER: _ClassVar[int]
+    BASE_MODEL_FIELD_NUMBER: _ClassVar[int]
+    page_size: int
+    page_token: str
+    base_model: str
+    def __init__(self, page_size: _Optional[int] = ..., page_token: _Optional[str] = ..., base_model: _Optional[str] = ...) -> None: ...
+
+class ListAdaptersResponse(_message.Message):
+    __slots__ = ("adapters", "next_page_token", "seq")
+    ADAPTERS_FIELD_NUMBER: _ClassVar[int]
+    NEXT_PAGE_TOKEN_FIELD_NUMBER: _ClassVar[int]
+    SEQ_FIELD_NUMBER: _ClassVar[int]
+    adapters: _containers.RepeatedCompositeFieldContainer[Adapter]
+    next_page_token: str
+    seq: int
+    def __init__(self, adapters: _Optional[_Iterable[_Union[Adapter, _Mapping]]] = ..., next_page_token: _Optional[str] = ..., seq: _Optional[int] = ...) -> None: ...
+
+class ListRevisionsRequest(_message.Message):
+    __slots__ = ("name", "page_size", "page_token")
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    PAGE_SIZE_FIELD_NUMBER: _ClassVar[int]
+    PAGE_TOKEN_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    page_size: int
+    page_token: str
+    def __init__(self, name: _Optional[str] = ..., page_size: _Optional[int] = ..., page_token: _Optional[str] = ...) -> None: ...
+
+class ListRevisionsResponse(_message.Message):
+    __slots__ = ("revisions", "next_page_token", "current_revision")
+    REVISIONS_FIELD_NUMBER: _ClassVar[int]
+    NEXT_PAGE_TOKEN_FIELD_NUMBER: _ClassVar[int]
+    CURRENT_REVISION_FIELD_NUMBER: _ClassVar[int]
+    revisions: _containers.RepeatedCompositeFieldContainer[Revision]
+    next_page_token: str
+    current_revision: int
+    def __init__(self, revisions: _Optional[_Iterable[_Union[Revision, _Mapping]]] = ..., next_page_token: _Optional[str] = ..., current_revision: _Optional[int] = ...) -> None: ...
+
+class SetCurrentRevisionRequest(_message.Message):
+    __slots__ = ("name", "revision", "expected_current_revision")
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    REVISION_FIELD_NUMBER: _ClassVar[int]
+    EXPECTED_CURRENT_REVISION_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    revision: int
+    expected_current_revision: int
+    def __init__(self, name: _Optional[str] = ..., revision: _Optional[int] = ..., expected_current_revision: _Optional[int] = ...) -> None: ...
+
+class SetCurrentRevisionResponse(_message.Message):
+    __slots__ = ("adapter", "seq")
+    ADAPTER_FIELD_NUMBER: _ClassVar[int]
+    SEQ_FIELD_NUMBER: _ClassVar[int]
+    adapter: Adapter
+    seq: int
+    def __init__(self, adapter: _Optional[_Union[Adapter, _Mapping]] = ..., seq: _Optional[int] = ...) -> None: ...
+
+class DeleteAdapterRequest(_message.Message):
+    __slots__ = ("name",)
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    def __init__(self, name: _Optional[str] = ...) -> None: ...
+
+class DeleteAdapterResponse(_message.Message):
+    __slots__ = ("seq",)
+    SEQ_FIELD_NUMBER: _ClassVar[int]
+    seq: int
+    def __init__(self, seq: _Optional[int] = ...) -> None: ...
+
+class DownloadAdapterRequest(_message.Message):
+    __slots__ = ("name", "revision")
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    REVISION_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    revision: int
+    def __init__(self, name: _Optional[str] = ..., revision: _Optional[int] = ...) -> None: ...
+
+class DownloadAdapterResponse(_message.Message):
+    __slots__ = ("manifest", "chunk")
+    MANIFEST_FIELD_NUMBER: _ClassVar[int]
+    CHUNK_FIELD_NUMBER: _ClassVar[int]
+    manifest: Revision
+    chunk: FileChunk
+    def __init__(self, manifest: _Optional[_Union[Revision, _Mapping]] = ..., chunk: _Optional[_Union[FileChunk, _Mapping]] = ...) -> None: ...
+
+class WatchAdaptersRequest(_message.Message):
+    __slots__ = ("after_seq",)
+    AFTER_SEQ_FIELD_NUMBER: _ClassVar[int]
+    after_seq: int
+    def __init__(self, after_seq: _Optional[int] = ...) -> None: ...
+
+class AdapterEvent(_message.Message):
+    __slots__ = ("seq", "type", "adapter_name", "revision", "current_revision", "time", "actor")
+    SEQ_FIELD_NUMBER: _ClassVar[int]
+    TYPE_FIELD_NUMBER: _ClassVar[int]
+    ADAPTER_NAME_FIELD_NUMBER: _ClassVar[int]
+    REVISION_FIELD_NUMBER: _ClassVar[int]
+    CURRENT_REVISION_FIELD_NUMBER: _ClassVar[int]
+    TIME_FIELD_NUMBER: _ClassVar[int]
+    ACTOR_FIELD_NUMBER: _ClassVar[int]
+    seq: int
+    type: EventType
+    adapter_name: str
+    revision: Revision
+    current_revision: int
+    time: _timestamp_pb2.Timestamp
+    actor: str
+    def __init__(self, seq: _Optional[int] = ..., type: _Optional[_Union[EventType, str]] = ..., adapter_name: _Optional[str] = ..., revision: _Optional[_Union[Revision, _Mapping]] = ..., current_revision: _Optional[int] = ..., time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., actor: _Optional[str] = ...) -> None: ...
+
+class Heartbeat(_message.Message):
+    __slots__ = ("seq", "time")
+    SEQ_FIELD_NUMBER: _ClassVar[int]
+    TIME_FIELD_NUMBER: _ClassVar[int]
+    seq: int
+    time: _timestamp_pb2.Timestamp
+    def __init__(self, seq: _Optional[int] = ..., time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ...) -> None: ...
+
+class WatchAdaptersResponse(_message.Message):
+    __slots__ = ("event", "heartbeat")
+    EVENT_FIELD_NUMBER: _ClassVar[int]
+    HEARTBEAT_FIELD_NUMBER: _ClassVar[int]
+    event: AdapterEvent
+    heartbeat: Heartbeat
+    def __init__(self, event: _Optional[_Union[AdapterEvent, _Mapping]] = ..., heartbeat: _Optional[_Union[Heartbeat, _Mapping]] = ...) -> None: ...
+
+class ErrorStatus(_message.Message):
+    __slots__ = ("code", "message")
+    CODE_FIELD_NUMBER: _ClassVar[int]
+    MESSAGE_FIELD_NUMBER: _ClassVar[int]
+    code: int
+    message: str
+    def __init__(self, code: _Optional[int] = ..., message: _Optional[str] = ...) -> None: ...
+
+class ReportStatusRequest(_message.Message):
+    __slots__ = ("replica_id", "adapter_name", "revision", "type", "error", "serving_revision")
+    REPLICA_ID_FIELD_NUMBER: _ClassVar[int]
+    ADAPTER_NAME_FIELD_NUMBER: _ClassVar[int]
+    REVISION_FIELD_NUMBER: _ClassVar[int]
+    TYPE_FIELD_NUMBER: _ClassVar[int]
+    ERROR_FIELD_NUMBER: _ClassVar[int]
+    SERVING_REVISION_FIELD_NUMBER: _ClassVar[int]
+    replica_id: str
+    adapter_name: str
+    revision: int
+    type: ReportType
+    error: ErrorStatus
+    serving_revision: int
+    def __init__(self, replica_id: _Optional[str] = ..., adapter_name: _Optional[str] = ..., revision: _Optional[int] = ..., type: _Optional[_Union[ReportType, str]] = ..., error: _Optional[_Union[ErrorStatus, _Mapping]] = ..., serving_revision: _Optional[int] = ...) -> None: ...
+
+class ReportStatusResponse(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class GetAdapterStatusRequest(_message.Message):
+    __slots__ = ("name",)
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    def __init__(self, name: _Optional[str] = ...) -> None: ...
+
+class ReplicaAdapterStatus(_message.Message):
+    __slots__ = ("replica_id", "adapter_name", "serving_revision", "reported_revision", "type", "last_error", "update_time")
+    REPLICA_ID_FIELD_NUMBER: _ClassVar[int]
+    ADAPTER_NAME_FIELD_NUMBER: _ClassVar[int]
+    SERVING_REVISION_FIELD_NUMBER: _ClassVar[int]
+    REPORTED_REVISION_FIELD_NUMBER: _ClassVar[int]
+    TYPE_FIELD_NUMBER: _ClassVar[int]
+    LAST_ERROR_FIELD_NUMBER: _ClassVar[int]
+    UPDATE_TIME_FIELD_NUMBER: _ClassVar[int]
+    replica_id: str
+    adapter_name: str
+    serving_revision: int
+    reported_revision: int
+    type: ReportType
+    last_error: ErrorStatus
+    update_time: _timestamp_pb2.Timestamp
+    def __init__(self, replica_id: _Optional[str] = ..., adapter_name: _Optional[str] = ..., serving_revision: _Optional[int] = ..., reported_revision: _Optional[int] = ..., type: _Optional[_Union[ReportType, str]] = ..., last_error: _Optional[_Union[ErrorStatus, _Mapping]] = ..., update_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ...) -> None: ...
+
+class GetAdapterStatusResponse(_message.Message):
+    __slots__ = ("statuses",)
+    STATUSES_FIELD_NUMBER: _ClassVar[int]
+    statuses: _containers.RepeatedCompositeFieldContainer[ReplicaAdapterStatus]
+    def __init__(self, statuses: _Optional[_Iterable[_Union[ReplicaAdapterStatus, _Mapping]]] = ...) -> None: ...

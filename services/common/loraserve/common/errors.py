@@ -1,0 +1,87 @@
+"""Domain errors shared by both services, and their one mapping to gRPC status codes.
+
+Library code raises these; only `loraserve.common.grpcutil` turns them into gRPC
+statuses, for unary and streaming calls alike. Anything else that escapes a
+servicer is a bug and becomes INTERNAL.
+"""
+
+from __future__ import annotations
+
+import grpc
+
+
+class LoraserveError(Exception):
+    """Base of every expected error; `code` is the gRPC status it maps to."""
+
+    code: grpc.StatusCode = grpc.StatusCode.INTERNAL
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message)
+        self.message = message
+
+
+class InvalidArgument(LoraserveError):
+    """The request is malformed: a bad name, parameter or file."""
+
+    code = grpc.StatusCode.INVALID_ARGUMENT
+
+
+class NotFound(LoraserveError):
+    """The adapter or revision does not exist."""
+
+    code = grpc.StatusCode.NOT_FOUND
+
+
+class AlreadyExists(LoraserveError):
+    """The thing being created exists already."""
+
+    code = grpc.StatusCode.ALREADY_EXISTS
+
+
+class FailedPrecondition(LoraserveError):
+    """The request is well formed but cannot apply to the current state,
+    e.g. an adapter incompatible with the served model."""
+
+    code = grpc.StatusCode.FAILED_PRECONDITION
+
+
+class Aborted(LoraserveError):
+    """A concurrency check failed (compare-and-set lost); retry after re-reading."""
+
+    code = grpc.StatusCode.ABORTED
+
+
+class OutOfRange(LoraserveError):
+    """A position lies outside what is kept, e.g. a watch behind the kept log."""
+
+    code = grpc.StatusCode.OUT_OF_RANGE
+
+
+class Unavailable(LoraserveError):
+    """A transient condition; the caller may retry with backoff."""
+
+    code = grpc.StatusCode.UNAVAILABLE
+
+
+class ResourceExhausted(LoraserveError):
+    """A bounded resource (admission queue, size limit) is full."""
+
+    code = grpc.StatusCode.RESOURCE_EXHAUSTED
+
+
+class DataLoss(LoraserveError):
+    """Stored data is corrupt, e.g. a blob whose SHA-256 does not match."""
+
+    code = grpc.StatusCode.DATA_LOSS
+
+
+class Unauthenticated(LoraserveError):
+    """No valid credentials."""
+
+    code = grpc.StatusCode.UNAUTHENTICATED
+
+
+class PermissionDenied(LoraserveError):
+    """Valid credentials without the needed role."""
+
+    code = grpc.StatusCode.PERMISSION_DENIED

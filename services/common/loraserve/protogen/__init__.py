@@ -1,0 +1,62 @@
+"""Generates the gRPC stubs from `proto/` into each service's package.
+
+The stubs are committed so that a plain `pip install` needs no code generator;
+`tests/test_protos.py` regenerates them and fails when the committed ones are stale.
+"""
+
+from __future__ import annotations
+
+import tempfile
+from importlib import resources
+from pathlib import Path
+
+from grpc_tools import protoc
+
+# Each API package is generated into the source root of the service that owns it.
+OUTPUTS: dict[str, str] = {
+    "loraserve/adapterstore/v1/adapterstore.proto": "services/adapterstore",
+    "loraserve/inference/v1/inference.proto": "services/inference",
+}
+GENERATED_SUFFIXES = ("_pb2.py", "_pb2.pyi", "_pb2_grpc.py")
+
+
+def generate(repo_root: Path, out_root: Path | None = None) -> list[Path]:
+    """Generates every stub; into `out_root/<service dir>` when given, else in place.
+
+    Returns the generated files.
+    """
+    proto_root = repo_root / "proto"
+    well_known = resources.files("grpc_tools") / "_proto"
+    written: list[Path] = []
+    for proto, service_dir in OUTPUTS.items():
+        target = (out_root or repo_root) / service_dir
+        target.mkdir(parents=True, exist_ok=True)
+        args = [
+            "grpc_tools.protoc",
+            f"-I{proto_root}",
+            f"-I{well_known}",
+            f"--python_out={target}",
+            f"--pyi_out={target}",
+            f"--grpc_python_out={target}",
+            str(proto_root / proto),
+        ]
+        if protoc.main(args) != 0:
+            raise RuntimeError(f"protoc failed for {proto}")
+        package_dir = target / Path(proto).parent
+        (package_dir / "__init__.py").touch()
+        written.extend(
+            p for p in sorted(package_dir.iterdir()) if p.name.endswith(GENERATED_SUFFIXES)
+        )
+    return written
+
+
+def stale_files(repo_root: Path) -> list[str]:
+    """Names the committed stubs that differ from a fresh generation."""
+    with tempfile.TemporaryDirectory() as tmp:
+        fresh = generate(repo_root, Path(tmp))
+        stale = []
+        for path in fresh:
+            committed = repo_root / path.relative_to(tmp)
+            if not committed.exists() or committed.read_bytes() != path.read_bytes():
+                stale.append(str(committed.relative_to(repo_root)))
+        return stale
