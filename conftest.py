@@ -1,0 +1,5 @@
+"""Registers the project's pytest fixtures for every test folder."""
+
+pytest_plugins = [
+    "loraserve.testing.s3",
+]

@@ -1,0 +1,115 @@
+"""Cross-cutting gRPC server behaviour: one place that turns errors into statuses.
+
+`ErrorMappingInterceptor` wraps every handler, unary or streaming, so servicers
+simply raise `LoraserveError` subclasses. Anything else escaping a handler is a bug:
+it is logged with its traceback and becomes INTERNAL with a generic message.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any
+
+import grpc
+from grpc.aio import AbortError
+
+from loraserve.common.errors import LoraserveError
+
+log = logging.getLogger(__name__)
+
+Behavior = Callable[..., Any]
+Guard = Callable[[grpc.aio.ServicerContext[Any, Any]], Awaitable[None]]
+
+
+async def _abort_for(
+    exc: BaseException, context: grpc.aio.ServicerContext[Any, Any], method: str
+) -> None:
+    if isinstance(exc, LoraserveError):
+        log.info("rpc.error method=%s code=%s message=%s", method, exc.code.name, exc.message)
+        await context.abort(exc.code, exc.message)
+    log.error("rpc.internal_error method=%s", method, exc_info=exc)
+    await context.abort(grpc.StatusCode.INTERNAL, f"internal error in {method}")
+
+
+def _wrap_unary_response(behavior: Behavior, guard: Guard | None, method: str) -> Behavior:
+    async def wrapper(request: Any, context: grpc.aio.ServicerContext[Any, Any]) -> Any:
+        try:
+            if guard is not None:
+                await guard(context)
+            return await behavior(request, context)
+        except (asyncio.CancelledError, AbortError):
+            raise
+        except Exception as exc:
+            await _abort_for(exc, context, method)
+
+    return wrapper
+
+
+def _wrap_stream_response(behavior: Behavior, guard: Guard | None, method: str) -> Behavior:
+    async def wrapper(
+        request: Any, context: grpc.aio.ServicerContext[Any, Any]
+    ) -> AsyncIterator[Any]:
+        try:
+            if guard is not None:
+                await guard(context)
+            async for response in behavior(request, context):
+                yield response
+        except (asyncio.CancelledError, AbortError):
+            raise
+        except Exception as exc:
+            await _abort_for(exc, context, method)
+
+    return wrapper
+
+
+def wrap_handler(
+    handler: grpc.RpcMethodHandler[Any, Any] | None, method: str, guard: Guard | None = None
+) -> grpc.RpcMethodHandler[Any, Any] | None:
+    """Returns `handler` with error mapping, running `guard` first (e.g. auth)."""
+    if handler is None:
+        return None
+    kwargs = {
+        "request_deserializer": handler.request_deserializer,
+        "response_serializer": handler.response_serializer,
+    }
+    if handler.unary_unary:
+        return grpc.unary_unary_rpc_method_handler(
+            _wrap_unary_response(handler.unary_unary, guard, method), **kwargs
+        )
+    if handler.stream_unary:
+        return grpc.stream_unary_rpc_method_handler(
+            _wrap_unary_response(handler.stream_unary, guard, method), **kwargs
+        )
+    if handler.unary_stream:
+        return grpc.unary_stream_rpc_method_handler(
+            _wrap_stream_response(handler.unary_stream, guard, method), **kwargs
+        )
+    assert handler.stream_stream is not None
+    return grpc.stream_stream_rpc_method_handler(
+        _wrap_stream_response(handler.stream_stream, guard, method), **kwargs
+    )
+
+
+class ErrorMappingInterceptor(grpc.aio.ServerInterceptor):
+    """Maps domain errors to gRPC statuses for every method of the server.
+
+    `guard_for(method)` may return a check (authentication, say) that runs before
+    the handler, inside the same error mapping and the same contextvars context.
+    """
+
+    def __init__(self, guard_for: Callable[[str], Guard | None] | None = None) -> None:
+        self._guard_for = guard_for
+
+    async def intercept_service(
+        self,
+        continuation: Callable[
+            [grpc.HandlerCallDetails], Awaitable[grpc.RpcMethodHandler[Any, Any] | None]
+        ],
+        handler_call_details: grpc.HandlerCallDetails,
+    ) -> grpc.RpcMethodHandler[Any, Any] | None:
+        method = handler_call_details.method
+        guard = self._guard_for(method) if self._guard_for else None
+        handler = await continuation(handler_call_details)
+        return wrap_handler(handler, method, guard)

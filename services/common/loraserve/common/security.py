@@ -1,0 +1,323 @@
+"""Bearer-token roles and TLS for both servers and their clients.
+
+Tokens are given as `TOKEN` or `PRINCIPAL:TOKEN` (principal names who pushed a
+revision); a writer token also grants the reader role. With no token configured
+authentication is off, which the servers log loudly at start-up. Secrets never
+appear in reprs or logs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextvars
+import enum
+import hmac
+import re
+from collections.abc import Awaitable, Callable, Iterable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import grpc
+
+from loraserve.common.errors import InvalidArgument, PermissionDenied, Unauthenticated
+
+# Set for the duration of an authenticated call; read by servicers for audit fields.
+current_principal: contextvars.ContextVar[str] = contextvars.ContextVar(
+    "current_principal", default="anonymous"
+)
+
+# Health and reflection stay open so load balancers and grpcurl need no token.
+OPEN_METHOD_PREFIXES = ("/grpc.health.v1.Health/", "/grpc.reflection.")
+_PRINCIPAL = re.compile(r"[A-Za-z0-9._-]{1,64}")
+
+
+class Role(enum.IntEnum):
+    READER = 1
+    WRITER = 2
+
+
+@dataclass(frozen=True)
+class Token:
+    """One accepted bearer token."""
+
+    principal: str
+    secret: str = field(repr=False)
+
+
+def parse_tokens(spec: str, default_principal: str) -> tuple[Token, ...]:
+    """Parses a comma-separated list of `TOKEN` or `PRINCIPAL:TOKEN`."""
+    tokens = []
+    for item in (part.strip() for part in spec.split(",")):
+        if not item:
+            continue
+        principal, sep, secret = item.partition(":")
+        if sep and _PRINCIPAL.fullmatch(principal) and secret:
+            tokens.append(Token(principal, secret))
+        else:
+            tokens.append(Token(default_principal, item))
+    return tuple(tokens)
+
+
+@dataclass(frozen=True)
+class ServerSecurity:
+    """Authentication and transport security of one server."""
+
+    reader_tokens: tuple[Token, ...] = ()
+    writer_tokens: tuple[Token, ...] = ()
+    tls_cert_file: Path | None = None
+    tls_key_file: Path | None = None
+    # When set, clients must present a certificate signed by this CA (mTLS).
+    tls_client_ca_file: Path | None = None
+
+    @property
+    def auth_enabled(self) -> bool:
+        return bool(self.reader_tokens or self.writer_tokens)
+
+    def server_credentials(self) -> grpc.ServerCredentials | None:
+        if self.tls_cert_file is None or self.tls_key_file is None:
+            return None
+        ca = self.tls_client_ca_file.read_bytes() if self.tls_client_ca_file else None
+        return grpc.ssl_server_credentials(
+            [(self.tls_key_file.read_bytes(), self.tls_cert_file.read_bytes())],
+            root_certificates=ca,
+            require_client_auth=ca is not None,
+        )
+
+
+class TokenAuth:
+    """Checks `authorization: Bearer <token>` against reader and writer roles."""
+
+    def __init__(self, security: ServerSecurity, write_methods: Iterable[str]) -> None:
+        self._tokens = [(t, Role.READER) for t in security.reader_tokens] + [
+            (t, Role.WRITER) for t in security.writer_tokens
+        ]
+        self._write_methods = frozenset(write_methods)
+
+    def guard_for(
+        self, method: str
+    ) -> Callable[[grpc.aio.ServicerContext[Any, Any]], Awaitable[None]] | None:
+        if not self._tokens or method.startswith(OPEN_METHOD_PREFIXES):
+            return None
+        needed = Role.WRITER if method in self._write_methods else Role.READER
+
+        async def guard(context: grpc.aio.ServicerContext[Any, Any]) -> None:
+            principal, role = self._authenticate(context.invocation_metadata() or ())
+            if role < needed:
+                raise PermissionDenied(f"{method} needs a writer token")
+            current_principal.set(principal)
+
+        return guard
+
+    def _authenticate(self, metadata: Iterable[Any]) -> tuple[str, Role]:
+        header = next((value for key, value in metadata if key == "authorization"), None)
+        if header is None:
+            raise Unauthenticated("missing 'authorization: Bearer <token>' metadata")
+        scheme, _, presented = str(header).partition(" ")
+        if scheme.lower() != "bearer" or not presented:
+            raise Unauthenticated("authorization metadata must be 'Bearer <token>'")
+        match = None
+        # Compare against every token, so timing does not reveal which one matched.
+        for token, role in self._tokens:
+            if hmac.compare_digest(token.secret.encode(), presented.encode()):
+                match = match or (token.principal, role)
+                if role is Role.WRITER:
+                    match = (token.principal, role)
+        if match is None:
+            raise Unauthenticated("invalid bearer token")
+        return match
+
+
+@dataclass(frozen=True)
+class ClientSecurity:
+    """How a client authenticates to a server."""
+
+    token: str | None = field(default=None, repr=False)
+    tls: bool = False
+    tls_ca_file: Path | None = None
+    tls_cert_file: Path | None = None
+    tls_key_file: Path | None = None
+
+    def channel_credentials(self) -> grpc.ChannelCredentials | None:
+        if not (self.tls or self.tls_ca_file or self.tls_cert_file):
+            return None
+        return grpc.ssl_channel_credentials(
+            root_certificates=self.tls_ca_file.read_bytes() if self.tls_ca_file else None,
+            private_key=self.tls_key_file.read_bytes() if self.tls_key_file else None,
+            certificate_chain=self.tls_cert_file.read_bytes() if self.tls_cert_file else None,
+        )
+
+    def metadata(self) -> tuple[tuple[str, str], ...]:
+        return (("authorization", f"Bearer {self.token}"),) if self.token else ()
+
+
+def secure_channel(
+    address: str, security: ClientSecurity, options: Iterable[tuple[str, Any]] = ()
+) -> grpc.aio.Channel:
+    """Opens an aio channel that adds the bearer token to every call."""
+    interceptors = [_BearerInterceptor(security.metadata())] if security.token else []
+    credentials = security.channel_credentials()
+    if credentials is None:
+        return grpc.aio.insecure_channel(address, options=list(options), interceptors=interceptors)
+    return grpc.aio.secure_channel(
+        address, credentials, options=list(options), interceptors=interceptors
+    )
+
+
+class _BearerInterceptor(
+    grpc.aio.UnaryUnaryClientInterceptor,
+    grpc.aio.UnaryStreamClientInterceptor,
+    grpc.aio.StreamUnaryClientInterceptor,
+    grpc.aio.StreamStreamClientInterceptor,
+):
+    def __init__(self, metadata: tuple[tuple[str, str], ...]) -> None:
+        self._metadata = metadata
+
+    def _with_token(self, details: grpc.aio.ClientCallDetails) -> grpc.aio.ClientCallDetails:
+        metadata = grpc.aio.Metadata(*(details.metadata or ()), *self._metadata)
+        return grpc.aio.ClientCallDetails(
+            details.method, details.timeout, metadata, details.credentials, details.wait_for_ready
+        )
+
+    async def intercept_unary_unary(self, continuation: Any, details: Any, request: Any) -> Any:
+        return await continuation(self._with_token(details), request)
+
+    async def intercept_unary_stream(self, continuation: Any, details: Any, request: Any) -> Any:
+        return await continuation(self._with_token(details), request)
+
+    async def intercept_stream_unary(self, continuation: Any, details: Any, requests: Any) -> Any:
+        return await continuation(self._with_token(details), requests)
+
+    async def intercept_stream_stream(self, continuation: Any, details: Any, requests: Any) -> Any:
+        return await continuation(self._with_token(details), requests)
+
+
+def _env(environ: Mapping[str, str], prefix: str, name: str) -> str | None:
+    return environ.get(f"{prefix}_{name}")
+
+
+def _read_secret(value: str | None, file: str | None, what: str) -> str:
+    if file:
+        try:
+            return Path(file).read_text().strip()
+        except OSError as exc:
+            raise InvalidArgument(f"cannot read {what} file {file}: {exc.strerror}") from exc
+    return value or ""
+
+
+def add_server_security_flags(
+    parser: argparse.ArgumentParser, env_prefix: str, environ: Mapping[str, str]
+) -> None:
+    """Adds token and TLS flags; each falls back to `<PREFIX>_<FLAG>` in `environ`."""
+    group = parser.add_argument_group("security")
+    for role in ("reader", "writer"):
+        up = role.upper()
+        group.add_argument(
+            f"--{role}-token",
+            default=_env(environ, env_prefix, f"{up}_TOKEN"),
+            help=f"{role} bearer tokens, comma-separated TOKEN or PRINCIPAL:TOKEN "
+            f"(env {env_prefix}_{up}_TOKEN)",
+        )
+        group.add_argument(
+            f"--{role}-token-file",
+            default=_env(environ, env_prefix, f"{up}_TOKEN_FILE"),
+            help=f"file holding the {role} tokens (env {env_prefix}_{up}_TOKEN_FILE)",
+        )
+    for flag, help_text in (
+        ("tls-cert", "server certificate chain (PEM)"),
+        ("tls-key", "server private key (PEM)"),
+        ("tls-client-ca", "CA that client certificates must chain to; enables mTLS"),
+    ):
+        env_name = flag.upper().replace("-", "_")
+        group.add_argument(
+            f"--{flag}",
+            type=Path,
+            default=_env(environ, env_prefix, env_name),
+            help=f"{help_text} (env {env_prefix}_{env_name})",
+        )
+
+
+def server_security_from_args(args: argparse.Namespace) -> ServerSecurity:
+    if bool(args.tls_cert) != bool(args.tls_key):
+        raise InvalidArgument("--tls-cert and --tls-key must be given together")
+    if args.tls_client_ca and not args.tls_cert:
+        raise InvalidArgument("--tls-client-ca needs --tls-cert and --tls-key")
+    return ServerSecurity(
+        reader_tokens=parse_tokens(
+            _read_secret(args.reader_token, args.reader_token_file, "reader token"), "reader"
+        ),
+        writer_tokens=parse_tokens(
+            _read_secret(args.writer_token, args.writer_token_file, "writer token"), "writer"
+        ),
+        tls_cert_file=args.tls_cert,
+        tls_key_file=args.tls_key,
+        tls_client_ca_file=args.tls_client_ca,
+    )
+
+
+def add_client_security_flags(
+    parser: argparse.ArgumentParser,
+    env_prefix: str,
+    environ: Mapping[str, str],
+    flag_prefix: str = "",
+) -> None:
+    """Adds `--[PREFIX-]token`, `--[PREFIX-]tls` and CA/cert/key flags for one peer."""
+    dest = flag_prefix.replace("-", "_")
+    env_base = f"{env_prefix}_{dest.upper()}" if dest else env_prefix
+    group = parser.add_argument_group(f"{flag_prefix or 'client'} security")
+    group.add_argument(
+        f"--{flag_prefix}{'-' if flag_prefix else ''}token",
+        dest=f"{dest}_token" if dest else "token",
+        default=_env(environ, env_base, "TOKEN"),
+        help=f"bearer token (env {env_base}_TOKEN)",
+    )
+    group.add_argument(
+        f"--{flag_prefix}{'-' if flag_prefix else ''}token-file",
+        dest=f"{dest}_token_file" if dest else "token_file",
+        default=_env(environ, env_base, "TOKEN_FILE"),
+        help=f"file holding the bearer token (env {env_base}_TOKEN_FILE)",
+    )
+    for flag, kind, help_text in (
+        ("tls", "flag", "use TLS with the system roots"),
+        ("tls-ca", "path", "CA bundle to verify the server (PEM); implies TLS"),
+        ("tls-cert", "path", "client certificate for mTLS (PEM)"),
+        ("tls-key", "path", "client private key for mTLS (PEM)"),
+    ):
+        name = f"--{flag_prefix}{'-' if flag_prefix else ''}{flag}"
+        env_name = flag.upper().replace("-", "_")
+        arg_dest = (f"{dest}_" if dest else "") + flag.replace("-", "_")
+        env_value = _env(environ, env_base, env_name)
+        if kind == "flag":
+            group.add_argument(
+                name,
+                dest=arg_dest,
+                action="store_true",
+                default=env_value in ("1", "true", "yes"),
+                help=f"{help_text} (env {env_base}_{env_name})",
+            )
+        else:
+            group.add_argument(
+                name,
+                dest=arg_dest,
+                type=Path,
+                default=env_value,
+                help=f"{help_text} (env {env_base}_{env_name})",
+            )
+
+
+def client_security_from_args(args: argparse.Namespace, flag_prefix: str = "") -> ClientSecurity:
+    pre = flag_prefix.replace("-", "_") + "_" if flag_prefix else ""
+
+    def get(name: str) -> Any:
+        return getattr(args, pre + name)
+
+    if bool(get("tls_cert")) != bool(get("tls_key")):
+        raise InvalidArgument("a client TLS certificate and key must be given together")
+    token = _read_secret(get("token"), get("token_file"), "token") or None
+    return ClientSecurity(
+        token=token,
+        tls=bool(get("tls")),
+        tls_ca_file=get("tls_ca"),
+        tls_cert_file=get("tls_cert"),
+        tls_key_file=get("tls_key"),
+    )

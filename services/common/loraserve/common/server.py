@@ -1,0 +1,101 @@
+"""Starting and stopping a grpc.aio server the same way for both services:
+error mapping, bearer auth, TLS, health checking and reflection."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import signal
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import grpc
+from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+from grpc_reflection.v1alpha import reflection
+
+from loraserve.common.errors import Unavailable
+from loraserve.common.grpcutil import ErrorMappingInterceptor
+from loraserve.common.security import ServerSecurity, TokenAuth
+
+log = logging.getLogger(__name__)
+
+# Room for a 1 MiB file chunk plus framing, and for large prompts.
+DEFAULT_MESSAGE_LIMIT = 16 * 1024 * 1024
+
+SERVING = health_pb2.HealthCheckResponse.SERVING
+NOT_SERVING = health_pb2.HealthCheckResponse.NOT_SERVING
+
+
+@dataclass
+class RunningServer:
+    """A started server, the port it bound and its health servicer."""
+
+    server: grpc.aio.Server
+    port: int
+    health: health.aio.HealthServicer
+    service_names: tuple[str, ...]
+
+    async def set_serving(self, serving: bool) -> None:
+        """Sets the overall and per-service health status."""
+        status = SERVING if serving else NOT_SERVING
+        for name in ("", *self.service_names):
+            await self.health.set(name, status)
+
+    async def stop(self, grace: float | None) -> None:
+        """Reports NOT_SERVING, then lets in-flight calls finish within `grace` seconds."""
+        await self.health.enter_graceful_shutdown()
+        await self.server.stop(grace)
+
+
+async def start_server(
+    *,
+    address: str,
+    register: Callable[[grpc.aio.Server], None],
+    service_names: Sequence[str],
+    security: ServerSecurity,
+    write_methods: Iterable[str] = (),
+    options: Sequence[tuple[str, Any]] = (),
+) -> RunningServer:
+    """Starts a server on `address` (port 0 picks a free one), NOT_SERVING until told.
+
+    `register` adds the service's servicers; `service_names` are their full names
+    for health and reflection.
+    """
+    if not security.auth_enabled:
+        log.warning("server.auth_disabled address=%s: no tokens configured", address)
+    auth = TokenAuth(security, write_methods)
+    server = grpc.aio.server(
+        interceptors=[ErrorMappingInterceptor(auth.guard_for)],
+        options=[
+            ("grpc.max_receive_message_length", DEFAULT_MESSAGE_LIMIT),
+            ("grpc.max_send_message_length", DEFAULT_MESSAGE_LIMIT),
+            *options,
+        ],
+    )
+    register(server)
+    health_servicer = health.aio.HealthServicer()
+    health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
+    reflection.enable_server_reflection(
+        (*service_names, health.SERVICE_NAME, reflection.SERVICE_NAME), server
+    )
+    credentials = security.server_credentials()
+    try:
+        if credentials is None:
+            port = server.add_insecure_port(address)
+        else:
+            port = server.add_secure_port(address, credentials)
+    except RuntimeError as exc:
+        raise Unavailable(f"cannot listen on {address}: {exc}") from exc
+    running = RunningServer(server, port, health_servicer, tuple(service_names))
+    await running.set_serving(False)
+    await server.start()
+    log.info("server.started address=%s port=%d tls=%s", address, port, credentials is not None)
+    return running
+
+
+def install_stop_signals(stop: asyncio.Event) -> None:
+    """Sets `stop` on SIGTERM or SIGINT."""
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
