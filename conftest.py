@@ -1,5 +1,8 @@
 """Registers the project's pytest fixtures for every test folder."""
 
 pytest_plugins = [
+    "loraserve.testing.models",
+    "loraserve.testing.engine",
     "loraserve.testing.s3",
+    "loraserve.testing.store",
 ]

@@ -85,3 +85,50 @@ class PermissionDenied(LoraserveError):
     """Valid credentials without the needed role."""
 
     code = grpc.StatusCode.PERMISSION_DENIED
+
+
+class Cancelled(LoraserveError):
+    """The call was cancelled by the caller."""
+
+    code = grpc.StatusCode.CANCELLED
+
+
+class DeadlineExceeded(LoraserveError):
+    """The call's deadline passed."""
+
+    code = grpc.StatusCode.DEADLINE_EXCEEDED
+
+
+class Internal(LoraserveError):
+    """A bug on the server side."""
+
+    code = grpc.StatusCode.INTERNAL
+
+
+_BY_CODE: dict[grpc.StatusCode, type[LoraserveError]] = {
+    cls.code: cls
+    for cls in (
+        InvalidArgument,
+        NotFound,
+        AlreadyExists,
+        FailedPrecondition,
+        Aborted,
+        OutOfRange,
+        Unavailable,
+        ResourceExhausted,
+        DataLoss,
+        Unauthenticated,
+        PermissionDenied,
+        Cancelled,
+        DeadlineExceeded,
+        Internal,
+    )
+}
+
+
+def error_from_rpc(error: grpc.aio.AioRpcError | grpc.RpcError) -> LoraserveError:
+    """Turns a failed call's status back into the domain error it stands for,
+    so clients of either service handle one family of exceptions."""
+    code = error.code() if hasattr(error, "code") else grpc.StatusCode.UNKNOWN
+    details = (error.details() if hasattr(error, "details") else None) or str(code)
+    return _BY_CODE.get(code, Internal)(details)

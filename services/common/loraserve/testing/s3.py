@@ -15,7 +15,7 @@ from werkzeug.serving import BaseWSGIServer, make_server
 
 REGION = "us-east-1"
 ACCESS_KEY_ID = "testing"
-SECRET_ACCESS_KEY = "testing"  # noqa: S105 - moto accepts any credentials
+SECRET_ACCESS_KEY = "testing"  # moto accepts any credentials
 
 _bucket_ids = itertools.count(1)
 

@@ -1,0 +1,70 @@
+"""One real vLLM engine (v1 `AsyncLLM`, CPU build in tests) on the tiny model, per session.
+
+Starting the engine takes about 20 s on a CPU, so every test that needs it shares
+this one; tests must leave it as they found it (remove the adapters they add) and be
+marked `@pytest.mark.engine`.
+
+vLLM's CPU platform always starts the engine core with multiprocessing `spawn`. The
+child re-imports the parent's `__main__` under the name `__mp_main__`; for `pytest`
+and `python -m pytest` that module guards its entry point with
+`if __name__ == "__main__"`, so the child does not run the test session again.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import TYPE_CHECKING, Final
+
+import pytest
+
+if TYPE_CHECKING:
+    from vllm.v1.engine.async_llm import AsyncLLM
+
+log = logging.getLogger(__name__)
+
+# Limits the session engine is started with, for tests that probe them.
+MAX_LORAS: Final = 4
+MAX_LORA_RANK: Final = 16
+MAX_CPU_LORAS: Final = 8
+MAX_MODEL_LEN: Final = 512
+
+# GiB of KV cache; vLLM's CPU default takes a large share of the machine's memory.
+_TEST_KV_CACHE_GIB = "1"
+
+
+@pytest.fixture(scope="session")
+async def vllm_engine(tiny_model_dir: Path) -> AsyncIterator[AsyncLLM]:
+    """The session's vLLM `AsyncLLM` with LoRA enabled, serving `tiny_model_dir` in fp32."""
+    from vllm.engine.arg_utils import AsyncEngineArgs
+    from vllm.v1.engine.async_llm import AsyncLLM
+
+    os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", _TEST_KV_CACHE_GIB)
+    args = AsyncEngineArgs(
+        model=str(tiny_model_dir),
+        dtype="float32",
+        max_model_len=MAX_MODEL_LEN,
+        enable_lora=True,
+        max_loras=MAX_LORAS,
+        max_lora_rank=MAX_LORA_RANK,
+        max_cpu_loras=MAX_CPU_LORAS,
+        # Nothing to gain from graph compilation for a model this small; it only slows start-up.
+        enforce_eager=True,
+        seed=0,
+        disable_log_stats=True,
+    )
+    started = time.monotonic()
+    # Built inside the session's event loop: AsyncLLM binds its output handler to it.
+    engine = AsyncLLM.from_engine_args(args)
+    log.info("vllm_engine.started seconds=%.1f", time.monotonic() - started)
+    try:
+        yield engine
+    finally:
+        engine.shutdown()
+        # Shutting down leaves a traceback that keeps this frame alive until exit, when
+        # AsyncLLM.__del__ would shut down again among half-unloaded modules and print
+        # a TypeError; dropping the reference lets the engine go now.
+        del engine

@@ -1,0 +1,76 @@
+"""`loraserve-tiny`: build the tiny model and random LoRA adapters for it, locally.
+
+    loraserve-tiny model OUT_DIR [--seed N]
+    loraserve-tiny adapter MODEL_DIR OUT_DIR --rank R --seed S [--alpha A]
+                   [--target-modules q_proj v_proj ...]
+
+Building into a directory that already holds the same build does nothing, so scripts
+may call it unconditionally. The built directory's path is printed on stdout.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+from loraserve.tiny.adapters import LLAMA_PROJECTIONS, TinyAdapterSpec, build_tiny_adapter
+from loraserve.tiny.builddir import BuildConflictError
+from loraserve.tiny.model import TinyModelSpec, build_tiny_model
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="loraserve-tiny",
+        description="Build a tiny Llama model and random PEFT LoRA adapters for it.",
+    )
+    commands = parser.add_subparsers(dest="command", required=True)
+
+    model = commands.add_parser("model", help="build the tiny model and its tokenizer")
+    model.add_argument("out_dir", type=Path, metavar="OUT_DIR")
+    model.add_argument("--seed", type=int, default=0, help="weights seed (default 0)")
+
+    adapter = commands.add_parser("adapter", help="build a random LoRA adapter for a model")
+    adapter.add_argument("model_dir", type=Path, metavar="MODEL_DIR")
+    adapter.add_argument("out_dir", type=Path, metavar="OUT_DIR")
+    adapter.add_argument("--rank", type=int, required=True, help="LoRA rank r")
+    adapter.add_argument("--seed", type=int, required=True, help="weights seed")
+    adapter.add_argument("--alpha", type=int, default=None, help="lora_alpha (default 2 * rank)")
+    adapter.add_argument(
+        "--target-modules",
+        nargs="+",
+        choices=LLAMA_PROJECTIONS,
+        default=list(LLAMA_PROJECTIONS),
+        metavar="MODULE",
+        help=f"projections to adapt (default all: {' '.join(LLAMA_PROJECTIONS)})",
+    )
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = _parser()
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s %(message)s")
+    try:
+        if args.command == "model":
+            built = build_tiny_model(args.out_dir, TinyModelSpec(seed=args.seed))
+        else:
+            if not (args.model_dir / "config.json").is_file():
+                parser.error(f"{args.model_dir} is not a model directory (no config.json)")
+            spec = TinyAdapterSpec(
+                rank=args.rank,
+                seed=args.seed,
+                alpha=args.alpha,
+                target_modules=tuple(args.target_modules),
+            )
+            built = build_tiny_adapter(args.model_dir, args.out_dir, spec)
+    except (BuildConflictError, ValueError) as error:
+        parser.error(str(error))
+    sys.stdout.write(f"{built}\n")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
