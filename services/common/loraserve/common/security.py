@@ -155,7 +155,9 @@ def secure_channel(
     address: str, security: ClientSecurity, options: Iterable[tuple[str, Any]] = ()
 ) -> grpc.aio.Channel:
     """Opens an aio channel that adds the bearer token to every call."""
-    interceptors = [_BearerInterceptor(security.metadata())] if security.token else []
+    interceptors: list[Any] = (
+        [kind(security.metadata()) for kind in _BEARER_KINDS] if security.token else []
+    )
     credentials = security.channel_credentials()
     if credentials is None:
         return grpc.aio.insecure_channel(address, options=list(options), interceptors=interceptors)
@@ -164,12 +166,7 @@ def secure_channel(
     )
 
 
-class _BearerInterceptor(
-    grpc.aio.UnaryUnaryClientInterceptor,
-    grpc.aio.UnaryStreamClientInterceptor,
-    grpc.aio.StreamUnaryClientInterceptor,
-    grpc.aio.StreamStreamClientInterceptor,
-):
+class _BearerInterceptor:
     def __init__(self, metadata: tuple[tuple[str, str], ...]) -> None:
         self._metadata = metadata
 
@@ -179,17 +176,30 @@ class _BearerInterceptor(
             details.method, details.timeout, metadata, details.credentials, details.wait_for_ready
         )
 
+
+# grpc.aio files each interceptor under the FIRST call kind it is an instance of, so
+# one class deriving from all four would only ever see unary-unary calls: one per kind.
+class _BearerUnaryUnary(_BearerInterceptor, grpc.aio.UnaryUnaryClientInterceptor):
     async def intercept_unary_unary(self, continuation: Any, details: Any, request: Any) -> Any:
         return await continuation(self._with_token(details), request)
 
+
+class _BearerUnaryStream(_BearerInterceptor, grpc.aio.UnaryStreamClientInterceptor):
     async def intercept_unary_stream(self, continuation: Any, details: Any, request: Any) -> Any:
         return await continuation(self._with_token(details), request)
 
+
+class _BearerStreamUnary(_BearerInterceptor, grpc.aio.StreamUnaryClientInterceptor):
     async def intercept_stream_unary(self, continuation: Any, details: Any, requests: Any) -> Any:
         return await continuation(self._with_token(details), requests)
 
+
+class _BearerStreamStream(_BearerInterceptor, grpc.aio.StreamStreamClientInterceptor):
     async def intercept_stream_stream(self, continuation: Any, details: Any, requests: Any) -> Any:
         return await continuation(self._with_token(details), requests)
+
+
+_BEARER_KINDS = (_BearerUnaryUnary, _BearerUnaryStream, _BearerStreamUnary, _BearerStreamStream)
 
 
 def _env(environ: Mapping[str, str], prefix: str, name: str) -> str | None:

@@ -10,7 +10,8 @@ from typing import Any
 
 import boto3
 import pytest
-from moto.server import DomainDispatcherApplication, ThreadedMotoServer, create_backend_app
+from moto.moto_server.threaded_moto_server import ThreadedMotoServer
+from moto.moto_server.werkzeug_app import DomainDispatcherApplication, create_backend_app
 from werkzeug.serving import BaseWSGIServer, make_server
 
 REGION = "us-east-1"
