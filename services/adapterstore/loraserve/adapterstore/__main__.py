@@ -1,0 +1,99 @@
+"""`adapterstore serve ...`: the adapter store server.
+
+The gRPC server starts at once and reports NOT_SERVING until the bucket has been
+reached and the log loaded; calls before then get UNAVAILABLE. SIGTERM or SIGINT
+turn health to NOT_SERVING and give in-flight calls `--shutdown-grace` seconds.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import sys
+from collections.abc import Sequence
+
+from loraserve.adapterstore.changelog import ChangeLog
+from loraserve.adapterstore.metrics import StoreMetrics
+from loraserve.adapterstore.s3blobs import S3BlobStore
+from loraserve.adapterstore.servicer import (
+    SERVICE_NAME,
+    WRITE_METHODS,
+    AdapterStoreServicer,
+    register,
+)
+from loraserve.adapterstore.settings import AdapterStoreSettings, parse_settings
+from loraserve.adapterstore.status import ReplicaStatusStore
+from loraserve.adapterstore.store import AdapterStore
+from loraserve.common.errors import DataLoss, LoraserveError, Unavailable
+from loraserve.common.server import install_stop_signals, start_server
+
+log = logging.getLogger("loraserve.adapterstore")
+
+_RETRY_FIRST_S = 0.5
+_RETRY_MAX_S = 15.0
+
+
+async def _start_when_reachable(
+    blobs: S3BlobStore, store: AdapterStore, stop: asyncio.Event
+) -> bool:
+    """Retries until the bucket answers and the log is loaded; False if stopped first."""
+    delay = _RETRY_FIRST_S
+    while not stop.is_set():
+        try:
+            await blobs.check()
+            await store.start()
+            return True
+        except (Unavailable, DataLoss) as e:
+            log.warning("store.storage_unreachable retry_in_s=%.1f error=%s", delay, e.message)
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(stop.wait(), delay)
+        delay = min(delay * 2, _RETRY_MAX_S)
+    return False
+
+
+async def serve(settings: AdapterStoreSettings) -> None:
+    blobs = S3BlobStore(settings.s3, part_size=settings.part_size)
+    store = AdapterStore(
+        blobs, ChangeLog(blobs, settings.log), ReplicaStatusStore(blobs), settings.store
+    )
+    running = await start_server(
+        address=settings.listen,
+        register=register(AdapterStoreServicer(store)),
+        service_names=[SERVICE_NAME],
+        security=settings.security,
+        write_methods=WRITE_METHODS,
+    )
+    if settings.metrics_port is not None:
+        StoreMetrics(store).serve(settings.metrics_port)
+    stop = asyncio.Event()
+    install_stop_signals(stop)
+    log.info("store.starting bucket=%s prefix=%s", settings.s3.bucket, settings.s3.prefix)
+    try:
+        if await _start_when_reachable(blobs, store, stop):
+            await running.set_serving(True)
+            log.info("store.serving port=%d seq=%d", running.port, store.head_seq)
+            await stop.wait()
+        log.info("store.stopping grace_s=%.1f", settings.shutdown_grace_seconds)
+    finally:
+        await running.stop(settings.shutdown_grace_seconds)
+        await store.close()
+    log.info("store.stopped")
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    try:
+        settings = parse_settings(sys.argv[1:] if argv is None else argv, os.environ)
+    except LoraserveError as e:
+        sys.stderr.write(f"adapterstore: {e.message}\n")
+        return 2
+    logging.basicConfig(
+        level=settings.log_level, format="%(asctime)s %(levelname)s %(name)s %(message)s"
+    )
+    asyncio.run(serve(settings))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

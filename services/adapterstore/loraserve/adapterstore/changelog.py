@@ -1,0 +1,270 @@
+"""The change log in object storage: commits, catching up, snapshots, retention.
+
+Layout (keys relative to the store's prefix):
+
+    log/<seq:020d>.json        one Change per object; the put with If-None-Match: *
+                               *is* the commit, so two store replicas never both
+                               commit the same seq
+    snapshots/<seq:020d>.json  the StoreState folded up to seq
+
+A process folds the latest snapshot and the log after it into its `state`, then
+keeps following the log: it polls for the next seq, and a commit that loses the
+race (the key exists) re-reads the log and retries with the next seq. One
+process also serialises its own commits with a lock: it must never race itself,
+and the embedded S3 emulator checks preconditions without one.
+
+Retention: after a snapshot at S, entries at or below both S and
+`head - log_retention` are deleted. A process that finds the entry it needs gone
+while later ones exist reloads the latest snapshot; watchers that needed the
+deleted entries get OUT_OF_RANGE.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import itertools
+import json
+import logging
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from loraserve.adapterstore.blobstore import BlobNotFound, BlobStore
+from loraserve.adapterstore.model import Change, StoreState
+from loraserve.common.errors import DataLoss, OutOfRange, Unavailable
+
+log = logging.getLogger(__name__)
+
+LOG_PREFIX = "log/"
+SNAPSHOT_PREFIX = "snapshots/"
+# Snapshots kept besides the newest, for a reader that listed just before a prune.
+_OLD_SNAPSHOTS_KEPT = 1
+# A lost commit race is retried this often before the caller is told to retry later.
+_MAX_COMMIT_ATTEMPTS = 64
+# Every this many polls, a poll that found nothing also looks for a gap left by retention.
+_GAP_CHECK_EVERY = 25
+_READ_BATCH = 256
+
+
+def log_key(seq: int) -> str:
+    return f"{LOG_PREFIX}{seq:020d}.json"
+
+
+def snapshot_key(seq: int) -> str:
+    return f"{SNAPSHOT_PREFIX}{seq:020d}.json"
+
+
+def _seq_of(key: str) -> int:
+    return int(key.rsplit("/", 1)[-1].removesuffix(".json"))
+
+
+@dataclass(frozen=True, slots=True)
+class LogSettings:
+    poll_interval: float = 0.25  # seconds between looks for other replicas' commits
+    snapshot_every: int = 100  # commits between snapshots
+    log_retention: int = 10_000  # newest entries always kept; 0 keeps the whole log
+    memory_events: int = 10_000  # newest changes kept in memory for watchers
+
+    def __post_init__(self) -> None:
+        if self.poll_interval <= 0 or self.snapshot_every < 1 or self.log_retention < 0:
+            raise ValueError(f"invalid log settings: {self}")
+
+
+# Builds the change to commit at `seq` from the freshest state; None means nothing to do.
+# It may raise a domain error (NotFound, Aborted...) that the state justifies.
+ChangeBuilder = Callable[[StoreState, int], Change | None]
+
+
+class ChangeLog:
+    def __init__(self, blobs: BlobStore, settings: LogSettings) -> None:
+        self._blobs = blobs
+        self._settings = settings
+        self._state = StoreState()
+        self._events: deque[Change] = deque(maxlen=settings.memory_events)
+        self._lock = asyncio.Lock()
+        self._changed = asyncio.Event()
+        self._poller: asyncio.Task[None] | None = None
+
+    @property
+    def state(self) -> StoreState:
+        """The folded state; callers read it and never change it."""
+        return self._state
+
+    @property
+    def head_seq(self) -> int:
+        return self._state.seq
+
+    async def start(self) -> None:
+        """Loads the latest snapshot and the log after it, then follows the log."""
+        async with self._lock:
+            await self._load_snapshot()
+            await self._catch_up(check_gaps=True)
+        log.info("log.loaded seq=%d adapters=%d", self._state.seq, len(self._state.adapters))
+        self._poller = asyncio.create_task(self._poll_forever(), name="changelog-poller")
+
+    async def close(self) -> None:
+        if self._poller is not None:
+            self._poller.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._poller
+            self._poller = None
+
+    async def commit(self, build: ChangeBuilder) -> Change | None:
+        """Commits the change `build` makes from the freshest state, retrying on lost races.
+        When it returns, `state` includes the change and nothing after it."""
+        async with self._lock:
+            for _ in range(_MAX_COMMIT_ATTEMPTS):
+                await self._catch_up(check_gaps=True)
+                seq = self._state.seq + 1
+                change = build(self._state, seq)
+                if change is None:
+                    return None
+                data = json.dumps(change.to_json(), separators=(",", ":")).encode()
+                if await self._blobs.put_if_absent(log_key(seq), data):
+                    self._apply(change)
+                    log.info(
+                        "log.committed seq=%d type=%s adapter=%s",
+                        seq,
+                        change.type.value,
+                        change.adapter_name,
+                    )
+                    if seq % self._settings.snapshot_every == 0:
+                        await self._snapshot_and_prune()
+                    return change
+                log.info("log.commit_conflict seq=%d", seq)
+        raise Unavailable(f"commit lost {_MAX_COMMIT_ATTEMPTS} races in a row; retry later")
+
+    async def sync(self) -> None:
+        """Catches up with commits of other replicas, so a read after a write made
+        through another replica sees it. With storage unreachable, reads go on from
+        the state as it is."""
+        try:
+            async with self._lock:
+                await self._catch_up(check_gaps=False)
+        except Unavailable:
+            log.warning("log.sync_failed seq=%d: answering from local state", self._state.seq)
+
+    async def events_after(self, after_seq: int) -> list[Change]:
+        """The next committed changes after `after_seq`, in order (empty when there are
+        none yet); raises OutOfRange when retention has deleted some of them."""
+        first = after_seq + 1
+        head = self._state.seq
+        if first > head:
+            return []
+        if self._events and first >= self._events[0].seq:
+            start = first - self._events[0].seq
+            return list(itertools.islice(self._events, start, start + _READ_BATCH))
+        return await self._read_log(first, min(head, first + _READ_BATCH - 1))
+
+    async def wait_for_change(self, after_seq: int, timeout: float) -> bool:
+        """Waits until the head passes `after_seq`; False if `timeout` seconds pass first."""
+        while self._state.seq <= after_seq:
+            changed = self._changed
+            try:
+                await asyncio.wait_for(changed.wait(), timeout)
+            except TimeoutError:
+                return self._state.seq > after_seq
+        return True
+
+    async def _read_log(self, first: int, last: int) -> list[Change]:
+        changes = []
+        for seq in range(first, last + 1):
+            try:
+                data = await self._blobs.get(log_key(seq))
+            except BlobNotFound:
+                oldest = await self._blobs.list_keys(LOG_PREFIX, limit=1)
+                kept = f"log entry {_seq_of(oldest[0])}" if oldest else "no log entry"
+                raise OutOfRange(
+                    f"changes after seq {first - 1} are no longer kept (oldest kept: {kept}); "
+                    f"list adapters and watch from the seq the listing returns"
+                ) from None
+            changes.append(_parse_change(data, seq))
+        return changes
+
+    def _apply(self, change: Change) -> None:
+        self._state.apply(change)
+        self._events.append(change)
+        changed, self._changed = self._changed, asyncio.Event()
+        changed.set()
+
+    async def _catch_up(self, *, check_gaps: bool) -> None:
+        """Applies every committed entry after `state.seq`. Holds the lock."""
+        while True:
+            key = log_key(self._state.seq + 1)
+            try:
+                data = await self._blobs.get(key)
+            except BlobNotFound:
+                if not check_gaps or not await self._blobs.list_keys(
+                    LOG_PREFIX, start_after=key, limit=1
+                ):
+                    return
+                log.warning("log.gap seq=%d: reloading the latest snapshot", self._state.seq + 1)
+                if not await self._load_snapshot():
+                    raise DataLoss(
+                        f"log entry {self._state.seq + 1} is missing and no snapshot covers it"
+                    ) from None
+                continue
+            self._apply(_parse_change(data, self._state.seq + 1))
+
+    async def _load_snapshot(self) -> bool:
+        """Replaces the state with the latest snapshot if it is ahead; True if it was."""
+        keys = await self._blobs.list_keys(SNAPSHOT_PREFIX)
+        if not keys:
+            return False
+        try:
+            state = StoreState.from_json(json.loads(await self._blobs.get(keys[-1])))
+        except (ValueError, KeyError, TypeError) as e:
+            raise DataLoss(f"snapshot {keys[-1]} is corrupt: {e}") from e
+        if state.seq <= self._state.seq:
+            return False
+        self._state = state
+        # The in-memory history must stay contiguous with the state.
+        self._events.clear()
+        changed, self._changed = self._changed, asyncio.Event()
+        changed.set()
+        log.info("log.snapshot_loaded seq=%d", state.seq)
+        return True
+
+    async def _snapshot_and_prune(self) -> None:
+        seq = self._state.seq
+        data = json.dumps(self._state.to_json(), separators=(",", ":")).encode()
+        try:
+            await self._blobs.put_if_absent(snapshot_key(seq), data)
+            log.info("log.snapshot_written seq=%d bytes=%d", seq, len(data))
+            if self._settings.log_retention:
+                await self._prune(seq)
+        except Unavailable:
+            # The commit itself succeeded; the next snapshot will cover this one.
+            log.warning("log.snapshot_failed seq=%d", seq, exc_info=True)
+
+    async def _prune(self, snapshot_seq: int) -> None:
+        cutoff = min(snapshot_seq, self._state.seq - self._settings.log_retention)
+        if cutoff < 1:
+            return
+        old_entries = [k for k in await self._blobs.list_keys(LOG_PREFIX) if _seq_of(k) <= cutoff]
+        snapshots = await self._blobs.list_keys(SNAPSHOT_PREFIX)
+        old_snapshots = snapshots[: -1 - _OLD_SNAPSHOTS_KEPT]
+        await self._blobs.delete(old_entries + old_snapshots)
+        if old_entries:
+            log.info("log.pruned through_seq=%d entries=%d", cutoff, len(old_entries))
+
+    async def _poll_forever(self) -> None:
+        for polls in itertools.count(1):
+            await asyncio.sleep(self._settings.poll_interval)
+            try:
+                async with self._lock:
+                    await self._catch_up(check_gaps=polls % _GAP_CHECK_EVERY == 0)
+            except (Unavailable, DataLoss):
+                # Storage trouble must not end the poller: watchers depend on it.
+                log.warning("log.poll_failed", exc_info=True)
+
+
+def _parse_change(data: bytes, seq: int) -> Change:
+    try:
+        change = Change.from_json(json.loads(data))
+    except (ValueError, KeyError, TypeError) as e:
+        raise DataLoss(f"log entry {seq} is corrupt: {e}") from e
+    if change.seq != seq:
+        raise DataLoss(f"log entry {seq} claims seq {change.seq}")
+    return change

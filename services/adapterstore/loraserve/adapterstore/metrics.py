@@ -1,0 +1,39 @@
+"""Prometheus metrics of one adapter store, in a registry of its own.
+
+The gauges are read from the store at scrape time, so they cost nothing between
+scrapes and can never drift from the state they describe.
+"""
+
+from __future__ import annotations
+
+import logging
+
+from prometheus_client import CollectorRegistry, Gauge, start_http_server
+
+from loraserve.adapterstore.store import AdapterStore
+
+log = logging.getLogger(__name__)
+
+
+class StoreMetrics:
+    def __init__(self, store: AdapterStore, registry: CollectorRegistry | None = None) -> None:
+        self.registry = registry or CollectorRegistry()
+        seq = Gauge(
+            "loraserve_adapterstore_log_seq",
+            "Latest store seq this replica has folded in.",
+            registry=self.registry,
+        )
+        seq.set_function(lambda: store.head_seq)
+        adapters = Gauge(
+            "loraserve_adapterstore_adapters",
+            "Adapters in the store (deleted ones excluded).",
+            registry=self.registry,
+        )
+        adapters.set_function(lambda: store.adapter_count)
+
+    def serve(self, port: int) -> int:
+        """Serves /metrics on `port` (0: any free port); returns the bound port."""
+        server, _ = start_http_server(port, registry=self.registry)
+        bound = int(server.server_port)
+        log.info("metrics.serving port=%d", bound)
+        return bound

@@ -1,0 +1,282 @@
+"""The store's domain model: revisions, adapters, changes, and the state folded from the log.
+
+Everything here is plain data with a JSON form, because the change log and the
+snapshots in S3 are JSON. `StoreState.apply` is the only place that decides how
+a change alters the state, so a replica that replays the log gets the same state
+as the replica that committed it.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field, replace
+from datetime import UTC, datetime
+from typing import Any
+
+from loraserve.common.errors import DataLoss
+
+# Version of the JSON written to log entries and snapshots; readers reject others
+# rather than misread them.
+FORMAT_VERSION = 1
+
+
+def now() -> datetime:
+    return datetime.now(UTC)
+
+
+def _time_to_json(value: datetime) -> str:
+    return value.astimezone(UTC).isoformat()
+
+
+def _time_from_json(value: Any) -> datetime:
+    return datetime.fromisoformat(str(value)).astimezone(UTC)
+
+
+@dataclass(frozen=True, slots=True)
+class FileInfo:
+    """One file of a revision; `sha256` is lower-case hex and names its blob."""
+
+    name: str
+    size: int
+    sha256: str
+
+    def to_json(self) -> dict[str, Any]:
+        return {"name": self.name, "size": self.size, "sha256": self.sha256}
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> FileInfo:
+        return cls(name=str(data["name"]), size=int(data["size"]), sha256=str(data["sha256"]))
+
+
+@dataclass(frozen=True, slots=True)
+class Revision:
+    """One immutable revision of an adapter."""
+
+    adapter_name: str
+    revision: int
+    files: tuple[FileInfo, ...]
+    base_model: str
+    rank: int
+    alpha: float
+    target_modules: tuple[str, ...]
+    create_time: datetime
+    pushed_by: str
+    description: str
+    seq: int
+
+    def file(self, name: str) -> FileInfo | None:
+        return next((f for f in self.files if f.name == name), None)
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "adapter_name": self.adapter_name,
+            "revision": self.revision,
+            "files": [f.to_json() for f in self.files],
+            "base_model": self.base_model,
+            "rank": self.rank,
+            "alpha": self.alpha,
+            "target_modules": list(self.target_modules),
+            "create_time": _time_to_json(self.create_time),
+            "pushed_by": self.pushed_by,
+            "description": self.description,
+            "seq": self.seq,
+        }
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> Revision:
+        return cls(
+            adapter_name=str(data["adapter_name"]),
+            revision=int(data["revision"]),
+            files=tuple(FileInfo.from_json(f) for f in data["files"]),
+            base_model=str(data["base_model"]),
+            rank=int(data["rank"]),
+            alpha=float(data["alpha"]),
+            target_modules=tuple(str(m) for m in data["target_modules"]),
+            create_time=_time_from_json(data["create_time"]),
+            pushed_by=str(data["pushed_by"]),
+            description=str(data["description"]),
+            seq=int(data["seq"]),
+        )
+
+
+@dataclass(slots=True)
+class Adapter:
+    """An adapter as folded from the log. Mutated only by `StoreState.apply`."""
+
+    name: str
+    revisions: dict[int, Revision]
+    current_revision: int
+    latest_revision: int
+    create_time: datetime
+    update_time: datetime
+
+    @property
+    def current(self) -> Revision | None:
+        return self.revisions.get(self.current_revision)
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "name": self.name,
+            "revisions": [r.to_json() for _, r in sorted(self.revisions.items())],
+            "current_revision": self.current_revision,
+            "latest_revision": self.latest_revision,
+            "create_time": _time_to_json(self.create_time),
+            "update_time": _time_to_json(self.update_time),
+        }
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> Adapter:
+        revisions = [Revision.from_json(r) for r in data["revisions"]]
+        return cls(
+            name=str(data["name"]),
+            revisions={r.revision: r for r in revisions},
+            current_revision=int(data["current_revision"]),
+            latest_revision=int(data["latest_revision"]),
+            create_time=_time_from_json(data["create_time"]),
+            update_time=_time_from_json(data["update_time"]),
+        )
+
+
+class ChangeType(enum.Enum):
+    """Kinds of change; the values are what the log stores."""
+
+    REVISION_PUSHED = "revision_pushed"
+    CURRENT_REVISION_SET = "current_revision_set"
+    ADAPTER_DELETED = "adapter_deleted"
+
+
+@dataclass(frozen=True, slots=True)
+class Change:
+    """One committed change: a log entry and, at the same time, a watch event."""
+
+    seq: int
+    type: ChangeType
+    adapter_name: str
+    revision: Revision | None  # the revision pushed or made current; None on delete
+    current_revision: int  # the adapter's current revision after the change
+    time: datetime
+    actor: str
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "format": FORMAT_VERSION,
+            "seq": self.seq,
+            "type": self.type.value,
+            "adapter_name": self.adapter_name,
+            "revision": self.revision.to_json() if self.revision is not None else None,
+            "current_revision": self.current_revision,
+            "time": _time_to_json(self.time),
+            "actor": self.actor,
+        }
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> Change:
+        _check_format(data, "log entry")
+        revision = data.get("revision")
+        return cls(
+            seq=int(data["seq"]),
+            type=ChangeType(data["type"]),
+            adapter_name=str(data["adapter_name"]),
+            revision=Revision.from_json(revision) if revision is not None else None,
+            current_revision=int(data["current_revision"]),
+            time=_time_from_json(data["time"]),
+            actor=str(data["actor"]),
+        )
+
+
+def _check_format(data: dict[str, Any], what: str) -> None:
+    if data.get("format") != FORMAT_VERSION:
+        raise DataLoss(f"{what} has unknown format {data.get('format')!r}")
+
+
+@dataclass(slots=True)
+class StoreState:
+    """Every adapter as of `seq`, folded from the log.
+
+    `deleted_latest` remembers the highest revision of each deleted name, so a
+    name pushed again after a delete continues its numbering: NAME@N never names
+    two different contents.
+    """
+
+    seq: int = 0
+    adapters: dict[str, Adapter] = field(default_factory=dict)
+    deleted_latest: dict[str, int] = field(default_factory=dict)
+
+    def next_revision(self, name: str) -> int:
+        adapter = self.adapters.get(name)
+        if adapter is not None:
+            return adapter.latest_revision + 1
+        return self.deleted_latest.get(name, 0) + 1
+
+    def apply(self, change: Change) -> None:
+        """Folds one change in; changes must come in seq order, each exactly once."""
+        if change.seq != self.seq + 1:
+            raise DataLoss(f"log entry {change.seq} applied out of order at seq {self.seq}")
+        name = change.adapter_name
+        adapter = self.adapters.get(name)
+        if change.type is ChangeType.REVISION_PUSHED:
+            revision = _require_revision(change)
+            if adapter is None:
+                adapter = Adapter(
+                    name=name,
+                    revisions={},
+                    current_revision=0,
+                    latest_revision=self.deleted_latest.pop(name, 0),
+                    create_time=change.time,
+                    update_time=change.time,
+                )
+                self.adapters[name] = adapter
+            if revision.revision <= adapter.latest_revision:
+                raise DataLoss(f"log entry {change.seq} reuses revision {name}@{revision.revision}")
+            adapter.revisions[revision.revision] = revision
+            adapter.latest_revision = revision.revision
+            adapter.current_revision = change.current_revision
+            adapter.update_time = change.time
+        elif change.type is ChangeType.CURRENT_REVISION_SET:
+            revision = _require_revision(change)
+            if adapter is None or revision.revision not in adapter.revisions:
+                raise DataLoss(
+                    f"log entry {change.seq} promotes unknown {name}@{revision.revision}"
+                )
+            adapter.current_revision = revision.revision
+            adapter.update_time = change.time
+        else:
+            if adapter is None:
+                raise DataLoss(f"log entry {change.seq} deletes unknown adapter {name}")
+            self.deleted_latest[name] = adapter.latest_revision
+            del self.adapters[name]
+        self.seq = change.seq
+
+    def copy(self) -> StoreState:
+        """A copy that later `apply` calls on this state do not change."""
+        return StoreState(
+            seq=self.seq,
+            adapters={
+                name: replace(a, revisions=dict(a.revisions)) for name, a in self.adapters.items()
+            },
+            deleted_latest=dict(self.deleted_latest),
+        )
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "format": FORMAT_VERSION,
+            "seq": self.seq,
+            "adapters": [a.to_json() for _, a in sorted(self.adapters.items())],
+            "deleted_latest": dict(sorted(self.deleted_latest.items())),
+        }
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> StoreState:
+        _check_format(data, "snapshot")
+        adapters = [Adapter.from_json(a) for a in data["adapters"]]
+        return cls(
+            seq=int(data["seq"]),
+            adapters={a.name: a for a in adapters},
+            deleted_latest={str(k): int(v) for k, v in data["deleted_latest"].items()},
+        )
+
+
+def _require_revision(change: Change) -> Revision:
+    if change.revision is None:
+        raise DataLoss(f"log entry {change.seq} ({change.type.value}) has no revision")
+    return change.revision

@@ -1,0 +1,216 @@
+"""Receives a pushed adapter: streams each file to a staged blob while checking it.
+
+Files arrive as chunks, file by file in header order, offsets sequential. Each
+file streams into its own staged upload, so memory stays bounded by the upload's
+part size. The safetensors header is checked as soon as it has arrived, so a bad
+file is refused before gigabytes are uploaded. On any failure, cancellation
+included, every staged upload is removed before the error propagates.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+
+from loraserve.adapterstore.blobstore import BlobStore, BlobUpload, StagedBlob
+from loraserve.adapterstore.model import FileInfo
+from loraserve.adapterstore.validation import (
+    CONFIG_FILE,
+    WEIGHTS_FILE,
+    LoraConfig,
+    TensorInfo,
+    check_tensors_match_config,
+    parse_adapter_config,
+    parse_safetensors_header,
+    safetensors_header_length,
+)
+from loraserve.common.errors import InvalidArgument
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True, slots=True)
+class PushHeader:
+    name: str
+    files: list[FileInfo]  # sha256 "" when the client did not give one
+    no_promote: bool
+    description: str
+
+
+@dataclass(frozen=True, slots=True)
+class Chunk:
+    file_name: str
+    offset: int
+    data: bytes
+
+
+@dataclass(frozen=True, slots=True)
+class StagedFile:
+    info: FileInfo
+    blob: StagedBlob
+
+
+@dataclass(frozen=True, slots=True)
+class ReceivedAdapter:
+    """A fully received and validated push; its blobs are staged, not yet kept."""
+
+    files: list[StagedFile]
+    config: LoraConfig
+
+
+class _FileReceiver:
+    def __init__(self, declared: FileInfo, upload: BlobUpload) -> None:
+        self.declared = declared
+        self.upload = upload
+        self.received = 0
+        # The bytes checked in memory: the whole config, the safetensors header.
+        self.captured = bytearray()
+        self.capture_limit = declared.size if declared.name == CONFIG_FILE else 8
+        self.tensors: list[TensorInfo] | None = None
+
+    async def write(self, chunk: Chunk) -> None:
+        name = self.declared.name
+        if chunk.offset != self.received:
+            raise InvalidArgument(
+                f"file {name!r}: chunk at offset {chunk.offset}, expected offset {self.received}"
+            )
+        if self.received + len(chunk.data) > self.declared.size:
+            raise InvalidArgument(
+                f"file {name!r}: more than the declared {self.declared.size} bytes were sent"
+            )
+        self.received += len(chunk.data)
+        await self._capture(chunk.data)
+        await self.upload.write(chunk.data)
+
+    async def _capture(self, data: bytes) -> None:
+        position = 0
+        # Loops because reading the header length raises the capture limit mid-chunk.
+        while len(self.captured) < self.capture_limit and position < len(data):
+            taken = data[position : position + self.capture_limit - len(self.captured)]
+            self.captured += taken
+            position += len(taken)
+            if self.declared.name == WEIGHTS_FILE:
+                await self._check_weights_header()
+
+    async def _check_weights_header(self) -> None:
+        if self.capture_limit == 8 and len(self.captured) == 8:
+            length = safetensors_header_length(bytes(self.captured), self.declared.size)
+            self.capture_limit = 8 + length
+        if self.tensors is None and len(self.captured) == self.capture_limit > 8:
+            header = bytes(self.captured[8:])
+            self.tensors = await asyncio.to_thread(
+                parse_safetensors_header, header, self.declared.size
+            )
+
+    async def finish(self) -> StagedBlob:
+        name = self.declared.name
+        if self.received != self.declared.size:
+            raise InvalidArgument(
+                f"file {name!r}: received {self.received} of the "
+                f"declared {self.declared.size} bytes"
+            )
+        if name == WEIGHTS_FILE and self.tensors is None:
+            # Only a file shorter than 8 bytes gets here: the header check never ran.
+            safetensors_header_length(bytes(self.captured), self.declared.size)
+        return await self.upload.finish()
+
+
+async def receive_adapter(
+    header: PushHeader, chunks: AsyncIterator[Chunk], blobs: BlobStore
+) -> ReceivedAdapter:
+    """Stages and validates every declared file. The header's names and sizes must
+    already have passed `validation.check_declared_files`."""
+    staged: list[StagedFile] = []
+    receiver: _FileReceiver | None = None
+    pending = list(header.files)
+    config_bytes = b""
+    tensors: list[TensorInfo] = []
+
+    async def close_current() -> None:
+        nonlocal receiver, config_bytes, tensors
+        if receiver is None:
+            return
+        current, receiver = receiver, None
+        try:
+            blob = await current.finish()
+        except BaseException:
+            await _abort(current.upload)
+            raise
+        staged.append(StagedFile(FileInfo(current.declared.name, blob.size, blob.sha256), blob))
+        _check_sha256(current.declared, blob)
+        if current.declared.name == CONFIG_FILE:
+            config_bytes = bytes(current.captured)
+        elif current.declared.name == WEIGHTS_FILE and current.tensors is not None:
+            tensors = current.tensors
+
+    async def open_next(file_name: str | None) -> None:
+        """Closes the current file and opens `file_name` (None: the end of the push),
+        completing the empty files declared in between."""
+        nonlocal receiver
+        await close_current()
+        if file_name is not None and all(f.name != file_name for f in pending):
+            raise InvalidArgument(
+                f"chunk for file {file_name!r}, which is not declared or was already sent"
+            )
+        while pending:
+            declared = pending[0]
+            if declared.name == file_name:
+                pending.pop(0)
+                receiver = _FileReceiver(declared, await blobs.start_upload())
+                return
+            if declared.size != 0:
+                if file_name is None:
+                    raise InvalidArgument(f"file {declared.name!r}: no bytes received")
+                raise InvalidArgument(
+                    f"chunk for file {file_name!r} arrived before file {declared.name!r} was sent; "
+                    "files must be sent in header order"
+                )
+            pending.pop(0)
+            receiver = _FileReceiver(declared, await blobs.start_upload())
+            await close_current()
+
+    try:
+        async for chunk in chunks:
+            if receiver is None or chunk.file_name != receiver.declared.name:
+                await open_next(chunk.file_name)
+            assert receiver is not None
+            await receiver.write(chunk)
+        await open_next(None)
+        config = parse_adapter_config(config_bytes)
+        check_tensors_match_config(tensors, config)
+    except BaseException:
+        if receiver is not None:
+            await _abort(receiver.upload)
+        await _discard(blobs, [s.blob for s in staged])
+        raise
+    return ReceivedAdapter(staged, config)
+
+
+def _check_sha256(declared: FileInfo, blob: StagedBlob) -> None:
+    if declared.sha256 and declared.sha256 != blob.sha256:
+        raise InvalidArgument(
+            f"file {declared.name!r}: sha256 {blob.sha256} of the received bytes does not "
+            f"match the declared {declared.sha256}"
+        )
+
+
+async def _abort(upload: BlobUpload) -> None:
+    try:
+        await upload.abort()
+    except Exception:
+        log.warning("blob.abort_failed", exc_info=True)
+
+
+async def _discard(blobs: BlobStore, staged: list[StagedBlob]) -> None:
+    for blob in staged:
+        try:
+            await blobs.discard(blob)
+        except Exception:
+            # The original error matters more; an orphan temp object is only garbage.
+            log.warning("blob.discard_failed key=%s", blob.temp_key, exc_info=True)
+
+
+async def discard_staged(blobs: BlobStore, files: list[StagedFile]) -> None:
+    await _discard(blobs, [f.blob for f in files])

@@ -1,0 +1,130 @@
+"""AdapterStoreService over gRPC: translates messages to store calls and back.
+
+Errors are the store's domain exceptions; the server's interceptor turns them
+into statuses. The writer's identity comes from the auth layer, which puts the
+token's principal into `current_principal` for the duration of the call.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Callable
+from typing import Any
+
+import grpc
+
+from loraserve.adapterstore import protoconv
+from loraserve.adapterstore.push import Chunk
+from loraserve.adapterstore.store import AdapterStore
+from loraserve.adapterstore.v1 import adapterstore_pb2 as pb
+from loraserve.adapterstore.v1 import adapterstore_pb2_grpc as pb_grpc
+from loraserve.common.security import current_principal
+
+SERVICE_NAME = pb.DESCRIPTOR.services_by_name["AdapterStoreService"].full_name
+_PREFIX = f"/{SERVICE_NAME}/"
+# Methods that change what is served need a writer token. ReportStatus is not among
+# them: inference replicas hold reader tokens and report what they serve.
+WRITE_METHODS = frozenset(
+    _PREFIX + m for m in ("PushAdapter", "SetCurrentRevision", "DeleteAdapter")
+)
+
+Context = grpc.aio.ServicerContext[Any, Any]
+
+
+class AdapterStoreServicer:
+    def __init__(
+        self, store: AdapterStore, principal: Callable[[], str] = current_principal.get
+    ) -> None:
+        self._store = store
+        self._principal = principal
+
+    async def PushAdapter(
+        self, request_iterator: AsyncIterator[pb.PushAdapterRequest], context: Context
+    ) -> pb.PushAdapterResponse:
+        requests = aiter(request_iterator)
+        header = protoconv.push_header(await anext(requests, pb.PushAdapterRequest()))
+
+        async def chunks() -> AsyncIterator[Chunk]:
+            async for message in requests:
+                yield protoconv.push_chunk(message)
+
+        result = await self._store.push(header, chunks(), self._principal())
+        return pb.PushAdapterResponse(
+            revision=protoconv.revision(result.revision), promoted=result.promoted, seq=result.seq
+        )
+
+    async def GetAdapter(
+        self, request: pb.GetAdapterRequest, context: Context
+    ) -> pb.GetAdapterResponse:
+        adapter, revision = await self._store.get(request.name, request.revision)
+        return pb.GetAdapterResponse(
+            adapter=protoconv.adapter(adapter), revision=protoconv.revision(revision)
+        )
+
+    async def ListAdapters(
+        self, request: pb.ListAdaptersRequest, context: Context
+    ) -> pb.ListAdaptersResponse:
+        page = await self._store.list_adapters(
+            request.page_size, request.page_token, request.base_model
+        )
+        return pb.ListAdaptersResponse(
+            adapters=[protoconv.adapter(a) for a in page.adapters],
+            next_page_token=page.next_page_token,
+            seq=page.seq,
+        )
+
+    async def ListRevisions(
+        self, request: pb.ListRevisionsRequest, context: Context
+    ) -> pb.ListRevisionsResponse:
+        page = await self._store.list_revisions(request.name, request.page_size, request.page_token)
+        return pb.ListRevisionsResponse(
+            revisions=[protoconv.revision(r) for r in page.revisions],
+            next_page_token=page.next_page_token,
+            current_revision=page.current_revision,
+        )
+
+    async def SetCurrentRevision(
+        self, request: pb.SetCurrentRevisionRequest, context: Context
+    ) -> pb.SetCurrentRevisionResponse:
+        adapter, seq = await self._store.set_current(
+            request.name, request.revision, request.expected_current_revision, self._principal()
+        )
+        return pb.SetCurrentRevisionResponse(adapter=protoconv.adapter(adapter), seq=seq)
+
+    async def DeleteAdapter(
+        self, request: pb.DeleteAdapterRequest, context: Context
+    ) -> pb.DeleteAdapterResponse:
+        seq = await self._store.delete(request.name, self._principal())
+        return pb.DeleteAdapterResponse(seq=seq)
+
+    async def DownloadAdapter(
+        self, request: pb.DownloadAdapterRequest, context: Context
+    ) -> AsyncIterator[pb.DownloadAdapterResponse]:
+        async for item in self._store.download(request.name, request.revision):
+            yield protoconv.download_response(item)
+
+    async def WatchAdapters(
+        self, request: pb.WatchAdaptersRequest, context: Context
+    ) -> AsyncIterator[pb.WatchAdaptersResponse]:
+        async for item in self._store.watch(request.after_seq):
+            yield protoconv.watch_response(item)
+
+    async def ReportStatus(
+        self, request: pb.ReportStatusRequest, context: Context
+    ) -> pb.ReportStatusResponse:
+        await self._store.report_status(protoconv.report(request))
+        return pb.ReportStatusResponse()
+
+    async def GetAdapterStatus(
+        self, request: pb.GetAdapterStatusRequest, context: Context
+    ) -> pb.GetAdapterStatusResponse:
+        statuses = await self._store.get_status(request.name)
+        return pb.GetAdapterStatusResponse(statuses=[protoconv.replica_status(s) for s in statuses])
+
+
+def register(servicer: AdapterStoreServicer) -> Callable[[grpc.aio.Server], None]:
+    """The `register` callback for `loraserve.common.server.start_server`."""
+
+    def add(server: grpc.aio.Server) -> None:
+        pb_grpc.add_AdapterStoreServiceServicer_to_server(servicer, server)
+
+    return add

@@ -1,0 +1,186 @@
+"""The adapter store's one settings object, parsed once from flags with env fallbacks.
+
+Every flag falls back to `ADAPTERSTORE_<FLAG>` in the environment (dashes as
+underscores), so a container can be configured without a command line. Secrets
+can come from files (`--access-key-id-file`, `--secret-access-key-file`, token
+files) and never appear in a repr.
+"""
+
+from __future__ import annotations
+
+import argparse
+import re
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from loraserve.adapterstore.changelog import LogSettings
+from loraserve.adapterstore.s3blobs import DEFAULT_PART_SIZE, MIN_PART_SIZE, S3Location
+from loraserve.adapterstore.store import StoreSettings
+from loraserve.adapterstore.validation import Limits
+from loraserve.common.errors import InvalidArgument
+from loraserve.common.security import (
+    ServerSecurity,
+    add_server_security_flags,
+    server_security_from_args,
+)
+
+ENV_PREFIX = "ADAPTERSTORE"
+_SIZE = re.compile(r"(\d+)\s*([KMGT]i?B?|B)?", re.IGNORECASE)
+_UNITS = {"": 1, "B": 1, "K": 1024, "M": 1024**2, "G": 1024**3, "T": 1024**4}
+
+
+@dataclass(frozen=True)
+class AdapterStoreSettings:
+    """Everything `adapterstore serve` runs with."""
+
+    listen: str
+    s3: S3Location
+    part_size: int
+    store: StoreSettings
+    log: LogSettings
+    security: ServerSecurity
+    metrics_port: int | None = None
+    shutdown_grace_seconds: float = 30.0
+    log_level: str = "INFO"
+
+
+def parse_size(text: str) -> int:
+    """Bytes from `123`, `512MiB`, `4GiB`, `2G` (binary units)."""
+    match = _SIZE.fullmatch(text.strip())
+    if match is None:
+        raise argparse.ArgumentTypeError(f"not a size: {text!r} (e.g. 4GiB, 512MiB, 1000000)")
+    unit = (match[2] or "").upper()[:1]
+    return int(match[1]) * _UNITS[unit]
+
+
+def _positive_float(text: str) -> float:
+    value = float(text)
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"must be positive, got {value}")
+    return value
+
+
+def _positive_int(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
+    return value
+
+
+def _non_negative_int(text: str) -> int:
+    value = int(text)
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must not be negative, got {value}")
+    return value
+
+
+def build_parser(environ: Mapping[str, str]) -> argparse.ArgumentParser:
+    """The `adapterstore` command line; defaults come from `environ`."""
+    parser = argparse.ArgumentParser(prog="adapterstore", description=__doc__)
+    commands = parser.add_subparsers(dest="command", required=True)
+    serve = commands.add_parser("serve", help="run the adapter store server")
+
+    def env(name: str, default: str | None = None) -> str | None:
+        value = environ.get(f"{ENV_PREFIX}_{name.upper().replace('-', '_')}")
+        return value if value is not None else default
+
+    def flag(name: str, help_text: str, default: str | None = None, **kwargs: object) -> None:
+        env_name = f"{ENV_PREFIX}_{name.upper().replace('-', '_')}"
+        serve.add_argument(
+            f"--{name}", default=env(name, default), help=f"{help_text} (env {env_name})", **kwargs
+        )  # type: ignore[call-overload]
+
+    flag("listen", "gRPC address HOST:PORT", "0.0.0.0:50051")
+    s3 = "object storage"
+    flag("s3-endpoint", f"{s3}: endpoint URL of an S3-compatible service; unset: AWS")
+    flag("bucket", f"{s3}: bucket name (required)")
+    flag("prefix", f"{s3}: key prefix inside the bucket", "")
+    flag("region", f"{s3}: region")
+    flag("access-key-id", f"{s3}: access key id; unset: boto3's default credential chain")
+    flag("access-key-id-file", f"{s3}: file holding the access key id")
+    flag("secret-access-key", f"{s3}: secret access key")
+    flag("secret-access-key-file", f"{s3}: file holding the secret access key")
+    flag("part-size", f"{s3}: multipart upload part size", "8MiB", type=parse_size)
+    flag("max-file-size", "largest file accepted in a push", "4GiB", type=parse_size)
+    flag("max-adapter-size", "largest total of one push's files", "8GiB", type=parse_size)
+    flag(
+        "heartbeat-interval",
+        "seconds of quiet before a watch heartbeat",
+        "10",
+        type=_positive_float,
+    )
+    flag(
+        "poll-interval",
+        "seconds between looks for other replicas' commits",
+        "0.25",
+        type=_positive_float,
+    )
+    flag("snapshot-every", "commits between state snapshots", "100", type=_positive_int)
+    flag(
+        "log-retention",
+        "newest log entries always kept for watchers to resume from; older ones are deleted "
+        "once a snapshot covers them (0: keep all)",
+        "10000",
+        type=_non_negative_int,
+    )
+    flag(
+        "metrics-port",
+        "serve Prometheus metrics on this port (0: any free port; unset: off)",
+        type=int,
+    )
+    flag("shutdown-grace", "seconds in-flight calls get to finish on SIGTERM", "30", type=float)
+    flag("log-level", "logging level", "INFO")
+    add_server_security_flags(serve, ENV_PREFIX, environ)
+    return parser
+
+
+def _secret(value: str | None, file: str | None, what: str) -> str | None:
+    if file:
+        try:
+            return Path(file).read_text().strip()
+        except OSError as e:
+            raise InvalidArgument(f"cannot read the {what} file {file}: {e.strerror}") from e
+    return value or None
+
+
+def parse_settings(argv: Sequence[str], environ: Mapping[str, str]) -> AdapterStoreSettings:
+    """Parses `adapterstore serve ...`; raises InvalidArgument for inconsistent flags."""
+    args = build_parser(environ).parse_args(list(argv))
+    if not args.bucket:
+        raise InvalidArgument(f"--bucket (or {ENV_PREFIX}_BUCKET) is required")
+    access_key_id = _secret(args.access_key_id, args.access_key_id_file, "access key id")
+    secret_access_key = _secret(
+        args.secret_access_key, args.secret_access_key_file, "secret access key"
+    )
+    if bool(access_key_id) != bool(secret_access_key):
+        raise InvalidArgument("the access key id and secret access key must be given together")
+    if args.part_size < MIN_PART_SIZE:
+        raise InvalidArgument(f"--part-size must be at least {MIN_PART_SIZE} bytes (5MiB)")
+    if args.max_file_size > args.max_adapter_size:
+        raise InvalidArgument("--max-file-size must not exceed --max-adapter-size")
+    return AdapterStoreSettings(
+        listen=args.listen,
+        s3=S3Location(
+            bucket=args.bucket,
+            prefix=args.prefix,
+            endpoint_url=args.s3_endpoint or None,
+            region=args.region or None,
+            access_key_id=access_key_id,
+            secret_access_key=secret_access_key,
+        ),
+        part_size=int(args.part_size or DEFAULT_PART_SIZE),
+        store=StoreSettings(
+            limits=Limits(int(args.max_file_size), int(args.max_adapter_size)),
+            heartbeat_interval=float(args.heartbeat_interval),
+        ),
+        log=LogSettings(
+            poll_interval=float(args.poll_interval),
+            snapshot_every=int(args.snapshot_every),
+            log_retention=int(args.log_retention),
+        ),
+        security=server_security_from_args(args),
+        metrics_port=int(args.metrics_port) if args.metrics_port is not None else None,
+        shutdown_grace_seconds=float(args.shutdown_grace),
+        log_level=str(args.log_level).upper(),
+    )

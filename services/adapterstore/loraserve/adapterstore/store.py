@@ -1,0 +1,369 @@
+"""The adapter store's operations, independent of gRPC.
+
+Reads answer from the state folded from the log; writes build a Change from the
+freshest state and commit it through the ChangeLog. Revisions are immutable and
+their numbers keep increasing across a delete, so NAME@N never names two
+different contents.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import hashlib
+import logging
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, replace
+from datetime import datetime
+
+from loraserve.adapterstore.blobstore import BlobNotFound, BlobStore, blob_key
+from loraserve.adapterstore.changelog import ChangeLog
+from loraserve.adapterstore.model import (
+    Adapter,
+    Change,
+    ChangeType,
+    FileInfo,
+    Revision,
+    StoreState,
+    now,
+)
+from loraserve.adapterstore.push import Chunk, PushHeader, discard_staged, receive_adapter
+from loraserve.adapterstore.status import ReplicaStatus, ReplicaStatusStore, Report
+from loraserve.adapterstore.validation import Limits, check_declared_files
+from loraserve.common.errors import Aborted, DataLoss, InvalidArgument, NotFound, Unavailable
+from loraserve.common.names import validate_adapter_name
+
+log = logging.getLogger(__name__)
+
+DEFAULT_PAGE_SIZE = 100
+MAX_PAGE_SIZE = 1000
+
+
+@dataclass(frozen=True, slots=True)
+class StoreSettings:
+    limits: Limits
+    heartbeat_interval: float = 10.0  # seconds of silence before a watch heartbeat
+    download_chunk_size: int = 1024 * 1024
+
+
+@dataclass(frozen=True, slots=True)
+class PushResult:
+    revision: Revision
+    promoted: bool
+    seq: int
+
+
+@dataclass(frozen=True, slots=True)
+class AdapterPage:
+    adapters: list[Adapter]
+    next_page_token: str
+    seq: int
+
+
+@dataclass(frozen=True, slots=True)
+class RevisionPage:
+    revisions: list[Revision]
+    next_page_token: str
+    current_revision: int
+
+
+@dataclass(frozen=True, slots=True)
+class Heartbeat:
+    seq: int
+    time: datetime
+
+
+class AdapterStore:
+    def __init__(
+        self,
+        blobs: BlobStore,
+        changelog: ChangeLog,
+        statuses: ReplicaStatusStore,
+        settings: StoreSettings,
+    ) -> None:
+        self._blobs = blobs
+        self._log = changelog
+        self._statuses = statuses
+        self._settings = settings
+        self._started = False
+
+    @property
+    def head_seq(self) -> int:
+        return self._log.head_seq
+
+    async def start(self) -> None:
+        """Loads the state from storage and starts following the log."""
+        await self._log.start()
+        self._started = True
+
+    @property
+    def adapter_count(self) -> int:
+        return len(self._log.state.adapters)
+
+    @property
+    def started(self) -> bool:
+        return self._started
+
+    def _check_started(self) -> None:
+        # The gRPC server runs (for health) before storage is reachable; calls then
+        # must not answer from an empty state.
+        if not self._started:
+            raise Unavailable("the adapter store is starting: object storage not reached yet")
+
+    async def close(self) -> None:
+        await self._log.close()
+
+    async def push(
+        self, header: PushHeader, chunks: AsyncIterator[Chunk], actor: str
+    ) -> PushResult:
+        self._check_started()
+        validate_adapter_name(header.name)
+        check_declared_files(header.files, self._settings.limits)
+        received = await receive_adapter(header, chunks, self._blobs)
+        for index, staged in enumerate(received.files):
+            try:
+                await self._blobs.keep(staged.blob)
+            except BaseException:
+                await discard_staged(self._blobs, received.files[index:])
+                raise
+        files = tuple(f.info for f in received.files)
+        config = received.config
+
+        def build(state: StoreState, seq: int) -> Change:
+            adapter = state.adapters.get(header.name)
+            time = now()
+            revision = Revision(
+                adapter_name=header.name,
+                revision=state.next_revision(header.name),
+                files=files,
+                base_model=config.base_model,
+                rank=config.rank,
+                alpha=config.alpha,
+                target_modules=config.target_modules,
+                create_time=time,
+                pushed_by=actor,
+                description=header.description,
+                seq=seq,
+            )
+            current = revision.revision
+            if header.no_promote:
+                current = adapter.current_revision if adapter else 0
+            return Change(
+                seq, ChangeType.REVISION_PUSHED, header.name, revision, current, time, actor
+            )
+
+        change = await self._log.commit(build)
+        assert change is not None
+        assert change.revision is not None
+        log.info(
+            "adapter.pushed name=%s rev=%d seq=%d actor=%s",
+            header.name,
+            change.revision.revision,
+            change.seq,
+            actor,
+        )
+        promoted = change.current_revision == change.revision.revision
+        return PushResult(change.revision, promoted, change.seq)
+
+    async def get(self, name: str, revision: int = 0) -> tuple[Adapter, Revision]:
+        self._check_started()
+        await self._log.sync()
+        adapter = self._adapter(name)
+        return _copy(adapter), _revision(adapter, revision)
+
+    async def list_adapters(
+        self, page_size: int, page_token: str, base_model: str = ""
+    ) -> AdapterPage:
+        self._check_started()
+        size = _page_size(page_size)
+        after = _decode_token(page_token, "ListAdapters")
+        await self._log.sync()
+        state = self._log.state
+        names = sorted(n for n in state.adapters if n > after)
+        selected: list[Adapter] = []
+        next_token = ""
+        for name in names:
+            adapter = state.adapters[name]
+            current = adapter.current
+            if base_model and (current is None or current.base_model != base_model):
+                continue
+            if len(selected) == size:
+                next_token = _encode_token(selected[-1].name)
+                break
+            selected.append(_copy(adapter))
+        return AdapterPage(selected, next_token, state.seq)
+
+    async def list_revisions(self, name: str, page_size: int, page_token: str) -> RevisionPage:
+        self._check_started()
+        size = _page_size(page_size)
+        token = _decode_token(page_token, "ListRevisions")
+        await self._log.sync()
+        adapter = self._adapter(name)
+        try:
+            before = int(token) if token else adapter.latest_revision + 1
+        except ValueError:
+            raise InvalidArgument("invalid page_token for ListRevisions") from None
+        numbers = sorted((n for n in adapter.revisions if n < before), reverse=True)
+        page = numbers[:size]
+        next_token = _encode_token(str(page[-1])) if len(numbers) > size else ""
+        return RevisionPage(
+            [adapter.revisions[n] for n in page], next_token, adapter.current_revision
+        )
+
+    async def set_current(
+        self, name: str, revision: int, expected_current: int, actor: str
+    ) -> tuple[Adapter, int]:
+        """Moves `current`; a no-op (no log entry) when `revision` is current already."""
+        self._check_started()
+        validate_adapter_name(name)
+        if revision < 1:
+            raise InvalidArgument(f"revision must be >= 1, got {revision}")
+
+        def build(state: StoreState, seq: int) -> Change | None:
+            adapter = _lookup(state, name)
+            target = _revision(adapter, revision)
+            if expected_current and adapter.current_revision != expected_current:
+                raise Aborted(
+                    f"adapter {name}: current revision is {adapter.current_revision}, "
+                    f"not the expected {expected_current}"
+                )
+            if adapter.current_revision == revision:
+                return None
+            return Change(
+                seq, ChangeType.CURRENT_REVISION_SET, name, target, revision, now(), actor
+            )
+
+        change = await self._log.commit(build)
+        if change is not None:
+            log.info(
+                "adapter.current_set name=%s rev=%d seq=%d actor=%s",
+                name,
+                revision,
+                change.seq,
+                actor,
+            )
+        return _copy(self._adapter(name)), self._log.head_seq if change is None else change.seq
+
+    async def delete(self, name: str, actor: str) -> int:
+        self._check_started()
+        validate_adapter_name(name)
+
+        def build(state: StoreState, seq: int) -> Change:
+            _lookup(state, name)
+            return Change(seq, ChangeType.ADAPTER_DELETED, name, None, 0, now(), actor)
+
+        change = await self._log.commit(build)
+        assert change is not None
+        log.info("adapter.deleted name=%s seq=%d actor=%s", name, change.seq, actor)
+        return change.seq
+
+    async def download(self, name: str, revision: int = 0) -> AsyncIterator[Revision | Chunk]:
+        """Yields the manifest, then each file's chunks. Each file's last chunk is held
+        back until the file's sha256 is verified, so a corrupt blob ends the stream
+        with DataLoss before the client has the whole file."""
+        self._check_started()
+        await self._log.sync()
+        manifest = _revision(self._adapter(name), revision)
+        yield manifest
+        for info in manifest.files:
+            async for chunk in self._read_verified(info):
+                yield chunk
+
+    async def _read_verified(self, info: FileInfo) -> AsyncIterator[Chunk]:
+        digest = hashlib.sha256()
+        offset = 0
+        held: Chunk | None = None
+        try:
+            async for data in self._blobs.stream(
+                blob_key(info.sha256), self._settings.download_chunk_size
+            ):
+                if held is not None:
+                    yield held
+                digest.update(data)
+                held = Chunk(info.name, offset, data)
+                offset += len(data)
+        except BlobNotFound:
+            raise DataLoss(
+                f"blob of file {info.name!r} (sha256 {info.sha256}) is missing"
+            ) from None
+        if offset != info.size or digest.hexdigest() != info.sha256:
+            log.error("blob.corrupt file=%s sha256=%s size=%d", info.name, info.sha256, offset)
+            raise DataLoss(
+                f"blob of file {info.name!r} is corrupt: {offset} bytes with sha256 "
+                f"{digest.hexdigest()}, expected {info.size} bytes with sha256 {info.sha256}"
+            )
+        if held is not None:
+            yield held
+
+    async def watch(self, after_seq: int) -> AsyncIterator[Change | Heartbeat]:
+        """Every change after `after_seq` in order, and a heartbeat after each quiet
+        `heartbeat_interval`; ends only with the caller or with OutOfRange."""
+        self._check_started()
+        if after_seq < 0:
+            raise InvalidArgument(f"after_seq must not be negative, got {after_seq}")
+        position = after_seq
+        while True:
+            changes = await self._log.events_after(position)
+            for change in changes:
+                yield change
+                position = change.seq
+            if changes:
+                continue
+            interval = self._settings.heartbeat_interval
+            if not await self._log.wait_for_change(position, interval):
+                yield Heartbeat(self._log.head_seq, now())
+
+    async def report_status(self, report: Report) -> ReplicaStatus:
+        self._check_started()
+        return await self._statuses.report(report)
+
+    async def get_status(self, name: str) -> list[ReplicaStatus]:
+        self._check_started()
+        return await self._statuses.get(name)
+
+    def _adapter(self, name: str) -> Adapter:
+        validate_adapter_name(name)
+        return _lookup(self._log.state, name)
+
+
+def _lookup(state: StoreState, name: str) -> Adapter:
+    adapter = state.adapters.get(name)
+    if adapter is None:
+        raise NotFound(f"adapter {name!r} not found")
+    return adapter
+
+
+def _revision(adapter: Adapter, revision: int) -> Revision:
+    if revision < 0:
+        raise InvalidArgument(f"revision must not be negative, got {revision}")
+    number = revision or adapter.current_revision
+    if number == 0:
+        raise NotFound(f"adapter {adapter.name!r} has no current revision")
+    found = adapter.revisions.get(number)
+    if found is None:
+        raise NotFound(f"revision {adapter.name}@{number} not found")
+    return found
+
+
+def _copy(adapter: Adapter) -> Adapter:
+    """A copy that later changes to the state leave alone (revisions are immutable)."""
+    return replace(adapter, revisions=dict(adapter.revisions))
+
+
+def _page_size(requested: int) -> int:
+    if requested < 0:
+        raise InvalidArgument(f"page_size must not be negative, got {requested}")
+    return min(requested or DEFAULT_PAGE_SIZE, MAX_PAGE_SIZE)
+
+
+def _encode_token(value: str) -> str:
+    return base64.urlsafe_b64encode(value.encode()).decode()
+
+
+def _decode_token(token: str, method: str) -> str:
+    if not token:
+        return ""
+    try:
+        return base64.b64decode(token.encode(), altchars=b"-_", validate=True).decode()
+    except (binascii.Error, UnicodeDecodeError, ValueError):
+        raise InvalidArgument(f"invalid page_token for {method}") from None

@@ -1,0 +1,103 @@
+"""`adapterstore serve` as a real process: settings, health, graceful shutdown."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import socket
+import sys
+from pathlib import Path
+
+import grpc
+import pytest
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+from loraserve.adapterstore.settings import parse_settings, parse_size
+from loraserve.common.errors import InvalidArgument
+from loraserve.testing.s3 import S3Bucket
+
+GUARD_S = 60
+
+
+def test_sizes_accept_binary_units() -> None:
+    assert [parse_size(t) for t in ("10", "512MiB", "4GiB", "2g")] == [
+        10,
+        512 * 1024**2,
+        4 * 1024**3,
+        2 * 1024**3,
+    ]
+
+
+def test_flags_fall_back_to_environment_and_secret_files(tmp_path: Path) -> None:
+    secret = tmp_path / "secret"
+    secret.write_text("s3cret\n")
+    environ = {
+        "ADAPTERSTORE_BUCKET": "adapters",
+        "ADAPTERSTORE_ACCESS_KEY_ID": "key",
+        "ADAPTERSTORE_SECRET_ACCESS_KEY_FILE": str(secret),
+        "ADAPTERSTORE_MAX_FILE_SIZE": "1GiB",
+    }
+    settings = parse_settings(["serve", "--poll-interval", "0.5"], environ)
+    assert (settings.s3.bucket, settings.s3.secret_access_key) == ("adapters", "s3cret")
+    assert settings.store.limits.max_file_size == 1024**3
+    assert settings.log.poll_interval == 0.5
+    assert "s3cret" not in repr(settings)
+
+
+def test_missing_bucket_is_refused() -> None:
+    with pytest.raises(InvalidArgument, match="--bucket"):
+        parse_settings(["serve"], {})
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+async def _health(address: str) -> int:
+    async with grpc.aio.insecure_channel(address) as channel:
+        stub = health_pb2_grpc.HealthStub(channel)
+        try:
+            response = await stub.Check(health_pb2.HealthCheckRequest(), timeout=2)
+        except grpc.aio.AioRpcError:
+            return -1
+        return int(response.status)
+
+
+async def _wait_for_health(address: str, status: int) -> None:
+    async with asyncio.timeout(GUARD_S):
+        while True:
+            if await _health(address) == status:
+                return
+            await asyncio.sleep(0.1)
+
+
+@pytest.mark.slow
+async def test_serve_is_not_serving_until_bucket_exists_and_stops_on_sigterm(
+    s3_server: str,
+) -> None:
+    bucket = S3Bucket(s3_server, f"late-bucket-{os.getpid()}")
+    address = f"127.0.0.1:{_free_port()}"
+    env = os.environ | {
+        "ADAPTERSTORE_S3_ENDPOINT": bucket.endpoint_url,
+        "ADAPTERSTORE_BUCKET": bucket.bucket,
+        "ADAPTERSTORE_REGION": bucket.region,
+        "ADAPTERSTORE_ACCESS_KEY_ID": bucket.access_key_id,
+        "ADAPTERSTORE_SECRET_ACCESS_KEY": bucket.secret_access_key,
+    }
+    process = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "loraserve.adapterstore", "serve", "--listen", address, env=env
+    )
+    try:
+        await _wait_for_health(address, health_pb2.HealthCheckResponse.NOT_SERVING)
+        bucket.client().create_bucket(Bucket=bucket.bucket)
+        await _wait_for_health(address, health_pb2.HealthCheckResponse.SERVING)
+        process.send_signal(signal.SIGTERM)
+        async with asyncio.timeout(GUARD_S):
+            assert await process.wait() == 0
+    finally:
+        if process.returncode is None:
+            process.kill()
+            await process.wait()
