@@ -7,6 +7,7 @@ always produces the same bytes, so built directories can be cached and compared.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -14,7 +15,7 @@ from typing import TYPE_CHECKING
 from loraserve.tiny.builddir import build_once
 
 if TYPE_CHECKING:
-    from transformers import PreTrainedTokenizerFast
+    from transformers import LlamaConfig, PreTrainedTokenizerFast
 
 BOS_TOKEN = "<|bos|>"
 EOS_TOKEN = "<|eos|>"
@@ -74,10 +75,24 @@ def build_tiny_model(out_dir: Path, spec: TinyModelSpec | None = None) -> Path:
 
 def _write_model(out_dir: Path, spec: TinyModelSpec) -> None:
     import torch
-    from transformers import LlamaConfig, LlamaForCausalLM
+    from transformers import LlamaForCausalLM
 
-    tokenizer = _train_tokenizer(spec.vocab_size, spec.max_position_embeddings)
-    config = LlamaConfig(
+    tokenizer = train_tokenizer(
+        spec.vocab_size, spec.max_position_embeddings, CORPUS.splitlines(keepends=True)
+    )
+    config = llama_config(spec, tokenizer)
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(spec.seed)
+        model = LlamaForCausalLM(config)  # type: ignore[no-untyped-call]
+    model.save_pretrained(out_dir, safe_serialization=True)
+    tokenizer.save_pretrained(out_dir)
+
+
+def llama_config(spec: TinyModelSpec, tokenizer: PreTrainedTokenizerFast) -> LlamaConfig:
+    """The Llama configuration `spec` describes, with `tokenizer`'s special token ids."""
+    from transformers import LlamaConfig
+
+    return LlamaConfig(
         vocab_size=spec.vocab_size,
         hidden_size=spec.hidden_size,
         intermediate_size=spec.intermediate_size,
@@ -93,14 +108,12 @@ def _write_model(out_dir: Path, spec: TinyModelSpec) -> None:
         tie_word_embeddings=False,
         dtype="float32",
     )
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(spec.seed)
-        model = LlamaForCausalLM(config)  # type: ignore[no-untyped-call]
-    model.save_pretrained(out_dir, safe_serialization=True)
-    tokenizer.save_pretrained(out_dir)
 
 
-def _train_tokenizer(vocab_size: int, max_length: int) -> PreTrainedTokenizerFast:
+def train_tokenizer(
+    vocab_size: int, max_length: int, lines: Iterable[str]
+) -> PreTrainedTokenizerFast:
+    """A byte-level BPE tokenizer trained on `lines`; any text still tokenizes, bytewise at worst."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
     from transformers import PreTrainedTokenizerFast
 
@@ -113,7 +126,7 @@ def _train_tokenizer(vocab_size: int, max_length: int) -> PreTrainedTokenizerFas
         initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
         show_progress=False,
     )
-    tokenizer.train_from_iterator(CORPUS.splitlines(keepends=True), trainer=trainer)
+    tokenizer.train_from_iterator(lines, trainer=trainer)
     bos_id = tokenizer.token_to_id(BOS_TOKEN)
     # Like Llama's tokenizers: every encoded text starts with BOS.
     tokenizer.post_processor = processors.TemplateProcessing(
