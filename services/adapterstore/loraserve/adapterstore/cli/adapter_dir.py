@@ -1,0 +1,150 @@
+"""Reading a local adapter directory: which files to publish, whether they are
+complete, and their SHA-256 digests.
+
+The file rules are the store's own (`loraserve.adapterstore.validation`), so what
+adapterctl sends is what the store accepts; the store still checks everything.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+from loraserve.adapterstore.cli.failures import UsageError
+from loraserve.adapterstore.validation import (
+    ALLOWED_FILES,
+    CONFIG_FILE,
+    PICKLE_SUFFIXES,
+    REQUIRED_FILES,
+    WEIGHTS_FILE,
+    parse_safetensors_header,
+    safetensors_header_length,
+)
+from loraserve.common.errors import InvalidArgument
+
+CHUNK_SIZE = 1024 * 1024
+
+
+@dataclass(frozen=True)
+class LocalFile:
+    """A file to publish, with the size and digest it had when it was hashed."""
+
+    name: str
+    path: Path
+    size: int
+    sha256: str
+
+
+@dataclass(frozen=True)
+class AdapterFiles:
+    """What a push of a directory sends, files in the order they are streamed."""
+
+    directory: Path
+    files: tuple[LocalFile, ...]
+    ignored: tuple[str, ...]  # files in the directory that are never uploaded
+
+    @property
+    def total_size(self) -> int:
+        return sum(f.size for f in self.files)
+
+    def fingerprint(self) -> tuple[tuple[str, int, str], ...]:
+        """Content identity: equal fingerprints mean an identical revision."""
+        return tuple(sorted((f.name, f.size, f.sha256) for f in self.files))
+
+
+@dataclass(frozen=True)
+class DirectoryListing:
+    """The files of a directory before hashing: what to send and what to skip."""
+
+    directory: Path
+    selected: tuple[Path, ...]
+    ignored: tuple[str, ...]
+
+
+def list_adapter_dir(directory: Path) -> DirectoryListing:
+    """Selects the files to publish; raises UsageError if the directory is unusable."""
+    if not directory.exists():
+        raise UsageError(f"{directory}: no such directory")
+    if not directory.is_dir():
+        raise UsageError(f"{directory}: not a directory")
+    try:
+        # is_file follows symlinks, as Hugging Face cache snapshots need.
+        present = sorted(p for p in directory.iterdir() if p.is_file())
+    except OSError as exc:
+        raise UsageError(f"{directory}: cannot read directory: {exc.strerror}") from None
+    names = {p.name for p in present}
+    missing = sorted(REQUIRED_FILES - names)
+    if missing:
+        hint = ""
+        if WEIGHTS_FILE in missing and any(n.endswith(PICKLE_SUFFIXES) for n in names):
+            hint = (
+                f"; pickle weights (.bin, .pt, ...) are never accepted, save the adapter "
+                f"with safe_serialization=True to get {WEIGHTS_FILE}"
+            )
+        raise UsageError(f"{directory}: missing {', '.join(missing)}{hint}")
+    # Required files first: the store checks them as they arrive and fails fast.
+    selected = sorted(
+        (p for p in present if p.name in ALLOWED_FILES),
+        key=lambda p: (p.name not in REQUIRED_FILES, p.name != CONFIG_FILE, p.name),
+    )
+    ignored = tuple(p.name for p in present if p.name not in ALLOWED_FILES)
+    return DirectoryListing(directory, tuple(selected), ignored)
+
+
+def check_complete(listing: DirectoryListing) -> None:
+    """Raises InvalidArgument unless the config parses and the safetensors file is
+    exactly as long as its header says: a file still being written never passes."""
+    config_path = listing.directory / CONFIG_FILE
+    weights_path = listing.directory / WEIGHTS_FILE
+    try:
+        config = json.loads(config_path.read_bytes())
+    except (OSError, ValueError) as exc:
+        raise InvalidArgument(f"{CONFIG_FILE}: not readable JSON ({exc})") from None
+    if not isinstance(config, dict):
+        raise InvalidArgument(f"{CONFIG_FILE}: must be a JSON object")
+    try:
+        with weights_path.open("rb") as f:
+            size = weights_path.stat().st_size
+            prefix = f.read(8)
+            length = safetensors_header_length(prefix, size)
+            header = f.read(length)
+    except OSError as exc:
+        raise InvalidArgument(f"{WEIGHTS_FILE}: cannot read ({exc.strerror})") from None
+    if len(header) != length:
+        raise InvalidArgument(f"{WEIGHTS_FILE}: header is cut short")
+    parse_safetensors_header(header, size)
+
+
+def hash_files(
+    listing: DirectoryListing, progress: Callable[[int], None] | None = None
+) -> AdapterFiles:
+    """Reads every selected file once, in bounded memory; blocking, so run it in a thread.
+    `progress` gets the byte count of each chunk read."""
+    files = []
+    for path in listing.selected:
+        digest = hashlib.sha256()
+        size = 0
+        try:
+            with path.open("rb") as f:
+                while chunk := f.read(CHUNK_SIZE):
+                    digest.update(chunk)
+                    size += len(chunk)
+                    if progress is not None:
+                        progress(len(chunk))
+        except OSError as exc:
+            raise UsageError(f"{path}: cannot read: {exc.strerror}") from None
+        files.append(LocalFile(path.name, path, size, digest.hexdigest()))
+    return AdapterFiles(listing.directory, tuple(files), listing.ignored)
+
+
+def listing_size(listing: DirectoryListing) -> int:
+    total = 0
+    for path in listing.selected:
+        try:
+            total += path.stat().st_size
+        except OSError as exc:
+            raise UsageError(f"{path}: cannot read: {exc.strerror}") from None
+    return total

@@ -1,0 +1,135 @@
+"""`adapterctl push`: hash a directory, then stream it to the store as one revision.
+
+The stream is the proto's: a header naming every file with its size and SHA-256,
+then each file's contents in 1 MiB chunks, files in header order. Files are read
+a chunk at a time in a worker thread, so a 2 GiB adapter needs no 2 GiB of memory.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any, BinaryIO
+
+from loraserve.adapterstore.cli.adapter_dir import (
+    CHUNK_SIZE,
+    AdapterFiles,
+    LocalFile,
+    hash_files,
+    list_adapter_dir,
+    listing_size,
+)
+from loraserve.adapterstore.cli.console import Console
+from loraserve.adapterstore.cli.failures import UsageError
+from loraserve.adapterstore.cli.output import dumps, message_to_json
+from loraserve.adapterstore.cli.progress import MIN_BYTES_FOR_BAR, Progress
+from loraserve.adapterstore.cli.settings import CtlSettings
+from loraserve.adapterstore.v1 import adapterstore_pb2 as pb
+from loraserve.adapterstore.validation import PICKLE_SUFFIXES
+from loraserve.common.errors import InvalidArgument
+from loraserve.common.names import validate_adapter_name
+
+
+def validated_name(name: str) -> str:
+    try:
+        return validate_adapter_name(name)
+    except InvalidArgument as exc:
+        raise UsageError(exc.message) from None
+
+
+def progress_for(console: Console, label: str, total: int) -> Progress:
+    return Progress(
+        console.stderr, label, total, console.stderr_is_tty and total >= MIN_BYTES_FOR_BAR
+    )
+
+
+async def prepare_push(directory: Path, console: Console) -> AdapterFiles:
+    """Selects and hashes the files of `directory`; warns about files left out."""
+    listing = await asyncio.to_thread(list_adapter_dir, directory)
+    for ignored in listing.ignored:
+        why = (
+            "pickle formats are never uploaded"
+            if ignored.endswith(PICKLE_SUFFIXES)
+            else ("not an adapter file")
+        )
+        console.err(f"ignoring {directory / ignored} ({why})")
+    total = await asyncio.to_thread(listing_size, listing)
+    progress = progress_for(console, "hashing  ", total)
+    try:
+        return await asyncio.to_thread(hash_files, listing, progress.advance)
+    finally:
+        progress.finish()
+
+
+def push_header(
+    name: str, files: AdapterFiles, *, no_promote: bool, description: str
+) -> pb.PushAdapterRequest:
+    return pb.PushAdapterRequest(
+        header=pb.PushHeader(
+            name=name,
+            files=[pb.FileInfo(name=f.name, size=f.size, sha256=f.sha256) for f in files.files],
+            no_promote=no_promote,
+            description=description,
+        )
+    )
+
+
+async def upload(
+    stub: Any,
+    name: str,
+    files: AdapterFiles,
+    *,
+    no_promote: bool,
+    description: str,
+    timeout_s: float | None,
+    progress: Callable[[int], None] = lambda _: None,
+) -> pb.PushAdapterResponse:
+    """Streams one push; a rejected push raises the call's AioRpcError."""
+    call = stub.PushAdapter(timeout=timeout_s)
+    try:
+        try:
+            await call.write(
+                push_header(name, files, no_promote=no_promote, description=description)
+            )
+            for local in files.files:
+                await _write_file(call, local, progress)
+            await call.done_writing()
+        except asyncio.InvalidStateError:
+            pass  # The store ended the call early (a rejected header); its status says why.
+        response: pb.PushAdapterResponse = await call
+    except BaseException:
+        call.cancel()
+        raise
+    return response
+
+
+async def _write_file(call: Any, local: LocalFile, progress: Callable[[int], None]) -> None:
+    try:
+        f: BinaryIO = await asyncio.to_thread(local.path.open, "rb")
+    except OSError as exc:
+        raise UsageError(f"{local.path}: cannot read: {exc.strerror}") from None
+    try:
+        offset = 0
+        while offset < local.size:
+            data = await asyncio.to_thread(f.read, min(CHUNK_SIZE, local.size - offset))
+            if not data:
+                raise UsageError(
+                    f"{local.path}: shrank from {local.size} to {offset} bytes while uploading"
+                )
+            await call.write(
+                pb.PushAdapterRequest(
+                    chunk=pb.FileChunk(file_name=local.name, offset=offset, data=data)
+                )
+            )
+            offset += len(data)
+            progress(len(data))
+    finally:
+        await asyncio.to_thread(f.close)
+
+
+def print_pushed(console: Console, settings: CtlSettings, response: pb.PushAdapterResponse) -> None:
+    if settings.json:
+        console.out(dumps(message_to_json(response)))
+    else:
+        console.out(f"{response.revision.adapter_name}@{response.revision.revision}")

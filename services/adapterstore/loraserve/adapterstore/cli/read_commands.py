@@ -1,0 +1,200 @@
+"""The commands that read the store: list, revisions, status, watch."""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import AsyncIterator
+from typing import Any
+
+import grpc
+
+from loraserve.adapterstore.cli.connection import store_stub
+from loraserve.adapterstore.cli.console import Console
+from loraserve.adapterstore.cli.failures import EXIT_OK
+from loraserve.adapterstore.cli.output import (
+    dumps,
+    format_size,
+    format_time,
+    message_to_json,
+    table,
+)
+from loraserve.adapterstore.cli.push import validated_name
+from loraserve.adapterstore.cli.settings import CtlSettings
+from loraserve.adapterstore.v1 import adapterstore_pb2 as pb
+
+_PAGE_SIZE = 1000
+# ErrorStatus carries google.rpc.Code numbers.
+_STATUS_NAMES = {code.value[0]: code.name for code in grpc.StatusCode}
+
+
+async def cmd_list(args: argparse.Namespace, settings: CtlSettings, console: Console) -> int:
+    adapters: list[pb.Adapter] = []
+    seq = None
+    async with store_stub(settings) as stub:
+        token = ""
+        while True:
+            page = await stub.ListAdapters(
+                pb.ListAdaptersRequest(
+                    page_size=_PAGE_SIZE, page_token=token, base_model=args.base_model or ""
+                ),
+                timeout=settings.unary_timeout_s,
+            )
+            # The first page's seq: watching from it misses nothing listed after it.
+            seq = page.seq if seq is None else seq
+            adapters.extend(page.adapters)
+            token = page.next_page_token
+            if not token:
+                break
+    if settings.json:
+        console.out(dumps({"adapters": [message_to_json(a) for a in adapters], "seq": seq}))
+        return EXIT_OK
+    rows = [
+        (
+            a.name,
+            a.current_revision or "-",
+            a.latest_revision,
+            a.current.rank if a.HasField("current") else "",
+            a.current.base_model if a.HasField("current") else "",
+            format_time(a.update_time),
+        )
+        for a in adapters
+    ]
+    console.out(table(("NAME", "CURRENT", "LATEST", "RANK", "BASE MODEL", "UPDATED"), rows))
+    return EXIT_OK
+
+
+async def cmd_revisions(args: argparse.Namespace, settings: CtlSettings, console: Console) -> int:
+    name = validated_name(args.name)
+    revisions: list[pb.Revision] = []
+    current = 0
+    async with store_stub(settings) as stub:
+        token = ""
+        while True:
+            page = await stub.ListRevisions(
+                pb.ListRevisionsRequest(name=name, page_size=_PAGE_SIZE, page_token=token),
+                timeout=settings.unary_timeout_s,
+            )
+            if not revisions:
+                current = page.current_revision
+            revisions.extend(page.revisions)
+            token = page.next_page_token
+            if not token:
+                break
+    if settings.json:
+        console.out(
+            dumps(
+                {
+                    "name": name,
+                    "current_revision": current,
+                    "revisions": [message_to_json(r) for r in revisions],
+                }
+            )
+        )
+        return EXIT_OK
+    rows = [
+        (
+            f"{r.revision}{' *' if r.revision == current else ''}",
+            format_time(r.create_time),
+            r.pushed_by,
+            format_size(sum(f.size for f in r.files)),
+            r.rank,
+            r.description,
+        )
+        for r in revisions
+    ]
+    console.out(table(("REVISION", "CREATED", "PUSHED BY", "SIZE", "RANK", "DESCRIPTION"), rows))
+    return EXIT_OK
+
+
+async def cmd_status(args: argparse.Namespace, settings: CtlSettings, console: Console) -> int:
+    name = validated_name(args.name) if args.name else ""
+    async with store_stub(settings) as stub:
+        response = await stub.GetAdapterStatus(
+            pb.GetAdapterStatusRequest(name=name), timeout=settings.unary_timeout_s
+        )
+    if settings.json:
+        console.out(dumps(message_to_json(response)))
+        return EXIT_OK
+    if not response.statuses:
+        console.err(f"no replica has reported{f' on {name}' if name else ''} yet")
+        return EXIT_OK
+    rows = [
+        (
+            s.adapter_name,
+            s.replica_id,
+            s.serving_revision or "-",
+            f"{_report_name(s.type)} {s.adapter_name}@{s.reported_revision}",
+            format_time(s.update_time),
+            _error_text(s.last_error) if s.HasField("last_error") else "",
+        )
+        for s in response.statuses
+    ]
+    console.out(
+        table(("ADAPTER", "REPLICA", "SERVING", "LAST REPORT", "REPORTED AT", "LAST ERROR"), rows)
+    )
+    return EXIT_OK
+
+
+def _report_name(report_type: int) -> str:
+    return pb.ReportType.Name(report_type).removeprefix("REPORT_TYPE_")
+
+
+def _error_text(error: pb.ErrorStatus) -> str:
+    if not error.code and not error.message:
+        return ""
+    return f"{_status_code_name(error.code)}: {error.message}"
+
+
+def _status_code_name(code: int) -> str:
+    return _STATUS_NAMES.get(code, str(code))
+
+
+async def cmd_watch(args: argparse.Namespace, settings: CtlSettings, console: Console) -> int:
+    async with store_stub(settings) as stub:
+        after = args.after
+        if after is None:
+            # From now on: `--after 0` replays the whole kept log instead.
+            page = await stub.ListAdapters(
+                pb.ListAdaptersRequest(page_size=1), timeout=settings.unary_timeout_s
+            )
+            after = page.seq
+        async for event in _events(stub, after, settings):
+            if settings.json:
+                console.out(dumps(message_to_json(event)))
+            else:
+                console.out(describe_event(event))
+    return EXIT_OK
+
+
+async def _events(stub: Any, after: int, settings: CtlSettings) -> AsyncIterator[pb.AdapterEvent]:
+    call = stub.WatchAdapters(
+        pb.WatchAdaptersRequest(after_seq=after), timeout=settings.stream_timeout_s
+    )
+    try:
+        async for message in call:
+            if message.HasField("event"):
+                yield message.event
+    except grpc.aio.AioRpcError as exc:
+        # With --timeout, `watch` watches for that long; reaching the end is success.
+        if exc.code() is not grpc.StatusCode.DEADLINE_EXCEEDED:
+            raise
+    finally:
+        call.cancel()
+
+
+def describe_event(event: pb.AdapterEvent) -> str:
+    """One line per change, e.g. `seq=7 2026-01-02 03:04:05Z pushed alpha@3 current=3 by ci`."""
+    what = {
+        pb.EVENT_TYPE_REVISION_PUSHED: "pushed",
+        pb.EVENT_TYPE_CURRENT_REVISION_SET: "current-set",
+        pb.EVENT_TYPE_ADAPTER_DELETED: "deleted",
+    }.get(event.type, pb.EventType.Name(event.type))
+    ref = event.adapter_name
+    if event.HasField("revision"):
+        ref = f"{ref}@{event.revision.revision}"
+    parts = [f"seq={event.seq}", format_time(event.time), what, ref]
+    if event.type != pb.EVENT_TYPE_ADAPTER_DELETED:
+        parts.append(f"current={event.current_revision}")
+    if event.actor:
+        parts.append(f"by {event.actor}")
+    return " ".join(p for p in parts if p)

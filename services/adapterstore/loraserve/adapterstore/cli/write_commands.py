@@ -1,0 +1,131 @@
+"""The commands that change the store: push (once or watching), rollback, delete."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+from typing import Any
+
+import grpc
+
+from loraserve.adapterstore.cli.adapter_dir import AdapterFiles
+from loraserve.adapterstore.cli.connection import store_stub
+from loraserve.adapterstore.cli.console import Console
+from loraserve.adapterstore.cli.failures import EXIT_FAILED, EXIT_OK, UsageError
+from loraserve.adapterstore.cli.output import dumps, message_to_json
+from loraserve.adapterstore.cli.push import (
+    prepare_push,
+    print_pushed,
+    progress_for,
+    upload,
+    validated_name,
+)
+from loraserve.adapterstore.cli.settings import CtlSettings
+from loraserve.adapterstore.cli.watch_dir import Fingerprint, watch_directory
+from loraserve.adapterstore.v1 import adapterstore_pb2 as pb
+
+
+async def cmd_push(args: argparse.Namespace, settings: CtlSettings, console: Console) -> int:
+    name = validated_name(args.name)
+    directory = Path(args.directory)
+    if args.watch:
+        async with store_stub(settings) as stub:
+            publisher = StorePublisher(stub, name, settings, args.no_promote, args.description)
+            await watch_directory(name, directory, publisher, console, args.settle)
+        return EXIT_OK
+    files = await prepare_push(directory, console)
+    progress = progress_for(console, f"uploading {name}", files.total_size)
+    async with store_stub(settings) as stub:
+        try:
+            response = await upload(
+                stub,
+                name,
+                files,
+                no_promote=args.no_promote,
+                description=args.description,
+                timeout_s=settings.stream_timeout_s,
+                progress=progress.advance,
+            )
+        finally:
+            progress.finish()
+    print_pushed(console, settings, response)
+    return EXIT_OK
+
+
+class StorePublisher:
+    """Publishes a watched directory's settled states to the store."""
+
+    def __init__(
+        self, stub: Any, name: str, settings: CtlSettings, no_promote: bool, description: str
+    ) -> None:
+        self._stub = stub
+        self._name = name
+        self._settings = settings
+        self._no_promote = no_promote
+        self._description = description
+
+    async def last_published(self) -> tuple[str, Fingerprint] | None:
+        """The latest revision, current or not: with --no-promote it is what was last pushed."""
+        try:
+            page = await self._stub.ListRevisions(
+                pb.ListRevisionsRequest(name=self._name, page_size=1),
+                timeout=self._settings.unary_timeout_s,
+            )
+        except grpc.aio.AioRpcError as exc:
+            if exc.code() is grpc.StatusCode.NOT_FOUND:
+                return None
+            raise
+        if not page.revisions:
+            return None
+        latest = page.revisions[0]
+        fingerprint = tuple(sorted((f.name, f.size, f.sha256) for f in latest.files))
+        return f"{self._name}@{latest.revision}", fingerprint
+
+    async def publish(self, files: AdapterFiles) -> str:
+        response = await upload(
+            self._stub,
+            self._name,
+            files,
+            no_promote=self._no_promote,
+            description=self._description,
+            timeout_s=self._settings.stream_timeout_s,
+        )
+        if self._settings.json:
+            return dumps(message_to_json(response))
+        return f"{response.revision.adapter_name}@{response.revision.revision}"
+
+
+async def cmd_rollback(args: argparse.Namespace, settings: CtlSettings, console: Console) -> int:
+    name = validated_name(args.name)
+    request = pb.SetCurrentRevisionRequest(
+        name=name, revision=args.revision, expected_current_revision=args.expect_current or 0
+    )
+    async with store_stub(settings) as stub:
+        response = await stub.SetCurrentRevision(request, timeout=settings.unary_timeout_s)
+    if settings.json:
+        console.out(dumps(message_to_json(response)))
+    else:
+        console.out(f"{name}@{response.adapter.current_revision}")
+    return EXIT_OK
+
+
+async def cmd_delete(args: argparse.Namespace, settings: CtlSettings, console: Console) -> int:
+    name = validated_name(args.name)
+    if not args.yes:
+        if not console.stdin_is_tty:
+            raise UsageError(
+                f"refusing to delete {name!r} without confirmation: stdin is not a terminal; "
+                "pass --yes"
+            )
+        if not await console.confirm(f"Delete adapter {name!r} and all its revisions?"):
+            console.err(f"not deleted: {name}")
+            return EXIT_FAILED
+    async with store_stub(settings) as stub:
+        response = await stub.DeleteAdapter(
+            pb.DeleteAdapterRequest(name=name), timeout=settings.unary_timeout_s
+        )
+    if settings.json:
+        console.out(dumps({"name": name, "seq": response.seq}))
+    else:
+        console.out(f"deleted {name}")
+    return EXIT_OK

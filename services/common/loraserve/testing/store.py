@@ -1,0 +1,69 @@
+"""A real adapter store server for tests: the gRPC servicer on 127.0.0.1, port 0,
+over S3 on the moto HTTP server."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
+
+import pytest
+
+from loraserve.adapterstore.s3blobs import S3BlobStore, S3Location
+from loraserve.adapterstore.servicer import (
+    SERVICE_NAME,
+    WRITE_METHODS,
+    AdapterStoreServicer,
+    register,
+)
+from loraserve.adapterstore.store import AdapterStore
+from loraserve.adapterstore.testing import FAST_LOG, make_store
+from loraserve.common.security import ServerSecurity
+from loraserve.testing.grpc import serving
+from loraserve.testing.s3 import S3Bucket
+
+
+@dataclass(frozen=True)
+class RunningStore:
+    """A store server a test can reach at `address`."""
+
+    address: str
+    port: int
+    store: AdapterStore
+    bucket: S3Bucket
+
+
+def s3_location(bucket: S3Bucket) -> S3Location:
+    return S3Location(
+        bucket=bucket.bucket,
+        endpoint_url=bucket.endpoint_url,
+        region=bucket.region,
+        access_key_id=bucket.access_key_id,
+        secret_access_key=bucket.secret_access_key,
+    )
+
+
+@asynccontextmanager
+async def running_store(
+    bucket: S3Bucket, security: ServerSecurity | None = None
+) -> AsyncIterator[RunningStore]:
+    """Runs a store server on `bucket` until the block exits."""
+    store = make_store(S3BlobStore(s3_location(bucket)), FAST_LOG)
+    await store.start()
+    try:
+        async with serving(
+            register(AdapterStoreServicer(store)),
+            [SERVICE_NAME],
+            security=security,
+            write_methods=WRITE_METHODS,
+        ) as server:
+            yield RunningStore(f"127.0.0.1:{server.port}", server.port, store, bucket)
+    finally:
+        await store.close()
+
+
+@pytest.fixture
+async def store_server(s3_bucket: S3Bucket) -> AsyncIterator[RunningStore]:
+    """A store server with authentication off, on a fresh bucket."""
+    async with running_store(s3_bucket) as running:
+        yield running
