@@ -1,0 +1,147 @@
+"""An in-memory `Engine` and `RevisionFetcher` for fast unit tests of inference logic.
+
+Only for logic tests (registry state machine, generation rules); the end-to-end
+tests run the real vLLM engine.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+from collections.abc import AsyncGenerator, Sequence
+from pathlib import Path
+
+from loraserve.common.errors import FailedPrecondition, NotFound
+from loraserve.inference.engine import (
+    AdapterHandle,
+    EngineDelta,
+    EngineFinish,
+    EngineInfo,
+    EngineStats,
+    SamplingSpec,
+)
+from loraserve.inference.registry import LocalRevision
+
+FAKE_INFO = EngineInfo(
+    model="/models/fake-llama",
+    version="0.0-fake",
+    device="cpu",
+    max_model_len=64,
+    vocab_size=100,
+    max_loras=2,
+    max_lora_rank=16,
+    max_cpu_loras=4,
+    dtype="float32",
+    lora_dtype="float32",
+    gpu_memory_utilization=0.9,
+)
+
+
+class FakeEngine:
+    """Generates token i at step i; records adapters, aborts and what is running."""
+
+    def __init__(self, info: EngineInfo = FAKE_INFO) -> None:
+        self._ids = itertools.count(1)
+        self._info = info
+        self.loaded: dict[int, AdapterHandle] = {}
+        self.add_calls: list[AdapterHandle] = []
+        self.removed: list[int] = []
+        self.aborted: list[str] = []
+        self.running: dict[str, AdapterHandle | None] = {}
+        self.reject: set[str] = set()  # lora_names add_lora refuses
+        # Cleared, add_lora waits for it; so does each generation step for `steps`.
+        self.adding = asyncio.Event()
+        self.adding.set()
+        self.steps = asyncio.Event()
+        self.steps.set()
+        self.finish_with: EngineFinish = EngineFinish.LENGTH
+
+    @property
+    def info(self) -> EngineInfo:
+        return self._info
+
+    def new_lora_id(self) -> int:
+        return next(self._ids)
+
+    def tokenize(self, text: str) -> list[int]:
+        return [1, *(ord(c) % self._info.vocab_size for c in text)]
+
+    async def generate(
+        self,
+        request_id: str,
+        prompt_token_ids: Sequence[int],
+        sampling: SamplingSpec,
+        adapter: AdapterHandle | None,
+    ) -> AsyncGenerator[EngineDelta, None]:
+        self.running[request_id] = adapter
+        finished = False
+        try:
+            for i in range(sampling.max_tokens):
+                await self.steps.wait()
+                last = i == sampling.max_tokens - 1
+                finished = last
+                yield EngineDelta(
+                    text=f"<{i}>", token_ids=(i,), finish=self.finish_with if last else None
+                )
+        finally:
+            del self.running[request_id]
+            if not finished:
+                self.aborted.append(request_id)
+
+    async def abort(self, request_id: str) -> None:
+        self.aborted.append(request_id)
+
+    async def add_lora(self, adapter: AdapterHandle) -> None:
+        self.add_calls.append(adapter)
+        await self.adding.wait()
+        if adapter.lora_name in self.reject:
+            raise FailedPrecondition(f"fake engine rejects {adapter.lora_name}")
+        if adapter.lora_int_id in self.loaded:
+            raise AssertionError(f"lora_int_id {adapter.lora_int_id} loaded twice")
+        self.loaded[adapter.lora_int_id] = adapter
+
+    async def remove_lora(self, lora_int_id: int) -> None:
+        self.loaded.pop(lora_int_id, None)
+        self.removed.append(lora_int_id)
+
+    async def list_loras(self) -> set[int]:
+        return set(self.loaded)
+
+    def stats(self) -> EngineStats:
+        return EngineStats(running=len(self.running), waiting=0, kv_cache_usage=0.0)
+
+
+def make_revision(
+    cache_dir: Path,
+    name: str,
+    revision: int,
+    *,
+    rank: int = 8,
+    target_modules: tuple[str, ...] = ("q_proj", "v_proj"),
+    base_model: str = "fake-llama",
+) -> LocalRevision:
+    """A revision directory in `cache_dir` with a placeholder file, as the cache lays it out."""
+    path = cache_dir / name / str(revision)
+    path.mkdir(parents=True, exist_ok=True)
+    (path / "adapter_config.json").write_text("{}")
+    return LocalRevision(name, revision, path, rank, target_modules, base_model)
+
+
+class FakeFetcher:
+    """Fetches revisions listed in `available` into the cache; counts fetches."""
+
+    def __init__(self, cache_dir: Path) -> None:
+        self.cache_dir = cache_dir
+        self.available: dict[tuple[str, int], int] = {}  # (name, revision) -> rank
+        self.fetches: list[tuple[str, int]] = []
+
+    def publish(self, name: str, revision: int, rank: int = 8) -> None:
+        self.available[(name, revision)] = rank
+
+    async def fetch(self, name: str, revision: int) -> LocalRevision:
+        self.fetches.append((name, revision))
+        await asyncio.sleep(0)
+        if (name, revision) not in self.available:
+            raise NotFound(f"adapter {name}@{revision} does not exist")
+        rank = self.available[(name, revision)]
+        return make_revision(self.cache_dir, name, revision, rank=rank)

@@ -1,0 +1,61 @@
+"""`inference serve --model PATH --store ADDR ...`: the inference server's entry point."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import socket
+import sys
+from collections.abc import Sequence
+
+from loraserve.common.errors import LoraserveError
+from loraserve.common.server import install_stop_signals
+from loraserve.inference.app import InferenceApp
+from loraserve.inference.settings import InferenceSettings, parse_settings
+
+log = logging.getLogger("loraserve.inference")
+
+
+async def serve(settings: InferenceSettings) -> None:
+    """Runs the server until SIGTERM or SIGINT, then shuts down gracefully."""
+    stop = asyncio.Event()
+    install_stop_signals(stop)
+    app = InferenceApp(settings)
+    await app.start()
+    starting = asyncio.create_task(app.run_engine_and_sync(), name="engine-start")
+    stopping = asyncio.create_task(stop.wait())
+    try:
+        await asyncio.wait({starting, stopping}, return_when=asyncio.FIRST_COMPLETED)
+        if starting.done() and starting.exception() is not None:
+            raise starting.exception()  # type: ignore[misc]
+        await stopping
+    finally:
+        for task in (starting, stopping):
+            task.cancel()
+        await asyncio.gather(starting, stopping, return_exceptions=True)
+        await app.stop()
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    try:
+        settings = parse_settings(
+            sys.argv[1:] if argv is None else argv, os.environ, socket.gethostname()
+        )
+    except LoraserveError as exc:
+        sys.stderr.write(f"inference: {exc.message}\n")
+        raise SystemExit(2) from exc
+    logging.basicConfig(
+        level=settings.log_level,
+        format="%(asctime)s %(levelname)s %(name)s %(message)s",
+    )
+    try:
+        asyncio.run(serve(settings))
+    except LoraserveError as exc:
+        log.error("server.failed error=%s", exc.message)
+        raise SystemExit(1) from exc
+
+
+# vLLM starts its engine process with `spawn`, which re-imports this module.
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,182 @@
+"""Assembles and runs one inference server: gRPC first, then engine, then sync.
+
+Start-up order matters for load balancers: the gRPC server listens at once and
+answers health checks with NOT_SERVING, calls get UNAVAILABLE while the engine
+loads, and health turns SERVING only when the engine is warm and the first sync
+with the store is done. Shutdown reverses it: NOT_SERVING, running streams get the
+grace period, sync stops, the engine shuts down.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import logging
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+
+from loraserve.common.errors import LoraserveError
+from loraserve.common.server import RunningServer, start_server
+from loraserve.inference import servicer
+from loraserve.inference.admission import Admission
+from loraserve.inference.cache import AdapterCache
+from loraserve.inference.compat import (
+    LLAMA_TARGET_MODULES,
+    CompatibilityChecker,
+    model_lora_targets,
+    smallest_covering_rank,
+    supported_lora_ranks,
+)
+from loraserve.inference.engine import VllmEngine
+from loraserve.inference.generation import Generator
+from loraserve.inference.metrics import InferenceMetrics
+from loraserve.inference.registry import AdapterRegistry
+from loraserve.inference.runtime import Runtime, RuntimeSlot
+from loraserve.inference.settings import EngineOptions, InferenceSettings
+from loraserve.inference.store_client import StoreClient, StoreClientSettings
+from loraserve.inference.sync import Synchronizer, current_adapter_ranks
+
+log = logging.getLogger(__name__)
+
+EngineStarter = Callable[[EngineOptions], Awaitable[VllmEngine]]
+
+_AUTO_RANK_RETRY_S = (0.5, 1.0, 2.0, 5.0)
+
+
+class InferenceApp:
+    """One inference server's parts and their life cycle."""
+
+    def __init__(
+        self, settings: InferenceSettings, start_engine: EngineStarter = VllmEngine.start
+    ) -> None:
+        self._settings = settings
+        self._start_engine = start_engine
+        self.metrics = InferenceMetrics()
+        self.slot = RuntimeSlot()
+        self.ready = asyncio.Event()
+        self._server: RunningServer | None = None
+        self._store: StoreClient | None = None
+        self._engine: VllmEngine | None = None
+        self._sync_task: asyncio.Task[None] | None = None
+        self.metrics_port: int | None = None
+
+    @property
+    def port(self) -> int:
+        if self._server is None:
+            raise RuntimeError("the server is not started")
+        return self._server.port
+
+    async def start(self) -> None:
+        """Starts listening (NOT_SERVING); `run_engine_and_sync` does the rest."""
+        settings = self._settings
+        if settings.metrics_port is not None:
+            self.metrics_port = self.metrics.serve(settings.metrics_port)
+        self._server = await start_server(
+            address=settings.listen,
+            register=lambda server: servicer.register(server, self.slot),
+            service_names=[servicer.SERVICE_NAME],
+            security=settings.security,
+        )
+        self._store = StoreClient.connect(
+            StoreClientSettings(
+                address=settings.store_address,
+                security=settings.store_security,
+                replica_id=settings.replica_id,
+            )
+        )
+
+    async def run_engine_and_sync(self) -> None:
+        """Starts the engine, syncs with the store, turns SERVING; returns while sync runs."""
+        assert self._server is not None
+        assert self._store is not None
+        settings = self._settings
+        options = settings.engine
+        if options.max_lora_rank is None:
+            options = dataclasses.replace(options, max_lora_rank=await self._auto_rank())
+        engine = self._engine = await self._start_engine(options)
+        info = engine.info
+        cache = AdapterCache(settings.adapter_cache, source=self._store)
+        await cache.prepare()
+        registry = AdapterRegistry(
+            engine,
+            cache_dir=cache.root,
+            compat=CompatibilityChecker(
+                max_lora_rank=info.max_lora_rank,
+                target_modules=await asyncio.to_thread(_lora_targets, options.model),
+                served_model_name=settings.compat.served_model_name,
+                require_base_model_match=settings.compat.require_base_model_match,
+            ),
+            fetcher=cache,
+            max_pinned=info.max_cpu_loras,
+            failures=self.metrics,
+        )
+        synchronizer = Synchronizer(
+            self._store, cache, registry, observe_swap=self.metrics.observe_swap_latency
+        )
+        admission = Admission(settings.max_pending_requests)
+        self.slot.set(
+            Runtime(
+                engine=engine,
+                registry=registry,
+                generator=Generator(engine, registry, admission, self.metrics),
+                admission=admission,
+                replica_id=settings.replica_id,
+                store_seq=lambda: synchronizer.applied_seq,
+            )
+        )
+        self.metrics.watch_engine(
+            lora_slots=info.max_loras,
+            loaded=registry.loaded_count,
+            kv_usage=lambda: engine.stats().kv_cache_usage,
+            running=lambda: engine.stats().running,
+            waiting=lambda: engine.stats().waiting,
+            pending=lambda: admission.pending,
+        )
+        self._sync_task = asyncio.create_task(synchronizer.run(), name="store-sync")
+        first_sync = asyncio.ensure_future(synchronizer.initial_sync_done.wait())
+        await asyncio.wait({first_sync, self._sync_task}, return_when=asyncio.FIRST_COMPLETED)
+        if not first_sync.done():
+            first_sync.cancel()
+            # The sync ended before its first pass; its error says why.
+            await self._sync_task
+            return
+        await self._server.set_serving(True)
+        self.ready.set()
+        log.info("server.serving port=%d replica_id=%s", self.port, settings.replica_id)
+
+    async def stop(self) -> None:
+        """Graceful shutdown: NOT_SERVING, streams finish within the grace, then teardown."""
+        grace = self._settings.shutdown_grace_seconds
+        log.info("server.stopping grace_s=%.1f", grace)
+        if self._server is not None:
+            await self._server.stop(grace)
+        if self._sync_task is not None:
+            self._sync_task.cancel()
+            await asyncio.gather(self._sync_task, return_exceptions=True)
+        if self._store is not None:
+            await self._store.close()
+        self.slot.set(None)
+        if self._engine is not None:
+            self._engine.shutdown()
+        log.info("server.stopped")
+
+    async def _auto_rank(self) -> int:
+        assert self._store is not None
+        base = self._settings.compat.served_model_name
+        for delay in (*_AUTO_RANK_RETRY_S, None):
+            try:
+                ranks = await current_adapter_ranks(self._store, base)
+                break
+            except LoraserveError as exc:
+                if delay is None or exc.code.name != "UNAVAILABLE":
+                    raise
+                log.warning("engine.auto_rank_retry error=%s", exc.message)
+                await asyncio.sleep(delay)
+        rank = smallest_covering_rank(ranks, await asyncio.to_thread(supported_lora_ranks))
+        log.info("engine.auto_rank ranks=%s max_lora_rank=%d", sorted(set(ranks)), rank)
+        return rank
+
+
+def _lora_targets(model: str) -> frozenset[str]:
+    path = Path(model)
+    return model_lora_targets(path) if path.is_dir() else LLAMA_TARGET_MODULES

@@ -1,0 +1,396 @@
+"""The local adapter cache: verified revisions on disk, at `<root>/<name>/<revision>/`.
+
+A revision is downloaded into a private temporary directory under the cache root,
+every file is checked against the manifest's size and SHA-256, and only then is the
+directory renamed into place, so the engine never sees a partial or corrupt
+revision. The manifest is kept beside the files (`.manifest.json`) so a revision
+found on disk after a restart is re-verified and reused without a download.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hashlib
+import json
+import logging
+import os
+import shutil
+import uuid
+from collections.abc import AsyncGenerator, AsyncIterator
+from contextlib import aclosing, asynccontextmanager
+from pathlib import Path
+from typing import Any, BinaryIO, Protocol
+
+from loraserve.common.errors import DataLoss, InvalidArgument, NotFound
+from loraserve.common.names import validate_adapter_name
+from loraserve.inference.registry import LocalRevision
+from loraserve.inference.store_client import FileChunk, ManifestFile, RevisionManifest
+
+log = logging.getLogger(__name__)
+
+MANIFEST_FILE = ".manifest.json"
+_TEMP_DIR = ".tmp"
+_HASH_BLOCK = 1024 * 1024
+
+
+class RevisionSource(Protocol):
+    """Where revisions come from: the store client, or a fake in tests."""
+
+    async def get_revision(self, name: str, revision: int) -> RevisionManifest:
+        """The revision's manifest; raises NotFound once it is deleted."""
+
+    def download(
+        self, name: str, revision: int
+    ) -> AsyncGenerator[RevisionManifest | FileChunk, None]:
+        """The manifest first, then each file's chunks in manifest order."""
+
+
+class _KeyLock:
+    def __init__(self) -> None:
+        self.lock = asyncio.Lock()
+        self.users = 0
+
+
+class AdapterCache:
+    """Fetches revisions from a source into verified directories under `root`.
+
+    Implements the registry's `RevisionFetcher`. Concurrent fetches of one revision
+    share a single download.
+    """
+
+    def __init__(self, root: Path, source: RevisionSource) -> None:
+        self._root = root.absolute()
+        self._source = source
+        self._locks: dict[tuple[str, int], _KeyLock] = {}
+
+    @property
+    def root(self) -> Path:
+        return self._root
+
+    async def prepare(self) -> None:
+        """Creates the cache directory and removes downloads a crash left half-done."""
+        await asyncio.to_thread(self._prepare)
+
+    def _prepare(self) -> None:
+        self._root.mkdir(parents=True, exist_ok=True)
+        shutil.rmtree(self._root / _TEMP_DIR, ignore_errors=True)
+        (self._root / _TEMP_DIR).mkdir()
+
+    def path_of(self, name: str, revision: int) -> Path:
+        """Where a revision lives; refuses anything that would leave the cache."""
+        validate_adapter_name(name)
+        if revision < 1:
+            raise InvalidArgument(f"invalid revision {revision} of {name!r}: must be at least 1")
+        path = (self._root / name / str(revision)).resolve()
+        if not path.is_relative_to(self._root.resolve()):
+            raise InvalidArgument(f"adapter path {path} is outside the cache {self._root}")
+        return path
+
+    async def fetch(self, name: str, revision: int) -> LocalRevision:
+        """A verified local copy of the revision, downloading it if needed.
+
+        Raises NotFound for an unknown revision, DataLoss when the bytes do not
+        match the manifest twice in a row, Unavailable when the store is down.
+        """
+        final = self.path_of(name, revision)
+        async with self._exclusive(name, revision):
+            cached = await asyncio.to_thread(_load_verified, final, name, revision)
+            if cached is not None:
+                # The files are intact, but the store decides whether the revision may
+                # still be served: a deleted adapter must not live on from a local copy.
+                try:
+                    current = await self._source.get_revision(name, revision)
+                except NotFound:
+                    await asyncio.to_thread(_remove_revision_dir, final)
+                    raise
+                if _same_files(cached, current):
+                    log.info("cache.reused name=%s rev=%d", name, revision)
+                    return _local_revision(cached, final)
+                log.warning(
+                    "cache.stale name=%s rev=%d: files differ from the store", name, revision
+                )
+            try:
+                return await self._download(name, revision, final)
+            except DataLoss as exc:
+                # A corrupted transfer is worth one more try; corrupt storage is not.
+                log.warning("cache.retry_download name=%s rev=%d reason=%s", name, revision, exc)
+                return await self._download(name, revision, final)
+
+    async def remove(self, name: str, revision: int) -> None:
+        """Deletes a revision's files (and the adapter's directory once it is empty)."""
+        path = self.path_of(name, revision)
+        async with self._exclusive(name, revision):
+            await asyncio.to_thread(_remove_revision_dir, path)
+        log.info("cache.removed name=%s rev=%d", name, revision)
+
+    @asynccontextmanager
+    async def _exclusive(self, name: str, revision: int) -> AsyncIterator[None]:
+        """One download or removal of a revision at a time; later callers wait and
+        then find the result on disk."""
+        key = (name, revision)
+        entry = self._locks.setdefault(key, _KeyLock())
+        entry.users += 1
+        try:
+            async with entry.lock:
+                yield
+        finally:
+            entry.users -= 1
+            if entry.users == 0:
+                del self._locks[key]
+
+    async def _download(self, name: str, revision: int, final: Path) -> LocalRevision:
+        staging = self._root / _TEMP_DIR / f"{name}-{revision}-{uuid.uuid4().hex}"
+        await asyncio.to_thread(staging.mkdir, parents=True)
+        try:
+            manifest = await self._receive(name, revision, staging)
+            await asyncio.to_thread(_commit, staging, final, manifest)
+        finally:
+            await asyncio.to_thread(shutil.rmtree, staging, True)
+        log.info(
+            "cache.downloaded name=%s rev=%d files=%d bytes=%d",
+            name,
+            revision,
+            len(manifest.files),
+            sum(f.size for f in manifest.files),
+        )
+        return _local_revision(manifest, final)
+
+    async def _receive(self, name: str, revision: int, staging: Path) -> RevisionManifest:
+        receiver = _Receiver(name, revision, staging)
+        try:
+            async with aclosing(self._source.download(name, revision)) as stream:
+                async for message in stream:
+                    if isinstance(message, RevisionManifest):
+                        receiver.take_manifest(message)
+                    else:
+                        await receiver.take_chunk(message)
+            return await receiver.finish()
+        finally:
+            await receiver.close()
+
+
+class _Receiver:
+    """Checks a download stream's order against its manifest while writing it out."""
+
+    def __init__(self, name: str, revision: int, staging: Path) -> None:
+        self._what = f"download of {name}@{revision}"
+        self._name = name
+        self._revision = revision
+        self._staging = staging
+        self._manifest: RevisionManifest | None = None
+        self._pending: list[ManifestFile] = []
+        self._writer: _FileWriter | None = None
+
+    def take_manifest(self, manifest: RevisionManifest) -> None:
+        if self._manifest is not None:
+            raise DataLoss(f"{self._what}: a second manifest")
+        self._manifest = _check_manifest(manifest, self._name, self._revision)
+        self._pending = list(manifest.files)
+
+    async def take_chunk(self, chunk: FileChunk) -> None:
+        if self._manifest is None:
+            raise DataLoss(f"{self._what}: data before the manifest")
+        if self._writer is None or self._writer.file.name != chunk.file_name:
+            await self._next_file(chunk.file_name)
+        assert self._writer is not None
+        await asyncio.to_thread(self._writer.write, chunk.offset, chunk.data)
+
+    async def _next_file(self, file_name: str) -> None:
+        await self._finish_writer()
+        # Empty files send no chunk at all.
+        while self._pending and self._pending[0].size == 0 and self._pending[0].name != file_name:
+            await asyncio.to_thread(_write_empty, self._staging, self._pending.pop(0))
+        if not self._pending or self._pending[0].name != file_name:
+            raise DataLoss(f"{self._what}: unexpected file {file_name!r}, not next in the manifest")
+        self._writer = await asyncio.to_thread(_FileWriter, self._staging, self._pending.pop(0))
+
+    async def finish(self) -> RevisionManifest:
+        if self._manifest is None:
+            raise DataLoss(f"{self._what}: the stream ended without a manifest")
+        await self._finish_writer()
+        for remaining in self._pending:
+            await asyncio.to_thread(_write_empty, self._staging, remaining)
+        return self._manifest
+
+    async def _finish_writer(self) -> None:
+        writer, self._writer = self._writer, None
+        if writer is not None:
+            await asyncio.to_thread(writer.finish)
+
+    async def close(self) -> None:
+        if self._writer is not None:
+            await asyncio.to_thread(self._writer.close)
+
+
+class _FileWriter:
+    """Writes one file sequentially, hashing as it goes. Runs in worker threads."""
+
+    def __init__(self, directory: Path, file: ManifestFile) -> None:
+        self.file = file
+        self._path = directory / file.name
+        self._out: BinaryIO = self._path.open("xb")
+        self._hash = hashlib.sha256()
+        self._size = 0
+
+    def write(self, offset: int, data: bytes) -> None:
+        if offset != self._size:
+            raise DataLoss(
+                f"file {self.file.name!r}: chunk at offset {offset}, expected {self._size}"
+            )
+        if self._size + len(data) > self.file.size:
+            raise DataLoss(
+                f"file {self.file.name!r}: more than the manifest's {self.file.size} bytes"
+            )
+        self._out.write(data)
+        self._hash.update(data)
+        self._size += len(data)
+
+    def finish(self) -> None:
+        try:
+            self._out.flush()
+            os.fsync(self._out.fileno())
+        finally:
+            self.close()
+        if self._size != self.file.size:
+            raise DataLoss(
+                f"file {self.file.name!r}: got {self._size} bytes, manifest says {self.file.size}"
+            )
+        digest = self._hash.hexdigest()
+        if digest != self.file.sha256:
+            raise DataLoss(
+                f"file {self.file.name!r}: sha256 {digest} does not match the manifest's "
+                f"{self.file.sha256}"
+            )
+
+    def close(self) -> None:
+        self._out.close()
+
+
+def _same_files(a: RevisionManifest, b: RevisionManifest) -> bool:
+    return sorted(a.files, key=lambda f: f.name) == sorted(b.files, key=lambda f: f.name)
+
+
+def _write_empty(directory: Path, file: ManifestFile) -> None:
+    # finish() rejects a non-empty manifest entry that received no data.
+    _FileWriter(directory, file).finish()
+
+
+def _check_manifest(manifest: RevisionManifest, name: str, revision: int) -> RevisionManifest:
+    if manifest.name != name or manifest.revision != revision:
+        raise DataLoss(
+            f"download of {name}@{revision}: the store sent "
+            f"{manifest.name}@{manifest.revision} instead"
+        )
+    seen: set[str] = set()
+    for file in manifest.files:
+        # Names come from the network: only plain file names, never a path or our own marker.
+        if (
+            not file.name
+            or file.name in (".", "..", MANIFEST_FILE)
+            or file.name.startswith(".")
+            or "/" in file.name
+            or "\\" in file.name
+            or "\0" in file.name
+        ):
+            raise DataLoss(f"download of {name}@{revision}: bad file name {file.name!r}")
+        if file.name in seen:
+            raise DataLoss(f"download of {name}@{revision}: file {file.name!r} listed twice")
+        if file.size < 0 or len(file.sha256) != 64:
+            raise DataLoss(f"download of {name}@{revision}: bad size or digest of {file.name!r}")
+        seen.add(file.name)
+    return manifest
+
+
+def _commit(staging: Path, final: Path, manifest: RevisionManifest) -> None:
+    (staging / MANIFEST_FILE).write_text(json.dumps(_manifest_to_json(manifest)), "utf-8")
+    final.parent.mkdir(parents=True, exist_ok=True)
+    if final.exists():
+        # Left by an earlier process and not verifiable: replace it.
+        shutil.rmtree(final)
+    os.rename(staging, final)
+    _fsync_dir(final.parent)
+
+
+def _fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _load_verified(path: Path, name: str, revision: int) -> RevisionManifest | None:
+    """The manifest of a complete, intact revision directory, or None (after
+    removing the directory) if it is missing, partial or corrupt."""
+    marker = path / MANIFEST_FILE
+    if not marker.is_file():
+        if path.exists():
+            shutil.rmtree(path)
+        return None
+    try:
+        manifest = _manifest_from_json(json.loads(marker.read_text("utf-8")))
+        _check_manifest(manifest, name, revision)
+        for file in manifest.files:
+            if _sha256_of(path / file.name, file.size) != file.sha256:
+                raise DataLoss(f"cached file {file.name!r} does not match its manifest")
+        return manifest
+    except (OSError, ValueError, KeyError, TypeError, DataLoss) as exc:
+        log.warning("cache.discarded_corrupt name=%s rev=%d reason=%s", name, revision, exc)
+        shutil.rmtree(path, ignore_errors=True)
+        return None
+
+
+def _sha256_of(path: Path, expected_size: int) -> str | None:
+    if path.is_symlink() or not path.is_file() or path.stat().st_size != expected_size:
+        return None
+    digest = hashlib.sha256()
+    with path.open("rb") as file:
+        while block := file.read(_HASH_BLOCK):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def _remove_revision_dir(path: Path) -> None:
+    shutil.rmtree(path, ignore_errors=True)
+    with contextlib.suppress(OSError):  # other revisions of the adapter remain
+        path.parent.rmdir()
+
+
+def _manifest_to_json(manifest: RevisionManifest) -> dict[str, Any]:
+    return {
+        "name": manifest.name,
+        "revision": manifest.revision,
+        "files": [{"name": f.name, "size": f.size, "sha256": f.sha256} for f in manifest.files],
+        "base_model": manifest.base_model,
+        "rank": manifest.rank,
+        "alpha": manifest.alpha,
+        "target_modules": list(manifest.target_modules),
+        "seq": manifest.seq,
+    }
+
+
+def _manifest_from_json(data: dict[str, Any]) -> RevisionManifest:
+    return RevisionManifest(
+        name=str(data["name"]),
+        revision=int(data["revision"]),
+        files=tuple(
+            ManifestFile(str(f["name"]), int(f["size"]), str(f["sha256"])) for f in data["files"]
+        ),
+        base_model=str(data["base_model"]),
+        rank=int(data["rank"]),
+        alpha=float(data["alpha"]),
+        target_modules=tuple(str(m) for m in data["target_modules"]),
+        seq=int(data["seq"]),
+    )
+
+
+def _local_revision(manifest: RevisionManifest, path: Path) -> LocalRevision:
+    return LocalRevision(
+        name=manifest.name,
+        revision=manifest.revision,
+        path=path,
+        rank=manifest.rank,
+        target_modules=manifest.target_modules,
+        base_model=manifest.base_model,
+    )

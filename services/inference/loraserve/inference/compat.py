@@ -1,0 +1,142 @@
+"""Whether an adapter revision can run on this engine and model.
+
+Checked before the engine sees the adapter, so an incompatible push is refused with
+a reason a person can act on (FAILED_PRECONDITION) instead of a vLLM stack trace.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import struct
+import typing
+from collections.abc import Iterable
+from dataclasses import dataclass
+from pathlib import Path
+
+from loraserve.common.errors import FailedPrecondition, InvalidArgument
+
+log = logging.getLogger(__name__)
+
+# Used only when the model's weights cannot be read (e.g. a hub id instead of a path).
+LLAMA_TARGET_MODULES = frozenset(
+    {"q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"}
+)
+# Linear layers with weights that vLLM does not wrap with LoRA layers.
+_NOT_LORA_TARGETS = frozenset({"embed_tokens", "lm_head", "wte", "wpe", "embed_in", "embed_out"})
+_EMPTY_STORE_RANK = 16
+# A safetensors header is a JSON object; no real model needs more than this.
+_MAX_HEADER_BYTES = 100 * 1024 * 1024
+
+
+def supported_lora_ranks() -> tuple[int, ...]:
+    """The max_lora_rank values vLLM accepts, ascending."""
+    from vllm.config.lora import MaxLoRARanks
+
+    return tuple(sorted(typing.get_args(MaxLoRARanks)))
+
+
+def smallest_covering_rank(ranks: Iterable[int], supported: Iterable[int]) -> int:
+    """The smallest supported max_lora_rank that is at least every rank in `ranks`.
+
+    With no ranks at all (an empty store), vLLM's default of 16, so the engine can
+    take typical adapters pushed later.
+    """
+    options = sorted(supported)
+    wanted = max(ranks, default=_EMPTY_STORE_RANK)
+    for option in options:
+        if option >= wanted:
+            return option
+    raise InvalidArgument(
+        f"an adapter has LoRA rank {wanted}, above the largest rank vLLM supports "
+        f"({options[-1]}); remove it or serve it elsewhere"
+    )
+
+
+def model_lora_targets(model_dir: Path) -> frozenset[str]:
+    """Module names an adapter may target, read from the model's safetensors headers.
+
+    Every 2-D `<prefix>.<module>.weight` in the checkpoint is a linear layer or an
+    embedding; the linear ones are what vLLM applies LoRA to.
+    """
+    files = sorted(model_dir.glob("*.safetensors"))
+    if not files:
+        log.warning("compat.model_weights_unreadable model=%s: assuming Llama modules", model_dir)
+        return LLAMA_TARGET_MODULES
+    modules: set[str] = set()
+    for file in files:
+        for name, info in _safetensors_header(file).items():
+            parts = name.split(".")
+            shape = info.get("shape") if isinstance(info, dict) else None
+            is_matrix = isinstance(shape, list) and len(shape) == 2
+            linear = len(parts) >= 2 and parts[-1] == "weight" and is_matrix
+            if linear and parts[-2] not in _NOT_LORA_TARGETS:
+                modules.add(parts[-2])
+    return frozenset(modules)
+
+
+def _safetensors_header(file: Path) -> dict[str, object]:
+    with file.open("rb") as fh:
+        (length,) = struct.unpack("<Q", fh.read(8))
+        if length > _MAX_HEADER_BYTES:
+            raise InvalidArgument(f"{file}: safetensors header of {length} bytes is too large")
+        header = json.loads(fh.read(length))
+    if not isinstance(header, dict):
+        raise InvalidArgument(f"{file}: safetensors header is not a JSON object")
+    header.pop("__metadata__", None)
+    return header
+
+
+@dataclass(frozen=True)
+class AdapterFacts:
+    """What compatibility depends on, from a revision's manifest."""
+
+    name: str
+    revision: int
+    rank: int
+    target_modules: tuple[str, ...]
+    base_model: str
+
+
+class CompatibilityChecker:
+    """Decides whether adapters fit the served model and the engine's LoRA limits."""
+
+    def __init__(
+        self,
+        *,
+        max_lora_rank: int,
+        target_modules: frozenset[str],
+        served_model_name: str,
+        require_base_model_match: bool = True,
+    ) -> None:
+        self._max_lora_rank = max_lora_rank
+        self._target_modules = target_modules
+        self._served_model = _basename(served_model_name)
+        self._require_base_match = require_base_model_match
+
+    def check(self, facts: AdapterFacts) -> None:
+        """Raises FailedPrecondition naming the first reason `facts` cannot be served."""
+        what = f"adapter {facts.name}@{facts.revision}"
+        if facts.rank < 1:
+            raise FailedPrecondition(f"{what} has LoRA rank {facts.rank}; it must be at least 1")
+        if facts.rank > self._max_lora_rank:
+            raise FailedPrecondition(
+                f"{what} has LoRA rank {facts.rank}, above this engine's max_lora_rank "
+                f"{self._max_lora_rank}; restart with --max-lora-rank >= {facts.rank} or auto"
+            )
+        unsupported = sorted(set(facts.target_modules) - self._target_modules)
+        if unsupported:
+            raise FailedPrecondition(
+                f"{what} targets modules {unsupported} that the served model does not have; "
+                f"it has {sorted(self._target_modules)}"
+            )
+        base = _basename(facts.base_model)
+        if self._require_base_match and base and base != self._served_model:
+            raise FailedPrecondition(
+                f"{what} was trained on base model {facts.base_model!r}, but this server "
+                f"serves {self._served_model!r} (--allow-base-model-mismatch to load it anyway)"
+            )
+
+
+def _basename(model: str) -> str:
+    return model.rstrip("/").rsplit("/", 1)[-1]

@@ -1,0 +1,397 @@
+"""The seam to the inference engine: an `Engine` protocol and its vLLM implementation.
+
+Everything above this module (registry, generation, servicer) speaks in the plain
+types defined here, so it can be unit-tested with a fake engine; `VllmEngine` is
+the only place that touches vLLM's `AsyncLLM`, on CPU and GPU builds alike.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import enum
+import itertools
+import logging
+import threading
+import weakref
+from collections.abc import AsyncGenerator, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Protocol
+
+from loraserve.common.errors import FailedPrecondition, InvalidArgument, Unavailable
+
+if TYPE_CHECKING:
+    from vllm.v1.engine.async_llm import AsyncLLM
+
+    from loraserve.inference.settings import EngineOptions
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class AdapterHandle:
+    """One adapter revision as the engine knows it (vLLM's LoRARequest, minus vLLM)."""
+
+    lora_name: str
+    lora_int_id: int
+    path: str
+
+
+@dataclass(frozen=True)
+class SamplingSpec:
+    """Validated sampling parameters; see generation.py for the rules."""
+
+    max_tokens: int
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = 0
+    seed: int | None = None
+    stop: tuple[str, ...] = ()
+    ignore_eos: bool = False
+
+
+class EngineFinish(enum.Enum):
+    """Why the engine ended a request."""
+
+    STOP = "stop"
+    LENGTH = "length"
+    ABORT = "abort"
+
+
+@dataclass(frozen=True)
+class EngineDelta:
+    """What one engine step added to a request."""
+
+    text: str
+    token_ids: tuple[int, ...]
+    finish: EngineFinish | None = None
+
+
+@dataclass(frozen=True)
+class EngineStats:
+    """Load on the engine now."""
+
+    running: int
+    waiting: int
+    kv_cache_usage: float
+
+
+@dataclass(frozen=True)
+class EngineInfo:
+    """How the engine was configured, as it reports it."""
+
+    model: str
+    version: str
+    device: str
+    max_model_len: int
+    vocab_size: int
+    max_loras: int
+    max_lora_rank: int
+    max_cpu_loras: int
+    dtype: str
+    lora_dtype: str
+    gpu_memory_utilization: float
+
+
+class Engine(Protocol):
+    """What the service needs from an inference engine with LoRA support."""
+
+    @property
+    def info(self) -> EngineInfo: ...
+
+    def new_lora_id(self) -> int:
+        """A lora_int_id never handed out before on this engine."""
+        ...
+
+    def tokenize(self, text: str) -> list[int]:
+        """The prompt token ids the engine would feed the model for `text`."""
+        ...
+
+    def generate(
+        self,
+        request_id: str,
+        prompt_token_ids: Sequence[int],
+        sampling: SamplingSpec,
+        adapter: AdapterHandle | None,
+    ) -> AsyncGenerator[EngineDelta, None]:
+        """Streams deltas; closing the iterator early aborts the request in the engine."""
+        ...
+
+    async def abort(self, request_id: str) -> None: ...
+
+    async def add_lora(self, adapter: AdapterHandle) -> None:
+        """Loads an adapter; raises FailedPrecondition if the engine rejects it."""
+        ...
+
+    async def remove_lora(self, lora_int_id: int) -> None: ...
+
+    async def list_loras(self) -> set[int]: ...
+
+    def stats(self) -> EngineStats: ...
+
+
+# vLLM leaves lora_int_id uniqueness to the caller. One allocator per AsyncLLM, not per
+# wrapper, so that every wrapper of a shared engine (tests share one) draws distinct ids.
+_id_counters: weakref.WeakKeyDictionary[object, itertools.count[int]] = weakref.WeakKeyDictionary()
+_id_lock = threading.Lock()
+
+
+def _next_lora_id(llm: object) -> int:
+    with _id_lock:
+        counter = _id_counters.setdefault(llm, itertools.count(1))
+        return next(counter)
+
+
+@dataclass
+class _SchedulerTap:
+    """Keeps the latest scheduler stats vLLM reports (it reports them only with log_stats on)."""
+
+    running: int = 0
+    waiting: int = 0
+    kv_cache_usage: float = 0.0
+    seen: bool = field(default=False)
+
+    def record(self, scheduler_stats: Any, iteration_stats: Any, **_: Any) -> None:
+        if scheduler_stats is None:
+            return
+        self.running = scheduler_stats.num_running_reqs
+        self.waiting = scheduler_stats.num_waiting_reqs + scheduler_stats.num_skipped_waiting_reqs
+        self.kv_cache_usage = scheduler_stats.kv_cache_usage
+        self.seen = True
+
+    def log(self) -> None:
+        pass
+
+    def log_engine_initialized(self) -> None:
+        pass
+
+    def record_sleep_state(self, *_: Any, **__: Any) -> None:
+        pass
+
+    def record_admission_rejection(self, reason: str) -> None:
+        pass
+
+
+_FINISH = {"stop": EngineFinish.STOP, "length": EngineFinish.LENGTH, "abort": EngineFinish.ABORT}
+
+
+class VllmEngine:
+    """`Engine` over a vLLM v1 `AsyncLLM` built with LoRA enabled."""
+
+    def __init__(self, llm: AsyncLLM) -> None:
+        import vllm
+        from vllm.platforms import current_platform
+
+        if llm.vllm_config.lora_config is None:
+            raise FailedPrecondition("the vLLM engine was started without enable_lora")
+        self._llm = llm
+        self._tokenizer = llm.get_tokenizer()
+        model = llm.model_config
+        lora = llm.vllm_config.lora_config
+        cache = llm.vllm_config.cache_config
+        self._info = EngineInfo(
+            model=model.model,
+            version=vllm.__version__,
+            device=current_platform.device_type,
+            max_model_len=model.max_model_len,
+            vocab_size=model.get_vocab_size(),
+            max_loras=lora.max_loras,
+            max_lora_rank=lora.max_lora_rank,
+            max_cpu_loras=lora.max_cpu_loras or lora.max_loras,
+            dtype=str(model.dtype).removeprefix("torch."),
+            lora_dtype=str(lora.lora_dtype).removeprefix("torch."),
+            gpu_memory_utilization=cache.gpu_memory_utilization,
+        )
+        self._tap = _SchedulerTap()
+        # vLLM has no public hook to read scheduler stats from an engine that already
+        # exists; its stat-logger manager is where they arrive, so listen there.
+        manager = getattr(llm, "logger_manager", None)
+        if manager is not None:
+            manager.stat_loggers.append(self._tap)
+        else:
+            log.warning(
+                "engine.stats_unavailable: vLLM log_stats is off; running/waiting are "
+                "approximated and KV-cache use reads 0"
+            )
+
+    @classmethod
+    async def start(cls, options: EngineOptions) -> VllmEngine:
+        """Builds and starts an engine from settings (the slow part: loading the model)."""
+        log.info("engine.starting model=%s", options.model)
+        # Importing vLLM and building the engine block for many seconds; in a thread,
+        # the event loop keeps answering health checks meanwhile. Built there, AsyncLLM
+        # starts its output handler on this loop at the first request.
+        llm = await asyncio.to_thread(_build_async_llm, options)
+        engine = cls(llm)
+        log.info("engine.started model=%s device=%s", options.model, engine.info.device)
+        return engine
+
+    @property
+    def info(self) -> EngineInfo:
+        return self._info
+
+    def new_lora_id(self) -> int:
+        return _next_lora_id(self._llm)
+
+    def tokenize(self, text: str) -> list[int]:
+        return list(self._tokenizer.encode(text))
+
+    async def generate(
+        self,
+        request_id: str,
+        prompt_token_ids: Sequence[int],
+        sampling: SamplingSpec,
+        adapter: AdapterHandle | None,
+    ) -> AsyncGenerator[EngineDelta, None]:
+        from vllm.exceptions import VLLMClientError
+        from vllm.v1.engine.exceptions import EngineDeadError
+
+        stream = self._llm.generate(
+            {"prompt_token_ids": list(prompt_token_ids)},
+            _sampling_params(sampling),
+            request_id,
+            lora_request=_lora_request(adapter) if adapter else None,
+        )
+        finished = False
+        try:
+            async with contextlib.aclosing(stream):
+                async for output in stream:
+                    completion = output.outputs[0]
+                    finish = completion.finish_reason
+                    finished = output.finished
+                    yield EngineDelta(
+                        text=completion.text,
+                        token_ids=tuple(completion.token_ids),
+                        finish=_FINISH.get(finish) if finish is not None else None,
+                    )
+        except EngineDeadError as exc:
+            raise Unavailable("the inference engine has stopped") from exc
+        except VLLMClientError as exc:
+            raise InvalidArgument(f"the engine rejected the request: {exc}") from exc
+        finally:
+            if not finished:
+                # Closing vLLM's generator aborts too; this also covers an exit between
+                # steps, when no await inside vLLM is pending to receive the cancel.
+                await asyncio.shield(self._llm.abort(request_id))
+
+    async def abort(self, request_id: str) -> None:
+        await self._llm.abort(request_id)
+
+    async def add_lora(self, adapter: AdapterHandle) -> None:
+        try:
+            loaded = await self._llm.add_lora(_lora_request(adapter))
+        except Exception as exc:
+            raise FailedPrecondition(
+                f"the engine could not load adapter {adapter.lora_name}: {exc}"
+            ) from exc
+        if not loaded:
+            raise FailedPrecondition(f"the engine did not load adapter {adapter.lora_name}")
+
+    async def remove_lora(self, lora_int_id: int) -> None:
+        await self._llm.remove_lora(lora_int_id)
+
+    async def list_loras(self) -> set[int]:
+        return set(await self._llm.list_loras())
+
+    def stats(self) -> EngineStats:
+        # The frontend's count of unfinished requests is exact and immediate; the
+        # scheduler's split arrives only with the next engine step, so after the last
+        # request ends it may still show it. Clamp the split to the exact total.
+        unfinished = self._llm.get_num_unfinished_requests()
+        if not self._tap.seen:
+            return EngineStats(running=unfinished, waiting=0, kv_cache_usage=0.0)
+        running = min(self._tap.running, unfinished)
+        waiting = min(self._tap.waiting, unfinished - running)
+        usage = self._tap.kv_cache_usage if unfinished else 0.0
+        return EngineStats(running=running, waiting=waiting, kv_cache_usage=usage)
+
+    def shutdown(self) -> None:
+        self._llm.shutdown()
+
+
+def _build_async_llm(options: EngineOptions) -> AsyncLLM:
+    from vllm.v1.engine.async_llm import AsyncLLM
+
+    return AsyncLLM.from_engine_args(engine_args(options))
+
+
+def _lora_request(adapter: AdapterHandle) -> Any:
+    from vllm.lora.request import LoRARequest
+
+    # Never load_inplace: every revision has its own id, so old and new coexist.
+    return LoRARequest(
+        lora_name=adapter.lora_name, lora_int_id=adapter.lora_int_id, lora_path=adapter.path
+    )
+
+
+def _sampling_params(spec: SamplingSpec) -> Any:
+    from vllm.sampling_params import RequestOutputKind, SamplingParams
+
+    return SamplingParams(
+        max_tokens=spec.max_tokens,
+        temperature=spec.temperature,
+        top_p=spec.top_p,
+        top_k=spec.top_k,
+        seed=spec.seed,
+        stop=list(spec.stop),
+        ignore_eos=spec.ignore_eos,
+        output_kind=RequestOutputKind.DELTA,
+    )
+
+
+# Flags of our own that map onto engine arguments; the passthrough may not override them.
+MANAGED_ENGINE_ARGS = frozenset(
+    {
+        "model",
+        "enable_lora",
+        "max_loras",
+        "max_lora_rank",
+        "max_cpu_loras",
+        "gpu_memory_utilization",
+        "max_model_len",
+        "dtype",
+        "lora_dtype",
+        "cpu_offload_gb",
+        "disable_log_stats",
+    }
+)
+
+
+def engine_args(options: EngineOptions) -> Any:
+    """vLLM `AsyncEngineArgs` for the settings, with the passthrough applied."""
+    from vllm.engine.arg_utils import AsyncEngineArgs
+
+    check_passthrough(options.extra)
+    kwargs: dict[str, Any] = {
+        "model": options.model,
+        "enable_lora": True,
+        "max_loras": options.max_loras,
+        "max_lora_rank": options.max_lora_rank,
+        "max_cpu_loras": options.max_cpu_loras,
+        "gpu_memory_utilization": options.gpu_memory_utilization,
+        "dtype": options.dtype,
+        "lora_dtype": options.lora_dtype,
+        "cpu_offload_gb": options.cpu_offload_gb,
+        # Scheduler stats (running/waiting, KV-cache use) only flow with stats on.
+        "disable_log_stats": False,
+    }
+    if options.max_model_len is not None:
+        kwargs["max_model_len"] = options.max_model_len
+    kwargs.update(options.extra)
+    return AsyncEngineArgs(**kwargs)
+
+
+def check_passthrough(extra: Mapping[str, object]) -> None:
+    """Raises InvalidArgument for a passthrough key vLLM does not have or we manage."""
+    import dataclasses
+
+    from vllm.engine.arg_utils import AsyncEngineArgs
+
+    known = {f.name for f in dataclasses.fields(AsyncEngineArgs)}
+    for key in extra:
+        if key in MANAGED_ENGINE_ARGS:
+            raise InvalidArgument(
+                f"--engine-arg {key} is set by its own flag (--{key.replace('_', '-')})"
+            )
+        if key not in known:
+            raise InvalidArgument(f"--engine-arg {key}: vLLM has no engine argument {key!r}")

@@ -1,0 +1,266 @@
+"""Generate as domain logic: validate, admit, lease an adapter revision, stream deltas.
+
+Tokens are passed on as the engine produces them, never buffered. If the consumer
+goes away (client cancel, deadline), the engine request is aborted at once by
+closing the engine stream.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import enum
+import logging
+import math
+import time
+import uuid
+from collections.abc import AsyncGenerator
+from dataclasses import dataclass
+
+from loraserve.common.errors import InvalidArgument, LoraserveError, Unavailable
+from loraserve.common.names import parse_adapter_ref
+from loraserve.inference.admission import Admission
+from loraserve.inference.engine import Engine, EngineFinish, SamplingSpec
+from loraserve.inference.metrics import InferenceMetrics
+from loraserve.inference.registry import AdapterRegistry, Lease
+
+log = logging.getLogger(__name__)
+
+DEFAULT_MAX_TOKENS = 16
+MAX_STOP_STRINGS = 16
+MAX_STOP_STRING_CHARS = 256
+MAX_REQUEST_ID_CHARS = 128
+# Texts this long are tokenized in a worker thread so the event loop keeps serving.
+_INLINE_TOKENIZE_CHARS = 2048
+_UNRESOLVED_ADAPTER = "_unresolved"
+
+
+@dataclass(frozen=True)
+class SamplingRequest:
+    """Sampling as the client asked for it; None takes the default."""
+
+    max_tokens: int | None = None
+    temperature: float | None = None
+    top_p: float | None = None
+    top_k: int | None = None
+    seed: int | None = None
+    stop: tuple[str, ...] = ()
+    ignore_eos: bool = False
+
+
+@dataclass(frozen=True)
+class GenerateCommand:
+    """One Generate call; exactly one of the prompt fields is set by a valid caller."""
+
+    adapter: str
+    prompt_text: str | None = None
+    prompt_token_ids: tuple[int, ...] | None = None
+    sampling: SamplingRequest = SamplingRequest()
+    request_id: str = ""
+
+
+class FinishReason(enum.Enum):
+    STOP = "stop"
+    LENGTH = "length"
+
+
+@dataclass(frozen=True)
+class Usage:
+    prompt_tokens: int
+    completion_tokens: int
+
+
+@dataclass(frozen=True)
+class GenerationChunk:
+    """One streamed message: the first names what serves it, the last how it ended."""
+
+    text: str
+    token_ids: tuple[int, ...]
+    adapter_name: str = ""
+    revision: int = 0
+    request_id: str = ""
+    finish_reason: FinishReason | None = None
+    usage: Usage | None = None
+
+
+def check_sampling(sampling: SamplingRequest) -> None:
+    """Raises InvalidArgument naming the first bad field; the prompt is checked later."""
+    if sampling.max_tokens is not None and sampling.max_tokens < 1:
+        raise InvalidArgument(f"sampling.max_tokens must be at least 1, got {sampling.max_tokens}")
+    if sampling.temperature is not None and not 0.0 <= sampling.temperature <= 2.0:
+        raise InvalidArgument(
+            f"sampling.temperature must be between 0 and 2, got {sampling.temperature}"
+        )
+    if sampling.top_p is not None and not (
+        math.isfinite(sampling.top_p) and 0.0 < sampling.top_p <= 1.0
+    ):
+        raise InvalidArgument(f"sampling.top_p must be in (0, 1], got {sampling.top_p}")
+    if sampling.top_k is not None and sampling.top_k < -1:
+        raise InvalidArgument(
+            f"sampling.top_k must be -1 or 0 (all tokens) or at least 1, got {sampling.top_k}"
+        )
+    if sampling.seed is not None and sampling.seed < 0:
+        raise InvalidArgument(f"sampling.seed must be non-negative, got {sampling.seed}")
+    if len(sampling.stop) > MAX_STOP_STRINGS:
+        raise InvalidArgument(
+            f"sampling.stop has {len(sampling.stop)} strings; at most {MAX_STOP_STRINGS} allowed"
+        )
+    for i, stop in enumerate(sampling.stop):
+        if not stop or len(stop) > MAX_STOP_STRING_CHARS:
+            raise InvalidArgument(
+                f"sampling.stop[{i}] must have 1 to {MAX_STOP_STRING_CHARS} characters, "
+                f"got {len(stop)}"
+            )
+
+
+def sampling_spec(
+    sampling: SamplingRequest, prompt_tokens: int, max_model_len: int
+) -> SamplingSpec:
+    """The engine's sampling parameters, once the prompt's length is known."""
+    max_tokens = sampling.max_tokens if sampling.max_tokens is not None else DEFAULT_MAX_TOKENS
+    if prompt_tokens + max_tokens > max_model_len:
+        raise InvalidArgument(
+            f"prompt ({prompt_tokens} tokens) plus sampling.max_tokens ({max_tokens}) exceeds "
+            f"the model's max_model_len of {max_model_len} tokens"
+        )
+    return SamplingSpec(
+        max_tokens=max_tokens,
+        temperature=sampling.temperature if sampling.temperature is not None else 1.0,
+        top_p=sampling.top_p if sampling.top_p is not None else 1.0,
+        top_k=sampling.top_k if sampling.top_k is not None else 0,
+        seed=sampling.seed,
+        stop=sampling.stop,
+        ignore_eos=sampling.ignore_eos,
+    )
+
+
+def server_request_id(client_id: str) -> str:
+    """A request id unique in this server; the client's id, if any, stays readable in it."""
+    if len(client_id) > MAX_REQUEST_ID_CHARS or not client_id.isprintable():
+        raise InvalidArgument(
+            f"request_id must be printable and at most {MAX_REQUEST_ID_CHARS} characters"
+        )
+    suffix = uuid.uuid4().hex
+    # The engine keys requests by id: two clients reusing one id must not collide there.
+    return f"{client_id}-{suffix[:12]}" if client_id else suffix
+
+
+class Generator:
+    """Runs Generate calls against one engine and adapter registry."""
+
+    def __init__(
+        self,
+        engine: Engine,
+        registry: AdapterRegistry,
+        admission: Admission,
+        metrics: InferenceMetrics,
+    ) -> None:
+        self._engine = engine
+        self._registry = registry
+        self._admission = admission
+        self._metrics = metrics
+
+    async def generate(self, command: GenerateCommand) -> AsyncGenerator[GenerationChunk, None]:
+        """Streams the generation; raises domain errors before or during the stream."""
+        check_sampling(command.sampling)
+        ref = parse_adapter_ref(command.adapter)
+        request_id = server_request_id(command.request_id)
+        adapter_label = _UNRESOLVED_ADAPTER
+        code = "OK"
+        try:
+            with self._admission.admit():
+                admitted = time.monotonic()
+                prompt_ids = await self._prompt_ids(command)
+                spec = sampling_spec(
+                    command.sampling, len(prompt_ids), self._engine.info.max_model_len
+                )
+                async with self._registry.acquire(ref) as lease:
+                    adapter_label = lease.name
+                    log.info(
+                        "generate.started request_id=%s adapter=%s rev=%d prompt_tokens=%d",
+                        request_id,
+                        lease.name,
+                        lease.revision,
+                        len(prompt_ids),
+                    )
+                    # aclosing: an async for does not close what it iterates when the
+                    # consumer closes us, and the engine request must end right then.
+                    chunks = self._stream(request_id, prompt_ids, spec, lease, admitted)
+                    async with contextlib.aclosing(chunks):
+                        async for chunk in chunks:
+                            yield chunk
+        except LoraserveError as exc:
+            code = exc.code.name
+            raise
+        except (asyncio.CancelledError, GeneratorExit):
+            code = "CANCELLED"
+            log.info("generate.cancelled request_id=%s", request_id)
+            raise
+        finally:
+            self._metrics.request_finished(adapter_label, code)
+
+    async def _prompt_ids(self, command: GenerateCommand) -> tuple[int, ...]:
+        if command.prompt_token_ids is not None:
+            ids = command.prompt_token_ids
+            vocab = self._engine.info.vocab_size
+            for i, token in enumerate(ids):
+                if not 0 <= token < vocab:
+                    raise InvalidArgument(
+                        f"prompt token_ids[{i}] = {token} is outside the vocabulary [0, {vocab})"
+                    )
+        elif command.prompt_text:
+            text = command.prompt_text
+            if len(text) > _INLINE_TOKENIZE_CHARS:
+                ids = tuple(await asyncio.to_thread(self._engine.tokenize, text))
+            else:
+                ids = tuple(self._engine.tokenize(text))
+        else:
+            ids = ()
+        if not ids:
+            raise InvalidArgument("prompt is empty: give prompt text or token_ids")
+        return ids
+
+    async def _stream(
+        self,
+        request_id: str,
+        prompt_ids: tuple[int, ...],
+        spec: SamplingSpec,
+        lease: Lease,
+        admitted: float,
+    ) -> AsyncGenerator[GenerationChunk, None]:
+        generated = 0
+        first = True
+        finish: FinishReason | None = None
+        stream = self._engine.generate(request_id, prompt_ids, spec, lease.adapter)
+        try:
+            async with contextlib.aclosing(stream):
+                async for delta in stream:
+                    if generated == 0 and delta.token_ids:
+                        self._metrics.observe_time_to_first_token(time.monotonic() - admitted)
+                    generated += len(delta.token_ids)
+                    if delta.finish is EngineFinish.ABORT:
+                        raise Unavailable(f"the engine aborted request {request_id}; retry")
+                    finish = _FINISH.get(delta.finish) if delta.finish else None
+                    yield GenerationChunk(
+                        text=delta.text,
+                        token_ids=delta.token_ids,
+                        adapter_name=lease.name if first else "",
+                        revision=lease.revision if first else 0,
+                        request_id=request_id if first else "",
+                        finish_reason=finish,
+                        usage=Usage(len(prompt_ids), generated) if finish else None,
+                    )
+                    first = False
+        finally:
+            self._metrics.tokens(lease.name, prompt=len(prompt_ids), generated=generated)
+        if finish is None:
+            raise Unavailable(f"the engine ended request {request_id} without a finish reason")
+        log.info(
+            "generate.finished request_id=%s reason=%s completion_tokens=%d",
+            request_id,
+            finish.value,
+            generated,
+        )
+
+
+_FINISH = {EngineFinish.STOP: FinishReason.STOP, EngineFinish.LENGTH: FinishReason.LENGTH}

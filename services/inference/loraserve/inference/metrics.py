@@ -1,0 +1,132 @@
+"""Prometheus metrics of one inference server, in a registry of its own.
+
+A registry per server (not prometheus_client's global one) lets several servers live
+in one process, as they do in tests. Gauges of engine state are read at scrape time.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
+
+log = logging.getLogger(__name__)
+
+BASE_MODEL_LABEL = "_base"
+
+_LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
+
+
+class InferenceMetrics:
+    """The metrics DESIGN.md names, with hooks for the parts that produce them."""
+
+    def __init__(self, registry: CollectorRegistry | None = None) -> None:
+        self.registry = registry or CollectorRegistry()
+        r = self.registry
+        self._requests = Counter(
+            "loraserve_inference_requests",
+            "Generate calls by adapter and gRPC status code.",
+            ["adapter", "code"],
+            registry=r,
+        )
+        self._prompt_tokens = Counter(
+            "loraserve_inference_prompt_tokens",
+            "Prompt tokens of Generate calls, by adapter.",
+            ["adapter"],
+            registry=r,
+        )
+        self._generated_tokens = Counter(
+            "loraserve_inference_generated_tokens",
+            "Tokens generated, by adapter.",
+            ["adapter"],
+            registry=r,
+        )
+        self._ttft = Histogram(
+            "loraserve_inference_time_to_first_token_seconds",
+            "From admission to the first generated token.",
+            buckets=_LATENCY_BUCKETS,
+            registry=r,
+        )
+        self._swap = Histogram(
+            "loraserve_inference_adapter_swap_seconds",
+            "From a new revision's event seen to its route flipped.",
+            buckets=_LATENCY_BUCKETS,
+            registry=r,
+        )
+        self._load_failures = Counter(
+            "loraserve_inference_adapter_load_failures",
+            "Adapter revisions that could not be loaded, by adapter.",
+            ["adapter"],
+            registry=r,
+        )
+        self._lora_slots = Gauge(
+            "loraserve_inference_lora_slots", "Adapters the engine batches at once.", registry=r
+        )
+        self._loaded = Gauge(
+            "loraserve_inference_loaded_adapters",
+            "Adapter revisions loaded in the engine.",
+            registry=r,
+        )
+        self._kv_usage = Gauge(
+            "loraserve_inference_kv_cache_usage", "Fraction of the KV cache in use.", registry=r
+        )
+        self._running = Gauge(
+            "loraserve_inference_running_requests", "Requests the engine runs.", registry=r
+        )
+        self._waiting = Gauge(
+            "loraserve_inference_waiting_requests", "Requests waiting in the engine.", registry=r
+        )
+        self._pending = Gauge(
+            "loraserve_inference_pending_requests",
+            "Requests admitted and not finished.",
+            registry=r,
+        )
+
+    # -- hooks for producers ----------------------------------------------------------
+
+    def request_finished(self, adapter: str, code: str) -> None:
+        self._requests.labels(_label(adapter), code).inc()
+
+    def tokens(self, adapter: str, *, prompt: int, generated: int) -> None:
+        self._prompt_tokens.labels(_label(adapter)).inc(prompt)
+        self._generated_tokens.labels(_label(adapter)).inc(generated)
+
+    def observe_time_to_first_token(self, seconds: float) -> None:
+        self._ttft.observe(seconds)
+
+    def observe_swap_latency(self, seconds: float) -> None:
+        """Called by the sync side when a revision whose event it saw is routed."""
+        self._swap.observe(seconds)
+
+    def adapter_load_failed(self, name: str) -> None:
+        self._load_failures.labels(_label(name)).inc()
+
+    def watch_engine(
+        self,
+        *,
+        lora_slots: int,
+        loaded: Callable[[], int],
+        kv_usage: Callable[[], float],
+        running: Callable[[], int],
+        waiting: Callable[[], int],
+        pending: Callable[[], int],
+    ) -> None:
+        """Reads engine state at scrape time from these callables."""
+        self._lora_slots.set(lora_slots)
+        self._loaded.set_function(loaded)
+        self._kv_usage.set_function(kv_usage)
+        self._running.set_function(running)
+        self._waiting.set_function(waiting)
+        self._pending.set_function(pending)
+
+    def serve(self, port: int, address: str = "0.0.0.0") -> int:
+        """Serves /metrics over HTTP in a daemon thread; returns the bound port."""
+        server, _ = start_http_server(port, addr=address, registry=self.registry)
+        bound = int(server.server_port)
+        log.info("metrics.serving port=%d", bound)
+        return bound
+
+
+def _label(adapter: str) -> str:
+    return adapter or BASE_MODEL_LABEL

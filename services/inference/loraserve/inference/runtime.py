@@ -1,0 +1,42 @@
+"""What a running inference server is made of once its engine is up.
+
+The gRPC server starts before the engine (so health checks answer NOT_SERVING during
+the engine's slow start); until the runtime is set, calls get UNAVAILABLE.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from loraserve.common.errors import Unavailable
+from loraserve.inference.admission import Admission
+from loraserve.inference.engine import Engine
+from loraserve.inference.generation import Generator
+from loraserve.inference.registry import AdapterRegistry
+
+
+@dataclass(frozen=True)
+class Runtime:
+    engine: Engine
+    registry: AdapterRegistry
+    generator: Generator
+    admission: Admission
+    replica_id: str
+    # The store seq the sync side has applied; 0 before the first sync.
+    store_seq: Callable[[], int] = lambda: 0
+
+
+class RuntimeSlot:
+    """Holds the runtime once it exists."""
+
+    def __init__(self, runtime: Runtime | None = None) -> None:
+        self._runtime = runtime
+
+    def set(self, runtime: Runtime | None) -> None:
+        self._runtime = runtime
+
+    def get(self) -> Runtime:
+        if self._runtime is None:
+            raise Unavailable("the inference engine is starting; retry shortly")
+        return self._runtime

@@ -1,0 +1,243 @@
+"""The inference service's one settings object, parsed once from flags with env fallbacks.
+
+Every flag falls back to `INFERENCE_<FLAG>` in the environment (dashes as underscores),
+so a container can be configured without a command line.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from loraserve.common.errors import InvalidArgument
+from loraserve.common.security import (
+    ClientSecurity,
+    ServerSecurity,
+    add_client_security_flags,
+    add_server_security_flags,
+    client_security_from_args,
+    server_security_from_args,
+)
+
+ENV_PREFIX = "INFERENCE"
+STORE_FLAG_PREFIX = "store"
+
+
+@dataclass(frozen=True)
+class EngineOptions:
+    """What the vLLM engine is started with."""
+
+    model: str
+    max_loras: int = 4
+    # None means "auto": resolved from the store's adapters before the engine starts.
+    max_lora_rank: int | None = 16
+    max_cpu_loras: int | None = None
+    gpu_memory_utilization: float = 0.9
+    max_model_len: int | None = None
+    dtype: str = "auto"
+    lora_dtype: str = "auto"
+    cpu_offload_gb: float = 0.0
+    # Passthrough `--engine-arg KEY=VALUE`, values JSON-decoded.
+    extra: Mapping[str, object] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class CompatOptions:
+    """How strictly adapters are checked against the served model."""
+
+    # Compared with each adapter's base_model_name_or_path basename.
+    served_model_name: str
+    require_base_model_match: bool = True
+
+
+@dataclass(frozen=True)
+class InferenceSettings:
+    """Everything `inference serve` runs with."""
+
+    engine: EngineOptions
+    compat: CompatOptions
+    store_address: str
+    store_security: ClientSecurity
+    adapter_cache: Path
+    replica_id: str
+    listen: str
+    security: ServerSecurity
+    max_pending_requests: int = 256
+    metrics_port: int | None = None
+    shutdown_grace_seconds: float = 30.0
+    log_level: str = "INFO"
+
+
+def _env(environ: Mapping[str, str], name: str) -> str | None:
+    return environ.get(f"{ENV_PREFIX}_{name.upper().replace('-', '_')}")
+
+
+def _positive_int(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
+    return value
+
+
+def _rank(text: str) -> int | None:
+    if text == "auto":
+        return None
+    return _positive_int(text)
+
+
+def _fraction(text: str) -> float:
+    value = float(text)
+    if not 0.0 < value <= 1.0:
+        raise argparse.ArgumentTypeError(f"must be in (0, 1], got {value}")
+    return value
+
+
+def parse_engine_arg(item: str) -> tuple[str, object]:
+    """Parses `KEY=VALUE`; VALUE is JSON if it parses as JSON, else a string."""
+    key, sep, raw = item.partition("=")
+    key = key.strip().replace("-", "_")
+    if not sep or not key:
+        raise InvalidArgument(f"--engine-arg expects KEY=VALUE, got {item!r}")
+    try:
+        value: object = json.loads(raw)
+    except json.JSONDecodeError:
+        value = raw
+    return key, value
+
+
+def build_parser(environ: Mapping[str, str]) -> argparse.ArgumentParser:
+    """The `inference` command line; defaults come from `environ`."""
+    parser = argparse.ArgumentParser(prog="inference", description=__doc__)
+    commands = parser.add_subparsers(dest="command", required=True)
+    serve = commands.add_parser("serve", help="run the inference server")
+
+    def env(name: str, default: str | None = None) -> str | None:
+        value = _env(environ, name)
+        return value if value is not None else default
+
+    serve.add_argument(
+        "--model",
+        default=env("model"),
+        required=_env(environ, "model") is None,
+        help="model path (or name) for the engine (env INFERENCE_MODEL)",
+    )
+    serve.add_argument(
+        "--served-model-name",
+        default=env("served-model-name"),
+        help="name adapters' base_model must match; default: the model path's last part",
+    )
+    serve.add_argument(
+        "--allow-base-model-mismatch",
+        action="store_true",
+        default=env("allow-base-model-mismatch") in ("1", "true", "yes"),
+        help="load adapters whose base_model names another model",
+    )
+    serve.add_argument(
+        "--store",
+        default=env("store"),
+        required=_env(environ, "store") is None,
+        help="adapter store address HOST:PORT (env INFERENCE_STORE)",
+    )
+    serve.add_argument(
+        "--adapter-cache",
+        type=Path,
+        default=env("adapter-cache", "adapter-cache"),
+        help="directory for downloaded adapters; nothing outside it is ever loaded",
+    )
+    serve.add_argument("--replica-id", default=env("replica-id"), help="default: host name")
+    serve.add_argument("--listen", default=env("listen", "0.0.0.0:50052"), help="gRPC address")
+    serve.add_argument(
+        "--max-pending-requests",
+        type=_positive_int,
+        default=env("max-pending-requests", "256"),
+        help="requests admitted at once; more get RESOURCE_EXHAUSTED",
+    )
+    serve.add_argument(
+        "--metrics-port",
+        type=int,
+        default=env("metrics-port"),
+        help="serve Prometheus metrics on this port (0: any free port; unset: off)",
+    )
+    serve.add_argument(
+        "--shutdown-grace",
+        type=float,
+        default=env("shutdown-grace", "30"),
+        help="seconds running streams get to finish on SIGTERM",
+    )
+    serve.add_argument("--log-level", default=env("log-level", "INFO"))
+
+    engine = serve.add_argument_group("engine")
+    engine.add_argument("--max-loras", type=_positive_int, default=env("max-loras", "4"))
+    engine.add_argument(
+        "--max-lora-rank",
+        type=_rank,
+        default=env("max-lora-rank", "16"),
+        help="N, or auto: the smallest vLLM rank covering every adapter in the store",
+    )
+    engine.add_argument("--max-cpu-loras", type=_positive_int, default=env("max-cpu-loras"))
+    engine.add_argument(
+        "--gpu-memory-utilization", type=_fraction, default=env("gpu-memory-utilization", "0.9")
+    )
+    engine.add_argument("--max-model-len", type=_positive_int, default=env("max-model-len"))
+    engine.add_argument("--dtype", default=env("dtype", "auto"))
+    engine.add_argument("--lora-dtype", default=env("lora-dtype", "auto"))
+    engine.add_argument("--cpu-offload-gb", type=float, default=env("cpu-offload-gb", "0"))
+    engine.add_argument(
+        "--engine-arg",
+        action="append",
+        default=[item for item in (env("engine-args") or "").split(";") if item],
+        metavar="KEY=VALUE",
+        help="any other vLLM engine argument, VALUE as JSON (repeatable; "
+        "env INFERENCE_ENGINE_ARGS, ';'-separated)",
+    )
+
+    add_server_security_flags(serve, ENV_PREFIX, environ)
+    add_client_security_flags(serve, ENV_PREFIX, environ, flag_prefix=STORE_FLAG_PREFIX)
+    return parser
+
+
+def parse_settings(
+    argv: Sequence[str], environ: Mapping[str, str], hostname: str
+) -> InferenceSettings:
+    """Parses `inference serve ...`; raises InvalidArgument for inconsistent flags."""
+    args = build_parser(environ).parse_args(list(argv))
+    extra = dict(parse_engine_arg(item) for item in args.engine_arg)
+    max_loras = int(args.max_loras)
+    max_cpu_loras = int(args.max_cpu_loras) if args.max_cpu_loras is not None else None
+    if max_cpu_loras is not None and max_cpu_loras < max_loras:
+        raise InvalidArgument(
+            f"--max-cpu-loras ({max_cpu_loras}) must be at least --max-loras ({max_loras})"
+        )
+    model = str(args.model)
+    engine = EngineOptions(
+        model=model,
+        max_loras=max_loras,
+        max_lora_rank=args.max_lora_rank,
+        max_cpu_loras=max_cpu_loras,
+        gpu_memory_utilization=float(args.gpu_memory_utilization),
+        max_model_len=int(args.max_model_len) if args.max_model_len is not None else None,
+        dtype=args.dtype,
+        lora_dtype=args.lora_dtype,
+        cpu_offload_gb=float(args.cpu_offload_gb),
+        extra=extra,
+    )
+    return InferenceSettings(
+        engine=engine,
+        compat=CompatOptions(
+            served_model_name=args.served_model_name or Path(model.rstrip("/")).name,
+            require_base_model_match=not args.allow_base_model_mismatch,
+        ),
+        store_address=args.store,
+        store_security=client_security_from_args(args, STORE_FLAG_PREFIX),
+        adapter_cache=Path(args.adapter_cache),
+        replica_id=args.replica_id or hostname,
+        listen=args.listen,
+        security=server_security_from_args(args),
+        max_pending_requests=int(args.max_pending_requests),
+        metrics_port=int(args.metrics_port) if args.metrics_port is not None else None,
+        shutdown_grace_seconds=float(args.shutdown_grace),
+        log_level=str(args.log_level).upper(),
+    )

@@ -1,0 +1,315 @@
+"""What the inference service needs from the adapter store, as typed domain calls.
+
+A thin layer over the AdapterStoreService aio stub: it turns protos into frozen
+dataclasses and gRPC failures into `loraserve.common.errors`, so the cache and the
+synchronizer never see grpc types and can be tested against fakes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import enum
+import logging
+from collections.abc import AsyncGenerator, Callable
+from contextlib import aclosing
+from dataclasses import dataclass
+from typing import Any
+
+import grpc
+
+from loraserve.adapterstore.v1 import adapterstore_pb2 as pb
+from loraserve.adapterstore.v1 import adapterstore_pb2_grpc as pb_grpc
+from loraserve.common import errors
+from loraserve.common.security import ClientSecurity, secure_channel
+
+log = logging.getLogger(__name__)
+
+# Room for a 1 MiB download chunk plus framing (gRPC's default limit is 4 MiB).
+_MESSAGE_LIMIT = 16 * 1024 * 1024
+
+
+def _store_error(exc: grpc.aio.AioRpcError, what: str) -> errors.LoraserveError:
+    error = errors.error_from_rpc(exc)
+    return type(error)(f"adapter store {what}: {error.message}")
+
+
+@dataclass(frozen=True, slots=True)
+class ManifestFile:
+    """One file of a revision as the store describes it."""
+
+    name: str
+    size: int
+    sha256: str
+
+
+@dataclass(frozen=True, slots=True)
+class RevisionManifest:
+    """Everything needed to fetch and check one revision."""
+
+    name: str
+    revision: int
+    files: tuple[ManifestFile, ...]
+    base_model: str
+    rank: int
+    alpha: float
+    target_modules: tuple[str, ...]
+    seq: int
+
+    @classmethod
+    def from_proto(cls, rev: pb.Revision) -> RevisionManifest:
+        return cls(
+            name=rev.adapter_name,
+            revision=rev.revision,
+            files=tuple(ManifestFile(f.name, f.size, f.sha256) for f in rev.files),
+            base_model=rev.base_model,
+            rank=rev.rank,
+            alpha=rev.alpha,
+            target_modules=tuple(rev.target_modules),
+            seq=rev.seq,
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class ListedAdapter:
+    """An adapter and its current revision (None while no revision is current)."""
+
+    name: str
+    current: RevisionManifest | None
+
+
+@dataclass(frozen=True, slots=True)
+class Listing:
+    """Every adapter of the store, as of `seq`."""
+
+    adapters: tuple[ListedAdapter, ...]
+    seq: int
+
+
+class EventKind(enum.Enum):
+    REVISION_PUSHED = pb.EVENT_TYPE_REVISION_PUSHED
+    CURRENT_REVISION_SET = pb.EVENT_TYPE_CURRENT_REVISION_SET
+    ADAPTER_DELETED = pb.EVENT_TYPE_ADAPTER_DELETED
+
+
+@dataclass(frozen=True, slots=True)
+class StoreEvent:
+    """One committed change. `revision` is unset on delete; `current_revision` is
+    the adapter's current revision after the change (0 after a delete)."""
+
+    seq: int
+    kind: EventKind
+    name: str
+    revision: RevisionManifest | None
+    current_revision: int
+
+
+@dataclass(frozen=True, slots=True)
+class Heartbeat:
+    """The stream is alive; the store has committed up to `seq`."""
+
+    seq: int
+
+
+@dataclass(frozen=True, slots=True)
+class FileChunk:
+    """Bytes of one file of a download, at `offset`."""
+
+    file_name: str
+    offset: int
+    data: bytes
+
+
+_KNOWN_EVENT_TYPES = frozenset(kind.value for kind in EventKind)
+
+
+class ReportKind(enum.Enum):
+    ACK = pb.REPORT_TYPE_ACK
+    NACK = pb.REPORT_TYPE_NACK
+    REMOVED = pb.REPORT_TYPE_REMOVED
+
+
+@dataclass(frozen=True, slots=True)
+class Report:
+    """A replica's outcome for one revision; `error_code` is a google.rpc code."""
+
+    name: str
+    revision: int
+    kind: ReportKind
+    serving_revision: int
+    error_code: int = 0
+    error_message: str = ""
+
+
+@dataclass(frozen=True)
+class StoreClientSettings:
+    """How the inference service talks to the store."""
+
+    address: str
+    security: ClientSecurity
+    replica_id: str
+    # Deadline of unary calls (list pages, reports), seconds.
+    call_timeout_s: float = 10.0
+    # A watch or download that sends nothing for this long is treated as dead;
+    # must exceed the store's heartbeat interval.
+    idle_timeout_s: float = 30.0
+    page_size: int = 500
+    # Longest wait of gRPC's own reconnect backoff; its default (120 s) would leave
+    # a replica stale long after the store came back.
+    reconnect_backoff_max_s: float = 5.0
+
+
+class StoreClient:
+    """Typed calls to the adapter store for one inference replica."""
+
+    def __init__(self, channel: grpc.aio.Channel, settings: StoreClientSettings) -> None:
+        self._channel = channel
+        self._stub = pb_grpc.AdapterStoreServiceStub(channel)
+        self._settings = settings
+
+    @classmethod
+    def connect(cls, settings: StoreClientSettings) -> StoreClient:
+        max_ms = max(1, int(settings.reconnect_backoff_max_s * 1000))
+        options = [
+            ("grpc.initial_reconnect_backoff_ms", min(1000, max_ms)),
+            ("grpc.min_reconnect_backoff_ms", min(1000, max_ms)),
+            ("grpc.max_reconnect_backoff_ms", max_ms),
+            ("grpc.max_receive_message_length", _MESSAGE_LIMIT),
+        ]
+        channel = secure_channel(settings.address, settings.security, options)
+        return cls(channel, settings)
+
+    @property
+    def replica_id(self) -> str:
+        return self._settings.replica_id
+
+    async def close(self) -> None:
+        await self._channel.close()
+
+    async def list_adapters(self, base_model: str = "") -> Listing:
+        """Every adapter, all pages; the seq is the first page's, so watching from
+        it sees every change made while the later pages were read."""
+        adapters: list[ListedAdapter] = []
+        seq: int | None = None
+        token = ""
+        while True:
+            request = pb.ListAdaptersRequest(
+                page_size=self._settings.page_size, page_token=token, base_model=base_model
+            )
+            page: pb.ListAdaptersResponse = await self._unary(
+                "list adapters", self._stub.ListAdapters, request
+            )
+            if seq is None:
+                seq = page.seq
+            adapters.extend(
+                ListedAdapter(
+                    a.name,
+                    RevisionManifest.from_proto(a.current) if a.current_revision else None,
+                )
+                for a in page.adapters
+            )
+            token = page.next_page_token
+            if not token:
+                return Listing(tuple(adapters), seq)
+
+    async def get_revision(self, name: str, revision: int) -> RevisionManifest:
+        """The manifest of one revision; raises NotFound if it (or the adapter) is gone."""
+        response: pb.GetAdapterResponse = await self._unary(
+            f"get {name}@{revision}",
+            self._stub.GetAdapter,
+            pb.GetAdapterRequest(name=name, revision=revision),
+        )
+        return RevisionManifest.from_proto(response.revision)
+
+    async def watch(self, after_seq: int) -> AsyncGenerator[StoreEvent | Heartbeat, None]:
+        """Changes after `after_seq`, in order, and heartbeats. Raises OutOfRange
+        when `after_seq` is older than the store's kept log."""
+        call = self._stub.WatchAdapters(pb.WatchAdaptersRequest(after_seq=after_seq))
+        async with aclosing(self._stream(f"watch after seq {after_seq}", call)) as messages:
+            async for message in messages:
+                if message.HasField("heartbeat"):
+                    yield Heartbeat(message.heartbeat.seq)
+                elif message.HasField("event"):
+                    if message.event.type not in _KNOWN_EVENT_TYPES:
+                        # A newer store's kind of change; the next listing reconciles it.
+                        log.warning(
+                            "store.unknown_event seq=%d type=%d",
+                            message.event.seq,
+                            message.event.type,
+                        )
+                        continue
+                    yield _event_from_proto(message.event)
+
+    async def download(
+        self, name: str, revision: int
+    ) -> AsyncGenerator[RevisionManifest | FileChunk, None]:
+        """The revision's manifest first, then each file's chunks in manifest order."""
+        call = self._stub.DownloadAdapter(pb.DownloadAdapterRequest(name=name, revision=revision))
+        async with aclosing(self._stream(f"download {name}@{revision}", call)) as messages:
+            async for message in messages:
+                if message.HasField("manifest"):
+                    yield RevisionManifest.from_proto(message.manifest)
+                elif message.HasField("chunk"):
+                    chunk = message.chunk
+                    yield FileChunk(chunk.file_name, chunk.offset, chunk.data)
+
+    async def report(self, report: Report) -> None:
+        request = pb.ReportStatusRequest(
+            replica_id=self._settings.replica_id,
+            adapter_name=report.name,
+            revision=report.revision,
+            type=report.kind.value,
+            serving_revision=report.serving_revision,
+        )
+        if report.kind is ReportKind.NACK:
+            request.error.code = report.error_code
+            request.error.message = report.error_message
+        await self._unary(
+            f"report {report.kind.name} {report.name}@{report.revision}",
+            self._stub.ReportStatus,
+            request,
+        )
+
+    async def _unary(self, what: str, method: Callable[..., Any], request: Any) -> Any:
+        try:
+            return await method(request, timeout=self._settings.call_timeout_s)
+        except grpc.aio.AioRpcError as exc:
+            raise _store_error(exc, what) from exc
+
+    async def _stream(self, what: str, call: Any) -> AsyncGenerator[Any, None]:
+        """Messages of a server stream; cancels the call however the caller stops."""
+        try:
+            while True:
+                try:
+                    async with asyncio.timeout(self._settings.idle_timeout_s):
+                        message = await call.read()
+                except TimeoutError as exc:
+                    raise errors.Unavailable(
+                        f"adapter store {what}: nothing received for "
+                        f"{self._settings.idle_timeout_s:g}s"
+                    ) from exc
+                except grpc.aio.AioRpcError as exc:
+                    raise _store_error(exc, what) from exc
+                if message is grpc.aio.EOF:
+                    return
+                yield message
+        finally:
+            call.cancel()
+
+
+def _event_from_proto(event: pb.AdapterEvent) -> StoreEvent:
+    return StoreEvent(
+        seq=event.seq,
+        kind=EventKind(event.type),
+        name=event.adapter_name,
+        revision=RevisionManifest.from_proto(event.revision)
+        if event.HasField("revision")
+        else None,
+        current_revision=event.current_revision,
+    )
+
+
+def rpc_code(error: BaseException) -> int:
+    """The google.rpc code number to report for an error (13 INTERNAL for bugs)."""
+    code = error.code if isinstance(error, errors.LoraserveError) else grpc.StatusCode.INTERNAL
+    number: int = code.value[0]
+    return number

@@ -1,0 +1,113 @@
+"""What the store wants this replica to serve, folded from listings and events.
+
+Pure bookkeeping, no I/O: the synchronizer's watch loop records what the store
+says here, and one worker per adapter reads the latest wish and applies it. Events
+that pile up for one adapter fold into one wish, so a burst of pushes loads only
+the revision that ends up current. The applied seq is the highest seq below which
+every event has been applied (or rejected for good).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from loraserve.inference.store_client import EventKind, Listing, RevisionManifest, StoreEvent
+
+
+@dataclass
+class AdapterWish:
+    """The store's latest wish for one adapter, and the events it still stands for."""
+
+    # Revision to route the name to; None when the store names no current revision.
+    current: RevisionManifest | None = None
+    # Monotonic time the event asking for `current` was received, for the swap
+    # latency; None when it came from the start-up listing, which is no swap.
+    current_seen_at: float | None = None
+    # Non-current revisions pushed since; loaded ahead so promoting them is quick.
+    preload: dict[int, RevisionManifest] = field(default_factory=dict)
+    # Seq of a delete not applied yet; 0 for none. Applied before anything else, so
+    # a name deleted and pushed again drops the old revisions.
+    delete_seq: int = 0
+    # Seqs of received events not yet applied.
+    pending_seqs: list[int] = field(default_factory=list)
+    # Bumped on every change, so a worker knows whether it applied the latest wish.
+    version: int = 0
+
+
+class SyncState:
+    """Wishes per adapter and the seqs received and applied."""
+
+    def __init__(self) -> None:
+        self.wishes: dict[str, AdapterWish] = {}
+        # Last event seq taken in (or the listing's seq): where a watch resumes.
+        self.received_seq = 0
+
+    def applied_seq(self) -> int:
+        pending = [min(w.pending_seqs) for w in self.wishes.values() if w.pending_seqs]
+        return min(pending) - 1 if pending else self.received_seq
+
+    def is_replay(self, event: StoreEvent) -> bool:
+        return event.seq <= self.received_seq
+
+    def is_gap(self, event: StoreEvent) -> bool:
+        """Whether events were skipped: the store's log has no holes, so a jump
+        means this replica missed changes and must list again."""
+        return event.seq > self.received_seq + 1
+
+    def record_event(self, event: StoreEvent, seen_at: float) -> AdapterWish:
+        wish = self.wishes.setdefault(event.name, AdapterWish())
+        revision = event.revision
+        if event.kind is EventKind.ADAPTER_DELETED:
+            wish.current = None
+            wish.preload.clear()
+            wish.delete_seq = event.seq
+        elif revision is not None and event.current_revision == revision.revision:
+            wish.current = revision
+            wish.current_seen_at = seen_at
+            wish.preload.pop(revision.revision, None)
+        elif revision is not None and event.kind is EventKind.REVISION_PUSHED:
+            wish.preload[revision.revision] = revision
+        wish.pending_seqs.append(event.seq)
+        wish.version += 1
+        self.received_seq = event.seq
+        return wish
+
+    def record_listing(
+        self, listing: Listing, served_names: set[str], seen_at: float | None
+    ) -> list[str]:
+        """Makes the listing the wish: its current revisions for every adapter it
+        names, a delete for every served name it does not. Returns the adapters
+        whose wish changed."""
+        changed = []
+        listed = {a.name: a.current for a in listing.adapters}
+        for name, current in listed.items():
+            if current is None:
+                continue
+            wish = self.wishes.setdefault(name, AdapterWish())
+            if wish.current is None or wish.current.revision != current.revision:
+                wish.current_seen_at = seen_at
+            wish.current = current
+            wish.pending_seqs.append(listing.seq)
+            wish.version += 1
+            changed.append(name)
+        wished = {n for n, w in self.wishes.items() if w.current is not None or w.preload}
+        for name in sorted((served_names | wished) - listed.keys()):
+            wish = self.wishes.setdefault(name, AdapterWish())
+            wish.current = None
+            wish.preload.clear()
+            wish.delete_seq = listing.seq
+            wish.pending_seqs.append(listing.seq)
+            wish.version += 1
+            changed.append(name)
+        self.received_seq = listing.seq
+        return changed
+
+    def settle(self, name: str, version: int) -> bool:
+        """Marks an adapter's wish at `version` applied; False if a newer one came."""
+        wish = self.wishes[name]
+        if wish.version != version:
+            return False
+        wish.pending_seqs.clear()
+        if wish.current is None and not wish.preload and not wish.delete_seq:
+            del self.wishes[name]
+        return True

@@ -1,0 +1,244 @@
+"""The local adapter cache: verified downloads, atomic placement, reuse, refusal."""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+from collections.abc import AsyncGenerator
+from pathlib import Path
+
+import pytest
+
+from loraserve.common.errors import DataLoss, InvalidArgument, NotFound, Unavailable
+from loraserve.inference.cache import MANIFEST_FILE, AdapterCache
+from loraserve.inference.store_client import FileChunk, ManifestFile, RevisionManifest
+
+CONFIG = b'{"r": 8}'
+WEIGHTS = bytes(range(256)) * 40
+
+
+def file_info(name: str, data: bytes) -> ManifestFile:
+    return ManifestFile(name, len(data), hashlib.sha256(data).hexdigest())
+
+
+class FakeSource:
+    """Serves revisions from memory, optionally corrupting what it sends."""
+
+    def __init__(self, chunk_size: int = 1000) -> None:
+        self.revisions: dict[tuple[str, int], dict[str, bytes]] = {}
+        self.manifests: dict[tuple[str, int], RevisionManifest] = {}
+        self.downloads = 0
+        self.corrupt_downloads = 0
+        self.chunk_size = chunk_size
+        self.gate: asyncio.Event | None = None
+
+    def add(self, name: str, revision: int, files: dict[str, bytes]) -> RevisionManifest:
+        manifest = RevisionManifest(
+            name=name,
+            revision=revision,
+            files=tuple(file_info(n, d) for n, d in files.items()),
+            base_model="tiny",
+            rank=8,
+            alpha=16.0,
+            target_modules=("q_proj", "v_proj"),
+            seq=revision,
+        )
+        self.revisions[(name, revision)] = files
+        self.manifests[(name, revision)] = manifest
+        return manifest
+
+    async def get_revision(self, name: str, revision: int) -> RevisionManifest:
+        if (name, revision) not in self.manifests:
+            raise NotFound(f"no revision {name}@{revision}")
+        return self.manifests[(name, revision)]
+
+    async def download(
+        self, name: str, revision: int
+    ) -> AsyncGenerator[RevisionManifest | FileChunk, None]:
+        self.downloads += 1
+        if self.gate is not None:
+            await self.gate.wait()
+        manifest = await self.get_revision(name, revision)
+        yield manifest
+        corrupt = self.corrupt_downloads > 0
+        self.corrupt_downloads -= 1
+        for file_name, data in self.revisions[(name, revision)].items():
+            if corrupt and file_name == "adapter_model.safetensors":
+                data = b"\xff" + data[1:]
+            for offset in range(0, len(data), self.chunk_size):
+                yield FileChunk(file_name, offset, data[offset : offset + self.chunk_size])
+
+
+@pytest.fixture
+def source() -> FakeSource:
+    source = FakeSource()
+    source.add("alpha", 1, {"adapter_config.json": CONFIG, "adapter_model.safetensors": WEIGHTS})
+    return source
+
+
+@pytest.fixture
+async def cache(tmp_path: Path, source: FakeSource) -> AdapterCache:
+    cache = AdapterCache(tmp_path / "cache", source)
+    await cache.prepare()
+    return cache
+
+
+def leftovers(cache: AdapterCache) -> list[Path]:
+    return list((cache.root / ".tmp").iterdir())
+
+
+async def test_fetch_places_verified_files_at_name_and_revision(cache: AdapterCache) -> None:
+    local = await cache.fetch("alpha", 1)
+    assert local.path == cache.root / "alpha" / "1"
+    assert (local.path / "adapter_model.safetensors").read_bytes() == WEIGHTS
+    assert (local.path / "adapter_config.json").read_bytes() == CONFIG
+    assert (local.rank, local.base_model, local.target_modules) == (8, "tiny", ("q_proj", "v_proj"))
+    assert leftovers(cache) == []
+
+
+async def test_corrupt_download_is_retried_once(cache: AdapterCache, source: FakeSource) -> None:
+    source.corrupt_downloads = 1
+    local = await cache.fetch("alpha", 1)
+    assert source.downloads == 2
+    assert (local.path / "adapter_model.safetensors").read_bytes() == WEIGHTS
+
+
+async def test_corrupt_twice_raises_data_loss_and_leaves_nothing(
+    cache: AdapterCache, source: FakeSource
+) -> None:
+    source.corrupt_downloads = 2
+    with pytest.raises(DataLoss, match="sha256"):
+        await cache.fetch("alpha", 1)
+    assert not (cache.root / "alpha" / "1").exists()
+    assert leftovers(cache) == []
+
+
+async def test_file_longer_than_its_manifest_is_data_loss(
+    cache: AdapterCache, source: FakeSource
+) -> None:
+    source.add("beta", 1, {"adapter_config.json": CONFIG})
+    source.revisions[("beta", 1)] = {"adapter_config.json": CONFIG + b"extra"}
+    with pytest.raises(DataLoss, match="more than the manifest"):
+        await cache.fetch("beta", 1)
+    assert not (cache.root / "beta").exists()
+
+
+async def test_verified_copy_on_disk_is_reused_without_downloading(
+    tmp_path: Path, source: FakeSource
+) -> None:
+    first = AdapterCache(tmp_path / "cache", source)
+    await first.prepare()
+    await first.fetch("alpha", 1)
+    restarted = AdapterCache(tmp_path / "cache", source)
+    await restarted.prepare()
+    await restarted.fetch("alpha", 1)
+    assert source.downloads == 1
+
+
+async def test_tampered_copy_on_disk_is_downloaded_again(
+    cache: AdapterCache, source: FakeSource
+) -> None:
+    local = await cache.fetch("alpha", 1)
+    (local.path / "adapter_model.safetensors").write_bytes(b"tampered")
+    await cache.fetch("alpha", 1)
+    assert source.downloads == 2
+    assert (local.path / "adapter_model.safetensors").read_bytes() == WEIGHTS
+
+
+async def test_copy_of_a_deleted_revision_is_refused_and_removed(
+    cache: AdapterCache, source: FakeSource
+) -> None:
+    local = await cache.fetch("alpha", 1)
+    del source.manifests[("alpha", 1)]
+    with pytest.raises(NotFound):
+        await cache.fetch("alpha", 1)
+    assert not local.path.exists()
+
+
+async def test_concurrent_fetches_of_one_revision_share_one_download(
+    cache: AdapterCache, source: FakeSource
+) -> None:
+    source.gate = asyncio.Event()
+    fetches = [asyncio.create_task(cache.fetch("alpha", 1)) for _ in range(3)]
+    await asyncio.sleep(0.01)
+    source.gate.set()
+    results = await asyncio.gather(*fetches)
+    assert source.downloads == 1
+    assert {r.path for r in results} == {cache.root / "alpha" / "1"}
+
+
+async def test_store_unavailable_propagates_and_leaves_nothing(tmp_path: Path) -> None:
+    class DownSource(FakeSource):
+        async def download(
+            self, name: str, revision: int
+        ) -> AsyncGenerator[RevisionManifest | FileChunk, None]:
+            raise Unavailable("store down")
+            yield  # pragma: no cover - makes this an async generator
+
+    cache = AdapterCache(tmp_path / "cache", DownSource())
+    await cache.prepare()
+    with pytest.raises(Unavailable):
+        await cache.fetch("alpha", 1)
+    assert leftovers(cache) == []
+
+
+@pytest.mark.parametrize("bad_name", ["../etc", "Alpha", "a/b", "", ".hidden"])
+async def test_names_that_could_leave_the_cache_are_refused(
+    cache: AdapterCache, bad_name: str
+) -> None:
+    with pytest.raises(InvalidArgument):
+        await cache.fetch(bad_name, 1)
+
+
+async def test_revision_below_one_is_refused(cache: AdapterCache) -> None:
+    with pytest.raises(InvalidArgument, match="at least 1"):
+        await cache.fetch("alpha", 0)
+
+
+@pytest.mark.parametrize("bad_file", ["../escape", ".manifest.json", "sub/file", ".."])
+async def test_manifest_file_names_that_are_paths_are_refused(
+    cache: AdapterCache, source: FakeSource, bad_file: str
+) -> None:
+    source.add("gamma", 1, {bad_file: CONFIG})
+    with pytest.raises(DataLoss, match="bad file name"):
+        await cache.fetch("gamma", 1)
+    assert not (cache.root / "escape").exists()
+    assert not (cache.root / "gamma").exists()
+
+
+async def test_empty_files_are_written_though_no_chunk_carries_them(
+    cache: AdapterCache, source: FakeSource
+) -> None:
+    source.add("delta", 1, {"README.md": b"", "adapter_config.json": CONFIG})
+    local = await cache.fetch("delta", 1)
+    assert (local.path / "README.md").read_bytes() == b""
+
+
+async def test_remove_deletes_the_revision_and_its_empty_adapter_dir(
+    cache: AdapterCache,
+) -> None:
+    await cache.fetch("alpha", 1)
+    await cache.remove("alpha", 1)
+    assert not (cache.root / "alpha").exists()
+
+
+async def test_prepare_removes_downloads_a_crash_left_behind(
+    tmp_path: Path, source: FakeSource
+) -> None:
+    half = tmp_path / "cache" / ".tmp" / "alpha-1-dead"
+    half.mkdir(parents=True)
+    (half / "adapter_model.safetensors").write_bytes(b"partial")
+    cache = AdapterCache(tmp_path / "cache", source)
+    await cache.prepare()
+    assert leftovers(cache) == []
+
+
+async def test_revision_dir_without_manifest_is_not_trusted(
+    cache: AdapterCache, source: FakeSource
+) -> None:
+    partial = cache.root / "alpha" / "1"
+    partial.mkdir(parents=True)
+    (partial / "adapter_model.safetensors").write_bytes(b"partial")
+    local = await cache.fetch("alpha", 1)
+    assert source.downloads == 1
+    assert (local.path / MANIFEST_FILE).is_file()

@@ -1,0 +1,88 @@
+"""Adapter compatibility with the served model, and `--max-lora-rank auto`."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from loraserve.common.errors import FailedPrecondition, InvalidArgument
+from loraserve.inference.compat import (
+    LLAMA_TARGET_MODULES,
+    AdapterFacts,
+    CompatibilityChecker,
+    model_lora_targets,
+    smallest_covering_rank,
+    supported_lora_ranks,
+)
+
+VLLM_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)
+
+
+def _checker(require_base_model_match: bool = True) -> CompatibilityChecker:
+    return CompatibilityChecker(
+        max_lora_rank=16,
+        target_modules=LLAMA_TARGET_MODULES,
+        served_model_name="/models/Llama-3-8B/",
+        require_base_model_match=require_base_model_match,
+    )
+
+
+def _facts(**changes: object) -> AdapterFacts:
+    fields: dict[str, object] = {
+        "name": "alpha",
+        "revision": 2,
+        "rank": 8,
+        "target_modules": ("q_proj", "v_proj"),
+        "base_model": "meta-llama/Llama-3-8B",
+    }
+    fields.update(changes)
+    return AdapterFacts(**fields)  # type: ignore[arg-type]
+
+
+def test_matching_adapter_is_compatible() -> None:
+    _checker().check(_facts())
+
+
+def test_rank_above_the_engine_limit_is_refused_with_the_fix() -> None:
+    with pytest.raises(FailedPrecondition, match=r"alpha@2 has LoRA rank 32.*--max-lora-rank"):
+        _checker().check(_facts(rank=32))
+
+
+def test_module_the_model_lacks_is_refused_naming_it() -> None:
+    with pytest.raises(FailedPrecondition, match=r"\['c_attn'\]"):
+        _checker().check(_facts(target_modules=("q_proj", "c_attn")))
+
+
+def test_adapter_for_another_base_model_is_refused() -> None:
+    with pytest.raises(FailedPrecondition, match="Mistral-7B"):
+        _checker().check(_facts(base_model="mistralai/Mistral-7B"))
+
+
+def test_base_model_check_can_be_relaxed() -> None:
+    _checker(require_base_model_match=False).check(_facts(base_model="mistralai/Mistral-7B"))
+
+
+def test_adapter_without_a_recorded_base_model_is_accepted() -> None:
+    _checker().check(_facts(base_model=""))
+
+
+def test_targets_are_read_from_the_model_weights(tiny_model_dir: Path) -> None:
+    assert model_lora_targets(tiny_model_dir) == LLAMA_TARGET_MODULES
+
+
+def test_vllm_supported_ranks_are_known() -> None:
+    assert supported_lora_ranks() == VLLM_RANKS
+
+
+@pytest.mark.parametrize(
+    ("ranks", "expected"),
+    [([4, 8], 8), ([8, 9], 16), ([300], 320), ([1], 1), ([], 16)],
+)
+def test_auto_rank_is_the_smallest_covering_supported_rank(ranks: list[int], expected: int) -> None:
+    assert smallest_covering_rank(ranks, VLLM_RANKS) == expected
+
+
+def test_auto_rank_beyond_vllm_is_invalid() -> None:
+    with pytest.raises(InvalidArgument, match="1024"):
+        smallest_covering_rank([1024], VLLM_RANKS)

@@ -1,0 +1,249 @@
+"""Generate's rules on a fake engine: validation, streaming shape, cancellation, admission."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from pathlib import Path
+
+import pytest
+
+from loraserve.common.errors import InvalidArgument, ResourceExhausted, Unavailable
+from loraserve.inference.admission import Admission
+from loraserve.inference.compat import LLAMA_TARGET_MODULES, CompatibilityChecker
+from loraserve.inference.engine import EngineFinish
+from loraserve.inference.generation import (
+    FinishReason,
+    GenerateCommand,
+    GenerationChunk,
+    Generator,
+    SamplingRequest,
+    Usage,
+)
+from loraserve.inference.metrics import InferenceMetrics
+from loraserve.inference.registry import AdapterRegistry
+from loraserve.testing.inference_fakes import FakeEngine, make_revision
+
+
+@pytest.fixture
+def engine() -> FakeEngine:
+    return FakeEngine()
+
+
+@pytest.fixture
+async def registry(engine: FakeEngine, tmp_path: Path) -> AdapterRegistry:
+    compat = CompatibilityChecker(
+        max_lora_rank=16, target_modules=LLAMA_TARGET_MODULES, served_model_name="fake-llama"
+    )
+    registry = AdapterRegistry(engine, cache_dir=tmp_path, compat=compat)
+    await registry.install(make_revision(tmp_path, "alpha", 3), make_current=True)
+    return registry
+
+
+@pytest.fixture
+def metrics() -> InferenceMetrics:
+    return InferenceMetrics()
+
+
+def _generator(
+    engine: FakeEngine, registry: AdapterRegistry, metrics: InferenceMetrics, max_pending: int = 4
+) -> Generator:
+    return Generator(engine, registry, Admission(max_pending), metrics)
+
+
+@pytest.fixture
+def generator(
+    engine: FakeEngine, registry: AdapterRegistry, metrics: InferenceMetrics
+) -> Generator:
+    return _generator(engine, registry, metrics)
+
+
+async def _collect(generator: Generator, command: GenerateCommand) -> list[GenerationChunk]:
+    return [chunk async for chunk in generator.generate(command)]
+
+
+@pytest.mark.parametrize(
+    ("sampling", "field"),
+    [
+        (SamplingRequest(max_tokens=0), "sampling.max_tokens"),
+        (SamplingRequest(temperature=2.5), "sampling.temperature"),
+        (SamplingRequest(temperature=float("nan")), "sampling.temperature"),
+        (SamplingRequest(top_p=0.0), "sampling.top_p"),
+        (SamplingRequest(top_p=1.5), "sampling.top_p"),
+        (SamplingRequest(top_k=-2), "sampling.top_k"),
+        (SamplingRequest(seed=-5), "sampling.seed"),
+        (SamplingRequest(stop=("x",) * 17), "sampling.stop"),
+        (SamplingRequest(stop=("",)), r"sampling.stop\[0\]"),
+        (SamplingRequest(stop=("y" * 257,)), r"sampling.stop\[0\]"),
+        (SamplingRequest(max_tokens=60), "max_model_len"),
+    ],
+)
+async def test_bad_sampling_is_invalid_argument_naming_the_field(
+    generator: Generator, sampling: SamplingRequest, field: str
+) -> None:
+    command = GenerateCommand(adapter="alpha", prompt_text="hello", sampling=sampling)
+    with pytest.raises(InvalidArgument, match=field):
+        await _collect(generator, command)
+
+
+@pytest.mark.parametrize(
+    ("command", "message"),
+    [
+        (GenerateCommand(adapter="alpha"), "prompt is empty"),
+        (GenerateCommand(adapter="alpha", prompt_text=""), "prompt is empty"),
+        (GenerateCommand(adapter="alpha", prompt_token_ids=()), "prompt is empty"),
+        (GenerateCommand(adapter="alpha", prompt_token_ids=(1, 100)), r"token_ids\[1\]"),
+        (GenerateCommand(adapter="alpha", prompt_token_ids=(-1,)), r"token_ids\[0\]"),
+        (GenerateCommand(adapter="Bad/Name", prompt_text="x"), "invalid adapter name"),
+        (GenerateCommand(adapter="alpha@0", prompt_text="x"), "revision"),
+        (GenerateCommand(adapter="alpha", prompt_text="x", request_id="a\nb"), "request_id"),
+    ],
+)
+async def test_bad_request_is_invalid_argument(
+    generator: Generator, command: GenerateCommand, message: str
+) -> None:
+    with pytest.raises(InvalidArgument, match=message):
+        await _collect(generator, command)
+
+
+async def test_first_chunk_names_the_revision_and_last_carries_finish_and_usage(
+    generator: Generator,
+) -> None:
+    command = GenerateCommand(
+        adapter="alpha", prompt_token_ids=(1, 2, 3), sampling=SamplingRequest(max_tokens=3)
+    )
+
+    chunks = await _collect(generator, command)
+
+    assert [c.token_ids for c in chunks] == [(0,), (1,), (2,)]
+    assert (chunks[0].adapter_name, chunks[0].revision) == ("alpha", 3)
+    assert chunks[0].request_id
+    assert [c.adapter_name for c in chunks[1:]] == ["", ""]
+    assert [c.finish_reason for c in chunks] == [None, None, FinishReason.LENGTH]
+    assert chunks[-1].usage == Usage(prompt_tokens=3, completion_tokens=3)
+
+
+async def test_base_model_is_served_with_empty_adapter(
+    generator: Generator, engine: FakeEngine
+) -> None:
+    command = GenerateCommand(adapter="", prompt_text="hi", sampling=SamplingRequest(max_tokens=1))
+
+    chunks = await _collect(generator, command)
+
+    assert (chunks[0].adapter_name, chunks[0].revision) == ("", 0)
+
+
+async def test_chunks_stream_before_generation_ends(
+    generator: Generator, engine: FakeEngine
+) -> None:
+    command = GenerateCommand(
+        adapter="alpha", prompt_text="hi", sampling=SamplingRequest(max_tokens=5)
+    )
+    stream = generator.generate(command)
+    async with contextlib.aclosing(stream):
+        first = await anext(stream)
+        engine.steps.clear()
+        reading = asyncio.ensure_future(anext(stream))
+        await asyncio.sleep(0.01)
+
+        assert first.token_ids == (0,)
+        assert not reading.done()
+        engine.steps.set()
+        assert (await reading).token_ids == (1,)
+
+
+async def test_closing_the_stream_aborts_the_engine_request(
+    generator: Generator, engine: FakeEngine, registry: AdapterRegistry
+) -> None:
+    command = GenerateCommand(
+        adapter="alpha", prompt_text="hi", sampling=SamplingRequest(max_tokens=10)
+    )
+    stream = generator.generate(command)
+    first = await anext(stream)
+    assert engine.running
+
+    await stream.aclose()
+
+    assert engine.running == {}
+    assert any(rid == first.request_id for rid in engine.aborted)
+    assert [s.in_flight for s in registry.snapshot()] == [0]
+
+
+async def test_cancelling_the_consumer_aborts_the_engine_request(
+    generator: Generator, engine: FakeEngine
+) -> None:
+    command = GenerateCommand(
+        adapter="alpha", prompt_text="hi", sampling=SamplingRequest(max_tokens=10)
+    )
+    started = asyncio.Event()
+
+    async def consume() -> None:
+        async for _ in generator.generate(command):
+            started.set()
+            engine.steps.clear()
+
+    task = asyncio.create_task(consume())
+    await started.wait()
+    await asyncio.sleep(0.01)
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+
+    assert engine.running == {}
+    assert len(engine.aborted) == 1
+
+
+async def test_requests_beyond_the_admission_bound_are_resource_exhausted(
+    engine: FakeEngine, registry: AdapterRegistry, metrics: InferenceMetrics
+) -> None:
+    generator = _generator(engine, registry, metrics, max_pending=1)
+    command = GenerateCommand(
+        adapter="alpha", prompt_text="hi", sampling=SamplingRequest(max_tokens=3)
+    )
+    holding = generator.generate(command)
+    async with contextlib.aclosing(holding):
+        await anext(holding)
+        with pytest.raises(ResourceExhausted, match="1 pending"):
+            await _collect(generator, command)
+
+    assert len(await _collect(generator, command)) == 3
+
+
+async def test_engine_abort_is_unavailable(generator: Generator, engine: FakeEngine) -> None:
+    engine.finish_with = EngineFinish.ABORT
+    command = GenerateCommand(
+        adapter="alpha", prompt_text="hi", sampling=SamplingRequest(max_tokens=1)
+    )
+    with pytest.raises(Unavailable, match="aborted"):
+        await _collect(generator, command)
+
+
+async def test_clients_reusing_a_request_id_get_distinct_engine_ids(
+    generator: Generator,
+) -> None:
+    command = GenerateCommand(
+        adapter="alpha",
+        prompt_text="hi",
+        request_id="client-7",
+        sampling=SamplingRequest(max_tokens=1),
+    )
+    first = await _collect(generator, command)
+    second = await _collect(generator, command)
+
+    assert first[0].request_id.startswith("client-7")
+    assert first[0].request_id != second[0].request_id
+
+
+async def test_requests_and_tokens_are_counted_per_adapter(
+    generator: Generator, metrics: InferenceMetrics
+) -> None:
+    command = GenerateCommand(
+        adapter="alpha", prompt_token_ids=(1, 2), sampling=SamplingRequest(max_tokens=4)
+    )
+    await _collect(generator, command)
+
+    value = metrics.registry.get_sample_value
+    assert value("loraserve_inference_requests_total", {"adapter": "alpha", "code": "OK"}) == 1
+    assert value("loraserve_inference_generated_tokens_total", {"adapter": "alpha"}) == 4
+    assert value("loraserve_inference_prompt_tokens_total", {"adapter": "alpha"}) == 2
+    assert value("loraserve_inference_time_to_first_token_seconds_count") == 1

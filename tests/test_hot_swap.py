@@ -1,0 +1,397 @@
+"""Hot-swap end to end: a real store over moto S3, the sync loop, the real vLLM engine
+and the inference gRPC server, checked against the transformers + PEFT oracle."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
+from functools import cache
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import grpc
+import pytest
+from prometheus_client import CollectorRegistry
+
+from loraserve.adapterstore.testing import push_requests
+from loraserve.adapterstore.v1 import adapterstore_pb2 as store_pb
+from loraserve.adapterstore.v1 import adapterstore_pb2_grpc as store_grpc
+from loraserve.common.security import ClientSecurity
+from loraserve.inference.admission import Admission
+from loraserve.inference.cache import AdapterCache
+from loraserve.inference.compat import CompatibilityChecker, model_lora_targets
+from loraserve.inference.engine import VllmEngine
+from loraserve.inference.generation import Generator
+from loraserve.inference.metrics import InferenceMetrics
+from loraserve.inference.registry import AdapterRegistry, LocalRevision
+from loraserve.inference.runtime import Runtime, RuntimeSlot
+from loraserve.inference.servicer import SERVICE_NAME, register
+from loraserve.inference.store_client import StoreClient, StoreClientSettings
+from loraserve.inference.sync import Synchronizer, SyncSettings
+from loraserve.inference.v1 import inference_pb2 as pb
+from loraserve.inference.v1 import inference_pb2_grpc as pb_grpc
+from loraserve.testing.grpc import serving
+from loraserve.testing.models import TinyAdapterFactory
+from loraserve.testing.store import RunningStore
+from loraserve.testing.tcpproxy import TcpProxy, tcp_proxy
+from loraserve.tiny.oracle import greedy_tokens
+
+if TYPE_CHECKING:
+    from vllm.v1.engine.async_llm import AsyncLLM
+
+pytestmark = [pytest.mark.engine, pytest.mark.slow]
+
+log = logging.getLogger(__name__)
+
+REPLICA = "replica-under-test"
+PROMPT = (5, 17, 42, 99, 3, 250, 7, 64)
+SHORT = 12
+
+
+@cache
+def oracle(model_dir: Path, adapter_dir: Path, max_new_tokens: int) -> tuple[int, ...]:
+    return tuple(greedy_tokens(model_dir, adapter_dir, PROMPT, max_new_tokens))
+
+
+class RecordingRegistry:
+    """The real registry, with a log of what sync asked it to do."""
+
+    def __init__(self, registry: AdapterRegistry) -> None:
+        self.inner = registry
+        self.applied: list[tuple[str, int]] = []
+
+    async def install(self, rev: LocalRevision, *, make_current: bool) -> None:
+        self.applied.append((rev.name, rev.revision))
+        await self.inner.install(rev, make_current=make_current)
+
+    async def set_current(self, name: str, revision: int) -> None:
+        self.applied.append((name, revision))
+        await self.inner.set_current(name, revision)
+
+    async def delete(self, name: str) -> None:
+        await self.inner.delete(name)
+
+    def current_revision(self, name: str) -> int | None:
+        return self.inner.current_revision(name)
+
+    def is_installed(self, name: str, revision: int) -> bool:
+        return self.inner.is_installed(name, revision)
+
+
+@dataclass
+class Stack:
+    store: RunningStore
+    store_stub: Any
+    inference: Any
+    engine: VllmEngine
+    registry: RecordingRegistry
+    sync: Synchronizer
+    cache_dir: Path
+    model_dir: Path
+    adapter: TinyAdapterFactory
+
+    async def push(self, name: str, adapter_dir: Path, *, no_promote: bool = False) -> int:
+        files = await asyncio.to_thread(_adapter_files, adapter_dir)
+        response = await self.store_stub.PushAdapter(
+            push_requests(name, files, no_promote=no_promote)
+        )
+        revision: int = response.revision.revision
+        return revision
+
+    async def generate(self, adapter: str, max_tokens: int = SHORT) -> tuple[int, tuple[int, ...]]:
+        """The revision served and the token ids of a greedy generation."""
+        revision = 0
+        tokens: list[int] = []
+        async for message in self.inference.Generate(_request(adapter, max_tokens)):
+            revision = revision or message.revision
+            tokens.extend(message.token_ids)
+        return revision, tuple(tokens)
+
+    async def served(self, name: str, revision: int) -> None:
+        await eventually(
+            lambda: self.registry.current_revision(name) == revision, f"{name}@{revision} routed"
+        )
+
+    async def revisions(self, name: str) -> dict[int, pb.AdapterRevisionStatus]:
+        """What the inference server's ListAdapters says about `name`, by revision."""
+        response = await self.inference.ListAdapters(pb.ListAdaptersRequest())
+        return {s.revision: s for s in response.adapters if s.name == name}
+
+
+def _adapter_files(adapter_dir: Path) -> dict[str, bytes]:
+    names = ("adapter_config.json", "adapter_model.safetensors")
+    return {name: (adapter_dir / name).read_bytes() for name in names}
+
+
+def _request(adapter: str, max_tokens: int) -> pb.GenerateRequest:
+    return pb.GenerateRequest(
+        adapter=adapter,
+        token_ids=pb.TokenIds(ids=PROMPT),
+        sampling=pb.SamplingParams(max_tokens=max_tokens, temperature=0.0, ignore_eos=True),
+    )
+
+
+async def eventually(check: Callable[[], bool], what: str, timeout: float = 60.0) -> None:
+    async with asyncio.timeout(timeout):
+        while True:
+            if check():
+                break
+            await asyncio.sleep(0.02)
+    log.info("test.observed %s", what)
+
+
+async def eventually_async(check: Callable[[], Any], what: str, timeout: float = 60.0) -> None:
+    async with asyncio.timeout(timeout):
+        while True:
+            if await check():
+                break
+            await asyncio.sleep(0.05)
+    log.info("test.observed %s", what)
+
+
+@pytest.fixture(scope="module")
+def engine(vllm_engine: AsyncLLM) -> VllmEngine:
+    return VllmEngine(vllm_engine)
+
+
+@asynccontextmanager
+async def inference_stack(
+    store: RunningStore,
+    engine: VllmEngine,
+    model_dir: Path,
+    cache_dir: Path,
+    adapter: TinyAdapterFactory,
+    store_address: str | None = None,
+) -> AsyncIterator[Stack]:
+    client = StoreClient.connect(
+        StoreClientSettings(
+            address=store_address or store.address,
+            security=ClientSecurity(),
+            replica_id=REPLICA,
+            reconnect_backoff_max_s=0.2,
+        )
+    )
+    adapter_cache = AdapterCache(cache_dir, client)
+    await adapter_cache.prepare()
+    metrics = InferenceMetrics(CollectorRegistry())
+    compat = CompatibilityChecker(
+        max_lora_rank=engine.info.max_lora_rank,
+        target_modules=model_lora_targets(model_dir),
+        served_model_name=str(model_dir),
+    )
+    real_registry = AdapterRegistry(
+        engine, cache_dir=adapter_cache.root, compat=compat, fetcher=adapter_cache, failures=metrics
+    )
+    registry = RecordingRegistry(real_registry)
+    sync = Synchronizer(
+        client,
+        adapter_cache,
+        registry,
+        SyncSettings(initial_backoff_s=0.05, max_backoff_s=0.5),
+        observe_swap=metrics.observe_swap_latency,
+    )
+    admission = Admission(64)
+    runtime = Runtime(
+        engine=engine,
+        registry=real_registry,
+        generator=Generator(engine, real_registry, admission, metrics),
+        admission=admission,
+        replica_id=REPLICA,
+        store_seq=lambda: sync.applied_seq,
+    )
+    sync_task = asyncio.create_task(sync.run())
+    try:
+        async with (
+            serving(lambda server: register(server, RuntimeSlot(runtime)), [SERVICE_NAME]) as srv,
+            grpc.aio.insecure_channel(f"127.0.0.1:{srv.port}") as channel,
+            grpc.aio.insecure_channel(store.address) as store_channel,
+        ):
+            await asyncio.wait_for(sync.initial_sync_done.wait(), 60)
+            yield Stack(
+                store=store,
+                store_stub=store_grpc.AdapterStoreServiceStub(store_channel),
+                inference=pb_grpc.InferenceServiceStub(channel),
+                engine=engine,
+                registry=registry,
+                sync=sync,
+                cache_dir=adapter_cache.root,
+                model_dir=model_dir,
+                adapter=adapter,
+            )
+    finally:
+        sync_task.cancel()
+        await asyncio.gather(sync_task, return_exceptions=True)
+        # The engine is shared by the session: leave no adapter of this test in it.
+        for status in real_registry.snapshot():
+            await real_registry.delete(status.name)
+        await real_registry.settle()
+        await client.close()
+
+
+@pytest.fixture
+async def stack(
+    store_server: RunningStore,
+    engine: VllmEngine,
+    tiny_model_dir: Path,
+    tiny_adapter: TinyAdapterFactory,
+    tmp_path: Path,
+) -> AsyncIterator[Stack]:
+    async with inference_stack(
+        store_server, engine, tiny_model_dir, tmp_path / "cache", tiny_adapter
+    ) as running:
+        yield running
+
+
+async def test_push_while_streaming_finishes_old_stream_on_old_revision_and_retires_it(
+    stack: Stack,
+) -> None:
+    rev1_dir, rev2_dir = stack.adapter(rank=8, seed=1), stack.adapter(rank=8, seed=2)
+    long_tokens = 400
+    expected_long = oracle(stack.model_dir, rev1_dir, long_tokens)
+    expected_new = oracle(stack.model_dir, rev2_dir, SHORT)
+    assert expected_long[:SHORT] != expected_new, "the two revisions must differ"
+    await stack.push("swap", rev1_dir)
+    await stack.served("swap", 1)
+    rev1_lora_id = (await stack.revisions("swap"))[1].lora_int_id
+
+    stream = stack.inference.Generate(_request("swap", long_tokens))
+    first = await stream.read()
+    assert first.revision == 1
+    long_received = list(first.token_ids)
+    finished = False
+
+    async def drain() -> None:
+        nonlocal finished
+        while (message := await stream.read()) is not grpc.aio.EOF:
+            long_received.extend(message.token_ids)
+        finished = True
+
+    draining = asyncio.create_task(drain())
+    await stack.push("swap", rev2_dir)
+    await stack.served("swap", 2)
+    assert not finished, "the long stream ended before the swap; make it longer"
+    new_requests = await asyncio.gather(*(stack.generate("swap") for _ in range(3)))
+    await draining
+
+    assert tuple(long_received) == expected_long
+    assert new_requests == [(2, expected_new)] * 3
+    await eventually_async(
+        lambda: _lora_gone(stack.engine, rev1_lora_id), "revision 1 removed from the engine"
+    )
+    await eventually(lambda: not (stack.cache_dir / "swap" / "1").exists(), "rev 1 files deleted")
+    assert (stack.cache_dir / "swap" / "2").is_dir()
+
+
+async def _lora_gone(engine: VllmEngine, lora_int_id: int) -> bool:
+    return lora_int_id not in await engine.list_loras()
+
+
+async def test_rollback_routes_the_name_back_to_the_older_revision(stack: Stack) -> None:
+    rev1_dir, rev2_dir = stack.adapter(seed=11), stack.adapter(seed=12)
+    await stack.push("roll", rev1_dir)
+    await stack.push("roll", rev2_dir)
+    await stack.served("roll", 2)
+    await stack.store_stub.SetCurrentRevision(
+        store_pb.SetCurrentRevisionRequest(name="roll", revision=1)
+    )
+    await stack.served("roll", 1)
+    assert await stack.generate("roll") == (1, oracle(stack.model_dir, rev1_dir, SHORT))
+
+
+async def test_pinned_revision_is_served_beside_the_current_one(stack: Stack) -> None:
+    rev1_dir, rev2_dir = stack.adapter(seed=21), stack.adapter(seed=22)
+    await stack.push("pin", rev1_dir)
+    await stack.push("pin", rev2_dir)
+    await stack.served("pin", 2)
+    pinned, current = await asyncio.gather(stack.generate("pin@1"), stack.generate("pin"))
+    assert pinned == (1, oracle(stack.model_dir, rev1_dir, SHORT))
+    assert current == (2, oracle(stack.model_dir, rev2_dir, SHORT))
+
+
+async def test_delete_stops_serving_the_name_and_reports_removed(stack: Stack) -> None:
+    await stack.push("gone", stack.adapter(seed=31))
+    await stack.served("gone", 1)
+    await stack.store_stub.DeleteAdapter(store_pb.DeleteAdapterRequest(name="gone"))
+    await eventually(lambda: stack.registry.current_revision("gone") is None, "gone unrouted")
+    with pytest.raises(grpc.aio.AioRpcError) as err:
+        await stack.generate("gone")
+    assert err.value.code() is grpc.StatusCode.NOT_FOUND
+    with pytest.raises(grpc.aio.AioRpcError) as err:
+        await stack.generate("gone@1")
+    assert err.value.code() is grpc.StatusCode.NOT_FOUND
+    status = await _replica_status(stack, "gone")
+    assert status is not None
+    assert (status.type, status.serving_revision) == (store_pb.REPORT_TYPE_REMOVED, 0)
+
+
+async def test_rank_above_the_engine_limit_is_nacked_and_the_old_revision_keeps_serving(
+    stack: Stack,
+) -> None:
+    good_dir = stack.adapter(rank=8, seed=41)
+    await stack.push("big", good_dir)
+    await stack.served("big", 1)
+    too_big = stack.engine.info.max_lora_rank * 2
+    await stack.push("big", stack.adapter(rank=too_big, seed=42))
+
+    async def nacked() -> bool:
+        status = await _replica_status(stack, "big")
+        return status is not None and status.type == store_pb.REPORT_TYPE_NACK
+
+    await eventually_async(nacked, "NACK of big@2 reported")
+    status = await _replica_status(stack, "big")
+    assert status is not None
+    assert (status.reported_revision, status.serving_revision) == (2, 1)
+    assert status.last_error.code == grpc.StatusCode.FAILED_PRECONDITION.value[0]
+    assert f"rank {too_big}" in status.last_error.message
+    assert await stack.generate("big") == (1, oracle(stack.model_dir, good_dir, SHORT))
+
+
+async def _replica_status(stack: Stack, name: str) -> Any:
+    response = await stack.store_stub.GetAdapterStatus(store_pb.GetAdapterStatusRequest(name=name))
+    return next((s for s in response.statuses if s.replica_id == REPLICA), None)
+
+
+@pytest.fixture
+async def proxied_stack(
+    store_server: RunningStore,
+    engine: VllmEngine,
+    tiny_model_dir: Path,
+    tiny_adapter: TinyAdapterFactory,
+    tmp_path: Path,
+) -> AsyncIterator[tuple[Stack, TcpProxy]]:
+    async with (
+        tcp_proxy(store_server.port) as proxy,
+        inference_stack(
+            store_server,
+            engine,
+            tiny_model_dir,
+            tmp_path / "cache",
+            tiny_adapter,
+            store_address=proxy.address,
+        ) as running,
+    ):
+        yield running, proxy
+
+
+@pytest.mark.faults
+async def test_cut_watch_reconnects_serves_the_latest_and_applies_each_revision_once(
+    proxied_stack: tuple[Stack, TcpProxy],
+) -> None:
+    stack, proxy = proxied_stack
+    await stack.push("flaky", stack.adapter(seed=51))
+    await stack.served("flaky", 1)
+    proxy.cut()
+    await stack.push("flaky", stack.adapter(seed=52))
+    latest_dir = stack.adapter(seed=53)
+    await stack.push("flaky", latest_dir)
+    proxy.restore()
+    await stack.served("flaky", 3)
+    assert proxy.connections >= 2
+    applied = [key for key in stack.registry.applied if key[0] == "flaky"]
+    assert len(applied) == len(set(applied)), applied
+    assert applied[0] == ("flaky", 1)
+    assert applied[-1] == ("flaky", 3)
+    assert await stack.generate("flaky") == (3, oracle(stack.model_dir, latest_dir, SHORT))

@@ -1,0 +1,170 @@
+"""The assembled inference server: start-up states, store sync, metrics and graceful stop,
+with a real store server and the session's vLLM engine."""
+
+from __future__ import annotations
+
+import asyncio
+import urllib.request
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import grpc
+import pytest
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+from loraserve.inference.app import InferenceApp
+from loraserve.inference.engine import VllmEngine
+from loraserve.inference.settings import EngineOptions, parse_settings
+from loraserve.inference.v1 import inference_pb2 as pb
+from loraserve.inference.v1 import inference_pb2_grpc as pb_grpc
+from loraserve.testing.store import RunningStore
+
+pytestmark = pytest.mark.engine
+
+# Guards against a hang only; nothing here measures time.
+_READY_TIMEOUT_S = 120
+
+
+class SharedEngine(VllmEngine):
+    """The session's engine, which outlives any one app."""
+
+    def shutdown(self) -> None:
+        pass
+
+
+class GatedStarter:
+    """Starts the engine only when told, recording the options it was asked for."""
+
+    def __init__(self, llm: Any) -> None:
+        self._llm = llm
+        self.release = asyncio.Event()
+        self.options: list[EngineOptions] = []
+
+    async def __call__(self, options: EngineOptions) -> VllmEngine:
+        self.options.append(options)
+        await self.release.wait()
+        return SharedEngine(self._llm)
+
+
+@pytest.fixture
+async def app_parts(
+    store_server: RunningStore, tiny_model_dir: Path, tmp_path: Path, vllm_engine: Any
+) -> AsyncIterator[tuple[InferenceApp, GatedStarter, grpc.aio.Channel]]:
+    settings = parse_settings(
+        [
+            "serve",
+            "--model",
+            str(tiny_model_dir),
+            "--store",
+            store_server.address,
+            "--listen",
+            "127.0.0.1:0",
+            "--adapter-cache",
+            str(tmp_path / "cache"),
+            "--max-lora-rank",
+            "auto",
+            "--metrics-port",
+            "0",
+            "--shutdown-grace",
+            "30",
+        ],
+        {},
+        "replica-a",
+    )
+    starter = GatedStarter(vllm_engine)
+    app = InferenceApp(settings, start_engine=starter)
+    await app.start()
+    starting = asyncio.create_task(app.run_engine_and_sync())
+    try:
+        async with grpc.aio.insecure_channel(f"127.0.0.1:{app.port}") as channel:
+            yield app, starter, channel
+    finally:
+        starting.cancel()
+        await asyncio.gather(starting, return_exceptions=True)
+        await app.stop()
+
+
+async def _health(channel: grpc.aio.Channel) -> int:
+    response = await health_pb2_grpc.HealthStub(channel).Check(health_pb2.HealthCheckRequest())
+    return int(response.status)
+
+
+def _base_request(max_tokens: int) -> pb.GenerateRequest:
+    return pb.GenerateRequest(
+        text="The quick brown fox",
+        sampling=pb.SamplingParams(max_tokens=max_tokens, temperature=0.0, ignore_eos=True),
+    )
+
+
+async def test_server_is_not_serving_and_unavailable_while_the_engine_starts(
+    app_parts: tuple[InferenceApp, GatedStarter, grpc.aio.Channel],
+) -> None:
+    _, _, channel = app_parts
+    stub = pb_grpc.InferenceServiceStub(channel)
+
+    assert await _health(channel) == health_pb2.HealthCheckResponse.NOT_SERVING
+    with pytest.raises(grpc.aio.AioRpcError) as raised:
+        async for _ in stub.Generate(_base_request(2)):
+            pass
+    assert raised.value.code() == grpc.StatusCode.UNAVAILABLE
+
+
+async def test_server_serves_after_engine_start_and_first_sync(
+    app_parts: tuple[InferenceApp, GatedStarter, grpc.aio.Channel],
+) -> None:
+    app, starter, channel = app_parts
+    stub = pb_grpc.InferenceServiceStub(channel)
+
+    starter.release.set()
+    await asyncio.wait_for(app.ready.wait(), _READY_TIMEOUT_S)
+    responses = [r async for r in stub.Generate(_base_request(3))]
+    info = await stub.GetServerInfo(pb.GetServerInfoRequest())
+
+    assert await _health(channel) == health_pb2.HealthCheckResponse.SERVING
+    assert responses[-1].usage.completion_tokens == 3
+    assert info.replica_id == "replica-a"
+
+
+async def test_auto_rank_with_an_empty_store_is_vllms_default(
+    app_parts: tuple[InferenceApp, GatedStarter, grpc.aio.Channel],
+) -> None:
+    app, starter, _ = app_parts
+    starter.release.set()
+    await asyncio.wait_for(app.ready.wait(), _READY_TIMEOUT_S)
+
+    assert [options.max_lora_rank for options in starter.options] == [16]
+
+
+async def test_metrics_endpoint_exposes_request_counts(
+    app_parts: tuple[InferenceApp, GatedStarter, grpc.aio.Channel],
+) -> None:
+    app, starter, channel = app_parts
+    starter.release.set()
+    await asyncio.wait_for(app.ready.wait(), _READY_TIMEOUT_S)
+    async for _ in pb_grpc.InferenceServiceStub(channel).Generate(_base_request(2)):
+        pass
+
+    url = f"http://127.0.0.1:{app.metrics_port}/metrics"
+    body = await asyncio.to_thread(lambda: urllib.request.urlopen(url).read().decode())
+
+    assert 'loraserve_inference_requests_total{adapter="_base",code="OK"} 1.0' in body
+    assert "loraserve_inference_lora_slots" in body
+
+
+async def test_graceful_stop_lets_a_running_stream_finish(
+    app_parts: tuple[InferenceApp, GatedStarter, grpc.aio.Channel],
+) -> None:
+    app, starter, channel = app_parts
+    starter.release.set()
+    await asyncio.wait_for(app.ready.wait(), _READY_TIMEOUT_S)
+    call = pb_grpc.InferenceServiceStub(channel).Generate(_base_request(200))
+    stream = aiter(call)
+    await anext(stream)
+
+    stopping = asyncio.create_task(app.stop())
+    rest = [response async for response in stream]
+    await stopping
+
+    assert rest[-1].finish_reason == pb.FINISH_REASON_LENGTH
+    assert rest[-1].usage.completion_tokens == 200
