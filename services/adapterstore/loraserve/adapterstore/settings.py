@@ -13,6 +13,7 @@ import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from loraserve.adapterstore.changelog import LogSettings
 from loraserve.adapterstore.s3blobs import DEFAULT_PART_SIZE, MIN_PART_SIZE, S3Location
@@ -85,11 +86,11 @@ def build_parser(environ: Mapping[str, str]) -> argparse.ArgumentParser:
         value = environ.get(f"{ENV_PREFIX}_{name.upper().replace('-', '_')}")
         return value if value is not None else default
 
-    def flag(name: str, help_text: str, default: str | None = None, **kwargs: object) -> None:
+    def flag(name: str, help_text: str, default: str | None = None, **kwargs: Any) -> None:
         env_name = f"{ENV_PREFIX}_{name.upper().replace('-', '_')}"
         serve.add_argument(
             f"--{name}", default=env(name, default), help=f"{help_text} (env {env_name})", **kwargs
-        )  # type: ignore[call-overload]
+        )
 
     flag("listen", "gRPC address HOST:PORT", "0.0.0.0:50051")
     s3 = "object storage"

@@ -8,6 +8,7 @@ it is logged with its traceback and becomes INTERNAL with a generic message.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
@@ -54,8 +55,11 @@ def _wrap_stream_response(behavior: Behavior, guard: Guard | None, method: str) 
         try:
             if guard is not None:
                 await guard(context)
-            async for response in behavior(request, context):
-                yield response
+            # aclosing: a stream the client abandons closes the handler's generator now,
+            # so its cleanup (aborting an engine request, say) runs at once.
+            async with contextlib.aclosing(behavior(request, context)) as responses:
+                async for response in responses:
+                    yield response
         except (asyncio.CancelledError, AbortError):
             raise
         except Exception as exc:

@@ -54,7 +54,8 @@ async def vllm_engine(tiny_model_dir: Path) -> AsyncIterator[AsyncLLM]:
         # Nothing to gain from graph compilation for a model this small; it only slows start-up.
         enforce_eager=True,
         seed=0,
-        disable_log_stats=True,
+        # Stats on: scheduler stats (running/waiting, KV-cache use) are only sent with them.
+        disable_log_stats=False,
     )
     started = time.monotonic()
     # Built inside the session's event loop: AsyncLLM binds its output handler to it.

@@ -27,8 +27,8 @@ async def serve(settings: InferenceSettings) -> None:
     stopping = asyncio.create_task(stop.wait())
     try:
         await asyncio.wait({starting, stopping}, return_when=asyncio.FIRST_COMPLETED)
-        if starting.done() and starting.exception() is not None:
-            raise starting.exception()  # type: ignore[misc]
+        if starting.done():
+            starting.result()  # re-raises why start-up failed
         await stopping
     finally:
         for task in (starting, stopping):

@@ -1,0 +1,185 @@
+"""The processes the benchmarks run beside themselves: moto's S3 server, `adapterstore
+serve`, `inference serve`; started on free loopback ports, logs under results/logs."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import boto3
+import psutil
+
+from loraserve.common.healthcheck import is_serving
+
+REGION = "us-east-1"
+S3_KEY = "testing"  # moto accepts any credentials
+BIN = Path(sys.executable).parent
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port: int = s.getsockname()[1]
+        return port
+
+
+@dataclass
+class Child:
+    """A started process and where it listens."""
+
+    name: str
+    process: subprocess.Popen[bytes]
+    address: str
+
+    def memory(self) -> tuple[float, float]:
+        """(RSS, USS) in MiB of the process and all its descendants."""
+        return tree_memory(self.process.pid)
+
+    def stop(self, timeout: float = 20.0) -> None:
+        if self.process.poll() is not None:
+            return
+        self.process.send_signal(signal.SIGTERM)
+        try:
+            self.process.wait(timeout)
+        except subprocess.TimeoutExpired:
+            for child in psutil.Process(self.process.pid).children(recursive=True):
+                child.kill()
+            self.process.kill()
+            self.process.wait()
+
+
+def tree_memory(pid: int) -> tuple[float, float]:
+    """(RSS, USS) in MiB summed over a process tree. USS counts only pages no other
+    process maps, so it is what one more such process would cost."""
+    root = psutil.Process(pid)
+    rss = uss = 0
+    for proc in [root, *root.children(recursive=True)]:
+        try:
+            info = proc.memory_full_info()
+        except psutil.Error:
+            continue
+        rss += info.rss
+        uss += info.uss
+    return rss / 2**20, uss / 2**20
+
+
+def _spawn(name: str, argv: list[str], log_dir: Path, env: dict[str, str] | None = None) -> Child:
+    log_dir.mkdir(parents=True, exist_ok=True)
+    log = (log_dir / f"{name}.log").open("wb")
+    process = subprocess.Popen(
+        argv,
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        stdin=subprocess.DEVNULL,
+        env={**os.environ, **(env or {})},
+    )
+    return Child(name, process, "")
+
+
+def _check_alive(child: Child, log_dir: Path) -> None:
+    if child.process.poll() is not None:
+        tail = (log_dir / f"{child.name}.log").read_text(errors="replace")[-3000:]
+        raise RuntimeError(f"{child.name} exited with {child.process.returncode}:\n{tail}")
+
+
+def start_moto(log_dir: Path, bucket: str) -> tuple[Child, str]:
+    """moto's S3 server in its own process (so it never shares a GIL with the store)."""
+    port = free_port()
+    child = _spawn("moto", [str(BIN / "moto_server"), "-H", "127.0.0.1", "-p", str(port)], log_dir)
+    endpoint = f"http://127.0.0.1:{port}"
+    client = s3_client(endpoint)
+    deadline = time.monotonic() + 30
+    while True:
+        _check_alive(child, log_dir)
+        try:
+            client.create_bucket(Bucket=bucket)
+            break
+        except Exception:
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.2)
+    child.address = endpoint
+    return child, endpoint
+
+
+def s3_client(endpoint: str) -> object:
+    return boto3.client(
+        "s3",
+        endpoint_url=endpoint,
+        region_name=REGION,
+        aws_access_key_id=S3_KEY,
+        aws_secret_access_key=S3_KEY,
+    )
+
+
+async def wait_serving(child: Child, log_dir: Path, timeout: float) -> None:
+    deadline = time.monotonic() + timeout
+    while not await asyncio.to_thread(is_serving, child.address, 2.0):
+        _check_alive(child, log_dir)
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"{child.name} not SERVING after {timeout:.0f} s")
+        await asyncio.sleep(0.3)
+
+
+async def start_store(log_dir: Path, endpoint: str, bucket: str) -> Child:
+    """`adapterstore serve` on the bucket, SERVING."""
+    port = free_port()
+    argv = [
+        str(BIN / "adapterstore"),
+        "serve",
+        f"--listen=127.0.0.1:{port}",
+        f"--s3-endpoint={endpoint}",
+        f"--bucket={bucket}",
+        f"--region={REGION}",
+        f"--access-key-id={S3_KEY}",
+        f"--secret-access-key={S3_KEY}",
+        "--log-level=WARNING",
+    ]
+    child = _spawn("adapterstore", argv, log_dir)
+    child.address = f"127.0.0.1:{port}"
+    await wait_serving(child, log_dir, 60)
+    return child
+
+
+def start_inference(
+    log_dir: Path,
+    name: str,
+    *,
+    model: Path,
+    store: str,
+    cache_dir: Path,
+    max_loras: int,
+    max_cpu_loras: int,
+    max_lora_rank: int,
+    env: dict[str, str],
+) -> Child:
+    """`inference serve` with the given engine limits; wait_serving() it before use."""
+    port = free_port()
+    argv = [
+        str(BIN / "inference"),
+        "serve",
+        f"--model={model}",
+        f"--store={store}",
+        f"--adapter-cache={cache_dir}",
+        f"--replica-id={name}",
+        f"--listen=127.0.0.1:{port}",
+        f"--max-loras={max_loras}",
+        f"--max-cpu-loras={max_cpu_loras}",
+        f"--max-lora-rank={max_lora_rank}",
+        "--max-model-len=512",
+        "--dtype=float32",
+        "--max-pending-requests=1024",
+        "--engine-arg=enforce_eager=true",
+        "--engine-arg=seed=0",
+        "--log-level=WARNING",
+    ]
+    child = _spawn(name, argv, log_dir, env)
+    child.address = f"127.0.0.1:{port}"
+    return child

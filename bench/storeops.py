@@ -1,0 +1,36 @@
+"""Talking to the adapter store the way users do: adapterctl's push, the inference
+service's download cache."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+from typing import Any
+
+import grpc
+
+from loraserve.adapterstore.cli.adapter_dir import AdapterFiles, hash_files, list_adapter_dir
+from loraserve.adapterstore.cli.push import upload
+from loraserve.adapterstore.v1 import adapterstore_pb2_grpc as store_grpc
+
+# adapterctl's own limit on one push, so a 200 MB upload is not cut short.
+PUSH_TIMEOUT_S = 600.0
+
+
+def store_stub(channel: grpc.aio.Channel) -> Any:
+    return store_grpc.AdapterStoreServiceStub(channel)
+
+
+async def hashed(directory: Path) -> AdapterFiles:
+    """What `adapterctl push` sends: the directory's adapter files with their sha256."""
+    listing = await asyncio.to_thread(list_adapter_dir, directory)
+    return await asyncio.to_thread(hash_files, listing)
+
+
+async def push(stub: Any, name: str, files: AdapterFiles) -> int:
+    """Pushes one revision (made current); returns its number."""
+    response = await upload(
+        stub, name, files, no_promote=False, description="bench", timeout_s=PUSH_TIMEOUT_S
+    )
+    revision: int = response.revision.revision
+    return revision

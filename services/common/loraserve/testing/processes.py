@@ -1,0 +1,151 @@
+"""`adapterstore serve` as a real child process a test can SIGTERM or SIGKILL.
+
+The process listens on a port chosen up front, so a restarted store comes back at
+the same address and clients reconnect as they would in production. Its log goes
+to a file beside the test's other files, named in failures.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import signal
+import socket
+import sys
+from collections.abc import AsyncIterator, Callable, Sequence
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
+from pathlib import Path
+
+import grpc
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+from loraserve.testing.s3 import S3Bucket
+
+# Guards against a hang only; nothing here measures time.
+START_GUARD_S = 60.0
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+ChannelFactory = Callable[[str], grpc.aio.Channel]
+
+
+def insecure(address: str) -> grpc.aio.Channel:
+    return grpc.aio.insecure_channel(address)
+
+
+async def health_status(address: str, channel: ChannelFactory = insecure) -> int:
+    """The overall health status, or -1 when the server does not answer."""
+    async with channel(address) as ch:
+        try:
+            response = await health_pb2_grpc.HealthStub(ch).Check(
+                health_pb2.HealthCheckRequest(), timeout=2
+            )
+        except grpc.aio.AioRpcError:
+            return -1
+        return int(response.status)
+
+
+async def wait_for_health(
+    address: str, status: int, channel: ChannelFactory = insecure, guard_s: float = START_GUARD_S
+) -> None:
+    async with asyncio.timeout(guard_s):
+        while await health_status(address, channel) != status:
+            await asyncio.sleep(0.1)
+
+
+@dataclass
+class StoreProcess:
+    """A running `adapterstore serve` child."""
+
+    address: str
+    port: int
+    process: asyncio.subprocess.Process
+    log_path: Path
+
+    def kill(self) -> None:
+        """SIGKILL: no shutdown code runs."""
+        self.process.send_signal(signal.SIGKILL)
+
+    def terminate(self) -> None:
+        """SIGTERM: the graceful shutdown path."""
+        self.process.send_signal(signal.SIGTERM)
+
+    async def wait(self, guard_s: float = START_GUARD_S) -> int:
+        async with asyncio.timeout(guard_s):
+            return await self.process.wait()
+
+    def log_text(self) -> str:
+        return self.log_path.read_text(errors="replace")
+
+
+def store_args(
+    bucket: S3Bucket, listen: str, endpoint_url: str | None = None, extra: Sequence[str] = ()
+) -> list[str]:
+    """A command line for a store on `bucket`, tuned for tests (fast polls and heartbeats)."""
+    return [
+        sys.executable,
+        "-m",
+        "loraserve.adapterstore",
+        "serve",
+        "--listen",
+        listen,
+        "--s3-endpoint",
+        endpoint_url or bucket.endpoint_url,
+        "--bucket",
+        bucket.bucket,
+        "--region",
+        bucket.region,
+        "--access-key-id",
+        bucket.access_key_id,
+        "--secret-access-key",
+        bucket.secret_access_key,
+        "--poll-interval",
+        "0.05",
+        "--heartbeat-interval",
+        "0.5",
+        "--log-retention",
+        "0",
+        *extra,
+    ]
+
+
+@asynccontextmanager
+async def store_process(
+    bucket: S3Bucket,
+    log_path: Path,
+    *,
+    port: int | None = None,
+    endpoint_url: str | None = None,
+    extra: Sequence[str] = (),
+    channel: ChannelFactory = insecure,
+    wait_serving: bool = True,
+) -> AsyncIterator[StoreProcess]:
+    """Starts a store process (SERVING before the block runs unless told not to wait)
+    and kills it when the block exits, if it still runs."""
+    port = port or free_port()
+    address = f"127.0.0.1:{port}"
+    with log_path.open("ab") as log_file:
+        process = await asyncio.create_subprocess_exec(
+            *store_args(bucket, address, endpoint_url, extra),
+            stdout=log_file,
+            stderr=log_file,
+        )
+    running = StoreProcess(address, port, process, log_path)
+    try:
+        if wait_serving:
+            try:
+                await wait_for_health(address, health_pb2.HealthCheckResponse.SERVING, channel)
+            except TimeoutError:
+                raise AssertionError(f"store never served; log:\n{running.log_text()}") from None
+        yield running
+    finally:
+        if process.returncode is None:
+            process.kill()
+            with contextlib.suppress(TimeoutError):
+                await running.wait()
