@@ -25,7 +25,7 @@ def test_readme_table_matches_the_parser(server: str) -> None:
         rf"<!-- flags:{server} -->\n(.*?)\n<!-- /flags:{server} -->", README.read_text(), re.S
     )
     assert match, f"README has no flags:{server} table"
-    assert match.group(1) == tables()[server], "run `python -m loraserve.common.flagdoc`"
+    assert match.group(1) == tables()[server], "run `python -m loraserve.common.flagdoc README.md`"
 
 
 @pytest.mark.parametrize("server", sorted(PARSERS))

@@ -1,8 +1,8 @@
 """The README's configuration tables, generated from the servers' real parsers.
 
-`python -m loraserve.common.flagdoc` prints them; `tests/test_docs.py` fails when
-the README's copy differs, and checks that every environment variable named in a
-table really sets its flag.
+`python -m loraserve.common.flagdoc README.md` rewrites them in place;
+`tests/test_docs.py` fails when the README's copy differs, and checks that every
+environment variable named in a table really sets its flag.
 """
 
 from __future__ import annotations
@@ -12,6 +12,7 @@ import re
 import sys
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
+from pathlib import Path
 
 _ENV_NOTE = re.compile(r"\s*\(env [A-Z0-9_]+(?:, [^)]*)?\)")
 
@@ -69,9 +70,21 @@ def tables() -> dict[str, str]:
     }
 
 
-def main() -> int:
+def update(text: str) -> str:
+    """`text` with every `<!-- flags:NAME -->` block replaced by the current table."""
     for name, table in tables().items():
-        sys.stdout.write(f"<!-- flags:{name} -->\n{table}\n<!-- /flags:{name} -->\n\n")
+        block = f"<!-- flags:{name} -->\n{table}\n<!-- /flags:{name} -->"
+        pattern = rf"<!-- flags:{name} -->\n.*?<!-- /flags:{name} -->"
+        text = re.sub(pattern, block.replace("\\", "\\\\"), text, flags=re.S)
+    return text
+
+
+def main() -> int:
+    if len(sys.argv) != 2:
+        sys.stderr.write("usage: python -m loraserve.common.flagdoc README.md\n")
+        return 2
+    path = Path(sys.argv[1])
+    path.write_text(update(path.read_text()))
     return 0
 
 
