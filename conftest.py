@@ -5,4 +5,5 @@ pytest_plugins = [
     "loraserve.testing.engine",
     "loraserve.testing.s3",
     "loraserve.testing.store",
+    "loraserve.testing.inference",
 ]

@@ -51,7 +51,9 @@ async def _main(args: argparse.Namespace) -> Report:
 
 
 def main() -> int:
-    logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(levelname)s %(name)s %(message)s")
+    logging.basicConfig(
+        level=logging.WARNING, format="%(asctime)s %(levelname)s %(name)s %(message)s"
+    )
     report = asyncio.run(_main(_parser().parse_args()))
     return 1 if any(s.error for s in report.sections) else 0
 

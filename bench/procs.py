@@ -70,16 +70,25 @@ def tree_memory(pid: int) -> tuple[float, float]:
     return rss / 2**20, uss / 2**20
 
 
-def _spawn(name: str, argv: list[str], log_dir: Path, env: dict[str, str] | None = None) -> Child:
+def _spawn(
+    name: str,
+    argv: list[str],
+    log_dir: Path,
+    env: dict[str, str] | None = None,
+    *,
+    stdin: int = subprocess.DEVNULL,
+    pass_fds: tuple[int, ...] = (),
+) -> Child:
     log_dir.mkdir(parents=True, exist_ok=True)
-    log = (log_dir / f"{name}.log").open("wb")
-    process = subprocess.Popen(
-        argv,
-        stdout=log,
-        stderr=subprocess.STDOUT,
-        stdin=subprocess.DEVNULL,
-        env={**os.environ, **(env or {})},
-    )
+    with (log_dir / f"{name}.log").open("wb") as log:
+        process = subprocess.Popen(
+            argv,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            stdin=stdin,
+            pass_fds=pass_fds,
+            env={**os.environ, **(env or {})},
+        )
     return Child(name, process, "")
 
 
@@ -148,38 +157,63 @@ async def start_store(log_dir: Path, endpoint: str, bucket: str) -> Child:
     return child
 
 
-def start_inference(
-    log_dir: Path,
-    name: str,
-    *,
-    model: Path,
-    store: str,
-    cache_dir: Path,
-    max_loras: int,
-    max_cpu_loras: int,
-    max_lora_rank: int,
-    env: dict[str, str],
-) -> Child:
-    """`inference serve` with the given engine limits; wait_serving() it before use."""
-    port = free_port()
-    argv = [
-        str(BIN / "inference"),
+@dataclass(frozen=True)
+class EngineConfig:
+    """The engine flags a benchmark server runs with."""
+
+    max_loras: int
+    max_cpu_loras: int
+    max_lora_rank: int = 8
+    max_model_len: int = 512
+
+
+def serve_argv(
+    name: str, port: int, *, model: Path, store: str, cache_dir: Path, engine: EngineConfig
+) -> list[str]:
+    """`inference serve` flags for a benchmark server."""
+    return [
         "serve",
         f"--model={model}",
         f"--store={store}",
         f"--adapter-cache={cache_dir}",
         f"--replica-id={name}",
         f"--listen=127.0.0.1:{port}",
-        f"--max-loras={max_loras}",
-        f"--max-cpu-loras={max_cpu_loras}",
-        f"--max-lora-rank={max_lora_rank}",
-        "--max-model-len=512",
+        f"--max-loras={engine.max_loras}",
+        f"--max-cpu-loras={engine.max_cpu_loras}",
+        f"--max-lora-rank={engine.max_lora_rank}",
+        f"--max-model-len={engine.max_model_len}",
         "--dtype=float32",
-        "--max-pending-requests=1024",
+        "--max-pending-requests=4096",
+        # Graph capture buys nothing for a model this small on a CPU and slows start-up.
         "--engine-arg=enforce_eager=true",
         "--engine-arg=seed=0",
         "--log-level=WARNING",
     ]
-    child = _spawn(name, argv, log_dir, env)
-    child.address = f"127.0.0.1:{port}"
+
+
+def start_inference(
+    log_dir: Path, name: str, argv: list[str], address: str, env: dict[str, str]
+) -> Child:
+    """`inference serve ARGV`, the product's own entry point; wait_serving() it before use."""
+    child = _spawn(name, [str(BIN / "inference"), *argv], log_dir, env)
+    child.address = address
     return child
+
+
+def start_engine_host(
+    log_dir: Path, name: str, argv: list[str], address: str, env: dict[str, str]
+) -> tuple[Child, int]:
+    """bench.engine_host with the same flags: the real server plus in-process control.
+    Returns the child and the read end of its control pipe."""
+    read_fd, write_fd = os.pipe()
+    child = _spawn(
+        name,
+        [sys.executable, "-m", "bench.engine_host", f"--control-fd={write_fd}", *argv],
+        log_dir,
+        env,
+        stdin=subprocess.PIPE,
+        pass_fds=(write_fd,),
+    )
+    os.close(write_fd)
+    child.address = address
+    return child, read_fd

@@ -4,131 +4,21 @@ store: adapters are installed straight into the registry from a temporary cache.
 from __future__ import annotations
 
 import asyncio
-import json
-import shutil
-from collections.abc import AsyncIterator, Callable
-from dataclasses import dataclass
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import grpc
 import pytest
 
-from loraserve.common.errors import NotFound
-from loraserve.inference import servicer
-from loraserve.inference.admission import Admission
-from loraserve.inference.compat import CompatibilityChecker, model_lora_targets
-from loraserve.inference.engine import VllmEngine
-from loraserve.inference.generation import Generator
-from loraserve.inference.metrics import InferenceMetrics
-from loraserve.inference.registry import AdapterRegistry, LocalRevision
-from loraserve.inference.runtime import Runtime, RuntimeSlot
 from loraserve.inference.v1 import inference_pb2 as pb
-from loraserve.inference.v1 import inference_pb2_grpc as pb_grpc
-from loraserve.testing.grpc import serving
+from loraserve.testing.inference import wait_until_idle
 from loraserve.testing.models import TinyAdapterFactory
-from loraserve.tiny.builddir import MARKER
 from loraserve.tiny.oracle import greedy_tokens
 
 pytestmark = pytest.mark.engine
 
 PROMPT = (1, 40, 41, 42, 43, 44, 45)
-
-
-class DirFetcher:
-    """A `RevisionFetcher` that copies published adapter directories into the cache."""
-
-    def __init__(self, cache_dir: Path) -> None:
-        self.cache_dir = cache_dir
-        self.sources: dict[tuple[str, int], Path] = {}
-
-    async def fetch(self, name: str, revision: int) -> LocalRevision:
-        source = self.sources.get((name, revision))
-        if source is None:
-            raise NotFound(f"adapter {name}@{revision} does not exist")
-        return await asyncio.to_thread(copy_into_cache, self.cache_dir, name, revision, source)
-
-
-def copy_into_cache(cache_dir: Path, name: str, revision: int, source: Path) -> LocalRevision:
-    target = cache_dir / name / str(revision)
-    if not target.exists():
-        shutil.copytree(source, target, ignore=shutil.ignore_patterns(MARKER))
-    config = json.loads((target / "adapter_config.json").read_text())
-    return LocalRevision(
-        name=name,
-        revision=revision,
-        path=target,
-        rank=int(config["r"]),
-        target_modules=tuple(config["target_modules"]),
-        base_model=str(config["base_model_name_or_path"]),
-    )
-
-
-@dataclass
-class Served:
-    stub: Any
-    registry: AdapterRegistry
-    fetcher: DirFetcher
-    engine: VllmEngine
-    metrics: InferenceMetrics
-
-    async def install(self, name: str, revision: int, source: Path, current: bool = True) -> None:
-        self.fetcher.sources[(name, revision)] = source
-        rev = await self.fetcher.fetch(name, revision)
-        await self.registry.install(rev, make_current=current)
-
-
-@pytest.fixture(scope="session")
-def engine(vllm_engine: Any) -> VllmEngine:
-    return VllmEngine(vllm_engine)
-
-
-@pytest.fixture
-async def served_factory(
-    engine: VllmEngine, tiny_model_dir: Path, tmp_path: Path
-) -> AsyncIterator[Callable[..., Any]]:
-    """Starts an inference gRPC server on the shared engine; removes its adapters after."""
-    registries: list[AdapterRegistry] = []
-
-    async def start(max_pending: int = 64) -> AsyncIterator[Served]:
-        cache = tmp_path / f"cache-{len(registries)}"
-        cache.mkdir()
-        fetcher = DirFetcher(cache)
-        info = engine.info
-        registry = AdapterRegistry(
-            engine,
-            cache_dir=cache,
-            compat=CompatibilityChecker(
-                max_lora_rank=info.max_lora_rank,
-                target_modules=model_lora_targets(tiny_model_dir),
-                served_model_name=tiny_model_dir.name,
-            ),
-            fetcher=fetcher,
-            max_pinned=info.max_cpu_loras,
-        )
-        registries.append(registry)
-        metrics = InferenceMetrics()
-        admission = Admission(max_pending)
-        slot = RuntimeSlot(
-            Runtime(
-                engine=engine,
-                registry=registry,
-                generator=Generator(engine, registry, admission, metrics),
-                admission=admission,
-                replica_id="test-replica",
-            )
-        )
-        async with (
-            serving(lambda s: servicer.register(s, slot), [servicer.SERVICE_NAME]) as server,
-            grpc.aio.insecure_channel(f"127.0.0.1:{server.port}") as channel,
-        ):
-            yield Served(pb_grpc.InferenceServiceStub(channel), registry, fetcher, engine, metrics)
-
-    yield start
-    for registry in registries:
-        for status in registry.snapshot():
-            await registry.delete(status.name)
-        await registry.settle()
 
 
 def _greedy(max_tokens: int, adapter: str = "") -> pb.GenerateRequest:
@@ -147,14 +37,6 @@ async def _tokens(stub: Any, request: pb.GenerateRequest) -> tuple[list[int], pb
         ids.extend(response.token_ids)
     assert first is not None
     return ids, first
-
-
-async def _wait_until_idle(engine: VllmEngine) -> int:
-    for _ in range(200):
-        if engine.stats().running + engine.stats().waiting == 0:
-            break
-        await asyncio.sleep(0.05)
-    return engine.stats().running
 
 
 async def test_adapters_in_one_batch_match_the_transformers_oracle(
@@ -274,7 +156,7 @@ async def test_cancelling_a_stream_frees_the_engine(
 
         call.cancel()
 
-        assert await _wait_until_idle(served.engine) == 0
+        assert await wait_until_idle(served.engine) == 0
         assert [s.in_flight for s in served.registry.snapshot()] == [0]
 
 
@@ -290,7 +172,7 @@ async def test_requests_beyond_the_admission_bound_are_resource_exhausted(
         holding.cancel()
 
         assert raised.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
-        assert await _wait_until_idle(served.engine) == 0
+        assert await wait_until_idle(served.engine) == 0
 
 
 async def test_incompatible_adapter_is_refused_and_listed_as_failed(

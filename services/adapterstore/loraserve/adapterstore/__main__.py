@@ -77,6 +77,7 @@ async def serve(settings: AdapterStoreSettings) -> None:
             await stop.wait()
         log.info("store.stopping grace_s=%.1f", settings.shutdown_grace_seconds)
     finally:
+        store.stop_watches()
         await running.stop(settings.shutdown_grace_seconds)
         await store.close()
     log.info("store.stopped")

@@ -227,6 +227,8 @@ class _S3Upload:
         self._size = 0
         self._upload_id: str | None = None
         self._parts: list[CompletedPartTypeDef] = []
+        self._finishing: asyncio.Future[None] | None = None
+        self._completed = False
 
     async def write(self, data: bytes) -> None:
         self._buffer += data
@@ -253,7 +255,12 @@ class _S3Upload:
 
     async def finish(self) -> StagedBlob:
         part, self._buffer = bytes(self._buffer), bytearray()
-        await self._store._call("finish_upload", self._finish, part)
+        # A cancelled caller does not stop the worker thread, which may still create
+        # the object; abort() waits for it and then deletes what it wrote.
+        self._finishing = asyncio.ensure_future(
+            self._store._call("finish_upload", self._finish, part)
+        )
+        await asyncio.shield(self._finishing)
         return StagedBlob(self._key, self._hash.hexdigest(), self._size)
 
     def _finish(self, last_part: bytes) -> None:
@@ -270,9 +277,13 @@ class _S3Upload:
             UploadId=self._upload_id,
             MultipartUpload={"Parts": self._parts},
         )
+        self._completed = True
 
     async def abort(self) -> None:
-        if self._upload_id is not None:
+        if self._finishing is not None:
+            await asyncio.gather(self._finishing, return_exceptions=True)
+            await self._store.delete([self._key])
+        if self._upload_id is not None and not self._completed:
             await self._store._call(
                 "abort_multipart_upload",
                 self._client.abort_multipart_upload,

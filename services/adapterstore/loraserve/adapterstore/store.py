@@ -8,6 +8,7 @@ different contents.
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import binascii
 import hashlib
@@ -86,6 +87,7 @@ class AdapterStore:
         self._statuses = statuses
         self._settings = settings
         self._started = False
+        self._stopping = asyncio.Event()
 
     @property
     def head_seq(self) -> int:
@@ -109,6 +111,12 @@ class AdapterStore:
         # must not answer from an empty state.
         if not self._started:
             raise Unavailable("the adapter store is starting: object storage not reached yet")
+
+    def stop_watches(self) -> None:
+        """Ends every watch stream with UNAVAILABLE, now and from now on. Called when a
+        shutdown begins: a watch never finishes on its own, so it would otherwise hold
+        the shutdown for the whole grace period instead of moving to another replica."""
+        self._stopping.set()
 
     async def close(self) -> None:
         await self._log.close()
@@ -297,21 +305,42 @@ class AdapterStore:
 
     async def watch(self, after_seq: int) -> AsyncIterator[Change | Heartbeat]:
         """Every change after `after_seq` in order, and a heartbeat after each quiet
-        `heartbeat_interval`; ends only with the caller or with OutOfRange."""
+        `heartbeat_interval`; ends only with the caller, with OutOfRange, or with
+        Unavailable once `stop_watches` is called."""
         self._check_started()
         if after_seq < 0:
             raise InvalidArgument(f"after_seq must not be negative, got {after_seq}")
         position = after_seq
         while True:
+            self._check_not_stopping()
             changes = await self._log.events_after(position)
             for change in changes:
                 yield change
                 position = change.seq
             if changes:
                 continue
-            interval = self._settings.heartbeat_interval
-            if not await self._log.wait_for_change(position, interval):
+            if not await self._wait_for_change(position):
                 yield Heartbeat(self._log.head_seq, now())
+
+    async def _wait_for_change(self, after_seq: int) -> bool:
+        """ChangeLog.wait_for_change for one heartbeat interval, cut short by
+        `stop_watches`."""
+        changed = asyncio.ensure_future(
+            self._log.wait_for_change(after_seq, self._settings.heartbeat_interval)
+        )
+        stopping = asyncio.ensure_future(self._stopping.wait())
+        try:
+            await asyncio.wait({changed, stopping}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            for waiter in (changed, stopping):
+                waiter.cancel()
+            await asyncio.gather(changed, stopping, return_exceptions=True)
+        self._check_not_stopping()
+        return changed.result()
+
+    def _check_not_stopping(self) -> None:
+        if self._stopping.is_set():
+            raise Unavailable("the adapter store is shutting down; watch again")
 
     async def report_status(self, report: Report) -> ReplicaStatus:
         self._check_started()

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import inspect
 import logging
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
@@ -55,9 +56,15 @@ def _wrap_stream_response(behavior: Behavior, guard: Guard | None, method: str) 
         try:
             if guard is not None:
                 await guard(context)
+            result = behavior(request, context)
+            if inspect.isawaitable(result):
+                # A handler that streams with context.write() rather than yielding, as
+                # grpc's own health Watch does, is a plain coroutine.
+                await result
+                return
             # aclosing: a stream the client abandons closes the handler's generator now,
             # so its cleanup (aborting an engine request, say) runs at once.
-            async with contextlib.aclosing(behavior(request, context)) as responses:
+            async with contextlib.aclosing(result) as responses:
                 async for response in responses:
                     yield response
         except (asyncio.CancelledError, AbortError):

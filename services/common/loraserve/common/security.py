@@ -102,14 +102,18 @@ class TokenAuth:
         needed = Role.WRITER if method in self._write_methods else Role.READER
 
         async def guard(context: grpc.aio.ServicerContext[Any, Any]) -> None:
-            principal, role = self._authenticate(context.invocation_metadata() or ())
+            principal, role = self.authenticate(context.invocation_metadata() or ())
             if role < needed:
                 raise PermissionDenied(f"{method} needs a writer token")
             current_principal.set(principal)
 
         return guard
 
-    def _authenticate(self, metadata: Iterable[Any]) -> tuple[str, Role]:
+    def authenticate(self, metadata: Iterable[Any]) -> tuple[str, Role]:
+        """The principal and role an `authorization` entry grants; raises Unauthenticated.
+
+        Public for fronts other than gRPC (the HTTP front), which pass their header here.
+        """
         header = next((value for key, value in metadata if key == "authorization"), None)
         if header is None:
             raise Unauthenticated("missing 'authorization: Bearer <token>' metadata")

@@ -55,8 +55,22 @@ async def wait_for_health(
     address: str, status: int, channel: ChannelFactory = insecure, guard_s: float = START_GUARD_S
 ) -> None:
     async with asyncio.timeout(guard_s):
-        while await health_status(address, channel) != status:
+        while True:
+            if await health_status(address, channel) == status:
+                return
             await asyncio.sleep(0.1)
+
+
+async def eventually(check: Callable[[], bool], what: str, guard_s: float = 10.0) -> None:
+    """Waits until `check()` holds; fails naming `what` if it never does."""
+    try:
+        async with asyncio.timeout(guard_s):
+            while True:
+                if check():
+                    return
+                await asyncio.sleep(0.05)
+    except TimeoutError:
+        raise AssertionError(f"never happened: {what}") from None
 
 
 @dataclass

@@ -71,7 +71,7 @@ class S3FaultProxy:
         self._rules: list[Rule] = []
         self._held: list[asyncio.Future[bool]] = []
         self._tasks: set[asyncio.Task[None]] = set()
-        self._transports: set[asyncio.BaseTransport] = set()
+        self._transports: set[asyncio.WriteTransport] = set()
         self.port = 0
         # (method, key) of every request seen, in arrival order.
         self.requests: list[tuple[str, str]] = []
@@ -119,11 +119,14 @@ class S3FaultProxy:
         self.drop()
         if self._server is not None:
             self._server.close()
+        # Aborted transports end every connection's task on its own; cancelling them
+        # instead would leave asyncio's stream callback reporting the cancellation.
         for transport in list(self._transports):
             transport.abort()
-        for task in list(self._tasks):
-            task.cancel()
-        await asyncio.gather(*self._tasks, return_exceptions=True)
+        if self._tasks:
+            _, stuck = await asyncio.wait(self._tasks, timeout=5)
+            for task in stuck:
+                task.cancel()
         if self._server is not None:
             await self._server.wait_closed()
 
@@ -173,8 +176,7 @@ class S3FaultProxy:
         finally:
             if responses is not None:
                 responses.cancel()
-                with contextlib.suppress(asyncio.CancelledError):
-                    await responses
+                await asyncio.gather(responses, return_exceptions=True)
             for side in (writer, upstream):
                 if side is not None:
                     side.transport.abort()
@@ -241,8 +243,9 @@ async def _forward_body(
             writer.write(data)
             return True
         writer.write(data[:allowed])
-        budget[0] = allowed - min(allowed, len(data))
-        return budget[0] > 0
+        left = allowed - min(allowed, len(data))
+        budget[0] = left
+        return left > 0
 
     if request.chunked:
         while True:

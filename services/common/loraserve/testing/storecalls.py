@@ -14,9 +14,7 @@ from loraserve.adapterstore.v1 import adapterstore_pb2_grpc as pb_grpc
 
 
 @asynccontextmanager
-async def store_stub(
-    address: str, channel: grpc.aio.Channel | None = None
-) -> AsyncIterator[Any]:
+async def store_stub(address: str, channel: grpc.aio.Channel | None = None) -> AsyncIterator[Any]:
     """An AdapterStoreService stub on a fresh insecure channel (or on `channel`)."""
     if channel is not None:
         yield pb_grpc.AdapterStoreServiceStub(channel)

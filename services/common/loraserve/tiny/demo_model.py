@@ -34,6 +34,8 @@ log = logging.getLogger(__name__)
 # The directory name is the model's name: adapters record it as their base model, and
 # the inference service compares the two.
 DEMO_MODEL_NAME = "loraserve-demo"
+# Share of the base model's training examples that are a voice's texts.
+_VOICE_SHARE = 0.4
 # Labels with this value are not trained on (PyTorch's cross-entropy ignore_index).
 _IGNORE = -100
 
@@ -75,12 +77,12 @@ class DemoSpec:
     model: TinyModelSpec = field(
         default_factory=lambda: TinyModelSpec(
             vocab_size=1024,
-            hidden_size=256,
-            intermediate_size=512,
+            hidden_size=128,
+            intermediate_size=384,
             num_hidden_layers=4,
             # head_dim 64: the smallest vLLM's CPU attention accepts.
-            num_attention_heads=4,
-            num_key_value_heads=4,
+            num_attention_heads=2,
+            num_key_value_heads=2,
             max_position_embeddings=1024,
             initializer_range=0.02,
         )
@@ -194,10 +196,20 @@ Example = tuple[list[int], list[int]]
 
 
 def _base_examples(tokenizer: PreTrainedTokenizerFast, rng: random.Random) -> Iterator[Example]:
-    """Shuffled runs of the base corpus, half of them after a demo prompt; all trained on."""
+    """Shuffled runs of the plain corpus, half of them after a demo prompt, and, less
+    often, of a voice's texts on their own.
+
+    The base model thus knows every voice's words, as a pretrained model would, but
+    only ever answers a prompt in plain English: an adapter then has only to learn
+    which voice to answer in, which LoRA learns in seconds.
+    """
     while True:
-        prefix = rng.choice(demo_corpus.PROMPTS) + " " if rng.random() < 0.5 else ""
-        text = prefix + " ".join(rng.sample(demo_corpus.BASE, len(demo_corpus.BASE)))
+        if rng.random() < _VOICE_SHARE:
+            voice = rng.choice(VOICES)
+            text = voice.separator.join(rng.sample(voice.lines, len(voice.lines)))
+        else:
+            prefix = rng.choice(demo_corpus.PROMPTS) + " " if rng.random() < 0.5 else ""
+            text = prefix + " ".join(rng.sample(demo_corpus.BASE, len(demo_corpus.BASE)))
         ids = tokenizer(text)["input_ids"]
         yield ids, list(ids)
 

@@ -14,6 +14,7 @@ import dataclasses
 import logging
 from collections.abc import Awaitable, Callable
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from loraserve.common.errors import LoraserveError
 from loraserve.common.server import RunningServer, start_server
@@ -36,6 +37,9 @@ from loraserve.inference.settings import EngineOptions, InferenceSettings
 from loraserve.inference.store_client import StoreClient, StoreClientSettings
 from loraserve.inference.sync import Synchronizer, current_adapter_ranks
 
+if TYPE_CHECKING:
+    from loraserve.inference.http_server import RunningHttpServer
+
 log = logging.getLogger(__name__)
 
 EngineStarter = Callable[[EngineOptions], Awaitable[VllmEngine]]
@@ -55,6 +59,7 @@ class InferenceApp:
         self.slot = RuntimeSlot()
         self.ready = asyncio.Event()
         self._server: RunningServer | None = None
+        self._http: RunningHttpServer | None = None
         self._store: StoreClient | None = None
         self._engine: VllmEngine | None = None
         self._sync_task: asyncio.Task[None] | None = None
@@ -65,6 +70,11 @@ class InferenceApp:
         if self._server is None:
             raise RuntimeError("the server is not started")
         return self._server.port
+
+    @property
+    def openai_port(self) -> int | None:
+        """The OpenAI-compatible HTTP front's port; None when it is off."""
+        return self._http.port if self._http is not None else None
 
     async def start(self) -> None:
         """Starts listening (NOT_SERVING); `run_engine_and_sync` does the rest."""
@@ -77,6 +87,8 @@ class InferenceApp:
             service_names=[servicer.SERVICE_NAME],
             security=settings.security,
         )
+        if settings.openai_listen is not None:
+            self._http = await self._start_openai(settings.openai_listen)
         self._store = StoreClient.connect(
             StoreClientSettings(
                 address=settings.store_address,
@@ -148,8 +160,9 @@ class InferenceApp:
         """Graceful shutdown: NOT_SERVING, streams finish within the grace, then teardown."""
         grace = self._settings.shutdown_grace_seconds
         log.info("server.stopping grace_s=%.1f", grace)
-        if self._server is not None:
-            await self._server.stop(grace)
+        await asyncio.gather(
+            *(server.stop(grace) for server in (self._server, self._http) if server is not None)
+        )
         if self._sync_task is not None:
             self._sync_task.cancel()
             await asyncio.gather(self._sync_task, return_exceptions=True)
@@ -159,6 +172,24 @@ class InferenceApp:
         if self._engine is not None:
             self._engine.shutdown()
         log.info("server.stopped")
+
+    async def _start_openai(self, address: str) -> RunningHttpServer:
+        # Imported only when enabled: the HTTP stack is an optional part of the service.
+        from loraserve.inference.http_server import start_http_server
+        from loraserve.inference.openai_api import create_openai_app
+
+        settings = self._settings
+        app = create_openai_app(
+            self.slot,
+            model_names=list(
+                dict.fromkeys([settings.compat.served_model_name, settings.engine.model])
+            ),
+            security=settings.security,
+            is_ready=self.ready.is_set,
+        )
+        return await start_http_server(
+            app, address=address, security=settings.security, name="openai-http"
+        )
 
     async def _auto_rank(self) -> int:
         assert self._store is not None

@@ -236,6 +236,25 @@ class VllmEngine:
     def tokenize(self, text: str) -> list[int]:
         return list(self._tokenizer.encode(text))
 
+    def chat_prompt_ids(self, messages: Sequence[Mapping[str, str]]) -> list[int] | None:
+        """The model's chat template over `messages`, assistant turn opened; None if none."""
+        template = getattr(self._tokenizer, "chat_template", None)
+        if not template:
+            return None
+        from jinja2 import TemplateError
+
+        try:
+            text = self._tokenizer.apply_chat_template(
+                [dict(m) for m in messages],
+                chat_template=template,
+                tokenize=False,
+                add_generation_prompt=True,
+            )
+        except TemplateError as exc:
+            raise InvalidArgument(f"the model's chat template rejects the messages: {exc}") from exc
+        # The template writes the special tokens (BOS) itself; encoding must not add more.
+        return list(self._tokenizer.encode(str(text), add_special_tokens=False))
+
     async def generate(
         self,
         request_id: str,

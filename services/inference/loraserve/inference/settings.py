@@ -66,6 +66,8 @@ class InferenceSettings:
     listen: str
     security: ServerSecurity
     max_pending_requests: int = 256
+    # HOST:PORT of the OpenAI-compatible HTTP front; None: off.
+    openai_listen: str | None = None
     metrics_port: int | None = None
     shutdown_grace_seconds: float = 30.0
     log_level: str = "INFO"
@@ -149,6 +151,13 @@ def build_parser(environ: Mapping[str, str]) -> argparse.ArgumentParser:
     )
     serve.add_argument("--replica-id", default=env("replica-id"), help="default: host name")
     serve.add_argument("--listen", default=env("listen", "0.0.0.0:50052"), help="gRPC address")
+    serve.add_argument(
+        "--openai-listen",
+        default=env("openai-listen"),
+        metavar="HOST:PORT",
+        help="serve the OpenAI-compatible HTTP API (/v1/completions, /v1/chat/completions, "
+        "/v1/models) here, with the same tokens and TLS as gRPC; unset: off",
+    )
     serve.add_argument(
         "--max-pending-requests",
         type=_positive_int,
@@ -237,6 +246,7 @@ def parse_settings(
         listen=args.listen,
         security=server_security_from_args(args),
         max_pending_requests=int(args.max_pending_requests),
+        openai_listen=args.openai_listen or None,
         metrics_port=int(args.metrics_port) if args.metrics_port is not None else None,
         shutdown_grace_seconds=float(args.shutdown_grace),
         log_level=str(args.log_level).upper(),

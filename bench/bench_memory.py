@@ -1,0 +1,141 @@
+"""Benchmark 7: one engine + N adapters vs N engines. Memory for one more tenant as an
+adapter (engine A's growth from 8 to 32 loaded adapters) vs as an engine (engine B, a
+whole `inference serve`), and throughput per GB with two tenants either way."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from dataclasses import dataclass, field
+
+from bench.report import Report
+from bench.runs import Scale, grpc_arm
+from bench.stack import ENGINE_A, ENGINE_B, Stack, tenant
+from bench.stats import median
+from bench.workload import RunResult, Workload
+
+GIB = 1024.0
+
+
+@dataclass
+class EngineMemory:
+    a8_rss: float
+    a8_uss: float
+    b_rss: float
+    b_uss: float
+    one_engine_tps: list[float] = field(default_factory=list)
+    two_engines_tps: list[float] = field(default_factory=list)
+    workload: str = ""
+    seconds: float = 0.0
+
+
+async def engines(stack: Stack, scale: Scale) -> EngineMemory:
+    """The part that needs both engines up; reported later with report_memory()."""
+    started = time.monotonic()
+    assert stack.host is not None
+    assert stack.engine_b is not None
+    a_rss, a_uss = stack.host.child.memory()
+    b_rss, b_uss = stack.engine_b.memory()
+    result = EngineMemory(a_rss, a_uss, b_rss, b_uss)
+    half = scale.concurrency // 2
+    both = Workload((tenant(0), tenant(1)), scale.concurrency, scale.concurrency, scale.max_tokens)
+    first = Workload((tenant(0),), half, half, scale.max_tokens)
+    second = Workload((tenant(1),), half, half, scale.max_tokens, seed=1)
+    result.workload = (
+        f"two tenants, {scale.concurrency} streams in all, {scale.max_tokens} output tokens: "
+        f"one engine (A) serving both [{both.describe()}] vs two engines at once, A serving "
+        f"{tenant(0)} and B serving {tenant(1)} with {half} streams each"
+    )
+    for rep in range(scale.repeats):
+        one = grpc_arm(stack.host.child.address)(both)
+        two = asyncio.gather(
+            grpc_arm(stack.host.child.address)(first), grpc_arm(stack.engine_b.address)(second)
+        )
+        if rep % 2:
+            pair = await two
+            single = await one
+        else:
+            single = await one
+            pair = await two
+        result.one_engine_tps.append(single.tokens_per_s)
+        result.two_engines_tps.append(_aggregate_tps(list(pair)))
+    result.seconds = time.monotonic() - started
+    return result
+
+
+def _aggregate_tps(runs: list[RunResult]) -> float:
+    records = [r for run in runs for r in run.ok]
+    span = max(r.finished for r in records) - min(r.submitted for r in records)
+    return sum(r.tokens for r in records) / span
+
+
+async def report_memory(report: Report, stack: Stack, measured: EngineMemory) -> None:
+    """Engine A now holds 32 adapters: finish benchmark 7 and report it."""
+    section = report.section(7, "One engine + N adapters vs N engines")
+    started = time.monotonic()
+    assert stack.host is not None
+    a32_rss, a32_uss = stack.host.child.memory()
+    per_adapter = (a32_uss - measured.a8_uss) / 24
+    file_mib = (
+        stack.adapters[tenant(0)].joinpath("adapter_model.safetensors").stat().st_size / 2**20
+    )
+    section.workload += [
+        f"engine A: max_loras {ENGINE_A.max_loras}, max_cpu_loras {ENGINE_A.max_cpu_loras}; "
+        f"engine B (one tenant's engine): max_loras {ENGINE_B.max_loras}; both vLLM CPU, "
+        "KV cache 1 GiB, fp32; memory = RSS / USS summed over the server process and its "
+        "vLLM engine-core child (USS: pages no other process shares, i.e. what one more costs)",
+        measured.workload,
+        f"{24} adapters pushed to A between the 8- and 32-adapter measurements, all used once",
+    ]
+    section.table(
+        "Memory (MiB)",
+        ["what", "RSS", "USS"],
+        [
+            ["engine A, 8 adapters loaded", measured.a8_rss, measured.a8_uss],
+            ["engine A, 32 adapters loaded", a32_rss, a32_uss],
+            ["engine B (one more engine), 1 slot", measured.b_rss, measured.b_uss],
+            ["per extra adapter (A: 32 vs 8, / 24)", (a32_rss - measured.a8_rss) / 24, per_adapter],
+            ["adapter file on disk (safetensors, fp32)", file_mib, file_mib],
+        ],
+    )
+    one_tps = median(measured.one_engine_tps)
+    two_tps = median(measured.two_engines_tps)
+    one_gb = measured.a8_rss / GIB
+    two_gb = (measured.a8_rss + measured.b_uss) / GIB
+    section.table(
+        "Two tenants: throughput per GB (median tok/s over repeats)",
+        ["layout", "tok/s", "memory GiB", "tok/s per GiB"],
+        [
+            ["1 engine, 2 adapters", one_tps, one_gb, one_tps / one_gb],
+            ["2 engines, 1 adapter each (A RSS + B USS)", two_tps, two_gb, two_tps / two_gb],
+        ],
+    )
+    rows: list[list[str | int | float]] = []
+    for n in (8, 32, 100):
+        as_adapters = measured.a8_rss + (n - 8) * max(per_adapter, 0.0)
+        as_engines = measured.a8_rss + (n - 1) * measured.b_uss
+        rows.append([n, as_adapters / GIB, as_engines / GIB, as_engines / as_adapters])
+    section.table(
+        "Extrapolated memory for N tenants (GiB): one engine + N adapters vs N engines",
+        ["N", "1 engine + N adapters", "N engines", "ratio"],
+        rows,
+    )
+    extra_engine = measured.b_uss
+    section.goal("memory per extra tenant as adapter (MiB)", per_adapter, "reported", None, ".1f")
+    section.goal(
+        "memory per extra tenant as engine (MiB, USS)", extra_engine, "reported", None, ".0f"
+    )
+    section.goal(
+        "throughput per GiB, 1 engine / 2 engines (2 tenants)",
+        (one_tps / one_gb) / (two_tps / two_gb),
+        "reported",
+        None,
+        ".2f",
+    )
+    section.notes.append(
+        "Extrapolation is linear from what was measured (1 and 2 engines; 8 and 32 adapters); "
+        "N engines on one machine also split the same cores, so their aggregate tok/s does "
+        "not grow with N, while each keeps its own KV cache (1 GiB here)."
+    )
+    section.seconds = measured.seconds + time.monotonic() - started
+    report.print_section(section)

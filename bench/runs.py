@@ -1,0 +1,73 @@
+"""Running workloads from the benchmark driver (over gRPC) and in engine A's host
+(in-process), interleaved so that drift in the machine's load hits every arm."""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable, Sequence
+from contextlib import AbstractAsyncContextManager, nullcontext
+from dataclasses import dataclass
+
+from bench.calls import grpc_caller, no_retry_client
+from bench.stack import Host
+from bench.workload import RunResult, Workload, run_closed_loop
+
+Arm = Callable[[Workload], Awaitable[RunResult]]
+
+
+@dataclass(frozen=True)
+class Scale:
+    """How much work each benchmark does; --quick shrinks it for a smoke run."""
+
+    repeats: int = 3
+    concurrency: int = 64
+    max_tokens: int = 64
+    slot_requests: int = 192
+    slot_tokens: int = 32
+    storm_swaps: int = 20
+    steady_s: float = 8.0
+    cold_pairs: int = 10
+
+
+QUICK = Scale(repeats=1, slot_requests=64, storm_swaps=4, steady_s=3.0, cold_pairs=3)
+
+
+def grpc_arm(address: str, until: float | None = None) -> Arm:
+    async def run(workload: Workload) -> RunResult:
+        async with no_retry_client(address) as client:
+            return await run_closed_loop(workload, grpc_caller(client), until)
+
+    return run
+
+
+def host_arm(host: Host, arm: str) -> Arm:
+    async def run(workload: Workload) -> RunResult:
+        return await host.run(arm, workload)
+
+    return run
+
+
+Around = Callable[[str], AbstractAsyncContextManager[None]]
+
+
+def _nothing(_: str) -> AbstractAsyncContextManager[None]:
+    return nullcontext()
+
+
+async def interleaved(
+    arms: dict[str, tuple[Arm, Workload]], repeats: int, around: Around = _nothing
+) -> dict[str, list[RunResult]]:
+    """Runs every arm once per repeat, rotating the order each repeat; `around(arm)`
+    wraps each run (probes that gather evidence while it runs)."""
+    names: Sequence[str] = list(arms)
+    results: dict[str, list[RunResult]] = {name: [] for name in names}
+    for rep in range(repeats):
+        shift = rep % len(names)
+        for name in [*names[shift:], *names[:shift]]:
+            arm, workload = arms[name]
+            async with around(name):
+                result = await arm(workload)
+            if result.failures:
+                first = next(r.error for r in result.records if r.error)
+                raise RuntimeError(f"{name}: {result.failures} failed requests, e.g. {first}")
+            results[name].append(result)
+    return results

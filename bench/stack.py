@@ -1,0 +1,218 @@
+"""The running system the inference benchmarks share: moto S3, `adapterstore serve`,
+the wider tiny model with its adapters, engine A (max_loras 8, in bench.engine_host so
+it can also be driven in-process) and engine B (max_loras 1, plain `inference serve`)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import shutil
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import IO, Any
+
+import grpc
+
+from bench import procs, storeops
+from bench.workload import RunResult, Workload
+from loraserve.adapterstore.cli.adapter_dir import AdapterFiles
+from loraserve.inference.v1 import inference_pb2 as pb
+from loraserve.inference.v1 import inference_pb2_grpc as pb_grpc
+from loraserve.tiny.adapters import TinyAdapterSpec, build_tiny_adapter
+from loraserve.tiny.model import TinyModelSpec, build_tiny_model
+
+REPO = Path(__file__).resolve().parent.parent
+BUCKET = "bench-inference"
+# Wider than the test model so that LoRA rank / hidden size (8 / 512) is near a real
+# model's (64 / 4096); head_dim stays 64, the smallest vLLM's CPU attention takes.
+MODEL_SPEC = TinyModelSpec(
+    hidden_size=512,
+    intermediate_size=1024,
+    num_hidden_layers=4,
+    num_attention_heads=8,
+    num_key_value_heads=8,
+)
+RANK = 8
+TENANTS = 32
+SWAP_VARIANTS = 4
+ENGINE_ENV = {"VLLM_CPU_KVCACHE_SPACE": "1", "VLLM_NO_USAGE_STATS": "1"}
+ENGINE_A = procs.EngineConfig(max_loras=8, max_cpu_loras=32, max_lora_rank=RANK)
+ENGINE_B = procs.EngineConfig(max_loras=1, max_cpu_loras=8, max_lora_rank=RANK)
+
+
+def tenant(i: int) -> str:
+    return f"t{i:02d}"
+
+
+def model_description() -> str:
+    s = MODEL_SPEC
+    return (
+        f"tiny Llama, hidden {s.hidden_size}, {s.num_hidden_layers} layers, "
+        f"{s.num_attention_heads} heads, vocab {s.vocab_size}, fp32; adapters rank {RANK} on "
+        "all 7 projections (PEFT, random weights)"
+    )
+
+
+@dataclass
+class Host:
+    """Engine A: the real server in bench.engine_host, plus its control channel."""
+
+    child: procs.Child
+    control: IO[str]
+    log_dir: Path
+
+    async def ready(self, timeout: float) -> None:
+        line = await asyncio.wait_for(asyncio.to_thread(self.control.readline), timeout)
+        if not line:
+            tail = (self.log_dir / f"{self.child.name}.log").read_text(errors="replace")[-3000:]
+            raise RuntimeError(f"{self.child.name} ended before it was ready:\n{tail}")
+
+    async def run(self, arm: str, workload: Workload) -> RunResult:
+        """Runs the workload inside the host: arm "direct" (VllmEngine) or "generator"."""
+        assert self.child.process.stdin is not None
+        message = {"op": "run", "arm": arm, "workload": workload.to_json()}
+        self.child.process.stdin.write((json.dumps(message) + "\n").encode())
+        self.child.process.stdin.flush()
+        line = await asyncio.to_thread(self.control.readline)
+        reply: dict[str, Any] = json.loads(line)
+        if "error" in reply:
+            raise RuntimeError(reply["error"])
+        return RunResult.from_json(reply["records"])
+
+    def stop(self) -> None:
+        if self.child.process.stdin is not None:
+            self.child.process.stdin.close()
+        try:
+            self.child.process.wait(30)
+        except Exception:
+            self.child.stop()
+        self.control.close()
+
+
+@dataclass
+class Stack:
+    results_dir: Path
+    work: Path
+    model_dir: Path = field(init=False)
+    adapters: dict[str, Path] = field(default_factory=dict)
+    files: dict[Path, AdapterFiles] = field(default_factory=dict)
+    children: list[procs.Child] = field(default_factory=list)
+    store: procs.Child | None = None
+    store_channel: grpc.aio.Channel | None = None
+    host: Host | None = None
+    engine_b: procs.Child | None = None
+
+    @property
+    def logs(self) -> Path:
+        return self.results_dir / "logs"
+
+    def build_models(self) -> None:
+        cache = REPO / ".cache" / "bench"
+        self.model_dir = build_tiny_model(cache / "model-h512-l4", MODEL_SPEC)
+        for i in range(TENANTS):
+            self.adapters[tenant(i)] = build_tiny_adapter(
+                self.model_dir, cache / f"t{i:02d}-r{RANK}", TinyAdapterSpec(rank=RANK, seed=i)
+            )
+        for v in range(SWAP_VARIANTS):
+            self.adapters[f"swap-v{v}"] = build_tiny_adapter(
+                self.model_dir, cache / f"swap{v}-r{RANK}", TinyAdapterSpec(rank=RANK, seed=100 + v)
+            )
+
+    async def start_store(self) -> None:
+        moto, endpoint = await asyncio.to_thread(procs.start_moto, self.logs, BUCKET)
+        self.children.append(moto)
+        self.store = await procs.start_store(self.logs, endpoint, BUCKET)
+        self.children.append(self.store)
+        self.store_channel = grpc.aio.insecure_channel(self.store.address)
+
+    async def push(self, name: str, source: str | None = None) -> int:
+        """Pushes the adapter built as `source` (default: `name`) as a new revision of `name`."""
+        assert self.store_channel is not None
+        directory = self.adapters[source or name]
+        if directory not in self.files:
+            self.files[directory] = await storeops.hashed(directory)
+        return await storeops.push(
+            storeops.store_stub(self.store_channel), name, self.files[directory]
+        )
+
+    def _argv(self, name: str, port: int, engine: procs.EngineConfig) -> list[str]:
+        assert self.store is not None
+        cache = self.work / f"cache-{name}"
+        shutil.rmtree(cache, ignore_errors=True)
+        return procs.serve_argv(
+            name,
+            port,
+            model=self.model_dir,
+            store=self.store.address,
+            cache_dir=cache,
+            engine=engine,
+        )
+
+    async def start_engines(self, with_b: bool) -> float:
+        """Starts A (and B) at once; returns the seconds until both were SERVING."""
+        started = time.monotonic()
+        port = procs.free_port()
+        child, read_fd = procs.start_engine_host(
+            self.logs,
+            "engine-a",
+            self._argv("engine-a", port, ENGINE_A),
+            f"127.0.0.1:{port}",
+            ENGINE_ENV,
+        )
+        self.children.append(child)
+        self.host = Host(child, os.fdopen(read_fd), self.logs)
+        waits = [self.host.ready(300)]
+        if with_b:
+            port_b = procs.free_port()
+            self.engine_b = procs.start_inference(
+                self.logs,
+                "engine-b",
+                self._argv("engine-b", port_b, ENGINE_B),
+                f"127.0.0.1:{port_b}",
+                ENGINE_ENV,
+            )
+            self.children.append(self.engine_b)
+            waits.append(procs.wait_serving(self.engine_b, self.logs, 300))
+        await asyncio.gather(*waits)
+        return time.monotonic() - started
+
+    def stop_b(self) -> None:
+        if self.engine_b is not None:
+            self.engine_b.stop()
+            self.engine_b = None
+
+    async def close(self) -> None:
+        if self.store_channel is not None:
+            await self.store_channel.close()
+        if self.host is not None:
+            self.host.stop()
+        for child in reversed(self.children):
+            child.stop()
+        shutil.rmtree(self.work, ignore_errors=True)
+
+
+async def current_revisions(address: str) -> dict[str, int]:
+    """name -> the revision a server routes it to (READY and current), by ListAdapters."""
+    async with grpc.aio.insecure_channel(address) as channel:
+        response = await pb_grpc.InferenceServiceStub(channel).ListAdapters(
+            pb.ListAdaptersRequest()
+        )
+    return {
+        a.name: a.revision
+        for a in response.adapters
+        if a.current and a.state == pb.ADAPTER_STATE_READY
+    }
+
+
+async def wait_routed(address: str, wanted: dict[str, int], timeout: float = 120) -> None:
+    deadline = time.monotonic() + timeout
+    while True:
+        routed = await current_revisions(address)
+        if all(routed.get(name, 0) >= rev for name, rev in wanted.items()):
+            return
+        if time.monotonic() > deadline:
+            missing = sorted(n for n, r in wanted.items() if routed.get(n, 0) < r)
+            raise TimeoutError(f"{address}: not routed after {timeout:.0f} s: {missing}")
+        await asyncio.sleep(0.05)

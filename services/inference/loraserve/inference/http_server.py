@@ -1,0 +1,111 @@
+"""Runs an ASGI app with uvicorn inside the caller's event loop, beside the gRPC server.
+
+The socket is bound before this returns, so a bad address fails start-up at once and
+port 0 reports the port it got. Signals stay with the owning process: uvicorn's own
+handlers would replace the server's, and the owner stops both servers together.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import math
+import socket
+import ssl
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import uvicorn
+
+from loraserve.common.errors import InvalidArgument, Unavailable
+from loraserve.common.security import ServerSecurity
+
+log = logging.getLogger(__name__)
+
+
+class _Server(uvicorn.Server):
+    @contextlib.contextmanager
+    def capture_signals(self) -> Iterator[None]:
+        yield
+
+
+@dataclass
+class RunningHttpServer:
+    """A uvicorn server serving on `port` until `stop`."""
+
+    port: int
+    server: uvicorn.Server
+    task: asyncio.Task[None]
+
+    async def stop(self, grace: float | None) -> None:
+        """Stops accepting; running requests get `grace` seconds (None: all they need)."""
+        self.server.config.timeout_graceful_shutdown = None if grace is None else math.ceil(grace)
+        self.server.should_exit = True
+        await asyncio.gather(self.task, return_exceptions=True)
+        log.info("http.stopped port=%d", self.port)
+
+
+def split_address(address: str) -> tuple[str, int]:
+    """`HOST:PORT` or `[V6HOST]:PORT` into its parts; raises InvalidArgument."""
+    host, sep, port = address.rpartition(":")
+    if not sep or not port.isdigit() or int(port) > 65535:
+        raise InvalidArgument(f"address {address!r} must be HOST:PORT")
+    return host.removeprefix("[").removesuffix("]"), int(port)
+
+
+async def start_http_server(
+    app: Any, *, address: str, security: ServerSecurity, name: str = "http"
+) -> RunningHttpServer:
+    """Serves `app` on `address` (port 0 picks a free one), with the server's TLS settings."""
+    sock = _bind(address)
+    config = uvicorn.Config(
+        app,
+        log_config=None,
+        lifespan="off",
+        access_log=False,
+        ssl_certfile=security.tls_cert_file,
+        ssl_keyfile=security.tls_key_file,
+        ssl_ca_certs=security.tls_client_ca_file,
+        ssl_cert_reqs=ssl.CERT_REQUIRED if security.tls_client_ca_file else ssl.CERT_NONE,
+    )
+    try:
+        # Loaded here, so unreadable certificates fail start-up instead of the task.
+        config.load()
+    except Exception:
+        sock.close()
+        raise
+    server = _Server(config)
+    task = asyncio.create_task(server.serve(sockets=[sock]), name=name)
+    task.add_done_callback(_log_failure)
+    port = int(sock.getsockname()[1])
+    log.info(
+        "http.listening name=%s address=%s port=%d tls=%s", name, address, port, bool(config.ssl)
+    )
+    return RunningHttpServer(port, server, task)
+
+
+def _bind(address: str) -> socket.socket:
+    host, port = split_address(address)
+    try:
+        family, kind, proto, _, sockaddr = socket.getaddrinfo(
+            host or None, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE
+        )[0]
+        sock = socket.socket(family, kind, proto)
+    except OSError as exc:
+        raise Unavailable(f"cannot listen on {address}: {exc}") from exc
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind(sockaddr)
+        # Listening now: connections made before uvicorn's loop starts wait in the backlog.
+        sock.listen(2048)
+    except OSError as exc:
+        sock.close()
+        raise Unavailable(f"cannot listen on {address}: {exc.strerror}") from exc
+    return sock
+
+
+def _log_failure(task: asyncio.Task[None]) -> None:
+    if not task.cancelled() and task.exception() is not None:
+        log.error("http.failed name=%s", task.get_name(), exc_info=task.exception())

@@ -1,0 +1,314 @@
+"""The optional OpenAI-compatible HTTP front: translates HTTP/JSON to Generate and back.
+
+It sits beside the gRPC servicer and, like it, only translates: sampling validation,
+admission, adapter routing and engine aborts are loraserve.inference.generation's.
+Errors are OpenAI-shaped (`{"error": {"message", "type", "param", "code"}}`) with the
+HTTP status mapped from the domain error in one table. A streamed request's first
+chunk is awaited before the response starts, so what fails before the first token
+(an unknown model, a bad parameter, a full server) gets its HTTP status; a failure
+after that ends the stream with an `error` event and no `[DONE]`. A client that goes
+away, streamed or not, aborts its engine request.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import time
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, Sequence
+from typing import Annotated, Any, TypeVar
+
+import grpc
+from fastapi import Depends, FastAPI, Header, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse, Response, StreamingResponse
+from starlette.exceptions import HTTPException
+from starlette.types import Receive, Scope, Send
+
+from loraserve.common.errors import InvalidArgument, LoraserveError, Unavailable
+from loraserve.common.security import ServerSecurity, TokenAuth, current_principal
+from loraserve.inference.generation import GenerationChunk
+from loraserve.inference.openai_protocol import (
+    ChatRequest,
+    ChatTemplating,
+    CompletionRequest,
+    ErrorType,
+    Reply,
+    adapter_for_model,
+    chat_command,
+    chat_messages,
+    completion_command,
+    error_body,
+    fallback_chat_prompt,
+    model_list,
+    served_model,
+)
+from loraserve.inference.runtime import RuntimeSlot
+
+log = logging.getLogger(__name__)
+
+T = TypeVar("T")
+
+# Chats this long are templated and tokenized in a worker thread (as in generation.py).
+_INLINE_TEMPLATE_CHARS = 2048
+# HTTP 499: the client closed the request; nobody reads this response.
+_CLIENT_GONE = 499
+
+_STATUS: dict[grpc.StatusCode, tuple[int, ErrorType]] = {
+    grpc.StatusCode.INVALID_ARGUMENT: (400, "invalid_request_error"),
+    grpc.StatusCode.OUT_OF_RANGE: (400, "invalid_request_error"),
+    grpc.StatusCode.UNAUTHENTICATED: (401, "authentication_error"),
+    grpc.StatusCode.PERMISSION_DENIED: (403, "permission_error"),
+    grpc.StatusCode.NOT_FOUND: (404, "not_found_error"),
+    grpc.StatusCode.ALREADY_EXISTS: (409, "conflict_error"),
+    grpc.StatusCode.ABORTED: (409, "conflict_error"),
+    # Well formed, but not applicable to what is served (e.g. an incompatible adapter).
+    grpc.StatusCode.FAILED_PRECONDITION: (422, "invalid_request_error"),
+    grpc.StatusCode.RESOURCE_EXHAUSTED: (429, "rate_limit_error"),
+    grpc.StatusCode.CANCELLED: (_CLIENT_GONE, "invalid_request_error"),
+    grpc.StatusCode.UNAVAILABLE: (503, "service_unavailable_error"),
+    grpc.StatusCode.DEADLINE_EXCEEDED: (504, "timeout_error"),
+}
+_INTERNAL: tuple[int, ErrorType] = (500, "internal_error")
+# Retryable statuses tell clients when to come back.
+_RETRY_AFTER_S = {429: "1", 503: "1"}
+
+
+def http_error(exc: LoraserveError) -> JSONResponse:
+    """The one mapping from a domain error to an OpenAI-shaped HTTP error."""
+    status, error_type = _STATUS.get(exc.code, _INTERNAL)
+    headers = {"retry-after": _RETRY_AFTER_S[status]} if status in _RETRY_AFTER_S else None
+    body = error_body(exc.message, error_type, exc.code.name.lower())
+    return JSONResponse(body, status_code=status, headers=headers)
+
+
+def create_openai_app(
+    slot: RuntimeSlot,
+    *,
+    model_names: Sequence[str],
+    security: ServerSecurity,
+    is_ready: Callable[[], bool],
+) -> FastAPI:
+    """The HTTP app; `model_names[0]` is the base model's listed name, all of them name it."""
+    if not model_names:
+        raise ValueError("model_names needs the served model's name")
+    base_name = model_names[0]
+    created = int(time.time())
+    auth = TokenAuth(security, ()) if security.auth_enabled else None
+    app = FastAPI(
+        title="loraserve OpenAI-compatible API", docs_url=None, redoc_url=None, openapi_url=None
+    )
+
+    async def authorize(authorization: Annotated[str | None, Header()] = None) -> None:
+        if auth is None:
+            return
+        metadata = [("authorization", authorization)] if authorization is not None else []
+        principal, _ = auth.authenticate(metadata)
+        current_principal.set(principal)
+
+    guarded = [Depends(authorize)]
+
+    @app.get("/health")
+    async def health() -> Response:
+        # Open like gRPC health, for load balancers; 503 until the first sync is done.
+        return Response(status_code=200 if is_ready() else 503)
+
+    @app.get("/v1/models", dependencies=guarded)
+    async def models() -> JSONResponse:
+        statuses = slot.get().registry.snapshot()
+        return JSONResponse(model_list(base_name, statuses, created))
+
+    @app.post("/v1/completions", dependencies=guarded)
+    async def completions(body: CompletionRequest, request: Request) -> Response:
+        runtime = slot.get()
+        adapter = adapter_for_model(body.model, model_names)
+        command = completion_command(body, adapter, _request_id(request))
+        chunks = runtime.generator.generate(command)
+        return await _respond(request, chunks, body, base_name)
+
+    @app.post("/v1/chat/completions", dependencies=guarded)
+    async def chat_completions(body: ChatRequest, request: Request) -> Response:
+        runtime = slot.get()
+        messages = chat_messages(body)
+        adapter = adapter_for_model(body.model, model_names)
+        ids = await _chat_prompt_ids(runtime.engine, messages)
+        command = chat_command(
+            body,
+            adapter,
+            _request_id(request),
+            prompt_text=fallback_chat_prompt(messages) if ids is None else None,
+            prompt_token_ids=ids,
+        )
+        chunks = runtime.generator.generate(command)
+        return await _respond(request, chunks, body, base_name)
+
+    @app.exception_handler(LoraserveError)
+    async def domain_error(request: Request, exc: LoraserveError) -> JSONResponse:
+        return http_error(exc)
+
+    @app.exception_handler(RequestValidationError)
+    async def invalid_body(request: Request, exc: RequestValidationError) -> JSONResponse:
+        return http_error(InvalidArgument(_validation_message(exc)))
+
+    @app.exception_handler(HTTPException)
+    async def http_exception(request: Request, exc: HTTPException) -> JSONResponse:
+        error_type: ErrorType = (
+            "not_found_error" if exc.status_code == 404 else "invalid_request_error"
+        )
+        body = error_body(str(exc.detail), error_type, str(exc.status_code))
+        return JSONResponse(body, status_code=exc.status_code, headers=exc.headers)
+
+    @app.exception_handler(Exception)
+    async def bug(request: Request, exc: Exception) -> JSONResponse:
+        log.error("openai.internal_error path=%s", request.url.path, exc_info=exc)
+        status, error_type = _INTERNAL
+        body = error_body("internal error; see the server log", error_type, "internal")
+        return JSONResponse(body, status_code=status)
+
+    return app
+
+
+def _request_id(request: Request) -> str:
+    return request.headers.get("x-request-id", "")
+
+
+async def _chat_prompt_ids(engine: object, messages: list[dict[str, str]]) -> list[int] | None:
+    if not isinstance(engine, ChatTemplating):
+        return None
+    if sum(len(m["content"]) for m in messages) > _INLINE_TEMPLATE_CHARS:
+        return await asyncio.to_thread(engine.chat_prompt_ids, messages)
+    return engine.chat_prompt_ids(messages)
+
+
+async def _respond(
+    request: Request,
+    chunks: AsyncGenerator[GenerationChunk, None],
+    body: CompletionRequest | ChatRequest,
+    base_name: str,
+) -> Response:
+    try:
+        first = await _unless_disconnected(request, anext(chunks))
+    except StopAsyncIteration as exc:
+        raise Unavailable("the generation ended before its first chunk") from exc
+    if first is None:
+        return Response(status_code=_CLIENT_GONE)
+    reply = Reply(
+        chat=isinstance(body, ChatRequest),
+        first=first,
+        model=served_model(first, base_name),
+        token_ids=body.return_token_ids,
+    )
+    headers = {"x-request-id": first.request_id}
+    if body.stream:
+        return _EventStream(_events(reply, chunks, body.include_usage), chunks, headers=headers)
+    try:
+        reply.add(first)
+        done = await _unless_disconnected(request, _collect(reply, chunks))
+    finally:
+        await chunks.aclose()
+    if done is None:
+        return Response(status_code=_CLIENT_GONE)
+    return JSONResponse(reply.response(), headers=headers)
+
+
+async def _collect(reply: Reply, chunks: AsyncIterator[GenerationChunk]) -> Reply:
+    async for chunk in chunks:
+        reply.add(chunk)
+    return reply
+
+
+async def _events(
+    reply: Reply, chunks: AsyncIterator[GenerationChunk], include_usage: bool
+) -> AsyncGenerator[str, None]:
+    if reply.chat:
+        yield _sse(reply.role_chunk())
+    chunk = reply.first
+    try:
+        while True:
+            reply.add(chunk)
+            event = reply.chunk(chunk)
+            if event is not None:
+                yield _sse(event)
+            chunk = await anext(chunks)
+    except StopAsyncIteration:
+        pass
+    except LoraserveError as exc:
+        # Headers are out already: the error can only travel as an event. No [DONE]
+        # follows, so clients that wait for it see the stream as cut short.
+        log.info("openai.stream_failed request_id=%s error=%s", reply.first.request_id, exc.message)
+        yield _sse(
+            error_body(exc.message, _STATUS.get(exc.code, _INTERNAL)[1], exc.code.name.lower())
+        )
+        return
+    if include_usage:
+        yield _sse(reply.usage_chunk())
+    yield "data: [DONE]\n\n"
+
+
+def _sse(event: dict[str, Any]) -> str:
+    return f"data: {json.dumps(event, separators=(',', ':'))}\n\n"
+
+
+class _EventStream(StreamingResponse):
+    """Server-sent events that close the generation however the response ends.
+
+    Starlette stops iterating when the client disconnects but leaves the iterators
+    open; closing them here aborts the engine request now, not at garbage collection.
+    """
+
+    media_type = "text/event-stream"
+
+    def __init__(
+        self,
+        events: AsyncGenerator[str, None],
+        chunks: AsyncGenerator[GenerationChunk, None],
+        headers: dict[str, str],
+    ) -> None:
+        # no-cache and x-accel-buffering: proxies must pass events on as they come.
+        no_buffering = {"cache-control": "no-cache", "x-accel-buffering": "no"}
+        super().__init__(events, headers=headers | no_buffering)
+        self._events = events
+        self._chunks = chunks
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            await self._events.aclose()
+            await self._chunks.aclose()
+
+
+async def _unless_disconnected(request: Request, work: Awaitable[T]) -> T | None:
+    """`work`'s result, or None if the client went away first (and `work` was cancelled).
+
+    Needs the request body read already: the only message left to receive is the
+    disconnect.
+    """
+    task = asyncio.ensure_future(work)
+    gone = asyncio.ensure_future(_disconnected(request))
+    try:
+        await asyncio.wait({task, gone}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        gone.cancel()
+        if not task.done():
+            task.cancel()
+            # The cancel must land (and the engine request end) before anything goes on.
+            await asyncio.wait({task})
+    if task.cancelled():
+        log.info("openai.client_disconnected path=%s", request.url.path)
+        return None
+    return task.result()
+
+
+async def _disconnected(request: Request) -> None:
+    while (await request.receive())["type"] != "http.disconnect":
+        pass
+
+
+def _validation_message(exc: RequestValidationError) -> str:
+    problems = []
+    for error in exc.errors()[:3]:
+        where = ".".join(str(part) for part in error.get("loc", ()) if part != "body")
+        problems.append(f"{where or 'body'}: {error.get('msg', 'invalid')}")
+    return "invalid request: " + "; ".join(problems)

@@ -1,0 +1,216 @@
+"""Row 6, fuzzing: random and mutated safetensors files and PEFT configs pushed through
+the store's push path. No input may end any other way than success or
+INVALID_ARGUMENT, and nothing is stored unless the input was a valid adapter, as
+judged by the safetensors library itself (an independent parser).
+
+Most examples run against the in-memory blob store for speed; a smaller number go
+through real gRPC and S3 over HTTP. The number of inputs tried is written to the
+terminal and recorded as a test property.
+"""
+
+from __future__ import annotations
+
+import json
+import struct
+from collections.abc import AsyncIterator, Callable
+from typing import Any
+
+import grpc
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from safetensors import SafetensorError
+from safetensors.numpy import load
+
+from loraserve.adapterstore.memblobs import MemoryBlobStore
+from loraserve.adapterstore.push import Chunk
+from loraserve.adapterstore.testing import (
+    AdapterFiles,
+    lora_config,
+    make_store,
+    push,
+    push_requests,
+    tiny_adapter,
+)
+from loraserve.common.errors import InvalidArgument
+from loraserve.testing.figures import add_figure
+from loraserve.testing.s3 import S3Bucket
+from loraserve.testing.store import RunningStore
+from loraserve.testing.storecalls import store_stub
+
+pytestmark = [pytest.mark.faults, pytest.mark.slow]
+
+WEIGHTS = "adapter_model.safetensors"
+CONFIG = "adapter_config.json"
+MEMORY_EXAMPLES = 1500
+GRPC_EXAMPLES = 40
+
+
+@pytest.fixture(scope="module")
+def count(pytestconfig: pytest.Config) -> Callable[[str, str], None]:
+    """Counts each input tried, by test and outcome, for the run's figures."""
+
+    def add(test: str, outcome: str) -> None:
+        add_figure(pytestconfig, f"fuzz.{test}.inputs_tried")
+        add_figure(pytestconfig, f"fuzz.{test}.{outcome}")
+
+    return add
+
+
+def _header_of(weights: bytes) -> tuple[dict[str, Any], bytes]:
+    (length,) = struct.unpack("<Q", weights[:8])
+    return json.loads(weights[8 : 8 + length]), weights[8 + length :]
+
+
+def _with_header(header: dict[str, Any], data: bytes) -> bytes:
+    encoded = json.dumps(header).encode()
+    return struct.pack("<Q", len(encoded)) + encoded + data
+
+
+json_values = st.recursive(
+    st.none() | st.booleans() | st.integers(-(2**70), 2**70) | st.floats() | st.text(max_size=8),
+    lambda inner: (
+        st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=6), inner, max_size=4)
+    ),
+    max_leaves=8,
+)
+
+
+@st.composite
+def mutated_weights(draw: st.DrawFn, weights: bytes) -> bytes:
+    if draw(st.booleans()):
+        return weights
+    kind = draw(
+        st.sampled_from(["flip", "truncate", "extend", "length", "header-field", "drop", "random"])
+    )
+    if kind == "flip":
+        flipped = bytearray(weights)
+        for _ in range(draw(st.integers(1, 8))):
+            flipped[draw(st.integers(0, len(flipped) - 1))] ^= draw(st.integers(1, 255))
+        return bytes(flipped)
+    if kind == "truncate":
+        return weights[: draw(st.integers(0, len(weights) - 1))]
+    if kind == "extend":
+        return weights + draw(st.binary(min_size=1, max_size=64))
+    if kind == "length":
+        return struct.pack("<Q", draw(st.integers(0, 2**64 - 1))) + weights[8:]
+    header, data = _header_of(weights)
+    if kind == "header-field":
+        name = draw(st.sampled_from(sorted(header)))
+        field = draw(st.sampled_from(["dtype", "shape", "data_offsets"]))
+        header[name] = {**header[name], field: draw(json_values)}
+        return _with_header(header, data)
+    if kind == "drop":
+        del header[draw(st.sampled_from(sorted(header)))]
+        return _with_header(header, data)
+    return draw(st.binary(max_size=256))
+
+
+@st.composite
+def mutated_config(draw: st.DrawFn, rank: int) -> bytes:
+    config = json.loads(lora_config(rank))
+    if draw(st.booleans()):
+        return json.dumps(config).encode()
+    kind = draw(st.sampled_from(["field", "drop", "random", "json"]))
+    if kind == "field":
+        key = draw(
+            st.sampled_from(
+                ["r", "lora_alpha", "target_modules", "peft_type", "base_model_name_or_path"]
+            )
+        )
+        config[key] = draw(json_values | st.integers(-4, 1024))
+    elif kind == "drop":
+        del config[draw(st.sampled_from(sorted(config)))]
+    elif kind == "random":
+        return draw(st.binary(max_size=128))
+    else:
+        return json.dumps(draw(json_values)).encode()
+    return json.dumps(config).encode()
+
+
+@st.composite
+def adapters(draw: st.DrawFn) -> AdapterFiles:
+    rank = draw(st.sampled_from([1, 2, 4]))
+    files = tiny_adapter(rank=rank, seed=draw(st.integers(0, 3)))
+    files[WEIGHTS] = draw(mutated_weights(files[WEIGHTS]))
+    files[CONFIG] = draw(mutated_config(rank))
+    if draw(st.integers(0, 3)) == 0:
+        extra = draw(
+            st.sampled_from(["README.md", "adapter_model.bin", "x.pt", "model.pkl", "a/b", ""])
+            | st.text(max_size=12)
+        )
+        files[extra] = draw(st.binary(max_size=32))
+    return files
+
+
+def _is_valid_adapter(files: AdapterFiles) -> bool:
+    """The independent oracle: the safetensors library loads the weights, every tensor
+    is a LoRA A/B of the config's integer rank."""
+    try:
+        tensors = load(files[WEIGHTS])
+        config = json.loads(files[CONFIG])
+    except (SafetensorError, ValueError, KeyError, UnicodeDecodeError):
+        return False
+    rank = config.get("r")
+    if not isinstance(rank, int) or isinstance(rank, bool) or rank < 1 or not tensors:
+        return False
+    return all(
+        (name.endswith(".lora_A.weight") and t.shape[0] == rank)
+        or (name.endswith(".lora_B.weight") and t.shape[-1] == rank)
+        for name, t in tensors.items()
+    )
+
+
+async def _chunks(files: AdapterFiles, size: int) -> AsyncIterator[Chunk]:
+    for name, data in files.items():
+        for offset in range(0, len(data), size):
+            yield Chunk(name, offset, data[offset : offset + size])
+
+
+@settings(max_examples=MEMORY_EXAMPLES, deadline=None, suppress_health_check=list(HealthCheck))
+@given(files=adapters(), chunk_size=st.integers(1, 4096))
+async def test_fuzzed_push_is_committed_only_if_valid_and_otherwise_invalid_argument(
+    files: AdapterFiles, chunk_size: int, count: Callable[[str, str], None]
+) -> None:
+    blobs = MemoryBlobStore()
+    store = make_store(blobs)
+    await store.start()
+    try:
+        result = await push(store, "fuzz", files, chunks=_chunks(files, chunk_size))
+    except InvalidArgument:
+        count("memory", "invalid_argument")
+        assert blobs.objects == {}
+        assert blobs.open_uploads == set()
+        return
+    finally:
+        await store.close()
+    count("memory", "committed")
+    assert _is_valid_adapter(files), f"committed an invalid adapter: {result.revision}"
+    assert {f.name for f in result.revision.files} == set(files)
+
+
+@settings(max_examples=GRPC_EXAMPLES, deadline=None, suppress_health_check=list(HealthCheck))
+@given(files=adapters())
+async def test_fuzzed_push_over_grpc_and_s3_is_committed_only_if_valid(
+    files: AdapterFiles,
+    store_server: RunningStore,
+    s3_bucket: S3Bucket,
+    count: Callable[[str, str], None],
+) -> None:
+    before = s3_bucket.keys()
+    async with store_stub(store_server.address) as stub:
+        code, details = await _push_outcome(stub, files)
+    count("grpc_s3", code.name.lower())
+    if code is grpc.StatusCode.OK:
+        assert _is_valid_adapter(files), f"committed an invalid adapter: {details}"
+    else:
+        assert code is grpc.StatusCode.INVALID_ARGUMENT, details
+        assert s3_bucket.keys() == before
+
+
+async def _push_outcome(stub: Any, files: AdapterFiles) -> tuple[grpc.StatusCode, str]:
+    try:
+        response = await stub.PushAdapter(push_requests("fuzz", files), timeout=30)
+    except grpc.aio.AioRpcError as e:
+        return e.code(), e.details() or ""
+    return grpc.StatusCode.OK, str(response.revision)

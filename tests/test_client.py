@@ -1,0 +1,120 @@
+"""The client library against a real inference server on the real engine."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from loraserve.common.errors import DeadlineExceeded, InvalidArgument, NotFound, Unavailable
+from loraserve.inference.client import (
+    InferenceClient,
+    RetryPolicy,
+    Sampling,
+    SyncInferenceClient,
+)
+from loraserve.testing.inference import wait_until_idle
+from loraserve.testing.models import TinyAdapterFactory
+from loraserve.tiny.oracle import greedy_tokens
+
+pytestmark = pytest.mark.engine
+
+PROMPT = [1, 40, 41, 42, 43, 44, 45]
+GREEDY = Sampling(max_tokens=12, temperature=0.0, ignore_eos=True)
+FAST_RETRY = RetryPolicy(max_attempts=20, initial_backoff=0.05, max_backoff=0.2)
+
+
+async def test_stream_yields_the_adapters_oracle_tokens_and_names_the_revision(
+    served_factory: Callable[..., Any], tiny_model_dir: Path, tiny_adapter: TinyAdapterFactory
+) -> None:
+    adapter = tiny_adapter(rank=8, seed=31)
+    async for served in served_factory():
+        await served.install("client-a", 3, adapter)
+        async with InferenceClient(served.address) as client:
+            deltas = [d async for d in client.stream("client-a", PROMPT, GREEDY)]
+    tokens = [t for d in deltas for t in d.token_ids]
+    assert (deltas[0].adapter_name, deltas[0].revision) == ("client-a", 3)
+    assert tokens == greedy_tokens(tiny_model_dir, adapter, PROMPT, 12)
+    assert deltas[-1].finish_reason == "length"
+
+
+async def test_generate_returns_the_whole_completion_with_usage(
+    served_factory: Callable[..., Any],
+) -> None:
+    async for served in served_factory():
+        async with InferenceClient(served.address) as client:
+            completion = await client.generate("", PROMPT, GREEDY)
+    assert len(completion.token_ids) == 12
+    assert completion.text
+    assert (completion.prompt_tokens, completion.completion_tokens) == (len(PROMPT), 12)
+    assert completion.finish_reason == "length"
+
+
+async def test_unknown_adapter_raises_not_found(served_factory: Callable[..., Any]) -> None:
+    async for served in served_factory():
+        async with InferenceClient(served.address) as client:
+            with pytest.raises(NotFound):
+                await client.generate("no-such-adapter", PROMPT, GREEDY)
+
+
+async def test_bad_sampling_raises_invalid_argument(served_factory: Callable[..., Any]) -> None:
+    async for served in served_factory():
+        async with InferenceClient(served.address) as client:
+            with pytest.raises(InvalidArgument):
+                await client.generate("", PROMPT, Sampling(temperature=-1.0))
+
+
+async def test_unavailable_is_retried_until_the_server_is_ready(
+    served_factory: Callable[..., Any],
+) -> None:
+    async for served in served_factory():
+        runtime = served.slot.get()
+        served.slot.set(None)
+        async with InferenceClient(served.address, retry=FAST_RETRY) as client:
+            pending = asyncio.create_task(client.generate("", PROMPT, GREEDY))
+            await asyncio.sleep(0.3)
+            assert not pending.done()
+            served.slot.set(runtime)
+            completion = await pending
+    assert len(completion.token_ids) == 12
+
+
+async def test_unavailable_past_the_retry_budget_raises_unavailable(
+    served_factory: Callable[..., Any],
+) -> None:
+    async for served in served_factory():
+        served.slot.set(None)
+        policy = RetryPolicy(max_attempts=3, initial_backoff=0.01, max_backoff=0.02)
+        async with InferenceClient(served.address, retry=policy) as client:
+            with pytest.raises(Unavailable):
+                await client.generate("", PROMPT, GREEDY)
+
+
+async def test_deadline_ends_the_stream_and_frees_the_engine(
+    served_factory: Callable[..., Any],
+) -> None:
+    long = Sampling(max_tokens=400, temperature=0.0, ignore_eos=True)
+    async for served in served_factory():
+        async with InferenceClient(served.address) as client:
+            with pytest.raises(DeadlineExceeded):
+                await client.generate("", PROMPT, long, timeout=0.5)
+        assert await wait_until_idle(served.engine) == 0
+
+
+async def test_sync_client_streams_the_same_tokens_from_a_plain_thread(
+    served_factory: Callable[..., Any],
+) -> None:
+    async for served in served_factory():
+        async with InferenceClient(served.address) as client:
+            expected = (await client.generate("", PROMPT, GREEDY)).token_ids
+        # The blocking client runs in a thread with no event loop, as in a WSGI app.
+        tokens = await asyncio.to_thread(_sync_tokens, served.address)
+    assert tokens == expected
+
+
+def _sync_tokens(address: str) -> list[int]:
+    with SyncInferenceClient(address) as client:
+        return [t for d in client.stream("", PROMPT, GREEDY) for t in d.token_ids]

@@ -1,0 +1,340 @@
+"""The OpenAI-compatible front on the real vLLM engine, driven by the `openai` package.
+
+The same engine, registry and Generate logic as the gRPC service serve it; the
+greedy tokens it returns for an adapter equal transformers + PEFT's (the oracle).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import shutil
+from collections.abc import AsyncIterator, Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import httpx
+import openai
+import pytest
+
+from loraserve.common.security import ServerSecurity
+from loraserve.inference.admission import Admission
+from loraserve.inference.app import InferenceApp
+from loraserve.inference.compat import CompatibilityChecker, model_lora_targets
+from loraserve.inference.engine import VllmEngine
+from loraserve.inference.generation import Generator
+from loraserve.inference.http_server import start_http_server
+from loraserve.inference.metrics import InferenceMetrics
+from loraserve.inference.openai_api import create_openai_app
+from loraserve.inference.openai_protocol import fallback_chat_prompt
+from loraserve.inference.registry import AdapterRegistry, LocalRevision
+from loraserve.inference.runtime import Runtime, RuntimeSlot
+from loraserve.inference.settings import EngineOptions, parse_settings
+from loraserve.testing.models import TinyAdapterFactory
+from loraserve.testing.store import RunningStore
+from loraserve.tiny.builddir import MARKER
+from loraserve.tiny.oracle import greedy_tokens
+
+if TYPE_CHECKING:
+    from vllm.v1.engine.async_llm import AsyncLLM
+
+pytestmark = pytest.mark.engine
+
+PROMPT = [1, 40, 41, 42, 43, 44, 45]
+MAX_TOKENS = 12
+GREEDY: dict[str, Any] = {"temperature": 0.0, "max_tokens": MAX_TOKENS}
+# vLLM's extensions: run to max_tokens like the oracle, and return the generated ids.
+EXACT = {"ignore_eos": True, "return_token_ids": True}
+MESSAGES: list[Any] = [{"role": "user", "content": "tell me a story"}]
+
+
+@dataclass
+class Front:
+    client: openai.AsyncOpenAI
+    model: str
+    adapters: dict[str, Path]
+    metrics: InferenceMetrics
+    llm: AsyncLLM
+
+
+def _into_cache(cache_dir: Path, name: str, source: Path) -> LocalRevision:
+    target = cache_dir / name / "1"
+    shutil.copytree(source, target, ignore=shutil.ignore_patterns(MARKER))
+    config = json.loads((target / "adapter_config.json").read_text())
+    return LocalRevision(
+        name=name,
+        revision=1,
+        path=target,
+        rank=int(config["r"]),
+        target_modules=tuple(config["target_modules"]),
+        base_model=str(config["base_model_name_or_path"]),
+    )
+
+
+@pytest.fixture(scope="module")
+async def front(
+    vllm_engine: AsyncLLM,
+    tiny_model_dir: Path,
+    tiny_adapter: TinyAdapterFactory,
+    tmp_path_factory: pytest.TempPathFactory,
+) -> AsyncIterator[Front]:
+    """The front on 127.0.0.1:0 with adapters alpha@1 and beta@1 installed."""
+    engine = VllmEngine(vllm_engine)
+    cache = tmp_path_factory.mktemp("openai-cache")
+    registry = AdapterRegistry(
+        engine,
+        cache_dir=cache,
+        compat=CompatibilityChecker(
+            max_lora_rank=engine.info.max_lora_rank,
+            target_modules=model_lora_targets(tiny_model_dir),
+            served_model_name=tiny_model_dir.name,
+        ),
+    )
+    adapters = {"alpha": tiny_adapter(rank=8, seed=11), "beta": tiny_adapter(rank=16, seed=12)}
+    for name, source in adapters.items():
+        await registry.install(_into_cache(cache, name, source), make_current=True)
+    metrics = InferenceMetrics()
+    admission = Admission(16)
+    slot = RuntimeSlot(
+        Runtime(engine, registry, Generator(engine, registry, admission, metrics), admission, "r")
+    )
+    app = create_openai_app(
+        slot, model_names=[tiny_model_dir.name], security=ServerSecurity(), is_ready=lambda: True
+    )
+    server = await start_http_server(app, address="127.0.0.1:0", security=ServerSecurity())
+    client = openai.AsyncOpenAI(
+        base_url=f"http://127.0.0.1:{server.port}/v1", api_key="unused", max_retries=0
+    )
+    try:
+        yield Front(client, tiny_model_dir.name, adapters, metrics, vllm_engine)
+    finally:
+        await client.close()
+        await server.stop(grace=None)
+        # The engine is shared by the session: leave none of these adapters in it.
+        for name in adapters:
+            await registry.delete(name)
+        await registry.settle()
+
+
+@pytest.fixture(scope="module")
+async def oracle(front: Front, tiny_model_dir: Path) -> dict[str, list[int]]:
+    """Greedy tokens from transformers + PEFT, by model name (base and each adapter)."""
+    sources = {front.model: None, **front.adapters}
+    return {
+        name: await asyncio.to_thread(greedy_tokens, tiny_model_dir, source, PROMPT, MAX_TOKENS)
+        for name, source in sources.items()
+    }
+
+
+@pytest.mark.parametrize("model", ["alpha", "beta@1"])
+async def test_completion_from_an_adapter_returns_the_oracle_greedy_tokens(
+    front: Front, oracle: dict[str, list[int]], model: str
+) -> None:
+    completion = await front.client.completions.create(
+        model=model, prompt=PROMPT, extra_body=EXACT, **GREEDY
+    )
+    name = model.partition("@")[0]
+    assert completion.model_extra is not None
+    assert completion.choices[0].model_extra == {"token_ids": oracle[name]}
+    assert completion.model == f"{name}@1"
+    assert completion.usage is not None
+    assert completion.usage.completion_tokens == MAX_TOKENS
+
+
+async def test_streamed_completion_from_an_adapter_returns_the_oracle_greedy_tokens(
+    front: Front, oracle: dict[str, list[int]]
+) -> None:
+    stream = await front.client.completions.create(
+        model="alpha", prompt=PROMPT, stream=True, extra_body=EXACT, **GREEDY
+    )
+    tokens: list[int] = []
+    async for chunk in stream:
+        assert chunk.choices[0].model_extra is not None
+        tokens += chunk.choices[0].model_extra["token_ids"]
+    assert tokens == oracle["alpha"]
+    assert chunk.choices[0].finish_reason == "length"
+
+
+async def test_base_model_completion_returns_the_oracle_greedy_tokens(
+    front: Front, oracle: dict[str, list[int]]
+) -> None:
+    completion = await front.client.completions.create(
+        model=front.model, prompt=PROMPT, extra_body=EXACT, **GREEDY
+    )
+    assert completion.choices[0].model_extra == {"token_ids": oracle[front.model]}
+    assert completion.model == front.model
+
+
+async def test_streamed_text_equals_the_non_streamed_text_with_usage_last(front: Front) -> None:
+    whole = await front.client.completions.create(model="beta", prompt="once upon", **GREEDY)
+    stream = await front.client.completions.create(
+        model="beta",
+        prompt="once upon",
+        stream=True,
+        stream_options={"include_usage": True},
+        **GREEDY,
+    )
+    chunks = [chunk async for chunk in stream]
+    assert "".join(c.choices[0].text for c in chunks if c.choices) == whole.choices[0].text
+    assert chunks[-1].choices == []
+    assert chunks[-1].usage == whole.usage
+
+
+async def test_chat_answers_as_the_assistant_from_the_fallback_prompt(front: Front) -> None:
+    chat = await front.client.chat.completions.create(model="alpha", messages=MESSAGES, **GREEDY)
+    completion = await front.client.completions.create(
+        model="alpha", prompt=fallback_chat_prompt(MESSAGES), **GREEDY
+    )
+    assert chat.choices[0].message.role == "assistant"
+    assert chat.choices[0].message.content == completion.choices[0].text
+    assert chat.model == "alpha@1"
+
+
+async def test_streamed_chat_equals_the_non_streamed_chat(front: Front) -> None:
+    whole = await front.client.chat.completions.create(
+        model=front.model, messages=MESSAGES, **GREEDY
+    )
+    stream = await front.client.chat.completions.create(
+        model=front.model, messages=MESSAGES, stream=True, **GREEDY
+    )
+    chunks = [chunk async for chunk in stream]
+    assert chunks[0].choices[0].delta.role == "assistant"
+    text = "".join(c.choices[0].delta.content or "" for c in chunks)
+    assert text == whole.choices[0].message.content
+    assert chunks[-1].choices[0].finish_reason == whole.choices[0].finish_reason
+
+
+async def test_models_lists_the_base_model_and_every_adapter(front: Front) -> None:
+    models = [model.id async for model in front.client.models.list()]
+    assert models == [front.model, "alpha", "beta", "alpha@1", "beta@1"]
+
+
+async def test_unknown_adapter_is_a_not_found_error(front: Front) -> None:
+    with pytest.raises(openai.NotFoundError, match="nope"):
+        await front.client.chat.completions.create(model="nope", messages=MESSAGES)
+
+
+async def test_out_of_range_temperature_is_a_bad_request(front: Front) -> None:
+    with pytest.raises(openai.BadRequestError, match="temperature"):
+        await front.client.completions.create(model="alpha", prompt="x", temperature=3.0)
+
+
+async def test_too_long_a_request_is_a_bad_request(front: Front) -> None:
+    with pytest.raises(openai.BadRequestError, match="max_model_len"):
+        await front.client.completions.create(model="alpha", prompt=PROMPT, max_tokens=100_000)
+
+
+async def test_closing_a_stream_aborts_the_engine_request(front: Front) -> None:
+    registry = front.metrics.registry
+    generated_before = _generated(front, "beta")
+    stream = await front.client.completions.create(
+        model="beta", prompt=PROMPT, max_tokens=480, stream=True, extra_body={"ignore_eos": True}
+    )
+    async for _ in stream:
+        break
+    await stream.close()
+
+    def cancelled() -> float:
+        labels = {"adapter": "beta", "code": "CANCELLED"}
+        return registry.get_sample_value("loraserve_inference_requests_total", labels) or 0.0
+
+    await _eventually(lambda: cancelled() == 1.0 and not front.llm.get_num_unfinished_requests())
+    assert _generated(front, "beta") - generated_before < 480
+
+
+def _generated(front: Front, adapter: str) -> float:
+    labels = {"adapter": adapter}
+    name = "loraserve_inference_generated_tokens_total"
+    return front.metrics.registry.get_sample_value(name, labels) or 0.0
+
+
+TEMPLATE = (
+    "{{ bos_token }}{% for m in messages %}<|{{ m.role }}|>{{ m.content }}\n{% endfor %}"
+    "{% if add_generation_prompt %}<|assistant|>{% endif %}"
+)
+
+
+@pytest.fixture
+def chat_template(vllm_engine: AsyncLLM) -> Iterator[Callable[[str], None]]:
+    """Gives the session engine's tokenizer a chat template until the test ends."""
+    tokenizer: Any = vllm_engine.get_tokenizer()
+    before = getattr(tokenizer, "chat_template", None)
+
+    def use(template: str) -> None:
+        tokenizer.chat_template = template
+
+    try:
+        yield use
+    finally:
+        tokenizer.chat_template = before
+
+
+async def test_chat_uses_the_models_chat_template_without_a_second_bos(
+    front: Front, chat_template: Callable[[str], None]
+) -> None:
+    chat_template(TEMPLATE)
+    tokenizer: Any = front.llm.get_tokenizer()
+    rendered = "<s><|user|>tell me a story\n<|assistant|>".replace("<s>", tokenizer.bos_token)
+    expected = tokenizer.encode(rendered, add_special_tokens=False)
+    chat = await front.client.chat.completions.create(model="alpha", messages=MESSAGES, **GREEDY)
+    assert expected.count(tokenizer.bos_token_id) == 1
+    assert chat.usage is not None
+    assert chat.usage.prompt_tokens == len(expected)
+
+
+async def test_messages_a_chat_template_rejects_are_a_bad_request(
+    front: Front, chat_template: Callable[[str], None]
+) -> None:
+    chat_template("{{ raise_exception('roles must alternate') }}")
+    with pytest.raises(openai.BadRequestError, match="roles must alternate"):
+        await front.client.chat.completions.create(model="alpha", messages=MESSAGES)
+
+
+class SharedEngine(VllmEngine):
+    """The session's engine, which outlives the app."""
+
+    def shutdown(self) -> None:
+        pass
+
+
+async def test_inference_app_serves_the_front_when_the_flag_is_set(
+    store_server: RunningStore, vllm_engine: AsyncLLM, tiny_model_dir: Path, tmp_path: Path
+) -> None:
+    flags = ["--model", str(tiny_model_dir), "--store", store_server.address]
+    flags += ["--listen", "127.0.0.1:0", "--adapter-cache", str(tmp_path / "cache")]
+    settings = parse_settings(["serve", *flags], {"INFERENCE_OPENAI_LISTEN": "127.0.0.1:0"}, "r")
+    release = asyncio.Event()
+
+    async def start_engine(options: EngineOptions) -> VllmEngine:
+        await release.wait()
+        return SharedEngine(vllm_engine)
+
+    app = InferenceApp(settings, start_engine=start_engine)
+    await app.start()
+    starting = asyncio.create_task(app.run_engine_and_sync())
+    url = f"http://127.0.0.1:{app.openai_port}"
+    try:
+        async with httpx.AsyncClient(base_url=url) as http:
+            assert (await http.get("/health")).status_code == 503
+            release.set()
+            await asyncio.wait_for(app.ready.wait(), 120)
+            assert (await http.get("/health")).status_code == 200
+            response = await http.post(
+                "/v1/completions",
+                json={"model": tiny_model_dir.name, "prompt": "hello", "max_tokens": 2},
+            )
+        assert response.status_code == 200
+        assert response.json()["usage"]["completion_tokens"] == 2
+    finally:
+        starting.cancel()
+        await asyncio.gather(starting, return_exceptions=True)
+        await app.stop()
+
+
+async def _eventually(check: Callable[[], bool], timeout: float = 30.0) -> None:
+    async with asyncio.timeout(timeout):
+        while True:
+            if check():
+                return
+            await asyncio.sleep(0.02)
