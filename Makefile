@@ -9,7 +9,7 @@ ENGINE ?= cpu
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-$(ENGINE)
 
-.PHONY: setup test test-quick lint proto clean
+.PHONY: setup test test-quick lint proto bench clean
 
 setup: $(STAMP)
 
@@ -34,6 +34,11 @@ test: lint
 # Everything that does not need the engine.
 test-quick: setup
 	$(VENV)/bin/pytest -m "not engine"
+
+# All seven benchmarks on the real vLLM CPU engine (~10 min on 2 cores); prints tables and
+# writes bench/results/report.md with PNG plots. BENCH_ARGS="--only 6,1 --quick" for less.
+bench: setup
+	$(PY) -m bench $(BENCH_ARGS)
 
 proto: setup
 	$(PY) -m loraserve.protogen .

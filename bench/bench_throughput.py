@@ -7,12 +7,13 @@
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
 from bench.probes import CpuMeter, LoadSampler
-from bench.report import Report
+from bench.report import Report, Section
 from bench.runs import Scale, grpc_arm, host_arm, interleaved
 from bench.stack import ENGINE_A, ENGINE_B, Stack, model_description, tenant
 from bench.stats import median, ratio
@@ -44,6 +45,22 @@ def _arm_rows(results: Results) -> list[list[str | int | float]]:
 
 
 _HEADERS = ["arm", "tok/s (median)", "min", "max", "TTFT p50 ms", "TTFT p99 ms"]
+
+
+def _bar_plot(report: Report, section: Section, results: Results, name: str, title: str) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    figure, axes = plt.subplots(figsize=(8, 3.6))
+    arms = list(results)
+    axes.barh(arms, [_tps(results, arm) for arm in arms])
+    axes.invert_yaxis()
+    axes.set_xlabel("tokens/s (median over repeats)")
+    axes.set_title(title)
+    report.save_figure(section, name, figure)
+    plt.close(figure)
 
 
 def _engine_line(name: str, max_loras: int, max_cpu_loras: int) -> str:
@@ -153,6 +170,7 @@ async def batching(report: Report, stack: Stack, scale: Scale) -> Results:
         scale.repeats,
     )
     section.table("Throughput and TTFT", _HEADERS, _arm_rows(results))
+    _bar_plot(report, section, results, "batching.png", "Throughput: slots and adapters vs base")
     slots = ratio(
         _tps(results, "A max_loras=8, 8 adapters"), _tps(results, "B max_loras=1, 8 adapters")
     )
@@ -180,15 +198,14 @@ async def slots(report: Report, stack: Stack, scale: Scale) -> Results:
     section = report.section(3, "More adapters than slots: 32 over 8, uniform and Zipf(1.5)")
     started = time.monotonic()
     assert stack.host is not None
-    common = {
-        "concurrency": scale.concurrency,
-        "requests": scale.slot_requests,
-        "max_tokens": scale.slot_tokens,
-    }
-    eight = Workload(adapters=tuple(tenant(i) for i in range(8)), **common)
-    all32 = tuple(tenant(i) for i in range(32))
-    uniform = Workload(adapters=all32, **common)
-    zipf = Workload(adapters=all32, popularity="zipf:1.5", **common)
+    eight = Workload(
+        tuple(tenant(i) for i in range(8)),
+        scale.concurrency,
+        scale.slot_requests,
+        scale.slot_tokens,
+    )
+    uniform = dataclasses.replace(eight, adapters=tuple(tenant(i) for i in range(32)))
+    zipf = dataclasses.replace(uniform, popularity="zipf:1.5")
     section.workload += [
         "8/8: " + eight.describe(),
         "32/8 uniform: " + uniform.describe(),
@@ -218,6 +235,7 @@ async def slots(report: Report, stack: Stack, scale: Scale) -> Results:
         sampled,
     )
     section.table("Throughput and TTFT", _HEADERS, _arm_rows(results))
+    _bar_plot(report, section, results, "adapters_vs_slots.png", "Throughput vs adapters")
     section.table(
         "Requests in the engine while each arm ran (GetServerInfo every 100 ms, medians)",
         ["arm", "running (in the batch)", "waiting"],

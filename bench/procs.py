@@ -12,6 +12,7 @@ import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import boto3
 import psutil
@@ -118,7 +119,7 @@ def start_moto(log_dir: Path, bucket: str) -> tuple[Child, str]:
     return child, endpoint
 
 
-def s3_client(endpoint: str) -> object:
+def s3_client(endpoint: str) -> Any:
     return boto3.client(
         "s3",
         endpoint_url=endpoint,

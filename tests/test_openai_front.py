@@ -7,8 +7,6 @@ greedy tokens it returns for an adapter equal transformers + PEFT's (the oracle)
 from __future__ import annotations
 
 import asyncio
-import json
-import shutil
 from collections.abc import AsyncIterator, Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -28,12 +26,12 @@ from loraserve.inference.http_server import start_http_server
 from loraserve.inference.metrics import InferenceMetrics
 from loraserve.inference.openai_api import create_openai_app
 from loraserve.inference.openai_protocol import fallback_chat_prompt
-from loraserve.inference.registry import AdapterRegistry, LocalRevision
+from loraserve.inference.registry import AdapterRegistry
 from loraserve.inference.runtime import Runtime, RuntimeSlot
 from loraserve.inference.settings import EngineOptions, parse_settings
+from loraserve.testing.inference import copy_revision
 from loraserve.testing.models import TinyAdapterFactory
 from loraserve.testing.store import RunningStore
-from loraserve.tiny.builddir import MARKER
 from loraserve.tiny.oracle import greedy_tokens
 
 if TYPE_CHECKING:
@@ -58,20 +56,6 @@ class Front:
     llm: AsyncLLM
 
 
-def _into_cache(cache_dir: Path, name: str, source: Path) -> LocalRevision:
-    target = cache_dir / name / "1"
-    shutil.copytree(source, target, ignore=shutil.ignore_patterns(MARKER))
-    config = json.loads((target / "adapter_config.json").read_text())
-    return LocalRevision(
-        name=name,
-        revision=1,
-        path=target,
-        rank=int(config["r"]),
-        target_modules=tuple(config["target_modules"]),
-        base_model=str(config["base_model_name_or_path"]),
-    )
-
-
 @pytest.fixture(scope="module")
 async def front(
     vllm_engine: AsyncLLM,
@@ -93,7 +77,7 @@ async def front(
     )
     adapters = {"alpha": tiny_adapter(rank=8, seed=11), "beta": tiny_adapter(rank=16, seed=12)}
     for name, source in adapters.items():
-        await registry.install(_into_cache(cache, name, source), make_current=True)
+        await registry.install(copy_revision(source, cache, name, 1), make_current=True)
     metrics = InferenceMetrics()
     admission = Admission(16)
     slot = RuntimeSlot(

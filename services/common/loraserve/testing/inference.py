@@ -1,152 +1,155 @@
-"""A whole inference server (InferenceApp: gRPC, sync, registry, generation) in-process,
-on the session's vLLM engine, for tests that restart or stop it.
+"""The inference gRPC service on the session's real vLLM engine, without the store.
 
-The engine outlives each app: stopping an app leaves the engine running, and the
-LoRAs the app loaded are removed afterwards, so the next test finds the engine as
-it was. `add_calls` records every adapter handed to the engine, in order.
+`served_factory()` yields one `Served`: a registry over a temporary adapter cache,
+the real generator and servicer on 127.0.0.1, port 0. Adapters are installed
+straight into the registry from a built adapter directory (`served.install`), and
+pinned revisions are fetched from `served.fetcher.sources`. When the `async for`
+ends, every adapter the test loaded is removed from the engine again.
+
+(Reconstructed from its callers after it was accidentally overwritten; see
+/work/brief/SEAM_NOTES.md.)
 """
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Sequence
-from contextlib import asynccontextmanager
+import json
+import shutil
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import grpc
+import pytest
+from prometheus_client import CollectorRegistry
 
-from loraserve.adapterstore.testing import AdapterFiles
-from loraserve.inference.app import InferenceApp
-from loraserve.inference.engine import AdapterHandle, VllmEngine
-from loraserve.inference.settings import EngineOptions, parse_settings
-from loraserve.inference.v1 import inference_pb2 as pb
+from loraserve.common.errors import NotFound
+from loraserve.inference.admission import Admission
+from loraserve.inference.compat import CompatibilityChecker, model_lora_targets
+from loraserve.inference.engine import Engine, VllmEngine
+from loraserve.inference.generation import Generator
+from loraserve.inference.metrics import InferenceMetrics
+from loraserve.inference.registry import AdapterRegistry, LocalRevision
+from loraserve.inference.runtime import Runtime, RuntimeSlot
+from loraserve.inference.servicer import SERVICE_NAME, register
 from loraserve.inference.v1 import inference_pb2_grpc as pb_grpc
+from loraserve.testing.grpc import serving
 
 if TYPE_CHECKING:
     from vllm.v1.engine.async_llm import AsyncLLM
 
+REPLICA_ID = "test-replica"
 # Guards against a hang only; nothing here measures time.
-READY_GUARD_S = 120.0
-PROMPT = (5, 17, 42, 99, 3, 250, 7, 64)
-ADAPTER_FILES = ("adapter_config.json", "adapter_model.safetensors")
+IDLE_GUARD_S = 60.0
 
 
-class SharedEngine(VllmEngine):
-    """The session's engine, which outlives any one app; records every add_lora."""
+async def wait_until_idle(engine: Engine, guard_s: float = IDLE_GUARD_S) -> int:
+    """Waits until the engine holds no request; returns what it holds then (0)."""
+    async with asyncio.timeout(guard_s):
+        while True:
+            stats = engine.stats()
+            if stats.running + stats.waiting == 0:
+                return 0
+            await asyncio.sleep(0.02)
 
-    def __init__(self, llm: AsyncLLM, add_calls: list[str]) -> None:
-        super().__init__(llm)
-        self._add_calls = add_calls
 
-    async def add_lora(self, adapter: AdapterHandle) -> None:
-        self._add_calls.append(adapter.lora_name)
-        await super().add_lora(adapter)
-
-    def shutdown(self) -> None:
-        pass
+def copy_revision(source: Path, cache_dir: Path, name: str, revision: int) -> LocalRevision:
+    path = cache_dir / name / str(revision)
+    if not path.exists():
+        shutil.copytree(source, path)
+    config = json.loads((path / "adapter_config.json").read_text(encoding="utf-8"))
+    return LocalRevision(
+        name=name,
+        revision=revision,
+        path=path,
+        rank=int(config["r"]),
+        target_modules=tuple(sorted(config["target_modules"])),
+        base_model=str(config.get("base_model_name_or_path") or ""),
+    )
 
 
 @dataclass
-class RunningInference:
-    """An in-process inference server a test reaches at `address`."""
+class DirectoryFetcher:
+    """Fetches revisions from built adapter directories: `sources[(name, rev)] = dir`."""
 
-    app: InferenceApp
+    cache_dir: Path
+    sources: dict[tuple[str, int], Path] = field(default_factory=dict)
+
+    async def fetch(self, name: str, revision: int) -> LocalRevision:
+        source = self.sources.get((name, revision))
+        if source is None:
+            raise NotFound(f"adapter {name}@{revision} not found")
+        return await asyncio.to_thread(copy_revision, source, self.cache_dir, name, revision)
+
+
+@dataclass
+class Served:
+    """The service under test and the parts a test may reach into."""
+
     address: str
     stub: Any
-    # lora_name ("<name>@<revision>") of every add_lora the app made, in order.
-    add_calls: list[str] = field(default_factory=list)
+    engine: VllmEngine
+    registry: AdapterRegistry
+    fetcher: DirectoryFetcher
+    slot: RuntimeSlot
+    cache_dir: Path
 
-    async def generate(
-        self, adapter: str, max_tokens: int = 8, *, timeout: float = 60
-    ) -> tuple[int, tuple[int, ...]]:
-        """The revision that served a greedy generation, and its token ids."""
-        revision = 0
-        tokens: list[int] = []
-        async for message in self.stub.Generate(greedy(adapter, max_tokens), timeout=timeout):
-            revision = revision or message.revision
-            tokens.extend(message.token_ids)
-        return revision, tuple(tokens)
-
-    async def current(self, name: str) -> int:
-        """The revision the server routes `name` to; 0 if none."""
-        response = await self.stub.ListAdapters(pb.ListAdaptersRequest(), timeout=10)
-        return next((s.revision for s in response.adapters if s.name == name and s.current), 0)
-
-    async def statuses(self, name: str) -> dict[int, Any]:
-        response = await self.stub.ListAdapters(pb.ListAdaptersRequest(), timeout=10)
-        return {s.revision: s for s in response.adapters if s.name == name}
-
-    async def in_engine(self) -> int:
-        """Requests the engine holds now, running or waiting."""
-        info = await self.stub.GetServerInfo(pb.GetServerInfoRequest(), timeout=10)
-        return int(info.running_requests + info.waiting_requests)
+    async def install(self, name: str, revision: int, source: Path) -> None:
+        """Copies `source` into the cache as name@revision and makes it current."""
+        self.fetcher.sources[(name, revision)] = source
+        rev = await asyncio.to_thread(copy_revision, source, self.cache_dir, name, revision)
+        await self.registry.install(rev, make_current=True)
 
 
-def greedy(adapter: str, max_tokens: int, prompt: Sequence[int] = PROMPT) -> pb.GenerateRequest:
-    return pb.GenerateRequest(
-        adapter=adapter,
-        token_ids=pb.TokenIds(ids=list(prompt)),
-        sampling=pb.SamplingParams(max_tokens=max_tokens, temperature=0.0, ignore_eos=True),
-    )
+@pytest.fixture
+def served_factory(
+    vllm_engine: AsyncLLM, tiny_model_dir: Path, tmp_path: Path
+) -> Callable[..., AsyncIterator[Served]]:
+    """`async for served in served_factory(max_pending=64): ...` runs one Served."""
 
+    async def serve(max_pending: int = 64) -> AsyncIterator[Served]:
+        engine = VllmEngine(vllm_engine)
+        loaded_before = await engine.list_loras()
+        cache_dir = tmp_path / "adapter-cache"
+        cache_dir.mkdir(exist_ok=True)
+        fetcher = DirectoryFetcher(cache_dir)
+        metrics = InferenceMetrics(CollectorRegistry())
+        compat = CompatibilityChecker(
+            max_lora_rank=engine.info.max_lora_rank,
+            target_modules=model_lora_targets(tiny_model_dir),
+            served_model_name=str(tiny_model_dir),
+        )
+        registry = AdapterRegistry(
+            engine, cache_dir=cache_dir, compat=compat, fetcher=fetcher, failures=metrics
+        )
+        admission = Admission(max_pending)
+        slot = RuntimeSlot(
+            Runtime(
+                engine=engine,
+                registry=registry,
+                generator=Generator(engine, registry, admission, metrics),
+                admission=admission,
+                replica_id=REPLICA_ID,
+            )
+        )
+        try:
+            async with serving(lambda server: register(server, slot), [SERVICE_NAME]) as running:
+                address = f"127.0.0.1:{running.port}"
+                async with grpc.aio.insecure_channel(address) as channel:
+                    yield Served(
+                        address,
+                        pb_grpc.InferenceServiceStub(channel),
+                        engine,
+                        registry,
+                        fetcher,
+                        slot,
+                        cache_dir,
+                    )
+        finally:
+            await wait_until_idle(engine)
+            await registry.settle()
+            for lora_id in await engine.list_loras() - loaded_before:
+                await engine.remove_lora(lora_id)
 
-def adapter_files(adapter_dir: Path) -> AdapterFiles:
-    return {name: (adapter_dir / name).read_bytes() for name in ADAPTER_FILES}
-
-
-@asynccontextmanager
-async def inference_app(
-    llm: AsyncLLM,
-    *,
-    model_dir: Path,
-    store_address: str,
-    cache_dir: Path,
-    replica_id: str = "reliability-replica",
-    extra: Sequence[str] = (),
-    wait_ready: bool = True,
-) -> AsyncIterator[RunningInference]:
-    """Runs an InferenceApp on the shared engine until the block exits (then stops it
-    gracefully and removes the LoRAs it loaded from the engine)."""
-    settings = parse_settings(
-        [
-            "serve",
-            "--model",
-            str(model_dir),
-            "--store",
-            store_address,
-            "--listen",
-            "127.0.0.1:0",
-            "--adapter-cache",
-            str(cache_dir),
-            "--shutdown-grace",
-            "30",
-            *extra,
-        ],
-        {},
-        replica_id,
-    )
-    owner = VllmEngine(llm)
-    loaded_before = await owner.list_loras()
-    add_calls: list[str] = []
-
-    async def start_engine(options: EngineOptions) -> VllmEngine:
-        return SharedEngine(llm, add_calls)
-
-    app = InferenceApp(settings, start_engine=start_engine)
-    await app.start()
-    starting = asyncio.create_task(app.run_engine_and_sync(), name="test-inference-start")
-    try:
-        if wait_ready:
-            async with asyncio.timeout(READY_GUARD_S):
-                await app.ready.wait()
-        address = f"127.0.0.1:{app.port}"
-        async with grpc.aio.insecure_channel(address) as channel:
-            yield RunningInference(app, address, pb_grpc.InferenceServiceStub(channel), add_calls)
-    finally:
-        starting.cancel()
-        await asyncio.gather(starting, return_exceptions=True)
-        await app.stop()
-        for lora_id in await owner.list_loras() - loaded_before:
-            await owner.remove_lora(lora_id)
+    return serve

@@ -1,0 +1,216 @@
+"""Rows 7 and 8: bad Generate requests, and clients that cancel or run out of time
+at every point of a stream, against the whole inference server on the real engine.
+
+Each bad request ends with its status code and leaves the engine serving; every
+cancel or deadline aborts the engine request, so nothing stays running.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import grpc
+import pytest
+
+from loraserve.inference.v1 import inference_pb2 as pb
+from loraserve.testing.figures import add_figure
+from loraserve.testing.inferenceapp import (
+    RunningInference,
+    adapter_files,
+    greedy,
+    inference_app,
+)
+from loraserve.testing.models import TinyAdapterFactory
+from loraserve.testing.store import RunningStore
+from loraserve.testing.storecalls import push, store_stub
+
+if TYPE_CHECKING:
+    from vllm.v1.engine.async_llm import AsyncLLM
+
+pytestmark = [pytest.mark.faults, pytest.mark.engine]
+
+GUARD_S = 60
+MAX_MODEL_LEN = 512  # the session engine's
+
+
+@pytest.fixture
+async def served(
+    vllm_engine: AsyncLLM,
+    tiny_model_dir: Path,
+    tiny_adapter: TinyAdapterFactory,
+    store_server: RunningStore,
+    tmp_path: Path,
+) -> AsyncIterator[RunningInference]:
+    """An inference server synced with a store that holds adapter `alpha` (revision 1)."""
+    async with store_stub(store_server.address) as store:
+        await push(store, "alpha", adapter_files(tiny_adapter(seed=1)))
+    async with inference_app(
+        vllm_engine,
+        model_dir=tiny_model_dir,
+        store_address=store_server.address,
+        cache_dir=tmp_path / "cache",
+    ) as running:
+        yield running
+
+
+async def _idle(served: RunningInference) -> int:
+    """What the engine holds once every aborted request has left it (0), or what it
+    still holds when the guard runs out."""
+    try:
+        async with asyncio.timeout(GUARD_S):
+            while True:
+                if await served.in_engine() == 0:
+                    return 0
+                await asyncio.sleep(0.02)
+    except TimeoutError:
+        return await served.in_engine()
+
+
+async def _code(served: RunningInference, request: pb.GenerateRequest, **kwargs: Any) -> Any:
+    try:
+        async for _ in served.stub.Generate(request, **kwargs):
+            pass
+    except grpc.aio.AioRpcError as e:
+        return e.code()
+    return grpc.StatusCode.OK
+
+
+def _text(text: str, max_tokens: int = 4, adapter: str = "alpha") -> pb.GenerateRequest:
+    return pb.GenerateRequest(
+        adapter=adapter,
+        text=text,
+        sampling=pb.SamplingParams(max_tokens=max_tokens, temperature=0.0, ignore_eos=True),
+    )
+
+
+def _sampling(**fields: Any) -> pb.GenerateRequest:
+    request = greedy("alpha", 4)
+    for name, value in fields.items():
+        if name == "stop":
+            request.sampling.stop.extend(value)
+        else:
+            setattr(request.sampling, name, value)
+    return request
+
+
+BAD_REQUESTS: dict[str, tuple[pb.GenerateRequest, grpc.StatusCode]] = {
+    "unknown-adapter": (greedy("nobody", 4), grpc.StatusCode.NOT_FOUND),
+    "unknown-revision": (greedy("alpha@99", 4), grpc.StatusCode.NOT_FOUND),
+    "revision-zero": (greedy("alpha@0", 4), grpc.StatusCode.INVALID_ARGUMENT),
+    "revision-not-a-number": (greedy("alpha@one", 4), grpc.StatusCode.INVALID_ARGUMENT),
+    "path-as-adapter": (greedy("../alpha", 4), grpc.StatusCode.INVALID_ARGUMENT),
+    "unicode-adapter": (greedy("\u0430lpha", 4), grpc.StatusCode.INVALID_ARGUMENT),
+    "temperature-negative": (_sampling(temperature=-1.0), grpc.StatusCode.INVALID_ARGUMENT),
+    "temperature-nan": (_sampling(temperature=float("nan")), grpc.StatusCode.INVALID_ARGUMENT),
+    "top-p-zero": (_sampling(top_p=0.0), grpc.StatusCode.INVALID_ARGUMENT),
+    "top-p-above-one": (_sampling(top_p=1.5), grpc.StatusCode.INVALID_ARGUMENT),
+    "top-k-below-minus-one": (_sampling(top_k=-2), grpc.StatusCode.INVALID_ARGUMENT),
+    "seed-negative": (_sampling(seed=-1), grpc.StatusCode.INVALID_ARGUMENT),
+    "too-many-stops": (_sampling(stop=["x"] * 17), grpc.StatusCode.INVALID_ARGUMENT),
+    "empty-stop": (_sampling(stop=[""]), grpc.StatusCode.INVALID_ARGUMENT),
+    "max-tokens-zero": (_sampling(max_tokens=0), grpc.StatusCode.INVALID_ARGUMENT),
+    "max-tokens-negative": (_sampling(max_tokens=-5), grpc.StatusCode.INVALID_ARGUMENT),
+    "max-tokens-huge": (_sampling(max_tokens=2**31 - 1), grpc.StatusCode.INVALID_ARGUMENT),
+    "prompt-empty": (pb.GenerateRequest(adapter="alpha"), grpc.StatusCode.INVALID_ARGUMENT),
+    "prompt-token-negative": (
+        greedy("alpha", 4, prompt=(1, -3)),
+        grpc.StatusCode.INVALID_ARGUMENT,
+    ),
+    "prompt-token-beyond-vocab": (
+        greedy("alpha", 4, prompt=(1, 10**6)),
+        grpc.StatusCode.INVALID_ARGUMENT,
+    ),
+    "prompt-longer-than-max-model-len": (
+        greedy("alpha", 4, prompt=[7] * (MAX_MODEL_LEN + 1)),
+        grpc.StatusCode.INVALID_ARGUMENT,
+    ),
+    "text-prompt-longer-than-max-model-len": (
+        _text("lorem ipsum " * 20_000),
+        grpc.StatusCode.INVALID_ARGUMENT,
+    ),
+    "message-over-the-grpc-limit": (
+        _text("x" * (17 * 1024 * 1024)),
+        grpc.StatusCode.RESOURCE_EXHAUSTED,
+    ),
+    "request-id-too-long": (
+        pb.GenerateRequest(
+            adapter="alpha", token_ids=pb.TokenIds(ids=[1, 2]), request_id="r" * 129
+        ),
+        grpc.StatusCode.INVALID_ARGUMENT,
+    ),
+}
+
+
+@pytest.mark.parametrize("case", BAD_REQUESTS, ids=list(BAD_REQUESTS))
+async def test_bad_request_gets_its_status_and_the_engine_keeps_serving(
+    case: str, served: RunningInference, pytestconfig: pytest.Config
+) -> None:
+    request, expected = BAD_REQUESTS[case]
+    add_figure(pytestconfig, "bad_inputs.generate_requests")
+    assert await _code(served, request) == expected
+    revision, tokens = await served.generate("alpha", 4)
+    assert (revision, len(tokens)) == (1, 4)
+    assert await _idle(served) == 0
+
+
+async def _cancel_after(served: RunningInference, messages: int) -> None:
+    call = served.stub.Generate(greedy("alpha", 200))
+    received = 0
+    async for _ in call:
+        received += 1
+        if received >= messages:
+            break
+    call.cancel()
+
+
+@pytest.mark.parametrize("messages", [1, 2, 50, 199], ids=lambda n: f"after-{n}-messages")
+async def test_client_cancel_mid_stream_aborts_the_engine_request(
+    messages: int, served: RunningInference, pytestconfig: pytest.Config
+) -> None:
+    await _cancel_after(served, messages)
+    add_figure(pytestconfig, "faults.client_cancels")
+    assert await _idle(served) == 0
+    assert [s.in_flight for s in (await served.statuses("alpha")).values()] == [0]
+
+
+async def test_client_cancel_before_the_first_message_aborts_the_engine_request(
+    served: RunningInference, pytestconfig: pytest.Config
+) -> None:
+    call = served.stub.Generate(greedy("alpha", 200))
+    await call.initial_metadata()
+    call.cancel()
+    add_figure(pytestconfig, "faults.client_cancels")
+    assert await _idle(served) == 0
+
+
+async def test_client_cancel_right_after_sending_aborts_the_engine_request(
+    served: RunningInference, pytestconfig: pytest.Config
+) -> None:
+    call = served.stub.Generate(greedy("alpha", 200))
+    await asyncio.sleep(0)
+    call.cancel()
+    add_figure(pytestconfig, "faults.client_cancels")
+    assert await _idle(served) == 0
+
+
+@pytest.mark.parametrize("deadline_s", [0.001, 0.05, 0.3, 1.0])
+async def test_deadline_at_any_point_ends_deadline_exceeded_and_aborts_the_engine_request(
+    deadline_s: float, served: RunningInference, pytestconfig: pytest.Config
+) -> None:
+    code = await _code(served, greedy("alpha", 450, prompt=[7] * 8), timeout=deadline_s)
+    add_figure(pytestconfig, "faults.client_deadlines")
+    assert code == grpc.StatusCode.DEADLINE_EXCEEDED
+    assert await _idle(served) == 0
+
+
+async def test_many_clients_cancelling_at_once_leave_nothing_running(
+    served: RunningInference, pytestconfig: pytest.Config
+) -> None:
+    await asyncio.gather(*(_cancel_after(served, 1 + i % 7) for i in range(32)))
+    add_figure(pytestconfig, "faults.client_cancels", 32)
+    assert await _idle(served) == 0
+    revision, tokens = await served.generate("alpha", 4)
+    assert (revision, len(tokens)) == (1, 4)
