@@ -32,6 +32,7 @@ def test_readme_table_matches_the_parser(server: str) -> None:
 def test_every_documented_env_variable_sets_its_flag(server: str) -> None:
     build_parser, prefix = PARSERS[server]
     for flag in serve_flags(build_parser, prefix):
+        expected: object
         if isinstance(flag.action, argparse._StoreTrueAction):
             value, expected = "1", True
         elif isinstance(flag.action, argparse._AppendAction):
@@ -47,4 +48,5 @@ def test_every_documented_env_variable_sets_its_flag(server: str) -> None:
 
 def _serve(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
     subparsers = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
-    return subparsers.choices["serve"]
+    serve: argparse.ArgumentParser = subparsers.choices["serve"]
+    return serve

@@ -19,7 +19,7 @@ SERVICE = pb.DESCRIPTOR.services_by_name["InferenceService"].full_name
 WRITE_METHOD = f"/{SERVICE}/ListAdapters"
 
 
-class _Servicer(pb_grpc.InferenceServiceServicer):
+class _Servicer(pb_grpc.InferenceServiceServicer):  # type: ignore[misc]
     async def GetServerInfo(self, request: Any, context: Any) -> pb.GetServerInfoResponse:
         return pb.GetServerInfoResponse(replica_id=current_principal.get())
 

@@ -195,10 +195,16 @@ class InferenceClient:
         return completion
 
     async def list_adapters(self) -> pb.ListAdaptersResponse:
-        return await self._unary(self._stub.ListAdapters, pb.ListAdaptersRequest())
+        response: pb.ListAdaptersResponse = await self._unary(
+            self._stub.ListAdapters, pb.ListAdaptersRequest()
+        )
+        return response
 
     async def server_info(self) -> pb.GetServerInfoResponse:
-        return await self._unary(self._stub.GetServerInfo, pb.GetServerInfoRequest())
+        response: pb.GetServerInfoResponse = await self._unary(
+            self._stub.GetServerInfo, pb.GetServerInfoRequest()
+        )
+        return response
 
     async def _unary(self, method: Any, request: Any) -> Any:
         try:
