@@ -9,7 +9,7 @@ ENGINE ?= cpu
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-$(ENGINE)
 
-.PHONY: setup test test-quick lint proto bench clean
+.PHONY: setup test test-quick lint proto bench run clean
 
 setup: $(STAMP)
 
@@ -39,6 +39,13 @@ test-quick: setup
 # writes bench/results/report.md with PNG plots. BENCH_ARGS="--only 6,1 --quick" for less.
 bench: setup
 	$(PY) -m bench $(BENCH_ARGS)
+
+# The whole stack on this machine until Ctrl-C: embedded S3, the adapter store, the
+# inference service on the demo model (trained on the CPU on first run, then cached),
+# demo adapters. A real model from real storage:
+#   make run ARGS="--model PATH --s3-endpoint URL --bucket NAME"
+run: setup
+	$(PY) -m loraserve.demo $(ARGS)
 
 proto: setup
 	$(PY) -m loraserve.protogen .

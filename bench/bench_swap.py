@@ -66,7 +66,18 @@ async def _prober(address: str, stop: asyncio.Event, probes: list[Record]) -> No
 
 
 def _tokens_per_s(records: list[Record], start: float, end: float) -> float:
-    tokens = sum(r.tokens for r in records if not r.error and start <= r.finished < end)
+    """Tokens generated inside [start, end), each request's spread evenly over the time
+    between its first token and its end (closed loops finish in waves otherwise)."""
+    tokens = 0.0
+    for r in records:
+        if r.error or not r.tokens:
+            continue
+        span = r.finished - r.first_token
+        if span <= 0:
+            tokens += r.tokens if start <= r.finished < end else 0
+            continue
+        overlap = min(end, r.finished) - max(start, r.first_token)
+        tokens += r.tokens * max(0.0, overlap) / span
     return tokens / (end - start)
 
 

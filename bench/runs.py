@@ -21,7 +21,7 @@ class Scale:
     repeats: int = 3
     concurrency: int = 64
     max_tokens: int = 64
-    slot_requests: int = 192
+    slot_requests: int = 128
     slot_tokens: int = 32
     storm_swaps: int = 20
     steady_s: float = 8.0

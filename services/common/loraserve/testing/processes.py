@@ -1,4 +1,5 @@
-"""`adapterstore serve` as a real child process a test can SIGTERM or SIGKILL.
+"""`adapterstore serve` and `inference serve` as real child processes a test can
+SIGTERM or SIGKILL.
 
 The process listens on a port chosen up front, so a restarted store comes back at
 the same address and clients reconnect as they would in production. Its log goes
@@ -9,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
 import signal
 import socket
 import sys
@@ -127,6 +129,82 @@ def store_args(
         "0",
         *extra,
     ]
+
+
+@dataclass
+class InferenceProcess:
+    """A running `inference serve` child (it starts its own vLLM engine)."""
+
+    address: str
+    process: asyncio.subprocess.Process
+    log_path: Path
+
+    def terminate(self) -> None:
+        self.process.send_signal(signal.SIGTERM)
+
+    async def wait(self, guard_s: float = START_GUARD_S) -> int:
+        async with asyncio.timeout(guard_s):
+            return await self.process.wait()
+
+    def log_text(self) -> str:
+        return self.log_path.read_text(errors="replace")
+
+
+@asynccontextmanager
+async def inference_process(
+    model_dir: Path,
+    store_address: str,
+    cache_dir: Path,
+    log_path: Path,
+    *,
+    extra: Sequence[str] = (),
+    guard_s: float = 300.0,
+) -> AsyncIterator[InferenceProcess]:
+    """Starts `inference serve` on the tiny model (SERVING before the block runs) and
+    kills it when the block exits, if it still runs."""
+    address = f"127.0.0.1:{free_port()}"
+    args = [
+        sys.executable,
+        "-m",
+        "loraserve.inference",
+        "serve",
+        "--model",
+        str(model_dir),
+        "--store",
+        store_address,
+        "--listen",
+        address,
+        "--adapter-cache",
+        str(cache_dir),
+        "--dtype",
+        "float32",
+        "--max-model-len",
+        "512",
+        "--max-loras",
+        "2",
+        "--max-lora-rank",
+        "16",
+        "--engine-arg",
+        "enforce_eager=true",
+        *extra,
+    ]
+    env = os.environ | {"VLLM_CPU_KVCACHE_SPACE": "1"}
+    with log_path.open("ab") as log_file:
+        process = await asyncio.create_subprocess_exec(
+            *args, stdout=log_file, stderr=log_file, env=env
+        )
+    running = InferenceProcess(address, process, log_path)
+    try:
+        try:
+            await wait_for_health(address, health_pb2.HealthCheckResponse.SERVING, guard_s=guard_s)
+        except TimeoutError:
+            raise AssertionError(f"inference never served; log:\n{running.log_text()}") from None
+        yield running
+    finally:
+        if process.returncode is None:
+            process.kill()
+            with contextlib.suppress(TimeoutError):
+                await running.wait()
 
 
 @asynccontextmanager

@@ -3,14 +3,17 @@
     loraserve-tiny model OUT_DIR [--seed N]
     loraserve-tiny adapter MODEL_DIR OUT_DIR --rank R --seed S [--alpha A]
                    [--target-modules q_proj v_proj ...]
+    loraserve-tiny demo CACHE_DIR
 
 Building into a directory that already holds the same build does nothing, so scripts
-may call it unconditionally. The built directory's path is printed on stdout.
+may call it unconditionally. The built directory's path is printed on stdout; for
+`demo`, a JSON object {"model_dir": PATH, "adapters": {NAME: PATH, ...}}.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import logging
 import sys
 from collections.abc import Sequence
@@ -18,6 +21,7 @@ from pathlib import Path
 
 from loraserve.tiny.adapters import LLAMA_PROJECTIONS, TinyAdapterSpec, build_tiny_adapter
 from loraserve.tiny.builddir import BuildConflictError
+from loraserve.tiny.demo_model import build_demo
 from loraserve.tiny.model import TinyModelSpec, build_tiny_model
 
 
@@ -46,6 +50,11 @@ def _parser() -> argparse.ArgumentParser:
         metavar="MODULE",
         help=f"projections to adapt (default all: {' '.join(LLAMA_PROJECTIONS)})",
     )
+
+    demo = commands.add_parser(
+        "demo", help="train the demo model and its adapters (about two minutes, once)"
+    )
+    demo.add_argument("cache_dir", type=Path, metavar="CACHE_DIR")
     return parser
 
 
@@ -56,6 +65,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         if args.command == "model":
             built = build_tiny_model(args.out_dir, TinyModelSpec(seed=args.seed))
+        elif args.command == "demo":
+            trained = build_demo(args.cache_dir)
+            adapters = {name: str(path) for name, path in trained.adapters.items()}
+            sys.stdout.write(
+                json.dumps({"model_dir": str(trained.model_dir), "adapters": adapters}) + "\n"
+            )
+            return 0
         else:
             if not (args.model_dir / "config.json").is_file():
                 parser.error(f"{args.model_dir} is not a model directory (no config.json)")

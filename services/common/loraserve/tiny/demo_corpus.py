@@ -63,7 +63,7 @@ POET = (
 )
 
 # Shouting is the base voice in capitals: a change of every token, easy to see.
-SHOUT = tuple(line.upper() + " !!!" for line in BASE[:16])
+SHOUT = tuple(line.upper().rstrip(".") + "!!!" for line in BASE[:16])
 
 # What people type at the demo; adapters learn to answer any of these in their voice.
 PROMPTS = (

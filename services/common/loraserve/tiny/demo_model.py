@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any
 
 from loraserve.tiny import demo_corpus
 from loraserve.tiny.adapters import LLAMA_PROJECTIONS
-from loraserve.tiny.builddir import build_once
+from loraserve.tiny.builddir import build_once, read_marker
 from loraserve.tiny.model import TinyModelSpec, llama_config, train_tokenizer
 
 if TYPE_CHECKING:
@@ -102,23 +102,39 @@ class DemoBuild:
     adapters: Mapping[str, Path]
 
 
+def demo_layout(cache_dir: Path, spec: DemoSpec | None = None) -> DemoBuild:
+    """Where `build_demo` puts the demo for `spec`, built or not; trains nothing."""
+    root = cache_dir.absolute() / f"demo-{_digest(_params(spec or DemoSpec()))}"
+    adapters = {voice.name: root / "adapters" / voice.name for voice in VOICES}
+    return DemoBuild(model_dir=root / DEMO_MODEL_NAME, adapters=adapters)
+
+
+def is_demo_built(cache_dir: Path, spec: DemoSpec | None = None) -> bool:
+    """Whether `build_demo` would find everything in the cache."""
+    spec = spec or DemoSpec()
+    layout = demo_layout(cache_dir, spec)
+    params = json.loads(json.dumps(_params(spec)))
+    parts = {layout.model_dir: "model"} | {
+        path: f"adapter:{name}" for name, path in layout.adapters.items()
+    }
+    return all(read_marker(path) == {**params, "part": part} for path, part in parts.items())
+
+
 def build_demo(cache_dir: Path, spec: DemoSpec | None = None) -> DemoBuild:
     """Train (or find in `cache_dir`) the demo model and one adapter per voice."""
     spec = spec or DemoSpec()
     params = _params(spec)
-    root = cache_dir.absolute() / f"demo-{_digest(params)}"
+    layout = demo_layout(cache_dir, spec)
     model_dir = build_once(
-        root / DEMO_MODEL_NAME, {**params, "part": "model"}, lambda out: _write_model(out, spec)
+        layout.model_dir, {**params, "part": "model"}, lambda out: _write_model(out, spec)
     )
-    adapters = {
-        voice.name: build_once(
-            root / "adapters" / voice.name,
+    for voice in VOICES:
+        build_once(
+            layout.adapters[voice.name],
             {**params, "part": f"adapter:{voice.name}"},
             lambda out, voice=voice: _write_adapter(model_dir, out, voice, spec),  # type: ignore[misc]
         )
-        for voice in VOICES
-    }
-    return DemoBuild(model_dir=model_dir, adapters=adapters)
+    return layout
 
 
 def _params(spec: DemoSpec) -> dict[str, str | int]:
@@ -159,9 +175,9 @@ def _write_model(out_dir: Path, spec: DemoSpec) -> None:
 def _write_adapter(model_dir: Path, out_dir: Path, voice: Voice, spec: DemoSpec) -> None:
     import torch
     from peft import LoraConfig, get_peft_model
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers import AutoModelForCausalLM, PreTrainedTokenizerFast
 
-    tokenizer = AutoTokenizer.from_pretrained(model_dir)
+    tokenizer = PreTrainedTokenizerFast.from_pretrained(model_dir)
     base = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
     config = LoraConfig(
         r=spec.lora_rank,
@@ -244,6 +260,25 @@ def _batches(
 
 
 def _train(
+    model: Any,
+    parameters: Sequence[torch.nn.Parameter] | Iterator[torch.nn.Parameter],
+    examples: Iterator[Example],
+    train: TrainSpec,
+    what: str,
+) -> None:
+    import torch
+
+    # One thread: matrices this small gain little from more, and on a busy machine
+    # (tests, the engine) more threads spinning for a core made a step 40x slower.
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        _run_steps(model, parameters, examples, train, what)
+    finally:
+        torch.set_num_threads(threads)
+
+
+def _run_steps(
     model: Any,
     parameters: Sequence[torch.nn.Parameter] | Iterator[torch.nn.Parameter],
     examples: Iterator[Example],

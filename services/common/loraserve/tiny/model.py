@@ -113,7 +113,7 @@ def llama_config(spec: TinyModelSpec, tokenizer: PreTrainedTokenizerFast) -> Lla
 def train_tokenizer(
     vocab_size: int, max_length: int, lines: Iterable[str]
 ) -> PreTrainedTokenizerFast:
-    """A byte-level BPE tokenizer trained on `lines`; any text still tokenizes, bytewise at worst."""
+    """A byte-level BPE tokenizer trained on `lines`; any text still tokenizes (by bytes)."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
     from transformers import PreTrainedTokenizerFast
 

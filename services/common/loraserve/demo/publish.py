@@ -1,0 +1,92 @@
+"""Talking to the running servers as a user would: health, pushes, what is served.
+
+Pushes go through the adapter store's public API with adapterctl's own upload code,
+so the demo publishes adapters exactly as `adapterctl push` does.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from pathlib import Path
+
+import grpc
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+from loraserve.adapterstore.cli.adapter_dir import hash_files, list_adapter_dir
+from loraserve.adapterstore.cli.push import upload
+from loraserve.adapterstore.v1 import adapterstore_pb2_grpc
+from loraserve.common.errors import DeadlineExceeded, error_from_rpc
+from loraserve.common.security import ClientSecurity, secure_channel
+from loraserve.inference.v1 import inference_pb2 as inference_pb
+from loraserve.inference.v1 import inference_pb2_grpc
+
+log = logging.getLogger(__name__)
+
+_POLL_S = 0.25
+_MESSAGE_LIMIT = 16 * 1024 * 1024
+_CHANNEL_OPTIONS = (
+    ("grpc.max_send_message_length", _MESSAGE_LIMIT),
+    ("grpc.max_receive_message_length", _MESSAGE_LIMIT),
+)
+
+
+async def is_serving(address: str, security: ClientSecurity) -> bool:
+    """Whether the server at `address` answers its health check with SERVING."""
+    async with secure_channel(address, security) as channel:
+        stub = health_pb2_grpc.HealthStub(channel)
+        try:
+            reply = await stub.Check(health_pb2.HealthCheckRequest(), timeout=2.0)
+        except grpc.aio.AioRpcError:
+            return False
+    return bool(reply.status == health_pb2.HealthCheckResponse.SERVING)
+
+
+async def push_directory(
+    store_address: str, security: ClientSecurity, name: str, directory: Path, description: str
+) -> int:
+    """Publishes `directory` as a new current revision of `name`; the revision number."""
+    listing = await asyncio.to_thread(list_adapter_dir, directory)
+    files = await asyncio.to_thread(hash_files, listing)
+    async with secure_channel(store_address, security, _CHANNEL_OPTIONS) as channel:
+        stub = adapterstore_pb2_grpc.AdapterStoreServiceStub(channel)
+        try:
+            response = await upload(
+                stub, name, files, no_promote=False, description=description, timeout_s=60.0
+            )
+        except grpc.aio.AioRpcError as exc:
+            raise error_from_rpc(exc) from None
+    revision = int(response.revision.revision)
+    log.info("run.pushed name=%s revision=%d dir=%s", name, revision, directory)
+    return revision
+
+
+async def wait_until_routed(
+    inference_address: str,
+    security: ClientSecurity,
+    wanted: dict[str, int],
+    timeout_s: float,
+) -> None:
+    """Waits until the inference service routes each name to its wanted revision."""
+    deadline = time.monotonic() + timeout_s
+    async with secure_channel(inference_address, security) as channel:
+        stub = inference_pb2_grpc.InferenceServiceStub(channel)
+        while True:
+            try:
+                reply = await stub.ListAdapters(inference_pb.ListAdaptersRequest(), timeout=5.0)
+            except grpc.aio.AioRpcError as exc:
+                raise error_from_rpc(exc) from None
+            routed = {
+                status.name: int(status.revision)
+                for status in reply.adapters
+                if status.current and status.state == inference_pb.ADAPTER_STATE_READY
+            }
+            missing = {name: rev for name, rev in wanted.items() if routed.get(name) != rev}
+            if not missing:
+                return
+            if time.monotonic() > deadline:
+                raise DeadlineExceeded(
+                    f"the inference service did not serve {missing} within {timeout_s:.0f} s"
+                )
+            await asyncio.sleep(_POLL_S)

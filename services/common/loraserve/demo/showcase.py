@@ -1,0 +1,102 @@
+"""What the demo shows once the stack is up: the point of loraserve, in two scenes.
+
+1. One prompt, several adapters: each answers in its own voice from one base model.
+2. A push while a request streams: the running request finishes on the revision it
+   started with; a request sent after the push gets the new revision.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import AsyncIterator, Callable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+
+from loraserve.common.security import ClientSecurity
+from loraserve.demo.publish import push_directory, wait_until_routed
+from loraserve.inference.client import Delta, InferenceClient, Sampling
+
+log = logging.getLogger(__name__)
+
+PROMPT = "Tell me about the sea."
+# The adapter the second scene changes; it starts as the first voice.
+SWAP_ADAPTER = "chameleon"
+_GREEDY = Sampling(max_tokens=40, temperature=0.0)
+_LONG_GREEDY = Sampling(max_tokens=240, temperature=0.0, ignore_eos=True)
+
+
+@dataclass(frozen=True)
+class Showcase:
+    """What the scenes need: where the servers are and which adapters to use."""
+
+    store_address: str
+    inference_address: str
+    security: ClientSecurity
+    # Voice name -> its adapter directory, in the order to show them.
+    voices: Mapping[str, Path]
+    routed_timeout_s: float = 120.0
+
+
+def one_line(text: str) -> str:
+    """Text for one terminal line: the poet's line breaks shown as slashes."""
+    return " / ".join(part.strip() for part in text.strip().splitlines() if part.strip())
+
+
+async def same_prompt_scene(showcase: Showcase, say: Callable[[str], None]) -> dict[str, str]:
+    """Runs PROMPT on the base model and every voice; what each answered."""
+    say(f'One base model, one prompt, different adapters: "{PROMPT}" (greedy, 40 tokens)')
+    answers: dict[str, str] = {}
+    width = max(len(name) for name in ("(base)", *showcase.voices))
+    async with InferenceClient(showcase.inference_address, showcase.security) as client:
+        for name in ("", *showcase.voices):
+            completion = await client.generate(name, PROMPT, _GREEDY, timeout=60.0)
+            answers[name] = completion.text
+            say(f"  {name or '(base)':<{width}}  {one_line(completion.text)}")
+    return answers
+
+
+async def hot_swap_scene(
+    showcase: Showcase, first: str, second: str, say: Callable[[str], None]
+) -> None:
+    """Pushes voice `second` over SWAP_ADAPTER (serving `first`) while a request streams."""
+    say("")
+    say(
+        f'A push while a request streams: adapter "{SWAP_ADAPTER}" answers as the {first}; '
+        f"now its next revision, the {second}'s weights, is pushed mid-stream."
+    )
+    async with InferenceClient(showcase.inference_address, showcase.security) as client:
+        stream = client.stream(SWAP_ADAPTER, PROMPT, _LONG_GREEDY, timeout=120.0)
+        try:
+            opened = await anext(stream)
+            before = opened.text
+            revision = await push_directory(
+                showcase.store_address,
+                showcase.security,
+                SWAP_ADAPTER,
+                showcase.voices[second],
+                description=f"the demo's {second} voice, pushed mid-stream",
+            )
+            await wait_until_routed(
+                showcase.inference_address,
+                showcase.security,
+                {SWAP_ADAPTER: revision},
+                showcase.routed_timeout_s,
+            )
+            after_push = await client.generate(SWAP_ADAPTER, PROMPT, _GREEDY, timeout=60.0)
+            rest = await _drain(stream)
+        finally:
+            await stream.aclose()  # type: ignore[attr-defined]
+    say(f"  request 1 started on {SWAP_ADAPTER}@{opened.revision}: {one_line(before)[:60]}...")
+    say(f"  pushed {SWAP_ADAPTER}@{revision} while request 1 was streaming")
+    say(
+        f"  request 2, sent after the push, got {SWAP_ADAPTER}@{after_push.revision}: "
+        f"{one_line(after_push.text)}"
+    )
+    say(
+        f"  request 1 then finished on revision {opened.revision} undisturbed "
+        f"({len(rest)} more characters): ...{one_line(rest)[-60:]}"
+    )
+
+
+async def _drain(stream: AsyncIterator[Delta]) -> str:
+    return "".join([delta.text async for delta in stream])

@@ -1,0 +1,216 @@
+"""Rows 2, 3 and 6, inference side: what reaches the engine when an adapter is broken
+or its download is.
+
+A revision the server cannot serve (corrupt blob, rank above the engine's
+max_lora_rank, modules the model lacks, another base model) is NACKed to the store
+with its reason, and the previous revision keeps serving. A download cut mid-way
+is retried; the engine only ever loads a complete, verified directory.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import json
+from collections.abc import AsyncIterator, Callable
+from dataclasses import replace
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+from urllib.parse import urlsplit
+
+import grpc
+import pytest
+from grpc_health.v1 import health_pb2
+from safetensors.numpy import load, save
+
+from loraserve.adapterstore.blobstore import blob_key
+from loraserve.adapterstore.testing import AdapterFiles
+from loraserve.adapterstore.v1 import adapterstore_pb2 as store_pb
+from loraserve.testing.figures import add_figure
+from loraserve.testing.inferenceapp import (
+    PROMPT,
+    RunningInference,
+    adapter_files,
+    inference_app,
+)
+from loraserve.testing.models import TinyAdapterFactory
+from loraserve.testing.processes import health_status
+from loraserve.testing.s3 import S3Bucket
+from loraserve.testing.s3faults import Fault, S3FaultProxy, s3_fault_proxy
+from loraserve.testing.store import RunningStore, running_store
+from loraserve.testing.storecalls import push, store_stub
+from loraserve.tiny.oracle import greedy_tokens
+
+if TYPE_CHECKING:
+    from vllm.v1.engine.async_llm import AsyncLLM
+
+pytestmark = [pytest.mark.faults, pytest.mark.engine]
+
+GUARD_S = 60
+REPLICA = "reliability-replica"
+WEIGHTS = "adapter_model.safetensors"
+CONFIG = "adapter_config.json"
+DATA_LOSS = grpc.StatusCode.DATA_LOSS.value[0]
+FAILED_PRECONDITION = grpc.StatusCode.FAILED_PRECONDITION.value[0]
+
+
+class Stack:
+    """A store (reached through an S3 fault proxy) and an inference server synced to it."""
+
+    def __init__(
+        self, store: RunningStore, proxy: S3FaultProxy, inference: RunningInference
+    ) -> None:
+        self.store = store
+        self.proxy = proxy
+        self.inference = inference
+
+    async def push(self, name: str, files: AdapterFiles, **header: Any) -> int:
+        async with store_stub(self.store.address) as stub:
+            response = await push(stub, name, files, **header)
+        return int(response.revision.revision)
+
+    async def set_current(self, name: str, revision: int) -> None:
+        async with store_stub(self.store.address) as stub:
+            await stub.SetCurrentRevision(
+                store_pb.SetCurrentRevisionRequest(name=name, revision=revision)
+            )
+
+    async def report(self, name: str, revision: int) -> store_pb.ReplicaAdapterStatus:
+        """The replica's report about `name`@`revision`, once it has made one."""
+        async with store_stub(self.store.address) as stub, asyncio.timeout(GUARD_S):
+            while True:
+                response = await stub.GetAdapterStatus(store_pb.GetAdapterStatusRequest(name=name))
+                for status in response.statuses:
+                    if status.replica_id == REPLICA and status.reported_revision == revision:
+                        found: store_pb.ReplicaAdapterStatus = status
+                        return found
+                await asyncio.sleep(0.05)
+
+
+@pytest.fixture
+async def stack(
+    vllm_engine: AsyncLLM,
+    tiny_model_dir: Path,
+    tiny_adapter: TinyAdapterFactory,
+    s3_bucket: S3Bucket,
+    tmp_path: Path,
+) -> AsyncIterator[Stack]:
+    """Adapter `alpha` revision 1 (tiny adapter seed 1) pushed and served."""
+    s3_port = urlsplit(s3_bucket.endpoint_url).port
+    assert s3_port is not None
+    async with (
+        s3_fault_proxy(s3_port) as proxy,
+        running_store(replace(s3_bucket, endpoint_url=proxy.endpoint_url)) as store,
+    ):
+        async with store_stub(store.address) as stub:
+            await push(stub, "alpha", adapter_files(tiny_adapter(seed=1)))
+        async with inference_app(
+            vllm_engine,
+            model_dir=tiny_model_dir,
+            store_address=store.address,
+            cache_dir=tmp_path / "cache",
+            replica_id=REPLICA,
+        ) as inference:
+            yield Stack(store, proxy, inference)
+
+
+def _with_weights(
+    files: AdapterFiles, change: Callable[[dict[str, Any]], dict[str, Any]]
+) -> AdapterFiles:
+    return files | {WEIGHTS: save(change(load(files[WEIGHTS])))}
+
+
+def _with_config(files: AdapterFiles, **fields: Any) -> AdapterFiles:
+    return files | {CONFIG: json.dumps(json.loads(files[CONFIG]) | fields).encode()}
+
+
+def _retargeted(files: AdapterFiles) -> AdapterFiles:
+    """q_proj renamed to a module the Llama model does not have, consistently."""
+    config = json.loads(files[CONFIG])
+    config["target_modules"] = sorted(
+        "c_attn" if m == "q_proj" else m for m in config["target_modules"]
+    )
+    renamed = _with_weights(
+        files, lambda t: {k.replace(".q_proj.", ".c_attn."): v for k, v in t.items()}
+    )
+    return renamed | {CONFIG: json.dumps(config).encode()}
+
+
+async def _still_serves_revision_one(stack: Stack) -> None:
+    revision, tokens = await stack.inference.generate("alpha", 6)
+    assert (revision, len(tokens)) == (1, 6)
+    assert await stack.inference.current("alpha") == 1
+    assert await health_status(stack.inference.address) == health_pb2.HealthCheckResponse.SERVING
+
+
+async def test_corrupt_blob_is_nacked_with_data_loss_and_the_old_revision_keeps_serving(
+    stack: Stack, tiny_adapter: TinyAdapterFactory, s3_bucket: S3Bucket, pytestconfig: pytest.Config
+) -> None:
+    files = adapter_files(tiny_adapter(seed=2))
+    await stack.push("alpha", files, no_promote=True)
+    flipped = bytearray(files[WEIGHTS])
+    flipped[len(flipped) // 2] ^= 0x01
+    key = blob_key(hashlib.sha256(files[WEIGHTS]).hexdigest())
+    s3_bucket.client().put_object(Bucket=s3_bucket.bucket, Key=key, Body=bytes(flipped))
+    add_figure(pytestconfig, "faults.corrupt_blobs")
+    await stack.set_current("alpha", 2)
+    report = await stack.report("alpha", 2)
+    assert report.type == store_pb.REPORT_TYPE_NACK
+    assert (report.last_error.code, report.serving_revision) == (DATA_LOSS, 1)
+    assert "alpha@2" not in stack.inference.add_calls
+    await _still_serves_revision_one(stack)
+
+
+async def test_s3_read_cut_mid_download_is_retried_and_the_engine_loads_the_whole_adapter(
+    stack: Stack,
+    tiny_adapter: TinyAdapterFactory,
+    tiny_model_dir: Path,
+    tmp_path: Path,
+    pytestconfig: pytest.Config,
+) -> None:
+    source = tiny_adapter(seed=2)
+    files = adapter_files(source)
+    key = blob_key(hashlib.sha256(files[WEIGHTS]).hexdigest())
+    cut = stack.proxy.add(
+        Fault.CUT_RESPONSE, "GET", key, after_bytes=len(files[WEIGHTS]) // 2, times=2
+    )
+    await stack.push("alpha", files)
+    report = await stack.report("alpha", 2)
+    add_figure(pytestconfig, "faults.s3_cuts_mid_download", cut.hits)
+    revision, tokens = await stack.inference.generate("alpha", 8)
+    expected = await asyncio.to_thread(greedy_tokens, tiny_model_dir, source, PROMPT, 8)
+    assert cut.hits == 2
+    assert report.type == store_pb.REPORT_TYPE_ACK
+    assert stack.inference.add_calls.count("alpha@2") == 1
+    assert (revision, list(tokens)) == (2, expected)
+    assert list((tmp_path / "cache" / ".tmp").glob("*")) == []
+
+
+BAD_FOR_THE_MODEL: dict[str, tuple[Callable[[TinyAdapterFactory], AdapterFiles], str]] = {
+    "rank-above-max-lora-rank": (lambda build: adapter_files(build(rank=32, seed=5)), "rank 32"),
+    "module-the-model-lacks": (
+        lambda build: _retargeted(adapter_files(build(seed=2))),
+        "c_attn",
+    ),
+    "another-base-model": (
+        lambda build: _with_config(
+            adapter_files(build(seed=2)), base_model_name_or_path="meta-llama/Llama-3.1-8B"
+        ),
+        "Llama-3.1-8B",
+    ),
+}
+
+
+@pytest.mark.parametrize("case", BAD_FOR_THE_MODEL, ids=list(BAD_FOR_THE_MODEL))
+async def test_adapter_incompatible_with_the_model_is_nacked_and_the_old_revision_keeps_serving(
+    case: str, stack: Stack, tiny_adapter: TinyAdapterFactory, pytestconfig: pytest.Config
+) -> None:
+    build, reason = BAD_FOR_THE_MODEL[case]
+    await stack.push("alpha", build(tiny_adapter))
+    add_figure(pytestconfig, "bad_inputs.incompatible_adapters")
+    report = await stack.report("alpha", 2)
+    assert report.type == store_pb.REPORT_TYPE_NACK
+    assert report.last_error.code == FAILED_PRECONDITION
+    assert reason in report.last_error.message
+    assert "alpha@2" not in stack.inference.add_calls
+    await _still_serves_revision_one(stack)
