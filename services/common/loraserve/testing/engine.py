@@ -39,23 +39,25 @@ _TEST_KV_CACHE_GIB = "1"
 @pytest.fixture(scope="session")
 async def vllm_engine(tiny_model_dir: Path) -> AsyncIterator[AsyncLLM]:
     """The session's vLLM `AsyncLLM` with LoRA enabled, serving `tiny_model_dir` in fp32."""
-    from vllm.engine.arg_utils import AsyncEngineArgs
     from vllm.v1.engine.async_llm import AsyncLLM
 
+    from loraserve.inference.engine import engine_args
+    from loraserve.inference.settings import EngineOptions
+
     os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", _TEST_KV_CACHE_GIB)
-    args = AsyncEngineArgs(
-        model=str(tiny_model_dir),
-        dtype="float32",
-        max_model_len=MAX_MODEL_LEN,
-        enable_lora=True,
-        max_loras=MAX_LORAS,
-        max_lora_rank=MAX_LORA_RANK,
-        max_cpu_loras=MAX_CPU_LORAS,
-        # Nothing to gain from graph compilation for a model this small; it only slows start-up.
-        enforce_eager=True,
-        seed=0,
-        # Stats on: scheduler stats (running/waiting, KV-cache use) are only sent with them.
-        disable_log_stats=False,
+    # Built with the server's own engine-argument code, so the tests exercise it.
+    args = engine_args(
+        EngineOptions(
+            model=str(tiny_model_dir),
+            max_loras=MAX_LORAS,
+            max_lora_rank=MAX_LORA_RANK,
+            max_cpu_loras=MAX_CPU_LORAS,
+            max_model_len=MAX_MODEL_LEN,
+            dtype="float32",
+            # Nothing to gain from graph compilation for a model this small; it only
+            # slows start-up.
+            extra={"enforce_eager": True, "seed": 0},
+        )
     )
     started = time.monotonic()
     # Built inside the session's event loop: AsyncLLM binds its output handler to it.
