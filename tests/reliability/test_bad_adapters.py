@@ -28,6 +28,7 @@ from loraserve.adapterstore.testing import (
     tiny_adapter,
 )
 from loraserve.adapterstore.v1 import adapterstore_pb2 as pb
+from loraserve.testing.figures import add_figure
 from loraserve.testing.processes import eventually, health_status
 from loraserve.testing.s3 import S3Bucket
 from loraserve.testing.store import RunningStore
@@ -166,8 +167,9 @@ async def seeded_store(store_server: RunningStore) -> RunningStore:
 
 @pytest.mark.parametrize("case", BAD_ADAPTERS, ids=lambda c: c.id)
 async def test_bad_adapter_is_invalid_argument_and_writes_nothing(
-    case: Bad, seeded_store: RunningStore, s3_bucket: S3Bucket
+    case: Bad, seeded_store: RunningStore, s3_bucket: S3Bucket, pytestconfig: pytest.Config
 ) -> None:
+    add_figure(pytestconfig, "bad_inputs.adapters_pushed")
     error = await _expect_refused(seeded_store, s3_bucket, _pb_requests(case))
     assert error.code() == grpc.StatusCode.INVALID_ARGUMENT
     assert case.message in (error.details() or "")
@@ -175,8 +177,9 @@ async def test_bad_adapter_is_invalid_argument_and_writes_nothing(
 
 @pytest.mark.parametrize("name", BAD_NAMES.values(), ids=BAD_NAMES.keys())
 async def test_bad_name_push_is_invalid_argument_and_writes_nothing(
-    name: str, seeded_store: RunningStore, s3_bucket: S3Bucket
+    name: str, seeded_store: RunningStore, s3_bucket: S3Bucket, pytestconfig: pytest.Config
 ) -> None:
+    add_figure(pytestconfig, "bad_inputs.names")
     error = await _expect_refused(seeded_store, s3_bucket, push_requests(name, tiny_adapter()))
     assert error.code() == grpc.StatusCode.INVALID_ARGUMENT
     assert "invalid adapter name" in (error.details() or "")

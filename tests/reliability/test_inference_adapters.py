@@ -2,7 +2,8 @@
 or its download is.
 
 A revision the server cannot serve (corrupt blob, rank above the engine's
-max_lora_rank, modules the model lacks, another base model) is NACKed to the store
+max_lora_rank, modules the model lacks, tensor shapes that do not fit the model's
+layers, another base model) is NACKed to the store
 with its reason, and the previous revision keeps serving. A download cut mid-way
 is retried; the engine only ever loads a complete, verified directory.
 """
@@ -19,6 +20,7 @@ from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit
 
 import grpc
+import numpy as np
 import pytest
 from grpc_health.v1 import health_pb2
 from safetensors.numpy import load, save
@@ -136,6 +138,17 @@ def _retargeted(files: AdapterFiles) -> AdapterFiles:
     return renamed | {CONFIG: json.dumps(config).encode()}
 
 
+def _resized(files: AdapterFiles, module: str, side: str, columns: int, rows: int) -> AdapterFiles:
+    """One layer's lora_A or lora_B cut or padded to another size, rank kept."""
+
+    def change(tensors: dict[str, Any]) -> dict[str, Any]:
+        name = f"base_model.model.model.layers.0.self_attn.{module}.lora_{side}.weight"
+        tensors[name] = np.resize(tensors[name], (rows, columns)).astype(tensors[name].dtype)
+        return tensors
+
+    return _with_weights(files, change)
+
+
 async def _still_serves_revision_one(stack: Stack) -> None:
     revision, tokens = await stack.inference.generate("alpha", 6)
     assert (revision, len(tokens)) == (1, 6)
@@ -191,6 +204,14 @@ BAD_FOR_THE_MODEL: dict[str, tuple[Callable[[TinyAdapterFactory], AdapterFiles],
     "module-the-model-lacks": (
         lambda build: _retargeted(adapter_files(build(seed=2))),
         "c_attn",
+    ),
+    "lora-a-narrower-than-its-layer": (
+        lambda build: _resized(adapter_files(build(seed=2)), "q_proj", "A", columns=64, rows=8),
+        "q_proj.lora_A.weight has shape [8, 64]",
+    ),
+    "lora-b-taller-than-its-layer": (
+        lambda build: _resized(adapter_files(build(seed=2)), "v_proj", "B", columns=8, rows=256),
+        "v_proj.lora_B.weight has shape [256, 8]",
     ),
     "another-base-model": (
         lambda build: _with_config(

@@ -20,6 +20,7 @@ from grpc_health.v1 import health_pb2
 from loraserve.adapterstore.blobstore import blob_key
 from loraserve.adapterstore.testing import tiny_adapter
 from loraserve.adapterstore.v1 import adapterstore_pb2 as pb
+from loraserve.testing.figures import add_figure
 from loraserve.testing.processes import health_status
 from loraserve.testing.s3 import S3Bucket
 from loraserve.testing.s3faults import Fault, S3FaultProxy, s3_fault_proxy
@@ -64,14 +65,19 @@ async def _download(stub: Any, name: str) -> tuple[pb.Revision, dict[str, bytes]
 
 
 async def test_push_with_every_s3_upload_cut_fails_unavailable_and_commits_nothing(
-    proxied_store: RunningStore, proxy: S3FaultProxy, s3_bucket: S3Bucket
+    proxied_store: RunningStore,
+    proxy: S3FaultProxy,
+    s3_bucket: S3Bucket,
+    pytestconfig: pytest.Config,
 ) -> None:
     before = s3_bucket.keys()
-    cut = proxy.add(Fault.CUT_REQUEST, "PUT", "tmp/", after_bytes=100)
+    # Every PUT: each upload of the push, whatever key layout the blob store uses.
+    cut = proxy.add(Fault.CUT_REQUEST, "PUT", "", after_bytes=100)
     async with store_stub(proxied_store.address) as stub:
         with pytest.raises(grpc.aio.AioRpcError) as caught:
             await push(stub, "cut", tiny_adapter())
         listed = await stub.ListAdapters(pb.ListAdaptersRequest())
+    add_figure(pytestconfig, "faults.s3_cuts_mid_push", cut.hits)
     assert caught.value.code() == grpc.StatusCode.UNAVAILABLE
     assert "object storage" in (caught.value.details() or "")
     assert cut.hits >= 2  # boto3 retried before giving up
@@ -81,28 +87,38 @@ async def test_push_with_every_s3_upload_cut_fails_unavailable_and_commits_nothi
 
 
 async def test_push_with_one_s3_upload_cut_is_retried_and_commits_once(
-    proxied_store: RunningStore, proxy: S3FaultProxy, s3_bucket: S3Bucket
+    proxied_store: RunningStore,
+    proxy: S3FaultProxy,
+    s3_bucket: S3Bucket,
+    pytestconfig: pytest.Config,
 ) -> None:
-    cut = proxy.add(Fault.CUT_REQUEST, "PUT", "tmp/", after_bytes=100, times=1)
+    # The push's first PUT is one of its uploads, whatever key layout the blob store uses.
+    cut = proxy.add(Fault.CUT_REQUEST, "PUT", "", after_bytes=100, times=1)
     files = tiny_adapter()
+    before = set(s3_bucket.keys())
     async with store_stub(proxied_store.address) as stub:
         pushed = await push(stub, "cut-once", files)
         _, downloaded = await _download(stub, "cut-once")
+    add_figure(pytestconfig, "faults.s3_cuts_mid_push", cut.hits)
     assert cut.hits == 1
     assert (pushed.revision.revision, pushed.seq) == (1, 1)
     assert downloaded == files
+    assert set(s3_bucket.keys()) - before == {
+        *(blob_key(hashlib.sha256(data).hexdigest()) for data in files.values()),
+        *keys_under(s3_bucket.keys(), "log/"),
+    }
     assert len(keys_under(s3_bucket.keys(), "log/")) == 1
-    assert keys_under(s3_bucket.keys(), "tmp/") == []
 
 
 async def test_download_with_s3_read_cut_ends_unavailable_and_the_next_download_is_whole(
-    proxied_store: RunningStore, proxy: S3FaultProxy
+    proxied_store: RunningStore, proxy: S3FaultProxy, pytestconfig: pytest.Config
 ) -> None:
     files = tiny_adapter()
     async with store_stub(proxied_store.address) as stub:
         await push(stub, "read-cut", files)
         weights_key = blob_key(hashlib.sha256(files[WEIGHTS]).hexdigest())
         proxy.add(Fault.CUT_RESPONSE, "GET", weights_key, after_bytes=2000, times=1)
+        add_figure(pytestconfig, "faults.s3_cuts_mid_download")
         with pytest.raises(grpc.aio.AioRpcError) as caught:
             await _download(stub, "read-cut")
         _, downloaded = await _download(stub, "read-cut")

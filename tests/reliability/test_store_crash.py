@@ -16,6 +16,7 @@ import pytest
 
 from loraserve.adapterstore.testing import tiny_adapter
 from loraserve.adapterstore.v1 import adapterstore_pb2 as pb
+from loraserve.testing.figures import add_figure
 from loraserve.testing.processes import free_port, store_process
 from loraserve.testing.s3 import S3Bucket
 from loraserve.testing.s3faults import Fault, s3_fault_proxy
@@ -32,7 +33,9 @@ pytestmark = [pytest.mark.faults, pytest.mark.slow]
 GUARD_S = 60
 
 
-async def _kill_store_before_commit(bucket: S3Bucket, log_dir: Path, port: int) -> None:
+async def _kill_store_before_commit(
+    bucket: S3Bucket, log_dir: Path, port: int, config: pytest.Config
+) -> None:
     """Pushes through a store that is SIGKILLed once its commit reaches S3."""
     s3_port = urlsplit(bucket.endpoint_url).port
     assert s3_port is not None
@@ -50,6 +53,7 @@ async def _kill_store_before_commit(bucket: S3Bucket, log_dir: Path, port: int) 
             assert len(keys_under(bucket.keys(), "blobs/")) == 2
             store.kill()
             await store.wait()
+            add_figure(config, "faults.sigkill_store")
             with pytest.raises(grpc.aio.AioRpcError) as caught:
                 await pushing
             assert caught.value.code() == grpc.StatusCode.UNAVAILABLE
@@ -57,10 +61,10 @@ async def _kill_store_before_commit(bucket: S3Bucket, log_dir: Path, port: int) 
 
 
 async def test_store_killed_before_commit_leaves_no_revision_and_no_event(
-    s3_bucket: S3Bucket, tmp_path: Path
+    s3_bucket: S3Bucket, tmp_path: Path, pytestconfig: pytest.Config
 ) -> None:
     port = free_port()
-    await _kill_store_before_commit(s3_bucket, tmp_path, port)
+    await _kill_store_before_commit(s3_bucket, tmp_path, port, pytestconfig)
     assert keys_under(s3_bucket.keys(), "log/") == []
     async with (
         store_process(s3_bucket, tmp_path / "store-restarted.log", port=port) as store,
@@ -77,10 +81,10 @@ async def test_store_killed_before_commit_leaves_no_revision_and_no_event(
 
 
 async def test_push_retried_after_the_kill_commits_revision_one_exactly_once(
-    s3_bucket: S3Bucket, tmp_path: Path
+    s3_bucket: S3Bucket, tmp_path: Path, pytestconfig: pytest.Config
 ) -> None:
     port = free_port()
-    await _kill_store_before_commit(s3_bucket, tmp_path, port)
+    await _kill_store_before_commit(s3_bucket, tmp_path, port, pytestconfig)
     async with (
         store_process(s3_bucket, tmp_path / "store-restarted.log", port=port) as store,
         store_stub(store.address) as stub,

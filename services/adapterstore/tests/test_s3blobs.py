@@ -4,11 +4,15 @@ from __future__ import annotations
 
 import hashlib
 import os
+import threading
+import time
+from typing import Any
 
 import pytest
 
-from loraserve.adapterstore.blobstore import BlobNotFound, blob_key
+from loraserve.adapterstore.blobstore import BlobNotFound, BlobUpload, blob_key
 from loraserve.adapterstore.s3blobs import MIN_PART_SIZE, S3BlobStore, S3Location
+from loraserve.adapterstore.testing import s3_location
 from loraserve.testing.s3 import S3Bucket
 
 
@@ -24,15 +28,28 @@ def _store(bucket: S3Bucket, prefix: str = "store") -> S3BlobStore:
     return S3BlobStore(location, part_size=MIN_PART_SIZE)
 
 
+def _multipart_uploads(bucket: S3Bucket) -> list[str]:
+    uploads = bucket.client().list_multipart_uploads(Bucket=bucket.bucket)
+    return [u["Key"] for u in uploads.get("Uploads", [])]
+
+
+async def _write(upload: BlobUpload, data: bytes) -> None:
+    for start in range(0, len(data), 1024 * 1024):
+        await upload.write(data[start : start + 1024 * 1024])
+
+
+def _sha256(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
 async def test_multipart_upload_keeps_content_at_its_sha256(s3_bucket: S3Bucket) -> None:
     store = _store(s3_bucket)
     data = os.urandom(2 * MIN_PART_SIZE + 12345)
     upload = await store.start_upload()
-    for start in range(0, len(data), 1024 * 1024):
-        await upload.write(data[start : start + 1024 * 1024])
-    staged = await upload.finish()
-    key = await store.keep(staged)
-    assert (staged.sha256, staged.size) == (hashlib.sha256(data).hexdigest(), len(data))
+    await _write(upload, data)
+    received = await upload.finish()
+    key = await upload.keep()
+    assert (received.sha256, received.size) == (_sha256(data), len(data))
     assert await store.get(key) == data
     assert s3_bucket.keys() == [f"store/{key}"]
 
@@ -42,8 +59,9 @@ async def test_keeping_identical_content_twice_leaves_one_blob(s3_bucket: S3Buck
     for _ in range(2):
         upload = await store.start_upload()
         await upload.write(b"same bytes")
-        await store.keep(await upload.finish())
-    assert s3_bucket.keys() == [f"store/{blob_key(hashlib.sha256(b'same bytes').hexdigest())}"]
+        await upload.finish()
+        await upload.keep()
+    assert s3_bucket.keys() == [f"store/{blob_key(_sha256(b'same bytes'))}"]
 
 
 async def test_aborted_upload_leaves_no_object_and_no_multipart_upload(
@@ -54,8 +72,118 @@ async def test_aborted_upload_leaves_no_object_and_no_multipart_upload(
     await upload.write(os.urandom(MIN_PART_SIZE + 1))
     await upload.abort()
     assert s3_bucket.keys() == []
-    uploads = s3_bucket.client().list_multipart_uploads(Bucket=s3_bucket.bucket)
-    assert uploads.get("Uploads", []) == []
+    assert _multipart_uploads(s3_bucket) == []
+
+
+async def test_declared_upload_is_invisible_until_kept_at_its_sha256(
+    s3_bucket: S3Bucket,
+) -> None:
+    store = _store(s3_bucket)
+    data = os.urandom(3 * MIN_PART_SIZE + 12345)
+    upload = await store.start_upload(_sha256(data))
+    await _write(upload, data)
+    received = await upload.finish()
+    keys_before_keep = s3_bucket.keys()
+    key = await upload.keep()
+    assert keys_before_keep == []
+    assert (received.sha256, received.size, key) == (
+        _sha256(data),
+        len(data),
+        blob_key(received.sha256),
+    )
+    assert await store.get(key) == data
+    assert s3_bucket.keys() == [f"store/{key}"]
+    assert _multipart_uploads(s3_bucket) == []
+
+
+async def test_declared_upload_of_other_bytes_is_never_kept(s3_bucket: S3Bucket) -> None:
+    store = _store(s3_bucket)
+    data = os.urandom(MIN_PART_SIZE + 1)
+    upload = await store.start_upload(_sha256(b"something else"))
+    await _write(upload, data)
+    received = await upload.finish()
+    with pytest.raises(RuntimeError, match="refusing to keep"):
+        await upload.keep()
+    await upload.abort()
+    assert received.sha256 == _sha256(data)
+    assert s3_bucket.keys() == []
+    assert _multipart_uploads(s3_bucket) == []
+
+
+async def test_aborted_declared_upload_leaves_no_object_and_no_multipart_upload(
+    s3_bucket: S3Bucket,
+) -> None:
+    store = _store(s3_bucket)
+    data = os.urandom(2 * MIN_PART_SIZE)
+    upload = await store.start_upload(_sha256(data))
+    await _write(upload, data)
+    await upload.finish()
+    await upload.abort()
+    assert s3_bucket.keys() == []
+    assert _multipart_uploads(s3_bucket) == []
+
+
+async def test_declared_upload_of_a_stored_blob_sends_no_bytes_but_hashes_them(
+    s3_bucket: S3Bucket,
+) -> None:
+    store = _store(s3_bucket)
+    data = os.urandom(MIN_PART_SIZE + 1)
+    first = await store.start_upload(_sha256(data))
+    await _write(first, data)
+    await first.finish()
+    await first.keep()
+    second = await store.start_upload(_sha256(data))
+    await _write(second, data[:-1] + b"?")
+    received = await second.finish()
+    uploads_while_receiving = _multipart_uploads(s3_bucket)
+    with pytest.raises(RuntimeError, match="refusing to keep"):
+        await second.keep()
+    await second.abort()
+    assert uploads_while_receiving == []
+    assert received.sha256 != _sha256(data)
+    assert await store.get(blob_key(_sha256(data))) == data
+
+
+@pytest.mark.parametrize("size", [0, 10], ids=["empty", "small"])
+async def test_declared_file_smaller_than_a_part_is_kept(s3_bucket: S3Bucket, size: int) -> None:
+    store = _store(s3_bucket)
+    data = os.urandom(size)
+    upload = await store.start_upload(_sha256(data))
+    await upload.write(data)
+    await upload.finish()
+    keys_before_keep = s3_bucket.keys()
+    key = await upload.keep()
+    assert keys_before_keep == []
+    assert await store.get(key) == data
+
+
+async def test_upload_sends_at_most_parts_in_flight_parts_at_once(s3_bucket: S3Bucket) -> None:
+    store = S3BlobStore(s3_location(s3_bucket), part_size=MIN_PART_SIZE, parts_in_flight=2)
+    sending = 0
+    most = 0
+    upload_part = store.client.upload_part
+
+    def counting_upload_part(**kwargs: Any) -> Any:
+        nonlocal sending, most
+        with lock:
+            sending += 1
+            most = max(most, sending)
+        try:
+            time.sleep(0.05)  # keeps each part on the wire long enough to overlap the next
+            return upload_part(**kwargs)
+        finally:
+            with lock:
+                sending -= 1
+
+    lock = threading.Lock()
+    store.client.upload_part = counting_upload_part  # type: ignore[method-assign]
+    data = os.urandom(6 * MIN_PART_SIZE)
+    upload = await store.start_upload(_sha256(data))
+    await _write(upload, data)
+    await upload.finish()
+    key = await upload.keep()
+    assert 1 <= most <= 2
+    assert await store.get(key) == data
 
 
 async def test_conditional_put_refuses_a_taken_key(s3_bucket: S3Bucket) -> None:

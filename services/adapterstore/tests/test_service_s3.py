@@ -25,6 +25,7 @@ from loraserve.adapterstore.testing import (
 from loraserve.adapterstore.v1 import adapterstore_pb2 as pb
 from loraserve.adapterstore.v1 import adapterstore_pb2_grpc as pb_grpc
 from loraserve.testing.s3 import S3Bucket
+from loraserve.testing.storecalls import keys_under
 
 GUARD_S = 30
 
@@ -73,15 +74,25 @@ async def server(s3_bucket: S3Bucket):  # type: ignore[no-untyped-def]
         yield running
 
 
+def _multipart_uploads(bucket: S3Bucket) -> list[str]:
+    uploads = bucket.client().list_multipart_uploads(Bucket=bucket.bucket)
+    return [u["Key"] for u in uploads.get("Uploads", [])]
+
+
 def _big_adapter() -> AdapterFiles:
     """About 12 MiB of weights: more than two S3 parts of the test's 5 MiB."""
     tensors = lora_tensors(rank=64, layers=6, hidden=2048)
     return {"adapter_config.json": lora_config(64), "adapter_model.safetensors": save(tensors)}
 
 
-async def test_push_then_list_get_and_download_byte_identical(server: StoreServer) -> None:
+@pytest.mark.parametrize("declare_sha256", [True, False], ids=["sha256-declared", "undeclared"])
+async def test_push_then_list_get_and_download_byte_identical(
+    server: StoreServer, s3_bucket: S3Bucket, declare_sha256: bool
+) -> None:
     files = _big_adapter() | {"README.md": b"# big"}
-    pushed = await _push(server.stub, "big", files, description="first")
+    pushed = await _push(
+        server.stub, "big", files, description="first", declare_sha256=declare_sha256
+    )
     listed = await server.stub.ListAdapters(pb.ListAdaptersRequest())
     revisions = await server.stub.ListRevisions(pb.ListRevisionsRequest(name="big"))
     got = await server.stub.GetAdapter(pb.GetAdapterRequest(name="big"))
@@ -96,6 +107,22 @@ async def test_push_then_list_get_and_download_byte_identical(server: StoreServe
     for info in manifest.files:
         assert info.sha256 == hashlib.sha256(files[info.name]).hexdigest()
         assert info.size == len(files[info.name])
+    assert keys_under(s3_bucket.keys(), "tmp/") == []
+    assert _multipart_uploads(s3_bucket) == []
+
+
+async def test_push_of_stored_content_adds_no_blob(
+    server: StoreServer, s3_bucket: S3Bucket
+) -> None:
+    files = _big_adapter()
+    await _push(server.stub, "first", files)
+    blobs = keys_under(s3_bucket.keys(), "blobs/")
+    pushed = await _push(server.stub, "second", files)
+    _, downloaded = await _download(server.stub, "second")
+    assert pushed.revision.revision == 1
+    assert downloaded == files
+    assert keys_under(s3_bucket.keys(), "blobs/") == blobs
+    assert _multipart_uploads(s3_bucket) == []
 
 
 async def test_ten_concurrent_pushes_through_two_stores_number_revisions_one_to_ten(
@@ -111,9 +138,10 @@ async def test_ten_concurrent_pushes_through_two_stores_number_revisions_one_to_
     assert [r.revision for r in listed.revisions] == list(range(10, 0, -1))
 
 
+@pytest.mark.parametrize("declare_sha256", [True, False], ids=["sha256-declared", "undeclared"])
 @pytest.mark.parametrize("case", BAD_PUSHES, ids=lambda c: c.id)
 async def test_bad_push_is_invalid_argument_and_leaves_bucket_unchanged(
-    case: BadPush, server: StoreServer, s3_bucket: S3Bucket
+    case: BadPush, declare_sha256: bool, server: StoreServer, s3_bucket: S3Bucket
 ) -> None:
     await _push(server.stub, "good", tiny_adapter())
     before = s3_bucket.keys()
@@ -124,7 +152,14 @@ async def test_bad_push_is_invalid_argument_and_leaves_bucket_unchanged(
                 pb.FileInfo(name=f.name, size=f.size, sha256=f.sha256) for f in case.header_files
             ]
             if case.header_files is not None
-            else [pb.FileInfo(name=n, size=len(d)) for n, d in case.files.items()],
+            else [
+                pb.FileInfo(
+                    name=n,
+                    size=len(d),
+                    sha256=hashlib.sha256(d).hexdigest() if declare_sha256 else "",
+                )
+                for n, d in case.files.items()
+            ],
         )
     )
     if case.chunks is not None:
@@ -141,6 +176,7 @@ async def test_bad_push_is_invalid_argument_and_leaves_bucket_unchanged(
     assert caught.value.code() == grpc.StatusCode.INVALID_ARGUMENT
     assert case.message in (caught.value.details() or "")
     assert s3_bucket.keys() == before
+    assert _multipart_uploads(s3_bucket) == []
 
 
 async def test_watch_resumed_from_last_seq_gets_each_missed_change_once_in_order(

@@ -5,16 +5,19 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from safetensors.torch import load_file, save_file
 
 from loraserve.common.errors import FailedPrecondition, InvalidArgument
 from loraserve.inference.compat import (
     LLAMA_TARGET_MODULES,
     AdapterFacts,
     CompatibilityChecker,
+    model_lora_shapes,
     model_lora_targets,
     smallest_covering_rank,
     supported_lora_ranks,
 )
+from loraserve.testing.models import TinyAdapterFactory
 
 VLLM_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)
 
@@ -86,3 +89,30 @@ def test_auto_rank_is_the_smallest_covering_supported_rank(ranks: list[int], exp
 def test_auto_rank_beyond_vllm_is_invalid() -> None:
     with pytest.raises(InvalidArgument, match="1024"):
         smallest_covering_rank([1024], VLLM_RANKS)
+
+
+def _shape_checker(tiny_model_dir: Path) -> CompatibilityChecker:
+    return CompatibilityChecker(
+        max_lora_rank=16,
+        target_modules=LLAMA_TARGET_MODULES,
+        served_model_name=str(tiny_model_dir),
+        module_shapes=model_lora_shapes(tiny_model_dir),
+    )
+
+
+def test_adapter_with_shapes_of_the_model_passes_the_weights_check(
+    tiny_model_dir: Path, tiny_adapter: TinyAdapterFactory
+) -> None:
+    _shape_checker(tiny_model_dir).check_weights("alpha", 1, tiny_adapter(seed=1))
+
+
+def test_lora_tensor_narrower_than_its_layer_is_refused_naming_it(
+    tiny_model_dir: Path, tiny_adapter: TinyAdapterFactory, tmp_path: Path
+) -> None:
+    source = tiny_adapter(seed=1)
+    tensors = load_file(source / "adapter_model.safetensors")
+    name = "base_model.model.model.layers.0.self_attn.q_proj.lora_A.weight"
+    tensors[name] = tensors[name][:, :64].contiguous()
+    save_file(tensors, tmp_path / "adapter_model.safetensors")
+    with pytest.raises(FailedPrecondition, match=r"q_proj\.lora_A\.weight has shape \[8, 64\]"):
+        _shape_checker(tiny_model_dir).check_weights("alpha", 1, tmp_path)

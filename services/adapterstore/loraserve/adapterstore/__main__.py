@@ -54,7 +54,9 @@ async def _start_when_reachable(
 
 
 async def serve(settings: AdapterStoreSettings) -> None:
-    blobs = S3BlobStore(settings.s3, part_size=settings.part_size)
+    blobs = S3BlobStore(
+        settings.s3, part_size=settings.part_size, parts_in_flight=settings.parts_in_flight
+    )
     store = AdapterStore(
         blobs, ChangeLog(blobs, settings.log), ReplicaStatusStore(blobs), settings.store
     )

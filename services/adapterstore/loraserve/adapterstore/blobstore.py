@@ -1,9 +1,9 @@
 """The seam between the store's logic and object storage.
 
 Keys are relative to the store's own prefix; an implementation adds its bucket
-and prefix. Content-addressed blobs live at `blobs/sha256/<hex>`: a file is
-first staged under a temporary key while it is hashed, and only `keep` moves
-it to its content address, so a rejected push leaves nothing behind.
+and prefix. Content-addressed blobs live at `blobs/sha256/<hex>`. A pushed file
+streams into a `BlobUpload` that keeps its bytes invisible there until `keep`,
+so a rejected push leaves nothing behind and a blob never holds wrong content.
 """
 
 from __future__ import annotations
@@ -28,20 +28,26 @@ class BlobNotFound(Exception):
 
 
 @dataclass(frozen=True, slots=True)
-class StagedBlob:
-    """A file uploaded to a temporary key, hashed, not yet at its content address."""
+class ReceivedBlob:
+    """What `BlobUpload.finish` measured of the bytes written."""
 
-    temp_key: str
     sha256: str
     size: int
 
 
 class BlobUpload(Protocol):
-    """A streaming upload in bounded memory; exactly one of `finish`/`abort` ends it."""
+    """A file streamed to storage in bounded memory, invisible until kept.
+
+    `write` the bytes, `finish` to hash them all, then `keep` to make them readable
+    at their content address. `abort` ends an upload that will not be kept, at any
+    point before `keep` returns, and removes what it wrote."""
 
     async def write(self, data: bytes) -> None: ...
 
-    async def finish(self) -> StagedBlob: ...
+    async def finish(self) -> ReceivedBlob: ...
+
+    async def keep(self) -> str:
+        """Makes the finished bytes readable at `blob_key(sha256)`; returns that key."""
 
     async def abort(self) -> None: ...
 
@@ -50,15 +56,10 @@ class BlobStore(Protocol):
     async def check(self) -> None:
         """Raises if the storage cannot be reached (used for health)."""
 
-    async def start_upload(self) -> BlobUpload:
-        """Starts staging a new file under a fresh temporary key."""
-
-    async def keep(self, staged: StagedBlob) -> str:
-        """Moves a staged file to its content address (unless a blob is there
-        already), deletes the temporary key and returns the blob's key."""
-
-    async def discard(self, staged: StagedBlob) -> None:
-        """Deletes a staged file that will not be kept."""
+    async def start_upload(self, sha256: str = "") -> BlobUpload:
+        """Starts receiving a file. `sha256`, when the sender declared it, lets the
+        bytes go straight towards their content address (and skips sending bytes a
+        blob there already holds); `keep` then refuses any other content."""
 
     async def put(self, key: str, data: bytes) -> None:
         """Writes a small object, replacing any object at `key`."""

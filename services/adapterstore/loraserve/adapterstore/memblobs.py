@@ -1,8 +1,8 @@
 """An in-memory BlobStore for fast unit tests of the store's logic.
 
 It keeps S3's semantics that the logic relies on (ordered listing, conditional
-put, content-addressed keep) and nothing else; the S3 implementation has its own
-tests against a real S3 HTTP endpoint.
+put, uploads invisible until kept at their content address) and nothing else;
+the S3 implementation has its own tests against a real S3 HTTP endpoint.
 """
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ import hashlib
 import uuid
 from collections.abc import AsyncIterator
 
-from loraserve.adapterstore.blobstore import BlobNotFound, StagedBlob, blob_key
+from loraserve.adapterstore.blobstore import BlobNotFound, ReceivedBlob, blob_key
 
 
 class MemoryBlobStore:
@@ -22,17 +22,8 @@ class MemoryBlobStore:
     async def check(self) -> None:
         return None
 
-    async def start_upload(self) -> _MemoryUpload:
-        return _MemoryUpload(self, f"tmp/{uuid.uuid4().hex}")
-
-    async def keep(self, staged: StagedBlob) -> str:
-        key = blob_key(staged.sha256)
-        self.objects.setdefault(key, self.objects[staged.temp_key])
-        del self.objects[staged.temp_key]
-        return key
-
-    async def discard(self, staged: StagedBlob) -> None:
-        self.objects.pop(staged.temp_key, None)
+    async def start_upload(self, sha256: str = "") -> _MemoryUpload:
+        return _MemoryUpload(self, sha256)
 
     async def put(self, key: str, data: bytes) -> None:
         self.objects[key] = bytes(data)
@@ -64,19 +55,28 @@ class MemoryBlobStore:
 
 
 class _MemoryUpload:
-    def __init__(self, store: MemoryBlobStore, key: str) -> None:
+    def __init__(self, store: MemoryBlobStore, declared_sha256: str) -> None:
         self._store = store
-        self._key = key
+        self._declared = declared_sha256
+        self._id = uuid.uuid4().hex
         self._data = bytearray()
-        store.open_uploads.add(key)
+        self._sha256 = ""
+        store.open_uploads.add(self._id)
 
     async def write(self, data: bytes) -> None:
         self._data += data
 
-    async def finish(self) -> StagedBlob:
-        self._store.open_uploads.discard(self._key)
-        self._store.objects[self._key] = bytes(self._data)
-        return StagedBlob(self._key, hashlib.sha256(self._data).hexdigest(), len(self._data))
+    async def finish(self) -> ReceivedBlob:
+        self._sha256 = hashlib.sha256(self._data).hexdigest()
+        return ReceivedBlob(self._sha256, len(self._data))
+
+    async def keep(self) -> str:
+        if not self._sha256 or (self._declared and self._sha256 != self._declared):
+            raise RuntimeError(f"upload of sha256 {self._sha256} kept as {self._declared}")
+        key = blob_key(self._sha256)
+        self._store.objects.setdefault(key, bytes(self._data))
+        self._store.open_uploads.discard(self._id)
+        return key
 
     async def abort(self) -> None:
-        self._store.open_uploads.discard(self._key)
+        self._store.open_uploads.discard(self._id)

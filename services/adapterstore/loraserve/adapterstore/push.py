@@ -1,10 +1,11 @@
-"""Receives a pushed adapter: streams each file to a staged blob while checking it.
+"""Receives a pushed adapter: streams each file to a blob upload while checking it.
 
 Files arrive as chunks, file by file in header order, offsets sequential. Each
-file streams into its own staged upload, so memory stays bounded by the upload's
-part size. The safetensors header is checked as soon as it has arrived, so a bad
-file is refused before gigabytes are uploaded. On any failure, cancellation
-included, every staged upload is removed before the error propagates.
+file streams into its own upload, so memory stays bounded by the upload's parts
+in flight. The safetensors header is checked as soon as it has arrived, so a bad
+file is refused before gigabytes are uploaded. Uploads stay invisible until the
+whole push has validated and `keep_files` keeps them; on any failure before that,
+cancellation included, every upload is aborted before the error propagates.
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ import logging
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 
-from loraserve.adapterstore.blobstore import BlobStore, BlobUpload, StagedBlob
+from loraserve.adapterstore.blobstore import BlobStore, BlobUpload, ReceivedBlob
 from loraserve.adapterstore.model import FileInfo
 from loraserve.adapterstore.validation import (
     CONFIG_FILE,
@@ -47,16 +48,16 @@ class Chunk:
 
 
 @dataclass(frozen=True, slots=True)
-class StagedFile:
+class ReceivedFile:
     info: FileInfo
-    blob: StagedBlob
+    upload: BlobUpload
 
 
 @dataclass(frozen=True, slots=True)
 class ReceivedAdapter:
-    """A fully received and validated push; its blobs are staged, not yet kept."""
+    """A fully received and validated push; its uploads are finished, not yet kept."""
 
-    files: list[StagedFile]
+    files: list[ReceivedFile]
     config: LoraConfig
 
 
@@ -104,7 +105,7 @@ class _FileReceiver:
                 parse_safetensors_header, header, self.declared.size
             )
 
-    async def finish(self) -> StagedBlob:
+    async def finish(self) -> ReceivedBlob:
         name = self.declared.name
         if self.received != self.declared.size:
             raise InvalidArgument(
@@ -120,9 +121,9 @@ class _FileReceiver:
 async def receive_adapter(
     header: PushHeader, chunks: AsyncIterator[Chunk], blobs: BlobStore
 ) -> ReceivedAdapter:
-    """Stages and validates every declared file. The header's names and sizes must
-    already have passed `validation.check_declared_files`."""
-    staged: list[StagedFile] = []
+    """Uploads and validates every declared file, keeping none of them. The header's
+    names, sizes and sha256s must already have passed `validation.check_declared_files`."""
+    received: list[ReceivedFile] = []
     receiver: _FileReceiver | None = None
     pending = list(header.files)
     config_bytes = b""
@@ -138,7 +139,9 @@ async def receive_adapter(
         except BaseException:
             await _abort(current.upload)
             raise
-        staged.append(StagedFile(FileInfo(current.declared.name, blob.size, blob.sha256), blob))
+        received.append(
+            ReceivedFile(FileInfo(current.declared.name, blob.size, blob.sha256), current.upload)
+        )
         _check_sha256(current.declared, blob)
         if current.declared.name == CONFIG_FILE:
             config_bytes = bytes(current.captured)
@@ -158,7 +161,7 @@ async def receive_adapter(
             declared = pending[0]
             if declared.name == file_name:
                 pending.pop(0)
-                receiver = _FileReceiver(declared, await blobs.start_upload())
+                receiver = await _open(declared, blobs)
                 return
             if declared.size != 0:
                 if file_name is None:
@@ -168,7 +171,7 @@ async def receive_adapter(
                     "files must be sent in header order"
                 )
             pending.pop(0)
-            receiver = _FileReceiver(declared, await blobs.start_upload())
+            receiver = await _open(declared, blobs)
             await close_current()
 
     try:
@@ -183,12 +186,33 @@ async def receive_adapter(
     except BaseException:
         if receiver is not None:
             await _abort(receiver.upload)
-        await _discard(blobs, [s.blob for s in staged])
+        await abort_files(received)
         raise
-    return ReceivedAdapter(staged, config)
+    return ReceivedAdapter(received, config)
 
 
-def _check_sha256(declared: FileInfo, blob: StagedBlob) -> None:
+async def keep_files(received: ReceivedAdapter) -> None:
+    """Makes every file of a validated push readable at its content address. A
+    failure aborts the files not kept yet; the ones kept are correct content that no
+    revision names (garbage, never visible)."""
+    for index, file in enumerate(received.files):
+        try:
+            await file.upload.keep()
+        except BaseException:
+            await abort_files(received.files[index:])
+            raise
+
+
+async def abort_files(files: list[ReceivedFile]) -> None:
+    for file in files:
+        await _abort(file.upload)
+
+
+async def _open(declared: FileInfo, blobs: BlobStore) -> _FileReceiver:
+    return _FileReceiver(declared, await blobs.start_upload(declared.sha256))
+
+
+def _check_sha256(declared: FileInfo, blob: ReceivedBlob) -> None:
     if declared.sha256 and declared.sha256 != blob.sha256:
         raise InvalidArgument(
             f"file {declared.name!r}: sha256 {blob.sha256} of the received bytes does not "
@@ -200,17 +224,5 @@ async def _abort(upload: BlobUpload) -> None:
     try:
         await upload.abort()
     except Exception:
+        # The original error matters more; what an abort leaves is invisible garbage.
         log.warning("blob.abort_failed", exc_info=True)
-
-
-async def _discard(blobs: BlobStore, staged: list[StagedBlob]) -> None:
-    for blob in staged:
-        try:
-            await blobs.discard(blob)
-        except Exception:
-            # The original error matters more; an orphan temp object is only garbage.
-            log.warning("blob.discard_failed key=%s", blob.temp_key, exc_info=True)
-
-
-async def discard_staged(blobs: BlobStore, files: list[StagedFile]) -> None:
-    await _discard(blobs, [f.blob for f in files])

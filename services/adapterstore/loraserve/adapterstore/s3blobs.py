@@ -1,19 +1,14 @@
 """BlobStore on any S3-compatible endpoint (AWS, MinIO, the moto emulator) with boto3.
 
-boto3 blocks, so every call runs in a worker thread. Uploads are multipart with
-parts of `part_size` bytes: memory per upload is about one part, whatever the
-file's size. Temporary keys live under `tmp/`; a process killed mid-push leaves
-them (and incomplete multipart uploads) behind, so production buckets should
-have a lifecycle rule expiring `tmp/` objects and incomplete multipart uploads
-after a day.
+boto3 blocks, so every call runs in a worker thread. Uploads (see s3upload) are
+multipart with parts of `part_size` bytes, `parts_in_flight` of them sent at once.
 """
 
 from __future__ import annotations
 
 import asyncio
-import hashlib
 import logging
-import uuid
+import re
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, TypeVar
@@ -22,12 +17,12 @@ import boto3
 import botocore.config
 from botocore.exceptions import BotoCoreError, ClientError
 
-from loraserve.adapterstore.blobstore import BlobNotFound, StagedBlob, blob_key
+from loraserve.adapterstore.blobstore import BlobNotFound, BlobUpload, blob_key
+from loraserve.adapterstore.s3upload import DirectUpload, StagedUpload
 from loraserve.common.errors import Unavailable
 
 if TYPE_CHECKING:
     from mypy_boto3_s3 import S3Client
-    from mypy_boto3_s3.type_defs import CompletedPartTypeDef
 
 log = logging.getLogger(__name__)
 
@@ -36,6 +31,9 @@ T = TypeVar("T")
 # S3 refuses parts under 5 MiB (except the last one).
 MIN_PART_SIZE = 5 * 1024 * 1024
 DEFAULT_PART_SIZE = 8 * 1024 * 1024
+# Enough parts on the wire to hide one part's round trip behind the others.
+DEFAULT_PARTS_IN_FLIGHT = 4
+_SHA256 = re.compile(r"[0-9a-f]{64}")
 _NOT_FOUND_CODES = frozenset({"NoSuchKey", "404", "NotFound"})
 # 409 ConditionalRequestConflict: AWS's answer when a concurrent conditional write
 # to the same key is in flight; either way the key is not ours.
@@ -83,20 +81,30 @@ def _error_code(error: ClientError) -> str:
 
 
 class S3BlobStore:
-    def __init__(self, location: S3Location, part_size: int = DEFAULT_PART_SIZE) -> None:
+    def __init__(
+        self,
+        location: S3Location,
+        part_size: int = DEFAULT_PART_SIZE,
+        parts_in_flight: int = DEFAULT_PARTS_IN_FLIGHT,
+    ) -> None:
         if part_size < MIN_PART_SIZE:
             raise ValueError(f"part_size must be at least {MIN_PART_SIZE} bytes")
+        if parts_in_flight < 1:
+            raise ValueError("parts_in_flight must be at least 1")
         self._location = location
-        self._bucket = location.bucket
+        self.bucket = location.bucket
         prefix = location.prefix.strip("/")
         self._prefix = f"{prefix}/" if prefix else ""
-        self._part_size = part_size
-        self._client = make_client(location)
+        self.part_size = part_size
+        self.parts_in_flight = parts_in_flight
+        self.client = make_client(location)
 
-    def _key(self, key: str) -> str:
+    def full_key(self, key: str) -> str:
+        """The bucket key of a store key."""
         return self._prefix + key
 
-    async def _call(self, what: str, fn: Callable[..., T], /, *args: Any, **kwargs: Any) -> T:
+    async def call(self, what: str, fn: Callable[..., T], /, *args: Any, **kwargs: Any) -> T:
+        """Runs a boto3 call in a worker thread, with its errors as the seam's."""
         try:
             return await asyncio.to_thread(fn, *args, **kwargs)
         except ClientError as e:
@@ -109,50 +117,52 @@ class S3BlobStore:
 
     async def check(self) -> None:
         try:
-            await self._call("head_bucket", self._client.head_bucket, Bucket=self._bucket)
+            await self.call("head_bucket", self.client.head_bucket, Bucket=self.bucket)
         except BlobNotFound:
-            raise Unavailable(f"object storage: bucket {self._bucket!r} does not exist") from None
+            raise Unavailable(f"object storage: bucket {self.bucket!r} does not exist") from None
 
-    async def start_upload(self) -> _S3Upload:
-        return _S3Upload(self, f"tmp/{uuid.uuid4().hex}")
+    async def start_upload(self, sha256: str = "") -> BlobUpload:
+        if not sha256:
+            return StagedUpload(self)
+        if not _SHA256.fullmatch(sha256):
+            raise ValueError(f"not a sha256 hex digest: {sha256!r}")
+        return DirectUpload(self, sha256, exists=await self.exists(blob_key(sha256)))
 
-    async def keep(self, staged: StagedBlob) -> str:
-        key = blob_key(staged.sha256)
+    async def exists(self, key: str) -> bool:
         try:
-            await self._call(
-                "head_object", self._client.head_object, Bucket=self._bucket, Key=self._key(key)
+            await self.call(
+                "head_object", self.client.head_object, Bucket=self.bucket, Key=self.full_key(key)
             )
         except BlobNotFound:
-            # `copy` is the managed transfer: it switches to multipart copy for large
-            # objects, which a single CopyObject (5 GiB at most) cannot do.
-            await self._call(
-                "copy",
-                self._client.copy,
-                {"Bucket": self._bucket, "Key": self._key(staged.temp_key)},
-                self._bucket,
-                self._key(key),
-            )
-        await self.delete([staged.temp_key])
-        return key
+            return False
+        return True
 
-    async def discard(self, staged: StagedBlob) -> None:
-        await self.delete([staged.temp_key])
+    async def copy(self, source: str, target: str) -> None:
+        # `copy` is the managed transfer: it switches to multipart copy for large
+        # objects, which a single CopyObject (5 GiB at most) cannot do.
+        await self.call(
+            "copy",
+            self.client.copy,
+            {"Bucket": self.bucket, "Key": self.full_key(source)},
+            self.bucket,
+            self.full_key(target),
+        )
 
     async def put(self, key: str, data: bytes) -> None:
-        await self._call(
+        await self.call(
             "put_object",
-            self._client.put_object,
-            Bucket=self._bucket,
-            Key=self._key(key),
+            self.client.put_object,
+            Bucket=self.bucket,
+            Key=self.full_key(key),
             Body=data,
         )
 
     async def put_if_absent(self, key: str, data: bytes) -> bool:
         try:
             await asyncio.to_thread(
-                self._client.put_object,
-                Bucket=self._bucket,
-                Key=self._key(key),
+                self.client.put_object,
+                Bucket=self.bucket,
+                Key=self.full_key(key),
                 Body=data,
                 IfNoneMatch="*",
             )
@@ -167,35 +177,35 @@ class S3BlobStore:
         return True
 
     async def get(self, key: str) -> bytes:
-        response = await self._call(
-            "get_object", self._client.get_object, Bucket=self._bucket, Key=self._key(key)
+        response = await self.call(
+            "get_object", self.client.get_object, Bucket=self.bucket, Key=self.full_key(key)
         )
         body = response["Body"]
         try:
-            return await self._call("read", body.read)
+            return await self.call("read", body.read)
         finally:
             body.close()
 
     async def stream(self, key: str, chunk_size: int) -> AsyncIterator[bytes]:
-        response = await self._call(
-            "get_object", self._client.get_object, Bucket=self._bucket, Key=self._key(key)
+        response = await self.call(
+            "get_object", self.client.get_object, Bucket=self.bucket, Key=self.full_key(key)
         )
         body = response["Body"]
         try:
-            while chunk := await self._call("read", body.read, chunk_size):
+            while chunk := await self.call("read", body.read, chunk_size):
                 yield chunk
         finally:
             body.close()
 
     async def list_keys(self, prefix: str, start_after: str = "", limit: int = 0) -> list[str]:
-        return await self._call("list_objects_v2", self._list_keys, prefix, start_after, limit)
+        return await self.call("list_objects_v2", self._list_keys, prefix, start_after, limit)
 
     def _list_keys(self, prefix: str, start_after: str, limit: int) -> list[str]:
-        kwargs: dict[str, Any] = {"Bucket": self._bucket, "Prefix": self._key(prefix)}
+        kwargs: dict[str, Any] = {"Bucket": self.bucket, "Prefix": self.full_key(prefix)}
         if start_after:
-            kwargs["StartAfter"] = self._key(start_after)
+            kwargs["StartAfter"] = self.full_key(start_after)
         keys: list[str] = []
-        for page in self._client.get_paginator("list_objects_v2").paginate(**kwargs):
+        for page in self.client.get_paginator("list_objects_v2").paginate(**kwargs):
             for item in page.get("Contents", []):
                 keys.append(item["Key"][len(self._prefix) :])
                 if limit and len(keys) >= limit:
@@ -204,91 +214,12 @@ class S3BlobStore:
 
     async def delete(self, keys: list[str]) -> None:
         for start in range(0, len(keys), 1000):
-            batch = [{"Key": self._key(k)} for k in keys[start : start + 1000]]
-            response = await self._call(
+            batch = [{"Key": self.full_key(k)} for k in keys[start : start + 1000]]
+            response = await self.call(
                 "delete_objects",
-                self._client.delete_objects,
-                Bucket=self._bucket,
+                self.client.delete_objects,
+                Bucket=self.bucket,
                 Delete={"Objects": batch, "Quiet": True},
             )
             if errors := response.get("Errors"):
                 raise Unavailable(f"object storage: delete failed for {len(errors)} key(s)")
-
-
-class _S3Upload:
-    """Hashes and uploads a file part by part; small files become one put_object."""
-
-    def __init__(self, store: S3BlobStore, key: str) -> None:
-        self._store = store
-        self._client = store._client
-        self._key = key
-        self._buffer = bytearray()
-        self._hash = hashlib.sha256()
-        self._size = 0
-        self._upload_id: str | None = None
-        self._parts: list[CompletedPartTypeDef] = []
-        self._finishing: asyncio.Future[None] | None = None
-        self._completed = False
-
-    async def write(self, data: bytes) -> None:
-        self._buffer += data
-        self._size += len(data)
-        if len(self._buffer) >= self._store._part_size:
-            part, self._buffer = self._buffer, bytearray()
-            await self._store._call("upload_part", self._upload_part, bytes(part))
-
-    def _upload_part(self, part: bytes) -> None:
-        self._hash.update(part)
-        full_key = self._store._key(self._key)
-        if self._upload_id is None:
-            created = self._client.create_multipart_upload(Bucket=self._store._bucket, Key=full_key)
-            self._upload_id = created["UploadId"]
-        number = len(self._parts) + 1
-        response = self._client.upload_part(
-            Bucket=self._store._bucket,
-            Key=full_key,
-            UploadId=self._upload_id,
-            PartNumber=number,
-            Body=part,
-        )
-        self._parts.append({"ETag": response["ETag"], "PartNumber": number})
-
-    async def finish(self) -> StagedBlob:
-        part, self._buffer = bytes(self._buffer), bytearray()
-        # A cancelled caller does not stop the worker thread, which may still create
-        # the object; abort() waits for it and then deletes what it wrote.
-        self._finishing = asyncio.ensure_future(
-            self._store._call("finish_upload", self._finish, part)
-        )
-        await asyncio.shield(self._finishing)
-        return StagedBlob(self._key, self._hash.hexdigest(), self._size)
-
-    def _finish(self, last_part: bytes) -> None:
-        full_key = self._store._key(self._key)
-        if self._upload_id is None:
-            self._hash.update(last_part)
-            self._client.put_object(Bucket=self._store._bucket, Key=full_key, Body=last_part)
-            return
-        if last_part:
-            self._upload_part(last_part)
-        self._client.complete_multipart_upload(
-            Bucket=self._store._bucket,
-            Key=full_key,
-            UploadId=self._upload_id,
-            MultipartUpload={"Parts": self._parts},
-        )
-        self._completed = True
-
-    async def abort(self) -> None:
-        if self._finishing is not None:
-            await asyncio.gather(self._finishing, return_exceptions=True)
-            await self._store.delete([self._key])
-        if self._upload_id is not None and not self._completed:
-            await self._store._call(
-                "abort_multipart_upload",
-                self._client.abort_multipart_upload,
-                Bucket=self._store._bucket,
-                Key=self._store._key(self._key),
-                UploadId=self._upload_id,
-            )
-            log.info("blob.upload_aborted key=%s", self._key)

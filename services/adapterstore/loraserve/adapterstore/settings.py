@@ -16,7 +16,12 @@ from pathlib import Path
 from typing import Any
 
 from loraserve.adapterstore.changelog import LogSettings
-from loraserve.adapterstore.s3blobs import DEFAULT_PART_SIZE, MIN_PART_SIZE, S3Location
+from loraserve.adapterstore.s3blobs import (
+    DEFAULT_PART_SIZE,
+    DEFAULT_PARTS_IN_FLIGHT,
+    MIN_PART_SIZE,
+    S3Location,
+)
 from loraserve.adapterstore.store import StoreSettings
 from loraserve.adapterstore.validation import Limits
 from loraserve.common.errors import InvalidArgument
@@ -38,6 +43,7 @@ class AdapterStoreSettings:
     listen: str
     s3: S3Location
     part_size: int
+    parts_in_flight: int
     store: StoreSettings
     log: LogSettings
     security: ServerSecurity
@@ -103,6 +109,12 @@ def build_parser(environ: Mapping[str, str]) -> argparse.ArgumentParser:
     flag("secret-access-key", f"{s3}: secret access key")
     flag("secret-access-key-file", f"{s3}: file holding the secret access key")
     flag("part-size", f"{s3}: multipart upload part size", "8MiB", type=parse_size)
+    flag(
+        "parts-in-flight",
+        f"{s3}: parts of one upload sent at once (memory per push: about this + 1 parts)",
+        str(DEFAULT_PARTS_IN_FLIGHT),
+        type=_positive_int,
+    )
     flag("max-file-size", "largest file accepted in a push", "4GiB", type=parse_size)
     flag("max-adapter-size", "largest total of one push's files", "8GiB", type=parse_size)
     flag(
@@ -171,6 +183,7 @@ def parse_settings(argv: Sequence[str], environ: Mapping[str, str]) -> AdapterSt
             secret_access_key=secret_access_key,
         ),
         part_size=int(args.part_size or DEFAULT_PART_SIZE),
+        parts_in_flight=int(args.parts_in_flight),
         store=StoreSettings(
             limits=Limits(int(args.max_file_size), int(args.max_adapter_size)),
             heartbeat_interval=float(args.heartbeat_interval),

@@ -28,7 +28,7 @@ from loraserve.adapterstore.model import (
     StoreState,
     now,
 )
-from loraserve.adapterstore.push import Chunk, PushHeader, discard_staged, receive_adapter
+from loraserve.adapterstore.push import Chunk, PushHeader, keep_files, receive_adapter
 from loraserve.adapterstore.status import ReplicaStatus, ReplicaStatusStore, Report
 from loraserve.adapterstore.validation import Limits, check_declared_files
 from loraserve.common.errors import Aborted, DataLoss, InvalidArgument, NotFound, Unavailable
@@ -128,12 +128,7 @@ class AdapterStore:
         validate_adapter_name(header.name)
         check_declared_files(header.files, self._settings.limits)
         received = await receive_adapter(header, chunks, self._blobs)
-        for index, staged in enumerate(received.files):
-            try:
-                await self._blobs.keep(staged.blob)
-            except BaseException:
-                await discard_staged(self._blobs, received.files[index:])
-                raise
+        await keep_files(received)
         files = tuple(f.info for f in received.files)
         config = received.config
 

@@ -6,6 +6,7 @@ validator is checked against what the real library produces.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import struct
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
@@ -392,12 +393,24 @@ async def serve_store(
 
 
 def push_requests(
-    name: str, files: AdapterFiles, chunk_size: int = 256 * 1024, **header: Any
+    name: str,
+    files: AdapterFiles,
+    chunk_size: int = 256 * 1024,
+    declare_sha256: bool = True,
+    **header: Any,
 ) -> Iterator[pb.PushAdapterRequest]:
+    """A push as adapterctl sends it: each file's sha256 declared unless told not to."""
     yield pb.PushAdapterRequest(
         header=pb.PushHeader(
             name=name,
-            files=[pb.FileInfo(name=n, size=len(d)) for n, d in files.items()],
+            files=[
+                pb.FileInfo(
+                    name=n,
+                    size=len(d),
+                    sha256=hashlib.sha256(d).hexdigest() if declare_sha256 else "",
+                )
+                for n, d in files.items()
+            ],
             **header,
         )
     )

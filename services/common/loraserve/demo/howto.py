@@ -29,8 +29,6 @@ def howto(settings: RunSettings, endpoints: Endpoints) -> str:
         and endpoints.inference_address.endswith(f":{DEFAULT_INFERENCE_PORT}")
         and settings.host in ("127.0.0.1", "localhost")
     )
-    if not defaults:
-        ctl += f" --store {endpoints.store_address} --inference {endpoints.inference_address}"
     storage = f"{endpoints.s3_endpoint} bucket {endpoints.bucket}"
     if settings.s3.embedded:
         storage += " (embedded, in memory: gone on exit)"
@@ -44,6 +42,11 @@ def howto(settings: RunSettings, endpoints: Endpoints) -> str:
         "",
         "Try it from another terminal:",
     ]
+    if not defaults:
+        lines.append(
+            f"  export ADAPTERSTORE_ADDR={endpoints.store_address} "
+            f"INFERENCE_ADDR={endpoints.inference_address}"
+        )
     prompt = shlex.quote(PROMPT)
     if endpoints.demo is not None and endpoints.published:
         voices = [name for name in endpoints.demo.adapters]

@@ -82,11 +82,14 @@ class ChildProcess:
         return code
 
     async def stop(self, timeout_s: float) -> int | None:
-        """SIGTERM, `timeout_s` to exit, then SIGKILL to its process group; its exit status."""
+        """SIGTERM, `timeout_s` to exit, then SIGKILL to its process group; its exit status.
+
+        With `timeout_s` 0, SIGKILL at once.
+        """
         process = self._process
         if process is None:
             return None
-        if process.returncode is None:
+        if process.returncode is None and timeout_s > 0:
             log.info("run.child_stopping name=%s pid=%d", self.name, process.pid)
             with contextlib.suppress(ProcessLookupError):
                 process.send_signal(signal.SIGTERM)

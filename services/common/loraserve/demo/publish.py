@@ -67,8 +67,9 @@ async def wait_until_routed(
     security: ClientSecurity,
     wanted: dict[str, int],
     timeout_s: float,
-) -> None:
-    """Waits until the inference service routes each name to its wanted revision."""
+) -> dict[tuple[str, int], str]:
+    """Waits until the inference service routes each name to its wanted revision;
+    then the state of every revision it holds, e.g. {("pirate", 1): "draining"}."""
     deadline = time.monotonic() + timeout_s
     async with secure_channel(inference_address, security) as channel:
         stub = inference_pb2_grpc.InferenceServiceStub(channel)
@@ -84,7 +85,14 @@ async def wait_until_routed(
             }
             missing = {name: rev for name, rev in wanted.items() if routed.get(name) != rev}
             if not missing:
-                return
+                return {
+                    (status.name, int(status.revision)): inference_pb.AdapterState.Name(
+                        status.state
+                    )
+                    .removeprefix("ADAPTER_STATE_")
+                    .lower()
+                    for status in reply.adapters
+                }
             if time.monotonic() > deadline:
                 raise DeadlineExceeded(
                     f"the inference service did not serve {missing} within {timeout_s:.0f} s"

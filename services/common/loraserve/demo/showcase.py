@@ -22,7 +22,10 @@ PROMPT = "Tell me about the sea."
 # The adapter the second scene changes; it starts as the first voice.
 SWAP_ADAPTER = "chameleon"
 _GREEDY = Sampling(max_tokens=40, temperature=0.0)
-_LONG_GREEDY = Sampling(max_tokens=240, temperature=0.0, ignore_eos=True)
+_SHOWN_CHARS = 30
+# Long enough to be still running when the push has landed, even on a fast machine;
+# the demo cancels it once it has shown its point.
+_LONG_GREEDY = Sampling(max_tokens=900, temperature=0.0, ignore_eos=True)
 
 
 @dataclass(frozen=True)
@@ -68,7 +71,8 @@ async def hot_swap_scene(
         stream = client.stream(SWAP_ADAPTER, PROMPT, _LONG_GREEDY, timeout=120.0)
         try:
             opened = await anext(stream)
-            before = opened.text
+            # A few words first, so that the voice it started in is plain to see.
+            before = opened.text + await _read(stream, _SHOWN_CHARS)
             revision = await push_directory(
                 showcase.store_address,
                 showcase.security,
@@ -76,27 +80,40 @@ async def hot_swap_scene(
                 showcase.voices[second],
                 description=f"the demo's {second} voice, pushed mid-stream",
             )
-            await wait_until_routed(
+            states = await wait_until_routed(
                 showcase.inference_address,
                 showcase.security,
                 {SWAP_ADAPTER: revision},
                 showcase.routed_timeout_s,
             )
             after_push = await client.generate(SWAP_ADAPTER, PROMPT, _GREEDY, timeout=60.0)
-            rest = await _drain(stream)
+            later = await _read(stream, _SHOWN_CHARS * 2)
         finally:
+            # Cancels request 1 if it is still running: the demo has shown enough of it.
             await stream.aclose()  # type: ignore[attr-defined]
-    say(f"  request 1 started on {SWAP_ADAPTER}@{opened.revision}: {one_line(before)[:60]}...")
-    say(f"  pushed {SWAP_ADAPTER}@{revision} while request 1 was streaming")
+    old = f"{SWAP_ADAPTER}@{opened.revision}"
+    say(f"  request 1 started on {old}: {one_line(before)}...")
+    old_state = states.get((SWAP_ADAPTER, opened.revision), "removed")
+    if old_state == "draining":
+        say(
+            f"  pushed {SWAP_ADAPTER}@{revision}; new requests go to it, while "
+            f"{old} is draining: request 1 still runs on it"
+        )
+    else:
+        # A fast accelerator can finish request 1 before the push lands.
+        say(f"  pushed {SWAP_ADAPTER}@{revision} ({old}: {old_state})")
     say(
         f"  request 2, sent after the push, got {SWAP_ADAPTER}@{after_push.revision}: "
         f"{one_line(after_push.text)}"
     )
-    say(
-        f"  request 1 then finished on revision {opened.revision} undisturbed "
-        f"({len(rest)} more characters): ...{one_line(rest)[-60:]}"
-    )
+    say(f"  request 1, still streaming from {old} after the push: ...{one_line(later)}...")
 
 
-async def _drain(stream: AsyncIterator[Delta]) -> str:
-    return "".join([delta.text async for delta in stream])
+async def _read(stream: AsyncIterator[Delta], chars: int) -> str:
+    """At least `chars` characters more of `stream`, or what is left of it."""
+    text = ""
+    async for delta in stream:
+        text += delta.text
+        if len(text) >= chars:
+            break
+    return text

@@ -15,6 +15,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import signal
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -58,6 +59,10 @@ def _parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _exit_on_signal(signum: int, frame: object) -> None:
+    raise SystemExit(128 + signum)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = _parser()
     args = parser.parse_args(argv)
@@ -66,6 +71,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.command == "model":
             built = build_tiny_model(args.out_dir, TinyModelSpec(seed=args.seed))
         elif args.command == "demo":
+            # Stopped by the run command with SIGTERM: unwind, so that the half-trained
+            # build's staging directory is removed.
+            signal.signal(signal.SIGTERM, _exit_on_signal)
             trained = build_demo(args.cache_dir)
             adapters = {name: str(path) for name, path in trained.adapters.items()}
             sys.stdout.write(

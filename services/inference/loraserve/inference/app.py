@@ -24,6 +24,7 @@ from loraserve.inference.cache import AdapterCache
 from loraserve.inference.compat import (
     LLAMA_TARGET_MODULES,
     CompatibilityChecker,
+    model_lora_shapes,
     model_lora_targets,
     smallest_covering_rank,
     supported_lora_ranks,
@@ -117,6 +118,7 @@ class InferenceApp:
                 target_modules=await asyncio.to_thread(_lora_targets, options.model),
                 served_model_name=settings.compat.served_model_name,
                 require_base_model_match=settings.compat.require_base_model_match,
+                module_shapes=await asyncio.to_thread(_lora_shapes, options.model),
             ),
             fetcher=cache,
             max_pinned=info.max_cpu_loras,
@@ -206,6 +208,11 @@ class InferenceApp:
         rank = smallest_covering_rank(ranks, await asyncio.to_thread(supported_lora_ranks))
         log.info("engine.auto_rank ranks=%s max_lora_rank=%d", sorted(set(ranks)), rank)
         return rank
+
+
+def _lora_shapes(model: str) -> dict[str, tuple[int, int]]:
+    path = Path(model)
+    return model_lora_shapes(path) if path.is_dir() else {}
 
 
 def _lora_targets(model: str) -> frozenset[str]:

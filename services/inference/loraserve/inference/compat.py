@@ -8,9 +8,10 @@ from __future__ import annotations
 
 import json
 import logging
+import re
 import struct
 import typing
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -25,6 +26,9 @@ LLAMA_TARGET_MODULES = frozenset(
 # Linear layers with weights that vLLM does not wrap with LoRA layers.
 _NOT_LORA_TARGETS = frozenset({"embed_tokens", "lm_head", "wte", "wpe", "embed_in", "embed_out"})
 _EMPTY_STORE_RANK = 16
+ADAPTER_WEIGHTS = "adapter_model.safetensors"
+# PEFT's saved names: base_model.model.<module path>.lora_A.weight / lora_B.weight
+_LORA_TENSOR = re.compile(r"base_model\.model\.(?P<module>.+)\.lora_(?P<side>[AB])\.weight")
 # A safetensors header is a JSON object; no real model needs more than this.
 _MAX_HEADER_BYTES = 100 * 1024 * 1024
 
@@ -75,6 +79,25 @@ def model_lora_targets(model_dir: Path) -> frozenset[str]:
     return frozenset(modules)
 
 
+def model_lora_shapes(model_dir: Path) -> dict[str, tuple[int, int]]:
+    """(out_features, in_features) of every LoRA-targetable linear layer, by module path
+    (e.g. `model.layers.0.self_attn.q_proj`), read from the model's safetensors headers."""
+    shapes: dict[str, tuple[int, int]] = {}
+    for file in sorted(model_dir.glob("*.safetensors")):
+        for name, info in _safetensors_header(file).items():
+            shape = info.get("shape") if isinstance(info, dict) else None
+            parts = name.split(".")
+            if (
+                isinstance(shape, list)
+                and len(shape) == 2
+                and len(parts) >= 2
+                and parts[-1] == "weight"
+                and parts[-2] not in _NOT_LORA_TARGETS
+            ):
+                shapes[name.removesuffix(".weight")] = (int(shape[0]), int(shape[1]))
+    return shapes
+
+
 def _safetensors_header(file: Path) -> dict[str, object]:
     with file.open("rb") as fh:
         (length,) = struct.unpack("<Q", fh.read(8))
@@ -108,7 +131,9 @@ class CompatibilityChecker:
         target_modules: frozenset[str],
         served_model_name: str,
         require_base_model_match: bool = True,
+        module_shapes: Mapping[str, tuple[int, int]] | None = None,
     ) -> None:
+        self._module_shapes = dict(module_shapes or {})
         self._max_lora_rank = max_lora_rank
         self._target_modules = target_modules
         self._served_model = _basename(served_model_name)
@@ -136,6 +161,34 @@ class CompatibilityChecker:
                 f"{what} was trained on base model {facts.base_model!r}, but this server "
                 f"serves {self._served_model!r} (--allow-base-model-mismatch to load it anyway)"
             )
+
+    def check_weights(self, name: str, revision: int, adapter_dir: Path) -> None:
+        """Raises FailedPrecondition if a LoRA tensor's shape does not fit the layer it
+        adapts. vLLM copies LoRA weights into fixed-size slots without checking, so a
+        narrower tensor would load and silently compute garbage. Blocking: reads a file.
+
+        Layers the model's checkpoint does not name are left to vLLM to judge."""
+        if not self._module_shapes:
+            return
+        header = _safetensors_header(adapter_dir / ADAPTER_WEIGHTS)
+        for tensor, info in sorted(header.items()):
+            match = _LORA_TENSOR.fullmatch(tensor)
+            shape = info.get("shape") if isinstance(info, dict) else None
+            layer = self._module_shapes.get(match["module"]) if match else None
+            if match is None or layer is None or not isinstance(shape, list) or len(shape) != 2:
+                continue
+            out_features, in_features = layer
+            side, expected = (
+                ("A", [shape[0], in_features])
+                if match["side"] == "A"
+                else ("B", [out_features, shape[1]])
+            )
+            if shape != expected:
+                raise FailedPrecondition(
+                    f"adapter {name}@{revision}: tensor {tensor} has shape {shape}, but layer "
+                    f"{match['module']} of the served model is {out_features}x{in_features} "
+                    f"(out x in), so lora_{side} must be {expected}"
+                )
 
 
 def _basename(model: str) -> str:

@@ -235,15 +235,20 @@ class Generator:
         try:
             async with contextlib.aclosing(stream):
                 async for delta in stream:
-                    if generated == 0 and delta.token_ids:
+                    token_ids = delta.token_ids
+                    if not generated and token_ids:
                         self._metrics.observe_time_to_first_token(time.monotonic() - admitted)
-                    generated += len(delta.token_ids)
+                    generated += len(token_ids)
+                    # Runs once per token: the plain middle of a stream takes the short path.
+                    if delta.finish is None and not first:
+                        yield GenerationChunk(delta.text, token_ids)
+                        continue
                     if delta.finish is EngineFinish.ABORT:
                         raise Unavailable(f"the engine aborted request {request_id}; retry")
                     finish = _FINISH.get(delta.finish) if delta.finish else None
                     yield GenerationChunk(
                         text=delta.text,
-                        token_ids=delta.token_ids,
+                        token_ids=token_ids,
                         adapter_name=lease.name if first else "",
                         revision=lease.revision if first else 0,
                         request_id=request_id if first else "",

@@ -276,6 +276,7 @@ class AdapterRegistry:
             rev = await obtain()
             self._loading[key] = rev.rank
             self._check(rev)
+            await asyncio.to_thread(self._compat.check_weights, rev.name, rev.revision, rev.path)
             handle = AdapterHandle(
                 lora_name=f"{rev.name}@{rev.revision}",
                 lora_int_id=self._engine.new_lora_id(),

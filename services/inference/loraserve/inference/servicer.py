@@ -112,14 +112,14 @@ def _command(request: pb.GenerateRequest) -> GenerateCommand:
 
 
 def _response(chunk: GenerationChunk) -> pb.GenerateResponse:
-    response = pb.GenerateResponse(
-        text=chunk.text,
-        token_ids=chunk.token_ids,
-        adapter_name=chunk.adapter_name,
-        revision=chunk.revision,
-        request_id=chunk.request_id,
-        finish_reason=_FINISH[chunk.finish_reason],
-    )
+    response = pb.GenerateResponse(text=chunk.text, token_ids=chunk.token_ids)
+    # Runs once per token: only the first and last messages carry more than the delta.
+    if chunk.request_id:
+        response.adapter_name = chunk.adapter_name
+        response.revision = chunk.revision
+        response.request_id = chunk.request_id
+    if chunk.finish_reason is not None:
+        response.finish_reason = _FINISH[chunk.finish_reason]
     if chunk.usage is not None:
         response.usage.prompt_tokens = chunk.usage.prompt_tokens
         response.usage.completion_tokens = chunk.usage.completion_tokens

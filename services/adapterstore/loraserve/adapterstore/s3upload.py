@@ -1,0 +1,283 @@
+"""Streaming uploads of S3BlobStore.
+
+A file is cut into parts of `part_size` bytes, hashed in order and sent as one
+multipart upload with up to `parts_in_flight` parts on the wire at once, so
+receiving the next part overlaps sending the previous ones. Memory per upload is
+about (parts_in_flight + 1) x part_size, whatever the file's size.
+
+A file reaches its content address in one of two ways:
+- `DirectUpload`, when the sender declared the sha256: the multipart upload targets
+  blobs/sha256/<declared> and stays incomplete, so invisible, until `keep` completes
+  it, which it does only for bytes that hashed to the declared sha256. Bytes a blob
+  there already holds are hashed but not sent again. The bytes cross S3 once.
+- `StagedUpload`, when it did not: the file is written to tmp/<uuid>, and `keep`
+  copies it server-side to its content address and deletes the staged object.
+
+A process killed mid-push leaves incomplete multipart uploads and tmp/ objects
+behind, so production buckets should have a lifecycle rule expiring `tmp/` objects
+and incomplete multipart uploads after a day.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import logging
+import uuid
+from collections.abc import Awaitable
+from typing import TYPE_CHECKING, Any, TypeVar
+
+from loraserve.adapterstore.blobstore import ReceivedBlob, blob_key
+
+if TYPE_CHECKING:
+    from mypy_boto3_s3.type_defs import CompletedPartTypeDef
+
+    from loraserve.adapterstore.s3blobs import S3BlobStore
+
+log = logging.getLogger(__name__)
+
+T = TypeVar("T")
+
+
+def _remembered(request: Awaitable[T]) -> asyncio.Future[T]:
+    """Runs a storage request as its own task. Callers await it shielded: a
+    cancelled caller does not stop boto3's worker thread, so `abort` must be able
+    to wait for what the request still writes."""
+    return asyncio.ensure_future(request)
+
+
+async def _settle(futures: list[asyncio.Future[Any]]) -> None:
+    """Waits for every future, without cancelling any when this wait is cancelled,
+    and marks their errors as seen (the caller already reported the first one)."""
+    if futures:
+        await asyncio.wait(futures)
+    for future in futures:
+        if not future.cancelled():
+            future.exception()
+
+
+def _succeeded(future: asyncio.Future[Any] | None) -> bool:
+    return (
+        future is not None
+        and future.done()
+        and not future.cancelled()
+        and future.exception() is None
+    )
+
+
+class _Parts:
+    """Cuts a stream into parts, hashes them in order and sends them as one
+    multipart upload to `key`; with `send` False it only hashes."""
+
+    def __init__(self, store: S3BlobStore, key: str, send: bool) -> None:
+        self._store = store
+        self._key = store.full_key(key)
+        self._send = send
+        self._pending: list[bytes] = []
+        self._pending_size = 0
+        self.size = 0
+        self._hash = hashlib.sha256()
+        self._slots = asyncio.Semaphore(store.parts_in_flight)
+        self._creating: asyncio.Future[str] | None = None
+        self._sending: list[asyncio.Future[CompletedPartTypeDef]] = []
+        self._completing: asyncio.Future[Any] | None = None
+
+    @property
+    def sha256(self) -> str:
+        return self._hash.hexdigest()
+
+    @property
+    def multipart(self) -> bool:
+        return self._creating is not None
+
+    async def write(self, data: bytes) -> None:
+        self._pending.append(data)
+        self._pending_size += len(data)
+        self.size += len(data)
+        if self._pending_size >= self._store.part_size:
+            await self._cut(self._take())
+
+    async def finish(self, one_request_below: int) -> bytes | None:
+        """Hashes and sends what is left, then waits for every part. A file of
+        fewer than `one_request_below` bytes is not sent: its bytes are returned
+        for the caller to write in one request."""
+        rest = self._take()
+        if not self.multipart and self.size < one_request_below:
+            await asyncio.to_thread(self._hash.update, rest)
+            return rest
+        if rest:
+            await self._cut(rest)
+        for sending in self._sending:
+            await asyncio.shield(sending)
+        return None
+
+    async def complete(self) -> None:
+        """Makes the finished multipart upload the object at `key`."""
+        upload_id = await self._upload_id()
+        parts = [sending.result() for sending in self._sending]
+        self._completing = _remembered(
+            self._store.call(
+                "complete_multipart_upload",
+                self._store.client.complete_multipart_upload,
+                Bucket=self._store.bucket,
+                Key=self._key,
+                UploadId=upload_id,
+                MultipartUpload={"Parts": parts},
+            )
+        )
+        await asyncio.shield(self._completing)
+
+    async def abort(self) -> bool:
+        """Waits for the requests already made, then aborts the multipart upload
+        unless it was completed. True when the object at `key` was written."""
+        started = [f for f in (self._creating, *self._sending, self._completing) if f]
+        await _settle(started)
+        if _succeeded(self._completing):
+            return True
+        if self._creating is not None and _succeeded(self._creating):
+            await self._store.call(
+                "abort_multipart_upload",
+                self._store.client.abort_multipart_upload,
+                Bucket=self._store.bucket,
+                Key=self._key,
+                UploadId=self._creating.result(),
+            )
+            log.info("blob.upload_aborted key=%s", self._key)
+        return False
+
+    def _take(self) -> bytes:
+        data = b"".join(self._pending)
+        self._pending.clear()
+        self._pending_size = 0
+        return data
+
+    async def _cut(self, part: bytes) -> None:
+        if self._send:
+            await self._dispatch(part)
+        # hashlib releases the GIL on big updates, so hashing overlaps the part's upload.
+        await asyncio.to_thread(self._hash.update, part)
+
+    async def _dispatch(self, part: bytes) -> None:
+        """Starts sending `part` once fewer than `parts_in_flight` parts are on the wire."""
+        await self._slots.acquire()
+        try:
+            self._raise_failed_part()
+            upload_id = await self._upload_id()
+        except BaseException:
+            self._slots.release()
+            raise
+        number = len(self._sending) + 1
+        self._sending.append(asyncio.ensure_future(self._send_part(upload_id, number, part)))
+
+    async def _send_part(self, upload_id: str, number: int, part: bytes) -> CompletedPartTypeDef:
+        try:
+            response = await self._store.call(
+                "upload_part",
+                self._store.client.upload_part,
+                Bucket=self._store.bucket,
+                Key=self._key,
+                UploadId=upload_id,
+                PartNumber=number,
+                Body=part,
+            )
+        finally:
+            self._slots.release()
+        return {"ETag": response["ETag"], "PartNumber": number}
+
+    def _raise_failed_part(self) -> None:
+        for sending in self._sending:
+            if sending.done() and not sending.cancelled() and (error := sending.exception()):
+                raise error
+
+    async def _upload_id(self) -> str:
+        if self._creating is None:
+            self._creating = _remembered(
+                self._store.call("create_multipart_upload", self._create_multipart)
+            )
+        return await asyncio.shield(self._creating)
+
+    def _create_multipart(self) -> str:
+        created = self._store.client.create_multipart_upload(
+            Bucket=self._store.bucket, Key=self._key
+        )
+        return created["UploadId"]
+
+
+class DirectUpload:
+    """A file with a declared sha256, uploaded straight to its content address."""
+
+    def __init__(self, store: S3BlobStore, sha256: str, exists: bool) -> None:
+        self._store = store
+        self._declared = sha256
+        self._key = blob_key(sha256)
+        self._exists = exists
+        self._parts = _Parts(store, self._key, send=not exists)
+        self._finished = False
+
+    async def write(self, data: bytes) -> None:
+        await self._parts.write(data)
+
+    async def finish(self) -> ReceivedBlob:
+        # Only an empty file skips the multipart upload: holding small files back
+        # until `keep` would make memory grow with the number of files.
+        await self._parts.finish(one_request_below=1)
+        self._finished = True
+        return ReceivedBlob(self._parts.sha256, self._parts.size)
+
+    async def keep(self) -> str:
+        if not self._finished or self._parts.sha256 != self._declared:
+            raise RuntimeError(
+                f"refusing to keep an upload at {self._key}: it is unfinished or its "
+                f"bytes have sha256 {self._parts.sha256}"
+            )
+        if self._exists:
+            return self._key
+        if self._parts.multipart:
+            await self._parts.complete()
+        else:
+            await self._store.put(self._key, b"")
+        return self._key
+
+    async def abort(self) -> None:
+        # Never deletes the key: an object there holds the declared bytes (only
+        # a matching hash completes an upload), and committed revisions may share it.
+        await self._parts.abort()
+
+
+class StagedUpload:
+    """A file without a declared sha256, staged under tmp/ until its hash is known."""
+
+    def __init__(self, store: S3BlobStore) -> None:
+        self._store = store
+        self._temp_key = f"tmp/{uuid.uuid4().hex}"
+        self._parts = _Parts(store, self._temp_key, send=True)
+        self._putting: asyncio.Future[None] | None = None
+        self._finished = False
+
+    async def write(self, data: bytes) -> None:
+        await self._parts.write(data)
+
+    async def finish(self) -> ReceivedBlob:
+        rest = await self._parts.finish(one_request_below=self._store.part_size)
+        if rest is None:
+            await self._parts.complete()
+        else:
+            self._putting = _remembered(self._store.put(self._temp_key, rest))
+            await asyncio.shield(self._putting)
+        self._finished = True
+        return ReceivedBlob(self._parts.sha256, self._parts.size)
+
+    async def keep(self) -> str:
+        if not self._finished:
+            raise RuntimeError(f"refusing to keep the unfinished upload at {self._temp_key}")
+        key = blob_key(self._parts.sha256)
+        if not await self._store.exists(key):
+            await self._store.copy(self._temp_key, key)
+        await self._store.delete([self._temp_key])
+        return key
+
+    async def abort(self) -> None:
+        putting = [self._putting] if self._putting is not None else []
+        await _settle(putting)
+        if await self._parts.abort() or putting:
+            await self._store.delete([self._temp_key])
