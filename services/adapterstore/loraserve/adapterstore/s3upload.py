@@ -1,9 +1,9 @@
 """Streaming uploads of S3BlobStore.
 
 A file is cut into parts of `part_size` bytes, hashed in order and sent as one
-multipart upload with up to `parts_in_flight` parts on the wire at once, so
-receiving the next part overlaps sending the previous ones. Memory per upload is
-about (parts_in_flight + 1) x part_size, whatever the file's size.
+multipart upload with up to `parts_in_flight` parts being hashed or sent at once,
+so receiving the next part overlaps both. Memory per upload is about
+(parts_in_flight + 1) x part_size, whatever the file's size.
 
 A file reaches its content address in one of two ways:
 - `DirectUpload`, when the sender declared the sha256: the multipart upload targets
@@ -67,7 +67,8 @@ def _succeeded(future: asyncio.Future[Any] | None) -> bool:
 
 class _Parts:
     """Cuts a stream into parts, hashes them in order and sends them as one
-    multipart upload to `key`; with `send` False it only hashes."""
+    multipart upload to `key`; with `send` False it only hashes. Neither hashing
+    nor sending holds up `write`, until `parts_in_flight` parts are in hand."""
 
     def __init__(self, store: S3BlobStore, key: str, send: bool) -> None:
         self._store = store
@@ -77,9 +78,10 @@ class _Parts:
         self._pending_size = 0
         self.size = 0
         self._hash = hashlib.sha256()
+        self._hashing: asyncio.Future[None] | None = None
         self._slots = asyncio.Semaphore(store.parts_in_flight)
         self._creating: asyncio.Future[str] | None = None
-        self._sending: list[asyncio.Future[CompletedPartTypeDef]] = []
+        self._parts: list[asyncio.Future[CompletedPartTypeDef]] = []
         self._completing: asyncio.Future[Any] | None = None
 
     @property
@@ -103,18 +105,20 @@ class _Parts:
         for the caller to write in one request."""
         rest = self._take()
         if not self.multipart and self.size < one_request_below:
+            if self._hashing is not None:
+                await asyncio.shield(self._hashing)
             await asyncio.to_thread(self._hash.update, rest)
             return rest
         if rest:
             await self._cut(rest)
-        for sending in self._sending:
-            await asyncio.shield(sending)
+        for part in self._parts:
+            await asyncio.shield(part)
         return None
 
     async def complete(self) -> None:
         """Makes the finished multipart upload the object at `key`."""
         upload_id = await self._upload_id()
-        parts = [sending.result() for sending in self._sending]
+        parts = [part.result() for part in self._parts]
         self._completing = _remembered(
             self._store.call(
                 "complete_multipart_upload",
@@ -130,7 +134,7 @@ class _Parts:
     async def abort(self) -> bool:
         """Waits for the requests already made, then aborts the multipart upload
         unless it was completed. True when the object at `key` was written."""
-        started = [f for f in (self._creating, *self._sending, self._completing) if f]
+        started = [f for f in (self._creating, *self._parts, self._completing) if f]
         await _settle(started)
         if _succeeded(self._completing):
             return True
@@ -152,41 +156,52 @@ class _Parts:
         return data
 
     async def _cut(self, part: bytes) -> None:
-        if self._send:
-            await self._dispatch(part)
-        # hashlib releases the GIL on big updates, so hashing overlaps the part's upload.
-        await asyncio.to_thread(self._hash.update, part)
-
-    async def _dispatch(self, part: bytes) -> None:
-        """Starts sending `part` once fewer than `parts_in_flight` parts are on the wire."""
+        """Starts hashing and sending `part` once a slot is free."""
         await self._slots.acquire()
         try:
             self._raise_failed_part()
-            upload_id = await self._upload_id()
+            upload_id = await self._upload_id() if self._send else None
         except BaseException:
             self._slots.release()
             raise
-        number = len(self._sending) + 1
-        self._sending.append(asyncio.ensure_future(self._send_part(upload_id, number, part)))
+        # sha256 needs the bytes in order, so each part's hashing waits for the previous.
+        self._hashing = asyncio.ensure_future(self._hash_after(self._hashing, part))
+        number = len(self._parts) + 1
+        self._parts.append(
+            asyncio.ensure_future(self._handle(upload_id, number, part, self._hashing))
+        )
 
-    async def _send_part(self, upload_id: str, number: int, part: bytes) -> CompletedPartTypeDef:
+    async def _hash_after(self, previous: asyncio.Future[None] | None, part: bytes) -> None:
+        if previous is not None:
+            await previous
+        # hashlib releases the GIL on big updates: receiving goes on meanwhile.
+        await asyncio.to_thread(self._hash.update, part)
+
+    async def _handle(
+        self, upload_id: str | None, number: int, part: bytes, hashing: asyncio.Future[None]
+    ) -> CompletedPartTypeDef:
+        """Sends a part and waits until it is hashed; its slot bounds memory until then."""
         try:
-            response = await self._store.call(
-                "upload_part",
-                self._store.client.upload_part,
-                Bucket=self._store.bucket,
-                Key=self._key,
-                UploadId=upload_id,
-                PartNumber=number,
-                Body=part,
-            )
+            etag = ""
+            if upload_id is not None:
+                response = await self._store.call(
+                    "upload_part",
+                    self._store.client.upload_part,
+                    Bucket=self._store.bucket,
+                    Key=self._key,
+                    UploadId=upload_id,
+                    PartNumber=number,
+                    Body=part,
+                )
+                etag = response["ETag"]
+            await hashing
         finally:
             self._slots.release()
-        return {"ETag": response["ETag"], "PartNumber": number}
+        return {"ETag": etag, "PartNumber": number}
 
     def _raise_failed_part(self) -> None:
-        for sending in self._sending:
-            if sending.done() and not sending.cancelled() and (error := sending.exception()):
+        for part in self._parts:
+            if part.done() and not part.cancelled() and (error := part.exception()):
                 raise error
 
     async def _upload_id(self) -> str:

@@ -49,27 +49,12 @@ async def run(settings: RunSettings) -> int:
     work = asyncio.create_task(_serve(stack, settings), name="bring-up")
     stopped = asyncio.create_task(stop.wait())
     exited = asyncio.create_task(stack.exited.wait())
-    code = 0
     try:
+        # `work` never returns: it ends only by failing or by being cancelled.
         await asyncio.wait({work, stopped, exited}, return_when=asyncio.FIRST_COMPLETED)
-        if work.done() and work.exception() is not None:
-            error = work.exception()
-            message = error.message if isinstance(error, LoraserveError) else repr(error)
-            _say(f"error: {message}")
-            code = 1
-        elif exited.done() and not stopped.done():
-            code = 1
-        if not stopped.done() and code == 0:
-            await asyncio.wait({stopped, exited}, return_when=asyncio.FIRST_COMPLETED)
-            code = 0 if stopped.done() else 1
-        if code == 1 and stack.exited_child is not None:
-            child = stack.exited_child
-            _say(
-                f"error: {child.name} exited with status {child.returncode}; its last lines "
-                f"(full log: {child.log_path}):"
-            )
-            for line in child.tail()[-15:]:
-                _say(f"  {line}")
+        code = 0 if stopped.done() else 1
+        if code:
+            _report_failure(stack, work)
     finally:
         for task in (work, stopped, exited):
             task.cancel()
@@ -86,11 +71,30 @@ async def run(settings: RunSettings) -> int:
     return code
 
 
+def _report_failure(stack: Stack, work: asyncio.Task[None]) -> None:
+    dead = stack.dead_server()
+    if dead is not None:
+        _say(
+            f"error: {dead.name} exited with status {dead.returncode}; its last lines "
+            f"(full log: {dead.log_path}):"
+        )
+        for line in dead.tail()[-15:]:
+            _say(f"  {line}")
+        return
+    error = work.exception() if work.done() else None
+    message = error.message if isinstance(error, LoraserveError) else repr(error)
+    _say(f"error: {message}")
+
+
 async def _serve(stack: Stack, settings: RunSettings) -> None:
     """Brings the stack up, runs the showcase, prints how to use it; then waits forever."""
     endpoints = await stack.bring_up()
     if settings.showcase and endpoints.demo is not None:
-        await _showcase(settings, endpoints)
+        try:
+            await _showcase(settings, endpoints)
+        except LoraserveError as exc:
+            # The stack itself is up; a failed demonstration is no reason to stop it.
+            _say(f"the showcase failed: {exc.message}; the servers keep running")
     _say(howto(settings, endpoints))
     await asyncio.Event().wait()
 

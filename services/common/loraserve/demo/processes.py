@@ -111,7 +111,8 @@ class ChildProcess:
         assert self._process is not None
         assert self._process.stdout is not None
         prefix = f"[{self.name}] "
-        with self.log_path.open("a", encoding="utf-8", errors="replace") as out:
+        # One log per run: what a person opens is what this run wrote.
+        with self.log_path.open("w", encoding="utf-8", errors="replace") as out:
             while line := await self._process.stdout.readline():
                 text = line.decode("utf-8", errors="replace")
                 out.write(text)

@@ -58,8 +58,9 @@ class Stack:
         self._s3_running = False
         self._children: list[ChildProcess] = []
         self._servers: list[ChildProcess] = []
+        self._watchers: list[asyncio.Task[None]] = []
+        # Set when a server exits on its own.
         self.exited = asyncio.Event()
-        self.exited_child: ChildProcess | None = None
 
     async def bring_up(self) -> Endpoints:
         settings = self._settings
@@ -201,14 +202,16 @@ class Stack:
         self._children.append(child)
         self._servers.append(child)
         await child.start()
-        asyncio.create_task(self._watch(child), name=f"{name}-watch")  # noqa: RUF006
+        self._watchers.append(asyncio.create_task(self._watch(child), name=f"{name}-watch"))
         return child
 
     async def _watch(self, child: ChildProcess) -> None:
         await child.wait()
-        if self.exited_child is None:
-            self.exited_child = child
         self.exited.set()
+
+    def dead_server(self) -> ChildProcess | None:
+        """The first server that has exited, if any."""
+        return next((c for c in self._servers if c.returncode is not None), None)
 
     async def _wait_serving(self, child: ChildProcess, address: str) -> None:
         deadline = time.monotonic() + self._settings.ready_timeout_s
