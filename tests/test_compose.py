@@ -44,7 +44,7 @@ def _command(service: str) -> list[str]:
 
 
 def _dockerfile(service: str) -> Path:
-    build = SERVICES[service]["build"]
+    build: dict[str, str] = SERVICES[service]["build"]
     return ROOT / build["context"] / build["dockerfile"]
 
 
