@@ -25,6 +25,15 @@ def test_required_files_come_first_and_others_are_ignored(tmp_path: Path) -> Non
     assert sorted(listing.ignored) == ["optimizer.pt", "training_args.bin"]
 
 
+def test_hidden_files_are_skipped_without_a_warning(tmp_path: Path) -> None:
+    write_adapter_dir(tmp_path)
+    (tmp_path / ".loraserve-tiny.json").write_text("{}")
+    (tmp_path / ".adapter_config.json.swp").write_bytes(b"x")
+    listing = list_adapter_dir(tmp_path)
+    assert listing.ignored == ()
+    assert all(not p.name.startswith(".") for p in listing.selected)
+
+
 def test_symlinked_files_are_followed(tmp_path: Path) -> None:
     blobs = write_adapter_dir(tmp_path / "blobs")
     snapshot = tmp_path / "snapshot"

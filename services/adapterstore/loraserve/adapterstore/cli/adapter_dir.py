@@ -90,7 +90,10 @@ def list_adapter_dir(directory: Path) -> DirectoryListing:
         (p for p in present if p.name in ALLOWED_FILES),
         key=lambda p: (p.name not in REQUIRED_FILES, p.name != CONFIG_FILE, p.name),
     )
-    ignored = tuple(p.name for p in present if p.name not in ALLOWED_FILES)
+    # Hidden files (editor swap files, build markers) are skipped without a warning.
+    ignored = tuple(
+        p.name for p in present if p.name not in ALLOWED_FILES and not p.name.startswith(".")
+    )
     return DirectoryListing(directory, tuple(selected), ignored)
 
 
