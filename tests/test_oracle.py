@@ -1,7 +1,10 @@
 """vLLM serves LoRA adapters exactly: its greedy tokens equal transformers + PEFT's.
 
-Three adapters of different ranks and the base model run in one concurrent batch,
-so the check covers vLLM's mixed-adapter batching, not one adapter at a time.
+Four adapters of different ranks and the base model run in one concurrent batch,
+so the check covers vLLM's mixed-adapter batching, not one adapter at a time. Four
+adapters fill every LoRA slot of the test engine, the last one included: that is
+when the CPU build, unpatched, gives base-model tokens the last slot's delta
+(see `loraserve.inference.vllm_fixes`).
 """
 
 from __future__ import annotations
@@ -13,6 +16,7 @@ from typing import TYPE_CHECKING
 
 import pytest
 
+from loraserve.testing.engine import MAX_LORAS
 from loraserve.testing.models import TinyAdapterFactory
 from loraserve.tiny.oracle import greedy_tokens
 
@@ -43,7 +47,8 @@ class Variant:
 
 @pytest.fixture(scope="module")
 def variants(tiny_adapter: TinyAdapterFactory) -> list[Variant]:
-    adapters = [("rank4", 4, 101), ("rank8", 8, 102), ("rank16", 16, 103)]
+    adapters = [("rank4", 4, 101), ("rank8", 8, 102), ("rank16", 16, 103), ("rank8b", 8, 104)]
+    assert len(adapters) == MAX_LORAS, "the batch must fill every LoRA slot"
     return [Variant("base", None, None)] + [
         Variant(name, tiny_adapter(rank=rank, seed=seed), FIRST_LORA_ID + index)
         for index, (name, rank, seed) in enumerate(adapters)
