@@ -76,17 +76,11 @@ async def eventually(check: Callable[[], bool], what: str, guard_s: float = 10.0
 
 
 @dataclass
-class StoreProcess:
-    """A running `adapterstore serve` child."""
+class ChildProcess:
+    """A server running as a child process, with its log file."""
 
-    address: str
-    port: int
     process: asyncio.subprocess.Process
     log_path: Path
-
-    def kill(self) -> None:
-        """SIGKILL: no shutdown code runs."""
-        self.process.send_signal(signal.SIGKILL)
 
     def terminate(self) -> None:
         """SIGTERM: the graceful shutdown path."""
@@ -98,6 +92,18 @@ class StoreProcess:
 
     def log_text(self) -> str:
         return self.log_path.read_text(errors="replace")
+
+
+@dataclass
+class StoreProcess(ChildProcess):
+    """A running `adapterstore serve` child."""
+
+    address: str
+    port: int
+
+    def kill(self) -> None:
+        """SIGKILL: no shutdown code runs."""
+        self.process.send_signal(signal.SIGKILL)
 
 
 def store_args(
@@ -132,22 +138,10 @@ def store_args(
 
 
 @dataclass
-class InferenceProcess:
+class InferenceProcess(ChildProcess):
     """A running `inference serve` child (it starts its own vLLM engine)."""
 
     address: str
-    process: asyncio.subprocess.Process
-    log_path: Path
-
-    def terminate(self) -> None:
-        self.process.send_signal(signal.SIGTERM)
-
-    async def wait(self, guard_s: float = START_GUARD_S) -> int:
-        async with asyncio.timeout(guard_s):
-            return await self.process.wait()
-
-    def log_text(self) -> str:
-        return self.log_path.read_text(errors="replace")
 
 
 @asynccontextmanager
@@ -193,7 +187,7 @@ async def inference_process(
         process = await asyncio.create_subprocess_exec(
             *args, stdout=log_file, stderr=log_file, env=env
         )
-    running = InferenceProcess(address, process, log_path)
+    running = InferenceProcess(process, log_path, address)
     try:
         try:
             await wait_for_health(address, health_pb2.HealthCheckResponse.SERVING, guard_s=guard_s)
@@ -228,7 +222,7 @@ async def store_process(
             stdout=log_file,
             stderr=log_file,
         )
-    running = StoreProcess(address, port, process, log_path)
+    running = StoreProcess(process, log_path, address, port)
     try:
         if wait_serving:
             try:
