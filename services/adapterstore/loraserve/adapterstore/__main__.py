@@ -26,6 +26,7 @@ from loraserve.adapterstore.servicer import (
 from loraserve.adapterstore.settings import AdapterStoreSettings, parse_settings
 from loraserve.adapterstore.status import ReplicaStatusStore
 from loraserve.adapterstore.store import AdapterStore
+from loraserve.common.backoff import Backoff
 from loraserve.common.errors import DataLoss, LoraserveError, Unavailable
 from loraserve.common.server import install_stop_signals, start_server
 
@@ -39,8 +40,9 @@ async def _start_when_reachable(
     blobs: S3BlobStore, store: AdapterStore, stop: asyncio.Event
 ) -> bool:
     """Retries until the bucket answers and the log is loaded; False if stopped first."""
-    delay = _RETRY_FIRST_S
+    backoff = Backoff(_RETRY_FIRST_S, _RETRY_MAX_S)
     while not stop.is_set():
+        delay = backoff.next_delay()
         try:
             await blobs.check()
             await store.start()
@@ -49,7 +51,6 @@ async def _start_when_reachable(
             log.warning("store.storage_unreachable retry_in_s=%.1f error=%s", delay, e.message)
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(stop.wait(), delay)
-        delay = min(delay * 2, _RETRY_MAX_S)
     return False
 
 

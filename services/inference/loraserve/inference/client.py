@@ -10,7 +10,6 @@ overall deadline across attempts, and raises `loraserve.common.errors` types.
 from __future__ import annotations
 
 import asyncio
-import random
 import threading
 import time
 from collections.abc import AsyncIterator, Coroutine, Iterator, Sequence
@@ -19,6 +18,7 @@ from typing import Any, TypeVar
 
 import grpc
 
+from loraserve.common.backoff import Backoff
 from loraserve.common.errors import DeadlineExceeded, Unavailable, error_from_rpc
 from loraserve.common.security import ClientSecurity, secure_channel
 from loraserve.inference.v1 import inference_pb2 as pb
@@ -36,12 +36,10 @@ class RetryPolicy:
     max_attempts: int = 5
     initial_backoff: float = 0.2
     max_backoff: float = 5.0
-    multiplier: float = 2.0
 
-    def delay(self, attempt: int) -> float:
-        """Full-jitter delay before retry number `attempt` (1-based)."""
-        ceiling = min(self.max_backoff, self.initial_backoff * self.multiplier ** (attempt - 1))
-        return random.uniform(0, ceiling)
+    def backoff(self) -> Backoff:
+        """A fresh backoff for one call's retries."""
+        return Backoff(self.initial_backoff, self.max_backoff)
 
 
 @dataclass(frozen=True)
@@ -150,6 +148,7 @@ class InferenceClient:
         request = _request(adapter, prompt, sampling or Sampling())
         budget = timeout if timeout is not None else self._timeout
         deadline = None if budget is None else time.monotonic() + budget
+        backoff = self._retry.backoff()
         attempt = 0
         while True:
             attempt += 1
@@ -171,7 +170,7 @@ class InferenceClient:
                     raise error from None
             finally:
                 call.cancel()
-            await asyncio.sleep(self._retry.delay(attempt))
+            await asyncio.sleep(backoff.next_delay())
 
     async def generate(
         self,

@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from loraserve.common import errors
-from loraserve.inference.backoff import Backoff
+from loraserve.common.backoff import Backoff
 from loraserve.inference.registry import LocalRevision
 from loraserve.inference.store_client import (
     Heartbeat,
