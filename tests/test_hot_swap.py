@@ -80,6 +80,9 @@ class RecordingRegistry:
     def is_installed(self, name: str, revision: int) -> bool:
         return self.inner.is_installed(name, revision)
 
+    def holds(self, name: str, revision: int) -> bool:
+        return self.inner.holds(name, revision)
+
 
 @dataclass
 class Stack:

@@ -9,8 +9,15 @@ from pathlib import Path
 
 import pytest
 
-from loraserve.common.errors import DataLoss, InvalidArgument, NotFound, Unavailable
+from loraserve.common.errors import (
+    DataLoss,
+    FailedPrecondition,
+    InvalidArgument,
+    NotFound,
+    Unavailable,
+)
 from loraserve.inference.cache import MANIFEST_FILE, AdapterCache
+from loraserve.inference.compat import AdapterFacts
 from loraserve.inference.store_client import FileChunk, ManifestFile, RevisionManifest
 
 CONFIG = b'{"r": 8}'
@@ -175,7 +182,9 @@ async def test_store_unavailable_propagates_and_leaves_nothing(tmp_path: Path) -
             raise Unavailable("store down")
             yield  # pragma: no cover - makes this an async generator
 
-    cache = AdapterCache(tmp_path / "cache", DownSource())
+    source = DownSource()
+    source.add("alpha", 1, {"adapter_config.json": CONFIG})
+    cache = AdapterCache(tmp_path / "cache", source)
     await cache.prepare()
     with pytest.raises(Unavailable):
         await cache.fetch("alpha", 1)
@@ -242,3 +251,33 @@ async def test_revision_dir_without_manifest_is_not_trusted(
     local = await cache.fetch("alpha", 1)
     assert source.downloads == 1
     assert (local.path / MANIFEST_FILE).is_file()
+
+
+async def test_revision_incompatible_by_its_manifest_is_refused_before_downloading(
+    tmp_path: Path, source: FakeSource
+) -> None:
+    def refuse_rank_8(facts: AdapterFacts) -> None:
+        if facts.rank == 8:
+            raise FailedPrecondition(f"adapter {facts.name}@{facts.revision} has rank 8")
+
+    cache = AdapterCache(tmp_path / "cache", source, check=refuse_rank_8)
+    await cache.prepare()
+
+    with pytest.raises(FailedPrecondition, match="rank 8"):
+        await cache.fetch("alpha", 1)
+    assert source.downloads == 0
+    assert not (cache.root / "alpha").exists()
+
+
+async def test_sweep_removes_revisions_not_kept_and_nothing_else(
+    cache: AdapterCache, source: FakeSource
+) -> None:
+    await cache.fetch("alpha", 1)
+    (cache.root / "alpha" / "2").mkdir()
+    (cache.root / "beta" / "3").mkdir(parents=True)
+    (cache.root / "not an adapter").mkdir()
+
+    await cache.sweep(lambda name, revision: (name, revision) == ("alpha", 1))
+
+    assert sorted(p.name for p in cache.root.iterdir()) == [".tmp", "alpha", "not an adapter"]
+    assert [p.name for p in (cache.root / "alpha").iterdir()] == ["1"]

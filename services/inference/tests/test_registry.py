@@ -347,3 +347,49 @@ async def test_snapshot_reports_current_in_flight_and_ids(
     assert lease.adapter is not None
     assert (statuses[1].in_flight, statuses[1].rank) == (1, 4)
     assert statuses[1].lora_int_id == lease.adapter.lora_int_id
+
+
+async def test_delete_while_a_pinned_revision_loads_discards_it_and_the_request_is_not_found(
+    registry: AdapterRegistry, engine: FakeEngine, cache_dir: Path, fetcher: FakeFetcher
+) -> None:
+    await registry.install(make_revision(cache_dir, "alpha", 2), make_current=True)
+    fetched = asyncio.Event()
+    go_on = asyncio.Event()
+    fetch = fetcher.fetch
+
+    async def held_fetch(name: str, revision: int) -> LocalRevision:
+        rev = await fetch(name, revision)
+        fetched.set()
+        await go_on.wait()
+        return rev
+
+    fetcher.fetch = held_fetch  # type: ignore[method-assign]
+    fetcher.publish("alpha", 1)
+
+    async def use_pinned() -> None:
+        async with registry.acquire(AdapterRef("alpha", 1)):
+            pass
+
+    request = asyncio.ensure_future(use_pinned())
+    await fetched.wait()
+    await registry.delete("alpha")
+    go_on.set()
+
+    with pytest.raises(NotFound, match="alpha@1 was deleted"):
+        await request
+    await registry.settle()
+    assert not registry.is_installed("alpha", 1)
+    assert [h.lora_name for h in engine.add_calls] == ["alpha@2"]
+    assert not (cache_dir / "alpha" / "1").exists()
+    assert registry.snapshot() == []
+
+
+async def test_failed_load_leaves_no_files(
+    registry: AdapterRegistry, engine: FakeEngine, cache_dir: Path
+) -> None:
+    rev = make_revision(cache_dir, "alpha", 1, rank=64)
+
+    with pytest.raises(FailedPrecondition):
+        await registry.install(rev, make_current=True)
+
+    assert not rev.path.exists()

@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import AsyncGenerator, AsyncIterator, Callable
 from contextlib import asynccontextmanager
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -182,6 +183,9 @@ class FakeRegistry:
         return self.current.get(name)
 
     def is_installed(self, name: str, revision: int) -> bool:
+        return (name, revision) in self.installed
+
+    def holds(self, name: str, revision: int) -> bool:
         return (name, revision) in self.installed
 
 
@@ -413,6 +417,20 @@ async def test_watch_out_of_range_lists_again_and_reconciles() -> None:
         await eventually(lambda: h.store.watch_calls == [1, 9], "watch from 9")
 
 
+async def test_relist_where_an_adapter_has_no_current_revision_unroutes_it() -> None:
+    # Deleted, then pushed again unpromoted, while this replica was behind.
+    h = Harness(listing(1, ("a", 1), ("b", 1)))
+    h.store.listings.append(
+        Listing((ListedAdapter("a", None), ListedAdapter("b", manifest("b", 1))), 9)
+    )
+    h.store.open_stream(OutOfRange("after_seq 1 is older than the kept log"))
+    h.store.open_stream()
+    async with running(h):
+        await h.settled(9)
+        assert h.registry.deletes == ["a"]
+        assert h.registry.current == {"b": 1}
+
+
 async def test_a_hole_in_the_event_seqs_lists_again() -> None:
     h = Harness(listing(1, ("a", 1)))
     h.store.listings.append(listing(5, ("a", 4)))
@@ -482,6 +500,30 @@ async def test_max_lora_rank_auto_sees_the_rank_of_every_current_adapter() -> No
         )
     )
     assert sorted(await current_adapter_ranks(store, "tiny")) == [8, 64]
+
+
+async def test_max_lora_rank_auto_matches_base_models_as_the_compatibility_check_does() -> None:
+    def trained_on(name: str, rank: int, base_model: str) -> ListedAdapter:
+        return ListedAdapter(name, replace(manifest(name, 1, rank=rank), base_model=base_model))
+
+    store = FakeStore(
+        Listing(
+            (
+                trained_on("by-path", 32, "/models/tiny"),
+                trained_on("by-hub-id", 16, "org/tiny/"),
+                trained_on("unnamed", 8, ""),
+                trained_on("other-model", 64, "org/other"),
+            ),
+            5,
+        )
+    )
+    assert sorted(await current_adapter_ranks(store, "tiny")) == [8, 16, 32]
+    assert sorted(await current_adapter_ranks(store, "tiny", require_base_model_match=False)) == [
+        8,
+        16,
+        32,
+        64,
+    ]
 
 
 async def test_unknown_revision_is_nacked_not_found() -> None:

@@ -189,16 +189,35 @@ async def inference_process(
         )
     running = InferenceProcess(process, log_path, address)
     try:
-        try:
-            await wait_for_health(address, health_pb2.HealthCheckResponse.SERVING, guard_s=guard_s)
-        except TimeoutError:
-            raise AssertionError(f"inference never served; log:\n{running.log_text()}") from None
+        await _serving_or_exited(running, guard_s)
         yield running
     finally:
         if process.returncode is None:
             process.kill()
             with contextlib.suppress(TimeoutError):
                 await running.wait()
+
+
+async def _serving_or_exited(running: InferenceProcess, guard_s: float) -> None:
+    """Waits until the server is SERVING; fails at once if it exits first."""
+    serving = asyncio.ensure_future(
+        wait_for_health(running.address, health_pb2.HealthCheckResponse.SERVING, guard_s=guard_s)
+    )
+    exited = asyncio.ensure_future(running.process.wait())
+    try:
+        await asyncio.wait({serving, exited}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        for task in (serving, exited):
+            task.cancel()
+        await asyncio.gather(serving, exited, return_exceptions=True)
+    if serving.done() and not serving.cancelled() and serving.exception() is None:
+        return
+    if exited.done() and not exited.cancelled():
+        raise AssertionError(
+            f"inference exited with code {exited.result()} before serving; "
+            f"log:\n{running.log_text()}"
+        )
+    raise AssertionError(f"inference never served; log:\n{running.log_text()}")
 
 
 @asynccontextmanager

@@ -16,6 +16,7 @@ from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from loraserve.common.backoff import Backoff
 from loraserve.common.errors import LoraserveError
 from loraserve.common.server import RunningServer, start_server
 from loraserve.inference import servicer
@@ -36,7 +37,7 @@ from loraserve.inference.registry import AdapterRegistry
 from loraserve.inference.runtime import Runtime, RuntimeSlot
 from loraserve.inference.settings import EngineOptions, InferenceSettings
 from loraserve.inference.store_client import StoreClient, StoreClientSettings
-from loraserve.inference.sync import Synchronizer, current_adapter_ranks
+from loraserve.inference.sync import TRANSIENT_ERRORS, Synchronizer, current_adapter_ranks
 
 if TYPE_CHECKING:
     from loraserve.inference.http_server import RunningHttpServer
@@ -45,7 +46,8 @@ log = logging.getLogger(__name__)
 
 EngineStarter = Callable[[EngineOptions], Awaitable[VllmEngine]]
 
-_AUTO_RANK_RETRY_S = (0.5, 1.0, 2.0, 5.0)
+# (first, longest) wait between attempts to reach a store that is not up yet.
+_STORE_WAIT_BACKOFF_S = (0.5, 10.0)
 
 
 class InferenceApp:
@@ -108,24 +110,29 @@ class InferenceApp:
             options = dataclasses.replace(options, max_lora_rank=await self._auto_rank())
         engine = self._engine = await self._start_engine(options)
         info = engine.info
-        cache = AdapterCache(settings.adapter_cache, source=self._store)
+        compat = CompatibilityChecker(
+            max_lora_rank=info.max_lora_rank,
+            target_modules=await asyncio.to_thread(_lora_targets, options.model),
+            served_model_name=settings.compat.served_model_name,
+            require_base_model_match=settings.compat.require_base_model_match,
+            module_shapes=await asyncio.to_thread(_lora_shapes, options.model),
+        )
+        cache = AdapterCache(settings.adapter_cache, source=self._store, check=compat.check)
         await cache.prepare()
         registry = AdapterRegistry(
             engine,
             cache_dir=cache.root,
-            compat=CompatibilityChecker(
-                max_lora_rank=info.max_lora_rank,
-                target_modules=await asyncio.to_thread(_lora_targets, options.model),
-                served_model_name=settings.compat.served_model_name,
-                require_base_model_match=settings.compat.require_base_model_match,
-                module_shapes=await asyncio.to_thread(_lora_shapes, options.model),
-            ),
+            compat=compat,
             fetcher=cache,
             max_pinned=info.max_cpu_loras,
             failures=self.metrics,
         )
         synchronizer = Synchronizer(
-            self._store, cache, registry, observe_swap=self.metrics.observe_swap_latency
+            self._store,
+            cache,
+            registry,
+            observe_swap=self.metrics.observe_swap_latency,
+            sweeper=cache,
         )
         admission = Admission(settings.max_pending_requests)
         self.slot.set(
@@ -194,19 +201,49 @@ class InferenceApp:
         )
 
     async def _auto_rank(self) -> int:
+        """The smallest rank covering the store's adapters. A store that cannot be
+        reached yet is waited for, as the sync does with a fixed rank: the replica
+        stays NOT_SERVING and says why, rather than exiting into a crash loop."""
         assert self._store is not None
-        base = self._settings.compat.served_model_name
-        for delay in (*_AUTO_RANK_RETRY_S, None):
+        compat = self._settings.compat
+        backoff = Backoff(*_STORE_WAIT_BACKOFF_S)
+        attempt = 0
+        while True:
+            attempt += 1
             try:
-                ranks = await current_adapter_ranks(self._store, base)
+                ranks = await current_adapter_ranks(
+                    self._store,
+                    compat.served_model_name,
+                    require_base_model_match=compat.require_base_model_match,
+                )
+                self.slot.set_waiting("")
                 break
-            except LoraserveError as exc:
-                if delay is None or exc.code.name != "UNAVAILABLE":
-                    raise
-                log.warning("engine.auto_rank_retry error=%s", exc.message)
+            except TRANSIENT_ERRORS as exc:
+                delay = backoff.next_delay()
+                reason = (
+                    f"waiting for the adapter store at {self._settings.store_address} to size "
+                    f"the engine (--max-lora-rank auto): {exc.message}"
+                )
+                self.slot.set_waiting(reason)
+                log.warning(
+                    "engine.auto_rank_waiting attempt=%d retry_in=%.2fs reason=%s",
+                    attempt,
+                    delay,
+                    exc.message,
+                )
                 await asyncio.sleep(delay)
+            except LoraserveError as exc:
+                raise type(exc)(
+                    f"--max-lora-rank auto could not list the store's adapters: {exc.message}; "
+                    "fix the store address or credentials, or pass a fixed --max-lora-rank"
+                ) from exc
         rank = smallest_covering_rank(ranks, await asyncio.to_thread(supported_lora_ranks))
-        log.info("engine.auto_rank ranks=%s max_lora_rank=%d", sorted(set(ranks)), rank)
+        log.info(
+            "engine.auto_rank ranks=%s max_lora_rank=%d attempts=%d",
+            sorted(set(ranks)),
+            rank,
+            attempt,
+        )
         return rank
 
 

@@ -5,6 +5,11 @@ every file is checked against the manifest's size and SHA-256, and only then is 
 directory renamed into place, so the engine never sees a partial or corrupt
 revision. The manifest is kept beside the files (`.manifest.json`) so a revision
 found on disk after a restart is re-verified and reused without a download.
+
+Before any byte is downloaded, the revision's manifest (base model, rank, target
+modules) is checked against what this server can serve, so an incompatible adapter
+costs one small call, not a download. `sweep` removes revision directories nothing
+needs (an earlier run's leftovers), so the disk holds only what is served or loading.
 """
 
 from __future__ import annotations
@@ -17,13 +22,14 @@ import logging
 import os
 import shutil
 import uuid
-from collections.abc import AsyncGenerator, AsyncIterator
+from collections.abc import AsyncGenerator, AsyncIterator, Callable
 from contextlib import aclosing, asynccontextmanager
 from pathlib import Path
 from typing import Any, BinaryIO, Protocol
 
-from loraserve.common.errors import DataLoss, InvalidArgument, NotFound
+from loraserve.common.errors import DataLoss, FailedPrecondition, InvalidArgument, NotFound
 from loraserve.common.names import validate_adapter_name
+from loraserve.inference.compat import AdapterFacts
 from loraserve.inference.registry import LocalRevision
 from loraserve.inference.store_client import FileChunk, ManifestFile, RevisionManifest
 
@@ -46,6 +52,10 @@ class RevisionSource(Protocol):
         """The manifest first, then each file's chunks in manifest order."""
 
 
+ManifestCheck = Callable[[AdapterFacts], None]
+"""Raises FailedPrecondition if a revision cannot be served here (`CompatibilityChecker.check`)."""
+
+
 class _KeyLock:
     def __init__(self) -> None:
         self.lock = asyncio.Lock()
@@ -59,9 +69,12 @@ class AdapterCache:
     share a single download.
     """
 
-    def __init__(self, root: Path, source: RevisionSource) -> None:
+    def __init__(
+        self, root: Path, source: RevisionSource, check: ManifestCheck | None = None
+    ) -> None:
         self._root = root.absolute()
         self._source = source
+        self._check = check
         self._locks: dict[tuple[str, int], _KeyLock] = {}
 
     @property
@@ -95,16 +108,19 @@ class AdapterCache:
         """
         final = self.path_of(name, revision)
         async with self._exclusive(name, revision):
+            # The store decides whether the revision may still be served (a deleted
+            # adapter must not live on from a local copy), and its manifest whether it
+            # can be served here at all: both before any byte is downloaded.
+            try:
+                manifest = await self._source.get_revision(name, revision)
+                if self._check is not None:
+                    self._check(_facts(manifest))
+            except (NotFound, FailedPrecondition):
+                await asyncio.to_thread(_remove_revision_dir, final)
+                raise
             cached = await asyncio.to_thread(_load_verified, final, name, revision)
             if cached is not None:
-                # The files are intact, but the store decides whether the revision may
-                # still be served: a deleted adapter must not live on from a local copy.
-                try:
-                    current = await self._source.get_revision(name, revision)
-                except NotFound:
-                    await asyncio.to_thread(_remove_revision_dir, final)
-                    raise
-                if _same_files(cached, current):
+                if _same_files(cached, manifest):
                     log.info("cache.reused name=%s rev=%d", name, revision)
                     return _local_revision(cached, final)
                 log.warning(
@@ -123,6 +139,31 @@ class AdapterCache:
         async with self._exclusive(name, revision):
             await asyncio.to_thread(_remove_revision_dir, path)
         log.info("cache.removed name=%s rev=%d", name, revision)
+
+    async def sweep(self, keep: Callable[[str, int], bool]) -> None:
+        """Removes every revision directory that `keep` rejects and no fetch is using:
+        what an earlier run left behind. Only `<adapter name>/<number>` entries are
+        touched, so a cache pointed at a shared directory loses nothing else."""
+        removed = await asyncio.to_thread(self._sweep, keep)
+        log.info("cache.swept removed=%d", len(removed))
+
+    def _sweep(self, keep: Callable[[str, int], bool]) -> list[Path]:
+        removed = []
+        for adapter_dir in sorted(self._root.iterdir()):
+            if not _is_adapter_dir(adapter_dir):
+                continue
+            for entry in sorted(adapter_dir.iterdir()):
+                if not entry.name.isdigit():
+                    continue
+                key = (adapter_dir.name, int(entry.name))
+                if keep(*key) or key in self._locks:
+                    continue
+                log.info("cache.stale_removed name=%s rev=%d", *key)
+                _remove_path(entry)
+                removed.append(entry)
+            with contextlib.suppress(OSError):  # still holds kept revisions
+                adapter_dir.rmdir()
+        return removed
 
     @asynccontextmanager
     async def _exclusive(self, name: str, revision: int) -> AsyncIterator[None]:
@@ -351,6 +392,23 @@ def _sha256_of(path: Path, expected_size: int) -> str | None:
     return digest.hexdigest()
 
 
+def _is_adapter_dir(path: Path) -> bool:
+    if not path.is_dir() or path.is_symlink():
+        return False
+    try:
+        validate_adapter_name(path.name)
+    except InvalidArgument:
+        return False
+    return True
+
+
+def _remove_path(path: Path) -> None:
+    if path.is_dir() and not path.is_symlink():
+        shutil.rmtree(path, ignore_errors=True)
+    else:
+        path.unlink(missing_ok=True)
+
+
 def _remove_revision_dir(path: Path) -> None:
     shutil.rmtree(path, ignore_errors=True)
     with contextlib.suppress(OSError):  # other revisions of the adapter remain
@@ -382,6 +440,16 @@ def _manifest_from_json(data: dict[str, Any]) -> RevisionManifest:
         alpha=float(data["alpha"]),
         target_modules=tuple(str(m) for m in data["target_modules"]),
         seq=int(data["seq"]),
+    )
+
+
+def _facts(manifest: RevisionManifest) -> AdapterFacts:
+    return AdapterFacts(
+        manifest.name,
+        manifest.revision,
+        manifest.rank,
+        manifest.target_modules,
+        manifest.base_model,
     )
 
 

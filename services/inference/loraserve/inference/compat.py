@@ -155,8 +155,9 @@ class CompatibilityChecker:
                 f"{what} targets modules {unsupported} that the served model does not have; "
                 f"it has {sorted(self._target_modules)}"
             )
-        base = _basename(facts.base_model)
-        if self._require_base_match and base and base != self._served_model:
+        if not serves_base_model(
+            facts.base_model, self._served_model, require_match=self._require_base_match
+        ):
             raise FailedPrecondition(
                 f"{what} was trained on base model {facts.base_model!r}, but this server "
                 f"serves {self._served_model!r} (--allow-base-model-mismatch to load it anyway)"
@@ -189,6 +190,14 @@ class CompatibilityChecker:
                     f"{match['module']} of the served model is {out_features}x{in_features} "
                     f"(out x in), so lora_{side} must be {expected}"
                 )
+
+
+def serves_base_model(adapter_base: str, served_model_name: str, *, require_match: bool) -> bool:
+    """Whether an adapter trained on `adapter_base` (`base_model_name_or_path`, often a
+    path or hub id) may run on the model served as `served_model_name`: their last
+    path parts match, the adapter names none, or matching is not required."""
+    base = _basename(adapter_base)
+    return not require_match or not base or base == _basename(served_model_name)
 
 
 def _basename(model: str) -> str:

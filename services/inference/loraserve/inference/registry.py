@@ -11,12 +11,18 @@ is neither current nor pinned it is removed from the engine and its files delete
 `name@revision` requests pin that revision: it is fetched through the
 `RevisionFetcher` and loaded on demand, and kept in a bounded LRU of pinned revisions.
 
+A delete wins over every load of that name still in flight: the load's result is
+discarded (never routed or pinned, its files removed) and its callers get NOT_FOUND,
+so a revision the store no longer has cannot become servable after the delete. A
+load that fails for any reason leaves no files behind either.
+
 The seam with the sync side (inference-sync):
 
     install(rev, make_current=...)   load a fetched revision; route it or pin it
     set_current(name, revision)      rollback/promote (fetches if no longer loaded)
-    delete(name)                     unroute; every revision drains, then goes
-    current_revision(name), is_installed(name, revision), snapshot()
+    delete(name)                     unroute; every revision drains, then goes;
+                                     loads in flight are discarded
+    current_revision(name), is_installed(name, revision), holds(...), snapshot()
     settle()                         waits for removals in progress (tests, shutdown)
 
 Both sides never load a path that is not inside the adapter cache directory.
@@ -139,6 +145,8 @@ class AdapterRegistry:
         # A key is busy while it loads or is removed; others wait for the event.
         self._busy: dict[Key, asyncio.Event] = {}
         self._loading: dict[Key, int] = {}  # key -> rank, 0 while unknown
+        # Loads in flight whose name was deleted since they started: discarded.
+        self._deleted_while_loading: set[Key] = set()
         self._removing: dict[Key, _Loaded] = {}
         self._failed: dict[Key, tuple[int, str]] = {}  # key -> (rank, error)
         self._tasks: set[asyncio.Task[None]] = set()
@@ -177,6 +185,7 @@ class AdapterRegistry:
             del self._pinned[key]
         for key in [k for k in self._failed if k[0] == name]:
             del self._failed[key]
+        self._deleted_while_loading.update(k for k in self._loading if k[0] == name)
         for key in [k for k in self._loaded if k[0] == name]:
             self._maybe_retire(key)
         log.info("adapter.unrouted name=%s", name)
@@ -186,6 +195,11 @@ class AdapterRegistry:
 
     def is_installed(self, name: str, revision: int) -> bool:
         return (name, revision) in self._loaded
+
+    def holds(self, name: str, revision: int) -> bool:
+        """Whether the revision's files are in use: loaded, loading or being removed."""
+        key = (name, revision)
+        return key in self._loaded or key in self._loading or key in self._removing
 
     async def settle(self) -> None:
         """Waits until every removal started so far has finished."""
@@ -272,9 +286,12 @@ class AdapterRegistry:
         done = asyncio.Event()
         self._busy[key] = done
         self._loading[key] = 0
+        rev: LocalRevision | None = None
+        added: AdapterHandle | None = None
         try:
             rev = await obtain()
             self._loading[key] = rev.rank
+            self._check_not_deleted(key)
             self._check(rev)
             await asyncio.to_thread(self._compat.check_weights, rev.name, rev.revision, rev.path)
             handle = AdapterHandle(
@@ -283,6 +300,8 @@ class AdapterRegistry:
                 path=str(rev.path),
             )
             await self._add_to_engine(handle)
+            added = handle
+            self._check_not_deleted(key)
             entry = _Loaded(rev, handle)
             self._loaded[key] = entry
             self._failed.pop(key, None)
@@ -290,14 +309,33 @@ class AdapterRegistry:
             # Returned before the waiters run: the caller routes or pins it first, so a
             # fresh revision is never seen unclaimed and retired.
             return entry
+        except Exception:
+            await self._discard(rev, added)
+            raise
         finally:
             del self._busy[key]
             del self._loading[key]
+            self._deleted_while_loading.discard(key)
             done.set()
 
+    def _check_not_deleted(self, key: Key) -> None:
+        if key in self._deleted_while_loading:
+            log.info("adapter.load_discarded name=%s rev=%d: deleted while loading", *key)
+            raise NotFound(f"adapter {key[0]}@{key[1]} was deleted")
+
+    async def _discard(self, rev: LocalRevision | None, added: AdapterHandle | None) -> None:
+        """Undoes a load that will not be served: out of the engine, files deleted."""
+        if added is not None:
+            await self._engine.remove_lora(added.lora_int_id)
+        if rev is not None and self._inside_cache(rev.path):
+            await asyncio.to_thread(shutil.rmtree, rev.path, ignore_errors=True)
+
+    def _inside_cache(self, path: Path) -> bool:
+        resolved = path.resolve()
+        return resolved != self._cache_dir and resolved.is_relative_to(self._cache_dir)
+
     def _check(self, rev: LocalRevision) -> None:
-        path = rev.path.resolve()
-        if path == self._cache_dir or not path.is_relative_to(self._cache_dir):
+        if not self._inside_cache(rev.path):
             raise FailedPrecondition(
                 f"adapter {rev.name}@{rev.revision}: refusing to load {rev.path}, "
                 f"which is not inside the adapter cache {self._cache_dir}"

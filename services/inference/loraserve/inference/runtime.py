@@ -32,11 +32,18 @@ class RuntimeSlot:
 
     def __init__(self, runtime: Runtime | None = None) -> None:
         self._runtime = runtime
+        self._waiting = ""
 
     def set(self, runtime: Runtime | None) -> None:
         self._runtime = runtime
 
+    def set_waiting(self, reason: str) -> None:
+        """What start-up waits for before the engine can start, for UNAVAILABLE answers."""
+        self._waiting = reason
+
     def get(self) -> Runtime:
         if self._runtime is None:
+            if self._waiting:
+                raise Unavailable(f"the inference engine is not started: {self._waiting}")
             raise Unavailable("the inference engine is starting; retry shortly")
         return self._runtime

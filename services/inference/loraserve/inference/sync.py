@@ -6,6 +6,8 @@ applied by the adapter's own worker, so a slow download of one adapter never
 holds up another, and events that queue up for one adapter fold into one load
 (`syncstate`). A lost watch reconnects with backoff and resumes after the last
 event taken in; OUT_OF_RANGE (or a hole in the seqs) lists again and reconciles.
+The first listing also decides which cached revisions an earlier run left behind
+are worth keeping: the listing's current ones; the rest are swept from disk.
 
 Failures follow the xDS model: a transient error (store or engine unavailable)
 is retried with backoff; a permanent one (incompatible adapter, corrupt data,
@@ -25,6 +27,7 @@ from typing import Protocol
 
 from loraserve.common import errors
 from loraserve.common.backoff import Backoff
+from loraserve.inference.compat import serves_base_model
 from loraserve.inference.registry import LocalRevision
 from loraserve.inference.store_client import (
     Heartbeat,
@@ -63,6 +66,12 @@ class Fetcher(Protocol):
     async def fetch(self, name: str, revision: int) -> LocalRevision: ...
 
 
+class Sweeper(Protocol):
+    """Removes cached revisions nothing needs (`AdapterCache`)."""
+
+    async def sweep(self, keep: Callable[[str, int], bool]) -> None: ...
+
+
 class Registry(Protocol):
     """The part of `AdapterRegistry` that sync drives."""
 
@@ -75,6 +84,8 @@ class Registry(Protocol):
     def current_revision(self, name: str) -> int | None: ...
 
     def is_installed(self, name: str, revision: int) -> bool: ...
+
+    def holds(self, name: str, revision: int) -> bool: ...
 
 
 SwapObserver = Callable[[float], None]
@@ -99,8 +110,10 @@ class Synchronizer:
         registry: Registry,
         settings: SyncSettings | None = None,
         observe_swap: SwapObserver | None = None,
+        sweeper: Sweeper | None = None,
     ) -> None:
         self._store = store
+        self._sweeper = sweeper
         self._fetcher = fetcher
         self._registry = registry
         self._settings = settings or SyncSettings()
@@ -196,9 +209,20 @@ class Synchronizer:
         )
         if self._initial_seq is None:
             self._initial_seq = listing.seq
+            await self._sweep(listing)
         for name in changed:
             self._wake(name)
         self._note_progress()
+
+    async def _sweep(self, listing: Listing) -> None:
+        """Before any worker runs: keeps what the listing routes and what requests
+        already hold; the rest of the cache is an earlier run's leftovers."""
+        if self._sweeper is None:
+            return
+        current = {(a.name, a.current.revision) for a in listing.adapters if a.current is not None}
+        await self._sweeper.sweep(
+            lambda name, rev: (name, rev) in current or self._registry.holds(name, rev)
+        )
 
     def _take_event(self, event: StoreEvent) -> None:
         if self._state.is_replay(event):
@@ -400,7 +424,19 @@ class _MissedEvents(Exception):
     """The watch skipped seqs; only a fresh listing can say what changed."""
 
 
-async def current_adapter_ranks(store: StoreAPI, base_model: str) -> list[int]:
-    """LoRA ranks of every current adapter for `base_model`, for `--max-lora-rank auto`."""
-    listing = await store.list_adapters(base_model=base_model)
-    return [a.current.rank for a in listing.adapters if a.current is not None]
+async def current_adapter_ranks(
+    store: StoreAPI, served_model_name: str, *, require_base_model_match: bool = True
+) -> list[int]:
+    """LoRA ranks of every current adapter this server would serve, for
+    `--max-lora-rank auto`. Filtered here, with the compatibility check's own rule:
+    adapters name their base model by path or hub id, which the store's exact-match
+    filter would miss."""
+    listing = await store.list_adapters()
+    return [
+        a.current.rank
+        for a in listing.adapters
+        if a.current is not None
+        and serves_base_model(
+            a.current.base_model, served_model_name, require_match=require_base_model_match
+        )
+    ]

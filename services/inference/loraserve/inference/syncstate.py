@@ -75,14 +75,13 @@ class SyncState:
     def record_listing(
         self, listing: Listing, served_names: set[str], seen_at: float | None
     ) -> list[str]:
-        """Makes the listing the wish: its current revisions for every adapter it
-        names, a delete for every served name it does not. Returns the adapters
-        whose wish changed."""
+        """Makes the listing the wish: its current revision for every adapter that
+        has one, a delete for every served name that has none (not listed, or listed
+        without a current revision, e.g. deleted and pushed again unpromoted).
+        Returns the adapters whose wish changed."""
         changed = []
-        listed = {a.name: a.current for a in listing.adapters}
+        listed = {a.name: a.current for a in listing.adapters if a.current is not None}
         for name, current in listed.items():
-            if current is None:
-                continue
             wish = self.wishes.setdefault(name, AdapterWish())
             if wish.current is None or wish.current.revision != current.revision:
                 wish.current_seen_at = seen_at
