@@ -83,6 +83,9 @@ class RecordingRegistry:
     def holds(self, name: str, revision: int) -> bool:
         return self.inner.holds(name, revision)
 
+    def record_failure(self, name: str, revision: int, rank: int, message: str) -> None:
+        self.inner.record_failure(name, revision, rank, message)
+
 
 @dataclass
 class Stack:

@@ -33,6 +33,7 @@ from safetensors.numpy import load, save
 from loraserve.adapterstore.blobstore import blob_key
 from loraserve.adapterstore.testing import AdapterFiles
 from loraserve.adapterstore.v1 import adapterstore_pb2 as store_pb
+from loraserve.inference.v1 import inference_pb2 as inference_pb
 from loraserve.testing.inferenceapp import RunningInference, adapter_files, inference_app
 from loraserve.testing.models import TinyAdapterFactory
 from loraserve.testing.processes import free_port, store_process
@@ -207,6 +208,8 @@ async def test_adapter_incompatible_by_its_manifest_is_nacked_without_downloadin
     assert reason in report.last_error.message
     assert stack.blob_gets(weights_key(files)) == 0
     assert not (stack.cache / "alpha" / "2").exists()
+    listed = (await stack.inference.statuses("alpha"))[2]
+    assert (listed.state, reason in listed.last_error) == (inference_pb.ADAPTER_STATE_FAILED, True)
 
 
 async def test_cache_left_by_an_earlier_run_is_swept_at_start_and_routable_revisions_reused(

@@ -16,8 +16,9 @@ from loraserve.common.errors import (
     NotFound,
     Unavailable,
 )
-from loraserve.inference.cache import MANIFEST_FILE, AdapterCache
+from loraserve.inference.cache import AdapterCache
 from loraserve.inference.compat import AdapterFacts
+from loraserve.inference.download import MANIFEST_FILE
 from loraserve.inference.store_client import FileChunk, ManifestFile, RevisionManifest
 
 CONFIG = b'{"r": 8}'

@@ -152,6 +152,7 @@ class FakeRegistry:
         self.set_currents: list[tuple[str, int]] = []
         self.deletes: list[str] = []
         self.install_failures: dict[tuple[str, int], Exception] = {}
+        self.failures: dict[tuple[str, int], str] = {}
 
     async def install(self, rev: LocalRevision, *, make_current: bool) -> None:
         key = (rev.name, rev.revision)
@@ -187,6 +188,9 @@ class FakeRegistry:
 
     def holds(self, name: str, revision: int) -> bool:
         return (name, revision) in self.installed
+
+    def record_failure(self, name: str, revision: int, rank: int, message: str) -> None:
+        self.failures[(name, revision)] = message
 
 
 def listing(seq: int, *revisions: tuple[str, int]) -> Listing:
@@ -524,6 +528,18 @@ async def test_max_lora_rank_auto_matches_base_models_as_the_compatibility_check
         32,
         64,
     ]
+
+
+async def test_revision_refused_before_the_registry_saw_it_is_listed_as_failed() -> None:
+    h = Harness(listing(1, ("a", 1)))
+    h.fetcher.failures[("a", 2)] = [FailedPrecondition("adapter a@2 has LoRA rank 64")]
+    stream = h.store.open_stream()
+    async with running(h):
+        await h.started()
+        h.feed(stream, pushed(2, "a", 2))
+        await h.settled(2)
+        assert h.registry.failures == {("a", 2): "adapter a@2 has LoRA rank 64"}
+        assert h.store.reports_of(ReportKind.NACK) == [("a", 2)]
 
 
 async def test_unknown_revision_is_nacked_not_found() -> None:

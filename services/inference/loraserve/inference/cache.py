@@ -25,17 +25,17 @@ import uuid
 from collections.abc import AsyncGenerator, AsyncIterator, Callable
 from contextlib import aclosing, asynccontextmanager
 from pathlib import Path
-from typing import Any, BinaryIO, Protocol
+from typing import Any, Protocol
 
 from loraserve.common.errors import DataLoss, FailedPrecondition, InvalidArgument, NotFound
 from loraserve.common.names import validate_adapter_name
 from loraserve.inference.compat import AdapterFacts
+from loraserve.inference.download import MANIFEST_FILE, Receiver, check_manifest
 from loraserve.inference.registry import LocalRevision
 from loraserve.inference.store_client import FileChunk, ManifestFile, RevisionManifest
 
 log = logging.getLogger(__name__)
 
-MANIFEST_FILE = ".manifest.json"
 _TEMP_DIR = ".tmp"
 _HASH_BLOCK = 1024 * 1024
 
@@ -144,7 +144,12 @@ class AdapterCache:
         """Removes every revision directory that `keep` rejects and no fetch is using:
         what an earlier run left behind. Only `<adapter name>/<number>` entries are
         touched, so a cache pointed at a shared directory loses nothing else."""
-        removed = await asyncio.to_thread(self._sweep, keep)
+        try:
+            removed = await asyncio.to_thread(self._sweep, keep)
+        except OSError as exc:
+            # Leftovers cost disk, not correctness: serving must not wait on them.
+            log.warning("cache.sweep_failed reason=%s", exc)
+            return
         log.info("cache.swept removed=%d", len(removed))
 
     def _sweep(self, keep: Callable[[str, int], bool]) -> list[Path]:
@@ -198,7 +203,7 @@ class AdapterCache:
         return _local_revision(manifest, final)
 
     async def _receive(self, name: str, revision: int, staging: Path) -> RevisionManifest:
-        receiver = _Receiver(name, revision, staging)
+        receiver = Receiver(name, revision, staging)
         try:
             async with aclosing(self._source.download(name, revision)) as stream:
                 async for message in stream:
@@ -211,136 +216,8 @@ class AdapterCache:
             await receiver.close()
 
 
-class _Receiver:
-    """Checks a download stream's order against its manifest while writing it out."""
-
-    def __init__(self, name: str, revision: int, staging: Path) -> None:
-        self._what = f"download of {name}@{revision}"
-        self._name = name
-        self._revision = revision
-        self._staging = staging
-        self._manifest: RevisionManifest | None = None
-        self._pending: list[ManifestFile] = []
-        self._writer: _FileWriter | None = None
-
-    def take_manifest(self, manifest: RevisionManifest) -> None:
-        if self._manifest is not None:
-            raise DataLoss(f"{self._what}: a second manifest")
-        self._manifest = _check_manifest(manifest, self._name, self._revision)
-        self._pending = list(manifest.files)
-
-    async def take_chunk(self, chunk: FileChunk) -> None:
-        if self._manifest is None:
-            raise DataLoss(f"{self._what}: data before the manifest")
-        if self._writer is None or self._writer.file.name != chunk.file_name:
-            await self._next_file(chunk.file_name)
-        assert self._writer is not None
-        await asyncio.to_thread(self._writer.write, chunk.offset, chunk.data)
-
-    async def _next_file(self, file_name: str) -> None:
-        await self._finish_writer()
-        # Empty files send no chunk at all.
-        while self._pending and self._pending[0].size == 0 and self._pending[0].name != file_name:
-            await asyncio.to_thread(_write_empty, self._staging, self._pending.pop(0))
-        if not self._pending or self._pending[0].name != file_name:
-            raise DataLoss(f"{self._what}: unexpected file {file_name!r}, not next in the manifest")
-        self._writer = await asyncio.to_thread(_FileWriter, self._staging, self._pending.pop(0))
-
-    async def finish(self) -> RevisionManifest:
-        if self._manifest is None:
-            raise DataLoss(f"{self._what}: the stream ended without a manifest")
-        await self._finish_writer()
-        for remaining in self._pending:
-            await asyncio.to_thread(_write_empty, self._staging, remaining)
-        return self._manifest
-
-    async def _finish_writer(self) -> None:
-        writer, self._writer = self._writer, None
-        if writer is not None:
-            await asyncio.to_thread(writer.finish)
-
-    async def close(self) -> None:
-        if self._writer is not None:
-            await asyncio.to_thread(self._writer.close)
-
-
-class _FileWriter:
-    """Writes one file sequentially, hashing as it goes. Runs in worker threads."""
-
-    def __init__(self, directory: Path, file: ManifestFile) -> None:
-        self.file = file
-        self._path = directory / file.name
-        self._out: BinaryIO = self._path.open("xb")
-        self._hash = hashlib.sha256()
-        self._size = 0
-
-    def write(self, offset: int, data: bytes) -> None:
-        if offset != self._size:
-            raise DataLoss(
-                f"file {self.file.name!r}: chunk at offset {offset}, expected {self._size}"
-            )
-        if self._size + len(data) > self.file.size:
-            raise DataLoss(
-                f"file {self.file.name!r}: more than the manifest's {self.file.size} bytes"
-            )
-        self._out.write(data)
-        self._hash.update(data)
-        self._size += len(data)
-
-    def finish(self) -> None:
-        try:
-            self._out.flush()
-            os.fsync(self._out.fileno())
-        finally:
-            self.close()
-        if self._size != self.file.size:
-            raise DataLoss(
-                f"file {self.file.name!r}: got {self._size} bytes, manifest says {self.file.size}"
-            )
-        digest = self._hash.hexdigest()
-        if digest != self.file.sha256:
-            raise DataLoss(
-                f"file {self.file.name!r}: sha256 {digest} does not match the manifest's "
-                f"{self.file.sha256}"
-            )
-
-    def close(self) -> None:
-        self._out.close()
-
-
 def _same_files(a: RevisionManifest, b: RevisionManifest) -> bool:
     return sorted(a.files, key=lambda f: f.name) == sorted(b.files, key=lambda f: f.name)
-
-
-def _write_empty(directory: Path, file: ManifestFile) -> None:
-    # finish() rejects a non-empty manifest entry that received no data.
-    _FileWriter(directory, file).finish()
-
-
-def _check_manifest(manifest: RevisionManifest, name: str, revision: int) -> RevisionManifest:
-    if manifest.name != name or manifest.revision != revision:
-        raise DataLoss(
-            f"download of {name}@{revision}: the store sent "
-            f"{manifest.name}@{manifest.revision} instead"
-        )
-    seen: set[str] = set()
-    for file in manifest.files:
-        # Names come from the network: only plain file names, never a path or our own marker.
-        if (
-            not file.name
-            or file.name in (".", "..", MANIFEST_FILE)
-            or file.name.startswith(".")
-            or "/" in file.name
-            or "\\" in file.name
-            or "\0" in file.name
-        ):
-            raise DataLoss(f"download of {name}@{revision}: bad file name {file.name!r}")
-        if file.name in seen:
-            raise DataLoss(f"download of {name}@{revision}: file {file.name!r} listed twice")
-        if file.size < 0 or len(file.sha256) != 64:
-            raise DataLoss(f"download of {name}@{revision}: bad size or digest of {file.name!r}")
-        seen.add(file.name)
-    return manifest
 
 
 def _commit(staging: Path, final: Path, manifest: RevisionManifest) -> None:
@@ -371,7 +248,7 @@ def _load_verified(path: Path, name: str, revision: int) -> RevisionManifest | N
         return None
     try:
         manifest = _manifest_from_json(json.loads(marker.read_text("utf-8")))
-        _check_manifest(manifest, name, revision)
+        check_manifest(manifest, name, revision)
         for file in manifest.files:
             if _sha256_of(path / file.name, file.size) != file.sha256:
                 raise DataLoss(f"cached file {file.name!r} does not match its manifest")

@@ -19,6 +19,7 @@ load that fails for any reason leaves no files behind either.
 The seam with the sync side (inference-sync):
 
     install(rev, make_current=...)   load a fetched revision; route it or pin it
+    record_failure(name, rev, ...)   a revision that could not even be fetched
     set_current(name, revision)      rollback/promote (fetches if no longer loaded)
     delete(name)                     unroute; every revision drains, then goes;
                                      loads in flight are discarded
@@ -171,6 +172,16 @@ class AdapterRegistry:
             self._route(entry)
         else:
             self._pin(key)
+
+    def record_failure(self, name: str, revision: int, rank: int, message: str) -> None:
+        """A revision that failed before it reached `install` (refused from its manifest,
+        corrupt download): listed as FAILED with the reason, like a failed load."""
+        key = (name, revision)
+        if key in self._loaded or key in self._loading:
+            return
+        self._failed[key] = (rank, message)
+        if self._failures is not None:
+            self._failures.adapter_load_failed(name)
 
     async def set_current(self, name: str, revision: int) -> None:
         """Routes `name` to `revision`, loading it again if it was already removed."""

@@ -87,6 +87,8 @@ class Registry(Protocol):
 
     def holds(self, name: str, revision: int) -> bool: ...
 
+    def record_failure(self, name: str, revision: int, rank: int, message: str) -> None: ...
+
 
 SwapObserver = Callable[[float], None]
 """Called with the seconds from event received to route flipped (metrics' swap latency)."""
@@ -319,7 +321,7 @@ class Synchronizer:
                     if make_current:
                         await self._registry.set_current(name, revision)
                 else:
-                    local = await self._fetcher.fetch(name, revision)
+                    local = await self._fetch(manifest)
                     await self._registry.install(local, make_current=make_current)
         except TRANSIENT_ERRORS:
             raise
@@ -335,6 +337,18 @@ class Synchronizer:
         else:
             log.info("adapter.loaded name=%s rev=%d current=%s", name, revision, make_current)
         await self._report(Report(name, revision, ReportKind.ACK, self._serving_revision(name)))
+
+    async def _fetch(self, manifest: RevisionManifest) -> LocalRevision:
+        try:
+            return await self._fetcher.fetch(manifest.name, manifest.revision)
+        except TRANSIENT_ERRORS:
+            raise
+        except errors.LoraserveError as exc:
+            # Never reached the registry: let it list the revision as FAILED anyway.
+            self._registry.record_failure(
+                manifest.name, manifest.revision, manifest.rank, exc.message
+            )
+            raise
 
     async def _reject(self, manifest: RevisionManifest, exc: Exception) -> None:
         name, revision = manifest.name, manifest.revision

@@ -1,0 +1,149 @@
+"""Receiving one revision's download stream into a staging directory.
+
+The stream is the manifest, then each file's chunks in manifest order. Everything
+from the network is checked as it arrives: file names are plain names, chunks come
+in order and never run past the manifest's sizes, and each finished file's size and
+SHA-256 match the manifest. Any breach is DataLoss.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import os
+from pathlib import Path
+from typing import BinaryIO
+
+from loraserve.common.errors import DataLoss
+from loraserve.inference.store_client import FileChunk, ManifestFile, RevisionManifest
+
+# Kept beside a revision's files in the cache; never a name a download may use.
+MANIFEST_FILE = ".manifest.json"
+
+
+class Receiver:
+    """Checks a download stream's order against its manifest while writing it out."""
+
+    def __init__(self, name: str, revision: int, staging: Path) -> None:
+        self._what = f"download of {name}@{revision}"
+        self._name = name
+        self._revision = revision
+        self._staging = staging
+        self._manifest: RevisionManifest | None = None
+        self._pending: list[ManifestFile] = []
+        self._writer: _FileWriter | None = None
+
+    def take_manifest(self, manifest: RevisionManifest) -> None:
+        if self._manifest is not None:
+            raise DataLoss(f"{self._what}: a second manifest")
+        self._manifest = check_manifest(manifest, self._name, self._revision)
+        self._pending = list(manifest.files)
+
+    async def take_chunk(self, chunk: FileChunk) -> None:
+        if self._manifest is None:
+            raise DataLoss(f"{self._what}: data before the manifest")
+        if self._writer is None or self._writer.file.name != chunk.file_name:
+            await self._next_file(chunk.file_name)
+        assert self._writer is not None
+        await asyncio.to_thread(self._writer.write, chunk.offset, chunk.data)
+
+    async def _next_file(self, file_name: str) -> None:
+        await self._finish_writer()
+        # Empty files send no chunk at all.
+        while self._pending and self._pending[0].size == 0 and self._pending[0].name != file_name:
+            await asyncio.to_thread(_write_empty, self._staging, self._pending.pop(0))
+        if not self._pending or self._pending[0].name != file_name:
+            raise DataLoss(f"{self._what}: unexpected file {file_name!r}, not next in the manifest")
+        self._writer = await asyncio.to_thread(_FileWriter, self._staging, self._pending.pop(0))
+
+    async def finish(self) -> RevisionManifest:
+        if self._manifest is None:
+            raise DataLoss(f"{self._what}: the stream ended without a manifest")
+        await self._finish_writer()
+        for remaining in self._pending:
+            await asyncio.to_thread(_write_empty, self._staging, remaining)
+        return self._manifest
+
+    async def _finish_writer(self) -> None:
+        writer, self._writer = self._writer, None
+        if writer is not None:
+            await asyncio.to_thread(writer.finish)
+
+    async def close(self) -> None:
+        if self._writer is not None:
+            await asyncio.to_thread(self._writer.close)
+
+
+class _FileWriter:
+    """Writes one file sequentially, hashing as it goes. Runs in worker threads."""
+
+    def __init__(self, directory: Path, file: ManifestFile) -> None:
+        self.file = file
+        self._path = directory / file.name
+        self._out: BinaryIO = self._path.open("xb")
+        self._hash = hashlib.sha256()
+        self._size = 0
+
+    def write(self, offset: int, data: bytes) -> None:
+        if offset != self._size:
+            raise DataLoss(
+                f"file {self.file.name!r}: chunk at offset {offset}, expected {self._size}"
+            )
+        if self._size + len(data) > self.file.size:
+            raise DataLoss(
+                f"file {self.file.name!r}: more than the manifest's {self.file.size} bytes"
+            )
+        self._out.write(data)
+        self._hash.update(data)
+        self._size += len(data)
+
+    def finish(self) -> None:
+        try:
+            self._out.flush()
+            os.fsync(self._out.fileno())
+        finally:
+            self.close()
+        if self._size != self.file.size:
+            raise DataLoss(
+                f"file {self.file.name!r}: got {self._size} bytes, manifest says {self.file.size}"
+            )
+        digest = self._hash.hexdigest()
+        if digest != self.file.sha256:
+            raise DataLoss(
+                f"file {self.file.name!r}: sha256 {digest} does not match the manifest's "
+                f"{self.file.sha256}"
+            )
+
+    def close(self) -> None:
+        self._out.close()
+
+
+def _write_empty(directory: Path, file: ManifestFile) -> None:
+    # finish() rejects a non-empty manifest entry that received no data.
+    _FileWriter(directory, file).finish()
+
+
+def check_manifest(manifest: RevisionManifest, name: str, revision: int) -> RevisionManifest:
+    if manifest.name != name or manifest.revision != revision:
+        raise DataLoss(
+            f"download of {name}@{revision}: the store sent "
+            f"{manifest.name}@{manifest.revision} instead"
+        )
+    seen: set[str] = set()
+    for file in manifest.files:
+        # Names come from the network: only plain file names, never a path or our own marker.
+        if (
+            not file.name
+            or file.name in (".", "..", MANIFEST_FILE)
+            or file.name.startswith(".")
+            or "/" in file.name
+            or "\\" in file.name
+            or "\0" in file.name
+        ):
+            raise DataLoss(f"download of {name}@{revision}: bad file name {file.name!r}")
+        if file.name in seen:
+            raise DataLoss(f"download of {name}@{revision}: file {file.name!r} listed twice")
+        if file.size < 0 or len(file.sha256) != 64:
+            raise DataLoss(f"download of {name}@{revision}: bad size or digest of {file.name!r}")
+        seen.add(file.name)
+    return manifest
