@@ -1,0 +1,40 @@
+"""Bounds on the free text the store keeps and serves back.
+
+Everything the store accepts ends up in log entries, snapshots, watch events and
+listing pages, so one oversized field would make every later page or event that
+carries it too large for a gRPC message. Each bound is documented on its proto
+field; a value over it is refused with INVALID_ARGUMENT naming the field.
+"""
+
+from __future__ import annotations
+
+from loraserve.common.errors import InvalidArgument
+
+KIB = 1024
+# PushHeader.description: a note, not a document (README.md travels as a file).
+MAX_DESCRIPTION_BYTES = 64 * KIB
+# adapter_config.json's base_model_name_or_path: a hub id or a path.
+MAX_BASE_MODEL_BYTES = 1 * KIB
+# adapter_config.json's target_modules: names, all together (full per-layer paths fit).
+MAX_TARGET_MODULES_BYTES = 64 * KIB
+MAX_TARGET_MODULE_BYTES = 256
+# ReportStatusRequest.error.message: the NACK reason shown by `adapterctl status`.
+MAX_ERROR_MESSAGE_BYTES = 4 * KIB
+# A listing page's adapters/revisions, encoded: below gRPC's default 4 MiB receive
+# limit, so any client (grpcurl included) can read every page.
+MAX_PAGE_BYTES = 3 * KIB * KIB
+
+
+def check_text(field: str, value: str, limit: int) -> None:
+    """Raises InvalidArgument when `value`, UTF-8 encoded, is longer than `limit` bytes."""
+    size = len(value.encode())
+    if size > limit:
+        raise InvalidArgument(f"{field} is {size} bytes; the limit is {limit} bytes")
+
+
+def truncate_text(value: str, limit: int) -> str:
+    """`value` cut to at most `limit` UTF-8 bytes, on a character boundary."""
+    data = value.encode()
+    if len(data) <= limit:
+        return value
+    return data[: max(0, limit - 3)].decode(errors="ignore") + "..."
