@@ -115,6 +115,9 @@ class FakeStore:
             raise self.report_failures.pop(0)
         self.reports.append(report)
 
+    async def alive(self) -> bool:
+        return True
+
     def reports_of(self, kind: ReportKind) -> list[tuple[str, int]]:
         return [(r.name, r.revision) for r in self.reports if r.kind is kind]
 

@@ -36,7 +36,12 @@ from loraserve.adapterstore.status import (
     ReportType,
     check_report,
 )
-from loraserve.adapterstore.textlimits import MAX_DESCRIPTION_BYTES, MAX_PAGE_BYTES, check_text
+from loraserve.adapterstore.textlimits import (
+    MAX_DESCRIPTION_BYTES,
+    MAX_PAGE_BYTES,
+    PageFill,
+    check_text,
+)
 from loraserve.adapterstore.validation import Limits, check_declared_files
 from loraserve.common.errors import Aborted, DataLoss, InvalidArgument, NotFound, Unavailable
 from loraserve.common.names import validate_adapter_name
@@ -101,6 +106,8 @@ class AdapterStore:
         self._settings = settings
         self._started = False
         self._stopping = asyncio.Event()
+        # Watch streams open on this replica.
+        self.watch_count = 0
 
     @property
     def head_seq(self) -> int:
@@ -225,7 +232,7 @@ class AdapterStore:
         state = self._log.state
         names = sorted(n for n in state.adapters if n > after)
         selected: list[Adapter] = []
-        fill = _PageFill(size, self._settings.max_page_bytes)
+        fill = PageFill(size, self._settings.max_page_bytes)
         next_token = ""
         for name in names:
             adapter = state.adapters[name]
@@ -255,7 +262,7 @@ class AdapterStore:
         except ValueError:
             raise InvalidArgument("invalid page_token for ListRevisions") from None
         numbers = sorted((n for n in adapter.revisions if n < before), reverse=True)
-        fill = _PageFill(size, self._settings.max_page_bytes)
+        fill = PageFill(size, self._settings.max_page_bytes)
         page: list[int] = []
         for number in numbers:
             if not fill.room_for(size_of(adapter.revisions[number])):
@@ -359,16 +366,20 @@ class AdapterStore:
         if after_seq < 0:
             raise InvalidArgument(f"after_seq must not be negative, got {after_seq}")
         position = after_seq
-        while True:
-            self._check_not_stopping()
-            changes = await self._log.events_after(position)
-            for change in changes:
-                yield change
-                position = change.seq
-            if changes:
-                continue
-            if not await self._wait_for_change(position):
-                yield Heartbeat(self._log.head_seq, now(), self._log.synced_time)
+        self.watch_count += 1
+        try:
+            while True:
+                self._check_not_stopping()
+                changes = await self._log.events_after(position)
+                for change in changes:
+                    yield change
+                    position = change.seq
+                if changes:
+                    continue
+                if not await self._wait_for_change(position):
+                    yield Heartbeat(self._log.head_seq, now(), self._log.synced_time)
+        finally:
+            self.watch_count -= 1
 
     async def _wait_for_change(self, after_seq: int) -> bool:
         """ChangeLog.wait_for_change for one heartbeat interval, cut short by
@@ -443,28 +454,6 @@ def _revision(adapter: Adapter, revision: int) -> Revision:
 def _copy(adapter: Adapter) -> Adapter:
     """A copy that later changes to the state leave alone (revisions are immutable)."""
     return replace(adapter, revisions=dict(adapter.revisions))
-
-
-class _PageFill:
-    """Counts a page's entries and bytes; the first entry always fits, so a listing
-    moves on even past an entry larger than the byte budget."""
-
-    # Field tag and length prefix of each entry of a repeated message field.
-    _ENTRY_OVERHEAD = 8
-
-    def __init__(self, max_entries: int, max_bytes: int) -> None:
-        self._room = max_entries
-        self._bytes_left = max_bytes
-        self._first = True
-
-    def room_for(self, size: int) -> bool:
-        size += self._ENTRY_OVERHEAD
-        if self._room == 0 or (size > self._bytes_left and not self._first):
-            return False
-        self._first = False
-        self._room -= 1
-        self._bytes_left -= size
-        return True
 
 
 def _page_size(requested: int) -> int:

@@ -38,3 +38,25 @@ def truncate_text(value: str, limit: int) -> str:
     if len(data) <= limit:
         return value
     return data[: max(0, limit - 3)].decode(errors="ignore") + "..."
+
+
+class PageFill:
+    """Counts a page's entries and bytes; the first entry always fits, so a listing
+    moves on even past an entry larger than the byte budget."""
+
+    # Field tag and length prefix of each entry of a repeated message field.
+    _ENTRY_OVERHEAD = 8
+
+    def __init__(self, max_entries: int, max_bytes: int) -> None:
+        self._room = max_entries
+        self._bytes_left = max_bytes
+        self._first = True
+
+    def room_for(self, size: int) -> bool:
+        size += self._ENTRY_OVERHEAD
+        if self._room == 0 or (size > self._bytes_left and not self._first):
+            return False
+        self._first = False
+        self._room -= 1
+        self._bytes_left -= size
+        return True
