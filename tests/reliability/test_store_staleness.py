@@ -46,7 +46,7 @@ async def proxied_store(bucket: S3Bucket) -> AsyncIterator[tuple[RunningStore, S
     assert port is not None
     async with s3_fault_proxy(port) as proxy:
         proxied = replace(bucket, endpoint_url=proxy.endpoint_url)
-        async with running_store(proxied, **FAST_STALENESS) as store:
+        async with running_store(proxied, None, **FAST_STALENESS) as store:
             yield store, proxy
 
 
