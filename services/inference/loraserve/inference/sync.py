@@ -366,12 +366,14 @@ class Synchronizer:
         while True:
             try:
                 known = await self._store.alive()
-            except errors.LoraserveError as exc:
-                log.warning("sync.alive_failed reason=%s", exc)
-            else:
                 if not known:
                     for report in list(self._latest.values()):
                         await self._report(report)
+            except errors.LoraserveError as exc:
+                log.warning("sync.alive_failed reason=%s", exc)
+            except Exception:
+                # A bug here must not silently end the signs of life.
+                log.exception("sync.alive_bug")
             await asyncio.sleep(self._settings.status_interval_s)
 
     async def _report(self, report: Report) -> None:
