@@ -99,6 +99,14 @@ async def test_unexpected_poller_error_does_not_stop_the_poller(
         assert await health_status(watched.address) == SERVING
 
 
+async def test_store_whose_poller_stopped_is_not_serving(s3_bucket: S3Bucket) -> None:
+    async with running_store(s3_bucket) as store:
+        await wait_for_health(store.address, SERVING, guard_s=GUARD_S)
+        # Closing the store stops its poller, as a poller that could not go on would.
+        await store.store.close()
+        await wait_for_health(store.address, NOT_SERVING, guard_s=GUARD_S)
+
+
 class _Fetcher:
     def __init__(self, root: Path) -> None:
         self._root = root

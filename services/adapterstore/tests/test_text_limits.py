@@ -132,3 +132,14 @@ async def test_revisions_with_maximal_descriptions_list_completely_across_pages(
         if not token:
             break
     assert listed == list(range(MANY, 0, -1))
+
+
+async def test_base_model_that_is_not_unicode_text_is_invalid_argument(
+    server: StoreServer,
+) -> None:
+    # json.dumps writes the lone surrogate as the escape "\ud800", which parses back.
+    files = tiny_adapter() | {"adapter_config.json": lora_config(base_model_name_or_path="\ud800")}
+    with pytest.raises(grpc.aio.AioRpcError) as caught:
+        await _push(server.stub, "surrogate", files)
+    assert caught.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert "base_model_name_or_path" in (caught.value.details() or "")

@@ -1,4 +1,4 @@
-"""Bounds on the free text the store keeps and serves back.
+"""Bounds on the free text the store keeps and serves back, and on listing pages.
 
 Everything the store accepts ends up in log entries, snapshots, watch events and
 listing pages, so one oversized field would make every later page or event that
@@ -26,8 +26,12 @@ MAX_PAGE_BYTES = 3 * KIB * KIB
 
 
 def check_text(field: str, value: str, limit: int) -> None:
-    """Raises InvalidArgument when `value`, UTF-8 encoded, is longer than `limit` bytes."""
-    size = len(value.encode())
+    """Raises InvalidArgument when `value`, UTF-8 encoded, is longer than `limit` bytes
+    or is not text at all (a lone surrogate, e.g. from a JSON `\\ud800` escape)."""
+    try:
+        size = len(value.encode())
+    except UnicodeEncodeError:
+        raise InvalidArgument(f"{field} is not valid Unicode text") from None
     if size > limit:
         raise InvalidArgument(f"{field} is {size} bytes; the limit is {limit} bytes")
 
