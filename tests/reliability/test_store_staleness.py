@@ -35,7 +35,7 @@ pytestmark = pytest.mark.faults
 SERVING = health_pb2.HealthCheckResponse.SERVING
 NOT_SERVING = health_pb2.HealthCheckResponse.NOT_SERVING
 # Small enough that a stalled store turns stale within the test's patience.
-FAST_STALENESS = {"max_staleness_s": 1.0, "heartbeat_interval": 0.2}
+FAST_STALENESS = {"max_staleness_s": 2.0, "heartbeat_interval": 0.2}
 GUARD_S = 30.0
 
 
@@ -177,7 +177,9 @@ async def test_sync_watching_a_store_that_stops_advancing_moves_to_a_healthy_one
             "the sync received the push made through the healthy store",
             GUARD_S,
         )
-        assert healthy.store.watch_count == 1
+        await eventually(
+            lambda: healthy.store.watch_count == 1, "the sync watches the healthy store", GUARD_S
+        )
         reconnect(stale_proxy)
 
 
