@@ -88,6 +88,7 @@ def test_store_accepts_the_flags_and_environment_compose_passes() -> None:
     settings = parse_store_settings(command, _environment("adapterstore"))
     assert settings.security.writer_tokens
     assert settings.security.reader_tokens
+    assert settings.security.replica_tokens
 
 
 def test_inference_accepts_the_flags_and_environment_compose_passes() -> None:
@@ -95,8 +96,15 @@ def test_inference_accepts_the_flags_and_environment_compose_passes() -> None:
     assert command[0] == "serve"
     settings = parse_inference_settings(command, _environment("inference"), "host")
     assert settings.replica_id == "inference-0"
-    assert settings.store_security.token == "<LORASERVE_READER_TOKEN>"
+    assert settings.store_security.token == "<LORASERVE_REPLICA_TOKEN>"
     assert settings.engine.max_lora_rank is None  # auto
+
+
+def test_inference_reports_to_the_store_with_the_stores_replica_token() -> None:
+    store = parse_store_settings(_command("adapterstore"), _environment("adapterstore"))
+    inference = parse_inference_settings(_command("inference"), _environment("inference"), "h")
+    assert [t.secret for t in store.security.replica_tokens] == [inference.store_security.token]
+    assert inference.store_security.token not in [t.secret for t in store.security.reader_tokens]
 
 
 def test_inference_reserves_a_gpu() -> None:

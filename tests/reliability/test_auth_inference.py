@@ -1,5 +1,5 @@
 """Row 9, inference side: bearer tokens and mTLS on the inference server, and the
-inference server's own reader token towards a secured store.
+inference server's own replica token towards a secured store.
 """
 
 from __future__ import annotations
@@ -31,7 +31,7 @@ if TYPE_CHECKING:
 
 pytestmark = [pytest.mark.faults, pytest.mark.engine]
 
-STORE_READER = "store-reader-secret"
+STORE_REPLICA = "store-replica-secret"
 STORE_WRITER = "store-writer-secret"
 CLIENT = "client-secret"
 
@@ -42,7 +42,7 @@ async def secured_store(
 ) -> AsyncIterator[RunningStore]:
     """A store that takes tokens only, holding adapter `alpha`."""
     security = ServerSecurity(
-        reader_tokens=(Token("inference", STORE_READER),),
+        replica_tokens=(Token("inference", STORE_REPLICA),),
         writer_tokens=(Token("ci", STORE_WRITER),),
     )
     async with running_store(s3_bucket, security=security) as store:
@@ -79,7 +79,7 @@ async def token_inference(
         model_dir=tiny_model_dir,
         store_address=secured_store.address,
         cache_dir=tmp_path / "cache",
-        extra=["--reader-token", f"app:{CLIENT}", "--store-token", STORE_READER],
+        extra=["--reader-token", f"app:{CLIENT}", "--store-token", STORE_REPLICA],
     ) as running:
         yield running
 
@@ -98,7 +98,7 @@ async def test_inference_generate_with_a_wrong_token_is_unauthenticated(
     assert code == grpc.StatusCode.UNAUTHENTICATED
 
 
-async def test_inference_with_a_store_reader_token_syncs_and_serves_a_client_token(
+async def test_inference_with_a_store_replica_token_syncs_and_serves_a_client_token(
     token_inference: RunningInference,
 ) -> None:
     code = await _generate_code(token_inference.address, ClientSecurity(token=CLIENT))
@@ -121,7 +121,7 @@ async def mtls_inference(
         "--tls-client-ca",
         str(certs.ca_cert),
         "--store-token",
-        STORE_READER,
+        STORE_REPLICA,
     ]
     async with inference_app(
         vllm_engine,

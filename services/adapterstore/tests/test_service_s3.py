@@ -221,6 +221,8 @@ async def test_replica_status_reported_to_one_store_is_read_from_another(
     s3_bucket: S3Bucket,
 ) -> None:
     async with serve_store(s3_bucket) as a, serve_store(s3_bucket) as b:
+        for seed in range(3):
+            await _push(a.stub, "x", tiny_adapter(seed=seed))
         nack = pb.ReportStatusRequest(
             replica_id="inference-0",
             adapter_name="x",

@@ -81,6 +81,9 @@ class FakeStore:
         self.streams: asyncio.Queue[asyncio.Queue[object]] = asyncio.Queue()
         self.reports: list[Report] = []
         self.report_failures: list[LoraserveError] = []
+        self.alive_calls = 0
+        # Answers of the next signs of life (then True): False says the store forgot us.
+        self.known: list[bool] = []
 
     async def list_adapters(self, base_model: str = "") -> Listing:
         self.list_calls += 1
@@ -115,6 +118,10 @@ class FakeStore:
         if self.report_failures:
             raise self.report_failures.pop(0)
         self.reports.append(report)
+
+    async def alive(self) -> bool:
+        self.alive_calls += 1
+        return self.known.pop(0) if self.known else True
 
     def reports_of(self, kind: ReportKind) -> list[tuple[str, int]]:
         return [(r.name, r.revision) for r in self.reports if r.kind is kind]
@@ -458,6 +465,18 @@ async def test_report_that_fails_is_sent_again_after_reconnecting() -> None:
         assert h.store.reports == []
         h.feed(first, Unavailable("connection reset"))
         await eventually(lambda: h.store.reports_of(ReportKind.ACK) == [("a", 1)], "ACK resent")
+
+
+async def test_replica_reports_its_adapters_again_when_the_store_forgot_its_statuses() -> None:
+    h = Harness(listing(1, ("a", 1), ("b", 2)))
+    h.sync = Synchronizer(h.store, h.fetcher, h.registry, replace(FAST, status_interval_s=0.001))
+    h.store.open_stream()
+    async with running(h):
+        await h.started()
+        await eventually(lambda: len(h.store.reports) == 2, "first ACKs")
+        h.store.known = [False]
+        await eventually(lambda: len(h.store.reports) == 4, "ACKs sent again")
+    assert sorted(h.store.reports_of(ReportKind.ACK)) == [("a", 1), ("a", 1), ("b", 2), ("b", 2)]
 
 
 async def test_store_down_at_start_up_is_retried_until_it_lists() -> None:

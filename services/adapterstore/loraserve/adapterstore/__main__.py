@@ -15,9 +15,11 @@ import sys
 from collections.abc import Sequence
 
 from loraserve.adapterstore.changelog import ChangeLog
+from loraserve.adapterstore.health import follow_freshness
 from loraserve.adapterstore.metrics import StoreMetrics
 from loraserve.adapterstore.s3blobs import S3BlobStore
 from loraserve.adapterstore.servicer import (
+    REPLICA_METHODS,
     SERVICE_NAME,
     WRITE_METHODS,
     AdapterStoreServicer,
@@ -59,7 +61,10 @@ async def serve(settings: AdapterStoreSettings) -> None:
         settings.s3, part_size=settings.part_size, parts_in_flight=settings.parts_in_flight
     )
     store = AdapterStore(
-        blobs, ChangeLog(blobs, settings.log), ReplicaStatusStore(blobs), settings.store
+        blobs,
+        ChangeLog(blobs, settings.log),
+        ReplicaStatusStore(blobs, settings.status_ttl_s),
+        settings.store,
     )
     running = await start_server(
         address=settings.listen,
@@ -67,19 +72,24 @@ async def serve(settings: AdapterStoreSettings) -> None:
         service_names=[SERVICE_NAME],
         security=settings.security,
         write_methods=WRITE_METHODS,
+        replica_methods=REPLICA_METHODS,
     )
     if settings.metrics_port is not None:
         StoreMetrics(store).serve(settings.metrics_port)
     stop = asyncio.Event()
     install_stop_signals(stop)
     log.info("store.starting bucket=%s prefix=%s", settings.s3.bucket, settings.s3.prefix)
+    health: asyncio.Task[None] | None = None
     try:
         if await _start_when_reachable(blobs, store, stop):
-            await running.set_serving(True)
+            health = asyncio.create_task(follow_freshness(store, running.set_serving))
             log.info("store.serving port=%d seq=%d", running.port, store.head_seq)
             await stop.wait()
         log.info("store.stopping grace_s=%.1f", settings.shutdown_grace_seconds)
     finally:
+        if health is not None:
+            health.cancel()
+            await asyncio.gather(health, return_exceptions=True)
         store.stop_watches()
         await running.stop(settings.shutdown_grace_seconds)
         await store.close()

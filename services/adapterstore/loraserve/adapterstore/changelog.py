@@ -13,6 +13,11 @@ race (the key exists) re-reads the log and retries with the next seq. One
 process also serialises its own commits with a lock: it must never race itself,
 and the embedded S3 emulator checks preconditions without one.
 
+Freshness: every catch-up that reads up to the log's head records when it did
+(`synced_time`). The poller survives any error (logged, retried with backoff),
+so a store replica that cannot reach storage, or whose poller has stopped, shows
+a growing `staleness_s`: health and watch heartbeats report it.
+
 Retention: after a snapshot at S, entries at or below both S and
 `head - log_retention` are deleted. A process that finds the entry it needs gone
 while later ones exist reloads the latest snapshot; watchers that needed the
@@ -26,12 +31,15 @@ import contextlib
 import itertools
 import json
 import logging
+import time
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
+from datetime import datetime
 
 from loraserve.adapterstore.blobstore import BlobNotFound, BlobStore
-from loraserve.adapterstore.model import Change, StoreState
+from loraserve.adapterstore.model import Change, StoreState, now
+from loraserve.common.backoff import Backoff
 from loraserve.common.errors import DataLoss, OutOfRange, Unavailable
 
 log = logging.getLogger(__name__)
@@ -45,6 +53,8 @@ _MAX_COMMIT_ATTEMPTS = 64
 # Every this many polls, a poll that found nothing also looks for a gap left by retention.
 _GAP_CHECK_EVERY = 25
 _READ_BATCH = 256
+# Longest pause between polls while storage keeps failing.
+_MAX_POLL_BACKOFF_S = 10.0
 
 
 def log_key(seq: int) -> str:
@@ -85,6 +95,8 @@ class ChangeLog:
         self._lock = asyncio.Lock()
         self._changed = asyncio.Event()
         self._poller: asyncio.Task[None] | None = None
+        self._synced_at = time.monotonic()
+        self._synced_time = now()
 
     @property
     def state(self) -> StoreState:
@@ -94,6 +106,21 @@ class ChangeLog:
     @property
     def head_seq(self) -> int:
         return self._state.seq
+
+    @property
+    def synced_time(self) -> datetime:
+        """When `state` was last confirmed to hold every entry in storage."""
+        return self._synced_time
+
+    @property
+    def staleness_s(self) -> float:
+        """Seconds since `synced_time`; growing without bound once the poller is gone."""
+        return time.monotonic() - self._synced_at
+
+    @property
+    def following(self) -> bool:
+        """Whether the poller runs (it stops only when the log is closed)."""
+        return self._poller is not None and not self._poller.done()
 
     async def start(self) -> None:
         """Loads the latest snapshot and the log after it, then follows the log."""
@@ -198,6 +225,7 @@ class ChangeLog:
                 if not check_gaps or not await self._blobs.list_keys(
                     LOG_PREFIX, start_after=key, limit=1
                 ):
+                    self._synced_at, self._synced_time = time.monotonic(), now()
                     return
                 log.warning("log.gap seq=%d: reloading the latest snapshot", self._state.seq + 1)
                 if not await self._load_snapshot():
@@ -250,14 +278,35 @@ class ChangeLog:
             log.info("log.pruned through_seq=%d entries=%d", cutoff, len(old_entries))
 
     async def _poll_forever(self) -> None:
+        # Nothing but cancellation may end the poller: watchers depend on it, and a
+        # poller that died would leave this replica answering from an old seq.
+        backoff = Backoff(self._settings.poll_interval, _MAX_POLL_BACKOFF_S)
+        delay = self._settings.poll_interval
         for polls in itertools.count(1):
-            await asyncio.sleep(self._settings.poll_interval)
+            await asyncio.sleep(delay)
             try:
                 async with self._lock:
                     await self._catch_up(check_gaps=polls % _GAP_CHECK_EVERY == 0)
-            except (Unavailable, DataLoss):
-                # Storage trouble must not end the poller: watchers depend on it.
-                log.warning("log.poll_failed", exc_info=True)
+            except (Unavailable, DataLoss) as e:
+                delay = backoff.next_delay()
+                log.warning(
+                    "log.poll_failed seq=%d stale_s=%.1f retry_in_s=%.2f error=%s",
+                    self._state.seq,
+                    self.staleness_s,
+                    delay,
+                    e.message,
+                )
+            except Exception:
+                delay = backoff.next_delay()
+                log.exception(
+                    "log.poll_bug seq=%d stale_s=%.1f retry_in_s=%.2f",
+                    self._state.seq,
+                    self.staleness_s,
+                    delay,
+                )
+            else:
+                backoff.reset()
+                delay = self._settings.poll_interval
 
 
 def _parse_change(data: bytes, seq: int) -> Change:

@@ -30,6 +30,18 @@ class StoreMetrics:
             registry=self.registry,
         )
         adapters.set_function(lambda: store.adapter_count)
+        watches = Gauge(
+            "loraserve_adapterstore_watches",
+            "Watch streams open on this replica.",
+            registry=self.registry,
+        )
+        watches.set_function(lambda: store.watch_count)
+        stale = Gauge(
+            "loraserve_adapterstore_staleness_seconds",
+            "Seconds since this replica last read the log's head from object storage.",
+            registry=self.registry,
+        )
+        stale.set_function(lambda: store.staleness_s)
 
     def serve(self, port: int) -> int:
         """Serves /metrics on `port` (0: any free port); returns the bound port."""

@@ -82,7 +82,11 @@ def event(value: Change) -> pb.AdapterEvent:
 def watch_response(value: Change | Heartbeat) -> pb.WatchAdaptersResponse:
     if isinstance(value, Heartbeat):
         return pb.WatchAdaptersResponse(
-            heartbeat=pb.Heartbeat(seq=value.seq, time=timestamp(value.time))
+            heartbeat=pb.Heartbeat(
+                seq=value.seq,
+                time=timestamp(value.time),
+                synced_time=timestamp(value.synced_time),
+            )
         )
     return pb.WatchAdaptersResponse(event=event(value))
 

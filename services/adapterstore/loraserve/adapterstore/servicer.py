@@ -21,11 +21,13 @@ from loraserve.common.security import current_principal
 
 SERVICE_NAME = pb.DESCRIPTOR.services_by_name["AdapterStoreService"].full_name
 _PREFIX = f"/{SERVICE_NAME}/"
-# Methods that change what is served need a writer token. ReportStatus is not among
-# them: inference replicas hold reader tokens and report what they serve.
+# Methods that change what is served need a writer token.
 WRITE_METHODS = frozenset(
     _PREFIX + m for m in ("PushAdapter", "SetCurrentRevision", "DeleteAdapter")
 )
+# What inference replicas say about themselves needs a replica token: neither a
+# reader nor a writer can make `adapterctl status` show what no replica serves.
+REPLICA_METHODS = frozenset(_PREFIX + m for m in ("ReportStatus", "ReportReplicaAlive"))
 
 Context = grpc.aio.ServicerContext[Any, Any]
 
@@ -64,7 +66,10 @@ class AdapterStoreServicer:
         self, request: pb.ListAdaptersRequest, context: Context
     ) -> pb.ListAdaptersResponse:
         page = await self._store.list_adapters(
-            request.page_size, request.page_token, request.base_model
+            request.page_size,
+            request.page_token,
+            request.base_model,
+            size_of=lambda a: protoconv.adapter(a).ByteSize(),
         )
         return pb.ListAdaptersResponse(
             adapters=[protoconv.adapter(a) for a in page.adapters],
@@ -75,7 +80,12 @@ class AdapterStoreServicer:
     async def ListRevisions(
         self, request: pb.ListRevisionsRequest, context: Context
     ) -> pb.ListRevisionsResponse:
-        page = await self._store.list_revisions(request.name, request.page_size, request.page_token)
+        page = await self._store.list_revisions(
+            request.name,
+            request.page_size,
+            request.page_token,
+            size_of=lambda r: protoconv.revision(r).ByteSize(),
+        )
         return pb.ListRevisionsResponse(
             revisions=[protoconv.revision(r) for r in page.revisions],
             next_page_token=page.next_page_token,
@@ -113,6 +123,12 @@ class AdapterStoreServicer:
     ) -> pb.ReportStatusResponse:
         await self._store.report_status(protoconv.report(request))
         return pb.ReportStatusResponse()
+
+    async def ReportReplicaAlive(
+        self, request: pb.ReportReplicaAliveRequest, context: Context
+    ) -> pb.ReportReplicaAliveResponse:
+        known = await self._store.replica_alive(request.replica_id)
+        return pb.ReportReplicaAliveResponse(known=known)
 
     async def GetAdapterStatus(
         self, request: pb.GetAdapterStatusRequest, context: Context

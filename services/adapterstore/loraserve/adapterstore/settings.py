@@ -22,6 +22,7 @@ from loraserve.adapterstore.s3blobs import (
     MIN_PART_SIZE,
     S3Location,
 )
+from loraserve.adapterstore.status import DEFAULT_STATUS_TTL_S
 from loraserve.adapterstore.store import StoreSettings
 from loraserve.adapterstore.validation import Limits
 from loraserve.common.errors import InvalidArgument
@@ -47,6 +48,7 @@ class AdapterStoreSettings:
     store: StoreSettings
     log: LogSettings
     security: ServerSecurity
+    status_ttl_s: float = DEFAULT_STATUS_TTL_S
     metrics_port: int | None = None
     shutdown_grace_seconds: float = 30.0
     log_level: str = "INFO"
@@ -129,6 +131,20 @@ def build_parser(environ: Mapping[str, str]) -> argparse.ArgumentParser:
         "0.25",
         type=_positive_float,
     )
+    flag(
+        "max-staleness",
+        "seconds without reading the log's head from object storage before this replica "
+        "reports NOT_SERVING and its watch heartbeats send clients to another replica",
+        "30",
+        type=_positive_float,
+    )
+    flag(
+        "status-ttl",
+        "seconds after an inference replica's last sign of life (or last report) before "
+        "its statuses stop being shown and are deleted",
+        f"{DEFAULT_STATUS_TTL_S:g}",
+        type=_positive_float,
+    )
     flag("snapshot-every", "commits between state snapshots", "100", type=_positive_int)
     flag(
         "log-retention",
@@ -144,7 +160,7 @@ def build_parser(environ: Mapping[str, str]) -> argparse.ArgumentParser:
     )
     flag("shutdown-grace", "seconds in-flight calls get to finish on SIGTERM", "30", type=float)
     flag("log-level", "logging level", "INFO")
-    add_server_security_flags(serve, ENV_PREFIX, environ)
+    add_server_security_flags(serve, ENV_PREFIX, environ, roles=("reader", "replica", "writer"))
     return parser
 
 
@@ -187,6 +203,7 @@ def parse_settings(argv: Sequence[str], environ: Mapping[str, str]) -> AdapterSt
         store=StoreSettings(
             limits=Limits(int(args.max_file_size), int(args.max_adapter_size)),
             heartbeat_interval=float(args.heartbeat_interval),
+            max_staleness_s=float(args.max_staleness),
         ),
         log=LogSettings(
             poll_interval=float(args.poll_interval),
@@ -194,6 +211,7 @@ def parse_settings(argv: Sequence[str], environ: Mapping[str, str]) -> AdapterSt
             log_retention=int(args.log_retention),
         ),
         security=server_security_from_args(args),
+        status_ttl_s=float(args.status_ttl),
         metrics_port=int(args.metrics_port) if args.metrics_port is not None else None,
         shutdown_grace_seconds=float(args.shutdown_grace),
         log_level=str(args.log_level).upper(),

@@ -4,6 +4,14 @@ One object per (adapter, replica) at `status/<adapter>/<replica>.json`, so every
 store replica answers the same. A replica reports its own adapters one at a
 time, so a report is a read-merge-write without a lock: the only writer of an
 object is the replica it describes.
+
+Replicas come and go (a rollout renames every host), so statuses expire: each
+replica also keeps `replicas/<replica>.json` fresh with periodic signs of life.
+A status is shown while its replica's sign of life or the status itself is
+younger than the TTL; once both are older, the status and the sign of life are
+deleted. A replica whose sign of life had expired is told so on its next one
+and reports all its adapters again, so a deletion racing its return costs at
+most one interval of missing statuses.
 """
 
 from __future__ import annotations
@@ -11,19 +19,26 @@ from __future__ import annotations
 import asyncio
 import enum
 import json
+import logging
 import re
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import Any
 
 from loraserve.adapterstore.blobstore import BlobNotFound, BlobStore
 from loraserve.adapterstore.model import now
+from loraserve.adapterstore.textlimits import MAX_ERROR_MESSAGE_BYTES, check_text
 from loraserve.common.errors import DataLoss, InvalidArgument
 from loraserve.common.names import validate_adapter_name
 
+log = logging.getLogger(__name__)
+
 STATUS_PREFIX = "status/"
+REPLICA_PREFIX = "replicas/"
+DEFAULT_STATUS_TTL_S = 300.0
 _REPLICA_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:-]{0,127}")
 _READ_CONCURRENCY = 16
+_MAX_RPC_CODE = 16  # UNAUTHENTICATED, the highest google.rpc.Code
 
 
 class ReportType(enum.Enum):
@@ -97,22 +112,55 @@ def status_key(adapter_name: str, replica_id: str) -> str:
     return f"{STATUS_PREFIX}{adapter_name}/{replica_id}.json"
 
 
-def check_report(report: Report) -> None:
-    if not _REPLICA_ID.fullmatch(report.replica_id):
+def replica_key(replica_id: str) -> str:
+    return f"{REPLICA_PREFIX}{replica_id}.json"
+
+
+def check_replica_id(replica_id: str) -> None:
+    if not _REPLICA_ID.fullmatch(replica_id):
         raise InvalidArgument(
-            f"invalid replica_id {report.replica_id!r}: must match "
+            f"invalid replica_id {replica_id[:200]!r}: must match "
             "^[A-Za-z0-9][A-Za-z0-9._:-]{0,127}$"
         )
+
+
+def check_report(report: Report) -> None:
+    check_replica_id(report.replica_id)
     validate_adapter_name(report.adapter_name)
     if report.revision < 0 or report.serving_revision < 0:
         raise InvalidArgument("revision and serving_revision must not be negative")
+    if report.type is not ReportType.REMOVED and report.revision == 0:
+        raise InvalidArgument("an ACK or NACK must name the revision it is about")
     if report.type is ReportType.NACK and report.error is None:
         raise InvalidArgument("a NACK must carry the error that caused it")
+    if report.error is not None:
+        if not 0 < report.error.code <= _MAX_RPC_CODE:
+            raise InvalidArgument(
+                f"error.code {report.error.code} is not a google.rpc.Code from 1 to {_MAX_RPC_CODE}"
+            )
+        check_text("error.message", report.error.message, MAX_ERROR_MESSAGE_BYTES)
 
 
 class ReplicaStatusStore:
-    def __init__(self, blobs: BlobStore) -> None:
+    def __init__(self, blobs: BlobStore, ttl_s: float = DEFAULT_STATUS_TTL_S) -> None:
         self._blobs = blobs
+        self._ttl = timedelta(seconds=ttl_s)
+
+    async def alive(self, replica_id: str) -> bool:
+        """Records a sign of life; False when the replica was not live before it,
+        so its statuses may be gone and it should report its adapters again."""
+        check_replica_id(replica_id)
+        key = replica_key(replica_id)
+        seen = await self._seen_time(key)
+        time = now()
+        await self._blobs.put(
+            key, json.dumps({"replica_id": replica_id, "seen_time": time.isoformat()}).encode()
+        )
+        return seen is not None and time - seen <= self._ttl
+
+    async def forget(self, adapter_name: str, replica_id: str) -> None:
+        """Deletes a replica's status of an adapter (one that no longer exists)."""
+        await self._blobs.delete([status_key(adapter_name, replica_id)])
 
     async def report(self, report: Report) -> ReplicaStatus:
         check_report(report)
@@ -151,11 +199,41 @@ class ReplicaStatusStore:
             async with limit:
                 return await self._read(key)
 
-        statuses = await asyncio.gather(*(read(k) for k in keys))
-        return sorted(
-            (s for s in statuses if s is not None),
-            key=lambda s: (s.adapter_name, s.replica_id),
-        )
+        statuses = [s for s in await asyncio.gather(*(read(k) for k in keys)) if s is not None]
+        # Read after the statuses: a replica writes its sign of life before its first
+        # status, so every status listed above has its sign of life visible here.
+        replica_keys = await self._blobs.list_keys(REPLICA_PREFIX)
+
+        async def seen(key: str) -> datetime | None:
+            async with limit:
+                return await self._seen_time(key)
+
+        found = await asyncio.gather(*map(seen, replica_keys))
+        seen_times = dict(zip(replica_keys, found, strict=True))
+        oldest = now() - self._ttl
+        live = {key for key, time in seen_times.items() if time is not None and time >= oldest}
+        shown: list[ReplicaStatus] = []
+        expired = [key for key in replica_keys if key not in live]
+        for status in statuses:
+            if replica_key(status.replica_id) in live or status.update_time >= oldest:
+                shown.append(status)
+            else:
+                expired.append(status_key(status.adapter_name, status.replica_id))
+        if expired:
+            log.info("status.expired objects=%d", len(expired))
+            await self._blobs.delete(expired)
+        return sorted(shown, key=lambda s: (s.adapter_name, s.replica_id))
+
+    async def _seen_time(self, key: str) -> datetime | None:
+        try:
+            data = json.loads(await self._blobs.get(key))
+            return datetime.fromisoformat(str(data["seen_time"]))
+        except BlobNotFound:
+            return None
+        except (ValueError, KeyError, TypeError):
+            # Only ever a bookkeeping object: treat it as expired rather than fail reads.
+            log.warning("status.corrupt_sign_of_life key=%s", key)
+            return None
 
     async def _read(self, key: str) -> ReplicaStatus | None:
         try:

@@ -13,7 +13,7 @@ import base64
 import binascii
 import hashlib
 import logging
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, replace
 from datetime import datetime
 
@@ -29,7 +29,19 @@ from loraserve.adapterstore.model import (
     now,
 )
 from loraserve.adapterstore.push import Chunk, PushHeader, keep_files, receive_adapter
-from loraserve.adapterstore.status import ReplicaStatus, ReplicaStatusStore, Report
+from loraserve.adapterstore.status import (
+    ReplicaStatus,
+    ReplicaStatusStore,
+    Report,
+    ReportType,
+    check_report,
+)
+from loraserve.adapterstore.textlimits import (
+    MAX_DESCRIPTION_BYTES,
+    MAX_PAGE_BYTES,
+    PageFill,
+    check_text,
+)
 from loraserve.adapterstore.validation import Limits, check_declared_files
 from loraserve.common.errors import Aborted, DataLoss, InvalidArgument, NotFound, Unavailable
 from loraserve.common.names import validate_adapter_name
@@ -45,6 +57,11 @@ class StoreSettings:
     limits: Limits
     heartbeat_interval: float = 10.0  # seconds of silence before a watch heartbeat
     download_chunk_size: int = 1024 * 1024
+    # Encoded bytes of one listing page's entries; see textlimits.MAX_PAGE_BYTES.
+    max_page_bytes: int = MAX_PAGE_BYTES
+    # Seconds without reading the log's head from storage before this replica
+    # counts as stale: health NOT_SERVING, heartbeats that send watchers elsewhere.
+    max_staleness_s: float = 30.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -72,6 +89,7 @@ class RevisionPage:
 class Heartbeat:
     seq: int
     time: datetime
+    synced_time: datetime  # when `seq` was last confirmed against storage
 
 
 class AdapterStore:
@@ -88,6 +106,8 @@ class AdapterStore:
         self._settings = settings
         self._started = False
         self._stopping = asyncio.Event()
+        # Watch streams open on this replica.
+        self.watch_count = 0
 
     @property
     def head_seq(self) -> int:
@@ -105,6 +125,27 @@ class AdapterStore:
     @property
     def started(self) -> bool:
         return self._started
+
+    @property
+    def staleness_s(self) -> float:
+        return self._log.staleness_s
+
+    @property
+    def following(self) -> bool:
+        return self._log.following
+
+    @property
+    def max_staleness_s(self) -> float:
+        return self._settings.max_staleness_s
+
+    @property
+    def fresh(self) -> bool:
+        """Started, following the log, and in step with storage within `max_staleness_s`."""
+        return (
+            self._started
+            and self._log.following
+            and self._log.staleness_s <= self._settings.max_staleness_s
+        )
 
     def _check_started(self) -> None:
         # The gRPC server runs (for health) before storage is reachable; calls then
@@ -126,6 +167,7 @@ class AdapterStore:
     ) -> PushResult:
         self._check_started()
         validate_adapter_name(header.name)
+        check_text("description", header.description, MAX_DESCRIPTION_BYTES)
         check_declared_files(header.files, self._settings.limits)
         received = await receive_adapter(header, chunks, self._blobs)
         await keep_files(received)
@@ -175,8 +217,14 @@ class AdapterStore:
         return _copy(adapter), _revision(adapter, revision)
 
     async def list_adapters(
-        self, page_size: int, page_token: str, base_model: str = ""
+        self,
+        page_size: int,
+        page_token: str,
+        base_model: str = "",
+        size_of: Callable[[Adapter], int] = lambda _: 0,
     ) -> AdapterPage:
+        """A page of at most `page_size` adapters whose sizes (`size_of`, the encoded
+        size) add up to at most `max_page_bytes`; never empty while adapters remain."""
         self._check_started()
         size = _page_size(page_size)
         after = _decode_token(page_token, "ListAdapters")
@@ -184,19 +232,26 @@ class AdapterStore:
         state = self._log.state
         names = sorted(n for n in state.adapters if n > after)
         selected: list[Adapter] = []
+        fill = PageFill(size, self._settings.max_page_bytes)
         next_token = ""
         for name in names:
             adapter = state.adapters[name]
             current = adapter.current
             if base_model and (current is None or current.base_model != base_model):
                 continue
-            if len(selected) == size:
+            if not fill.room_for(size_of(adapter)):
                 next_token = _encode_token(selected[-1].name)
                 break
             selected.append(_copy(adapter))
         return AdapterPage(selected, next_token, state.seq)
 
-    async def list_revisions(self, name: str, page_size: int, page_token: str) -> RevisionPage:
+    async def list_revisions(
+        self,
+        name: str,
+        page_size: int,
+        page_token: str,
+        size_of: Callable[[Revision], int] = lambda _: 0,
+    ) -> RevisionPage:
         self._check_started()
         size = _page_size(page_size)
         token = _decode_token(page_token, "ListRevisions")
@@ -207,8 +262,13 @@ class AdapterStore:
         except ValueError:
             raise InvalidArgument("invalid page_token for ListRevisions") from None
         numbers = sorted((n for n in adapter.revisions if n < before), reverse=True)
-        page = numbers[:size]
-        next_token = _encode_token(str(page[-1])) if len(numbers) > size else ""
+        fill = PageFill(size, self._settings.max_page_bytes)
+        page: list[int] = []
+        for number in numbers:
+            if not fill.room_for(size_of(adapter.revisions[number])):
+                break
+            page.append(number)
+        next_token = _encode_token(str(page[-1])) if len(numbers) > len(page) else ""
         return RevisionPage(
             [adapter.revisions[n] for n in page], next_token, adapter.current_revision
         )
@@ -306,16 +366,20 @@ class AdapterStore:
         if after_seq < 0:
             raise InvalidArgument(f"after_seq must not be negative, got {after_seq}")
         position = after_seq
-        while True:
-            self._check_not_stopping()
-            changes = await self._log.events_after(position)
-            for change in changes:
-                yield change
-                position = change.seq
-            if changes:
-                continue
-            if not await self._wait_for_change(position):
-                yield Heartbeat(self._log.head_seq, now())
+        self.watch_count += 1
+        try:
+            while True:
+                self._check_not_stopping()
+                changes = await self._log.events_after(position)
+                for change in changes:
+                    yield change
+                    position = change.seq
+                if changes:
+                    continue
+                if not await self._wait_for_change(position):
+                    yield Heartbeat(self._log.head_seq, now(), self._log.synced_time)
+        finally:
+            self.watch_count -= 1
 
     async def _wait_for_change(self, after_seq: int) -> bool:
         """ChangeLog.wait_for_change for one heartbeat interval, cut short by
@@ -337,9 +401,27 @@ class AdapterStore:
         if self._stopping.is_set():
             raise Unavailable("the adapter store is shutting down; watch again")
 
-    async def report_status(self, report: Report) -> ReplicaStatus:
+    async def report_status(self, report: Report) -> None:
+        """Records a replica's report about an adapter and revision that exist (the
+        check sees commits made through other store replicas); REMOVED for an
+        adapter that no longer exists forgets the replica's status of it."""
         self._check_started()
-        return await self._statuses.report(report)
+        check_report(report)
+        await self._log.sync()
+        adapter = self._log.state.adapters.get(report.adapter_name)
+        if adapter is None and report.type is ReportType.REMOVED:
+            await self._statuses.forget(report.adapter_name, report.replica_id)
+            return
+        if adapter is None:
+            raise NotFound(f"adapter {report.adapter_name!r} not found")
+        if report.type is not ReportType.REMOVED and report.revision not in adapter.revisions:
+            raise NotFound(f"revision {report.adapter_name}@{report.revision} not found")
+        await self._statuses.report(report)
+
+    async def replica_alive(self, replica_id: str) -> bool:
+        """Records a replica's sign of life; False if it had expired (see status.py)."""
+        self._check_started()
+        return await self._statuses.alive(replica_id)
 
     async def get_status(self, name: str) -> list[ReplicaStatus]:
         self._check_started()

@@ -26,12 +26,13 @@ from loraserve.adapterstore.model import FileInfo
 from loraserve.adapterstore.push import Chunk, PushHeader
 from loraserve.adapterstore.s3blobs import MIN_PART_SIZE, S3BlobStore, S3Location
 from loraserve.adapterstore.servicer import (
+    REPLICA_METHODS,
     SERVICE_NAME,
     WRITE_METHODS,
     AdapterStoreServicer,
     register,
 )
-from loraserve.adapterstore.status import ReplicaStatusStore
+from loraserve.adapterstore.status import DEFAULT_STATUS_TTL_S, ReplicaStatusStore
 from loraserve.adapterstore.store import AdapterStore, PushResult, StoreSettings
 from loraserve.adapterstore.v1 import adapterstore_pb2 as pb
 from loraserve.adapterstore.v1 import adapterstore_pb2_grpc as pb_grpc
@@ -113,8 +114,9 @@ async def push(
 def make_store(
     blobs: BlobStore, log_settings: LogSettings = FAST_LOG, **kwargs: Any
 ) -> AdapterStore:
+    statuses = ReplicaStatusStore(blobs, kwargs.pop("status_ttl_s", DEFAULT_STATUS_TTL_S))
     settings = StoreSettings(limits=kwargs.pop("limits", TEST_LIMITS), **kwargs)
-    return AdapterStore(blobs, ChangeLog(blobs, log_settings), ReplicaStatusStore(blobs), settings)
+    return AdapterStore(blobs, ChangeLog(blobs, log_settings), statuses, settings)
 
 
 StoreFactory = Callable[..., Awaitable[AdapterStore]]
@@ -383,7 +385,10 @@ async def serve_store(
     try:
         servicer = AdapterStoreServicer(store, principal)
         async with serving(
-            register(servicer), [SERVICE_NAME], write_methods=WRITE_METHODS
+            register(servicer),
+            [SERVICE_NAME],
+            write_methods=WRITE_METHODS,
+            replica_methods=REPLICA_METHODS,
         ) as running:
             address = f"127.0.0.1:{running.port}"
             async with grpc.aio.insecure_channel(address) as channel:

@@ -15,6 +15,12 @@ from dataclasses import dataclass
 from typing import Any
 
 from loraserve.adapterstore.model import FileInfo
+from loraserve.adapterstore.textlimits import (
+    MAX_BASE_MODEL_BYTES,
+    MAX_TARGET_MODULE_BYTES,
+    MAX_TARGET_MODULES_BYTES,
+    check_text,
+)
 from loraserve.common.errors import InvalidArgument
 
 CONFIG_FILE = "adapter_config.json"
@@ -253,6 +259,7 @@ def parse_adapter_config(data: bytes) -> LoraConfig:
     base_model = config.get("base_model_name_or_path")
     if not isinstance(base_model, str) or not base_model:
         raise InvalidArgument(f"{name}: base_model_name_or_path must be a non-empty string")
+    check_text(f"{name}: base_model_name_or_path", base_model, MAX_BASE_MODEL_BYTES)
     targets = config.get("target_modules")
     if isinstance(targets, str):
         raise InvalidArgument(
@@ -265,6 +272,9 @@ def parse_adapter_config(data: bytes) -> LoraConfig:
         or not all(isinstance(t, str) and t for t in targets)
     ):
         raise InvalidArgument(f"{name}: target_modules must be a non-empty list of module names")
+    for target in targets:
+        check_text(f"{name}: target module {target[:64]!r}", target, MAX_TARGET_MODULE_BYTES)
+    check_text(f"{name}: target_modules", "".join(targets), MAX_TARGET_MODULES_BYTES)
     if config.get("rank_pattern"):
         raise InvalidArgument(f"{name}: per-module ranks (rank_pattern) are not supported")
     if config.get("use_dora"):

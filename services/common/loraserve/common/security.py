@@ -1,7 +1,9 @@
 """Bearer-token roles and TLS for both servers and their clients.
 
 Tokens are given as `TOKEN` or `PRINCIPAL:TOKEN` (principal names who pushed a
-revision); a writer token also grants the reader role. With no token configured
+revision). Every role may read; writer tokens also change what is served, replica
+tokens (the adapter store's inference replicas) also report what they serve, and
+neither can do the other's calls. With no token configured
 authentication is off, which the servers log loudly at start-up. Secrets never
 appear in reprs or logs.
 """
@@ -35,6 +37,11 @@ _PRINCIPAL = re.compile(r"[A-Za-z0-9._-]{1,64}")
 class Role(enum.IntEnum):
     READER = 1
     WRITER = 2
+    REPLICA = 3
+
+
+# Which role a token gets when one secret is configured for several.
+_PREFERENCE = (Role.WRITER, Role.REPLICA, Role.READER)
 
 
 @dataclass(frozen=True)
@@ -65,6 +72,7 @@ class ServerSecurity:
 
     reader_tokens: tuple[Token, ...] = ()
     writer_tokens: tuple[Token, ...] = ()
+    replica_tokens: tuple[Token, ...] = ()
     tls_cert_file: Path | None = None
     tls_key_file: Path | None = None
     # When set, clients must present a certificate signed by this CA (mTLS).
@@ -72,7 +80,7 @@ class ServerSecurity:
 
     @property
     def auth_enabled(self) -> bool:
-        return bool(self.reader_tokens or self.writer_tokens)
+        return bool(self.reader_tokens or self.writer_tokens or self.replica_tokens)
 
     def server_credentials(self) -> grpc.ServerCredentials | None:
         if self.tls_cert_file is None or self.tls_key_file is None:
@@ -86,26 +94,37 @@ class ServerSecurity:
 
 
 class TokenAuth:
-    """Checks `authorization: Bearer <token>` against reader and writer roles."""
+    """Checks `authorization: Bearer <token>` against the reader, writer and replica
+    roles: `write_methods` need a writer token, `replica_methods` a replica token,
+    every other method any token."""
 
-    def __init__(self, security: ServerSecurity, write_methods: Iterable[str]) -> None:
-        self._tokens = [(t, Role.READER) for t in security.reader_tokens] + [
-            (t, Role.WRITER) for t in security.writer_tokens
-        ]
-        self._write_methods = frozenset(write_methods)
+    def __init__(
+        self,
+        security: ServerSecurity,
+        write_methods: Iterable[str],
+        replica_methods: Iterable[str] = (),
+    ) -> None:
+        self._tokens = (
+            [(t, Role.READER) for t in security.reader_tokens]
+            + [(t, Role.WRITER) for t in security.writer_tokens]
+            + [(t, Role.REPLICA) for t in security.replica_tokens]
+        )
+        self._needs = {m: Role.WRITER for m in write_methods} | {
+            m: Role.REPLICA for m in replica_methods
+        }
 
     def guard_for(
         self, method: str
     ) -> Callable[[grpc.aio.ServicerContext[Any, Any]], Awaitable[None]] | None:
         if not self._tokens or method.startswith(OPEN_METHOD_PREFIXES):
             return None
-        needed = Role.WRITER if method in self._write_methods else Role.READER
+        needed = self._needs.get(method)
 
         async def guard(context: grpc.aio.ServicerContext[Any, Any]) -> None:
-            principal, role = self.authenticate(context.invocation_metadata() or ())
-            if role < needed:
-                raise PermissionDenied(f"{method} needs a writer token")
-            current_principal.set(principal)
+            matches = self._matches(context.invocation_metadata() or ())
+            if needed is not None and needed not in matches:
+                raise PermissionDenied(f"{method} needs a {needed.name.lower()} token")
+            current_principal.set(matches[needed or _best(matches)])
 
         return guard
 
@@ -114,22 +133,30 @@ class TokenAuth:
 
         Public for fronts other than gRPC (the HTTP front), which pass their header here.
         """
+        matches = self._matches(metadata)
+        role = _best(matches)
+        return matches[role], role
+
+    def _matches(self, metadata: Iterable[Any]) -> dict[Role, str]:
+        """The principal per role the presented token has; raises Unauthenticated."""
         header = next((value for key, value in metadata if key == "authorization"), None)
         if header is None:
             raise Unauthenticated("missing 'authorization: Bearer <token>' metadata")
         scheme, _, presented = str(header).partition(" ")
         if scheme.lower() != "bearer" or not presented:
             raise Unauthenticated("authorization metadata must be 'Bearer <token>'")
-        match = None
+        matches: dict[Role, str] = {}
         # Compare against every token, so timing does not reveal which one matched.
         for token, role in self._tokens:
             if hmac.compare_digest(token.secret.encode(), presented.encode()):
-                match = match or (token.principal, role)
-                if role is Role.WRITER:
-                    match = (token.principal, role)
-        if match is None:
+                matches.setdefault(role, token.principal)
+        if not matches:
             raise Unauthenticated("invalid bearer token")
-        return match
+        return matches
+
+
+def _best(matches: dict[Role, str]) -> Role:
+    return next(role for role in _PREFERENCE if role in matches)
 
 
 @dataclass(frozen=True)
@@ -220,11 +247,15 @@ def _read_secret(value: str | None, file: str | None, what: str) -> str:
 
 
 def add_server_security_flags(
-    parser: argparse.ArgumentParser, env_prefix: str, environ: Mapping[str, str]
+    parser: argparse.ArgumentParser,
+    env_prefix: str,
+    environ: Mapping[str, str],
+    roles: Iterable[str] = ("reader", "writer"),
 ) -> None:
-    """Adds token and TLS flags; each falls back to `<PREFIX>_<FLAG>` in `environ`."""
+    """Adds token flags for `roles` and TLS flags; each falls back to
+    `<PREFIX>_<FLAG>` in `environ`."""
     group = parser.add_argument_group("security")
-    for role in ("reader", "writer"):
+    for role in roles:
         up = role.upper()
         group.add_argument(
             f"--{role}-token",
@@ -262,6 +293,14 @@ def server_security_from_args(args: argparse.Namespace) -> ServerSecurity:
         ),
         writer_tokens=parse_tokens(
             _read_secret(args.writer_token, args.writer_token_file, "writer token"), "writer"
+        ),
+        replica_tokens=parse_tokens(
+            _read_secret(
+                getattr(args, "replica_token", None),
+                getattr(args, "replica_token_file", None),
+                "replica token",
+            ),
+            "replica",
         ),
         tls_cert_file=args.tls_cert,
         tls_key_file=args.tls_key,

@@ -55,6 +55,7 @@ async def start_server(
     service_names: Sequence[str],
     security: ServerSecurity,
     write_methods: Iterable[str] = (),
+    replica_methods: Iterable[str] = (),
     options: Sequence[tuple[str, Any]] = (),
 ) -> RunningServer:
     """Starts a server on `address` (port 0 picks a free one), NOT_SERVING until told.
@@ -64,7 +65,7 @@ async def start_server(
     """
     if not security.auth_enabled:
         log.warning("server.auth_disabled address=%s: no tokens configured", address)
-    auth = TokenAuth(security, write_methods)
+    auth = TokenAuth(security, write_methods, replica_methods)
     server = grpc.aio.server(
         interceptors=[ErrorMappingInterceptor(auth.guard_for)],
         options=[

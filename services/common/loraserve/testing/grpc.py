@@ -17,6 +17,7 @@ async def serving(
     service_names: Sequence[str],
     security: ServerSecurity | None = None,
     write_methods: Iterable[str] = (),
+    replica_methods: Iterable[str] = (),
 ) -> AsyncIterator[RunningServer]:
     """Runs a server on a free loopback port, SERVING, until the block exits."""
     running = await start_server(
@@ -25,6 +26,7 @@ async def serving(
         service_names=service_names,
         security=security or ServerSecurity(),
         write_methods=write_methods,
+        replica_methods=replica_methods,
     )
     await running.set_serving(True)
     try:

@@ -3,14 +3,18 @@ over S3 on the moto HTTP server."""
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
+from typing import Any
 
 import pytest
 
+from loraserve.adapterstore.health import follow_freshness
 from loraserve.adapterstore.s3blobs import S3BlobStore, S3Location
 from loraserve.adapterstore.servicer import (
+    REPLICA_METHODS,
     SERVICE_NAME,
     WRITE_METHODS,
     AdapterStoreServicer,
@@ -45,10 +49,11 @@ def s3_location(bucket: S3Bucket) -> S3Location:
 
 @asynccontextmanager
 async def running_store(
-    bucket: S3Bucket, security: ServerSecurity | None = None
+    bucket: S3Bucket, security: ServerSecurity | None = None, **settings: Any
 ) -> AsyncIterator[RunningStore]:
-    """Runs a store server on `bucket` until the block exits."""
-    store = make_store(S3BlobStore(s3_location(bucket)), FAST_LOG)
+    """Runs a store server on `bucket` until the block exits, its health following the
+    store's freshness as `adapterstore serve` does; `settings` go to StoreSettings."""
+    store = make_store(S3BlobStore(s3_location(bucket)), FAST_LOG, **settings)
     await store.start()
     try:
         async with serving(
@@ -56,8 +61,14 @@ async def running_store(
             [SERVICE_NAME],
             security=security,
             write_methods=WRITE_METHODS,
+            replica_methods=REPLICA_METHODS,
         ) as server:
-            yield RunningStore(f"127.0.0.1:{server.port}", server.port, store, bucket)
+            health = asyncio.create_task(follow_freshness(store, server.set_serving))
+            try:
+                yield RunningStore(f"127.0.0.1:{server.port}", server.port, store, bucket)
+            finally:
+                health.cancel()
+                await asyncio.gather(health, return_exceptions=True)
     finally:
         await store.close()
 

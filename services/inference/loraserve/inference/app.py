@@ -37,7 +37,12 @@ from loraserve.inference.registry import AdapterRegistry
 from loraserve.inference.runtime import Runtime, RuntimeSlot
 from loraserve.inference.settings import EngineOptions, InferenceSettings
 from loraserve.inference.store_client import StoreClient, StoreClientSettings
-from loraserve.inference.sync import TRANSIENT_ERRORS, Synchronizer, current_adapter_ranks
+from loraserve.inference.sync import (
+    TRANSIENT_ERRORS,
+    Synchronizer,
+    SyncSettings,
+    current_adapter_ranks,
+)
 
 if TYPE_CHECKING:
     from loraserve.inference.http_server import RunningHttpServer
@@ -97,6 +102,7 @@ class InferenceApp:
                 address=settings.store_address,
                 security=settings.store_security,
                 replica_id=settings.replica_id,
+                max_staleness_s=settings.store_max_staleness_s,
             )
         )
 
@@ -131,6 +137,7 @@ class InferenceApp:
             self._store,
             cache,
             registry,
+            SyncSettings(status_interval_s=settings.status_interval_s),
             observe_swap=self.metrics.observe_swap_latency,
             sweeper=cache,
         )

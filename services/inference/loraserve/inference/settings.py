@@ -68,6 +68,10 @@ class InferenceSettings:
     max_pending_requests: int = 256
     # HOST:PORT of the OpenAI-compatible HTTP front; None: off.
     openai_listen: str | None = None
+    # Seconds between signs of life to the store (see SyncSettings.status_interval_s).
+    status_interval_s: float = 60.0
+    # See StoreClientSettings.max_staleness_s.
+    store_max_staleness_s: float = 30.0
     metrics_port: int | None = None
     shutdown_grace_seconds: float = 30.0
     log_level: str = "INFO"
@@ -81,6 +85,13 @@ def _positive_int(text: str) -> int:
     value = int(text)
     if value < 1:
         raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
+    return value
+
+
+def _positive_float(text: str) -> float:
+    value = float(text)
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"must be positive, got {value}")
     return value
 
 
@@ -141,7 +152,23 @@ def build_parser(environ: Mapping[str, str]) -> argparse.ArgumentParser:
         "--store",
         default=env("store"),
         required=_env(environ, "store") is None,
-        help="adapter store address HOST:PORT (env INFERENCE_STORE)",
+        help="adapter store gRPC target: HOST:PORT, or one naming every store replica "
+        "(dns:///NAME:PORT, ipv4:IP:PORT,IP:PORT); calls go round-robin to the replicas "
+        "whose health is SERVING (env INFERENCE_STORE)",
+    )
+    serve.add_argument(
+        "--store-max-staleness",
+        type=_positive_float,
+        default=env("store-max-staleness", "30"),
+        help="seconds a store replica may go without confirming its seq against object "
+        "storage (as its watch heartbeats say) before the watch moves to another replica",
+    )
+    serve.add_argument(
+        "--status-interval",
+        type=_positive_float,
+        default=env("status-interval", "60"),
+        help="seconds between this replica's signs of life to the store, which stops "
+        "showing its statuses after its --status-ttl without one",
     )
     serve.add_argument(
         "--adapter-cache",
@@ -247,6 +274,8 @@ def parse_settings(
         security=server_security_from_args(args),
         max_pending_requests=int(args.max_pending_requests),
         openai_listen=args.openai_listen or None,
+        status_interval_s=float(args.status_interval),
+        store_max_staleness_s=float(args.store_max_staleness),
         metrics_port=int(args.metrics_port) if args.metrics_port is not None else None,
         shutdown_grace_seconds=float(args.shutdown_grace),
         log_level=str(args.log_level).upper(),

@@ -3,12 +3,20 @@
 A thin layer over the AdapterStoreService aio stub: it turns protos into frozen
 dataclasses and gRPC failures into `loraserve.common.errors`, so the cache and the
 synchronizer never see grpc types and can be tested against fakes.
+
+The address is one gRPC target that may name every store replica (a DNS name with
+one record per replica, or `ipv4:HOST:PORT,HOST:PORT`). The channel balances calls
+round-robin over the replicas whose grpc.health.v1 status is SERVING, so a store
+replica that cannot reach object storage gets no new calls; a watch already open
+on it ends when its heartbeats say it has not confirmed its seq against storage
+for `max_staleness_s`, and the synchronizer's reconnect lands on a healthy one.
 """
 
 from __future__ import annotations
 
 import asyncio
 import enum
+import json
 import logging
 from collections.abc import AsyncGenerator, Callable
 from contextlib import aclosing
@@ -17,6 +25,7 @@ from typing import Any
 
 import grpc
 
+from loraserve.adapterstore.textlimits import MAX_ERROR_MESSAGE_BYTES, truncate_text
 from loraserve.adapterstore.v1 import adapterstore_pb2 as pb
 from loraserve.adapterstore.v1 import adapterstore_pb2_grpc as pb_grpc
 from loraserve.common import errors
@@ -26,6 +35,15 @@ log = logging.getLogger(__name__)
 
 # Room for a 1 MiB download chunk plus framing (gRPC's default limit is 4 MiB).
 _MESSAGE_LIMIT = 16 * 1024 * 1024
+# Round-robin over the store replicas that report SERVING (client-side health checks).
+_SERVICE_CONFIG = json.dumps(
+    {
+        "loadBalancingConfig": [{"round_robin": {}}],
+        "healthCheckConfig": {
+            "serviceName": pb.DESCRIPTOR.services_by_name["AdapterStoreService"].full_name
+        },
+    }
+)
 
 
 def _store_error(exc: grpc.aio.AioRpcError, what: str) -> errors.LoraserveError:
@@ -105,9 +123,11 @@ class StoreEvent:
 
 @dataclass(frozen=True, slots=True)
 class Heartbeat:
-    """The stream is alive; the store has committed up to `seq`."""
+    """The stream is alive; the store has committed up to `seq`, as confirmed
+    against object storage `stale_s` seconds before the heartbeat was sent."""
 
     seq: int
+    stale_s: float = 0.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -156,6 +176,9 @@ class StoreClientSettings:
     # Longest wait of gRPC's own reconnect backoff; its default (120 s) would leave
     # a replica stale long after the store came back.
     reconnect_backoff_max_s: float = 5.0
+    # A watch whose heartbeat says the store replica has not confirmed its seq
+    # against storage for longer than this ends, to be resumed on another replica.
+    max_staleness_s: float = 30.0
 
 
 class StoreClient:
@@ -174,6 +197,7 @@ class StoreClient:
             ("grpc.min_reconnect_backoff_ms", min(1000, max_ms)),
             ("grpc.max_reconnect_backoff_ms", max_ms),
             ("grpc.max_receive_message_length", _MESSAGE_LIMIT),
+            ("grpc.service_config", _SERVICE_CONFIG),
         ]
         channel = secure_channel(settings.address, settings.security, options)
         return cls(channel, settings)
@@ -227,7 +251,14 @@ class StoreClient:
         async with aclosing(self._stream(f"watch after seq {after_seq}", call)) as messages:
             async for message in messages:
                 if message.HasField("heartbeat"):
-                    yield Heartbeat(message.heartbeat.seq)
+                    heartbeat = _heartbeat_from_proto(message.heartbeat)
+                    if heartbeat.stale_s > self._settings.max_staleness_s:
+                        raise errors.Unavailable(
+                            f"adapter store replica has not confirmed seq {heartbeat.seq} "
+                            f"against object storage for {heartbeat.stale_s:.0f}s; "
+                            "watching another replica"
+                        )
+                    yield heartbeat
                 elif message.HasField("event"):
                     if message.event.type not in _KNOWN_EVENT_TYPES:
                         # A newer store's kind of change; the next listing reconciles it.
@@ -262,12 +293,22 @@ class StoreClient:
         )
         if report.kind is ReportKind.NACK:
             request.error.code = report.error_code
-            request.error.message = report.error_message
+            request.error.message = truncate_text(report.error_message, MAX_ERROR_MESSAGE_BYTES)
         await self._unary(
             f"report {report.kind.name} {report.name}@{report.revision}",
             self._stub.ReportStatus,
             request,
         )
+
+    async def alive(self) -> bool:
+        """Sends the replica's sign of life; False when the store had let its statuses
+        expire, so every adapter should be reported again."""
+        response: pb.ReportReplicaAliveResponse = await self._unary(
+            "sign of life",
+            self._stub.ReportReplicaAlive,
+            pb.ReportReplicaAliveRequest(replica_id=self._settings.replica_id),
+        )
+        return response.known
 
     async def _unary(self, what: str, method: Callable[..., Any], request: Any) -> Any:
         try:
@@ -294,6 +335,15 @@ class StoreClient:
                 yield message
         finally:
             call.cancel()
+
+
+def _heartbeat_from_proto(heartbeat: pb.Heartbeat) -> Heartbeat:
+    # Both times come from the store's clock, so clock skew between hosts cannot
+    # make a store look stale. A store without `synced_time` says nothing of it.
+    if not heartbeat.HasField("synced_time"):
+        return Heartbeat(heartbeat.seq)
+    stale = heartbeat.time.ToDatetime() - heartbeat.synced_time.ToDatetime()
+    return Heartbeat(heartbeat.seq, max(0.0, stale.total_seconds()))
 
 
 def _event_from_proto(event: pb.AdapterEvent) -> StoreEvent:

@@ -61,6 +61,8 @@ class StoreAPI(Protocol):
 
     async def report(self, report: Report) -> None: ...
 
+    async def alive(self) -> bool: ...
+
 
 class Fetcher(Protocol):
     async def fetch(self, name: str, revision: int) -> LocalRevision: ...
@@ -100,6 +102,9 @@ class SyncSettings:
     max_backoff_s: float = 30.0
     # Downloads and loads at once, so a start-up with many adapters stays bounded.
     max_concurrent_loads: int = 4
+    # Seconds between signs of life to the store, which shows this replica's
+    # statuses only while they keep coming (its --status-ttl must be longer).
+    status_interval_s: float = 60.0
 
 
 class Synchronizer:
@@ -131,6 +136,8 @@ class Synchronizer:
         self._served: set[str] = set()
         # The latest report per adapter that could not be sent; resent on reconnect.
         self._unsent: dict[str, Report] = {}
+        # The latest ACK or NACK per adapter, sent again when the store forgot them.
+        self._latest: dict[str, Report] = {}
         self._initial_seq: int | None = None
         self.initial_sync_done = asyncio.Event()
 
@@ -140,11 +147,12 @@ class Synchronizer:
         return self._state.applied_seq()
 
     async def run(self) -> None:
+        keep_alive = asyncio.create_task(self._keep_alive(), name="sync:alive")
         try:
             await self._list_and_reconcile()
             await self._watch_forever()
         finally:
-            workers = list(self._workers.values())
+            workers = [keep_alive, *self._workers.values()]
             for task in workers:
                 task.cancel()
             await asyncio.gather(*workers, return_exceptions=True)
@@ -390,7 +398,27 @@ class Synchronizer:
     def _serving_revision(self, name: str) -> int:
         return self._registry.current_revision(name) or 0
 
+    async def _keep_alive(self) -> None:
+        """Signs of life keep this replica's statuses shown in the store; when the
+        store had let them expire, every adapter's latest report goes again."""
+        while True:
+            try:
+                known = await self._store.alive()
+                if not known:
+                    for report in list(self._latest.values()):
+                        await self._report(report)
+            except errors.LoraserveError as exc:
+                log.warning("sync.alive_failed reason=%s", exc)
+            except Exception:
+                # A bug here must not silently end the signs of life.
+                log.exception("sync.alive_bug")
+            await asyncio.sleep(self._settings.status_interval_s)
+
     async def _report(self, report: Report) -> None:
+        if report.kind is ReportKind.REMOVED:
+            self._latest.pop(report.name, None)
+        else:
+            self._latest[report.name] = report
         try:
             await self._store.report(report)
         except TRANSIENT_ERRORS as exc:

@@ -251,12 +251,14 @@ class AdapterEvent(_message.Message):
     def __init__(self, seq: _Optional[int] = ..., type: _Optional[_Union[EventType, str]] = ..., adapter_name: _Optional[str] = ..., revision: _Optional[_Union[Revision, _Mapping]] = ..., current_revision: _Optional[int] = ..., time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., actor: _Optional[str] = ...) -> None: ...
 
 class Heartbeat(_message.Message):
-    __slots__ = ("seq", "time")
+    __slots__ = ("seq", "time", "synced_time")
     SEQ_FIELD_NUMBER: _ClassVar[int]
     TIME_FIELD_NUMBER: _ClassVar[int]
+    SYNCED_TIME_FIELD_NUMBER: _ClassVar[int]
     seq: int
     time: _timestamp_pb2.Timestamp
-    def __init__(self, seq: _Optional[int] = ..., time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ...) -> None: ...
+    synced_time: _timestamp_pb2.Timestamp
+    def __init__(self, seq: _Optional[int] = ..., time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., synced_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ...) -> None: ...
 
 class WatchAdaptersResponse(_message.Message):
     __slots__ = ("event", "heartbeat")
@@ -293,6 +295,18 @@ class ReportStatusRequest(_message.Message):
 class ReportStatusResponse(_message.Message):
     __slots__ = ()
     def __init__(self) -> None: ...
+
+class ReportReplicaAliveRequest(_message.Message):
+    __slots__ = ("replica_id",)
+    REPLICA_ID_FIELD_NUMBER: _ClassVar[int]
+    replica_id: str
+    def __init__(self, replica_id: _Optional[str] = ...) -> None: ...
+
+class ReportReplicaAliveResponse(_message.Message):
+    __slots__ = ("known",)
+    KNOWN_FIELD_NUMBER: _ClassVar[int]
+    known: bool
+    def __init__(self, known: _Optional[bool] = ...) -> None: ...
 
 class GetAdapterStatusRequest(_message.Message):
     __slots__ = ("name",)

@@ -84,6 +84,11 @@ class AdapterStoreServiceStub:
                 request_serializer=loraserve_dot_adapterstore_dot_v1_dot_adapterstore__pb2.ReportStatusRequest.SerializeToString,
                 response_deserializer=loraserve_dot_adapterstore_dot_v1_dot_adapterstore__pb2.ReportStatusResponse.FromString,
                 _registered_method=True)
+        self.ReportReplicaAlive = channel.unary_unary(
+                '/loraserve.adapterstore.v1.AdapterStoreService/ReportReplicaAlive',
+                request_serializer=loraserve_dot_adapterstore_dot_v1_dot_adapterstore__pb2.ReportReplicaAliveRequest.SerializeToString,
+                response_deserializer=loraserve_dot_adapterstore_dot_v1_dot_adapterstore__pb2.ReportReplicaAliveResponse.FromString,
+                _registered_method=True)
         self.GetAdapterStatus = channel.unary_unary(
                 '/loraserve.adapterstore.v1.AdapterStoreService/GetAdapterStatus',
                 request_serializer=loraserve_dot_adapterstore_dot_v1_dot_adapterstore__pb2.GetAdapterStatusRequest.SerializeToString,
@@ -157,14 +162,24 @@ class AdapterStoreServiceServicer:
         raise NotImplementedError('Method not implemented!')
 
     def ReportStatus(self, request, context):
-        """Records an inference replica's ACK or NACK of a revision.
+        """Records an inference replica's ACK or NACK of a revision. Needs a replica
+        token when authentication is on.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ReportReplicaAlive(self, request, context):
+        """Tells the store an inference replica is alive. Replicas call it periodically;
+        the statuses of a replica not heard from for the store's status TTL are no
+        longer returned, and are deleted. Needs a replica token.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
     def GetAdapterStatus(self, request, context):
-        """Returns, per inference replica, which revision it serves and its last error.
+        """Returns, per live inference replica, which revision it serves and its last error.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -217,6 +232,11 @@ def add_AdapterStoreServiceServicer_to_server(servicer, server):
                     servicer.ReportStatus,
                     request_deserializer=loraserve_dot_adapterstore_dot_v1_dot_adapterstore__pb2.ReportStatusRequest.FromString,
                     response_serializer=loraserve_dot_adapterstore_dot_v1_dot_adapterstore__pb2.ReportStatusResponse.SerializeToString,
+            ),
+            'ReportReplicaAlive': grpc.unary_unary_rpc_method_handler(
+                    servicer.ReportReplicaAlive,
+                    request_deserializer=loraserve_dot_adapterstore_dot_v1_dot_adapterstore__pb2.ReportReplicaAliveRequest.FromString,
+                    response_serializer=loraserve_dot_adapterstore_dot_v1_dot_adapterstore__pb2.ReportReplicaAliveResponse.SerializeToString,
             ),
             'GetAdapterStatus': grpc.unary_unary_rpc_method_handler(
                     servicer.GetAdapterStatus,
@@ -472,6 +492,33 @@ class AdapterStoreService:
             '/loraserve.adapterstore.v1.AdapterStoreService/ReportStatus',
             loraserve_dot_adapterstore_dot_v1_dot_adapterstore__pb2.ReportStatusRequest.SerializeToString,
             loraserve_dot_adapterstore_dot_v1_dot_adapterstore__pb2.ReportStatusResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ReportReplicaAlive(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/loraserve.adapterstore.v1.AdapterStoreService/ReportReplicaAlive',
+            loraserve_dot_adapterstore_dot_v1_dot_adapterstore__pb2.ReportReplicaAliveRequest.SerializeToString,
+            loraserve_dot_adapterstore_dot_v1_dot_adapterstore__pb2.ReportReplicaAliveResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -1,0 +1,66 @@
+"""Bounds on the free text the store keeps and serves back, and on listing pages.
+
+Everything the store accepts ends up in log entries, snapshots, watch events and
+listing pages, so one oversized field would make every later page or event that
+carries it too large for a gRPC message. Each bound is documented on its proto
+field; a value over it is refused with INVALID_ARGUMENT naming the field.
+"""
+
+from __future__ import annotations
+
+from loraserve.common.errors import InvalidArgument
+
+KIB = 1024
+# PushHeader.description: a note, not a document (README.md travels as a file).
+MAX_DESCRIPTION_BYTES = 64 * KIB
+# adapter_config.json's base_model_name_or_path: a hub id or a path.
+MAX_BASE_MODEL_BYTES = 1 * KIB
+# adapter_config.json's target_modules: names, all together (full per-layer paths fit).
+MAX_TARGET_MODULES_BYTES = 64 * KIB
+MAX_TARGET_MODULE_BYTES = 256
+# ReportStatusRequest.error.message: the NACK reason shown by `adapterctl status`.
+MAX_ERROR_MESSAGE_BYTES = 4 * KIB
+# A listing page's adapters/revisions, encoded: below gRPC's default 4 MiB receive
+# limit, so any client (grpcurl included) can read every page.
+MAX_PAGE_BYTES = 3 * KIB * KIB
+
+
+def check_text(field: str, value: str, limit: int) -> None:
+    """Raises InvalidArgument when `value`, UTF-8 encoded, is longer than `limit` bytes
+    or is not text at all (a lone surrogate, e.g. from a JSON `\\ud800` escape)."""
+    try:
+        size = len(value.encode())
+    except UnicodeEncodeError:
+        raise InvalidArgument(f"{field} is not valid Unicode text") from None
+    if size > limit:
+        raise InvalidArgument(f"{field} is {size} bytes; the limit is {limit} bytes")
+
+
+def truncate_text(value: str, limit: int) -> str:
+    """`value` cut to at most `limit` UTF-8 bytes, on a character boundary."""
+    data = value.encode()
+    if len(data) <= limit:
+        return value
+    return data[: max(0, limit - 3)].decode(errors="ignore") + "..."
+
+
+class PageFill:
+    """Counts a page's entries and bytes; the first entry always fits, so a listing
+    moves on even past an entry larger than the byte budget."""
+
+    # Field tag and length prefix of each entry of a repeated message field.
+    _ENTRY_OVERHEAD = 8
+
+    def __init__(self, max_entries: int, max_bytes: int) -> None:
+        self._room = max_entries
+        self._bytes_left = max_bytes
+        self._first = True
+
+    def room_for(self, size: int) -> bool:
+        size += self._ENTRY_OVERHEAD
+        if self._room == 0 or (size > self._bytes_left and not self._first):
+            return False
+        self._first = False
+        self._room -= 1
+        self._bytes_left -= size
+        return True
