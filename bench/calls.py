@@ -9,7 +9,7 @@ from collections.abc import AsyncIterator, Sequence
 from bench.workload import Caller
 from loraserve.common.names import parse_adapter_ref
 from loraserve.inference.client import InferenceClient, RetryPolicy, Sampling
-from loraserve.inference.engine import AdapterHandle, SamplingSpec, VllmEngine
+from loraserve.inference.engine import AdapterHandle, VllmEngine
 from loraserve.inference.generation import GenerateCommand, Generator, SamplingRequest
 from loraserve.inference.registry import AdapterRegistry
 
@@ -60,7 +60,8 @@ def direct_caller(engine: VllmEngine, handles: dict[str, AdapterHandle | None]) 
     async def call(
         adapter: str, prompt: Sequence[int], max_tokens: int
     ) -> AsyncIterator[tuple[int, int]]:
-        spec = SamplingSpec(max_tokens=max_tokens, temperature=0.0, ignore_eos=True)
+        sampling = SamplingRequest(max_tokens=max_tokens, temperature=0.0, ignore_eos=True)
+        spec = engine.sampling(sampling, len(prompt))
         async for delta in engine.generate(uuid.uuid4().hex, prompt, spec, handles[adapter]):
             yield len(delta.token_ids), 0
 

@@ -22,6 +22,7 @@ from loraserve.inference.generation import (
 )
 from loraserve.inference.metrics import InferenceMetrics
 from loraserve.inference.registry import AdapterRegistry
+from loraserve.inference.sampling import StructuredOutput
 from loraserve.testing.inference_fakes import FakeEngine, make_revision
 
 
@@ -70,12 +71,21 @@ async def _collect(generator: Generator, command: GenerateCommand) -> list[Gener
         (SamplingRequest(temperature=float("nan")), "sampling.temperature"),
         (SamplingRequest(top_p=0.0), "sampling.top_p"),
         (SamplingRequest(top_p=1.5), "sampling.top_p"),
-        (SamplingRequest(top_k=-2), "sampling.top_k"),
-        (SamplingRequest(seed=-5), "sampling.seed"),
+        (SamplingRequest(top_k=-2), "top_k"),
+        (SamplingRequest(min_p=2.0), "min_p"),
+        (SamplingRequest(presence_penalty=3.0), "presence_penalty"),
+        (SamplingRequest(repetition_penalty=0.0), "repetition_penalty"),
+        (SamplingRequest(min_tokens=-1), "min_tokens"),
+        (SamplingRequest(n=0), "n"),
+        (SamplingRequest(logprobs=-2), "logprobs"),
+        (SamplingRequest(structured_output=StructuredOutput()), "structured_output"),
+        (
+            SamplingRequest(structured_output=StructuredOutput(regex="a", grammar="b")),
+            "structured_output",
+        ),
         (SamplingRequest(stop=("x",) * 17), "sampling.stop"),
         (SamplingRequest(stop=("",)), r"sampling.stop\[0\]"),
         (SamplingRequest(stop=("y" * 257,)), r"sampling.stop\[0\]"),
-        (SamplingRequest(max_tokens=60), "max_model_len"),
     ],
 )
 async def test_bad_sampling_is_invalid_argument_naming_the_field(
