@@ -94,7 +94,7 @@ def _command(request: pb.GenerateRequest) -> GenerateCommand:
         adapter=request.adapter,
         prompt_text=request.text if prompt == "text" else None,
         prompt_token_ids=tuple(request.token_ids.ids) if prompt == "token_ids" else None,
-        sampling=_sampling(request.sampling),
+        sampling=sampling_request(request.sampling),
         request_id=request.request_id,
     )
 
@@ -119,7 +119,7 @@ _OPTIONAL = (
 )
 
 
-def _sampling(sampling: pb.SamplingParams) -> SamplingRequest:
+def sampling_request(sampling: pb.SamplingParams) -> SamplingRequest:
     optional = {name: getattr(sampling, name) for name in _OPTIONAL if sampling.HasField(name)}
     return SamplingRequest(
         **optional,
