@@ -14,6 +14,7 @@ from typing import Any
 import pytest
 
 from loraserve.common.errors import InvalidArgument
+from loraserve.inference.client import Sampling
 from loraserve.inference.sampling import (
     DEFAULTED_FIELDS,
     SamplingRequest,
@@ -31,10 +32,8 @@ NO_DEFAULTS = ServerDefaults()
 def test_defaulted_fields_are_vllm_servers() -> None:
     from vllm.entrypoints.openai.completion.protocol import CompletionRequest
 
-    assert (
-        CompletionRequest.__private_attributes__["_DEFAULT_SAMPLING_PARAMS"].default
-        == DEFAULTED_FIELDS
-    )
+    vllms: object = CompletionRequest.__private_attributes__["_DEFAULT_SAMPLING_PARAMS"].default
+    assert vllms == DEFAULTED_FIELDS
 
 
 @pytest.mark.parametrize(
@@ -134,17 +133,17 @@ def test_every_grpc_sampling_field_maps_onto_the_request() -> None:
     message = pb.SamplingParams(
         max_tokens=5,
         temperature=0.5,
-        top_p=0.9,
+        top_p=0.5,
         top_k=4,
         seed=3,
         stop=["x"],
         ignore_eos=True,
         n=2,
-        min_p=0.1,
+        min_p=0.25,
         min_tokens=1,
-        presence_penalty=0.2,
-        frequency_penalty=0.3,
-        repetition_penalty=1.2,
+        presence_penalty=0.125,
+        frequency_penalty=0.25,
+        repetition_penalty=1.5,
         stop_token_ids=[9],
         include_stop_str_in_output=True,
         skip_special_tokens=False,
@@ -159,20 +158,21 @@ def test_every_grpc_sampling_field_maps_onto_the_request() -> None:
     # Every proto field has its SamplingRequest twin, so none can be dropped unnoticed.
     proto_fields = {f.name for f in pb.SamplingParams.DESCRIPTOR.fields}
     assert proto_fields == set(SamplingRequest.__dataclass_fields__)
+    # float32 on the wire: 0.5, 0.25, 0.125 and 1.5 are exact there.
     assert mapped == SamplingRequest(
         max_tokens=5,
         temperature=0.5,
-        top_p=pytest.approx(0.9),
+        top_p=0.5,
         top_k=4,
         seed=3,
         stop=("x",),
         ignore_eos=True,
         n=2,
-        min_p=pytest.approx(0.1),
+        min_p=0.25,
         min_tokens=1,
-        presence_penalty=pytest.approx(0.2),
-        frequency_penalty=pytest.approx(0.3),
-        repetition_penalty=pytest.approx(1.2),
+        presence_penalty=0.125,
+        frequency_penalty=0.25,
+        repetition_penalty=1.5,
         stop_token_ids=(9,),
         include_stop_str_in_output=True,
         skip_special_tokens=False,
@@ -206,3 +206,40 @@ def test_grpc_structured_output_without_a_kind_is_invalid_naming_it() -> None:
     request = sampling_request(pb.SamplingParams(structured_output=pb.StructuredOutput()))
     with pytest.raises(InvalidArgument, match=r"sampling\.structured_output"):
         vllm_sampling_params(request, 8, NO_DEFAULTS)
+
+
+def test_the_client_sends_every_option() -> None:
+    sampling = Sampling(
+        n=2,
+        min_p=0.25,
+        min_tokens=1,
+        presence_penalty=0.5,
+        frequency_penalty=0.5,
+        repetition_penalty=1.5,
+        stop_token_ids=(13,),
+        include_stop_str_in_output=True,
+        skip_special_tokens=False,
+        spaces_between_special_tokens=False,
+        logit_bias={7: 1.5},
+        bad_words=("fox",),
+        logprobs=2,
+        prompt_logprobs=1,
+        regex="[ab]+",
+    )
+    assert sampling_request(sampling.to_proto()) == SamplingRequest(
+        n=2,
+        min_p=0.25,
+        min_tokens=1,
+        presence_penalty=0.5,
+        frequency_penalty=0.5,
+        repetition_penalty=1.5,
+        stop_token_ids=(13,),
+        include_stop_str_in_output=True,
+        skip_special_tokens=False,
+        spaces_between_special_tokens=False,
+        logit_bias={7: 1.5},
+        bad_words=("fox",),
+        logprobs=2,
+        prompt_logprobs=1,
+        structured_output=StructuredOutput(regex="[ab]+"),
+    )

@@ -29,6 +29,7 @@ from loraserve.inference.sampling import (
     SamplingRequest,
     ServerDefaults,
     resolve_max_tokens,
+    verify_for_model,
     vllm_sampling_params,
 )
 
@@ -282,6 +283,7 @@ class VllmEngine:
             request.max_tokens, prompt_tokens, self._info.max_model_len, self._defaults
         )
         params = vllm_sampling_params(request, max_tokens, self._defaults)
+        verify_for_model(params, self._llm.vllm_config, self._tokenizer)
         return SamplingSpec(max_tokens=max_tokens, n=params.n, params=params)
 
     def chat_prompt_ids(self, messages: Sequence[Mapping[str, str]]) -> list[int] | None:

@@ -129,6 +129,9 @@ class _SamplingFields(_Strict):
         """Raises InvalidArgument for what Generate cannot honour."""
         if self.stream_options is not None and self.stream_options.continuous_usage_stats:
             raise InvalidArgument("stream_options.continuous_usage_stats is not supported")
+        if self.stream and self.prompt_logprobs is not None:
+            # As vLLM's server: the prompt's scores go in the whole response only.
+            raise InvalidArgument("prompt_logprobs is not available with stream=true")
 
     def sampling(self, max_tokens: int | None, logprobs: int | None) -> SamplingRequest:
         stop = [self.stop] if isinstance(self.stop, str) else (self.stop or [])

@@ -87,7 +87,7 @@ class Reply:
                 echo = self.echo[stream]
                 text = echo.text + text
                 choice.first_token_text = echo.first_token_text
-        if chunk.prompt_logprobs and self.echo:
+        if chunk.prompt_logprobs:
             self.prompt_scores[stream] = list(chunk.prompt_logprobs)
         if self.echo and not choice.text:
             logprobs = self.prompt_scores.get(stream, []) + logprobs
@@ -115,11 +115,16 @@ class Reply:
             body |= {"logprobs": logprobs, "finish_reason": _finish(choice.finish)}
             if self.token_ids:
                 body["token_ids"] = choice.ids
+            if not self.chat and self.prompt_scores:
+                body["prompt_logprobs"] = _prompt_logprobs(self.prompt_scores[index // self.n])
             choices.append(body)
-        return self._envelope("chat.completion" if self.chat else "text_completion") | {
+        response = self._envelope("chat.completion" if self.chat else "text_completion") | {
             "choices": choices,
             "usage": self.usage,
         }
+        if self.chat and self.prompt_scores:
+            response["prompt_logprobs"] = _prompt_logprobs(self.prompt_scores[0])
+        return response
 
     def role_chunks(self, indexes: Sequence[int]) -> list[dict[str, Any]]:
         """Chat streams open each choice with the assistant's role, as OpenAI's do."""
@@ -193,6 +198,23 @@ def _top(position: PositionLogprobs) -> dict[str, float]:
     if position.token is not None:
         top.setdefault(position.token.text, position.token.logprob)
     return top
+
+
+def _prompt_logprobs(positions: Sequence[PositionLogprobs]) -> list[dict[str, Any] | None]:
+    """vLLM's `prompt_logprobs`: per position, the scored tokens by id (None: unscored)."""
+    rendered: list[dict[str, Any] | None] = []
+    for position in positions:
+        if position.token is None:
+            rendered.append(None)
+            continue
+        scored = {t.token_id: t for t in (position.token, *position.top)}
+        rendered.append(
+            {
+                str(t.token_id): {"logprob": t.logprob, "rank": t.rank, "decoded_token": t.text}
+                for t in scored.values()
+            }
+        )
+    return rendered
 
 
 def _chat_logprob(position: PositionLogprobs) -> dict[str, Any]:

@@ -184,3 +184,28 @@ def vllm_sampling_params(
         raise InvalidArgument(f"{field_name}: {exc}") from exc
     except ValueError as exc:
         raise InvalidArgument(f"sampling: {exc}") from exc
+
+
+def verify_for_model(params: Any, vllm_config: Any, tokenizer: Any) -> None:
+    """vLLM's checks against the served model (vocabulary, max_logprobs, structured-output
+    grammar), run now so that the error names the field; the engine repeats them."""
+    from vllm.exceptions import VLLMValidationError
+
+    try:
+        params.verify(
+            vllm_config.model_config,
+            vllm_config.speculative_config,
+            vllm_config.structured_outputs_config,
+            tokenizer,
+        )
+    except VLLMValidationError as exc:
+        if exc.parameter:
+            raise InvalidArgument(f"sampling.{exc.parameter}: {exc}") from exc
+        raise InvalidArgument(f"{_suspect(params)}: {exc}") from exc
+    except ValueError as exc:
+        raise InvalidArgument(f"{_suspect(params)}: {exc}") from exc
+
+
+def _suspect(params: Any) -> str:
+    # Without a parameter name, vLLM's model checks fail on a structured output's grammar.
+    return "sampling.structured_output" if params.structured_outputs is not None else "sampling"
