@@ -257,3 +257,15 @@ async def test_requests_and_tokens_are_counted_per_adapter(
     assert value("loraserve_inference_generated_tokens_total", {"adapter": "alpha"}) == 4
     assert value("loraserve_inference_prompt_tokens_total", {"adapter": "alpha"}) == 2
     assert value("loraserve_inference_time_to_first_token_seconds_count") == 1
+
+
+async def test_n_choices_stream_with_their_index_and_usage_once_at_the_end(
+    generator: Generator,
+) -> None:
+    command = GenerateCommand(
+        adapter="alpha", prompt_text="hi", sampling=SamplingRequest(max_tokens=2, n=2)
+    )
+    chunks = await _collect(generator, command)
+    assert [(c.index, c.token_ids) for c in chunks] == [(0, (0,)), (1, (0,)), (0, (1,)), (1, (1,))]
+    assert [c.finish_reason for c in chunks] == [None, None] + [FinishReason.LENGTH] * 2
+    assert [c.usage for c in chunks] == [None, None, None, Usage(3, 4)]

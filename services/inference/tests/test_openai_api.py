@@ -556,3 +556,17 @@ async def test_unsupported_option_is_a_400_naming_it(
     response = await _post(front, path, body)
     assert response.status_code == 400
     assert named in response.json()["error"]["message"]
+
+
+async def test_streamed_completion_carries_logprobs_per_chunk(start_front: StartFront) -> None:
+    front = await start_front()
+    async with front.client() as client:
+        stream = await client.completions.create(
+            model="alpha", prompt="hi", max_tokens=2, logprobs=0, stream=True
+        )
+        chunks = [chunk async for chunk in stream]
+    logprobs = [c.choices[0].logprobs for c in chunks if c.choices]
+    assert [(lp.tokens, lp.token_logprobs, lp.text_offset) for lp in logprobs if lp] == [
+        (["<0>"], [0.0], [0]),
+        (["<1>"], [-0.1], [3]),
+    ]
