@@ -19,10 +19,9 @@ from loraserve.inference.engine import (
     EngineFinish,
     EngineInfo,
     EngineStats,
-    PositionLogprobs,
     SamplingSpec,
-    TokenLogprob,
 )
+from loraserve.inference.logprobs import PositionLogprobs, TokenLogprob
 from loraserve.inference.registry import LocalRevision
 from loraserve.inference.sampling import (
     SamplingRequest,

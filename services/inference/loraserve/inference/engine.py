@@ -25,6 +25,7 @@ if TYPE_CHECKING:
 
     from loraserve.inference.settings import EngineOptions
 
+from loraserve.inference.logprobs import PositionLogprobs, vllm_logprobs
 from loraserve.inference.sampling import (
     SamplingRequest,
     ServerDefaults,
@@ -53,24 +54,6 @@ class SamplingSpec:
     max_tokens: int
     n: int = 1
     params: Any = None
-
-
-@dataclass(frozen=True)
-class TokenLogprob:
-    """One token's log-probability at a position, and its rank among all tokens."""
-
-    token_id: int
-    logprob: float
-    rank: int | None
-    text: str
-
-
-@dataclass(frozen=True)
-class PositionLogprobs:
-    """The token at one position (None where the engine scores none) and the top ones."""
-
-    token: TokenLogprob | None
-    top: tuple[TokenLogprob, ...] = ()
 
 
 class EngineFinish(enum.Enum):
@@ -328,7 +311,9 @@ class VllmEngine:
             async with contextlib.aclosing(stream):
                 async for output in stream:
                     prompt_logprobs = (
-                        _positions(prompt_token_ids, output.prompt_logprobs, params.prompt_logprobs)
+                        vllm_logprobs(
+                            prompt_token_ids, output.prompt_logprobs, params.prompt_logprobs
+                        )
                         if not started and output.prompt_logprobs is not None
                         else ()
                     )
@@ -341,7 +326,7 @@ class VllmEngine:
                             token_ids=tuple(completion.token_ids),
                             finish=_FINISH.get(finish) if finish is not None else None,
                             index=completion.index,
-                            logprobs=_positions(
+                            logprobs=vllm_logprobs(
                                 completion.token_ids, completion.logprobs, params.logprobs
                             )
                             if completion.logprobs is not None
@@ -413,29 +398,6 @@ def _lora_request(adapter: AdapterHandle) -> Any:
     return LoRARequest(
         lora_name=adapter.lora_name, lora_int_id=adapter.lora_int_id, lora_path=adapter.path
     )
-
-
-def _positions(
-    token_ids: Sequence[int], logprobs: Any, top_k: int | None
-) -> tuple[PositionLogprobs, ...]:
-    """vLLM's per-position logprobs (dicts of token id to Logprob, or None) in our types.
-
-    vLLM sends the chosen token with the `top_k` best; the chosen one is among those
-    only when it ranks there.
-    """
-    positions = []
-    for token_id, candidates in zip(token_ids, logprobs, strict=False):
-        if candidates is None:
-            positions.append(PositionLogprobs(None))
-            continue
-        scored = [
-            TokenLogprob(tid, float(lp.logprob), lp.rank, lp.decoded_token or "")
-            for tid, lp in candidates.items()
-        ]
-        chosen = next((c for c in scored if c.token_id == token_id), None)
-        top = tuple(sorted(scored, key=lambda c: c.rank or 0)[: top_k or 0])
-        positions.append(PositionLogprobs(chosen, top))
-    return tuple(positions)
 
 
 # Flags of our own that map onto engine arguments; the passthrough may not override them.

@@ -8,8 +8,8 @@ from typing import Any
 
 import grpc
 
-from loraserve.inference.engine import PositionLogprobs, TokenLogprob
 from loraserve.inference.generation import FinishReason, GenerateCommand, GenerationChunk
+from loraserve.inference.logprobs import PositionLogprobs, TokenLogprob
 from loraserve.inference.registry import AdapterState, RevisionStatus
 from loraserve.inference.runtime import RuntimeSlot
 from loraserve.inference.sampling import SamplingRequest, StructuredOutput
