@@ -445,6 +445,13 @@ async def test_chat_without_max_tokens_does_not_stop_at_16(fronts: Fronts) -> No
 @pytest.mark.parametrize(
     ("options", "field"),
     [
+        ({"min_p": 2.0}, "min_p"),
+        ({"presence_penalty": 3.0}, "presence_penalty"),
+        ({"frequency_penalty": -3.0}, "frequency_penalty"),
+        ({"repetition_penalty": 0.0}, "repetition_penalty"),
+        ({"n": 0}, "n"),
+        ({"top_k": -5}, "top_k"),
+        ({"max_tokens": 4, "min_tokens": 9}, "min_tokens"),
         ({"logprobs": 1000}, "logprobs"),
         ({"logit_bias": {10_000_000: 1.0}}, "logit_bias"),
         ({"stop_token_ids": [10_000_000]}, "stop_token_ids"),
@@ -473,3 +480,25 @@ async def test_a_prompt_longer_than_the_context_is_invalid_naming_the_prompt(
     response = await fronts.http.post("/v1/completions", json=_openai_body({}) | {"prompt": prompt})
     assert response.status_code == 400
     assert "prompt" in response.json()["error"]["message"]
+
+
+async def test_streamed_choices_and_logprobs_equal_the_whole_answer(fronts: Fronts) -> None:
+    options = SEEDED | {"n": 3, "logprobs": 1}
+    expected = await through_completions(fronts, options)
+    body = _openai_body(options) | {"prompt": PROMPT, "stream": True}
+    ids: dict[int, list[int]] = {}
+    logprobs: dict[int, list[float]] = {}
+    async with fronts.http.stream("POST", "/v1/completions", json=body) as response:
+        async for line in response.aiter_lines():
+            if not line.startswith("data: {"):
+                continue
+            for choice in json.loads(line.removeprefix("data: "))["choices"]:
+                ids.setdefault(choice["index"], []).extend(choice["token_ids"])
+                if choice["logprobs"]:
+                    logprobs.setdefault(choice["index"], []).extend(
+                        choice["logprobs"]["token_logprobs"]
+                    )
+    assert {i: tuple(t) for i, t in ids.items()} == {i: c.token_ids for i, c in expected.items()}
+    assert {i: tuple(lp) for i, lp in logprobs.items()} == {
+        i: c.logprobs for i, c in expected.items()
+    }
