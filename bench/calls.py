@@ -60,7 +60,16 @@ def direct_caller(engine: VllmEngine, handles: dict[str, AdapterHandle | None]) 
     async def call(
         adapter: str, prompt: Sequence[int], max_tokens: int
     ) -> AsyncIterator[tuple[int, int]]:
-        spec = SamplingSpec(max_tokens=max_tokens, temperature=0.0, ignore_eos=True)
+        from vllm.sampling_params import RequestOutputKind, SamplingParams
+
+        # vLLM's own params, built here: the baseline pays nothing of loraserve's mapping.
+        params = SamplingParams(
+            max_tokens=max_tokens,
+            temperature=0.0,
+            ignore_eos=True,
+            output_kind=RequestOutputKind.DELTA,
+        )
+        spec = SamplingSpec(max_tokens=max_tokens, n=1, params=params)
         async for delta in engine.generate(uuid.uuid4().hex, prompt, spec, handles[adapter]):
             yield len(delta.token_ids), 0
 

@@ -136,13 +136,16 @@ async def test_bad_sampling_is_invalid_argument(served_factory: Callable[..., An
         assert "sampling.temperature" in (raised.value.details() or "")
 
 
-async def test_too_long_request_is_invalid_argument(served_factory: Callable[..., Any]) -> None:
+async def test_prompt_longer_than_the_context_is_invalid_argument(
+    served_factory: Callable[..., Any],
+) -> None:
     async for served in served_factory():
-        request = _greedy(served.engine.info.max_model_len)
+        request = _greedy(4)
+        request.token_ids.ids.extend([40] * served.engine.info.max_model_len)
         with pytest.raises(grpc.aio.AioRpcError) as raised:
             await _tokens(served.stub, request)
         assert raised.value.code() == grpc.StatusCode.INVALID_ARGUMENT
-        assert "max_model_len" in (raised.value.details() or "")
+        assert "prompt" in (raised.value.details() or "")
 
 
 async def test_cancelling_a_stream_frees_the_engine(

@@ -89,6 +89,43 @@ async def test_generate_passes_adapter_prompt_and_only_given_sampling_flags(
     assert list(request.sampling.stop) == ["\n"]
 
 
+async def test_generate_passes_the_vllm_sampling_flags_and_sampling_json(
+    inference: tuple[ScriptedInference, dict[str, str]],
+) -> None:
+    servicer, env = inference
+    argv = [
+        "alpha",
+        "Hi",
+        "--min-p",
+        "0.5",
+        "--min-tokens",
+        "2",
+        "--repetition-penalty",
+        "1.5",
+        "--stop-token-id",
+        "13",
+        "--regex",
+        "[ab]+",
+        "--sampling",
+        '{"logprobs": 2, "n": 3, "logitBias": {"7": 1.5}, "minTokens": 9}',
+    ]
+    assert (await ctl("generate", *argv, env=env)).code == 0
+    sampling = servicer.requests[0].sampling
+    assert (sampling.min_p, sampling.min_tokens, sampling.repetition_penalty) == (0.5, 2, 1.5)
+    assert list(sampling.stop_token_ids) == [13]
+    assert sampling.structured_output.regex == "[ab]+"
+    assert (sampling.logprobs, sampling.n, dict(sampling.logit_bias)) == (2, 3, {7: 1.5})
+
+
+async def test_sampling_json_that_is_not_sampling_params_is_a_usage_error(
+    inference: tuple[ScriptedInference, dict[str, str]],
+) -> None:
+    _, env = inference
+    result = await ctl("generate", "alpha", "Hi", "--sampling", '{"best_of": 2}', env=env)
+    assert result.code == 2
+    assert "--sampling" in result.err
+
+
 @pytest.mark.parametrize("argv", [["--base", "Hi"], ["", "Hi"]])
 async def test_base_model_is_the_empty_adapter(
     inference: tuple[ScriptedInference, dict[str, str]], argv: list[str]

@@ -22,6 +22,7 @@ from loraserve.inference.generation import (
 )
 from loraserve.inference.metrics import InferenceMetrics
 from loraserve.inference.registry import AdapterRegistry
+from loraserve.inference.sampling import StructuredOutput
 from loraserve.testing.inference_fakes import FakeEngine, make_revision
 
 
@@ -70,12 +71,21 @@ async def _collect(generator: Generator, command: GenerateCommand) -> list[Gener
         (SamplingRequest(temperature=float("nan")), "sampling.temperature"),
         (SamplingRequest(top_p=0.0), "sampling.top_p"),
         (SamplingRequest(top_p=1.5), "sampling.top_p"),
-        (SamplingRequest(top_k=-2), "sampling.top_k"),
-        (SamplingRequest(seed=-5), "sampling.seed"),
+        (SamplingRequest(top_k=-2), "top_k"),
+        (SamplingRequest(min_p=2.0), "min_p"),
+        (SamplingRequest(presence_penalty=3.0), "presence_penalty"),
+        (SamplingRequest(repetition_penalty=0.0), "repetition_penalty"),
+        (SamplingRequest(min_tokens=-1), "min_tokens"),
+        (SamplingRequest(n=0), "n"),
+        (SamplingRequest(logprobs=-2), "logprobs"),
+        (SamplingRequest(structured_output=StructuredOutput()), "structured_output"),
+        (
+            SamplingRequest(structured_output=StructuredOutput(regex="a", grammar="b")),
+            "structured_output",
+        ),
         (SamplingRequest(stop=("x",) * 17), "sampling.stop"),
         (SamplingRequest(stop=("",)), r"sampling.stop\[0\]"),
         (SamplingRequest(stop=("y" * 257,)), r"sampling.stop\[0\]"),
-        (SamplingRequest(max_tokens=60), "max_model_len"),
     ],
 )
 async def test_bad_sampling_is_invalid_argument_naming_the_field(
@@ -247,3 +257,15 @@ async def test_requests_and_tokens_are_counted_per_adapter(
     assert value("loraserve_inference_generated_tokens_total", {"adapter": "alpha"}) == 4
     assert value("loraserve_inference_prompt_tokens_total", {"adapter": "alpha"}) == 2
     assert value("loraserve_inference_time_to_first_token_seconds_count") == 1
+
+
+async def test_n_choices_stream_with_their_index_and_usage_once_at_the_end(
+    generator: Generator,
+) -> None:
+    command = GenerateCommand(
+        adapter="alpha", prompt_text="hi", sampling=SamplingRequest(max_tokens=2, n=2)
+    )
+    chunks = await _collect(generator, command)
+    assert [(c.index, c.token_ids) for c in chunks] == [(0, (0,)), (1, (0,)), (0, (1,)), (1, (1,))]
+    assert [c.finish_reason for c in chunks] == [None, None] + [FinishReason.LENGTH] * 2
+    assert [c.usage for c in chunks] == [None, None, None, Usage(3, 4)]

@@ -9,6 +9,7 @@ import asyncio
 from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import httpx
 import openai
@@ -25,10 +26,13 @@ from loraserve.inference.openai_api import create_openai_app
 from loraserve.inference.openai_protocol import fallback_chat_prompt
 from loraserve.inference.registry import AdapterRegistry
 from loraserve.inference.runtime import Runtime, RuntimeSlot
-from loraserve.testing.inference_fakes import FakeEngine, make_revision
+from loraserve.inference.sampling import ServerDefaults
+from loraserve.testing.inference_fakes import FAKE_INFO, FakeEngine, make_revision
 
 MODEL = "fake-llama"
 READER = "reader-secret"
+MESSAGES: list[Any] = [{"role": "user", "content": "hi"}]
+CHAT: dict[str, object] = {"messages": MESSAGES}
 
 
 class TemplatingEngine(FakeEngine):
@@ -234,10 +238,17 @@ async def test_a_model_that_is_no_adapter_name_is_not_found(
     ("extra", "named"),
     [
         ({"temperature": 5}, "temperature"),
-        ({"n": 2}, "n=2"),
-        ({"echo": True}, "echo"),
+        ({"n": 0}, "n"),
+        ({"best_of": 3}, "best_of"),
+        ({"suffix": "tail"}, "suffix"),
         ({"max_tokens": "many"}, "max_tokens"),
-        ({"prompt": ["a", "b"]}, "2 prompts"),
+        ({"frobnicate": 1}, "frobnicate"),
+        ({"logit_bias": {"x": 1.0}}, "logit_bias"),
+        ({"min_p": 1.5}, "min_p"),
+        ({"repetition_penalty": -1}, "repetition_penalty"),
+        ({"structured_outputs": {"regex": "a", "choice": ["b"]}}, "structured_output"),
+        ({"response_format": {"type": "json_schema"}}, "response_format"),
+        ({"response_format": {"type": "xml"}}, "response_format"),
         ({"prompt": ""}, "prompt is empty"),
     ],
 )
@@ -352,3 +363,210 @@ async def _eventually(check: Callable[[], bool], timeout: float = 10.0) -> None:
             if check():
                 return
             await asyncio.sleep(0.01)
+
+
+async def _post(front: Front, path: str, body: dict[str, object]) -> httpx.Response:
+    async with httpx.AsyncClient(base_url=front.url) as http:
+        return await http.post(path, json=body)
+
+
+async def test_n_choices_come_with_their_indexes(start_front: StartFront) -> None:
+    front = await start_front()
+    async with front.client() as client:
+        completion = await client.completions.create(model="alpha", prompt="hi", max_tokens=2, n=2)
+    assert [(c.index, c.text, c.finish_reason) for c in completion.choices] == [
+        (0, "<0><1>", "length"),
+        (1, "<0><1>", "length"),
+    ]
+    assert completion.usage is not None
+    assert completion.usage.completion_tokens == 4
+
+
+async def test_several_prompts_get_choices_in_prompt_order(start_front: StartFront) -> None:
+    front = await start_front()
+    response = await _post(
+        front,
+        "/v1/completions",
+        {"model": "alpha", "prompt": ["a", "bcd"], "max_tokens": 1, "n": 2},
+    )
+    body = response.json()
+    assert response.status_code == 200
+    assert [c["index"] for c in body["choices"]] == [0, 1, 2, 3]
+    # Prompt tokens: "a" is 2 ids, "bcd" 4 (the fake adds a BOS); each prompt counts once.
+    assert body["usage"] == {"prompt_tokens": 6, "completion_tokens": 4, "total_tokens": 10}
+
+
+async def test_several_prompts_stream_every_choice(start_front: StartFront) -> None:
+    front = await start_front()
+    async with front.client() as client:
+        stream = await client.completions.create(
+            model="alpha", prompt=["a", "b"], max_tokens=2, stream=True
+        )
+        chunks = [chunk async for chunk in stream]
+    texts: dict[int, str] = {}
+    for chunk in chunks:
+        for choice in chunk.choices:
+            texts[choice.index] = texts.get(choice.index, "") + choice.text
+    assert texts == {0: "<0><1>", 1: "<0><1>"}
+
+
+async def test_echo_repeats_the_prompt_before_the_completion(start_front: StartFront) -> None:
+    front = await start_front()
+    async with front.client() as client:
+        completion = await client.completions.create(
+            model="alpha", prompt="hi", max_tokens=1, echo=True
+        )
+    assert completion.choices[0].text == "hi<0>"
+
+
+async def test_completion_logprobs_come_per_token(start_front: StartFront) -> None:
+    front = await start_front()
+    async with front.client() as client:
+        completion = await client.completions.create(
+            model="alpha", prompt="hi", max_tokens=2, logprobs=1
+        )
+    logprobs = completion.choices[0].logprobs
+    assert logprobs is not None
+    assert logprobs.tokens == ["<0>", "<1>"]
+    assert logprobs.token_logprobs == [0.0, -0.1]
+    assert logprobs.top_logprobs == [{"<0>": 0.0}, {"<1>": -0.1}]
+    assert logprobs.text_offset == [0, 3]
+    assert front.engine.sampled[-1].logprobs == 1
+
+
+async def test_chat_logprobs_come_per_token_with_top_logprobs(start_front: StartFront) -> None:
+    front = await start_front()
+    async with front.client() as client:
+        chat = await client.chat.completions.create(
+            model="alpha",
+            messages=MESSAGES,
+            max_tokens=1,
+            logprobs=True,
+            top_logprobs=2,
+        )
+    logprobs = chat.choices[0].logprobs
+    assert logprobs is not None
+    assert logprobs.content is not None
+    assert [(t.token, t.logprob) for t in logprobs.content] == [("<0>", 0.0)]
+    assert [t.token for t in logprobs.content[0].top_logprobs] == ["<0>", "<1>"]
+
+
+@pytest.mark.parametrize(
+    ("extra", "attribute", "expected"),
+    [
+        ({"stop_token_ids": [13]}, "stop_token_ids", [13]),
+        ({"min_tokens": 1}, "min_tokens", 1),
+        ({"repetition_penalty": 1.2}, "repetition_penalty", pytest.approx(1.2)),
+        ({"min_p": 0.1}, "min_p", pytest.approx(0.1)),
+        ({"include_stop_str_in_output": True}, "include_stop_str_in_output", True),
+        ({"presence_penalty": 0.5}, "presence_penalty", 0.5),
+        ({"frequency_penalty": 0.5}, "frequency_penalty", 0.5),
+        ({"logit_bias": {"7": 5.0}}, "logit_bias", {7: 5.0}),
+        ({"bad_words": ["fox"]}, "bad_words", ["fox"]),
+        ({"skip_special_tokens": False}, "skip_special_tokens", False),
+        ({"prompt_logprobs": 1}, "prompt_logprobs", 1),
+    ],
+)
+async def test_sampling_options_reach_the_engine(
+    start_front: StartFront, extra: dict[str, object], attribute: str, expected: object
+) -> None:
+    front = await start_front()
+    body = {"model": "alpha", "prompt": "hi", "max_tokens": 1} | extra
+    for path, request in (
+        ("/v1/completions", body),
+        ("/v1/chat/completions", {k: v for k, v in body.items() if k != "prompt"} | CHAT),
+    ):
+        response = await _post(front, path, request)
+        assert response.status_code == 200, response.text
+        assert getattr(front.engine.sampled[-1], attribute) == expected
+
+
+@pytest.mark.parametrize(
+    ("extra", "field"),
+    [
+        ({"response_format": {"type": "json_object"}}, "json_object"),
+        (
+            {"response_format": {"type": "json_schema", "json_schema": {"schema": {}}}},
+            "json",
+        ),
+        ({"structured_outputs": {"regex": "[ab]"}}, "regex"),
+        ({"structured_outputs": {"choice": ["a", "b"]}}, "choice"),
+        ({"structured_outputs": {"grammar": 'root ::= "a"'}}, "grammar"),
+        ({"structured_outputs": {"json": {"type": "object"}}}, "json"),
+    ],
+)
+async def test_structured_output_reaches_the_engine(
+    start_front: StartFront, extra: dict[str, object], field: str
+) -> None:
+    front = await start_front()
+    body = {"model": "alpha", "max_tokens": 1} | CHAT | extra
+    response = await _post(front, "/v1/chat/completions", body)
+    assert response.status_code == 200, response.text
+    assert getattr(front.engine.sampled[-1].structured_outputs, field) is not None
+
+
+async def test_chat_without_max_tokens_runs_to_the_end_of_the_context(
+    start_front: StartFront,
+) -> None:
+    front = await start_front()
+    async with front.client() as client:
+        chat = await client.chat.completions.create(model="alpha", messages=MESSAGES)
+    assert chat.usage is not None
+    assert chat.usage.prompt_tokens + chat.usage.completion_tokens == FAKE_INFO.max_model_len
+    assert chat.choices[0].finish_reason == "length"
+
+
+async def test_chat_without_max_tokens_takes_the_models_default(
+    start_front: StartFront,
+) -> None:
+    engine = FakeEngine()
+    engine.defaults = ServerDefaults({"max_tokens": 5, "temperature": 0.25})
+    front = await start_front(engine)
+    async with front.client() as client:
+        chat = await client.chat.completions.create(model="alpha", messages=MESSAGES)
+    assert chat.usage is not None
+    assert chat.usage.completion_tokens == 5
+    assert engine.sampled[-1].temperature == 0.25
+
+
+async def test_max_tokens_beyond_the_context_gets_what_fits(start_front: StartFront) -> None:
+    front = await start_front()
+    async with front.client() as client:
+        completion = await client.completions.create(model="alpha", prompt="hi", max_tokens=1000)
+    assert completion.usage is not None
+    assert completion.usage.completion_tokens == FAKE_INFO.max_model_len - 3
+    assert completion.choices[0].finish_reason == "length"
+
+
+@pytest.mark.parametrize(
+    ("path", "extra", "named"),
+    [
+        ("/v1/chat/completions", {"tools": [{"type": "function"}]}, "tools"),
+        ("/v1/chat/completions", {"echo": True}, "echo"),
+        ("/v1/chat/completions", {"top_logprobs": 2}, "top_logprobs"),
+        ("/v1/chat/completions", {"guided_json": {}}, "guided_json"),
+        ("/v1/completions", {"prompt": "x" * 70}, "prompt"),
+    ],
+)
+async def test_unsupported_option_is_a_400_naming_it(
+    start_front: StartFront, path: str, extra: dict[str, object], named: str
+) -> None:
+    front = await start_front()
+    body = {"model": "alpha"} | (CHAT if "chat" in path else {"prompt": "x"}) | extra
+    response = await _post(front, path, body)
+    assert response.status_code == 400
+    assert named in response.json()["error"]["message"]
+
+
+async def test_streamed_completion_carries_logprobs_per_chunk(start_front: StartFront) -> None:
+    front = await start_front()
+    async with front.client() as client:
+        stream = await client.completions.create(
+            model="alpha", prompt="hi", max_tokens=2, logprobs=0, stream=True
+        )
+        chunks = [chunk async for chunk in stream]
+    logprobs = [c.choices[0].logprobs for c in chunks if c.choices]
+    assert [(lp.tokens, lp.token_logprobs, lp.text_offset) for lp in logprobs if lp] == [
+        (["<0>"], [0.0], [0]),
+        (["<1>"], [-0.1], [3]),
+    ]

@@ -10,6 +10,7 @@ import asyncio
 import itertools
 from collections.abc import AsyncGenerator, Sequence
 from pathlib import Path
+from typing import Any
 
 from loraserve.common.errors import FailedPrecondition, NotFound
 from loraserve.inference.engine import (
@@ -20,7 +21,14 @@ from loraserve.inference.engine import (
     EngineStats,
     SamplingSpec,
 )
+from loraserve.inference.logprobs import PositionLogprobs, TokenLogprob
 from loraserve.inference.registry import LocalRevision
+from loraserve.inference.sampling import (
+    SamplingRequest,
+    ServerDefaults,
+    resolve_max_tokens,
+    vllm_sampling_params,
+)
 
 FAKE_INFO = EngineInfo(
     model="/models/fake-llama",
@@ -38,7 +46,8 @@ FAKE_INFO = EngineInfo(
 
 
 class FakeEngine:
-    """Generates token i at step i; records adapters, aborts and what is running."""
+    """Generates token i at step i (in each of `n` choices); records adapters, aborts,
+    what is running and the vLLM SamplingParams each request got (real vLLM mapping)."""
 
     def __init__(self, info: EngineInfo = FAKE_INFO) -> None:
         self._ids = itertools.count(1)
@@ -55,6 +64,8 @@ class FakeEngine:
         self.steps = asyncio.Event()
         self.steps.set()
         self.finish_with: EngineFinish = EngineFinish.LENGTH
+        self.defaults = ServerDefaults()
+        self.sampled: list[Any] = []
 
     @property
     def info(self) -> EngineInfo:
@@ -66,6 +77,17 @@ class FakeEngine:
     def tokenize(self, text: str) -> list[int]:
         return [1, *(ord(c) % self._info.vocab_size for c in text)]
 
+    def decode(self, token_ids: Sequence[int]) -> str:
+        return "".join(f"<{i}>" for i in token_ids)
+
+    def sampling(self, request: SamplingRequest, prompt_tokens: int) -> SamplingSpec:
+        max_tokens = resolve_max_tokens(
+            request.max_tokens, prompt_tokens, self._info.max_model_len, self.defaults
+        )
+        params = vllm_sampling_params(request, max_tokens, self.defaults)
+        self.sampled.append(params)
+        return SamplingSpec(max_tokens=max_tokens, n=params.n, params=params)
+
     async def generate(
         self,
         request_id: str,
@@ -76,13 +98,19 @@ class FakeEngine:
         self.running[request_id] = adapter
         finished = False
         try:
+            logprobs = sampling.params.logprobs if sampling.params is not None else None
             for i in range(sampling.max_tokens):
                 await self.steps.wait()
                 last = i == sampling.max_tokens - 1
-                finished = last
-                yield EngineDelta(
-                    text=f"<{i}>", token_ids=(i,), finish=self.finish_with if last else None
-                )
+                for index in range(sampling.n):
+                    finished = last and index == sampling.n - 1
+                    yield EngineDelta(
+                        text=f"<{i}>",
+                        token_ids=(i,),
+                        finish=self.finish_with if last else None,
+                        index=index,
+                        logprobs=(_fake_logprobs(i, logprobs),) if logprobs is not None else (),
+                    )
         finally:
             del self.running[request_id]
             if not finished:
@@ -109,6 +137,15 @@ class FakeEngine:
 
     def stats(self) -> EngineStats:
         return EngineStats(running=len(self.running), waiting=0, kv_cache_usage=0.0)
+
+
+def _fake_logprobs(token_id: int, top_k: int) -> PositionLogprobs:
+    """Token i has logprob -i/10 and rank 1; the rest of the top are i+1, i+2, ..."""
+    top = tuple(
+        TokenLogprob(token_id + k, -(token_id + k) / 10, k + 1, f"<{token_id + k}>")
+        for k in range(top_k)
+    )
+    return PositionLogprobs(TokenLogprob(token_id, -token_id / 10, 1, f"<{token_id}>"), top)
 
 
 def make_revision(

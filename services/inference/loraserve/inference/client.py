@@ -12,7 +12,7 @@ from __future__ import annotations
 import asyncio
 import threading
 import time
-from collections.abc import AsyncIterator, Coroutine, Iterator, Sequence
+from collections.abc import AsyncIterator, Coroutine, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
@@ -44,7 +44,8 @@ class RetryPolicy:
 
 @dataclass(frozen=True)
 class Sampling:
-    """Sampling parameters; None leaves the server's default."""
+    """Sampling parameters (vLLM's); None leaves the server's default. For what this
+    does not name, pass a `pb.SamplingParams` wherever a Sampling is taken."""
 
     max_tokens: int | None = None
     temperature: float | None = None
@@ -53,19 +54,78 @@ class Sampling:
     seed: int | None = None
     stop: Sequence[str] = ()
     ignore_eos: bool = False
+    n: int | None = None
+    min_p: float | None = None
+    min_tokens: int | None = None
+    presence_penalty: float | None = None
+    frequency_penalty: float | None = None
+    repetition_penalty: float | None = None
+    stop_token_ids: Sequence[int] = ()
+    include_stop_str_in_output: bool = False
+    skip_special_tokens: bool | None = None
+    spaces_between_special_tokens: bool | None = None
+    logit_bias: Mapping[int, float] = field(default_factory=dict)
+    bad_words: Sequence[str] = ()
+    logprobs: int | None = None
+    prompt_logprobs: int | None = None
+    # Output constraints; at most one: a JSON schema (as JSON text), a regex, choices.
+    json_schema: str | None = None
+    regex: str | None = None
+    choice: Sequence[str] | None = None
+    grammar: str | None = None
 
     def to_proto(self) -> pb.SamplingParams:
-        params = pb.SamplingParams(stop=list(self.stop), ignore_eos=self.ignore_eos)
-        for name in ("max_tokens", "temperature", "top_p", "top_k", "seed"):
+        params = pb.SamplingParams(
+            stop=list(self.stop),
+            ignore_eos=self.ignore_eos,
+            stop_token_ids=list(self.stop_token_ids),
+            include_stop_str_in_output=self.include_stop_str_in_output,
+            logit_bias=dict(self.logit_bias),
+            bad_words=list(self.bad_words),
+        )
+        for name in _OPTIONAL_FIELDS:
             value = getattr(self, name)
             if value is not None:
                 setattr(params, name, value)
+        constraints = {
+            "json_schema": self.json_schema,
+            "regex": self.regex,
+            "choice": pb.Choices(values=list(self.choice)) if self.choice is not None else None,
+            "grammar": self.grammar,
+        }
+        given = {name: value for name, value in constraints.items() if value is not None}
+        if given:
+            # More than one is the server's to refuse, naming the field.
+            for name, value in given.items():
+                if isinstance(value, pb.Choices):
+                    params.structured_output.choice.CopyFrom(value)
+                else:
+                    setattr(params.structured_output, name, value)
         return params
+
+
+_OPTIONAL_FIELDS = (
+    "max_tokens",
+    "temperature",
+    "top_p",
+    "top_k",
+    "seed",
+    "n",
+    "min_p",
+    "min_tokens",
+    "presence_penalty",
+    "frequency_penalty",
+    "repetition_penalty",
+    "skip_special_tokens",
+    "spaces_between_special_tokens",
+    "logprobs",
+    "prompt_logprobs",
+)
 
 
 @dataclass(frozen=True)
 class Delta:
-    """One streamed piece of a generation."""
+    """One streamed piece of a generation (of choice `index`, when n > 1)."""
 
     text: str
     token_ids: tuple[int, ...]
@@ -76,6 +136,11 @@ class Delta:
     finish_reason: str | None = None
     prompt_tokens: int = 0
     completion_tokens: int = 0
+    index: int = 0
+    # With `logprobs`: per token, the sampled token's and the top ones.
+    logprobs: tuple[pb.PositionLogprobs, ...] = ()
+    # With `prompt_logprobs`, on the first delta: per prompt token.
+    prompt_logprobs: tuple[pb.PositionLogprobs, ...] = ()
 
 
 @dataclass
@@ -87,8 +152,11 @@ class Completion:
     adapter_name: str = ""
     revision: int = 0
     finish_reason: str | None = None
+    # Request totals (all choices).
     prompt_tokens: int = 0
     completion_tokens: int = 0
+    logprobs: list[pb.PositionLogprobs] = field(default_factory=list)
+    prompt_logprobs: list[pb.PositionLogprobs] = field(default_factory=list)
 
 
 def _delta(message: pb.GenerateResponse) -> Delta:
@@ -100,11 +168,17 @@ def _delta(message: pb.GenerateResponse) -> Delta:
         finish_reason=_FINISH_REASONS.get(message.finish_reason),
         prompt_tokens=message.usage.prompt_tokens,
         completion_tokens=message.usage.completion_tokens,
+        index=message.index,
+        logprobs=tuple(message.logprobs),
+        prompt_logprobs=tuple(message.prompt_logprobs),
     )
 
 
-def _request(adapter: str, prompt: str | Sequence[int], sampling: Sampling) -> pb.GenerateRequest:
-    request = pb.GenerateRequest(adapter=adapter, sampling=sampling.to_proto())
+def _request(
+    adapter: str, prompt: str | Sequence[int], sampling: Sampling | pb.SamplingParams
+) -> pb.GenerateRequest:
+    params = sampling.to_proto() if isinstance(sampling, Sampling) else sampling
+    request = pb.GenerateRequest(adapter=adapter, sampling=params)
     if isinstance(prompt, str):
         request.text = prompt
     else:
@@ -140,7 +214,7 @@ class InferenceClient:
         self,
         adapter: str,
         prompt: str | Sequence[int],
-        sampling: Sampling | None = None,
+        sampling: Sampling | pb.SamplingParams | None = None,
         *,
         timeout: float | None = None,
     ) -> AsyncIterator[Delta]:
@@ -176,22 +250,43 @@ class InferenceClient:
         self,
         adapter: str,
         prompt: str | Sequence[int],
-        sampling: Sampling | None = None,
+        sampling: Sampling | pb.SamplingParams | None = None,
         *,
         timeout: float | None = None,
     ) -> Completion:
-        """Runs a generation to the end and returns it whole."""
-        completion = Completion()
+        """Runs a generation to the end and returns it whole (its first choice)."""
+        return (await self.generate_choices(adapter, prompt, sampling, timeout=timeout))[0]
+
+    async def generate_choices(
+        self,
+        adapter: str,
+        prompt: str | Sequence[int],
+        sampling: Sampling | pb.SamplingParams | None = None,
+        *,
+        timeout: float | None = None,
+    ) -> list[Completion]:
+        """Runs a generation to the end; every choice (`n` of them), in index order."""
+        choices: dict[int, Completion] = {}
+        served = ("", 0)
+        usage = (0, 0)
+        prompt_logprobs: list[pb.PositionLogprobs] = []
         async for delta in self.stream(adapter, prompt, sampling, timeout=timeout):
             if delta.adapter_name or delta.revision:
-                completion.adapter_name, completion.revision = delta.adapter_name, delta.revision
+                served = (delta.adapter_name, delta.revision)
+            completion = choices.setdefault(delta.index, Completion())
             completion.text += delta.text
             completion.token_ids.extend(delta.token_ids)
+            completion.logprobs.extend(delta.logprobs)
+            prompt_logprobs.extend(delta.prompt_logprobs)
             if delta.finish_reason is not None:
                 completion.finish_reason = delta.finish_reason
-                completion.prompt_tokens = delta.prompt_tokens
-                completion.completion_tokens = delta.completion_tokens
-        return completion
+            if delta.prompt_tokens or delta.completion_tokens:
+                usage = (delta.prompt_tokens, delta.completion_tokens)
+        for completion in choices.values():
+            completion.adapter_name, completion.revision = served
+            completion.prompt_tokens, completion.completion_tokens = usage
+            completion.prompt_logprobs = list(prompt_logprobs)
+        return [choices[i] for i in sorted(choices)] or [Completion()]
 
     async def list_adapters(self) -> pb.ListAdaptersResponse:
         response: pb.ListAdaptersResponse = await self._unary(
@@ -245,7 +340,7 @@ class SyncInferenceClient:
         self,
         adapter: str,
         prompt: str | Sequence[int],
-        sampling: Sampling | None = None,
+        sampling: Sampling | pb.SamplingParams | None = None,
         *,
         timeout: float | None = None,
     ) -> Iterator[Delta]:
@@ -263,11 +358,21 @@ class SyncInferenceClient:
         self,
         adapter: str,
         prompt: str | Sequence[int],
-        sampling: Sampling | None = None,
+        sampling: Sampling | pb.SamplingParams | None = None,
         *,
         timeout: float | None = None,
     ) -> Completion:
         return self._run(self._client.generate(adapter, prompt, sampling, timeout=timeout))
+
+    def generate_choices(
+        self,
+        adapter: str,
+        prompt: str | Sequence[int],
+        sampling: Sampling | pb.SamplingParams | None = None,
+        *,
+        timeout: float | None = None,
+    ) -> list[Completion]:
+        return self._run(self._client.generate_choices(adapter, prompt, sampling, timeout=timeout))
 
     def list_adapters(self) -> pb.ListAdaptersResponse:
         return self._run(self._client.list_adapters())

@@ -25,6 +25,15 @@ if TYPE_CHECKING:
 
     from loraserve.inference.settings import EngineOptions
 
+from loraserve.inference.logprobs import PositionLogprobs, vllm_logprobs
+from loraserve.inference.sampling import (
+    SamplingRequest,
+    ServerDefaults,
+    resolve_max_tokens,
+    verify_for_model,
+    vllm_sampling_params,
+)
+
 log = logging.getLogger(__name__)
 
 
@@ -39,15 +48,12 @@ class AdapterHandle:
 
 @dataclass(frozen=True)
 class SamplingSpec:
-    """Validated sampling parameters; see generation.py for the rules."""
+    """Sampling ready for the engine: the choices and tokens it will produce, and the
+    engine's own parameters (vLLM's SamplingParams for `VllmEngine`)."""
 
     max_tokens: int
-    temperature: float = 1.0
-    top_p: float = 1.0
-    top_k: int = 0
-    seed: int | None = None
-    stop: tuple[str, ...] = ()
-    ignore_eos: bool = False
+    n: int = 1
+    params: Any = None
 
 
 class EngineFinish(enum.Enum):
@@ -65,6 +71,12 @@ class EngineDelta:
     text: str
     token_ids: tuple[int, ...]
     finish: EngineFinish | None = None
+    # Which of the request's `n` choices this delta extends.
+    index: int = 0
+    # One entry per token in `token_ids`, when logprobs were asked for.
+    logprobs: tuple[PositionLogprobs, ...] = ()
+    # Every prompt position, on the request's first delta, when prompt_logprobs were asked for.
+    prompt_logprobs: tuple[PositionLogprobs, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -105,6 +117,15 @@ class Engine(Protocol):
 
     def tokenize(self, text: str) -> list[int]:
         """The prompt token ids the engine would feed the model for `text`."""
+        ...
+
+    def decode(self, token_ids: Sequence[int]) -> str:
+        """The text of `token_ids`, as the engine detokenizes them."""
+        ...
+
+    def sampling(self, request: SamplingRequest, prompt_tokens: int) -> SamplingSpec:
+        """The engine's sampling for a prompt this long; raises InvalidArgument naming
+        the field the engine rejects."""
         ...
 
     def generate(
@@ -202,6 +223,7 @@ class VllmEngine:
             lora_dtype=str(lora.lora_dtype).removeprefix("torch."),
             gpu_memory_utilization=cache.gpu_memory_utilization,
         )
+        self._defaults = ServerDefaults.of_model(model)
         self._tap = _SchedulerTap()
         # vLLM has no public hook to read scheduler stats from an engine that already
         # exists; its stat-logger manager is where they arrive, so listen there.
@@ -236,6 +258,17 @@ class VllmEngine:
     def tokenize(self, text: str) -> list[int]:
         return list(self._tokenizer.encode(text))
 
+    def decode(self, token_ids: Sequence[int]) -> str:
+        return str(self._tokenizer.decode(list(token_ids)))
+
+    def sampling(self, request: SamplingRequest, prompt_tokens: int) -> SamplingSpec:
+        max_tokens = resolve_max_tokens(
+            request.max_tokens, prompt_tokens, self._info.max_model_len, self._defaults
+        )
+        params = vllm_sampling_params(request, max_tokens, self._defaults)
+        verify_for_model(params, self._llm.vllm_config, self._tokenizer)
+        return SamplingSpec(max_tokens=max_tokens, n=params.n, params=params)
+
     def chat_prompt_ids(self, messages: Sequence[Mapping[str, str]]) -> list[int] | None:
         """The model's chat template over `messages`, assistant turn opened; None if none."""
         template = getattr(self._tokenizer, "chat_template", None)
@@ -265,27 +298,51 @@ class VllmEngine:
         from vllm.exceptions import VLLMClientError
         from vllm.v1.engine.exceptions import EngineDeadError
 
+        params = sampling.params
         stream = self._llm.generate(
             {"prompt_token_ids": list(prompt_token_ids)},
-            _sampling_params(sampling),
+            params,
             request_id,
             lora_request=_lora_request(adapter) if adapter else None,
         )
         finished = False
+        started = False
         try:
             async with contextlib.aclosing(stream):
                 async for output in stream:
-                    completion = output.outputs[0]
-                    finish = completion.finish_reason
-                    finished = output.finished
-                    yield EngineDelta(
-                        text=completion.text,
-                        token_ids=tuple(completion.token_ids),
-                        finish=_FINISH.get(finish) if finish is not None else None,
+                    prompt_logprobs = (
+                        vllm_logprobs(
+                            prompt_token_ids, output.prompt_logprobs, params.prompt_logprobs
+                        )
+                        if not started and output.prompt_logprobs is not None
+                        else ()
                     )
+                    started = True
+                    finished = output.finished
+                    for completion in output.outputs:
+                        finish = completion.finish_reason
+                        yield EngineDelta(
+                            text=completion.text,
+                            token_ids=tuple(completion.token_ids),
+                            finish=_FINISH.get(finish) if finish is not None else None,
+                            index=completion.index,
+                            logprobs=vllm_logprobs(
+                                completion.token_ids, completion.logprobs, params.logprobs
+                            )
+                            if completion.logprobs is not None
+                            else (),
+                            prompt_logprobs=prompt_logprobs,
+                        )
+                        prompt_logprobs = ()
         except EngineDeadError as exc:
             raise Unavailable("the inference engine has stopped") from exc
         except VLLMClientError as exc:
+            raise InvalidArgument(f"the engine rejected the request: {exc}") from exc
+        except ValueError as exc:
+            # vLLM checks a request (structured output, logprobs, token ids) when it is
+            # added, and raises ValueError: before any output, that is the request's fault.
+            if started:
+                raise
             raise InvalidArgument(f"the engine rejected the request: {exc}") from exc
         finally:
             if not finished:
@@ -340,21 +397,6 @@ def _lora_request(adapter: AdapterHandle) -> Any:
     # Never load_inplace: every revision has its own id, so old and new coexist.
     return LoRARequest(
         lora_name=adapter.lora_name, lora_int_id=adapter.lora_int_id, lora_path=adapter.path
-    )
-
-
-def _sampling_params(spec: SamplingSpec) -> Any:
-    from vllm.sampling_params import RequestOutputKind, SamplingParams
-
-    return SamplingParams(
-        max_tokens=spec.max_tokens,
-        temperature=spec.temperature,
-        top_p=spec.top_p,
-        top_k=spec.top_k,
-        seed=spec.seed,
-        stop=list(spec.stop),
-        ignore_eos=spec.ignore_eos,
-        output_kind=RequestOutputKind.DELTA,
     )
 
 

@@ -11,41 +11,28 @@ import asyncio
 import contextlib
 import enum
 import logging
-import math
 import time
 import uuid
 from collections.abc import AsyncGenerator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from loraserve.common.errors import InvalidArgument, LoraserveError, Unavailable
 from loraserve.common.names import parse_adapter_ref
 from loraserve.inference.admission import Admission
 from loraserve.inference.engine import Engine, EngineFinish, SamplingSpec
+from loraserve.inference.logprobs import PositionLogprobs
 from loraserve.inference.metrics import InferenceMetrics
 from loraserve.inference.registry import AdapterRegistry, Lease
+from loraserve.inference.sampling import SamplingRequest, check_limits
+
+__all__ = ["GenerateCommand", "GenerationChunk", "Generator", "SamplingRequest", "Usage"]
 
 log = logging.getLogger(__name__)
 
-DEFAULT_MAX_TOKENS = 16
-MAX_STOP_STRINGS = 16
-MAX_STOP_STRING_CHARS = 256
 MAX_REQUEST_ID_CHARS = 128
 # Texts this long are tokenized in a worker thread so the event loop keeps serving.
 _INLINE_TOKENIZE_CHARS = 2048
 _UNRESOLVED_ADAPTER = "_unresolved"
-
-
-@dataclass(frozen=True)
-class SamplingRequest:
-    """Sampling as the client asked for it; None takes the default."""
-
-    max_tokens: int | None = None
-    temperature: float | None = None
-    top_p: float | None = None
-    top_k: int | None = None
-    seed: int | None = None
-    stop: tuple[str, ...] = ()
-    ignore_eos: bool = False
 
 
 @dataclass(frozen=True)
@@ -55,7 +42,7 @@ class GenerateCommand:
     adapter: str
     prompt_text: str | None = None
     prompt_token_ids: tuple[int, ...] | None = None
-    sampling: SamplingRequest = SamplingRequest()
+    sampling: SamplingRequest = field(default_factory=SamplingRequest)
     request_id: str = ""
 
 
@@ -81,57 +68,14 @@ class GenerationChunk:
     request_id: str = ""
     finish_reason: FinishReason | None = None
     usage: Usage | None = None
-
-
-def check_sampling(sampling: SamplingRequest) -> None:
-    """Raises InvalidArgument naming the first bad field; the prompt is checked later."""
-    if sampling.max_tokens is not None and sampling.max_tokens < 1:
-        raise InvalidArgument(f"sampling.max_tokens must be at least 1, got {sampling.max_tokens}")
-    if sampling.temperature is not None and not 0.0 <= sampling.temperature <= 2.0:
-        raise InvalidArgument(
-            f"sampling.temperature must be between 0 and 2, got {sampling.temperature}"
-        )
-    if sampling.top_p is not None and not (
-        math.isfinite(sampling.top_p) and 0.0 < sampling.top_p <= 1.0
-    ):
-        raise InvalidArgument(f"sampling.top_p must be in (0, 1], got {sampling.top_p}")
-    if sampling.top_k is not None and sampling.top_k < -1:
-        raise InvalidArgument(
-            f"sampling.top_k must be -1 or 0 (all tokens) or at least 1, got {sampling.top_k}"
-        )
-    if sampling.seed is not None and sampling.seed < 0:
-        raise InvalidArgument(f"sampling.seed must be non-negative, got {sampling.seed}")
-    if len(sampling.stop) > MAX_STOP_STRINGS:
-        raise InvalidArgument(
-            f"sampling.stop has {len(sampling.stop)} strings; at most {MAX_STOP_STRINGS} allowed"
-        )
-    for i, stop in enumerate(sampling.stop):
-        if not stop or len(stop) > MAX_STOP_STRING_CHARS:
-            raise InvalidArgument(
-                f"sampling.stop[{i}] must have 1 to {MAX_STOP_STRING_CHARS} characters, "
-                f"got {len(stop)}"
-            )
-
-
-def sampling_spec(
-    sampling: SamplingRequest, prompt_tokens: int, max_model_len: int
-) -> SamplingSpec:
-    """The engine's sampling parameters, once the prompt's length is known."""
-    max_tokens = sampling.max_tokens if sampling.max_tokens is not None else DEFAULT_MAX_TOKENS
-    if prompt_tokens + max_tokens > max_model_len:
-        raise InvalidArgument(
-            f"prompt ({prompt_tokens} tokens) plus sampling.max_tokens ({max_tokens}) exceeds "
-            f"the model's max_model_len of {max_model_len} tokens"
-        )
-    return SamplingSpec(
-        max_tokens=max_tokens,
-        temperature=sampling.temperature if sampling.temperature is not None else 1.0,
-        top_p=sampling.top_p if sampling.top_p is not None else 1.0,
-        top_k=sampling.top_k if sampling.top_k is not None else 0,
-        seed=sampling.seed,
-        stop=sampling.stop,
-        ignore_eos=sampling.ignore_eos,
-    )
+    # Which of the `n` choices the chunk extends; its finish_reason ends that choice.
+    index: int = 0
+    # One entry per token in `token_ids`, when logprobs were asked for.
+    logprobs: tuple[PositionLogprobs, ...] = ()
+    # Every prompt position, on the first chunk, when prompt_logprobs were asked for.
+    prompt_logprobs: tuple[PositionLogprobs, ...] = ()
+    # The prompt as the engine got it; on the first chunk.
+    prompt_token_ids: tuple[int, ...] = ()
 
 
 def server_request_id(client_id: str) -> str:
@@ -162,7 +106,7 @@ class Generator:
 
     async def generate(self, command: GenerateCommand) -> AsyncGenerator[GenerationChunk, None]:
         """Streams the generation; raises domain errors before or during the stream."""
-        check_sampling(command.sampling)
+        check_limits(command.sampling)
         ref = parse_adapter_ref(command.adapter)
         request_id = server_request_id(command.request_id)
         adapter_label = _UNRESOLVED_ADAPTER
@@ -171,9 +115,7 @@ class Generator:
             with self._admission.admit():
                 admitted = time.monotonic()
                 prompt_ids = await self._prompt_ids(command)
-                spec = sampling_spec(
-                    command.sampling, len(prompt_ids), self._engine.info.max_model_len
-                )
+                spec = self._engine.sampling(command.sampling, len(prompt_ids))
                 async with self._registry.acquire(ref) as lease:
                     adapter_label = lease.name
                     log.info(
@@ -231,6 +173,7 @@ class Generator:
         generated = 0
         first = True
         finish: FinishReason | None = None
+        unfinished = set(range(spec.n))
         stream = self._engine.generate(request_id, prompt_ids, spec, lease.adapter)
         try:
             async with contextlib.aclosing(stream):
@@ -240,20 +183,28 @@ class Generator:
                         self._metrics.observe_time_to_first_token(time.monotonic() - admitted)
                     generated += len(token_ids)
                     # Runs once per token: the plain middle of a stream takes the short path.
-                    if delta.finish is None and not first:
-                        yield GenerationChunk(delta.text, token_ids)
+                    if delta.finish is None and not first and not delta.logprobs:
+                        yield GenerationChunk(delta.text, token_ids, index=delta.index)
                         continue
                     if delta.finish is EngineFinish.ABORT:
                         raise Unavailable(f"the engine aborted request {request_id}; retry")
-                    finish = _FINISH.get(delta.finish) if delta.finish else None
+                    choice_finish = _FINISH.get(delta.finish) if delta.finish else None
+                    if choice_finish is not None:
+                        unfinished.discard(delta.index)
+                        if not unfinished:
+                            finish = choice_finish
                     yield GenerationChunk(
                         text=delta.text,
                         token_ids=token_ids,
                         adapter_name=lease.name if first else "",
                         revision=lease.revision if first else 0,
                         request_id=request_id if first else "",
-                        finish_reason=finish,
+                        finish_reason=choice_finish,
                         usage=Usage(len(prompt_ids), generated) if finish else None,
+                        index=delta.index,
+                        logprobs=delta.logprobs,
+                        prompt_logprobs=delta.prompt_logprobs,
+                        prompt_token_ids=prompt_ids if first else (),
                     )
                     first = False
         finally:

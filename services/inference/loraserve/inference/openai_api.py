@@ -17,6 +17,7 @@ import json
 import logging
 import time
 from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, Sequence
+from dataclasses import dataclass
 from typing import Annotated, Any, TypeVar
 
 import grpc
@@ -28,22 +29,22 @@ from starlette.types import Receive, Scope, Send
 
 from loraserve.common.errors import InvalidArgument, LoraserveError, Unavailable
 from loraserve.common.security import ServerSecurity, TokenAuth, current_principal
-from loraserve.inference.generation import GenerationChunk
+from loraserve.inference.generation import GenerateCommand, GenerationChunk
 from loraserve.inference.openai_protocol import (
     ChatRequest,
     ChatTemplating,
     CompletionRequest,
     ErrorType,
-    Reply,
     adapter_for_model,
     chat_command,
     chat_messages,
-    completion_command,
+    completion_commands,
     error_body,
     fallback_chat_prompt,
     model_list,
-    served_model,
 )
+from loraserve.inference.openai_reply import Echo, Reply, served_model
+from loraserve.inference.openai_streams import close_all, firsts, merged, resumed
 from loraserve.inference.runtime import RuntimeSlot
 
 log = logging.getLogger(__name__)
@@ -123,9 +124,10 @@ def create_openai_app(
     async def completions(body: CompletionRequest, request: Request) -> Response:
         runtime = slot.get()
         adapter = adapter_for_model(body.model, model_names)
-        command = completion_command(body, adapter, _request_id(request))
-        chunks = runtime.generator.generate(command)
-        return await _respond(request, chunks, body, base_name)
+        commands = completion_commands(body, adapter, _request_id(request))
+        streams = [runtime.generator.generate(command) for command in commands]
+        echo = _Echoes(runtime.engine, commands) if body.echo else None
+        return await _respond(request, streams, body, base_name, echo)
 
     @app.post("/v1/chat/completions", dependencies=guarded)
     async def chat_completions(body: ChatRequest, request: Request) -> Response:
@@ -140,8 +142,8 @@ def create_openai_app(
             prompt_text=fallback_chat_prompt(messages) if ids is None else None,
             prompt_token_ids=ids,
         )
-        chunks = runtime.generator.generate(command)
-        return await _respond(request, chunks, body, base_name)
+        streams = [runtime.generator.generate(command)]
+        return await _respond(request, streams, body, base_name)
 
     @app.exception_handler(LoraserveError)
     async def domain_error(request: Request, exc: LoraserveError) -> JSONResponse:
@@ -181,58 +183,91 @@ async def _chat_prompt_ids(engine: object, messages: list[dict[str, str]]) -> li
     return engine.chat_prompt_ids(messages)
 
 
+@dataclass(frozen=True)
+class _Echoes:
+    """What completions' echo repeats: each prompt's text, or its ids detokenized."""
+
+    engine: Any
+    commands: Sequence[GenerateCommand]
+
+    def of(self, first_chunks: Sequence[GenerationChunk]) -> list[Echo]:
+        echoes = []
+        for command, chunk in zip(self.commands, first_chunks, strict=True):
+            ids = chunk.prompt_token_ids
+            text = command.prompt_text
+            echoes.append(
+                Echo(
+                    text=text if text is not None else self.engine.decode(ids),
+                    first_token_text=self.engine.decode(ids[:1]),
+                )
+            )
+        return echoes
+
+
 async def _respond(
     request: Request,
-    chunks: AsyncGenerator[GenerationChunk, None],
+    streams: list[AsyncGenerator[GenerationChunk, None]],
     body: CompletionRequest | ChatRequest,
     base_name: str,
+    echo: _Echoes | None = None,
 ) -> Response:
     try:
-        first = await _unless_disconnected(request, anext(chunks))
+        first_chunks = await _unless_disconnected(request, firsts(streams))
     except StopAsyncIteration as exc:
+        await close_all(streams)
         raise Unavailable("the generation ended before its first chunk") from exc
-    if first is None:
+    except BaseException:
+        await close_all(streams)
+        raise
+    if first_chunks is None:
+        await close_all(streams)
         return Response(status_code=_CLIENT_GONE)
+    first = first_chunks[0]
+    chat = isinstance(body, ChatRequest)
     reply = Reply(
-        chat=isinstance(body, ChatRequest),
+        chat=chat,
         first=first,
         model=served_model(first, base_name),
         token_ids=body.return_token_ids,
+        n=body.n or 1,
+        logprobs=(body.logprobs is not None) if not chat else bool(body.logprobs),
+        echo=echo.of(first_chunks) if echo is not None else (),
     )
+    chunks = merged([resumed(c, s) for c, s in zip(first_chunks, streams, strict=True)])
     headers = {"x-request-id": first.request_id}
     if body.stream:
-        return _EventStream(_events(reply, chunks, body.include_usage), chunks, headers=headers)
+        events = _events(reply, chunks, body.include_usage, len(streams))
+        return _EventStream(events, [chunks, *streams], headers=headers)
     try:
-        reply.add(first)
         done = await _unless_disconnected(request, _collect(reply, chunks))
     finally:
         await chunks.aclose()
+        await close_all(streams)
     if done is None:
         return Response(status_code=_CLIENT_GONE)
     return JSONResponse(reply.response(), headers=headers)
 
 
-async def _collect(reply: Reply, chunks: AsyncIterator[GenerationChunk]) -> Reply:
-    async for chunk in chunks:
-        reply.add(chunk)
+async def _collect(reply: Reply, chunks: AsyncIterator[tuple[int, GenerationChunk]]) -> Reply:
+    async for stream, chunk in chunks:
+        reply.add(stream, chunk)
     return reply
 
 
 async def _events(
-    reply: Reply, chunks: AsyncIterator[GenerationChunk], include_usage: bool
+    reply: Reply,
+    chunks: AsyncIterator[tuple[int, GenerationChunk]],
+    include_usage: bool,
+    prompts: int,
 ) -> AsyncGenerator[str, None]:
     if reply.chat:
-        yield _sse(reply.role_chunk())
-    chunk = reply.first
+        for event in reply.role_chunks(range(prompts * reply.n)):
+            yield _sse(event)
     try:
-        while True:
-            reply.add(chunk)
-            event = reply.chunk(chunk)
-            if event is not None:
-                yield _sse(event)
-            chunk = await anext(chunks)
-    except StopAsyncIteration:
-        pass
+        async for stream, chunk in chunks:
+            delta = reply.chunk(stream, chunk)
+            if delta is not None:
+                yield _sse(delta)
     except LoraserveError as exc:
         # Headers are out already: the error can only travel as an event. No [DONE]
         # follows, so clients that wait for it see the stream as cut short.
@@ -262,7 +297,7 @@ class _EventStream(StreamingResponse):
     def __init__(
         self,
         events: AsyncGenerator[str, None],
-        chunks: AsyncGenerator[GenerationChunk, None],
+        chunks: Sequence[AsyncGenerator[Any, None]],
         headers: dict[str, str],
     ) -> None:
         # no-cache and x-accel-buffering: proxies must pass events on as they come.
@@ -276,7 +311,8 @@ class _EventStream(StreamingResponse):
             await super().__call__(scope, receive, send)
         finally:
             await self._events.aclose()
-            await self._chunks.aclose()
+            for chunks in self._chunks:
+                await chunks.aclose()
 
 
 async def _unless_disconnected(request: Request, work: Awaitable[T]) -> T | None:

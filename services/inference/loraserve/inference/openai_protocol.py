@@ -1,10 +1,13 @@
-"""The OpenAI request and response shapes, and their translation to and from Generate.
+"""The OpenAI request shapes and their translation to Generate commands.
 
-Only what Generate can honour is accepted: one choice (`n` = 1), no echo, no
-logprobs, no penalties, no tools. A request that asks for more gets a 400 naming
-the field, rather than a silently different answer. Fields this server does not
-know are ignored, as OpenAI-compatible servers do. vLLM's extensions `top_k`,
-`ignore_eos` and `return_token_ids` (the generated ids per choice) are honoured.
+Every sampling option vLLM's OpenAI server takes for text generation is accepted
+and mapped onto the one `SamplingRequest` the gRPC front uses too; vLLM validates
+it (loraserve.inference.sampling). A field this server does not know or cannot
+honour (tools, suffix, best_of above n, ...) is a 400 naming it, never silently
+dropped: the request models forbid unknown fields. vLLM's extensions (`top_k`,
+`min_p`, `repetition_penalty`, `min_tokens`, `stop_token_ids`, `ignore_eos`,
+`bad_words`, `structured_outputs`, `prompt_logprobs`, `return_token_ids`, ...) are
+honoured. `user` is accepted and not used, as OpenAI's own servers do for routing.
 
 `model` is `""` or the served model's name (the base model), an adapter name (its
 current revision) or `name@revision`. Responses name the revision that actually
@@ -16,35 +19,78 @@ models) get the messages as `<role>: <content>` lines followed by `assistant:`.
 
 from __future__ import annotations
 
-import time
+import dataclasses
+import json
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol, runtime_checkable
 
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, ConfigDict, Field
 
 from loraserve.common.errors import InvalidArgument, NotFound
 from loraserve.common.names import parse_adapter_ref
-from loraserve.inference.generation import (
-    FinishReason,
-    GenerateCommand,
-    GenerationChunk,
-    SamplingRequest,
-)
+from loraserve.inference.generation import GenerateCommand
 from loraserve.inference.registry import AdapterState, RevisionStatus
+from loraserve.inference.sampling import SamplingRequest, StructuredOutput
 
 CHAT_ROLES = frozenset({"system", "developer", "user", "assistant"})
 OWNER = "loraserve"
 
 
-class StreamOptions(BaseModel):
+class _Strict(BaseModel):
+    # Unknown fields are refused by name: a silently dropped option changes the answer.
+    model_config = ConfigDict(extra="forbid")
+
+
+class StreamOptions(_Strict):
     include_usage: bool = False
+    continuous_usage_stats: bool = False
 
 
-class _SamplingFields(BaseModel):
+class StructuredOutputs(_Strict):
+    """vLLM's `structured_outputs` extension; exactly one constraint."""
+
+    json_: str | dict[str, Any] | None = Field(default=None, alias="json")
+    regex: str | None = None
+    choice: list[str] | None = None
+    grammar: str | None = None
+    json_object: bool | None = None
+
+    def constraint(self) -> StructuredOutput:
+        schema = self.json_ if not isinstance(self.json_, dict) else json.dumps(self.json_)
+        choice = tuple(self.choice) if self.choice is not None else None
+        return StructuredOutput(
+            json=schema,
+            regex=self.regex,
+            choice=choice,
+            grammar=self.grammar,
+            json_object=self.json_object,
+        )
+
+
+class JsonSchema(BaseModel):
+    # OpenAI's json_schema object; its own fields (name, description, strict) may grow.
+    model_config = ConfigDict(extra="allow")
+
+    name: str = ""
+    schema_: dict[str, Any] | None = Field(default=None, alias="schema")
+
+
+class ResponseFormat(_Strict):
+    type: Literal["text", "json_object", "json_schema"]
+    json_schema: JsonSchema | None = None
+
+    def constraint(self) -> StructuredOutput | None:
+        if self.type == "json_object":
+            return StructuredOutput(json_object=True)
+        if self.type == "json_schema":
+            if self.json_schema is None or self.json_schema.schema_ is None:
+                raise InvalidArgument("response_format.json_schema.schema is required")
+            return StructuredOutput(json=json.dumps(self.json_schema.schema_))
+        return None
+
+
+class _SamplingFields(_Strict):
     """The fields both endpoints share."""
-
-    model_config = ConfigDict(extra="ignore")
 
     model: str = ""
     max_tokens: int | None = None
@@ -58,9 +104,21 @@ class _SamplingFields(BaseModel):
     presence_penalty: float | None = None
     frequency_penalty: float | None = None
     logit_bias: dict[str, float] | None = None
+    user: str | None = None
+    response_format: ResponseFormat | None = None
     # vLLM's extensions.
     top_k: int | None = None
+    min_p: float | None = None
+    repetition_penalty: float | None = None
+    min_tokens: int | None = None
+    stop_token_ids: list[int] | None = None
+    include_stop_str_in_output: bool = False
     ignore_eos: bool = False
+    skip_special_tokens: bool | None = None
+    spaces_between_special_tokens: bool | None = None
+    bad_words: list[str] | None = None
+    prompt_logprobs: int | None = None
+    structured_outputs: StructuredOutputs | None = None
     return_token_ids: bool = False
 
     @property
@@ -69,15 +127,13 @@ class _SamplingFields(BaseModel):
 
     def check_supported(self) -> None:
         """Raises InvalidArgument for what Generate cannot honour."""
-        if self.n not in (None, 1):
-            raise InvalidArgument(f"n={self.n} is not supported: one choice per request")
-        for name in ("presence_penalty", "frequency_penalty"):
-            if getattr(self, name):
-                raise InvalidArgument(f"{name} is not supported; leave it unset or 0")
-        if self.logit_bias:
-            raise InvalidArgument("logit_bias is not supported")
+        if self.stream_options is not None and self.stream_options.continuous_usage_stats:
+            raise InvalidArgument("stream_options.continuous_usage_stats is not supported")
+        if self.stream and self.prompt_logprobs is not None:
+            # As vLLM's server: the prompt's scores go in the whole response only.
+            raise InvalidArgument("prompt_logprobs is not available with stream=true")
 
-    def sampling(self, max_tokens: int | None) -> SamplingRequest:
+    def sampling(self, max_tokens: int | None, logprobs: int | None) -> SamplingRequest:
         stop = [self.stop] if isinstance(self.stop, str) else (self.stop or [])
         return SamplingRequest(
             max_tokens=max_tokens,
@@ -87,7 +143,42 @@ class _SamplingFields(BaseModel):
             seed=self.seed,
             stop=tuple(stop),
             ignore_eos=self.ignore_eos,
+            n=self.n,
+            min_p=self.min_p,
+            min_tokens=self.min_tokens,
+            presence_penalty=self.presence_penalty,
+            frequency_penalty=self.frequency_penalty,
+            repetition_penalty=self.repetition_penalty,
+            stop_token_ids=tuple(self.stop_token_ids or ()),
+            include_stop_str_in_output=self.include_stop_str_in_output,
+            skip_special_tokens=self.skip_special_tokens,
+            spaces_between_special_tokens=self.spaces_between_special_tokens,
+            logit_bias=_logit_bias(self.logit_bias),
+            bad_words=tuple(self.bad_words or ()),
+            logprobs=logprobs,
+            prompt_logprobs=self.prompt_logprobs,
+            structured_output=self._structured_output(),
         )
+
+    def _structured_output(self) -> StructuredOutput | None:
+        from_format = self.response_format.constraint() if self.response_format else None
+        if from_format is not None and self.structured_outputs is not None:
+            raise InvalidArgument("give response_format or structured_outputs, not both")
+        if self.structured_outputs is not None:
+            return self.structured_outputs.constraint()
+        return from_format
+
+
+def _logit_bias(bias: dict[str, float] | None) -> dict[int, float]:
+    converted = {}
+    for token, value in (bias or {}).items():
+        try:
+            converted[int(token)] = value
+        except ValueError:
+            raise InvalidArgument(
+                f"logit_bias key {token!r} is not a token id (an integer)"
+            ) from None
+    return converted
 
 
 class CompletionRequest(_SamplingFields):
@@ -99,26 +190,34 @@ class CompletionRequest(_SamplingFields):
 
     def check_supported(self) -> None:
         super().check_supported()
-        if self.echo:
-            raise InvalidArgument("echo is not supported")
-        if self.logprobs is not None:
-            raise InvalidArgument("logprobs is not supported")
-        if self.best_of not in (None, 1):
-            raise InvalidArgument(f"best_of={self.best_of} is not supported")
+        # vLLM 0.32's SamplingParams has no best_of; best_of = n is the same request.
+        if self.best_of is not None and self.best_of != (self.n or 1):
+            raise InvalidArgument(
+                f"best_of={self.best_of} is not supported: vLLM dropped best_of; "
+                "leave it unset or equal to n"
+            )
         if self.suffix:
             raise InvalidArgument("suffix is not supported")
 
+    def prompts(self) -> list[str | list[int]]:
+        """The request's prompts: one, or several sent as a list."""
+        prompt: Any = self.prompt
+        if isinstance(prompt, str):
+            return [prompt]
+        if prompt and isinstance(prompt[0], str | list):
+            return list(prompt)
+        return [list(prompt)]
+
 
 class ContentPart(BaseModel):
-    model_config = ConfigDict(extra="ignore")
+    # Parts other than text are refused by type in chat_messages, with a clearer message.
+    model_config = ConfigDict(extra="allow")
 
     type: str
     text: str | None = None
 
 
-class ChatMessage(BaseModel):
-    model_config = ConfigDict(extra="ignore")
-
+class ChatMessage(_Strict):
     role: str
     content: str | list[ContentPart] | None = None
 
@@ -131,18 +230,20 @@ class ChatRequest(_SamplingFields):
     tools: list[Any] | None = None
     tool_choice: Any = None
     functions: list[Any] | None = None
-    response_format: dict[str, Any] | None = None
 
     def check_supported(self) -> None:
         super().check_supported()
-        if self.logprobs or self.top_logprobs:
-            raise InvalidArgument("logprobs is not supported")
         if self.tools or self.functions or self.tool_choice not in (None, "none"):
             raise InvalidArgument("tools and functions are not supported")
-        if self.response_format and self.response_format.get("type") != "text":
-            raise InvalidArgument("response_format other than {'type': 'text'} is not supported")
         if self.max_tokens is not None and self.max_completion_tokens is not None:
             raise InvalidArgument("give max_tokens or max_completion_tokens, not both")
+        if self.top_logprobs is not None and not self.logprobs:
+            raise InvalidArgument("top_logprobs needs logprobs=true")
+
+    @property
+    def sampled_logprobs(self) -> int | None:
+        """As vLLM's chat: logprobs=true asks for the sampled token's and top_logprobs more."""
+        return (self.top_logprobs or 0) if self.logprobs else None
 
 
 @runtime_checkable
@@ -168,23 +269,39 @@ def adapter_for_model(model: str, base_names: Sequence[str]) -> str:
     return model
 
 
-def completion_command(
+def completion_commands(
     request: CompletionRequest, adapter: str, request_id: str
-) -> GenerateCommand:
+) -> list[GenerateCommand]:
+    """One command per prompt; choice indexes follow prompt order, as vLLM's."""
     request.check_supported()
-    prompt: Any = request.prompt
-    if isinstance(prompt, list) and prompt and isinstance(prompt[0], str | list):
-        if len(prompt) != 1:
-            raise InvalidArgument(f"prompt has {len(prompt)} prompts; send one prompt per request")
-        prompt = prompt[0]
-    text = prompt if isinstance(prompt, str) else None
-    return GenerateCommand(
-        adapter=adapter,
-        prompt_text=text,
-        prompt_token_ids=None if text is not None else tuple(prompt),
-        sampling=request.sampling(request.max_tokens),
-        request_id=request_id,
-    )
+    prompts = request.prompts()
+    if not prompts:
+        raise InvalidArgument("prompt is empty: give a prompt")
+    logprobs = request.logprobs
+    # echo with logprobs scores the prompt too, as vLLM's server does.
+    prompt_logprobs = request.prompt_logprobs
+    if prompt_logprobs is None and request.echo:
+        prompt_logprobs = logprobs
+    sampling = request.sampling(request.max_tokens, logprobs)
+    if prompt_logprobs != sampling.prompt_logprobs:
+        sampling = dataclasses.replace(sampling, prompt_logprobs=prompt_logprobs)
+    commands = []
+    for i, prompt in enumerate(prompts):
+        text = prompt if isinstance(prompt, str) else None
+        commands.append(
+            GenerateCommand(
+                adapter=adapter,
+                prompt_text=text,
+                prompt_token_ids=tuple(prompt) if not isinstance(prompt, str) else None,
+                sampling=sampling,
+                request_id=request_id if len(prompts) == 1 else _nth(request_id, i),
+            )
+        )
+    return commands
+
+
+def _nth(request_id: str, index: int) -> str:
+    return f"{request_id}-{index}" if request_id else ""
 
 
 def chat_messages(request: ChatRequest) -> list[dict[str, str]]:
@@ -238,94 +355,9 @@ def chat_command(
         adapter=adapter,
         prompt_text=prompt_text,
         prompt_token_ids=tuple(prompt_token_ids) if prompt_token_ids is not None else None,
-        sampling=request.sampling(max_tokens),
+        sampling=request.sampling(max_tokens, request.sampled_logprobs),
         request_id=request_id,
     )
-
-
-def served_model(chunk: GenerationChunk, base_name: str) -> str:
-    """What served the request, from its first chunk: `name@revision` or the base model."""
-    return f"{chunk.adapter_name}@{chunk.revision}" if chunk.adapter_name else base_name
-
-
-@dataclass
-class Reply:
-    """One request's answer as it streams; renders OpenAI chunks and the final response."""
-
-    chat: bool
-    first: GenerationChunk
-    model: str
-    token_ids: bool
-    created: int = field(default_factory=lambda: int(time.time()))
-    text: list[str] = field(default_factory=list)
-    ids: list[int] = field(default_factory=list)
-    finish: FinishReason | None = None
-    usage: dict[str, int] | None = None
-
-    @property
-    def id(self) -> str:
-        return f"{'chatcmpl' if self.chat else 'cmpl'}-{self.first.request_id}"
-
-    def add(self, chunk: GenerationChunk) -> None:
-        self.text.append(chunk.text)
-        self.ids.extend(chunk.token_ids)
-        if chunk.finish_reason is not None:
-            self.finish = chunk.finish_reason
-        if chunk.usage is not None:
-            prompt, completion = chunk.usage.prompt_tokens, chunk.usage.completion_tokens
-            self.usage = {
-                "prompt_tokens": prompt,
-                "completion_tokens": completion,
-                "total_tokens": prompt + completion,
-            }
-
-    def response(self) -> dict[str, Any]:
-        """The non-streamed response, once every chunk was added."""
-        text = "".join(self.text)
-        finish = self.finish.value if self.finish else None
-        choice: dict[str, Any] = (
-            {"index": 0, "message": {"role": "assistant", "content": text}}
-            if self.chat
-            else {"index": 0, "text": text}
-        )
-        choice |= {"logprobs": None, "finish_reason": finish}
-        if self.token_ids:
-            choice["token_ids"] = self.ids
-        return self._envelope("chat.completion" if self.chat else "text_completion") | {
-            "choices": [choice],
-            "usage": self.usage,
-        }
-
-    def role_chunk(self) -> dict[str, Any]:
-        """Chat streams open with the assistant's role, as OpenAI's do."""
-        delta = {"role": "assistant", "content": ""}
-        return self._chunk({"index": 0, "delta": delta, "logprobs": None, "finish_reason": None})
-
-    def chunk(self, chunk: GenerationChunk) -> dict[str, Any] | None:
-        """The stream event for `chunk`; None when it carries nothing to send."""
-        if not (chunk.text or chunk.finish_reason or (self.token_ids and chunk.token_ids)):
-            return None
-        finish = chunk.finish_reason.value if chunk.finish_reason else None
-        choice: dict[str, Any] = (
-            {"index": 0, "delta": {"content": chunk.text} if chunk.text else {}}
-            if self.chat
-            else {"index": 0, "text": chunk.text}
-        )
-        choice |= {"logprobs": None, "finish_reason": finish}
-        if self.token_ids:
-            choice["token_ids"] = list(chunk.token_ids)
-        return self._chunk(choice)
-
-    def usage_chunk(self) -> dict[str, Any]:
-        """With `stream_options.include_usage`: the last event, no choices, the usage."""
-        return self._chunk(None) | {"usage": self.usage}
-
-    def _chunk(self, choice: dict[str, Any] | None) -> dict[str, Any]:
-        kind = "chat.completion.chunk" if self.chat else "text_completion"
-        return self._envelope(kind) | {"choices": [choice] if choice else []}
-
-    def _envelope(self, kind: str) -> dict[str, Any]:
-        return {"id": self.id, "object": kind, "created": self.created, "model": self.model}
 
 
 def model_list(base_name: str, statuses: Sequence[RevisionStatus], created: int) -> dict[str, Any]:

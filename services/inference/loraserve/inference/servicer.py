@@ -8,14 +8,11 @@ from typing import Any
 
 import grpc
 
-from loraserve.inference.generation import (
-    FinishReason,
-    GenerateCommand,
-    GenerationChunk,
-    SamplingRequest,
-)
+from loraserve.inference.generation import FinishReason, GenerateCommand, GenerationChunk
+from loraserve.inference.logprobs import PositionLogprobs, TokenLogprob
 from loraserve.inference.registry import AdapterState, RevisionStatus
 from loraserve.inference.runtime import RuntimeSlot
+from loraserve.inference.sampling import SamplingRequest, StructuredOutput
 from loraserve.inference.v1 import inference_pb2 as pb
 from loraserve.inference.v1 import inference_pb2_grpc as pb_grpc
 
@@ -92,23 +89,66 @@ def register(server: grpc.aio.Server, slot: RuntimeSlot) -> None:
 
 
 def _command(request: pb.GenerateRequest) -> GenerateCommand:
-    sampling = request.sampling
     prompt = request.WhichOneof("prompt")
     return GenerateCommand(
         adapter=request.adapter,
         prompt_text=request.text if prompt == "text" else None,
         prompt_token_ids=tuple(request.token_ids.ids) if prompt == "token_ids" else None,
-        sampling=SamplingRequest(
-            max_tokens=sampling.max_tokens if sampling.HasField("max_tokens") else None,
-            temperature=sampling.temperature if sampling.HasField("temperature") else None,
-            top_p=sampling.top_p if sampling.HasField("top_p") else None,
-            top_k=sampling.top_k if sampling.HasField("top_k") else None,
-            seed=sampling.seed if sampling.HasField("seed") else None,
-            stop=tuple(sampling.stop),
-            ignore_eos=sampling.ignore_eos,
-        ),
+        sampling=sampling_request(request.sampling),
         request_id=request.request_id,
     )
+
+
+# proto3 `optional` fields: unset is None, the server's default.
+_OPTIONAL = (
+    "max_tokens",
+    "temperature",
+    "top_p",
+    "top_k",
+    "seed",
+    "n",
+    "min_p",
+    "min_tokens",
+    "presence_penalty",
+    "frequency_penalty",
+    "repetition_penalty",
+    "skip_special_tokens",
+    "spaces_between_special_tokens",
+    "logprobs",
+    "prompt_logprobs",
+)
+
+
+def sampling_request(sampling: pb.SamplingParams) -> SamplingRequest:
+    optional = {name: getattr(sampling, name) for name in _OPTIONAL if sampling.HasField(name)}
+    return SamplingRequest(
+        **optional,
+        stop=tuple(sampling.stop),
+        ignore_eos=sampling.ignore_eos,
+        stop_token_ids=tuple(sampling.stop_token_ids),
+        include_stop_str_in_output=sampling.include_stop_str_in_output,
+        logit_bias=dict(sampling.logit_bias),
+        bad_words=tuple(sampling.bad_words),
+        structured_output=_structured(sampling.structured_output)
+        if sampling.HasField("structured_output")
+        else None,
+    )
+
+
+def _structured(structured: pb.StructuredOutput) -> StructuredOutput:
+    kind = structured.WhichOneof("kind")
+    if kind == "json_schema":
+        return StructuredOutput(json=structured.json_schema)
+    if kind == "regex":
+        return StructuredOutput(regex=structured.regex)
+    if kind == "choice":
+        return StructuredOutput(choice=tuple(structured.choice.values))
+    if kind == "grammar":
+        return StructuredOutput(grammar=structured.grammar)
+    if kind == "json_object":
+        return StructuredOutput(json_object=structured.json_object)
+    # No kind set: vLLM refuses a constraint without one, naming it.
+    return StructuredOutput()
 
 
 def _response(chunk: GenerationChunk) -> pb.GenerateResponse:
@@ -123,7 +163,26 @@ def _response(chunk: GenerationChunk) -> pb.GenerateResponse:
     if chunk.usage is not None:
         response.usage.prompt_tokens = chunk.usage.prompt_tokens
         response.usage.completion_tokens = chunk.usage.completion_tokens
+    if chunk.index:
+        response.index = chunk.index
+    if chunk.logprobs:
+        response.logprobs.extend(_position(p) for p in chunk.logprobs)
+    if chunk.prompt_logprobs:
+        response.prompt_logprobs.extend(_position(p) for p in chunk.prompt_logprobs)
     return response
+
+
+def _position(position: PositionLogprobs) -> pb.PositionLogprobs:
+    message = pb.PositionLogprobs(top=[_token(t) for t in position.top])
+    if position.token is not None:
+        message.token.CopyFrom(_token(position.token))
+    return message
+
+
+def _token(token: TokenLogprob) -> pb.TokenLogprob:
+    return pb.TokenLogprob(
+        token_id=token.token_id, logprob=token.logprob, rank=token.rank or 0, text=token.text
+    )
 
 
 def _status(status: RevisionStatus) -> pb.AdapterRevisionStatus:

@@ -191,6 +191,24 @@ def build_parser(environ: Mapping[str, str]) -> argparse.ArgumentParser:
     generate.add_argument(
         "--ignore-eos", action="store_true", help="keep generating past end-of-sequence"
     )
+    generate.add_argument("--min-p", type=float, help="least probability relative to the top")
+    generate.add_argument("--min-tokens", type=int, help="tokens before EOS may end it")
+    generate.add_argument("--presence-penalty", type=float, help="in [-2, 2]")
+    generate.add_argument("--frequency-penalty", type=float, help="in [-2, 2]")
+    generate.add_argument("--repetition-penalty", type=float, help="> 0; 1 is none")
+    generate.add_argument(
+        "--stop-token-id", action="append", type=int, metavar="ID", help="stop at token ID"
+    )
+    generate.add_argument("--regex", help="constrain the output to match REGEX")
+    generate.add_argument(
+        "--choice", action="append", metavar="TEXT", help="constrain the output to TEXT choices"
+    )
+    generate.add_argument("--json-schema", metavar="SCHEMA", help="constrain to a JSON schema")
+    generate.add_argument(
+        "--sampling",
+        metavar="JSON",
+        help="any SamplingParams fields as proto JSON, e.g. '{\"logprobs\": 2}'; flags win",
+    )
     generate.add_argument("--request-id", default="", help="id for the server's logs")
     return parser
 

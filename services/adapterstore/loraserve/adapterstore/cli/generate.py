@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import argparse
 
+from google.protobuf import json_format
+
 from loraserve.adapterstore.cli.connection import inference_stub
 from loraserve.adapterstore.cli.console import Console
 from loraserve.adapterstore.cli.failures import EXIT_OK, UsageError
@@ -25,13 +27,41 @@ def adapter_ref(args: argparse.Namespace) -> AdapterRef:
         raise UsageError(exc.message) from None
 
 
+_OPTIONAL_FLAGS = (
+    "max_tokens",
+    "temperature",
+    "top_p",
+    "top_k",
+    "seed",
+    "min_p",
+    "min_tokens",
+    "presence_penalty",
+    "frequency_penalty",
+    "repetition_penalty",
+)
+
+
 def sampling_params(args: argparse.Namespace) -> pb.SamplingParams:
     """Only the flags given are set, so the server's defaults apply to the rest."""
-    params = pb.SamplingParams(stop=args.stop or [], ignore_eos=args.ignore_eos)
-    for field in ("max_tokens", "temperature", "top_p", "top_k", "seed"):
+    params = pb.SamplingParams()
+    if args.sampling:
+        try:
+            json_format.Parse(args.sampling, params)
+        except json_format.ParseError as exc:
+            raise UsageError(f"--sampling is not SamplingParams JSON: {exc}") from None
+    params.stop.extend(args.stop or [])
+    params.stop_token_ids.extend(args.stop_token_id or [])
+    params.ignore_eos = params.ignore_eos or args.ignore_eos
+    for field in _OPTIONAL_FLAGS:
         value = getattr(args, field)
         if value is not None:
             setattr(params, field, value)
+    if args.regex is not None:
+        params.structured_output.regex = args.regex
+    if args.choice:
+        params.structured_output.choice.values.extend(args.choice)
+    if args.json_schema is not None:
+        params.structured_output.json_schema = args.json_schema
     return params
 
 

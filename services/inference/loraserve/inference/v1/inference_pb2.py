@@ -24,39 +24,51 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n&loraserve/inference/v1/inference.proto\x12\x16loraserve.inference.v1\"\x17\n\x08TokenIds\x12\x0b\n\x03ids\x18\x01 \x03(\x05\"\xdc\x01\n\x0eSamplingParams\x12\x17\n\nmax_tokens\x18\x01 \x01(\x05H\x00\x88\x01\x01\x12\x18\n\x0btemperature\x18\x02 \x01(\x02H\x01\x88\x01\x01\x12\x12\n\x05top_p\x18\x03 \x01(\x02H\x02\x88\x01\x01\x12\x12\n\x05top_k\x18\x04 \x01(\x05H\x03\x88\x01\x01\x12\x11\n\x04seed\x18\x05 \x01(\x03H\x04\x88\x01\x01\x12\x0c\n\x04stop\x18\x06 \x03(\t\x12\x12\n\nignore_eos\x18\x07 \x01(\x08\x42\r\n\x0b_max_tokensB\x0e\n\x0c_temperatureB\x08\n\x06_top_pB\x08\n\x06_top_kB\x07\n\x05_seed\"\xc1\x01\n\x0fGenerateRequest\x12\x0f\n\x07\x61\x64\x61pter\x18\x01 \x01(\t\x12\x0e\n\x04text\x18\x02 \x01(\tH\x00\x12\x35\n\ttoken_ids\x18\x03 \x01(\x0b\x32 .loraserve.inference.v1.TokenIdsH\x00\x12\x38\n\x08sampling\x18\x04 \x01(\x0b\x32&.loraserve.inference.v1.SamplingParams\x12\x12\n\nrequest_id\x18\x05 \x01(\tB\x08\n\x06prompt\"9\n\x05Usage\x12\x15\n\rprompt_tokens\x18\x01 \x01(\x05\x12\x19\n\x11\x63ompletion_tokens\x18\x02 \x01(\x05\"\xda\x01\n\x10GenerateResponse\x12\x0c\n\x04text\x18\x01 \x01(\t\x12\x11\n\ttoken_ids\x18\x02 \x03(\x05\x12\x14\n\x0c\x61\x64\x61pter_name\x18\x03 \x01(\t\x12\x10\n\x08revision\x18\x04 \x01(\x03\x12;\n\rfinish_reason\x18\x05 \x01(\x0e\x32$.loraserve.inference.v1.FinishReason\x12,\n\x05usage\x18\x06 \x01(\x0b\x32\x1d.loraserve.inference.v1.Usage\x12\x12\n\nrequest_id\x18\x07 \x01(\t\"\x15\n\x13ListAdaptersRequest\"\xc7\x01\n\x15\x41\x64\x61pterRevisionStatus\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x10\n\x08revision\x18\x02 \x01(\x03\x12\x33\n\x05state\x18\x03 \x01(\x0e\x32$.loraserve.inference.v1.AdapterState\x12\x0f\n\x07\x63urrent\x18\x04 \x01(\x08\x12\x11\n\tin_flight\x18\x05 \x01(\x05\x12\x13\n\x0blora_int_id\x18\x06 \x01(\x03\x12\x0c\n\x04rank\x18\x07 \x01(\x05\x12\x12\n\nlast_error\x18\x08 \x01(\t\"j\n\x14ListAdaptersResponse\x12?\n\x08\x61\x64\x61pters\x18\x01 \x03(\x0b\x32-.loraserve.inference.v1.AdapterRevisionStatus\x12\x11\n\tstore_seq\x18\x02 \x01(\x03\"\x16\n\x14GetServerInfoRequest\"\xd9\x01\n\x0e\x45ngineSettings\x12\x11\n\tmax_loras\x18\x01 \x01(\x05\x12\x15\n\rmax_lora_rank\x18\x02 \x01(\x05\x12\x15\n\rmax_cpu_loras\x18\x03 \x01(\x05\x12\x15\n\rmax_model_len\x18\x04 \x01(\x05\x12\r\n\x05\x64type\x18\x05 \x01(\t\x12\x12\n\nlora_dtype\x18\x06 \x01(\t\x12\x1e\n\x16gpu_memory_utilization\x18\x07 \x01(\x02\x12\x0e\n\x06\x64\x65vice\x18\x08 \x01(\t\x12\x1c\n\x14max_pending_requests\x18\t \x01(\x05\"\x80\x02\n\x15GetServerInfoResponse\x12\r\n\x05model\x18\x01 \x01(\t\x12\x14\n\x0cvllm_version\x18\x02 \x01(\t\x12\x36\n\x06\x65ngine\x18\x03 \x01(\x0b\x32&.loraserve.inference.v1.EngineSettings\x12\x18\n\x10running_requests\x18\x04 \x01(\x05\x12\x18\n\x10waiting_requests\x18\x05 \x01(\x05\x12\x16\n\x0ekv_cache_usage\x18\x06 \x01(\x02\x12\x17\n\x0floaded_adapters\x18\x07 \x01(\x05\x12\x12\n\nreplica_id\x18\x08 \x01(\t\x12\x11\n\tstore_seq\x18\t \x01(\x03*_\n\x0c\x46inishReason\x12\x1d\n\x19\x46INISH_REASON_UNSPECIFIED\x10\x00\x12\x16\n\x12\x46INISH_REASON_STOP\x10\x01\x12\x18\n\x14\x46INISH_REASON_LENGTH\x10\x02*\x97\x01\n\x0c\x41\x64\x61pterState\x12\x1d\n\x19\x41\x44\x41PTER_STATE_UNSPECIFIED\x10\x00\x12\x19\n\x15\x41\x44\x41PTER_STATE_LOADING\x10\x01\x12\x17\n\x13\x41\x44\x41PTER_STATE_READY\x10\x02\x12\x1a\n\x16\x41\x44\x41PTER_STATE_DRAINING\x10\x03\x12\x18\n\x14\x41\x44\x41PTER_STATE_FAILED\x10\x04\x32\xcc\x02\n\x10InferenceService\x12_\n\x08Generate\x12\'.loraserve.inference.v1.GenerateRequest\x1a(.loraserve.inference.v1.GenerateResponse0\x01\x12i\n\x0cListAdapters\x12+.loraserve.inference.v1.ListAdaptersRequest\x1a,.loraserve.inference.v1.ListAdaptersResponse\x12l\n\rGetServerInfo\x12,.loraserve.inference.v1.GetServerInfoRequest\x1a-.loraserve.inference.v1.GetServerInfoResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n&loraserve/inference/v1/inference.proto\x12\x16loraserve.inference.v1\"\x17\n\x08TokenIds\x12\x0b\n\x03ids\x18\x01 \x03(\x05\"\xc9\x07\n\x0eSamplingParams\x12\x17\n\nmax_tokens\x18\x01 \x01(\x05H\x00\x88\x01\x01\x12\x18\n\x0btemperature\x18\x02 \x01(\x02H\x01\x88\x01\x01\x12\x12\n\x05top_p\x18\x03 \x01(\x02H\x02\x88\x01\x01\x12\x12\n\x05top_k\x18\x04 \x01(\x05H\x03\x88\x01\x01\x12\x11\n\x04seed\x18\x05 \x01(\x03H\x04\x88\x01\x01\x12\x0c\n\x04stop\x18\x06 \x03(\t\x12\x12\n\nignore_eos\x18\x07 \x01(\x08\x12\x0e\n\x01n\x18\x08 \x01(\x05H\x05\x88\x01\x01\x12\x12\n\x05min_p\x18\t \x01(\x02H\x06\x88\x01\x01\x12\x17\n\nmin_tokens\x18\n \x01(\x05H\x07\x88\x01\x01\x12\x1d\n\x10presence_penalty\x18\x0b \x01(\x02H\x08\x88\x01\x01\x12\x1e\n\x11\x66requency_penalty\x18\x0c \x01(\x02H\t\x88\x01\x01\x12\x1f\n\x12repetition_penalty\x18\r \x01(\x02H\n\x88\x01\x01\x12\x16\n\x0estop_token_ids\x18\x0e \x03(\x05\x12\"\n\x1ainclude_stop_str_in_output\x18\x0f \x01(\x08\x12 \n\x13skip_special_tokens\x18\x10 \x01(\x08H\x0b\x88\x01\x01\x12*\n\x1dspaces_between_special_tokens\x18\x11 \x01(\x08H\x0c\x88\x01\x01\x12I\n\nlogit_bias\x18\x12 \x03(\x0b\x32\x35.loraserve.inference.v1.SamplingParams.LogitBiasEntry\x12\x11\n\tbad_words\x18\x13 \x03(\t\x12\x15\n\x08logprobs\x18\x14 \x01(\x05H\r\x88\x01\x01\x12\x1c\n\x0fprompt_logprobs\x18\x15 \x01(\x05H\x0e\x88\x01\x01\x12\x43\n\x11structured_output\x18\x16 \x01(\x0b\x32(.loraserve.inference.v1.StructuredOutput\x1a\x30\n\x0eLogitBiasEntry\x12\x0b\n\x03key\x18\x01 \x01(\x05\x12\r\n\x05value\x18\x02 \x01(\x02:\x02\x38\x01\x42\r\n\x0b_max_tokensB\x0e\n\x0c_temperatureB\x08\n\x06_top_pB\x08\n\x06_top_kB\x07\n\x05_seedB\x04\n\x02_nB\x08\n\x06_min_pB\r\n\x0b_min_tokensB\x13\n\x11_presence_penaltyB\x14\n\x12_frequency_penaltyB\x15\n\x13_repetition_penaltyB\x16\n\x14_skip_special_tokensB \n\x1e_spaces_between_special_tokensB\x0b\n\t_logprobsB\x12\n\x10_prompt_logprobs\"\x19\n\x07\x43hoices\x12\x0e\n\x06values\x18\x01 \x03(\t\"\x9f\x01\n\x10StructuredOutput\x12\x15\n\x0bjson_schema\x18\x01 \x01(\tH\x00\x12\x0f\n\x05regex\x18\x02 \x01(\tH\x00\x12\x31\n\x06\x63hoice\x18\x03 \x01(\x0b\x32\x1f.loraserve.inference.v1.ChoicesH\x00\x12\x11\n\x07grammar\x18\x04 \x01(\tH\x00\x12\x15\n\x0bjson_object\x18\x05 \x01(\x08H\x00\x42\x06\n\x04kind\"M\n\x0cTokenLogprob\x12\x10\n\x08token_id\x18\x01 \x01(\x05\x12\x0f\n\x07logprob\x18\x02 \x01(\x02\x12\x0c\n\x04rank\x18\x03 \x01(\x03\x12\x0c\n\x04text\x18\x04 \x01(\t\"z\n\x10PositionLogprobs\x12\x33\n\x05token\x18\x01 \x01(\x0b\x32$.loraserve.inference.v1.TokenLogprob\x12\x31\n\x03top\x18\x02 \x03(\x0b\x32$.loraserve.inference.v1.TokenLogprob\"\xc1\x01\n\x0fGenerateRequest\x12\x0f\n\x07\x61\x64\x61pter\x18\x01 \x01(\t\x12\x0e\n\x04text\x18\x02 \x01(\tH\x00\x12\x35\n\ttoken_ids\x18\x03 \x01(\x0b\x32 .loraserve.inference.v1.TokenIdsH\x00\x12\x38\n\x08sampling\x18\x04 \x01(\x0b\x32&.loraserve.inference.v1.SamplingParams\x12\x12\n\nrequest_id\x18\x05 \x01(\tB\x08\n\x06prompt\"9\n\x05Usage\x12\x15\n\rprompt_tokens\x18\x01 \x01(\x05\x12\x19\n\x11\x63ompletion_tokens\x18\x02 \x01(\x05\"\xe8\x02\n\x10GenerateResponse\x12\x0c\n\x04text\x18\x01 \x01(\t\x12\x11\n\ttoken_ids\x18\x02 \x03(\x05\x12\x14\n\x0c\x61\x64\x61pter_name\x18\x03 \x01(\t\x12\x10\n\x08revision\x18\x04 \x01(\x03\x12;\n\rfinish_reason\x18\x05 \x01(\x0e\x32$.loraserve.inference.v1.FinishReason\x12,\n\x05usage\x18\x06 \x01(\x0b\x32\x1d.loraserve.inference.v1.Usage\x12\x12\n\nrequest_id\x18\x07 \x01(\t\x12\r\n\x05index\x18\x08 \x01(\x05\x12:\n\x08logprobs\x18\t \x03(\x0b\x32(.loraserve.inference.v1.PositionLogprobs\x12\x41\n\x0fprompt_logprobs\x18\n \x03(\x0b\x32(.loraserve.inference.v1.PositionLogprobs\"\x15\n\x13ListAdaptersRequest\"\xc7\x01\n\x15\x41\x64\x61pterRevisionStatus\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x10\n\x08revision\x18\x02 \x01(\x03\x12\x33\n\x05state\x18\x03 \x01(\x0e\x32$.loraserve.inference.v1.AdapterState\x12\x0f\n\x07\x63urrent\x18\x04 \x01(\x08\x12\x11\n\tin_flight\x18\x05 \x01(\x05\x12\x13\n\x0blora_int_id\x18\x06 \x01(\x03\x12\x0c\n\x04rank\x18\x07 \x01(\x05\x12\x12\n\nlast_error\x18\x08 \x01(\t\"j\n\x14ListAdaptersResponse\x12?\n\x08\x61\x64\x61pters\x18\x01 \x03(\x0b\x32-.loraserve.inference.v1.AdapterRevisionStatus\x12\x11\n\tstore_seq\x18\x02 \x01(\x03\"\x16\n\x14GetServerInfoRequest\"\xd9\x01\n\x0e\x45ngineSettings\x12\x11\n\tmax_loras\x18\x01 \x01(\x05\x12\x15\n\rmax_lora_rank\x18\x02 \x01(\x05\x12\x15\n\rmax_cpu_loras\x18\x03 \x01(\x05\x12\x15\n\rmax_model_len\x18\x04 \x01(\x05\x12\r\n\x05\x64type\x18\x05 \x01(\t\x12\x12\n\nlora_dtype\x18\x06 \x01(\t\x12\x1e\n\x16gpu_memory_utilization\x18\x07 \x01(\x02\x12\x0e\n\x06\x64\x65vice\x18\x08 \x01(\t\x12\x1c\n\x14max_pending_requests\x18\t \x01(\x05\"\x80\x02\n\x15GetServerInfoResponse\x12\r\n\x05model\x18\x01 \x01(\t\x12\x14\n\x0cvllm_version\x18\x02 \x01(\t\x12\x36\n\x06\x65ngine\x18\x03 \x01(\x0b\x32&.loraserve.inference.v1.EngineSettings\x12\x18\n\x10running_requests\x18\x04 \x01(\x05\x12\x18\n\x10waiting_requests\x18\x05 \x01(\x05\x12\x16\n\x0ekv_cache_usage\x18\x06 \x01(\x02\x12\x17\n\x0floaded_adapters\x18\x07 \x01(\x05\x12\x12\n\nreplica_id\x18\x08 \x01(\t\x12\x11\n\tstore_seq\x18\t \x01(\x03*_\n\x0c\x46inishReason\x12\x1d\n\x19\x46INISH_REASON_UNSPECIFIED\x10\x00\x12\x16\n\x12\x46INISH_REASON_STOP\x10\x01\x12\x18\n\x14\x46INISH_REASON_LENGTH\x10\x02*\x97\x01\n\x0c\x41\x64\x61pterState\x12\x1d\n\x19\x41\x44\x41PTER_STATE_UNSPECIFIED\x10\x00\x12\x19\n\x15\x41\x44\x41PTER_STATE_LOADING\x10\x01\x12\x17\n\x13\x41\x44\x41PTER_STATE_READY\x10\x02\x12\x1a\n\x16\x41\x44\x41PTER_STATE_DRAINING\x10\x03\x12\x18\n\x14\x41\x44\x41PTER_STATE_FAILED\x10\x04\x32\xcc\x02\n\x10InferenceService\x12_\n\x08Generate\x12\'.loraserve.inference.v1.GenerateRequest\x1a(.loraserve.inference.v1.GenerateResponse0\x01\x12i\n\x0cListAdapters\x12+.loraserve.inference.v1.ListAdaptersRequest\x1a,.loraserve.inference.v1.ListAdaptersResponse\x12l\n\rGetServerInfo\x12,.loraserve.inference.v1.GetServerInfoRequest\x1a-.loraserve.inference.v1.GetServerInfoResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'loraserve.inference.v1.inference_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
-  _globals['_FINISHREASON']._serialized_start=1626
-  _globals['_FINISHREASON']._serialized_end=1721
-  _globals['_ADAPTERSTATE']._serialized_start=1724
-  _globals['_ADAPTERSTATE']._serialized_end=1875
+  _globals['_SAMPLINGPARAMS_LOGITBIASENTRY']._loaded_options = None
+  _globals['_SAMPLINGPARAMS_LOGITBIASENTRY']._serialized_options = b'8\001'
+  _globals['_FINISHREASON']._serialized_start=2909
+  _globals['_FINISHREASON']._serialized_end=3004
+  _globals['_ADAPTERSTATE']._serialized_start=3007
+  _globals['_ADAPTERSTATE']._serialized_end=3158
   _globals['_TOKENIDS']._serialized_start=66
   _globals['_TOKENIDS']._serialized_end=89
   _globals['_SAMPLINGPARAMS']._serialized_start=92
-  _globals['_SAMPLINGPARAMS']._serialized_end=312
-  _globals['_GENERATEREQUEST']._serialized_start=315
-  _globals['_GENERATEREQUEST']._serialized_end=508
-  _globals['_USAGE']._serialized_start=510
-  _globals['_USAGE']._serialized_end=567
-  _globals['_GENERATERESPONSE']._serialized_start=570
-  _globals['_GENERATERESPONSE']._serialized_end=788
-  _globals['_LISTADAPTERSREQUEST']._serialized_start=790
-  _globals['_LISTADAPTERSREQUEST']._serialized_end=811
-  _globals['_ADAPTERREVISIONSTATUS']._serialized_start=814
-  _globals['_ADAPTERREVISIONSTATUS']._serialized_end=1013
-  _globals['_LISTADAPTERSRESPONSE']._serialized_start=1015
-  _globals['_LISTADAPTERSRESPONSE']._serialized_end=1121
-  _globals['_GETSERVERINFOREQUEST']._serialized_start=1123
-  _globals['_GETSERVERINFOREQUEST']._serialized_end=1145
-  _globals['_ENGINESETTINGS']._serialized_start=1148
-  _globals['_ENGINESETTINGS']._serialized_end=1365
-  _globals['_GETSERVERINFORESPONSE']._serialized_start=1368
-  _globals['_GETSERVERINFORESPONSE']._serialized_end=1624
-  _globals['_INFERENCESERVICE']._serialized_start=1878
-  _globals['_INFERENCESERVICE']._serialized_end=2210
+  _globals['_SAMPLINGPARAMS']._serialized_end=1061
+  _globals['_SAMPLINGPARAMS_LOGITBIASENTRY']._serialized_start=765
+  _globals['_SAMPLINGPARAMS_LOGITBIASENTRY']._serialized_end=813
+  _globals['_CHOICES']._serialized_start=1063
+  _globals['_CHOICES']._serialized_end=1088
+  _globals['_STRUCTUREDOUTPUT']._serialized_start=1091
+  _globals['_STRUCTUREDOUTPUT']._serialized_end=1250
+  _globals['_TOKENLOGPROB']._serialized_start=1252
+  _globals['_TOKENLOGPROB']._serialized_end=1329
+  _globals['_POSITIONLOGPROBS']._serialized_start=1331
+  _globals['_POSITIONLOGPROBS']._serialized_end=1453
+  _globals['_GENERATEREQUEST']._serialized_start=1456
+  _globals['_GENERATEREQUEST']._serialized_end=1649
+  _globals['_USAGE']._serialized_start=1651
+  _globals['_USAGE']._serialized_end=1708
+  _globals['_GENERATERESPONSE']._serialized_start=1711
+  _globals['_GENERATERESPONSE']._serialized_end=2071
+  _globals['_LISTADAPTERSREQUEST']._serialized_start=2073
+  _globals['_LISTADAPTERSREQUEST']._serialized_end=2094
+  _globals['_ADAPTERREVISIONSTATUS']._serialized_start=2097
+  _globals['_ADAPTERREVISIONSTATUS']._serialized_end=2296
+  _globals['_LISTADAPTERSRESPONSE']._serialized_start=2298
+  _globals['_LISTADAPTERSRESPONSE']._serialized_end=2404
+  _globals['_GETSERVERINFOREQUEST']._serialized_start=2406
+  _globals['_GETSERVERINFOREQUEST']._serialized_end=2428
+  _globals['_ENGINESETTINGS']._serialized_start=2431
+  _globals['_ENGINESETTINGS']._serialized_end=2648
+  _globals['_GETSERVERINFORESPONSE']._serialized_start=2651
+  _globals['_GETSERVERINFORESPONSE']._serialized_end=2907
+  _globals['_INFERENCESERVICE']._serialized_start=3161
+  _globals['_INFERENCESERVICE']._serialized_end=3493
 # @@protoc_insertion_point(module_scope)
