@@ -66,7 +66,15 @@ def _adapter_with_big_readme(tmp_path: Path) -> Path:
 async def test_header_comes_first_with_sizes_and_sha256(tmp_path: Path) -> None:
     files = hash_files(list_adapter_dir(_adapter_with_big_readme(tmp_path)))
     call = RecordingCall()
-    await upload(Stub(call), "alpha", files, no_promote=True, description="d", timeout_s=None)
+    await upload(
+        Stub(call),
+        "alpha",
+        files,
+        no_promote=True,
+        description="d",
+        timeout_s=None,
+        idempotency_key="k",
+    )
     header = call.requests[0].header
     assert (header.name, header.no_promote, header.description) == ("alpha", True, "d")
     assert [(f.name, f.size, f.sha256) for f in header.files] == [
@@ -79,7 +87,15 @@ async def test_files_stream_in_header_order_in_chunks_of_at_most_1_mib(tmp_path:
     adapter = _adapter_with_big_readme(tmp_path)
     files = hash_files(list_adapter_dir(adapter))
     call = RecordingCall()
-    await upload(Stub(call), "alpha", files, no_promote=False, description="", timeout_s=None)
+    await upload(
+        Stub(call),
+        "alpha",
+        files,
+        no_promote=False,
+        description="",
+        timeout_s=None,
+        idempotency_key="k",
+    )
     chunks = [r.chunk for r in call.requests[1:]]
     assert all(len(c.data) <= CHUNK_SIZE for c in chunks)
     assert [c.file_name for c in chunks] == sorted(
@@ -100,7 +116,15 @@ async def test_rejection_mid_stream_raises_the_servers_status(tmp_path: Path) ->
     )
     call = RecordingCall(accept=1, error=status)
     with pytest.raises(grpc.aio.AioRpcError) as caught:
-        await upload(Stub(call), "alpha", files, no_promote=False, description="", timeout_s=None)
+        await upload(
+            Stub(call),
+            "alpha",
+            files,
+            no_promote=False,
+            description="",
+            timeout_s=None,
+            idempotency_key="k",
+        )
     assert caught.value.details() == "bad header"
     assert len(call.requests) == 1
 

@@ -19,6 +19,7 @@ from datetime import datetime
 
 from loraserve.adapterstore.blobstore import BlobNotFound, BlobStore, blob_key
 from loraserve.adapterstore.changelog import ChangeLog
+from loraserve.adapterstore.idempotency import check_idempotency_key, request_tag
 from loraserve.adapterstore.model import (
     Adapter,
     Change,
@@ -126,11 +127,20 @@ class AdapterStore:
     ) -> PushResult:
         self._check_started()
         validate_adapter_name(header.name)
+        check_idempotency_key(header.idempotency_key)
         check_declared_files(header.files, self._settings.limits)
         received = await receive_adapter(header, chunks, self._blobs)
         await keep_files(received)
         files = tuple(f.info for f in received.files)
         config = received.config
+        request = request_tag(
+            header.idempotency_key,
+            "push",
+            header.name,
+            [f.to_json() for f in files],
+            header.no_promote,
+            header.description,
+        )
 
         def build(state: StoreState, seq: int) -> Change:
             adapter = state.adapters.get(header.name)
@@ -155,7 +165,7 @@ class AdapterStore:
                 seq, ChangeType.REVISION_PUSHED, header.name, revision, current, time, actor
             )
 
-        change = await self._log.commit(build)
+        change = await self._log.commit(build, request)
         assert change is not None
         assert change.revision is not None
         log.info(
@@ -177,11 +187,23 @@ class AdapterStore:
     async def list_adapters(
         self, page_size: int, page_token: str, base_model: str = ""
     ) -> AdapterPage:
+        """One page of adapters. Every page of a listing carries the first page's
+        seq (in its token and its `seq`) and reflects at least that seq, so a watch
+        from it sees every change the listing may have missed. A replica behind
+        that seq catches up first; one that cannot read the log answers
+        Unavailable, since the same page asked again (of it later, or of another
+        replica) succeeds; ABORTED would wrongly tell the client to start over."""
         self._check_started()
         size = _page_size(page_size)
-        after = _decode_token(page_token, "ListAdapters")
+        listing_seq, after = _decode_listing_token(page_token)
         await self._log.sync()
         state = self._log.state
+        if state.seq < listing_seq:
+            raise Unavailable(
+                f"this store replica is at seq {state.seq}, behind the listing's seq "
+                f"{listing_seq}, and cannot read the log now; ask for the page again"
+            )
+        seq = listing_seq if page_token else state.seq
         names = sorted(n for n in state.adapters if n > after)
         selected: list[Adapter] = []
         next_token = ""
@@ -191,10 +213,10 @@ class AdapterStore:
             if base_model and (current is None or current.base_model != base_model):
                 continue
             if len(selected) == size:
-                next_token = _encode_token(selected[-1].name)
+                next_token = _encode_token(f"{seq}:{selected[-1].name}")
                 break
             selected.append(_copy(adapter))
-        return AdapterPage(selected, next_token, state.seq)
+        return AdapterPage(selected, next_token, seq)
 
     async def list_revisions(self, name: str, page_size: int, page_token: str) -> RevisionPage:
         self._check_started()
@@ -214,13 +236,22 @@ class AdapterStore:
         )
 
     async def set_current(
-        self, name: str, revision: int, expected_current: int, actor: str
+        self,
+        name: str,
+        revision: int,
+        expected_current: int,
+        actor: str,
+        idempotency_key: str = "",
     ) -> tuple[Adapter, int]:
-        """Moves `current`; a no-op (no log entry) when `revision` is current already."""
+        """Moves `current`; a no-op (no log entry) when `revision` is current already.
+        A repeated idempotency key answers with the adapter as it is now and the seq
+        of the change the key made."""
         self._check_started()
         validate_adapter_name(name)
+        check_idempotency_key(idempotency_key)
         if revision < 1:
             raise InvalidArgument(f"revision must be >= 1, got {revision}")
+        request = request_tag(idempotency_key, "set_current", name, revision, expected_current)
 
         def build(state: StoreState, seq: int) -> Change | None:
             adapter = _lookup(state, name)
@@ -236,7 +267,7 @@ class AdapterStore:
                 seq, ChangeType.CURRENT_REVISION_SET, name, target, revision, now(), actor
             )
 
-        change = await self._log.commit(build)
+        change = await self._log.commit(build, request)
         if change is not None:
             log.info(
                 "adapter.current_set name=%s rev=%d seq=%d actor=%s",
@@ -247,15 +278,17 @@ class AdapterStore:
             )
         return _copy(self._adapter(name)), self._log.head_seq if change is None else change.seq
 
-    async def delete(self, name: str, actor: str) -> int:
+    async def delete(self, name: str, actor: str, idempotency_key: str = "") -> int:
         self._check_started()
         validate_adapter_name(name)
+        check_idempotency_key(idempotency_key)
+        request = request_tag(idempotency_key, "delete", name)
 
         def build(state: StoreState, seq: int) -> Change:
             _lookup(state, name)
             return Change(seq, ChangeType.ADAPTER_DELETED, name, None, 0, now(), actor)
 
-        change = await self._log.commit(build)
+        change = await self._log.commit(build, request)
         assert change is not None
         log.info("adapter.deleted name=%s seq=%d actor=%s", name, change.seq, actor)
         return change.seq
@@ -378,6 +411,17 @@ def _page_size(requested: int) -> int:
     if requested < 0:
         raise InvalidArgument(f"page_size must not be negative, got {requested}")
     return min(requested or DEFAULT_PAGE_SIZE, MAX_PAGE_SIZE)
+
+
+def _decode_listing_token(token: str) -> tuple[int, str]:
+    """(the listing's seq, the last name listed); (0, "") for the first page."""
+    value = _decode_token(token, "ListAdapters")
+    if not value:
+        return 0, ""
+    seq, sep, after = value.partition(":")
+    if not sep or not seq.isdigit():
+        raise InvalidArgument("invalid page_token for ListAdapters")
+    return int(seq), after
 
 
 def _encode_token(value: str) -> str:
