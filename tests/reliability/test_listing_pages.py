@@ -7,6 +7,7 @@ proxy, which refuses its log reads, so it cannot catch up.
 
 from __future__ import annotations
 
+import base64
 from collections.abc import AsyncIterator
 from dataclasses import replace
 from urllib.parse import urlsplit
@@ -99,3 +100,18 @@ async def test_page_token_without_a_seq_is_invalid_argument(store_server: Runnin
         with pytest.raises(grpc.aio.AioRpcError) as caught:
             await stub.ListAdapters(pb.ListAdaptersRequest(page_token="YTE="))  # "a1"
     assert caught.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+
+
+async def test_page_token_beyond_the_stores_head_is_invalid_argument(
+    store_server: RunningStore,
+) -> None:
+    async with store_stub(store_server.address) as stub:
+        await push(stub, "a1", tiny_adapter())
+        await push(stub, "a2", tiny_adapter())
+        first = await stub.ListAdapters(pb.ListAdaptersRequest(page_size=1))
+        forged = base64.urlsafe_b64encode(b"99:a1").decode()
+        with pytest.raises(grpc.aio.AioRpcError) as caught:
+            await stub.ListAdapters(pb.ListAdaptersRequest(page_size=1, page_token=forged))
+    assert base64.urlsafe_b64decode(first.next_page_token) == b"2:a1"
+    assert caught.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert "beyond the store's last commit 2" in (caught.value.details() or "")

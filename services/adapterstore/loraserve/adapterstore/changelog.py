@@ -234,15 +234,17 @@ class ChangeLog:
         except OutOfRange:
             return None
 
-    async def sync(self) -> None:
+    async def sync(self) -> bool:
         """Catches up with commits of other replicas, so a read after a write made
-        through another replica sees it. With storage unreachable, reads go on from
-        the state as it is."""
+        through another replica sees it; False if storage could not be read, and
+        reads go on from the state as it is."""
         try:
             async with self._lock:
                 await self._catch_up(check_gaps=False)
         except Unavailable:
             log.warning("log.sync_failed seq=%d: answering from local state", self._state.seq)
+            return False
+        return True
 
     async def events_after(self, after_seq: int) -> list[Change]:
         """The next committed changes after `after_seq`, in order (empty when there are

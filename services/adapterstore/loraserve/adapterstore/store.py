@@ -196,8 +196,13 @@ class AdapterStore:
         self._check_started()
         size = _page_size(page_size)
         listing_seq, after = _decode_listing_token(page_token)
-        await self._log.sync()
+        caught_up = await self._log.sync()
         state = self._log.state
+        if state.seq < listing_seq and caught_up:
+            raise InvalidArgument(
+                f"page_token names seq {listing_seq}, beyond the store's last commit "
+                f"{state.seq}; list again from the first page"
+            )
         if state.seq < listing_seq:
             raise Unavailable(
                 f"this store replica is at seq {state.seq}, behind the listing's seq "
@@ -419,7 +424,7 @@ def _decode_listing_token(token: str) -> tuple[int, str]:
     if not value:
         return 0, ""
     seq, sep, after = value.partition(":")
-    if not sep or not seq.isdigit():
+    if not sep or not (seq.isascii() and seq.isdigit()):
         raise InvalidArgument("invalid page_token for ListAdapters")
     return int(seq), after
 
