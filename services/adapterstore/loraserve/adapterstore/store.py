@@ -9,14 +9,13 @@ different contents.
 from __future__ import annotations
 
 import asyncio
-import base64
-import binascii
 import hashlib
 import logging
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, replace
 from datetime import datetime
 
+from loraserve.adapterstore import pagetokens
 from loraserve.adapterstore.blobstore import BlobNotFound, BlobStore, blob_key
 from loraserve.adapterstore.changelog import ChangeLog
 from loraserve.adapterstore.idempotency import check_idempotency_key, request_tag
@@ -36,9 +35,6 @@ from loraserve.common.errors import Aborted, DataLoss, InvalidArgument, NotFound
 from loraserve.common.names import validate_adapter_name
 
 log = logging.getLogger(__name__)
-
-DEFAULT_PAGE_SIZE = 100
-MAX_PAGE_SIZE = 1000
 
 
 @dataclass(frozen=True, slots=True)
@@ -194,8 +190,8 @@ class AdapterStore:
         Unavailable, since the same page asked again (of it later, or of another
         replica) succeeds; ABORTED would wrongly tell the client to start over."""
         self._check_started()
-        size = _page_size(page_size)
-        listing_seq, after = _decode_listing_token(page_token)
+        size = pagetokens.page_size(page_size)
+        listing_seq, after = pagetokens.decode_listing_token(page_token)
         caught_up = await self._log.sync()
         state = self._log.state
         if state.seq < listing_seq and caught_up:
@@ -218,15 +214,15 @@ class AdapterStore:
             if base_model and (current is None or current.base_model != base_model):
                 continue
             if len(selected) == size:
-                next_token = _encode_token(f"{seq}:{selected[-1].name}")
+                next_token = pagetokens.encode_listing_token(seq, selected[-1].name)
                 break
             selected.append(_copy(adapter))
         return AdapterPage(selected, next_token, seq)
 
     async def list_revisions(self, name: str, page_size: int, page_token: str) -> RevisionPage:
         self._check_started()
-        size = _page_size(page_size)
-        token = _decode_token(page_token, "ListRevisions")
+        size = pagetokens.page_size(page_size)
+        token = pagetokens.decode_token(page_token, "ListRevisions")
         await self._log.sync()
         adapter = self._adapter(name)
         try:
@@ -235,7 +231,7 @@ class AdapterStore:
             raise InvalidArgument("invalid page_token for ListRevisions") from None
         numbers = sorted((n for n in adapter.revisions if n < before), reverse=True)
         page = numbers[:size]
-        next_token = _encode_token(str(page[-1])) if len(numbers) > size else ""
+        next_token = pagetokens.encode_token(str(page[-1])) if len(numbers) > size else ""
         return RevisionPage(
             [adapter.revisions[n] for n in page], next_token, adapter.current_revision
         )
@@ -410,33 +406,3 @@ def _revision(adapter: Adapter, revision: int) -> Revision:
 def _copy(adapter: Adapter) -> Adapter:
     """A copy that later changes to the state leave alone (revisions are immutable)."""
     return replace(adapter, revisions=dict(adapter.revisions))
-
-
-def _page_size(requested: int) -> int:
-    if requested < 0:
-        raise InvalidArgument(f"page_size must not be negative, got {requested}")
-    return min(requested or DEFAULT_PAGE_SIZE, MAX_PAGE_SIZE)
-
-
-def _decode_listing_token(token: str) -> tuple[int, str]:
-    """(the listing's seq, the last name listed); (0, "") for the first page."""
-    value = _decode_token(token, "ListAdapters")
-    if not value:
-        return 0, ""
-    seq, sep, after = value.partition(":")
-    if not sep or not (seq.isascii() and seq.isdigit()):
-        raise InvalidArgument("invalid page_token for ListAdapters")
-    return int(seq), after
-
-
-def _encode_token(value: str) -> str:
-    return base64.urlsafe_b64encode(value.encode()).decode()
-
-
-def _decode_token(token: str, method: str) -> str:
-    if not token:
-        return ""
-    try:
-        return base64.b64decode(token.encode(), altchars=b"-_", validate=True).decode()
-    except (binascii.Error, UnicodeDecodeError, ValueError):
-        raise InvalidArgument(f"invalid page_token for {method}") from None
