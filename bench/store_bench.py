@@ -21,6 +21,7 @@ from bench import procs, storeops
 from bench.report import Report, Section
 from bench.stats import median, percentile, ratio
 from loraserve.adapterstore.cli.adapter_dir import AdapterFiles
+from loraserve.adapterstore.cli.retry import new_idempotency_key
 from loraserve.adapterstore.testing import lora_config, lora_tensors
 from loraserve.adapterstore.v1 import adapterstore_pb2 as store_pb
 from loraserve.common.security import ClientSecurity
@@ -301,7 +302,9 @@ async def _events(
         for i in range(settings.events):
             started = time.perf_counter()
             response = await stub.SetCurrentRevision(
-                store_pb.SetCurrentRevisionRequest(name="evt", revision=1 + i % 2)
+                store_pb.SetCurrentRevisionRequest(
+                    name="evt", revision=1 + i % 2, idempotency_key=new_idempotency_key()
+                )
             )
             commit_s.append(time.perf_counter() - started)
             seqs.append(response.seq)

@@ -11,6 +11,7 @@ import grpc
 
 from loraserve.adapterstore.cli.adapter_dir import AdapterFiles, hash_files, list_adapter_dir
 from loraserve.adapterstore.cli.push import upload
+from loraserve.adapterstore.cli.retry import new_idempotency_key, retry_unavailable
 from loraserve.adapterstore.v1 import adapterstore_pb2_grpc as store_grpc
 
 # adapterctl's own limit on one push, so a 200 MB upload is not cut short.
@@ -29,8 +30,17 @@ async def hashed(directory: Path) -> AdapterFiles:
 
 async def push(stub: Any, name: str, files: AdapterFiles) -> int:
     """Pushes one revision (made current); returns its number."""
-    response = await upload(
-        stub, name, files, no_promote=False, description="bench", timeout_s=PUSH_TIMEOUT_S
+    key = new_idempotency_key()
+    response = await retry_unavailable(
+        lambda: upload(
+            stub,
+            name,
+            files,
+            no_promote=False,
+            description="bench",
+            timeout_s=PUSH_TIMEOUT_S,
+            idempotency_key=key,
+        )
     )
     revision: int = response.revision.revision
     return revision

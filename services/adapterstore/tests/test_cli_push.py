@@ -1,4 +1,5 @@
-"""The push stream adapterctl sends, checked message by message, and its progress bar."""
+"""The push stream adapterctl sends, checked message by message, its progress bar, and
+the idempotency keys `push --watch` sends."""
 
 from __future__ import annotations
 
@@ -14,8 +15,11 @@ import pytest
 from loraserve.adapterstore.cli.adapter_dir import CHUNK_SIZE, hash_files, list_adapter_dir
 from loraserve.adapterstore.cli.progress import Progress
 from loraserve.adapterstore.cli.push import upload
+from loraserve.adapterstore.cli.settings import CtlSettings
 from loraserve.adapterstore.cli.testing import TtyBuffer, write_adapter_dir
+from loraserve.adapterstore.cli.write_commands import StorePublisher
 from loraserve.adapterstore.v1 import adapterstore_pb2 as pb
+from loraserve.common.security import ClientSecurity
 
 README_SIZE = 2 * CHUNK_SIZE + 123
 
@@ -66,7 +70,15 @@ def _adapter_with_big_readme(tmp_path: Path) -> Path:
 async def test_header_comes_first_with_sizes_and_sha256(tmp_path: Path) -> None:
     files = hash_files(list_adapter_dir(_adapter_with_big_readme(tmp_path)))
     call = RecordingCall()
-    await upload(Stub(call), "alpha", files, no_promote=True, description="d", timeout_s=None)
+    await upload(
+        Stub(call),
+        "alpha",
+        files,
+        no_promote=True,
+        description="d",
+        timeout_s=None,
+        idempotency_key="k",
+    )
     header = call.requests[0].header
     assert (header.name, header.no_promote, header.description) == ("alpha", True, "d")
     assert [(f.name, f.size, f.sha256) for f in header.files] == [
@@ -79,7 +91,15 @@ async def test_files_stream_in_header_order_in_chunks_of_at_most_1_mib(tmp_path:
     adapter = _adapter_with_big_readme(tmp_path)
     files = hash_files(list_adapter_dir(adapter))
     call = RecordingCall()
-    await upload(Stub(call), "alpha", files, no_promote=False, description="", timeout_s=None)
+    await upload(
+        Stub(call),
+        "alpha",
+        files,
+        no_promote=False,
+        description="",
+        timeout_s=None,
+        idempotency_key="k",
+    )
     chunks = [r.chunk for r in call.requests[1:]]
     assert all(len(c.data) <= CHUNK_SIZE for c in chunks)
     assert [c.file_name for c in chunks] == sorted(
@@ -100,7 +120,15 @@ async def test_rejection_mid_stream_raises_the_servers_status(tmp_path: Path) ->
     )
     call = RecordingCall(accept=1, error=status)
     with pytest.raises(grpc.aio.AioRpcError) as caught:
-        await upload(Stub(call), "alpha", files, no_promote=False, description="", timeout_s=None)
+        await upload(
+            Stub(call),
+            "alpha",
+            files,
+            no_promote=False,
+            description="",
+            timeout_s=None,
+            idempotency_key="k",
+        )
     assert caught.value.details() == "bad header"
     assert len(call.requests) == 1
 
@@ -121,3 +149,61 @@ def test_disabled_progress_writes_nothing() -> None:
     progress.advance(100)
     progress.finish()
     assert stream.getvalue() == ""
+
+
+class Calls:
+    """A stub whose pushes are the given calls, in order."""
+
+    def __init__(self, *calls: RecordingCall) -> None:
+        self.calls = list(calls)
+        self.used: list[RecordingCall] = []
+
+    def PushAdapter(self, timeout: float | None = None) -> RecordingCall:
+        call = self.calls.pop(0)
+        self.used.append(call)
+        return call
+
+    def keys(self) -> list[str]:
+        return [call.requests[0].header.idempotency_key for call in self.used]
+
+
+def _unavailable() -> grpc.aio.AioRpcError:
+    return grpc.aio.AioRpcError(
+        grpc.StatusCode.UNAVAILABLE, grpc.aio.Metadata(), grpc.aio.Metadata(), "store down"
+    )
+
+
+def _publisher(stub: Calls) -> StorePublisher:
+    settings = CtlSettings(
+        "store:1", "inference:1", ClientSecurity(), ClientSecurity(), None, False
+    )
+    return StorePublisher(stub, "alpha", settings, no_promote=False, description="")
+
+
+async def test_watch_publisher_reuses_its_key_while_retrying_the_same_content(
+    tmp_path: Path,
+) -> None:
+    files = hash_files(list_adapter_dir(write_adapter_dir(tmp_path)))
+    stub = Calls(RecordingCall(error=_unavailable()), RecordingCall())
+    publisher = _publisher(stub)
+    with pytest.raises(grpc.aio.AioRpcError):
+        await publisher.publish(files)
+    await publisher.publish(files)
+    first, retried = stub.keys()
+    assert first
+    assert retried == first
+
+
+async def test_watch_publisher_takes_a_new_key_for_new_content_and_after_success(
+    tmp_path: Path,
+) -> None:
+    files = hash_files(list_adapter_dir(write_adapter_dir(tmp_path / "a")))
+    other = hash_files(list_adapter_dir(write_adapter_dir(tmp_path / "b", seed=1)))
+    stub = Calls(RecordingCall(error=_unavailable()), RecordingCall(), RecordingCall())
+    publisher = _publisher(stub)
+    with pytest.raises(grpc.aio.AioRpcError):
+        await publisher.publish(files)
+    await publisher.publish(other)
+    await publisher.publish(other)
+    keys = stub.keys()
+    assert len(set(keys)) == 3

@@ -1,8 +1,10 @@
 """`adapterstore serve ...`: the adapter store server.
 
 The gRPC server starts at once and reports NOT_SERVING until the bucket has been
-reached and the log loaded; calls before then get UNAVAILABLE. SIGTERM or SIGINT
-turn health to NOT_SERVING and give in-flight calls `--shutdown-grace` seconds.
+reached and the log loaded; calls before then get UNAVAILABLE. Storage that does
+not honour conditional puts (see storageprobe) stops the store with exit code 1.
+SIGTERM or SIGINT turn health to NOT_SERVING and give in-flight calls
+`--shutdown-grace` seconds.
 """
 
 from __future__ import annotations
@@ -29,13 +31,14 @@ from loraserve.adapterstore.settings import AdapterStoreSettings, parse_settings
 from loraserve.adapterstore.status import ReplicaStatusStore
 from loraserve.adapterstore.store import AdapterStore
 from loraserve.common.backoff import Backoff
-from loraserve.common.errors import DataLoss, LoraserveError, Unavailable
+from loraserve.common.errors import DataLoss, FailedPrecondition, LoraserveError, Unavailable
 from loraserve.common.server import install_stop_signals, start_server
 
 log = logging.getLogger("loraserve.adapterstore")
 
 _RETRY_FIRST_S = 0.5
 _RETRY_MAX_S = 15.0
+EXIT_UNSUITABLE_STORAGE = 1
 
 
 async def _start_when_reachable(
@@ -56,7 +59,7 @@ async def _start_when_reachable(
     return False
 
 
-async def serve(settings: AdapterStoreSettings) -> None:
+async def serve(settings: AdapterStoreSettings) -> int:
     blobs = S3BlobStore(
         settings.s3, part_size=settings.part_size, parts_in_flight=settings.parts_in_flight
     )
@@ -80,12 +83,16 @@ async def serve(settings: AdapterStoreSettings) -> None:
     install_stop_signals(stop)
     log.info("store.starting bucket=%s prefix=%s", settings.s3.bucket, settings.s3.prefix)
     health: asyncio.Task[None] | None = None
+    exit_code = 0
     try:
         if await _start_when_reachable(blobs, store, stop):
             health = asyncio.create_task(follow_freshness(store, running.set_serving))
             log.info("store.serving port=%d seq=%d", running.port, store.head_seq)
             await stop.wait()
         log.info("store.stopping grace_s=%.1f", settings.shutdown_grace_seconds)
+    except FailedPrecondition as e:
+        log.error("store.unsuitable_storage error=%s", e.message)
+        exit_code = EXIT_UNSUITABLE_STORAGE
     finally:
         if health is not None:
             health.cancel()
@@ -94,6 +101,7 @@ async def serve(settings: AdapterStoreSettings) -> None:
         await running.stop(settings.shutdown_grace_seconds)
         await store.close()
     log.info("store.stopped")
+    return exit_code
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -105,8 +113,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     logging.basicConfig(
         level=settings.log_level, format="%(asctime)s %(levelname)s %(name)s %(message)s"
     )
-    asyncio.run(serve(settings))
-    return 0
+    return asyncio.run(serve(settings))
 
 
 if __name__ == "__main__":

@@ -9,9 +9,17 @@ Layout (keys relative to the store's prefix):
 
 A process folds the latest snapshot and the log after it into its `state`, then
 keeps following the log: it polls for the next seq, and a commit that loses the
-race (the key exists) re-reads the log and retries with the next seq. One
-process also serialises its own commits with a lock: it must never race itself,
-and the embedded S3 emulator checks preconditions without one.
+race (the key exists) re-reads the log and retries with the next seq, after a
+jittered backoff. One process also serialises its own commits with a lock: it
+must never race itself, and the embedded S3 emulator checks preconditions
+without one.
+
+Every entry carries a unique commit id. A put whose outcome is ambiguous (a 412,
+which the SDK's retry of our own put whose reply was lost also gets, or a put
+that failed after its retries) reads the entry back: our commit id there means
+the commit happened. A change made for a client's idempotency key records the
+key in its entry; the folded state remembers recent keys, so a retried request
+is answered with the change it made instead of a second one.
 
 Freshness: every catch-up that reads up to the log's head records when it did
 (`synced_time`). The poller survives any error (logged, retried with backoff),
@@ -32,15 +40,23 @@ import itertools
 import json
 import logging
 import time
+import uuid
 from collections import deque
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import datetime
 
 from loraserve.adapterstore.blobstore import BlobNotFound, BlobStore
-from loraserve.adapterstore.model import Change, StoreState, now
+from loraserve.adapterstore.model import Change, RequestRecord, StoreState, now
+from loraserve.adapterstore.storageprobe import check_conditional_put
 from loraserve.common.backoff import Backoff
-from loraserve.common.errors import DataLoss, OutOfRange, Unavailable
+from loraserve.common.errors import (
+    DataLoss,
+    FailedPrecondition,
+    InvalidArgument,
+    OutOfRange,
+    Unavailable,
+)
 
 log = logging.getLogger(__name__)
 
@@ -55,6 +71,14 @@ _GAP_CHECK_EVERY = 25
 _READ_BATCH = 256
 # Longest pause between polls while storage keeps failing.
 _MAX_POLL_BACKOFF_S = 10.0
+# Waits between lost races: replicas that keep colliding spread out instead of
+# retrying in lockstep.
+CONFLICT_BACKOFF_FIRST_S = 0.005
+CONFLICT_BACKOFF_MAX_S = 0.5
+
+
+def conflict_backoff() -> Backoff:
+    return Backoff(CONFLICT_BACKOFF_FIRST_S, CONFLICT_BACKOFF_MAX_S)
 
 
 def log_key(seq: int) -> str:
@@ -84,6 +108,14 @@ class LogSettings:
 # Builds the change to commit at `seq` from the freshest state; None means nothing to do.
 # It may raise a domain error (NotFound, Aborted...) that the state justifies.
 ChangeBuilder = Callable[[StoreState, int], Change | None]
+
+
+@dataclass(frozen=True, slots=True)
+class RequestTag:
+    """A client's idempotency key and a digest of what its request asks for."""
+
+    key: str
+    digest: str
 
 
 class ChangeLog:
@@ -123,7 +155,9 @@ class ChangeLog:
         return self._poller is not None and not self._poller.done()
 
     async def start(self) -> None:
-        """Loads the latest snapshot and the log after it, then follows the log."""
+        """Checks that storage honours conditional puts, loads the latest snapshot and
+        the log after it, then follows the log."""
+        await check_conditional_put(self._blobs)
         async with self._lock:
             await self._load_snapshot()
             await self._catch_up(check_gaps=True)
@@ -137,18 +171,31 @@ class ChangeLog:
                 await self._poller
             self._poller = None
 
-    async def commit(self, build: ChangeBuilder) -> Change | None:
+    async def commit(
+        self, build: ChangeBuilder, request: RequestTag | None = None
+    ) -> Change | None:
         """Commits the change `build` makes from the freshest state, retrying on lost races.
-        When it returns, `state` includes the change and nothing after it."""
+        When it returns, `state` includes the change and nothing after it. With
+        `request`, a key committed before returns the change it made, unless it came
+        with a different request (InvalidArgument)."""
+        backoff = conflict_backoff()
         async with self._lock:
             for _ in range(_MAX_COMMIT_ATTEMPTS):
                 await self._catch_up(check_gaps=True)
+                if request is not None and (done := self._state.requests.get(request.key)):
+                    return await self._replay(request, done)
                 seq = self._state.seq + 1
                 change = build(self._state, seq)
                 if change is None:
                     return None
+                change = replace(
+                    change,
+                    commit_id=uuid.uuid4().hex,
+                    request_key=request.key if request else "",
+                    request_digest=request.digest if request else "",
+                )
                 data = json.dumps(change.to_json(), separators=(",", ":")).encode()
-                if await self._blobs.put_if_absent(log_key(seq), data):
+                if await self._write_entry(seq, data, change.commit_id):
                     self._apply(change)
                     log.info(
                         "log.committed seq=%d type=%s adapter=%s",
@@ -159,18 +206,71 @@ class ChangeLog:
                     if seq % self._settings.snapshot_every == 0:
                         await self._snapshot_and_prune()
                     return change
-                log.info("log.commit_conflict seq=%d", seq)
+                delay = backoff.next_delay()
+                log.info("log.commit_conflict seq=%d retry_in_s=%.3f", seq, delay)
+                await asyncio.sleep(delay)
         raise Unavailable(f"commit lost {_MAX_COMMIT_ATTEMPTS} races in a row; retry later")
 
-    async def sync(self) -> None:
+    async def _write_entry(self, seq: int, data: bytes, commit_id: str) -> bool:
+        """Puts the entry at `seq` if the key is free; True if the entry there is ours.
+        A 412 is ambiguous: the SDK retries a put whose reply was lost, and the retry
+        is refused because of our own first attempt. A put that failed after its
+        retries may have landed too. Both are settled by reading the entry back."""
+        key = log_key(seq)
+        failure: Unavailable | None = None
+        try:
+            if await self._blobs.put_if_absent(key, data):
+                return True
+        except Unavailable as e:
+            failure = e
+        try:
+            stored = _parse_change(await self._blobs.get(key), seq)
+        except BlobNotFound:
+            if failure is not None:
+                raise failure from None
+            return False
+        if stored.commit_id == commit_id:
+            log.warning("log.commit_confirmed_by_read_back seq=%d", seq)
+            return True
+        # Another writer's entry: fold it now instead of reading it again.
+        self._apply(stored)
+        return False
+
+    async def _replay(self, request: RequestTag, record: RequestRecord) -> Change:
+        if record.digest != request.digest:
+            raise InvalidArgument(
+                f"idempotency key {request.key!r} was already used at seq {record.seq} "
+                "for a different request; use a new key for a new request"
+            )
+        change = await self._change_at(record.seq)
+        if change is None:
+            raise FailedPrecondition(
+                f"idempotency key {request.key!r} was committed at seq {record.seq}, "
+                "whose log entry is no longer kept"
+            )
+        log.info("log.request_replayed key=%s seq=%d", request.key, record.seq)
+        return change
+
+    async def _change_at(self, seq: int) -> Change | None:
+        """The committed change at `seq`, from memory or the log; None when pruned."""
+        if self._events and self._events[0].seq <= seq <= self._events[-1].seq:
+            return self._events[seq - self._events[0].seq]
+        try:
+            return (await self._read_log(seq, seq))[0]
+        except OutOfRange:
+            return None
+
+    async def sync(self) -> bool:
         """Catches up with commits of other replicas, so a read after a write made
-        through another replica sees it. With storage unreachable, reads go on from
-        the state as it is."""
+        through another replica sees it; False if storage could not be read, and
+        reads go on from the state as it is."""
         try:
             async with self._lock:
                 await self._catch_up(check_gaps=False)
         except Unavailable:
             log.warning("log.sync_failed seq=%d: answering from local state", self._state.seq)
+            return False
+        return True
 
     async def events_after(self, after_seq: int) -> list[Change]:
         """The next committed changes after `after_seq`, in order (empty when there are

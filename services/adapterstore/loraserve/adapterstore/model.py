@@ -16,8 +16,13 @@ from typing import Any
 from loraserve.common.errors import DataLoss
 
 # Version of the JSON written to log entries and snapshots; readers reject others
-# rather than misread them.
+# rather than misread them. Fields added later (commit ids, request keys) are
+# optional, so entries written before them still read.
 FORMAT_VERSION = 1
+# Idempotency keys are remembered for the changes of this many newest seqs. The
+# window is counted in seqs, not keys or time, so every replica that folds the
+# same log forgets the same keys at the same seq.
+REQUEST_KEY_WINDOW = 10_000
 
 
 def now() -> datetime:
@@ -156,9 +161,16 @@ class Change:
     current_revision: int  # the adapter's current revision after the change
     time: datetime
     actor: str
+    # Unique per commit attempt: a writer that cannot tell whether its conditional
+    # put landed reads the entry back and finds its own commit by this id.
+    commit_id: str = ""
+    # The client's idempotency key ("" when none was given) and a digest of the
+    # request it came with, so a retry is answered with this change.
+    request_key: str = ""
+    request_digest: str = ""
 
     def to_json(self) -> dict[str, Any]:
-        return {
+        data: dict[str, Any] = {
             "format": FORMAT_VERSION,
             "seq": self.seq,
             "type": self.type.value,
@@ -167,7 +179,12 @@ class Change:
             "current_revision": self.current_revision,
             "time": _time_to_json(self.time),
             "actor": self.actor,
+            "commit_id": self.commit_id,
         }
+        if self.request_key:
+            data["request_key"] = self.request_key
+            data["request_digest"] = self.request_digest
+        return data
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> Change:
@@ -181,7 +198,26 @@ class Change:
             current_revision=int(data["current_revision"]),
             time=_time_from_json(data["time"]),
             actor=str(data["actor"]),
+            commit_id=str(data.get("commit_id", "")),
+            request_key=str(data.get("request_key", "")),
+            request_digest=str(data.get("request_digest", "")),
         )
+
+
+@dataclass(frozen=True, slots=True)
+class RequestRecord:
+    """Where the change made for an idempotency key was committed, and a digest of
+    the request that made it."""
+
+    seq: int
+    digest: str
+
+    def to_json(self) -> dict[str, Any]:
+        return {"seq": self.seq, "digest": self.digest}
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> RequestRecord:
+        return cls(seq=int(data["seq"]), digest=str(data["digest"]))
 
 
 def _check_format(data: dict[str, Any], what: str) -> None:
@@ -196,11 +232,15 @@ class StoreState:
     `deleted_latest` remembers the highest revision of each deleted name, so a
     name pushed again after a delete continues its numbering: NAME@N never names
     two different contents.
+
+    `requests` maps the idempotency keys of the changes of the last
+    REQUEST_KEY_WINDOW seqs to where they were committed, oldest first.
     """
 
     seq: int = 0
     adapters: dict[str, Adapter] = field(default_factory=dict)
     deleted_latest: dict[str, int] = field(default_factory=dict)
+    requests: dict[str, RequestRecord] = field(default_factory=dict)
 
     def next_revision(self, name: str) -> int:
         adapter = self.adapters.get(name)
@@ -246,6 +286,19 @@ class StoreState:
             self.deleted_latest[name] = adapter.latest_revision
             del self.adapters[name]
         self.seq = change.seq
+        self._remember_request(change)
+
+    def _remember_request(self, change: Change) -> None:
+        if change.request_key:
+            # A key past the window may come again; re-adding keeps the seq order.
+            self.requests.pop(change.request_key, None)
+            self.requests[change.request_key] = RequestRecord(change.seq, change.request_digest)
+        # Keys are added in seq order, so the oldest are first.
+        while self.requests:
+            oldest = next(iter(self.requests))
+            if self.requests[oldest].seq > self.seq - REQUEST_KEY_WINDOW:
+                break
+            del self.requests[oldest]
 
     def copy(self) -> StoreState:
         """A copy that later `apply` calls on this state do not change."""
@@ -255,6 +308,7 @@ class StoreState:
                 name: replace(a, revisions=dict(a.revisions)) for name, a in self.adapters.items()
             },
             deleted_latest=dict(self.deleted_latest),
+            requests=dict(self.requests),
         )
 
     def to_json(self) -> dict[str, Any]:
@@ -263,6 +317,7 @@ class StoreState:
             "seq": self.seq,
             "adapters": [a.to_json() for _, a in sorted(self.adapters.items())],
             "deleted_latest": dict(sorted(self.deleted_latest.items())),
+            "requests": [{"key": k, **r.to_json()} for k, r in self.requests.items()],
         }
 
     @classmethod
@@ -273,6 +328,7 @@ class StoreState:
             seq=int(data["seq"]),
             adapters={a.name: a for a in adapters},
             deleted_latest={str(k): int(v) for k, v in data["deleted_latest"].items()},
+            requests={str(r["key"]): RequestRecord.from_json(r) for r in data.get("requests", [])},
         )
 
 

@@ -108,6 +108,7 @@ def push_header(message: pb.PushAdapterRequest) -> PushHeader:
         files=[FileInfo(f.name, f.size, f.sha256) for f in header.files],
         no_promote=header.no_promote,
         description=header.description,
+        idempotency_key=header.idempotency_key,
     )
 
 

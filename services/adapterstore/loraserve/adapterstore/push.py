@@ -38,6 +38,7 @@ class PushHeader:
     files: list[FileInfo]  # sha256 "" when the client did not give one
     no_promote: bool
     description: str
+    idempotency_key: str = ""
 
 
 @dataclass(frozen=True, slots=True)

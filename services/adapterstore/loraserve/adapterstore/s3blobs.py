@@ -19,7 +19,7 @@ from botocore.exceptions import BotoCoreError, ClientError
 
 from loraserve.adapterstore.blobstore import BlobNotFound, BlobUpload, blob_key
 from loraserve.adapterstore.s3upload import DirectUpload, StagedUpload
-from loraserve.common.errors import Unavailable
+from loraserve.common.errors import FailedPrecondition, Unavailable
 
 if TYPE_CHECKING:
     from mypy_boto3_s3 import S3Client
@@ -38,6 +38,8 @@ _NOT_FOUND_CODES = frozenset({"NoSuchKey", "404", "NotFound"})
 # 409 ConditionalRequestConflict: AWS's answer when a concurrent conditional write
 # to the same key is in flight; either way the key is not ours.
 _TAKEN_CODES = frozenset({"PreconditionFailed", "412", "ConditionalRequestConflict"})
+# Backends without conditional writes may say so instead of ignoring the header.
+_UNSUPPORTED_CODES = frozenset({"NotImplemented", "501"})
 
 
 @dataclass(frozen=True, slots=True)
@@ -169,6 +171,11 @@ class S3BlobStore:
         except ClientError as e:
             if _error_code(e) in _TAKEN_CODES:
                 return False
+            if _error_code(e) in _UNSUPPORTED_CODES:
+                raise FailedPrecondition(
+                    "object storage does not support conditional writes "
+                    f"(If-None-Match: * on PUT answered {_error_code(e)}); the store needs them"
+                ) from e
             raise Unavailable(
                 f"object storage: conditional put failed: {_error_code(e) or e}"
             ) from e

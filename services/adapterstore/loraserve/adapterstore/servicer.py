@@ -96,14 +96,18 @@ class AdapterStoreServicer:
         self, request: pb.SetCurrentRevisionRequest, context: Context
     ) -> pb.SetCurrentRevisionResponse:
         adapter, seq = await self._store.set_current(
-            request.name, request.revision, request.expected_current_revision, self._principal()
+            request.name,
+            request.revision,
+            request.expected_current_revision,
+            self._principal(),
+            request.idempotency_key,
         )
         return pb.SetCurrentRevisionResponse(adapter=protoconv.adapter(adapter), seq=seq)
 
     async def DeleteAdapter(
         self, request: pb.DeleteAdapterRequest, context: Context
     ) -> pb.DeleteAdapterResponse:
-        seq = await self._store.delete(request.name, self._principal())
+        seq = await self._store.delete(request.name, self._principal(), request.idempotency_key)
         return pb.DeleteAdapterResponse(seq=seq)
 
     async def DownloadAdapter(

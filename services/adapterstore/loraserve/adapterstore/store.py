@@ -9,16 +9,16 @@ different contents.
 from __future__ import annotations
 
 import asyncio
-import base64
-import binascii
 import hashlib
 import logging
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, replace
 from datetime import datetime
 
+from loraserve.adapterstore import pagetokens
 from loraserve.adapterstore.blobstore import BlobNotFound, BlobStore, blob_key
 from loraserve.adapterstore.changelog import ChangeLog
+from loraserve.adapterstore.idempotency import check_idempotency_key, request_tag
 from loraserve.adapterstore.model import (
     Adapter,
     Change,
@@ -47,9 +47,6 @@ from loraserve.common.errors import Aborted, DataLoss, InvalidArgument, NotFound
 from loraserve.common.names import validate_adapter_name
 
 log = logging.getLogger(__name__)
-
-DEFAULT_PAGE_SIZE = 100
-MAX_PAGE_SIZE = 1000
 
 
 @dataclass(frozen=True, slots=True)
@@ -168,11 +165,20 @@ class AdapterStore:
         self._check_started()
         validate_adapter_name(header.name)
         check_text("description", header.description, MAX_DESCRIPTION_BYTES)
+        check_idempotency_key(header.idempotency_key)
         check_declared_files(header.files, self._settings.limits)
         received = await receive_adapter(header, chunks, self._blobs)
         await keep_files(received)
         files = tuple(f.info for f in received.files)
         config = received.config
+        request = request_tag(
+            header.idempotency_key,
+            "push",
+            header.name,
+            [f.to_json() for f in files],
+            header.no_promote,
+            header.description,
+        )
 
         def build(state: StoreState, seq: int) -> Change:
             adapter = state.adapters.get(header.name)
@@ -197,7 +203,7 @@ class AdapterStore:
                 seq, ChangeType.REVISION_PUSHED, header.name, revision, current, time, actor
             )
 
-        change = await self._log.commit(build)
+        change = await self._log.commit(build, request)
         assert change is not None
         assert change.revision is not None
         log.info(
@@ -224,12 +230,30 @@ class AdapterStore:
         size_of: Callable[[Adapter], int] = lambda _: 0,
     ) -> AdapterPage:
         """A page of at most `page_size` adapters whose sizes (`size_of`, the encoded
-        size) add up to at most `max_page_bytes`; never empty while adapters remain."""
+        size) add up to at most `max_page_bytes`; never empty while adapters remain.
+
+        Every page of a listing carries the first page's
+        seq (in its token and its `seq`) and reflects at least that seq, so a watch
+        from it sees every change the listing may have missed. A replica behind
+        that seq catches up first; one that cannot read the log answers
+        Unavailable, since the same page asked again (of it later, or of another
+        replica) succeeds; ABORTED would wrongly tell the client to start over."""
         self._check_started()
-        size = _page_size(page_size)
-        after = _decode_token(page_token, "ListAdapters")
-        await self._log.sync()
+        size = pagetokens.page_size(page_size)
+        listing_seq, after = pagetokens.decode_listing_token(page_token)
+        caught_up = await self._log.sync()
         state = self._log.state
+        if state.seq < listing_seq and caught_up:
+            raise InvalidArgument(
+                f"page_token names seq {listing_seq}, beyond the store's last commit "
+                f"{state.seq}; list again from the first page"
+            )
+        if state.seq < listing_seq:
+            raise Unavailable(
+                f"this store replica is at seq {state.seq}, behind the listing's seq "
+                f"{listing_seq}, and cannot read the log now; ask for the page again"
+            )
+        seq = listing_seq if page_token else state.seq
         names = sorted(n for n in state.adapters if n > after)
         selected: list[Adapter] = []
         fill = PageFill(size, self._settings.max_page_bytes)
@@ -240,10 +264,10 @@ class AdapterStore:
             if base_model and (current is None or current.base_model != base_model):
                 continue
             if not fill.room_for(size_of(adapter)):
-                next_token = _encode_token(selected[-1].name)
+                next_token = pagetokens.encode_listing_token(seq, selected[-1].name)
                 break
             selected.append(_copy(adapter))
-        return AdapterPage(selected, next_token, state.seq)
+        return AdapterPage(selected, next_token, seq)
 
     async def list_revisions(
         self,
@@ -253,8 +277,8 @@ class AdapterStore:
         size_of: Callable[[Revision], int] = lambda _: 0,
     ) -> RevisionPage:
         self._check_started()
-        size = _page_size(page_size)
-        token = _decode_token(page_token, "ListRevisions")
+        size = pagetokens.page_size(page_size)
+        token = pagetokens.decode_token(page_token, "ListRevisions")
         await self._log.sync()
         adapter = self._adapter(name)
         try:
@@ -268,19 +292,28 @@ class AdapterStore:
             if not fill.room_for(size_of(adapter.revisions[number])):
                 break
             page.append(number)
-        next_token = _encode_token(str(page[-1])) if len(numbers) > len(page) else ""
+        next_token = pagetokens.encode_token(str(page[-1])) if len(numbers) > len(page) else ""
         return RevisionPage(
             [adapter.revisions[n] for n in page], next_token, adapter.current_revision
         )
 
     async def set_current(
-        self, name: str, revision: int, expected_current: int, actor: str
+        self,
+        name: str,
+        revision: int,
+        expected_current: int,
+        actor: str,
+        idempotency_key: str = "",
     ) -> tuple[Adapter, int]:
-        """Moves `current`; a no-op (no log entry) when `revision` is current already."""
+        """Moves `current`; a no-op (no log entry) when `revision` is current already.
+        A repeated idempotency key answers with the adapter as it is now and the seq
+        of the change the key made."""
         self._check_started()
         validate_adapter_name(name)
+        check_idempotency_key(idempotency_key)
         if revision < 1:
             raise InvalidArgument(f"revision must be >= 1, got {revision}")
+        request = request_tag(idempotency_key, "set_current", name, revision, expected_current)
 
         def build(state: StoreState, seq: int) -> Change | None:
             adapter = _lookup(state, name)
@@ -296,7 +329,7 @@ class AdapterStore:
                 seq, ChangeType.CURRENT_REVISION_SET, name, target, revision, now(), actor
             )
 
-        change = await self._log.commit(build)
+        change = await self._log.commit(build, request)
         if change is not None:
             log.info(
                 "adapter.current_set name=%s rev=%d seq=%d actor=%s",
@@ -307,15 +340,17 @@ class AdapterStore:
             )
         return _copy(self._adapter(name)), self._log.head_seq if change is None else change.seq
 
-    async def delete(self, name: str, actor: str) -> int:
+    async def delete(self, name: str, actor: str, idempotency_key: str = "") -> int:
         self._check_started()
         validate_adapter_name(name)
+        check_idempotency_key(idempotency_key)
+        request = request_tag(idempotency_key, "delete", name)
 
         def build(state: StoreState, seq: int) -> Change:
             _lookup(state, name)
             return Change(seq, ChangeType.ADAPTER_DELETED, name, None, 0, now(), actor)
 
-        change = await self._log.commit(build)
+        change = await self._log.commit(build, request)
         assert change is not None
         log.info("adapter.deleted name=%s seq=%d actor=%s", name, change.seq, actor)
         return change.seq
@@ -454,22 +489,3 @@ def _revision(adapter: Adapter, revision: int) -> Revision:
 def _copy(adapter: Adapter) -> Adapter:
     """A copy that later changes to the state leave alone (revisions are immutable)."""
     return replace(adapter, revisions=dict(adapter.revisions))
-
-
-def _page_size(requested: int) -> int:
-    if requested < 0:
-        raise InvalidArgument(f"page_size must not be negative, got {requested}")
-    return min(requested or DEFAULT_PAGE_SIZE, MAX_PAGE_SIZE)
-
-
-def _encode_token(value: str) -> str:
-    return base64.urlsafe_b64encode(value.encode()).decode()
-
-
-def _decode_token(token: str, method: str) -> str:
-    if not token:
-        return ""
-    try:
-        return base64.b64decode(token.encode(), altchars=b"-_", validate=True).decode()
-    except (binascii.Error, UnicodeDecodeError, ValueError):
-        raise InvalidArgument(f"invalid page_token for {method}") from None

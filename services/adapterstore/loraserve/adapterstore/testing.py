@@ -106,8 +106,12 @@ async def push(
     no_promote: bool = False,
     header_files: list[FileInfo] | None = None,
     chunks: AsyncIterator[Chunk] | None = None,
+    idempotency_key: str = "",
+    description: str = "",
 ) -> PushResult:
-    header = PushHeader(name, header_files or declared(files), no_promote, "")
+    header = PushHeader(
+        name, header_files or declared(files), no_promote, description, idempotency_key
+    )
     return await store.push(header, chunks or chunks_of(files), "tester")
 
 

@@ -16,6 +16,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from loraserve.adapterstore.cli.adapter_dir import hash_files, list_adapter_dir
 from loraserve.adapterstore.cli.push import upload
+from loraserve.adapterstore.cli.retry import new_idempotency_key, retry_unavailable
 from loraserve.adapterstore.v1 import adapterstore_pb2_grpc
 from loraserve.common.errors import DeadlineExceeded, error_from_rpc
 from loraserve.common.security import ClientSecurity, secure_channel
@@ -49,11 +50,20 @@ async def push_directory(
     """Publishes `directory` as a new current revision of `name`; the revision number."""
     listing = await asyncio.to_thread(list_adapter_dir, directory)
     files = await asyncio.to_thread(hash_files, listing)
+    key = new_idempotency_key()
     async with secure_channel(store_address, security, _CHANNEL_OPTIONS) as channel:
         stub = adapterstore_pb2_grpc.AdapterStoreServiceStub(channel)
         try:
-            response = await upload(
-                stub, name, files, no_promote=False, description=description, timeout_s=60.0
+            response = await retry_unavailable(
+                lambda: upload(
+                    stub,
+                    name,
+                    files,
+                    no_promote=False,
+                    description=description,
+                    timeout_s=60.0,
+                    idempotency_key=key,
+                )
             )
         except grpc.aio.AioRpcError as exc:
             raise error_from_rpc(exc) from None

@@ -18,13 +18,22 @@ import enum
 import logging
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from urllib.parse import unquote, urlsplit
 
 log = logging.getLogger(__name__)
 
 _BUFFER = 64 * 1024
 _MAX_HEAD = 64 * 1024
+_REFUSAL_BODY = (
+    b'<?xml version="1.0" encoding="UTF-8"?>\n<Error><Code>AccessDenied</Code>'
+    b"<Message>refused by the S3 fault proxy</Message></Error>"
+)
+_REFUSAL = (
+    b"HTTP/1.1 403 Forbidden\r\nContent-Type: application/xml\r\n"
+    + f"Content-Length: {len(_REFUSAL_BODY)}\r\n\r\n".encode()
+    + _REFUSAL_BODY
+)
 
 
 class Fault(enum.Enum):
@@ -34,6 +43,11 @@ class Fault(enum.Enum):
     CUT_REQUEST = "cut-request"
     # Forward the request, then `after_bytes` of the response, then cut both connections.
     CUT_RESPONSE = "cut-response"
+    # Answer 403 AccessDenied without forwarding: an error the SDK does not retry.
+    REFUSE = "refuse"
+    # Forward the request without its `If-None-Match` header, as a backend that
+    # ignores conditional writes would treat it.
+    STRIP_IF_NONE_MATCH = "strip-if-none-match"
 
 
 @dataclass
@@ -45,12 +59,14 @@ class Rule:
     key_prefix: str
     after_bytes: int = 0
     times: int | None = None  # None: every matching request
+    after: Rule | None = None  # armed only once this other rule has applied
     hits: int = 0
     hit: asyncio.Event = field(default_factory=asyncio.Event)
 
     def matches(self, method: str, key: str) -> bool:
         exhausted = self.times is not None and self.hits >= self.times
-        return not exhausted and method == self.method and key.startswith(self.key_prefix)
+        armed = self.after is None or self.after.hits > 0
+        return armed and not exhausted and method == self.method and key.startswith(self.key_prefix)
 
 
 @dataclass(frozen=True)
@@ -92,8 +108,9 @@ class S3FaultProxy:
         *,
         after_bytes: int = 0,
         times: int | None = None,
+        after: Rule | None = None,
     ) -> Rule:
-        rule = Rule(fault, method, key_prefix, after_bytes, times)
+        rule = Rule(fault, method, key_prefix, after_bytes, times, after)
         self._rules.append(rule)
         return rule
 
@@ -167,6 +184,13 @@ class S3FaultProxy:
                     return
                 elif rule is not None and rule.fault is Fault.CUT_RESPONSE:
                     cut_after[0] = rule.after_bytes
+                elif rule is not None and rule.fault is Fault.REFUSE:
+                    await _forward_body(reader, None, request)
+                    writer.write(_REFUSAL)
+                    await writer.drain()
+                    continue
+                elif rule is not None and rule.fault is Fault.STRIP_IF_NONE_MATCH:
+                    request = _without_header(request, b"if-none-match")
                 upstream.write(request.head)
                 await _forward_body(reader, upstream, request)
                 await upstream.drain()
@@ -192,6 +216,14 @@ class S3FaultProxy:
         with contextlib.suppress(OSError):
             while data := await reader.read(_BUFFER):
                 limit = cut_after[0]
+                if limit is not None:
+                    # A `100 Continue` (the SDK sends PUTs with `Expect:`) is not the
+                    # response the rule cuts: it passes whole.
+                    interim, data = _split_interim(data)
+                    writer.write(interim)
+                    if not data:
+                        await writer.drain()
+                        continue
                 if limit is not None and len(data) >= limit:
                     writer.write(data[:limit])
                     await writer.drain()
@@ -202,6 +234,17 @@ class S3FaultProxy:
                 writer.write(data)
                 await writer.drain()
             writer.transport.abort()
+
+
+def _split_interim(data: bytes) -> tuple[bytes, bytes]:
+    """(the interim 1xx responses at the start of `data`, the rest)."""
+    position = 0
+    while data.startswith(b"HTTP/1.1 1", position):
+        end = data.find(b"\r\n\r\n", position)
+        if end < 0:
+            break
+        position = end + 4
+    return data[:position], data[position:]
 
 
 async def _read_request(reader: asyncio.StreamReader) -> _Request | None:
@@ -228,17 +271,26 @@ async def _read_request(reader: asyncio.StreamReader) -> _Request | None:
     return _Request(head, method, key, int(length) if length is not None else None, chunked)
 
 
+def _without_header(request: _Request, name: bytes) -> _Request:
+    lines = request.head.split(b"\r\n")
+    kept = [line for line in lines if line.split(b":", 1)[0].strip().lower() != name]
+    return replace(request, head=b"\r\n".join(kept))
+
+
 async def _forward_body(
     reader: asyncio.StreamReader,
-    writer: asyncio.StreamWriter,
+    writer: asyncio.StreamWriter | None,
     request: _Request,
     limit: int | None = None,
 ) -> None:
-    """Copies the request's body; with `limit`, only that many bytes of it."""
+    """Copies the request's body (to nowhere when `writer` is None); with `limit`,
+    only that many bytes of it."""
     budget = [limit]
 
     def send(data: bytes) -> bool:
         allowed = budget[0]
+        if writer is None:
+            return True
         if allowed is None:
             writer.write(data)
             return True

@@ -63,7 +63,7 @@ async def prepare_push(directory: Path, console: Console) -> AdapterFiles:
 
 
 def push_header(
-    name: str, files: AdapterFiles, *, no_promote: bool, description: str
+    name: str, files: AdapterFiles, *, no_promote: bool, description: str, idempotency_key: str
 ) -> pb.PushAdapterRequest:
     return pb.PushAdapterRequest(
         header=pb.PushHeader(
@@ -71,6 +71,7 @@ def push_header(
             files=[pb.FileInfo(name=f.name, size=f.size, sha256=f.sha256) for f in files.files],
             no_promote=no_promote,
             description=description,
+            idempotency_key=idempotency_key,
         )
     )
 
@@ -83,14 +84,22 @@ async def upload(
     no_promote: bool,
     description: str,
     timeout_s: float | None,
+    idempotency_key: str,
     progress: Callable[[int], None] = lambda _: None,
 ) -> pb.PushAdapterResponse:
-    """Streams one push; a rejected push raises the call's AioRpcError."""
+    """Streams one push; a rejected push raises the call's AioRpcError. A retry of
+    the push must pass the same `idempotency_key` (see cli.retry)."""
     call = stub.PushAdapter(timeout=timeout_s)
     try:
         try:
             await call.write(
-                push_header(name, files, no_promote=no_promote, description=description)
+                push_header(
+                    name,
+                    files,
+                    no_promote=no_promote,
+                    description=description,
+                    idempotency_key=idempotency_key,
+                )
             )
             for local in files.files:
                 await _write_file(call, local, progress)

@@ -1,8 +1,12 @@
-"""The commands that change the store: push (once or watching), rollback, delete."""
+"""The commands that change the store: push (once or watching), rollback, delete.
+
+Each intended change gets one idempotency key, reused by every retry of it, so a
+retry after UNAVAILABLE never changes the store twice."""
 
 from __future__ import annotations
 
 import argparse
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -20,6 +24,7 @@ from loraserve.adapterstore.cli.push import (
     upload,
     validated_name,
 )
+from loraserve.adapterstore.cli.retry import new_idempotency_key, retry_unavailable
 from loraserve.adapterstore.cli.settings import CtlSettings
 from loraserve.adapterstore.cli.watch_dir import Fingerprint, watch_directory
 from loraserve.adapterstore.v1 import adapterstore_pb2 as pb
@@ -35,16 +40,21 @@ async def cmd_push(args: argparse.Namespace, settings: CtlSettings, console: Con
         return EXIT_OK
     files = await prepare_push(directory, console)
     progress = progress_for(console, f"uploading {name}", files.total_size)
+    key = new_idempotency_key()
     async with store_stub(settings) as stub:
         try:
-            response = await upload(
-                stub,
-                name,
-                files,
-                no_promote=args.no_promote,
-                description=args.description,
-                timeout_s=settings.stream_timeout_s,
-                progress=progress.advance,
+            response = await retry_unavailable(
+                lambda: upload(
+                    stub,
+                    name,
+                    files,
+                    no_promote=args.no_promote,
+                    description=args.description,
+                    timeout_s=settings.stream_timeout_s,
+                    idempotency_key=key,
+                    progress=progress.advance,
+                ),
+                _retry_reporter(console, f"push of {name}"),
             )
         finally:
             progress.finish()
@@ -63,6 +73,9 @@ class StorePublisher:
         self._settings = settings
         self._no_promote = no_promote
         self._description = description
+        # The content of a publish that failed, with its key: publishing the same
+        # content again is a retry of it, and a retry reuses the key.
+        self._pending: tuple[Fingerprint, str] | None = None
 
     async def last_published(self) -> tuple[str, Fingerprint] | None:
         """The latest revision, current or not: with --no-promote it is what was last pushed."""
@@ -82,6 +95,9 @@ class StorePublisher:
         return f"{self._name}@{latest.revision}", fingerprint
 
     async def publish(self, files: AdapterFiles) -> str:
+        fingerprint = files.fingerprint()
+        if self._pending is None or self._pending[0] != fingerprint:
+            self._pending = (fingerprint, new_idempotency_key())
         response = await upload(
             self._stub,
             self._name,
@@ -89,7 +105,9 @@ class StorePublisher:
             no_promote=self._no_promote,
             description=self._description,
             timeout_s=self._settings.stream_timeout_s,
+            idempotency_key=self._pending[1],
         )
+        self._pending = None
         if self._settings.json:
             return dumps(message_to_json(response))
         return f"{response.revision.adapter_name}@{response.revision.revision}"
@@ -98,10 +116,16 @@ class StorePublisher:
 async def cmd_rollback(args: argparse.Namespace, settings: CtlSettings, console: Console) -> int:
     name = validated_name(args.name)
     request = pb.SetCurrentRevisionRequest(
-        name=name, revision=args.revision, expected_current_revision=args.expect_current or 0
+        name=name,
+        revision=args.revision,
+        expected_current_revision=args.expect_current or 0,
+        idempotency_key=new_idempotency_key(),
     )
     async with store_stub(settings) as stub:
-        response = await stub.SetCurrentRevision(request, timeout=settings.unary_timeout_s)
+        response = await retry_unavailable(
+            lambda: stub.SetCurrentRevision(request, timeout=settings.unary_timeout_s),
+            _retry_reporter(console, f"rollback of {name}"),
+        )
     if settings.json:
         console.out(dumps(message_to_json(response)))
     else:
@@ -120,12 +144,21 @@ async def cmd_delete(args: argparse.Namespace, settings: CtlSettings, console: C
         if not await console.confirm(f"Delete adapter {name!r} and all its revisions?"):
             console.err(f"not deleted: {name}")
             return EXIT_FAILED
+    request = pb.DeleteAdapterRequest(name=name, idempotency_key=new_idempotency_key())
     async with store_stub(settings) as stub:
-        response = await stub.DeleteAdapter(
-            pb.DeleteAdapterRequest(name=name), timeout=settings.unary_timeout_s
+        response = await retry_unavailable(
+            lambda: stub.DeleteAdapter(request, timeout=settings.unary_timeout_s),
+            _retry_reporter(console, f"delete of {name}"),
         )
     if settings.json:
         console.out(dumps({"name": name, "seq": response.seq}))
     else:
         console.out(f"deleted {name}")
     return EXIT_OK
+
+
+def _retry_reporter(console: Console, what: str) -> Callable[[grpc.aio.AioRpcError, float], None]:
+    def report(exc: grpc.aio.AioRpcError, delay_s: float) -> None:
+        console.err(f"{what} failed: UNAVAILABLE: {exc.details()}; retrying in {delay_s:.1f} s")
+
+    return report

@@ -85,16 +85,18 @@ class Adapter(_message.Message):
     def __init__(self, name: _Optional[str] = ..., current_revision: _Optional[int] = ..., latest_revision: _Optional[int] = ..., current: _Optional[_Union[Revision, _Mapping]] = ..., create_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., update_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ...) -> None: ...
 
 class PushHeader(_message.Message):
-    __slots__ = ("name", "files", "no_promote", "description")
+    __slots__ = ("name", "files", "no_promote", "description", "idempotency_key")
     NAME_FIELD_NUMBER: _ClassVar[int]
     FILES_FIELD_NUMBER: _ClassVar[int]
     NO_PROMOTE_FIELD_NUMBER: _ClassVar[int]
     DESCRIPTION_FIELD_NUMBER: _ClassVar[int]
+    IDEMPOTENCY_KEY_FIELD_NUMBER: _ClassVar[int]
     name: str
     files: _containers.RepeatedCompositeFieldContainer[FileInfo]
     no_promote: bool
     description: str
-    def __init__(self, name: _Optional[str] = ..., files: _Optional[_Iterable[_Union[FileInfo, _Mapping]]] = ..., no_promote: _Optional[bool] = ..., description: _Optional[str] = ...) -> None: ...
+    idempotency_key: str
+    def __init__(self, name: _Optional[str] = ..., files: _Optional[_Iterable[_Union[FileInfo, _Mapping]]] = ..., no_promote: _Optional[bool] = ..., description: _Optional[str] = ..., idempotency_key: _Optional[str] = ...) -> None: ...
 
 class FileChunk(_message.Message):
     __slots__ = ("file_name", "offset", "data")
@@ -181,14 +183,16 @@ class ListRevisionsResponse(_message.Message):
     def __init__(self, revisions: _Optional[_Iterable[_Union[Revision, _Mapping]]] = ..., next_page_token: _Optional[str] = ..., current_revision: _Optional[int] = ...) -> None: ...
 
 class SetCurrentRevisionRequest(_message.Message):
-    __slots__ = ("name", "revision", "expected_current_revision")
+    __slots__ = ("name", "revision", "expected_current_revision", "idempotency_key")
     NAME_FIELD_NUMBER: _ClassVar[int]
     REVISION_FIELD_NUMBER: _ClassVar[int]
     EXPECTED_CURRENT_REVISION_FIELD_NUMBER: _ClassVar[int]
+    IDEMPOTENCY_KEY_FIELD_NUMBER: _ClassVar[int]
     name: str
     revision: int
     expected_current_revision: int
-    def __init__(self, name: _Optional[str] = ..., revision: _Optional[int] = ..., expected_current_revision: _Optional[int] = ...) -> None: ...
+    idempotency_key: str
+    def __init__(self, name: _Optional[str] = ..., revision: _Optional[int] = ..., expected_current_revision: _Optional[int] = ..., idempotency_key: _Optional[str] = ...) -> None: ...
 
 class SetCurrentRevisionResponse(_message.Message):
     __slots__ = ("adapter", "seq")
@@ -199,10 +203,12 @@ class SetCurrentRevisionResponse(_message.Message):
     def __init__(self, adapter: _Optional[_Union[Adapter, _Mapping]] = ..., seq: _Optional[int] = ...) -> None: ...
 
 class DeleteAdapterRequest(_message.Message):
-    __slots__ = ("name",)
+    __slots__ = ("name", "idempotency_key")
     NAME_FIELD_NUMBER: _ClassVar[int]
+    IDEMPOTENCY_KEY_FIELD_NUMBER: _ClassVar[int]
     name: str
-    def __init__(self, name: _Optional[str] = ...) -> None: ...
+    idempotency_key: str
+    def __init__(self, name: _Optional[str] = ..., idempotency_key: _Optional[str] = ...) -> None: ...
 
 class DeleteAdapterResponse(_message.Message):
     __slots__ = ("seq",)
