@@ -17,7 +17,8 @@ from loraserve.adapterstore.servicer import (
     register,
 )
 from loraserve.adapterstore.store import AdapterStore
-from loraserve.adapterstore.testing import FAST_LOG, make_store
+from loraserve.adapterstore.testing import FAST_LOG, TEST_LIMITS, make_store
+from loraserve.adapterstore.validation import Limits
 from loraserve.common.security import ServerSecurity
 from loraserve.testing.grpc import serving
 from loraserve.testing.s3 import S3Bucket
@@ -45,10 +46,10 @@ def s3_location(bucket: S3Bucket) -> S3Location:
 
 @asynccontextmanager
 async def running_store(
-    bucket: S3Bucket, security: ServerSecurity | None = None
+    bucket: S3Bucket, security: ServerSecurity | None = None, limits: Limits = TEST_LIMITS
 ) -> AsyncIterator[RunningStore]:
     """Runs a store server on `bucket` until the block exits."""
-    store = make_store(S3BlobStore(s3_location(bucket)), FAST_LOG)
+    store = make_store(S3BlobStore(s3_location(bucket)), FAST_LOG, limits=limits)
     await store.start()
     try:
         async with serving(

@@ -27,6 +27,7 @@ from loraserve.adapterstore.cli.progress import MIN_BYTES_FOR_BAR, Progress
 from loraserve.adapterstore.cli.settings import CtlSettings
 from loraserve.adapterstore.v1 import adapterstore_pb2 as pb
 from loraserve.adapterstore.validation import PICKLE_SUFFIXES
+from loraserve.common.clientstream import ClientStream
 from loraserve.common.errors import InvalidArgument
 from loraserve.common.names import validate_adapter_name
 
@@ -85,26 +86,33 @@ async def upload(
     timeout_s: float | None,
     progress: Callable[[int], None] = lambda _: None,
 ) -> pb.PushAdapterResponse:
-    """Streams one push; a rejected push raises the call's AioRpcError."""
-    call = stub.PushAdapter(timeout=timeout_s)
+    """Streams one push; a rejected push raises the call's AioRpcError.
+
+    The store may refuse the push before it has all been sent (no token, a file over
+    its limits, a bad file): writing stops then, and the store's status is raised.
+    """
+    stream: ClientStream[pb.PushAdapterRequest, pb.PushAdapterResponse] = ClientStream(
+        stub.PushAdapter(timeout=timeout_s)
+    )
     try:
-        try:
-            await call.write(
-                push_header(name, files, no_promote=no_promote, description=description)
-            )
+        if await stream.write(
+            push_header(name, files, no_promote=no_promote, description=description)
+        ):
             for local in files.files:
-                await _write_file(call, local, progress)
-            await call.done_writing()
-        except asyncio.InvalidStateError:
-            pass  # The store ended the call early (a rejected header); its status says why.
-        response: pb.PushAdapterResponse = await call
+                if not await _write_file(stream, local, progress):
+                    break
+        return await stream.result()
     except BaseException:
-        call.cancel()
+        stream.cancel()
         raise
-    return response
 
 
-async def _write_file(call: Any, local: LocalFile, progress: Callable[[int], None]) -> None:
+async def _write_file(
+    stream: ClientStream[pb.PushAdapterRequest, pb.PushAdapterResponse],
+    local: LocalFile,
+    progress: Callable[[int], None],
+) -> bool:
+    """Sends one file; False if the store ended the call first."""
     try:
         f: BinaryIO = await asyncio.to_thread(local.path.open, "rb")
     except OSError as exc:
@@ -117,15 +125,14 @@ async def _write_file(call: Any, local: LocalFile, progress: Callable[[int], Non
                 raise UsageError(
                     f"{local.path}: shrank from {local.size} to {offset} bytes while uploading"
                 )
-            await call.write(
-                pb.PushAdapterRequest(
-                    chunk=pb.FileChunk(file_name=local.name, offset=offset, data=data)
-                )
-            )
+            chunk = pb.FileChunk(file_name=local.name, offset=offset, data=data)
+            if not await stream.write(pb.PushAdapterRequest(chunk=chunk)):
+                return False
             offset += len(data)
             progress(len(data))
     finally:
         await asyncio.to_thread(f.close)
+    return True
 
 
 def print_pushed(console: Console, settings: CtlSettings, response: pb.PushAdapterResponse) -> None:
