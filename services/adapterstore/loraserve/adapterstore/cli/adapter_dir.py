@@ -12,6 +12,7 @@ import json
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any, BinaryIO
 
 from loraserve.adapterstore.cli.failures import UsageError
 from loraserve.adapterstore.validation import (
@@ -141,6 +142,13 @@ def hash_files(
             raise UsageError(f"{path}: cannot read: {exc.strerror}") from None
         files.append(LocalFile(path.name, path, size, digest.hexdigest()))
     return AdapterFiles(listing.directory, tuple(files), listing.ignored)
+
+
+def read_into(f: BinaryIO, digest: Any) -> int:
+    """Reads the next chunk of `f` into `digest`; how many bytes (0 at the end)."""
+    chunk = f.read(CHUNK_SIZE)
+    digest.update(chunk)
+    return len(chunk)
 
 
 def listing_size(listing: DirectoryListing) -> int:

@@ -8,6 +8,7 @@ a chunk at a time in a worker thread, so a 2 GiB adapter needs no 2 GiB of memor
 from __future__ import annotations
 
 import asyncio
+import hashlib
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any, BinaryIO
@@ -15,10 +16,11 @@ from typing import Any, BinaryIO
 from loraserve.adapterstore.cli.adapter_dir import (
     CHUNK_SIZE,
     AdapterFiles,
+    DirectoryListing,
     LocalFile,
-    hash_files,
     list_adapter_dir,
     listing_size,
+    read_into,
 )
 from loraserve.adapterstore.cli.console import Console
 from loraserve.adapterstore.cli.failures import UsageError
@@ -58,9 +60,34 @@ async def prepare_push(directory: Path, console: Console) -> AdapterFiles:
     total = await asyncio.to_thread(listing_size, listing)
     progress = progress_for(console, "hashing  ", total)
     try:
-        return await asyncio.to_thread(hash_files, listing, progress.advance)
+        return await hash_in_steps(listing, progress.advance)
     finally:
         progress.finish()
+
+
+async def hash_in_steps(listing: DirectoryListing, progress: Callable[[int], None]) -> AdapterFiles:
+    """`hash_files`, one chunk per worker-thread call.
+
+    A cancel (Ctrl-C) then ends hashing within a chunk. One call for the whole adapter
+    would run on after the cancel, and asyncio's exit waits for its worker threads:
+    Ctrl-C while hashing gigabytes did nothing until every byte was read.
+    """
+    files = []
+    for path in listing.selected:
+        digest = hashlib.sha256()
+        size = 0
+        try:
+            f: BinaryIO = await asyncio.to_thread(path.open, "rb")
+            try:
+                while read := await asyncio.to_thread(read_into, f, digest):
+                    size += read
+                    progress(read)
+            finally:
+                await asyncio.to_thread(f.close)
+        except OSError as exc:
+            raise UsageError(f"{path}: cannot read: {exc.strerror}") from None
+        files.append(LocalFile(path.name, path, size, digest.hexdigest()))
+    return AdapterFiles(listing.directory, tuple(files), listing.ignored)
 
 
 def push_header(
