@@ -125,7 +125,8 @@ def check_complete(listing: DirectoryListing) -> None:
 def hash_files(
     listing: DirectoryListing, progress: Callable[[int], None] | None = None
 ) -> AdapterFiles:
-    """Reads every selected file once, in bounded memory; blocking, so run it in a thread.
+    """Reads every selected file once, in bounded memory; blocking, so run it in a thread
+    (adapterctl uses `push.hash_in_steps`, which Ctrl-C can stop mid-file).
     `progress` gets the byte count of each chunk read."""
     files = []
     for path in listing.selected:
@@ -133,11 +134,10 @@ def hash_files(
         size = 0
         try:
             with path.open("rb") as f:
-                while chunk := f.read(CHUNK_SIZE):
-                    digest.update(chunk)
-                    size += len(chunk)
+                while read := read_into(f, digest):
+                    size += read
                     if progress is not None:
-                        progress(len(chunk))
+                        progress(read)
         except OSError as exc:
             raise UsageError(f"{path}: cannot read: {exc.strerror}") from None
         files.append(LocalFile(path.name, path, size, digest.hexdigest()))
