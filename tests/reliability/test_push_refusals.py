@@ -34,9 +34,9 @@ READER = "reader-secret"
 WRITER = "writer-secret"
 MiB = 1024 * 1024
 LIMITS = Limits(max_file_size=2 * MiB, max_adapter_size=8 * MiB)
-# Enough runs that the old client lost the status in almost every case (about half the
-# runs of each), few enough to stay within seconds on a loaded two-core machine.
-RUNS = 12
+# The old client lost the status in about half the runs of a token refusal and in one
+# run in ten to forty of a size or file refusal; a refused push takes milliseconds.
+RUNS = 30
 
 # A safetensors file whose 40-byte header is not JSON: refused once its first chunk is in.
 BAD_HEADER = struct.pack("<Q", 40) + b"{this is not json" + b" " * 23
