@@ -19,6 +19,7 @@ from grpc_health.v1 import health_pb2
 from loraserve.adapterstore.testing import push_requests, tiny_adapter
 from loraserve.adapterstore.v1 import adapterstore_pb2 as pb
 from loraserve.adapterstore.v1 import adapterstore_pb2_grpc as pb_grpc
+from loraserve.common.clientstream import stream_unary
 from loraserve.common.security import ClientSecurity, ServerSecurity, Token, secure_channel
 from loraserve.testing.certs import CertFiles, make_certs
 from loraserve.testing.processes import health_status, store_process
@@ -65,14 +66,12 @@ async def _code(call: Any) -> grpc.StatusCode:
     return grpc.StatusCode.OK
 
 
-def _write_calls(stub: Any) -> dict[str, Any]:
-    return {
-        "push": stub.PushAdapter(push_requests("authz", tiny_adapter())),
-        "set-current": stub.SetCurrentRevision(
-            pb.SetCurrentRevisionRequest(name="seeded", revision=1)
-        ),
-        "delete": stub.DeleteAdapter(pb.DeleteAdapterRequest(name="seeded")),
-    }
+def _write_call(stub: Any, call: str) -> Any:
+    if call == "push":
+        return stream_unary(stub.PushAdapter, push_requests("authz", tiny_adapter()))
+    if call == "set-current":
+        return stub.SetCurrentRevision(pb.SetCurrentRevisionRequest(name="seeded", revision=1))
+    return stub.DeleteAdapter(pb.DeleteAdapterRequest(name="seeded"))
 
 
 async def _seed(stub_for: StubFactory) -> None:
@@ -95,7 +94,7 @@ async def test_store_streaming_calls_without_a_token_are_unauthenticated(
     stub_for: StubFactory,
 ) -> None:
     stub = stub_for(None)
-    push = await _code(stub.PushAdapter(push_requests("anon", tiny_adapter())))
+    push = await _code(stream_unary(stub.PushAdapter, push_requests("anon", tiny_adapter())))
     watch = stub.WatchAdapters(pb.WatchAdaptersRequest())
     watched = await _code(watch.read())
     assert (push, watched) == (grpc.StatusCode.UNAUTHENTICATED, grpc.StatusCode.UNAUTHENTICATED)
@@ -107,7 +106,7 @@ async def test_reader_token_on_a_write_call_is_permission_denied_and_writes_noth
 ) -> None:
     await _seed(stub_for)
     before = s3_bucket.keys()
-    code = await _code(_write_calls(stub_for(READER))[call])
+    code = await _code(_write_call(stub_for(READER), call))
     assert code == grpc.StatusCode.PERMISSION_DENIED
     assert s3_bucket.keys() == before
 

@@ -28,6 +28,7 @@ from loraserve.adapterstore.testing import (
     tiny_adapter,
 )
 from loraserve.adapterstore.v1 import adapterstore_pb2 as pb
+from loraserve.common.clientstream import stream_unary
 from loraserve.testing.figures import add_figure
 from loraserve.testing.processes import eventually, health_status
 from loraserve.testing.s3 import S3Bucket
@@ -149,7 +150,7 @@ async def _expect_refused(
     before = bucket.keys()
     async with store_stub(store.address) as stub:
         with pytest.raises(grpc.aio.AioRpcError) as caught:
-            await stub.PushAdapter(requests, timeout=60)
+            await stream_unary(stub.PushAdapter, requests, timeout=60)
     # A refused push cleans up after its status is sent (a gRPC-level refusal cancels
     # the handler), so the bucket is checked once it has settled.
     await eventually(lambda: bucket.keys() == before, "bucket unchanged")

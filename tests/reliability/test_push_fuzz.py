@@ -32,6 +32,7 @@ from loraserve.adapterstore.testing import (
     push_requests,
     tiny_adapter,
 )
+from loraserve.common.clientstream import stream_unary
 from loraserve.common.errors import InvalidArgument
 from loraserve.testing.figures import add_figure
 from loraserve.testing.s3 import S3Bucket
@@ -211,7 +212,7 @@ async def test_fuzzed_push_over_grpc_and_s3_is_committed_only_if_valid(
 
 async def _push_outcome(stub: Any, files: AdapterFiles) -> tuple[grpc.StatusCode, str]:
     try:
-        response = await stub.PushAdapter(push_requests("fuzz", files), timeout=30)
+        response = await stream_unary(stub.PushAdapter, push_requests("fuzz", files), timeout=30)
     except grpc.aio.AioRpcError as e:
         return e.code(), e.details() or ""
     return grpc.StatusCode.OK, str(response.revision)

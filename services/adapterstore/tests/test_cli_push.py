@@ -42,6 +42,12 @@ class RecordingCall:
     async def done_writing(self) -> None:
         self.done_writing_called = True
 
+    def done(self) -> bool:
+        return False
+
+    def add_done_callback(self, callback: Any) -> None:
+        pass
+
     def cancel(self) -> bool:
         self.cancelled = True
         return True

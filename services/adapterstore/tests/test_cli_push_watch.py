@@ -113,6 +113,45 @@ async def test_ctrl_c_stops_push_watch_quietly_with_exit_130(
     assert b"error" not in stderr
 
 
+async def _reading(process: asyncio.subprocess.Process, path: Path) -> None:
+    """Waits until `process` has `path` open: it is hashing it."""
+
+    def has_open() -> bool:
+        fds = Path(f"/proc/{process.pid}/fd")
+        return any(_link(fd) == str(path) for fd in fds.iterdir())
+
+    await eventually(has_open, f"the CLI to open {path.name}", limit_s=60)
+
+
+def _link(fd: Path) -> str:
+    try:
+        return str(fd.readlink())
+    except OSError:  # closed meanwhile
+        return ""
+
+
+async def test_ctrl_c_while_hashing_a_huge_adapter_exits_130_at_once(
+    store_server: RunningStore, tmp_path: Path
+) -> None:
+    adapter = write_adapter_dir(tmp_path)
+    # 1 TiB of holes: minutes of hashing that take no disk. Ctrl-C must not wait for it.
+    huge = adapter / "README.md"
+    with huge.open("wb") as f:
+        f.truncate(1 << 40)
+    process = await _cli_process("push", "alpha", str(adapter), "--watch", store=store_server)
+    try:
+        await _reading(process, huge)
+        process.send_signal(signal.SIGINT)
+        stdout, stderr = await asyncio.wait_for(process.communicate(), 60)
+    finally:
+        if process.returncode is None:
+            process.kill()
+            await process.wait()
+    assert (process.returncode, stdout) == (EXIT_INTERRUPTED, b"")
+    assert b"Traceback" not in stderr
+    assert b"error" not in stderr
+
+
 async def test_push_watch_does_not_repush_the_latest_revision_on_restart(
     store_server: RunningStore, tmp_path: Path
 ) -> None:

@@ -14,7 +14,7 @@ from loraserve.adapterstore.cli.adapter_dir import AdapterFiles, hash_files, lis
 from loraserve.adapterstore.cli.console import Console
 from loraserve.adapterstore.cli.failures import UsageError
 from loraserve.adapterstore.cli.testing import buffers, eventually, output, write_adapter_dir
-from loraserve.adapterstore.cli.watch_dir import Fingerprint, watch_directory
+from loraserve.adapterstore.cli.watch_dir import ChangeSignal, Fingerprint, watch_directory
 from loraserve.adapterstore.testing import tiny_adapter
 
 WEIGHTS = "adapter_model.safetensors"
@@ -113,3 +113,17 @@ async def test_content_already_current_in_the_store_is_not_republished(tmp_path:
 async def test_missing_directory_is_a_usage_error(tmp_path: Path) -> None:
     with pytest.raises(UsageError, match="no such directory"):
         await watch_directory("alpha", tmp_path / "nope", ListPublisher(), buffers(), SETTLE_S)
+
+
+async def test_ctrl_c_landing_with_a_change_during_settle_still_stops_the_watch() -> None:
+    changes = ChangeSignal(asyncio.get_running_loop())
+    settling = asyncio.create_task(changes.settled(60))
+    await asyncio.sleep(0)  # settling waits for quiet
+    changes.bump()  # a change arrives...
+    await asyncio.sleep(0)  # ...its wake-up is under way...
+    settling.cancel()  # ...as Ctrl-C cancels the watch.
+    await asyncio.wait({settling}, timeout=30)
+    try:
+        assert settling.cancelled(), "the cancel was lost: the watch goes on"
+    finally:
+        settling.cancel()

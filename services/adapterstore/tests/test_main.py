@@ -13,8 +13,9 @@ import grpc
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from loraserve.adapterstore.settings import parse_settings, parse_size
+from loraserve.adapterstore.settings import parse_settings
 from loraserve.common.errors import InvalidArgument
+from loraserve.common.sizes import parse_size
 from loraserve.testing.s3 import S3Bucket
 
 GUARD_S = 60

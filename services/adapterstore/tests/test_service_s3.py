@@ -24,6 +24,7 @@ from loraserve.adapterstore.testing import (
 )
 from loraserve.adapterstore.v1 import adapterstore_pb2 as pb
 from loraserve.adapterstore.v1 import adapterstore_pb2_grpc as pb_grpc
+from loraserve.common.clientstream import stream_unary
 from loraserve.testing.s3 import S3Bucket
 from loraserve.testing.storecalls import keys_under
 
@@ -33,7 +34,10 @@ GUARD_S = 30
 async def _push(
     stub: pb_grpc.AdapterStoreServiceStub, name: str, files: AdapterFiles, **header: Any
 ) -> pb.PushAdapterResponse:
-    return await stub.PushAdapter(push_requests(name, files, **header))  # type: ignore[no-any-return]
+    response: pb.PushAdapterResponse = await stream_unary(
+        stub.PushAdapter, push_requests(name, files, **header)
+    )
+    return response
 
 
 async def _download(
@@ -172,7 +176,7 @@ async def test_bad_push_is_invalid_argument_and_leaves_bucket_unchanged(
     else:
         requests = [header, *list(push_requests("bad", case.files))[1:]]
     with pytest.raises(grpc.aio.AioRpcError) as caught:
-        await server.stub.PushAdapter(iter(requests))
+        await stream_unary(server.stub.PushAdapter, requests)
     assert caught.value.code() == grpc.StatusCode.INVALID_ARGUMENT
     assert case.message in (caught.value.details() or "")
     assert s3_bucket.keys() == before
@@ -277,5 +281,5 @@ async def test_restarted_store_serves_what_was_committed(s3_bucket: S3Bucket) ->
 
 async def test_empty_push_stream_is_invalid_argument(server: StoreServer) -> None:
     with pytest.raises(grpc.aio.AioRpcError) as caught:
-        await server.stub.PushAdapter(iter([]))
+        await stream_unary(server.stub.PushAdapter, [])
     assert caught.value.code() == grpc.StatusCode.INVALID_ARGUMENT

@@ -9,7 +9,6 @@ files) and never appear in a repr.
 from __future__ import annotations
 
 import argparse
-import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -31,10 +30,9 @@ from loraserve.common.security import (
     add_server_security_flags,
     server_security_from_args,
 )
+from loraserve.common.sizes import parse_size
 
 ENV_PREFIX = "ADAPTERSTORE"
-_SIZE = re.compile(r"(\d+)\s*([KMGT]i?B?|B)?", re.IGNORECASE)
-_UNITS = {"": 1, "B": 1, "K": 1024, "M": 1024**2, "G": 1024**3, "T": 1024**4}
 
 
 @dataclass(frozen=True)
@@ -52,15 +50,6 @@ class AdapterStoreSettings:
     metrics_port: int | None = None
     shutdown_grace_seconds: float = 30.0
     log_level: str = "INFO"
-
-
-def parse_size(text: str) -> int:
-    """Bytes from `123`, `512MiB`, `4GiB`, `2G` (binary units)."""
-    match = _SIZE.fullmatch(text.strip())
-    if match is None:
-        raise argparse.ArgumentTypeError(f"not a size: {text!r} (e.g. 4GiB, 512MiB, 1000000)")
-    unit = (match[2] or "").upper()[:1]
-    return int(match[1]) * _UNITS[unit]
 
 
 def _positive_float(text: str) -> float:

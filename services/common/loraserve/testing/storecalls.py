@@ -11,6 +11,7 @@ import grpc
 from loraserve.adapterstore.testing import AdapterFiles, push_requests
 from loraserve.adapterstore.v1 import adapterstore_pb2 as pb
 from loraserve.adapterstore.v1 import adapterstore_pb2_grpc as pb_grpc
+from loraserve.common.clientstream import stream_unary
 
 
 @asynccontextmanager
@@ -24,8 +25,8 @@ async def store_stub(address: str, channel: grpc.aio.Channel | None = None) -> A
 
 
 async def push(stub: Any, name: str, files: AdapterFiles, **header: Any) -> pb.PushAdapterResponse:
-    response: pb.PushAdapterResponse = await stub.PushAdapter(
-        push_requests(name, files, **header), timeout=60
+    response: pb.PushAdapterResponse = await stream_unary(
+        stub.PushAdapter, push_requests(name, files, **header), timeout=60
     )
     return response
 

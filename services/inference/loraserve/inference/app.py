@@ -202,6 +202,7 @@ class InferenceApp:
             ),
             security=settings.security,
             is_ready=self.ready.is_set,
+            max_body_bytes=settings.openai_max_body_bytes,
         )
         return await start_http_server(
             app, address=address, security=settings.security, name="openai-http"

@@ -18,18 +18,19 @@ import logging
 import time
 from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import dataclass
-from typing import Annotated, Any, TypeVar
+from typing import Any, TypeVar
 
 import grpc
-from fastapi import Depends, FastAPI, Header, Request
+from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from starlette.exceptions import HTTPException
 from starlette.types import Receive, Scope, Send
 
 from loraserve.common.errors import InvalidArgument, LoraserveError, Unavailable
-from loraserve.common.security import ServerSecurity, TokenAuth, current_principal
+from loraserve.common.security import ServerSecurity, TokenAuth
 from loraserve.inference.generation import GenerateCommand, GenerationChunk
+from loraserve.inference.http_guard import RequestGuard
 from loraserve.inference.openai_protocol import (
     ChatRequest,
     ChatTemplating,
@@ -46,6 +47,7 @@ from loraserve.inference.openai_protocol import (
 from loraserve.inference.openai_reply import Echo, Reply, served_model
 from loraserve.inference.openai_streams import close_all, firsts, merged, resumed
 from loraserve.inference.runtime import RuntimeSlot
+from loraserve.inference.settings import DEFAULT_OPENAI_MAX_BODY_BYTES
 
 log = logging.getLogger(__name__)
 
@@ -90,8 +92,12 @@ def create_openai_app(
     model_names: Sequence[str],
     security: ServerSecurity,
     is_ready: Callable[[], bool],
+    max_body_bytes: int = DEFAULT_OPENAI_MAX_BODY_BYTES,
 ) -> FastAPI:
-    """The HTTP app; `model_names[0]` is the base model's listed name, all of them name it."""
+    """The HTTP app; `model_names[0]` is the base model's listed name, all of them name it.
+
+    Tokens and body sizes are checked by `RequestGuard` before a body is read.
+    """
     if not model_names:
         raise ValueError("model_names needs the served model's name")
     base_name = model_names[0]
@@ -100,27 +106,26 @@ def create_openai_app(
     app = FastAPI(
         title="loraserve OpenAI-compatible API", docs_url=None, redoc_url=None, openapi_url=None
     )
-
-    async def authorize(authorization: Annotated[str | None, Header()] = None) -> None:
-        if auth is None:
-            return
-        metadata = [("authorization", authorization)] if authorization is not None else []
-        principal, _ = auth.authenticate(metadata)
-        current_principal.set(principal)
-
-    guarded = [Depends(authorize)]
+    app.add_middleware(
+        RequestGuard,
+        auth=auth,
+        max_body_bytes=max_body_bytes,
+        # Open like gRPC health, for load balancers.
+        open_paths=("/health",),
+        error_response=http_error,
+    )
 
     @app.get("/health")
     async def health() -> Response:
-        # Open like gRPC health, for load balancers; 503 until the first sync is done.
+        # 503 until the first sync is done.
         return Response(status_code=200 if is_ready() else 503)
 
-    @app.get("/v1/models", dependencies=guarded)
+    @app.get("/v1/models")
     async def models() -> JSONResponse:
         statuses = slot.get().registry.snapshot()
         return JSONResponse(model_list(base_name, statuses, created))
 
-    @app.post("/v1/completions", dependencies=guarded)
+    @app.post("/v1/completions")
     async def completions(body: CompletionRequest, request: Request) -> Response:
         runtime = slot.get()
         adapter = adapter_for_model(body.model, model_names)
@@ -129,7 +134,7 @@ def create_openai_app(
         echo = _Echoes(runtime.engine, commands) if body.echo else None
         return await _respond(request, streams, body, base_name, echo)
 
-    @app.post("/v1/chat/completions", dependencies=guarded)
+    @app.post("/v1/chat/completions")
     async def chat_completions(body: ChatRequest, request: Request) -> Response:
         runtime = slot.get()
         messages = chat_messages(body)

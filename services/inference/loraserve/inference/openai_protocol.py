@@ -27,7 +27,7 @@ from typing import Any, Literal, Protocol, runtime_checkable
 from pydantic import BaseModel, ConfigDict, Field
 
 from loraserve.common.errors import InvalidArgument, NotFound
-from loraserve.common.names import parse_adapter_ref
+from loraserve.common.names import parse_adapter_ref, shown, validate_adapter_name
 from loraserve.inference.generation import GenerateCommand
 from loraserve.inference.registry import AdapterState, RevisionStatus
 from loraserve.inference.sampling import SamplingRequest, StructuredOutput
@@ -256,16 +256,21 @@ class ChatTemplating(Protocol):
 
 
 def adapter_for_model(model: str, base_names: Sequence[str]) -> str:
-    """The Generate `adapter` that OpenAI's `model` names; the base model's name wins."""
+    """The Generate `adapter` that OpenAI's `model` names; the base model's name wins.
+
+    A model that is no adapter name (another service's model, say) does not exist
+    here (404); an adapter name with a malformed revision is a bad request (400).
+    """
     if not model or model in base_names:
         return ""
     try:
-        parse_adapter_ref(model)
+        validate_adapter_name(model.partition("@")[0])
     except InvalidArgument as exc:
         raise NotFound(
-            f"model {model!r} does not exist: serving {base_names[0]!r} and its adapters "
+            f"model {shown(model)} does not exist: serving {base_names[0]!r} and its adapters "
             f"(name or name@revision; see /v1/models)"
         ) from exc
+    parse_adapter_ref(model)
     return model
 
 

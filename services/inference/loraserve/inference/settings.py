@@ -21,9 +21,14 @@ from loraserve.common.security import (
     client_security_from_args,
     server_security_from_args,
 )
+from loraserve.common.sizes import parse_size
 
 ENV_PREFIX = "INFERENCE"
 STORE_FLAG_PREFIX = "store"
+
+
+# Room for a prompt as long as gRPC's message limit allows.
+DEFAULT_OPENAI_MAX_BODY_BYTES = 16 * 1024 * 1024
 
 
 @dataclass(frozen=True)
@@ -72,6 +77,8 @@ class InferenceSettings:
     status_interval_s: float = 60.0
     # See StoreClientSettings.max_staleness_s.
     store_max_staleness_s: float = 30.0
+    # Largest HTTP request body the front reads; larger ones get 413 unread.
+    openai_max_body_bytes: int = DEFAULT_OPENAI_MAX_BODY_BYTES
     metrics_port: int | None = None
     shutdown_grace_seconds: float = 30.0
     log_level: str = "INFO"
@@ -186,6 +193,13 @@ def build_parser(environ: Mapping[str, str]) -> argparse.ArgumentParser:
         "/v1/models) here, with the same tokens and TLS as gRPC; unset: off",
     )
     serve.add_argument(
+        "--openai-max-body-size",
+        type=parse_size,
+        default=env("openai-max-body-size", "16MiB"),
+        metavar="SIZE",
+        help="largest HTTP request body (e.g. 16MiB); a larger one gets 413 before it is read",
+    )
+    serve.add_argument(
         "--max-pending-requests",
         type=_positive_int,
         default=env("max-pending-requests", "256"),
@@ -276,6 +290,7 @@ def parse_settings(
         openai_listen=args.openai_listen or None,
         status_interval_s=float(args.status_interval),
         store_max_staleness_s=float(args.store_max_staleness),
+        openai_max_body_bytes=int(args.openai_max_body_size),
         metrics_port=int(args.metrics_port) if args.metrics_port is not None else None,
         shutdown_grace_seconds=float(args.shutdown_grace),
         log_level=str(args.log_level).upper(),

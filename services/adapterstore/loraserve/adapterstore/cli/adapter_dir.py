@@ -12,6 +12,7 @@ import json
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any, BinaryIO
 
 from loraserve.adapterstore.cli.failures import UsageError
 from loraserve.adapterstore.validation import (
@@ -124,7 +125,8 @@ def check_complete(listing: DirectoryListing) -> None:
 def hash_files(
     listing: DirectoryListing, progress: Callable[[int], None] | None = None
 ) -> AdapterFiles:
-    """Reads every selected file once, in bounded memory; blocking, so run it in a thread.
+    """Reads every selected file once, in bounded memory; blocking, so run it in a thread
+    (adapterctl uses `push.hash_in_steps`, which Ctrl-C can stop mid-file).
     `progress` gets the byte count of each chunk read."""
     files = []
     for path in listing.selected:
@@ -132,15 +134,21 @@ def hash_files(
         size = 0
         try:
             with path.open("rb") as f:
-                while chunk := f.read(CHUNK_SIZE):
-                    digest.update(chunk)
-                    size += len(chunk)
+                while read := read_into(f, digest):
+                    size += read
                     if progress is not None:
-                        progress(len(chunk))
+                        progress(read)
         except OSError as exc:
             raise UsageError(f"{path}: cannot read: {exc.strerror}") from None
         files.append(LocalFile(path.name, path, size, digest.hexdigest()))
     return AdapterFiles(listing.directory, tuple(files), listing.ignored)
+
+
+def read_into(f: BinaryIO, digest: Any) -> int:
+    """Reads the next chunk of `f` into `digest`; how many bytes (0 at the end)."""
+    chunk = f.read(CHUNK_SIZE)
+    digest.update(chunk)
+    return len(chunk)
 
 
 def listing_size(listing: DirectoryListing) -> int:

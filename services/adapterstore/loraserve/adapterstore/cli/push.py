@@ -8,6 +8,7 @@ a chunk at a time in a worker thread, so a 2 GiB adapter needs no 2 GiB of memor
 from __future__ import annotations
 
 import asyncio
+import hashlib
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any, BinaryIO
@@ -15,10 +16,11 @@ from typing import Any, BinaryIO
 from loraserve.adapterstore.cli.adapter_dir import (
     CHUNK_SIZE,
     AdapterFiles,
+    DirectoryListing,
     LocalFile,
-    hash_files,
     list_adapter_dir,
     listing_size,
+    read_into,
 )
 from loraserve.adapterstore.cli.console import Console
 from loraserve.adapterstore.cli.failures import UsageError
@@ -27,6 +29,7 @@ from loraserve.adapterstore.cli.progress import MIN_BYTES_FOR_BAR, Progress
 from loraserve.adapterstore.cli.settings import CtlSettings
 from loraserve.adapterstore.v1 import adapterstore_pb2 as pb
 from loraserve.adapterstore.validation import PICKLE_SUFFIXES
+from loraserve.common.clientstream import ClientStream
 from loraserve.common.errors import InvalidArgument
 from loraserve.common.names import validate_adapter_name
 
@@ -57,9 +60,34 @@ async def prepare_push(directory: Path, console: Console) -> AdapterFiles:
     total = await asyncio.to_thread(listing_size, listing)
     progress = progress_for(console, "hashing  ", total)
     try:
-        return await asyncio.to_thread(hash_files, listing, progress.advance)
+        return await hash_in_steps(listing, progress.advance)
     finally:
         progress.finish()
+
+
+async def hash_in_steps(listing: DirectoryListing, progress: Callable[[int], None]) -> AdapterFiles:
+    """`hash_files`, one chunk per worker-thread call.
+
+    A cancel (Ctrl-C) then ends hashing within a chunk. One call for the whole adapter
+    would run on after the cancel, and asyncio's exit waits for its worker threads:
+    Ctrl-C while hashing gigabytes did nothing until every byte was read.
+    """
+    files = []
+    for path in listing.selected:
+        digest = hashlib.sha256()
+        size = 0
+        try:
+            f: BinaryIO = await asyncio.to_thread(path.open, "rb")
+            try:
+                while read := await asyncio.to_thread(read_into, f, digest):
+                    size += read
+                    progress(read)
+            finally:
+                await asyncio.to_thread(f.close)
+        except OSError as exc:
+            raise UsageError(f"{path}: cannot read: {exc.strerror}") from None
+        files.append(LocalFile(path.name, path, size, digest.hexdigest()))
+    return AdapterFiles(listing.directory, tuple(files), listing.ignored)
 
 
 def push_header(
@@ -88,32 +116,39 @@ async def upload(
     progress: Callable[[int], None] = lambda _: None,
 ) -> pb.PushAdapterResponse:
     """Streams one push; a rejected push raises the call's AioRpcError. A retry of
-    the push must pass the same `idempotency_key` (see cli.retry)."""
-    call = stub.PushAdapter(timeout=timeout_s)
+    the push must pass the same `idempotency_key` (see cli.retry).
+
+    The store may refuse the push before it has all been sent (no token, a file over
+    its limits, a bad file): writing stops then, and the store's status is raised.
+    """
+    stream: ClientStream[pb.PushAdapterRequest, pb.PushAdapterResponse] = ClientStream(
+        stub.PushAdapter(timeout=timeout_s)
+    )
     try:
-        try:
-            await call.write(
-                push_header(
-                    name,
-                    files,
-                    no_promote=no_promote,
-                    description=description,
-                    idempotency_key=idempotency_key,
-                )
+        if await stream.write(
+            push_header(
+                name,
+                files,
+                no_promote=no_promote,
+                description=description,
+                idempotency_key=idempotency_key,
             )
+        ):
             for local in files.files:
-                await _write_file(call, local, progress)
-            await call.done_writing()
-        except asyncio.InvalidStateError:
-            pass  # The store ended the call early (a rejected header); its status says why.
-        response: pb.PushAdapterResponse = await call
+                if not await _write_file(stream, local, progress):
+                    break
+        return await stream.result()
     except BaseException:
-        call.cancel()
+        stream.cancel()
         raise
-    return response
 
 
-async def _write_file(call: Any, local: LocalFile, progress: Callable[[int], None]) -> None:
+async def _write_file(
+    stream: ClientStream[pb.PushAdapterRequest, pb.PushAdapterResponse],
+    local: LocalFile,
+    progress: Callable[[int], None],
+) -> bool:
+    """Sends one file; False if the store ended the call first."""
     try:
         f: BinaryIO = await asyncio.to_thread(local.path.open, "rb")
     except OSError as exc:
@@ -126,15 +161,14 @@ async def _write_file(call: Any, local: LocalFile, progress: Callable[[int], Non
                 raise UsageError(
                     f"{local.path}: shrank from {local.size} to {offset} bytes while uploading"
                 )
-            await call.write(
-                pb.PushAdapterRequest(
-                    chunk=pb.FileChunk(file_name=local.name, offset=offset, data=data)
-                )
-            )
+            chunk = pb.FileChunk(file_name=local.name, offset=offset, data=data)
+            if not await stream.write(pb.PushAdapterRequest(chunk=chunk)):
+                return False
             offset += len(data)
             progress(len(data))
     finally:
         await asyncio.to_thread(f.close)
+    return True
 
 
 def print_pushed(console: Console, settings: CtlSettings, response: pb.PushAdapterResponse) -> None:

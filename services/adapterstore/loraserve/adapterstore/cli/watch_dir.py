@@ -95,7 +95,10 @@ class ChangeSignal(FileSystemEventHandler):
         while True:
             self._event.clear()
             try:
-                await asyncio.wait_for(self._event.wait(), settle_s)
+                # Not wait_for: on Python 3.11 it drops a cancel (Ctrl-C) that lands
+                # just as a change does, and the watch would go on.
+                async with asyncio.timeout(settle_s):
+                    await self._event.wait()
             except TimeoutError:
                 return
 
