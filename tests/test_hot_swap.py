@@ -4,8 +4,9 @@ and the inference gRPC server, checked against the transformers + PEFT oracle.""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncGenerator, AsyncIterator, Callable, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from functools import cache
@@ -23,7 +24,7 @@ from loraserve.common.security import ClientSecurity
 from loraserve.inference.admission import Admission
 from loraserve.inference.cache import AdapterCache
 from loraserve.inference.compat import CompatibilityChecker, model_lora_targets
-from loraserve.inference.engine import VllmEngine
+from loraserve.inference.engine import AdapterHandle, EngineDelta, SamplingSpec, VllmEngine
 from loraserve.inference.generation import Generator
 from loraserve.inference.metrics import InferenceMetrics
 from loraserve.inference.registry import AdapterRegistry, LocalRevision
@@ -158,9 +159,35 @@ async def eventually_async(check: Callable[[], Any], what: str, timeout: float =
     log.info("test.observed %s", what)
 
 
+class HoldingEngine(VllmEngine):
+    """The real engine, able to hold back the last delta of one adapter revision's
+    requests until released: a test then keeps a request in flight for as long as it
+    needs, whatever the speed of a loaded machine."""
+
+    def __init__(self, llm: AsyncLLM) -> None:
+        super().__init__(llm)
+        self.held_lora_name = ""
+        self.release = asyncio.Event()
+
+    async def generate(
+        self,
+        request_id: str,
+        prompt_token_ids: Sequence[int],
+        sampling: SamplingSpec,
+        adapter: AdapterHandle | None,
+    ) -> AsyncGenerator[EngineDelta, None]:
+        held = adapter is not None and adapter.lora_name == self.held_lora_name
+        deltas = super().generate(request_id, prompt_token_ids, sampling, adapter)
+        async with contextlib.aclosing(deltas):
+            async for delta in deltas:
+                if held and delta.finish is not None:
+                    await self.release.wait()
+                yield delta
+
+
 @pytest.fixture(scope="module")
-def engine(vllm_engine: AsyncLLM) -> VllmEngine:
-    return VllmEngine(vllm_engine)
+def engine(vllm_engine: AsyncLLM) -> HoldingEngine:
+    return HoldingEngine(vllm_engine)
 
 
 @asynccontextmanager
@@ -263,6 +290,9 @@ async def test_push_while_streaming_finishes_old_stream_on_old_revision_and_reti
     await stack.served("swap", 1)
     rev1_lora_id = (await stack.revisions("swap"))[1].lora_int_id
 
+    engine = stack.engine
+    assert isinstance(engine, HoldingEngine)
+    engine.held_lora_name, engine.release = "swap@1", asyncio.Event()
     stream = stack.inference.Generate(_request("swap", long_tokens))
     first = await stream.read()
     assert first.revision == 1
@@ -278,7 +308,8 @@ async def test_push_while_streaming_finishes_old_stream_on_old_revision_and_reti
     draining = asyncio.create_task(drain())
     await stack.push("swap", rev2_dir)
     await stack.served("swap", 2)
-    assert not finished, "the long stream ended before the swap; make it longer"
+    assert not finished, "the held stream ended before the swap"
+    engine.release.set()
     new_requests = await asyncio.gather(*(stack.generate("swap") for _ in range(3)))
     await draining
 

@@ -141,11 +141,15 @@ async def test_malformed_replica_id_is_invalid_argument(
     assert (report, alive) == (grpc.StatusCode.INVALID_ARGUMENT,) * 2
 
 
-async def test_removed_report_for_a_deleted_adapter_forgets_the_status(
-    store: RunningStore,
+async def test_removed_status_of_a_deleted_adapter_is_shown_then_expires_while_its_replica_lives(
+    s3_bucket: S3Bucket,
 ) -> None:
-    async with store_stub(store.address) as stub:
+    async with (
+        running_store(s3_bucket, status_ttl_s=2.0) as store,
+        store_stub(store.address) as stub,
+    ):
         await push(stub, "gone", tiny_adapter())
+        await stub.ReportReplicaAlive(pb.ReportReplicaAliveRequest(replica_id="inference-0"))
         await stub.ReportStatus(ack("gone"))
         await stub.DeleteAdapter(pb.DeleteAdapterRequest(name="gone"))
         await stub.ReportStatus(
@@ -156,8 +160,20 @@ async def test_removed_report_for_a_deleted_adapter_forgets_the_status(
                 type=pb.REPORT_TYPE_REMOVED,
             )
         )
-        statuses = await stub.GetAdapterStatus(pb.GetAdapterStatusRequest())
-    assert list(statuses.statuses) == []
+
+        async def shown() -> list[tuple[str, int]]:
+            await stub.ReportReplicaAlive(pb.ReportReplicaAliveRequest(replica_id="inference-0"))
+            response = await stub.GetAdapterStatus(pb.GetAdapterStatusRequest(name="gone"))
+            return [(s.replica_id, s.type) for s in response.statuses]
+
+        confirmed = now = await shown()
+        async with asyncio.timeout(GUARD_S):
+            while now:
+                await asyncio.sleep(0.1)
+                now = await shown()
+    keys = s3_bucket.keys()
+    assert confirmed == [("inference-0", pb.REPORT_TYPE_REMOVED)]
+    assert [k for k in keys if k.startswith("status/")] == []
 
 
 async def test_statuses_of_a_replica_that_stopped_reporting_expire(s3_bucket: S3Bucket) -> None:

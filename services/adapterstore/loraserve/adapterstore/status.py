@@ -9,7 +9,9 @@ Replicas come and go (a rollout renames every host), so statuses expire: each
 replica also keeps `replicas/<replica>.json` fresh with periodic signs of life.
 A status is shown while its replica's sign of life or the status itself is
 younger than the TTL; once both are older, the status and the sign of life are
-deleted. A replica whose sign of life had expired is told so on its next one
+deleted. A REMOVED status (the replica confirming a delete or an unroute) is kept
+for the TTL on its own age only, so deleted adapters leave nothing behind even
+while their replicas live. A replica whose sign of life had expired is told so on its next one
 and reports all its adapters again, so a deletion racing its return costs at
 most one interval of missing statuses.
 """
@@ -158,10 +160,6 @@ class ReplicaStatusStore:
         )
         return seen is not None and time - seen <= self._ttl
 
-    async def forget(self, adapter_name: str, replica_id: str) -> None:
-        """Deletes a replica's status of an adapter (one that no longer exists)."""
-        await self._blobs.delete([status_key(adapter_name, replica_id)])
-
     async def report(self, report: Report) -> ReplicaStatus:
         check_report(report)
         key = status_key(report.adapter_name, report.replica_id)
@@ -215,7 +213,10 @@ class ReplicaStatusStore:
         shown: list[ReplicaStatus] = []
         expired = [key for key in replica_keys if key not in live]
         for status in statuses:
-            if replica_key(status.replica_id) in live or status.update_time >= oldest:
+            fresh = status.update_time >= oldest
+            if fresh or (
+                status.type is not ReportType.REMOVED and replica_key(status.replica_id) in live
+            ):
                 shown.append(status)
             else:
                 expired.append(status_key(status.adapter_name, status.replica_id))

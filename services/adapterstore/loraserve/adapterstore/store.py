@@ -438,14 +438,15 @@ class AdapterStore:
 
     async def report_status(self, report: Report) -> None:
         """Records a replica's report about an adapter and revision that exist (the
-        check sees commits made through other store replicas); REMOVED for an
-        adapter that no longer exists forgets the replica's status of it."""
+        check sees commits made through other store replicas). REMOVED is accepted
+        for an adapter that no longer exists: it confirms the delete reached the
+        replica, and expires on its own age (see status.py)."""
         self._check_started()
         check_report(report)
         await self._log.sync()
         adapter = self._log.state.adapters.get(report.adapter_name)
         if adapter is None and report.type is ReportType.REMOVED:
-            await self._statuses.forget(report.adapter_name, report.replica_id)
+            await self._statuses.report(report)
             return
         if adapter is None:
             raise NotFound(f"adapter {report.adapter_name!r} not found")
