@@ -40,7 +40,8 @@ $(STAMP): pyproject.toml setup.py $(LOCK)
 
 # After `make test` passed: commit the lock it writes.
 lock: setup
-	echo "# make lock: ENGINE=$(ENGINE), $$(uname -sm), $$($(PY) --version)." > $(LOCK_FILE)
+	echo "# Versions make test passed with (make lock: ENGINE=$(ENGINE)," \
+	  "$$(uname -sm), $$($(PY) --version)); make setup installs with them." > $(LOCK_FILE)
 	$(PIP) freeze --exclude-editable --exclude loraserve $(UNUSED:%=--exclude %) >> $(LOCK_FILE)
 	touch $(STAMP)
 
