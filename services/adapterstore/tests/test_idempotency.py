@@ -13,8 +13,8 @@ from loraserve.adapterstore.changelog import (
     CONFLICT_BACKOFF_MAX_S,
     LogSettings,
     conflict_backoff,
-    log_key,
 )
+from loraserve.adapterstore.logstorage import log_key
 from loraserve.adapterstore.memblobs import MemoryBlobStore
 from loraserve.adapterstore.model import (
     REQUEST_KEY_WINDOW,

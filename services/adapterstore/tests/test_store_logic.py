@@ -7,7 +7,8 @@ import hashlib
 
 import pytest
 
-from loraserve.adapterstore.changelog import LogSettings, log_key
+from loraserve.adapterstore.changelog import LogSettings
+from loraserve.adapterstore.logstorage import log_key
 from loraserve.adapterstore.memblobs import MemoryBlobStore
 from loraserve.adapterstore.model import Change, ChangeType
 from loraserve.adapterstore.push import Chunk

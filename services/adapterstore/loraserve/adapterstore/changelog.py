@@ -1,11 +1,6 @@
-"""The change log in object storage: commits, catching up, snapshots, retention.
+"""The change log: commits, catching up with other replicas, following, freshness.
 
-Layout (keys relative to the store's prefix):
-
-    log/<seq:020d>.json        one Change per object; the put with If-None-Match: *
-                               *is* the commit, so two store replicas never both
-                               commit the same seq
-    snapshots/<seq:020d>.json  the StoreState folded up to seq
+The objects it keeps in storage, and retention, are described in logstorage.py.
 
 A process folds the latest snapshot and the log after it into its `state`, then
 keeps following the log: it polls for the next seq, and a commit that loses the
@@ -26,8 +21,7 @@ Freshness: every catch-up that reads up to the log's head records when it did
 so a store replica that cannot reach storage, or whose poller has stopped, shows
 a growing `staleness_s`: health and watch heartbeats report it.
 
-Retention: after a snapshot at S, entries at or below both S and
-`head - log_retention` are deleted. A process that finds the entry it needs gone
+Retention (see logstorage.py): a process that finds the entry it needs gone
 while later ones exist reloads the latest snapshot; watchers that needed the
 deleted entries get OUT_OF_RANGE.
 """
@@ -47,6 +41,14 @@ from dataclasses import dataclass, replace
 from datetime import datetime
 
 from loraserve.adapterstore.blobstore import BlobNotFound, BlobStore
+from loraserve.adapterstore.logstorage import (
+    LOG_PREFIX,
+    latest_snapshot,
+    log_key,
+    parse_change,
+    read_entries,
+    snapshot_and_prune,
+)
 from loraserve.adapterstore.model import Change, RequestRecord, StoreState, now
 from loraserve.adapterstore.storageprobe import check_conditional_put
 from loraserve.common.backoff import Backoff
@@ -60,10 +62,6 @@ from loraserve.common.errors import (
 
 log = logging.getLogger(__name__)
 
-LOG_PREFIX = "log/"
-SNAPSHOT_PREFIX = "snapshots/"
-# Snapshots kept besides the newest, for a reader that listed just before a prune.
-_OLD_SNAPSHOTS_KEPT = 1
 # A lost commit race is retried this often before the caller is told to retry later.
 _MAX_COMMIT_ATTEMPTS = 64
 # Every this many polls, a poll that found nothing also looks for a gap left by retention.
@@ -79,18 +77,6 @@ CONFLICT_BACKOFF_MAX_S = 0.5
 
 def conflict_backoff() -> Backoff:
     return Backoff(CONFLICT_BACKOFF_FIRST_S, CONFLICT_BACKOFF_MAX_S)
-
-
-def log_key(seq: int) -> str:
-    return f"{LOG_PREFIX}{seq:020d}.json"
-
-
-def snapshot_key(seq: int) -> str:
-    return f"{SNAPSHOT_PREFIX}{seq:020d}.json"
-
-
-def _seq_of(key: str) -> int:
-    return int(key.rsplit("/", 1)[-1].removesuffix(".json"))
 
 
 @dataclass(frozen=True, slots=True)
@@ -204,7 +190,9 @@ class ChangeLog:
                         change.adapter_name,
                     )
                     if seq % self._settings.snapshot_every == 0:
-                        await self._snapshot_and_prune()
+                        await snapshot_and_prune(
+                            self._blobs, self._state, self._settings.log_retention
+                        )
                     return change
                 delay = backoff.next_delay()
                 log.info("log.commit_conflict seq=%d retry_in_s=%.3f", seq, delay)
@@ -224,7 +212,7 @@ class ChangeLog:
         except Unavailable as e:
             failure = e
         try:
-            stored = _parse_change(await self._blobs.get(key), seq)
+            stored = parse_change(await self._blobs.get(key), seq)
         except BlobNotFound:
             if failure is not None:
                 raise failure from None
@@ -256,7 +244,7 @@ class ChangeLog:
         if self._events and self._events[0].seq <= seq <= self._events[-1].seq:
             return self._events[seq - self._events[0].seq]
         try:
-            return (await self._read_log(seq, seq))[0]
+            return (await read_entries(self._blobs, seq, seq))[0]
         except OutOfRange:
             return None
 
@@ -282,7 +270,7 @@ class ChangeLog:
         if self._events and first >= self._events[0].seq:
             start = first - self._events[0].seq
             return list(itertools.islice(self._events, start, start + _READ_BATCH))
-        return await self._read_log(first, min(head, first + _READ_BATCH - 1))
+        return await read_entries(self._blobs, first, min(head, first + _READ_BATCH - 1))
 
     async def wait_for_change(self, after_seq: int, timeout: float) -> bool:
         """Waits until the head passes `after_seq`; False if `timeout` seconds pass first."""
@@ -293,21 +281,6 @@ class ChangeLog:
             except TimeoutError:
                 return self._state.seq > after_seq
         return True
-
-    async def _read_log(self, first: int, last: int) -> list[Change]:
-        changes = []
-        for seq in range(first, last + 1):
-            try:
-                data = await self._blobs.get(log_key(seq))
-            except BlobNotFound:
-                oldest = await self._blobs.list_keys(LOG_PREFIX, limit=1)
-                kept = f"log entry {_seq_of(oldest[0])}" if oldest else "no log entry"
-                raise OutOfRange(
-                    f"changes after seq {first - 1} are no longer kept (oldest kept: {kept}); "
-                    f"list adapters and watch from the seq the listing returns"
-                ) from None
-            changes.append(_parse_change(data, seq))
-        return changes
 
     def _apply(self, change: Change) -> None:
         self._state.apply(change)
@@ -333,18 +306,12 @@ class ChangeLog:
                         f"log entry {self._state.seq + 1} is missing and no snapshot covers it"
                     ) from None
                 continue
-            self._apply(_parse_change(data, self._state.seq + 1))
+            self._apply(parse_change(data, self._state.seq + 1))
 
     async def _load_snapshot(self) -> bool:
         """Replaces the state with the latest snapshot if it is ahead; True if it was."""
-        keys = await self._blobs.list_keys(SNAPSHOT_PREFIX)
-        if not keys:
-            return False
-        try:
-            state = StoreState.from_json(json.loads(await self._blobs.get(keys[-1])))
-        except (ValueError, KeyError, TypeError) as e:
-            raise DataLoss(f"snapshot {keys[-1]} is corrupt: {e}") from e
-        if state.seq <= self._state.seq:
+        state = await latest_snapshot(self._blobs)
+        if state is None or state.seq <= self._state.seq:
             return False
         self._state = state
         # The in-memory history must stay contiguous with the state.
@@ -353,29 +320,6 @@ class ChangeLog:
         changed.set()
         log.info("log.snapshot_loaded seq=%d", state.seq)
         return True
-
-    async def _snapshot_and_prune(self) -> None:
-        seq = self._state.seq
-        data = json.dumps(self._state.to_json(), separators=(",", ":")).encode()
-        try:
-            await self._blobs.put_if_absent(snapshot_key(seq), data)
-            log.info("log.snapshot_written seq=%d bytes=%d", seq, len(data))
-            if self._settings.log_retention:
-                await self._prune(seq)
-        except Unavailable:
-            # The commit itself succeeded; the next snapshot will cover this one.
-            log.warning("log.snapshot_failed seq=%d", seq, exc_info=True)
-
-    async def _prune(self, snapshot_seq: int) -> None:
-        cutoff = min(snapshot_seq, self._state.seq - self._settings.log_retention)
-        if cutoff < 1:
-            return
-        old_entries = [k for k in await self._blobs.list_keys(LOG_PREFIX) if _seq_of(k) <= cutoff]
-        snapshots = await self._blobs.list_keys(SNAPSHOT_PREFIX)
-        old_snapshots = snapshots[: -1 - _OLD_SNAPSHOTS_KEPT]
-        await self._blobs.delete(old_entries + old_snapshots)
-        if old_entries:
-            log.info("log.pruned through_seq=%d entries=%d", cutoff, len(old_entries))
 
     async def _poll_forever(self) -> None:
         # Nothing but cancellation may end the poller: watchers depend on it, and a
@@ -407,13 +351,3 @@ class ChangeLog:
             else:
                 backoff.reset()
                 delay = self._settings.poll_interval
-
-
-def _parse_change(data: bytes, seq: int) -> Change:
-    try:
-        change = Change.from_json(json.loads(data))
-    except (ValueError, KeyError, TypeError) as e:
-        raise DataLoss(f"log entry {seq} is corrupt: {e}") from e
-    if change.seq != seq:
-        raise DataLoss(f"log entry {seq} claims seq {change.seq}")
-    return change

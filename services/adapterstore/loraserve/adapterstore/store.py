@@ -9,25 +9,19 @@ different contents.
 from __future__ import annotations
 
 import asyncio
-import hashlib
 import logging
 from collections.abc import AsyncIterator, Callable
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from datetime import datetime
 
 from loraserve.adapterstore import pagetokens
-from loraserve.adapterstore.blobstore import BlobNotFound, BlobStore, blob_key
+from loraserve.adapterstore.blobstore import BlobStore
 from loraserve.adapterstore.changelog import ChangeLog
+from loraserve.adapterstore.changes import adapter_deleted, current_set, revision_pushed
 from loraserve.adapterstore.idempotency import check_idempotency_key, request_tag
-from loraserve.adapterstore.model import (
-    Adapter,
-    Change,
-    ChangeType,
-    FileInfo,
-    Revision,
-    StoreState,
-    now,
-)
+from loraserve.adapterstore.listing import AdapterPage, RevisionPage, adapter_page, revision_page
+from loraserve.adapterstore.lookup import detached, find_adapter, find_revision
+from loraserve.adapterstore.model import Adapter, Change, Revision, now
 from loraserve.adapterstore.push import Chunk, PushHeader, keep_files, receive_adapter
 from loraserve.adapterstore.status import (
     ReplicaStatus,
@@ -36,14 +30,10 @@ from loraserve.adapterstore.status import (
     ReportType,
     check_report,
 )
-from loraserve.adapterstore.textlimits import (
-    MAX_DESCRIPTION_BYTES,
-    MAX_PAGE_BYTES,
-    PageFill,
-    check_text,
-)
+from loraserve.adapterstore.textlimits import MAX_DESCRIPTION_BYTES, MAX_PAGE_BYTES, check_text
 from loraserve.adapterstore.validation import Limits, check_declared_files
-from loraserve.common.errors import Aborted, DataLoss, InvalidArgument, NotFound, Unavailable
+from loraserve.adapterstore.verified_read import read_verified
+from loraserve.common.errors import InvalidArgument, NotFound, Unavailable
 from loraserve.common.names import validate_adapter_name
 
 log = logging.getLogger(__name__)
@@ -66,20 +56,6 @@ class PushResult:
     revision: Revision
     promoted: bool
     seq: int
-
-
-@dataclass(frozen=True, slots=True)
-class AdapterPage:
-    adapters: list[Adapter]
-    next_page_token: str
-    seq: int
-
-
-@dataclass(frozen=True, slots=True)
-class RevisionPage:
-    revisions: list[Revision]
-    next_page_token: str
-    current_revision: int
 
 
 @dataclass(frozen=True, slots=True)
@@ -170,7 +146,6 @@ class AdapterStore:
         received = await receive_adapter(header, chunks, self._blobs)
         await keep_files(received)
         files = tuple(f.info for f in received.files)
-        config = received.config
         request = request_tag(
             header.idempotency_key,
             "push",
@@ -179,31 +154,9 @@ class AdapterStore:
             header.no_promote,
             header.description,
         )
-
-        def build(state: StoreState, seq: int) -> Change:
-            adapter = state.adapters.get(header.name)
-            time = now()
-            revision = Revision(
-                adapter_name=header.name,
-                revision=state.next_revision(header.name),
-                files=files,
-                base_model=config.base_model,
-                rank=config.rank,
-                alpha=config.alpha,
-                target_modules=config.target_modules,
-                create_time=time,
-                pushed_by=actor,
-                description=header.description,
-                seq=seq,
-            )
-            current = revision.revision
-            if header.no_promote:
-                current = adapter.current_revision if adapter else 0
-            return Change(
-                seq, ChangeType.REVISION_PUSHED, header.name, revision, current, time, actor
-            )
-
-        change = await self._log.commit(build, request)
+        change = await self._log.commit(
+            revision_pushed(header, files, received.config, actor), request
+        )
         assert change is not None
         assert change.revision is not None
         log.info(
@@ -220,7 +173,7 @@ class AdapterStore:
         self._check_started()
         await self._log.sync()
         adapter = self._adapter(name)
-        return _copy(adapter), _revision(adapter, revision)
+        return detached(adapter), find_revision(adapter, revision)
 
     async def list_adapters(
         self,
@@ -254,20 +207,9 @@ class AdapterStore:
                 f"{listing_seq}, and cannot read the log now; ask for the page again"
             )
         seq = listing_seq if page_token else state.seq
-        names = sorted(n for n in state.adapters if n > after)
-        selected: list[Adapter] = []
-        fill = PageFill(size, self._settings.max_page_bytes)
-        next_token = ""
-        for name in names:
-            adapter = state.adapters[name]
-            current = adapter.current
-            if base_model and (current is None or current.base_model != base_model):
-                continue
-            if not fill.room_for(size_of(adapter)):
-                next_token = pagetokens.encode_listing_token(seq, selected[-1].name)
-                break
-            selected.append(_copy(adapter))
-        return AdapterPage(selected, next_token, seq)
+        return adapter_page(
+            state, size, self._settings.max_page_bytes, seq, after, base_model, size_of
+        )
 
     async def list_revisions(
         self,
@@ -280,21 +222,8 @@ class AdapterStore:
         size = pagetokens.page_size(page_size)
         token = pagetokens.decode_token(page_token, "ListRevisions")
         await self._log.sync()
-        adapter = self._adapter(name)
-        try:
-            before = int(token) if token else adapter.latest_revision + 1
-        except ValueError:
-            raise InvalidArgument("invalid page_token for ListRevisions") from None
-        numbers = sorted((n for n in adapter.revisions if n < before), reverse=True)
-        fill = PageFill(size, self._settings.max_page_bytes)
-        page: list[int] = []
-        for number in numbers:
-            if not fill.room_for(size_of(adapter.revisions[number])):
-                break
-            page.append(number)
-        next_token = pagetokens.encode_token(str(page[-1])) if len(numbers) > len(page) else ""
-        return RevisionPage(
-            [adapter.revisions[n] for n in page], next_token, adapter.current_revision
+        return revision_page(
+            self._adapter(name), size, self._settings.max_page_bytes, token, size_of
         )
 
     async def set_current(
@@ -314,22 +243,9 @@ class AdapterStore:
         if revision < 1:
             raise InvalidArgument(f"revision must be >= 1, got {revision}")
         request = request_tag(idempotency_key, "set_current", name, revision, expected_current)
-
-        def build(state: StoreState, seq: int) -> Change | None:
-            adapter = _lookup(state, name)
-            target = _revision(adapter, revision)
-            if expected_current and adapter.current_revision != expected_current:
-                raise Aborted(
-                    f"adapter {name}: current revision is {adapter.current_revision}, "
-                    f"not the expected {expected_current}"
-                )
-            if adapter.current_revision == revision:
-                return None
-            return Change(
-                seq, ChangeType.CURRENT_REVISION_SET, name, target, revision, now(), actor
-            )
-
-        change = await self._log.commit(build, request)
+        change = await self._log.commit(
+            current_set(name, revision, expected_current, actor), request
+        )
         if change is not None:
             log.info(
                 "adapter.current_set name=%s rev=%d seq=%d actor=%s",
@@ -338,19 +254,14 @@ class AdapterStore:
                 change.seq,
                 actor,
             )
-        return _copy(self._adapter(name)), self._log.head_seq if change is None else change.seq
+        return detached(self._adapter(name)), self._log.head_seq if change is None else change.seq
 
     async def delete(self, name: str, actor: str, idempotency_key: str = "") -> int:
         self._check_started()
         validate_adapter_name(name)
         check_idempotency_key(idempotency_key)
         request = request_tag(idempotency_key, "delete", name)
-
-        def build(state: StoreState, seq: int) -> Change:
-            _lookup(state, name)
-            return Change(seq, ChangeType.ADAPTER_DELETED, name, None, 0, now(), actor)
-
-        change = await self._log.commit(build, request)
+        change = await self._log.commit(adapter_deleted(name, actor), request)
         assert change is not None
         log.info("adapter.deleted name=%s seq=%d actor=%s", name, change.seq, actor)
         return change.seq
@@ -361,37 +272,11 @@ class AdapterStore:
         with DataLoss before the client has the whole file."""
         self._check_started()
         await self._log.sync()
-        manifest = _revision(self._adapter(name), revision)
+        manifest = find_revision(self._adapter(name), revision)
         yield manifest
         for info in manifest.files:
-            async for chunk in self._read_verified(info):
+            async for chunk in read_verified(self._blobs, info, self._settings.download_chunk_size):
                 yield chunk
-
-    async def _read_verified(self, info: FileInfo) -> AsyncIterator[Chunk]:
-        digest = hashlib.sha256()
-        offset = 0
-        held: Chunk | None = None
-        try:
-            async for data in self._blobs.stream(
-                blob_key(info.sha256), self._settings.download_chunk_size
-            ):
-                if held is not None:
-                    yield held
-                digest.update(data)
-                held = Chunk(info.name, offset, data)
-                offset += len(data)
-        except BlobNotFound:
-            raise DataLoss(
-                f"blob of file {info.name!r} (sha256 {info.sha256}) is missing"
-            ) from None
-        if offset != info.size or digest.hexdigest() != info.sha256:
-            log.error("blob.corrupt file=%s sha256=%s size=%d", info.name, info.sha256, offset)
-            raise DataLoss(
-                f"blob of file {info.name!r} is corrupt: {offset} bytes with sha256 "
-                f"{digest.hexdigest()}, expected {info.size} bytes with sha256 {info.sha256}"
-            )
-        if held is not None:
-            yield held
 
     async def watch(self, after_seq: int) -> AsyncIterator[Change | Heartbeat]:
         """Every change after `after_seq` in order, and a heartbeat after each quiet
@@ -465,28 +350,4 @@ class AdapterStore:
 
     def _adapter(self, name: str) -> Adapter:
         validate_adapter_name(name)
-        return _lookup(self._log.state, name)
-
-
-def _lookup(state: StoreState, name: str) -> Adapter:
-    adapter = state.adapters.get(name)
-    if adapter is None:
-        raise NotFound(f"adapter {name!r} not found")
-    return adapter
-
-
-def _revision(adapter: Adapter, revision: int) -> Revision:
-    if revision < 0:
-        raise InvalidArgument(f"revision must not be negative, got {revision}")
-    number = revision or adapter.current_revision
-    if number == 0:
-        raise NotFound(f"adapter {adapter.name!r} has no current revision")
-    found = adapter.revisions.get(number)
-    if found is None:
-        raise NotFound(f"revision {adapter.name}@{number} not found")
-    return found
-
-
-def _copy(adapter: Adapter) -> Adapter:
-    """A copy that later changes to the state leave alone (revisions are immutable)."""
-    return replace(adapter, revisions=dict(adapter.revisions))
+        return find_adapter(self._log.state, name)

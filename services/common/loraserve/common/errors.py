@@ -105,6 +105,15 @@ class Internal(LoraserveError):
     code = grpc.StatusCode.INTERNAL
 
 
+# Worth retrying: the condition may pass. Everything else is final for the request.
+TRANSIENT_ERRORS: tuple[type[LoraserveError], ...] = (
+    Unavailable,
+    DeadlineExceeded,
+    Cancelled,
+    ResourceExhausted,
+    Aborted,
+)
+
 _BY_CODE: dict[grpc.StatusCode, type[LoraserveError]] = {
     cls.code: cls
     for cls in (

@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from loraserve.common.backoff import Backoff
-from loraserve.common.errors import LoraserveError
+from loraserve.common.errors import TRANSIENT_ERRORS, LoraserveError
 from loraserve.common.server import RunningServer, start_server
 from loraserve.inference import servicer
 from loraserve.inference.admission import Admission
@@ -38,7 +38,6 @@ from loraserve.inference.runtime import Runtime, RuntimeSlot
 from loraserve.inference.settings import EngineOptions, InferenceSettings
 from loraserve.inference.store_client import StoreClient, StoreClientSettings
 from loraserve.inference.sync import (
-    TRANSIENT_ERRORS,
     Synchronizer,
     SyncSettings,
     current_adapter_ranks,

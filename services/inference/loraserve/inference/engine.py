@@ -2,7 +2,8 @@
 
 Everything above this module (registry, generation, servicer) speaks in the plain
 types defined here, so it can be unit-tested with a fake engine; `VllmEngine` is
-the only place that touches vLLM's `AsyncLLM`, on CPU and GPU builds alike.
+the only place that drives vLLM's `AsyncLLM`, on CPU and GPU builds alike
+(`engine_args` builds it from the settings).
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ import logging
 import threading
 import weakref
 from collections.abc import AsyncGenerator, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
 from loraserve.common.errors import FailedPrecondition, InvalidArgument, Unavailable
@@ -25,6 +26,7 @@ if TYPE_CHECKING:
 
     from loraserve.inference.settings import EngineOptions
 
+from loraserve.inference.engine_args import build_async_llm
 from loraserve.inference.logprobs import PositionLogprobs, vllm_logprobs
 from loraserve.inference.sampling import (
     SamplingRequest,
@@ -33,6 +35,7 @@ from loraserve.inference.sampling import (
     verify_for_model,
     vllm_sampling_params,
 )
+from loraserve.inference.scheduler_stats import SchedulerTap
 
 log = logging.getLogger(__name__)
 
@@ -163,36 +166,6 @@ def _next_lora_id(llm: object) -> int:
         return next(counter)
 
 
-@dataclass
-class _SchedulerTap:
-    """Keeps the latest scheduler stats vLLM reports (it reports them only with log_stats on)."""
-
-    running: int = 0
-    waiting: int = 0
-    kv_cache_usage: float = 0.0
-    seen: bool = field(default=False)
-
-    def record(self, scheduler_stats: Any, iteration_stats: Any, **_: Any) -> None:
-        if scheduler_stats is None:
-            return
-        self.running = scheduler_stats.num_running_reqs
-        self.waiting = scheduler_stats.num_waiting_reqs + scheduler_stats.num_skipped_waiting_reqs
-        self.kv_cache_usage = scheduler_stats.kv_cache_usage
-        self.seen = True
-
-    def log(self) -> None:
-        pass
-
-    def log_engine_initialized(self) -> None:
-        pass
-
-    def record_sleep_state(self, *_: Any, **__: Any) -> None:
-        pass
-
-    def record_admission_rejection(self, reason: str) -> None:
-        pass
-
-
 _FINISH = {"stop": EngineFinish.STOP, "length": EngineFinish.LENGTH, "abort": EngineFinish.ABORT}
 
 
@@ -224,7 +197,7 @@ class VllmEngine:
             gpu_memory_utilization=cache.gpu_memory_utilization,
         )
         self._defaults = ServerDefaults.of_model(model)
-        self._tap = _SchedulerTap()
+        self._tap = SchedulerTap()
         # vLLM has no public hook to read scheduler stats from an engine that already
         # exists; its stat-logger manager is where they arrive, so listen there.
         manager = getattr(llm, "logger_manager", None)
@@ -243,7 +216,7 @@ class VllmEngine:
         # Importing vLLM and building the engine block for many seconds; in a thread,
         # the event loop keeps answering health checks meanwhile. Built there, AsyncLLM
         # starts its output handler on this loop at the first request.
-        llm = await asyncio.to_thread(_build_async_llm, options)
+        llm = await asyncio.to_thread(build_async_llm, options)
         engine = cls(llm)
         log.info("engine.started model=%s device=%s", options.model, engine.info.device)
         return engine
@@ -385,12 +358,6 @@ class VllmEngine:
         self._llm.shutdown()
 
 
-def _build_async_llm(options: EngineOptions) -> AsyncLLM:
-    from vllm.v1.engine.async_llm import AsyncLLM
-
-    return AsyncLLM.from_engine_args(engine_args(options))
-
-
 def _lora_request(adapter: AdapterHandle) -> Any:
     from vllm.lora.request import LoRARequest
 
@@ -398,61 +365,3 @@ def _lora_request(adapter: AdapterHandle) -> Any:
     return LoRARequest(
         lora_name=adapter.lora_name, lora_int_id=adapter.lora_int_id, lora_path=adapter.path
     )
-
-
-# Flags of our own that map onto engine arguments; the passthrough may not override them.
-MANAGED_ENGINE_ARGS = frozenset(
-    {
-        "model",
-        "enable_lora",
-        "max_loras",
-        "max_lora_rank",
-        "max_cpu_loras",
-        "gpu_memory_utilization",
-        "max_model_len",
-        "dtype",
-        "lora_dtype",
-        "cpu_offload_gb",
-        "disable_log_stats",
-    }
-)
-
-
-def engine_args(options: EngineOptions) -> Any:
-    """vLLM `AsyncEngineArgs` for the settings, with the passthrough applied."""
-    from vllm.engine.arg_utils import AsyncEngineArgs
-
-    check_passthrough(options.extra)
-    kwargs: dict[str, Any] = {
-        "model": options.model,
-        "enable_lora": True,
-        "max_loras": options.max_loras,
-        "max_lora_rank": options.max_lora_rank,
-        "max_cpu_loras": options.max_cpu_loras,
-        "gpu_memory_utilization": options.gpu_memory_utilization,
-        "dtype": options.dtype,
-        "lora_dtype": options.lora_dtype,
-        "cpu_offload_gb": options.cpu_offload_gb,
-        # Scheduler stats (running/waiting, KV-cache use) only flow with stats on.
-        "disable_log_stats": False,
-    }
-    if options.max_model_len is not None:
-        kwargs["max_model_len"] = options.max_model_len
-    kwargs.update(options.extra)
-    return AsyncEngineArgs(**kwargs)
-
-
-def check_passthrough(extra: Mapping[str, object]) -> None:
-    """Raises InvalidArgument for a passthrough key vLLM does not have or we manage."""
-    import dataclasses
-
-    from vllm.engine.arg_utils import AsyncEngineArgs
-
-    known = {f.name for f in dataclasses.fields(AsyncEngineArgs)}
-    for key in extra:
-        if key in MANAGED_ENGINE_ARGS:
-            raise InvalidArgument(
-                f"--engine-arg {key} is set by its own flag (--{key.replace('_', '-')})"
-            )
-        if key not in known:
-            raise InvalidArgument(f"--engine-arg {key}: vLLM has no engine argument {key!r}")

@@ -32,9 +32,7 @@ from loraserve.common.security import ServerSecurity, TokenAuth
 from loraserve.inference.generation import GenerateCommand, GenerationChunk
 from loraserve.inference.http_guard import RequestGuard
 from loraserve.inference.openai_protocol import (
-    ChatRequest,
     ChatTemplating,
-    CompletionRequest,
     ErrorType,
     adapter_for_model,
     chat_command,
@@ -45,6 +43,7 @@ from loraserve.inference.openai_protocol import (
     model_list,
 )
 from loraserve.inference.openai_reply import Echo, Reply, served_model
+from loraserve.inference.openai_requests import ChatRequest, CompletionRequest
 from loraserve.inference.openai_streams import close_all, firsts, merged, resumed
 from loraserve.inference.runtime import RuntimeSlot
 from loraserve.inference.settings import DEFAULT_OPENAI_MAX_BODY_BYTES

@@ -6,7 +6,8 @@ loaded in place. A new revision is loaded beside the old one; only after the eng
 accepted it does the name's route flip, in one synchronous step. The old revision
 then drains: requests already on it finish there, and once it has none in flight and
 is neither current nor pinned it is removed from the engine and its files deleted
-(vLLM may re-read an adapter's path until it is removed).
+(vLLM may re-read an adapter's path until it is removed). Getting one revision into
+the engine and out again is `engine_adapters`; this module keeps the states and routes.
 
 `name@revision` requests pin that revision: it is fetched through the
 `RevisionFetcher` and loaded on demand, and kept in a bounded LRU of pinned revisions.
@@ -35,7 +36,6 @@ import asyncio
 import enum
 import functools
 import logging
-import shutil
 from collections import OrderedDict
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
@@ -43,15 +43,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
 
-from loraserve.common.errors import (
-    FailedPrecondition,
-    LoraserveError,
-    NotFound,
-    Unavailable,
-)
+from loraserve.common.errors import LoraserveError, NotFound, Unavailable
 from loraserve.common.names import AdapterRef
 from loraserve.inference.compat import AdapterFacts, CompatibilityChecker
 from loraserve.inference.engine import AdapterHandle, Engine
+from loraserve.inference.engine_adapters import EngineAdapters
 
 log = logging.getLogger(__name__)
 
@@ -134,9 +130,7 @@ class AdapterRegistry:
     ) -> None:
         if max_pinned < 1:
             raise ValueError(f"max_pinned must be at least 1, got {max_pinned}")
-        self._engine = engine
-        self._cache_dir = cache_dir.resolve()
-        self._compat = compat
+        self._adapters = EngineAdapters(engine, cache_dir, compat, self._spawn)
         self._fetcher = fetcher
         self._max_pinned = max_pinned
         self._failures = failures
@@ -303,14 +297,12 @@ class AdapterRegistry:
             rev = await obtain()
             self._loading[key] = rev.rank
             self._check_not_deleted(key)
-            self._check(rev)
-            await asyncio.to_thread(self._compat.check_weights, rev.name, rev.revision, rev.path)
-            handle = AdapterHandle(
-                lora_name=f"{rev.name}@{rev.revision}",
-                lora_int_id=self._engine.new_lora_id(),
-                path=str(rev.path),
+            await self._adapters.check(
+                AdapterFacts(rev.name, rev.revision, rev.rank, rev.target_modules, rev.base_model),
+                rev.path,
             )
-            await self._add_to_engine(handle)
+            handle = self._adapters.handle(rev.name, rev.revision, rev.path)
+            await self._adapters.add(handle)
             added = handle
             self._check_not_deleted(key)
             entry = _Loaded(rev, handle)
@@ -321,7 +313,7 @@ class AdapterRegistry:
             # fresh revision is never seen unclaimed and retired.
             return entry
         except Exception:
-            await self._discard(rev, added)
+            await self._adapters.discard(rev.path if rev is not None else None, added)
             raise
         finally:
             del self._busy[key]
@@ -333,42 +325,6 @@ class AdapterRegistry:
         if key in self._deleted_while_loading:
             log.info("adapter.load_discarded name=%s rev=%d: deleted while loading", *key)
             raise NotFound(f"adapter {key[0]}@{key[1]} was deleted")
-
-    async def _discard(self, rev: LocalRevision | None, added: AdapterHandle | None) -> None:
-        """Undoes a load that will not be served: out of the engine, files deleted."""
-        if added is not None:
-            await self._engine.remove_lora(added.lora_int_id)
-        if rev is not None and self._inside_cache(rev.path):
-            await asyncio.to_thread(shutil.rmtree, rev.path, ignore_errors=True)
-
-    def _inside_cache(self, path: Path) -> bool:
-        resolved = path.resolve()
-        return resolved != self._cache_dir and resolved.is_relative_to(self._cache_dir)
-
-    def _check(self, rev: LocalRevision) -> None:
-        if not self._inside_cache(rev.path):
-            raise FailedPrecondition(
-                f"adapter {rev.name}@{rev.revision}: refusing to load {rev.path}, "
-                f"which is not inside the adapter cache {self._cache_dir}"
-            )
-        self._compat.check(
-            AdapterFacts(rev.name, rev.revision, rev.rank, rev.target_modules, rev.base_model)
-        )
-
-    async def _add_to_engine(self, handle: AdapterHandle) -> None:
-        # The engine may finish loading after the caller is cancelled; an adapter
-        # nobody knows about would then stay in the engine, so remove it afterwards.
-        adding = asyncio.ensure_future(self._engine.add_lora(handle))
-        try:
-            await asyncio.shield(adding)
-        except asyncio.CancelledError:
-            adding.add_done_callback(functools.partial(self._remove_orphan, handle))
-            raise
-
-    def _remove_orphan(self, handle: AdapterHandle, adding: asyncio.Future[None]) -> None:
-        if adding.cancelled() or adding.exception() is not None:
-            return
-        self._spawn(self._engine.remove_lora(handle.lora_int_id))
 
     def _route(self, entry: _Loaded) -> None:
         name, revision = entry.rev.name, entry.rev.revision
@@ -408,8 +364,7 @@ class AdapterRegistry:
 
     async def _remove(self, key: Key, entry: _Loaded, done: asyncio.Event) -> None:
         try:
-            await self._engine.remove_lora(entry.handle.lora_int_id)
-            await asyncio.to_thread(shutil.rmtree, entry.rev.path, ignore_errors=True)
+            await self._adapters.remove(entry.handle, entry.rev.path)
             log.info(
                 "adapter.removed name=%s rev=%d lora_int_id=%d", *key, entry.handle.lora_int_id
             )

@@ -12,7 +12,8 @@ are worth keeping: the listing's current ones; the rest are swept from disk.
 Failures follow the xDS model: a transient error (store or engine unavailable)
 is retried with backoff; a permanent one (incompatible adapter, corrupt data,
 revision gone) is NACKed once with its reason and the previous revision keeps
-serving.
+serving. Loading and its ACK/NACK are `revisionloads`; delivering reports is
+`statusreports`.
 """
 
 from __future__ import annotations
@@ -27,73 +28,28 @@ from typing import Protocol
 
 from loraserve.common import errors
 from loraserve.common.backoff import Backoff
+from loraserve.common.errors import TRANSIENT_ERRORS
 from loraserve.inference.compat import serves_base_model
-from loraserve.inference.registry import LocalRevision
-from loraserve.inference.store_client import (
-    Heartbeat,
-    Listing,
-    Report,
-    ReportKind,
-    RevisionManifest,
-    StoreEvent,
-    rpc_code,
-)
+from loraserve.inference.revisionloads import Fetcher, Registry, RevisionLoader, SwapObserver
+from loraserve.inference.statusreports import StatusAPI, StatusReporter
+from loraserve.inference.store_client import Heartbeat, Listing, StoreEvent
 from loraserve.inference.syncstate import AdapterWish, SyncState
 
 log = logging.getLogger(__name__)
 
-# Worth retrying: the condition may pass. Everything else is NACKed once.
-TRANSIENT_ERRORS: tuple[type[errors.LoraserveError], ...] = (
-    errors.Unavailable,
-    errors.DeadlineExceeded,
-    errors.Cancelled,
-    errors.ResourceExhausted,
-    errors.Aborted,
-)
 
-
-class StoreAPI(Protocol):
+class StoreAPI(StatusAPI, Protocol):
     """The calls the synchronizer makes to the store (`StoreClient`, or a fake)."""
 
     async def list_adapters(self, base_model: str = "") -> Listing: ...
 
     def watch(self, after_seq: int) -> AsyncGenerator[StoreEvent | Heartbeat, None]: ...
 
-    async def report(self, report: Report) -> None: ...
-
-    async def alive(self) -> bool: ...
-
-
-class Fetcher(Protocol):
-    async def fetch(self, name: str, revision: int) -> LocalRevision: ...
-
 
 class Sweeper(Protocol):
     """Removes cached revisions nothing needs (`AdapterCache`)."""
 
     async def sweep(self, keep: Callable[[str, int], bool]) -> None: ...
-
-
-class Registry(Protocol):
-    """The part of `AdapterRegistry` that sync drives."""
-
-    async def install(self, rev: LocalRevision, *, make_current: bool) -> None: ...
-
-    async def set_current(self, name: str, revision: int) -> None: ...
-
-    async def delete(self, name: str) -> None: ...
-
-    def current_revision(self, name: str) -> int | None: ...
-
-    def is_installed(self, name: str, revision: int) -> bool: ...
-
-    def holds(self, name: str, revision: int) -> bool: ...
-
-    def record_failure(self, name: str, revision: int, rank: int, message: str) -> None: ...
-
-
-SwapObserver = Callable[[float], None]
-"""Called with the seconds from event received to route flipped (metrics' swap latency)."""
 
 
 @dataclass(frozen=True)
@@ -121,23 +77,19 @@ class Synchronizer:
     ) -> None:
         self._store = store
         self._sweeper = sweeper
-        self._fetcher = fetcher
         self._registry = registry
         self._settings = settings or SyncSettings()
-        self._observe_swap = observe_swap
         self._state = SyncState()
         self._workers: dict[str, asyncio.Task[None]] = {}
         self._wakeups: dict[str, asyncio.Event] = {}
-        self._load_slots = asyncio.Semaphore(self._settings.max_concurrent_loads)
-        # Revisions rejected for good: not retried until an event asks for them again.
-        self._rejected: set[tuple[str, int]] = set()
-        # Non-current revisions already loaded (or rejected) once.
-        self._preloaded: set[tuple[str, int]] = set()
-        self._served: set[str] = set()
-        # The latest report per adapter that could not be sent; resent on reconnect.
-        self._unsent: dict[str, Report] = {}
-        # The latest ACK or NACK per adapter, sent again when the store forgot them.
-        self._latest: dict[str, Report] = {}
+        self._reports = StatusReporter(store, self._settings.status_interval_s)
+        self._loader = RevisionLoader(
+            fetcher,
+            registry,
+            self._reports,
+            self._settings.max_concurrent_loads,
+            observe_swap,
+        )
         self._initial_seq: int | None = None
         self.initial_sync_done = asyncio.Event()
 
@@ -147,7 +99,7 @@ class Synchronizer:
         return self._state.applied_seq()
 
     async def run(self) -> None:
-        keep_alive = asyncio.create_task(self._keep_alive(), name="sync:alive")
+        keep_alive = asyncio.create_task(self._reports.keep_alive(), name="sync:alive")
         try:
             await self._list_and_reconcile()
             await self._watch_forever()
@@ -169,7 +121,7 @@ class Synchronizer:
                         if not connected:
                             connected = True
                             backoff.reset()
-                            await self._resend_reports()
+                            await self._reports.resend_unsent()
                         if isinstance(item, StoreEvent):
                             self._take_event(item)
                 raise errors.Unavailable("the store ended the watch stream")
@@ -206,7 +158,7 @@ class Synchronizer:
                 delay = backoff.next_delay()
                 log.warning("sync.list_failed retry_in=%.2fs reason=%s", delay, exc)
                 await asyncio.sleep(delay)
-        served = self._served | {
+        served = self._loader.served | {
             name for name in self._state.wishes if self._registry.current_revision(name)
         }
         seen_at = None if self._initial_seq is None else time.monotonic()
@@ -250,8 +202,7 @@ class Synchronizer:
             event.current_revision,
         )
         if event.revision is not None:
-            # Asked for again: a revision rejected before gets one more try.
-            self._rejected.discard((event.name, event.revision.revision))
+            self._loader.ask_again(event.name, event.revision.revision)
         self._state.record_event(event, time.monotonic())
         self._wake(event.name)
 
@@ -297,157 +248,15 @@ class Synchronizer:
     async def _apply(self, name: str, wish: AdapterWish) -> None:
         if wish.delete_seq:
             delete_seq = wish.delete_seq
-            await self._delete(name)
+            await self._loader.delete(name)
             if wish.delete_seq == delete_seq:
                 wish.delete_seq = 0
         target = wish.current
-        if target is not None and self._wants(target):
-            await self._serve(target, make_current=True, seen_at=wish.current_seen_at)
+        if target is not None and self._loader.wants(target):
+            await self._loader.serve(target, make_current=True, seen_at=wish.current_seen_at)
         for revision, manifest in sorted(wish.preload.items()):
-            key = (name, revision)
-            if key in self._preloaded or self._registry.is_installed(name, revision):
-                wish.preload.pop(revision, None)
-                continue
-            await self._serve(manifest, make_current=False, seen_at=None)
-            self._preloaded.add(key)
+            await self._loader.preload(manifest)
             wish.preload.pop(revision, None)
-
-    def _wants(self, target: RevisionManifest) -> bool:
-        if (target.name, target.revision) in self._rejected:
-            return False
-        return self._registry.current_revision(target.name) != target.revision
-
-    async def _serve(
-        self, manifest: RevisionManifest, *, make_current: bool, seen_at: float | None
-    ) -> None:
-        """Loads a revision (routing it if asked) and reports the outcome; transient
-        failures propagate to be retried, permanent ones are NACKed here."""
-        name, revision = manifest.name, manifest.revision
-        try:
-            async with self._load_slots:
-                if self._registry.is_installed(name, revision):
-                    if make_current:
-                        await self._registry.set_current(name, revision)
-                else:
-                    local = await self._fetch(manifest)
-                    await self._registry.install(local, make_current=make_current)
-        except TRANSIENT_ERRORS:
-            raise
-        except Exception as exc:
-            await self._reject(manifest, exc)
-            return
-        self._served.add(name)
-        if make_current and seen_at is not None:
-            latency = time.monotonic() - seen_at
-            log.info("adapter.routed name=%s rev=%d swap_s=%.3f", name, revision, latency)
-            if self._observe_swap is not None:
-                self._observe_swap(latency)
-        else:
-            log.info("adapter.loaded name=%s rev=%d current=%s", name, revision, make_current)
-        await self._report(Report(name, revision, ReportKind.ACK, self._serving_revision(name)))
-
-    async def _fetch(self, manifest: RevisionManifest) -> LocalRevision:
-        try:
-            return await self._fetcher.fetch(manifest.name, manifest.revision)
-        except TRANSIENT_ERRORS:
-            raise
-        except errors.LoraserveError as exc:
-            # Never reached the registry: let it list the revision as FAILED anyway.
-            self._registry.record_failure(
-                manifest.name, manifest.revision, manifest.rank, exc.message
-            )
-            raise
-
-    async def _reject(self, manifest: RevisionManifest, exc: Exception) -> None:
-        name, revision = manifest.name, manifest.revision
-        self._rejected.add((name, revision))
-        if isinstance(exc, errors.LoraserveError):
-            message = exc.message
-            log.warning(
-                "adapter.rejected name=%s rev=%d code=%s reason=%s",
-                name,
-                revision,
-                exc.code.name,
-                message,
-            )
-        else:
-            # A bug of ours or an engine error we did not foresee: report it and keep
-            # syncing the other adapters rather than stopping.
-            message = f"internal error loading the revision: {type(exc).__name__}"
-            log.error("adapter.load_bug name=%s rev=%d", name, revision, exc_info=exc)
-        await self._report(
-            Report(
-                name,
-                revision,
-                ReportKind.NACK,
-                self._serving_revision(name),
-                error_code=rpc_code(exc),
-                error_message=message,
-            )
-        )
-
-    async def _delete(self, name: str) -> None:
-        served = self._serving_revision(name)
-        await self._registry.delete(name)
-        self._served.discard(name)
-        self._rejected = {key for key in self._rejected if key[0] != name}
-        self._preloaded = {key for key in self._preloaded if key[0] != name}
-        log.info("adapter.deleted name=%s rev=%d", name, served)
-        await self._report(Report(name, served, ReportKind.REMOVED, 0))
-
-    def _serving_revision(self, name: str) -> int:
-        return self._registry.current_revision(name) or 0
-
-    async def _keep_alive(self) -> None:
-        """Signs of life keep this replica's statuses shown in the store; when the
-        store had let them expire, every adapter's latest report goes again."""
-        while True:
-            try:
-                known = await self._store.alive()
-                if not known:
-                    for report in list(self._latest.values()):
-                        await self._report(report)
-            except errors.LoraserveError as exc:
-                log.warning("sync.alive_failed reason=%s", exc)
-            except Exception:
-                # A bug here must not silently end the signs of life.
-                log.exception("sync.alive_bug")
-            await asyncio.sleep(self._settings.status_interval_s)
-
-    async def _report(self, report: Report) -> None:
-        if report.kind is ReportKind.REMOVED:
-            self._latest.pop(report.name, None)
-        else:
-            self._latest[report.name] = report
-        try:
-            await self._store.report(report)
-        except TRANSIENT_ERRORS as exc:
-            # The store keeps one status per replica and adapter: the latest report
-            # is all that needs to reach it, once it is back.
-            log.warning(
-                "sync.report_deferred name=%s rev=%d type=%s reason=%s",
-                report.name,
-                report.revision,
-                report.kind.name,
-                exc,
-            )
-            self._unsent[report.name] = report
-        except errors.LoraserveError as exc:
-            log.error(
-                "sync.report_refused name=%s rev=%d type=%s reason=%s",
-                report.name,
-                report.revision,
-                report.kind.name,
-                exc,
-            )
-            self._unsent.pop(report.name, None)
-        else:
-            self._unsent.pop(report.name, None)
-
-    async def _resend_reports(self) -> None:
-        for report in list(self._unsent.values()):
-            if self._unsent.get(report.name) is report:
-                await self._report(report)
 
     def _note_progress(self) -> None:
         if (

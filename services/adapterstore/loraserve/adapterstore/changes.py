@@ -1,0 +1,71 @@
+"""The Change each write makes, built from the freshest folded state.
+
+Each function returns a ChangeBuilder for ChangeLog.commit: it only reads the
+state it is given (commit may call it again after a lost race) and raises the
+caller-facing error when the write no longer applies; None means nothing to
+commit.
+"""
+
+from __future__ import annotations
+
+from loraserve.adapterstore.changelog import ChangeBuilder
+from loraserve.adapterstore.lookup import find_adapter, find_revision
+from loraserve.adapterstore.model import Change, ChangeType, FileInfo, Revision, StoreState, now
+from loraserve.adapterstore.push import PushHeader
+from loraserve.adapterstore.validation import LoraConfig
+from loraserve.common.errors import Aborted
+
+
+def revision_pushed(
+    header: PushHeader, files: tuple[FileInfo, ...], config: LoraConfig, actor: str
+) -> ChangeBuilder:
+    """A new revision numbered after every earlier one, current unless `no_promote`."""
+
+    def build(state: StoreState, seq: int) -> Change:
+        adapter = state.adapters.get(header.name)
+        time = now()
+        revision = Revision(
+            adapter_name=header.name,
+            revision=state.next_revision(header.name),
+            files=files,
+            base_model=config.base_model,
+            rank=config.rank,
+            alpha=config.alpha,
+            target_modules=config.target_modules,
+            create_time=time,
+            pushed_by=actor,
+            description=header.description,
+            seq=seq,
+        )
+        current = revision.revision
+        if header.no_promote:
+            current = adapter.current_revision if adapter else 0
+        return Change(seq, ChangeType.REVISION_PUSHED, header.name, revision, current, time, actor)
+
+    return build
+
+
+def current_set(name: str, revision: int, expected_current: int, actor: str) -> ChangeBuilder:
+    """Moves `current` to an existing revision; None when it is current already."""
+
+    def build(state: StoreState, seq: int) -> Change | None:
+        adapter = find_adapter(state, name)
+        target = find_revision(adapter, revision)
+        if expected_current and adapter.current_revision != expected_current:
+            raise Aborted(
+                f"adapter {name}: current revision is {adapter.current_revision}, "
+                f"not the expected {expected_current}"
+            )
+        if adapter.current_revision == revision:
+            return None
+        return Change(seq, ChangeType.CURRENT_REVISION_SET, name, target, revision, now(), actor)
+
+    return build
+
+
+def adapter_deleted(name: str, actor: str) -> ChangeBuilder:
+    def build(state: StoreState, seq: int) -> Change:
+        find_adapter(state, name)
+        return Change(seq, ChangeType.ADAPTER_DELETED, name, None, 0, now(), actor)
+
+    return build

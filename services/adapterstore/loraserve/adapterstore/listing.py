@@ -1,0 +1,80 @@
+"""Listing pages cut from a folded StoreState.
+
+A page holds at most `page_size` entries whose encoded sizes add up to at most
+`max_page_bytes`, and is never empty while entries remain. Every page of an
+adapter listing carries the first page's seq, in its token and its `seq`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from loraserve.adapterstore import pagetokens
+from loraserve.adapterstore.lookup import detached
+from loraserve.adapterstore.model import Adapter, Revision, StoreState
+from loraserve.adapterstore.textlimits import PageFill
+from loraserve.common.errors import InvalidArgument
+
+
+@dataclass(frozen=True, slots=True)
+class AdapterPage:
+    adapters: list[Adapter]
+    next_page_token: str
+    seq: int
+
+
+@dataclass(frozen=True, slots=True)
+class RevisionPage:
+    revisions: list[Revision]
+    next_page_token: str
+    current_revision: int
+
+
+def adapter_page(
+    state: StoreState,
+    size: int,
+    max_page_bytes: int,
+    seq: int,
+    after: str,
+    base_model: str,
+    size_of: Callable[[Adapter], int],
+) -> AdapterPage:
+    """The adapters named after `after`, for a listing at `seq` (which `state` has reached)."""
+    names = sorted(n for n in state.adapters if n > after)
+    selected: list[Adapter] = []
+    fill = PageFill(size, max_page_bytes)
+    next_token = ""
+    for name in names:
+        adapter = state.adapters[name]
+        current = adapter.current
+        if base_model and (current is None or current.base_model != base_model):
+            continue
+        if not fill.room_for(size_of(adapter)):
+            next_token = pagetokens.encode_listing_token(seq, selected[-1].name)
+            break
+        selected.append(detached(adapter))
+    return AdapterPage(selected, next_token, seq)
+
+
+def revision_page(
+    adapter: Adapter,
+    size: int,
+    max_page_bytes: int,
+    token: str,
+    size_of: Callable[[Revision], int],
+) -> RevisionPage:
+    """The adapter's revisions, newest first, older than the one `token` names."""
+    try:
+        before = int(token) if token else adapter.latest_revision + 1
+    except ValueError:
+        raise InvalidArgument("invalid page_token for ListRevisions") from None
+    numbers = sorted((n for n in adapter.revisions if n < before), reverse=True)
+    fill = PageFill(size, max_page_bytes)
+    page: list[int] = []
+    for number in numbers:
+        if not fill.room_for(size_of(adapter.revisions[number])):
+            break
+        page.append(number)
+    next_token = pagetokens.encode_token(str(page[-1])) if len(numbers) > len(page) else ""
+    return RevisionPage([adapter.revisions[n] for n in page], next_token, adapter.current_revision)

@@ -1,0 +1,106 @@
+"""The change log's objects in storage: keys, parsing, reading entries, snapshots.
+
+Layout (keys relative to the store's prefix):
+
+    log/<seq:020d>.json        one Change per object; the put with If-None-Match: *
+                               *is* the commit, so two store replicas never both
+                               commit the same seq
+    snapshots/<seq:020d>.json  the StoreState folded up to seq
+
+Nothing here keeps state between calls. An entry read is checked to claim its
+own seq and a corrupt one raises DataLoss, never a half-parsed Change.
+Retention: after a snapshot at S, entries at or below both S and
+`head - log_retention` are deleted, and all but the newest snapshots.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+
+from loraserve.adapterstore.blobstore import BlobNotFound, BlobStore
+from loraserve.adapterstore.model import Change, StoreState
+from loraserve.common.errors import DataLoss, OutOfRange, Unavailable
+
+log = logging.getLogger(__name__)
+
+LOG_PREFIX = "log/"
+SNAPSHOT_PREFIX = "snapshots/"
+# Snapshots kept besides the newest, for a reader that listed just before a prune.
+_OLD_SNAPSHOTS_KEPT = 1
+
+
+def log_key(seq: int) -> str:
+    return f"{LOG_PREFIX}{seq:020d}.json"
+
+
+def snapshot_key(seq: int) -> str:
+    return f"{SNAPSHOT_PREFIX}{seq:020d}.json"
+
+
+def _seq_of(key: str) -> int:
+    return int(key.rsplit("/", 1)[-1].removesuffix(".json"))
+
+
+def parse_change(data: bytes, seq: int) -> Change:
+    try:
+        change = Change.from_json(json.loads(data))
+    except (ValueError, KeyError, TypeError) as e:
+        raise DataLoss(f"log entry {seq} is corrupt: {e}") from e
+    if change.seq != seq:
+        raise DataLoss(f"log entry {seq} claims seq {change.seq}")
+    return change
+
+
+async def read_entries(blobs: BlobStore, first: int, last: int) -> list[Change]:
+    """The entries `first`..`last`; OutOfRange when retention has deleted one."""
+    changes = []
+    for seq in range(first, last + 1):
+        try:
+            data = await blobs.get(log_key(seq))
+        except BlobNotFound:
+            oldest = await blobs.list_keys(LOG_PREFIX, limit=1)
+            kept = f"log entry {_seq_of(oldest[0])}" if oldest else "no log entry"
+            raise OutOfRange(
+                f"changes after seq {first - 1} are no longer kept (oldest kept: {kept}); "
+                f"list adapters and watch from the seq the listing returns"
+            ) from None
+        changes.append(parse_change(data, seq))
+    return changes
+
+
+async def latest_snapshot(blobs: BlobStore) -> StoreState | None:
+    keys = await blobs.list_keys(SNAPSHOT_PREFIX)
+    if not keys:
+        return None
+    try:
+        return StoreState.from_json(json.loads(await blobs.get(keys[-1])))
+    except (ValueError, KeyError, TypeError) as e:
+        raise DataLoss(f"snapshot {keys[-1]} is corrupt: {e}") from e
+
+
+async def snapshot_and_prune(blobs: BlobStore, state: StoreState, log_retention: int) -> None:
+    """Writes a snapshot of `state`, then prunes (unless `log_retention` is 0); a
+    failure is only logged, since the next snapshot covers this one."""
+    seq = state.seq
+    data = json.dumps(state.to_json(), separators=(",", ":")).encode()
+    try:
+        await blobs.put_if_absent(snapshot_key(seq), data)
+        log.info("log.snapshot_written seq=%d bytes=%d", seq, len(data))
+        if log_retention:
+            await _prune(blobs, seq, state.seq - log_retention)
+    except Unavailable:
+        # The commit itself succeeded; the next snapshot will cover this one.
+        log.warning("log.snapshot_failed seq=%d", seq, exc_info=True)
+
+
+async def _prune(blobs: BlobStore, snapshot_seq: int, retention_floor: int) -> None:
+    cutoff = min(snapshot_seq, retention_floor)
+    if cutoff < 1:
+        return
+    old_entries = [k for k in await blobs.list_keys(LOG_PREFIX) if _seq_of(k) <= cutoff]
+    snapshots = await blobs.list_keys(SNAPSHOT_PREFIX)
+    old_snapshots = snapshots[: -1 - _OLD_SNAPSHOTS_KEPT]
+    await blobs.delete(old_entries + old_snapshots)
+    if old_entries:
+        log.info("log.pruned through_seq=%d entries=%d", cutoff, len(old_entries))

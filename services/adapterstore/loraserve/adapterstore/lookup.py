@@ -1,0 +1,38 @@
+"""Lookups of adapters and revisions in a folded StoreState.
+
+They only read: a miss raises NotFound (a bad number InvalidArgument) with the
+message callers see, and `detached` hands out copies that later folds of the
+state leave alone.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+from loraserve.adapterstore.model import Adapter, Revision, StoreState
+from loraserve.common.errors import InvalidArgument, NotFound
+
+
+def find_adapter(state: StoreState, name: str) -> Adapter:
+    adapter = state.adapters.get(name)
+    if adapter is None:
+        raise NotFound(f"adapter {name!r} not found")
+    return adapter
+
+
+def find_revision(adapter: Adapter, revision: int) -> Revision:
+    """Revision `revision` of `adapter`; 0 means the current one."""
+    if revision < 0:
+        raise InvalidArgument(f"revision must not be negative, got {revision}")
+    number = revision or adapter.current_revision
+    if number == 0:
+        raise NotFound(f"adapter {adapter.name!r} has no current revision")
+    found = adapter.revisions.get(number)
+    if found is None:
+        raise NotFound(f"revision {adapter.name}@{number} not found")
+    return found
+
+
+def detached(adapter: Adapter) -> Adapter:
+    """A copy that later changes to the state leave alone (revisions are immutable)."""
+    return replace(adapter, revisions=dict(adapter.revisions))

@@ -1,0 +1,172 @@
+"""Loading one revision into the registry, and reporting how it went.
+
+A revision served (loaded, routed if asked) is ACKed; a permanent failure is
+NACKed once with its reason and remembered as rejected, so it is not tried again
+until an event asks for it again; a transient failure (TRANSIENT_ERRORS)
+propagates for the caller to retry and reports nothing. Loads at once are
+bounded by `max_concurrent_loads`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Callable
+from typing import Protocol
+
+from loraserve.common import errors
+from loraserve.common.errors import TRANSIENT_ERRORS
+from loraserve.inference.registry import LocalRevision
+from loraserve.inference.statusreports import StatusReporter
+from loraserve.inference.store_client import Report, ReportKind, RevisionManifest, rpc_code
+
+log = logging.getLogger(__name__)
+
+
+class Fetcher(Protocol):
+    async def fetch(self, name: str, revision: int) -> LocalRevision: ...
+
+
+class Registry(Protocol):
+    """The part of `AdapterRegistry` that sync drives."""
+
+    async def install(self, rev: LocalRevision, *, make_current: bool) -> None: ...
+
+    async def set_current(self, name: str, revision: int) -> None: ...
+
+    async def delete(self, name: str) -> None: ...
+
+    def current_revision(self, name: str) -> int | None: ...
+
+    def is_installed(self, name: str, revision: int) -> bool: ...
+
+    def holds(self, name: str, revision: int) -> bool: ...
+
+    def record_failure(self, name: str, revision: int, rank: int, message: str) -> None: ...
+
+
+SwapObserver = Callable[[float], None]
+"""Called with the seconds from event received to route flipped (metrics' swap latency)."""
+
+
+class RevisionLoader:
+    def __init__(
+        self,
+        fetcher: Fetcher,
+        registry: Registry,
+        reports: StatusReporter,
+        max_concurrent_loads: int,
+        observe_swap: SwapObserver | None,
+    ) -> None:
+        self._fetcher = fetcher
+        self._registry = registry
+        self._reports = reports
+        self._observe_swap = observe_swap
+        self._load_slots = asyncio.Semaphore(max_concurrent_loads)
+        # Revisions rejected for good: not retried until an event asks for them again.
+        self._rejected: set[tuple[str, int]] = set()
+        # Non-current revisions already loaded (or rejected) once.
+        self._preloaded: set[tuple[str, int]] = set()
+        # Names some revision of which was served since their last delete.
+        self.served: set[str] = set()
+
+    def ask_again(self, name: str, revision: int) -> None:
+        """Asked for again: a revision rejected before gets one more try."""
+        self._rejected.discard((name, revision))
+
+    def wants(self, target: RevisionManifest) -> bool:
+        if (target.name, target.revision) in self._rejected:
+            return False
+        return self._registry.current_revision(target.name) != target.revision
+
+    async def preload(self, manifest: RevisionManifest) -> None:
+        """Loads a non-current revision once, so promoting it later is quick."""
+        key = (manifest.name, manifest.revision)
+        if key in self._preloaded or self._registry.is_installed(*key):
+            return
+        await self.serve(manifest, make_current=False, seen_at=None)
+        self._preloaded.add(key)
+
+    async def serve(
+        self, manifest: RevisionManifest, *, make_current: bool, seen_at: float | None
+    ) -> None:
+        """Loads a revision (routing it if asked) and reports the outcome; transient
+        failures propagate to be retried, permanent ones are NACKed here."""
+        name, revision = manifest.name, manifest.revision
+        try:
+            async with self._load_slots:
+                if self._registry.is_installed(name, revision):
+                    if make_current:
+                        await self._registry.set_current(name, revision)
+                else:
+                    local = await self._fetch(manifest)
+                    await self._registry.install(local, make_current=make_current)
+        except TRANSIENT_ERRORS:
+            raise
+        except Exception as exc:
+            await self._reject(manifest, exc)
+            return
+        self.served.add(name)
+        if make_current and seen_at is not None:
+            latency = time.monotonic() - seen_at
+            log.info("adapter.routed name=%s rev=%d swap_s=%.3f", name, revision, latency)
+            if self._observe_swap is not None:
+                self._observe_swap(latency)
+        else:
+            log.info("adapter.loaded name=%s rev=%d current=%s", name, revision, make_current)
+        await self._reports.report(
+            Report(name, revision, ReportKind.ACK, self._serving_revision(name))
+        )
+
+    async def delete(self, name: str) -> None:
+        served = self._serving_revision(name)
+        await self._registry.delete(name)
+        self.served.discard(name)
+        self._rejected = {key for key in self._rejected if key[0] != name}
+        self._preloaded = {key for key in self._preloaded if key[0] != name}
+        log.info("adapter.deleted name=%s rev=%d", name, served)
+        await self._reports.report(Report(name, served, ReportKind.REMOVED, 0))
+
+    async def _fetch(self, manifest: RevisionManifest) -> LocalRevision:
+        try:
+            return await self._fetcher.fetch(manifest.name, manifest.revision)
+        except TRANSIENT_ERRORS:
+            raise
+        except errors.LoraserveError as exc:
+            # Never reached the registry: let it list the revision as FAILED anyway.
+            self._registry.record_failure(
+                manifest.name, manifest.revision, manifest.rank, exc.message
+            )
+            raise
+
+    async def _reject(self, manifest: RevisionManifest, exc: Exception) -> None:
+        name, revision = manifest.name, manifest.revision
+        self._rejected.add((name, revision))
+        if isinstance(exc, errors.LoraserveError):
+            message = exc.message
+            log.warning(
+                "adapter.rejected name=%s rev=%d code=%s reason=%s",
+                name,
+                revision,
+                exc.code.name,
+                message,
+            )
+        else:
+            # A bug of ours or an engine error we did not foresee: report it and keep
+            # syncing the other adapters rather than stopping.
+            message = f"internal error loading the revision: {type(exc).__name__}"
+            log.error("adapter.load_bug name=%s rev=%d", name, revision, exc_info=exc)
+        await self._reports.report(
+            Report(
+                name,
+                revision,
+                ReportKind.NACK,
+                self._serving_revision(name),
+                error_code=rpc_code(exc),
+                error_message=message,
+            )
+        )
+
+    def _serving_revision(self, name: str) -> int:
+        return self._registry.current_revision(name) or 0
