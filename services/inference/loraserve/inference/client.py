@@ -21,6 +21,7 @@ import grpc
 from loraserve.common.backoff import Backoff
 from loraserve.common.errors import DeadlineExceeded, Unavailable, error_from_rpc
 from loraserve.common.security import ClientSecurity, secure_channel
+from loraserve.inference.sampling_fields import OPTIONAL_SAMPLING_FIELDS
 from loraserve.inference.v1 import inference_pb2 as pb
 from loraserve.inference.v1 import inference_pb2_grpc as pb_grpc
 
@@ -83,7 +84,7 @@ class Sampling:
             logit_bias=dict(self.logit_bias),
             bad_words=list(self.bad_words),
         )
-        for name in _OPTIONAL_FIELDS:
+        for name in OPTIONAL_SAMPLING_FIELDS:
             value = getattr(self, name)
             if value is not None:
                 setattr(params, name, value)
@@ -102,25 +103,6 @@ class Sampling:
                 else:
                     setattr(params.structured_output, name, value)
         return params
-
-
-_OPTIONAL_FIELDS = (
-    "max_tokens",
-    "temperature",
-    "top_p",
-    "top_k",
-    "seed",
-    "n",
-    "min_p",
-    "min_tokens",
-    "presence_penalty",
-    "frequency_penalty",
-    "repetition_penalty",
-    "skip_special_tokens",
-    "spaces_between_special_tokens",
-    "logprobs",
-    "prompt_logprobs",
-)
 
 
 @dataclass(frozen=True)

@@ -13,6 +13,7 @@ from loraserve.inference.logprobs import PositionLogprobs, TokenLogprob
 from loraserve.inference.registry import AdapterState, RevisionStatus
 from loraserve.inference.runtime import RuntimeSlot
 from loraserve.inference.sampling import SamplingRequest, StructuredOutput
+from loraserve.inference.sampling_fields import OPTIONAL_SAMPLING_FIELDS
 from loraserve.inference.v1 import inference_pb2 as pb
 from loraserve.inference.v1 import inference_pb2_grpc as pb_grpc
 
@@ -99,28 +100,12 @@ def _command(request: pb.GenerateRequest) -> GenerateCommand:
     )
 
 
-# proto3 `optional` fields: unset is None, the server's default.
-_OPTIONAL = (
-    "max_tokens",
-    "temperature",
-    "top_p",
-    "top_k",
-    "seed",
-    "n",
-    "min_p",
-    "min_tokens",
-    "presence_penalty",
-    "frequency_penalty",
-    "repetition_penalty",
-    "skip_special_tokens",
-    "spaces_between_special_tokens",
-    "logprobs",
-    "prompt_logprobs",
-)
-
-
 def sampling_request(sampling: pb.SamplingParams) -> SamplingRequest:
-    optional = {name: getattr(sampling, name) for name in _OPTIONAL if sampling.HasField(name)}
+    optional = {
+        name: getattr(sampling, name)
+        for name in OPTIONAL_SAMPLING_FIELDS
+        if sampling.HasField(name)
+    }
     return SamplingRequest(
         **optional,
         stop=tuple(sampling.stop),
