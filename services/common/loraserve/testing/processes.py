@@ -4,6 +4,11 @@ SIGTERM or SIGKILL.
 The process listens on a port chosen up front, so a restarted store comes back at
 the same address and clients reconnect as they would in production. Its log goes
 to a file beside the test's other files, named in failures.
+
+Each child leads a process group of its own, and leaving the block kills the whole
+group, as a container runtime kills a pod: `inference serve` starts vLLM engine
+processes that would otherwise outlive a SIGKILLed server and hold gigabytes for
+the rest of the session.
 """
 
 from __future__ import annotations
@@ -92,6 +97,13 @@ class ChildProcess:
 
     def log_text(self) -> str:
         return self.log_path.read_text(errors="replace")
+
+    async def kill_group(self) -> None:
+        """SIGKILL to the child and every process it started."""
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(self.process.pid, signal.SIGKILL)
+        with contextlib.suppress(TimeoutError):
+            await self.wait()
 
 
 @dataclass
@@ -185,17 +197,14 @@ async def inference_process(
     env = os.environ | {"VLLM_CPU_KVCACHE_SPACE": "1"}
     with log_path.open("ab") as log_file:
         process = await asyncio.create_subprocess_exec(
-            *args, stdout=log_file, stderr=log_file, env=env
+            *args, stdout=log_file, stderr=log_file, env=env, start_new_session=True
         )
     running = InferenceProcess(process, log_path, address)
     try:
         await _serving_or_exited(running, guard_s)
         yield running
     finally:
-        if process.returncode is None:
-            process.kill()
-            with contextlib.suppress(TimeoutError):
-                await running.wait()
+        await running.kill_group()
 
 
 async def _serving_or_exited(running: InferenceProcess, guard_s: float) -> None:
@@ -240,6 +249,7 @@ async def store_process(
             *store_args(bucket, address, endpoint_url, extra),
             stdout=log_file,
             stderr=log_file,
+            start_new_session=True,
         )
     running = StoreProcess(process, log_path, address, port)
     try:
@@ -250,7 +260,4 @@ async def store_process(
                 raise AssertionError(f"store never served; log:\n{running.log_text()}") from None
         yield running
     finally:
-        if process.returncode is None:
-            process.kill()
-            with contextlib.suppress(TimeoutError):
-                await running.wait()
+        await running.kill_group()
