@@ -23,9 +23,12 @@ PROMPT = "Tell me about the sea."
 SWAP_ADAPTER = "chameleon"
 _GREEDY = Sampling(max_tokens=40, temperature=0.0)
 _SHOWN_CHARS = 30
-# Long enough to be still running when the push has landed, even on a fast machine;
-# the demo cancels it once it has shown its point.
+# Longer than the scene shows; the demo cancels it once it has shown its point.
 _LONG_GREEDY = Sampling(max_tokens=900, temperature=0.0, ignore_eos=True)
+# Request 1 reads like a slow consumer: a small HTTP/2 window that never grows makes
+# the server wait for the reader, so the request stays in flight on its revision
+# while the push lands, however fast or loaded the machine (no race with the engine).
+_SLOW_READER = (("grpc.http2.lookahead_bytes", 1024), ("grpc.http2.bdp_probe", 0))
 
 
 @dataclass(frozen=True)
@@ -67,8 +70,13 @@ async def hot_swap_scene(
         f'A push while a request streams: adapter "{SWAP_ADAPTER}" answers as the {first}; '
         f"now its next revision, the {second}'s weights, is pushed mid-stream."
     )
-    async with InferenceClient(showcase.inference_address, showcase.security) as client:
-        stream = client.stream(SWAP_ADAPTER, PROMPT, _LONG_GREEDY, timeout=120.0)
+    async with (
+        InferenceClient(showcase.inference_address, showcase.security) as client,
+        InferenceClient(
+            showcase.inference_address, showcase.security, channel_options=_SLOW_READER
+        ) as slow_reader,
+    ):
+        stream = slow_reader.stream(SWAP_ADAPTER, PROMPT, _LONG_GREEDY, timeout=120.0)
         try:
             opened = await anext(stream)
             # A few words first, so that the voice it started in is plain to see.
@@ -100,7 +108,6 @@ async def hot_swap_scene(
             f"{old} is draining: request 1 still runs on it"
         )
     else:
-        # A fast accelerator can finish request 1 before the push lands.
         say(f"  pushed {SWAP_ADAPTER}@{revision} ({old}: {old_state})")
     say(
         f"  request 2, sent after the push, got {SWAP_ADAPTER}@{after_push.revision}: "

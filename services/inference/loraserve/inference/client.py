@@ -177,8 +177,10 @@ class InferenceClient:
         security: ClientSecurity | None = None,
         retry: RetryPolicy | None = None,
         timeout: float | None = None,
+        channel_options: Sequence[tuple[str, Any]] = (),
     ) -> None:
-        self._channel = secure_channel(address, security or ClientSecurity())
+        """`channel_options` are gRPC channel arguments (e.g. flow-control windows)."""
+        self._channel = secure_channel(address, security or ClientSecurity(), channel_options)
         self._stub = pb_grpc.InferenceServiceStub(self._channel)
         self._retry = retry or RetryPolicy()
         self._timeout = timeout
