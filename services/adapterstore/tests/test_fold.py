@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from loraserve.adapterstore.model import Change, ChangeType, FileInfo, Revision, StoreState, now
+from loraserve.adapterstore.model import Change, ChangeType, StoreState, now
 from loraserve.common.errors import DataLoss
+from loraserve.common.manifest import FileInfo, Revision
 
 
 def _revision(name: str, number: int, seq: int) -> Revision:

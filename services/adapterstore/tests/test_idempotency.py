@@ -16,18 +16,12 @@ from loraserve.adapterstore.changelog import (
 )
 from loraserve.adapterstore.logstorage import log_key
 from loraserve.adapterstore.memblobs import MemoryBlobStore
-from loraserve.adapterstore.model import (
-    REQUEST_KEY_WINDOW,
-    Change,
-    ChangeType,
-    Revision,
-    StoreState,
-    now,
-)
+from loraserve.adapterstore.model import REQUEST_KEY_WINDOW, Change, ChangeType, StoreState, now
 from loraserve.adapterstore.storageprobe import PROBE_KEY, check_conditional_put
 from loraserve.adapterstore.store import AdapterStore
 from loraserve.adapterstore.testing import StoreFactory, push, tiny_adapter
 from loraserve.common.errors import FailedPrecondition, InvalidArgument, Unavailable
+from loraserve.common.manifest import Revision
 
 
 class LandsThenFails(MemoryBlobStore):

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import hashlib
 from collections.abc import AsyncGenerator
+from datetime import UTC, datetime
 from pathlib import Path
 
 import pytest
@@ -16,17 +17,18 @@ from loraserve.common.errors import (
     NotFound,
     Unavailable,
 )
+from loraserve.common.manifest import FileInfo, Revision
 from loraserve.inference.cache import AdapterCache
 from loraserve.inference.compat import AdapterFacts
 from loraserve.inference.download import MANIFEST_FILE
-from loraserve.inference.store_client import FileChunk, ManifestFile, RevisionManifest
+from loraserve.inference.store_client import FileChunk
 
 CONFIG = b'{"r": 8}'
 WEIGHTS = bytes(range(256)) * 40
 
 
-def file_info(name: str, data: bytes) -> ManifestFile:
-    return ManifestFile(name, len(data), hashlib.sha256(data).hexdigest())
+def file_info(name: str, data: bytes) -> FileInfo:
+    return FileInfo(name, len(data), hashlib.sha256(data).hexdigest())
 
 
 class FakeSource:
@@ -34,35 +36,38 @@ class FakeSource:
 
     def __init__(self, chunk_size: int = 1000) -> None:
         self.revisions: dict[tuple[str, int], dict[str, bytes]] = {}
-        self.manifests: dict[tuple[str, int], RevisionManifest] = {}
+        self.manifests: dict[tuple[str, int], Revision] = {}
         self.downloads = 0
         self.corrupt_downloads = 0
         self.chunk_size = chunk_size
         self.gate: asyncio.Event | None = None
 
-    def add(self, name: str, revision: int, files: dict[str, bytes]) -> RevisionManifest:
-        manifest = RevisionManifest(
-            name=name,
+    def add(self, name: str, revision: int, files: dict[str, bytes]) -> Revision:
+        manifest = Revision(
+            adapter_name=name,
             revision=revision,
             files=tuple(file_info(n, d) for n, d in files.items()),
             base_model="tiny",
             rank=8,
             alpha=16.0,
             target_modules=("q_proj", "v_proj"),
+            create_time=datetime(2026, 1, 1, tzinfo=UTC),
+            pushed_by="test",
+            description="",
             seq=revision,
         )
         self.revisions[(name, revision)] = files
         self.manifests[(name, revision)] = manifest
         return manifest
 
-    async def get_revision(self, name: str, revision: int) -> RevisionManifest:
+    async def get_revision(self, name: str, revision: int) -> Revision:
         if (name, revision) not in self.manifests:
             raise NotFound(f"no revision {name}@{revision}")
         return self.manifests[(name, revision)]
 
     async def download(
         self, name: str, revision: int
-    ) -> AsyncGenerator[RevisionManifest | FileChunk, None]:
+    ) -> AsyncGenerator[Revision | FileChunk, None]:
         self.downloads += 1
         if self.gate is not None:
             await self.gate.wait()
@@ -179,7 +184,7 @@ async def test_store_unavailable_propagates_and_leaves_nothing(tmp_path: Path) -
     class DownSource(FakeSource):
         async def download(
             self, name: str, revision: int
-        ) -> AsyncGenerator[RevisionManifest | FileChunk, None]:
+        ) -> AsyncGenerator[Revision | FileChunk, None]:
             raise Unavailable("store down")
             yield  # pragma: no cover - makes this an async generator
 

@@ -14,13 +14,13 @@ from loraserve.adapterstore.testing import push_requests, tiny_adapter
 from loraserve.adapterstore.v1 import adapterstore_pb2 as pb
 from loraserve.adapterstore.v1 import adapterstore_pb2_grpc as pb_grpc
 from loraserve.common.errors import NotFound, Unavailable
+from loraserve.common.manifest import Revision
 from loraserve.common.security import ClientSecurity
 from loraserve.inference.store_client import (
     EventKind,
     FileChunk,
     Report,
     ReportKind,
-    RevisionManifest,
     StoreClient,
     StoreClientSettings,
     StoreEvent,
@@ -62,7 +62,7 @@ async def test_listing_reads_every_page_and_keeps_the_first_pages_seq(
     assert listing.seq == 3
     current = listing.adapters[0].current
     assert current is not None
-    assert (current.name, current.revision, current.rank) == ("a", 1, 4)
+    assert (current.adapter_name, current.revision, current.rank) == ("a", 1, 4)
 
 
 async def test_watch_yields_pushes_with_their_manifests(
@@ -93,7 +93,7 @@ async def test_download_sends_the_manifest_then_the_files_bytes(
     await push(store_stub, "a")
     files = tiny_adapter()
     messages = [m async for m in client.download("a", 1)]
-    assert isinstance(messages[0], RevisionManifest)
+    assert isinstance(messages[0], Revision)
     received: dict[str, bytes] = {}
     for chunk in messages[1:]:
         assert isinstance(chunk, FileChunk)

@@ -10,6 +10,7 @@ import asyncio
 from collections.abc import AsyncGenerator, AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from dataclasses import replace
+from datetime import UTC, datetime
 from pathlib import Path
 
 import pytest
@@ -22,16 +23,15 @@ from loraserve.common.errors import (
     OutOfRange,
     Unavailable,
 )
+from loraserve.common.manifest import FileInfo, Revision
 from loraserve.inference.registry import LocalRevision
 from loraserve.inference.store_client import (
     EventKind,
     Heartbeat,
     ListedAdapter,
     Listing,
-    ManifestFile,
     Report,
     ReportKind,
-    RevisionManifest,
     StoreEvent,
 )
 from loraserve.inference.sync import Synchronizer, SyncSettings, current_adapter_ranks
@@ -40,15 +40,18 @@ FAST = SyncSettings(initial_backoff_s=0.001, max_backoff_s=0.01)
 _END = object()  # ends a fake watch stream normally
 
 
-def manifest(name: str, revision: int, rank: int = 8) -> RevisionManifest:
-    return RevisionManifest(
-        name=name,
+def manifest(name: str, revision: int, rank: int = 8) -> Revision:
+    return Revision(
+        adapter_name=name,
         revision=revision,
-        files=(ManifestFile("adapter_model.safetensors", 10, "0" * 64),),
+        files=(FileInfo("adapter_model.safetensors", 10, "0" * 64),),
         base_model="tiny",
         rank=rank,
         alpha=16.0,
         target_modules=("q_proj",),
+        create_time=datetime(2026, 1, 1, tzinfo=UTC),
+        pushed_by="test",
+        description="",
         seq=0,
     )
 

@@ -10,10 +10,11 @@ from __future__ import annotations
 
 from loraserve.adapterstore.changelog import ChangeBuilder
 from loraserve.adapterstore.lookup import find_adapter, find_revision
-from loraserve.adapterstore.model import Change, ChangeType, FileInfo, Revision, StoreState, now
+from loraserve.adapterstore.model import Change, ChangeType, StoreState, now
 from loraserve.adapterstore.push import PushHeader
 from loraserve.adapterstore.validation import LoraConfig
 from loraserve.common.errors import Aborted
+from loraserve.common.manifest import FileInfo, Revision
 
 
 def revision_pushed(

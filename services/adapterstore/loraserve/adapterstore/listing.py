@@ -12,9 +12,10 @@ from dataclasses import dataclass
 
 from loraserve.adapterstore import pagetokens
 from loraserve.adapterstore.lookup import detached
-from loraserve.adapterstore.model import Adapter, Revision, StoreState
+from loraserve.adapterstore.model import Adapter, StoreState
 from loraserve.adapterstore.textlimits import PageFill
 from loraserve.common.errors import InvalidArgument
+from loraserve.common.manifest import Revision
 
 
 @dataclass(frozen=True, slots=True)

@@ -9,8 +9,9 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from loraserve.adapterstore.model import Adapter, Revision, StoreState
+from loraserve.adapterstore.model import Adapter, StoreState
 from loraserve.common.errors import InvalidArgument, NotFound
+from loraserve.common.manifest import Revision
 
 
 def find_adapter(state: StoreState, name: str) -> Adapter:

@@ -14,6 +14,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 from loraserve.common.errors import DataLoss
+from loraserve.common.manifest import Revision, time_from_json, time_to_json
 
 # Version of the JSON written to log entries and snapshots; readers reject others
 # rather than misread them. Fields added later (commit ids, request keys) are
@@ -27,81 +28,6 @@ REQUEST_KEY_WINDOW = 10_000
 
 def now() -> datetime:
     return datetime.now(UTC)
-
-
-def _time_to_json(value: datetime) -> str:
-    return value.astimezone(UTC).isoformat()
-
-
-def _time_from_json(value: Any) -> datetime:
-    return datetime.fromisoformat(str(value)).astimezone(UTC)
-
-
-@dataclass(frozen=True, slots=True)
-class FileInfo:
-    """One file of a revision; `sha256` is lower-case hex and names its blob."""
-
-    name: str
-    size: int
-    sha256: str
-
-    def to_json(self) -> dict[str, Any]:
-        return {"name": self.name, "size": self.size, "sha256": self.sha256}
-
-    @classmethod
-    def from_json(cls, data: dict[str, Any]) -> FileInfo:
-        return cls(name=str(data["name"]), size=int(data["size"]), sha256=str(data["sha256"]))
-
-
-@dataclass(frozen=True, slots=True)
-class Revision:
-    """One immutable revision of an adapter."""
-
-    adapter_name: str
-    revision: int
-    files: tuple[FileInfo, ...]
-    base_model: str
-    rank: int
-    alpha: float
-    target_modules: tuple[str, ...]
-    create_time: datetime
-    pushed_by: str
-    description: str
-    seq: int
-
-    def file(self, name: str) -> FileInfo | None:
-        return next((f for f in self.files if f.name == name), None)
-
-    def to_json(self) -> dict[str, Any]:
-        return {
-            "adapter_name": self.adapter_name,
-            "revision": self.revision,
-            "files": [f.to_json() for f in self.files],
-            "base_model": self.base_model,
-            "rank": self.rank,
-            "alpha": self.alpha,
-            "target_modules": list(self.target_modules),
-            "create_time": _time_to_json(self.create_time),
-            "pushed_by": self.pushed_by,
-            "description": self.description,
-            "seq": self.seq,
-        }
-
-    @classmethod
-    def from_json(cls, data: dict[str, Any]) -> Revision:
-        return cls(
-            adapter_name=str(data["adapter_name"]),
-            revision=int(data["revision"]),
-            files=tuple(FileInfo.from_json(f) for f in data["files"]),
-            base_model=str(data["base_model"]),
-            rank=int(data["rank"]),
-            alpha=float(data["alpha"]),
-            target_modules=tuple(str(m) for m in data["target_modules"]),
-            create_time=_time_from_json(data["create_time"]),
-            pushed_by=str(data["pushed_by"]),
-            description=str(data["description"]),
-            seq=int(data["seq"]),
-        )
 
 
 @dataclass(slots=True)
@@ -125,8 +51,8 @@ class Adapter:
             "revisions": [r.to_json() for _, r in sorted(self.revisions.items())],
             "current_revision": self.current_revision,
             "latest_revision": self.latest_revision,
-            "create_time": _time_to_json(self.create_time),
-            "update_time": _time_to_json(self.update_time),
+            "create_time": time_to_json(self.create_time),
+            "update_time": time_to_json(self.update_time),
         }
 
     @classmethod
@@ -137,8 +63,8 @@ class Adapter:
             revisions={r.revision: r for r in revisions},
             current_revision=int(data["current_revision"]),
             latest_revision=int(data["latest_revision"]),
-            create_time=_time_from_json(data["create_time"]),
-            update_time=_time_from_json(data["update_time"]),
+            create_time=time_from_json(data["create_time"]),
+            update_time=time_from_json(data["update_time"]),
         )
 
 
@@ -177,7 +103,7 @@ class Change:
             "adapter_name": self.adapter_name,
             "revision": self.revision.to_json() if self.revision is not None else None,
             "current_revision": self.current_revision,
-            "time": _time_to_json(self.time),
+            "time": time_to_json(self.time),
             "actor": self.actor,
             "commit_id": self.commit_id,
         }
@@ -196,7 +122,7 @@ class Change:
             adapter_name=str(data["adapter_name"]),
             revision=Revision.from_json(revision) if revision is not None else None,
             current_revision=int(data["current_revision"]),
-            time=_time_from_json(data["time"]),
+            time=time_from_json(data["time"]),
             actor=str(data["actor"]),
             commit_id=str(data.get("commit_id", "")),
             request_key=str(data.get("request_key", "")),

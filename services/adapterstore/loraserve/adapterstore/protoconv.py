@@ -2,16 +2,13 @@
 
 from __future__ import annotations
 
-from datetime import datetime
-
-from google.protobuf.timestamp_pb2 import Timestamp
-
-from loraserve.adapterstore.model import Adapter, Change, ChangeType, FileInfo, Revision
+from loraserve.adapterstore.model import Adapter, Change, ChangeType
 from loraserve.adapterstore.push import Chunk, PushHeader
 from loraserve.adapterstore.status import ReplicaError, ReplicaStatus, Report, ReportType
 from loraserve.adapterstore.store import Heartbeat
 from loraserve.adapterstore.v1 import adapterstore_pb2 as pb
 from loraserve.common.errors import InvalidArgument
+from loraserve.common.manifest import FileInfo, Revision, revision_to_proto, timestamp
 
 _EVENT_TYPES = {
     ChangeType.REVISION_PUSHED: pb.EVENT_TYPE_REVISION_PUSHED,
@@ -26,32 +23,6 @@ _REPORT_TYPES = {
 _REPORT_TYPES_FROM_PB = {v: k for k, v in _REPORT_TYPES.items()}
 
 
-def timestamp(value: datetime) -> Timestamp:
-    result = Timestamp()
-    result.FromDatetime(value)
-    return result
-
-
-def file_info(value: FileInfo) -> pb.FileInfo:
-    return pb.FileInfo(name=value.name, size=value.size, sha256=value.sha256)
-
-
-def revision(value: Revision) -> pb.Revision:
-    return pb.Revision(
-        adapter_name=value.adapter_name,
-        revision=value.revision,
-        files=[file_info(f) for f in value.files],
-        base_model=value.base_model,
-        rank=value.rank,
-        alpha=value.alpha,
-        target_modules=list(value.target_modules),
-        create_time=timestamp(value.create_time),
-        pushed_by=value.pushed_by,
-        description=value.description,
-        seq=value.seq,
-    )
-
-
 def adapter(value: Adapter) -> pb.Adapter:
     message = pb.Adapter(
         name=value.name,
@@ -61,7 +32,7 @@ def adapter(value: Adapter) -> pb.Adapter:
         update_time=timestamp(value.update_time),
     )
     if value.current is not None:
-        message.current.CopyFrom(revision(value.current))
+        message.current.CopyFrom(revision_to_proto(value.current))
     return message
 
 
@@ -75,7 +46,7 @@ def event(value: Change) -> pb.AdapterEvent:
         actor=value.actor,
     )
     if value.revision is not None:
-        message.revision.CopyFrom(revision(value.revision))
+        message.revision.CopyFrom(revision_to_proto(value.revision))
     return message
 
 
@@ -93,7 +64,7 @@ def watch_response(value: Change | Heartbeat) -> pb.WatchAdaptersResponse:
 
 def download_response(value: Revision | Chunk) -> pb.DownloadAdapterResponse:
     if isinstance(value, Revision):
-        return pb.DownloadAdapterResponse(manifest=revision(value))
+        return pb.DownloadAdapterResponse(manifest=revision_to_proto(value))
     return pb.DownloadAdapterResponse(
         chunk=pb.FileChunk(file_name=value.file_name, offset=value.offset, data=value.data)
     )

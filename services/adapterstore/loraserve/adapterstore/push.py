@@ -16,7 +16,6 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass
 
 from loraserve.adapterstore.blobstore import BlobStore, BlobUpload, ReceivedBlob
-from loraserve.adapterstore.model import FileInfo
 from loraserve.adapterstore.validation import (
     CONFIG_FILE,
     WEIGHTS_FILE,
@@ -28,6 +27,7 @@ from loraserve.adapterstore.validation import (
     safetensors_header_length,
 )
 from loraserve.common.errors import InvalidArgument
+from loraserve.common.manifest import FileInfo
 
 log = logging.getLogger(__name__)
 

@@ -17,6 +17,7 @@ from loraserve.adapterstore.push import Chunk
 from loraserve.adapterstore.store import AdapterStore
 from loraserve.adapterstore.v1 import adapterstore_pb2 as pb
 from loraserve.adapterstore.v1 import adapterstore_pb2_grpc as pb_grpc
+from loraserve.common.manifest import revision_to_proto
 from loraserve.common.security import current_principal
 
 SERVICE_NAME = pb.DESCRIPTOR.services_by_name["AdapterStoreService"].full_name
@@ -51,7 +52,7 @@ class AdapterStoreServicer:
 
         result = await self._store.push(header, chunks(), self._principal())
         return pb.PushAdapterResponse(
-            revision=protoconv.revision(result.revision), promoted=result.promoted, seq=result.seq
+            revision=revision_to_proto(result.revision), promoted=result.promoted, seq=result.seq
         )
 
     async def GetAdapter(
@@ -59,7 +60,7 @@ class AdapterStoreServicer:
     ) -> pb.GetAdapterResponse:
         adapter, revision = await self._store.get(request.name, request.revision)
         return pb.GetAdapterResponse(
-            adapter=protoconv.adapter(adapter), revision=protoconv.revision(revision)
+            adapter=protoconv.adapter(adapter), revision=revision_to_proto(revision)
         )
 
     async def ListAdapters(
@@ -84,10 +85,10 @@ class AdapterStoreServicer:
             request.name,
             request.page_size,
             request.page_token,
-            size_of=lambda r: protoconv.revision(r).ByteSize(),
+            size_of=lambda r: revision_to_proto(r).ByteSize(),
         )
         return pb.ListRevisionsResponse(
-            revisions=[protoconv.revision(r) for r in page.revisions],
+            revisions=[revision_to_proto(r) for r in page.revisions],
             next_page_token=page.next_page_token,
             current_revision=page.current_revision,
         )

@@ -21,7 +21,7 @@ from loraserve.adapterstore.changes import adapter_deleted, current_set, revisio
 from loraserve.adapterstore.idempotency import check_idempotency_key, request_tag
 from loraserve.adapterstore.listing import AdapterPage, RevisionPage, adapter_page, revision_page
 from loraserve.adapterstore.lookup import detached, find_adapter, find_revision
-from loraserve.adapterstore.model import Adapter, Change, Revision, now
+from loraserve.adapterstore.model import Adapter, Change, now
 from loraserve.adapterstore.push import Chunk, PushHeader, keep_files, receive_adapter
 from loraserve.adapterstore.status import (
     ReplicaStatus,
@@ -34,6 +34,7 @@ from loraserve.adapterstore.textlimits import MAX_DESCRIPTION_BYTES, MAX_PAGE_BY
 from loraserve.adapterstore.validation import Limits, check_declared_files
 from loraserve.adapterstore.verified_read import read_verified
 from loraserve.common.errors import InvalidArgument, NotFound, Unavailable
+from loraserve.common.manifest import Revision
 from loraserve.common.names import validate_adapter_name
 
 log = logging.getLogger(__name__)

@@ -22,7 +22,6 @@ from safetensors.numpy import save
 from loraserve.adapterstore.blobstore import BlobStore
 from loraserve.adapterstore.changelog import ChangeLog, LogSettings
 from loraserve.adapterstore.memblobs import MemoryBlobStore
-from loraserve.adapterstore.model import FileInfo
 from loraserve.adapterstore.push import Chunk, PushHeader
 from loraserve.adapterstore.s3blobs import MIN_PART_SIZE, S3BlobStore, S3Location
 from loraserve.adapterstore.servicer import (
@@ -37,6 +36,7 @@ from loraserve.adapterstore.store import AdapterStore, PushResult, StoreSettings
 from loraserve.adapterstore.v1 import adapterstore_pb2 as pb
 from loraserve.adapterstore.v1 import adapterstore_pb2_grpc as pb_grpc
 from loraserve.adapterstore.validation import Limits
+from loraserve.common.manifest import FileInfo
 from loraserve.testing.grpc import serving
 
 BASE_MODEL = "tiny-llama"

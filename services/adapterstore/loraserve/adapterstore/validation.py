@@ -14,7 +14,6 @@ import struct
 from dataclasses import dataclass
 from typing import Any
 
-from loraserve.adapterstore.model import FileInfo
 from loraserve.adapterstore.textlimits import (
     MAX_BASE_MODEL_BYTES,
     MAX_TARGET_MODULE_BYTES,
@@ -22,6 +21,7 @@ from loraserve.adapterstore.textlimits import (
     check_text,
 )
 from loraserve.common.errors import InvalidArgument
+from loraserve.common.manifest import FileInfo
 
 CONFIG_FILE = "adapter_config.json"
 WEIGHTS_FILE = "adapter_model.safetensors"

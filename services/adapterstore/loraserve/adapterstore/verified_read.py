@@ -12,9 +12,9 @@ import logging
 from collections.abc import AsyncIterator
 
 from loraserve.adapterstore.blobstore import BlobNotFound, BlobStore, blob_key
-from loraserve.adapterstore.model import FileInfo
 from loraserve.adapterstore.push import Chunk
 from loraserve.common.errors import DataLoss
+from loraserve.common.manifest import FileInfo
 
 log = logging.getLogger(__name__)
 

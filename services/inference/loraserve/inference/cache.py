@@ -25,14 +25,15 @@ import uuid
 from collections.abc import AsyncGenerator, AsyncIterator, Callable
 from contextlib import aclosing, asynccontextmanager
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Protocol
 
 from loraserve.common.errors import DataLoss, FailedPrecondition, InvalidArgument, NotFound
+from loraserve.common.manifest import Revision
 from loraserve.common.names import validate_adapter_name
 from loraserve.inference.compat import AdapterFacts
 from loraserve.inference.download import MANIFEST_FILE, Receiver, check_manifest
 from loraserve.inference.registry import LocalRevision
-from loraserve.inference.store_client import FileChunk, ManifestFile, RevisionManifest
+from loraserve.inference.store_client import FileChunk
 
 log = logging.getLogger(__name__)
 
@@ -43,12 +44,10 @@ _HASH_BLOCK = 1024 * 1024
 class RevisionSource(Protocol):
     """Where revisions come from: the store client, or a fake in tests."""
 
-    async def get_revision(self, name: str, revision: int) -> RevisionManifest:
+    async def get_revision(self, name: str, revision: int) -> Revision:
         """The revision's manifest; raises NotFound once it is deleted."""
 
-    def download(
-        self, name: str, revision: int
-    ) -> AsyncGenerator[RevisionManifest | FileChunk, None]:
+    def download(self, name: str, revision: int) -> AsyncGenerator[Revision | FileChunk, None]:
         """The manifest first, then each file's chunks in manifest order."""
 
 
@@ -202,12 +201,12 @@ class AdapterCache:
         )
         return _local_revision(manifest, final)
 
-    async def _receive(self, name: str, revision: int, staging: Path) -> RevisionManifest:
+    async def _receive(self, name: str, revision: int, staging: Path) -> Revision:
         receiver = Receiver(name, revision, staging)
         try:
             async with aclosing(self._source.download(name, revision)) as stream:
                 async for message in stream:
-                    if isinstance(message, RevisionManifest):
+                    if isinstance(message, Revision):
                         receiver.take_manifest(message)
                     else:
                         await receiver.take_chunk(message)
@@ -216,12 +215,12 @@ class AdapterCache:
             await receiver.close()
 
 
-def _same_files(a: RevisionManifest, b: RevisionManifest) -> bool:
+def _same_files(a: Revision, b: Revision) -> bool:
     return sorted(a.files, key=lambda f: f.name) == sorted(b.files, key=lambda f: f.name)
 
 
-def _commit(staging: Path, final: Path, manifest: RevisionManifest) -> None:
-    (staging / MANIFEST_FILE).write_text(json.dumps(_manifest_to_json(manifest)), "utf-8")
+def _commit(staging: Path, final: Path, manifest: Revision) -> None:
+    (staging / MANIFEST_FILE).write_text(json.dumps(manifest.to_json()), "utf-8")
     final.parent.mkdir(parents=True, exist_ok=True)
     if final.exists():
         # Left by an earlier process and not verifiable: replace it.
@@ -238,7 +237,7 @@ def _fsync_dir(path: Path) -> None:
         os.close(fd)
 
 
-def _load_verified(path: Path, name: str, revision: int) -> RevisionManifest | None:
+def _load_verified(path: Path, name: str, revision: int) -> Revision | None:
     """The manifest of a complete, intact revision directory, or None (after
     removing the directory) if it is missing, partial or corrupt."""
     marker = path / MANIFEST_FILE
@@ -247,7 +246,7 @@ def _load_verified(path: Path, name: str, revision: int) -> RevisionManifest | N
             shutil.rmtree(path)
         return None
     try:
-        manifest = _manifest_from_json(json.loads(marker.read_text("utf-8")))
+        manifest = Revision.from_json(json.loads(marker.read_text("utf-8")))
         check_manifest(manifest, name, revision)
         for file in manifest.files:
             if _sha256_of(path / file.name, file.size) != file.sha256:
@@ -292,37 +291,9 @@ def _remove_revision_dir(path: Path) -> None:
         path.parent.rmdir()
 
 
-def _manifest_to_json(manifest: RevisionManifest) -> dict[str, Any]:
-    return {
-        "name": manifest.name,
-        "revision": manifest.revision,
-        "files": [{"name": f.name, "size": f.size, "sha256": f.sha256} for f in manifest.files],
-        "base_model": manifest.base_model,
-        "rank": manifest.rank,
-        "alpha": manifest.alpha,
-        "target_modules": list(manifest.target_modules),
-        "seq": manifest.seq,
-    }
-
-
-def _manifest_from_json(data: dict[str, Any]) -> RevisionManifest:
-    return RevisionManifest(
-        name=str(data["name"]),
-        revision=int(data["revision"]),
-        files=tuple(
-            ManifestFile(str(f["name"]), int(f["size"]), str(f["sha256"])) for f in data["files"]
-        ),
-        base_model=str(data["base_model"]),
-        rank=int(data["rank"]),
-        alpha=float(data["alpha"]),
-        target_modules=tuple(str(m) for m in data["target_modules"]),
-        seq=int(data["seq"]),
-    )
-
-
-def _facts(manifest: RevisionManifest) -> AdapterFacts:
+def _facts(manifest: Revision) -> AdapterFacts:
     return AdapterFacts(
-        manifest.name,
+        manifest.adapter_name,
         manifest.revision,
         manifest.rank,
         manifest.target_modules,
@@ -330,9 +301,9 @@ def _facts(manifest: RevisionManifest) -> AdapterFacts:
     )
 
 
-def _local_revision(manifest: RevisionManifest, path: Path) -> LocalRevision:
+def _local_revision(manifest: Revision, path: Path) -> LocalRevision:
     return LocalRevision(
-        name=manifest.name,
+        name=manifest.adapter_name,
         revision=manifest.revision,
         path=path,
         rank=manifest.rank,

@@ -15,7 +15,8 @@ from pathlib import Path
 from typing import BinaryIO
 
 from loraserve.common.errors import DataLoss
-from loraserve.inference.store_client import FileChunk, ManifestFile, RevisionManifest
+from loraserve.common.manifest import FileInfo, Revision
+from loraserve.inference.store_client import FileChunk
 
 # Kept beside a revision's files in the cache; never a name a download may use.
 MANIFEST_FILE = ".manifest.json"
@@ -29,11 +30,11 @@ class Receiver:
         self._name = name
         self._revision = revision
         self._staging = staging
-        self._manifest: RevisionManifest | None = None
-        self._pending: list[ManifestFile] = []
+        self._manifest: Revision | None = None
+        self._pending: list[FileInfo] = []
         self._writer: _FileWriter | None = None
 
-    def take_manifest(self, manifest: RevisionManifest) -> None:
+    def take_manifest(self, manifest: Revision) -> None:
         if self._manifest is not None:
             raise DataLoss(f"{self._what}: a second manifest")
         self._manifest = check_manifest(manifest, self._name, self._revision)
@@ -56,7 +57,7 @@ class Receiver:
             raise DataLoss(f"{self._what}: unexpected file {file_name!r}, not next in the manifest")
         self._writer = await asyncio.to_thread(_FileWriter, self._staging, self._pending.pop(0))
 
-    async def finish(self) -> RevisionManifest:
+    async def finish(self) -> Revision:
         if self._manifest is None:
             raise DataLoss(f"{self._what}: the stream ended without a manifest")
         await self._finish_writer()
@@ -77,7 +78,7 @@ class Receiver:
 class _FileWriter:
     """Writes one file sequentially, hashing as it goes. Runs in worker threads."""
 
-    def __init__(self, directory: Path, file: ManifestFile) -> None:
+    def __init__(self, directory: Path, file: FileInfo) -> None:
         self.file = file
         self._path = directory / file.name
         self._out: BinaryIO = self._path.open("xb")
@@ -118,16 +119,16 @@ class _FileWriter:
         self._out.close()
 
 
-def _write_empty(directory: Path, file: ManifestFile) -> None:
+def _write_empty(directory: Path, file: FileInfo) -> None:
     # finish() rejects a non-empty manifest entry that received no data.
     _FileWriter(directory, file).finish()
 
 
-def check_manifest(manifest: RevisionManifest, name: str, revision: int) -> RevisionManifest:
-    if manifest.name != name or manifest.revision != revision:
+def check_manifest(manifest: Revision, name: str, revision: int) -> Revision:
+    if manifest.adapter_name != name or manifest.revision != revision:
         raise DataLoss(
             f"download of {name}@{revision}: the store sent "
-            f"{manifest.name}@{manifest.revision} instead"
+            f"{manifest.adapter_name}@{manifest.revision} instead"
         )
     seen: set[str] = set()
     for file in manifest.files:

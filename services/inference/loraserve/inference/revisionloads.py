@@ -17,9 +17,10 @@ from typing import Protocol
 
 from loraserve.common import errors
 from loraserve.common.errors import TRANSIENT_ERRORS
+from loraserve.common.manifest import Revision
 from loraserve.inference.registry import LocalRevision
 from loraserve.inference.statusreports import StatusReporter
-from loraserve.inference.store_client import Report, ReportKind, RevisionManifest, rpc_code
+from loraserve.inference.store_client import Report, ReportKind, rpc_code
 
 log = logging.getLogger(__name__)
 
@@ -75,25 +76,23 @@ class RevisionLoader:
         """Asked for again: a revision rejected before gets one more try."""
         self._rejected.discard((name, revision))
 
-    def wants(self, target: RevisionManifest) -> bool:
-        if (target.name, target.revision) in self._rejected:
+    def wants(self, target: Revision) -> bool:
+        if (target.adapter_name, target.revision) in self._rejected:
             return False
-        return self._registry.current_revision(target.name) != target.revision
+        return self._registry.current_revision(target.adapter_name) != target.revision
 
-    async def preload(self, manifest: RevisionManifest) -> None:
+    async def preload(self, manifest: Revision) -> None:
         """Loads a non-current revision once, so promoting it later is quick."""
-        key = (manifest.name, manifest.revision)
+        key = (manifest.adapter_name, manifest.revision)
         if key in self._preloaded or self._registry.is_installed(*key):
             return
         await self.serve(manifest, make_current=False, seen_at=None)
         self._preloaded.add(key)
 
-    async def serve(
-        self, manifest: RevisionManifest, *, make_current: bool, seen_at: float | None
-    ) -> None:
+    async def serve(self, manifest: Revision, *, make_current: bool, seen_at: float | None) -> None:
         """Loads a revision (routing it if asked) and reports the outcome; transient
         failures propagate to be retried, permanent ones are NACKed here."""
-        name, revision = manifest.name, manifest.revision
+        name, revision = manifest.adapter_name, manifest.revision
         try:
             async with self._load_slots:
                 if self._registry.is_installed(name, revision):
@@ -128,20 +127,20 @@ class RevisionLoader:
         log.info("adapter.deleted name=%s rev=%d", name, served)
         await self._reports.report(Report(name, served, ReportKind.REMOVED, 0))
 
-    async def _fetch(self, manifest: RevisionManifest) -> LocalRevision:
+    async def _fetch(self, manifest: Revision) -> LocalRevision:
         try:
-            return await self._fetcher.fetch(manifest.name, manifest.revision)
+            return await self._fetcher.fetch(manifest.adapter_name, manifest.revision)
         except TRANSIENT_ERRORS:
             raise
         except errors.LoraserveError as exc:
             # Never reached the registry: let it list the revision as FAILED anyway.
             self._registry.record_failure(
-                manifest.name, manifest.revision, manifest.rank, exc.message
+                manifest.adapter_name, manifest.revision, manifest.rank, exc.message
             )
             raise
 
-    async def _reject(self, manifest: RevisionManifest, exc: Exception) -> None:
-        name, revision = manifest.name, manifest.revision
+    async def _reject(self, manifest: Revision, exc: Exception) -> None:
+        name, revision = manifest.adapter_name, manifest.revision
         self._rejected.add((name, revision))
         if isinstance(exc, errors.LoraserveError):
             message = exc.message

@@ -29,6 +29,7 @@ from loraserve.adapterstore.textlimits import MAX_ERROR_MESSAGE_BYTES, truncate_
 from loraserve.adapterstore.v1 import adapterstore_pb2 as pb
 from loraserve.adapterstore.v1 import adapterstore_pb2_grpc as pb_grpc
 from loraserve.common import errors
+from loraserve.common.manifest import Revision, revision_from_proto
 from loraserve.common.security import ClientSecurity, secure_channel
 
 log = logging.getLogger(__name__)
@@ -52,47 +53,11 @@ def _store_error(exc: grpc.aio.AioRpcError, what: str) -> errors.LoraserveError:
 
 
 @dataclass(frozen=True, slots=True)
-class ManifestFile:
-    """One file of a revision as the store describes it."""
-
-    name: str
-    size: int
-    sha256: str
-
-
-@dataclass(frozen=True, slots=True)
-class RevisionManifest:
-    """Everything needed to fetch and check one revision."""
-
-    name: str
-    revision: int
-    files: tuple[ManifestFile, ...]
-    base_model: str
-    rank: int
-    alpha: float
-    target_modules: tuple[str, ...]
-    seq: int
-
-    @classmethod
-    def from_proto(cls, rev: pb.Revision) -> RevisionManifest:
-        return cls(
-            name=rev.adapter_name,
-            revision=rev.revision,
-            files=tuple(ManifestFile(f.name, f.size, f.sha256) for f in rev.files),
-            base_model=rev.base_model,
-            rank=rev.rank,
-            alpha=rev.alpha,
-            target_modules=tuple(rev.target_modules),
-            seq=rev.seq,
-        )
-
-
-@dataclass(frozen=True, slots=True)
 class ListedAdapter:
     """An adapter and its current revision (None while no revision is current)."""
 
     name: str
-    current: RevisionManifest | None
+    current: Revision | None
 
 
 @dataclass(frozen=True, slots=True)
@@ -117,7 +82,7 @@ class StoreEvent:
     seq: int
     kind: EventKind
     name: str
-    revision: RevisionManifest | None
+    revision: Revision | None
     current_revision: int
 
 
@@ -227,7 +192,7 @@ class StoreClient:
             adapters.extend(
                 ListedAdapter(
                     a.name,
-                    RevisionManifest.from_proto(a.current) if a.current_revision else None,
+                    revision_from_proto(a.current) if a.current_revision else None,
                 )
                 for a in page.adapters
             )
@@ -235,14 +200,14 @@ class StoreClient:
             if not token:
                 return Listing(tuple(adapters), seq)
 
-    async def get_revision(self, name: str, revision: int) -> RevisionManifest:
+    async def get_revision(self, name: str, revision: int) -> Revision:
         """The manifest of one revision; raises NotFound if it (or the adapter) is gone."""
         response: pb.GetAdapterResponse = await self._unary(
             f"get {name}@{revision}",
             self._stub.GetAdapter,
             pb.GetAdapterRequest(name=name, revision=revision),
         )
-        return RevisionManifest.from_proto(response.revision)
+        return revision_from_proto(response.revision)
 
     async def watch(self, after_seq: int) -> AsyncGenerator[StoreEvent | Heartbeat, None]:
         """Changes after `after_seq`, in order, and heartbeats. Raises OutOfRange
@@ -272,13 +237,13 @@ class StoreClient:
 
     async def download(
         self, name: str, revision: int
-    ) -> AsyncGenerator[RevisionManifest | FileChunk, None]:
+    ) -> AsyncGenerator[Revision | FileChunk, None]:
         """The revision's manifest first, then each file's chunks in manifest order."""
         call = self._stub.DownloadAdapter(pb.DownloadAdapterRequest(name=name, revision=revision))
         async with aclosing(self._stream(f"download {name}@{revision}", call)) as messages:
             async for message in messages:
                 if message.HasField("manifest"):
-                    yield RevisionManifest.from_proto(message.manifest)
+                    yield revision_from_proto(message.manifest)
                 elif message.HasField("chunk"):
                     chunk = message.chunk
                     yield FileChunk(chunk.file_name, chunk.offset, chunk.data)
@@ -351,9 +316,7 @@ def _event_from_proto(event: pb.AdapterEvent) -> StoreEvent:
         seq=event.seq,
         kind=EventKind(event.type),
         name=event.adapter_name,
-        revision=RevisionManifest.from_proto(event.revision)
-        if event.HasField("revision")
-        else None,
+        revision=revision_from_proto(event.revision) if event.HasField("revision") else None,
         current_revision=event.current_revision,
     )
 

@@ -11,7 +11,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from loraserve.inference.store_client import EventKind, Listing, RevisionManifest, StoreEvent
+from loraserve.common.manifest import Revision
+from loraserve.inference.store_client import EventKind, Listing, StoreEvent
 
 
 @dataclass
@@ -19,12 +20,12 @@ class AdapterWish:
     """The store's latest wish for one adapter, and the events it still stands for."""
 
     # Revision to route the name to; None when the store names no current revision.
-    current: RevisionManifest | None = None
+    current: Revision | None = None
     # Monotonic time the event asking for `current` was received, for the swap
     # latency; None when it came from the start-up listing, which is no swap.
     current_seen_at: float | None = None
     # Non-current revisions pushed since; loaded ahead so promoting them is quick.
-    preload: dict[int, RevisionManifest] = field(default_factory=dict)
+    preload: dict[int, Revision] = field(default_factory=dict)
     # Seq of a delete not applied yet; 0 for none. Applied before anything else, so
     # a name deleted and pushed again drops the old revisions.
     delete_seq: int = 0
