@@ -17,7 +17,6 @@ import grpc
 import pytest
 from prometheus_client import CollectorRegistry
 
-from loraserve.adapterstore.testing import push_requests
 from loraserve.adapterstore.v1 import adapterstore_pb2 as store_pb
 from loraserve.adapterstore.v1 import adapterstore_pb2_grpc as store_grpc
 from loraserve.common.security import ClientSecurity
@@ -34,6 +33,7 @@ from loraserve.inference.store_client import StoreClient, StoreClientSettings
 from loraserve.inference.sync import Synchronizer, SyncSettings
 from loraserve.inference.v1 import inference_pb2 as pb
 from loraserve.inference.v1 import inference_pb2_grpc as pb_grpc
+from loraserve.testing.adapterstore import push_requests
 from loraserve.testing.grpc import serving
 from loraserve.testing.models import TinyAdapterFactory
 from loraserve.testing.store import RunningStore

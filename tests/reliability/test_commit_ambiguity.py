@@ -19,9 +19,9 @@ from urllib.parse import urlsplit
 import grpc
 import pytest
 
-from loraserve.adapterstore.cli.testing import ctl, write_adapter_dir
-from loraserve.adapterstore.testing import tiny_adapter
 from loraserve.adapterstore.v1 import adapterstore_pb2 as pb
+from loraserve.testing.adapterstore import tiny_adapter
+from loraserve.testing.ctl import ctl, write_adapter_dir
 from loraserve.testing.processes import free_port, store_process
 from loraserve.testing.s3 import S3Bucket
 from loraserve.testing.s3faults import Fault, Rule, S3FaultProxy, s3_fault_proxy

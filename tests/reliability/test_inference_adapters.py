@@ -26,8 +26,8 @@ from grpc_health.v1 import health_pb2
 from safetensors.numpy import load, save
 
 from loraserve.adapterstore.blobstore import blob_key
-from loraserve.adapterstore.testing import AdapterFiles
 from loraserve.adapterstore.v1 import adapterstore_pb2 as store_pb
+from loraserve.testing.adapterstore import AdapterFiles
 from loraserve.testing.figures import add_figure
 from loraserve.testing.inferenceapp import (
     PROMPT,

@@ -15,8 +15,8 @@ from urllib.parse import urlsplit
 import grpc
 import pytest
 
-from loraserve.adapterstore.testing import tiny_adapter
 from loraserve.adapterstore.v1 import adapterstore_pb2 as pb
+from loraserve.testing.adapterstore import tiny_adapter
 from loraserve.testing.s3 import S3Bucket
 from loraserve.testing.s3faults import Fault, S3FaultProxy, s3_fault_proxy
 from loraserve.testing.store import RunningStore, running_store

@@ -12,8 +12,8 @@ from pathlib import Path
 
 from loraserve.adapterstore.cli.__main__ import run
 from loraserve.adapterstore.cli.failures import EXIT_INTERRUPTED
-from loraserve.adapterstore.cli.testing import buffers, ctl, eventually, output, write_adapter_dir
-from loraserve.adapterstore.testing import tiny_adapter
+from loraserve.testing.adapterstore import tiny_adapter
+from loraserve.testing.ctl import buffers, ctl, eventually, output, write_adapter_dir
 from loraserve.testing.store import RunningStore
 
 WEIGHTS = "adapter_model.safetensors"

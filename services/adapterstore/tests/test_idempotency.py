@@ -26,8 +26,8 @@ from loraserve.adapterstore.model import (
 )
 from loraserve.adapterstore.storageprobe import PROBE_KEY, check_conditional_put
 from loraserve.adapterstore.store import AdapterStore
-from loraserve.adapterstore.testing import StoreFactory, push, tiny_adapter
 from loraserve.common.errors import FailedPrecondition, InvalidArgument, Unavailable
+from loraserve.testing.adapterstore import StoreFactory, push, tiny_adapter
 
 
 class LandsThenFails(MemoryBlobStore):

@@ -12,7 +12,7 @@ import pytest
 
 from loraserve.adapterstore.blobstore import BlobNotFound, BlobUpload, blob_key
 from loraserve.adapterstore.s3blobs import MIN_PART_SIZE, S3BlobStore, S3Location
-from loraserve.adapterstore.testing import s3_location
+from loraserve.testing.adapterstore import s3_location
 from loraserve.testing.s3 import S3Bucket
 
 

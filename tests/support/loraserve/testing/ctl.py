@@ -10,7 +10,7 @@ from pathlib import Path
 
 from loraserve.adapterstore.cli.__main__ import run
 from loraserve.adapterstore.cli.console import Console
-from loraserve.adapterstore.testing import tiny_adapter
+from loraserve.testing.adapterstore import tiny_adapter
 
 
 class TtyBuffer(io.StringIO):

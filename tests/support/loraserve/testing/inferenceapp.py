@@ -17,12 +17,12 @@ from typing import TYPE_CHECKING, Any
 
 import grpc
 
-from loraserve.adapterstore.testing import AdapterFiles
 from loraserve.inference.app import InferenceApp
 from loraserve.inference.engine import AdapterHandle, VllmEngine
 from loraserve.inference.settings import EngineOptions, parse_settings
 from loraserve.inference.v1 import inference_pb2 as pb
 from loraserve.inference.v1 import inference_pb2_grpc as pb_grpc
+from loraserve.testing.adapterstore import AdapterFiles
 
 if TYPE_CHECKING:
     from vllm.v1.engine.async_llm import AsyncLLM

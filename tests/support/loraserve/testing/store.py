@@ -21,8 +21,8 @@ from loraserve.adapterstore.servicer import (
     register,
 )
 from loraserve.adapterstore.store import AdapterStore
-from loraserve.adapterstore.testing import FAST_LOG, make_store
 from loraserve.common.security import ServerSecurity
+from loraserve.testing.adapterstore import FAST_LOG, make_store
 from loraserve.testing.grpc import serving
 from loraserve.testing.s3 import S3Bucket
 
