@@ -6,7 +6,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import AsyncGenerator, AsyncIterator, Callable, Sequence
+from collections.abc import AsyncGenerator, AsyncIterator, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from functools import cache
@@ -38,6 +38,7 @@ from loraserve.testing.grpc import serving
 from loraserve.testing.models import TinyAdapterFactory
 from loraserve.testing.store import RunningStore
 from loraserve.testing.tcpproxy import TcpProxy, tcp_proxy
+from loraserve.testing.waiting import eventually
 from loraserve.tiny.oracle import greedy_tokens
 
 if TYPE_CHECKING:
@@ -139,24 +140,6 @@ def _request(adapter: str, max_tokens: int) -> pb.GenerateRequest:
         token_ids=pb.TokenIds(ids=PROMPT),
         sampling=pb.SamplingParams(max_tokens=max_tokens, temperature=0.0, ignore_eos=True),
     )
-
-
-async def eventually(check: Callable[[], bool], what: str, timeout: float = 60.0) -> None:
-    async with asyncio.timeout(timeout):
-        while True:
-            if check():
-                break
-            await asyncio.sleep(0.02)
-    log.info("test.observed %s", what)
-
-
-async def eventually_async(check: Callable[[], Any], what: str, timeout: float = 60.0) -> None:
-    async with asyncio.timeout(timeout):
-        while True:
-            if await check():
-                break
-            await asyncio.sleep(0.05)
-    log.info("test.observed %s", what)
 
 
 class HoldingEngine(VllmEngine):
@@ -315,7 +298,7 @@ async def test_push_while_streaming_finishes_old_stream_on_old_revision_and_reti
 
     assert tuple(long_received) == expected_long
     assert new_requests == [(2, expected_new)] * 3
-    await eventually_async(
+    await eventually(
         lambda: _lora_gone(stack.engine, rev1_lora_id), "revision 1 removed from the engine"
     )
     await eventually(lambda: not (stack.cache_dir / "swap" / "1").exists(), "rev 1 files deleted")
@@ -377,7 +360,7 @@ async def test_rank_above_the_engine_limit_is_nacked_and_the_old_revision_keeps_
         status = await _replica_status(stack, "big")
         return status is not None and status.type == store_pb.REPORT_TYPE_NACK
 
-    await eventually_async(nacked, "NACK of big@2 reported")
+    await eventually(nacked, "NACK of big@2 reported")
     status = await _replica_status(stack, "big")
     assert status is not None
     assert (status.reported_revision, status.serving_revision) == (2, 1)

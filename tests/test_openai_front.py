@@ -32,6 +32,7 @@ from loraserve.inference.settings import EngineOptions, parse_settings
 from loraserve.testing.inference import copy_revision
 from loraserve.testing.models import TinyAdapterFactory
 from loraserve.testing.store import RunningStore
+from loraserve.testing.waiting import eventually
 from loraserve.tiny.oracle import greedy_tokens
 
 if TYPE_CHECKING:
@@ -223,7 +224,10 @@ async def test_closing_a_stream_aborts_the_engine_request(front: Front) -> None:
         labels = {"adapter": "beta", "code": "CANCELLED"}
         return registry.get_sample_value("loraserve_inference_requests_total", labels) or 0.0
 
-    await _eventually(lambda: cancelled() == 1.0 and not front.llm.get_num_unfinished_requests())
+    await eventually(
+        lambda: cancelled() == 1.0 and not front.llm.get_num_unfinished_requests(),
+        "the cancelled request counted and gone from the engine",
+    )
     assert _generated(front, "beta") - generated_before < 480
 
 
@@ -314,11 +318,3 @@ async def test_inference_app_serves_the_front_when_the_flag_is_set(
         starting.cancel()
         await asyncio.gather(starting, return_exceptions=True)
         await app.stop()
-
-
-async def _eventually(check: Callable[[], bool], timeout: float = 30.0) -> None:
-    async with asyncio.timeout(timeout):
-        while True:
-            if check():
-                return
-            await asyncio.sleep(0.02)

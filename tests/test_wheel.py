@@ -64,9 +64,9 @@ def wheel_root(tmp_path_factory: pytest.TempPathFactory) -> Path:
             shutil.copytree(path, source / name, ignore=ignore)
         else:
             shutil.copy(path, source / name)
+    pip_wheel = [sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation"]
     built = subprocess.run(
-        [sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q"]
-        + ["--disable-pip-version-check", "-w", str(tmp / "dist"), str(source)],
+        [*pip_wheel, "-q", "--disable-pip-version-check", "-w", str(tmp / "dist"), str(source)],
         capture_output=True,
         text=True,
         timeout=300,

@@ -30,10 +30,11 @@ from loraserve.testing.adapterstore import (
     tiny_adapter,
 )
 from loraserve.testing.figures import add_figure
-from loraserve.testing.processes import eventually, health_status
+from loraserve.testing.processes import health_status
 from loraserve.testing.s3 import S3Bucket
 from loraserve.testing.store import RunningStore
 from loraserve.testing.storecalls import push, store_stub
+from loraserve.testing.waiting import eventually
 
 pytestmark = pytest.mark.faults
 

@@ -10,10 +10,8 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
-from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
-from urllib.parse import urlsplit
 
 import pytest
 
@@ -24,7 +22,7 @@ from loraserve.testing.inferenceapp import PROMPT, adapter_files, inference_app
 from loraserve.testing.models import TinyAdapterFactory
 from loraserve.testing.processes import free_port, store_process
 from loraserve.testing.s3 import S3Bucket
-from loraserve.testing.s3faults import Fault, s3_fault_proxy
+from loraserve.testing.s3faults import Fault, S3FaultProxy
 from loraserve.testing.store import RunningStore
 from loraserve.testing.storecalls import push, store_stub
 from loraserve.testing.tcpproxy import tcp_proxy
@@ -105,20 +103,12 @@ async def test_watch_reset_while_three_revisions_are_pushed_serves_the_latest_ea
     assert (revision, list(tokens)) == (4, expected)
 
 
-@pytest.fixture
-async def s3_proxy(s3_bucket: S3Bucket) -> AsyncIterator[Any]:
-    port = urlsplit(s3_bucket.endpoint_url).port
-    assert port is not None
-    async with s3_fault_proxy(port) as proxy:
-        yield proxy
-
-
 async def test_store_and_inference_restarted_mid_swap_converge_serving_only_acked_revisions(
     vllm_engine: AsyncLLM,
     tiny_model_dir: Path,
     tiny_adapter: TinyAdapterFactory,
     s3_bucket: S3Bucket,
-    s3_proxy: Any,
+    proxy: S3FaultProxy,
     tmp_path: Path,
     pytestconfig: pytest.Config,
 ) -> None:
@@ -126,12 +116,12 @@ async def test_store_and_inference_restarted_mid_swap_converge_serving_only_acke
     cache = tmp_path / "cache"
     first, second = tiny_adapter(seed=1), tiny_adapter(seed=2)
     second_files = adapter_files(second)
-    stalled = s3_proxy.add(
+    stalled = proxy.add(
         Fault.STALL, "GET", blob_key(hashlib.sha256(second_files[WEIGHTS]).hexdigest())
     )
     served_before: list[int] = []
     async with store_process(
-        s3_bucket, tmp_path / "store-1.log", port=port, endpoint_url=s3_proxy.endpoint_url
+        s3_bucket, tmp_path / "store-1.log", port=port, endpoint_url=proxy.endpoint_url
     ) as store:
         async with inference_app(
             vllm_engine,
@@ -152,11 +142,11 @@ async def test_store_and_inference_restarted_mid_swap_converge_serving_only_acke
             await store.wait()
             add_figure(pytestconfig, "faults.sigkill_store")
         add_figure(pytestconfig, "faults.inference_restarts")
-    s3_proxy.drop()
-    s3_proxy.clear()
+    proxy.drop()
+    proxy.clear()
     async with (
         store_process(
-            s3_bucket, tmp_path / "store-2.log", port=port, endpoint_url=s3_proxy.endpoint_url
+            s3_bucket, tmp_path / "store-2.log", port=port, endpoint_url=proxy.endpoint_url
         ) as store,
         inference_app(
             vllm_engine,

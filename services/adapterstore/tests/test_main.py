@@ -5,7 +5,6 @@ from __future__ import annotations
 import asyncio
 import os
 import signal
-import socket
 import sys
 from pathlib import Path
 
@@ -16,6 +15,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from loraserve.adapterstore.settings import parse_settings
 from loraserve.common.errors import InvalidArgument
 from loraserve.common.sizes import parse_size
+from loraserve.testing.processes import free_port
 from loraserve.testing.s3 import S3Bucket
 
 GUARD_S = 60
@@ -51,12 +51,6 @@ def test_missing_bucket_is_refused() -> None:
         parse_settings(["serve"], {})
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
 async def _health(address: str) -> int:
     async with grpc.aio.insecure_channel(address) as channel:
         stub = health_pb2_grpc.HealthStub(channel)
@@ -80,7 +74,7 @@ async def test_serve_is_not_serving_until_bucket_exists_and_stops_on_sigterm(
     s3_server: str,
 ) -> None:
     bucket = S3Bucket(s3_server, f"late-bucket-{os.getpid()}")
-    address = f"127.0.0.1:{_free_port()}"
+    address = f"127.0.0.1:{free_port()}"
     env = os.environ | {
         "ADAPTERSTORE_S3_ENDPOINT": bucket.endpoint_url,
         "ADAPTERSTORE_BUCKET": bucket.bucket,

@@ -5,9 +5,6 @@ the real generator and servicer on 127.0.0.1, port 0. Adapters are installed
 straight into the registry from a built adapter directory (`served.install`), and
 pinned revisions are fetched from `served.fetcher.sources`. When the `async for`
 ends, every adapter the test loaded is removed from the engine again.
-
-(Reconstructed from its callers after it was accidentally overwritten; see
-/work/brief/SEAM_NOTES.md.)
 """
 
 from __future__ import annotations
