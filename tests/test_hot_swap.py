@@ -22,7 +22,6 @@ from loraserve.adapterstore.v1 import adapterstore_pb2_grpc as store_grpc
 from loraserve.common.security import ClientSecurity
 from loraserve.inference.admission import Admission
 from loraserve.inference.cache import AdapterCache
-from loraserve.inference.compat import CompatibilityChecker, model_lora_targets
 from loraserve.inference.engine import AdapterHandle, EngineDelta, SamplingSpec, VllmEngine
 from loraserve.inference.generation import Generator
 from loraserve.inference.metrics import InferenceMetrics
@@ -35,6 +34,7 @@ from loraserve.inference.v1 import inference_pb2 as pb
 from loraserve.inference.v1 import inference_pb2_grpc as pb_grpc
 from loraserve.testing.adapterstore import push_requests
 from loraserve.testing.grpc import serving
+from loraserve.testing.inference import tiny_registry
 from loraserve.testing.models import TinyAdapterFactory
 from loraserve.testing.store import RunningStore
 from loraserve.testing.tcpproxy import TcpProxy, tcp_proxy
@@ -193,13 +193,8 @@ async def inference_stack(
     adapter_cache = AdapterCache(cache_dir, client)
     await adapter_cache.prepare()
     metrics = InferenceMetrics(CollectorRegistry())
-    compat = CompatibilityChecker(
-        max_lora_rank=engine.info.max_lora_rank,
-        target_modules=model_lora_targets(model_dir),
-        served_model_name=str(model_dir),
-    )
-    real_registry = AdapterRegistry(
-        engine, cache_dir=adapter_cache.root, compat=compat, fetcher=adapter_cache, failures=metrics
+    real_registry = tiny_registry(
+        engine, model_dir, adapter_cache.root, fetcher=adapter_cache, failures=metrics
     )
     registry = RecordingRegistry(real_registry)
     sync = Synchronizer(
