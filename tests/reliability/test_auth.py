@@ -144,14 +144,7 @@ def _tls_channel(certs: CertFiles, client: CertFiles | None) -> Callable[[str], 
 
 @pytest.fixture
 async def mtls_store(s3_bucket: S3Bucket, certs: CertFiles, tmp_path: Path) -> AsyncIterator[str]:
-    flags = [
-        "--tls-cert",
-        str(certs.server_cert),
-        "--tls-key",
-        str(certs.server_key),
-        "--tls-client-ca",
-        str(certs.ca_cert),
-    ]
+    flags = certs.mtls_flags()
     async with store_process(
         s3_bucket, tmp_path / "store-mtls.log", extra=flags, channel=_tls_channel(certs, certs)
     ) as store:

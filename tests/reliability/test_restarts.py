@@ -18,7 +18,7 @@ import pytest
 from loraserve.adapterstore.blobstore import blob_key
 from loraserve.adapterstore.v1 import adapterstore_pb2 as store_pb
 from loraserve.testing.figures import add_figure
-from loraserve.testing.inferenceapp import PROMPT, adapter_files, inference_app
+from loraserve.testing.inferenceapp import PROMPT, RunningInference, adapter_files, inference_app
 from loraserve.testing.models import TinyAdapterFactory
 from loraserve.testing.processes import free_port, store_process
 from loraserve.testing.s3 import S3Bucket
@@ -26,6 +26,7 @@ from loraserve.testing.s3faults import Fault, S3FaultProxy
 from loraserve.testing.store import RunningStore
 from loraserve.testing.storecalls import push, store_stub
 from loraserve.testing.tcpproxy import tcp_proxy
+from loraserve.testing.waiting import eventually
 from loraserve.tiny.oracle import greedy_tokens
 
 if TYPE_CHECKING:
@@ -56,14 +57,6 @@ async def _acked(address: str, name: str, revision: int) -> None:
             await asyncio.sleep(0.05)
 
 
-async def _routed(current: Any, revision: int) -> None:
-    async with asyncio.timeout(GUARD_S):
-        while True:
-            if await current() == revision:
-                return
-            await asyncio.sleep(0.05)
-
-
 async def test_watch_reset_while_three_revisions_are_pushed_serves_the_latest_each_applied_once(
     vllm_engine: AsyncLLM,
     tiny_model_dir: Path,
@@ -84,7 +77,7 @@ async def test_watch_reset_while_three_revisions_are_pushed_serves_the_latest_ea
         ) as inference,
     ):
         await push(store, "flaky", adapter_files(tiny_adapter(seed=1)))
-        await _routed(lambda: inference.current("flaky"), 1)
+        await eventually(lambda: _is_current(inference, "flaky", 1), "flaky@1 routed", GUARD_S)
         proxy.cut()
         add_figure(pytestconfig, "faults.watch_resets")
         latest = tiny_adapter(seed=4)
@@ -93,7 +86,7 @@ async def test_watch_reset_while_three_revisions_are_pushed_serves_the_latest_ea
                 store, "flaky", adapter_files(tiny_adapter(seed=seed) if seed < 4 else latest)
             )
         proxy.restore()
-        await _routed(lambda: inference.current("flaky"), 4)
+        await eventually(lambda: _is_current(inference, "flaky", 4), "flaky@4 routed", GUARD_S)
         revision, tokens = await inference.generate("flaky", 8)
         applied = [call for call in inference.add_calls if call.startswith("flaky@")]
     expected = await asyncio.to_thread(greedy_tokens, tiny_model_dir, latest, PROMPT, 8)
@@ -165,3 +158,7 @@ async def test_store_and_inference_restarted_mid_swap_converge_serving_only_acke
     assert (revision, list(tokens)) == (2, expected)
     assert [(r.reported_revision, r.type) for r in reports_after] == [(2, store_pb.REPORT_TYPE_ACK)]
     assert list((cache / ".tmp").glob("*")) == []
+
+
+async def _is_current(inference: RunningInference, name: str, revision: int) -> bool:
+    return await inference.current(name) == revision

@@ -22,6 +22,17 @@ class CertFiles:
     client_cert: Path
     client_key: Path
 
+    def mtls_flags(self) -> list[str]:
+        """A server's flags to present the server certificate and require a client one."""
+        return [
+            "--tls-cert",
+            str(self.server_cert),
+            "--tls-key",
+            str(self.server_key),
+            "--tls-client-ca",
+            str(self.ca_cert),
+        ]
+
 
 def make_certs(directory: Path) -> CertFiles:
     """Writes a CA and a server and a client certificate it signed into `directory`."""

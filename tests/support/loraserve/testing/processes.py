@@ -138,6 +138,25 @@ def store_args(
     ]
 
 
+def inference_args(
+    model_dir: Path, store_address: str, cache_dir: Path, *extra: str, listen: str = "127.0.0.1:0"
+) -> list[str]:
+    """`inference serve` flags for a model, a store and an adapter cache (what a test varies
+    goes in `extra`)."""
+    return [
+        "serve",
+        "--model",
+        str(model_dir),
+        "--store",
+        store_address,
+        "--listen",
+        listen,
+        "--adapter-cache",
+        str(cache_dir),
+        *extra,
+    ]
+
+
 @dataclass
 class InferenceProcess(ChildProcess):
     """A running `inference serve` child (it starts its own vLLM engine)."""
@@ -162,15 +181,7 @@ async def inference_process(
         sys.executable,
         "-m",
         "loraserve.inference",
-        "serve",
-        "--model",
-        str(model_dir),
-        "--store",
-        store_address,
-        "--listen",
-        address,
-        "--adapter-cache",
-        str(cache_dir),
+        *inference_args(model_dir, store_address, cache_dir, listen=address),
         "--dtype",
         "float32",
         "--max-model-len",
