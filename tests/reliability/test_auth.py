@@ -25,6 +25,7 @@ from loraserve.testing.certs import CertFiles, make_certs
 from loraserve.testing.processes import health_status, store_process
 from loraserve.testing.s3 import S3Bucket
 from loraserve.testing.store import RunningStore, running_store
+from loraserve.testing.storecalls import rpc_code as _code
 
 pytestmark = pytest.mark.faults
 
@@ -56,14 +57,6 @@ async def stub_for(secured_store: RunningStore) -> AsyncIterator[StubFactory]:
     yield make
     for channel in channels:
         await channel.close()
-
-
-async def _code(call: Any) -> grpc.StatusCode:
-    try:
-        await call
-    except grpc.aio.AioRpcError as e:
-        return e.code()
-    return grpc.StatusCode.OK
 
 
 def _write_call(stub: Any, call: str) -> Any:

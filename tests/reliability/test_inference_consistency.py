@@ -19,7 +19,7 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import json
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -39,6 +39,7 @@ from loraserve.testing.s3 import S3Bucket
 from loraserve.testing.s3faults import Fault
 from loraserve.testing.stack import Stack
 from loraserve.testing.storecalls import push, store_stub
+from loraserve.testing.storecalls import rpc_code as code_of
 from loraserve.testing.tcpproxy import tcp_proxy
 from loraserve.testing.waiting import eventually
 
@@ -52,14 +53,6 @@ GUARD_S = 60
 REPLICA = "consistency-replica"
 WEIGHTS = "adapter_model.safetensors"
 CONFIG = "adapter_config.json"
-
-
-async def code_of(call: Awaitable[Any]) -> grpc.StatusCode:
-    try:
-        await call
-    except grpc.aio.AioRpcError as exc:
-        return exc.code()
-    return grpc.StatusCode.OK
 
 
 def weights_key(files: AdapterFiles) -> str:
