@@ -16,7 +16,8 @@ from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from loraserve.common.backoff import Backoff
+import stamina
+
 from loraserve.common.errors import TRANSIENT_ERRORS, LoraserveError
 from loraserve.common.server import RunningServer, start_server
 from loraserve.inference import servicer
@@ -50,8 +51,9 @@ log = logging.getLogger(__name__)
 
 EngineStarter = Callable[[EngineOptions], Awaitable[VllmEngine]]
 
-# (first, longest) wait between attempts to reach a store that is not up yet.
-_STORE_WAIT_BACKOFF_S = (0.5, 10.0)
+# First and longest wait between attempts to reach a store that is not up yet.
+_STORE_WAIT_FIRST_S = 0.5
+_STORE_WAIT_MAX_S = 10.0
 
 
 class InferenceApp:
@@ -211,47 +213,55 @@ class InferenceApp:
         """The smallest rank covering the store's adapters. A store that cannot be
         reached yet is waited for, as the sync does with a fixed rank: the replica
         stays NOT_SERVING and says why, rather than exiting into a crash loop."""
-        assert self._store is not None
-        compat = self._settings.compat
-        backoff = Backoff(*_STORE_WAIT_BACKOFF_S)
-        attempt = 0
-        while True:
-            attempt += 1
-            try:
-                ranks = await current_adapter_ranks(
-                    self._store,
-                    compat.served_model_name,
-                    require_base_model_match=compat.require_base_model_match,
-                )
-                self.slot.set_waiting("")
-                break
-            except TRANSIENT_ERRORS as exc:
-                delay = backoff.next_delay()
-                reason = (
-                    f"waiting for the adapter store at {self._settings.store_address} to size "
-                    f"the engine (--max-lora-rank auto): {exc.message}"
-                )
-                self.slot.set_waiting(reason)
-                log.warning(
-                    "engine.auto_rank_waiting attempt=%d retry_in=%.2fs reason=%s",
-                    attempt,
-                    delay,
-                    exc.message,
-                )
-                await asyncio.sleep(delay)
-            except LoraserveError as exc:
-                raise type(exc)(
-                    f"--max-lora-rank auto could not list the store's adapters: {exc.message}; "
-                    "fix the store address or credentials, or pass a fixed --max-lora-rank"
-                ) from exc
+        attempts = 0
+        async for attempt in stamina.retry_context(
+            on=TRANSIENT_ERRORS,
+            attempts=None,
+            timeout=None,
+            wait_initial=_STORE_WAIT_FIRST_S,
+            wait_max=_STORE_WAIT_MAX_S,
+        ):
+            with attempt:
+                attempts = attempt.num
+                ranks = await self._store_adapter_ranks(attempt)
+        self.slot.set_waiting("")
         rank = smallest_covering_rank(ranks, await asyncio.to_thread(supported_lora_ranks))
         log.info(
             "engine.auto_rank ranks=%s max_lora_rank=%d attempts=%d",
             sorted(set(ranks)),
             rank,
-            attempt,
+            attempts,
         )
         return rank
+
+    async def _store_adapter_ranks(self, attempt: stamina.Attempt) -> list[int]:
+        """One attempt of `_auto_rank`: a transient failure says why the replica waits
+        and is raised again to be retried."""
+        assert self._store is not None
+        compat = self._settings.compat
+        try:
+            return await current_adapter_ranks(
+                self._store,
+                compat.served_model_name,
+                require_base_model_match=compat.require_base_model_match,
+            )
+        except TRANSIENT_ERRORS as exc:
+            self.slot.set_waiting(
+                f"waiting for the adapter store at {self._settings.store_address} to size "
+                f"the engine (--max-lora-rank auto): {exc.message}"
+            )
+            log.warning(
+                "engine.auto_rank_waiting attempt=%d retry_in=%.2fs reason=%s",
+                attempt.num,
+                attempt.next_wait,
+                exc.message,
+            )
+            raise
+        except LoraserveError as exc:
+            raise type(exc)(
+                f"--max-lora-rank auto could not list the store's adapters: {exc.message}; "
+                "fix the store address or credentials, or pass a fixed --max-lora-rank"
+            ) from exc
 
 
 def _lora_shapes(model: str) -> dict[str, tuple[int, int]]:
