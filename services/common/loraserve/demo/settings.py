@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from loraserve.common.errors import InvalidArgument
+from loraserve.common.flags import EnvFlags, port, positive_float
 from loraserve.common.security import (
     ClientSecurity,
     add_client_security_flags,
@@ -74,24 +75,6 @@ class RunSettings:
         return f"{self.host}:{self.inference_port}"
 
 
-def _port(text: str) -> int:
-    value = int(text)
-    if not 0 <= value <= 65535:
-        raise argparse.ArgumentTypeError(f"not a port: {value}")
-    return value
-
-
-def _positive_float(text: str) -> float:
-    value = float(text)
-    if value <= 0:
-        raise argparse.ArgumentTypeError(f"must be positive, got {value}")
-    return value
-
-
-def _flag_env(environ: Mapping[str, str], name: str) -> str | None:
-    return environ.get(f"{ENV_PREFIX}_{name.upper().replace('-', '_')}")
-
-
 def _yes(text: str | None) -> bool | None:
     if text is None:
         return None
@@ -107,12 +90,11 @@ def build_parser(environ: Mapping[str, str]) -> argparse.ArgumentParser:
         "demo adapters and an embedded S3 endpoint.",
     )
 
-    def env(name: str, default: str | None = None) -> str | None:
-        value = _flag_env(environ, name)
-        return value if value is not None else default
+    flags = EnvFlags(environ, ENV_PREFIX)
+    env = flags.get
 
     def env_help(name: str) -> str:
-        return f"env {ENV_PREFIX}_{name.upper().replace('-', '_')}"
+        return f"env {flags.env_name(name)}"
 
     parser.add_argument(
         "--model",
@@ -138,13 +120,13 @@ def build_parser(environ: Mapping[str, str]) -> argparse.ArgumentParser:
     )
     network.add_argument(
         "--store-port",
-        type=_port,
+        type=port,
         default=env("store-port", str(DEFAULT_STORE_PORT)),
         help="adapter store port (0: any free port)",
     )
     network.add_argument(
         "--inference-port",
-        type=_port,
+        type=port,
         default=env("inference-port", str(DEFAULT_INFERENCE_PORT)),
         help="inference service port (0: any free port)",
     )
@@ -203,13 +185,13 @@ def build_parser(environ: Mapping[str, str]) -> argparse.ArgumentParser:
     )
     servers.add_argument(
         "--ready-timeout",
-        type=_positive_float,
+        type=positive_float,
         default=env("ready-timeout", "900"),
         help="seconds each server gets to report SERVING",
     )
     servers.add_argument(
         "--stop-timeout",
-        type=_positive_float,
+        type=positive_float,
         default=env("stop-timeout", "30"),
         help="seconds each server gets to stop after SIGTERM before it is killed",
     )
