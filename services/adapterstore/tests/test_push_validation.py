@@ -14,9 +14,9 @@ from loraserve.adapterstore.validation import (
     LoraConfig,
     check_tensors_match_config,
     parse_adapter_config,
-    parse_safetensors_header,
 )
 from loraserve.common.errors import InvalidArgument
+from loraserve.common.peft_format import parse_safetensors_header
 
 
 async def _chunks(chunks: list[Chunk]):  # type: ignore[no-untyped-def]

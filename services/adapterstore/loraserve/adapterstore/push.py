@@ -18,16 +18,18 @@ from dataclasses import dataclass
 from loraserve.adapterstore.blobstore import BlobStore, BlobUpload, ReceivedBlob
 from loraserve.adapterstore.model import FileInfo
 from loraserve.adapterstore.validation import (
-    CONFIG_FILE,
-    WEIGHTS_FILE,
     LoraConfig,
-    TensorInfo,
     check_tensors_match_config,
     parse_adapter_config,
+)
+from loraserve.common.errors import InvalidArgument
+from loraserve.common.peft_format import (
+    CONFIG_FILE,
+    WEIGHTS_FILE,
+    TensorInfo,
     parse_safetensors_header,
     safetensors_header_length,
 )
-from loraserve.common.errors import InvalidArgument
 
 log = logging.getLogger(__name__)
 
