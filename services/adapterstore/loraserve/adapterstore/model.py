@@ -9,7 +9,7 @@ as the replica that committed it.
 from __future__ import annotations
 
 import enum
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
@@ -68,9 +68,6 @@ class Revision:
     pushed_by: str
     description: str
     seq: int
-
-    def file(self, name: str) -> FileInfo | None:
-        return next((f for f in self.files if f.name == name), None)
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -299,17 +296,6 @@ class StoreState:
             if self.requests[oldest].seq > self.seq - REQUEST_KEY_WINDOW:
                 break
             del self.requests[oldest]
-
-    def copy(self) -> StoreState:
-        """A copy that later `apply` calls on this state do not change."""
-        return StoreState(
-            seq=self.seq,
-            adapters={
-                name: replace(a, revisions=dict(a.revisions)) for name, a in self.adapters.items()
-            },
-            deleted_latest=dict(self.deleted_latest),
-            requests=dict(self.requests),
-        )
 
     def to_json(self) -> dict[str, Any]:
         return {
