@@ -117,13 +117,7 @@ class InferenceApp:
             options = dataclasses.replace(options, max_lora_rank=await self._auto_rank())
         engine = self._engine = await self._start_engine(options)
         info = engine.info
-        compat = CompatibilityChecker(
-            max_lora_rank=info.max_lora_rank,
-            target_modules=await asyncio.to_thread(_lora_targets, options.model),
-            served_model_name=settings.compat.served_model_name,
-            require_base_model_match=settings.compat.require_base_model_match,
-            module_shapes=await asyncio.to_thread(_lora_shapes, options.model),
-        )
+        compat = await self._compatibility(options.model, info.max_lora_rank)
         cache = AdapterCache(settings.adapter_cache, source=self._store, check=compat.check)
         await cache.prepare()
         registry = AdapterRegistry(
@@ -161,6 +155,22 @@ class InferenceApp:
             waiting=lambda: engine.stats().waiting,
             pending=lambda: admission.pending,
         )
+        await self._serve_after_first_sync(synchronizer)
+
+    async def _compatibility(self, model: str, max_lora_rank: int) -> CompatibilityChecker:
+        compat = self._settings.compat
+        return CompatibilityChecker(
+            max_lora_rank=max_lora_rank,
+            target_modules=await asyncio.to_thread(_lora_targets, model),
+            served_model_name=compat.served_model_name,
+            require_base_model_match=compat.require_base_model_match,
+            module_shapes=await asyncio.to_thread(_lora_shapes, model),
+        )
+
+    async def _serve_after_first_sync(self, synchronizer: Synchronizer) -> None:
+        """Runs the sync and turns SERVING once its first pass is done; returns at once
+        (raising why) if the sync ends before that."""
+        assert self._server is not None
         self._sync_task = asyncio.create_task(synchronizer.run(), name="store-sync")
         first_sync = asyncio.ensure_future(synchronizer.initial_sync_done.wait())
         await asyncio.wait({first_sync, self._sync_task}, return_when=asyncio.FIRST_COMPLETED)
@@ -171,7 +181,7 @@ class InferenceApp:
             return
         await self._server.set_serving(True)
         self.ready.set()
-        log.info("server.serving port=%d replica_id=%s", self.port, settings.replica_id)
+        log.info("server.serving port=%d replica_id=%s", self.port, self._settings.replica_id)
 
     async def stop(self) -> None:
         """Graceful shutdown: NOT_SERVING, streams finish within the grace, then teardown."""
