@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import argparse
 import functools
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -60,22 +60,7 @@ def build_parser(environ: Mapping[str, str]) -> argparse.ArgumentParser:
     serve = commands.add_parser("serve", help="run the adapter store server")
     flag = functools.partial(EnvFlags(environ, ENV_PREFIX).add, serve)
     flag("listen", "gRPC address HOST:PORT", "0.0.0.0:50051")
-    s3 = "object storage"
-    flag("s3-endpoint", f"{s3}: endpoint URL of an S3-compatible service; unset: AWS")
-    flag("bucket", f"{s3}: bucket name (required)")
-    flag("prefix", f"{s3}: key prefix inside the bucket", "")
-    flag("region", f"{s3}: region")
-    flag("access-key-id", f"{s3}: access key id; unset: boto3's default credential chain")
-    flag("access-key-id-file", f"{s3}: file holding the access key id")
-    flag("secret-access-key", f"{s3}: secret access key")
-    flag("secret-access-key-file", f"{s3}: file holding the secret access key")
-    flag("part-size", f"{s3}: multipart upload part size", "8MiB", type=parse_size)
-    flag(
-        "parts-in-flight",
-        f"{s3}: parts of one upload sent at once (memory per push: about this + 1 parts)",
-        str(DEFAULT_PARTS_IN_FLIGHT),
-        type=positive_int,
-    )
+    _add_storage_flags(flag)
     flag("max-file-size", "largest file accepted in a push", "4GiB", type=parse_size)
     flag("max-adapter-size", "largest total of one push's files", "8GiB", type=parse_size)
     flag(
@@ -121,6 +106,25 @@ def build_parser(environ: Mapping[str, str]) -> argparse.ArgumentParser:
     flag("log-level", "logging level", "INFO")
     add_server_security_flags(serve, ENV_PREFIX, environ, roles=("reader", "replica", "writer"))
     return parser
+
+
+def _add_storage_flags(flag: Callable[..., None]) -> None:
+    s3 = "object storage"
+    flag("s3-endpoint", f"{s3}: endpoint URL of an S3-compatible service; unset: AWS")
+    flag("bucket", f"{s3}: bucket name (required)")
+    flag("prefix", f"{s3}: key prefix inside the bucket", "")
+    flag("region", f"{s3}: region")
+    flag("access-key-id", f"{s3}: access key id; unset: boto3's default credential chain")
+    flag("access-key-id-file", f"{s3}: file holding the access key id")
+    flag("secret-access-key", f"{s3}: secret access key")
+    flag("secret-access-key-file", f"{s3}: file holding the secret access key")
+    flag("part-size", f"{s3}: multipart upload part size", "8MiB", type=parse_size)
+    flag(
+        "parts-in-flight",
+        f"{s3}: parts of one upload sent at once (memory per push: about this + 1 parts)",
+        str(DEFAULT_PARTS_IN_FLIGHT),
+        type=positive_int,
+    )
 
 
 def _secret(value: str | None, file: str | None, what: str) -> str | None:

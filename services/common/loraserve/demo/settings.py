@@ -89,31 +89,33 @@ def build_parser(environ: Mapping[str, str]) -> argparse.ArgumentParser:
         "the inference service, until Ctrl-C. Without --model: the tiny demo model with "
         "demo adapters and an embedded S3 endpoint.",
     )
-
     flags = EnvFlags(environ, ENV_PREFIX)
+    flags.add(parser, "model", "model to serve (path or name); default: the demo model")
+    _add_storage_flags(parser, flags)
+    _add_network_flags(parser, flags)
+    _add_demo_flags(parser, flags)
+    _add_server_flags(parser, flags)
+    add_client_security_flags(parser, CLIENT_ENV_PREFIX, environ)
+    return parser
+
+
+def _add_storage_flags(parser: argparse.ArgumentParser, flags: EnvFlags) -> None:
     env = flags.get
-
-    def env_help(name: str) -> str:
-        return f"env {flags.env_name(name)}"
-
-    parser.add_argument(
-        "--model",
-        default=env("model"),
-        help=f"model to serve (path or name); default: the demo model ({env_help('model')})",
-    )
     storage = parser.add_argument_group("object storage")
     storage.add_argument(
         "--s3-endpoint",
         default=env("s3-endpoint"),
-        help=f"S3-compatible endpoint URL; default: an embedded one ({env_help('s3-endpoint')}). "
+        help="S3-compatible endpoint URL; default: an embedded one "
+        f"(env {flags.env_name('s3-endpoint')}). "
         "Credentials: ADAPTERSTORE_ACCESS_KEY_ID/SECRET_ACCESS_KEY or boto3's usual chain",
     )
-    storage.add_argument(
-        "--bucket", default=env("bucket", DEFAULT_BUCKET), help=f"bucket ({env_help('bucket')})"
-    )
+    flags.add(storage, "bucket", "bucket", DEFAULT_BUCKET)
     storage.add_argument("--prefix", default=env("prefix", ""), help="key prefix in the bucket")
     storage.add_argument("--region", default=env("region"), help="S3 region")
 
+
+def _add_network_flags(parser: argparse.ArgumentParser, flags: EnvFlags) -> None:
+    env = flags.get
     network = parser.add_argument_group("network")
     network.add_argument(
         "--host", default=env("host", "127.0.0.1"), help="address both servers listen on"
@@ -131,6 +133,9 @@ def build_parser(environ: Mapping[str, str]) -> argparse.ArgumentParser:
         help="inference service port (0: any free port)",
     )
 
+
+def _add_demo_flags(parser: argparse.ArgumentParser, flags: EnvFlags) -> None:
+    env = flags.get
     demo = parser.add_argument_group("demo")
     demo.add_argument(
         "--demo-adapters",
@@ -166,6 +171,9 @@ def build_parser(environ: Mapping[str, str]) -> argparse.ArgumentParser:
         help="also print the servers' logs here, each line prefixed with its server",
     )
 
+
+def _add_server_flags(parser: argparse.ArgumentParser, flags: EnvFlags) -> None:
+    env = flags.get
     servers = parser.add_argument_group("servers")
     servers.add_argument(
         "--store-arg",
@@ -195,8 +203,6 @@ def build_parser(environ: Mapping[str, str]) -> argparse.ArgumentParser:
         default=env("stop-timeout", "30"),
         help="seconds each server gets to stop after SIGTERM before it is killed",
     )
-    add_client_security_flags(parser, CLIENT_ENV_PREFIX, environ)
-    return parser
 
 
 def parse_settings(argv: Sequence[str], environ: Mapping[str, str]) -> RunSettings:

@@ -109,48 +109,10 @@ def build_parser(environ: Mapping[str, str]) -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="inference", description=__doc__)
     commands = parser.add_subparsers(dest="command", required=True)
     serve = commands.add_parser("serve", help="run the inference server")
-
     flags = EnvFlags(environ, ENV_PREFIX)
     env = flags.get
-    serve.add_argument(
-        "--model",
-        default=env("model"),
-        required=env("model") is None,
-        help="model path (or name) for the engine (env INFERENCE_MODEL)",
-    )
-    serve.add_argument(
-        "--served-model-name",
-        default=env("served-model-name"),
-        help="name adapters' base_model must match; default: the model path's last part",
-    )
-    serve.add_argument(
-        "--allow-base-model-mismatch",
-        action="store_true",
-        default=flags.switch("allow-base-model-mismatch"),
-        help="load adapters whose base_model names another model",
-    )
-    serve.add_argument(
-        "--store",
-        default=env("store"),
-        required=env("store") is None,
-        help="adapter store gRPC target: HOST:PORT, or one naming every store replica "
-        "(dns:///NAME:PORT, ipv4:IP:PORT,IP:PORT); calls go round-robin to the replicas "
-        "whose health is SERVING (env INFERENCE_STORE)",
-    )
-    serve.add_argument(
-        "--store-max-staleness",
-        type=positive_float,
-        default=env("store-max-staleness", "30"),
-        help="seconds a store replica may go without confirming its seq against object "
-        "storage (as its watch heartbeats say) before the watch moves to another replica",
-    )
-    serve.add_argument(
-        "--status-interval",
-        type=positive_float,
-        default=env("status-interval", "60"),
-        help="seconds between this replica's signs of life to the store, which stops "
-        "showing its statuses after its --status-ttl without one",
-    )
+    _add_model_flags(serve, flags)
+    _add_store_flags(serve, flags)
     serve.add_argument(
         "--adapter-cache",
         type=Path,
@@ -196,6 +158,53 @@ def build_parser(environ: Mapping[str, str]) -> argparse.ArgumentParser:
     add_server_security_flags(serve, ENV_PREFIX, environ)
     add_client_security_flags(serve, ENV_PREFIX, environ, flag_prefix=STORE_FLAG_PREFIX)
     return parser
+
+
+def _add_model_flags(serve: argparse.ArgumentParser, flags: EnvFlags) -> None:
+    env = flags.get
+    serve.add_argument(
+        "--model",
+        default=env("model"),
+        required=env("model") is None,
+        help="model path (or name) for the engine (env INFERENCE_MODEL)",
+    )
+    serve.add_argument(
+        "--served-model-name",
+        default=env("served-model-name"),
+        help="name adapters' base_model must match; default: the model path's last part",
+    )
+    serve.add_argument(
+        "--allow-base-model-mismatch",
+        action="store_true",
+        default=flags.switch("allow-base-model-mismatch"),
+        help="load adapters whose base_model names another model",
+    )
+
+
+def _add_store_flags(serve: argparse.ArgumentParser, flags: EnvFlags) -> None:
+    env = flags.get
+    serve.add_argument(
+        "--store",
+        default=env("store"),
+        required=env("store") is None,
+        help="adapter store gRPC target: HOST:PORT, or one naming every store replica "
+        "(dns:///NAME:PORT, ipv4:IP:PORT,IP:PORT); calls go round-robin to the replicas "
+        "whose health is SERVING (env INFERENCE_STORE)",
+    )
+    serve.add_argument(
+        "--store-max-staleness",
+        type=positive_float,
+        default=env("store-max-staleness", "30"),
+        help="seconds a store replica may go without confirming its seq against object "
+        "storage (as its watch heartbeats say) before the watch moves to another replica",
+    )
+    serve.add_argument(
+        "--status-interval",
+        type=positive_float,
+        default=env("status-interval", "60"),
+        help="seconds between this replica's signs of life to the store, which stops "
+        "showing its statuses after its --status-ttl without one",
+    )
 
 
 def _add_engine_flags(engine: argparse._ArgumentGroup, flags: EnvFlags) -> None:
