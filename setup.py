@@ -7,7 +7,12 @@ static pyproject configuration cannot find one namespace across several roots.
 
 from setuptools import find_namespace_packages, setup
 
-ROOTS = ("services/common", "services/adapterstore", "services/inference")
+ROOTS = (
+    "services/common",
+    "services/adapterstore",
+    "services/inference",
+    "services/adapterctl",
+)
 
 packages: list[str] = []
 package_dir: dict[str, str] = {}

@@ -9,9 +9,9 @@ from typing import Any
 
 import grpc
 
-from loraserve.adapterstore.cli.adapter_dir import AdapterFiles, hash_files, list_adapter_dir
-from loraserve.adapterstore.cli.push import upload
-from loraserve.adapterstore.cli.retry import new_idempotency_key, retry_unavailable
+from loraserve.adapterctl.adapter_dir import AdapterFiles, hash_files, list_adapter_dir
+from loraserve.adapterctl.push import upload
+from loraserve.adapterctl.retry import new_idempotency_key, retry_unavailable
 from loraserve.adapterstore.v1 import adapterstore_pb2_grpc as store_grpc
 
 # adapterctl's own limit on one push, so a 200 MB upload is not cut short.

@@ -19,7 +19,7 @@ from urllib.parse import urlsplit
 import grpc
 import pytest
 
-from loraserve.adapterstore.cli.testing import ctl, write_adapter_dir
+from loraserve.adapterctl.testing import ctl, write_adapter_dir
 from loraserve.adapterstore.testing import tiny_adapter
 from loraserve.adapterstore.v1 import adapterstore_pb2 as pb
 from loraserve.testing.processes import free_port, store_process

@@ -18,8 +18,8 @@ from pathlib import Path
 import grpc
 import pytest
 
-from loraserve.adapterstore.cli.failures import EXIT_FAILED, EXIT_NOT_ALLOWED
-from loraserve.adapterstore.cli.testing import ctl, write_adapter_dir
+from loraserve.adapterctl.failures import EXIT_FAILED, EXIT_NOT_ALLOWED
+from loraserve.adapterctl.testing import ctl, write_adapter_dir
 from loraserve.adapterstore.testing import tiny_adapter
 from loraserve.adapterstore.v1 import adapterstore_pb2_grpc as pb_grpc
 from loraserve.adapterstore.validation import Limits

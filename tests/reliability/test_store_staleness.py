@@ -20,9 +20,9 @@ from grpc_health.v1 import health_pb2
 
 from loraserve.adapterstore.s3blobs import S3BlobStore
 from loraserve.adapterstore.testing import tiny_adapter
+from loraserve.clients.store import StoreClient, StoreClientSettings
 from loraserve.common.security import ClientSecurity
 from loraserve.inference.registry import LocalRevision
-from loraserve.inference.store_client import StoreClient, StoreClientSettings
 from loraserve.inference.sync import Synchronizer, SyncSettings
 from loraserve.testing.processes import eventually, health_status, wait_for_health
 from loraserve.testing.s3 import S3Bucket

@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from loraserve.adapterstore.cli.adapter_dir import check_complete, hash_files, list_adapter_dir
-from loraserve.adapterstore.cli.testing import write_adapter_dir
+from loraserve.adapterctl.adapter_dir import check_complete, hash_files, list_adapter_dir
+from loraserve.adapterctl.testing import write_adapter_dir
 from loraserve.common.errors import InvalidArgument
 
 WEIGHTS = "adapter_model.safetensors"

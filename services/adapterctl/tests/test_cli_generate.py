@@ -15,9 +15,9 @@ from typing import Any
 import grpc
 import pytest
 
-from loraserve.adapterstore.cli.__main__ import run
-from loraserve.adapterstore.cli.failures import EXIT_FAILED, EXIT_NOT_ALLOWED
-from loraserve.adapterstore.cli.testing import buffers, ctl, eventually, output
+from loraserve.adapterctl.__main__ import run
+from loraserve.adapterctl.failures import EXIT_FAILED, EXIT_NOT_ALLOWED
+from loraserve.adapterctl.testing import buffers, ctl, eventually, output
 from loraserve.common.errors import NotFound
 from loraserve.common.security import ServerSecurity, parse_tokens
 from loraserve.inference.v1 import inference_pb2 as pb

@@ -10,11 +10,11 @@ from pathlib import Path
 
 import pytest
 
-from loraserve.adapterstore.cli.adapter_dir import AdapterFiles, hash_files, list_adapter_dir
-from loraserve.adapterstore.cli.console import Console
-from loraserve.adapterstore.cli.failures import UsageError
-from loraserve.adapterstore.cli.testing import buffers, eventually, output, write_adapter_dir
-from loraserve.adapterstore.cli.watch_dir import ChangeSignal, Fingerprint, watch_directory
+from loraserve.adapterctl.adapter_dir import AdapterFiles, hash_files, list_adapter_dir
+from loraserve.adapterctl.console import Console
+from loraserve.adapterctl.failures import UsageError
+from loraserve.adapterctl.testing import buffers, eventually, output, write_adapter_dir
+from loraserve.adapterctl.watch_dir import ChangeSignal, Fingerprint, watch_directory
 from loraserve.adapterstore.testing import tiny_adapter
 
 WEIGHTS = "adapter_model.safetensors"

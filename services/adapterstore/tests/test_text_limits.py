@@ -16,9 +16,9 @@ from loraserve.adapterstore.testing import (
     serve_store,
     tiny_adapter,
 )
-from loraserve.adapterstore.textlimits import MAX_DESCRIPTION_BYTES, MAX_ERROR_MESSAGE_BYTES
 from loraserve.adapterstore.v1 import adapterstore_pb2 as pb
 from loraserve.adapterstore.v1 import adapterstore_pb2_grpc as pb_grpc
+from loraserve.common.textlimits import MAX_DESCRIPTION_BYTES, MAX_ERROR_MESSAGE_BYTES
 from loraserve.testing.s3 import S3Bucket
 
 # gRPC's default receive limit, which the test channel keeps: every page must fit it.

@@ -12,23 +12,23 @@ from typing import NoReturn
 
 import grpc
 
-from loraserve.adapterstore.cli.console import Console
-from loraserve.adapterstore.cli.failures import (
+from loraserve.adapterctl.console import Console
+from loraserve.adapterctl.failures import (
     EXIT_INTERRUPTED,
     EXIT_USAGE,
     CliError,
     ServerError,
     UsageError,
 )
-from loraserve.adapterstore.cli.generate import cmd_generate
-from loraserve.adapterstore.cli.read_commands import cmd_list, cmd_revisions, cmd_status, cmd_watch
-from loraserve.adapterstore.cli.settings import (
+from loraserve.adapterctl.generate import cmd_generate
+from loraserve.adapterctl.read_commands import cmd_list, cmd_revisions, cmd_status, cmd_watch
+from loraserve.adapterctl.settings import (
     CtlSettings,
     add_connection_flags,
     positive_float,
     settings_from_args,
 )
-from loraserve.adapterstore.cli.write_commands import cmd_delete, cmd_push, cmd_rollback
+from loraserve.adapterctl.write_commands import cmd_delete, cmd_push, cmd_rollback
 from loraserve.common.errors import error_from_rpc
 
 Handler = Callable[[argparse.Namespace, CtlSettings, Console], Awaitable[int]]

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, BinaryIO
 
-from loraserve.adapterstore.cli.failures import UsageError
+from loraserve.adapterctl.failures import UsageError
 from loraserve.adapterstore.validation import (
     ALLOWED_FILES,
     CONFIG_FILE,

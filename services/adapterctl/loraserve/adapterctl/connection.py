@@ -8,8 +8,8 @@ from typing import Any
 
 import grpc
 
-from loraserve.adapterstore.cli.failures import ServerError
-from loraserve.adapterstore.cli.settings import CtlSettings
+from loraserve.adapterctl.failures import ServerError
+from loraserve.adapterctl.settings import CtlSettings
 from loraserve.adapterstore.v1 import adapterstore_pb2_grpc
 from loraserve.common.errors import error_from_rpc
 from loraserve.common.security import ClientSecurity, secure_channel

@@ -6,11 +6,11 @@ import argparse
 
 from google.protobuf import json_format
 
-from loraserve.adapterstore.cli.connection import inference_stub
-from loraserve.adapterstore.cli.console import Console
-from loraserve.adapterstore.cli.failures import EXIT_OK, UsageError
-from loraserve.adapterstore.cli.output import dumps, message_to_json
-from loraserve.adapterstore.cli.settings import CtlSettings
+from loraserve.adapterctl.connection import inference_stub
+from loraserve.adapterctl.console import Console
+from loraserve.adapterctl.failures import EXIT_OK, UsageError
+from loraserve.adapterctl.output import dumps, message_to_json
+from loraserve.adapterctl.settings import CtlSettings
 from loraserve.common.errors import InvalidArgument
 from loraserve.common.names import AdapterRef, parse_adapter_ref
 from loraserve.inference.v1 import inference_pb2 as pb

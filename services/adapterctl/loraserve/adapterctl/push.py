@@ -13,7 +13,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, BinaryIO
 
-from loraserve.adapterstore.cli.adapter_dir import (
+from loraserve.adapterctl.adapter_dir import (
     CHUNK_SIZE,
     AdapterFiles,
     DirectoryListing,
@@ -22,11 +22,11 @@ from loraserve.adapterstore.cli.adapter_dir import (
     listing_size,
     read_into,
 )
-from loraserve.adapterstore.cli.console import Console
-from loraserve.adapterstore.cli.failures import UsageError
-from loraserve.adapterstore.cli.output import dumps, message_to_json
-from loraserve.adapterstore.cli.progress import MIN_BYTES_FOR_BAR, Progress
-from loraserve.adapterstore.cli.settings import CtlSettings
+from loraserve.adapterctl.console import Console
+from loraserve.adapterctl.failures import UsageError
+from loraserve.adapterctl.output import dumps, message_to_json
+from loraserve.adapterctl.progress import MIN_BYTES_FOR_BAR, Progress
+from loraserve.adapterctl.settings import CtlSettings
 from loraserve.adapterstore.v1 import adapterstore_pb2 as pb
 from loraserve.adapterstore.validation import PICKLE_SUFFIXES
 from loraserve.common.clientstream import ClientStream

@@ -8,18 +8,18 @@ from typing import Any
 
 import grpc
 
-from loraserve.adapterstore.cli.connection import store_stub
-from loraserve.adapterstore.cli.console import Console
-from loraserve.adapterstore.cli.failures import EXIT_OK
-from loraserve.adapterstore.cli.output import (
+from loraserve.adapterctl.connection import store_stub
+from loraserve.adapterctl.console import Console
+from loraserve.adapterctl.failures import EXIT_OK
+from loraserve.adapterctl.output import (
     dumps,
     format_size,
     format_time,
     message_to_json,
     table,
 )
-from loraserve.adapterstore.cli.push import validated_name
-from loraserve.adapterstore.cli.settings import CtlSettings
+from loraserve.adapterctl.push import validated_name
+from loraserve.adapterctl.settings import CtlSettings
 from loraserve.adapterstore.v1 import adapterstore_pb2 as pb
 
 _PAGE_SIZE = 1000

@@ -12,21 +12,21 @@ from typing import Any
 
 import grpc
 
-from loraserve.adapterstore.cli.adapter_dir import AdapterFiles
-from loraserve.adapterstore.cli.connection import store_stub
-from loraserve.adapterstore.cli.console import Console
-from loraserve.adapterstore.cli.failures import EXIT_FAILED, EXIT_OK, UsageError
-from loraserve.adapterstore.cli.output import dumps, message_to_json
-from loraserve.adapterstore.cli.push import (
+from loraserve.adapterctl.adapter_dir import AdapterFiles
+from loraserve.adapterctl.connection import store_stub
+from loraserve.adapterctl.console import Console
+from loraserve.adapterctl.failures import EXIT_FAILED, EXIT_OK, UsageError
+from loraserve.adapterctl.output import dumps, message_to_json
+from loraserve.adapterctl.push import (
     prepare_push,
     print_pushed,
     progress_for,
     upload,
     validated_name,
 )
-from loraserve.adapterstore.cli.retry import new_idempotency_key, retry_unavailable
-from loraserve.adapterstore.cli.settings import CtlSettings
-from loraserve.adapterstore.cli.watch_dir import Fingerprint, watch_directory
+from loraserve.adapterctl.retry import new_idempotency_key, retry_unavailable
+from loraserve.adapterctl.settings import CtlSettings
+from loraserve.adapterctl.watch_dir import Fingerprint, watch_directory
 from loraserve.adapterstore.v1 import adapterstore_pb2 as pb
 
 

@@ -14,14 +14,14 @@ import struct
 from dataclasses import dataclass
 from typing import Any
 
-from loraserve.adapterstore.textlimits import (
+from loraserve.common.errors import InvalidArgument
+from loraserve.common.manifest import FileInfo
+from loraserve.common.textlimits import (
     MAX_BASE_MODEL_BYTES,
     MAX_TARGET_MODULE_BYTES,
     MAX_TARGET_MODULES_BYTES,
     check_text,
 )
-from loraserve.common.errors import InvalidArgument
-from loraserve.common.manifest import FileInfo
 
 CONFIG_FILE = "adapter_config.json"
 WEIGHTS_FILE = "adapter_model.safetensors"

@@ -20,8 +20,8 @@ import grpc
 
 from loraserve.common.backoff import Backoff
 from loraserve.common.errors import DeadlineExceeded, Unavailable, error_from_rpc
+from loraserve.common.sampling_fields import OPTIONAL_SAMPLING_FIELDS
 from loraserve.common.security import ClientSecurity, secure_channel
-from loraserve.inference.sampling_fields import OPTIONAL_SAMPLING_FIELDS
 from loraserve.inference.v1 import inference_pb2 as pb
 from loraserve.inference.v1 import inference_pb2_grpc as pb_grpc
 

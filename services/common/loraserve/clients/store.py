@@ -25,12 +25,12 @@ from typing import Any
 
 import grpc
 
-from loraserve.adapterstore.textlimits import MAX_ERROR_MESSAGE_BYTES, truncate_text
 from loraserve.adapterstore.v1 import adapterstore_pb2 as pb
 from loraserve.adapterstore.v1 import adapterstore_pb2_grpc as pb_grpc
 from loraserve.common import errors
 from loraserve.common.manifest import Revision, revision_from_proto
 from loraserve.common.security import ClientSecurity, secure_channel
+from loraserve.common.textlimits import MAX_ERROR_MESSAGE_BYTES, truncate_text
 
 log = logging.getLogger(__name__)
 

@@ -14,9 +14,9 @@ from pathlib import Path
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from loraserve.adapterstore.cli.adapter_dir import hash_files, list_adapter_dir
-from loraserve.adapterstore.cli.push import upload
-from loraserve.adapterstore.cli.retry import new_idempotency_key, retry_unavailable
+from loraserve.adapterctl.adapter_dir import hash_files, list_adapter_dir
+from loraserve.adapterctl.push import upload
+from loraserve.adapterctl.retry import new_idempotency_key, retry_unavailable
 from loraserve.adapterstore.v1 import adapterstore_pb2_grpc
 from loraserve.common.errors import DeadlineExceeded, error_from_rpc
 from loraserve.common.security import ClientSecurity, secure_channel

@@ -16,6 +16,7 @@ from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from loraserve.clients.store import StoreClient, StoreClientSettings
 from loraserve.common.backoff import Backoff
 from loraserve.common.errors import TRANSIENT_ERRORS, LoraserveError
 from loraserve.common.server import RunningServer, start_server
@@ -36,7 +37,6 @@ from loraserve.inference.metrics import InferenceMetrics
 from loraserve.inference.registry import AdapterRegistry
 from loraserve.inference.runtime import Runtime, RuntimeSlot
 from loraserve.inference.settings import EngineOptions, InferenceSettings
-from loraserve.inference.store_client import StoreClient, StoreClientSettings
 from loraserve.inference.sync import (
     Synchronizer,
     SyncSettings,
