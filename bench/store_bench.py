@@ -21,9 +21,9 @@ from bench import procs, storeops
 from bench.report import Report, Section
 from bench.stats import median, percentile, ratio
 from loraserve.adapterctl.adapter_dir import AdapterFiles
-from loraserve.adapterctl.retry import new_idempotency_key
 from loraserve.adapterstore.testing import lora_config, lora_tensors
 from loraserve.adapterstore.v1 import adapterstore_pb2 as store_pb
+from loraserve.clients.push import new_idempotency_key
 from loraserve.clients.store import StoreClient, StoreClientSettings
 from loraserve.common.security import ClientSecurity
 from loraserve.inference.cache import AdapterCache

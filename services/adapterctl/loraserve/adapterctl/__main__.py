@@ -11,6 +11,7 @@ from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import NoReturn
 
 import grpc
+import stamina.instrumentation
 
 from loraserve.adapterctl.console import Console
 from loraserve.adapterctl.failures import (
@@ -29,9 +30,12 @@ from loraserve.adapterctl.settings import (
     settings_from_args,
 )
 from loraserve.adapterctl.write_commands import cmd_delete, cmd_push, cmd_rollback
+from loraserve.clients.push import LocalFileError
 from loraserve.common.errors import error_from_rpc
 
 Handler = Callable[[argparse.Namespace, CtlSettings, Console], Awaitable[int]]
+# Adds one subcommand: name, handler, help text, add_parser's other arguments.
+Command = Callable[..., argparse.ArgumentParser]
 
 EPILOG = """\
 environment:
@@ -99,6 +103,13 @@ def build_parser(environ: Mapping[str, str]) -> argparse.ArgumentParser:
         sub.set_defaults(handler=handler)
         return sub
 
+    _add_push(command)
+    _add_store_commands(command)
+    _add_generate(command)
+    return parser
+
+
+def _add_push(command: Command) -> None:
     push = command("push", cmd_push, "publish a directory as a new revision; prints NAME@REV")
     push.add_argument("name", metavar="NAME", help="adapter name")
     push.add_argument(
@@ -123,6 +134,8 @@ def build_parser(environ: Mapping[str, str]) -> argparse.ArgumentParser:
         help="with --watch: quiet time before a change counts as done (default 1)",
     )
 
+
+def _add_store_commands(command: Command) -> None:
     listing = command("list", cmd_list, "list adapters with their current revisions")
     listing.add_argument(
         "--base-model", help="only adapters whose current revision is for this base model"
@@ -169,6 +182,8 @@ def build_parser(environ: Mapping[str, str]) -> argparse.ArgumentParser:
         "name", metavar="NAME", nargs="?", default="", help="adapter name (default: every adapter)"
     )
 
+
+def _add_generate(command: Command) -> None:
     generate = command(
         "generate", cmd_generate, "stream a completion from the inference service to stdout"
     )
@@ -210,7 +225,6 @@ def build_parser(environ: Mapping[str, str]) -> argparse.ArgumentParser:
         help="any SamplingParams fields as proto JSON, e.g. '{\"logprobs\": 2}'; flags win",
     )
     generate.add_argument("--request-id", default="", help="id for the server's logs")
-    return parser
 
 
 async def run(argv: Sequence[str], environ: Mapping[str, str], console: Console) -> int:
@@ -234,6 +248,9 @@ async def run(argv: Sequence[str], environ: Mapping[str, str], console: Console)
     except CliError as exc:
         console.err(f"error: {exc.message}")
         return exc.exit_code
+    except LocalFileError as exc:
+        console.err(f"error: {exc}")
+        return EXIT_USAGE
     except grpc.aio.AioRpcError as exc:
         failure = ServerError(error_from_rpc(exc), "server", "")
         console.err(f"error: {failure.message}")
@@ -246,6 +263,8 @@ async def run(argv: Sequence[str], environ: Mapping[str, str], console: Console)
 
 def main(argv: Sequence[str] | None = None) -> int:
     console = Console.system()
+    # adapterctl says itself what it retries, in one line; no log records on stderr.
+    stamina.instrumentation.set_on_retry_hooks([])
     try:
         return asyncio.run(run(sys.argv[1:] if argv is None else argv, os.environ, console))
     except KeyboardInterrupt:

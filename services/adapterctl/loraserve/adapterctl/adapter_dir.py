@@ -24,19 +24,8 @@ from loraserve.adapterstore.validation import (
     parse_safetensors_header,
     safetensors_header_length,
 )
+from loraserve.clients.push import CHUNK_SIZE, LocalFile
 from loraserve.common.errors import InvalidArgument
-
-CHUNK_SIZE = 1024 * 1024
-
-
-@dataclass(frozen=True)
-class LocalFile:
-    """A file to publish, with the size and digest it had when it was hashed."""
-
-    name: str
-    path: Path
-    size: int
-    sha256: str
 
 
 @dataclass(frozen=True)

@@ -1,4 +1,4 @@
-"""Channels to the two servers, and turning their failures into `ServerError`."""
+"""adapterctl's clients of the two servers, and turning their failures into `ServerError`."""
 
 from __future__ import annotations
 
@@ -10,44 +10,35 @@ import grpc
 
 from loraserve.adapterctl.failures import ServerError
 from loraserve.adapterctl.settings import CtlSettings
-from loraserve.adapterstore.v1 import adapterstore_pb2_grpc
-from loraserve.common.errors import error_from_rpc
-from loraserve.common.security import ClientSecurity, secure_channel
-from loraserve.inference.v1 import inference_pb2_grpc
-
-# Room for 1 MiB push chunks and long generations, as the servers allow.
-_MESSAGE_LIMIT = 16 * 1024 * 1024
-_CHANNEL_OPTIONS = (
-    ("grpc.max_send_message_length", _MESSAGE_LIMIT),
-    ("grpc.max_receive_message_length", _MESSAGE_LIMIT),
-)
+from loraserve.clients.inference import InferenceClient, RetryPolicy
+from loraserve.clients.store import store_channel, store_stub
+from loraserve.common.errors import LoraserveError, error_from_rpc
 
 STORE = "adapter store"
 INFERENCE = "inference service"
 
 
 @asynccontextmanager
-async def _channel(
-    server: str, address: str, security: ClientSecurity
-) -> AsyncIterator[grpc.aio.Channel]:
-    try:
-        async with secure_channel(address, security, _CHANNEL_OPTIONS) as channel:
-            yield channel
-    except grpc.aio.AioRpcError as exc:
-        raise ServerError(error_from_rpc(exc), server, address) from None
-
-
-@asynccontextmanager
-async def store_stub(settings: CtlSettings) -> AsyncIterator[Any]:
+async def connect_store(settings: CtlSettings) -> AsyncIterator[Any]:
     """An AdapterStoreService stub; a failed call leaves the block as `ServerError`."""
-    async with _channel(STORE, settings.store_address, settings.store_security) as channel:
-        yield adapterstore_pb2_grpc.AdapterStoreServiceStub(channel)
+    address = settings.store_address
+    try:
+        async with store_channel(address, settings.store_security) as channel:
+            yield store_stub(channel)
+    except grpc.aio.AioRpcError as exc:
+        raise ServerError(error_from_rpc(exc), STORE, address) from None
 
 
 @asynccontextmanager
-async def inference_stub(settings: CtlSettings) -> AsyncIterator[Any]:
-    """An InferenceService stub; a failed call leaves the block as `ServerError`."""
-    async with _channel(
-        INFERENCE, settings.inference_address, settings.inference_security
-    ) as channel:
-        yield inference_pb2_grpc.InferenceServiceStub(channel)
+async def connect_inference(settings: CtlSettings) -> AsyncIterator[InferenceClient]:
+    """An `InferenceClient`; a failed call leaves the block as `ServerError`."""
+    address = settings.inference_address
+    # One attempt, as before: a person at a terminal retries by running it again.
+    client = InferenceClient(
+        address, settings.inference_security, retry=RetryPolicy(max_attempts=1)
+    )
+    try:
+        async with client:
+            yield client
+    except LoraserveError as exc:
+        raise ServerError(exc, INFERENCE, address) from None
