@@ -17,6 +17,7 @@ import asyncio
 import threading
 import time
 from collections.abc import AsyncGenerator, AsyncIterator, Coroutine, Iterator, Mapping, Sequence
+from contextlib import aclosing
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
@@ -220,8 +221,10 @@ class InferenceClient:
         timeout: float | None = None,
     ) -> AsyncIterator[Delta]:
         """Streams deltas for `adapter` ("" base, "NAME", "NAME@REV")."""
-        async for message in self.responses(adapter, prompt, sampling, timeout=timeout):
-            yield _delta(message)
+        # Closed however the caller stops, so the call is cancelled at once.
+        async with aclosing(self.responses(adapter, prompt, sampling, timeout=timeout)) as messages:
+            async for message in messages:
+                yield _delta(message)
 
     async def responses(
         self,
