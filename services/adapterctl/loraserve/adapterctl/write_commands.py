@@ -8,7 +8,6 @@ rollback and delete (`loraserve.clients.store`), a push retries itself
 from __future__ import annotations
 
 import argparse
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -48,7 +47,9 @@ async def cmd_push(args: argparse.Namespace, settings: CtlSettings, console: Con
                 timeout_s=settings.stream_timeout_s,
                 idempotency_key=key,
                 progress=progress.advance,
-                on_retry=_retry_reporter(console, f"push of {name}"),
+                on_retry=lambda exc: console.err(
+                    f"push of {name} failed: UNAVAILABLE: {exc.details()}; retrying"
+                ),
             )
         finally:
             progress.finish()
@@ -143,10 +144,3 @@ async def cmd_delete(args: argparse.Namespace, settings: CtlSettings, console: C
     else:
         console.out(f"deleted {name}")
     return EXIT_OK
-
-
-def _retry_reporter(console: Console, what: str) -> Callable[[grpc.aio.AioRpcError], None]:
-    def report(exc: grpc.aio.AioRpcError) -> None:
-        console.err(f"{what} failed: UNAVAILABLE: {exc.details()}; retrying")
-
-    return report
