@@ -24,7 +24,7 @@ from loraserve.common.errors import (
     Unavailable,
 )
 from loraserve.common.manifest import FileInfo, Revision
-from loraserve.inference.registry import LocalRevision
+from loraserve.inference.cache import CachedRevision
 from loraserve.inference.store_client import (
     EventKind,
     Heartbeat,
@@ -136,7 +136,9 @@ class FakeFetcher:
         self.failures: dict[tuple[str, int], list[Exception]] = {}
         self.gates: dict[tuple[str, int], asyncio.Event] = {}
 
-    async def fetch(self, name: str, revision: int) -> LocalRevision:
+    async def fetch(
+        self, name: str, revision: int, given: Revision | None = None
+    ) -> CachedRevision:
         self.calls.append((name, revision))
         gate = self.gates.get((name, revision))
         if gate is not None:
@@ -144,13 +146,8 @@ class FakeFetcher:
         failures = self.failures.get((name, revision))
         if failures:
             raise failures.pop(0)
-        return LocalRevision(
-            name=name,
-            revision=revision,
-            path=Path("/cache") / name / str(revision),
-            rank=8,
-            target_modules=("q_proj",),
-            base_model="tiny",
+        return CachedRevision(
+            given or manifest(name, revision), Path("/cache") / name / str(revision)
         )
 
 
@@ -164,7 +161,7 @@ class FakeRegistry:
         self.install_failures: dict[tuple[str, int], Exception] = {}
         self.failures: dict[tuple[str, int], str] = {}
 
-    async def install(self, rev: LocalRevision, *, make_current: bool) -> None:
+    async def install(self, rev: CachedRevision, *, make_current: bool) -> None:
         key = (rev.name, rev.revision)
         self.installs.append((rev.name, rev.revision, make_current))
         if key in self.install_failures:
@@ -199,8 +196,8 @@ class FakeRegistry:
     def holds(self, name: str, revision: int) -> bool:
         return (name, revision) in self.installed
 
-    def record_failure(self, name: str, revision: int, rank: int, message: str) -> None:
-        self.failures[(name, revision)] = message
+    def record_failure(self, given: Revision, message: str) -> None:
+        self.failures[(given.adapter_name, given.revision)] = message
 
 
 def listing(seq: int, *revisions: tuple[str, int]) -> Listing:
