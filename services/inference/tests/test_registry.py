@@ -13,7 +13,8 @@ from loraserve.common.manifest import Revision
 from loraserve.common.names import AdapterRef
 from loraserve.inference.cache import CachedRevision
 from loraserve.inference.compat import LLAMA_TARGET_MODULES, CompatibilityChecker
-from loraserve.inference.registry import AdapterRegistry, AdapterState
+from loraserve.inference.registry import AdapterRegistry
+from loraserve.inference.revisionstate import AdapterState
 from loraserve.testing.inference_fakes import FakeEngine, FakeFetcher, fake_manifest, make_revision
 
 
@@ -145,6 +146,16 @@ async def test_idle_old_revision_is_removed_after_the_flip(
 
     assert [h.lora_name for h in engine.loaded.values()] == ["alpha@2"]
     assert not registry.is_installed("alpha", 1)
+
+
+async def test_files_of_a_removed_revision_are_removed_by_the_cache(
+    registry: AdapterRegistry, cache_dir: Path, fetcher: FakeFetcher
+) -> None:
+    await registry.install(make_revision(cache_dir, "alpha", 1), make_current=True)
+    await registry.install(make_revision(cache_dir, "alpha", 2), make_current=True)
+    await registry.settle()
+
+    assert fetcher.removed == [("alpha", 1)]
 
 
 async def test_rejected_revision_leaves_the_old_one_serving(

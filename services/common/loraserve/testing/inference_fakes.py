@@ -191,12 +191,14 @@ def fake_manifest(
 
 
 class FakeFetcher:
-    """Fetches revisions listed in `available` into the cache; counts fetches."""
+    """A cache: fetches revisions listed in `available` into `cache_dir`, removes
+    them again; counts both."""
 
     def __init__(self, cache_dir: Path) -> None:
         self.cache_dir = cache_dir
         self.available: dict[tuple[str, int], int] = {}  # (name, revision) -> rank
         self.fetches: list[tuple[str, int]] = []
+        self.removed: list[tuple[str, int]] = []
 
     def publish(self, name: str, revision: int, rank: int = 8) -> None:
         self.available[(name, revision)] = rank
@@ -212,4 +214,5 @@ class FakeFetcher:
         return make_revision(self.cache_dir, name, revision, rank=rank)
 
     async def remove(self, name: str, revision: int) -> None:
+        self.removed.append((name, revision))
         shutil.rmtree(self.cache_dir / name / str(revision), ignore_errors=True)

@@ -19,12 +19,8 @@ discarded (never routed or pinned, its files removed) and its callers get NOT_FO
 so a revision the store no longer has cannot become servable after the delete. A
 load that fails for any reason leaves no files behind either.
 
-One `RevisionEntry` per revision holds its whole state; its phases:
-
-    (none) -> LOADING -> READY <-> DRAINING -> REMOVING -> (none)
-                 |                   (READY: current or pinned;
-                 v                    DRAINING: neither, requests still on it)
-               FAILED -> LOADING (asked again) | (none) (deleted)
+One `RevisionEntry` per revision holds its whole state, moved through explicit
+phases (`revisionstate`); names route to READY revisions only.
 
 The seam with the sync side (inference-sync):
 
@@ -42,13 +38,12 @@ Both sides never load a path that is not inside the adapter cache directory.
 from __future__ import annotations
 
 import asyncio
-import enum
 import functools
 import itertools
 import logging
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
 
@@ -59,10 +54,16 @@ from loraserve.inference.cache import CachedRevision, manifest_facts
 from loraserve.inference.compat import CompatibilityChecker
 from loraserve.inference.engine import AdapterHandle, Engine
 from loraserve.inference.engine_adapters import EngineAdapters
+from loraserve.inference.revisionstate import (
+    IN_ENGINE,
+    Key,
+    Phase,
+    RevisionEntry,
+    RevisionStatus,
+    status_of,
+)
 
 log = logging.getLogger(__name__)
-
-Key = tuple[str, int]
 
 
 class RevisionCache(Protocol):
@@ -84,27 +85,6 @@ class LoadFailureListener(Protocol):
     def adapter_load_failed(self, name: str) -> None: ...
 
 
-class AdapterState(enum.Enum):
-    LOADING = "loading"
-    READY = "ready"
-    DRAINING = "draining"
-    FAILED = "failed"
-
-
-@dataclass(frozen=True)
-class RevisionStatus:
-    """One revision as ListAdapters reports it."""
-
-    name: str
-    revision: int
-    state: AdapterState
-    current: bool
-    in_flight: int = 0
-    lora_int_id: int = 0
-    rank: int = 0
-    last_error: str = ""
-
-
 @dataclass(frozen=True)
 class Lease:
     """What a request runs on; `adapter` is None for the base model."""
@@ -112,54 +92,6 @@ class Lease:
     name: str
     revision: int
     adapter: AdapterHandle | None
-
-
-class Phase(enum.Enum):
-    """Where a revision is in its life here; see the module docstring's diagram."""
-
-    LOADING = "loading"  # fetched, checked, added to the engine; nothing routes to it yet
-    READY = "ready"  # in the engine and current or pinned: new requests may use it
-    DRAINING = "draining"  # in the engine, neither: only requests already on it
-    REMOVING = "removing"  # leaving the engine, then its files go back to the cache
-    FAILED = "failed"  # its last load failed; nothing of it in the engine or the cache
-
-
-@dataclass(eq=False)
-class RevisionEntry:
-    """Everything this registry knows of one revision.
-
-    Invariants: `handle` is set exactly in READY, DRAINING and REMOVING (the engine
-    holds it); READY means current or pinned (`pinned_at` > 0), DRAINING neither
-    with `in_flight` > 0, and an idle revision that is neither leaves at once
-    (REMOVING); `discarded` is only ever set in LOADING; `done` is set when a
-    LOADING or REMOVING step ends, so waiters look again.
-    """
-
-    name: str
-    revision: int
-    phase: Phase
-    # None only while a pinned revision's manifest is being looked up.
-    manifest: Revision | None = None
-    path: Path | None = None
-    handle: AdapterHandle | None = None
-    in_flight: int = 0
-    # LRU stamp of the last pin; 0 when not pinned.
-    pinned_at: int = 0
-    # The name was deleted while this loaded: the result is dropped.
-    discarded: bool = False
-    error: str = ""
-    done: asyncio.Event = field(default_factory=asyncio.Event)
-
-    @property
-    def key(self) -> Key:
-        return (self.name, self.revision)
-
-    @property
-    def rank(self) -> int:
-        return self.manifest.rank if self.manifest is not None else 0
-
-
-_IN_ENGINE = (Phase.READY, Phase.DRAINING, Phase.REMOVING)
 
 
 class AdapterRegistry:
@@ -273,11 +205,11 @@ class AdapterRegistry:
             self._update(entry)
 
     def loaded_count(self) -> int:
-        return sum(1 for e in self._entries.values() if e.phase in _IN_ENGINE)
+        return sum(1 for e in self._entries.values() if e.phase in IN_ENGINE)
 
     def snapshot(self) -> list[RevisionStatus]:
         """Every revision this registry knows, ordered by name then revision."""
-        return [_status(e, self._routes) for _, e in sorted(self._entries.items())]
+        return [status_of(e, self._routes) for _, e in sorted(self._entries.items())]
 
     # -- internals ---------------------------------------------------------------------
 
@@ -428,29 +360,3 @@ class AdapterRegistry:
         task: asyncio.Task[None] = asyncio.ensure_future(coro)
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
-
-
-def _status(entry: RevisionEntry, routes: dict[str, int]) -> RevisionStatus:
-    if entry.phase is Phase.LOADING:
-        return RevisionStatus(
-            entry.name, entry.revision, AdapterState.LOADING, current=False, rank=entry.rank
-        )
-    if entry.phase is Phase.FAILED:
-        return RevisionStatus(
-            entry.name,
-            entry.revision,
-            AdapterState.FAILED,
-            current=False,
-            rank=entry.rank,
-            last_error=entry.error,
-        )
-    assert entry.handle is not None
-    return RevisionStatus(
-        entry.name,
-        entry.revision,
-        AdapterState.READY if entry.phase is Phase.READY else AdapterState.DRAINING,
-        current=routes.get(entry.name) == entry.revision,
-        in_flight=entry.in_flight,
-        lora_int_id=entry.handle.lora_int_id,
-        rank=entry.rank,
-    )

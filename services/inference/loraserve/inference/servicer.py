@@ -10,7 +10,7 @@ import grpc
 
 from loraserve.inference.generation import FinishReason, GenerateCommand, GenerationChunk
 from loraserve.inference.logprobs import PositionLogprobs, TokenLogprob
-from loraserve.inference.registry import AdapterState, RevisionStatus
+from loraserve.inference.revisionstate import AdapterState, RevisionStatus
 from loraserve.inference.runtime import RuntimeSlot
 from loraserve.inference.sampling import SamplingRequest, StructuredOutput
 from loraserve.inference.sampling_fields import OPTIONAL_SAMPLING_FIELDS
