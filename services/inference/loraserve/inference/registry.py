@@ -305,8 +305,9 @@ class AdapterRegistry:
             entry.handle.lora_int_id,
             previous,
         )
-        if previous is not None and previous != entry.revision:
-            self._update(self._entries[(entry.name, previous)])
+        replaced = self._entries.get((entry.name, previous or 0))
+        if replaced is not None and replaced is not entry:
+            self._update(replaced)
 
     def _pin(self, entry: RevisionEntry) -> None:
         entry.pinned_at = next(self._pin_clock)

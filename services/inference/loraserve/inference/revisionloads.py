@@ -98,8 +98,8 @@ class RevisionLoader:
                     if make_current:
                         await self._registry.set_current(name, revision)
                 else:
-                    local = await self._fetch(manifest)
-                    await self._registry.install(local, make_current=make_current)
+                    cached = await self._fetch(manifest)
+                    await self._registry.install(cached, make_current=make_current)
         except TRANSIENT_ERRORS:
             raise
         except Exception as exc:
