@@ -14,6 +14,7 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
 from bench.probes import CpuMeter, LoadSampler
+from bench.procs import EngineConfig
 from bench.report import Report, Section
 from bench.runs import Scale, grpc_arm, host_arm, interleaved
 from bench.stack import ENGINE_A, ENGINE_B, ENGINE_C, Stack, model_description, tenant
@@ -65,10 +66,14 @@ def bar_plot(report: Report, section: Section, results: Results, name: str, titl
     plt.close(figure)
 
 
-def engine_line(name: str, max_loras: int, max_cpu_loras: int) -> str:
+def engine_line(stack: Stack, name: str, engine: EngineConfig) -> str:
+    if stack.profile.name == "cpu":
+        where = "vLLM CPU build, KV cache 1 GiB"
+    else:
+        where = f"CUDA vLLM, gpu_memory_utilization {stack.profile.gpu_memory_utilization}"
     return (
-        f"engine {name}: vLLM CPU, max_loras {max_loras}, max_cpu_loras {max_cpu_loras}, "
-        f"max_lora_rank {ENGINE_A.max_lora_rank}, enforce_eager, KV cache 1 GiB; "
+        f"engine {name}: {where}, max_loras {engine.max_loras}, max_cpu_loras "
+        f"{engine.max_cpu_loras}, max_lora_rank {engine.max_lora_rank}, enforce_eager; "
         + model_description()
     )
 
@@ -86,7 +91,7 @@ async def overhead(report: Report, stack: Stack, scale: Scale) -> Results:
     )
     section.workload += [
         workload.describe(),
-        engine_line("A", ENGINE_A.max_loras, ENGINE_A.max_cpu_loras),
+        engine_line(stack, "A", ENGINE_A),
         f"{scale.repeats} repeats, arm order rotated each repeat; medians reported",
         "arms: vllm-direct = VllmEngine.generate (AsyncLLM) in the server process; "
         "generator = the service's Generator (validation, admission, adapter lease) "
@@ -159,8 +164,8 @@ async def batching(report: Report, stack: Stack, scale: Scale) -> Results:
     section.workload += [
         "adapters: " + adapters.describe(),
         "base: " + base.describe(),
-        engine_line("A", ENGINE_A.max_loras, ENGINE_A.max_cpu_loras),
-        engine_line("B", ENGINE_B.max_loras, ENGINE_B.max_cpu_loras),
+        engine_line(stack, "A", ENGINE_A),
+        engine_line(stack, "B", ENGINE_B),
         f"all arms over gRPC; both engines up the whole time; {scale.repeats} repeats, "
         "order rotated",
     ]
@@ -214,7 +219,7 @@ async def slots(report: Report, stack: Stack, scale: Scale) -> Results:
         "8/8: " + eight.describe(),
         "32/8 uniform: " + uniform.describe(),
         "32/8 zipf: " + zipf.describe(),
-        engine_line("A", ENGINE_A.max_loras, ENGINE_A.max_cpu_loras),
+        engine_line(stack, "A", ENGINE_A),
         "popular = the 8 most likely adapters under Zipf, rare = the other 24; "
         f"over gRPC; {scale.repeats} repeats, order rotated",
     ]
@@ -230,9 +235,7 @@ async def slots(report: Report, stack: Stack, scale: Scale) -> Results:
     if stack.engine_c is not None:
         arms[RAISED] = (grpc_arm(stack.engine_c.address), uniform)
         served_by[RAISED] = stack.engine_c.address
-        section.workload.append(
-            f"{RAISED}: " + engine_line("C", ENGINE_C.max_loras, ENGINE_C.max_cpu_loras)
-        )
+        section.workload.append(f"{RAISED}: " + engine_line(stack, "C", ENGINE_C))
     samplers: dict[str, LoadSampler] = {}
 
     @asynccontextmanager

@@ -16,6 +16,8 @@ RESULTS = Path(__file__).resolve().parent / "results"
 README = Path(__file__).resolve().parent.parent / "README.md"
 BEGIN = "<!-- bench:table -->"
 END = "<!-- /bench:table -->"
+# The markers and what lies between them (nothing, in a README never generated).
+_BLOCK = rf"{re.escape(BEGIN)}\n(?:(.*?)\n)?{re.escape(END)}"
 _VERDICT = {True: "met", False: "**missed**", None: "reported"}
 
 
@@ -71,16 +73,15 @@ def render(path: Path) -> str:
 
 def readme_block(text: str) -> str | None:
     """What the README holds between the markers now (None: no markers)."""
-    match = re.search(rf"{re.escape(BEGIN)}\n(.*?)\n{re.escape(END)}", text, re.S)
-    return match.group(1) if match else None
+    match = re.search(_BLOCK, text, re.S)
+    return (match.group(1) or "") if match else None
 
 
 def update(text: str, table: str) -> str:
     if readme_block(text) is None:
         raise ValueError(f"README has no {BEGIN} ... {END} block")
     block = f"{BEGIN}\n{table}\n{END}"
-    pattern = rf"{re.escape(BEGIN)}\n.*?\n{re.escape(END)}"
-    return re.sub(pattern, lambda _: block, text, flags=re.S)
+    return re.sub(_BLOCK, lambda _: block, text, flags=re.S)
 
 
 def main() -> int:

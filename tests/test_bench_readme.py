@@ -81,3 +81,9 @@ def test_baselines_get_engine_a_settings(engine: str) -> None:
     )
     engine_c = commands["inference serve (engine C)"]
     assert "--max-loras=32" in engine_c
+
+
+def test_update_fills_an_empty_block() -> None:
+    text = f"{readme_table.BEGIN}\n{readme_table.END}\n"
+    assert readme_table.readme_block(text) == ""
+    assert readme_table.update(text, "t") == f"{readme_table.BEGIN}\nt\n{readme_table.END}\n"
