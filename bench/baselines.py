@@ -119,7 +119,13 @@ async def start(
         "vLLM gRPC": procs.wait_serving(grpc_server, log_dir, START_TIMEOUT_S),
         "raw AsyncLLM": host.ready(START_TIMEOUT_S),
     }
-    outcomes = await asyncio.gather(*waits.values(), return_exceptions=True)
+    try:
+        outcomes = await asyncio.gather(*waits.values(), return_exceptions=True)
+    except BaseException:
+        # Interrupted while they start: nothing may outlive the benchmark.
+        host.stop()
+        found.stop()
+        raise
     for (name, _), outcome, child in zip(waits.items(), outcomes, found.children, strict=True):
         if isinstance(outcome, BaseException):
             found.errors[name] = f"{type(outcome).__name__}: {outcome}"

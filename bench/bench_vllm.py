@@ -66,7 +66,8 @@ async def against_vllm(report: Report, stack: Stack, scale: Scale) -> Results:
         "prompts over HTTP/1.1 (aiohttp), one connection per stream",
         f"{FRONT}: engine A's --openai-listen, the same HTTP client and requests",
         f"{VLLM_GRPC}: python -m {baselines.GRPC_SERVER} (smg-grpc-servicer), streamed "
-        "Generate with token ids",
+        "Generate with token ids; its default INFO line per request left on (tens of "
+        "lines a run: negligible)",
         f"{RAW}: AsyncLLM.from_engine_args in its own process (bench.raw_engine), adapters "
         "added up front",
         f"{scale.repeats} repeats, arm order rotated each repeat; medians reported",
