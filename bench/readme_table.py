@@ -2,7 +2,7 @@
 generated from the newest run under bench/results/ (its results.json: the figures, their
 goals and verdicts as the benchmarks computed them, the machine and the command).
 Prints the table; --write puts it between the README's `<!-- bench:table -->` markers.
-tests/test_bench_readme.py fails when the README and the newest results disagree."""
+tests/test_bench.py fails when the README and the newest results disagree."""
 
 from __future__ import annotations
 

@@ -1,5 +1,6 @@
-"""The README's performance table is the newest committed benchmark run, and the
-benchmark's competitor arms run vLLM with loraserve's exact engine settings."""
+"""The README's performance table is the newest committed benchmark run; the
+benchmark's competitor arms run vLLM with loraserve's exact engine settings and count
+streamed tokens the way the servers send them."""
 
 from __future__ import annotations
 
@@ -87,3 +88,40 @@ def test_update_fills_an_empty_block() -> None:
     text = f"{readme_table.BEGIN}\n{readme_table.END}\n"
     assert readme_table.readme_block(text) == ""
     assert readme_table.update(text, "t") == f"{readme_table.BEGIN}\nt\n{readme_table.END}\n"
+
+
+async def test_openai_caller_counts_streamed_token_ids() -> None:
+    """The HTTP arms count tokens from `return_token_ids` in each SSE chunk, the way vLLM
+    and loraserve's front send them (a stub server replays that shape)."""
+    from aiohttp import web
+
+    from bench.calls import http_session, openai_caller
+
+    seen: list[dict[str, object]] = []
+
+    async def completions(request: web.Request) -> web.StreamResponse:
+        seen.append(await request.json())
+        response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+        await response.prepare(request)
+        for ids in ([5], [], [6, 7]):
+            chunk = {"choices": [{"index": 0, "text": "x", "token_ids": ids}]}
+            await response.write(f"data: {json.dumps(chunk)}\n\n".encode())
+        await response.write(b"data: [DONE]\n\n")
+        return response
+
+    app = web.Application()
+    app.router.add_post("/v1/completions", completions)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    port = runner.addresses[0][1]
+    try:
+        async with http_session() as http:
+            call = openai_caller(http, f"http://127.0.0.1:{port}", "base")
+            deltas = [d async for d in call("", [3, 4], 3)]
+    finally:
+        await runner.cleanup()
+    assert deltas == [(1, 0), (2, 0)]
+    sent = {key: seen[0][key] for key in ("model", "prompt", "stream", "return_token_ids")}
+    assert sent == {"model": "base", "prompt": [3, 4], "stream": True, "return_token_ids": True}
