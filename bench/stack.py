@@ -5,6 +5,7 @@ it can also be driven in-process) and engine B (max_loras 1, plain `inference se
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import os
 import shutil
@@ -25,6 +26,7 @@ from loraserve.tiny.adapters import TinyAdapterSpec, build_tiny_adapter
 from loraserve.tiny.model import TinyModelSpec, build_tiny_model
 
 REPO = Path(__file__).resolve().parent.parent
+CACHE = REPO / ".cache" / "bench"
 BUCKET = "bench-inference"
 # Wider than the test model so that LoRA rank / hidden size (8 / 512) is near a real
 # model's (64 / 4096); head_dim stays 64, the smallest vLLM's CPU attention takes.
@@ -38,9 +40,31 @@ MODEL_SPEC = TinyModelSpec(
 RANK = 8
 TENANTS = 32
 SWAP_VARIANTS = 4
-ENGINE_ENV = {"VLLM_CPU_KVCACHE_SPACE": "1", "VLLM_NO_USAGE_STATS": "1"}
 ENGINE_A = procs.EngineConfig(max_loras=8, max_cpu_loras=32, max_lora_rank=RANK)
 ENGINE_B = procs.EngineConfig(max_loras=1, max_cpu_loras=8, max_lora_rank=RANK)
+# The user's question in benchmark 3: what if I just raise the slots to the adapters?
+ENGINE_C = procs.EngineConfig(max_loras=32, max_cpu_loras=32, max_lora_rank=RANK)
+
+
+@dataclass(frozen=True)
+class EngineProfile:
+    """Where the engines run: the vLLM CPU build, or CUDA vLLM with several engines
+    sharing one GPU (A, the baselines and C are up at once)."""
+
+    name: str
+    env: dict[str, str]
+    gpu_memory_utilization: float | None
+
+    def engine(self, config: procs.EngineConfig) -> procs.EngineConfig:
+        return dataclasses.replace(config, gpu_memory_utilization=self.gpu_memory_utilization)
+
+
+PROFILES = {
+    "cpu": EngineProfile("cpu", {"VLLM_CPU_KVCACHE_SPACE": "1", "VLLM_NO_USAGE_STATS": "1"}, None),
+    # Up to four engines share the device at once (A and the three baselines).
+    "gpu": EngineProfile("gpu", {"VLLM_NO_USAGE_STATS": "1"}, 0.15),
+}
+ENGINE_ENV = PROFILES["cpu"].env
 
 
 def tenant(i: int) -> str:
@@ -96,6 +120,7 @@ class Host:
 class Stack:
     results_dir: Path
     work: Path
+    profile: EngineProfile = PROFILES["cpu"]
     model_dir: Path = field(init=False)
     adapters: dict[str, Path] = field(default_factory=dict)
     files: dict[Path, AdapterFiles] = field(default_factory=dict)
@@ -103,14 +128,23 @@ class Stack:
     store: procs.Child | None = None
     store_channel: grpc.aio.Channel | None = None
     host: Host | None = None
+    # Engine A's `inference serve` flags and its OpenAI front (the baselines copy them).
+    argv_a: list[str] = field(default_factory=list)
+    openai_url: str = ""
     engine_b: procs.Child | None = None
+    engine_c: procs.Child | None = None
 
     @property
     def logs(self) -> Path:
         return self.results_dir / "logs"
 
+    def plan_models(self) -> None:
+        """Where build_models() puts the model and the tenants' adapters, building nothing."""
+        self.model_dir = CACHE / "model-h512-l4"
+        self.adapters.update({tenant(i): CACHE / f"t{i:02d}-r{RANK}" for i in range(TENANTS)})
+
     def build_models(self) -> None:
-        cache = REPO / ".cache" / "bench"
+        cache = CACHE
         self.model_dir = build_tiny_model(cache / "model-h512-l4", MODEL_SPEC)
         for i in range(TENANTS):
             self.adapters[tenant(i)] = build_tiny_adapter(
@@ -138,29 +172,41 @@ class Stack:
             storeops.store_stub(self.store_channel), name, self.files[directory]
         )
 
-    def _argv(self, name: str, port: int, engine: procs.EngineConfig) -> list[str]:
-        assert self.store is not None
-        cache = self.work / f"cache-{name}"
-        shutil.rmtree(cache, ignore_errors=True)
+    @property
+    def base_model_name(self) -> str:
+        """The base model's name on loraserve's OpenAI front."""
+        return self.model_dir.name
+
+    def argv(
+        self, name: str, port: int, engine: procs.EngineConfig, openai_port: int | None = None
+    ) -> list[str]:
+        """`inference serve` flags for a benchmark engine on this stack's profile."""
+        store = self.store.address if self.store is not None else "127.0.0.1:1"
         return procs.serve_argv(
             name,
             port,
             model=self.model_dir,
-            store=self.store.address,
-            cache_dir=cache,
-            engine=engine,
+            store=store,
+            cache_dir=self.work / f"cache-{name}",
+            engine=self.profile.engine(engine),
+            openai_port=openai_port,
         )
+
+    def _argv(
+        self, name: str, port: int, engine: procs.EngineConfig, openai_port: int | None = None
+    ) -> list[str]:
+        shutil.rmtree(self.work / f"cache-{name}", ignore_errors=True)
+        return self.argv(name, port, engine, openai_port)
 
     async def start_engines(self, with_b: bool) -> float:
         """Starts A (and B) at once; returns the seconds until both were SERVING."""
         started = time.monotonic()
         port = free_port()
+        openai_port = free_port()
+        self.argv_a = self._argv("engine-a", port, ENGINE_A, openai_port)
+        self.openai_url = f"http://127.0.0.1:{openai_port}"
         child, read_fd = procs.start_engine_host(
-            self.logs,
-            "engine-a",
-            self._argv("engine-a", port, ENGINE_A),
-            f"127.0.0.1:{port}",
-            ENGINE_ENV,
+            self.logs, "engine-a", self.argv_a, f"127.0.0.1:{port}", self.profile.env
         )
         self.children.append(child)
         self.host = Host(child, os.fdopen(read_fd), self.logs)
@@ -172,7 +218,7 @@ class Stack:
                 "engine-b",
                 self._argv("engine-b", port_b, ENGINE_B),
                 f"127.0.0.1:{port_b}",
-                ENGINE_ENV,
+                self.profile.env,
             )
             self.children.append(self.engine_b)
             waits.append(procs.wait_serving(self.engine_b, self.logs, 300))
@@ -183,6 +229,24 @@ class Stack:
         if self.engine_b is not None:
             self.engine_b.stop()
             self.engine_b = None
+
+    def start_c(self) -> procs.Child:
+        """Engine C (max_loras 32, plain `inference serve`); wait_serving() it before use."""
+        port = free_port()
+        self.engine_c = procs.start_inference(
+            self.logs,
+            "engine-c",
+            self._argv("engine-c", port, ENGINE_C),
+            f"127.0.0.1:{port}",
+            self.profile.env,
+        )
+        self.children.append(self.engine_c)
+        return self.engine_c
+
+    def stop_c(self) -> None:
+        if self.engine_c is not None:
+            self.engine_c.stop()
+            self.engine_c = None
 
     async def close(self) -> None:
         if self.store_channel is not None:

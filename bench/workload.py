@@ -127,6 +127,17 @@ class RunResult:
     def ttft_median(self) -> float:
         return median(self.ttfts())
 
+    def summary(self) -> dict[str, float | int]:
+        """One repeat in a few numbers (results.json keeps these, not every request)."""
+        return {
+            "requests": len(self.records),
+            "failures": self.failures,
+            "tokens": sum(r.tokens for r in self.ok),
+            "tokens_per_s": round(self.tokens_per_s, 2),
+            "ttft_p50_ms": round(self.ttft_p(50) * 1000, 2),
+            "ttft_p99_ms": round(self.ttft_p(99) * 1000, 2),
+        }
+
     def to_json(self) -> list[dict[str, Any]]:
         return [asdict(r) for r in self.records]
 

