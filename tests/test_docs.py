@@ -50,3 +50,27 @@ def _serve(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
     subparsers = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
     serve: argparse.ArgumentParser = subparsers.choices["serve"]
     return serve
+
+
+_HOP = re.compile(r"`((?:adapterctl|adapterstore|clients|common|inference)/[\w/]+\.py):([\w.]+)`")
+_ROOTS = {
+    "adapterctl": "services/adapterctl/loraserve",
+    "adapterstore": "services/adapterstore/loraserve",
+    "clients": "services/common/loraserve",
+    "common": "services/common/loraserve",
+    "inference": "services/inference/loraserve",
+}
+
+
+def test_every_hop_of_the_architecture_names_a_function_that_exists() -> None:
+    repo = Path(__file__).resolve().parent.parent
+    text = (repo / "docs" / "architecture.md").read_text("utf-8")
+    hops = _HOP.findall(text)
+    assert len(hops) > 20
+    missing = []
+    for path, qualified in hops:
+        source = (repo / _ROOTS[path.split("/")[0]] / path).read_text("utf-8")
+        last = qualified.split(".")[-1]
+        if not re.search(rf"^\s*(?:async def|def|class) {re.escape(last)}\b", source, re.M):
+            missing.append(f"{path}:{qualified}")
+    assert missing == []
