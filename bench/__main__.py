@@ -13,7 +13,7 @@ from bench import store_bench
 from bench.report import Report
 
 RESULTS = Path(__file__).resolve().parent / "results"
-ALL = (6, 1, 2, 7, 3, 4, 5)
+ALL = (6, 1, 2, 7, 3, 4, 5, 8)
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -21,7 +21,7 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--only",
         default=",".join(map(str, ALL)),
-        help="comma-separated benchmark numbers (default: all, in the order 6,1,2,7,3,4,5)",
+        help="comma-separated benchmark numbers (default: all, in the order 6,1,2,7,3,4,5,8)",
     )
     parser.add_argument(
         "--quick", action="store_true", help="fewer repeats and requests (a smoke run)"
@@ -43,6 +43,10 @@ async def _main(args: argparse.Namespace) -> Report:
             from bench import inference_bench
 
             await inference_bench.run(report, inference, quick=args.quick)
+        if 8 in wanted:
+            from bench import swap_vs_vllm
+
+            await swap_vs_vllm.run(report, quick=args.quick)
     finally:
         report.total_seconds = time.monotonic() - started
         path = report.write()

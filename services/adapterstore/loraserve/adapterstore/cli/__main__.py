@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import importlib
 import os
 import sys
 from collections.abc import Awaitable, Callable, Mapping, Sequence
@@ -20,18 +21,38 @@ from loraserve.adapterstore.cli.failures import (
     ServerError,
     UsageError,
 )
-from loraserve.adapterstore.cli.generate import cmd_generate
-from loraserve.adapterstore.cli.read_commands import cmd_list, cmd_revisions, cmd_status, cmd_watch
 from loraserve.adapterstore.cli.settings import (
     CtlSettings,
     add_connection_flags,
     positive_float,
     settings_from_args,
 )
-from loraserve.adapterstore.cli.write_commands import cmd_delete, cmd_push, cmd_rollback
 from loraserve.common.errors import error_from_rpc
 
 Handler = Callable[[argparse.Namespace, CtlSettings, Console], Awaitable[int]]
+
+
+def _lazy(module: str, name: str) -> Handler:
+    """The command `name` of cli.`module`, imported only when it runs: start-up is part
+    of every push's latency, and a push needs neither watchdog nor the inference protos."""
+
+    async def handler(args: argparse.Namespace, settings: CtlSettings, console: Console) -> int:
+        command: Handler = getattr(
+            importlib.import_module(f"loraserve.adapterstore.cli.{module}"), name
+        )
+        return await command(args, settings, console)
+
+    return handler
+
+
+cmd_push = _lazy("write_commands", "cmd_push")
+cmd_rollback = _lazy("write_commands", "cmd_rollback")
+cmd_delete = _lazy("write_commands", "cmd_delete")
+cmd_list = _lazy("read_commands", "cmd_list")
+cmd_revisions = _lazy("read_commands", "cmd_revisions")
+cmd_watch = _lazy("read_commands", "cmd_watch")
+cmd_status = _lazy("read_commands", "cmd_status")
+cmd_generate = _lazy("generate", "cmd_generate")
 
 EPILOG = """\
 environment:

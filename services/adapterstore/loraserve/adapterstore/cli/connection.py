@@ -13,7 +13,6 @@ from loraserve.adapterstore.cli.settings import CtlSettings
 from loraserve.adapterstore.v1 import adapterstore_pb2_grpc
 from loraserve.common.errors import error_from_rpc
 from loraserve.common.security import ClientSecurity, secure_channel
-from loraserve.inference.v1 import inference_pb2_grpc
 
 # Room for 1 MiB push chunks and long generations, as the servers allow.
 _MESSAGE_LIMIT = 16 * 1024 * 1024
@@ -47,6 +46,9 @@ async def store_stub(settings: CtlSettings) -> AsyncIterator[Any]:
 @asynccontextmanager
 async def inference_stub(settings: CtlSettings) -> AsyncIterator[Any]:
     """An InferenceService stub; a failed call leaves the block as `ServerError`."""
+    # Imported here: the store's commands (push above all) need not load these protos.
+    from loraserve.inference.v1 import inference_pb2_grpc
+
     async with _channel(
         INFERENCE, settings.inference_address, settings.inference_security
     ) as channel:

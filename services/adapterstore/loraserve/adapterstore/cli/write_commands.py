@@ -8,7 +8,7 @@ from __future__ import annotations
 import argparse
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import grpc
 
@@ -26,14 +26,19 @@ from loraserve.adapterstore.cli.push import (
 )
 from loraserve.adapterstore.cli.retry import new_idempotency_key, retry_unavailable
 from loraserve.adapterstore.cli.settings import CtlSettings
-from loraserve.adapterstore.cli.watch_dir import Fingerprint, watch_directory
 from loraserve.adapterstore.v1 import adapterstore_pb2 as pb
+
+if TYPE_CHECKING:
+    from loraserve.adapterstore.cli.watch_dir import Fingerprint
 
 
 async def cmd_push(args: argparse.Namespace, settings: CtlSettings, console: Console) -> int:
     name = validated_name(args.name)
     directory = Path(args.directory)
     if args.watch:
+        # Here, not at the top: watchdog's import is start-up time every plain push pays.
+        from loraserve.adapterstore.cli.watch_dir import watch_directory
+
         async with store_stub(settings) as stub:
             publisher = StorePublisher(stub, name, settings, args.no_promote, args.description)
             await watch_directory(name, directory, publisher, console, args.settle)
