@@ -34,11 +34,15 @@ ENGINE = procs.EngineConfig(max_loras=8, max_cpu_loras=8, max_lora_rank=RANK)
 ADAPTERS = tuple(tenant(i) for i in range(8))
 
 
-async def start_loraserve_front(stack: Stack, name: str) -> tuple[procs.Child, str]:
-    """`inference serve` with the OpenAI front on; returns it and the front's URL."""
+async def start_loraserve_front(
+    stack: Stack, name: str, pythonpath: str = ""
+) -> tuple[procs.Child, str]:
+    """`inference serve` with the OpenAI front on (from the source tree `pythonpath`
+    names, if given); returns it and the front's URL."""
     grpc_port, http_port = procs.free_port(), procs.free_port()
     argv = [*stack._argv(name, grpc_port, ENGINE), f"--openai-listen=127.0.0.1:{http_port}"]
-    child = procs.start_inference(stack.logs, name, argv, f"127.0.0.1:{grpc_port}", ENGINE_ENV)
+    env = {**ENGINE_ENV, "PYTHONPATH": pythonpath} if pythonpath else ENGINE_ENV
+    child = procs.start_inference(stack.logs, name, argv, f"127.0.0.1:{grpc_port}", env)
     stack.children.append(child)
     return child, f"http://127.0.0.1:{http_port}"
 
@@ -89,6 +93,11 @@ async def main(args: argparse.Namespace) -> dict[str, object]:
         for name in ADAPTERS:
             await stack.push(name)
         lora, lora_url = await start_loraserve_front(stack, "loraserve-front")
+        servers = {"loraserve OpenAI front": (lora, lora_url)}
+        if args.baseline_pythonpath:
+            servers["loraserve OpenAI front, baseline code"] = await start_loraserve_front(
+                stack, "loraserve-front-baseline", args.baseline_pythonpath
+            )
         vllm = start_vllm_serve(
             stack.logs,
             "vllm-serve",
@@ -99,12 +108,12 @@ async def main(args: argparse.Namespace) -> dict[str, object]:
         )
         stack.children.append(vllm)
         started = time.monotonic()
+        servers["vllm serve"] = (vllm, vllm.address)
         await asyncio.gather(
-            wait_http_ready(lora, lora_url, stack.logs, 600),
-            wait_http_ready(vllm, vllm.address, stack.logs, 600),
+            *(wait_http_ready(child, url, stack.logs, 900) for child, url in servers.values())
         )
-        print(f"both servers ready after {time.monotonic() - started:.0f} s", flush=True)
-        urls = {"loraserve OpenAI front": lora_url, "vllm serve": vllm.address}
+        print(f"servers ready after {time.monotonic() - started:.0f} s", flush=True)
+        urls = {name: url for name, (_, url) in servers.items()}
         workload = Workload(
             adapters=ADAPTERS,
             concurrency=args.concurrency,
@@ -114,13 +123,14 @@ async def main(args: argparse.Namespace) -> dict[str, object]:
         warm = Workload(ADAPTERS, 16, 32, 4)
         for url in urls.values():
             await _drive(url, warm)
-        pids = {"loraserve OpenAI front": lora.process.pid, "vllm serve": vllm.process.pid}
+        pids = {name: child.process.pid for name, (child, _) in servers.items()}
         tps: dict[str, list[float]] = {name: [] for name in urls}
         cpu: dict[str, list[float]] = {name: [] for name in urls}
         engine_cpu: dict[str, list[float]] = {name: [] for name in urls}
         names = list(urls)
         for rep in range(args.repeats):
-            order = names[rep % 2 :] + names[: rep % 2]
+            shift = rep % len(names)
+            order = names[shift:] + names[:shift]
             for name in order:
                 before = _cpu(pids[name])
                 result = await _drive(urls[name], workload)
@@ -135,17 +145,19 @@ async def main(args: argparse.Namespace) -> dict[str, object]:
                     f"server process {cpu[name][-1]:.3f}, engine {engine_cpu[name][-1]:.3f}",
                     flush=True,
                 )
-        front, base = median(tps[names[0]]), median(tps[names[1]])
+        base = median(tps["vllm serve"])
         summary: dict[str, object] = {
             "workload": workload.describe(),
             "tokens_per_s": tps,
             "server_process_cpu_s_per_1000_tokens": cpu,
             "engine_processes_cpu_s_per_1000_tokens": engine_cpu,
-            "medians": {names[0]: front, names[1]: base},
-            "front / vllm serve": ratio(front, base),
-            "front CPU / vllm serve's API server CPU": ratio(
-                median(cpu[names[0]]), median(cpu[names[1]])
-            ),
+            "medians": {name: median(v) for name, v in tps.items()},
+            "tok/s / vllm serve's (medians)": {
+                name: ratio(median(v), base) for name, v in tps.items()
+            },
+            "server process CPU / vllm serve's (medians)": {
+                name: ratio(median(v), median(cpu["vllm serve"])) for name, v in cpu.items()
+            },
         }
         print(json.dumps(summary, indent=1), flush=True)
         if args.profile:
@@ -163,6 +175,11 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--concurrency", type=int, default=32)
     parser.add_argument("--max-tokens", type=int, default=64)
     parser.add_argument("--profile", default="", help="py-spy collapsed stacks file")
+    parser.add_argument(
+        "--baseline-pythonpath",
+        default="",
+        help="also run a loraserve front from this PYTHONPATH (e.g. an older checkout)",
+    )
     parser.add_argument(
         "--results", default=str(Path(tempfile.gettempdir()) / "bench-front"), help="logs here"
     )
