@@ -19,7 +19,7 @@ from bench.report import Report
 from bench.runs import scale_for
 
 RESULTS = Path(__file__).resolve().parent / "results"
-ALL = (6, 1, 2, 8, 7, 3, 4, 5)
+ALL = (6, 1, 2, 8, 7, 3, 4, 5, 9)
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -27,7 +27,7 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--only",
         default=",".join(map(str, ALL)),
-        help="comma-separated benchmark numbers (default: all, in the order 6,1,2,8,7,3,4,5)",
+        help="comma-separated benchmark numbers (default: all, in the order 6,1,2,8,7,3,4,5,9)",
     )
     parser.add_argument(
         "--quick", action="store_true", help="fewer repeats and requests (a smoke run)"
@@ -74,6 +74,10 @@ async def _main(args: argparse.Namespace, results: Path) -> Report:
 
             scale = scale_for(args.engine, args.quick)
             await inference_bench.run(report, inference, scale, args.engine)
+        if 9 in wanted:
+            from bench import swap_vs_vllm
+
+            await swap_vs_vllm.run(report, quick=args.quick)
     finally:
         report.total_seconds = time.monotonic() - started
         path = report.write()

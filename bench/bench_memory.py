@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 
 from bench.report import Report
 from bench.runs import Scale, grpc_arm
-from bench.stack import ENGINE_A, ENGINE_B, Stack, tenant
+from bench.stack import ENGINE_A, ENGINE_B, Stack, tenant, wait_routed
 from bench.stats import median
 from bench.workload import RunResult, Workload
 
@@ -27,6 +27,52 @@ class EngineMemory:
     two_engines_tps: list[float] = field(default_factory=list)
     workload: str = ""
     seconds: float = 0.0
+
+
+# Engine A grows from 8 to 32 adapters in steps of this many, each step measured alone.
+STEP = 8
+STEPS = 3
+SAMPLES = 5
+SAMPLE_GAP_S = 0.2
+
+
+@dataclass
+class AdapterGrowth:
+    """Engine A's memory as adapters were added with nothing else running."""
+
+    before: tuple[float, float]  # (RSS, USS) MiB with 8 adapters
+    after: tuple[float, float]  # with 8 + STEP * STEPS
+    per_adapter_uss: list[float] = field(default_factory=list)  # one per step
+    per_adapter_rss: list[float] = field(default_factory=list)
+
+
+async def _settled_memory(stack: Stack) -> tuple[float, float]:
+    """Median (RSS, USS) of engine A over a few samples of the idle server."""
+    assert stack.host is not None
+    samples = []
+    for _ in range(SAMPLES):
+        samples.append(await asyncio.to_thread(stack.host.child.memory))
+        await asyncio.sleep(SAMPLE_GAP_S)
+    return median([r for r, _ in samples]), median([u for _, u in samples])
+
+
+async def grow_adapters(stack: Stack) -> AdapterGrowth:
+    """Pushes tenants 8..31 to engine A in steps, memory sampled before and after each
+    step once its adapters are loaded and routed; no request runs in between, so the
+    difference is the adapters' alone. Each step is one repeat of the per-adapter cost."""
+    assert stack.host is not None
+    first = current = await _settled_memory(stack)
+    growth = AdapterGrowth(first, first)
+    for step in range(STEPS):
+        names = [tenant(8 + step * STEP + i) for i in range(STEP)]
+        pushed = {name: await stack.push(name) for name in names}
+        await wait_routed(stack.host.child.address, pushed)
+        after = await _settled_memory(stack)
+        growth.per_adapter_rss.append((after[0] - current[0]) / STEP)
+        growth.per_adapter_uss.append((after[1] - current[1]) / STEP)
+        current = after
+    growth.after = current
+    return growth
 
 
 async def engines(stack: Stack, scale: Scale) -> EngineMemory:
@@ -69,13 +115,16 @@ def _aggregate_tps(runs: list[RunResult]) -> float:
     return sum(r.tokens for r in records) / span
 
 
-async def report_memory(report: Report, stack: Stack, measured: EngineMemory) -> None:
+async def report_memory(
+    report: Report, stack: Stack, measured: EngineMemory, growth: AdapterGrowth
+) -> None:
     """Engine A now holds 32 adapters: finish benchmark 7 and report it."""
     section = report.section(7, "One engine + N adapters vs N engines")
     started = time.monotonic()
-    assert stack.host is not None
-    a32_rss, a32_uss = stack.host.child.memory()
-    per_adapter = (a32_uss - measured.a8_uss) / 24
+    a8_rss, a8_uss = growth.before
+    a32_rss, a32_uss = growth.after
+    per_adapter = median(growth.per_adapter_uss)
+    per_adapter_rss = median(growth.per_adapter_rss)
     file_mib = (
         stack.adapters[tenant(0)].joinpath("adapter_model.safetensors").stat().st_size / 2**20
     )
@@ -85,16 +134,22 @@ async def report_memory(report: Report, stack: Stack, measured: EngineMemory) ->
         "KV cache 1 GiB, fp32; memory = RSS / USS summed over the server process and its "
         "vLLM engine-core child (USS: pages no other process shares, i.e. what one more costs)",
         measured.workload,
-        f"{24} adapters pushed to A between the 8- and 32-adapter measurements, all used once",
+        f"per-adapter memory: {STEPS * STEP} adapters pushed to idle engine A in {STEPS} "
+        f"steps of {STEP}; before and after each step (once its adapters were loaded and "
+        f"routed, no request run) the median of {SAMPLES} samples; per adapter = the "
+        "median over the steps of (after - before) / "
+        f"{STEP}; every step: "
+        + ", ".join(f"{u:.1f}" for u in growth.per_adapter_uss)
+        + " MiB USS",
     ]
     section.table(
         "Memory (MiB)",
         ["what", "RSS", "USS"],
         [
-            ["engine A, 8 adapters loaded", measured.a8_rss, measured.a8_uss],
-            ["engine A, 32 adapters loaded", a32_rss, a32_uss],
+            ["engine A, 8 adapters loaded (idle)", a8_rss, a8_uss],
+            ["engine A, 32 adapters loaded (idle)", a32_rss, a32_uss],
             ["engine B (one more engine), 1 slot", measured.b_rss, measured.b_uss],
-            ["per extra adapter (A: 32 vs 8, / 24)", (a32_rss - measured.a8_rss) / 24, per_adapter],
+            ["per extra adapter (median of the steps)", per_adapter_rss, per_adapter],
             ["adapter file on disk (safetensors, fp32)", file_mib, file_mib],
         ],
     )

@@ -19,6 +19,7 @@ from typing import IO, Any
 
 from bench.calls import direct_caller, generator_caller, resolve_handles
 from bench.workload import Workload, run_closed_loop
+from loraserve.inference.__main__ import freeze_startup_heap
 from loraserve.inference.app import InferenceApp
 from loraserve.inference.engine import VllmEngine
 from loraserve.inference.settings import parse_settings
@@ -53,6 +54,7 @@ async def _serve(argv: list[str], control: IO[str]) -> None:
     await app.start()
     try:
         await app.run_engine_and_sync()
+        freeze_startup_heap()  # as `inference serve` does
         _reply(control, {"ready": True, "port": app.port})
         while line := await asyncio.to_thread(sys.stdin.readline):
             _reply(control, await _command(app, json.loads(line)))

@@ -23,19 +23,28 @@ async def _warm_up(address: str, adapters: tuple[str, ...]) -> None:
     await grpc_arm(address)(workload)
 
 
-async def _more_adapters(stack: Stack, *, with_c: bool) -> None:
-    """Pushes tenants 8-31; with_c starts engine C (max_loras 32) meanwhile. Both engines
-    route all 32 and have served each once when this returns."""
+async def _more_adapters(
+    stack: Stack, *, with_c: bool, measure: bool
+) -> bench_memory.AdapterGrowth | None:
+    """Pushes tenants 8-31 (with `measure`, in steps with nothing else running, so
+    benchmark 7 gets each adapter's memory alone), then with_c starts engine C
+    (max_loras 32). Both engines route all 32 and have served each once when this
+    returns."""
     assert stack.host is not None
-    engine_c = stack.start_c() if with_c else None
-    pushed = {tenant(i): await stack.push(tenant(i)) for i in range(8, 32)}
     everyone = tuple(tenant(i) for i in range(32))
-    await wait_routed(stack.host.child.address, pushed)
+    growth = None
+    if measure:
+        growth = await bench_memory.grow_adapters(stack)
+    else:
+        pushed = {tenant(i): await stack.push(tenant(i)) for i in range(8, 32)}
+        await wait_routed(stack.host.child.address, pushed)
+    engine_c = stack.start_c() if with_c else None
     await _warm_up(stack.host.child.address, everyone)
     if engine_c is not None:
         await procs.wait_serving(engine_c, stack.logs, 300)
-        await wait_routed(engine_c.address, {**pushed, **{t: 1 for t in everyone[:8]}})
+        await wait_routed(engine_c.address, dict.fromkeys(everyone, 1))
         await _warm_up(engine_c.address, everyone)
+    return growth
 
 
 async def run(report: Report, wanted: set[int], scale: Scale, engine: str = "cpu") -> None:
@@ -72,9 +81,9 @@ async def run(report: Report, wanted: set[int], scale: Scale, engine: str = "cpu
         if 8 in wanted:
             await bench_vllm.against_vllm(report, stack, scale)
         if wanted & {3, 7}:
-            await _more_adapters(stack, with_c=3 in wanted)
-        if memory is not None:
-            await bench_memory.report_memory(report, stack, memory)
+            growth = await _more_adapters(stack, with_c=3 in wanted, measure=7 in wanted)
+            if memory is not None and growth is not None:
+                await bench_memory.report_memory(report, stack, memory, growth)
         if 3 in wanted:
             await bench_throughput.slots(report, stack, scale)
             stack.stop_c()

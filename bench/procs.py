@@ -131,7 +131,9 @@ async def wait_serving(child: Child, log_dir: Path, timeout: float) -> None:
         await asyncio.sleep(0.3)
 
 
-async def start_store(log_dir: Path, endpoint: str, bucket: str) -> Child:
+async def start_store(
+    log_dir: Path, endpoint: str, bucket: str, log_level: str = "WARNING"
+) -> Child:
     """`adapterstore serve` on the bucket, SERVING."""
     port = free_port()
     argv = [
@@ -143,7 +145,7 @@ async def start_store(log_dir: Path, endpoint: str, bucket: str) -> Child:
         f"--region={REGION}",
         f"--access-key-id={S3_KEY}",
         f"--secret-access-key={S3_KEY}",
-        "--log-level=WARNING",
+        f"--log-level={log_level}",
     ]
     child = _spawn("adapterstore", argv, log_dir)
     child.address = f"127.0.0.1:{port}"

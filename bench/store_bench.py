@@ -20,7 +20,6 @@ from safetensors.numpy import save_file
 from bench import procs, storeops
 from bench.report import Report, Section
 from bench.stats import median, percentile, ratio
-from loraserve.adapterctl.adapter_dir import AdapterFiles
 from loraserve.adapterstore.v1 import adapterstore_pb2 as store_pb
 from loraserve.clients.push import new_idempotency_key
 from loraserve.clients.store import StoreClient, StoreClientSettings
@@ -137,18 +136,41 @@ def _diagnose_push(s3: Any, adapter: Path) -> Any:
         )
         out[label] = time.perf_counter() - started
         started = time.perf_counter()
-        s3.upload_file(str(weights), BUCKET, "diag/parallel")
+        s3.upload_file(str(weights), BUCKET, "diag/adapter_model.safetensors")
         out["upload_file, default 10 threads (boto3 arm)"] = time.perf_counter() - started
+        label = "download_file, default 10 threads of ranged GETs (not an arm)"
+        out[label] = _boto_download_file(s3, "diag")
         return out
 
     return asyncio.to_thread(run)
 
 
+# The store reads each blob with one streamed GET in chunks of this size.
+STREAM_CHUNK = 1024 * 1024
+
+
 def _boto_download(s3: Any, prefix: str) -> None:
+    """What the store does per file, with plain boto3: one streamed `get_object` on one
+    connection, written to disk chunk by chunk."""
     target = Path(tempfile.mkdtemp(prefix="bench-boto-"))
     try:
         for name in ("adapter_config.json", "adapter_model.safetensors"):
-            s3.download_file(BUCKET, f"{prefix}/{name}", str(target / name))
+            body = s3.get_object(Bucket=BUCKET, Key=f"{prefix}/{name}")["Body"]
+            with (target / name).open("wb") as out:
+                for chunk in body.iter_chunks(STREAM_CHUNK):
+                    out.write(chunk)
+    finally:
+        shutil.rmtree(target, ignore_errors=True)
+
+
+def _boto_download_file(s3: Any, prefix: str) -> float:
+    """boto3's download_file with its default TransferConfig (10 threads of 8 MiB
+    ranged GETs), timed: the old comparison, kept to show what the emulator distorts."""
+    target = Path(tempfile.mkdtemp(prefix="bench-boto-"))
+    started = time.perf_counter()
+    try:
+        s3.download_file(BUCKET, f"{prefix}/adapter_model.safetensors", str(target / "w"))
+        return time.perf_counter() - started
     finally:
         shutil.rmtree(target, ignore_errors=True)
 
@@ -163,10 +185,11 @@ async def _transfers(
         f"transfer: one adapter of {total / 1e6:.0f} MB ({size / 1e6:.0f} MB safetensors: "
         f"{BIG_SHAPE['layers']} layers x {len(BIG_MODULES)} projections, rank "
         f"{BIG_SHAPE['rank']}, hidden {BIG_SHAPE['hidden']}, fp32), new bytes every repeat, "
-        f"{settings.repeats} repeats, arms alternated; push = adapterctl's streaming upload "
-        "(sha256 precomputed), download = the inference service's AdapterCache.fetch "
-        "(stream, sha256, fsync, rename); boto3 = upload_file/download_file, default "
-        "TransferConfig"
+        f"{settings.repeats} repeats, arms alternated; push = what adapterctl push does "
+        "(sha256 of the files, then the streaming upload), download = the inference "
+        "service's AdapterCache.fetch (stream, sha256, fsync, rename); boto3 upload = "
+        "upload_file, default TransferConfig; boto3 download = one streamed get_object "
+        "per file, as the store reads S3 (like with like: one connection, one GET)"
     )
     times: dict[str, list[float]] = {k: [] for k in ("push", "upload", "download", "boto_down")}
     hash_s: list[float] = []
@@ -177,13 +200,13 @@ async def _transfers(
         for rep in range(settings.repeats):
             name = f"big-{rep}"
             await asyncio.to_thread(write_big_adapter, adapter, rep + 1)
-            started = time.perf_counter()
-            files = await storeops.hashed(adapter)
-            hash_s.append(time.perf_counter() - started)
 
-            async def grpc_push(name: str = name, files: AdapterFiles = files) -> int:
+            async def grpc_push(name: str = name) -> int:
                 with PeakRss(store) as peak:
+                    # adapterctl push hashes the files, then uploads them: both count.
                     started = time.perf_counter()
+                    files = await storeops.hashed(adapter)
+                    hash_s.append(time.perf_counter() - started)
                     revision = await storeops.push(stub, name, files)
                     times["push"].append(time.perf_counter() - started)
                 peaks.append(peak.peak_mib)
@@ -236,7 +259,11 @@ async def _transfers(
         "push throughput vs boto3 upload_file", push_ratio, ">= 0.8", push_ratio >= 0.8, ".2f"
     )
     section.goal(
-        "download throughput vs boto3 download_file", down_ratio, ">= 0.8", down_ratio >= 0.8, ".2f"
+        "download throughput vs boto3 streamed get_object",
+        down_ratio,
+        ">= 0.8",
+        down_ratio >= 0.8,
+        ".2f",
     )
     peak = max(peaks)
     section.goal(
@@ -247,7 +274,8 @@ async def _transfers(
         ".0f",
     )
     section.table(
-        "Where a push's time goes: the store's S3 upload replayed with boto3 (seconds)",
+        "Where a push's time goes: the store's S3 upload replayed with boto3, and boto3's "
+        "download_file on the emulator (seconds)",
         ["phase", "seconds"],
         [[k, v] for k, v in diagnosis.items()],
     )
@@ -259,8 +287,16 @@ async def _transfers(
         "through the store process (see bench/README.md)."
     )
     section.notes.append(
-        f"adapterctl also hashes the files before pushing: {median(hash_s):.2f} s for {mb:.0f} MB "
-        "(not in the push time above; boto3's upload_file computes its own checksums inline)."
+        f"The push time includes adapterctl's hashing: {median(hash_s):.2f} s for {mb:.0f} MB "
+        "(boto3's upload_file computes its own checksums inline)."
+    )
+    section.notes.append(
+        "moto (the S3 emulator) re-reads the whole object for every ranged GET, so "
+        "download_file's 10 threads of 8 MiB ranges cost it about 25 whole-object reads "
+        "for 200 MB; on real S3 ranged GETs are cheap and parallel ranges are faster than "
+        "one stream. The download ratio therefore compares one streamed GET with one "
+        "streamed GET; download_file's time on the emulator is in the table above, for "
+        "reference only."
     )
 
 

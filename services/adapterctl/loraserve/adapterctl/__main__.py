@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import importlib
 import os
 import sys
 from collections.abc import Awaitable, Callable, Mapping, Sequence
@@ -21,14 +22,11 @@ from loraserve.adapterctl.failures import (
     ServerError,
     UsageError,
 )
-from loraserve.adapterctl.generate import cmd_generate
-from loraserve.adapterctl.read_commands import cmd_list, cmd_revisions, cmd_status, cmd_watch
 from loraserve.adapterctl.settings import (
     CtlSettings,
     add_connection_flags,
     settings_from_args,
 )
-from loraserve.adapterctl.write_commands import cmd_delete, cmd_push, cmd_rollback
 from loraserve.clients.push import LocalFileError
 from loraserve.common.errors import error_from_rpc
 from loraserve.common.flags import non_negative_int, positive_float, positive_int
@@ -36,6 +34,28 @@ from loraserve.common.flags import non_negative_int, positive_float, positive_in
 Handler = Callable[[argparse.Namespace, CtlSettings, Console], Awaitable[int]]
 # Adds one subcommand: name, handler, help text, add_parser's other arguments.
 Command = Callable[..., argparse.ArgumentParser]
+
+
+def _lazy(module: str, name: str) -> Handler:
+    """The command `name` of adapterctl.`module`, imported only when it runs: start-up is
+    part of every push's latency, and a push needs neither watchdog nor the inference
+    protos."""
+
+    async def handler(args: argparse.Namespace, settings: CtlSettings, console: Console) -> int:
+        command: Handler = getattr(importlib.import_module(f"loraserve.adapterctl.{module}"), name)
+        return await command(args, settings, console)
+
+    return handler
+
+
+cmd_push = _lazy("write_commands", "cmd_push")
+cmd_rollback = _lazy("write_commands", "cmd_rollback")
+cmd_delete = _lazy("write_commands", "cmd_delete")
+cmd_list = _lazy("read_commands", "cmd_list")
+cmd_revisions = _lazy("read_commands", "cmd_revisions")
+cmd_watch = _lazy("read_commands", "cmd_watch")
+cmd_status = _lazy("read_commands", "cmd_status")
+cmd_generate = _lazy("generate", "cmd_generate")
 
 EPILOG = """\
 environment:

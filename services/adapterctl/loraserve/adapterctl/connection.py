@@ -4,15 +4,17 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import grpc
 
 from loraserve.adapterctl.failures import ServerError
 from loraserve.adapterctl.settings import CtlSettings
-from loraserve.clients.inference import InferenceClient, RetryPolicy
 from loraserve.clients.store import store_channel, store_stub
 from loraserve.common.errors import LoraserveError, error_from_rpc
+
+if TYPE_CHECKING:
+    from loraserve.clients.inference import InferenceClient
 
 STORE = "adapter store"
 INFERENCE = "inference service"
@@ -32,6 +34,9 @@ async def connect_store(settings: CtlSettings) -> AsyncIterator[Any]:
 @asynccontextmanager
 async def connect_inference(settings: CtlSettings) -> AsyncIterator[InferenceClient]:
     """An `InferenceClient`; a failed call leaves the block as `ServerError`."""
+    # Imported here: the store's commands (push above all) need not load the inference protos.
+    from loraserve.clients.inference import InferenceClient, RetryPolicy
+
     address = settings.inference_address
     # One attempt, as before: a person at a terminal retries by running it again.
     client = InferenceClient(

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import argparse
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import grpc
 
@@ -20,15 +20,20 @@ from loraserve.adapterctl.failures import EXIT_FAILED, EXIT_OK, UsageError
 from loraserve.adapterctl.output import dumps, message_to_json
 from loraserve.adapterctl.push import prepare_push, print_pushed, progress_for, validated_name
 from loraserve.adapterctl.settings import CtlSettings
-from loraserve.adapterctl.watch_dir import Fingerprint, watch_directory
 from loraserve.adapterstore.v1 import adapterstore_pb2 as pb
 from loraserve.clients.push import new_idempotency_key, push, upload
+
+if TYPE_CHECKING:
+    from loraserve.adapterctl.watch_dir import Fingerprint
 
 
 async def cmd_push(args: argparse.Namespace, settings: CtlSettings, console: Console) -> int:
     name = validated_name(args.name)
     directory = Path(args.directory)
     if args.watch:
+        # Here, not at the top: watchdog's import is start-up time every plain push pays.
+        from loraserve.adapterctl.watch_dir import watch_directory
+
         async with connect_store(settings) as stub:
             publisher = StorePublisher(stub, name, settings, args.no_promote, args.description)
             await watch_directory(name, directory, publisher, console, args.settle)

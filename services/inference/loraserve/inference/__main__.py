@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import gc
 import logging
 import os
 import socket
@@ -29,12 +30,23 @@ async def serve(settings: InferenceSettings) -> None:
         await asyncio.wait({starting, stopping}, return_when=asyncio.FIRST_COMPLETED)
         if starting.done():
             starting.result()  # re-raises why start-up failed
+            freeze_startup_heap()
         await stopping
     finally:
         for task in (starting, stopping):
             task.cancel()
         await asyncio.gather(starting, stopping, return_exceptions=True)
         await app.stop()
+
+
+def freeze_startup_heap() -> None:
+    """Puts what start-up allocated (torch, vLLM, the engine client) out of the cyclic
+    GC's reach, as vLLM's engine core does with its own heap. Profiled while streaming,
+    full collections over that heap took about a fifth of the event loop's time;
+    afterwards they scan only what serving allocates."""
+    gc.collect()
+    gc.freeze()
+    log.info("server.heap_frozen objects=%d", gc.get_freeze_count())
 
 
 def main(argv: Sequence[str] | None = None) -> None:

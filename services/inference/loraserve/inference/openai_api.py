@@ -285,8 +285,12 @@ async def _events(
     yield "data: [DONE]\n\n"
 
 
+# One encoder for every event: json.dumps with separators builds a new one per call.
+_encode = json.JSONEncoder(separators=(",", ":")).encode
+
+
 def _sse(event: dict[str, Any]) -> str:
-    return f"data: {json.dumps(event, separators=(',', ':'))}\n\n"
+    return f"data: {_encode(event)}\n\n"
 
 
 class _EventStream(StreamingResponse):

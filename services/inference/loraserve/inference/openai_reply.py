@@ -59,6 +59,7 @@ class Reply:
     # The prompt's scores reach only its stream's first chunk; with echo every choice of
     # the prompt repeats them, as vLLM's server does.
     prompt_scores: dict[int, list[PositionLogprobs]] = field(default_factory=dict)
+    _envelopes: dict[str, dict[str, Any]] = field(default_factory=dict, repr=False)
 
     @property
     def id(self) -> str:
@@ -185,7 +186,12 @@ class Reply:
         return self._envelope(kind) | {"choices": [choice] if choice else []}
 
     def _envelope(self, kind: str) -> dict[str, Any]:
-        return {"id": self.id, "object": kind, "created": self.created, "model": self.model}
+        # Built once per kind: every chunk of a stream repeats it.
+        envelope = self._envelopes.get(kind)
+        if envelope is None:
+            envelope = {"id": self.id, "object": kind, "created": self.created, "model": self.model}
+            self._envelopes[kind] = envelope
+        return envelope
 
 
 def _finish(reason: FinishReason | None) -> str | None:
