@@ -30,10 +30,14 @@ UNUSED := torchvision torchaudio torchcodec
 
 setup: $(STAMP)
 
-$(STAMP): pyproject.toml setup.py $(LOCK)
+# The servers' package, plus the developer tools (tools/: demo, tiny model builders) and the
+# test fixtures (tests/support/), each its own distribution so the servers' wheel holds
+# neither.
+$(STAMP): pyproject.toml setup.py tools/pyproject.toml tests/support/pyproject.toml $(LOCK)
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(if $(TORCH),$(PY) tools/install_torch.py --index '$(TORCH_INDEX)' '$(TORCH)')
-	$(PIP) install --quiet $(LOCK:%=--constraint %) -e '.[$(ENGINE),dev]'
+	$(PIP) install --quiet $(LOCK:%=--constraint %) -e '.[$(ENGINE),dev]' \
+	  -e tools -e tests/support
 	$(PIP) uninstall --quiet -y $(UNUSED)
 	rm -f $(VENV)/.installed-*
 	touch $@
@@ -42,7 +46,8 @@ $(STAMP): pyproject.toml setup.py $(LOCK)
 lock: setup
 	echo "# Versions make test passed with (make lock: ENGINE=$(ENGINE)," \
 	  "$$(uname -sm), $$($(PY) --version)); make setup installs with them." > $(LOCK_FILE)
-	$(PIP) freeze --exclude-editable --exclude loraserve $(UNUSED:%=--exclude %) >> $(LOCK_FILE)
+	$(PIP) freeze --exclude-editable $(UNUSED:%=--exclude %) \
+	  --exclude loraserve --exclude loraserve-tools --exclude loraserve-testing >> $(LOCK_FILE)
 	touch $(STAMP)
 
 lint: setup

@@ -4,6 +4,8 @@ pytest_plugins = [
     "loraserve.testing.models",
     "loraserve.testing.engine",
     "loraserve.testing.s3",
+    "loraserve.testing.s3faults",
     "loraserve.testing.store",
     "loraserve.testing.inference",
+    "loraserve.testing.stack",
 ]

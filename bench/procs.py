@@ -6,7 +6,6 @@ from __future__ import annotations
 import asyncio
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -18,17 +17,11 @@ import boto3
 import psutil
 
 from loraserve.common.healthcheck import is_serving
+from loraserve.testing.processes import free_port
 
 REGION = "us-east-1"
 S3_KEY = "testing"  # moto accepts any credentials
 BIN = Path(sys.executable).parent
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-        return port
 
 
 @dataclass

@@ -20,6 +20,7 @@ from bench.workload import RunResult, Workload
 from loraserve.adapterstore.cli.adapter_dir import AdapterFiles
 from loraserve.inference.v1 import inference_pb2 as pb
 from loraserve.inference.v1 import inference_pb2_grpc as pb_grpc
+from loraserve.testing.processes import free_port
 from loraserve.tiny.adapters import TinyAdapterSpec, build_tiny_adapter
 from loraserve.tiny.model import TinyModelSpec, build_tiny_model
 
@@ -153,7 +154,7 @@ class Stack:
     async def start_engines(self, with_b: bool) -> float:
         """Starts A (and B) at once; returns the seconds until both were SERVING."""
         started = time.monotonic()
-        port = procs.free_port()
+        port = free_port()
         child, read_fd = procs.start_engine_host(
             self.logs,
             "engine-a",
@@ -165,7 +166,7 @@ class Stack:
         self.host = Host(child, os.fdopen(read_fd), self.logs)
         waits = [self.host.ready(300)]
         if with_b:
-            port_b = procs.free_port()
+            port_b = free_port()
             self.engine_b = procs.start_inference(
                 self.logs,
                 "engine-b",

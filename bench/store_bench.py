@@ -22,11 +22,11 @@ from bench.report import Report, Section
 from bench.stats import median, percentile, ratio
 from loraserve.adapterstore.cli.adapter_dir import AdapterFiles
 from loraserve.adapterstore.cli.retry import new_idempotency_key
-from loraserve.adapterstore.testing import lora_config, lora_tensors
 from loraserve.adapterstore.v1 import adapterstore_pb2 as store_pb
 from loraserve.common.security import ClientSecurity
 from loraserve.inference.cache import AdapterCache
 from loraserve.inference.store_client import StoreClient, StoreClientSettings
+from loraserve.testing.adapterstore import lora_config, lora_tensors
 
 BUCKET = "bench-store"
 # 24 layers x 4 projections x rank 64 x hidden 4096, fp32: 192 MiB of LoRA weights,

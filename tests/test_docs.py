@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from loraserve.adapterstore.settings import build_parser as store_parser
-from loraserve.common.flagdoc import serve_flags, tables
+from loraserve.flagdoc import serve_flags, tables
 from loraserve.inference.settings import build_parser as inference_parser
 
 README = Path(__file__).resolve().parents[1] / "README.md"
@@ -25,7 +25,7 @@ def test_readme_table_matches_the_parser(server: str) -> None:
         rf"<!-- flags:{server} -->\n(.*?)\n<!-- /flags:{server} -->", README.read_text(), re.S
     )
     assert match, f"README has no flags:{server} table"
-    assert match.group(1) == tables()[server], "run `python -m loraserve.common.flagdoc README.md`"
+    assert match.group(1) == tables()[server], "run `python -m loraserve.flagdoc README.md`"
 
 
 @pytest.mark.parametrize("server", sorted(PARSERS))

@@ -23,23 +23,15 @@ import pytest
 from prometheus_client import CollectorRegistry
 
 from loraserve.common.names import parse_adapter_ref
-from loraserve.common.security import ServerSecurity
-from loraserve.inference.admission import Admission
-from loraserve.inference.compat import CompatibilityChecker, model_lora_targets
 from loraserve.inference.engine import VllmEngine
-from loraserve.inference.generation import Generator
-from loraserve.inference.http_server import start_http_server
 from loraserve.inference.metrics import InferenceMetrics
-from loraserve.inference.openai_api import create_openai_app
 from loraserve.inference.openai_protocol import fallback_chat_prompt
-from loraserve.inference.registry import AdapterRegistry
-from loraserve.inference.runtime import Runtime, RuntimeSlot
 from loraserve.inference.servicer import SERVICE_NAME, register
 from loraserve.inference.v1 import inference_pb2 as pb
 from loraserve.inference.v1 import inference_pb2_grpc as pb_grpc
 from loraserve.testing.engine import MAX_MODEL_LEN
 from loraserve.testing.grpc import serving
-from loraserve.testing.inference import copy_revision
+from loraserve.testing.inference import copy_revision, openai_server, runtime_slot, tiny_registry
 from loraserve.testing.models import TinyAdapterFactory
 
 if TYPE_CHECKING:
@@ -91,34 +83,19 @@ async def fronts(
 
     engine = VllmEngine(vllm_engine)
     cache = tmp_path_factory.mktemp("parity-cache")
-    registry = AdapterRegistry(
-        engine,
-        cache_dir=cache,
-        compat=CompatibilityChecker(
-            max_lora_rank=engine.info.max_lora_rank,
-            target_modules=model_lora_targets(tiny_model_dir),
-            served_model_name=tiny_model_dir.name,
-        ),
-    )
+    registry = tiny_registry(engine, tiny_model_dir, cache, served_model_name=tiny_model_dir.name)
     source = tiny_adapter(rank=8, seed=21)
     await registry.install(copy_revision(source, cache, ADAPTER, 1), make_current=True)
     async with registry.acquire(parse_adapter_ref(ADAPTER)) as lease:
         assert lease.adapter is not None
         lora = LoRARequest(lease.adapter.lora_name, lease.adapter.lora_int_id, lease.adapter.path)
-    admission = Admission(16)
-    metrics = InferenceMetrics(CollectorRegistry())
-    slot = RuntimeSlot(
-        Runtime(engine, registry, Generator(engine, registry, admission, metrics), admission, "p")
-    )
-    app = create_openai_app(
-        slot, model_names=[tiny_model_dir.name], security=ServerSecurity(), is_ready=lambda: True
-    )
-    http_server = await start_http_server(app, address="127.0.0.1:0", security=ServerSecurity())
+    slot = runtime_slot(engine, registry, InferenceMetrics(CollectorRegistry()), replica_id="p")
     try:
         async with (
+            openai_server(slot, tiny_model_dir.name) as http_port,
             serving(lambda server: register(server, slot), [SERVICE_NAME]) as running,
             grpc.aio.insecure_channel(f"127.0.0.1:{running.port}") as channel,
-            httpx.AsyncClient(base_url=f"http://127.0.0.1:{http_server.port}", timeout=300) as http,
+            httpx.AsyncClient(base_url=f"http://127.0.0.1:{http_port}", timeout=300) as http,
         ):
             yield Fronts(
                 pb_grpc.InferenceServiceStub(channel),
@@ -129,7 +106,6 @@ async def fronts(
                 engine.tokenize(fallback_chat_prompt(MESSAGES)),
             )
     finally:
-        await http_server.stop(grace=None)
         # The engine is shared by the session: leave the adapter out of it.
         await registry.delete(ADAPTER)
         await registry.settle()

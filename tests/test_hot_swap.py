@@ -6,7 +6,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import AsyncGenerator, AsyncIterator, Callable, Sequence
+from collections.abc import AsyncGenerator, AsyncIterator, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from functools import cache
@@ -17,13 +17,11 @@ import grpc
 import pytest
 from prometheus_client import CollectorRegistry
 
-from loraserve.adapterstore.testing import push_requests
 from loraserve.adapterstore.v1 import adapterstore_pb2 as store_pb
 from loraserve.adapterstore.v1 import adapterstore_pb2_grpc as store_grpc
 from loraserve.common.security import ClientSecurity
 from loraserve.inference.admission import Admission
 from loraserve.inference.cache import AdapterCache
-from loraserve.inference.compat import CompatibilityChecker, model_lora_targets
 from loraserve.inference.engine import AdapterHandle, EngineDelta, SamplingSpec, VllmEngine
 from loraserve.inference.generation import Generator
 from loraserve.inference.metrics import InferenceMetrics
@@ -34,10 +32,13 @@ from loraserve.inference.store_client import StoreClient, StoreClientSettings
 from loraserve.inference.sync import Synchronizer, SyncSettings
 from loraserve.inference.v1 import inference_pb2 as pb
 from loraserve.inference.v1 import inference_pb2_grpc as pb_grpc
+from loraserve.testing.adapterstore import push_requests
 from loraserve.testing.grpc import serving
+from loraserve.testing.inference import tiny_registry
 from loraserve.testing.models import TinyAdapterFactory
 from loraserve.testing.store import RunningStore
 from loraserve.testing.tcpproxy import TcpProxy, tcp_proxy
+from loraserve.testing.waiting import eventually
 from loraserve.tiny.oracle import greedy_tokens
 
 if TYPE_CHECKING:
@@ -141,24 +142,6 @@ def _request(adapter: str, max_tokens: int) -> pb.GenerateRequest:
     )
 
 
-async def eventually(check: Callable[[], bool], what: str, timeout: float = 60.0) -> None:
-    async with asyncio.timeout(timeout):
-        while True:
-            if check():
-                break
-            await asyncio.sleep(0.02)
-    log.info("test.observed %s", what)
-
-
-async def eventually_async(check: Callable[[], Any], what: str, timeout: float = 60.0) -> None:
-    async with asyncio.timeout(timeout):
-        while True:
-            if await check():
-                break
-            await asyncio.sleep(0.05)
-    log.info("test.observed %s", what)
-
-
 class HoldingEngine(VllmEngine):
     """The real engine, able to hold back the last delta of one adapter revision's
     requests until released: a test then keeps a request in flight for as long as it
@@ -210,13 +193,8 @@ async def inference_stack(
     adapter_cache = AdapterCache(cache_dir, client)
     await adapter_cache.prepare()
     metrics = InferenceMetrics(CollectorRegistry())
-    compat = CompatibilityChecker(
-        max_lora_rank=engine.info.max_lora_rank,
-        target_modules=model_lora_targets(model_dir),
-        served_model_name=str(model_dir),
-    )
-    real_registry = AdapterRegistry(
-        engine, cache_dir=adapter_cache.root, compat=compat, fetcher=adapter_cache, failures=metrics
+    real_registry = tiny_registry(
+        engine, model_dir, adapter_cache.root, fetcher=adapter_cache, failures=metrics
     )
     registry = RecordingRegistry(real_registry)
     sync = Synchronizer(
@@ -315,7 +293,7 @@ async def test_push_while_streaming_finishes_old_stream_on_old_revision_and_reti
 
     assert tuple(long_received) == expected_long
     assert new_requests == [(2, expected_new)] * 3
-    await eventually_async(
+    await eventually(
         lambda: _lora_gone(stack.engine, rev1_lora_id), "revision 1 removed from the engine"
     )
     await eventually(lambda: not (stack.cache_dir / "swap" / "1").exists(), "rev 1 files deleted")
@@ -377,7 +355,7 @@ async def test_rank_above_the_engine_limit_is_nacked_and_the_old_revision_keeps_
         status = await _replica_status(stack, "big")
         return status is not None and status.type == store_pb.REPORT_TYPE_NACK
 
-    await eventually_async(nacked, "NACK of big@2 reported")
+    await eventually(nacked, "NACK of big@2 reported")
     status = await _replica_status(stack, "big")
     assert status is not None
     assert (status.reported_revision, status.serving_revision) == (2, 1)

@@ -18,6 +18,7 @@ from loraserve.inference.engine import VllmEngine
 from loraserve.inference.settings import EngineOptions, parse_settings
 from loraserve.inference.v1 import inference_pb2 as pb
 from loraserve.inference.v1 import inference_pb2_grpc as pb_grpc
+from loraserve.testing.processes import inference_args
 from loraserve.testing.store import RunningStore
 
 pytestmark = pytest.mark.engine
@@ -51,24 +52,9 @@ class GatedStarter:
 async def app_parts(
     store_server: RunningStore, tiny_model_dir: Path, tmp_path: Path, vllm_engine: Any
 ) -> AsyncIterator[tuple[InferenceApp, GatedStarter, grpc.aio.Channel]]:
+    flags = ["--max-lora-rank", "auto", "--metrics-port", "0", "--shutdown-grace", "30"]
     settings = parse_settings(
-        [
-            "serve",
-            "--model",
-            str(tiny_model_dir),
-            "--store",
-            store_server.address,
-            "--listen",
-            "127.0.0.1:0",
-            "--adapter-cache",
-            str(tmp_path / "cache"),
-            "--max-lora-rank",
-            "auto",
-            "--metrics-port",
-            "0",
-            "--shutdown-grace",
-            "30",
-        ],
+        inference_args(tiny_model_dir, store_server.address, tmp_path / "cache", *flags),
         {},
         "replica-a",
     )

@@ -16,22 +16,15 @@ import httpx
 import openai
 import pytest
 
-from loraserve.common.security import ServerSecurity
-from loraserve.inference.admission import Admission
 from loraserve.inference.app import InferenceApp
-from loraserve.inference.compat import CompatibilityChecker, model_lora_targets
 from loraserve.inference.engine import VllmEngine
-from loraserve.inference.generation import Generator
-from loraserve.inference.http_server import start_http_server
 from loraserve.inference.metrics import InferenceMetrics
-from loraserve.inference.openai_api import create_openai_app
 from loraserve.inference.openai_protocol import fallback_chat_prompt
-from loraserve.inference.registry import AdapterRegistry
-from loraserve.inference.runtime import Runtime, RuntimeSlot
 from loraserve.inference.settings import EngineOptions, parse_settings
-from loraserve.testing.inference import copy_revision
+from loraserve.testing.inference import copy_revision, openai_server, runtime_slot, tiny_registry
 from loraserve.testing.models import TinyAdapterFactory
 from loraserve.testing.store import RunningStore
+from loraserve.testing.waiting import eventually
 from loraserve.tiny.oracle import greedy_tokens
 
 if TYPE_CHECKING:
@@ -66,35 +59,22 @@ async def front(
     """The front on 127.0.0.1:0 with adapters alpha@1 and beta@1 installed."""
     engine = VllmEngine(vllm_engine)
     cache = tmp_path_factory.mktemp("openai-cache")
-    registry = AdapterRegistry(
-        engine,
-        cache_dir=cache,
-        compat=CompatibilityChecker(
-            max_lora_rank=engine.info.max_lora_rank,
-            target_modules=model_lora_targets(tiny_model_dir),
-            served_model_name=tiny_model_dir.name,
-        ),
-    )
+    registry = tiny_registry(engine, tiny_model_dir, cache, served_model_name=tiny_model_dir.name)
     adapters = {"alpha": tiny_adapter(rank=8, seed=11), "beta": tiny_adapter(rank=16, seed=12)}
     for name, source in adapters.items():
         await registry.install(copy_revision(source, cache, name, 1), make_current=True)
     metrics = InferenceMetrics()
-    admission = Admission(16)
-    slot = RuntimeSlot(
-        Runtime(engine, registry, Generator(engine, registry, admission, metrics), admission, "r")
-    )
-    app = create_openai_app(
-        slot, model_names=[tiny_model_dir.name], security=ServerSecurity(), is_ready=lambda: True
-    )
-    server = await start_http_server(app, address="127.0.0.1:0", security=ServerSecurity())
-    client = openai.AsyncOpenAI(
-        base_url=f"http://127.0.0.1:{server.port}/v1", api_key="unused", max_retries=0
-    )
+    slot = runtime_slot(engine, registry, metrics, replica_id="r")
     try:
-        yield Front(client, tiny_model_dir.name, adapters, metrics, vllm_engine)
+        async with openai_server(slot, tiny_model_dir.name) as port:
+            client = openai.AsyncOpenAI(
+                base_url=f"http://127.0.0.1:{port}/v1", api_key="unused", max_retries=0
+            )
+            try:
+                yield Front(client, tiny_model_dir.name, adapters, metrics, vllm_engine)
+            finally:
+                await client.close()
     finally:
-        await client.close()
-        await server.stop(grace=None)
         # The engine is shared by the session: leave none of these adapters in it.
         for name in adapters:
             await registry.delete(name)
@@ -223,7 +203,10 @@ async def test_closing_a_stream_aborts_the_engine_request(front: Front) -> None:
         labels = {"adapter": "beta", "code": "CANCELLED"}
         return registry.get_sample_value("loraserve_inference_requests_total", labels) or 0.0
 
-    await _eventually(lambda: cancelled() == 1.0 and not front.llm.get_num_unfinished_requests())
+    await eventually(
+        lambda: cancelled() == 1.0 and not front.llm.get_num_unfinished_requests(),
+        "the cancelled request counted and gone from the engine",
+    )
     assert _generated(front, "beta") - generated_before < 480
 
 
@@ -314,11 +297,3 @@ async def test_inference_app_serves_the_front_when_the_flag_is_set(
         starting.cancel()
         await asyncio.gather(starting, return_exceptions=True)
         await app.stop()
-
-
-async def _eventually(check: Callable[[], bool], timeout: float = 30.0) -> None:
-    async with asyncio.timeout(timeout):
-        while True:
-            if check():
-                return
-            await asyncio.sleep(0.02)

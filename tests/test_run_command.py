@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import os
 import signal
-import socket
 import subprocess
 import sys
 import threading
@@ -20,6 +19,7 @@ import pytest
 
 from loraserve.demo.showcase import SWAP_ADAPTER
 from loraserve.inference.client import Sampling, SyncInferenceClient
+from loraserve.testing.processes import free_port
 from loraserve.tiny.demo_model import build_demo
 
 pytestmark = [pytest.mark.engine, pytest.mark.slow, pytest.mark.timeout(1200)]
@@ -51,18 +51,12 @@ class RunCommand:
         self.ready.set()
 
 
-def _free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])
-
-
 @pytest.fixture(scope="module")
 def run_command(
     pytestconfig: pytest.Config, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[RunCommand]:
     root = pytestconfig.rootpath
-    store_port, inference_port = _free_port(), _free_port()
+    store_port, inference_port = free_port(), free_port()
     argv = [
         sys.executable,
         "-m",

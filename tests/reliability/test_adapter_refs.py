@@ -16,7 +16,6 @@ import grpc
 import httpx
 import pytest
 
-from loraserve.adapterstore.testing import push_requests, tiny_adapter
 from loraserve.adapterstore.v1 import adapterstore_pb2 as store_pb
 from loraserve.common.clientstream import stream_unary
 from loraserve.common.security import ClientSecurity, ServerSecurity
@@ -33,6 +32,7 @@ from loraserve.inference.servicer import SERVICE_NAME, register
 from loraserve.inference.store_client import StoreClient, StoreClientSettings
 from loraserve.inference.v1 import inference_pb2 as pb
 from loraserve.inference.v1 import inference_pb2_grpc as pb_grpc
+from loraserve.testing.adapterstore import push_requests, tiny_adapter
 from loraserve.testing.grpc import serving
 from loraserve.testing.inference_fakes import FakeEngine
 from loraserve.testing.store import RunningStore

@@ -16,11 +16,11 @@ import grpc
 import pytest
 from grpc_health.v1 import health_pb2
 
-from loraserve.adapterstore.testing import push_requests, tiny_adapter
 from loraserve.adapterstore.v1 import adapterstore_pb2 as pb
 from loraserve.adapterstore.v1 import adapterstore_pb2_grpc as pb_grpc
 from loraserve.common.clientstream import stream_unary
 from loraserve.common.security import ClientSecurity, ServerSecurity, Token, secure_channel
+from loraserve.testing.adapterstore import push_requests, tiny_adapter
 from loraserve.testing.certs import CertFiles, make_certs
 from loraserve.testing.processes import health_status, store_process
 from loraserve.testing.s3 import S3Bucket
@@ -144,14 +144,7 @@ def _tls_channel(certs: CertFiles, client: CertFiles | None) -> Callable[[str], 
 
 @pytest.fixture
 async def mtls_store(s3_bucket: S3Bucket, certs: CertFiles, tmp_path: Path) -> AsyncIterator[str]:
-    flags = [
-        "--tls-cert",
-        str(certs.server_cert),
-        "--tls-key",
-        str(certs.server_key),
-        "--tls-client-ca",
-        str(certs.ca_cert),
-    ]
+    flags = certs.mtls_flags()
     async with store_process(
         s3_bucket, tmp_path / "store-mtls.log", extra=flags, channel=_tls_channel(certs, certs)
     ) as store:

@@ -113,16 +113,7 @@ async def mtls_inference(
     certs: CertFiles,
     tmp_path: Path,
 ) -> AsyncIterator[RunningInference]:
-    flags = [
-        "--tls-cert",
-        str(certs.server_cert),
-        "--tls-key",
-        str(certs.server_key),
-        "--tls-client-ca",
-        str(certs.ca_cert),
-        "--store-token",
-        STORE_REPLICA,
-    ]
+    flags = [*certs.mtls_flags(), "--store-token", STORE_REPLICA]
     async with inference_app(
         vllm_engine,
         model_dir=tiny_model_dir,

@@ -19,7 +19,9 @@ import grpc
 import pytest
 from grpc_health.v1 import health_pb2
 
-from loraserve.adapterstore.testing import (
+from loraserve.adapterstore.v1 import adapterstore_pb2 as pb
+from loraserve.common.clientstream import stream_unary
+from loraserve.testing.adapterstore import (
     TEST_LIMITS,
     AdapterFiles,
     lora_config,
@@ -27,13 +29,12 @@ from loraserve.adapterstore.testing import (
     raw_safetensors,
     tiny_adapter,
 )
-from loraserve.adapterstore.v1 import adapterstore_pb2 as pb
-from loraserve.common.clientstream import stream_unary
 from loraserve.testing.figures import add_figure
-from loraserve.testing.processes import eventually, health_status
+from loraserve.testing.processes import health_status
 from loraserve.testing.s3 import S3Bucket
 from loraserve.testing.store import RunningStore
 from loraserve.testing.storecalls import push, store_stub
+from loraserve.testing.waiting import eventually
 
 pytestmark = pytest.mark.faults
 

@@ -11,40 +11,24 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import AsyncIterator
-from dataclasses import replace
 from pathlib import Path
 from urllib.parse import urlsplit
 
 import grpc
 import pytest
 
-from loraserve.adapterstore.cli.testing import ctl, write_adapter_dir
-from loraserve.adapterstore.testing import tiny_adapter
 from loraserve.adapterstore.v1 import adapterstore_pb2 as pb
+from loraserve.testing.adapterstore import tiny_adapter
+from loraserve.testing.ctl import ctl, write_adapter_dir
 from loraserve.testing.processes import free_port, store_process
 from loraserve.testing.s3 import S3Bucket
 from loraserve.testing.s3faults import Fault, Rule, S3FaultProxy, s3_fault_proxy
-from loraserve.testing.store import RunningStore, running_store
+from loraserve.testing.store import RunningStore
 from loraserve.testing.storecalls import keys_under, push, revision_numbers, store_stub
 
 pytestmark = pytest.mark.faults
 
 GUARD_S = 60
-
-
-@pytest.fixture
-async def proxy(s3_bucket: S3Bucket) -> AsyncIterator[S3FaultProxy]:
-    port = urlsplit(s3_bucket.endpoint_url).port
-    assert port is not None
-    async with s3_fault_proxy(port) as running:
-        yield running
-
-
-@pytest.fixture
-async def proxied_store(s3_bucket: S3Bucket, proxy: S3FaultProxy) -> AsyncIterator[RunningStore]:
-    async with running_store(replace(s3_bucket, endpoint_url=proxy.endpoint_url)) as store:
-        yield store
 
 
 def _env(store: RunningStore) -> dict[str, str]:

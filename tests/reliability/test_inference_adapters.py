@@ -13,11 +13,9 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import json
-from collections.abc import AsyncIterator, Callable
-from dataclasses import replace
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
-from urllib.parse import urlsplit
 
 import grpc
 import numpy as np
@@ -26,94 +24,29 @@ from grpc_health.v1 import health_pb2
 from safetensors.numpy import load, save
 
 from loraserve.adapterstore.blobstore import blob_key
-from loraserve.adapterstore.testing import AdapterFiles
 from loraserve.adapterstore.v1 import adapterstore_pb2 as store_pb
+from loraserve.testing.adapterstore import AdapterFiles
 from loraserve.testing.figures import add_figure
 from loraserve.testing.inferenceapp import (
     PROMPT,
-    RunningInference,
     adapter_files,
-    inference_app,
 )
 from loraserve.testing.models import TinyAdapterFactory
 from loraserve.testing.processes import health_status
 from loraserve.testing.s3 import S3Bucket
-from loraserve.testing.s3faults import Fault, S3FaultProxy, s3_fault_proxy
-from loraserve.testing.store import RunningStore, running_store
-from loraserve.testing.storecalls import push, store_stub
+from loraserve.testing.s3faults import Fault
+from loraserve.testing.stack import Stack
 from loraserve.tiny.oracle import greedy_tokens
 
 if TYPE_CHECKING:
-    from vllm.v1.engine.async_llm import AsyncLLM
+    pass
 
 pytestmark = [pytest.mark.faults, pytest.mark.engine]
 
-GUARD_S = 60
-REPLICA = "reliability-replica"
 WEIGHTS = "adapter_model.safetensors"
 CONFIG = "adapter_config.json"
 DATA_LOSS = grpc.StatusCode.DATA_LOSS.value[0]
 FAILED_PRECONDITION = grpc.StatusCode.FAILED_PRECONDITION.value[0]
-
-
-class Stack:
-    """A store (reached through an S3 fault proxy) and an inference server synced to it."""
-
-    def __init__(
-        self, store: RunningStore, proxy: S3FaultProxy, inference: RunningInference
-    ) -> None:
-        self.store = store
-        self.proxy = proxy
-        self.inference = inference
-
-    async def push(self, name: str, files: AdapterFiles, **header: Any) -> int:
-        async with store_stub(self.store.address) as stub:
-            response = await push(stub, name, files, **header)
-        return int(response.revision.revision)
-
-    async def set_current(self, name: str, revision: int) -> None:
-        async with store_stub(self.store.address) as stub:
-            await stub.SetCurrentRevision(
-                store_pb.SetCurrentRevisionRequest(name=name, revision=revision)
-            )
-
-    async def report(self, name: str, revision: int) -> store_pb.ReplicaAdapterStatus:
-        """The replica's report about `name`@`revision`, once it has made one."""
-        async with store_stub(self.store.address) as stub, asyncio.timeout(GUARD_S):
-            while True:
-                response = await stub.GetAdapterStatus(store_pb.GetAdapterStatusRequest(name=name))
-                for status in response.statuses:
-                    if status.replica_id == REPLICA and status.reported_revision == revision:
-                        found: store_pb.ReplicaAdapterStatus = status
-                        return found
-                await asyncio.sleep(0.05)
-
-
-@pytest.fixture
-async def stack(
-    vllm_engine: AsyncLLM,
-    tiny_model_dir: Path,
-    tiny_adapter: TinyAdapterFactory,
-    s3_bucket: S3Bucket,
-    tmp_path: Path,
-) -> AsyncIterator[Stack]:
-    """Adapter `alpha` revision 1 (tiny adapter seed 1) pushed and served."""
-    s3_port = urlsplit(s3_bucket.endpoint_url).port
-    assert s3_port is not None
-    async with (
-        s3_fault_proxy(s3_port) as proxy,
-        running_store(replace(s3_bucket, endpoint_url=proxy.endpoint_url)) as store,
-    ):
-        async with store_stub(store.address) as stub:
-            await push(stub, "alpha", adapter_files(tiny_adapter(seed=1)))
-        async with inference_app(
-            vllm_engine,
-            model_dir=tiny_model_dir,
-            store_address=store.address,
-            cache_dir=tmp_path / "cache",
-            replica_id=REPLICA,
-        ) as inference:
-            yield Stack(store, proxy, inference)
 
 
 def _with_weights(

@@ -19,11 +19,9 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import json
-from collections.abc import AsyncIterator, Awaitable, Callable
-from dataclasses import replace
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
-from urllib.parse import urlsplit
 
 import grpc
 import numpy as np
@@ -31,17 +29,18 @@ import pytest
 from safetensors.numpy import load, save
 
 from loraserve.adapterstore.blobstore import blob_key
-from loraserve.adapterstore.testing import AdapterFiles
 from loraserve.adapterstore.v1 import adapterstore_pb2 as store_pb
 from loraserve.inference.v1 import inference_pb2 as inference_pb
+from loraserve.testing.adapterstore import AdapterFiles
 from loraserve.testing.inferenceapp import RunningInference, adapter_files, inference_app
 from loraserve.testing.models import TinyAdapterFactory
 from loraserve.testing.processes import free_port, store_process
 from loraserve.testing.s3 import S3Bucket
-from loraserve.testing.s3faults import Fault, S3FaultProxy, s3_fault_proxy
-from loraserve.testing.store import RunningStore, running_store
+from loraserve.testing.s3faults import Fault
+from loraserve.testing.stack import Stack
 from loraserve.testing.storecalls import push, store_stub
 from loraserve.testing.tcpproxy import tcp_proxy
+from loraserve.testing.waiting import eventually
 
 if TYPE_CHECKING:
     from vllm.v1.engine.async_llm import AsyncLLM
@@ -53,17 +52,6 @@ GUARD_S = 60
 REPLICA = "consistency-replica"
 WEIGHTS = "adapter_model.safetensors"
 CONFIG = "adapter_config.json"
-
-
-async def until(check: Callable[[], Awaitable[bool]], what: str) -> None:
-    try:
-        async with asyncio.timeout(GUARD_S):
-            while True:
-                if await check():
-                    return
-                await asyncio.sleep(0.05)
-    except TimeoutError:
-        raise AssertionError(f"never happened: {what}") from None
 
 
 async def code_of(call: Awaitable[Any]) -> grpc.StatusCode:
@@ -78,76 +66,13 @@ def weights_key(files: AdapterFiles) -> str:
     return blob_key(hashlib.sha256(files[WEIGHTS]).hexdigest())
 
 
-class Stack:
-    """A store reached through an S3 fault proxy, and an inference server synced to it."""
-
-    def __init__(
-        self, store: RunningStore, proxy: S3FaultProxy, inference: RunningInference, cache: Path
-    ) -> None:
-        self.store = store
-        self.proxy = proxy
-        self.inference = inference
-        self.cache = cache
-
-    async def push(self, name: str, files: AdapterFiles, **header: Any) -> int:
-        async with store_stub(self.store.address) as stub:
-            response = await push(stub, name, files, **header)
-        return int(response.revision.revision)
-
-    async def delete(self, name: str) -> None:
-        async with store_stub(self.store.address) as stub:
-            await stub.DeleteAdapter(store_pb.DeleteAdapterRequest(name=name))
-
-    async def report(self, name: str, revision: int) -> store_pb.ReplicaAdapterStatus:
-        """The replica's report about `name`@`revision`, once it has made one."""
-        async with store_stub(self.store.address) as stub, asyncio.timeout(GUARD_S):
-            while True:
-                response = await stub.GetAdapterStatus(store_pb.GetAdapterStatusRequest(name=name))
-                for status in response.statuses:
-                    if status.replica_id == REPLICA and status.reported_revision == revision:
-                        found: store_pb.ReplicaAdapterStatus = status
-                        return found
-                await asyncio.sleep(0.05)
-
-    def blob_gets(self, key: str) -> int:
-        return self.proxy.requests.count(("GET", key))
-
-
-@pytest.fixture
-async def stack(
-    vllm_engine: AsyncLLM,
-    tiny_model_dir: Path,
-    tiny_adapter: TinyAdapterFactory,
-    s3_bucket: S3Bucket,
-    tmp_path: Path,
-) -> AsyncIterator[Stack]:
-    """Adapter `alpha` revision 1 (tiny adapter seed 1) pushed and served."""
-    s3_port = urlsplit(s3_bucket.endpoint_url).port
-    assert s3_port is not None
-    cache = tmp_path / "cache"
-    async with (
-        s3_fault_proxy(s3_port) as proxy,
-        running_store(replace(s3_bucket, endpoint_url=proxy.endpoint_url)) as store,
-    ):
-        async with store_stub(store.address) as stub:
-            await push(stub, "alpha", adapter_files(tiny_adapter(seed=1)))
-        async with inference_app(
-            vllm_engine,
-            model_dir=tiny_model_dir,
-            store_address=store.address,
-            cache_dir=cache,
-            replica_id=REPLICA,
-        ) as inference:
-            yield Stack(store, proxy, inference, cache)
-
-
 async def test_pinned_load_overtaken_by_a_delete_is_discarded_and_the_request_is_not_found(
     stack: Stack, tiny_adapter: TinyAdapterFactory
 ) -> None:
     first = adapter_files(tiny_adapter(seed=1))
     await stack.push("alpha", adapter_files(tiny_adapter(seed=2)))
-    await until(lambda: _is_current(stack.inference, "alpha", 2), "alpha@2 routed")
-    await until(
+    await eventually(lambda: _is_current(stack.inference, "alpha", 2), "alpha@2 routed")
+    await eventually(
         lambda: _absent(stack.inference, "alpha", 1), "alpha@1 removed after the route flipped"
     )
     stalled = stack.proxy.add(Fault.STALL, "GET", weights_key(first))
@@ -156,12 +81,14 @@ async def test_pinned_load_overtaken_by_a_delete_is_discarded_and_the_request_is
     async with asyncio.timeout(GUARD_S):
         await stalled.hit.wait()
     await stack.delete("alpha")
-    await until(lambda: _is_current(stack.inference, "alpha", 0), "the delete applied")
+    await eventually(lambda: _is_current(stack.inference, "alpha", 0), "the delete applied")
     stack.proxy.release()
 
     assert await code_of(request) == grpc.StatusCode.NOT_FOUND
     assert await code_of(stack.inference.generate("alpha@1", 4)) == grpc.StatusCode.NOT_FOUND
-    await until(lambda: _absent(stack.inference, "alpha", 2), "alpha@2 drained after the delete")
+    await eventually(
+        lambda: _absent(stack.inference, "alpha", 2), "alpha@2 drained after the delete"
+    )
     assert await stack.inference.statuses("alpha") == {}
     assert stack.inference.add_calls.count("alpha@1") == 1
     assert not (stack.cache / "alpha" / "1").exists()
@@ -277,7 +204,7 @@ async def test_relist_routes_nothing_for_an_adapter_deleted_and_pushed_again_unp
             cache_dir=tmp_path / "cache",
             replica_id=REPLICA,
         ) as inference:
-            await until(lambda: _is_current(inference, "alpha", 1), "alpha@1 routed")
+            await eventually(lambda: _is_current(inference, "alpha", 1), "alpha@1 routed")
             proxy.cut()
             async with store_stub(store.address) as stub:
                 await stub.DeleteAdapter(store_pb.DeleteAdapterRequest(name="alpha"))
@@ -289,8 +216,8 @@ async def test_relist_routes_nothing_for_an_adapter_deleted_and_pushed_again_unp
                 s3_bucket, tmp_path / "store-restarted.log", port=port, extra=retention
             ):
                 proxy.restore()
-                await until(lambda: _is_current(inference, "beta", 1), "the relist applied")
-                await until(lambda: _is_current(inference, "alpha", 0), "alpha unrouted")
+                await eventually(lambda: _is_current(inference, "beta", 1), "the relist applied")
+                await eventually(lambda: _is_current(inference, "alpha", 0), "alpha unrouted")
 
                 not_found = grpc.StatusCode.NOT_FOUND
                 assert await code_of(inference.generate("alpha", 4)) == not_found

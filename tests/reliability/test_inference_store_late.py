@@ -22,7 +22,6 @@ from loraserve.testing.inferenceapp import adapter_files, greedy
 from loraserve.testing.models import TinyAdapterFactory
 from loraserve.testing.processes import (
     StoreProcess,
-    eventually,
     free_port,
     inference_process,
     store_process,
@@ -30,6 +29,7 @@ from loraserve.testing.processes import (
 from loraserve.testing.s3 import S3Bucket
 from loraserve.testing.store import running_store
 from loraserve.testing.storecalls import push, store_stub
+from loraserve.testing.waiting import eventually
 
 pytestmark = [pytest.mark.faults, pytest.mark.engine, pytest.mark.slow]
 

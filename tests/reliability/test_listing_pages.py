@@ -8,35 +8,17 @@ proxy, which refuses its log reads, so it cannot catch up.
 from __future__ import annotations
 
 import base64
-from collections.abc import AsyncIterator
-from dataclasses import replace
-from urllib.parse import urlsplit
 
 import grpc
 import pytest
 
-from loraserve.adapterstore.testing import tiny_adapter
 from loraserve.adapterstore.v1 import adapterstore_pb2 as pb
-from loraserve.testing.s3 import S3Bucket
-from loraserve.testing.s3faults import Fault, S3FaultProxy, s3_fault_proxy
-from loraserve.testing.store import RunningStore, running_store
+from loraserve.testing.adapterstore import tiny_adapter
+from loraserve.testing.s3faults import Fault, S3FaultProxy
+from loraserve.testing.store import RunningStore
 from loraserve.testing.storecalls import push, store_stub
 
 pytestmark = pytest.mark.faults
-
-
-@pytest.fixture
-async def proxy(s3_bucket: S3Bucket) -> AsyncIterator[S3FaultProxy]:
-    port = urlsplit(s3_bucket.endpoint_url).port
-    assert port is not None
-    async with s3_fault_proxy(port) as running:
-        yield running
-
-
-@pytest.fixture
-async def lagging(s3_bucket: S3Bucket, proxy: S3FaultProxy) -> AsyncIterator[RunningStore]:
-    async with running_store(replace(s3_bucket, endpoint_url=proxy.endpoint_url)) as store:
-        yield store
 
 
 async def _page(address: str, token: str) -> pb.ListAdaptersResponse:
@@ -48,13 +30,13 @@ async def _page(address: str, token: str) -> pb.ListAdaptersResponse:
 
 
 async def test_page_from_a_replica_behind_the_listing_is_unavailable_then_complete(
-    store_server: RunningStore, lagging: RunningStore, proxy: S3FaultProxy
+    store_server: RunningStore, proxied_store: RunningStore, proxy: S3FaultProxy
 ) -> None:
     async with store_stub(store_server.address) as stub:
         await push(stub, "a1", tiny_adapter())
         await push(stub, "a2", tiny_adapter())
     # The lagging replica has folded both pushes before its log reads are refused.
-    async with store_stub(lagging.address) as stub:
+    async with store_stub(proxied_store.address) as stub:
         assert (await stub.ListAdapters(pb.ListAdaptersRequest())).seq == 2
     proxy.add(Fault.REFUSE, "GET", "log/")
     async with store_stub(store_server.address) as stub:
@@ -67,7 +49,7 @@ async def test_page_from_a_replica_behind_the_listing_is_unavailable_then_comple
     token = first.next_page_token
     while token:
         try:
-            page = await _page(lagging.address, token)
+            page = await _page(proxied_store.address, token)
         except grpc.aio.AioRpcError as e:
             refusals.append(f"{e.code().name}: {e.details()}")
             proxy.clear()  # the replica can read the log again; ask for the same page
@@ -82,12 +64,12 @@ async def test_page_from_a_replica_behind_the_listing_is_unavailable_then_comple
 
 
 async def test_later_pages_from_a_replica_ahead_carry_the_first_pages_seq(
-    store_server: RunningStore, lagging: RunningStore
+    store_server: RunningStore, proxied_store: RunningStore
 ) -> None:
     async with store_stub(store_server.address) as stub:
         await push(stub, "a1", tiny_adapter())
         await push(stub, "a2", tiny_adapter())
-    first = await _page(lagging.address, "")
+    first = await _page(proxied_store.address, "")
     async with store_stub(store_server.address) as stub:
         await push(stub, "a3", tiny_adapter())
     second = await _page(store_server.address, first.next_page_token)

@@ -24,7 +24,9 @@ from safetensors.numpy import load
 
 from loraserve.adapterstore.memblobs import MemoryBlobStore
 from loraserve.adapterstore.push import Chunk
-from loraserve.adapterstore.testing import (
+from loraserve.common.clientstream import stream_unary
+from loraserve.common.errors import InvalidArgument
+from loraserve.testing.adapterstore import (
     AdapterFiles,
     lora_config,
     make_store,
@@ -32,8 +34,6 @@ from loraserve.adapterstore.testing import (
     push_requests,
     tiny_adapter,
 )
-from loraserve.common.clientstream import stream_unary
-from loraserve.common.errors import InvalidArgument
 from loraserve.testing.figures import add_figure
 from loraserve.testing.s3 import S3Bucket
 from loraserve.testing.store import RunningStore

@@ -19,11 +19,11 @@ import grpc
 import pytest
 
 from loraserve.adapterstore.cli.failures import EXIT_FAILED, EXIT_NOT_ALLOWED
-from loraserve.adapterstore.cli.testing import ctl, write_adapter_dir
-from loraserve.adapterstore.testing import tiny_adapter
 from loraserve.adapterstore.v1 import adapterstore_pb2_grpc as pb_grpc
 from loraserve.adapterstore.validation import Limits
 from loraserve.common.security import ClientSecurity, ServerSecurity, Token, secure_channel
+from loraserve.testing.adapterstore import tiny_adapter
+from loraserve.testing.ctl import ctl, write_adapter_dir
 from loraserve.testing.s3 import S3Bucket
 from loraserve.testing.store import RunningStore, running_store
 from loraserve.testing.storecalls import push

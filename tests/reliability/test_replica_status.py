@@ -13,10 +13,10 @@ from typing import Any
 import grpc
 import pytest
 
-from loraserve.adapterstore.testing import push_requests, tiny_adapter
 from loraserve.adapterstore.v1 import adapterstore_pb2 as pb
 from loraserve.adapterstore.v1 import adapterstore_pb2_grpc as pb_grpc
 from loraserve.common.security import ClientSecurity, ServerSecurity, Token, secure_channel
+from loraserve.testing.adapterstore import push_requests, tiny_adapter
 from loraserve.testing.s3 import S3Bucket
 from loraserve.testing.store import RunningStore, running_store
 from loraserve.testing.storecalls import push, rpc_code, store_stub

@@ -10,24 +10,23 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
-from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
-from urllib.parse import urlsplit
 
 import pytest
 
 from loraserve.adapterstore.blobstore import blob_key
 from loraserve.adapterstore.v1 import adapterstore_pb2 as store_pb
 from loraserve.testing.figures import add_figure
-from loraserve.testing.inferenceapp import PROMPT, adapter_files, inference_app
+from loraserve.testing.inferenceapp import PROMPT, RunningInference, adapter_files, inference_app
 from loraserve.testing.models import TinyAdapterFactory
 from loraserve.testing.processes import free_port, store_process
 from loraserve.testing.s3 import S3Bucket
-from loraserve.testing.s3faults import Fault, s3_fault_proxy
+from loraserve.testing.s3faults import Fault, S3FaultProxy
 from loraserve.testing.store import RunningStore
 from loraserve.testing.storecalls import push, store_stub
 from loraserve.testing.tcpproxy import tcp_proxy
+from loraserve.testing.waiting import eventually
 from loraserve.tiny.oracle import greedy_tokens
 
 if TYPE_CHECKING:
@@ -58,14 +57,6 @@ async def _acked(address: str, name: str, revision: int) -> None:
             await asyncio.sleep(0.05)
 
 
-async def _routed(current: Any, revision: int) -> None:
-    async with asyncio.timeout(GUARD_S):
-        while True:
-            if await current() == revision:
-                return
-            await asyncio.sleep(0.05)
-
-
 async def test_watch_reset_while_three_revisions_are_pushed_serves_the_latest_each_applied_once(
     vllm_engine: AsyncLLM,
     tiny_model_dir: Path,
@@ -86,7 +77,7 @@ async def test_watch_reset_while_three_revisions_are_pushed_serves_the_latest_ea
         ) as inference,
     ):
         await push(store, "flaky", adapter_files(tiny_adapter(seed=1)))
-        await _routed(lambda: inference.current("flaky"), 1)
+        await eventually(lambda: _is_current(inference, "flaky", 1), "flaky@1 routed", GUARD_S)
         proxy.cut()
         add_figure(pytestconfig, "faults.watch_resets")
         latest = tiny_adapter(seed=4)
@@ -95,7 +86,7 @@ async def test_watch_reset_while_three_revisions_are_pushed_serves_the_latest_ea
                 store, "flaky", adapter_files(tiny_adapter(seed=seed) if seed < 4 else latest)
             )
         proxy.restore()
-        await _routed(lambda: inference.current("flaky"), 4)
+        await eventually(lambda: _is_current(inference, "flaky", 4), "flaky@4 routed", GUARD_S)
         revision, tokens = await inference.generate("flaky", 8)
         applied = [call for call in inference.add_calls if call.startswith("flaky@")]
     expected = await asyncio.to_thread(greedy_tokens, tiny_model_dir, latest, PROMPT, 8)
@@ -105,20 +96,12 @@ async def test_watch_reset_while_three_revisions_are_pushed_serves_the_latest_ea
     assert (revision, list(tokens)) == (4, expected)
 
 
-@pytest.fixture
-async def s3_proxy(s3_bucket: S3Bucket) -> AsyncIterator[Any]:
-    port = urlsplit(s3_bucket.endpoint_url).port
-    assert port is not None
-    async with s3_fault_proxy(port) as proxy:
-        yield proxy
-
-
 async def test_store_and_inference_restarted_mid_swap_converge_serving_only_acked_revisions(
     vllm_engine: AsyncLLM,
     tiny_model_dir: Path,
     tiny_adapter: TinyAdapterFactory,
     s3_bucket: S3Bucket,
-    s3_proxy: Any,
+    proxy: S3FaultProxy,
     tmp_path: Path,
     pytestconfig: pytest.Config,
 ) -> None:
@@ -126,12 +109,12 @@ async def test_store_and_inference_restarted_mid_swap_converge_serving_only_acke
     cache = tmp_path / "cache"
     first, second = tiny_adapter(seed=1), tiny_adapter(seed=2)
     second_files = adapter_files(second)
-    stalled = s3_proxy.add(
+    stalled = proxy.add(
         Fault.STALL, "GET", blob_key(hashlib.sha256(second_files[WEIGHTS]).hexdigest())
     )
     served_before: list[int] = []
     async with store_process(
-        s3_bucket, tmp_path / "store-1.log", port=port, endpoint_url=s3_proxy.endpoint_url
+        s3_bucket, tmp_path / "store-1.log", port=port, endpoint_url=proxy.endpoint_url
     ) as store:
         async with inference_app(
             vllm_engine,
@@ -152,11 +135,11 @@ async def test_store_and_inference_restarted_mid_swap_converge_serving_only_acke
             await store.wait()
             add_figure(pytestconfig, "faults.sigkill_store")
         add_figure(pytestconfig, "faults.inference_restarts")
-    s3_proxy.drop()
-    s3_proxy.clear()
+    proxy.drop()
+    proxy.clear()
     async with (
         store_process(
-            s3_bucket, tmp_path / "store-2.log", port=port, endpoint_url=s3_proxy.endpoint_url
+            s3_bucket, tmp_path / "store-2.log", port=port, endpoint_url=proxy.endpoint_url
         ) as store,
         inference_app(
             vllm_engine,
@@ -175,3 +158,7 @@ async def test_store_and_inference_restarted_mid_swap_converge_serving_only_acke
     assert (revision, list(tokens)) == (2, expected)
     assert [(r.reported_revision, r.type) for r in reports_after] == [(2, store_pb.REPORT_TYPE_ACK)]
     assert list((cache / ".tmp").glob("*")) == []
+
+
+async def _is_current(inference: RunningInference, name: str, revision: int) -> bool:
+    return await inference.current(name) == revision

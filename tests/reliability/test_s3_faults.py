@@ -8,43 +8,25 @@ a fault proxy that cuts connections part-way through a request or response body.
 from __future__ import annotations
 
 import hashlib
-from collections.abc import AsyncIterator
-from dataclasses import replace
 from typing import Any
-from urllib.parse import urlsplit
 
 import grpc
 import pytest
 from grpc_health.v1 import health_pb2
 
 from loraserve.adapterstore.blobstore import blob_key
-from loraserve.adapterstore.testing import tiny_adapter
 from loraserve.adapterstore.v1 import adapterstore_pb2 as pb
+from loraserve.testing.adapterstore import tiny_adapter
 from loraserve.testing.figures import add_figure
 from loraserve.testing.processes import health_status
 from loraserve.testing.s3 import S3Bucket
-from loraserve.testing.s3faults import Fault, S3FaultProxy, s3_fault_proxy
-from loraserve.testing.store import RunningStore, running_store
+from loraserve.testing.s3faults import Fault, S3FaultProxy
+from loraserve.testing.store import RunningStore
 from loraserve.testing.storecalls import keys_under, push, store_stub
 
 pytestmark = pytest.mark.faults
 
 WEIGHTS = "adapter_model.safetensors"
-
-
-@pytest.fixture
-async def proxy(s3_bucket: S3Bucket) -> AsyncIterator[S3FaultProxy]:
-    port = urlsplit(s3_bucket.endpoint_url).port
-    assert port is not None
-    async with s3_fault_proxy(port) as running:
-        yield running
-
-
-@pytest.fixture
-async def proxied_store(s3_bucket: S3Bucket, proxy: S3FaultProxy) -> AsyncIterator[RunningStore]:
-    """A store that reaches the bucket only through `proxy`."""
-    async with running_store(replace(s3_bucket, endpoint_url=proxy.endpoint_url)) as store:
-        yield store
 
 
 async def _download_into(stub: Any, name: str, files: dict[str, bytearray]) -> pb.Revision:

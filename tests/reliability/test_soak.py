@@ -27,8 +27,8 @@ import psutil
 import pytest
 from safetensors.numpy import load, save
 
-from loraserve.adapterstore.testing import AdapterFiles
 from loraserve.adapterstore.v1 import adapterstore_pb2 as store_pb
+from loraserve.testing.adapterstore import AdapterFiles
 from loraserve.testing.figures import add_figure
 from loraserve.testing.inferenceapp import RunningInference, adapter_files, greedy, inference_app
 from loraserve.testing.models import TinyAdapterFactory

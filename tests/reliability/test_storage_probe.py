@@ -6,29 +6,19 @@ from the probe's PUTs, as a backend without conditional writes would ignore it.
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
 from dataclasses import replace
 from pathlib import Path
-from urllib.parse import urlsplit
 
 import pytest
 
 from loraserve.adapterstore.s3blobs import S3BlobStore
 from loraserve.adapterstore.storageprobe import PROBE_KEY, PROBE_PREFIX, check_conditional_put
+from loraserve.testing.adapterstore import s3_location
 from loraserve.testing.processes import store_process
 from loraserve.testing.s3 import S3Bucket
-from loraserve.testing.s3faults import Fault, S3FaultProxy, s3_fault_proxy
-from loraserve.testing.store import s3_location
+from loraserve.testing.s3faults import Fault, S3FaultProxy
 
 pytestmark = pytest.mark.faults
-
-
-@pytest.fixture
-async def proxy(s3_bucket: S3Bucket) -> AsyncIterator[S3FaultProxy]:
-    port = urlsplit(s3_bucket.endpoint_url).port
-    assert port is not None
-    async with s3_fault_proxy(port) as running:
-        yield running
 
 
 async def test_store_on_s3_ignoring_if_none_match_exits_1_saying_so(

@@ -14,8 +14,8 @@ from urllib.parse import urlsplit
 import grpc
 import pytest
 
-from loraserve.adapterstore.testing import tiny_adapter
 from loraserve.adapterstore.v1 import adapterstore_pb2 as pb
+from loraserve.testing.adapterstore import tiny_adapter
 from loraserve.testing.figures import add_figure
 from loraserve.testing.processes import free_port, store_process
 from loraserve.testing.s3 import S3Bucket

@@ -19,16 +19,17 @@ import pytest
 from grpc_health.v1 import health_pb2
 
 from loraserve.adapterstore.s3blobs import S3BlobStore
-from loraserve.adapterstore.testing import tiny_adapter
 from loraserve.common.security import ClientSecurity
 from loraserve.inference.registry import LocalRevision
 from loraserve.inference.store_client import StoreClient, StoreClientSettings
 from loraserve.inference.sync import Synchronizer, SyncSettings
-from loraserve.testing.processes import eventually, health_status, wait_for_health
+from loraserve.testing.adapterstore import tiny_adapter
+from loraserve.testing.processes import health_status, wait_for_health
 from loraserve.testing.s3 import S3Bucket
 from loraserve.testing.s3faults import Fault, S3FaultProxy, s3_fault_proxy
 from loraserve.testing.store import RunningStore, running_store
 from loraserve.testing.storecalls import push, store_stub
+from loraserve.testing.waiting import eventually
 
 pytestmark = pytest.mark.faults
 

@@ -17,12 +17,13 @@ import pytest
 
 from loraserve.adapterstore.cli.__main__ import run
 from loraserve.adapterstore.cli.failures import EXIT_FAILED, EXIT_NOT_ALLOWED
-from loraserve.adapterstore.cli.testing import buffers, ctl, eventually, output
 from loraserve.common.errors import NotFound
 from loraserve.common.security import ServerSecurity, parse_tokens
 from loraserve.inference.v1 import inference_pb2 as pb
 from loraserve.inference.v1 import inference_pb2_grpc as pb_grpc
+from loraserve.testing.ctl import buffers, ctl, output
 from loraserve.testing.grpc import serving
+from loraserve.testing.waiting import eventually
 
 SERVICE = pb.DESCRIPTOR.services_by_name["InferenceService"].full_name
 

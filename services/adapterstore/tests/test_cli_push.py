@@ -16,10 +16,10 @@ from loraserve.adapterstore.cli.adapter_dir import CHUNK_SIZE, hash_files, list_
 from loraserve.adapterstore.cli.progress import Progress
 from loraserve.adapterstore.cli.push import upload
 from loraserve.adapterstore.cli.settings import CtlSettings
-from loraserve.adapterstore.cli.testing import TtyBuffer, write_adapter_dir
 from loraserve.adapterstore.cli.write_commands import StorePublisher
 from loraserve.adapterstore.v1 import adapterstore_pb2 as pb
 from loraserve.common.security import ClientSecurity
+from loraserve.testing.ctl import TtyBuffer, write_adapter_dir
 
 README_SIZE = 2 * CHUNK_SIZE + 123
 

@@ -12,9 +12,10 @@ from pathlib import Path
 
 from loraserve.adapterstore.cli.__main__ import run
 from loraserve.adapterstore.cli.failures import EXIT_INTERRUPTED
-from loraserve.adapterstore.cli.testing import buffers, ctl, eventually, output, write_adapter_dir
-from loraserve.adapterstore.testing import tiny_adapter
+from loraserve.testing.adapterstore import tiny_adapter
+from loraserve.testing.ctl import buffers, ctl, output, write_adapter_dir
 from loraserve.testing.store import RunningStore
+from loraserve.testing.waiting import eventually
 
 WEIGHTS = "adapter_model.safetensors"
 
@@ -120,7 +121,7 @@ async def _reading(process: asyncio.subprocess.Process, path: Path) -> None:
         fds = Path(f"/proc/{process.pid}/fd")
         return any(_link(fd) == str(path) for fd in fds.iterdir())
 
-    await eventually(has_open, f"the CLI to open {path.name}", limit_s=60)
+    await eventually(has_open, f"the CLI to open {path.name}", guard_s=60)
 
 
 def _link(fd: Path) -> str:

@@ -12,12 +12,13 @@ import grpc
 
 from loraserve.adapterstore.cli.__main__ import run
 from loraserve.adapterstore.cli.failures import EXIT_FAILED, EXIT_NOT_ALLOWED
-from loraserve.adapterstore.cli.testing import buffers, ctl, eventually, output, write_adapter_dir
 from loraserve.adapterstore.v1 import adapterstore_pb2 as pb
 from loraserve.adapterstore.v1 import adapterstore_pb2_grpc as pb_grpc
 from loraserve.common.security import ServerSecurity, parse_tokens
+from loraserve.testing.ctl import buffers, ctl, output, write_adapter_dir
 from loraserve.testing.s3 import S3Bucket
 from loraserve.testing.store import RunningStore, running_store
+from loraserve.testing.waiting import eventually
 
 WEIGHTS = "adapter_model.safetensors"
 

@@ -13,9 +13,10 @@ import pytest
 from loraserve.adapterstore.cli.adapter_dir import AdapterFiles, hash_files, list_adapter_dir
 from loraserve.adapterstore.cli.console import Console
 from loraserve.adapterstore.cli.failures import UsageError
-from loraserve.adapterstore.cli.testing import buffers, eventually, output, write_adapter_dir
 from loraserve.adapterstore.cli.watch_dir import ChangeSignal, Fingerprint, watch_directory
-from loraserve.adapterstore.testing import tiny_adapter
+from loraserve.testing.adapterstore import tiny_adapter
+from loraserve.testing.ctl import buffers, output, write_adapter_dir
+from loraserve.testing.waiting import eventually
 
 WEIGHTS = "adapter_model.safetensors"
 SETTLE_S = 0.2

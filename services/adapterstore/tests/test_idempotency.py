@@ -19,9 +19,9 @@ from loraserve.adapterstore.memblobs import MemoryBlobStore
 from loraserve.adapterstore.model import REQUEST_KEY_WINDOW, Change, ChangeType, StoreState, now
 from loraserve.adapterstore.storageprobe import PROBE_KEY, check_conditional_put
 from loraserve.adapterstore.store import AdapterStore
-from loraserve.adapterstore.testing import StoreFactory, push, tiny_adapter
 from loraserve.common.errors import FailedPrecondition, InvalidArgument, Unavailable
 from loraserve.common.manifest import Revision
+from loraserve.testing.adapterstore import StoreFactory, push, tiny_adapter
 
 
 class LandsThenFails(MemoryBlobStore):

@@ -5,17 +5,16 @@ from __future__ import annotations
 import asyncio
 import os
 import signal
-import socket
 import sys
 from pathlib import Path
 
-import grpc
 import pytest
-from grpc_health.v1 import health_pb2, health_pb2_grpc
+from grpc_health.v1 import health_pb2
 
 from loraserve.adapterstore.settings import parse_settings
 from loraserve.common.errors import InvalidArgument
 from loraserve.common.sizes import parse_size
+from loraserve.testing.processes import free_port, wait_for_health
 from loraserve.testing.s3 import S3Bucket
 
 GUARD_S = 60
@@ -51,36 +50,12 @@ def test_missing_bucket_is_refused() -> None:
         parse_settings(["serve"], {})
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
-async def _health(address: str) -> int:
-    async with grpc.aio.insecure_channel(address) as channel:
-        stub = health_pb2_grpc.HealthStub(channel)
-        try:
-            response = await stub.Check(health_pb2.HealthCheckRequest(), timeout=2)
-        except grpc.aio.AioRpcError:
-            return -1
-        return int(response.status)
-
-
-async def _wait_for_health(address: str, status: int) -> None:
-    async with asyncio.timeout(GUARD_S):
-        while True:
-            if await _health(address) == status:
-                return
-            await asyncio.sleep(0.1)
-
-
 @pytest.mark.slow
 async def test_serve_is_not_serving_until_bucket_exists_and_stops_on_sigterm(
     s3_server: str,
 ) -> None:
     bucket = S3Bucket(s3_server, f"late-bucket-{os.getpid()}")
-    address = f"127.0.0.1:{_free_port()}"
+    address = f"127.0.0.1:{free_port()}"
     env = os.environ | {
         "ADAPTERSTORE_S3_ENDPOINT": bucket.endpoint_url,
         "ADAPTERSTORE_BUCKET": bucket.bucket,
@@ -92,9 +67,9 @@ async def test_serve_is_not_serving_until_bucket_exists_and_stops_on_sigterm(
         sys.executable, "-m", "loraserve.adapterstore", "serve", "--listen", address, env=env
     )
     try:
-        await _wait_for_health(address, health_pb2.HealthCheckResponse.NOT_SERVING)
+        await wait_for_health(address, health_pb2.HealthCheckResponse.NOT_SERVING)
         bucket.client().create_bucket(Bucket=bucket.bucket)
-        await _wait_for_health(address, health_pb2.HealthCheckResponse.SERVING)
+        await wait_for_health(address, health_pb2.HealthCheckResponse.SERVING)
         process.send_signal(signal.SIGTERM)
         async with asyncio.timeout(GUARD_S):
             assert await process.wait() == 0

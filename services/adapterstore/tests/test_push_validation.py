@@ -9,7 +9,6 @@ import pytest
 from loraserve.adapterstore.memblobs import MemoryBlobStore
 from loraserve.adapterstore.push import Chunk
 from loraserve.adapterstore.store import AdapterStore
-from loraserve.adapterstore.testing import BAD_PUSHES, BadPush, lora_tensors, push, tiny_adapter
 from loraserve.adapterstore.validation import (
     LoraConfig,
     check_tensors_match_config,
@@ -17,6 +16,7 @@ from loraserve.adapterstore.validation import (
     parse_safetensors_header,
 )
 from loraserve.common.errors import InvalidArgument
+from loraserve.testing.adapterstore import BAD_PUSHES, BadPush, lora_tensors, push, tiny_adapter
 
 
 async def _chunks(chunks: list[Chunk]):  # type: ignore[no-untyped-def]

@@ -11,21 +11,13 @@ from typing import Any
 import pytest
 
 from loraserve.adapterstore.blobstore import BlobNotFound, BlobUpload, blob_key
-from loraserve.adapterstore.s3blobs import MIN_PART_SIZE, S3BlobStore, S3Location
-from loraserve.adapterstore.testing import s3_location
+from loraserve.adapterstore.s3blobs import MIN_PART_SIZE, S3BlobStore
+from loraserve.testing.adapterstore import s3_location
 from loraserve.testing.s3 import S3Bucket
 
 
 def _store(bucket: S3Bucket, prefix: str = "store") -> S3BlobStore:
-    location = S3Location(
-        bucket=bucket.bucket,
-        prefix=prefix,
-        endpoint_url=bucket.endpoint_url,
-        region=bucket.region,
-        access_key_id=bucket.access_key_id,
-        secret_access_key=bucket.secret_access_key,
-    )
-    return S3BlobStore(location, part_size=MIN_PART_SIZE)
+    return S3BlobStore(s3_location(bucket, prefix), part_size=MIN_PART_SIZE)
 
 
 def _multipart_uploads(bucket: S3Bucket) -> list[str]:

@@ -11,7 +11,10 @@ import pytest
 from safetensors.numpy import save
 
 from loraserve.adapterstore.changelog import LogSettings
-from loraserve.adapterstore.testing import (
+from loraserve.adapterstore.v1 import adapterstore_pb2 as pb
+from loraserve.adapterstore.v1 import adapterstore_pb2_grpc as pb_grpc
+from loraserve.common.clientstream import stream_unary
+from loraserve.testing.adapterstore import (
     BAD_PUSHES,
     AdapterFiles,
     BadPush,
@@ -22,9 +25,6 @@ from loraserve.adapterstore.testing import (
     serve_store,
     tiny_adapter,
 )
-from loraserve.adapterstore.v1 import adapterstore_pb2 as pb
-from loraserve.adapterstore.v1 import adapterstore_pb2_grpc as pb_grpc
-from loraserve.common.clientstream import stream_unary
 from loraserve.testing.s3 import S3Bucket
 from loraserve.testing.storecalls import keys_under
 

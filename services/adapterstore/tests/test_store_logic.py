@@ -13,8 +13,8 @@ from loraserve.adapterstore.memblobs import MemoryBlobStore
 from loraserve.adapterstore.model import Change, ChangeType
 from loraserve.adapterstore.push import Chunk
 from loraserve.adapterstore.store import AdapterStore, Heartbeat
-from loraserve.adapterstore.testing import StoreFactory, push, tiny_adapter
 from loraserve.common.errors import Aborted, DataLoss, InvalidArgument, NotFound, OutOfRange
+from loraserve.testing.adapterstore import StoreFactory, push, tiny_adapter
 
 # Generous guard so a hang fails the test instead of the session; never an assertion on time.
 GUARD_S = 20

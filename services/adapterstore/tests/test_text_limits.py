@@ -8,7 +8,10 @@ from typing import Any
 import grpc
 import pytest
 
-from loraserve.adapterstore.testing import (
+from loraserve.adapterstore.textlimits import MAX_DESCRIPTION_BYTES, MAX_ERROR_MESSAGE_BYTES
+from loraserve.adapterstore.v1 import adapterstore_pb2 as pb
+from loraserve.adapterstore.v1 import adapterstore_pb2_grpc as pb_grpc
+from loraserve.testing.adapterstore import (
     AdapterFiles,
     StoreServer,
     lora_config,
@@ -16,9 +19,6 @@ from loraserve.adapterstore.testing import (
     serve_store,
     tiny_adapter,
 )
-from loraserve.adapterstore.textlimits import MAX_DESCRIPTION_BYTES, MAX_ERROR_MESSAGE_BYTES
-from loraserve.adapterstore.v1 import adapterstore_pb2 as pb
-from loraserve.adapterstore.v1 import adapterstore_pb2_grpc as pb_grpc
 from loraserve.testing.s3 import S3Bucket
 
 # gRPC's default receive limit, which the test channel keeps: every page must fit it.

@@ -17,7 +17,8 @@ from loraserve.inference.engine import VllmEngine
 from loraserve.inference.settings import EngineOptions, parse_settings
 from loraserve.inference.v1 import inference_pb2 as pb
 from loraserve.inference.v1 import inference_pb2_grpc as pb_grpc
-from loraserve.testing.processes import eventually, free_port
+from loraserve.testing.processes import free_port, inference_args
+from loraserve.testing.waiting import eventually
 
 WAITING = "engine.auto_rank_waiting"
 
@@ -28,19 +29,7 @@ async def test_auto_rank_keeps_waiting_for_an_unreachable_store_and_says_why(
     caplog.set_level(logging.WARNING, logger="loraserve.inference.app")
     store = f"127.0.0.1:{free_port()}"  # nothing listens there
     settings = parse_settings(
-        [
-            "serve",
-            "--model",
-            str(tmp_path / "model"),
-            "--store",
-            store,
-            "--listen",
-            "127.0.0.1:0",
-            "--adapter-cache",
-            str(tmp_path / "cache"),
-            "--max-lora-rank",
-            "auto",
-        ],
+        inference_args(tmp_path / "model", store, tmp_path / "cache", "--max-lora-rank", "auto"),
         {},
         "replica-a",
     )

@@ -28,6 +28,7 @@ from loraserve.inference.registry import AdapterRegistry
 from loraserve.inference.runtime import Runtime, RuntimeSlot
 from loraserve.inference.sampling import ServerDefaults
 from loraserve.testing.inference_fakes import FAKE_INFO, FakeEngine, make_revision
+from loraserve.testing.waiting import eventually
 
 MODEL = "fake-llama"
 READER = "reader-secret"
@@ -285,7 +286,7 @@ async def test_full_server_is_429_with_retry_after(start_front: StartFront) -> N
     async with httpx.AsyncClient(base_url=front.url) as http:
         body = {"model": MODEL, "prompt": "x", "max_tokens": 2}
         holding = asyncio.create_task(http.post("/v1/completions", json=body))
-        await _eventually(lambda: bool(engine.running))
+        await eventually(lambda: bool(engine.running), "a request running")
         response = await http.post("/v1/completions", json=body)
         engine.steps.set()
         assert (await holding).status_code == 200
@@ -332,7 +333,7 @@ async def test_client_disconnect_mid_stream_aborts_the_engine_request(
             assert chunk.choices[0].text == "<0>"
             break
         await stream.close()
-    await _eventually(lambda: bool(engine.aborted))
+    await eventually(lambda: bool(engine.aborted), "the request aborted")
     assert not engine.running
 
 
@@ -345,24 +346,16 @@ async def test_client_disconnect_before_a_non_streamed_answer_aborts_it(
     async with httpx.AsyncClient(base_url=front.url) as http:
         body = {"model": MODEL, "prompt": "x", "max_tokens": 2}
         request = asyncio.create_task(http.post("/v1/completions", json=body))
-        await _eventually(lambda: bool(engine.running))
+        await eventually(lambda: bool(engine.running), "a request running")
         request.cancel()
         await asyncio.gather(request, return_exceptions=True)
-    await _eventually(lambda: bool(engine.aborted))
+    await eventually(lambda: bool(engine.aborted), "the request aborted")
     assert not engine.running
 
 
 def test_addresses_split_into_host_and_port() -> None:
     assert split_address("0.0.0.0:8000") == ("0.0.0.0", 8000)
     assert split_address("[::1]:0") == ("::1", 0)
-
-
-async def _eventually(check: Callable[[], bool], timeout: float = 10.0) -> None:
-    async with asyncio.timeout(timeout):
-        while True:
-            if check():
-                return
-            await asyncio.sleep(0.01)
 
 
 async def _post(front: Front, path: str, body: dict[str, object]) -> httpx.Response:

@@ -10,7 +10,6 @@ from typing import Any
 import grpc
 import pytest
 
-from loraserve.adapterstore.testing import push_requests, tiny_adapter
 from loraserve.adapterstore.v1 import adapterstore_pb2 as pb
 from loraserve.adapterstore.v1 import adapterstore_pb2_grpc as pb_grpc
 from loraserve.common.errors import NotFound, Unavailable
@@ -25,6 +24,7 @@ from loraserve.inference.store_client import (
     StoreClientSettings,
     StoreEvent,
 )
+from loraserve.testing.adapterstore import push_requests, tiny_adapter
 from loraserve.testing.store import RunningStore
 
 

@@ -7,7 +7,7 @@ these pin down ordering, retries, coalescing and reconnects quickly.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncGenerator, AsyncIterator, Callable
+from collections.abc import AsyncGenerator, AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import replace
 from datetime import UTC, datetime
@@ -35,6 +35,7 @@ from loraserve.inference.store_client import (
     StoreEvent,
 )
 from loraserve.inference.sync import Synchronizer, SyncSettings, current_adapter_ranks
+from loraserve.testing.waiting import eventually
 
 FAST = SyncSettings(initial_backoff_s=0.001, max_backoff_s=0.01)
 _END = object()  # ends a fake watch stream normally
@@ -205,14 +206,6 @@ class FakeRegistry:
 
 def listing(seq: int, *revisions: tuple[str, int]) -> Listing:
     return Listing(tuple(ListedAdapter(n, manifest(n, r)) for n, r in revisions), seq)
-
-
-async def eventually(check: Callable[[], bool], what: str) -> None:
-    for _ in range(2000):
-        if check():
-            return
-        await asyncio.sleep(0.001)
-    raise AssertionError(f"never happened: {what}")
 
 
 class Harness:

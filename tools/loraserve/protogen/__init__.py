@@ -1,4 +1,4 @@
-"""Generates the gRPC stubs from `proto/` into each service's package.
+"""Generates the gRPC stubs from `proto/` into the shared source root.
 
 The stubs are committed so that a plain `pip install` needs no code generator;
 `tests/test_protos.py` regenerates them and fails when the committed ones are stale.
@@ -12,25 +12,24 @@ from pathlib import Path
 
 from grpc_tools import protoc
 
-# Each API package is generated into the source root of the service that owns it.
-OUTPUTS: dict[str, str] = {
-    "loraserve/adapterstore/v1/adapterstore.proto": "services/adapterstore",
-    "loraserve/inference/v1/inference.proto": "services/inference",
-}
+# Both contracts are generated into the shared root, which both services and every client
+# import; `loraserve.adapterstore` and `loraserve.inference` span it and their own root.
+PROTOS = ("loraserve/adapterstore/v1/adapterstore.proto", "loraserve/inference/v1/inference.proto")
+OUT_DIR = "services/common"
 GENERATED_SUFFIXES = ("_pb2.py", "_pb2.pyi", "_pb2_grpc.py")
 
 
 def generate(repo_root: Path, out_root: Path | None = None) -> list[Path]:
-    """Generates every stub; into `out_root/<service dir>` when given, else in place.
+    """Generates every stub; into `out_root/services/common` when given, else in place.
 
     Returns the generated files.
     """
     proto_root = repo_root / "proto"
     well_known = resources.files("grpc_tools") / "_proto"
     written: list[Path] = []
-    for proto, service_dir in OUTPUTS.items():
-        target = (out_root or repo_root) / service_dir
-        target.mkdir(parents=True, exist_ok=True)
+    target = (out_root or repo_root) / OUT_DIR
+    target.mkdir(parents=True, exist_ok=True)
+    for proto in PROTOS:
         args = [
             "grpc_tools.protoc",
             f"-I{proto_root}",

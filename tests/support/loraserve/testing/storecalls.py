@@ -8,10 +8,10 @@ from typing import Any
 
 import grpc
 
-from loraserve.adapterstore.testing import AdapterFiles, push_requests
 from loraserve.adapterstore.v1 import adapterstore_pb2 as pb
 from loraserve.adapterstore.v1 import adapterstore_pb2_grpc as pb_grpc
 from loraserve.common.clientstream import stream_unary
+from loraserve.testing.adapterstore import AdapterFiles, push_requests
 
 
 @asynccontextmanager

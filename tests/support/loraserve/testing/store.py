@@ -6,13 +6,13 @@ from __future__ import annotations
 import asyncio
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import pytest
 
 from loraserve.adapterstore.health import follow_freshness
-from loraserve.adapterstore.s3blobs import S3BlobStore, S3Location
+from loraserve.adapterstore.s3blobs import S3BlobStore
 from loraserve.adapterstore.servicer import (
     REPLICA_METHODS,
     SERVICE_NAME,
@@ -21,10 +21,11 @@ from loraserve.adapterstore.servicer import (
     register,
 )
 from loraserve.adapterstore.store import AdapterStore
-from loraserve.adapterstore.testing import FAST_LOG, make_store
 from loraserve.common.security import ServerSecurity
+from loraserve.testing.adapterstore import FAST_LOG, make_store, s3_location
 from loraserve.testing.grpc import serving
 from loraserve.testing.s3 import S3Bucket
+from loraserve.testing.s3faults import S3FaultProxy
 
 
 @dataclass(frozen=True)
@@ -35,16 +36,6 @@ class RunningStore:
     port: int
     store: AdapterStore
     bucket: S3Bucket
-
-
-def s3_location(bucket: S3Bucket) -> S3Location:
-    return S3Location(
-        bucket=bucket.bucket,
-        endpoint_url=bucket.endpoint_url,
-        region=bucket.region,
-        access_key_id=bucket.access_key_id,
-        secret_access_key=bucket.secret_access_key,
-    )
 
 
 @asynccontextmanager
@@ -78,3 +69,10 @@ async def store_server(s3_bucket: S3Bucket) -> AsyncIterator[RunningStore]:
     """A store server with authentication off, on a fresh bucket."""
     async with running_store(s3_bucket) as running:
         yield running
+
+
+@pytest.fixture
+async def proxied_store(s3_bucket: S3Bucket, proxy: S3FaultProxy) -> AsyncIterator[RunningStore]:
+    """A store server that reaches the test's bucket only through `proxy`."""
+    async with running_store(replace(s3_bucket, endpoint_url=proxy.endpoint_url)) as store:
+        yield store

@@ -2,15 +2,14 @@
 
 from __future__ import annotations
 
-import asyncio
 import io
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
 from loraserve.adapterstore.cli.__main__ import run
 from loraserve.adapterstore.cli.console import Console
-from loraserve.adapterstore.testing import tiny_adapter
+from loraserve.testing.adapterstore import tiny_adapter
 
 
 class TtyBuffer(io.StringIO):
@@ -56,13 +55,3 @@ def write_adapter_dir(directory: Path, rank: int = 4, seed: int = 0) -> Path:
     for name, data in tiny_adapter(rank=rank, seed=seed).items():
         (directory / name).write_bytes(data)
     return directory
-
-
-async def eventually(predicate: Callable[[], bool], what: str, limit_s: float = 30.0) -> None:
-    """Waits until `predicate()` holds; the limit only stops a hung test."""
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + limit_s
-    while not predicate():
-        if loop.time() > deadline:
-            raise AssertionError(f"gave up waiting for {what}")
-        await asyncio.sleep(0.02)

@@ -33,9 +33,10 @@ from loraserve.testing.s3 import S3Bucket
 START_GUARD_S = 60.0
 
 
-def free_port() -> int:
+def free_port(host: str = "127.0.0.1") -> int:
+    """A port nothing listens on now, for a server started later on a fixed address."""
     with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
+        sock.bind((host, 0))
         return int(sock.getsockname()[1])
 
 
@@ -66,18 +67,6 @@ async def wait_for_health(
             if await health_status(address, channel) == status:
                 return
             await asyncio.sleep(0.1)
-
-
-async def eventually(check: Callable[[], bool], what: str, guard_s: float = 10.0) -> None:
-    """Waits until `check()` holds; fails naming `what` if it never does."""
-    try:
-        async with asyncio.timeout(guard_s):
-            while True:
-                if check():
-                    return
-                await asyncio.sleep(0.05)
-    except TimeoutError:
-        raise AssertionError(f"never happened: {what}") from None
 
 
 @dataclass
@@ -149,6 +138,25 @@ def store_args(
     ]
 
 
+def inference_args(
+    model_dir: Path, store_address: str, cache_dir: Path, *extra: str, listen: str = "127.0.0.1:0"
+) -> list[str]:
+    """`inference serve` flags for a model, a store and an adapter cache (what a test varies
+    goes in `extra`)."""
+    return [
+        "serve",
+        "--model",
+        str(model_dir),
+        "--store",
+        store_address,
+        "--listen",
+        listen,
+        "--adapter-cache",
+        str(cache_dir),
+        *extra,
+    ]
+
+
 @dataclass
 class InferenceProcess(ChildProcess):
     """A running `inference serve` child (it starts its own vLLM engine)."""
@@ -173,15 +181,7 @@ async def inference_process(
         sys.executable,
         "-m",
         "loraserve.inference",
-        "serve",
-        "--model",
-        str(model_dir),
-        "--store",
-        store_address,
-        "--listen",
-        address,
-        "--adapter-cache",
-        str(cache_dir),
+        *inference_args(model_dir, store_address, cache_dir, listen=address),
         "--dtype",
         "float32",
         "--max-model-len",

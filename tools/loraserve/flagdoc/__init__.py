@@ -1,6 +1,6 @@
 """The README's configuration tables, generated from the servers' real parsers.
 
-`python -m loraserve.common.flagdoc README.md` rewrites them in place;
+`python -m loraserve.flagdoc README.md` rewrites them in place;
 `tests/test_docs.py` fails when the README's copy differs, and checks that every
 environment variable named in a table really sets its flag.
 """
@@ -81,12 +81,8 @@ def update(text: str) -> str:
 
 def main() -> int:
     if len(sys.argv) != 2:
-        sys.stderr.write("usage: python -m loraserve.common.flagdoc README.md\n")
+        sys.stderr.write("usage: python -m loraserve.flagdoc README.md\n")
         return 2
     path = Path(sys.argv[1])
     path.write_text(update(path.read_text()))
     return 0
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())

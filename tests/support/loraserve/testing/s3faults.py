@@ -21,6 +21,10 @@ from contextlib import asynccontextmanager
 from dataclasses import dataclass, field, replace
 from urllib.parse import unquote, urlsplit
 
+import pytest
+
+from loraserve.testing.s3 import S3Bucket
+
 log = logging.getLogger(__name__)
 
 _BUFFER = 64 * 1024
@@ -334,3 +338,12 @@ async def s3_fault_proxy(target_port: int) -> AsyncIterator[S3FaultProxy]:
         yield proxy
     finally:
         await proxy.close()
+
+
+@pytest.fixture
+async def proxy(s3_bucket: S3Bucket) -> AsyncIterator[S3FaultProxy]:
+    """A fault proxy in front of the test's bucket."""
+    port = urlsplit(s3_bucket.endpoint_url).port
+    assert port is not None
+    async with s3_fault_proxy(port) as running:
+        yield running

@@ -5,9 +5,6 @@ the real generator and servicer on 127.0.0.1, port 0. Adapters are installed
 straight into the registry from a built adapter directory (`served.install`), and
 pinned revisions are fetched from `served.fetcher.sources`. When the `async for`
 ends, every adapter the test loaded is removed from the engine again.
-
-(Reconstructed from its callers after it was accidentally overwritten; see
-/work/brief/SEAM_NOTES.md.)
 """
 
 from __future__ import annotations
@@ -16,6 +13,7 @@ import asyncio
 import json
 import shutil
 from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -25,11 +23,14 @@ import pytest
 from prometheus_client import CollectorRegistry
 
 from loraserve.common.errors import NotFound
+from loraserve.common.security import ServerSecurity
 from loraserve.inference.admission import Admission
 from loraserve.inference.compat import CompatibilityChecker, model_lora_targets
 from loraserve.inference.engine import Engine, VllmEngine
 from loraserve.inference.generation import Generator
+from loraserve.inference.http_server import start_http_server
 from loraserve.inference.metrics import InferenceMetrics
+from loraserve.inference.openai_api import create_openai_app
 from loraserve.inference.registry import AdapterRegistry, LocalRevision
 from loraserve.inference.runtime import Runtime, RuntimeSlot
 from loraserve.inference.servicer import SERVICE_NAME, register
@@ -67,6 +68,60 @@ def copy_revision(source: Path, cache_dir: Path, name: str, revision: int) -> Lo
         target_modules=tuple(sorted(config["target_modules"])),
         base_model=str(config.get("base_model_name_or_path") or ""),
     )
+
+
+def tiny_registry(
+    engine: Engine,
+    model_dir: Path,
+    cache_dir: Path,
+    *,
+    served_model_name: str | None = None,
+    **options: Any,
+) -> AdapterRegistry:
+    """A registry over `cache_dir` that admits what the engine on the tiny model can serve;
+    `options` (fetcher, failures) go to AdapterRegistry."""
+    compat = CompatibilityChecker(
+        max_lora_rank=engine.info.max_lora_rank,
+        target_modules=model_lora_targets(model_dir),
+        served_model_name=served_model_name or str(model_dir),
+    )
+    return AdapterRegistry(engine, cache_dir=cache_dir, compat=compat, **options)
+
+
+def runtime_slot(
+    engine: Engine,
+    registry: AdapterRegistry,
+    metrics: InferenceMetrics,
+    *,
+    max_pending: int = 16,
+    replica_id: str = REPLICA_ID,
+    **runtime: Any,
+) -> RuntimeSlot:
+    """The generation path over `registry`, as the servicers and the HTTP front reach it."""
+    admission = Admission(max_pending)
+    return RuntimeSlot(
+        Runtime(
+            engine=engine,
+            registry=registry,
+            generator=Generator(engine, registry, admission, metrics),
+            admission=admission,
+            replica_id=replica_id,
+            **runtime,
+        )
+    )
+
+
+@asynccontextmanager
+async def openai_server(slot: RuntimeSlot, model_name: str) -> AsyncIterator[int]:
+    """The OpenAI-compatible front over `slot` on 127.0.0.1; yields its port."""
+    app = create_openai_app(
+        slot, model_names=[model_name], security=ServerSecurity(), is_ready=lambda: True
+    )
+    server = await start_http_server(app, address="127.0.0.1:0", security=ServerSecurity())
+    try:
+        yield server.port
+    finally:
+        await server.stop(grace=None)
 
 
 @dataclass
@@ -115,24 +170,10 @@ def served_factory(
         cache_dir.mkdir(exist_ok=True)
         fetcher = DirectoryFetcher(cache_dir)
         metrics = InferenceMetrics(CollectorRegistry())
-        compat = CompatibilityChecker(
-            max_lora_rank=engine.info.max_lora_rank,
-            target_modules=model_lora_targets(tiny_model_dir),
-            served_model_name=str(tiny_model_dir),
+        registry = tiny_registry(
+            engine, tiny_model_dir, cache_dir, fetcher=fetcher, failures=metrics
         )
-        registry = AdapterRegistry(
-            engine, cache_dir=cache_dir, compat=compat, fetcher=fetcher, failures=metrics
-        )
-        admission = Admission(max_pending)
-        slot = RuntimeSlot(
-            Runtime(
-                engine=engine,
-                registry=registry,
-                generator=Generator(engine, registry, admission, metrics),
-                admission=admission,
-                replica_id=REPLICA_ID,
-            )
-        )
+        slot = runtime_slot(engine, registry, metrics, max_pending=max_pending)
         try:
             async with serving(lambda server: register(server, slot), [SERVICE_NAME]) as running:
                 address = f"127.0.0.1:{running.port}"

@@ -17,12 +17,13 @@ from typing import TYPE_CHECKING, Any
 
 import grpc
 
-from loraserve.adapterstore.testing import AdapterFiles
 from loraserve.inference.app import InferenceApp
 from loraserve.inference.engine import AdapterHandle, VllmEngine
 from loraserve.inference.settings import EngineOptions, parse_settings
 from loraserve.inference.v1 import inference_pb2 as pb
 from loraserve.inference.v1 import inference_pb2_grpc as pb_grpc
+from loraserve.testing.adapterstore import AdapterFiles
+from loraserve.testing.processes import inference_args
 
 if TYPE_CHECKING:
     from vllm.v1.engine.async_llm import AsyncLLM
@@ -110,20 +111,7 @@ async def inference_app(
     """Runs an InferenceApp on the shared engine until the block exits (then stops it
     gracefully and removes the LoRAs it loaded from the engine)."""
     settings = parse_settings(
-        [
-            "serve",
-            "--model",
-            str(model_dir),
-            "--store",
-            store_address,
-            "--listen",
-            "127.0.0.1:0",
-            "--adapter-cache",
-            str(cache_dir),
-            "--shutdown-grace",
-            "30",
-            *extra,
-        ],
+        inference_args(model_dir, store_address, cache_dir, "--shutdown-grace", "30", *extra),
         {},
         replica_id,
     )

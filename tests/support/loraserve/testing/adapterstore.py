@@ -12,7 +12,7 @@ import struct
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any
 
 import grpc
 import numpy as np
@@ -38,6 +38,7 @@ from loraserve.adapterstore.v1 import adapterstore_pb2_grpc as pb_grpc
 from loraserve.adapterstore.validation import Limits
 from loraserve.common.manifest import FileInfo
 from loraserve.testing.grpc import serving
+from loraserve.testing.s3 import S3Bucket
 
 BASE_MODEL = "tiny-llama"
 FAST_LOG = LogSettings(poll_interval=0.05, snapshot_every=100, log_retention=0)
@@ -339,22 +340,7 @@ BAD_PUSHES = [
 ]
 
 
-class BucketLike(Protocol):
-    """What `loraserve.testing.s3.S3Bucket` offers."""
-
-    @property
-    def endpoint_url(self) -> str: ...
-    @property
-    def bucket(self) -> str: ...
-    @property
-    def region(self) -> str: ...
-    @property
-    def access_key_id(self) -> str: ...
-    @property
-    def secret_access_key(self) -> str: ...
-
-
-def s3_location(bucket: BucketLike, prefix: str = "") -> S3Location:
+def s3_location(bucket: S3Bucket, prefix: str = "") -> S3Location:
     return S3Location(
         bucket=bucket.bucket,
         prefix=prefix,
@@ -376,7 +362,7 @@ class StoreServer:
 
 @asynccontextmanager
 async def serve_store(
-    bucket: BucketLike,
+    bucket: S3Bucket,
     log_settings: LogSettings = FAST_LOG,
     principal: Callable[[], str] = lambda: "tester",
     **kwargs: Any,

@@ -1,0 +1,33 @@
+"""Waiting in tests for a condition to hold: poll it, under a guard that only stops a hung
+test. Nothing here measures time; a loaded machine only makes the wait longer."""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+import logging
+from collections.abc import Awaitable, Callable
+
+log = logging.getLogger(__name__)
+
+GUARD_S = 60.0
+POLL_S = 0.02
+
+
+async def eventually(
+    check: Callable[[], bool] | Callable[[], Awaitable[bool]], what: str, guard_s: float = GUARD_S
+) -> None:
+    """Waits until `check()` (a plain or an async callable) holds; fails naming `what` if it
+    does not within `guard_s`."""
+    try:
+        async with asyncio.timeout(guard_s):
+            while True:
+                held = check()
+                if inspect.isawaitable(held):
+                    held = await held
+                if held:
+                    log.info("test.observed %s", what)
+                    return
+                await asyncio.sleep(POLL_S)
+    except TimeoutError:
+        raise AssertionError(f"never happened: {what}") from None
