@@ -1,5 +1,5 @@
 """Malformed adapter references are INVALID_ARGUMENT (HTTP 400) naming the problem, on
-every method that takes one, over the real servers (issue 10, item 10).
+every method that takes one, over the real servers.
 
 `x@<20 digits>` once reached the store client as a revision no int64 field can hold
 and came back INTERNAL (HTTP 500 through the OpenAI front).

@@ -1,4 +1,4 @@
-"""Issue 10, item 1: a commit whose outcome the store cannot see is made once.
+"""A commit whose outcome the store cannot see is made once.
 
 S3 applies the conditional PUT of `log/<seq>`, the fault proxy cuts the reply, and
 botocore retries the PUT, which gets 412 because of the store's own first

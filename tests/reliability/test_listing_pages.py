@@ -1,4 +1,4 @@
-"""Issue 10, item 4: the pages of one listing, asked of different store replicas,
+"""The pages of one listing, asked of different store replicas,
 never reflect a seq before the first page's.
 
 Two store servers share one bucket; the second reaches S3 through the fault

@@ -1,5 +1,5 @@
 """A push the store refuses while the client is still sending reaches the client as the
-store's status, every time (issue 17).
+store's status, every time.
 
 The store answers a client-streaming push as soon as it knows it will refuse it: no
 token, a reader token, a file over the size limit, a bad file mid-stream. Whether the

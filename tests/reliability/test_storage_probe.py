@@ -1,4 +1,4 @@
-"""Issue 10, item 9: a store refuses to start on S3 that ignores `If-None-Match: *`.
+"""A store refuses to start on S3 that ignores `If-None-Match: *`.
 
 The unsuitable backend is moto behind the fault proxy, which strips the header
 from the probe's PUTs, as a backend without conditional writes would ignore it.

@@ -1,5 +1,5 @@
-"""Commit ids and idempotency keys on the in-memory blob store (issue 10, item 1),
-the conflict backoff (item 10) and the conditional-put probe (item 9)."""
+"""Commit ids and idempotency keys on the in-memory blob store, the conflict backoff
+and the conditional-put probe."""
 
 from __future__ import annotations
 

@@ -13,10 +13,10 @@ from loraserve.adapterstore.validation import (
     LoraConfig,
     check_tensors_match_config,
     parse_adapter_config,
-    parse_safetensors_header,
 )
 from loraserve.common.errors import InvalidArgument
 from loraserve.testing.adapterstore import BAD_PUSHES, BadPush, lora_tensors, push, tiny_adapter
+from loraserve.common.peft_format import parse_safetensors_header
 
 
 async def _chunks(chunks: list[Chunk]):  # type: ignore[no-untyped-def]

@@ -1,5 +1,5 @@
 """The OpenAI front refuses a request without a token, or with a body over the limit,
-before reading the body (issue 10, item 6), over real HTTP on 127.0.0.1.
+before reading the body, over real HTTP on 127.0.0.1.
 
 Each test sends the request line, the headers and only part of the body on a raw
 socket, then waits for the answer: a server that read the whole body first would

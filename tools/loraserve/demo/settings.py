@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from loraserve.common.errors import InvalidArgument
+from loraserve.common.flags import EnvFlags, port, positive_float
 from loraserve.common.security import (
     ClientSecurity,
     add_client_security_flags,
@@ -74,24 +75,6 @@ class RunSettings:
         return f"{self.host}:{self.inference_port}"
 
 
-def _port(text: str) -> int:
-    value = int(text)
-    if not 0 <= value <= 65535:
-        raise argparse.ArgumentTypeError(f"not a port: {value}")
-    return value
-
-
-def _positive_float(text: str) -> float:
-    value = float(text)
-    if value <= 0:
-        raise argparse.ArgumentTypeError(f"must be positive, got {value}")
-    return value
-
-
-def _flag_env(environ: Mapping[str, str], name: str) -> str | None:
-    return environ.get(f"{ENV_PREFIX}_{name.upper().replace('-', '_')}")
-
-
 def _yes(text: str | None) -> bool | None:
     if text is None:
         return None
@@ -106,49 +89,53 @@ def build_parser(environ: Mapping[str, str]) -> argparse.ArgumentParser:
         "the inference service, until Ctrl-C. Without --model: the tiny demo model with "
         "demo adapters and an embedded S3 endpoint.",
     )
+    flags = EnvFlags(environ, ENV_PREFIX)
+    flags.add(parser, "model", "model to serve (path or name); default: the demo model")
+    _add_storage_flags(parser, flags)
+    _add_network_flags(parser, flags)
+    _add_demo_flags(parser, flags)
+    _add_server_flags(parser, flags)
+    add_client_security_flags(parser, CLIENT_ENV_PREFIX, environ)
+    return parser
 
-    def env(name: str, default: str | None = None) -> str | None:
-        value = _flag_env(environ, name)
-        return value if value is not None else default
 
-    def env_help(name: str) -> str:
-        return f"env {ENV_PREFIX}_{name.upper().replace('-', '_')}"
-
-    parser.add_argument(
-        "--model",
-        default=env("model"),
-        help=f"model to serve (path or name); default: the demo model ({env_help('model')})",
-    )
+def _add_storage_flags(parser: argparse.ArgumentParser, flags: EnvFlags) -> None:
+    env = flags.get
     storage = parser.add_argument_group("object storage")
     storage.add_argument(
         "--s3-endpoint",
         default=env("s3-endpoint"),
-        help=f"S3-compatible endpoint URL; default: an embedded one ({env_help('s3-endpoint')}). "
+        help="S3-compatible endpoint URL; default: an embedded one "
+        f"(env {flags.env_name('s3-endpoint')}). "
         "Credentials: ADAPTERSTORE_ACCESS_KEY_ID/SECRET_ACCESS_KEY or boto3's usual chain",
     )
-    storage.add_argument(
-        "--bucket", default=env("bucket", DEFAULT_BUCKET), help=f"bucket ({env_help('bucket')})"
-    )
+    flags.add(storage, "bucket", "bucket", DEFAULT_BUCKET)
     storage.add_argument("--prefix", default=env("prefix", ""), help="key prefix in the bucket")
     storage.add_argument("--region", default=env("region"), help="S3 region")
 
+
+def _add_network_flags(parser: argparse.ArgumentParser, flags: EnvFlags) -> None:
+    env = flags.get
     network = parser.add_argument_group("network")
     network.add_argument(
         "--host", default=env("host", "127.0.0.1"), help="address both servers listen on"
     )
     network.add_argument(
         "--store-port",
-        type=_port,
+        type=port,
         default=env("store-port", str(DEFAULT_STORE_PORT)),
         help="adapter store port (0: any free port)",
     )
     network.add_argument(
         "--inference-port",
-        type=_port,
+        type=port,
         default=env("inference-port", str(DEFAULT_INFERENCE_PORT)),
         help="inference service port (0: any free port)",
     )
 
+
+def _add_demo_flags(parser: argparse.ArgumentParser, flags: EnvFlags) -> None:
+    env = flags.get
     demo = parser.add_argument_group("demo")
     demo.add_argument(
         "--demo-adapters",
@@ -184,6 +171,9 @@ def build_parser(environ: Mapping[str, str]) -> argparse.ArgumentParser:
         help="also print the servers' logs here, each line prefixed with its server",
     )
 
+
+def _add_server_flags(parser: argparse.ArgumentParser, flags: EnvFlags) -> None:
+    env = flags.get
     servers = parser.add_argument_group("servers")
     servers.add_argument(
         "--store-arg",
@@ -203,18 +193,16 @@ def build_parser(environ: Mapping[str, str]) -> argparse.ArgumentParser:
     )
     servers.add_argument(
         "--ready-timeout",
-        type=_positive_float,
+        type=positive_float,
         default=env("ready-timeout", "900"),
         help="seconds each server gets to report SERVING",
     )
     servers.add_argument(
         "--stop-timeout",
-        type=_positive_float,
+        type=positive_float,
         default=env("stop-timeout", "30"),
         help="seconds each server gets to stop after SIGTERM before it is killed",
     )
-    add_client_security_flags(parser, CLIENT_ENV_PREFIX, environ)
-    return parser
 
 
 def parse_settings(argv: Sequence[str], environ: Mapping[str, str]) -> RunSettings:

@@ -10,11 +10,12 @@ SIGTERM or SIGINT turn health to NOT_SERVING and give in-flight calls
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import os
 import sys
 from collections.abc import Sequence
+
+import stamina
 
 from loraserve.adapterstore.changelog import ChangeLog
 from loraserve.adapterstore.health import follow_freshness
@@ -30,7 +31,6 @@ from loraserve.adapterstore.servicer import (
 from loraserve.adapterstore.settings import AdapterStoreSettings, parse_settings
 from loraserve.adapterstore.status import ReplicaStatusStore
 from loraserve.adapterstore.store import AdapterStore
-from loraserve.common.backoff import Backoff
 from loraserve.common.errors import DataLoss, FailedPrecondition, LoraserveError, Unavailable
 from loraserve.common.server import install_stop_signals, start_server
 
@@ -44,19 +44,41 @@ EXIT_UNSUITABLE_STORAGE = 1
 async def _start_when_reachable(
     blobs: S3BlobStore, store: AdapterStore, stop: asyncio.Event
 ) -> bool:
-    """Retries until the bucket answers and the log is loaded; False if stopped first."""
-    backoff = Backoff(_RETRY_FIRST_S, _RETRY_MAX_S)
-    while not stop.is_set():
-        delay = backoff.next_delay()
-        try:
-            await blobs.check()
-            await store.start()
-            return True
-        except (Unavailable, DataLoss) as e:
-            log.warning("store.storage_unreachable retry_in_s=%.1f error=%s", delay, e.message)
-        with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(stop.wait(), delay)
-    return False
+    """Retries until the bucket answers and the log is loaded; False if stopped first
+    (the attempt or wait in progress is cancelled)."""
+    starting = asyncio.create_task(_start_with_retries(blobs, store))
+    stopping = asyncio.create_task(stop.wait())
+    try:
+        await asyncio.wait((starting, stopping), return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        starting.cancel()
+        stopping.cancel()
+        await asyncio.gather(starting, stopping, return_exceptions=True)
+    if starting.cancelled():
+        return False
+    starting.result()  # raises FailedPrecondition for unsuitable storage
+    return True
+
+
+async def _start_with_retries(blobs: S3BlobStore, store: AdapterStore) -> None:
+    async for attempt in stamina.retry_context(
+        on=(Unavailable, DataLoss),
+        attempts=None,
+        timeout=None,
+        wait_initial=_RETRY_FIRST_S,
+        wait_max=_RETRY_MAX_S,
+    ):
+        with attempt:
+            try:
+                await blobs.check()
+                await store.start()
+            except (Unavailable, DataLoss) as e:
+                log.warning(
+                    "store.storage_unreachable retry_in_s=%.1f error=%s",
+                    attempt.next_wait,
+                    e.message,
+                )
+                raise
 
 
 async def serve(settings: AdapterStoreSettings) -> int:

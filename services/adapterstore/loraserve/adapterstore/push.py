@@ -17,12 +17,15 @@ from dataclasses import dataclass
 
 from loraserve.adapterstore.blobstore import BlobStore, BlobUpload, ReceivedBlob
 from loraserve.adapterstore.validation import (
-    CONFIG_FILE,
-    WEIGHTS_FILE,
     LoraConfig,
-    TensorInfo,
     check_tensors_match_config,
     parse_adapter_config,
+)
+from loraserve.common.errors import InvalidArgument
+from loraserve.common.peft_format import (
+    CONFIG_FILE,
+    WEIGHTS_FILE,
+    TensorInfo,
     parse_safetensors_header,
     safetensors_header_length,
 )
@@ -124,45 +127,49 @@ async def receive_adapter(
 ) -> ReceivedAdapter:
     """Uploads and validates every declared file, keeping none of them. The header's
     names, sizes and sha256s must already have passed `validation.check_declared_files`."""
-    received: list[ReceivedFile] = []
-    receiver: _FileReceiver | None = None
-    pending = list(header.files)
-    config_bytes = b""
-    tensors: list[TensorInfo] = []
+    push = _PushReceiver(header.files, blobs)
+    try:
+        async for chunk in chunks:
+            await push.write(chunk)
+        await push.open_next(None)
+        config = parse_adapter_config(push.config_bytes)
+        check_tensors_match_config(push.tensors, config)
+    except BaseException:
+        await push.abort()
+        raise
+    return ReceivedAdapter(push.received, config)
 
-    async def close_current() -> None:
-        nonlocal receiver, config_bytes, tensors
-        if receiver is None:
-            return
-        current, receiver = receiver, None
-        try:
-            blob = await current.finish()
-        except BaseException:
-            await _abort(current.upload)
-            raise
-        received.append(
-            ReceivedFile(FileInfo(current.declared.name, blob.size, blob.sha256), current.upload)
-        )
-        _check_sha256(current.declared, blob)
-        if current.declared.name == CONFIG_FILE:
-            config_bytes = bytes(current.captured)
-        elif current.declared.name == WEIGHTS_FILE and current.tensors is not None:
-            tensors = current.tensors
 
-    async def open_next(file_name: str | None) -> None:
+class _PushReceiver:
+    """The files of one push, received one after another in header order."""
+
+    def __init__(self, declared: list[FileInfo], blobs: BlobStore) -> None:
+        self._blobs = blobs
+        self._pending = list(declared)
+        self._current: _FileReceiver | None = None
+        self.received: list[ReceivedFile] = []
+        self.config_bytes = b""
+        self.tensors: list[TensorInfo] = []
+
+    async def write(self, chunk: Chunk) -> None:
+        if self._current is None or chunk.file_name != self._current.declared.name:
+            await self.open_next(chunk.file_name)
+        assert self._current is not None
+        await self._current.write(chunk)
+
+    async def open_next(self, file_name: str | None) -> None:
         """Closes the current file and opens `file_name` (None: the end of the push),
         completing the empty files declared in between."""
-        nonlocal receiver
-        await close_current()
-        if file_name is not None and all(f.name != file_name for f in pending):
+        await self._close_current()
+        if file_name is not None and all(f.name != file_name for f in self._pending):
             raise InvalidArgument(
                 f"chunk for file {file_name!r}, which is not declared or was already sent"
             )
-        while pending:
-            declared = pending[0]
+        while self._pending:
+            declared = self._pending[0]
             if declared.name == file_name:
-                pending.pop(0)
-                receiver = await _open(declared, blobs)
+                self._pending.pop(0)
+                self._current = await _open(declared, self._blobs)
                 return
             if declared.size != 0:
                 if file_name is None:
@@ -171,25 +178,33 @@ async def receive_adapter(
                     f"chunk for file {file_name!r} arrived before file {declared.name!r} was sent; "
                     "files must be sent in header order"
                 )
-            pending.pop(0)
-            receiver = await _open(declared, blobs)
-            await close_current()
+            self._pending.pop(0)
+            self._current = await _open(declared, self._blobs)
+            await self._close_current()
 
-    try:
-        async for chunk in chunks:
-            if receiver is None or chunk.file_name != receiver.declared.name:
-                await open_next(chunk.file_name)
-            assert receiver is not None
-            await receiver.write(chunk)
-        await open_next(None)
-        config = parse_adapter_config(config_bytes)
-        check_tensors_match_config(tensors, config)
-    except BaseException:
-        if receiver is not None:
-            await _abort(receiver.upload)
-        await abort_files(received)
-        raise
-    return ReceivedAdapter(received, config)
+    async def _close_current(self) -> None:
+        if self._current is None:
+            return
+        current, self._current = self._current, None
+        try:
+            blob = await current.finish()
+        except BaseException:
+            await _abort(current.upload)
+            raise
+        self.received.append(
+            ReceivedFile(FileInfo(current.declared.name, blob.size, blob.sha256), current.upload)
+        )
+        _check_sha256(current.declared, blob)
+        if current.declared.name == CONFIG_FILE:
+            self.config_bytes = bytes(current.captured)
+        elif current.declared.name == WEIGHTS_FILE and current.tensors is not None:
+            self.tensors = current.tensors
+
+    async def abort(self) -> None:
+        """Aborts every upload this push started, the one in progress included."""
+        if self._current is not None:
+            await _abort(self._current.upload)
+        await abort_files(self.received)
 
 
 async def keep_files(received: ReceivedAdapter) -> None:

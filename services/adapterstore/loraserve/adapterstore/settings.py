@@ -9,10 +9,10 @@ files) and never appear in a repr.
 from __future__ import annotations
 
 import argparse
-from collections.abc import Mapping, Sequence
+import functools
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 from loraserve.adapterstore.changelog import LogSettings
 from loraserve.adapterstore.s3blobs import (
@@ -25,6 +25,7 @@ from loraserve.adapterstore.status import DEFAULT_STATUS_TTL_S
 from loraserve.adapterstore.store import StoreSettings
 from loraserve.adapterstore.validation import Limits
 from loraserve.common.errors import InvalidArgument
+from loraserve.common.flags import EnvFlags, non_negative_int, positive_float, positive_int
 from loraserve.common.security import (
     ServerSecurity,
     add_server_security_flags,
@@ -52,44 +53,62 @@ class AdapterStoreSettings:
     log_level: str = "INFO"
 
 
-def _positive_float(text: str) -> float:
-    value = float(text)
-    if value <= 0:
-        raise argparse.ArgumentTypeError(f"must be positive, got {value}")
-    return value
-
-
-def _positive_int(text: str) -> int:
-    value = int(text)
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
-    return value
-
-
-def _non_negative_int(text: str) -> int:
-    value = int(text)
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"must not be negative, got {value}")
-    return value
-
-
 def build_parser(environ: Mapping[str, str]) -> argparse.ArgumentParser:
     """The `adapterstore` command line; defaults come from `environ`."""
     parser = argparse.ArgumentParser(prog="adapterstore", description=__doc__)
     commands = parser.add_subparsers(dest="command", required=True)
     serve = commands.add_parser("serve", help="run the adapter store server")
-
-    def env(name: str, default: str | None = None) -> str | None:
-        value = environ.get(f"{ENV_PREFIX}_{name.upper().replace('-', '_')}")
-        return value if value is not None else default
-
-    def flag(name: str, help_text: str, default: str | None = None, **kwargs: Any) -> None:
-        env_name = f"{ENV_PREFIX}_{name.upper().replace('-', '_')}"
-        serve.add_argument(
-            f"--{name}", default=env(name, default), help=f"{help_text} (env {env_name})", **kwargs
-        )
-
+    flag = functools.partial(EnvFlags(environ, ENV_PREFIX).add, serve)
     flag("listen", "gRPC address HOST:PORT", "0.0.0.0:50051")
+    _add_storage_flags(flag)
+    flag("max-file-size", "largest file accepted in a push", "4GiB", type=parse_size)
+    flag("max-adapter-size", "largest total of one push's files", "8GiB", type=parse_size)
+    flag(
+        "heartbeat-interval",
+        "seconds of quiet before a watch heartbeat",
+        "10",
+        type=positive_float,
+    )
+    flag(
+        "poll-interval",
+        "seconds between looks for other replicas' commits",
+        "0.25",
+        type=positive_float,
+    )
+    flag(
+        "max-staleness",
+        "seconds without reading the log's head from object storage before this replica "
+        "reports NOT_SERVING and its watch heartbeats send clients to another replica",
+        "30",
+        type=positive_float,
+    )
+    flag(
+        "status-ttl",
+        "seconds after an inference replica's last sign of life (or last report) before "
+        "its statuses stop being shown and are deleted",
+        f"{DEFAULT_STATUS_TTL_S:g}",
+        type=positive_float,
+    )
+    flag("snapshot-every", "commits between state snapshots", "100", type=positive_int)
+    flag(
+        "log-retention",
+        "newest log entries always kept for watchers to resume from; older ones are deleted "
+        "once a snapshot covers them (0: keep all)",
+        "10000",
+        type=non_negative_int,
+    )
+    flag(
+        "metrics-port",
+        "serve Prometheus metrics on this port (0: any free port; unset: off)",
+        type=int,
+    )
+    flag("shutdown-grace", "seconds in-flight calls get to finish on SIGTERM", "30", type=float)
+    flag("log-level", "logging level", "INFO")
+    add_server_security_flags(serve, ENV_PREFIX, environ, roles=("reader", "replica", "writer"))
+    return parser
+
+
+def _add_storage_flags(flag: Callable[..., None]) -> None:
     s3 = "object storage"
     flag("s3-endpoint", f"{s3}: endpoint URL of an S3-compatible service; unset: AWS")
     flag("bucket", f"{s3}: bucket name (required)")
@@ -104,53 +123,8 @@ def build_parser(environ: Mapping[str, str]) -> argparse.ArgumentParser:
         "parts-in-flight",
         f"{s3}: parts of one upload sent at once (memory per push: about this + 1 parts)",
         str(DEFAULT_PARTS_IN_FLIGHT),
-        type=_positive_int,
+        type=positive_int,
     )
-    flag("max-file-size", "largest file accepted in a push", "4GiB", type=parse_size)
-    flag("max-adapter-size", "largest total of one push's files", "8GiB", type=parse_size)
-    flag(
-        "heartbeat-interval",
-        "seconds of quiet before a watch heartbeat",
-        "10",
-        type=_positive_float,
-    )
-    flag(
-        "poll-interval",
-        "seconds between looks for other replicas' commits",
-        "0.25",
-        type=_positive_float,
-    )
-    flag(
-        "max-staleness",
-        "seconds without reading the log's head from object storage before this replica "
-        "reports NOT_SERVING and its watch heartbeats send clients to another replica",
-        "30",
-        type=_positive_float,
-    )
-    flag(
-        "status-ttl",
-        "seconds after an inference replica's last sign of life (or last report) before "
-        "its statuses stop being shown and are deleted",
-        f"{DEFAULT_STATUS_TTL_S:g}",
-        type=_positive_float,
-    )
-    flag("snapshot-every", "commits between state snapshots", "100", type=_positive_int)
-    flag(
-        "log-retention",
-        "newest log entries always kept for watchers to resume from; older ones are deleted "
-        "once a snapshot covers them (0: keep all)",
-        "10000",
-        type=_non_negative_int,
-    )
-    flag(
-        "metrics-port",
-        "serve Prometheus metrics on this port (0: any free port; unset: off)",
-        type=int,
-    )
-    flag("shutdown-grace", "seconds in-flight calls get to finish on SIGTERM", "30", type=float)
-    flag("log-level", "logging level", "INFO")
-    add_server_security_flags(serve, ENV_PREFIX, environ, roles=("reader", "replica", "writer"))
-    return parser
 
 
 def _secret(value: str | None, file: str | None, what: str) -> str | None:

@@ -7,12 +7,9 @@ one that could execute code when loaded (any pickle), never reaches storage.
 
 from __future__ import annotations
 
-import json
 import math
 import re
-import struct
 from dataclasses import dataclass
-from typing import Any
 
 from loraserve.adapterstore.textlimits import (
     MAX_BASE_MODEL_BYTES,
@@ -22,9 +19,17 @@ from loraserve.adapterstore.textlimits import (
 )
 from loraserve.common.errors import InvalidArgument
 from loraserve.common.manifest import FileInfo
+from loraserve.common.peft_format import (
+    CONFIG_FILE,
+    LORA_DTYPES,
+    LORA_TENSOR_NAMES,
+    RANK_AXIS,
+    WEIGHTS_FILE,
+    TensorInfo,
+    load_json_object,
+    lora_tensor_name,
+)
 
-CONFIG_FILE = "adapter_config.json"
-WEIGHTS_FILE = "adapter_model.safetensors"
 REQUIRED_FILES = frozenset({CONFIG_FILE, WEIGHTS_FILE})
 OPTIONAL_FILES = frozenset(
     {
@@ -43,44 +48,13 @@ ALLOWED_FILES = REQUIRED_FILES | OPTIONAL_FILES
 PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".pkl", ".pickle", ".ckpt")
 # A PEFT config is a few hundred bytes; the bound only keeps it out of the way of memory.
 MAX_CONFIG_SIZE = 1024 * 1024
-# The same bound the safetensors library applies to its JSON header.
-MAX_SAFETENSORS_HEADER = 100 * 1024 * 1024
 _SHA256 = re.compile(r"[0-9a-f]{64}")
-DTYPE_SIZES = {
-    "BOOL": 1,
-    "U8": 1,
-    "I8": 1,
-    "F8_E5M2": 1,
-    "F8_E4M3": 1,
-    "I16": 2,
-    "U16": 2,
-    "F16": 2,
-    "BF16": 2,
-    "I32": 4,
-    "U32": 4,
-    "F32": 4,
-    "I64": 8,
-    "U64": 8,
-    "F64": 8,
-}
-LORA_DTYPES = frozenset({"F16", "BF16", "F32", "F64"})
-# PEFT's saved names: base_model.model.<module path>.lora_A.weight / lora_B.weight
-_LORA_TENSOR = re.compile(r"base_model\.model\.(?P<module>.+)\.lora_(?P<side>[AB])\.weight")
 
 
 @dataclass(frozen=True, slots=True)
 class Limits:
     max_file_size: int
     max_adapter_size: int
-
-
-@dataclass(frozen=True, slots=True)
-class TensorInfo:
-    name: str
-    dtype: str
-    shape: tuple[int, ...]
-    begin: int
-    end: int
 
 
 @dataclass(frozen=True, slots=True)
@@ -142,110 +116,9 @@ def check_file_name(name: str) -> None:
         )
 
 
-def safetensors_header_length(prefix: bytes, file_size: int) -> int:
-    """Reads the header length from the file's first 8 bytes and checks it fits the file."""
-    if file_size < 8 or len(prefix) < 8:
-        raise InvalidArgument(
-            f"{WEIGHTS_FILE}: file of {file_size} bytes is too short to be safetensors"
-        )
-    (length,) = struct.unpack("<Q", prefix[:8])
-    if length < 2:
-        raise InvalidArgument(f"{WEIGHTS_FILE}: header length {length} is too small")
-    if length > MAX_SAFETENSORS_HEADER:
-        raise InvalidArgument(
-            f"{WEIGHTS_FILE}: header length {length} exceeds {MAX_SAFETENSORS_HEADER} bytes"
-        )
-    if 8 + length > file_size:
-        raise InvalidArgument(
-            f"{WEIGHTS_FILE}: header length {length} runs past the end of the {file_size}-byte file"
-        )
-    return int(length)
-
-
-def _no_duplicate_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
-    result: dict[str, Any] = {}
-    for key, value in pairs:
-        if key in result:
-            raise ValueError(f"duplicate key {key!r}")
-        result[key] = value
-    return result
-
-
-def _load_json_object(data: bytes, file_name: str) -> dict[str, Any]:
-    try:
-        value = json.loads(data.decode("utf-8"), object_pairs_hook=_no_duplicate_keys)
-    except (UnicodeDecodeError, ValueError) as e:
-        raise InvalidArgument(f"{file_name}: not valid JSON: {e}") from None
-    if not isinstance(value, dict):
-        raise InvalidArgument(f"{file_name}: must be a JSON object")
-    return value
-
-
-def _is_int(value: Any) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
-
-
-def parse_safetensors_header(header: bytes, file_size: int) -> list[TensorInfo]:
-    """Parses the JSON header and checks every tensor's dtype, shape and offsets, and that
-    the offsets tile the data section exactly: no gap, no overlap, nothing after."""
-    name = WEIGHTS_FILE
-    if not header.startswith(b"{"):
-        raise InvalidArgument(f"{name}: header does not start with a JSON object")
-    entries = _load_json_object(header, f"{name} header")
-    metadata = entries.pop("__metadata__", None)
-    if metadata is not None and (
-        not isinstance(metadata, dict)
-        or not all(isinstance(k, str) and isinstance(v, str) for k, v in metadata.items())
-    ):
-        raise InvalidArgument(f"{name}: __metadata__ must map strings to strings")
-    if not entries:
-        raise InvalidArgument(f"{name}: contains no tensors")
-    tensors = [_parse_tensor_entry(key, value) for key, value in entries.items()]
-    data_size = file_size - 8 - len(header)
-    position = 0
-    for tensor in sorted(tensors, key=lambda t: (t.begin, t.end)):
-        if tensor.begin != position:
-            problem = "overlaps the previous tensor" if tensor.begin < position else "leaves a gap"
-            raise InvalidArgument(
-                f"{name}: tensor {tensor.name!r} at offset {tensor.begin} {problem} "
-                f"(expected offset {position})"
-            )
-        position = tensor.end
-    if position != data_size:
-        raise InvalidArgument(
-            f"{name}: tensors cover {position} bytes but the data section has {data_size} bytes"
-        )
-    return tensors
-
-
-def _parse_tensor_entry(key: str, value: Any) -> TensorInfo:
-    where = f"{WEIGHTS_FILE}: tensor {key!r}"
-    if not isinstance(value, dict) or set(value) != {"dtype", "shape", "data_offsets"}:
-        raise InvalidArgument(f"{where}: entry must have exactly dtype, shape and data_offsets")
-    dtype, shape, offsets = value["dtype"], value["shape"], value["data_offsets"]
-    if not isinstance(dtype, str) or dtype not in DTYPE_SIZES:
-        raise InvalidArgument(f"{where}: unsupported dtype {dtype!r}")
-    if not isinstance(shape, list) or not all(_is_int(d) and d >= 0 for d in shape):
-        raise InvalidArgument(f"{where}: shape must be a list of non-negative integers")
-    if (
-        not isinstance(offsets, list)
-        or len(offsets) != 2
-        or not all(_is_int(o) for o in offsets)
-        or not 0 <= offsets[0] <= offsets[1]
-    ):
-        raise InvalidArgument(f"{where}: data_offsets must be [begin, end] with 0 <= begin <= end")
-    expected = math.prod(shape) * DTYPE_SIZES[dtype]
-    if offsets[1] - offsets[0] != expected:
-        raise InvalidArgument(
-            f"{where}: data_offsets span {offsets[1] - offsets[0]} bytes but "
-            f"{dtype}{shape} needs {expected}"
-        )
-    return TensorInfo(key, dtype, tuple(shape), offsets[0], offsets[1])
-
-
 def parse_adapter_config(data: bytes) -> LoraConfig:
     name = CONFIG_FILE
-    config = _load_json_object(data, name)
+    config = load_json_object(data, name)
     if config.get("peft_type") != "LORA":
         raise InvalidArgument(
             f"{name}: peft_type is {config.get('peft_type')!r}; only LORA adapters are accepted"
@@ -292,13 +165,13 @@ def check_tensors_match_config(tensors: list[TensorInfo], config: LoraConfig) ->
     where = f"{WEIGHTS_FILE} vs {CONFIG_FILE}"
     sides: dict[str, set[str]] = {}
     for tensor in tensors:
-        match = _LORA_TENSOR.fullmatch(tensor.name)
-        if match is None:
+        lora = lora_tensor_name(tensor.name)
+        if lora is None:
             raise InvalidArgument(
                 f"{WEIGHTS_FILE}: tensor {tensor.name!r} is not a LoRA weight (expected "
-                "base_model.model.<module>.lora_A.weight or .lora_B.weight)"
+                f"{LORA_TENSOR_NAMES})"
             )
-        module, side = match["module"], match["side"]
+        module, side = lora.module, lora.side
         if not any(module == t or module.endswith("." + t) for t in config.target_modules):
             raise InvalidArgument(
                 f"{where}: tensor {tensor.name!r} belongs to module {module!r}, which is not "
@@ -310,11 +183,8 @@ def check_tensors_match_config(tensors: list[TensorInfo], config: LoraConfig) ->
                 f"LoRA weights must be one of {sorted(LORA_DTYPES)}"
             )
         shape = tensor.shape
-        if side == "A":
-            ok, expected = len(shape) == 2 and shape[0] == config.rank, f"[{config.rank}, in]"
-        else:
-            ok, expected = len(shape) == 2 and shape[1] == config.rank, f"[out, {config.rank}]"
-        if not ok or 0 in shape:
+        if len(shape) != 2 or shape[RANK_AXIS[side]] != config.rank or 0 in shape:
+            expected = f"[{config.rank}, in]" if side == "A" else f"[out, {config.rank}]"
             raise InvalidArgument(
                 f"{where}: tensor {tensor.name!r} has shape {list(shape)}; "
                 f"lora_{side} must be {expected} for rank r={config.rank}"

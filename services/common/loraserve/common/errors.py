@@ -32,12 +32,6 @@ class NotFound(LoraserveError):
     code = grpc.StatusCode.NOT_FOUND
 
 
-class AlreadyExists(LoraserveError):
-    """The thing being created exists already."""
-
-    code = grpc.StatusCode.ALREADY_EXISTS
-
-
 class FailedPrecondition(LoraserveError):
     """The request is well formed but cannot apply to the current state,
     e.g. an adapter incompatible with the served model."""
@@ -119,7 +113,6 @@ _BY_CODE: dict[grpc.StatusCode, type[LoraserveError]] = {
     for cls in (
         InvalidArgument,
         NotFound,
-        AlreadyExists,
         FailedPrecondition,
         Aborted,
         OutOfRange,

@@ -23,6 +23,7 @@ from typing import Any
 import grpc
 
 from loraserve.common.errors import InvalidArgument, PermissionDenied, Unauthenticated
+from loraserve.common.flags import EnvFlags
 
 # Set for the duration of an authenticated call; read by servicers for audit fields.
 current_principal: contextvars.ContextVar[str] = contextvars.ContextVar(
@@ -233,10 +234,6 @@ class _BearerStreamStream(_BearerInterceptor, grpc.aio.StreamStreamClientInterce
 _BEARER_KINDS = (_BearerUnaryUnary, _BearerUnaryStream, _BearerStreamUnary, _BearerStreamStream)
 
 
-def _env(environ: Mapping[str, str], prefix: str, name: str) -> str | None:
-    return environ.get(f"{prefix}_{name}")
-
-
 def _read_secret(value: str | None, file: str | None, what: str) -> str:
     if file:
         try:
@@ -255,31 +252,19 @@ def add_server_security_flags(
     """Adds token flags for `roles` and TLS flags; each falls back to
     `<PREFIX>_<FLAG>` in `environ`."""
     group = parser.add_argument_group("security")
+    env = EnvFlags(environ, env_prefix)
     for role in roles:
-        up = role.upper()
-        group.add_argument(
-            f"--{role}-token",
-            default=_env(environ, env_prefix, f"{up}_TOKEN"),
-            help=f"{role} bearer tokens, comma-separated TOKEN or PRINCIPAL:TOKEN "
-            f"(env {env_prefix}_{up}_TOKEN)",
+        env.add(
+            group,
+            f"{role}-token",
+            f"{role} bearer tokens, comma-separated TOKEN or PRINCIPAL:TOKEN",
         )
-        group.add_argument(
-            f"--{role}-token-file",
-            default=_env(environ, env_prefix, f"{up}_TOKEN_FILE"),
-            help=f"file holding the {role} tokens (env {env_prefix}_{up}_TOKEN_FILE)",
-        )
-    for flag, help_text in (
-        ("tls-cert", "server certificate chain (PEM)"),
-        ("tls-key", "server private key (PEM)"),
-        ("tls-client-ca", "CA that client certificates must chain to; enables mTLS"),
-    ):
-        env_name = flag.upper().replace("-", "_")
-        group.add_argument(
-            f"--{flag}",
-            type=Path,
-            default=_env(environ, env_prefix, env_name),
-            help=f"{help_text} (env {env_prefix}_{env_name})",
-        )
+        env.add(group, f"{role}-token-file", f"file holding the {role} tokens")
+    env.add(group, "tls-cert", "server certificate chain (PEM)", type=Path)
+    env.add(group, "tls-key", "server private key (PEM)", type=Path)
+    env.add(
+        group, "tls-client-ca", "CA that client certificates must chain to; enables mTLS", type=Path
+    )
 
 
 def server_security_from_args(args: argparse.Namespace) -> ServerSecurity:
@@ -315,47 +300,20 @@ def add_client_security_flags(
     flag_prefix: str = "",
 ) -> None:
     """Adds `--[PREFIX-]token`, `--[PREFIX-]tls` and CA/cert/key flags for one peer."""
-    dest = flag_prefix.replace("-", "_")
-    env_base = f"{env_prefix}_{dest.upper()}" if dest else env_prefix
+    flag = f"{flag_prefix}-" if flag_prefix else ""
     group = parser.add_argument_group(f"{flag_prefix or 'client'} security")
+    env = EnvFlags(environ, env_prefix)
+    env.add(group, f"{flag}token", "bearer token")
+    env.add(group, f"{flag}token-file", "file holding the bearer token")
     group.add_argument(
-        f"--{flag_prefix}{'-' if flag_prefix else ''}token",
-        dest=f"{dest}_token" if dest else "token",
-        default=_env(environ, env_base, "TOKEN"),
-        help=f"bearer token (env {env_base}_TOKEN)",
+        f"--{flag}tls",
+        action="store_true",
+        default=env.switch(f"{flag}tls"),
+        help=f"use TLS with the system roots (env {env.env_name(f'{flag}tls')})",
     )
-    group.add_argument(
-        f"--{flag_prefix}{'-' if flag_prefix else ''}token-file",
-        dest=f"{dest}_token_file" if dest else "token_file",
-        default=_env(environ, env_base, "TOKEN_FILE"),
-        help=f"file holding the bearer token (env {env_base}_TOKEN_FILE)",
-    )
-    for flag, kind, help_text in (
-        ("tls", "flag", "use TLS with the system roots"),
-        ("tls-ca", "path", "CA bundle to verify the server (PEM); implies TLS"),
-        ("tls-cert", "path", "client certificate for mTLS (PEM)"),
-        ("tls-key", "path", "client private key for mTLS (PEM)"),
-    ):
-        name = f"--{flag_prefix}{'-' if flag_prefix else ''}{flag}"
-        env_name = flag.upper().replace("-", "_")
-        arg_dest = (f"{dest}_" if dest else "") + flag.replace("-", "_")
-        env_value = _env(environ, env_base, env_name)
-        if kind == "flag":
-            group.add_argument(
-                name,
-                dest=arg_dest,
-                action="store_true",
-                default=env_value in ("1", "true", "yes"),
-                help=f"{help_text} (env {env_base}_{env_name})",
-            )
-        else:
-            group.add_argument(
-                name,
-                dest=arg_dest,
-                type=Path,
-                default=env_value,
-                help=f"{help_text} (env {env_base}_{env_name})",
-            )
+    env.add(group, f"{flag}tls-ca", "CA bundle to verify the server (PEM); implies TLS", type=Path)
+    env.add(group, f"{flag}tls-cert", "client certificate for mTLS (PEM)", type=Path)
+    env.add(group, f"{flag}tls-key", "client private key for mTLS (PEM)", type=Path)
 
 
 def client_security_from_args(args: argparse.Namespace, flag_prefix: str = "") -> ClientSecurity:

@@ -16,7 +16,8 @@ from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from loraserve.common.backoff import Backoff
+import stamina
+
 from loraserve.common.errors import TRANSIENT_ERRORS, LoraserveError
 from loraserve.common.server import RunningServer, start_server
 from loraserve.inference import servicer
@@ -50,8 +51,9 @@ log = logging.getLogger(__name__)
 
 EngineStarter = Callable[[EngineOptions], Awaitable[VllmEngine]]
 
-# (first, longest) wait between attempts to reach a store that is not up yet.
-_STORE_WAIT_BACKOFF_S = (0.5, 10.0)
+# First and longest wait between attempts to reach a store that is not up yet.
+_STORE_WAIT_FIRST_S = 0.5
+_STORE_WAIT_MAX_S = 10.0
 
 
 class InferenceApp:
@@ -115,13 +117,7 @@ class InferenceApp:
             options = dataclasses.replace(options, max_lora_rank=await self._auto_rank())
         engine = self._engine = await self._start_engine(options)
         info = engine.info
-        compat = CompatibilityChecker(
-            max_lora_rank=info.max_lora_rank,
-            target_modules=await asyncio.to_thread(_lora_targets, options.model),
-            served_model_name=settings.compat.served_model_name,
-            require_base_model_match=settings.compat.require_base_model_match,
-            module_shapes=await asyncio.to_thread(_lora_shapes, options.model),
-        )
+        compat = await self._compatibility(options.model, info.max_lora_rank)
         cache = AdapterCache(settings.adapter_cache, source=self._store, check=compat.check)
         await cache.prepare()
         registry = AdapterRegistry(
@@ -159,6 +155,22 @@ class InferenceApp:
             waiting=lambda: engine.stats().waiting,
             pending=lambda: admission.pending,
         )
+        await self._serve_after_first_sync(synchronizer)
+
+    async def _compatibility(self, model: str, max_lora_rank: int) -> CompatibilityChecker:
+        compat = self._settings.compat
+        return CompatibilityChecker(
+            max_lora_rank=max_lora_rank,
+            target_modules=await asyncio.to_thread(_lora_targets, model),
+            served_model_name=compat.served_model_name,
+            require_base_model_match=compat.require_base_model_match,
+            module_shapes=await asyncio.to_thread(_lora_shapes, model),
+        )
+
+    async def _serve_after_first_sync(self, synchronizer: Synchronizer) -> None:
+        """Runs the sync and turns SERVING once its first pass is done; returns at once
+        (raising why) if the sync ends before that."""
+        assert self._server is not None
         self._sync_task = asyncio.create_task(synchronizer.run(), name="store-sync")
         first_sync = asyncio.ensure_future(synchronizer.initial_sync_done.wait())
         await asyncio.wait({first_sync, self._sync_task}, return_when=asyncio.FIRST_COMPLETED)
@@ -169,7 +181,7 @@ class InferenceApp:
             return
         await self._server.set_serving(True)
         self.ready.set()
-        log.info("server.serving port=%d replica_id=%s", self.port, settings.replica_id)
+        log.info("server.serving port=%d replica_id=%s", self.port, self._settings.replica_id)
 
     async def stop(self) -> None:
         """Graceful shutdown: NOT_SERVING, streams finish within the grace, then teardown."""
@@ -211,47 +223,55 @@ class InferenceApp:
         """The smallest rank covering the store's adapters. A store that cannot be
         reached yet is waited for, as the sync does with a fixed rank: the replica
         stays NOT_SERVING and says why, rather than exiting into a crash loop."""
-        assert self._store is not None
-        compat = self._settings.compat
-        backoff = Backoff(*_STORE_WAIT_BACKOFF_S)
-        attempt = 0
-        while True:
-            attempt += 1
-            try:
-                ranks = await current_adapter_ranks(
-                    self._store,
-                    compat.served_model_name,
-                    require_base_model_match=compat.require_base_model_match,
-                )
-                self.slot.set_waiting("")
-                break
-            except TRANSIENT_ERRORS as exc:
-                delay = backoff.next_delay()
-                reason = (
-                    f"waiting for the adapter store at {self._settings.store_address} to size "
-                    f"the engine (--max-lora-rank auto): {exc.message}"
-                )
-                self.slot.set_waiting(reason)
-                log.warning(
-                    "engine.auto_rank_waiting attempt=%d retry_in=%.2fs reason=%s",
-                    attempt,
-                    delay,
-                    exc.message,
-                )
-                await asyncio.sleep(delay)
-            except LoraserveError as exc:
-                raise type(exc)(
-                    f"--max-lora-rank auto could not list the store's adapters: {exc.message}; "
-                    "fix the store address or credentials, or pass a fixed --max-lora-rank"
-                ) from exc
+        attempts = 0
+        async for attempt in stamina.retry_context(
+            on=TRANSIENT_ERRORS,
+            attempts=None,
+            timeout=None,
+            wait_initial=_STORE_WAIT_FIRST_S,
+            wait_max=_STORE_WAIT_MAX_S,
+        ):
+            with attempt:
+                attempts = attempt.num
+                ranks = await self._store_adapter_ranks(attempt)
+        self.slot.set_waiting("")
         rank = smallest_covering_rank(ranks, await asyncio.to_thread(supported_lora_ranks))
         log.info(
             "engine.auto_rank ranks=%s max_lora_rank=%d attempts=%d",
             sorted(set(ranks)),
             rank,
-            attempt,
+            attempts,
         )
         return rank
+
+    async def _store_adapter_ranks(self, attempt: stamina.Attempt) -> list[int]:
+        """One attempt of `_auto_rank`: a transient failure says why the replica waits
+        and is raised again to be retried."""
+        assert self._store is not None
+        compat = self._settings.compat
+        try:
+            return await current_adapter_ranks(
+                self._store,
+                compat.served_model_name,
+                require_base_model_match=compat.require_base_model_match,
+            )
+        except TRANSIENT_ERRORS as exc:
+            self.slot.set_waiting(
+                f"waiting for the adapter store at {self._settings.store_address} to size "
+                f"the engine (--max-lora-rank auto): {exc.message}"
+            )
+            log.warning(
+                "engine.auto_rank_waiting attempt=%d retry_in=%.2fs reason=%s",
+                attempt.num,
+                attempt.next_wait,
+                exc.message,
+            )
+            raise
+        except LoraserveError as exc:
+            raise type(exc)(
+                f"--max-lora-rank auto could not list the store's adapters: {exc.message}; "
+                "fix the store address or credentials, or pass a fixed --max-lora-rank"
+            ) from exc
 
 
 def _lora_shapes(model: str) -> dict[str, tuple[int, int]]:

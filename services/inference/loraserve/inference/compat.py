@@ -6,16 +6,21 @@ a reason a person can act on (FAILED_PRECONDITION) instead of a vLLM stack trace
 
 from __future__ import annotations
 
-import json
 import logging
-import re
-import struct
 import typing
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
 from loraserve.common.errors import FailedPrecondition, InvalidArgument
+from loraserve.common.peft_format import (
+    RANK_AXIS,
+    WEIGHTS_FILE,
+    linear_weight_shapes,
+    lora_shape,
+    lora_tensor_name,
+    matrix_shapes,
+)
 
 log = logging.getLogger(__name__)
 
@@ -26,11 +31,6 @@ LLAMA_TARGET_MODULES = frozenset(
 # Linear layers with weights that vLLM does not wrap with LoRA layers.
 _NOT_LORA_TARGETS = frozenset({"embed_tokens", "lm_head", "wte", "wpe", "embed_in", "embed_out"})
 _EMPTY_STORE_RANK = 16
-ADAPTER_WEIGHTS = "adapter_model.safetensors"
-# PEFT's saved names: base_model.model.<module path>.lora_A.weight / lora_B.weight
-_LORA_TENSOR = re.compile(r"base_model\.model\.(?P<module>.+)\.lora_(?P<side>[AB])\.weight")
-# A safetensors header is a JSON object; no real model needs more than this.
-_MAX_HEADER_BYTES = 100 * 1024 * 1024
 
 
 def supported_lora_ranks() -> tuple[int, ...]:
@@ -58,56 +58,24 @@ def smallest_covering_rank(ranks: Iterable[int], supported: Iterable[int]) -> in
 
 
 def model_lora_targets(model_dir: Path) -> frozenset[str]:
-    """Module names an adapter may target, read from the model's safetensors headers.
-
-    Every 2-D `<prefix>.<module>.weight` in the checkpoint is a linear layer or an
-    embedding; the linear ones are what vLLM applies LoRA to.
-    """
-    files = sorted(model_dir.glob("*.safetensors"))
-    if not files:
+    """Module names an adapter may target, read from the model's safetensors headers:
+    the last part of every layer `model_lora_shapes` finds."""
+    if not any(model_dir.glob("*.safetensors")):
         log.warning("compat.model_weights_unreadable model=%s: assuming Llama modules", model_dir)
         return LLAMA_TARGET_MODULES
-    modules: set[str] = set()
-    for file in files:
-        for name, info in _safetensors_header(file).items():
-            parts = name.split(".")
-            shape = info.get("shape") if isinstance(info, dict) else None
-            is_matrix = isinstance(shape, list) and len(shape) == 2
-            linear = len(parts) >= 2 and parts[-1] == "weight" and is_matrix
-            if linear and parts[-2] not in _NOT_LORA_TARGETS:
-                modules.add(parts[-2])
-    return frozenset(modules)
+    return frozenset(path.rpartition(".")[2] for path in model_lora_shapes(model_dir))
 
 
 def model_lora_shapes(model_dir: Path) -> dict[str, tuple[int, int]]:
     """(out_features, in_features) of every LoRA-targetable linear layer, by module path
-    (e.g. `model.layers.0.self_attn.q_proj`), read from the model's safetensors headers."""
-    shapes: dict[str, tuple[int, int]] = {}
-    for file in sorted(model_dir.glob("*.safetensors")):
-        for name, info in _safetensors_header(file).items():
-            shape = info.get("shape") if isinstance(info, dict) else None
-            parts = name.split(".")
-            if (
-                isinstance(shape, list)
-                and len(shape) == 2
-                and len(parts) >= 2
-                and parts[-1] == "weight"
-                and parts[-2] not in _NOT_LORA_TARGETS
-            ):
-                shapes[name.removesuffix(".weight")] = (int(shape[0]), int(shape[1]))
-    return shapes
-
-
-def _safetensors_header(file: Path) -> dict[str, object]:
-    with file.open("rb") as fh:
-        (length,) = struct.unpack("<Q", fh.read(8))
-        if length > _MAX_HEADER_BYTES:
-            raise InvalidArgument(f"{file}: safetensors header of {length} bytes is too large")
-        header = json.loads(fh.read(length))
-    if not isinstance(header, dict):
-        raise InvalidArgument(f"{file}: safetensors header is not a JSON object")
-    header.pop("__metadata__", None)
-    return header
+    (e.g. `model.layers.0.self_attn.q_proj`), read from the model's safetensors headers.
+    Every 2-D `<module path>.weight` is a linear layer or an embedding; the linear ones
+    are what vLLM applies LoRA to."""
+    return {
+        path: shape
+        for path, shape in linear_weight_shapes(model_dir).items()
+        if path.rpartition(".")[2] not in _NOT_LORA_TARGETS
+    }
 
 
 @dataclass(frozen=True)
@@ -171,24 +139,18 @@ class CompatibilityChecker:
         Layers the model's checkpoint does not name are left to vLLM to judge."""
         if not self._module_shapes:
             return
-        header = _safetensors_header(adapter_dir / ADAPTER_WEIGHTS)
-        for tensor, info in sorted(header.items()):
-            match = _LORA_TENSOR.fullmatch(tensor)
-            shape = info.get("shape") if isinstance(info, dict) else None
-            layer = self._module_shapes.get(match["module"]) if match else None
-            if match is None or layer is None or not isinstance(shape, list) or len(shape) != 2:
+        shapes = matrix_shapes(adapter_dir / WEIGHTS_FILE)
+        for tensor, shape in sorted(shapes.items()):
+            lora = lora_tensor_name(tensor)
+            layer = self._module_shapes.get(lora.module) if lora else None
+            if lora is None or layer is None:
                 continue
-            out_features, in_features = layer
-            side, expected = (
-                ("A", [shape[0], in_features])
-                if match["side"] == "A"
-                else ("B", [out_features, shape[1]])
-            )
+            expected = lora_shape(lora.side, shape[RANK_AXIS[lora.side]], layer)
             if shape != expected:
                 raise FailedPrecondition(
-                    f"adapter {name}@{revision}: tensor {tensor} has shape {shape}, but layer "
-                    f"{match['module']} of the served model is {out_features}x{in_features} "
-                    f"(out x in), so lora_{side} must be {expected}"
+                    f"adapter {name}@{revision}: tensor {tensor} has shape {list(shape)}, but "
+                    f"layer {lora.module} of the served model is {layer[0]}x{layer[1]} "
+                    f"(out x in), so lora_{lora.side} must be {list(expected)}"
                 )
 
 

@@ -15,7 +15,7 @@ import itertools
 import logging
 import threading
 import weakref
-from collections.abc import AsyncGenerator, Mapping, Sequence
+from collections.abc import AsyncGenerator, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -292,21 +292,8 @@ class VllmEngine:
                     )
                     started = True
                     finished = output.finished
-                    for completion in output.outputs:
-                        finish = completion.finish_reason
-                        yield EngineDelta(
-                            text=completion.text,
-                            token_ids=tuple(completion.token_ids),
-                            finish=_FINISH.get(finish) if finish is not None else None,
-                            index=completion.index,
-                            logprobs=vllm_logprobs(
-                                completion.token_ids, completion.logprobs, params.logprobs
-                            )
-                            if completion.logprobs is not None
-                            else (),
-                            prompt_logprobs=prompt_logprobs,
-                        )
-                        prompt_logprobs = ()
+                    for delta in _deltas(output, params.logprobs, prompt_logprobs):
+                        yield delta
         except EngineDeadError as exc:
             raise Unavailable("the inference engine has stopped") from exc
         except VLLMClientError as exc:
@@ -356,6 +343,26 @@ class VllmEngine:
 
     def shutdown(self) -> None:
         self._llm.shutdown()
+
+
+def _deltas(
+    output: Any, logprobs: int | None, prompt_logprobs: tuple[PositionLogprobs, ...]
+) -> Iterator[EngineDelta]:
+    """One vLLM RequestOutput as a delta per completion; the prompt's logprobs go with
+    the first."""
+    for completion in output.outputs:
+        finish = completion.finish_reason
+        yield EngineDelta(
+            text=completion.text,
+            token_ids=tuple(completion.token_ids),
+            finish=_FINISH.get(finish) if finish is not None else None,
+            index=completion.index,
+            logprobs=vllm_logprobs(completion.token_ids, completion.logprobs, logprobs)
+            if completion.logprobs is not None
+            else (),
+            prompt_logprobs=prompt_logprobs,
+        )
+        prompt_logprobs = ()
 
 
 def _lora_request(adapter: AdapterHandle) -> Any:

@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from loraserve.common.errors import InvalidArgument
+from loraserve.common.flags import EnvFlags, fraction, positive_float, positive_int
 from loraserve.common.security import (
     ClientSecurity,
     ServerSecurity,
@@ -84,35 +85,10 @@ class InferenceSettings:
     log_level: str = "INFO"
 
 
-def _env(environ: Mapping[str, str], name: str) -> str | None:
-    return environ.get(f"{ENV_PREFIX}_{name.upper().replace('-', '_')}")
-
-
-def _positive_int(text: str) -> int:
-    value = int(text)
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
-    return value
-
-
-def _positive_float(text: str) -> float:
-    value = float(text)
-    if value <= 0:
-        raise argparse.ArgumentTypeError(f"must be positive, got {value}")
-    return value
-
-
 def _rank(text: str) -> int | None:
     if text == "auto":
         return None
-    return _positive_int(text)
-
-
-def _fraction(text: str) -> float:
-    value = float(text)
-    if not 0.0 < value <= 1.0:
-        raise argparse.ArgumentTypeError(f"must be in (0, 1], got {value}")
-    return value
+    return positive_int(text)
 
 
 def parse_engine_arg(item: str) -> tuple[str, object]:
@@ -133,50 +109,10 @@ def build_parser(environ: Mapping[str, str]) -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="inference", description=__doc__)
     commands = parser.add_subparsers(dest="command", required=True)
     serve = commands.add_parser("serve", help="run the inference server")
-
-    def env(name: str, default: str | None = None) -> str | None:
-        value = _env(environ, name)
-        return value if value is not None else default
-
-    serve.add_argument(
-        "--model",
-        default=env("model"),
-        required=_env(environ, "model") is None,
-        help="model path (or name) for the engine (env INFERENCE_MODEL)",
-    )
-    serve.add_argument(
-        "--served-model-name",
-        default=env("served-model-name"),
-        help="name adapters' base_model must match; default: the model path's last part",
-    )
-    serve.add_argument(
-        "--allow-base-model-mismatch",
-        action="store_true",
-        default=env("allow-base-model-mismatch") in ("1", "true", "yes"),
-        help="load adapters whose base_model names another model",
-    )
-    serve.add_argument(
-        "--store",
-        default=env("store"),
-        required=_env(environ, "store") is None,
-        help="adapter store gRPC target: HOST:PORT, or one naming every store replica "
-        "(dns:///NAME:PORT, ipv4:IP:PORT,IP:PORT); calls go round-robin to the replicas "
-        "whose health is SERVING (env INFERENCE_STORE)",
-    )
-    serve.add_argument(
-        "--store-max-staleness",
-        type=_positive_float,
-        default=env("store-max-staleness", "30"),
-        help="seconds a store replica may go without confirming its seq against object "
-        "storage (as its watch heartbeats say) before the watch moves to another replica",
-    )
-    serve.add_argument(
-        "--status-interval",
-        type=_positive_float,
-        default=env("status-interval", "60"),
-        help="seconds between this replica's signs of life to the store, which stops "
-        "showing its statuses after its --status-ttl without one",
-    )
+    flags = EnvFlags(environ, ENV_PREFIX)
+    env = flags.get
+    _add_model_flags(serve, flags)
+    _add_store_flags(serve, flags)
     serve.add_argument(
         "--adapter-cache",
         type=Path,
@@ -201,7 +137,7 @@ def build_parser(environ: Mapping[str, str]) -> argparse.ArgumentParser:
     )
     serve.add_argument(
         "--max-pending-requests",
-        type=_positive_int,
+        type=positive_int,
         default=env("max-pending-requests", "256"),
         help="requests admitted at once; more get RESOURCE_EXHAUSTED",
     )
@@ -218,20 +154,73 @@ def build_parser(environ: Mapping[str, str]) -> argparse.ArgumentParser:
         help="seconds running streams get to finish on SIGTERM",
     )
     serve.add_argument("--log-level", default=env("log-level", "INFO"))
+    _add_engine_flags(serve.add_argument_group("engine"), flags)
+    add_server_security_flags(serve, ENV_PREFIX, environ)
+    add_client_security_flags(serve, ENV_PREFIX, environ, flag_prefix=STORE_FLAG_PREFIX)
+    return parser
 
-    engine = serve.add_argument_group("engine")
-    engine.add_argument("--max-loras", type=_positive_int, default=env("max-loras", "4"))
+
+def _add_model_flags(serve: argparse.ArgumentParser, flags: EnvFlags) -> None:
+    env = flags.get
+    serve.add_argument(
+        "--model",
+        default=env("model"),
+        required=env("model") is None,
+        help="model path (or name) for the engine (env INFERENCE_MODEL)",
+    )
+    serve.add_argument(
+        "--served-model-name",
+        default=env("served-model-name"),
+        help="name adapters' base_model must match; default: the model path's last part",
+    )
+    serve.add_argument(
+        "--allow-base-model-mismatch",
+        action="store_true",
+        default=flags.switch("allow-base-model-mismatch"),
+        help="load adapters whose base_model names another model",
+    )
+
+
+def _add_store_flags(serve: argparse.ArgumentParser, flags: EnvFlags) -> None:
+    env = flags.get
+    serve.add_argument(
+        "--store",
+        default=env("store"),
+        required=env("store") is None,
+        help="adapter store gRPC target: HOST:PORT, or one naming every store replica "
+        "(dns:///NAME:PORT, ipv4:IP:PORT,IP:PORT); calls go round-robin to the replicas "
+        "whose health is SERVING (env INFERENCE_STORE)",
+    )
+    serve.add_argument(
+        "--store-max-staleness",
+        type=positive_float,
+        default=env("store-max-staleness", "30"),
+        help="seconds a store replica may go without confirming its seq against object "
+        "storage (as its watch heartbeats say) before the watch moves to another replica",
+    )
+    serve.add_argument(
+        "--status-interval",
+        type=positive_float,
+        default=env("status-interval", "60"),
+        help="seconds between this replica's signs of life to the store, which stops "
+        "showing its statuses after its --status-ttl without one",
+    )
+
+
+def _add_engine_flags(engine: argparse._ArgumentGroup, flags: EnvFlags) -> None:
+    env = flags.get
+    engine.add_argument("--max-loras", type=positive_int, default=env("max-loras", "4"))
     engine.add_argument(
         "--max-lora-rank",
         type=_rank,
         default=env("max-lora-rank", "16"),
         help="N, or auto: the smallest vLLM rank covering every adapter in the store",
     )
-    engine.add_argument("--max-cpu-loras", type=_positive_int, default=env("max-cpu-loras"))
+    engine.add_argument("--max-cpu-loras", type=positive_int, default=env("max-cpu-loras"))
     engine.add_argument(
-        "--gpu-memory-utilization", type=_fraction, default=env("gpu-memory-utilization", "0.9")
+        "--gpu-memory-utilization", type=fraction, default=env("gpu-memory-utilization", "0.9")
     )
-    engine.add_argument("--max-model-len", type=_positive_int, default=env("max-model-len"))
+    engine.add_argument("--max-model-len", type=positive_int, default=env("max-model-len"))
     engine.add_argument("--dtype", default=env("dtype", "auto"))
     engine.add_argument("--lora-dtype", default=env("lora-dtype", "auto"))
     engine.add_argument("--cpu-offload-gb", type=float, default=env("cpu-offload-gb", "0"))
@@ -243,10 +232,6 @@ def build_parser(environ: Mapping[str, str]) -> argparse.ArgumentParser:
         help="any other vLLM engine argument, VALUE as JSON (repeatable; "
         "env INFERENCE_ENGINE_ARGS, ';'-separated)",
     )
-
-    add_server_security_flags(serve, ENV_PREFIX, environ)
-    add_client_security_flags(serve, ENV_PREFIX, environ, flag_prefix=STORE_FLAG_PREFIX)
-    return parser
 
 
 def parse_settings(

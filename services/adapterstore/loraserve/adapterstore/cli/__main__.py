@@ -25,11 +25,11 @@ from loraserve.adapterstore.cli.read_commands import cmd_list, cmd_revisions, cm
 from loraserve.adapterstore.cli.settings import (
     CtlSettings,
     add_connection_flags,
-    positive_float,
     settings_from_args,
 )
 from loraserve.adapterstore.cli.write_commands import cmd_delete, cmd_push, cmd_rollback
 from loraserve.common.errors import error_from_rpc
+from loraserve.common.flags import non_negative_int, positive_float, positive_int
 
 Handler = Callable[[argparse.Namespace, CtlSettings, Console], Awaitable[int]]
 
@@ -56,23 +56,6 @@ class _Parser(argparse.ArgumentParser):
 
     def error(self, message: str) -> NoReturn:
         raise UsageError(f"{message} (see '{self.prog} --help')")
-
-
-def _non_negative_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not an integer: {text!r}") from None
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"must not be negative: {text!r}")
-    return value
-
-
-def _positive_int(text: str) -> int:
-    value = _non_negative_int(text)
-    if value == 0:
-        raise argparse.ArgumentTypeError("must be at least 1")
-    return value
 
 
 def build_parser(environ: Mapping[str, str]) -> argparse.ArgumentParser:
@@ -135,10 +118,10 @@ def build_parser(environ: Mapping[str, str]) -> argparse.ArgumentParser:
         "rollback", cmd_rollback, "make an existing revision current", aliases=["promote"]
     )
     rollback.add_argument("name", metavar="NAME", help="adapter name")
-    rollback.add_argument("revision", metavar="REV", type=_positive_int, help="revision number")
+    rollback.add_argument("revision", metavar="REV", type=positive_int, help="revision number")
     rollback.add_argument(
         "--expect-current",
-        type=_positive_int,
+        type=positive_int,
         metavar="REV",
         help="only if REV is still the current revision (else ABORTED)",
     )
@@ -154,7 +137,7 @@ def build_parser(environ: Mapping[str, str]) -> argparse.ArgumentParser:
     )
     watch.add_argument(
         "--after",
-        type=_non_negative_int,
+        type=non_negative_int,
         metavar="SEQ",
         help="replay changes after SEQ first (0: the whole kept log); "
         "default: only changes from now on",
@@ -180,7 +163,7 @@ def build_parser(environ: Mapping[str, str]) -> argparse.ArgumentParser:
     )
     generate.add_argument("prompt", metavar="PROMPT", help="prompt text; - reads it from stdin")
     generate.add_argument("--base", action="store_true", help="use the base model, no adapter")
-    generate.add_argument("--max-tokens", type=_positive_int, help="most tokens to generate")
+    generate.add_argument("--max-tokens", type=positive_int, help="most tokens to generate")
     generate.add_argument("--temperature", type=float, help="0 is greedy")
     generate.add_argument("--top-p", type=float, help="nucleus sampling mass in (0, 1]")
     generate.add_argument("--top-k", type=int, help="sample from the k most likely tokens")

@@ -15,16 +15,14 @@ from pathlib import Path
 from typing import Any, BinaryIO
 
 from loraserve.adapterstore.cli.failures import UsageError
-from loraserve.adapterstore.validation import (
-    ALLOWED_FILES,
+from loraserve.adapterstore.validation import ALLOWED_FILES, PICKLE_SUFFIXES, REQUIRED_FILES
+from loraserve.common.errors import InvalidArgument
+from loraserve.common.peft_format import (
     CONFIG_FILE,
-    PICKLE_SUFFIXES,
-    REQUIRED_FILES,
     WEIGHTS_FILE,
     parse_safetensors_header,
     safetensors_header_length,
 )
-from loraserve.common.errors import InvalidArgument
 
 CHUNK_SIZE = 1024 * 1024
 

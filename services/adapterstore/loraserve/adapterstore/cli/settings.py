@@ -12,6 +12,7 @@ from dataclasses import dataclass
 
 from loraserve.adapterstore.cli.failures import UsageError
 from loraserve.common.errors import InvalidArgument
+from loraserve.common.flags import positive_float
 from loraserve.common.security import (
     ClientSecurity,
     add_client_security_flags,
@@ -96,16 +97,6 @@ def settings_from_args(args: argparse.Namespace) -> CtlSettings:
 
 def _configured(security: ClientSecurity) -> bool:
     return bool(security.token or security.tls or security.tls_ca_file or security.tls_cert_file)
-
-
-def positive_float(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
-    if not value > 0:
-        raise argparse.ArgumentTypeError(f"must be positive: {text!r}")
-    return value
 
 
 def _env_timeout(environ: Mapping[str, str]) -> float | None:
