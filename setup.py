@@ -12,7 +12,12 @@ from pathlib import Path
 
 from setuptools import find_namespace_packages, setup
 
-ROOTS = ("services/common", "services/adapterstore", "services/inference")
+ROOTS = (
+    "services/common",
+    "services/adapterstore",
+    "services/inference",
+    "services/adapterctl",
+)
 
 packages: list[str] = []
 package_dir: dict[str, str] = {}

@@ -7,8 +7,8 @@ import uuid
 from collections.abc import AsyncIterator, Sequence
 
 from bench.workload import Caller
+from loraserve.clients.inference import InferenceClient, RetryPolicy, Sampling
 from loraserve.common.names import parse_adapter_ref
-from loraserve.inference.client import InferenceClient, RetryPolicy, Sampling
 from loraserve.inference.engine import AdapterHandle, SamplingSpec, VllmEngine
 from loraserve.inference.generation import GenerateCommand, Generator, SamplingRequest
 from loraserve.inference.registry import AdapterRegistry

@@ -17,7 +17,7 @@ import grpc
 
 from bench import procs, storeops
 from bench.workload import RunResult, Workload
-from loraserve.adapterstore.cli.adapter_dir import AdapterFiles
+from loraserve.adapterctl.adapter_dir import AdapterFiles
 from loraserve.inference.v1 import inference_pb2 as pb
 from loraserve.inference.v1 import inference_pb2_grpc as pb_grpc
 from loraserve.testing.processes import free_port

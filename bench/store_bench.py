@@ -20,12 +20,12 @@ from safetensors.numpy import save_file
 from bench import procs, storeops
 from bench.report import Report, Section
 from bench.stats import median, percentile, ratio
-from loraserve.adapterstore.cli.adapter_dir import AdapterFiles
-from loraserve.adapterstore.cli.retry import new_idempotency_key
+from loraserve.adapterctl.adapter_dir import AdapterFiles
 from loraserve.adapterstore.v1 import adapterstore_pb2 as store_pb
+from loraserve.clients.push import new_idempotency_key
+from loraserve.clients.store import StoreClient, StoreClientSettings
 from loraserve.common.security import ClientSecurity
 from loraserve.inference.cache import AdapterCache
-from loraserve.inference.store_client import StoreClient, StoreClientSettings
 from loraserve.testing.adapterstore import lora_config, lora_tensors
 
 BUCKET = "bench-store"

@@ -9,17 +9,16 @@ from typing import Any
 
 import grpc
 
-from loraserve.adapterstore.cli.adapter_dir import AdapterFiles, hash_files, list_adapter_dir
-from loraserve.adapterstore.cli.push import upload
-from loraserve.adapterstore.cli.retry import new_idempotency_key, retry_unavailable
-from loraserve.adapterstore.v1 import adapterstore_pb2_grpc as store_grpc
+from loraserve.adapterctl.adapter_dir import AdapterFiles, hash_files, list_adapter_dir
+from loraserve.clients import push as pushes
+from loraserve.clients.store import store_stub as _store_stub
 
 # adapterctl's own limit on one push, so a 200 MB upload is not cut short.
 PUSH_TIMEOUT_S = 600.0
 
 
 def store_stub(channel: grpc.aio.Channel) -> Any:
-    return store_grpc.AdapterStoreServiceStub(channel)
+    return _store_stub(channel)
 
 
 async def hashed(directory: Path) -> AdapterFiles:
@@ -30,17 +29,14 @@ async def hashed(directory: Path) -> AdapterFiles:
 
 async def push(stub: Any, name: str, files: AdapterFiles) -> int:
     """Pushes one revision (made current); returns its number."""
-    key = new_idempotency_key()
-    response = await retry_unavailable(
-        lambda: upload(
-            stub,
-            name,
-            files,
-            no_promote=False,
-            description="bench",
-            timeout_s=PUSH_TIMEOUT_S,
-            idempotency_key=key,
-        )
+    response = await pushes.push(
+        stub,
+        name,
+        files,
+        no_promote=False,
+        description="bench",
+        timeout_s=PUSH_TIMEOUT_S,
+        idempotency_key=pushes.new_idempotency_key(),
     )
     revision: int = response.revision.revision
     return revision

@@ -9,13 +9,13 @@ from typing import Any
 
 import pytest
 
-from loraserve.common.errors import DeadlineExceeded, InvalidArgument, NotFound, Unavailable
-from loraserve.inference.client import (
+from loraserve.clients.inference import (
     InferenceClient,
     RetryPolicy,
     Sampling,
     SyncInferenceClient,
 )
+from loraserve.common.errors import DeadlineExceeded, InvalidArgument, NotFound, Unavailable
 from loraserve.testing.inference import wait_until_idle
 from loraserve.testing.models import TinyAdapterFactory
 from loraserve.tiny.oracle import greedy_tokens

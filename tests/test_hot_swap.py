@@ -19,6 +19,7 @@ from prometheus_client import CollectorRegistry
 
 from loraserve.adapterstore.v1 import adapterstore_pb2 as store_pb
 from loraserve.adapterstore.v1 import adapterstore_pb2_grpc as store_grpc
+from loraserve.clients.store import StoreClient, StoreClientSettings
 from loraserve.common.security import ClientSecurity
 from loraserve.inference.admission import Admission
 from loraserve.inference.cache import AdapterCache
@@ -28,7 +29,6 @@ from loraserve.inference.metrics import InferenceMetrics
 from loraserve.inference.registry import AdapterRegistry, LocalRevision
 from loraserve.inference.runtime import Runtime, RuntimeSlot
 from loraserve.inference.servicer import SERVICE_NAME, register
-from loraserve.inference.store_client import StoreClient, StoreClientSettings
 from loraserve.inference.sync import Synchronizer, SyncSettings
 from loraserve.inference.v1 import inference_pb2 as pb
 from loraserve.inference.v1 import inference_pb2_grpc as pb_grpc

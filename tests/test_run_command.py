@@ -12,13 +12,12 @@ import threading
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
-from pathlib import Path
 
 import psutil
 import pytest
 
+from loraserve.clients.inference import Sampling, SyncInferenceClient
 from loraserve.demo.showcase import SWAP_ADAPTER
-from loraserve.inference.client import Sampling, SyncInferenceClient
 from loraserve.testing.processes import free_port
 from loraserve.tiny.demo_model import build_demo
 
@@ -95,7 +94,9 @@ def run_command(
 def _adapterctl(run: RunCommand, *args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         [
-            str(Path(sys.executable).parent / "adapterctl"),
+            sys.executable,
+            "-m",
+            "loraserve.adapterctl",
             *args,
             f"--store={run.store_address}",
             f"--inference={run.inference_address}",

@@ -17,6 +17,7 @@ import httpx
 import pytest
 
 from loraserve.adapterstore.v1 import adapterstore_pb2 as store_pb
+from loraserve.clients.store import StoreClient, StoreClientSettings
 from loraserve.common.clientstream import stream_unary
 from loraserve.common.security import ClientSecurity, ServerSecurity
 from loraserve.inference.admission import Admission
@@ -29,7 +30,6 @@ from loraserve.inference.openai_api import create_openai_app
 from loraserve.inference.registry import AdapterRegistry
 from loraserve.inference.runtime import Runtime, RuntimeSlot
 from loraserve.inference.servicer import SERVICE_NAME, register
-from loraserve.inference.store_client import StoreClient, StoreClientSettings
 from loraserve.inference.v1 import inference_pb2 as pb
 from loraserve.inference.v1 import inference_pb2_grpc as pb_grpc
 from loraserve.testing.adapterstore import push_requests, tiny_adapter

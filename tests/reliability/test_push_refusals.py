@@ -18,7 +18,7 @@ from pathlib import Path
 import grpc
 import pytest
 
-from loraserve.adapterstore.cli.failures import EXIT_FAILED, EXIT_NOT_ALLOWED
+from loraserve.adapterctl.failures import EXIT_FAILED, EXIT_NOT_ALLOWED
 from loraserve.adapterstore.v1 import adapterstore_pb2_grpc as pb_grpc
 from loraserve.adapterstore.validation import Limits
 from loraserve.common.security import ClientSecurity, ServerSecurity, Token, secure_channel

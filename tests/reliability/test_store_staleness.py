@@ -19,9 +19,9 @@ import pytest
 from grpc_health.v1 import health_pb2
 
 from loraserve.adapterstore.s3blobs import S3BlobStore
+from loraserve.clients.store import StoreClient, StoreClientSettings
 from loraserve.common.security import ClientSecurity
 from loraserve.inference.registry import LocalRevision
-from loraserve.inference.store_client import StoreClient, StoreClientSettings
 from loraserve.inference.sync import Synchronizer, SyncSettings
 from loraserve.testing.adapterstore import tiny_adapter
 from loraserve.testing.processes import health_status, wait_for_health

@@ -15,8 +15,8 @@ from loraserve.adapterstore.validation import (
     parse_adapter_config,
 )
 from loraserve.common.errors import InvalidArgument
-from loraserve.testing.adapterstore import BAD_PUSHES, BadPush, lora_tensors, push, tiny_adapter
 from loraserve.common.peft_format import parse_safetensors_header
+from loraserve.testing.adapterstore import BAD_PUSHES, BadPush, lora_tensors, push, tiny_adapter
 
 
 async def _chunks(chunks: list[Chunk]):  # type: ignore[no-untyped-def]

@@ -8,9 +8,9 @@ from typing import Any
 import grpc
 import pytest
 
-from loraserve.adapterstore.textlimits import MAX_DESCRIPTION_BYTES, MAX_ERROR_MESSAGE_BYTES
 from loraserve.adapterstore.v1 import adapterstore_pb2 as pb
 from loraserve.adapterstore.v1 import adapterstore_pb2_grpc as pb_grpc
+from loraserve.common.textlimits import MAX_DESCRIPTION_BYTES, MAX_ERROR_MESSAGE_BYTES
 from loraserve.testing.adapterstore import (
     AdapterFiles,
     StoreServer,

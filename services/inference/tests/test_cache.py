@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from loraserve.clients.store import FileChunk
 from loraserve.common.errors import (
     DataLoss,
     FailedPrecondition,
@@ -21,7 +22,6 @@ from loraserve.common.manifest import FileInfo, Revision
 from loraserve.inference.cache import AdapterCache
 from loraserve.inference.compat import AdapterFacts
 from loraserve.inference.download import MANIFEST_FILE
-from loraserve.inference.store_client import FileChunk
 
 CONFIG = b'{"r": 8}'
 WEIGHTS = bytes(range(256)) * 40

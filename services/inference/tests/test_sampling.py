@@ -13,8 +13,8 @@ from typing import Any
 
 import pytest
 
+from loraserve.clients.inference import Sampling
 from loraserve.common.errors import InvalidArgument
-from loraserve.inference.client import Sampling
 from loraserve.inference.sampling import (
     DEFAULTED_FIELDS,
     SamplingRequest,

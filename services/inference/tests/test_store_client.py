@@ -12,10 +12,7 @@ import pytest
 
 from loraserve.adapterstore.v1 import adapterstore_pb2 as pb
 from loraserve.adapterstore.v1 import adapterstore_pb2_grpc as pb_grpc
-from loraserve.common.errors import NotFound, Unavailable
-from loraserve.common.manifest import Revision
-from loraserve.common.security import ClientSecurity
-from loraserve.inference.store_client import (
+from loraserve.clients.store import (
     EventKind,
     FileChunk,
     Report,
@@ -24,6 +21,9 @@ from loraserve.inference.store_client import (
     StoreClientSettings,
     StoreEvent,
 )
+from loraserve.common.errors import NotFound, Unavailable
+from loraserve.common.manifest import Revision
+from loraserve.common.security import ClientSecurity
 from loraserve.testing.adapterstore import push_requests, tiny_adapter
 from loraserve.testing.store import RunningStore
 

@@ -15,6 +15,15 @@ from pathlib import Path
 
 import pytest
 
+from loraserve.clients.store import (
+    EventKind,
+    Heartbeat,
+    ListedAdapter,
+    Listing,
+    Report,
+    ReportKind,
+    StoreEvent,
+)
 from loraserve.common.errors import (
     DataLoss,
     FailedPrecondition,
@@ -25,15 +34,6 @@ from loraserve.common.errors import (
 )
 from loraserve.common.manifest import FileInfo, Revision
 from loraserve.inference.registry import LocalRevision
-from loraserve.inference.store_client import (
-    EventKind,
-    Heartbeat,
-    ListedAdapter,
-    Listing,
-    Report,
-    ReportKind,
-    StoreEvent,
-)
 from loraserve.inference.sync import Synchronizer, SyncSettings, current_adapter_ranks
 from loraserve.testing.waiting import eventually
 

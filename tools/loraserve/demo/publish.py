@@ -1,7 +1,7 @@
 """Talking to the running servers as a user would: health, pushes, what is served.
 
-Pushes go through the adapter store's public API with adapterctl's own upload code,
-so the demo publishes adapters exactly as `adapterctl push` does.
+Pushes go through the adapter store's public API with the push adapterctl uses
+(`loraserve.clients.push`), so the demo publishes adapters exactly as `adapterctl push` does.
 """
 
 from __future__ import annotations
@@ -14,23 +14,17 @@ from pathlib import Path
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from loraserve.adapterstore.cli.adapter_dir import hash_files, list_adapter_dir
-from loraserve.adapterstore.cli.push import upload
-from loraserve.adapterstore.cli.retry import new_idempotency_key, retry_unavailable
-from loraserve.adapterstore.v1 import adapterstore_pb2_grpc
+from loraserve.adapterctl.adapter_dir import hash_files, list_adapter_dir
+from loraserve.clients.inference import InferenceClient
+from loraserve.clients.push import new_idempotency_key, push
+from loraserve.clients.store import store_channel, store_stub
 from loraserve.common.errors import DeadlineExceeded, error_from_rpc
 from loraserve.common.security import ClientSecurity, secure_channel
 from loraserve.inference.v1 import inference_pb2 as inference_pb
-from loraserve.inference.v1 import inference_pb2_grpc
 
 log = logging.getLogger(__name__)
 
 _POLL_S = 0.25
-_MESSAGE_LIMIT = 16 * 1024 * 1024
-_CHANNEL_OPTIONS = (
-    ("grpc.max_send_message_length", _MESSAGE_LIMIT),
-    ("grpc.max_receive_message_length", _MESSAGE_LIMIT),
-)
 
 
 async def is_serving(address: str, security: ClientSecurity) -> bool:
@@ -51,19 +45,16 @@ async def push_directory(
     listing = await asyncio.to_thread(list_adapter_dir, directory)
     files = await asyncio.to_thread(hash_files, listing)
     key = new_idempotency_key()
-    async with secure_channel(store_address, security, _CHANNEL_OPTIONS) as channel:
-        stub = adapterstore_pb2_grpc.AdapterStoreServiceStub(channel)
+    async with store_channel(store_address, security) as channel:
         try:
-            response = await retry_unavailable(
-                lambda: upload(
-                    stub,
-                    name,
-                    files,
-                    no_promote=False,
-                    description=description,
-                    timeout_s=60.0,
-                    idempotency_key=key,
-                )
+            response = await push(
+                store_stub(channel),
+                name,
+                files,
+                no_promote=False,
+                description=description,
+                timeout_s=60.0,
+                idempotency_key=key,
             )
         except grpc.aio.AioRpcError as exc:
             raise error_from_rpc(exc) from None
@@ -81,13 +72,9 @@ async def wait_until_routed(
     """Waits until the inference service routes each name to its wanted revision;
     then the state of every revision it holds, e.g. {("pirate", 1): "draining"}."""
     deadline = time.monotonic() + timeout_s
-    async with secure_channel(inference_address, security) as channel:
-        stub = inference_pb2_grpc.InferenceServiceStub(channel)
+    async with InferenceClient(inference_address, security, timeout=5.0) as client:
         while True:
-            try:
-                reply = await stub.ListAdapters(inference_pb.ListAdaptersRequest(), timeout=5.0)
-            except grpc.aio.AioRpcError as exc:
-                raise error_from_rpc(exc) from None
+            reply = await client.list_adapters()
             routed = {
                 status.name: int(status.revision)
                 for status in reply.adapters

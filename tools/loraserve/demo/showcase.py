@@ -12,9 +12,9 @@ from collections.abc import AsyncIterator, Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
+from loraserve.clients.inference import Delta, InferenceClient, Sampling
 from loraserve.common.security import ClientSecurity
 from loraserve.demo.publish import push_directory, wait_until_routed
-from loraserve.inference.client import Delta, InferenceClient, Sampling
 
 log = logging.getLogger(__name__)
 

@@ -13,9 +13,9 @@ from dataclasses import dataclass
 from loraserve.adapterstore import pagetokens
 from loraserve.adapterstore.lookup import detached
 from loraserve.adapterstore.model import Adapter, StoreState
-from loraserve.adapterstore.textlimits import PageFill
 from loraserve.common.errors import InvalidArgument
 from loraserve.common.manifest import Revision
+from loraserve.common.textlimits import PageFill
 
 
 @dataclass(frozen=True, slots=True)

@@ -22,6 +22,7 @@ from loraserve.adapterstore.validation import (
     parse_adapter_config,
 )
 from loraserve.common.errors import InvalidArgument
+from loraserve.common.manifest import FileInfo
 from loraserve.common.peft_format import (
     CONFIG_FILE,
     WEIGHTS_FILE,
@@ -29,8 +30,6 @@ from loraserve.common.peft_format import (
     parse_safetensors_header,
     safetensors_header_length,
 )
-from loraserve.common.errors import InvalidArgument
-from loraserve.common.manifest import FileInfo
 
 log = logging.getLogger(__name__)
 

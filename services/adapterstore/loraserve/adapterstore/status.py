@@ -29,9 +29,9 @@ from typing import Any
 
 from loraserve.adapterstore.blobstore import BlobNotFound, BlobStore
 from loraserve.adapterstore.model import now
-from loraserve.adapterstore.textlimits import MAX_ERROR_MESSAGE_BYTES, check_text
 from loraserve.common.errors import DataLoss, InvalidArgument
 from loraserve.common.names import validate_adapter_name
+from loraserve.common.textlimits import MAX_ERROR_MESSAGE_BYTES, check_text
 
 log = logging.getLogger(__name__)
 

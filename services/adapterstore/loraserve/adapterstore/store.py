@@ -30,12 +30,12 @@ from loraserve.adapterstore.status import (
     ReportType,
     check_report,
 )
-from loraserve.adapterstore.textlimits import MAX_DESCRIPTION_BYTES, MAX_PAGE_BYTES, check_text
 from loraserve.adapterstore.validation import Limits, check_declared_files
 from loraserve.adapterstore.verified_read import read_verified
 from loraserve.common.errors import InvalidArgument, NotFound, Unavailable
 from loraserve.common.manifest import Revision
 from loraserve.common.names import validate_adapter_name
+from loraserve.common.textlimits import MAX_DESCRIPTION_BYTES, MAX_PAGE_BYTES, check_text
 
 log = logging.getLogger(__name__)
 

@@ -11,12 +11,6 @@ import math
 import re
 from dataclasses import dataclass
 
-from loraserve.adapterstore.textlimits import (
-    MAX_BASE_MODEL_BYTES,
-    MAX_TARGET_MODULE_BYTES,
-    MAX_TARGET_MODULES_BYTES,
-    check_text,
-)
 from loraserve.common.errors import InvalidArgument
 from loraserve.common.manifest import FileInfo
 from loraserve.common.peft_format import (
@@ -28,6 +22,12 @@ from loraserve.common.peft_format import (
     TensorInfo,
     load_json_object,
     lora_tensor_name,
+)
+from loraserve.common.textlimits import (
+    MAX_BASE_MODEL_BYTES,
+    MAX_TARGET_MODULE_BYTES,
+    MAX_TARGET_MODULES_BYTES,
+    check_text,
 )
 
 REQUIRED_FILES = frozenset({CONFIG_FILE, WEIGHTS_FILE})

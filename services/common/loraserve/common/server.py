@@ -17,11 +17,9 @@ from grpc_reflection.v1alpha import reflection
 from loraserve.common.errors import Unavailable
 from loraserve.common.grpcutil import ErrorMappingInterceptor
 from loraserve.common.security import ServerSecurity, TokenAuth
+from loraserve.common.sizes import MESSAGE_LIMIT_OPTIONS
 
 log = logging.getLogger(__name__)
-
-# Room for a 1 MiB file chunk plus framing, and for large prompts.
-DEFAULT_MESSAGE_LIMIT = 16 * 1024 * 1024
 
 SERVING = health_pb2.HealthCheckResponse.SERVING
 NOT_SERVING = health_pb2.HealthCheckResponse.NOT_SERVING
@@ -68,11 +66,7 @@ async def start_server(
     auth = TokenAuth(security, write_methods, replica_methods)
     server = grpc.aio.server(
         interceptors=[ErrorMappingInterceptor(auth.guard_for)],
-        options=[
-            ("grpc.max_receive_message_length", DEFAULT_MESSAGE_LIMIT),
-            ("grpc.max_send_message_length", DEFAULT_MESSAGE_LIMIT),
-            *options,
-        ],
+        options=[*MESSAGE_LIMIT_OPTIONS, *options],
     )
     register(server)
     health_servicer = health.aio.HealthServicer()

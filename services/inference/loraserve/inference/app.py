@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING
 
 import stamina
 
+from loraserve.clients.store import StoreClient, StoreClientSettings
 from loraserve.common.errors import TRANSIENT_ERRORS, LoraserveError
 from loraserve.common.server import RunningServer, start_server
 from loraserve.inference import servicer
@@ -37,7 +38,6 @@ from loraserve.inference.metrics import InferenceMetrics
 from loraserve.inference.registry import AdapterRegistry
 from loraserve.inference.runtime import Runtime, RuntimeSlot
 from loraserve.inference.settings import EngineOptions, InferenceSettings
-from loraserve.inference.store_client import StoreClient, StoreClientSettings
 from loraserve.inference.sync import (
     Synchronizer,
     SyncSettings,

@@ -27,13 +27,13 @@ from contextlib import aclosing, asynccontextmanager
 from pathlib import Path
 from typing import Protocol
 
+from loraserve.clients.store import FileChunk
 from loraserve.common.errors import DataLoss, FailedPrecondition, InvalidArgument, NotFound
 from loraserve.common.manifest import Revision
 from loraserve.common.names import validate_adapter_name
 from loraserve.inference.compat import AdapterFacts
 from loraserve.inference.download import MANIFEST_FILE, Receiver, check_manifest
 from loraserve.inference.registry import LocalRevision
-from loraserve.inference.store_client import FileChunk
 
 log = logging.getLogger(__name__)
 

@@ -14,9 +14,9 @@ import os
 from pathlib import Path
 from typing import BinaryIO
 
+from loraserve.clients.store import FileChunk
 from loraserve.common.errors import DataLoss
 from loraserve.common.manifest import FileInfo, Revision
-from loraserve.inference.store_client import FileChunk
 
 # Kept beside a revision's files in the cache; never a name a download may use.
 MANIFEST_FILE = ".manifest.json"

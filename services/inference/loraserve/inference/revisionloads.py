@@ -15,12 +15,12 @@ import time
 from collections.abc import Callable
 from typing import Protocol
 
+from loraserve.clients.store import Report, ReportKind, rpc_code
 from loraserve.common import errors
 from loraserve.common.errors import TRANSIENT_ERRORS
 from loraserve.common.manifest import Revision
 from loraserve.inference.registry import LocalRevision
 from loraserve.inference.statusreports import StatusReporter
-from loraserve.inference.store_client import Report, ReportKind, rpc_code
 
 log = logging.getLogger(__name__)
 

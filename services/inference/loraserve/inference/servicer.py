@@ -8,12 +8,12 @@ from typing import Any
 
 import grpc
 
+from loraserve.common.sampling_fields import OPTIONAL_SAMPLING_FIELDS
 from loraserve.inference.generation import FinishReason, GenerateCommand, GenerationChunk
 from loraserve.inference.logprobs import PositionLogprobs, TokenLogprob
 from loraserve.inference.registry import AdapterState, RevisionStatus
 from loraserve.inference.runtime import RuntimeSlot
 from loraserve.inference.sampling import SamplingRequest, StructuredOutput
-from loraserve.inference.sampling_fields import OPTIONAL_SAMPLING_FIELDS
 from loraserve.inference.v1 import inference_pb2 as pb
 from loraserve.inference.v1 import inference_pb2_grpc as pb_grpc
 

@@ -12,9 +12,9 @@ import asyncio
 import logging
 from typing import Protocol
 
+from loraserve.clients.store import Report, ReportKind
 from loraserve.common import errors
 from loraserve.common.errors import TRANSIENT_ERRORS
-from loraserve.inference.store_client import Report, ReportKind
 
 log = logging.getLogger(__name__)
 

@@ -26,13 +26,13 @@ from contextlib import aclosing
 from dataclasses import dataclass
 from typing import Protocol
 
+from loraserve.clients.store import Heartbeat, Listing, StoreEvent
 from loraserve.common import errors
 from loraserve.common.backoff import Backoff
 from loraserve.common.errors import TRANSIENT_ERRORS
 from loraserve.inference.compat import serves_base_model
 from loraserve.inference.revisionloads import Fetcher, Registry, RevisionLoader, SwapObserver
 from loraserve.inference.statusreports import StatusAPI, StatusReporter
-from loraserve.inference.store_client import Heartbeat, Listing, StoreEvent
 from loraserve.inference.syncstate import AdapterWish, SyncState
 
 log = logging.getLogger(__name__)

@@ -11,8 +11,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from loraserve.clients.store import EventKind, Listing, StoreEvent
 from loraserve.common.manifest import Revision
-from loraserve.inference.store_client import EventKind, Listing, StoreEvent
 
 
 @dataclass

@@ -7,8 +7,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-from loraserve.adapterstore.cli.__main__ import run
-from loraserve.adapterstore.cli.console import Console
+from loraserve.adapterctl.__main__ import run
+from loraserve.adapterctl.console import Console
 from loraserve.testing.adapterstore import tiny_adapter
 
 

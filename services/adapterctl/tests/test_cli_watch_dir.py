@@ -10,10 +10,10 @@ from pathlib import Path
 
 import pytest
 
-from loraserve.adapterstore.cli.adapter_dir import AdapterFiles, hash_files, list_adapter_dir
-from loraserve.adapterstore.cli.console import Console
-from loraserve.adapterstore.cli.failures import UsageError
-from loraserve.adapterstore.cli.watch_dir import ChangeSignal, Fingerprint, watch_directory
+from loraserve.adapterctl.adapter_dir import AdapterFiles, hash_files, list_adapter_dir
+from loraserve.adapterctl.console import Console
+from loraserve.adapterctl.failures import UsageError
+from loraserve.adapterctl.watch_dir import ChangeSignal, Fingerprint, watch_directory
 from loraserve.testing.adapterstore import tiny_adapter
 from loraserve.testing.ctl import buffers, output, write_adapter_dir
 from loraserve.testing.waiting import eventually

@@ -1,16 +1,19 @@
-"""`adapterctl generate`: stream tokens from the inference service to stdout."""
+"""`adapterctl generate`: stream tokens from the inference service to stdout, through
+the client library (`loraserve.clients.inference`)."""
 
 from __future__ import annotations
 
 import argparse
+from contextlib import aclosing
 
 from google.protobuf import json_format
 
-from loraserve.adapterstore.cli.connection import inference_stub
-from loraserve.adapterstore.cli.console import Console
-from loraserve.adapterstore.cli.failures import EXIT_OK, UsageError
-from loraserve.adapterstore.cli.output import dumps, message_to_json
-from loraserve.adapterstore.cli.settings import CtlSettings
+from loraserve.adapterctl.connection import connect_inference
+from loraserve.adapterctl.console import Console
+from loraserve.adapterctl.failures import EXIT_OK, UsageError
+from loraserve.adapterctl.output import dumps, message_to_json
+from loraserve.adapterctl.settings import CtlSettings
+from loraserve.clients.inference import Sampling
 from loraserve.common.errors import InvalidArgument
 from loraserve.common.names import AdapterRef, parse_adapter_ref
 from loraserve.inference.v1 import inference_pb2 as pb
@@ -27,57 +30,53 @@ def adapter_ref(args: argparse.Namespace) -> AdapterRef:
         raise UsageError(exc.message) from None
 
 
-_OPTIONAL_FLAGS = (
-    "max_tokens",
-    "temperature",
-    "top_p",
-    "top_k",
-    "seed",
-    "min_p",
-    "min_tokens",
-    "presence_penalty",
-    "frequency_penalty",
-    "repetition_penalty",
-)
+def sampling(args: argparse.Namespace) -> Sampling:
+    """The sampling flags; those not given stay unset, for the server's defaults."""
+    return Sampling(
+        max_tokens=args.max_tokens,
+        temperature=args.temperature,
+        top_p=args.top_p,
+        top_k=args.top_k,
+        seed=args.seed,
+        stop=args.stop or (),
+        ignore_eos=args.ignore_eos,
+        min_p=args.min_p,
+        min_tokens=args.min_tokens,
+        presence_penalty=args.presence_penalty,
+        frequency_penalty=args.frequency_penalty,
+        repetition_penalty=args.repetition_penalty,
+        stop_token_ids=args.stop_token_id or (),
+        json_schema=args.json_schema,
+        regex=args.regex,
+        choice=args.choice or None,
+    )
 
 
 def sampling_params(args: argparse.Namespace) -> pb.SamplingParams:
-    """Only the flags given are set, so the server's defaults apply to the rest."""
+    """`--sampling` JSON, with the flags given merged over it (lists are joined)."""
     params = pb.SamplingParams()
     if args.sampling:
         try:
             json_format.Parse(args.sampling, params)
         except json_format.ParseError as exc:
             raise UsageError(f"--sampling is not SamplingParams JSON: {exc}") from None
-    params.stop.extend(args.stop or [])
-    params.stop_token_ids.extend(args.stop_token_id or [])
-    params.ignore_eos = params.ignore_eos or args.ignore_eos
-    for field in _OPTIONAL_FLAGS:
-        value = getattr(args, field)
-        if value is not None:
-            setattr(params, field, value)
-    if args.regex is not None:
-        params.structured_output.regex = args.regex
-    if args.choice:
-        params.structured_output.choice.values.extend(args.choice)
-    if args.json_schema is not None:
-        params.structured_output.json_schema = args.json_schema
+    params.MergeFrom(sampling(args).to_proto())
     return params
 
 
 async def cmd_generate(args: argparse.Namespace, settings: CtlSettings, console: Console) -> int:
     ref = adapter_ref(args)
     prompt = console.stdin.read() if args.prompt == "-" else args.prompt
-    request = pb.GenerateRequest(
-        adapter=str(ref), text=prompt, sampling=sampling_params(args), request_id=args.request_id
-    )
+    params = sampling_params(args)
     ended_with_newline = True
     first: pb.GenerateResponse | None = None
     last: pb.GenerateResponse | None = None
-    async with inference_stub(settings) as stub:
-        call = stub.Generate(request, timeout=settings.stream_timeout_s)
-        try:
-            async for response in call:
+    async with connect_inference(settings) as client:
+        stream = client.responses(
+            str(ref), prompt, params, timeout=settings.stream_timeout_s, request_id=args.request_id
+        )
+        async with aclosing(stream) as responses:
+            async for response in responses:
                 first = first or response
                 last = response
                 if settings.json:
@@ -85,8 +84,6 @@ async def cmd_generate(args: argparse.Namespace, settings: CtlSettings, console:
                 elif response.text:
                     console.out(response.text, end="")
                     ended_with_newline = response.text.endswith("\n")
-        finally:
-            call.cancel()
     if settings.json:
         return EXIT_OK
     if not ended_with_newline and console.stdout_is_tty:

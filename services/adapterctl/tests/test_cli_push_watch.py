@@ -10,8 +10,8 @@ import signal
 import sys
 from pathlib import Path
 
-from loraserve.adapterstore.cli.__main__ import run
-from loraserve.adapterstore.cli.failures import EXIT_INTERRUPTED
+from loraserve.adapterctl.__main__ import run
+from loraserve.adapterctl.failures import EXIT_INTERRUPTED
 from loraserve.testing.adapterstore import tiny_adapter
 from loraserve.testing.ctl import buffers, ctl, output, write_adapter_dir
 from loraserve.testing.store import RunningStore
@@ -80,7 +80,7 @@ async def _cli_process(*argv: str, store: RunningStore) -> asyncio.subprocess.Pr
     return await asyncio.create_subprocess_exec(
         sys.executable,
         "-m",
-        "loraserve.adapterstore.cli",
+        "loraserve.adapterctl",
         *argv,
         "--store",
         store.address,

@@ -14,8 +14,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, BinaryIO
 
-from loraserve.adapterstore.cli.failures import UsageError
+from loraserve.adapterctl.failures import UsageError
 from loraserve.adapterstore.validation import ALLOWED_FILES, PICKLE_SUFFIXES, REQUIRED_FILES
+from loraserve.clients.push import CHUNK_SIZE, LocalFile
 from loraserve.common.errors import InvalidArgument
 from loraserve.common.peft_format import (
     CONFIG_FILE,
@@ -23,18 +24,6 @@ from loraserve.common.peft_format import (
     parse_safetensors_header,
     safetensors_header_length,
 )
-
-CHUNK_SIZE = 1024 * 1024
-
-
-@dataclass(frozen=True)
-class LocalFile:
-    """A file to publish, with the size and digest it had when it was hashed."""
-
-    name: str
-    path: Path
-    size: int
-    sha256: str
 
 
 @dataclass(frozen=True)

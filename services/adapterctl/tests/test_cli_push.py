@@ -12,12 +12,12 @@ from typing import Any
 import grpc
 import pytest
 
-from loraserve.adapterstore.cli.adapter_dir import CHUNK_SIZE, hash_files, list_adapter_dir
-from loraserve.adapterstore.cli.progress import Progress
-from loraserve.adapterstore.cli.push import upload
-from loraserve.adapterstore.cli.settings import CtlSettings
-from loraserve.adapterstore.cli.write_commands import StorePublisher
+from loraserve.adapterctl.adapter_dir import hash_files, list_adapter_dir
+from loraserve.adapterctl.progress import Progress
+from loraserve.adapterctl.settings import CtlSettings
+from loraserve.adapterctl.write_commands import StorePublisher
 from loraserve.adapterstore.v1 import adapterstore_pb2 as pb
+from loraserve.clients.push import CHUNK_SIZE, upload
 from loraserve.common.security import ClientSecurity
 from loraserve.testing.ctl import TtyBuffer, write_adapter_dir
 

@@ -15,8 +15,8 @@ from typing import Any
 import grpc
 import pytest
 
-from loraserve.adapterstore.cli.__main__ import run
-from loraserve.adapterstore.cli.failures import EXIT_FAILED, EXIT_NOT_ALLOWED
+from loraserve.adapterctl.__main__ import run
+from loraserve.adapterctl.failures import EXIT_FAILED, EXIT_NOT_ALLOWED
 from loraserve.common.errors import NotFound
 from loraserve.common.security import ServerSecurity, parse_tokens
 from loraserve.inference.v1 import inference_pb2 as pb

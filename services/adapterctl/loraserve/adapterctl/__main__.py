@@ -11,27 +11,31 @@ from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import NoReturn
 
 import grpc
+import stamina.instrumentation
 
-from loraserve.adapterstore.cli.console import Console
-from loraserve.adapterstore.cli.failures import (
+from loraserve.adapterctl.console import Console
+from loraserve.adapterctl.failures import (
     EXIT_INTERRUPTED,
     EXIT_USAGE,
     CliError,
     ServerError,
     UsageError,
 )
-from loraserve.adapterstore.cli.generate import cmd_generate
-from loraserve.adapterstore.cli.read_commands import cmd_list, cmd_revisions, cmd_status, cmd_watch
-from loraserve.adapterstore.cli.settings import (
+from loraserve.adapterctl.generate import cmd_generate
+from loraserve.adapterctl.read_commands import cmd_list, cmd_revisions, cmd_status, cmd_watch
+from loraserve.adapterctl.settings import (
     CtlSettings,
     add_connection_flags,
     settings_from_args,
 )
-from loraserve.adapterstore.cli.write_commands import cmd_delete, cmd_push, cmd_rollback
+from loraserve.adapterctl.write_commands import cmd_delete, cmd_push, cmd_rollback
+from loraserve.clients.push import LocalFileError
 from loraserve.common.errors import error_from_rpc
 from loraserve.common.flags import non_negative_int, positive_float, positive_int
 
 Handler = Callable[[argparse.Namespace, CtlSettings, Console], Awaitable[int]]
+# Adds one subcommand: name, handler, help text, add_parser's other arguments.
+Command = Callable[..., argparse.ArgumentParser]
 
 EPILOG = """\
 environment:
@@ -82,6 +86,13 @@ def build_parser(environ: Mapping[str, str]) -> argparse.ArgumentParser:
         sub.set_defaults(handler=handler)
         return sub
 
+    _add_push(command)
+    _add_store_commands(command)
+    _add_generate(command)
+    return parser
+
+
+def _add_push(command: Command) -> None:
     push = command("push", cmd_push, "publish a directory as a new revision; prints NAME@REV")
     push.add_argument("name", metavar="NAME", help="adapter name")
     push.add_argument(
@@ -106,6 +117,8 @@ def build_parser(environ: Mapping[str, str]) -> argparse.ArgumentParser:
         help="with --watch: quiet time before a change counts as done (default 1)",
     )
 
+
+def _add_store_commands(command: Command) -> None:
     listing = command("list", cmd_list, "list adapters with their current revisions")
     listing.add_argument(
         "--base-model", help="only adapters whose current revision is for this base model"
@@ -152,6 +165,8 @@ def build_parser(environ: Mapping[str, str]) -> argparse.ArgumentParser:
         "name", metavar="NAME", nargs="?", default="", help="adapter name (default: every adapter)"
     )
 
+
+def _add_generate(command: Command) -> None:
     generate = command(
         "generate", cmd_generate, "stream a completion from the inference service to stdout"
     )
@@ -193,7 +208,6 @@ def build_parser(environ: Mapping[str, str]) -> argparse.ArgumentParser:
         help="any SamplingParams fields as proto JSON, e.g. '{\"logprobs\": 2}'; flags win",
     )
     generate.add_argument("--request-id", default="", help="id for the server's logs")
-    return parser
 
 
 async def run(argv: Sequence[str], environ: Mapping[str, str], console: Console) -> int:
@@ -217,6 +231,9 @@ async def run(argv: Sequence[str], environ: Mapping[str, str], console: Console)
     except CliError as exc:
         console.err(f"error: {exc.message}")
         return exc.exit_code
+    except LocalFileError as exc:
+        console.err(f"error: {exc}")
+        return EXIT_USAGE
     except grpc.aio.AioRpcError as exc:
         failure = ServerError(error_from_rpc(exc), "server", "")
         console.err(f"error: {failure.message}")
@@ -229,6 +246,8 @@ async def run(argv: Sequence[str], environ: Mapping[str, str], console: Console)
 
 def main(argv: Sequence[str] | None = None) -> int:
     console = Console.system()
+    # adapterctl says itself what it retries, in one line; no log records on stderr.
+    stamina.instrumentation.set_on_retry_hooks([])
     try:
         return asyncio.run(run(sys.argv[1:] if argv is None else argv, os.environ, console))
     except KeyboardInterrupt:

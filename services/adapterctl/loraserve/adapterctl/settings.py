@@ -10,7 +10,7 @@ import argparse
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from loraserve.adapterstore.cli.failures import UsageError
+from loraserve.adapterctl.failures import UsageError
 from loraserve.common.errors import InvalidArgument
 from loraserve.common.flags import positive_float
 from loraserve.common.security import (

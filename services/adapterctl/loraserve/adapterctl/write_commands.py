@@ -1,60 +1,55 @@
 """The commands that change the store: push (once or watching), rollback, delete.
 
 Each intended change gets one idempotency key, reused by every retry of it, so a
-retry after UNAVAILABLE never changes the store twice."""
+retry after UNAVAILABLE never changes the store twice: gRPC's retry policy resends
+rollback and delete (`loraserve.clients.store`), a push retries itself
+(`loraserve.clients.push`)."""
 
 from __future__ import annotations
 
 import argparse
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import grpc
 
-from loraserve.adapterstore.cli.adapter_dir import AdapterFiles
-from loraserve.adapterstore.cli.connection import store_stub
-from loraserve.adapterstore.cli.console import Console
-from loraserve.adapterstore.cli.failures import EXIT_FAILED, EXIT_OK, UsageError
-from loraserve.adapterstore.cli.output import dumps, message_to_json
-from loraserve.adapterstore.cli.push import (
-    prepare_push,
-    print_pushed,
-    progress_for,
-    upload,
-    validated_name,
-)
-from loraserve.adapterstore.cli.retry import new_idempotency_key, retry_unavailable
-from loraserve.adapterstore.cli.settings import CtlSettings
-from loraserve.adapterstore.cli.watch_dir import Fingerprint, watch_directory
+from loraserve.adapterctl.adapter_dir import AdapterFiles
+from loraserve.adapterctl.connection import connect_store
+from loraserve.adapterctl.console import Console
+from loraserve.adapterctl.failures import EXIT_FAILED, EXIT_OK, UsageError
+from loraserve.adapterctl.output import dumps, message_to_json
+from loraserve.adapterctl.push import prepare_push, print_pushed, progress_for, validated_name
+from loraserve.adapterctl.settings import CtlSettings
+from loraserve.adapterctl.watch_dir import Fingerprint, watch_directory
 from loraserve.adapterstore.v1 import adapterstore_pb2 as pb
+from loraserve.clients.push import new_idempotency_key, push, upload
 
 
 async def cmd_push(args: argparse.Namespace, settings: CtlSettings, console: Console) -> int:
     name = validated_name(args.name)
     directory = Path(args.directory)
     if args.watch:
-        async with store_stub(settings) as stub:
+        async with connect_store(settings) as stub:
             publisher = StorePublisher(stub, name, settings, args.no_promote, args.description)
             await watch_directory(name, directory, publisher, console, args.settle)
         return EXIT_OK
     files = await prepare_push(directory, console)
     progress = progress_for(console, f"uploading {name}", files.total_size)
     key = new_idempotency_key()
-    async with store_stub(settings) as stub:
+    async with connect_store(settings) as stub:
         try:
-            response = await retry_unavailable(
-                lambda: upload(
-                    stub,
-                    name,
-                    files,
-                    no_promote=args.no_promote,
-                    description=args.description,
-                    timeout_s=settings.stream_timeout_s,
-                    idempotency_key=key,
-                    progress=progress.advance,
+            response = await push(
+                stub,
+                name,
+                files,
+                no_promote=args.no_promote,
+                description=args.description,
+                timeout_s=settings.stream_timeout_s,
+                idempotency_key=key,
+                progress=progress.advance,
+                on_retry=lambda exc: console.err(
+                    f"push of {name} failed: UNAVAILABLE: {exc.details()}; retrying"
                 ),
-                _retry_reporter(console, f"push of {name}"),
             )
         finally:
             progress.finish()
@@ -121,11 +116,8 @@ async def cmd_rollback(args: argparse.Namespace, settings: CtlSettings, console:
         expected_current_revision=args.expect_current or 0,
         idempotency_key=new_idempotency_key(),
     )
-    async with store_stub(settings) as stub:
-        response = await retry_unavailable(
-            lambda: stub.SetCurrentRevision(request, timeout=settings.unary_timeout_s),
-            _retry_reporter(console, f"rollback of {name}"),
-        )
+    async with connect_store(settings) as stub:
+        response = await stub.SetCurrentRevision(request, timeout=settings.unary_timeout_s)
     if settings.json:
         console.out(dumps(message_to_json(response)))
     else:
@@ -145,20 +137,10 @@ async def cmd_delete(args: argparse.Namespace, settings: CtlSettings, console: C
             console.err(f"not deleted: {name}")
             return EXIT_FAILED
     request = pb.DeleteAdapterRequest(name=name, idempotency_key=new_idempotency_key())
-    async with store_stub(settings) as stub:
-        response = await retry_unavailable(
-            lambda: stub.DeleteAdapter(request, timeout=settings.unary_timeout_s),
-            _retry_reporter(console, f"delete of {name}"),
-        )
+    async with connect_store(settings) as stub:
+        response = await stub.DeleteAdapter(request, timeout=settings.unary_timeout_s)
     if settings.json:
         console.out(dumps({"name": name, "seq": response.seq}))
     else:
         console.out(f"deleted {name}")
     return EXIT_OK
-
-
-def _retry_reporter(console: Console, what: str) -> Callable[[grpc.aio.AioRpcError, float], None]:
-    def report(exc: grpc.aio.AioRpcError, delay_s: float) -> None:
-        console.err(f"{what} failed: UNAVAILABLE: {exc.details()}; retrying in {delay_s:.1f} s")
-
-    return report

@@ -8,10 +8,10 @@ from pathlib import Path
 
 import pytest
 
-from loraserve.adapterstore.cli.__main__ import build_parser, run
-from loraserve.adapterstore.cli.failures import EXIT_UNREACHABLE, EXIT_USAGE
-from loraserve.adapterstore.cli.generate import sampling_params
-from loraserve.adapterstore.cli.settings import (
+from loraserve.adapterctl.__main__ import build_parser, run
+from loraserve.adapterctl.failures import EXIT_UNREACHABLE, EXIT_USAGE
+from loraserve.adapterctl.generate import sampling_params
+from loraserve.adapterctl.settings import (
     DEFAULT_INFERENCE_ADDRESS,
     DEFAULT_STORE_ADDRESS,
     CtlSettings,

@@ -27,14 +27,14 @@ from watchdog.events import (
 )
 from watchdog.observers import Observer
 
-from loraserve.adapterstore.cli.adapter_dir import (
+from loraserve.adapterctl.adapter_dir import (
     AdapterFiles,
     check_complete,
     list_adapter_dir,
 )
-from loraserve.adapterstore.cli.console import Console
-from loraserve.adapterstore.cli.failures import UsageError
-from loraserve.adapterstore.cli.push import prepare_push
+from loraserve.adapterctl.console import Console
+from loraserve.adapterctl.failures import UsageError
+from loraserve.adapterctl.push import prepare_push
 from loraserve.common.errors import InvalidArgument, error_from_rpc
 
 Fingerprint = tuple[tuple[str, int, str], ...]

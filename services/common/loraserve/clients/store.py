@@ -1,8 +1,12 @@
-"""What the inference service needs from the adapter store, as typed domain calls.
+"""The adapter store client: its channel, paging, and typed domain calls.
 
-A thin layer over the AdapterStoreService aio stub: it turns protos into frozen
-dataclasses and gRPC failures into `loraserve.common.errors`, so the cache and the
-synchronizer never see grpc types and can be tested against fakes.
+`store_channel` is every caller's channel to the store (adapterctl, the inference
+service, the demo, the benchmarks): the shared message limit and gRPC's retry
+policy for the calls that are safe to send again. `pages` reads every page of a
+listing. `StoreClient` is what the inference service needs, as typed calls: it
+turns protos into frozen dataclasses and gRPC failures into
+`loraserve.common.errors`, so the cache and the synchronizer never see grpc types
+and can be tested against fakes. Pushes are in `loraserve.clients.push`.
 
 The address is one gRPC target that may name every store replica (a DNS name with
 one record per replica, or `ipv4:HOST:PORT,HOST:PORT`). The channel balances calls
@@ -16,35 +20,85 @@ from __future__ import annotations
 
 import asyncio
 import enum
-import json
 import logging
-from collections.abc import AsyncGenerator, Callable
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable
 from contextlib import aclosing
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol, TypeVar
 
 import grpc
 
-from loraserve.adapterstore.textlimits import MAX_ERROR_MESSAGE_BYTES, truncate_text
 from loraserve.adapterstore.v1 import adapterstore_pb2 as pb
 from loraserve.adapterstore.v1 import adapterstore_pb2_grpc as pb_grpc
+from loraserve.clients.channels import Retry, open_channel
 from loraserve.common import errors
 from loraserve.common.manifest import Revision, revision_from_proto
-from loraserve.common.security import ClientSecurity, secure_channel
+from loraserve.common.security import ClientSecurity
+from loraserve.common.textlimits import MAX_ERROR_MESSAGE_BYTES, truncate_text
 
 log = logging.getLogger(__name__)
 
-# Room for a 1 MiB download chunk plus framing (gRPC's default limit is 4 MiB).
-_MESSAGE_LIMIT = 16 * 1024 * 1024
-# Round-robin over the store replicas that report SERVING (client-side health checks).
-_SERVICE_CONFIG = json.dumps(
-    {
-        "loadBalancingConfig": [{"round_robin": {}}],
-        "healthCheckConfig": {
-            "serviceName": pb.DESCRIPTOR.services_by_name["AdapterStoreService"].full_name
-        },
-    }
+STORE_SERVICE = pb.DESCRIPTOR.services_by_name["AdapterStoreService"].full_name
+# The calls gRPC may send again after UNAVAILABLE: reads, a replica's reports (they
+# state a fact), and the writes whose request carries an idempotency key (every
+# attempt resends the same message, so the same key). Not PushAdapter (see
+# `loraserve.clients.push`) nor WatchAdapters (a watch resumes from its seq).
+RETRIED_METHODS = (
+    "GetAdapter",
+    "ListAdapters",
+    "ListRevisions",
+    "GetAdapterStatus",
+    "DownloadAdapter",
+    "ReportStatus",
+    "ReportReplicaAlive",
+    "SetCurrentRevision",
+    "DeleteAdapter",
 )
+STORE_RETRY = Retry(max_attempts=3, initial_backoff_s=0.5, max_backoff_s=4.0)
+
+
+def store_channel(
+    address: str,
+    security: ClientSecurity,
+    *,
+    health_checked: bool = False,
+    reconnect_backoff_max_s: float | None = None,
+) -> grpc.aio.Channel:
+    """A channel to the store at `address`. With `health_checked`, calls go
+    round-robin to the replicas whose grpc.health.v1 status is SERVING."""
+    return open_channel(
+        address,
+        security,
+        method_configs=[STORE_RETRY.method_config(STORE_SERVICE, RETRIED_METHODS)],
+        health_checked_service=STORE_SERVICE if health_checked else None,
+        reconnect_backoff_max_s=reconnect_backoff_max_s,
+    )
+
+
+def store_stub(channel: grpc.aio.Channel) -> Any:
+    return pb_grpc.AdapterStoreServiceStub(channel)
+
+
+class Page(Protocol):
+    @property
+    def next_page_token(self) -> str: ...
+
+
+P = TypeVar("P", bound=Page)
+
+
+async def pages(
+    method: Callable[..., Awaitable[P]], request: Any, timeout: float | None
+) -> AsyncIterator[P]:
+    """Every page of a listing, in order: `request` again with each next_page_token.
+    A listing's seq is its first page's: watching from it misses no later change."""
+    request = type(request).FromString(request.SerializeToString())
+    while True:
+        page = await method(request, timeout=timeout)
+        yield page
+        if not page.next_page_token:
+            return
+        request.page_token = page.next_page_token
 
 
 def _store_error(exc: grpc.aio.AioRpcError, what: str) -> errors.LoraserveError:
@@ -156,15 +210,12 @@ class StoreClient:
 
     @classmethod
     def connect(cls, settings: StoreClientSettings) -> StoreClient:
-        max_ms = max(1, int(settings.reconnect_backoff_max_s * 1000))
-        options = [
-            ("grpc.initial_reconnect_backoff_ms", min(1000, max_ms)),
-            ("grpc.min_reconnect_backoff_ms", min(1000, max_ms)),
-            ("grpc.max_reconnect_backoff_ms", max_ms),
-            ("grpc.max_receive_message_length", _MESSAGE_LIMIT),
-            ("grpc.service_config", _SERVICE_CONFIG),
-        ]
-        channel = secure_channel(settings.address, settings.security, options)
+        channel = store_channel(
+            settings.address,
+            settings.security,
+            health_checked=True,
+            reconnect_backoff_max_s=settings.reconnect_backoff_max_s,
+        )
         return cls(channel, settings)
 
     @property
@@ -179,26 +230,22 @@ class StoreClient:
         it sees every change made while the later pages were read."""
         adapters: list[ListedAdapter] = []
         seq: int | None = None
-        token = ""
-        while True:
-            request = pb.ListAdaptersRequest(
-                page_size=self._settings.page_size, page_token=token, base_model=base_model
-            )
-            page: pb.ListAdaptersResponse = await self._unary(
-                "list adapters", self._stub.ListAdapters, request
-            )
-            if seq is None:
-                seq = page.seq
-            adapters.extend(
-                ListedAdapter(
-                    a.name,
-                    revision_from_proto(a.current) if a.current_revision else None,
+        request = pb.ListAdaptersRequest(page_size=self._settings.page_size, base_model=base_model)
+        try:
+            async for page in pages(
+                self._stub.ListAdapters, request, self._settings.call_timeout_s
+            ):
+                seq = page.seq if seq is None else seq
+                adapters.extend(
+                    ListedAdapter(
+                        a.name, revision_from_proto(a.current) if a.current_revision else None
+                    )
+                    for a in page.adapters
                 )
-                for a in page.adapters
-            )
-            token = page.next_page_token
-            if not token:
-                return Listing(tuple(adapters), seq)
+        except grpc.aio.AioRpcError as exc:
+            raise _store_error(exc, "list adapters") from exc
+        assert seq is not None, "a listing has at least one page"
+        return Listing(tuple(adapters), seq)
 
     async def get_revision(self, name: str, revision: int) -> Revision:
         """The manifest of one revision; raises NotFound if it (or the adapter) is gone."""

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from loraserve.adapterstore.cli.adapter_dir import check_complete, hash_files, list_adapter_dir
+from loraserve.adapterctl.adapter_dir import check_complete, hash_files, list_adapter_dir
 from loraserve.common.errors import InvalidArgument
 from loraserve.testing.ctl import write_adapter_dir
 

@@ -10,8 +10,8 @@ from pathlib import Path
 
 import grpc
 
-from loraserve.adapterstore.cli.__main__ import run
-from loraserve.adapterstore.cli.failures import EXIT_FAILED, EXIT_NOT_ALLOWED
+from loraserve.adapterctl.__main__ import run
+from loraserve.adapterctl.failures import EXIT_FAILED, EXIT_NOT_ALLOWED
 from loraserve.adapterstore.v1 import adapterstore_pb2 as pb
 from loraserve.adapterstore.v1 import adapterstore_pb2_grpc as pb_grpc
 from loraserve.common.security import ServerSecurity, parse_tokens

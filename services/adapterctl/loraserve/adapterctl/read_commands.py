@@ -8,19 +8,20 @@ from typing import Any
 
 import grpc
 
-from loraserve.adapterstore.cli.connection import store_stub
-from loraserve.adapterstore.cli.console import Console
-from loraserve.adapterstore.cli.failures import EXIT_OK
-from loraserve.adapterstore.cli.output import (
+from loraserve.adapterctl.connection import connect_store
+from loraserve.adapterctl.console import Console
+from loraserve.adapterctl.failures import EXIT_OK
+from loraserve.adapterctl.output import (
     dumps,
     format_size,
     format_time,
     message_to_json,
     table,
 )
-from loraserve.adapterstore.cli.push import validated_name
-from loraserve.adapterstore.cli.settings import CtlSettings
+from loraserve.adapterctl.push import validated_name
+from loraserve.adapterctl.settings import CtlSettings
 from loraserve.adapterstore.v1 import adapterstore_pb2 as pb
+from loraserve.clients.store import pages
 
 _PAGE_SIZE = 1000
 # ErrorStatus carries google.rpc.Code numbers.
@@ -30,21 +31,11 @@ _STATUS_NAMES = {code.value[0]: code.name for code in grpc.StatusCode}
 async def cmd_list(args: argparse.Namespace, settings: CtlSettings, console: Console) -> int:
     adapters: list[pb.Adapter] = []
     seq = None
-    async with store_stub(settings) as stub:
-        token = ""
-        while True:
-            page = await stub.ListAdapters(
-                pb.ListAdaptersRequest(
-                    page_size=_PAGE_SIZE, page_token=token, base_model=args.base_model or ""
-                ),
-                timeout=settings.unary_timeout_s,
-            )
-            # The first page's seq: watching from it misses nothing listed after it.
+    request = pb.ListAdaptersRequest(page_size=_PAGE_SIZE, base_model=args.base_model or "")
+    async with connect_store(settings) as stub:
+        async for page in pages(stub.ListAdapters, request, settings.unary_timeout_s):
             seq = page.seq if seq is None else seq
             adapters.extend(page.adapters)
-            token = page.next_page_token
-            if not token:
-                break
     if settings.json:
         console.out(dumps({"adapters": [message_to_json(a) for a in adapters], "seq": seq}))
         return EXIT_OK
@@ -67,19 +58,12 @@ async def cmd_revisions(args: argparse.Namespace, settings: CtlSettings, console
     name = validated_name(args.name)
     revisions: list[pb.Revision] = []
     current = 0
-    async with store_stub(settings) as stub:
-        token = ""
-        while True:
-            page = await stub.ListRevisions(
-                pb.ListRevisionsRequest(name=name, page_size=_PAGE_SIZE, page_token=token),
-                timeout=settings.unary_timeout_s,
-            )
+    request = pb.ListRevisionsRequest(name=name, page_size=_PAGE_SIZE)
+    async with connect_store(settings) as stub:
+        async for page in pages(stub.ListRevisions, request, settings.unary_timeout_s):
             if not revisions:
                 current = page.current_revision
             revisions.extend(page.revisions)
-            token = page.next_page_token
-            if not token:
-                break
     if settings.json:
         console.out(
             dumps(
@@ -108,7 +92,7 @@ async def cmd_revisions(args: argparse.Namespace, settings: CtlSettings, console
 
 async def cmd_status(args: argparse.Namespace, settings: CtlSettings, console: Console) -> int:
     name = validated_name(args.name) if args.name else ""
-    async with store_stub(settings) as stub:
+    async with connect_store(settings) as stub:
         response = await stub.GetAdapterStatus(
             pb.GetAdapterStatusRequest(name=name), timeout=settings.unary_timeout_s
         )
@@ -150,7 +134,7 @@ def _status_code_name(code: int) -> str:
 
 
 async def cmd_watch(args: argparse.Namespace, settings: CtlSettings, console: Console) -> int:
-    async with store_stub(settings) as stub:
+    async with connect_store(settings) as stub:
         after = args.after
         if after is None:
             # From now on: `--after 0` replays the whole kept log instead.

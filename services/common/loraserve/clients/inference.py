@@ -5,6 +5,10 @@ it connects with a bearer token and TLS, streams text deltas, retries
 UNAVAILABLE with exponential backoff and jitter while nothing has been received
 yet (a stream that already produced tokens is never replayed), honours one
 overall deadline across attempts, and raises `loraserve.common.errors` types.
+
+`Generate` is retried with `stamina`, not gRPC's retry policy: gRPC clamps a
+policy's attempts at 5, which would silently shrink a caller's `RetryPolicy`.
+The unary reads carry gRPC's retry policy (`loraserve.clients.channels`).
 """
 
 from __future__ import annotations
@@ -12,21 +16,24 @@ from __future__ import annotations
 import asyncio
 import threading
 import time
-from collections.abc import AsyncIterator, Coroutine, Iterator, Mapping, Sequence
+from collections.abc import AsyncGenerator, AsyncIterator, Coroutine, Iterator, Mapping, Sequence
+from contextlib import aclosing
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 import grpc
+import stamina
 
-from loraserve.common.backoff import Backoff
-from loraserve.common.errors import DeadlineExceeded, Unavailable, error_from_rpc
-from loraserve.common.security import ClientSecurity, secure_channel
-from loraserve.inference.sampling_fields import OPTIONAL_SAMPLING_FIELDS
+from loraserve.clients.channels import Retry, open_channel
+from loraserve.common.errors import DeadlineExceeded, error_from_rpc
+from loraserve.common.sampling_fields import OPTIONAL_SAMPLING_FIELDS
+from loraserve.common.security import ClientSecurity
 from loraserve.inference.v1 import inference_pb2 as pb
 from loraserve.inference.v1 import inference_pb2_grpc as pb_grpc
 
 T = TypeVar("T")
 
+_SERVICE = pb.DESCRIPTOR.services_by_name["InferenceService"].full_name
 _FINISH_REASONS = {pb.FINISH_REASON_STOP: "stop", pb.FINISH_REASON_LENGTH: "length"}
 
 
@@ -38,9 +45,12 @@ class RetryPolicy:
     initial_backoff: float = 0.2
     max_backoff: float = 5.0
 
-    def backoff(self) -> Backoff:
-        """A fresh backoff for one call's retries."""
-        return Backoff(self.initial_backoff, self.max_backoff)
+    def method_configs(self) -> list[dict[str, Any]]:
+        """gRPC's retry policy for the service's unary reads (at most 5 attempts)."""
+        if self.max_attempts < 2:
+            return []
+        retry = Retry(self.max_attempts, self.initial_backoff, self.max_backoff)
+        return [retry.method_config(_SERVICE, ("ListAdapters", "GetServerInfo"))]
 
 
 @dataclass(frozen=True)
@@ -157,10 +167,13 @@ def _delta(message: pb.GenerateResponse) -> Delta:
 
 
 def _request(
-    adapter: str, prompt: str | Sequence[int], sampling: Sampling | pb.SamplingParams
+    adapter: str,
+    prompt: str | Sequence[int],
+    sampling: Sampling | pb.SamplingParams,
+    request_id: str = "",
 ) -> pb.GenerateRequest:
     params = sampling.to_proto() if isinstance(sampling, Sampling) else sampling
-    request = pb.GenerateRequest(adapter=adapter, sampling=params)
+    request = pb.GenerateRequest(adapter=adapter, sampling=params, request_id=request_id)
     if isinstance(prompt, str):
         request.text = prompt
     else:
@@ -180,9 +193,14 @@ class InferenceClient:
         channel_options: Sequence[tuple[str, Any]] = (),
     ) -> None:
         """`channel_options` are gRPC channel arguments (e.g. flow-control windows)."""
-        self._channel = secure_channel(address, security or ClientSecurity(), channel_options)
-        self._stub = pb_grpc.InferenceServiceStub(self._channel)
         self._retry = retry or RetryPolicy()
+        self._channel = open_channel(
+            address,
+            security or ClientSecurity(),
+            method_configs=self._retry.method_configs(),
+            options=channel_options,
+        )
+        self._stub = pb_grpc.InferenceServiceStub(self._channel)
         self._timeout = timeout
 
     async def __aenter__(self) -> InferenceClient:
@@ -203,32 +221,61 @@ class InferenceClient:
         timeout: float | None = None,
     ) -> AsyncIterator[Delta]:
         """Streams deltas for `adapter` ("" base, "NAME", "NAME@REV")."""
-        request = _request(adapter, prompt, sampling or Sampling())
+        # Closed however the caller stops, so the call is cancelled at once.
+        async with aclosing(self.responses(adapter, prompt, sampling, timeout=timeout)) as messages:
+            async for message in messages:
+                yield _delta(message)
+
+    async def responses(
+        self,
+        adapter: str,
+        prompt: str | Sequence[int],
+        sampling: Sampling | pb.SamplingParams | None = None,
+        *,
+        timeout: float | None = None,
+        request_id: str = "",
+    ) -> AsyncGenerator[pb.GenerateResponse, None]:
+        """`stream`, as the service's own messages."""
+        request = _request(adapter, prompt, sampling or Sampling(), request_id)
         budget = timeout if timeout is not None else self._timeout
         deadline = None if budget is None else time.monotonic() + budget
-        backoff = self._retry.backoff()
-        attempt = 0
-        while True:
-            attempt += 1
-            remaining = None if deadline is None else deadline - time.monotonic()
-            if remaining is not None and remaining <= 0:
-                raise DeadlineExceeded(f"deadline of {budget}s passed before a response")
-            call = self._stub.Generate(request, timeout=remaining)
-            received = False
-            try:
-                async for message in call:
-                    received = True
-                    yield _delta(message)
-                return
-            except grpc.aio.AioRpcError as exc:
-                error = error_from_rpc(exc)
-                if received or not isinstance(error, Unavailable):
-                    raise error from None
-                if attempt >= self._retry.max_attempts:
-                    raise error from None
-            finally:
-                call.cancel()
-            await asyncio.sleep(backoff.next_delay())
+        call, message = await self._first_response(request, budget, deadline)
+        try:
+            while message is not grpc.aio.EOF:
+                yield message
+                message = await call.read()
+        except grpc.aio.AioRpcError as exc:
+            raise error_from_rpc(exc) from None
+        finally:
+            call.cancel()
+
+    async def _first_response(
+        self, request: pb.GenerateRequest, budget: float | None, deadline: float | None
+    ) -> tuple[Any, Any]:
+        """Starts the call, again while it fails UNAVAILABLE before its first message;
+        the call and that message (EOF when the stream ended empty)."""
+        try:
+            async for attempt in stamina.retry_context(
+                on=_is_unavailable,
+                attempts=self._retry.max_attempts,
+                timeout=budget,
+                wait_initial=self._retry.initial_backoff,
+                wait_max=self._retry.max_backoff,
+                wait_jitter=self._retry.initial_backoff,
+            ):
+                with attempt:
+                    remaining = None if deadline is None else deadline - time.monotonic()
+                    if remaining is not None and remaining <= 0:
+                        raise DeadlineExceeded(f"deadline of {budget}s passed before a response")
+                    call = self._stub.Generate(request, timeout=remaining)
+                    try:
+                        return call, await call.read()
+                    except BaseException:
+                        call.cancel()
+                        raise
+        except grpc.aio.AioRpcError as exc:
+            raise error_from_rpc(exc) from None
+        raise AssertionError("unreachable: the last attempt returns or raises")
 
     async def generate(
         self,
@@ -289,6 +336,10 @@ class InferenceClient:
             return await method(request, timeout=self._timeout)
         except grpc.aio.AioRpcError as exc:
             raise error_from_rpc(exc) from None
+
+
+def _is_unavailable(exc: Exception) -> bool:
+    return isinstance(exc, grpc.aio.AioRpcError) and exc.code() is grpc.StatusCode.UNAVAILABLE
 
 
 class SyncInferenceClient:

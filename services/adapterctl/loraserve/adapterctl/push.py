@@ -1,0 +1,91 @@
+"""`adapterctl push`: hash a directory, with progress, for `loraserve.clients.push`
+to stream to the store as one revision."""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+from collections.abc import Callable
+from pathlib import Path
+from typing import BinaryIO
+
+from loraserve.adapterctl.adapter_dir import (
+    AdapterFiles,
+    DirectoryListing,
+    list_adapter_dir,
+    listing_size,
+    read_into,
+)
+from loraserve.adapterctl.console import Console
+from loraserve.adapterctl.failures import UsageError
+from loraserve.adapterctl.output import dumps, message_to_json
+from loraserve.adapterctl.progress import MIN_BYTES_FOR_BAR, Progress
+from loraserve.adapterctl.settings import CtlSettings
+from loraserve.adapterstore.v1 import adapterstore_pb2 as pb
+from loraserve.adapterstore.validation import PICKLE_SUFFIXES
+from loraserve.clients.push import LocalFile
+from loraserve.common.errors import InvalidArgument
+from loraserve.common.names import validate_adapter_name
+
+
+def validated_name(name: str) -> str:
+    try:
+        return validate_adapter_name(name)
+    except InvalidArgument as exc:
+        raise UsageError(exc.message) from None
+
+
+def progress_for(console: Console, label: str, total: int) -> Progress:
+    return Progress(
+        console.stderr, label, total, console.stderr_is_tty and total >= MIN_BYTES_FOR_BAR
+    )
+
+
+async def prepare_push(directory: Path, console: Console) -> AdapterFiles:
+    """Selects and hashes the files of `directory`; warns about files left out."""
+    listing = await asyncio.to_thread(list_adapter_dir, directory)
+    for ignored in listing.ignored:
+        why = (
+            "pickle formats are never uploaded"
+            if ignored.endswith(PICKLE_SUFFIXES)
+            else ("not an adapter file")
+        )
+        console.err(f"ignoring {directory / ignored} ({why})")
+    total = await asyncio.to_thread(listing_size, listing)
+    progress = progress_for(console, "hashing  ", total)
+    try:
+        return await hash_in_steps(listing, progress.advance)
+    finally:
+        progress.finish()
+
+
+async def hash_in_steps(listing: DirectoryListing, progress: Callable[[int], None]) -> AdapterFiles:
+    """`hash_files`, one chunk per worker-thread call.
+
+    A cancel (Ctrl-C) then ends hashing within a chunk. One call for the whole adapter
+    would run on after the cancel, and asyncio's exit waits for its worker threads:
+    Ctrl-C while hashing gigabytes did nothing until every byte was read.
+    """
+    files = []
+    for path in listing.selected:
+        digest = hashlib.sha256()
+        size = 0
+        try:
+            f: BinaryIO = await asyncio.to_thread(path.open, "rb")
+            try:
+                while read := await asyncio.to_thread(read_into, f, digest):
+                    size += read
+                    progress(read)
+            finally:
+                await asyncio.to_thread(f.close)
+        except OSError as exc:
+            raise UsageError(f"{path}: cannot read: {exc.strerror}") from None
+        files.append(LocalFile(path.name, path, size, digest.hexdigest()))
+    return AdapterFiles(listing.directory, tuple(files), listing.ignored)
+
+
+def print_pushed(console: Console, settings: CtlSettings, response: pb.PushAdapterResponse) -> None:
+    if settings.json:
+        console.out(dumps(message_to_json(response)))
+    else:
+        console.out(f"{response.revision.adapter_name}@{response.revision.revision}")

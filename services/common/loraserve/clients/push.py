@@ -1,0 +1,184 @@
+"""Pushing a revision to the adapter store: the one upload every caller uses
+(adapterctl, the demo, the benchmarks).
+
+The stream is the proto's: a header naming every file with its size and SHA-256,
+then each file's contents in 1 MiB chunks, files in header order. Files are read
+a chunk at a time in a worker thread, so a 2 GiB adapter needs no 2 GiB of memory.
+
+A push is a client-streaming call: gRPC's retry policy cannot resend what no longer
+fits its per-call buffer, so `push` retries UNAVAILABLE itself (with `stamina`),
+sending the same idempotency key each time: a push the store committed before the
+failure is answered with its original revision instead of being made twice.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, BinaryIO, Protocol
+
+import grpc
+import stamina
+
+from loraserve.adapterstore.v1 import adapterstore_pb2 as pb
+from loraserve.common.clientstream import ClientStream
+
+CHUNK_SIZE = 1024 * 1024
+PUSH_ATTEMPTS = 3
+_WAIT_INITIAL_S = 0.5
+_WAIT_MAX_S = 4.0
+
+
+@dataclass(frozen=True)
+class LocalFile:
+    """A file to publish, with the size and digest it had when it was hashed."""
+
+    name: str
+    path: Path
+    size: int
+    sha256: str
+
+
+class HashedFiles(Protocol):
+    """The files of one push, in the order they are streamed."""
+
+    @property
+    def files(self) -> Sequence[LocalFile]: ...
+
+
+class LocalFileError(Exception):
+    """A file of the push cannot be read as it was hashed; nothing the store did."""
+
+
+def new_idempotency_key() -> str:
+    """A key for one intended change: made once, reused by every retry of it."""
+    return str(uuid.uuid4())
+
+
+def _is_unavailable(exc: Exception) -> bool:
+    return isinstance(exc, grpc.aio.AioRpcError) and exc.code() is grpc.StatusCode.UNAVAILABLE
+
+
+async def push(
+    stub: Any,
+    name: str,
+    files: HashedFiles,
+    *,
+    no_promote: bool,
+    description: str,
+    timeout_s: float | None,
+    idempotency_key: str,
+    progress: Callable[[int], None] = lambda _: None,
+    on_retry: Callable[[grpc.aio.AioRpcError], None] = lambda _: None,
+    attempts: int = PUSH_ATTEMPTS,
+) -> pb.PushAdapterResponse:
+    """`upload`, again after a jittered backoff while it fails UNAVAILABLE, at most
+    `attempts` times; `on_retry` hears of each failure that is retried."""
+    async for attempt in stamina.retry_context(
+        on=_is_unavailable,
+        attempts=attempts,
+        timeout=None,
+        wait_initial=_WAIT_INITIAL_S,
+        wait_max=_WAIT_MAX_S,
+        wait_jitter=_WAIT_INITIAL_S,
+    ):
+        with attempt:
+            try:
+                return await upload(
+                    stub,
+                    name,
+                    files,
+                    no_promote=no_promote,
+                    description=description,
+                    timeout_s=timeout_s,
+                    idempotency_key=idempotency_key,
+                    progress=progress,
+                )
+            except grpc.aio.AioRpcError as exc:
+                if _is_unavailable(exc) and attempt.num < attempts:
+                    on_retry(exc)
+                raise
+    raise AssertionError("unreachable: the last attempt returns or raises")
+
+
+def push_header(
+    name: str, files: HashedFiles, *, no_promote: bool, description: str, idempotency_key: str
+) -> pb.PushAdapterRequest:
+    return pb.PushAdapterRequest(
+        header=pb.PushHeader(
+            name=name,
+            files=[pb.FileInfo(name=f.name, size=f.size, sha256=f.sha256) for f in files.files],
+            no_promote=no_promote,
+            description=description,
+            idempotency_key=idempotency_key,
+        )
+    )
+
+
+async def upload(
+    stub: Any,
+    name: str,
+    files: HashedFiles,
+    *,
+    no_promote: bool,
+    description: str,
+    timeout_s: float | None,
+    idempotency_key: str,
+    progress: Callable[[int], None] = lambda _: None,
+) -> pb.PushAdapterResponse:
+    """Streams one push; a rejected push raises the call's AioRpcError. A retry of
+    the push must pass the same `idempotency_key` (`push` does).
+
+    The store may refuse the push before it has all been sent (no token, a file over
+    its limits, a bad file): writing stops then, and the store's status is raised.
+    """
+    stream: ClientStream[pb.PushAdapterRequest, pb.PushAdapterResponse] = ClientStream(
+        stub.PushAdapter(timeout=timeout_s)
+    )
+    header = push_header(
+        name,
+        files,
+        no_promote=no_promote,
+        description=description,
+        idempotency_key=idempotency_key,
+    )
+    try:
+        if await stream.write(header):
+            for local in files.files:
+                if not await _write_file(stream, local, progress):
+                    break
+        return await stream.result()
+    except BaseException:
+        stream.cancel()
+        raise
+
+
+async def _write_file(
+    stream: ClientStream[pb.PushAdapterRequest, pb.PushAdapterResponse],
+    local: LocalFile,
+    progress: Callable[[int], None],
+) -> bool:
+    """Sends one file; False if the store ended the call first."""
+    try:
+        f: BinaryIO = await asyncio.to_thread(local.path.open, "rb")
+    except OSError as exc:
+        raise LocalFileError(f"{local.path}: cannot read: {exc.strerror}") from None
+    try:
+        offset = 0
+        while offset < local.size:
+            data = await asyncio.to_thread(f.read, min(CHUNK_SIZE, local.size - offset))
+            if not data:
+                raise LocalFileError(
+                    f"{local.path}: shrank from {local.size} to {offset} bytes while uploading"
+                )
+            chunk = pb.FileChunk(file_name=local.name, offset=offset, data=data)
+            if not await stream.write(pb.PushAdapterRequest(chunk=chunk)):
+                return False
+            offset += len(data)
+            progress(len(data))
+    finally:
+        await asyncio.to_thread(f.close)
+    return True
