@@ -20,13 +20,14 @@ from prometheus_client import CollectorRegistry
 from loraserve.adapterstore.v1 import adapterstore_pb2 as store_pb
 from loraserve.adapterstore.v1 import adapterstore_pb2_grpc as store_grpc
 from loraserve.clients.store import StoreClient, StoreClientSettings
+from loraserve.common.manifest import Revision
 from loraserve.common.security import ClientSecurity
 from loraserve.inference.admission import Admission
-from loraserve.inference.cache import AdapterCache
+from loraserve.inference.cache import AdapterCache, CachedRevision
 from loraserve.inference.engine import AdapterHandle, EngineDelta, SamplingSpec, VllmEngine
 from loraserve.inference.generation import Generator
 from loraserve.inference.metrics import InferenceMetrics
-from loraserve.inference.registry import AdapterRegistry, LocalRevision
+from loraserve.inference.registry import AdapterRegistry
 from loraserve.inference.runtime import Runtime, RuntimeSlot
 from loraserve.inference.servicer import SERVICE_NAME, register
 from loraserve.inference.sync import Synchronizer, SyncSettings
@@ -65,7 +66,7 @@ class RecordingRegistry:
         self.inner = registry
         self.applied: list[tuple[str, int]] = []
 
-    async def install(self, rev: LocalRevision, *, make_current: bool) -> None:
+    async def install(self, rev: CachedRevision, *, make_current: bool) -> None:
         self.applied.append((rev.name, rev.revision))
         await self.inner.install(rev, make_current=make_current)
 
@@ -85,8 +86,8 @@ class RecordingRegistry:
     def holds(self, name: str, revision: int) -> bool:
         return self.inner.holds(name, revision)
 
-    def record_failure(self, name: str, revision: int, rank: int, message: str) -> None:
-        self.inner.record_failure(name, revision, rank, message)
+    def record_failure(self, manifest: Revision, message: str) -> None:
+        self.inner.record_failure(manifest, message)
 
 
 @dataclass

@@ -20,8 +20,9 @@ from grpc_health.v1 import health_pb2
 
 from loraserve.adapterstore.s3blobs import S3BlobStore
 from loraserve.clients.store import StoreClient, StoreClientSettings
+from loraserve.common.manifest import Revision
 from loraserve.common.security import ClientSecurity
-from loraserve.inference.registry import LocalRevision
+from loraserve.inference.cache import CachedRevision
 from loraserve.inference.sync import Synchronizer, SyncSettings
 from loraserve.testing.adapterstore import tiny_adapter
 from loraserve.testing.processes import health_status, wait_for_health
@@ -112,15 +113,18 @@ class _Fetcher:
     def __init__(self, root: Path) -> None:
         self._root = root
 
-    async def fetch(self, name: str, revision: int) -> LocalRevision:
-        return LocalRevision(name, revision, self._root, 4, ("q_proj",), "tiny-llama")
+    async def fetch(
+        self, name: str, revision: int, manifest: Revision | None = None
+    ) -> CachedRevision:
+        assert manifest is not None
+        return CachedRevision(manifest, self._root)
 
 
 class _Registry:
     def __init__(self) -> None:
         self.current: dict[str, int] = {}
 
-    async def install(self, rev: LocalRevision, *, make_current: bool) -> None:
+    async def install(self, rev: CachedRevision, *, make_current: bool) -> None:
         if make_current:
             self.current[rev.name] = rev.revision
 
@@ -139,7 +143,7 @@ class _Registry:
     def holds(self, name: str, revision: int) -> bool:
         return self.is_installed(name, revision)
 
-    def record_failure(self, name: str, revision: int, rank: int, message: str) -> None:
+    def record_failure(self, manifest: Revision, message: str) -> None:
         pass
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import hashlib
 from collections.abc import AsyncGenerator
+from dataclasses import replace
 from datetime import UTC, datetime
 from pathlib import Path
 
@@ -38,6 +39,7 @@ class FakeSource:
         self.revisions: dict[tuple[str, int], dict[str, bytes]] = {}
         self.manifests: dict[tuple[str, int], Revision] = {}
         self.downloads = 0
+        self.lookups = 0
         self.corrupt_downloads = 0
         self.chunk_size = chunk_size
         self.gate: asyncio.Event | None = None
@@ -61,6 +63,10 @@ class FakeSource:
         return manifest
 
     async def get_revision(self, name: str, revision: int) -> Revision:
+        self.lookups += 1
+        return self._manifest(name, revision)
+
+    def _manifest(self, name: str, revision: int) -> Revision:
         if (name, revision) not in self.manifests:
             raise NotFound(f"no revision {name}@{revision}")
         return self.manifests[(name, revision)]
@@ -71,8 +77,7 @@ class FakeSource:
         self.downloads += 1
         if self.gate is not None:
             await self.gate.wait()
-        manifest = await self.get_revision(name, revision)
-        yield manifest
+        yield self._manifest(name, revision)
         corrupt = self.corrupt_downloads > 0
         self.corrupt_downloads -= 1
         for file_name, data in self.revisions[(name, revision)].items():
@@ -287,3 +292,30 @@ async def test_sweep_removes_revisions_not_kept_and_nothing_else(
 
     assert sorted(p.name for p in cache.root.iterdir()) == [".tmp", "alpha", "not an adapter"]
     assert [p.name for p in (cache.root / "alpha").iterdir()] == ["1"]
+
+
+async def test_fetch_with_the_stores_manifest_downloads_once_and_looks_nothing_up(
+    cache: AdapterCache, source: FakeSource
+) -> None:
+    local = await cache.fetch("alpha", 1, source.manifests[("alpha", 1)])
+    assert (source.downloads, source.lookups) == (1, 0)
+    assert (local.path / "adapter_model.safetensors").read_bytes() == WEIGHTS
+
+
+async def test_fetch_without_a_manifest_looks_it_up_once(
+    cache: AdapterCache, source: FakeSource
+) -> None:
+    await cache.fetch("alpha", 1)
+    assert (source.downloads, source.lookups) == (1, 1)
+
+
+async def test_download_whose_manifest_differs_from_the_given_one_is_data_loss(
+    cache: AdapterCache, source: FakeSource
+) -> None:
+    given = replace(
+        source.manifests[("alpha", 1)], files=(file_info("adapter_config.json", CONFIG),)
+    )
+    with pytest.raises(DataLoss, match="other files"):
+        await cache.fetch("alpha", 1, given)
+    assert not (cache.root / "alpha").exists()
+    assert leftovers(cache) == []

@@ -9,10 +9,13 @@ from pathlib import Path
 import pytest
 
 from loraserve.common.errors import FailedPrecondition, NotFound, Unavailable
+from loraserve.common.manifest import Revision
 from loraserve.common.names import AdapterRef
+from loraserve.inference.cache import CachedRevision
 from loraserve.inference.compat import LLAMA_TARGET_MODULES, CompatibilityChecker
-from loraserve.inference.registry import AdapterRegistry, AdapterState, LocalRevision
-from loraserve.testing.inference_fakes import FakeEngine, FakeFetcher, make_revision
+from loraserve.inference.registry import AdapterRegistry
+from loraserve.inference.revisionstate import AdapterState
+from loraserve.testing.inference_fakes import FakeEngine, FakeFetcher, fake_manifest, make_revision
 
 
 @pytest.fixture
@@ -145,6 +148,16 @@ async def test_idle_old_revision_is_removed_after_the_flip(
     assert not registry.is_installed("alpha", 1)
 
 
+async def test_files_of_a_removed_revision_are_removed_by_the_cache(
+    registry: AdapterRegistry, cache_dir: Path, fetcher: FakeFetcher
+) -> None:
+    await registry.install(make_revision(cache_dir, "alpha", 1), make_current=True)
+    await registry.install(make_revision(cache_dir, "alpha", 2), make_current=True)
+    await registry.settle()
+
+    assert fetcher.removed == [("alpha", 1)]
+
+
 async def test_rejected_revision_leaves_the_old_one_serving(
     registry: AdapterRegistry, engine: FakeEngine, cache_dir: Path
 ) -> None:
@@ -173,7 +186,7 @@ async def test_path_outside_the_cache_is_refused(
 ) -> None:
     outside = tmp_path / "elsewhere" / "alpha" / "1"
     outside.mkdir(parents=True)
-    rev = LocalRevision("alpha", 1, outside, 8, ("q_proj",), "fake-llama")
+    rev = CachedRevision(fake_manifest("alpha", 1, target_modules=("q_proj",)), outside)
 
     with pytest.raises(FailedPrecondition, match="not inside the adapter cache"):
         await registry.install(rev, make_current=True)
@@ -357,8 +370,10 @@ async def test_delete_while_a_pinned_revision_loads_discards_it_and_the_request_
     go_on = asyncio.Event()
     fetch = fetcher.fetch
 
-    async def held_fetch(name: str, revision: int) -> LocalRevision:
-        rev = await fetch(name, revision)
+    async def held_fetch(
+        name: str, revision: int, manifest: Revision | None = None
+    ) -> CachedRevision:
+        rev = await fetch(name, revision, manifest)
         fetched.set()
         await go_on.wait()
         return rev

@@ -33,7 +33,7 @@ from loraserve.common.errors import (
     Unavailable,
 )
 from loraserve.common.manifest import FileInfo, Revision
-from loraserve.inference.registry import LocalRevision
+from loraserve.inference.cache import CachedRevision
 from loraserve.inference.sync import Synchronizer, SyncSettings, current_adapter_ranks
 from loraserve.testing.waiting import eventually
 
@@ -134,24 +134,23 @@ class FakeStore:
 class FakeFetcher:
     def __init__(self) -> None:
         self.calls: list[tuple[str, int]] = []
+        self.given: list[Revision | None] = []
         self.failures: dict[tuple[str, int], list[Exception]] = {}
         self.gates: dict[tuple[str, int], asyncio.Event] = {}
 
-    async def fetch(self, name: str, revision: int) -> LocalRevision:
+    async def fetch(
+        self, name: str, revision: int, given: Revision | None = None
+    ) -> CachedRevision:
         self.calls.append((name, revision))
+        self.given.append(given)
         gate = self.gates.get((name, revision))
         if gate is not None:
             await gate.wait()
         failures = self.failures.get((name, revision))
         if failures:
             raise failures.pop(0)
-        return LocalRevision(
-            name=name,
-            revision=revision,
-            path=Path("/cache") / name / str(revision),
-            rank=8,
-            target_modules=("q_proj",),
-            base_model="tiny",
+        return CachedRevision(
+            given or manifest(name, revision), Path("/cache") / name / str(revision)
         )
 
 
@@ -165,7 +164,7 @@ class FakeRegistry:
         self.install_failures: dict[tuple[str, int], Exception] = {}
         self.failures: dict[tuple[str, int], str] = {}
 
-    async def install(self, rev: LocalRevision, *, make_current: bool) -> None:
+    async def install(self, rev: CachedRevision, *, make_current: bool) -> None:
         key = (rev.name, rev.revision)
         self.installs.append((rev.name, rev.revision, make_current))
         if key in self.install_failures:
@@ -200,8 +199,8 @@ class FakeRegistry:
     def holds(self, name: str, revision: int) -> bool:
         return (name, revision) in self.installed
 
-    def record_failure(self, name: str, revision: int, rank: int, message: str) -> None:
-        self.failures[(name, revision)] = message
+    def record_failure(self, given: Revision, message: str) -> None:
+        self.failures[(given.adapter_name, given.revision)] = message
 
 
 def listing(seq: int, *revisions: tuple[str, int]) -> Listing:
@@ -277,6 +276,55 @@ async def test_pushed_current_revision_is_installed_routed_acked_and_timed() -> 
         assert h.registry.current["a"] == 2
         assert h.store.reports[-1] == Report("a", 2, ReportKind.ACK, 2)
         assert len(h.swaps) == 1
+
+
+async def test_loads_hand_the_listed_and_pushed_manifests_to_the_fetcher() -> None:
+    h = Harness(listing(1, ("a", 1)))
+    stream = h.store.open_stream()
+    async with running(h):
+        await h.started()
+        h.feed(stream, pushed(2, "a", 2))
+        await h.settled(2)
+        assert h.fetcher.given == [manifest("a", 1), manifest("a", 2)]
+
+
+def slow_retries(h: Harness) -> None:
+    h.sync = Synchronizer(
+        h.store, h.fetcher, h.registry, SyncSettings(initial_backoff_s=600, max_backoff_s=600)
+    )
+
+
+async def test_a_newer_event_cuts_the_wait_before_a_retry_short(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    h = Harness(listing(1, ("a", 1)))
+    slow_retries(h)
+    h.fetcher.failures[("a", 2)] = [Unavailable("engine busy")]
+    stream = h.store.open_stream()
+    async with running(h):
+        await h.started()
+        h.feed(stream, pushed(2, "a", 2))
+        await eventually(lambda: "sync.apply_retry name=a" in caplog.text, "a@2 waits to retry")
+        h.feed(stream, pushed(3, "a", 3))
+        await h.settled(3)
+        assert h.registry.current["a"] == 3
+
+
+async def test_an_event_during_a_failing_load_is_applied_without_waiting() -> None:
+    h = Harness(listing(1, ("a", 1)))
+    slow_retries(h)
+    h.fetcher.failures[("a", 2)] = [Unavailable("engine busy")]
+    h.fetcher.gates[("a", 2)] = gate = asyncio.Event()
+    stream = h.store.open_stream()
+    async with running(h):
+        await h.started()
+        h.feed(stream, pushed(2, "a", 2))
+        await eventually(lambda: ("a", 2) in h.fetcher.calls, "fetch of a@2 started")
+        h.feed(stream, pushed(3, "a", 3))
+        await eventually(lambda: stream.empty(), "event taken in")
+        gate.set()
+        await h.settled(3)
+        assert h.registry.current["a"] == 3
 
 
 async def test_pushed_revision_not_promoted_is_loaded_without_routing() -> None:

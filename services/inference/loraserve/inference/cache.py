@@ -6,10 +6,17 @@ directory renamed into place, so the engine never sees a partial or corrupt
 revision. The manifest is kept beside the files (`.manifest.json`) so a revision
 found on disk after a restart is re-verified and reused without a download.
 
-Before any byte is downloaded, the revision's manifest (base model, rank, target
-modules) is checked against what this server can serve, so an incompatible adapter
-costs one small call, not a download. `sweep` removes revision directories nothing
-needs (an earlier run's leftovers), so the disk holds only what is served or loading.
+Sync passes the manifest its watch event or listing carried, so a load costs one
+download stream and no lookup; the stream's own manifest must match it. Only a
+pinned `name@revision` request, which has no event, looks the manifest up (once).
+Before any byte is downloaded, the manifest (base model, rank, target modules) is
+checked against what this server can serve, so an incompatible adapter costs no
+download.
+
+The cache alone creates and removes directories under its root: the registry hands
+a revision back with `remove` once the engine let go of it, and `sweep` removes
+revision directories nothing needs (an earlier run's leftovers), so the disk holds
+only what is served or loading.
 """
 
 from __future__ import annotations
@@ -24,6 +31,7 @@ import shutil
 import uuid
 from collections.abc import AsyncGenerator, AsyncIterator, Callable
 from contextlib import aclosing, asynccontextmanager
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
 
@@ -33,7 +41,6 @@ from loraserve.common.manifest import Revision
 from loraserve.common.names import validate_adapter_name
 from loraserve.inference.compat import AdapterFacts
 from loraserve.inference.download import MANIFEST_FILE, Receiver, check_manifest
-from loraserve.inference.registry import LocalRevision
 
 log = logging.getLogger(__name__)
 
@@ -41,11 +48,41 @@ _TEMP_DIR = ".tmp"
 _HASH_BLOCK = 1024 * 1024
 
 
+@dataclass(frozen=True)
+class CachedRevision:
+    """A revision verified in the cache: its manifest and its directory
+    (`<root>/<name>/<revision>/`)."""
+
+    manifest: Revision
+    path: Path
+
+    @property
+    def name(self) -> str:
+        return self.manifest.adapter_name
+
+    @property
+    def revision(self) -> int:
+        return self.manifest.revision
+
+    @property
+    def rank(self) -> int:
+        return self.manifest.rank
+
+    @property
+    def base_model(self) -> str:
+        return self.manifest.base_model
+
+    @property
+    def target_modules(self) -> tuple[str, ...]:
+        return self.manifest.target_modules
+
+
 class RevisionSource(Protocol):
     """Where revisions come from: the store client, or a fake in tests."""
 
     async def get_revision(self, name: str, revision: int) -> Revision:
         """The revision's manifest; raises NotFound once it is deleted."""
+        ...
 
     def download(self, name: str, revision: int) -> AsyncGenerator[Revision | FileChunk, None]:
         """The manifest first, then each file's chunks in manifest order."""
@@ -64,8 +101,8 @@ class _KeyLock:
 class AdapterCache:
     """Fetches revisions from a source into verified directories under `root`.
 
-    Implements the registry's `RevisionFetcher`. Concurrent fetches of one revision
-    share a single download.
+    The registry's `RevisionCache`. Concurrent fetches of one revision share a
+    single download.
     """
 
     def __init__(
@@ -99,21 +136,21 @@ class AdapterCache:
             raise InvalidArgument(f"adapter path {path} is outside the cache {self._root}")
         return path
 
-    async def fetch(self, name: str, revision: int) -> LocalRevision:
+    async def fetch(
+        self, name: str, revision: int, manifest: Revision | None = None
+    ) -> CachedRevision:
         """A verified local copy of the revision, downloading it if needed.
 
-        Raises NotFound for an unknown revision, DataLoss when the bytes do not
-        match the manifest twice in a row, Unavailable when the store is down.
+        `manifest` is what the store said of the revision (a watch event, a listing);
+        without one (a pinned request) the store is asked. Raises NotFound for an
+        unknown revision, FailedPrecondition for one this server cannot serve,
+        DataLoss when the bytes do not match the manifest twice in a row,
+        Unavailable when the store is down.
         """
         final = self.path_of(name, revision)
         async with self._exclusive(name, revision):
-            # The store decides whether the revision may still be served (a deleted
-            # adapter must not live on from a local copy), and its manifest whether it
-            # can be served here at all: both before any byte is downloaded.
             try:
-                manifest = await self._source.get_revision(name, revision)
-                if self._check is not None:
-                    self._check(_facts(manifest))
+                manifest = await self._servable(name, revision, manifest)
             except (NotFound, FailedPrecondition):
                 await asyncio.to_thread(_remove_revision_dir, final)
                 raise
@@ -121,19 +158,32 @@ class AdapterCache:
             if cached is not None:
                 if _same_files(cached, manifest):
                     log.info("cache.reused name=%s rev=%d", name, revision)
-                    return _local_revision(cached, final)
+                    return CachedRevision(cached, final)
                 log.warning(
                     "cache.stale name=%s rev=%d: files differ from the store", name, revision
                 )
             try:
-                return await self._download(name, revision, final)
+                return await self._download(manifest, final)
             except DataLoss as exc:
                 # A corrupted transfer is worth one more try; corrupt storage is not.
                 log.warning("cache.retry_download name=%s rev=%d reason=%s", name, revision, exc)
-                return await self._download(name, revision, final)
+                return await self._download(manifest, final)
+
+    async def _servable(self, name: str, revision: int, manifest: Revision | None) -> Revision:
+        """The revision's manifest, checked before any byte is downloaded. Asked of the
+        store only when none was given: the store then also decides whether the
+        revision may still be served (a deleted adapter must not live on from a
+        local copy)."""
+        if manifest is None:
+            manifest = await self._source.get_revision(name, revision)
+        check_manifest(manifest, name, revision)
+        if self._check is not None:
+            self._check(manifest_facts(manifest))
+        return manifest
 
     async def remove(self, name: str, revision: int) -> None:
-        """Deletes a revision's files (and the adapter's directory once it is empty)."""
+        """Deletes a revision's files (and the adapter's directory once it is empty):
+        the registry's call once the engine no longer reads them."""
         path = self.path_of(name, revision)
         async with self._exclusive(name, revision):
             await asyncio.to_thread(_remove_revision_dir, path)
@@ -184,11 +234,12 @@ class AdapterCache:
             if entry.users == 0:
                 del self._locks[key]
 
-    async def _download(self, name: str, revision: int, final: Path) -> LocalRevision:
+    async def _download(self, expected: Revision, final: Path) -> CachedRevision:
+        name, revision = expected.adapter_name, expected.revision
         staging = self._root / _TEMP_DIR / f"{name}-{revision}-{uuid.uuid4().hex}"
         await asyncio.to_thread(staging.mkdir, parents=True)
         try:
-            manifest = await self._receive(name, revision, staging)
+            manifest = await self._receive(expected, staging)
             await asyncio.to_thread(_commit, staging, final, manifest)
         finally:
             await asyncio.to_thread(shutil.rmtree, staging, True)
@@ -199,14 +250,20 @@ class AdapterCache:
             len(manifest.files),
             sum(f.size for f in manifest.files),
         )
-        return _local_revision(manifest, final)
+        return CachedRevision(manifest, final)
 
-    async def _receive(self, name: str, revision: int, staging: Path) -> Revision:
+    async def _receive(self, expected: Revision, staging: Path) -> Revision:
+        name, revision = expected.adapter_name, expected.revision
         receiver = Receiver(name, revision, staging)
         try:
             async with aclosing(self._source.download(name, revision)) as stream:
                 async for message in stream:
                     if isinstance(message, Revision):
+                        if not _same_files(message, expected):
+                            raise DataLoss(
+                                f"download of {name}@{revision}: the stream's manifest lists "
+                                "other files than the store's event or listing"
+                            )
                         receiver.take_manifest(message)
                     else:
                         await receiver.take_chunk(message)
@@ -291,22 +348,12 @@ def _remove_revision_dir(path: Path) -> None:
         path.parent.rmdir()
 
 
-def _facts(manifest: Revision) -> AdapterFacts:
+def manifest_facts(manifest: Revision) -> AdapterFacts:
+    """What the compatibility checks need of a manifest."""
     return AdapterFacts(
         manifest.adapter_name,
         manifest.revision,
         manifest.rank,
         manifest.target_modules,
         manifest.base_model,
-    )
-
-
-def _local_revision(manifest: Revision, path: Path) -> LocalRevision:
-    return LocalRevision(
-        name=manifest.adapter_name,
-        revision=manifest.revision,
-        path=path,
-        rank=manifest.rank,
-        target_modules=manifest.target_modules,
-        base_model=manifest.base_model,
     )

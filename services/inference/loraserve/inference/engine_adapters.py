@@ -1,7 +1,7 @@
 """Putting one cached revision into the engine and taking it out again.
 
-Only a path strictly inside the adapter cache directory is ever loaded (or
-deleted), and only after the compatibility checks pass. An adapter the engine
+Only a path strictly inside the adapter cache directory is ever loaded, and only
+after the compatibility checks pass; the files themselves belong to the cache. An adapter the engine
 finishes adding after its caller was cancelled is removed again in the
 background, so the engine never keeps an adapter nobody knows about.
 """
@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import asyncio
 import functools
-import shutil
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 
@@ -62,18 +61,15 @@ class EngineAdapters:
             adding.add_done_callback(functools.partial(self._remove_orphan, handle))
             raise
 
-    async def discard(self, path: Path | None, added: AdapterHandle | None) -> None:
-        """Undoes a load that will not be served: out of the engine, files deleted."""
+    async def discard(self, added: AdapterHandle | None) -> None:
+        """Undoes a load that will not be served: out of the engine, if it got there."""
         if added is not None:
             await self._engine.remove_lora(added.lora_int_id)
-        if path is not None and self._inside_cache(path):
-            await asyncio.to_thread(shutil.rmtree, path, ignore_errors=True)
 
-    async def remove(self, handle: AdapterHandle, path: Path) -> None:
-        """Takes a loaded revision out of the engine, then deletes its files (vLLM may
-        re-read an adapter's path until it is removed)."""
+    async def remove(self, handle: AdapterHandle) -> None:
+        """Takes a loaded revision out of the engine; vLLM may re-read its path until
+        then, so its files go back to the cache only after this."""
         await self._engine.remove_lora(handle.lora_int_id)
-        await asyncio.to_thread(shutil.rmtree, path, ignore_errors=True)
 
     def _inside_cache(self, path: Path) -> bool:
         resolved = path.resolve()

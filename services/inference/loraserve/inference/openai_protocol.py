@@ -28,7 +28,7 @@ from loraserve.common.errors import InvalidArgument, NotFound
 from loraserve.common.names import parse_adapter_ref, shown, validate_adapter_name
 from loraserve.inference.generation import GenerateCommand
 from loraserve.inference.openai_requests import ChatRequest, CompletionRequest, ContentPart
-from loraserve.inference.registry import AdapterState, RevisionStatus
+from loraserve.inference.revisionstate import AdapterState, RevisionStatus
 
 CHAT_ROLES = frozenset({"system", "developer", "user", "assistant"})
 OWNER = "loraserve"

@@ -4,7 +4,9 @@ A revision served (loaded, routed if asked) is ACKed; a permanent failure is
 NACKed once with its reason and remembered as rejected, so it is not tried again
 until an event asks for it again; a transient failure (TRANSIENT_ERRORS)
 propagates for the caller to retry and reports nothing. Loads at once are
-bounded by `max_concurrent_loads`.
+bounded by `max_concurrent_loads`. The manifest the store sent with the event or
+listing travels with the load to the cache, so a load asks the store nothing
+more. What came of each load is kept in `syncstate`.
 """
 
 from __future__ import annotations
@@ -19,20 +21,25 @@ from loraserve.clients.store import Report, ReportKind, rpc_code
 from loraserve.common import errors
 from loraserve.common.errors import TRANSIENT_ERRORS
 from loraserve.common.manifest import Revision
-from loraserve.inference.registry import LocalRevision
+from loraserve.inference.cache import CachedRevision
 from loraserve.inference.statusreports import StatusReporter
+from loraserve.inference.syncstate import SyncState
 
 log = logging.getLogger(__name__)
 
 
 class Fetcher(Protocol):
-    async def fetch(self, name: str, revision: int) -> LocalRevision: ...
+    """Makes a revision present in the local cache (`AdapterCache`, or a fake)."""
+
+    async def fetch(
+        self, name: str, revision: int, manifest: Revision | None = None
+    ) -> CachedRevision: ...
 
 
 class Registry(Protocol):
     """The part of `AdapterRegistry` that sync drives."""
 
-    async def install(self, rev: LocalRevision, *, make_current: bool) -> None: ...
+    async def install(self, cached: CachedRevision, *, make_current: bool) -> None: ...
 
     async def set_current(self, name: str, revision: int) -> None: ...
 
@@ -44,7 +51,7 @@ class Registry(Protocol):
 
     def holds(self, name: str, revision: int) -> bool: ...
 
-    def record_failure(self, name: str, revision: int, rank: int, message: str) -> None: ...
+    def record_failure(self, manifest: Revision, message: str) -> None: ...
 
 
 SwapObserver = Callable[[float], None]
@@ -56,38 +63,30 @@ class RevisionLoader:
         self,
         fetcher: Fetcher,
         registry: Registry,
+        state: SyncState,
         reports: StatusReporter,
         max_concurrent_loads: int,
         observe_swap: SwapObserver | None,
     ) -> None:
         self._fetcher = fetcher
         self._registry = registry
+        self._state = state
         self._reports = reports
         self._observe_swap = observe_swap
         self._load_slots = asyncio.Semaphore(max_concurrent_loads)
-        # Revisions rejected for good: not retried until an event asks for them again.
-        self._rejected: set[tuple[str, int]] = set()
-        # Non-current revisions already loaded (or rejected) once.
-        self._preloaded: set[tuple[str, int]] = set()
-        # Names some revision of which was served since their last delete.
-        self.served: set[str] = set()
-
-    def ask_again(self, name: str, revision: int) -> None:
-        """Asked for again: a revision rejected before gets one more try."""
-        self._rejected.discard((name, revision))
 
     def wants(self, target: Revision) -> bool:
-        if (target.adapter_name, target.revision) in self._rejected:
+        if (target.adapter_name, target.revision) in self._state.rejected:
             return False
         return self._registry.current_revision(target.adapter_name) != target.revision
 
     async def preload(self, manifest: Revision) -> None:
         """Loads a non-current revision once, so promoting it later is quick."""
         key = (manifest.adapter_name, manifest.revision)
-        if key in self._preloaded or self._registry.is_installed(*key):
+        if key in self._state.preloaded or self._registry.is_installed(*key):
             return
         await self.serve(manifest, make_current=False, seen_at=None)
-        self._preloaded.add(key)
+        self._state.preloaded.add(key)
 
     async def serve(self, manifest: Revision, *, make_current: bool, seen_at: float | None) -> None:
         """Loads a revision (routing it if asked) and reports the outcome; transient
@@ -106,7 +105,7 @@ class RevisionLoader:
         except Exception as exc:
             await self._reject(manifest, exc)
             return
-        self.served.add(name)
+        self._state.served.add(name)
         if make_current and seen_at is not None:
             latency = time.monotonic() - seen_at
             log.info("adapter.routed name=%s rev=%d swap_s=%.3f", name, revision, latency)
@@ -121,27 +120,23 @@ class RevisionLoader:
     async def delete(self, name: str) -> None:
         served = self._serving_revision(name)
         await self._registry.delete(name)
-        self.served.discard(name)
-        self._rejected = {key for key in self._rejected if key[0] != name}
-        self._preloaded = {key for key in self._preloaded if key[0] != name}
+        self._state.forget(name)
         log.info("adapter.deleted name=%s rev=%d", name, served)
         await self._reports.report(Report(name, served, ReportKind.REMOVED, 0))
 
-    async def _fetch(self, manifest: Revision) -> LocalRevision:
+    async def _fetch(self, manifest: Revision) -> CachedRevision:
         try:
-            return await self._fetcher.fetch(manifest.adapter_name, manifest.revision)
+            return await self._fetcher.fetch(manifest.adapter_name, manifest.revision, manifest)
         except TRANSIENT_ERRORS:
             raise
         except errors.LoraserveError as exc:
             # Never reached the registry: let it list the revision as FAILED anyway.
-            self._registry.record_failure(
-                manifest.adapter_name, manifest.revision, manifest.rank, exc.message
-            )
+            self._registry.record_failure(manifest, exc.message)
             raise
 
     async def _reject(self, manifest: Revision, exc: Exception) -> None:
         name, revision = manifest.adapter_name, manifest.revision
-        self._rejected.add((name, revision))
+        self._state.rejected.add((name, revision))
         if isinstance(exc, errors.LoraserveError):
             message = exc.message
             log.warning(

@@ -11,7 +11,7 @@ import grpc
 from loraserve.common.sampling_fields import OPTIONAL_SAMPLING_FIELDS
 from loraserve.inference.generation import FinishReason, GenerateCommand, GenerationChunk
 from loraserve.inference.logprobs import PositionLogprobs, TokenLogprob
-from loraserve.inference.registry import AdapterState, RevisionStatus
+from loraserve.inference.revisionstate import AdapterState, RevisionStatus
 from loraserve.inference.runtime import RuntimeSlot
 from loraserve.inference.sampling import SamplingRequest, StructuredOutput
 from loraserve.inference.v1 import inference_pb2 as pb

@@ -1,9 +1,9 @@
-"""This replica's reports to the store about each adapter it serves.
+"""Delivering this replica's reports to the store about each adapter it serves.
 
-The store keeps one status per replica and adapter, so only the latest report
-per adapter matters: one that could not be sent for a transient reason is kept
-and sent again on `resend_unsent`, and while `keep_alive` runs, a store that had
-let this replica's statuses expire gets every adapter's latest ACK or NACK again.
+What is kept is `syncstate.ReportBook`: a report that could not be sent for a
+transient reason is sent again on `resend_unsent`, and while `keep_alive` runs, a
+store that had let this replica's statuses expire gets every adapter's latest ACK
+or NACK again.
 """
 
 from __future__ import annotations
@@ -12,9 +12,10 @@ import asyncio
 import logging
 from typing import Protocol
 
-from loraserve.clients.store import Report, ReportKind
+from loraserve.clients.store import Report
 from loraserve.common import errors
 from loraserve.common.errors import TRANSIENT_ERRORS
+from loraserve.inference.syncstate import ReportBook
 
 log = logging.getLogger(__name__)
 
@@ -28,13 +29,10 @@ class StatusAPI(Protocol):
 
 
 class StatusReporter:
-    def __init__(self, store: StatusAPI, interval_s: float) -> None:
+    def __init__(self, store: StatusAPI, book: ReportBook, interval_s: float) -> None:
         self._store = store
+        self._book = book
         self._interval_s = interval_s
-        # The latest report per adapter that could not be sent; resent on reconnect.
-        self._unsent: dict[str, Report] = {}
-        # The latest ACK or NACK per adapter, sent again when the store forgot them.
-        self._latest: dict[str, Report] = {}
 
     async def keep_alive(self) -> None:
         """Signs of life keep this replica's statuses shown in the store; when the
@@ -43,7 +41,7 @@ class StatusReporter:
             try:
                 known = await self._store.alive()
                 if not known:
-                    for report in list(self._latest.values()):
+                    for report in list(self._book.latest.values()):
                         await self.report(report)
             except errors.LoraserveError as exc:
                 log.warning("sync.alive_failed reason=%s", exc)
@@ -53,10 +51,7 @@ class StatusReporter:
             await asyncio.sleep(self._interval_s)
 
     async def report(self, report: Report) -> None:
-        if report.kind is ReportKind.REMOVED:
-            self._latest.pop(report.name, None)
-        else:
-            self._latest[report.name] = report
+        self._book.record(report)
         try:
             await self._store.report(report)
         except TRANSIENT_ERRORS as exc:
@@ -69,7 +64,7 @@ class StatusReporter:
                 report.kind.name,
                 exc,
             )
-            self._unsent[report.name] = report
+            self._book.deferred(report)
         except errors.LoraserveError as exc:
             log.error(
                 "sync.report_refused name=%s rev=%d type=%s reason=%s",
@@ -78,11 +73,11 @@ class StatusReporter:
                 report.kind.name,
                 exc,
             )
-            self._unsent.pop(report.name, None)
+            self._book.done(report)
         else:
-            self._unsent.pop(report.name, None)
+            self._book.done(report)
 
     async def resend_unsent(self) -> None:
-        for report in list(self._unsent.values()):
-            if self._unsent.get(report.name) is report:
+        for report in list(self._book.unsent.values()):
+            if self._book.unsent.get(report.name) is report:
                 await self.report(report)

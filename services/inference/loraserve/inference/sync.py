@@ -4,31 +4,38 @@ Start-up lists the store (a snapshot at seq S), loads every current revision and
 reports ACK or NACK, sets `initial_sync_done`, and watches from S. Each event is
 applied by the adapter's own worker, so a slow download of one adapter never
 holds up another, and events that queue up for one adapter fold into one load
-(`syncstate`). A lost watch reconnects with backoff and resumes after the last
-event taken in; OUT_OF_RANGE (or a hole in the seqs) lists again and reconciles.
+(`syncstate`). A lost watch reconnects and resumes after the last event taken
+in; OUT_OF_RANGE (or a hole in the seqs) lists again and reconciles. Each event
+carries the revision's manifest, which travels with the load down to the cache.
 The first listing also decides which cached revisions an earlier run left behind
 are worth keeping: the listing's current ones; the rest are swept from disk.
 
 Failures follow the xDS model: a transient error (store or engine unavailable)
-is retried with backoff; a permanent one (incompatible adapter, corrupt data,
-revision gone) is NACKed once with its reason and the previous revision keeps
-serving. Loading and its ACK/NACK are `revisionloads`; delivering reports is
+is retried; a permanent one (incompatible adapter, corrupt data, revision gone) is
+NACKed once with its reason and the previous revision keeps serving. Every retry
+here (listing, watching, applying) runs on stamina's schedule: exponential from
+`initial_backoff_s` to `max_backoff_s`, with up to one initial step of jitter so
+replicas that lost the store together do not come back in lockstep; a watch that
+connected, and an adapter's newer wish, start it afresh. All bookkeeping is
+`syncstate`; loading and its ACK/NACK are `revisionloads`; delivering reports is
 `statusreports`.
 """
 
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import time
-from collections.abc import AsyncGenerator, Callable
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable
 from contextlib import aclosing
 from dataclasses import dataclass
 from typing import Protocol
 
+import stamina
+
 from loraserve.clients.store import Heartbeat, Listing, StoreEvent
 from loraserve.common import errors
-from loraserve.common.backoff import Backoff
 from loraserve.common.errors import TRANSIENT_ERRORS
 from loraserve.inference.compat import serves_base_model
 from loraserve.inference.revisionloads import Fetcher, Registry, RevisionLoader, SwapObserver
@@ -52,8 +59,13 @@ class Sweeper(Protocol):
     async def sweep(self, keep: Callable[[str, int], bool]) -> None: ...
 
 
+RetryHook = Callable[[BaseException], bool]
+"""Whether to retry after this failure (stamina's `on`); logs it."""
+
+
 @dataclass(frozen=True)
 class SyncSettings:
+    # Waits between retries: the first, and the most (stamina's wait_initial, wait_max).
     initial_backoff_s: float = 0.5
     max_backoff_s: float = 30.0
     # Downloads and loads at once, so a start-up with many adapters stays bounded.
@@ -80,17 +92,19 @@ class Synchronizer:
         self._registry = registry
         self._settings = settings or SyncSettings()
         self._state = SyncState()
-        self._workers: dict[str, asyncio.Task[None]] = {}
-        self._wakeups: dict[str, asyncio.Event] = {}
-        self._reports = StatusReporter(store, self._settings.status_interval_s)
+        self._workers: dict[str, _Worker] = {}
+        self._reports = StatusReporter(store, self._state.reports, self._settings.status_interval_s)
         self._loader = RevisionLoader(
             fetcher,
             registry,
+            self._state,
             self._reports,
             self._settings.max_concurrent_loads,
             observe_swap,
         )
         self._initial_seq: int | None = None
+        # The watch fell behind the store's log: list again before watching.
+        self._behind = False
         self.initial_sync_done = asyncio.Event()
 
     @property
@@ -104,61 +118,75 @@ class Synchronizer:
             await self._list_and_reconcile()
             await self._watch_forever()
         finally:
-            workers = [keep_alive, *self._workers.values()]
-            for task in workers:
+            tasks = [keep_alive, *(worker.task for worker in self._workers.values())]
+            for task in tasks:
                 task.cancel()
-            await asyncio.gather(*workers, return_exceptions=True)
+            await asyncio.gather(*tasks, return_exceptions=True)
+
+    def _retrying(self, on: RetryHook) -> AsyncIterator[stamina.Attempt]:
+        """Retries without end (until cancelled) on the sync schedule."""
+        return stamina.retry_context(
+            on=on,
+            attempts=None,
+            timeout=None,
+            wait_initial=self._settings.initial_backoff_s,
+            wait_max=self._settings.max_backoff_s,
+            wait_jitter=self._settings.initial_backoff_s,
+        )
 
     async def _watch_forever(self) -> None:
-        backoff = self._backoff()
+        """Watches until cancelled. Each connection starts the schedule afresh: the
+        loss of a watch that had connected is the first failure of a new schedule."""
+        lost: Exception | None = None
         while True:
-            after = self._state.received_seq
-            try:
-                log.info("sync.watch_started after_seq=%d", after)
-                connected = False
-                async with aclosing(self._store.watch(after)) as stream:
-                    async for item in stream:
-                        if not connected:
-                            connected = True
-                            backoff.reset()
-                            await self._reports.resend_unsent()
-                        if isinstance(item, StoreEvent):
-                            self._take_event(item)
-                raise errors.Unavailable("the store ended the watch stream")
-            except (errors.OutOfRange, _MissedEvents) as exc:
-                # Paced like a reconnect, so a store that keeps refusing is not hammered.
-                delay = backoff.next_delay()
-                log.warning(
-                    "sync.watch_behind after_seq=%d relist_in=%.2fs reason=%s", after, delay, exc
-                )
-                await asyncio.sleep(delay)
-                await self._list_and_reconcile()
-            except errors.LoraserveError as exc:
-                delay = backoff.next_delay()
-                log.warning(
-                    "sync.watch_lost after_seq=%d retry_in=%.2fs reason=%s",
-                    self._state.received_seq,
-                    delay,
-                    exc,
-                )
-                await asyncio.sleep(delay)
-            except Exception:
-                # A bug here must not leave the replica frozen on stale adapters forever.
-                delay = backoff.next_delay()
-                log.exception("sync.watch_bug after_seq=%d retry_in=%.2fs", after, delay)
-                await asyncio.sleep(delay)
+            async for attempt in self._retrying(self._on_watch_failure):
+                with attempt:
+                    if lost is not None:
+                        failure, lost = lost, None
+                        raise failure
+                    if self._behind:
+                        await self._list_and_reconcile()
+                        self._behind = False
+                    lost = await self._watch()
+
+    async def _watch(self) -> Exception:
+        """Watches after the last event taken in until the watch fails. The failure
+        is raised if the watch never connected, returned once it had."""
+        after = self._state.received_seq
+        log.info("sync.watch_started after_seq=%d", after)
+        connected = False
+        try:
+            async with aclosing(self._store.watch(after)) as stream:
+                async for item in stream:
+                    if not connected:
+                        connected = True
+                        await self._reports.resend_unsent()
+                    if isinstance(item, StoreEvent):
+                        self._take_event(item)
+            raise errors.Unavailable("the store ended the watch stream")
+        except Exception as exc:
+            if connected:
+                return exc
+            raise
+
+    def _on_watch_failure(self, exc: BaseException) -> bool:
+        after = self._state.received_seq
+        if isinstance(exc, errors.OutOfRange | _MissedEvents):
+            # Paced like a reconnect, so a store that keeps refusing is not hammered.
+            self._behind = True
+            log.warning("sync.watch_behind after_seq=%d reason=%s", after, exc)
+        elif isinstance(exc, errors.LoraserveError):
+            log.warning("sync.watch_lost after_seq=%d reason=%s", after, exc)
+        elif isinstance(exc, Exception):
+            # A bug here must not leave the replica frozen on stale adapters forever.
+            log.error("sync.watch_bug after_seq=%d", after, exc_info=exc)
+        else:
+            return False
+        return True
 
     async def _list_and_reconcile(self) -> None:
-        backoff = self._backoff()
-        while True:
-            try:
-                listing = await self._store.list_adapters()
-                break
-            except errors.LoraserveError as exc:
-                delay = backoff.next_delay()
-                log.warning("sync.list_failed retry_in=%.2fs reason=%s", delay, exc)
-                await asyncio.sleep(delay)
-        served = self._loader.served | {
+        listing = await self._list()
+        served = self._state.served | {
             name for name in self._state.wishes if self._registry.current_revision(name)
         }
         seen_at = None if self._initial_seq is None else time.monotonic()
@@ -175,6 +203,14 @@ class Synchronizer:
         for name in changed:
             self._wake(name)
         self._note_progress()
+
+    async def _list(self) -> Listing:
+        listing: Listing | None = None
+        async for attempt in self._retrying(_on_list_failure):
+            with attempt:
+                listing = await self._store.list_adapters()
+        assert listing is not None
+        return listing
 
     async def _sweep(self, listing: Listing) -> None:
         """Before any worker runs: keeps what the listing routes and what requests
@@ -201,49 +237,32 @@ class Synchronizer:
             event.revision.revision if event.revision else 0,
             event.current_revision,
         )
-        if event.revision is not None:
-            self._loader.ask_again(event.name, event.revision.revision)
         self._state.record_event(event, time.monotonic())
         self._wake(event.name)
 
     def _wake(self, name: str) -> None:
-        self._wakeups.setdefault(name, asyncio.Event()).set()
-        if name not in self._workers:
-            self._workers[name] = asyncio.create_task(self._work(name), name=f"sync:{name}")
+        worker = self._workers.get(name)
+        if worker is None:
+            worker = self._workers[name] = _Worker(name)
+            worker.task = asyncio.create_task(self._work(worker), name=f"sync:{name}")
+        else:
+            worker.wake()
 
-    async def _work(self, name: str) -> None:
+    async def _work(self, worker: _Worker) -> None:
         """Applies the adapter's latest wish until it holds; exits when it does."""
-        backoff = self._backoff()
-        wakeup = self._wakeups.setdefault(name, asyncio.Event())
+        name = worker.name
         try:
-            while True:
-                wakeup.clear()
-                wish = self._state.wishes.get(name)
-                if wish is None:
-                    return
+            while (wish := self._state.wishes.get(name)) is not None:
                 version = wish.version
-                try:
-                    await self._apply(name, wish)
-                except TRANSIENT_ERRORS as exc:
-                    delay = backoff.next_delay()
-                    log.warning(
-                        "sync.apply_retry name=%s retry_in=%.2fs reason=%s", name, delay, exc
-                    )
-                    # A newer event cuts the wait short: it may not need what failed.
-                    try:
-                        async with asyncio.timeout(delay):
-                            await wakeup.wait()
-                    except TimeoutError:
-                        pass
-                    continue
-                backoff.reset()
-                if self._state.settle(name, version):
+                applied = await worker.apply(
+                    functools.partial(self._apply, name, wish), self._retrying
+                )
+                if applied and self._state.settle(name, version):
                     self._note_progress()
                     return
         finally:
-            if self._workers.get(name) is asyncio.current_task():
+            if self._workers.get(name) is worker:
                 del self._workers[name]
-                self._wakeups.pop(name, None)
 
     async def _apply(self, name: str, wish: AdapterWish) -> None:
         if wish.delete_seq:
@@ -267,12 +286,70 @@ class Synchronizer:
             log.info("sync.initial_done seq=%d", self._initial_seq)
             self.initial_sync_done.set()
 
-    def _backoff(self) -> Backoff:
-        return Backoff(self._settings.initial_backoff_s, self._settings.max_backoff_s)
+
+class _Worker:
+    """One adapter's worker: applies its latest wish, retrying transient failures.
+    A newer wish cuts a backoff wait short: it may not need what failed."""
+
+    task: asyncio.Task[None]
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+        # A newer wish came since this attempt began.
+        self._woken = False
+        # Set only while a retry waits: ending it early starts the newer wish.
+        self._waiting: asyncio.Timeout | None = None
+        self._scope: asyncio.Timeout | None = None
+
+    def wake(self) -> None:
+        self._woken = True
+        if self._waiting is not None:
+            self._waiting.reschedule(asyncio.get_running_loop().time())
+            self._waiting = None
+
+    async def apply(
+        self,
+        apply: Callable[[], Awaitable[None]],
+        retrying: Callable[[RetryHook], AsyncIterator[stamina.Attempt]],
+    ) -> bool:
+        """True once `apply` succeeded; False when a newer wish ended the retries."""
+        self._woken = False
+        scope = asyncio.timeout(None)
+        try:
+            async with scope:
+                self._scope = scope
+                async for attempt in retrying(self._retry_on):
+                    with attempt:
+                        self._waiting = None
+                        scope.reschedule(None)
+                        await apply()
+            return True
+        except TRANSIENT_ERRORS:
+            return False  # not retried: a newer wish came during the attempt
+        except TimeoutError:
+            if not scope.expired():
+                raise
+            return False  # woken while waiting to retry
+        finally:
+            self._scope = self._waiting = None
+
+    def _retry_on(self, exc: BaseException) -> bool:
+        if not isinstance(exc, TRANSIENT_ERRORS) or self._woken:
+            return False
+        log.warning("sync.apply_retry name=%s reason=%s", self.name, exc)
+        self._waiting = self._scope
+        return True
 
 
 class _MissedEvents(Exception):
     """The watch skipped seqs; only a fresh listing can say what changed."""
+
+
+def _on_list_failure(exc: BaseException) -> bool:
+    if not isinstance(exc, errors.LoraserveError):
+        return False
+    log.warning("sync.list_failed reason=%s", exc)
+    return True
 
 
 async def current_adapter_ranks(

@@ -1,18 +1,22 @@
-"""What the store wants this replica to serve, folded from listings and events.
+"""All of sync's bookkeeping: what the store wants this replica to serve, what
+came of each load, and what the store has been told.
 
-Pure bookkeeping, no I/O: the synchronizer's watch loop records what the store
-says here, and one worker per adapter reads the latest wish and applies it. Events
-that pile up for one adapter fold into one wish, so a burst of pushes loads only
-the revision that ends up current. The applied seq is the highest seq below which
-every event has been applied (or rejected for good).
+Pure, no I/O: the synchronizer's watch loop records what the store says here, one
+worker per adapter reads the latest wish and applies it (`revisionloads`), and the
+reports go out through `statusreports`. Events that pile up for one adapter fold
+into one wish, so a burst of pushes loads only the revision that ends up current.
+The applied seq is the highest seq below which every event has been applied (or
+rejected for good).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from loraserve.clients.store import EventKind, Listing, StoreEvent
+from loraserve.clients.store import EventKind, Listing, Report, ReportKind, StoreEvent
 from loraserve.common.manifest import Revision
+
+Key = tuple[str, int]
 
 
 @dataclass
@@ -35,13 +39,44 @@ class AdapterWish:
     version: int = 0
 
 
+class ReportBook:
+    """The store keeps one status per replica and adapter, so only the latest report
+    per adapter matters: the last ACK or NACK (sent again when the store forgot
+    this replica's statuses) and the last one not delivered yet."""
+
+    def __init__(self) -> None:
+        self.latest: dict[str, Report] = {}
+        self.unsent: dict[str, Report] = {}
+
+    def record(self, report: Report) -> None:
+        if report.kind is ReportKind.REMOVED:
+            self.latest.pop(report.name, None)
+        else:
+            self.latest[report.name] = report
+
+    def deferred(self, report: Report) -> None:
+        self.unsent[report.name] = report
+
+    def done(self, report: Report) -> None:
+        """Delivered, or refused for good: nothing to send again."""
+        self.unsent.pop(report.name, None)
+
+
 class SyncState:
-    """Wishes per adapter and the seqs received and applied."""
+    """Wishes per adapter, the seqs received and applied, the outcome of loads,
+    and the reports."""
 
     def __init__(self) -> None:
         self.wishes: dict[str, AdapterWish] = {}
         # Last event seq taken in (or the listing's seq): where a watch resumes.
         self.received_seq = 0
+        # Revisions rejected for good: not tried again until an event asks for them.
+        self.rejected: set[Key] = set()
+        # Non-current revisions already loaded (or rejected) once.
+        self.preloaded: set[Key] = set()
+        # Names some revision of which was served since their last delete.
+        self.served: set[str] = set()
+        self.reports = ReportBook()
 
     def applied_seq(self) -> int:
         pending = [min(w.pending_seqs) for w in self.wishes.values() if w.pending_seqs]
@@ -58,6 +93,9 @@ class SyncState:
     def record_event(self, event: StoreEvent, seen_at: float) -> AdapterWish:
         wish = self.wishes.setdefault(event.name, AdapterWish())
         revision = event.revision
+        if revision is not None:
+            # Asked for again: a revision rejected before gets one more try.
+            self.rejected.discard((event.name, revision.revision))
         if event.kind is EventKind.ADAPTER_DELETED:
             wish.current = None
             wish.preload.clear()
@@ -111,3 +149,9 @@ class SyncState:
         if wish.current is None and not wish.preload and not wish.delete_seq:
             del self.wishes[name]
         return True
+
+    def forget(self, name: str) -> None:
+        """The adapter was deleted: what came of its loads no longer matters."""
+        self.served.discard(name)
+        self.rejected = {key for key in self.rejected if key[0] != name}
+        self.preloaded = {key for key in self.preloaded if key[0] != name}

@@ -23,19 +23,22 @@ import pytest
 from prometheus_client import CollectorRegistry
 
 from loraserve.common.errors import NotFound
+from loraserve.common.manifest import Revision
 from loraserve.common.security import ServerSecurity
 from loraserve.inference.admission import Admission
+from loraserve.inference.cache import CachedRevision
 from loraserve.inference.compat import CompatibilityChecker, model_lora_targets
 from loraserve.inference.engine import Engine, VllmEngine
 from loraserve.inference.generation import Generator
 from loraserve.inference.http_server import start_http_server
 from loraserve.inference.metrics import InferenceMetrics
 from loraserve.inference.openai_api import create_openai_app
-from loraserve.inference.registry import AdapterRegistry, LocalRevision
+from loraserve.inference.registry import AdapterRegistry
 from loraserve.inference.runtime import Runtime, RuntimeSlot
 from loraserve.inference.servicer import SERVICE_NAME, register
 from loraserve.inference.v1 import inference_pb2_grpc as pb_grpc
 from loraserve.testing.grpc import serving
+from loraserve.testing.inference_fakes import fake_manifest
 
 if TYPE_CHECKING:
     from vllm.v1.engine.async_llm import AsyncLLM
@@ -55,19 +58,19 @@ async def wait_until_idle(engine: Engine, guard_s: float = IDLE_GUARD_S) -> int:
             await asyncio.sleep(0.02)
 
 
-def copy_revision(source: Path, cache_dir: Path, name: str, revision: int) -> LocalRevision:
+def copy_revision(source: Path, cache_dir: Path, name: str, revision: int) -> CachedRevision:
     path = cache_dir / name / str(revision)
     if not path.exists():
         shutil.copytree(source, path)
     config = json.loads((path / "adapter_config.json").read_text(encoding="utf-8"))
-    return LocalRevision(
-        name=name,
-        revision=revision,
-        path=path,
+    manifest = fake_manifest(
+        name,
+        revision,
         rank=int(config["r"]),
         target_modules=tuple(sorted(config["target_modules"])),
         base_model=str(config.get("base_model_name_or_path") or ""),
     )
+    return CachedRevision(manifest, path)
 
 
 def tiny_registry(
@@ -131,11 +134,17 @@ class DirectoryFetcher:
     cache_dir: Path
     sources: dict[tuple[str, int], Path] = field(default_factory=dict)
 
-    async def fetch(self, name: str, revision: int) -> LocalRevision:
+    async def fetch(
+        self, name: str, revision: int, manifest: Revision | None = None
+    ) -> CachedRevision:
         source = self.sources.get((name, revision))
         if source is None:
             raise NotFound(f"adapter {name}@{revision} not found")
         return await asyncio.to_thread(copy_revision, source, self.cache_dir, name, revision)
+
+    async def remove(self, name: str, revision: int) -> None:
+        path = self.cache_dir / name / str(revision)
+        await asyncio.to_thread(shutil.rmtree, path, True)
 
 
 @dataclass

@@ -1,4 +1,4 @@
-"""An in-memory `Engine` and `RevisionFetcher` for fast unit tests of inference logic.
+"""An in-memory `Engine` and `RevisionCache` for fast unit tests of inference logic.
 
 Only for logic tests (registry state machine, generation rules); the end-to-end
 tests run the real vLLM engine.
@@ -8,11 +8,15 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import shutil
 from collections.abc import AsyncGenerator, Sequence
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
 from loraserve.common.errors import FailedPrecondition, NotFound
+from loraserve.common.manifest import FileInfo, Revision
+from loraserve.inference.cache import CachedRevision
 from loraserve.inference.engine import (
     AdapterHandle,
     EngineDelta,
@@ -22,7 +26,6 @@ from loraserve.inference.engine import (
     SamplingSpec,
 )
 from loraserve.inference.logprobs import PositionLogprobs, TokenLogprob
-from loraserve.inference.registry import LocalRevision
 from loraserve.inference.sampling import (
     SamplingRequest,
     ServerDefaults,
@@ -156,29 +159,60 @@ def make_revision(
     rank: int = 8,
     target_modules: tuple[str, ...] = ("q_proj", "v_proj"),
     base_model: str = "fake-llama",
-) -> LocalRevision:
+) -> CachedRevision:
     """A revision directory in `cache_dir` with a placeholder file, as the cache lays it out."""
     path = cache_dir / name / str(revision)
     path.mkdir(parents=True, exist_ok=True)
     (path / "adapter_config.json").write_text("{}")
-    return LocalRevision(name, revision, path, rank, target_modules, base_model)
+    return CachedRevision(fake_manifest(name, revision, rank, target_modules, base_model), path)
+
+
+def fake_manifest(
+    name: str,
+    revision: int,
+    rank: int = 8,
+    target_modules: tuple[str, ...] = ("q_proj", "v_proj"),
+    base_model: str = "fake-llama",
+) -> Revision:
+    """A manifest with one placeholder file, for revisions no store holds."""
+    return Revision(
+        adapter_name=name,
+        revision=revision,
+        files=(FileInfo("adapter_config.json", 2, "0" * 64),),
+        base_model=base_model,
+        rank=rank,
+        alpha=16.0,
+        target_modules=target_modules,
+        create_time=datetime(2026, 1, 1, tzinfo=UTC),
+        pushed_by="test",
+        description="",
+        seq=0,
+    )
 
 
 class FakeFetcher:
-    """Fetches revisions listed in `available` into the cache; counts fetches."""
+    """A cache: fetches revisions listed in `available` into `cache_dir`, removes
+    them again; counts both."""
 
     def __init__(self, cache_dir: Path) -> None:
         self.cache_dir = cache_dir
         self.available: dict[tuple[str, int], int] = {}  # (name, revision) -> rank
         self.fetches: list[tuple[str, int]] = []
+        self.removed: list[tuple[str, int]] = []
 
     def publish(self, name: str, revision: int, rank: int = 8) -> None:
         self.available[(name, revision)] = rank
 
-    async def fetch(self, name: str, revision: int) -> LocalRevision:
+    async def fetch(
+        self, name: str, revision: int, manifest: Revision | None = None
+    ) -> CachedRevision:
         self.fetches.append((name, revision))
         await asyncio.sleep(0)
         if (name, revision) not in self.available:
             raise NotFound(f"adapter {name}@{revision} does not exist")
         rank = self.available[(name, revision)]
         return make_revision(self.cache_dir, name, revision, rank=rank)
+
+    async def remove(self, name: str, revision: int) -> None:
+        self.removed.append((name, revision))
+        shutil.rmtree(self.cache_dir / name / str(revision), ignore_errors=True)
