@@ -82,6 +82,22 @@ def test_adapters_are_listed_by_served_name_running_and_waiting_apart() -> None:
     }
 
 
+def test_an_adapter_running_is_not_also_listed_as_waiting() -> None:
+    # The scorer counts both lists as slots taken; a running adapter takes one.
+    stats = EngineStats(
+        running=1,
+        waiting=2,
+        kv_cache_usage=0.25,
+        running_adapters=frozenset({"alpha@3"}),
+        waiting_adapters=frozenset({"alpha@3", "gamma@2"}),
+    )
+
+    sample = _lora_info(_render(stats))
+
+    assert sample.labels["running_lora_adapters"] == "alpha"
+    assert sample.labels["waiting_lora_adapters"] == "gamma"
+
+
 def test_queue_gauges_render_the_engine_stats() -> None:
     samples = _render(EngineStats(running=3, waiting=2, kv_cache_usage=0.5))
 

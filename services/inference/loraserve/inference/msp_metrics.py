@@ -9,10 +9,12 @@ adapter names, `max_lora` the adapters one batch can hold; of several series it 
 the one with the largest value, which vLLM sets to the time of the report.
 
 Unlike vLLM's own gauge, which renders both lists from the adapters with any request,
-an adapter is listed as running only while it has running requests and as waiting only
-while it has waiting ones, and the names are those clients put in `model` (without the
-engine's `@REVISION`). Every scrape reads the engine once and renders exactly one
-series, so no stale label set lingers.
+an adapter is listed as running while it has running requests, and as waiting while it
+has waiting ones and none running: the picker's LoRA-affinity scorer counts both lists
+against `max_lora` as slots taken, and an adapter running takes one slot however many
+of its requests wait. Names are those clients put in `model` (without the engine's
+`@REVISION`). Every scrape reads the engine once and renders exactly one series, so no
+stale label set lingers.
 """
 
 from __future__ import annotations
@@ -71,11 +73,15 @@ def _families(stats: EngineStats | None, max_lora: int, now: float) -> Iterator[
         waiting.add_metric([], stats.waiting)
         running.add_metric([], stats.running)
         usage.add_metric([], stats.kv_cache_usage)
-        lora.add_metric(
-            [str(max_lora), _names(stats.running_adapters), _names(stats.waiting_adapters)], now
-        )
+        running_names = _names(stats.running_adapters)
+        waiting_names = _names(stats.waiting_adapters) - running_names
+        lora.add_metric([str(max_lora), _joined(running_names), _joined(waiting_names)], now)
     yield from (waiting, running, usage, lora)
 
 
-def _names(lora_names: Iterable[str]) -> str:
-    return ",".join(sorted({served_name(name) for name in lora_names}))
+def _names(lora_names: Iterable[str]) -> set[str]:
+    return {served_name(name) for name in lora_names}
+
+
+def _joined(names: set[str]) -> str:
+    return ",".join(sorted(names))
