@@ -155,6 +155,7 @@ class InferenceApp:
             waiting=lambda: engine.stats().waiting,
             pending=lambda: admission.pending,
         )
+        self.metrics.export_model_server_protocol(engine.stats, max_lora=info.max_loras)
         await self._serve_after_first_sync(synchronizer)
 
     async def _compatibility(self, model: str, max_lora_rank: int) -> CompatibilityChecker:
@@ -214,6 +215,7 @@ class InferenceApp:
             security=settings.security,
             is_ready=self.ready.is_set,
             max_body_bytes=settings.openai_max_body_bytes,
+            metrics=self.metrics.registry,
         )
         return await start_http_server(
             app, address=address, security=settings.security, name="openai-http"

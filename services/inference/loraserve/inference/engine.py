@@ -89,6 +89,9 @@ class EngineStats:
     running: int
     waiting: int
     kv_cache_usage: float
+    # Engine LoRA names (`AdapterHandle.lora_name`) with running (waiting) requests.
+    running_adapters: frozenset[str] = frozenset()
+    waiting_adapters: frozenset[str] = frozenset()
 
 
 @dataclass(frozen=True)
@@ -338,8 +341,15 @@ class VllmEngine:
             return EngineStats(running=unfinished, waiting=0, kv_cache_usage=0.0)
         running = min(self._tap.running, unfinished)
         waiting = min(self._tap.waiting, unfinished - running)
-        usage = self._tap.kv_cache_usage if unfinished else 0.0
-        return EngineStats(running=running, waiting=waiting, kv_cache_usage=usage)
+        if not unfinished:
+            return EngineStats(running=0, waiting=0, kv_cache_usage=0.0)
+        return EngineStats(
+            running=running,
+            waiting=waiting,
+            kv_cache_usage=self._tap.kv_cache_usage,
+            running_adapters=self._tap.running_adapters,
+            waiting_adapters=self._tap.waiting_adapters,
+        )
 
     def shutdown(self) -> None:
         self._llm.shutdown()

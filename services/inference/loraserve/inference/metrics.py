@@ -11,6 +11,9 @@ from collections.abc import Callable
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
 
+from loraserve.inference.engine import EngineStats
+from loraserve.inference.msp_metrics import ModelServerProtocolCollector
+
 log = logging.getLogger(__name__)
 
 BASE_MODEL_LABEL = "_base"
@@ -119,6 +122,12 @@ class InferenceMetrics:
         self._running.set_function(running)
         self._waiting.set_function(waiting)
         self._pending.set_function(pending)
+
+    def export_model_server_protocol(
+        self, stats: Callable[[], EngineStats], *, max_lora: int
+    ) -> None:
+        """Adds the gauges an inference-extension endpoint picker routes on (msp_metrics)."""
+        self.registry.register(ModelServerProtocolCollector(stats, max_lora=max_lora))
 
     def serve(self, port: int, address: str = "0.0.0.0") -> int:
         """Serves /metrics over HTTP in a daemon thread; returns the bound port."""

@@ -24,6 +24,7 @@ import grpc
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response, StreamingResponse
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 from starlette.exceptions import HTTPException
 from starlette.types import Receive, Scope, Send
 
@@ -92,10 +93,13 @@ def create_openai_app(
     security: ServerSecurity,
     is_ready: Callable[[], bool],
     max_body_bytes: int = DEFAULT_OPENAI_MAX_BODY_BYTES,
+    metrics: CollectorRegistry | None = None,
 ) -> FastAPI:
     """The HTTP app; `model_names[0]` is the base model's listed name, all of them name it.
 
-    Tokens and body sizes are checked by `RequestGuard` before a body is read.
+    Tokens and body sizes are checked by `RequestGuard` before a body is read. With
+    `metrics`, GET /metrics serves them on this port too: an inference-extension endpoint
+    picker scrapes the port it routes to, as it does vLLM's.
     """
     if not model_names:
         raise ValueError("model_names needs the served model's name")
@@ -110,7 +114,7 @@ def create_openai_app(
         auth=auth,
         max_body_bytes=max_body_bytes,
         # Open like gRPC health, for load balancers.
-        open_paths=("/health",),
+        open_paths=("/health", "/metrics") if metrics is not None else ("/health",),
         error_response=http_error,
     )
 
@@ -118,6 +122,14 @@ def create_openai_app(
     async def health() -> Response:
         # 503 until the first sync is done.
         return Response(status_code=200 if is_ready() else 503)
+
+    if metrics is not None:
+        registry = metrics
+
+        @app.get("/metrics")
+        async def prometheus_metrics() -> Response:
+            body = await asyncio.to_thread(generate_latest, registry)
+            return Response(body, media_type=CONTENT_TYPE_LATEST)
 
     @app.get("/v1/models")
     async def models() -> JSONResponse:

@@ -1,0 +1,397 @@
+"""Benchmark 10: three inference replicas on one store, routed by adapter.
+
+Side by side in one run, on three plain `inference serve` processes (max_loras 4 each)
+and 24 adapters:
+
+- affinity: the share of each adapter's requests that one replica served (from the
+  replicas' own per-adapter request counters), with gRPC's ring_hash on the adapter
+  header vs round robin;
+- tokens/s over a Zipf popularity, ring_hash ÷ round robin, arms interleaved;
+- push -> all three replicas route the new revision, over `pushes` pushes;
+- one replica SIGKILLed mid-load: failed requests, before and after their first token.
+
+The two ways of balancing live in `fleet_channel` alone, so the client library's
+ring_hash channel can replace it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import tempfile
+import time
+import urllib.request
+from collections import Counter
+from collections.abc import AsyncIterator, Callable, Sequence
+from contextlib import AbstractAsyncContextManager, asynccontextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Literal
+
+import grpc
+import psutil
+from prometheus_client.parser import text_string_to_metric_families
+
+from bench import procs
+from bench.report import Report, Section
+from bench.runs import Arm, interleaved
+from bench.stack import ENGINE_ENV, RANK, SWAP_VARIANTS, Stack, current_revisions, tenant
+from bench.stack import wait_routed as wait_routed_on
+from bench.stats import median, percentile, ratio
+from bench.workload import Caller, RunResult, Workload, run_closed_loop
+from loraserve.clients.channels import Retry
+from loraserve.common.sizes import MESSAGE_LIMIT_OPTIONS
+from loraserve.inference.servicer import SERVICE_NAME
+from loraserve.inference.v1 import inference_pb2 as pb
+from loraserve.inference.v1 import inference_pb2_grpc as pb_grpc
+from loraserve.testing.processes import free_port
+
+NUMBER = 10
+RING_HASH_ENV = "GRPC_EXPERIMENTAL_RING_HASH_SET_REQUEST_HASH_KEY"
+ADAPTER_HEADER = "x-loraserve-adapter"
+ENGINE = procs.EngineConfig(max_loras=4, max_cpu_loras=32, max_lora_rank=RANK)
+SWAP = "swap"
+# Retries UNAVAILABLE before the first response, as the client library does: a call
+# to a replica that just died moves to the next one on the ring.
+RETRY = Retry(max_attempts=5, initial_backoff_s=0.1, max_backoff_s=1.0)
+CALL_TIMEOUT_S = 300.0
+POLL_S = 0.01
+# Stops a hung run only; the figure is the time measured.
+ROUTED_GUARD_S = 120.0
+Policy = Literal["ring_hash", "round_robin"]
+
+
+@dataclass(frozen=True)
+class FleetScale:
+    replicas: int = 3
+    adapters: int = 24
+    concurrency: int = 48
+    requests: int = 480
+    max_tokens: int = 32
+    popularity: str = "zipf:1.0"
+    repeats: int = 3
+    pushes: int = 20
+
+
+QUICK = FleetScale(concurrency=12, requests=48, max_tokens=8, repeats=1, pushes=3)
+
+
+def enable_ring_hash() -> None:
+    """gRPC reads this once, when it starts: call before the process opens a channel."""
+    os.environ[RING_HASH_ENV] = "true"
+
+
+def fleet_channel(addresses: Sequence[str], policy: Policy) -> grpc.aio.Channel:
+    """One channel over every replica; ring_hash sends all calls carrying one adapter
+    header value to one replica."""
+    balancing = (
+        {"ring_hash_experimental": {"requestHashHeader": ADAPTER_HEADER}}
+        if policy == "ring_hash"
+        else {"round_robin": {}}
+    )
+    config = {
+        "loadBalancingConfig": [balancing],
+        "methodConfig": [RETRY.method_config(SERVICE_NAME)],
+    }
+    options = [*MESSAGE_LIMIT_OPTIONS, ("grpc.service_config", json.dumps(config))]
+    return grpc.aio.insecure_channel("ipv4:" + ",".join(addresses), options=options)
+
+
+def fleet_caller(channel: grpc.aio.Channel) -> Caller:
+    stub = pb_grpc.InferenceServiceStub(channel)
+
+    async def call(
+        adapter: str, prompt: Sequence[int], max_tokens: int
+    ) -> AsyncIterator[tuple[int, int]]:
+        request = pb.GenerateRequest(
+            adapter=adapter,
+            token_ids=pb.TokenIds(ids=list(prompt)),
+            sampling=pb.SamplingParams(max_tokens=max_tokens, temperature=0.0, ignore_eos=True),
+        )
+        # The name without @REVISION: every revision of an adapter lands on one replica.
+        metadata = ((ADAPTER_HEADER, adapter.partition("@")[0]),)
+        call = stub.Generate(request, metadata=metadata, timeout=CALL_TIMEOUT_S)
+        try:
+            async for message in call:
+                yield len(message.token_ids), message.revision
+        finally:
+            call.cancel()
+
+    return call
+
+
+@dataclass
+class Replica:
+    child: procs.Child
+    metrics_port: int
+
+
+class Fleet:
+    """The store stack plus `replicas` inference servers with metrics."""
+
+    def __init__(self, stack: Stack, scale: FleetScale) -> None:
+        self.stack = stack
+        self.scale = scale
+        self.replicas: list[Replica] = []
+
+    @property
+    def addresses(self) -> list[str]:
+        return [r.child.address for r in self.replicas]
+
+    async def start(self) -> None:
+        assert self.stack.store is not None
+        for i in range(self.scale.replicas):
+            name = f"fleet-{i}"
+            port, metrics_port = free_port(), free_port()
+            argv = procs.serve_argv(
+                name,
+                port,
+                model=self.stack.model_dir,
+                store=self.stack.store.address,
+                cache_dir=self.stack.work / f"cache-{name}",
+                engine=ENGINE,
+            )
+            child = procs.start_inference(
+                self.stack.logs,
+                name,
+                [*argv, f"--metrics-port={metrics_port}"],
+                f"127.0.0.1:{port}",
+                ENGINE_ENV,
+            )
+            self.stack.children.append(child)
+            self.replicas.append(Replica(child, metrics_port))
+        await asyncio.gather(
+            *(procs.wait_serving(r.child, self.stack.logs, 600) for r in self.replicas)
+        )
+
+    async def wait_routed(self, wanted: dict[str, int]) -> None:
+        await asyncio.gather(*(wait_routed_on(address, wanted) for address in self.addresses))
+
+    async def served(self) -> list[Counter[str]]:
+        """Per replica: requests finished OK, by adapter (its own counter)."""
+        return await asyncio.gather(
+            *(asyncio.to_thread(_served, r.metrics_port) for r in self.replicas)
+        )
+
+    def kill(self, index: int) -> None:
+        """SIGKILL, as a crash; the engine process it leaves behind is killed too."""
+        process = self.replicas[index].child.process
+        orphans = psutil.Process(process.pid).children(recursive=True)
+        process.send_signal(signal.SIGKILL)
+        process.wait()
+        for orphan in orphans:
+            orphan.kill()
+
+
+def _served(metrics_port: int) -> Counter[str]:
+    with urllib.request.urlopen(f"http://127.0.0.1:{metrics_port}/metrics", timeout=30) as r:
+        text = r.read().decode()
+    counts: Counter[str] = Counter()
+    for family in text_string_to_metric_families(text):
+        if family.name == "loraserve_inference_requests":
+            for sample in family.samples:
+                if sample.name.endswith("_total") and sample.labels["code"] == "OK":
+                    counts[sample.labels["adapter"]] += int(sample.value)
+    return counts
+
+
+def _affinity(before: list[Counter[str]], after: list[Counter[str]]) -> tuple[float, float]:
+    """(overall, worst adapter's) share of requests served by the adapter's top replica."""
+    per_replica = [a - b for a, b in zip(after, before, strict=True)]
+    adapters = set().union(*per_replica)
+    top = {a: max(c[a] for c in per_replica) for a in adapters}
+    total = {a: sum(c[a] for c in per_replica) for a in adapters}
+    worst = min((top[a] / total[a] for a in adapters if total[a]), default=float("nan"))
+    return ratio(sum(top.values()), sum(total.values())), worst
+
+
+async def _throughput_and_affinity(
+    section: Section, fleet: Fleet, adapters: tuple[str, ...]
+) -> None:
+    scale = fleet.scale
+    workload = Workload(
+        adapters=adapters,
+        concurrency=scale.concurrency,
+        requests=scale.requests,
+        max_tokens=scale.max_tokens,
+        popularity=scale.popularity,
+    )
+    section.workload.append(f"per arm and repeat: {workload.describe()}")
+    channels = {p: fleet_channel(fleet.addresses, p) for p in ("ring_hash", "round_robin")}
+    shares: dict[str, list[tuple[float, float]]] = {p: [] for p in channels}
+
+    @asynccontextmanager
+    async def counting(arm: str) -> AsyncIterator[None]:
+        before = await fleet.served()
+        yield
+        shares[arm].append(_affinity(before, await fleet.served()))
+
+    try:
+        arms = {
+            p: (_closed_loop(fleet_caller(channel)), workload) for p, channel in channels.items()
+        }
+        warm = Workload(adapters=adapters, concurrency=8, requests=len(adapters), max_tokens=2)
+        for runner, _ in arms.values():
+            await runner(warm)
+        around: Callable[[str], AbstractAsyncContextManager[None]] = counting
+        results = await interleaved(arms, scale.repeats, around)
+    finally:
+        for channel in channels.values():
+            await channel.close()
+    rows: list[list[str | int | float]] = []
+    for policy, runs in results.items():
+        rows.append(
+            [
+                policy,
+                median([r.tokens_per_s for r in runs]),
+                median([r.ttft_p(50) * 1000 for r in runs]),
+                median([r.ttft_p(99) * 1000 for r in runs]),
+                median([s[0] * 100 for s in shares[policy]]),
+                median([s[1] * 100 for s in shares[policy]]),
+            ]
+        )
+    section.table(
+        "ring_hash on the adapter header vs round robin (medians over repeats)",
+        ["policy", "tokens/s", "TTFT p50 ms", "TTFT p99 ms", "on top replica %", "worst adapter %"],
+        rows,
+    )
+    share = median([s[0] for s in shares["ring_hash"]])
+    section.goal(
+        "share of an adapter's requests served by one replica (ring_hash)",
+        share * 100,
+        ">= 95 %",
+        share >= 0.95,
+        ".1f",
+    )
+    speedup = ratio(
+        median([r.tokens_per_s for r in results["ring_hash"]]),
+        median([r.tokens_per_s for r in results["round_robin"]]),
+    )
+    section.goal(
+        f"tokens/s ring_hash ÷ round robin ({scale.popularity}, max_loras {ENGINE.max_loras})",
+        speedup,
+        "> 1.0",
+        speedup > 1.0,
+        ".2f",
+    )
+
+
+def _closed_loop(call: Caller) -> Arm:
+    async def run(workload: Workload) -> RunResult:
+        return await run_closed_loop(workload, call)
+
+    return run
+
+
+async def _convergence(section: Section, fleet: Fleet) -> None:
+    """Push -> the last of the replicas routes the new revision, polled every 10 ms."""
+    seconds: list[float] = []
+    for i in range(fleet.scale.pushes):
+        started = time.monotonic()
+        revision = await fleet.stack.push(SWAP, f"swap-v{i % SWAP_VARIANTS}")
+        async with asyncio.timeout(ROUTED_GUARD_S):
+            await asyncio.gather(*(_routed(address, revision) for address in fleet.addresses))
+        seconds.append(time.monotonic() - started)
+    section.workload.append(
+        f"{fleet.scale.pushes} pushes of `{SWAP}` (one at a time, fleet idle); each timed "
+        f"from the push's start to the last replica routing the new revision"
+    )
+    p50, p99 = percentile(seconds, 50), percentile(seconds, 99)
+    section.table(
+        f"push -> all {fleet.scale.replicas} replicas serving the new revision",
+        ["pushes", "p50 s", "p99 s", "max s"],
+        [[len(seconds), p50, p99, max(seconds)]],
+    )
+    section.goal("push -> all replicas serving, p99", p99, "< 1 s", p99 < 1.0, ".3f")
+
+
+async def _routed(address: str, revision: int) -> None:
+    while True:
+        if (await current_revisions(address)).get(SWAP, 0) >= revision:
+            return
+        await asyncio.sleep(POLL_S)
+
+
+async def _failover(section: Section, fleet: Fleet, adapters: tuple[str, ...]) -> None:
+    """Uniform load with ring_hash; the last replica is SIGKILLed once it has served a
+    few of it. A call it held fails mid-stream; one it had not answered moves on."""
+    scale = fleet.scale
+    workload = Workload(
+        adapters=adapters,
+        concurrency=scale.concurrency,
+        requests=scale.requests,
+        max_tokens=scale.max_tokens,
+        seed=1,
+    )
+    victim = len(fleet.replicas) - 1
+    async with fleet_channel(fleet.addresses, "ring_hash") as channel:
+        before = (await fleet.served())[victim]
+        load = asyncio.create_task(run_closed_loop(workload, fleet_caller(channel)))
+        while not load.done():
+            served = (await fleet.served())[victim] - before
+            if served.total() >= max(1, scale.concurrency // (2 * scale.replicas)):
+                break
+            await asyncio.sleep(0.05)
+        killed_at = time.monotonic()
+        fleet.kill(victim)
+        result = await load
+    failed = [r for r in result.records if r.error]
+    before_first = [r for r in failed if not r.first_token]
+    after_kill = [r for r in result.records if r.submitted >= killed_at]
+    section.workload.append(f"failover: {workload.describe()}; replica {victim} SIGKILLed")
+    section.table(
+        f"one of {scale.replicas} replicas SIGKILLed mid-load (ring_hash, retried before "
+        "the first token)",
+        ["requests", "sent after the kill", "failed before first token", "failed mid-stream"],
+        [
+            [
+                len(result.records),
+                len(after_kill),
+                len(before_first),
+                len(failed) - len(before_first),
+            ]
+        ],
+    )
+    if before_first:
+        section.notes.append(f"first failure before a token: {before_first[0].error}")
+    section.goal(
+        "requests failed before their first token, a replica SIGKILLed",
+        len(before_first),
+        "0",
+        not before_first,
+        "d",
+    )
+
+
+async def run(report: Report, *, quick: bool, scale: FleetScale | None = None) -> None:
+    """Benchmark 10. Needs `enable_ring_hash()` at the start of the process."""
+    if os.environ.get(RING_HASH_ENV) != "true":
+        raise RuntimeError(f"{RING_HASH_ENV}=true must be set when the process starts")
+    scale = scale or (QUICK if quick else FleetScale())
+    section = report.section(NUMBER, f"Fleet: {scale.replicas} replicas routed by adapter")
+    stack = Stack(report.results_dir, Path(tempfile.mkdtemp(prefix="bench-fleet-")))
+    fleet = Fleet(stack, scale)
+    started = time.monotonic()
+    try:
+        stack.build_models()
+        await stack.start_store()
+        adapters = tuple(tenant(i) for i in range(scale.adapters))
+        pushed = {name: await stack.push(name) for name in adapters}
+        await fleet.start()
+        await fleet.wait_routed(pushed)
+        section.notes.append(
+            f"{scale.replicas} replicas SERVING and routing {scale.adapters} adapters after "
+            f"{time.monotonic() - started:.0f} s; max_loras {ENGINE.max_loras} each"
+        )
+        await _throughput_and_affinity(section, fleet, adapters)
+        await _convergence(section, fleet)
+        await _failover(section, fleet, adapters)
+    except Exception as exc:
+        section.error = f"{type(exc).__name__}: {exc}"
+        raise
+    finally:
+        section.seconds = time.monotonic() - started
+        report.print_section(section)
+        await stack.close()
