@@ -103,8 +103,6 @@ def create_openai_app(
     """
     if not model_names:
         raise ValueError("model_names needs the served model's name")
-    base_name = model_names[0]
-    created = int(time.time())
     auth = TokenAuth(security, ()) if security.auth_enabled else None
     app = FastAPI(
         title="loraserve OpenAI-compatible API", docs_url=None, redoc_url=None, openapi_url=None
@@ -118,18 +116,31 @@ def create_openai_app(
         error_response=http_error,
     )
 
+    _add_probes(app, is_ready, metrics)
+    _add_generation(app, slot, model_names)
+    _add_error_handlers(app)
+    return app
+
+
+def _add_probes(
+    app: FastAPI, is_ready: Callable[[], bool], metrics: CollectorRegistry | None
+) -> None:
     @app.get("/health")
     async def health() -> Response:
         # 503 until the first sync is done.
         return Response(status_code=200 if is_ready() else 503)
 
     if metrics is not None:
-        registry = metrics
 
         @app.get("/metrics")
         async def prometheus_metrics() -> Response:
-            body = await asyncio.to_thread(generate_latest, registry)
+            body = await asyncio.to_thread(generate_latest, metrics)
             return Response(body, media_type=CONTENT_TYPE_LATEST)
+
+
+def _add_generation(app: FastAPI, slot: RuntimeSlot, model_names: Sequence[str]) -> None:
+    base_name = model_names[0]
+    created = int(time.time())
 
     @app.get("/v1/models")
     async def models() -> JSONResponse:
@@ -161,6 +172,8 @@ def create_openai_app(
         streams = [runtime.generator.generate(command)]
         return await _respond(request, streams, body, base_name)
 
+
+def _add_error_handlers(app: FastAPI) -> None:
     @app.exception_handler(LoraserveError)
     async def domain_error(request: Request, exc: LoraserveError) -> JSONResponse:
         return http_error(exc)
@@ -183,8 +196,6 @@ def create_openai_app(
         status, error_type = _INTERNAL
         body = error_body("internal error; see the server log", error_type, "internal")
         return JSONResponse(body, status_code=status)
-
-    return app
 
 
 def _request_id(request: Request) -> str:
