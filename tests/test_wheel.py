@@ -23,7 +23,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-RUNTIME_PACKAGES = {"adapterstore", "common", "inference"}
+RUNTIME_PACKAGES = {"adapterctl", "adapterstore", "clients", "common", "inference"}
 # Never imported by code in the wheel, at module level or inside a function.
 DEV_ONLY = (
     "pytest",
@@ -125,7 +125,7 @@ def test_nothing_shared_imports_a_service() -> None:
     """`loraserve.common` and the generated stubs import no service module: both services and
     every client import them."""
     shared = ROOT / "services" / "common" / "loraserve"
-    services = ("loraserve.adapterstore", "loraserve.inference")
+    services = ("loraserve.adapterctl", "loraserve.adapterstore", "loraserve.inference")
     stubs = ("loraserve.adapterstore.v1", "loraserve.inference.v1")
     offenders = {
         str(path.relative_to(shared)): sorted(
