@@ -9,6 +9,7 @@ import subprocess
 import sys
 from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
+from pathlib import Path
 from typing import Any
 
 import grpc
@@ -25,8 +26,10 @@ from loraserve.clients.routing import (
     parse_target,
 )
 from loraserve.common.errors import InvalidArgument
+from loraserve.common.security import ClientSecurity
 from loraserve.inference.v1 import inference_pb2 as pb
 from loraserve.inference.v1 import inference_pb2_grpc as pb_grpc
+from loraserve.testing.certs import CertFiles, make_certs
 from loraserve.testing.ctl import ctl
 
 ADAPTERS = [f"adapter-{i}" for i in range(12)]
@@ -53,14 +56,21 @@ class NamedReplica(pb_grpc.InferenceServiceServicer):  # type: ignore[misc]
 
 
 @asynccontextmanager
-async def replicas(count: int) -> AsyncIterator[list[tuple[grpc.aio.Server, str]]]:
-    """`count` named replicas on 127.0.0.1, as (server, address)."""
+async def replicas(
+    count: int, certs: CertFiles | None = None
+) -> AsyncIterator[list[tuple[grpc.aio.Server, str]]]:
+    """`count` named replicas on 127.0.0.1 (with TLS given `certs`), as (server, address)."""
     running: list[tuple[grpc.aio.Server, str]] = []
     try:
         for i in range(count):
             server = grpc.aio.server()
             pb_grpc.add_InferenceServiceServicer_to_server(NamedReplica(f"replica-{i}"), server)
-            port = server.add_insecure_port("127.0.0.1:0")
+            if certs is None:
+                port = server.add_insecure_port("127.0.0.1:0")
+            else:
+                key_pair = (certs.server_key.read_bytes(), certs.server_cert.read_bytes())
+                credentials = grpc.ssl_server_credentials([key_pair])
+                port = server.add_secure_port("127.0.0.1:0", credentials)
             await server.start()
             running.append((server, f"127.0.0.1:{port}"))
         yield running
@@ -81,6 +91,8 @@ def test_an_address_list_becomes_an_ipv4_target_over_several_replicas() -> None:
     assert parse_target("127.0.0.1:1, 127.0.0.1:2") == parse_target("ipv4:127.0.0.1:1,127.0.0.1:2")
     assert parse_target("127.0.0.1:1,127.0.0.1:2").target == "ipv4:127.0.0.1:1,127.0.0.1:2"
     assert parse_target("[::1]:1,[::1]:2").target == "ipv6:[::1]:1,[::1]:2"
+    # TLS checks the replicas' certificates against the first address, not the list.
+    assert parse_target("127.0.0.1:1,127.0.0.1:2").authority == "127.0.0.1:1"
     assert parse_target("dns:///inference:50052").replicas
     assert not parse_target("inference:50052").replicas
 
@@ -145,6 +157,19 @@ async def test_a_stopped_replicas_adapters_move_to_another() -> None:
         after = await served_by(client, "alpha", 4)
     assert len(after) == 1
     assert owner not in after
+
+
+async def test_every_request_for_one_adapter_goes_to_one_replica_over_tls(
+    tmp_path: Path,
+) -> None:
+    certs = make_certs(tmp_path)
+    security = ClientSecurity(tls_ca_file=certs.ca_cert)
+    async with (
+        replicas(3, certs) as running,
+        InferenceClient(address_list(running), security) as client,
+    ):
+        owners = {adapter: await served_by(client, adapter, 4) for adapter in ADAPTERS}
+    assert all(len(owner) == 1 for owner in owners.values()), owners
 
 
 async def test_server_info_answers_from_some_replica() -> None:

@@ -45,6 +45,7 @@ from loraserve.inference.v1 import inference_pb2_grpc as pb_grpc
 T = TypeVar("T")
 
 _SERVICE = pb.DESCRIPTOR.services_by_name["InferenceService"].full_name
+_AUTHORITY_OPTIONS = ("grpc.default_authority", "grpc.ssl_target_name_override")
 _FINISH_REASONS = {pb.FINISH_REASON_STOP: "stop", pb.FINISH_REASON_LENGTH: "length"}
 
 
@@ -214,12 +215,15 @@ class InferenceClient:
         target = parse_target(address)
         if target.replicas:
             enable_ring_hash()
+        options = list(channel_options)
+        if target.authority and not any(key in _AUTHORITY_OPTIONS for key, _ in options):
+            options.append(("grpc.default_authority", target.authority))
         self._channel = open_channel(
             target.target,
             security or ClientSecurity(),
             method_configs=self._retry.method_configs(),
             load_balancing=ring_hash_config() if target.replicas else None,
-            options=channel_options,
+            options=options,
         )
         self._stub = pb_grpc.InferenceServiceStub(self._channel)
         self._timeout = timeout

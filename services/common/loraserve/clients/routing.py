@@ -49,10 +49,16 @@ class RingHashDisabled(FailedPrecondition):
 
 @dataclass(frozen=True)
 class Target:
-    """What a channel dials, and whether it spans several replicas (routed by adapter)."""
+    """What a channel dials, and whether it spans several replicas (routed by adapter).
+
+    `authority` is the name TLS checks the replicas' certificates against, for an
+    address list: gRPC's default for one would be the whole list. The first address
+    stands for all of them (give `grpc.default_authority` or
+    `grpc.ssl_target_name_override` to check another name)."""
 
     target: str
     replicas: bool
+    authority: str | None = None
 
 
 def parse_target(address: str) -> Target:
@@ -60,7 +66,9 @@ def parse_target(address: str) -> Target:
     an `ipv4:`/`ipv6:` target), or a `dns:`/`ipv4:`/`ipv6:` target (several replicas)."""
     address = address.strip()
     if address.startswith(_FLEET_SCHEMES):
-        return Target(address, replicas=True)
+        first = address.partition(":")[2].split(",")[0]
+        authority = first if address.startswith(("ipv4:", "ipv6:")) else None
+        return Target(address, replicas=True, authority=authority)
     if "," not in address:
         return Target(address, replicas=False)
     parts = [part.strip() for part in address.split(",")]
@@ -69,7 +77,7 @@ def parse_target(address: str) -> Target:
         raise InvalidArgument(
             f"address list {shown(address)} mixes IPv4 and IPv6 addresses; gRPC dials one family"
         )
-    return Target(f"{families.pop()}:{','.join(parts)}", replicas=True)
+    return Target(f"{families.pop()}:{','.join(parts)}", replicas=True, authority=parts[0])
 
 
 def _ip_family(part: str, address: str) -> str:
