@@ -26,17 +26,8 @@ import grpc
 import stamina
 
 from loraserve.clients.channels import Retry, open_channel
-from loraserve.clients.routing import (
-    ADAPTER_HASH_HEADER,
-    HASH_ATTRIBUTE_MISSING,
-    RingHashDisabled,
-    affinity_key,
-    enable_ring_hash,
-    parse_target,
-    ring_hash_config,
-    ring_hash_disabled_message,
-)
-from loraserve.common.errors import DeadlineExceeded, LoraserveError, error_from_rpc
+from loraserve.clients.routing import ADAPTER_HASH_HEADER, affinity_key, channel_for, routed_error
+from loraserve.common.errors import DeadlineExceeded, error_from_rpc
 from loraserve.common.sampling_fields import OPTIONAL_SAMPLING_FIELDS
 from loraserve.common.security import ClientSecurity
 from loraserve.inference.v1 import inference_pb2 as pb
@@ -45,7 +36,6 @@ from loraserve.inference.v1 import inference_pb2_grpc as pb_grpc
 T = TypeVar("T")
 
 _SERVICE = pb.DESCRIPTOR.services_by_name["InferenceService"].full_name
-_AUTHORITY_OPTIONS = ("grpc.default_authority", "grpc.ssl_target_name_override")
 _FINISH_REASONS = {pb.FINISH_REASON_STOP: "stop", pb.FINISH_REASON_LENGTH: "length"}
 
 
@@ -212,18 +202,13 @@ class InferenceClient:
     ) -> None:
         """`channel_options` are gRPC channel arguments (e.g. flow-control windows)."""
         self._retry = retry or RetryPolicy()
-        target = parse_target(address)
-        if target.replicas:
-            enable_ring_hash()
-        options = list(channel_options)
-        if target.authority and not any(key in _AUTHORITY_OPTIONS for key, _ in options):
-            options.append(("grpc.default_authority", target.authority))
+        route = channel_for(address, channel_options)
         self._channel = open_channel(
-            target.target,
+            route.target,
             security or ClientSecurity(),
             method_configs=self._retry.method_configs(),
-            load_balancing=ring_hash_config() if target.replicas else None,
-            options=options,
+            load_balancing=route.load_balancing,
+            options=route.options,
         )
         self._stub = pb_grpc.InferenceServiceStub(self._channel)
         self._timeout = timeout
@@ -271,7 +256,7 @@ class InferenceClient:
                 yield message
                 message = await call.read()
         except grpc.aio.AioRpcError as exc:
-            raise _error(exc) from None
+            raise routed_error(exc) from None
         finally:
             call.cancel()
 
@@ -304,7 +289,7 @@ class InferenceClient:
                         call.cancel()
                         raise
         except grpc.aio.AioRpcError as exc:
-            raise _error(exc) from None
+            raise routed_error(exc) from None
         raise AssertionError("unreachable: the last attempt returns or raises")
 
     async def generate(
@@ -366,14 +351,6 @@ class InferenceClient:
             return await method(request, timeout=self._timeout)
         except grpc.aio.AioRpcError as exc:
             raise error_from_rpc(exc) from None
-
-
-def _error(exc: grpc.aio.AioRpcError) -> LoraserveError:
-    """The domain error of a failed Generate; gRPC's own refusal to hash the adapter
-    header (a gRPC that reads the variable once, before it was set) named as such."""
-    if exc.code() is grpc.StatusCode.INTERNAL and HASH_ATTRIBUTE_MISSING in (exc.details() or ""):
-        return RingHashDisabled(ring_hash_disabled_message())
-    return error_from_rpc(exc)
 
 
 def _is_unavailable(exc: Exception) -> bool:

@@ -22,11 +22,18 @@ from __future__ import annotations
 import ipaddress
 import logging
 import os
-from collections.abc import MutableMapping
+from collections.abc import MutableMapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from loraserve.common.errors import FailedPrecondition, InvalidArgument
+import grpc
+
+from loraserve.common.errors import (
+    FailedPrecondition,
+    InvalidArgument,
+    LoraserveError,
+    error_from_rpc,
+)
 from loraserve.common.names import parse_adapter_ref, shown
 
 log = logging.getLogger(__name__)
@@ -41,6 +48,7 @@ _TRUE_VALUES = frozenset({"true", "yes", "1"})
 _FLEET_SCHEMES = ("dns:", "ipv4:", "ipv6:")
 # grpcio's message when the header cannot be hashed (the variable is off).
 HASH_ATTRIBUTE_MISSING = "hash attribute not present"
+_AUTHORITY_OPTIONS = ("grpc.default_authority", "grpc.ssl_target_name_override")
 
 
 class RingHashDisabled(FailedPrecondition):
@@ -78,6 +86,36 @@ def parse_target(address: str) -> Target:
             f"address list {shown(address)} mixes IPv4 and IPv6 addresses; gRPC dials one family"
         )
     return Target(f"{families.pop()}:{','.join(parts)}", replicas=True, authority=parts[0])
+
+
+@dataclass(frozen=True)
+class Channel:
+    """How to open a channel to an address: target, load balancing, channel arguments."""
+
+    target: str
+    load_balancing: dict[str, Any] | None
+    options: list[tuple[str, Any]]
+
+
+def channel_for(address: str, channel_options: Sequence[tuple[str, Any]] = ()) -> Channel:
+    """The channel to `address`: ring_hash on the adapter header across several replicas
+    (turning on what grpcio needs for it), a plain one to a single server."""
+    target = parse_target(address)
+    options = list(channel_options)
+    if not target.replicas:
+        return Channel(target.target, None, options)
+    enable_ring_hash()
+    if target.authority and not any(key in _AUTHORITY_OPTIONS for key, _ in options):
+        options.append(("grpc.default_authority", target.authority))
+    return Channel(target.target, ring_hash_config(), options)
+
+
+def routed_error(exc: grpc.aio.AioRpcError) -> LoraserveError:
+    """The domain error of a failed call; gRPC's own refusal to hash the adapter header
+    (a gRPC that reads the variable once, before it was set) named as such."""
+    if exc.code() is grpc.StatusCode.INTERNAL and HASH_ATTRIBUTE_MISSING in (exc.details() or ""):
+        return RingHashDisabled(ring_hash_disabled_message())
+    return error_from_rpc(exc)
 
 
 def _ip_family(part: str, address: str) -> str:
