@@ -107,8 +107,6 @@ def main() -> int:
 
         print_plan(args.engine, _wanted(args), scale_for(args.engine, args.quick))
         return 0
-    # Before any channel exists: gRPC reads it once (benchmark 10's ring_hash arm).
-    bench_fleet.enable_ring_hash()
     logging.basicConfig(
         level=logging.WARNING, format="%(asctime)s %(levelname)s %(name)s %(message)s"
     )

@@ -10,15 +10,15 @@ and 24 adapters:
 - push -> all three replicas route the new revision, over `pushes` pushes;
 - one replica SIGKILLed mid-load: failed requests, before and after their first token.
 
-The two ways of balancing live in `fleet_channel` alone, so the client library's
-ring_hash channel can replace it.
+The ring_hash arm balances as `loraserve.clients.inference.InferenceClient` does over
+several replicas (the same service config entry and header, `loraserve.clients.routing`);
+the round-robin arm differs in the balancing policy alone.
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
-import os
 import signal
 import tempfile
 import time
@@ -42,6 +42,12 @@ from bench.stack import wait_routed as wait_routed_on
 from bench.stats import median, percentile, ratio
 from bench.workload import Caller, RunResult, Workload, run_closed_loop
 from loraserve.clients.channels import Retry
+from loraserve.clients.routing import (
+    ADAPTER_HASH_HEADER,
+    affinity_key,
+    enable_ring_hash,
+    ring_hash_config,
+)
 from loraserve.common.sizes import MESSAGE_LIMIT_OPTIONS
 from loraserve.inference.servicer import SERVICE_NAME
 from loraserve.inference.v1 import inference_pb2 as pb
@@ -49,8 +55,6 @@ from loraserve.inference.v1 import inference_pb2_grpc as pb_grpc
 from loraserve.testing.processes import free_port
 
 NUMBER = 10
-RING_HASH_ENV = "GRPC_EXPERIMENTAL_RING_HASH_SET_REQUEST_HASH_KEY"
-ADAPTER_HEADER = "x-loraserve-adapter"
 ENGINE = procs.EngineConfig(max_loras=4, max_cpu_loras=32, max_lora_rank=RANK)
 SWAP = "swap"
 # Retries UNAVAILABLE before the first response, as the client library does: a call
@@ -78,19 +82,10 @@ class FleetScale:
 QUICK = FleetScale(concurrency=12, requests=48, max_tokens=8, repeats=1, pushes=3)
 
 
-def enable_ring_hash() -> None:
-    """gRPC reads this once, when it starts: call before the process opens a channel."""
-    os.environ[RING_HASH_ENV] = "true"
-
-
 def fleet_channel(addresses: Sequence[str], policy: Policy) -> grpc.aio.Channel:
     """One channel over every replica; ring_hash sends all calls carrying one adapter
     header value to one replica."""
-    balancing = (
-        {"ring_hash_experimental": {"requestHashHeader": ADAPTER_HEADER}}
-        if policy == "ring_hash"
-        else {"round_robin": {}}
-    )
+    balancing = ring_hash_config() if policy == "ring_hash" else {"round_robin": {}}
     config = {
         "loadBalancingConfig": [balancing],
         "methodConfig": [RETRY.method_config(SERVICE_NAME)],
@@ -110,8 +105,7 @@ def fleet_caller(channel: grpc.aio.Channel) -> Caller:
             token_ids=pb.TokenIds(ids=list(prompt)),
             sampling=pb.SamplingParams(max_tokens=max_tokens, temperature=0.0, ignore_eos=True),
         )
-        # The name without @REVISION: every revision of an adapter lands on one replica.
-        metadata = ((ADAPTER_HEADER, adapter.partition("@")[0]),)
+        metadata = ((ADAPTER_HASH_HEADER, affinity_key(adapter)),)
         call = stub.Generate(request, metadata=metadata, timeout=CALL_TIMEOUT_S)
         try:
             async for message in call:
@@ -366,9 +360,8 @@ async def _failover(section: Section, fleet: Fleet, adapters: tuple[str, ...]) -
 
 
 async def run(report: Report, *, quick: bool, scale: FleetScale | None = None) -> None:
-    """Benchmark 10. Needs `enable_ring_hash()` at the start of the process."""
-    if os.environ.get(RING_HASH_ENV) != "true":
-        raise RuntimeError(f"{RING_HASH_ENV}=true must be set when the process starts")
+    """Benchmark 10."""
+    enable_ring_hash()
     scale = scale or (QUICK if quick else FleetScale())
     section = report.section(NUMBER, f"Fleet: {scale.replicas} replicas routed by adapter")
     stack = Stack(report.results_dir, Path(tempfile.mkdtemp(prefix="bench-fleet-")))

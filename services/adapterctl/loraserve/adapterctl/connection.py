@@ -8,10 +8,10 @@ from typing import TYPE_CHECKING, Any
 
 import grpc
 
-from loraserve.adapterctl.failures import ServerError
+from loraserve.adapterctl.failures import ServerError, UsageError
 from loraserve.adapterctl.settings import CtlSettings
 from loraserve.clients.store import store_channel, store_stub
-from loraserve.common.errors import LoraserveError, error_from_rpc
+from loraserve.common.errors import InvalidArgument, LoraserveError, error_from_rpc
 
 if TYPE_CHECKING:
     from loraserve.clients.inference import InferenceClient
@@ -33,15 +33,22 @@ async def connect_store(settings: CtlSettings) -> AsyncIterator[Any]:
 
 @asynccontextmanager
 async def connect_inference(settings: CtlSettings) -> AsyncIterator[InferenceClient]:
-    """An `InferenceClient`; a failed call leaves the block as `ServerError`."""
+    """An `InferenceClient` (one server, or several replicas routed by adapter); a
+    failed call leaves the block as `ServerError`, an address list it cannot route as
+    `UsageError`."""
     # Imported here: the store's commands (push above all) need not load the inference protos.
     from loraserve.clients.inference import InferenceClient, RetryPolicy
+    from loraserve.clients.routing import RingHashDisabled
 
     address = settings.inference_address
-    # One attempt, as before: a person at a terminal retries by running it again.
-    client = InferenceClient(
-        address, settings.inference_security, retry=RetryPolicy(max_attempts=1)
-    )
+    try:
+        # One attempt, as before: a person at a terminal retries by running it again
+        # (across replicas, a dead one has left the ring by then).
+        client = InferenceClient(
+            address, settings.inference_security, retry=RetryPolicy(max_attempts=1)
+        )
+    except (InvalidArgument, RingHashDisabled) as exc:
+        raise UsageError(f"--inference: {exc.message}") from None
     try:
         async with client:
             yield client

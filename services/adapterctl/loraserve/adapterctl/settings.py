@@ -56,9 +56,10 @@ def add_connection_flags(parser: argparse.ArgumentParser, environ: Mapping[str, 
     )
     group.add_argument(
         "--inference",
-        metavar="HOST:PORT",
+        metavar="ADDRESS",
         default=environ.get("INFERENCE_ADDR", DEFAULT_INFERENCE_ADDRESS),
-        help="inference service address, for `generate` "
+        help="inference service address, for `generate`: HOST:PORT, or several replicas "
+        "routed by adapter as IP:PORT,IP:PORT,... or dns:///NAME:PORT "
         f"(env INFERENCE_ADDR; default {DEFAULT_INFERENCE_ADDRESS})",
     )
     group.add_argument(

@@ -56,6 +56,7 @@ def open_channel(
     *,
     method_configs: Sequence[dict[str, Any]] = (),
     health_checked_service: str | None = None,
+    load_balancing: dict[str, Any] | None = None,
     reconnect_backoff_max_s: float | None = None,
     options: Iterable[tuple[str, Any]] = (),
 ) -> grpc.aio.Channel:
@@ -63,7 +64,8 @@ def open_channel(
 
     `method_configs` go into the service config (retry policies). With
     `health_checked_service`, calls go round-robin to the addresses whose
-    grpc.health.v1 status for it is SERVING. `reconnect_backoff_max_s` bounds gRPC's
+    grpc.health.v1 status for it is SERVING. `load_balancing` is one loadBalancingConfig
+    entry instead (ring_hash: `loraserve.clients.routing`). `reconnect_backoff_max_s` bounds gRPC's
     own reconnect backoff (its default, 120 s, leaves a client idle long after the
     server came back). `options` are further channel arguments.
     """
@@ -73,6 +75,8 @@ def open_channel(
     if health_checked_service is not None:
         service_config["loadBalancingConfig"] = [{"round_robin": {}}]
         service_config["healthCheckConfig"] = {"serviceName": health_checked_service}
+    if load_balancing is not None:
+        service_config["loadBalancingConfig"] = [load_balancing]
     channel_options: list[tuple[str, Any]] = list(MESSAGE_LIMIT_OPTIONS)
     if service_config:
         channel_options.append(("grpc.service_config", json.dumps(service_config)))

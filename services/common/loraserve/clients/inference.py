@@ -5,6 +5,7 @@ it connects with a bearer token and TLS, streams text deltas, retries
 UNAVAILABLE with exponential backoff and jitter while nothing has been received
 yet (a stream that already produced tokens is never replayed), honours one
 overall deadline across attempts, and raises `loraserve.common.errors` types.
+Given several replicas, it routes each adapter to one of them (`loraserve.clients.routing`).
 
 `Generate` is retried with `stamina`, not gRPC's retry policy: gRPC clamps a
 policy's attempts at 5, which would silently shrink a caller's `RetryPolicy`.
@@ -25,6 +26,7 @@ import grpc
 import stamina
 
 from loraserve.clients.channels import Retry, open_channel
+from loraserve.clients.routing import ADAPTER_HASH_HEADER, affinity_key, channel_for, routed_error
 from loraserve.common.errors import DeadlineExceeded, error_from_rpc
 from loraserve.common.sampling_fields import OPTIONAL_SAMPLING_FIELDS
 from loraserve.common.security import ClientSecurity
@@ -182,7 +184,13 @@ def _request(
 
 
 class InferenceClient:
-    """Async client; use as `async with InferenceClient(addr) as client:`."""
+    """Async client; use as `async with InferenceClient(addr) as client:`.
+
+    `address` is one server (`HOST:PORT`), or several replicas: `IP:PORT,IP:PORT,...`
+    or `dns:///NAME:PORT`. Across replicas, every request for one adapter goes to one
+    replica (gRPC's ring_hash on the `x-loraserve-adapter` header); the header is sent
+    to a single address too, for a proxy that routes by it (Envoy).
+    """
 
     def __init__(
         self,
@@ -194,11 +202,13 @@ class InferenceClient:
     ) -> None:
         """`channel_options` are gRPC channel arguments (e.g. flow-control windows)."""
         self._retry = retry or RetryPolicy()
+        route = channel_for(address, channel_options)
         self._channel = open_channel(
-            address,
+            route.target,
             security or ClientSecurity(),
             method_configs=self._retry.method_configs(),
-            options=channel_options,
+            load_balancing=route.load_balancing,
+            options=route.options,
         )
         self._stub = pb_grpc.InferenceServiceStub(self._channel)
         self._timeout = timeout
@@ -237,20 +247,25 @@ class InferenceClient:
     ) -> AsyncGenerator[pb.GenerateResponse, None]:
         """`stream`, as the service's own messages."""
         request = _request(adapter, prompt, sampling or Sampling(), request_id)
+        metadata = ((ADAPTER_HASH_HEADER, affinity_key(adapter)),)
         budget = timeout if timeout is not None else self._timeout
         deadline = None if budget is None else time.monotonic() + budget
-        call, message = await self._first_response(request, budget, deadline)
+        call, message = await self._first_response(request, metadata, budget, deadline)
         try:
             while message is not grpc.aio.EOF:
                 yield message
                 message = await call.read()
         except grpc.aio.AioRpcError as exc:
-            raise error_from_rpc(exc) from None
+            raise routed_error(exc) from None
         finally:
             call.cancel()
 
     async def _first_response(
-        self, request: pb.GenerateRequest, budget: float | None, deadline: float | None
+        self,
+        request: pb.GenerateRequest,
+        metadata: tuple[tuple[str, str], ...],
+        budget: float | None,
+        deadline: float | None,
     ) -> tuple[Any, Any]:
         """Starts the call, again while it fails UNAVAILABLE before its first message;
         the call and that message (EOF when the stream ended empty)."""
@@ -267,14 +282,14 @@ class InferenceClient:
                     remaining = None if deadline is None else deadline - time.monotonic()
                     if remaining is not None and remaining <= 0:
                         raise DeadlineExceeded(f"deadline of {budget}s passed before a response")
-                    call = self._stub.Generate(request, timeout=remaining)
+                    call = self._stub.Generate(request, timeout=remaining, metadata=metadata)
                     try:
                         return call, await call.read()
                     except BaseException:
                         call.cancel()
                         raise
         except grpc.aio.AioRpcError as exc:
-            raise error_from_rpc(exc) from None
+            raise routed_error(exc) from None
         raise AssertionError("unreachable: the last attempt returns or raises")
 
     async def generate(
@@ -350,7 +365,11 @@ class SyncInferenceClient:
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._loop.run_forever, daemon=True)
         self._thread.start()
-        self._client = self._run(self._make(address, kwargs))
+        try:
+            self._client = self._run(self._make(address, kwargs))
+        except BaseException:
+            self._stop_loop()
+            raise
 
     @staticmethod
     async def _make(address: str, kwargs: dict[str, Any]) -> InferenceClient:
@@ -367,6 +386,9 @@ class SyncInferenceClient:
 
     def close(self) -> None:
         self._run(self._client.close())
+        self._stop_loop()
+
+    def _stop_loop(self) -> None:
         self._loop.call_soon_threadsafe(self._loop.stop)
         self._thread.join()
         self._loop.close()
