@@ -7,5 +7,6 @@ pytest_plugins = [
     "loraserve.testing.s3faults",
     "loraserve.testing.store",
     "loraserve.testing.inference",
+    "loraserve.testing.openai_front",
     "loraserve.testing.stack",
 ]

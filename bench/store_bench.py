@@ -25,7 +25,7 @@ from loraserve.clients.push import new_idempotency_key
 from loraserve.clients.store import StoreClient, StoreClientSettings
 from loraserve.common.security import ClientSecurity
 from loraserve.inference.cache import AdapterCache
-from loraserve.testing.adapterstore import lora_config, lora_tensors
+from loraserve.testing.adapterfiles import lora_config, lora_tensors
 
 BUCKET = "bench-store"
 # 24 layers x 4 projections x rank 64 x hidden 4096, fp32: 192 MiB of LoRA weights,

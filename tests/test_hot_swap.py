@@ -33,10 +33,10 @@ from loraserve.inference.servicer import SERVICE_NAME, register
 from loraserve.inference.sync import Synchronizer, SyncSettings
 from loraserve.inference.v1 import inference_pb2 as pb
 from loraserve.inference.v1 import inference_pb2_grpc as pb_grpc
-from loraserve.testing.adapterstore import push_requests
 from loraserve.testing.grpc import serving
 from loraserve.testing.inference import tiny_registry
 from loraserve.testing.models import TinyAdapterFactory
+from loraserve.testing.pushes import push_requests
 from loraserve.testing.store import RunningStore
 from loraserve.testing.tcpproxy import TcpProxy, tcp_proxy
 from loraserve.testing.waiting import eventually

@@ -32,9 +32,10 @@ from loraserve.inference.runtime import Runtime, RuntimeSlot
 from loraserve.inference.servicer import SERVICE_NAME, register
 from loraserve.inference.v1 import inference_pb2 as pb
 from loraserve.inference.v1 import inference_pb2_grpc as pb_grpc
-from loraserve.testing.adapterstore import push_requests, tiny_adapter
+from loraserve.testing.adapterfiles import tiny_adapter
 from loraserve.testing.grpc import serving
 from loraserve.testing.inference_fakes import FakeEngine
+from loraserve.testing.pushes import push_requests
 from loraserve.testing.store import RunningStore
 from loraserve.testing.storecalls import store_stub
 

@@ -21,16 +21,11 @@ from grpc_health.v1 import health_pb2
 
 from loraserve.adapterstore.v1 import adapterstore_pb2 as pb
 from loraserve.common.clientstream import stream_unary
-from loraserve.testing.adapterstore import (
-    TEST_LIMITS,
-    AdapterFiles,
-    lora_config,
-    push_requests,
-    raw_safetensors,
-    tiny_adapter,
-)
+from loraserve.testing.adapterfiles import AdapterFiles, lora_config, raw_safetensors, tiny_adapter
+from loraserve.testing.adapterstore import TEST_LIMITS
 from loraserve.testing.figures import add_figure
 from loraserve.testing.processes import health_status
+from loraserve.testing.pushes import push_requests
 from loraserve.testing.s3 import S3Bucket
 from loraserve.testing.store import RunningStore
 from loraserve.testing.storecalls import push, store_stub

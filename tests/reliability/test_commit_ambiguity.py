@@ -18,7 +18,7 @@ import grpc
 import pytest
 
 from loraserve.adapterstore.v1 import adapterstore_pb2 as pb
-from loraserve.testing.adapterstore import tiny_adapter
+from loraserve.testing.adapterfiles import tiny_adapter
 from loraserve.testing.ctl import ctl, write_adapter_dir
 from loraserve.testing.processes import free_port, store_process
 from loraserve.testing.s3 import S3Bucket

@@ -25,7 +25,7 @@ from safetensors.numpy import load, save
 
 from loraserve.adapterstore.blobstore import blob_key
 from loraserve.adapterstore.v1 import adapterstore_pb2 as store_pb
-from loraserve.testing.adapterstore import AdapterFiles
+from loraserve.testing.adapterfiles import AdapterFiles
 from loraserve.testing.figures import add_figure
 from loraserve.testing.inferenceapp import (
     PROMPT,

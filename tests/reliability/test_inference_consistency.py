@@ -31,7 +31,7 @@ from safetensors.numpy import load, save
 from loraserve.adapterstore.blobstore import blob_key
 from loraserve.adapterstore.v1 import adapterstore_pb2 as store_pb
 from loraserve.inference.v1 import inference_pb2 as inference_pb
-from loraserve.testing.adapterstore import AdapterFiles
+from loraserve.testing.adapterfiles import AdapterFiles
 from loraserve.testing.inferenceapp import RunningInference, adapter_files, inference_app
 from loraserve.testing.models import TinyAdapterFactory
 from loraserve.testing.processes import free_port, store_process

@@ -13,7 +13,7 @@ import grpc
 import pytest
 
 from loraserve.adapterstore.v1 import adapterstore_pb2 as pb
-from loraserve.testing.adapterstore import tiny_adapter
+from loraserve.testing.adapterfiles import tiny_adapter
 from loraserve.testing.s3faults import Fault, S3FaultProxy
 from loraserve.testing.store import RunningStore
 from loraserve.testing.storecalls import push, store_stub

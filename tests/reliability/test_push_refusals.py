@@ -22,7 +22,7 @@ from loraserve.adapterctl.failures import EXIT_FAILED, EXIT_NOT_ALLOWED
 from loraserve.adapterstore.v1 import adapterstore_pb2_grpc as pb_grpc
 from loraserve.adapterstore.validation import Limits
 from loraserve.common.security import ClientSecurity, ServerSecurity, Token, secure_channel
-from loraserve.testing.adapterstore import tiny_adapter
+from loraserve.testing.adapterfiles import tiny_adapter
 from loraserve.testing.ctl import ctl, write_adapter_dir
 from loraserve.testing.s3 import S3Bucket
 from loraserve.testing.store import RunningStore, running_store

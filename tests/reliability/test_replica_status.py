@@ -16,7 +16,8 @@ import pytest
 from loraserve.adapterstore.v1 import adapterstore_pb2 as pb
 from loraserve.adapterstore.v1 import adapterstore_pb2_grpc as pb_grpc
 from loraserve.common.security import ClientSecurity, ServerSecurity, Token, secure_channel
-from loraserve.testing.adapterstore import push_requests, tiny_adapter
+from loraserve.testing.adapterfiles import tiny_adapter
+from loraserve.testing.pushes import push_requests
 from loraserve.testing.s3 import S3Bucket
 from loraserve.testing.store import RunningStore, running_store
 from loraserve.testing.storecalls import push, rpc_code, store_stub

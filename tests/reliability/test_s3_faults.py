@@ -16,7 +16,7 @@ from grpc_health.v1 import health_pb2
 
 from loraserve.adapterstore.blobstore import blob_key
 from loraserve.adapterstore.v1 import adapterstore_pb2 as pb
-from loraserve.testing.adapterstore import tiny_adapter
+from loraserve.testing.adapterfiles import tiny_adapter
 from loraserve.testing.figures import add_figure
 from loraserve.testing.processes import health_status
 from loraserve.testing.s3 import S3Bucket

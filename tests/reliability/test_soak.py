@@ -28,7 +28,7 @@ import pytest
 from safetensors.numpy import load, save
 
 from loraserve.adapterstore.v1 import adapterstore_pb2 as store_pb
-from loraserve.testing.adapterstore import AdapterFiles
+from loraserve.testing.adapterfiles import AdapterFiles
 from loraserve.testing.figures import add_figure
 from loraserve.testing.inferenceapp import RunningInference, adapter_files, greedy, inference_app
 from loraserve.testing.models import TinyAdapterFactory

@@ -15,7 +15,7 @@ import grpc
 import pytest
 
 from loraserve.adapterstore.v1 import adapterstore_pb2 as pb
-from loraserve.testing.adapterstore import tiny_adapter
+from loraserve.testing.adapterfiles import tiny_adapter
 from loraserve.testing.figures import add_figure
 from loraserve.testing.processes import free_port, store_process
 from loraserve.testing.s3 import S3Bucket

@@ -19,9 +19,10 @@ import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from loraserve.adapterstore.v1 import adapterstore_pb2 as pb
-from loraserve.testing.adapterstore import AdapterFiles, push_requests, tiny_adapter
+from loraserve.testing.adapterfiles import AdapterFiles, tiny_adapter
 from loraserve.testing.figures import add_figure
 from loraserve.testing.processes import StoreProcess, free_port, store_process
+from loraserve.testing.pushes import push_requests
 from loraserve.testing.s3 import S3Bucket
 from loraserve.testing.storecalls import push, store_stub
 

@@ -24,7 +24,7 @@ from loraserve.common.manifest import Revision
 from loraserve.common.security import ClientSecurity
 from loraserve.inference.cache import CachedRevision
 from loraserve.inference.sync import Synchronizer, SyncSettings
-from loraserve.testing.adapterstore import tiny_adapter
+from loraserve.testing.adapterfiles import tiny_adapter
 from loraserve.testing.processes import health_status, wait_for_health
 from loraserve.testing.s3 import S3Bucket
 from loraserve.testing.s3faults import Fault, S3FaultProxy, s3_fault_proxy

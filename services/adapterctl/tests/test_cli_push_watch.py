@@ -12,7 +12,7 @@ from pathlib import Path
 
 from loraserve.adapterctl.__main__ import run
 from loraserve.adapterctl.failures import EXIT_INTERRUPTED
-from loraserve.testing.adapterstore import tiny_adapter
+from loraserve.testing.adapterfiles import tiny_adapter
 from loraserve.testing.ctl import buffers, ctl, output, write_adapter_dir
 from loraserve.testing.store import RunningStore
 from loraserve.testing.waiting import eventually

@@ -14,7 +14,7 @@ from loraserve.adapterctl.adapter_dir import AdapterFiles, hash_files, list_adap
 from loraserve.adapterctl.console import Console
 from loraserve.adapterctl.failures import UsageError
 from loraserve.adapterctl.watch_dir import ChangeSignal, Fingerprint, watch_directory
-from loraserve.testing.adapterstore import tiny_adapter
+from loraserve.testing.adapterfiles import tiny_adapter
 from loraserve.testing.ctl import buffers, output, write_adapter_dir
 from loraserve.testing.waiting import eventually
 

@@ -21,7 +21,9 @@ from loraserve.adapterstore.storageprobe import PROBE_KEY, check_conditional_put
 from loraserve.adapterstore.store import AdapterStore
 from loraserve.common.errors import FailedPrecondition, InvalidArgument, Unavailable
 from loraserve.common.manifest import Revision
-from loraserve.testing.adapterstore import StoreFactory, push, tiny_adapter
+from loraserve.testing.adapterfiles import tiny_adapter
+from loraserve.testing.adapterstore import StoreFactory
+from loraserve.testing.pushes import push
 
 
 class LandsThenFails(MemoryBlobStore):

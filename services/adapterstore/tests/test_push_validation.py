@@ -16,7 +16,9 @@ from loraserve.adapterstore.validation import (
 )
 from loraserve.common.errors import InvalidArgument
 from loraserve.common.peft_format import parse_safetensors_header
-from loraserve.testing.adapterstore import BAD_PUSHES, BadPush, lora_tensors, push, tiny_adapter
+from loraserve.testing.adapterfiles import lora_tensors, tiny_adapter
+from loraserve.testing.badpushes import BAD_PUSHES, BadPush
+from loraserve.testing.pushes import push
 
 
 async def _chunks(chunks: list[Chunk]):  # type: ignore[no-untyped-def]

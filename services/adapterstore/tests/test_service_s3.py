@@ -14,17 +14,10 @@ from loraserve.adapterstore.changelog import LogSettings
 from loraserve.adapterstore.v1 import adapterstore_pb2 as pb
 from loraserve.adapterstore.v1 import adapterstore_pb2_grpc as pb_grpc
 from loraserve.common.clientstream import stream_unary
-from loraserve.testing.adapterstore import (
-    BAD_PUSHES,
-    AdapterFiles,
-    BadPush,
-    StoreServer,
-    lora_config,
-    lora_tensors,
-    push_requests,
-    serve_store,
-    tiny_adapter,
-)
+from loraserve.testing.adapterfiles import AdapterFiles, lora_config, lora_tensors, tiny_adapter
+from loraserve.testing.adapterstore import StoreServer, serve_store
+from loraserve.testing.badpushes import BAD_PUSHES, BadPush
+from loraserve.testing.pushes import push_requests
 from loraserve.testing.s3 import S3Bucket
 from loraserve.testing.storecalls import keys_under
 

@@ -14,7 +14,9 @@ from loraserve.adapterstore.model import Change, ChangeType
 from loraserve.adapterstore.push import Chunk
 from loraserve.adapterstore.store import AdapterStore, Heartbeat
 from loraserve.common.errors import Aborted, DataLoss, InvalidArgument, NotFound, OutOfRange
-from loraserve.testing.adapterstore import StoreFactory, push, tiny_adapter
+from loraserve.testing.adapterfiles import tiny_adapter
+from loraserve.testing.adapterstore import StoreFactory
+from loraserve.testing.pushes import push
 
 # Generous guard so a hang fails the test instead of the session; never an assertion on time.
 GUARD_S = 20

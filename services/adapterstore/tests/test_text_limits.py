@@ -11,14 +11,9 @@ import pytest
 from loraserve.adapterstore.v1 import adapterstore_pb2 as pb
 from loraserve.adapterstore.v1 import adapterstore_pb2_grpc as pb_grpc
 from loraserve.common.textlimits import MAX_DESCRIPTION_BYTES, MAX_ERROR_MESSAGE_BYTES
-from loraserve.testing.adapterstore import (
-    AdapterFiles,
-    StoreServer,
-    lora_config,
-    push_requests,
-    serve_store,
-    tiny_adapter,
-)
+from loraserve.testing.adapterfiles import AdapterFiles, lora_config, tiny_adapter
+from loraserve.testing.adapterstore import StoreServer, serve_store
+from loraserve.testing.pushes import push_requests
 from loraserve.testing.s3 import S3Bucket
 
 # gRPC's default receive limit, which the test channel keeps: every page must fit it.

@@ -24,7 +24,8 @@ from loraserve.clients.store import (
 from loraserve.common.errors import NotFound, Unavailable
 from loraserve.common.manifest import Revision
 from loraserve.common.security import ClientSecurity
-from loraserve.testing.adapterstore import push_requests, tiny_adapter
+from loraserve.testing.adapterfiles import tiny_adapter
+from loraserve.testing.pushes import push_requests
 from loraserve.testing.store import RunningStore
 
 

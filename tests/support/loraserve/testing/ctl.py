@@ -9,7 +9,7 @@ from pathlib import Path
 
 from loraserve.adapterctl.__main__ import run
 from loraserve.adapterctl.console import Console
-from loraserve.testing.adapterstore import tiny_adapter
+from loraserve.testing.adapterfiles import tiny_adapter
 
 
 class TtyBuffer(io.StringIO):

@@ -22,7 +22,7 @@ from loraserve.inference.engine import AdapterHandle, VllmEngine
 from loraserve.inference.settings import EngineOptions, parse_settings
 from loraserve.inference.v1 import inference_pb2 as pb
 from loraserve.inference.v1 import inference_pb2_grpc as pb_grpc
-from loraserve.testing.adapterstore import AdapterFiles
+from loraserve.testing.adapterfiles import AdapterFiles
 from loraserve.testing.processes import inference_args
 
 if TYPE_CHECKING:

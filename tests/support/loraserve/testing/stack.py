@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any
 import pytest
 
 from loraserve.adapterstore.v1 import adapterstore_pb2 as store_pb
-from loraserve.testing.adapterstore import AdapterFiles
+from loraserve.testing.adapterfiles import AdapterFiles
 from loraserve.testing.inferenceapp import RunningInference, adapter_files, inference_app
 from loraserve.testing.models import TinyAdapterFactory
 from loraserve.testing.s3faults import S3FaultProxy

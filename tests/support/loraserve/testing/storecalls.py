@@ -11,7 +11,8 @@ import grpc
 from loraserve.adapterstore.v1 import adapterstore_pb2 as pb
 from loraserve.adapterstore.v1 import adapterstore_pb2_grpc as pb_grpc
 from loraserve.common.clientstream import stream_unary
-from loraserve.testing.adapterstore import AdapterFiles, push_requests
+from loraserve.testing.adapterfiles import AdapterFiles
+from loraserve.testing.pushes import push_requests
 
 
 @asynccontextmanager

@@ -1,0 +1,139 @@
+"""The OpenAI-compatible front's streamed answers and client disconnects on a fake engine.
+
+The real engine's answers through this front are tested in tests/test_openai_front.py.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncGenerator, Sequence
+
+import httpx
+
+from loraserve.inference.engine import AdapterHandle, EngineDelta, SamplingSpec
+from loraserve.testing.inference_fakes import FakeEngine
+from loraserve.testing.openai_front import MODEL, StartFront
+from loraserve.testing.waiting import eventually
+
+
+class StallingEngine(FakeEngine):
+    """Sends one token, then never another: a stream that only a disconnect ends."""
+
+    async def generate(
+        self,
+        request_id: str,
+        prompt_token_ids: Sequence[int],
+        sampling: SamplingSpec,
+        adapter: AdapterHandle | None,
+    ) -> AsyncGenerator[EngineDelta, None]:
+        self.running[request_id] = adapter
+        try:
+            yield EngineDelta(text="<0>", token_ids=(0,))
+            await asyncio.Event().wait()
+        finally:
+            del self.running[request_id]
+            self.aborted.append(request_id)
+
+
+async def test_streamed_completion_sends_deltas_usage_and_done(
+    start_front: StartFront,
+) -> None:
+    front = await start_front()
+    async with httpx.AsyncClient(base_url=front.url) as http:
+        response = await http.post(
+            "/v1/completions",
+            json={
+                "model": MODEL,
+                "prompt": [1, 2],
+                "max_tokens": 2,
+                "stream": True,
+                "stream_options": {"include_usage": True},
+            },
+        )
+    assert response.status_code == 200
+    assert response.headers["content-type"].startswith("text/event-stream")
+    events = [line for line in response.text.split("\n\n") if line]
+    assert events[-1] == "data: [DONE]"
+    assert '"text":"<0>"' in events[0]
+    assert '"finish_reason":"length"' in events[1]
+    assert '"choices":[]' in events[2]
+    assert '"total_tokens":4' in events[2]
+
+
+async def test_streamed_chat_opens_with_the_assistant_role(
+    start_front: StartFront,
+) -> None:
+    front = await start_front()
+    async with front.client() as client:
+        stream = await client.chat.completions.create(
+            model="alpha",
+            messages=[{"role": "user", "content": "hi"}],
+            max_tokens=2,
+            stream=True,
+        )
+        chunks = [chunk async for chunk in stream]
+    assert chunks[0].choices[0].delta.role == "assistant"
+    assert "".join(c.choices[0].delta.content or "" for c in chunks) == "<0><1>"
+    assert chunks[-1].choices[0].finish_reason == "length"
+    assert {c.model for c in chunks} == {"alpha@3"}
+
+
+async def test_several_prompts_stream_every_choice(start_front: StartFront) -> None:
+    front = await start_front()
+    async with front.client() as client:
+        stream = await client.completions.create(
+            model="alpha", prompt=["a", "b"], max_tokens=2, stream=True
+        )
+        chunks = [chunk async for chunk in stream]
+    texts: dict[int, str] = {}
+    for chunk in chunks:
+        for choice in chunk.choices:
+            texts[choice.index] = texts.get(choice.index, "") + choice.text
+    assert texts == {0: "<0><1>", 1: "<0><1>"}
+
+
+async def test_streamed_completion_carries_logprobs_per_chunk(start_front: StartFront) -> None:
+    front = await start_front()
+    async with front.client() as client:
+        stream = await client.completions.create(
+            model="alpha", prompt="hi", max_tokens=2, logprobs=0, stream=True
+        )
+        chunks = [chunk async for chunk in stream]
+    logprobs = [c.choices[0].logprobs for c in chunks if c.choices]
+    assert [(lp.tokens, lp.token_logprobs, lp.text_offset) for lp in logprobs if lp] == [
+        (["<0>"], [0.0], [0]),
+        (["<1>"], [-0.1], [3]),
+    ]
+
+
+async def test_client_disconnect_mid_stream_aborts_the_engine_request(
+    start_front: StartFront,
+) -> None:
+    engine = StallingEngine()
+    front = await start_front(engine)
+    async with front.client() as client:
+        stream = await client.completions.create(
+            model="alpha", prompt="x", max_tokens=4, stream=True
+        )
+        async for chunk in stream:
+            assert chunk.choices[0].text == "<0>"
+            break
+        await stream.close()
+    await eventually(lambda: bool(engine.aborted), "the request aborted")
+    assert not engine.running
+
+
+async def test_client_disconnect_before_a_non_streamed_answer_aborts_it(
+    start_front: StartFront,
+) -> None:
+    engine = FakeEngine()
+    engine.steps.clear()
+    front = await start_front(engine)
+    async with httpx.AsyncClient(base_url=front.url) as http:
+        body = {"model": MODEL, "prompt": "x", "max_tokens": 2}
+        request = asyncio.create_task(http.post("/v1/completions", json=body))
+        await eventually(lambda: bool(engine.running), "a request running")
+        request.cancel()
+        await asyncio.gather(request, return_exceptions=True)
+    await eventually(lambda: bool(engine.aborted), "the request aborted")
+    assert not engine.running

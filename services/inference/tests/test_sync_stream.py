@@ -1,0 +1,90 @@
+"""The synchronizer's watch stream against fakes: reconnects, relists, reports sent again.
+
+The end-to-end behaviour (real store, real engine) is in tests/test_hot_swap.py.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+from loraserve.clients.store import Heartbeat, ListedAdapter, Listing, ReportKind
+from loraserve.common.errors import OutOfRange, Unavailable
+from loraserve.inference.sync import Synchronizer
+from loraserve.testing.sync_fakes import FAST, Harness, listing, manifest, pushed, running
+from loraserve.testing.waiting import eventually
+
+
+async def test_watch_reconnects_after_the_last_received_seq_and_applies_nothing_twice() -> None:
+    h = Harness(listing(1, ("a", 1)))
+    first = h.store.open_stream()
+    # The store may replay from its own position; events already taken are skipped.
+    h.store.open_stream(pushed(2, "a", 2), pushed(3, "a", 3))
+    async with running(h):
+        await h.started()
+        h.feed(first, pushed(2, "a", 2), Unavailable("connection reset"))
+        await h.settled(3)
+        assert h.store.watch_calls[:2] == [1, 2]
+        assert h.registry.installs == [("a", 1, True), ("a", 2, True), ("a", 3, True)]
+
+
+async def test_watch_out_of_range_lists_again_and_reconciles() -> None:
+    h = Harness(listing(1, ("a", 1), ("b", 1)))
+    h.store.listings.append(listing(9, ("a", 3), ("c", 1)))
+    h.store.open_stream(OutOfRange("after_seq 1 is older than the kept log"))
+    h.store.open_stream()
+    async with running(h):
+        await h.settled(9)
+        assert h.registry.current == {"a": 3, "c": 1}
+        assert h.registry.deletes == ["b"]
+        await eventually(lambda: h.store.watch_calls == [1, 9], "watch from 9")
+
+
+async def test_relist_where_an_adapter_has_no_current_revision_unroutes_it() -> None:
+    # Deleted, then pushed again unpromoted, while this replica was behind.
+    h = Harness(listing(1, ("a", 1), ("b", 1)))
+    h.store.listings.append(
+        Listing((ListedAdapter("a", None), ListedAdapter("b", manifest("b", 1))), 9)
+    )
+    h.store.open_stream(OutOfRange("after_seq 1 is older than the kept log"))
+    h.store.open_stream()
+    async with running(h):
+        await h.settled(9)
+        assert h.registry.deletes == ["a"]
+        assert h.registry.current == {"b": 1}
+
+
+async def test_a_hole_in_the_event_seqs_lists_again() -> None:
+    h = Harness(listing(1, ("a", 1)))
+    h.store.listings.append(listing(5, ("a", 4)))
+    h.store.open_stream(pushed(5, "a", 4))
+    h.store.open_stream()
+    async with running(h):
+        await h.settled(5)
+        assert h.store.list_calls == 2
+        assert h.registry.current["a"] == 4
+
+
+async def test_report_that_fails_is_sent_again_after_reconnecting() -> None:
+    h = Harness(listing(1))
+    first = h.store.open_stream()
+    h.store.open_stream(Heartbeat(2))
+    async with running(h):
+        await h.started()
+        h.store.report_failures.append(Unavailable("store down"))
+        h.feed(first, pushed(2, "a", 1))
+        await h.settled(2)
+        assert h.store.reports == []
+        h.feed(first, Unavailable("connection reset"))
+        await eventually(lambda: h.store.reports_of(ReportKind.ACK) == [("a", 1)], "ACK resent")
+
+
+async def test_replica_reports_its_adapters_again_when_the_store_forgot_its_statuses() -> None:
+    h = Harness(listing(1, ("a", 1), ("b", 2)))
+    h.sync = Synchronizer(h.store, h.fetcher, h.registry, replace(FAST, status_interval_s=0.001))
+    h.store.open_stream()
+    async with running(h):
+        await h.started()
+        await eventually(lambda: len(h.store.reports) == 2, "first ACKs")
+        h.store.known = [False]
+        await eventually(lambda: len(h.store.reports) == 4, "ACKs sent again")
+    assert sorted(h.store.reports_of(ReportKind.ACK)) == [("a", 1), ("a", 1), ("b", 2), ("b", 2)]

@@ -1,0 +1,202 @@
+"""Pushes the store must refuse, each with a fragment of the message it must give."""
+
+from __future__ import annotations
+
+import json
+import struct
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+from safetensors.numpy import save
+
+from loraserve.adapterstore.push import Chunk
+from loraserve.common.manifest import FileInfo
+from loraserve.testing.adapterfiles import (
+    AdapterFiles,
+    lora_config,
+    lora_tensors,
+    raw_safetensors,
+    tiny_adapter,
+)
+from loraserve.testing.adapterstore import TEST_LIMITS
+from loraserve.testing.pushes import declared
+
+
+def _one_tensor(dtype: str, shape: list[int], offsets: list[int], data: bytes) -> bytes:
+    name = "base_model.model.model.layers.0.self_attn.q_proj.lora_A.weight"
+    return raw_safetensors({name: {"dtype": dtype, "shape": shape, "data_offsets": offsets}}, data)
+
+
+@dataclass(frozen=True)
+class BadPush:
+    """A push the store must refuse, and a fragment of the message it must give."""
+
+    id: str
+    files: AdapterFiles
+    message: str
+    header_files: list[FileInfo] | None = None
+    chunks: list[Chunk] | None = None
+
+
+def _with(**files: bytes) -> AdapterFiles:
+    return tiny_adapter() | {k.replace("__", "."): v for k, v in files.items()}
+
+
+def _without(name: str) -> AdapterFiles:
+    return {k: v for k, v in tiny_adapter().items() if k != name}
+
+
+def _weights_renamed(old: str, new: str) -> bytes:
+    tensors = lora_tensors()
+    return save({k.replace(old, new): v for k, v in tensors.items()})
+
+
+def _weights_reshaped(name_part: str, shape: tuple[int, int]) -> bytes:
+    rng = np.random.default_rng(1)
+    tensors = lora_tensors()
+    for key in tensors:
+        if name_part in key:
+            tensors[key] = rng.standard_normal(shape, np.float32)
+    return save(tensors)
+
+
+def _valid_weights_header() -> tuple[dict[str, Any], bytes]:
+    weights = tiny_adapter()["adapter_model.safetensors"]
+    (length,) = struct.unpack("<Q", weights[:8])
+    return json.loads(weights[8 : 8 + length]), weights[8 + length :]
+
+
+def _weights_with_data(extra: int) -> bytes:
+    header, data = _valid_weights_header()
+    return raw_safetensors(header, data + b"\0" * extra if extra > 0 else data[:extra])
+
+
+def _declared_with(name: str, **changes: Any) -> list[FileInfo]:
+    return [
+        FileInfo(**{"name": f.name, "size": f.size, "sha256": f.sha256, **changes})
+        if f.name == name
+        else f
+        for f in declared(tiny_adapter())
+    ]
+
+
+WEIGHTS = "adapter_model.safetensors"
+CONFIG = "adapter_config.json"
+BAD_PUSHES = [
+    BadPush("pickle-bin", _with(pytorch_model__bin=b"x"), "pickle-based format"),
+    BadPush("pickle-pt", _with(adapter__pt=b"x"), "pickle-based format"),
+    BadPush("pickle-pkl", _with(state__pkl=b"x"), "pickle-based format"),
+    BadPush("unknown-file", _with(model__onnx=b"x"), "is not allowed"),
+    BadPush("path-name", tiny_adapter() | {"../README.md": b"x"}, "paths are not allowed"),
+    BadPush("missing-config", _without(CONFIG), "required file(s) missing: adapter_config.json"),
+    BadPush("missing-weights", _without(WEIGHTS), f"required file(s) missing: {WEIGHTS}"),
+    BadPush(
+        "header-not-json",
+        _with(adapter_model__safetensors=struct.pack("<Q", 4) + b"{abc"),
+        "not valid JSON",
+    ),
+    BadPush(
+        "header-too-long",
+        _with(adapter_model__safetensors=struct.pack("<Q", 999) + b"{}"),
+        "runs past the end",
+    ),
+    BadPush("file-too-short", _with(adapter_model__safetensors=b"abc"), "too short"),
+    BadPush(
+        "data-truncated",
+        _with(adapter_model__safetensors=_weights_with_data(-4)),
+        "data section has",
+    ),
+    BadPush(
+        "data-trailing", _with(adapter_model__safetensors=_weights_with_data(4)), "data section has"
+    ),
+    BadPush(
+        "offsets-gap",
+        _with(adapter_model__safetensors=_one_tensor("F32", [1, 2], [8, 16], b"\0" * 16)),
+        "leaves a gap",
+    ),
+    BadPush(
+        "offsets-vs-shape",
+        _with(adapter_model__safetensors=_one_tensor("F32", [2, 2], [0, 8], b"\0" * 8)),
+        "needs 16",
+    ),
+    BadPush(
+        "unknown-dtype",
+        _with(adapter_model__safetensors=_one_tensor("Q4", [2], [0, 2], b"\0" * 2)),
+        "unsupported dtype",
+    ),
+    BadPush(
+        "not-lora", _with(adapter_config__json=lora_config(peft_type="PREFIX_TUNING")), "only LORA"
+    ),
+    BadPush("rank-zero", _with(adapter_config__json=lora_config(r=0)), "integer >= 1"),
+    BadPush("rank-float", _with(adapter_config__json=lora_config(r=4.0)), "integer >= 1"),
+    BadPush("config-not-json", _with(adapter_config__json=b"{"), "not valid JSON"),
+    BadPush(
+        "target-regex",
+        _with(adapter_config__json=lora_config(target_modules=".*proj")),
+        "explicit list of module names",
+    ),
+    BadPush(
+        "no-base-model",
+        _with(adapter_config__json=lora_config(base_model_name_or_path=None)),
+        "base_model_name_or_path",
+    ),
+    BadPush(
+        "module-not-targeted",
+        _with(adapter_config__json=lora_config(modules=("q_proj",))),
+        "not in target_modules",
+    ),
+    BadPush("rank-mismatch", _with(adapter_config__json=lora_config(rank=8)), "must be [8, in]"),
+    BadPush(
+        "lora-b-shape",
+        _with(adapter_model__safetensors=_weights_reshaped("lora_B", (16, 3))),
+        "must be [out, 4]",
+    ),
+    BadPush(
+        "not-a-lora-tensor",
+        _with(adapter_model__safetensors=_weights_renamed("lora_A.weight", "weight")),
+        "is not a LoRA weight",
+    ),
+    BadPush(
+        "size-mismatch-short",
+        tiny_adapter(),
+        "received",
+        header_files=_declared_with(CONFIG, size=len(tiny_adapter()[CONFIG]) + 10),
+    ),
+    BadPush(
+        "size-mismatch-long",
+        tiny_adapter(),
+        "more than the declared",
+        header_files=_declared_with(CONFIG, size=len(tiny_adapter()[CONFIG]) - 10),
+    ),
+    BadPush(
+        "sha256-mismatch",
+        tiny_adapter(),
+        "does not match",
+        header_files=_declared_with(CONFIG, sha256="0" * 64),
+    ),
+    BadPush(
+        "file-over-limit",
+        tiny_adapter(),
+        "exceeds the limit",
+        header_files=_declared_with(WEIGHTS, size=TEST_LIMITS.max_file_size + 1),
+    ),
+    BadPush(
+        "chunk-undeclared",
+        tiny_adapter(),
+        "not declared",
+        chunks=[Chunk("README.md", 0, b"hello")],
+    ),
+    BadPush(
+        "chunk-out-of-order",
+        tiny_adapter(),
+        "header order",
+        chunks=[Chunk(WEIGHTS, 0, tiny_adapter()[WEIGHTS])],
+    ),
+    BadPush(
+        "chunk-bad-offset",
+        tiny_adapter(),
+        "expected offset 0",
+        chunks=[Chunk(CONFIG, 5, tiny_adapter()[CONFIG])],
+    ),
+]
