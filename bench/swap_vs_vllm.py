@@ -171,7 +171,7 @@ class SwapBench:
             _probe_until(session, self.lora_url, expected, f"{SWAP}@{revision}")
         )
         cli = await asyncio.create_subprocess_exec(
-            str(procs.BIN / "adapterctl"),
+            *procs.ADAPTERCTL,
             "push",
             f"--store={self.stack.store.address}",
             SWAP,
@@ -201,7 +201,7 @@ async def _cli_startup() -> float:
     """Seconds for `adapterctl --help`: interpreter, imports and parser, no I/O."""
     started = time.perf_counter()
     cli = await asyncio.create_subprocess_exec(
-        str(procs.BIN / "adapterctl"), "--help", stdout=asyncio.subprocess.DEVNULL
+        *procs.ADAPTERCTL, "--help", stdout=asyncio.subprocess.DEVNULL
     )
     await cli.wait()
     return time.perf_counter() - started
