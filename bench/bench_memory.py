@@ -8,7 +8,7 @@ import asyncio
 import time
 from dataclasses import dataclass, field
 
-from bench.report import Report
+from bench.report import Report, Section
 from bench.runs import Scale, grpc_arm
 from bench.stack import ENGINE_A, ENGINE_B, Stack, tenant, wait_routed
 from bench.stats import median
@@ -121,14 +121,46 @@ async def report_memory(
     """Engine A now holds 32 adapters: finish benchmark 7 and report it."""
     section = report.section(7, "One engine + N adapters vs N engines")
     started = time.monotonic()
-    a8_rss, a8_uss = growth.before
-    a32_rss, a32_uss = growth.after
+    section.workload += _workload_lines(measured, growth)
     per_adapter = median(growth.per_adapter_uss)
-    per_adapter_rss = median(growth.per_adapter_rss)
     file_mib = (
         stack.adapters[tenant(0)].joinpath("adapter_model.safetensors").stat().st_size / 2**20
     )
-    section.workload += [
+    section.table(
+        "Memory (MiB)",
+        ["what", "RSS", "USS"],
+        [
+            ["engine A, 8 adapters loaded (idle)", *growth.before],
+            ["engine A, 32 adapters loaded (idle)", *growth.after],
+            ["engine B (one more engine), 1 slot", measured.b_rss, measured.b_uss],
+            [
+                "per extra adapter (median of the steps)",
+                median(growth.per_adapter_rss),
+                per_adapter,
+            ],
+            ["adapter file on disk (safetensors, fp32)", file_mib, file_mib],
+        ],
+    )
+    per_gib = _per_gib_tables(section, measured, per_adapter)
+    _record(section, measured, growth)
+    section.goal("memory per extra tenant as adapter (MiB)", per_adapter, "reported", None, ".1f")
+    section.goal(
+        "memory per extra tenant as engine (MiB, USS)", measured.b_uss, "reported", None, ".0f"
+    )
+    section.goal(
+        "throughput per GiB, 1 engine / 2 engines (2 tenants)", per_gib, "reported", None, ".2f"
+    )
+    section.notes.append(
+        "Extrapolation is linear from what was measured (1 and 2 engines; 8 and 32 adapters); "
+        "N engines on one machine also split the same cores, so their aggregate tok/s does "
+        "not grow with N, while each keeps its own KV cache (1 GiB here)."
+    )
+    section.seconds = measured.seconds + time.monotonic() - started
+    report.print_section(section)
+
+
+def _workload_lines(measured: EngineMemory, growth: AdapterGrowth) -> list[str]:
+    return [
         f"engine A: max_loras {ENGINE_A.max_loras}, max_cpu_loras {ENGINE_A.max_cpu_loras}; "
         f"engine B (one tenant's engine): max_loras {ENGINE_B.max_loras}; both vLLM CPU, "
         "KV cache 1 GiB, fp32; memory = RSS / USS summed over the server process and its "
@@ -142,17 +174,11 @@ async def report_memory(
         + ", ".join(f"{u:.1f}" for u in growth.per_adapter_uss)
         + " MiB USS",
     ]
-    section.table(
-        "Memory (MiB)",
-        ["what", "RSS", "USS"],
-        [
-            ["engine A, 8 adapters loaded (idle)", a8_rss, a8_uss],
-            ["engine A, 32 adapters loaded (idle)", a32_rss, a32_uss],
-            ["engine B (one more engine), 1 slot", measured.b_rss, measured.b_uss],
-            ["per extra adapter (median of the steps)", per_adapter_rss, per_adapter],
-            ["adapter file on disk (safetensors, fp32)", file_mib, file_mib],
-        ],
-    )
+
+
+def _per_gib_tables(section: Section, measured: EngineMemory, per_adapter: float) -> float:
+    """Two tenants' throughput per GiB either way, and N tenants extrapolated; returns
+    tok/s per GiB of one engine over that of two."""
     one_tps = median(measured.one_engine_tps)
     two_tps = median(measured.two_engines_tps)
     one_gb = measured.a8_rss / GIB
@@ -175,22 +201,17 @@ async def report_memory(
         ["N", "1 engine + N adapters", "N engines", "ratio"],
         rows,
     )
-    extra_engine = measured.b_uss
-    section.goal("memory per extra tenant as adapter (MiB)", per_adapter, "reported", None, ".1f")
-    section.goal(
-        "memory per extra tenant as engine (MiB, USS)", extra_engine, "reported", None, ".0f"
+    return (one_tps / one_gb) / (two_tps / two_gb)
+
+
+def _record(section: Section, measured: EngineMemory, growth: AdapterGrowth) -> None:
+    """Every repeat in results.json: each throughput repeat, each step of adapters."""
+    section.record_values("1 engine, 2 adapters", "tokens_per_s", measured.one_engine_tps)
+    section.record_values("2 engines, 1 adapter each", "tokens_per_s", measured.two_engines_tps)
+    section.record(
+        "per extra adapter (one step of 8)",
+        [
+            {"rss_mib": rss, "uss_mib": uss}
+            for rss, uss in zip(growth.per_adapter_rss, growth.per_adapter_uss, strict=True)
+        ],
     )
-    section.goal(
-        "throughput per GiB, 1 engine / 2 engines (2 tenants)",
-        (one_tps / one_gb) / (two_tps / two_gb),
-        "reported",
-        None,
-        ".2f",
-    )
-    section.notes.append(
-        "Extrapolation is linear from what was measured (1 and 2 engines; 8 and 32 adapters); "
-        "N engines on one machine also split the same cores, so their aggregate tok/s does "
-        "not grow with N, while each keeps its own KV cache (1 GiB here)."
-    )
-    section.seconds = measured.seconds + time.monotonic() - started
-    report.print_section(section)

@@ -22,7 +22,7 @@ from bench.runs import Scale
 from bench.stack import ENGINE_A, Stack, current_revisions, tenant, wait_routed
 from bench.stats import median, percentile, ratio
 from bench.variants import write_variant
-from bench.workload import Record, RunResult, Workload, run_closed_loop
+from bench.workload import Record, RunResult, Workload, run_closed_loop, stream_into
 
 SWAP = "swap"
 PROBE_EVERY_S = 0.05
@@ -53,15 +53,7 @@ async def _prober(address: str, stop: asyncio.Event, probes: list[Record]) -> No
         async def probe() -> None:
             record = Record(SWAP, time.monotonic())
             probes.append(record)
-            try:
-                async for tokens, revision in call(SWAP, [5, 17, 42, 99], 1):
-                    if tokens and not record.tokens:
-                        record.first_token = time.monotonic()
-                    record.revision = record.revision or revision
-                    record.tokens += tokens
-            except Exception as exc:
-                record.error = f"{type(exc).__name__}: {exc}"
-            record.finished = time.monotonic()
+            await stream_into(record, call, [5, 17, 42, 99], 1)
 
         tasks: list[asyncio.Task[None]] = []
         while not stop.is_set():
@@ -98,12 +90,12 @@ class Storm:
     to_route: list[float]
     probe_ttft: list[float]
     push_s: list[float]
-    steady: float
-    storm: float
     requests: int
     failures: int
     records: list[Record]
-    timeline: tuple[float, float, float, float]
+    steady: float = float("nan")
+    storm: float = float("nan")
+    timeline: tuple[float, float, float, float] = (0.0, 0.0, 0.0, 0.0)
 
 
 async def fresh_variants(stack: Stack, count: int) -> list[Path]:
@@ -174,39 +166,57 @@ async def _storm(
         prober = asyncio.create_task(_prober(address, stop, probes))
         routed: dict[int, float] = {}
         watcher = asyncio.create_task(_watch_routes(address, stop, routed))
-        pushes: list[Push] = []
-        for i, directory in enumerate(variants):
-            await asyncio.sleep(max(0.0, storm_start + i - time.monotonic()))
-            pushed_at = time.monotonic()
-            revision = await push_fresh(stack, directory)
-            pushes.append(Push(pushed_at, time.monotonic(), revision))
+        pushes = await _push_each_second(stack, variants, storm_start)
         await asyncio.sleep(max(0.0, until - time.monotonic()))
         stop.set()
         await prober
         await watcher
         result: RunResult = await load
-    latencies, unseen, missed = swap_latencies(pushes, probes)
-    records = result.records
-    steady = (
-        _tokens_per_s(records, t0 + 1.0, storm_start) + _tokens_per_s(records, storm_end, until)
+    storm = _storm_figures(label, len(background.adapters), pushes, probes, routed, result)
+    storm.timeline = (t0, storm_start, storm_end, until)
+    storm.steady = (
+        _tokens_per_s(result.records, t0 + 1.0, storm_start)
+        + _tokens_per_s(result.records, storm_end, until)
     ) / 2
-    storm = Storm(
+    storm.storm = _tokens_per_s(result.records, storm_start, storm_end)
+    return storm, background
+
+
+async def _push_each_second(stack: Stack, variants: list[Path], start: float) -> list[Push]:
+    """Pushes each variant, one a second from `start` (time.monotonic())."""
+    pushes: list[Push] = []
+    for i, directory in enumerate(variants):
+        await asyncio.sleep(max(0.0, start + i - time.monotonic()))
+        pushed_at = time.monotonic()
+        revision = await push_fresh(stack, directory)
+        pushes.append(Push(pushed_at, time.monotonic(), revision))
+    return pushes
+
+
+def _storm_figures(
+    label: str,
+    adapters: int,
+    pushes: list[Push],
+    probes: list[Record],
+    routed: dict[int, float],
+    result: RunResult,
+) -> Storm:
+    """A storm's swap latencies, routes and failures (its throughput and timeline are
+    the caller's to fill in)."""
+    latencies, unseen, missed = swap_latencies(pushes, probes)
+    return Storm(
         label=label,
-        adapters=len(background.adapters),
+        adapters=adapters,
         latencies=latencies,
         unseen=unseen,
         missed=missed,
         to_route=[routed[p.revision] - p.started for p in pushes if p.revision in routed],
         probe_ttft=[p.first_token - p.submitted for p in probes if p.tokens],
         push_s=[p.committed - p.started for p in pushes],
-        steady=steady,
-        storm=_tokens_per_s(records, storm_start, storm_end),
-        requests=len(records) + len(probes),
+        requests=len(result.records) + len(probes),
         failures=result.failures + sum(1 for p in probes if p.error),
-        records=records,
-        timeline=(t0, storm_start, storm_end, until),
+        records=result.records,
     )
-    return storm, background
 
 
 async def hot_swap(report: Report, stack: Stack, scale: Scale) -> None:
@@ -249,6 +259,21 @@ async def hot_swap(report: Report, stack: Stack, scale: Scale) -> None:
         f"{spare_swaps} pushes, steady windows of {scale.steady_s / 2:.0f} s",
     ]
     storms = (full, spare)
+    _storm_tables(section, storms)
+    _record_storms(section, storms)
+    _storm_goals(section, storms)
+    section.notes.append(
+        "push -> routed is the service's part (store commit, watch event, download, sha256, "
+        "add_lora, route). After routing, the new revision is one more distinct adapter: with "
+        "every LoRA slot held by running requests (old revision included), vLLM's scheduler "
+        "keeps its requests waiting until a slot frees, i.e. until a running request ends."
+    )
+    _plot(report, section, full)
+    section.seconds = time.monotonic() - started
+    report.print_section(section)
+
+
+def _storm_tables(section: Section, storms: tuple[Storm, ...]) -> None:
     section.table(
         "Swap latency: push start -> first token from the new revision (ms)",
         [
@@ -287,6 +312,21 @@ async def hot_swap(report: Report, stack: Stack, scale: Scale) -> None:
             for s in storms
         ],
     )
+
+
+def _record_storms(section: Section, storms: tuple[Storm, ...]) -> None:
+    """Every swap of every storm in results.json: a push is a storm's repeat."""
+    for s in storms:
+        section.record_values(f"{s.label}: push -> first token", "seconds", s.latencies)
+        section.record_values(f"{s.label}: push RPC", "seconds", s.push_s)
+        section.record_values(f"{s.label}: push -> routed", "seconds", s.to_route)
+        section.record(
+            f"{s.label}: background load",
+            [{"steady_tokens_per_s": s.steady, "storm_tokens_per_s": s.storm}],
+        )
+
+
+def _storm_goals(section: Section, storms: tuple[Storm, ...]) -> None:
     for s in storms:
         p50 = median(s.latencies)
         met = p50 < 1.0 and not s.missed
@@ -298,19 +338,11 @@ async def hot_swap(report: Report, stack: Stack, scale: Scale) -> None:
             None,
             ".3f",
         )
+    full = storms[0]
     storm_ratio = ratio(full.storm, full.steady)
     section.goal("storm / steady tok/s", storm_ratio, ">= 0.9", storm_ratio >= 0.9, ".2f")
-    failures = full.failures + spare.failures
+    failures = sum(s.failures for s in storms)
     section.goal("failed requests in the storms", failures, "0", failures == 0, "d")
-    section.notes.append(
-        "push -> routed is the service's part (store commit, watch event, download, sha256, "
-        "add_lora, route). After routing, the new revision is one more distinct adapter: with "
-        "every LoRA slot held by running requests (old revision included), vLLM's scheduler "
-        "keeps its requests waiting until a slot frees, i.e. until a running request ends."
-    )
-    _plot(report, section, full)
-    section.seconds = time.monotonic() - started
-    report.print_section(section)
 
 
 def _plot(report: Report, section: Section, storm: Storm) -> None:
@@ -390,6 +422,9 @@ async def cold_start(report: Report, stack: Stack, scale: Scale) -> None:
         cold.append(cold_s)
         warm.append(warm_s)
     revisions = await current_revisions(address)
+    section.record_values("cold (first request on the new revision)", "ttft_s", cold)
+    section.record_values("warm (next request)", "ttft_s", warm)
+    section.record_values("push start -> routed (idle)", "seconds", routed)
     section.table(
         "TTFT (ms)",
         ["", "p50", "max"],

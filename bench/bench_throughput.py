@@ -16,7 +16,7 @@ from contextlib import asynccontextmanager
 from bench.probes import CpuMeter, LoadSampler
 from bench.procs import EngineConfig
 from bench.report import Report, Section
-from bench.runs import Scale, grpc_arm, host_arm, interleaved
+from bench.runs import Arm, Scale, grpc_arm, host_arm, interleaved
 from bench.stack import ENGINE_A, ENGINE_B, ENGINE_C, Stack, model_description, tenant
 from bench.stats import median, ratio
 from bench.workload import RunResult, Workload
@@ -78,17 +78,24 @@ def engine_line(stack: Stack, name: str, engine: EngineConfig) -> str:
     )
 
 
-async def overhead(report: Report, stack: Stack, scale: Scale) -> Results:
-    """Benchmark 1; returns its results (its gRPC arm is benchmark 2's max_loras=8 arm)."""
-    section = report.section(1, "gRPC overhead: Generate vs the same engine in-process")
-    started = time.monotonic()
-    assert stack.host is not None
-    workload = Workload(
+def eight_and_base(scale: Scale) -> tuple[Workload, Workload]:
+    """Benchmarks 1, 2 and 8's closed loops: over the first 8 adapters, and the same on
+    the base model."""
+    adapters = Workload(
         adapters=tuple(tenant(i) for i in range(8)),
         concurrency=scale.concurrency,
         requests=scale.concurrency,
         max_tokens=scale.max_tokens,
     )
+    return adapters, dataclasses.replace(adapters, adapters=("",))
+
+
+async def overhead(report: Report, stack: Stack, scale: Scale) -> Results:
+    """Benchmark 1; returns its results (its gRPC arm is benchmark 2's max_loras=8 arm)."""
+    section = report.section(1, "gRPC overhead: Generate vs the same engine in-process")
+    started = time.monotonic()
+    assert stack.host is not None
+    workload, _ = eight_and_base(scale)
     section.workload += [
         workload.describe(),
         engine_line(stack, "A", ENGINE_A),
@@ -119,8 +126,16 @@ async def overhead(report: Report, stack: Stack, scale: Scale) -> Results:
     )
     section.table("Throughput and TTFT", HEADERS, arm_rows(results))
     section.record_repeats(results)
+    _cpu_table(section, cpu, workload.requests * workload.max_tokens / 1000)
+    _overhead_goals(section, results)
+    section.seconds = time.monotonic() - started
+    report.print_section(section)
+    return results
+
+
+def _cpu_table(section: Section, cpu: dict[str, list[dict[str, float]]], tokens: float) -> None:
+    """CPU seconds per 1000 tokens (`tokens`: thousands per run) by process and arm."""
     roles = sorted({role for runs in cpu.values() for used in runs for role in used})
-    tokens = workload.requests * workload.max_tokens / 1000
     section.table(
         "CPU seconds per 1000 tokens by process (median over repeats; 2 cores in all, vLLM "
         "binds its worker to core 0 and leaves core 1 to everything else)",
@@ -130,6 +145,9 @@ async def overhead(report: Report, stack: Stack, scale: Scale) -> Results:
             for arm, runs in cpu.items()
         ],
     )
+
+
+def _overhead_goals(section: Section, results: Results) -> None:
     tps_ratio = ratio(tps(results, "grpc"), tps(results, "vllm-direct"))
     added_ttft = ttft(results, "grpc", 50) - ttft(results, "vllm-direct", 50)
     section.goal(
@@ -138,9 +156,6 @@ async def overhead(report: Report, stack: Stack, scale: Scale) -> Results:
     section.goal("added TTFT p50 over gRPC (ms)", added_ttft, "reported", None, ".1f")
     gen_ratio = ratio(tps(results, "generator"), tps(results, "vllm-direct"))
     section.goal("Generator in-process tok/s / vLLM direct", gen_ratio, "reported", None, ".3f")
-    section.seconds = time.monotonic() - started
-    report.print_section(section)
-    return results
 
 
 async def batching(report: Report, stack: Stack, scale: Scale) -> Results:
@@ -149,18 +164,7 @@ async def batching(report: Report, stack: Stack, scale: Scale) -> Results:
     started = time.monotonic()
     assert stack.host is not None
     assert stack.engine_b is not None
-    adapters = Workload(
-        adapters=tuple(tenant(i) for i in range(8)),
-        concurrency=scale.concurrency,
-        requests=scale.concurrency,
-        max_tokens=scale.max_tokens,
-    )
-    base = Workload(
-        adapters=("",),
-        concurrency=scale.concurrency,
-        requests=scale.concurrency,
-        max_tokens=scale.max_tokens,
-    )
+    adapters, base = eight_and_base(scale)
     section.workload += [
         "adapters: " + adapters.describe(),
         "base: " + base.describe(),
@@ -206,6 +210,46 @@ async def slots(report: Report, stack: Stack, scale: Scale) -> Results:
     """Benchmark 3: 32 adapters over 8 slots (uniform, Zipf 1.5) vs 8 over 8."""
     section = report.section(3, "More adapters than slots: 32 over 8, uniform and Zipf(1.5)")
     started = time.monotonic()
+    arms, served_by = _slot_arms(section, stack, scale)
+    samplers: dict[str, LoadSampler] = {}
+
+    @asynccontextmanager
+    async def sampled(arm: str) -> AsyncIterator[None]:
+        sampler = samplers.setdefault(arm, LoadSampler(served_by[arm]))
+        async with sampler.sampling():
+            yield
+
+    results = await interleaved(arms, scale.repeats, sampled)
+    section.table("Throughput and TTFT", HEADERS, arm_rows(results))
+    section.record_repeats(results)
+    bar_plot(report, section, results, "adapters_vs_slots.png", "Throughput vs adapters")
+    section.table(
+        "Requests in the engine while each arm ran (GetServerInfo every 100 ms, medians)",
+        ["arm", "running (in the batch)", "waiting"],
+        [[arm, *sampler.summary()] for arm, sampler in samplers.items()],
+    )
+    direct_ratio = ratio(
+        tps(results, "32 uniform, vllm-direct"), tps(results, "8 / 8, vllm-direct")
+    )
+    section.notes.append(
+        f"vLLM called directly on the same workloads: 32-uniform / 8-over-8 = {direct_ratio:.2f}. "
+        "vLLM's scheduler already skips waiting requests whose adapter would exceed max_loras "
+        "(no head-of-line blocking) and keeps every running request's adapter in its slot, so "
+        "with 64 streams over 32 adapters only about a quarter of them can share a step: the "
+        "loss is smaller batches, the same with or without the service in front."
+    )
+    rare_ratio = _zipf_table(section, results)
+    _slot_goals(section, results, rare_ratio)
+    section.seconds = time.monotonic() - started
+    report.print_section(section)
+    return results
+
+
+def _slot_arms(
+    section: Section, stack: Stack, scale: Scale
+) -> tuple[dict[str, tuple[Arm, Workload]], dict[str, str]]:
+    """Benchmark 3's arms (engine C's when it is up), described in `section`, and the
+    server address each arm's requests go to."""
     assert stack.host is not None
     eight = Workload(
         tuple(tenant(i) for i in range(8)),
@@ -236,33 +280,11 @@ async def slots(report: Report, stack: Stack, scale: Scale) -> Results:
         arms[RAISED] = (grpc_arm(stack.engine_c.address), uniform)
         served_by[RAISED] = stack.engine_c.address
         section.workload.append(f"{RAISED}: " + engine_line(stack, "C", ENGINE_C))
-    samplers: dict[str, LoadSampler] = {}
+    return arms, served_by
 
-    @asynccontextmanager
-    async def sampled(arm: str) -> AsyncIterator[None]:
-        sampler = samplers.setdefault(arm, LoadSampler(served_by[arm]))
-        async with sampler.sampling():
-            yield
 
-    results = await interleaved(arms, scale.repeats, sampled)
-    section.table("Throughput and TTFT", HEADERS, arm_rows(results))
-    section.record_repeats(results)
-    bar_plot(report, section, results, "adapters_vs_slots.png", "Throughput vs adapters")
-    section.table(
-        "Requests in the engine while each arm ran (GetServerInfo every 100 ms, medians)",
-        ["arm", "running (in the batch)", "waiting"],
-        [[arm, *sampler.summary()] for arm, sampler in samplers.items()],
-    )
-    direct_ratio = ratio(
-        tps(results, "32 uniform, vllm-direct"), tps(results, "8 / 8, vllm-direct")
-    )
-    section.notes.append(
-        f"vLLM called directly on the same workloads: 32-uniform / 8-over-8 = {direct_ratio:.2f}. "
-        "vLLM's scheduler already skips waiting requests whose adapter would exceed max_loras "
-        "(no head-of-line blocking) and keeps every running request's adapter in its slot, so "
-        "with 64 streams over 32 adapters only about a quarter of them can share a step: the "
-        "loss is smaller batches, the same with or without the service in front."
-    )
+def _zipf_table(section: Section, results: Results) -> float:
+    """TTFT of the Zipf arm's popular vs rare adapters; returns rare / popular p99."""
     popular = {tenant(i) for i in range(8)}
     rare = {tenant(i) for i in range(8, 32)}
     zipf_runs = results["32 adapters zipf 1.5"]
@@ -287,6 +309,10 @@ async def slots(report: Report, stack: Stack, scale: Scale) -> Results:
             ],
         ],
     )
+    return ratio(p99_rare, p99_pop)
+
+
+def _slot_goals(section: Section, results: Results, rare_ratio: float) -> None:
     base = tps(results, "8 adapters / 8 slots")
     for arm in ("32 adapters uniform", "32 adapters zipf 1.5"):
         value = ratio(tps(results, arm), base)
@@ -296,8 +322,4 @@ async def slots(report: Report, stack: Stack, scale: Scale) -> Results:
         section.goal(
             "32 uniform with --max-loras 32 / 8-over-8 tok/s", raised, "reported", None, ".2f"
         )
-    rare_ratio = ratio(p99_rare, p99_pop)
     section.goal("Zipf rare / popular TTFT p99", rare_ratio, "<= 1.5", rare_ratio <= 1.5, ".2f")
-    section.seconds = time.monotonic() - started
-    report.print_section(section)
-    return results

@@ -8,7 +8,15 @@ from __future__ import annotations
 import time
 
 from bench import baselines
-from bench.bench_throughput import HEADERS, Results, arm_rows, bar_plot, engine_line, tps
+from bench.bench_throughput import (
+    HEADERS,
+    Results,
+    arm_rows,
+    bar_plot,
+    eight_and_base,
+    engine_line,
+    tps,
+)
 from bench.report import Goal, Report, Section
 from bench.runs import Arm, Scale, grpc_arm, host_arm, interleaved, openai_arm, vllm_grpc_arm
 from bench.stack import ENGINE_A, Stack, tenant
@@ -32,17 +40,6 @@ GOALS = (
 )
 
 
-def _workloads(scale: Scale) -> tuple[Workload, Workload]:
-    adapters = Workload(
-        adapters=tuple(tenant(i) for i in range(8)),
-        concurrency=scale.concurrency,
-        requests=scale.concurrency,
-        max_tokens=scale.max_tokens,
-    )
-    base = Workload(("",), scale.concurrency, scale.concurrency, scale.max_tokens)
-    return adapters, base
-
-
 def baseline_commands(stack: Stack, serve_port: int = 0, grpc_port: int = 0) -> baselines.Commands:
     """The baselines' command lines for engine A's flags and the first eight adapters."""
     adapters = {tenant(i): stack.adapters[tenant(i)] for i in range(8)}
@@ -53,7 +50,7 @@ async def against_vllm(report: Report, stack: Stack, scale: Scale) -> Results:
     section = report.section(8, "Against vLLM itself: vllm serve, vLLM gRPC, raw AsyncLLM")
     started = time.monotonic()
     assert stack.host is not None
-    adapters, base = _workloads(scale)
+    adapters, base = eight_and_base(scale)
     serve_port, grpc_port = free_port(), free_port()
     cmds = baseline_commands(stack, serve_port, grpc_port)
     section.workload += [

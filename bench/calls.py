@@ -13,6 +13,7 @@ from typing import Any
 import aiohttp
 import grpc
 
+from bench.raw_engine import greedy_params
 from bench.workload import Caller
 from loraserve.clients.inference import InferenceClient, RetryPolicy, Sampling
 from loraserve.common.names import parse_adapter_ref
@@ -67,16 +68,8 @@ def direct_caller(engine: VllmEngine, handles: dict[str, AdapterHandle | None]) 
     async def call(
         adapter: str, prompt: Sequence[int], max_tokens: int
     ) -> AsyncIterator[tuple[int, int]]:
-        from vllm.sampling_params import RequestOutputKind, SamplingParams
-
         # vLLM's own params, built here: the baseline pays nothing of loraserve's mapping.
-        params = SamplingParams(
-            max_tokens=max_tokens,
-            temperature=0.0,
-            ignore_eos=True,
-            output_kind=RequestOutputKind.DELTA,
-        )
-        spec = SamplingSpec(max_tokens=max_tokens, n=1, params=params)
+        spec = SamplingSpec(max_tokens=max_tokens, n=1, params=greedy_params(max_tokens))
         async for delta in engine.generate(uuid.uuid4().hex, prompt, spec, handles[adapter]):
             yield len(delta.token_ids), 0
 
@@ -84,8 +77,10 @@ def direct_caller(engine: VllmEngine, handles: dict[str, AdapterHandle | None]) 
 
 
 def openai_caller(http: aiohttp.ClientSession, base_url: str, base_model: str) -> Caller:
-    """Streams `/v1/completions` (token-id prompt, `return_token_ids`) from `vllm serve`
-    or loraserve's OpenAI front: the same request for both."""
+    """Streams `/v1/completions` (greedy, ignore_eos, token-id prompt, `return_token_ids`)
+    from `vllm serve` or loraserve's OpenAI front: the same request for both. Tokens are
+    counted by the ids each event carries (an event may carry none, or several); an
+    error sent inside the stream fails the request."""
     url = base_url + "/v1/completions"
 
     async def call(
@@ -108,6 +103,8 @@ def openai_caller(http: aiohttp.ClientSession, base_url: str, base_model: str) -
                 if not line.startswith(b"data: ") or line.startswith(b"data: [DONE]"):
                     continue
                 event = json.loads(line[len(b"data: ") :])
+                if "error" in event:
+                    raise RuntimeError(f"stream error: {event['error']}")
                 tokens = sum(len(c.get("token_ids") or ()) for c in event.get("choices", ()))
                 if tokens:
                     yield tokens, 0

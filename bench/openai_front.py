@@ -21,14 +21,13 @@ import tempfile
 import time
 from pathlib import Path
 
-import aiohttp
 import psutil
 
-from bench import procs
+from bench import baselines, procs
+from bench.runs import no_failures, openai_arm
 from bench.stack import ENGINE_ENV, RANK, Stack, tenant
 from bench.stats import median, ratio
-from bench.vllm_server import completions_caller, start_vllm_serve, wait_http_ready
-from bench.workload import RunResult, Workload, run_closed_loop
+from bench.workload import RunResult, Workload
 from loraserve.testing.processes import free_port
 
 ENGINE = procs.EngineConfig(max_loras=8, max_cpu_loras=8, max_lora_rank=RANK)
@@ -49,13 +48,8 @@ async def start_loraserve_front(
 
 
 async def _drive(url: str, workload: Workload) -> RunResult:
-    connector = aiohttp.TCPConnector(limit=0)
-    async with aiohttp.ClientSession(connector=connector) as session:
-        result = await run_closed_loop(workload, completions_caller(session, url))
-    if result.failures:
-        first = next(r.error for r in result.records if r.error)
-        raise RuntimeError(f"{url}: {result.failures} failed requests, e.g. {first}")
-    return result
+    # Every workload here names adapters: no request goes to the base model.
+    return no_failures(url, await openai_arm(url, base_model="")(workload))
 
 
 def _cpu(pid: int) -> tuple[float, float]:
@@ -85,36 +79,71 @@ async def _profile(pid: int, out: Path, url: str, workload: Workload) -> None:
         await asyncio.wait_for(spy.wait(), 30)
 
 
+Servers = dict[str, tuple[procs.Child, str]]
+
+
+async def _start(stack: Stack, baseline_pythonpath: str) -> Servers:
+    """loraserve's front (and the baseline code's) and `vllm serve`, all ready: name ->
+    (process, URL)."""
+    await stack.start_store()
+    for name in ADAPTERS:
+        await stack.push(name)
+    servers = {"loraserve OpenAI front": await start_loraserve_front(stack, "loraserve-front")}
+    if baseline_pythonpath:
+        servers["loraserve OpenAI front, baseline code"] = await start_loraserve_front(
+            stack, "loraserve-front-baseline", baseline_pythonpath
+        )
+    vllm = baselines.start_serve(
+        stack.logs,
+        stack.argv("vllm-serve", free_port(), ENGINE),
+        {name: stack.adapters[name] for name in ADAPTERS},
+        ENGINE_ENV,
+    )
+    stack.children.append(vllm)
+    started = time.monotonic()
+    servers["vllm serve"] = (vllm, vllm.address)
+    await asyncio.gather(
+        *(baselines.http_ready(child, stack.logs, 900, url) for child, url in servers.values())
+    )
+    print(f"servers ready after {time.monotonic() - started:.0f} s", flush=True)
+    return servers
+
+
+async def _measure(
+    servers: Servers, workload: Workload, repeats: int
+) -> tuple[dict[str, list[float]], dict[str, list[float]], dict[str, list[float]]]:
+    """Each server in turn, order rotated every repeat: tokens/s, and CPU seconds per
+    1000 tokens of its server process and of its engine processes, by server."""
+    names = list(servers)
+    tps: dict[str, list[float]] = {name: [] for name in names}
+    cpu: dict[str, list[float]] = {name: [] for name in names}
+    engine_cpu: dict[str, list[float]] = {name: [] for name in names}
+    for rep in range(repeats):
+        shift = rep % len(names)
+        for name in names[shift:] + names[:shift]:
+            child, url = servers[name]
+            before = _cpu(child.process.pid)
+            result = await _drive(url, workload)
+            after = _cpu(child.process.pid)
+            tokens = sum(r.tokens for r in result.ok) / 1000
+            tps[name].append(result.tokens_per_s)
+            cpu[name].append((after[0] - before[0]) / tokens)
+            engine_cpu[name].append((after[1] - before[1]) / tokens)
+            print(
+                f"rep {rep + 1} {name}: {result.tokens_per_s:.0f} tok/s, "
+                f"TTFT p50 {result.ttft_median() * 1000:.0f} ms, CPU s / 1000 tokens: "
+                f"server process {cpu[name][-1]:.3f}, engine {engine_cpu[name][-1]:.3f}",
+                flush=True,
+            )
+    return tps, cpu, engine_cpu
+
+
 async def main(args: argparse.Namespace) -> dict[str, object]:
     results = Path(args.results)
     stack = Stack(results, Path(tempfile.mkdtemp(prefix="bench-front-")))
     try:
         stack.build_models()
-        await stack.start_store()
-        for name in ADAPTERS:
-            await stack.push(name)
-        lora, lora_url = await start_loraserve_front(stack, "loraserve-front")
-        servers = {"loraserve OpenAI front": (lora, lora_url)}
-        if args.baseline_pythonpath:
-            servers["loraserve OpenAI front, baseline code"] = await start_loraserve_front(
-                stack, "loraserve-front-baseline", args.baseline_pythonpath
-            )
-        vllm = start_vllm_serve(
-            stack.logs,
-            "vllm-serve",
-            stack.model_dir,
-            {name: stack.adapters[name] for name in ADAPTERS},
-            ENGINE,
-            ENGINE_ENV,
-        )
-        stack.children.append(vllm)
-        started = time.monotonic()
-        servers["vllm serve"] = (vllm, vllm.address)
-        await asyncio.gather(
-            *(wait_http_ready(child, url, stack.logs, 900) for child, url in servers.values())
-        )
-        print(f"servers ready after {time.monotonic() - started:.0f} s", flush=True)
-        urls = {name: url for name, (_, url) in servers.items()}
+        servers = await _start(stack, args.baseline_pythonpath)
         workload = Workload(
             adapters=ADAPTERS,
             concurrency=args.concurrency,
@@ -122,30 +151,9 @@ async def main(args: argparse.Namespace) -> dict[str, object]:
             max_tokens=args.max_tokens,
         )
         warm = Workload(ADAPTERS, 16, 32, 4)
-        for url in urls.values():
+        for _, url in servers.values():
             await _drive(url, warm)
-        pids = {name: child.process.pid for name, (child, _) in servers.items()}
-        tps: dict[str, list[float]] = {name: [] for name in urls}
-        cpu: dict[str, list[float]] = {name: [] for name in urls}
-        engine_cpu: dict[str, list[float]] = {name: [] for name in urls}
-        names = list(urls)
-        for rep in range(args.repeats):
-            shift = rep % len(names)
-            order = names[shift:] + names[:shift]
-            for name in order:
-                before = _cpu(pids[name])
-                result = await _drive(urls[name], workload)
-                after = _cpu(pids[name])
-                tokens = sum(r.tokens for r in result.ok) / 1000
-                tps[name].append(result.tokens_per_s)
-                cpu[name].append((after[0] - before[0]) / tokens)
-                engine_cpu[name].append((after[1] - before[1]) / tokens)
-                print(
-                    f"rep {rep + 1} {name}: {result.tokens_per_s:.0f} tok/s, "
-                    f"TTFT p50 {result.ttft_median() * 1000:.0f} ms, CPU s / 1000 tokens: "
-                    f"server process {cpu[name][-1]:.3f}, engine {engine_cpu[name][-1]:.3f}",
-                    flush=True,
-                )
+        tps, cpu, engine_cpu = await _measure(servers, workload, args.repeats)
         base = median(tps["vllm serve"])
         summary: dict[str, object] = {
             "workload": workload.describe(),
@@ -162,6 +170,7 @@ async def main(args: argparse.Namespace) -> dict[str, object]:
         }
         print(json.dumps(summary, indent=1), flush=True)
         if args.profile:
+            lora, lora_url = servers["loraserve OpenAI front"]
             await _profile(lora.process.pid, Path(args.profile), lora_url, workload)
             print(f"profile: {args.profile}", flush=True)
         return summary

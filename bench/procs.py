@@ -22,6 +22,9 @@ from loraserve.testing.processes import free_port
 REGION = "us-east-1"
 S3_KEY = "testing"  # moto accepts any credentials
 BIN = Path(sys.executable).parent
+# `adapterctl`: the console script's entry point (pyproject), run from the code under
+# test; an installed console script may predate it (a stale one fails to import).
+ADAPTERCTL = (sys.executable, "-m", "loraserve.adapterctl")
 
 
 @dataclass

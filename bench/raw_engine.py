@@ -20,21 +20,25 @@ from typing import IO, Any
 from bench.workload import Caller, Workload, run_closed_loop
 
 
-def _caller(llm: Any, loras: dict[str, Any]) -> Caller:
+def greedy_params(max_tokens: int) -> Any:
+    """vLLM's SamplingParams for a benchmark request: greedy, ignore_eos, deltas."""
     from vllm.sampling_params import RequestOutputKind, SamplingParams
 
+    return SamplingParams(
+        max_tokens=max_tokens,
+        temperature=0.0,
+        ignore_eos=True,
+        output_kind=RequestOutputKind.DELTA,
+    )
+
+
+def _caller(llm: Any, loras: dict[str, Any]) -> Caller:
     async def call(
         adapter: str, prompt: Sequence[int], max_tokens: int
     ) -> AsyncIterator[tuple[int, int]]:
-        params = SamplingParams(
-            max_tokens=max_tokens,
-            temperature=0.0,
-            ignore_eos=True,
-            output_kind=RequestOutputKind.DELTA,
-        )
         async for output in llm.generate(
             {"prompt_token_ids": list(prompt)},
-            params,
+            greedy_params(max_tokens),
             uuid.uuid4().hex,
             lora_request=loras.get(adapter),
         ):

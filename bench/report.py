@@ -60,7 +60,15 @@ class Section:
     def record_repeats(self, results: Mapping[str, Sequence[RunResult]]) -> None:
         """Keeps every repeat of every arm in results.json (the tables show medians)."""
         for arm, runs in results.items():
-            self.repeats[arm] = [run.summary() for run in runs]
+            self.record(arm, [run.summary() for run in runs])
+
+    def record(self, arm: str, repeats: Sequence[Mapping[str, float | int]]) -> None:
+        """Keeps one arm's every repeat, a few named figures each, in results.json."""
+        self.repeats[arm] = [dict(figures) for figures in repeats]
+
+    def record_values(self, arm: str, figure: str, values: Sequence[float | int]) -> None:
+        """Keeps one arm's every repeat when a repeat is one figure (`figure`: its name)."""
+        self.record(arm, [{figure: value} for value in values])
 
     def table(self, title: str, headers: list[str], rows: list[list[Cell]]) -> None:
         self.tables.append(Table(title, headers, rows))

@@ -103,8 +103,13 @@ async def interleaved(
             arm, workload = arms[name]
             async with around(name):
                 result = await arm(workload)
-            if result.failures:
-                first = next(r.error for r in result.records if r.error)
-                raise RuntimeError(f"{name}: {result.failures} failed requests, e.g. {first}")
-            results[name].append(result)
+            results[name].append(no_failures(name, result))
     return results
+
+
+def no_failures(name: str, result: RunResult) -> RunResult:
+    """`result`, or an error naming the first of its failed requests."""
+    if result.failures:
+        first = next(r.error for r in result.records if r.error)
+        raise RuntimeError(f"{name}: {result.failures} failed requests, e.g. {first}")
+    return result

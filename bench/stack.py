@@ -212,15 +212,7 @@ class Stack:
         self.host = Host(child, os.fdopen(read_fd), self.logs)
         waits = [self.host.ready(300)]
         if with_b:
-            port_b = free_port()
-            self.engine_b = procs.start_inference(
-                self.logs,
-                "engine-b",
-                self._argv("engine-b", port_b, ENGINE_B),
-                f"127.0.0.1:{port_b}",
-                self.profile.env,
-            )
-            self.children.append(self.engine_b)
+            self.engine_b = self._start_plain("engine-b", ENGINE_B)
             waits.append(procs.wait_serving(self.engine_b, self.logs, 300))
         await asyncio.gather(*waits)
         return time.monotonic() - started
@@ -232,16 +224,17 @@ class Stack:
 
     def start_c(self) -> procs.Child:
         """Engine C (max_loras 32, plain `inference serve`); wait_serving() it before use."""
-        port = free_port()
-        self.engine_c = procs.start_inference(
-            self.logs,
-            "engine-c",
-            self._argv("engine-c", port, ENGINE_C),
-            f"127.0.0.1:{port}",
-            self.profile.env,
-        )
-        self.children.append(self.engine_c)
+        self.engine_c = self._start_plain("engine-c", ENGINE_C)
         return self.engine_c
+
+    def _start_plain(self, name: str, engine: procs.EngineConfig) -> procs.Child:
+        """A plain `inference serve` on this stack; wait_serving() it before use."""
+        port = free_port()
+        child = procs.start_inference(
+            self.logs, name, self._argv(name, port, engine), f"127.0.0.1:{port}", self.profile.env
+        )
+        self.children.append(child)
+        return child
 
     def stop_c(self) -> None:
         if self.engine_c is not None:

@@ -10,7 +10,7 @@ import shutil
 import tempfile
 import threading
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -175,6 +175,19 @@ def _boto_download_file(s3: Any, prefix: str) -> float:
         shutil.rmtree(target, ignore_errors=True)
 
 
+@dataclass
+class Transfers:
+    """Every repeat of the transfer arms: seconds by arm, the push's hashing, and the
+    store's RSS before and at its peak during each push."""
+
+    times: dict[str, list[float]] = field(
+        default_factory=lambda: {k: [] for k in ("push", "upload", "download", "boto_down")}
+    )
+    hash_s: list[float] = field(default_factory=list)
+    peaks: list[float] = field(default_factory=list)
+    base_rss: list[float] = field(default_factory=list)
+
+
 async def _transfers(
     section: Section, settings: StoreSettings, store: procs.Child, s3: Any, work: Path
 ) -> None:
@@ -191,51 +204,71 @@ async def _transfers(
         "upload_file, default TransferConfig; boto3 download = one streamed get_object "
         "per file, as the store reads S3 (like with like: one connection, one GET)"
     )
-    times: dict[str, list[float]] = {k: [] for k in ("push", "upload", "download", "boto_down")}
-    hash_s: list[float] = []
-    peaks: list[float] = []
-    base_rss: list[float] = []
+    measured = Transfers()
     async with grpc.aio.insecure_channel(store.address) as channel:
         stub = storeops.store_stub(channel)
         for rep in range(settings.repeats):
-            name = f"big-{rep}"
-            await asyncio.to_thread(write_big_adapter, adapter, rep + 1)
-
-            async def grpc_push(name: str = name) -> int:
-                with PeakRss(store) as peak:
-                    # adapterctl push hashes the files, then uploads them: both count.
-                    started = time.perf_counter()
-                    files = await storeops.hashed(adapter)
-                    hash_s.append(time.perf_counter() - started)
-                    revision = await storeops.push(stub, name, files)
-                    times["push"].append(time.perf_counter() - started)
-                peaks.append(peak.peak_mib)
-                base_rss.append(peak.before_mib)
-                return revision
-
-            async def boto_up(rep: int = rep) -> None:
-                times["upload"].append(
-                    await _timed(asyncio.to_thread(_boto_upload, s3, adapter, f"raw/{rep}"))
-                )
-
-            # Alternate which arm goes first, so drift in the machine's load hits both.
-            if rep % 2 == 0:
-                revision = await grpc_push()
-                await boto_up()
-            else:
-                await boto_up()
-                revision = await grpc_push()
-            down = _grpc_download(store.address, name, revision)
-            boto_down = asyncio.to_thread(_boto_download, s3, f"raw/{rep}")
-            if rep % 2 == 0:
-                times["download"].append(await down)
-                times["boto_down"].append(await _timed(boto_down))
-            else:
-                times["boto_down"].append(await _timed(boto_down))
-                times["download"].append(await down)
-
+            await _transfer_repeat(measured, rep, stub, store, s3, adapter)
     diagnosis = await _diagnose_push(s3, adapter)
-    mb = total / 1e6
+    _transfer_report(section, settings, measured, total / 1e6)
+    for arm, values in measured.times.items():
+        section.record_values(arm, "seconds", values)
+    section.record_values("push: adapterctl's hashing", "seconds", measured.hash_s)
+    section.table(
+        "Where a push's time goes: the store's S3 upload replayed with boto3, and boto3's "
+        "download_file on the emulator (seconds)",
+        ["phase", "seconds"],
+        [[k, v] for k, v in diagnosis.items()],
+    )
+    _transfer_notes(section, measured, total / 1e6)
+
+
+async def _transfer_repeat(
+    measured: Transfers, rep: int, stub: Any, store: procs.Child, s3: Any, adapter: Path
+) -> None:
+    """One repeat of the four transfer arms on new bytes, pairs alternated by `rep`."""
+    times = measured.times
+    name = f"big-{rep}"
+    await asyncio.to_thread(write_big_adapter, adapter, rep + 1)
+
+    async def grpc_push() -> int:
+        with PeakRss(store) as peak:
+            # adapterctl push hashes the files, then uploads them: both count.
+            started = time.perf_counter()
+            files = await storeops.hashed(adapter)
+            measured.hash_s.append(time.perf_counter() - started)
+            revision = await storeops.push(stub, name, files)
+            times["push"].append(time.perf_counter() - started)
+        measured.peaks.append(peak.peak_mib)
+        measured.base_rss.append(peak.before_mib)
+        return revision
+
+    async def boto_up() -> None:
+        times["upload"].append(
+            await _timed(asyncio.to_thread(_boto_upload, s3, adapter, f"raw/{rep}"))
+        )
+
+    # Alternate which arm goes first, so drift in the machine's load hits both.
+    if rep % 2 == 0:
+        revision = await grpc_push()
+        await boto_up()
+    else:
+        await boto_up()
+        revision = await grpc_push()
+    down = _grpc_download(store.address, name, revision)
+    boto_down = asyncio.to_thread(_boto_download, s3, f"raw/{rep}")
+    if rep % 2 == 0:
+        times["download"].append(await down)
+        times["boto_down"].append(await _timed(boto_down))
+    else:
+        times["boto_down"].append(await _timed(boto_down))
+        times["download"].append(await down)
+
+
+def _transfer_report(
+    section: Section, settings: StoreSettings, measured: Transfers, mb: float
+) -> None:
+    times = measured.times
     rows: list[list[str | int | float]] = []
     for label, ours, raw in (
         ("push / upload", "push", "upload"),
@@ -265,20 +298,17 @@ async def _transfers(
         down_ratio >= 0.8,
         ".2f",
     )
-    peak = max(peaks)
+    peak = max(measured.peaks)
     section.goal(
         "store peak RSS during a 200 MB push",
         peak,
-        f"bounded (idle {median(base_rss):.0f} MiB)",
-        peak - median(base_rss) < mb / 2,
+        f"bounded (idle {median(measured.base_rss):.0f} MiB)",
+        peak - median(measured.base_rss) < mb / 2,
         ".0f",
     )
-    section.table(
-        "Where a push's time goes: the store's S3 upload replayed with boto3, and boto3's "
-        "download_file on the emulator (seconds)",
-        ["phase", "seconds"],
-        [[k, v] for k, v in diagnosis.items()],
-    )
+
+
+def _transfer_notes(section: Section, measured: Transfers, mb: float) -> None:
     section.notes.append(
         "A push with declared sha256s (adapterctl always declares them) streams each file "
         "as a multipart upload straight to blobs/sha256/<hex>, several parts in flight while "
@@ -287,8 +317,8 @@ async def _transfers(
         "through the store process (see bench/README.md)."
     )
     section.notes.append(
-        f"The push time includes adapterctl's hashing: {median(hash_s):.2f} s for {mb:.0f} MB "
-        "(boto3's upload_file computes its own checksums inline)."
+        f"The push time includes adapterctl's hashing: {median(measured.hash_s):.2f} s for "
+        f"{mb:.0f} MB (boto3's upload_file computes its own checksums inline)."
     )
     section.notes.append(
         "moto (the S3 emulator) re-reads the whole object for every ranged GET, so "
@@ -333,24 +363,41 @@ async def _events(
         ]
         await asyncio.gather(*(ev.wait() for ev in ready))
         await asyncio.sleep(0.5)
-        commit_s: list[float] = []
-        seqs: list[int] = []
-        for i in range(settings.events):
-            started = time.perf_counter()
-            response = await stub.SetCurrentRevision(
-                store_pb.SetCurrentRevisionRequest(
-                    name="evt", revision=1 + i % 2, idempotency_key=new_idempotency_key()
-                )
-            )
-            commit_s.append(time.perf_counter() - started)
-            seqs.append(response.seq)
-            await asyncio.sleep(EVENT_GAP_S)
+        seqs, commit_s = await _commit_events(stub, settings.events)
         await asyncio.sleep(1.0)
         for task in tasks:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
         for ch in channels:
             await ch.close()
+    _events_report(section, settings, arrivals, seqs, commit_s)
+
+
+async def _commit_events(stub: Any, events: int) -> tuple[list[int], list[float]]:
+    """`events` SetCurrentRevision commits EVENT_GAP_S apart: their seqs, and the
+    seconds each commit took the writer."""
+    commit_s: list[float] = []
+    seqs: list[int] = []
+    for i in range(events):
+        started = time.perf_counter()
+        response = await stub.SetCurrentRevision(
+            store_pb.SetCurrentRevisionRequest(
+                name="evt", revision=1 + i % 2, idempotency_key=new_idempotency_key()
+            )
+        )
+        commit_s.append(time.perf_counter() - started)
+        seqs.append(response.seq)
+        await asyncio.sleep(EVENT_GAP_S)
+    return seqs, commit_s
+
+
+def _events_report(
+    section: Section,
+    settings: StoreSettings,
+    arrivals: list[dict[int, float]],
+    seqs: list[int],
+    commit_s: list[float],
+) -> None:
     latencies = [a[s] * 1000 for a in arrivals for s in seqs if s in a]
     missing = len(seqs) * len(arrivals) - len(latencies)
     section.workload.append(
@@ -373,6 +420,21 @@ async def _events(
                 max(latencies, default=float("nan")),
                 median(commit_s) * 1000,
             ]
+        ],
+    )
+    # An event is a repeat: its commit, and its delivery to every watcher.
+    section.record(
+        "events",
+        [
+            {
+                "commit_s": commit,
+                "deliveries": sum(seq in a for a in arrivals),
+                "delivery_p50_ms": percentile([a[seq] * 1000 for a in arrivals if seq in a], 50),
+                "delivery_max_ms": max(
+                    (a[seq] * 1000 for a in arrivals if seq in a), default=float("nan")
+                ),
+            }
+            for seq, commit in zip(seqs, commit_s, strict=True)
         ],
     )
     section.goal(

@@ -31,12 +31,11 @@ from typing import Any
 
 import aiohttp
 
-from bench import procs, storeops
-from bench.report import Report
+from bench import baselines, procs, storeops
+from bench.report import Report, Section
 from bench.stack import ENGINE_A, ENGINE_ENV, Stack
 from bench.stats import median, percentile
 from bench.variants import write_variant
-from bench.vllm_server import start_vllm_serve, wait_http_ready
 from loraserve.testing.processes import free_port
 
 SWAP = "swap"
@@ -172,7 +171,7 @@ class SwapBench:
             _probe_until(session, self.lora_url, expected, f"{SWAP}@{revision}")
         )
         cli = await asyncio.create_subprocess_exec(
-            str(procs.BIN / "adapterctl"),
+            *procs.ADAPTERCTL,
             "push",
             f"--store={self.stack.store.address}",
             SWAP,
@@ -202,7 +201,7 @@ async def _cli_startup() -> float:
     """Seconds for `adapterctl --help`: interpreter, imports and parser, no I/O."""
     started = time.perf_counter()
     cli = await asyncio.create_subprocess_exec(
-        str(procs.BIN / "adapterctl"), "--help", stdout=asyncio.subprocess.DEVNULL
+        *procs.ADAPTERCTL, "--help", stdout=asyncio.subprocess.DEVNULL
     )
     await cli.wait()
     return time.perf_counter() - started
@@ -213,28 +212,23 @@ async def _start(stack: Stack) -> tuple[procs.Child, str, procs.Child]:
     await stack.start_store(log_level="INFO")
     await stack.push(SWAP, "swap-v0")
     grpc_port, http_port = free_port(), free_port()
-    argv = [
-        *stack._argv("loraserve", grpc_port, ENGINE_A),
-        f"--openai-listen=127.0.0.1:{http_port}",
-        "--log-level=INFO",
-    ]
+    engine_argv = stack._argv("loraserve", grpc_port, ENGINE_A)
+    argv = [*engine_argv, f"--openai-listen=127.0.0.1:{http_port}", "--log-level=INFO"]
     lora = procs.start_inference(
         stack.logs, "loraserve", argv, f"127.0.0.1:{grpc_port}", ENGINE_ENV
     )
     stack.children.append(lora)
-    vllm = start_vllm_serve(
+    vllm = baselines.start_serve(
         stack.logs,
-        "vllm-serve",
-        stack.model_dir,
+        engine_argv,
         {SWAP: stack.adapters["swap-v0"]},
-        ENGINE_A,
         {**ENGINE_ENV, "VLLM_ALLOW_RUNTIME_LORA_UPDATING": "True"},
     )
     stack.children.append(vllm)
     lora_url = f"http://127.0.0.1:{http_port}"
     await asyncio.gather(
-        wait_http_ready(lora, lora_url, stack.logs, 600),
-        wait_http_ready(vllm, vllm.address, stack.logs, 600),
+        baselines.http_ready(lora, stack.logs, 600, lora_url),
+        baselines.http_ready(vllm, stack.logs, 600),
     )
     return lora, lora_url, vllm
 
@@ -289,12 +283,29 @@ async def run(report: Report, *, quick: bool) -> None:
     section.workload += [
         f"{repeats} swaps per arm, arms alternated; engine settings of engine A on both "
         f"(max_loras {ENGINE_A.max_loras}, max_cpu_loras {ENGINE_A.max_cpu_loras}, rank "
-        f"{ENGINE_A.max_lora_rank}, fp32, eager); idle servers",
+        f"{ENGINE_A.max_lora_rank}, fp32, eager; vllm serve's flags derived from "
+        "loraserve's settings, bench/vllm_args.py); idle servers",
         "every swap new weights (rank 8, all 7 projections, never pushed before)",
         "probe: one-token greedy streamed /v1/completions for the adapter, back to back; "
         "swap latency = swap start -> first token of the first probe answered by the new "
         f"weights; not seen within {PROBE_TIMEOUT_S:.0f} s = missed",
     ]
+    vllm_p50 = _arm_table(section, swaps)
+    lora_p50 = _stage_table(section, [s for s in swaps if s.arm == ARMS[1]], startup, hashing)
+    _record(section, swaps, startup, hashing)
+    section.goal("loraserve swap p50 (s)", lora_p50, "< 0.2", lora_p50 < 0.2, ".3f")
+    section.goal("vLLM load_inplace swap p50 (s)", vllm_p50, "reported", None, ".3f")
+    section.notes.append(
+        "The vLLM arm reloads weights already on the server's disk; the loraserve arm "
+        "publishes them from the user's directory through the store and S3 to every "
+        "replica, which keep serving the old revision until the new one is loaded."
+    )
+    section.seconds = time.monotonic() - started
+    report.print_section(section)
+
+
+def _arm_table(section: Section, swaps: list[Swap]) -> float:
+    """Swap latency by arm; returns the vLLM arm's median (s)."""
     rows: list[list[str | int | float]] = []
     for arm in ARMS:
         mine = [s for s in swaps if s.arm == arm]
@@ -314,7 +325,15 @@ async def run(report: Report, *, quick: bool) -> None:
         ["arm", "swaps", "missed", "p50", "p95", "max"],
         rows,
     )
-    lora = [s for s in swaps if s.arm == ARMS[1]]
+    vllm_p50 = rows[0][3]
+    assert isinstance(vllm_p50, float)
+    return vllm_p50 / 1000
+
+
+def _stage_table(
+    section: Section, lora: list[Swap], startup: list[float], hashing: list[float]
+) -> float:
+    """loraserve's milestones in the order they came; returns its first token's median (s)."""
     labels = [label for label, _, _ in _STAGES] + ["adapterctl exited"]
     milestones = sorted(
         ((_median_seen([s.milestones[m] for s in lora]), m) for m in labels),
@@ -337,15 +356,18 @@ async def run(report: Report, *, quick: bool) -> None:
         ["milestone", "at", "since the previous"],
         stage_rows,
     )
-    vllm_p50 = rows[0][3]
-    lora_p50 = first
-    section.goal("loraserve swap p50 (s)", lora_p50, "< 0.2", lora_p50 < 0.2, ".3f")
-    assert isinstance(vllm_p50, float)
-    section.goal("vLLM load_inplace swap p50 (s)", vllm_p50 / 1000, "reported", None, ".3f")
-    section.notes.append(
-        "The vLLM arm reloads weights already on the server's disk; the loraserve arm "
-        "publishes them from the user's directory through the store and S3 to every "
-        "replica, which keep serving the old revision until the new one is loaded."
-    )
-    section.seconds = time.monotonic() - started
-    report.print_section(section)
+    return first
+
+
+def _record(
+    section: Section, swaps: list[Swap], startup: list[float], hashing: list[float]
+) -> None:
+    """Every swap of both arms in results.json, with its milestones (seconds after its
+    start; NaN: not seen)."""
+    for arm in ARMS:
+        section.record(
+            arm,
+            [{"first_token_s": s.first_token, **s.milestones} for s in swaps if s.arm == arm],
+        )
+    section.record_values("adapterctl start-up (--help)", "seconds", startup)
+    section.record_values("adapterctl hashing", "seconds", hashing)

@@ -146,6 +146,20 @@ class RunResult:
         return cls([Record(**r) for r in data])
 
 
+async def stream_into(record: Record, call: Caller, prompt: Sequence[int], max_tokens: int) -> None:
+    """Streams one request for `record.adapter` into `record` (first token, tokens,
+    revision, end); a failure is recorded, never raised."""
+    try:
+        async for new_tokens, revision in call(record.adapter, prompt, max_tokens):
+            if new_tokens and not record.tokens:
+                record.first_token = time.monotonic()
+            record.revision = record.revision or revision
+            record.tokens += new_tokens
+    except Exception as exc:
+        record.error = f"{type(exc).__name__}: {exc}"
+    record.finished = time.monotonic()
+
+
 async def run_closed_loop(
     workload: Workload, call: Caller, until: float | None = None
 ) -> RunResult:
@@ -166,15 +180,7 @@ async def run_closed_loop(
             adapter, prompt = queue.pop()
             record = Record(adapter, time.monotonic())
             result.records.append(record)
-            try:
-                async for new_tokens, revision in call(adapter, prompt, workload.max_tokens):
-                    if new_tokens and not record.tokens:
-                        record.first_token = time.monotonic()
-                    record.revision = record.revision or revision
-                    record.tokens += new_tokens
-            except Exception as exc:
-                record.error = f"{type(exc).__name__}: {exc}"
-            record.finished = time.monotonic()
+            await stream_into(record, call, prompt, workload.max_tokens)
 
     await asyncio.gather(*(stream_worker() for _ in range(workload.concurrency)))
     return result
