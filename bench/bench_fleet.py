@@ -35,9 +35,10 @@ import psutil
 from prometheus_client.parser import text_string_to_metric_families
 
 from bench import procs
+from bench.bench_swap import fresh_variants, push_fresh
 from bench.report import Report, Section
 from bench.runs import Arm, interleaved
-from bench.stack import ENGINE_ENV, RANK, SWAP_VARIANTS, Stack, current_revisions, tenant
+from bench.stack import ENGINE_ENV, RANK, Stack, current_revisions, tenant
 from bench.stack import wait_routed as wait_routed_on
 from bench.stats import median, percentile, ratio
 from bench.workload import Caller, RunResult, Workload, run_closed_loop
@@ -236,6 +237,13 @@ async def _throughput_and_affinity(
             await channel.close()
     rows: list[list[str | int | float]] = []
     for policy, runs in results.items():
+        section.record(
+            policy,
+            [
+                {**run.summary(), "top_replica_share": top, "worst_adapter_share": worst}
+                for run, (top, worst) in zip(runs, shares[policy], strict=True)
+            ],
+        )
         rows.append(
             [
                 policy,
@@ -282,16 +290,18 @@ def _closed_loop(call: Caller) -> Arm:
 async def _convergence(section: Section, fleet: Fleet) -> None:
     """Push -> the last of the replicas routes the new revision, polled every 10 ms."""
     seconds: list[float] = []
-    for i in range(fleet.scale.pushes):
+    for directory in await fresh_variants(fleet.stack, fleet.scale.pushes):
         started = time.monotonic()
-        revision = await fleet.stack.push(SWAP, f"swap-v{i % SWAP_VARIANTS}")
+        revision = await push_fresh(fleet.stack, directory)
         async with asyncio.timeout(ROUTED_GUARD_S):
             await asyncio.gather(*(_routed(address, revision) for address in fleet.addresses))
         seconds.append(time.monotonic() - started)
     section.workload.append(
-        f"{fleet.scale.pushes} pushes of `{SWAP}` (one at a time, fleet idle); each timed "
+        f"{fleet.scale.pushes} pushes of `{SWAP}`, new weights each (one at a time, fleet "
+        "idle); each timed, hashing included, "
         f"from the push's start to the last replica routing the new revision"
     )
+    section.record_values("push -> all replicas serving", "seconds", seconds)
     p50, p99 = percentile(seconds, 50), percentile(seconds, 99)
     section.table(
         f"push -> all {fleet.scale.replicas} replicas serving the new revision",
@@ -335,6 +345,16 @@ async def _failover(section: Section, fleet: Fleet, adapters: tuple[str, ...]) -
     before_first = [r for r in failed if not r.first_token]
     after_kill = [r for r in result.records if r.submitted >= killed_at]
     section.workload.append(f"failover: {workload.describe()}; replica {victim} SIGKILLed")
+    section.record(
+        "failover",
+        [
+            {
+                "requests": len(result.records),
+                "failed_before_first_token": len(before_first),
+                "failed_mid_stream": len(failed) - len(before_first),
+            }
+        ],
+    )
     section.table(
         f"one of {scale.replicas} replicas SIGKILLed mid-load (ring_hash, retried before "
         "the first token)",
