@@ -106,6 +106,32 @@ class Baselines:
             child.stop()
 
 
+def _port_taken(error: str) -> bool:
+    return "Failed to bind" in error or "Address already in use" in error
+
+
+async def _restart_on_new_port(
+    found: Baselines, child: procs.Child, argv: Sequence[str], log_dir: Path, env: dict[str, str]
+) -> procs.Child:
+    """vLLM's gRPC server once more, alone, on a new port: another process starting at
+    the same time (an engine's own sockets) took its port between free_port() and the
+    bind. Clears its error when it serves this time."""
+    found.children.remove(child)
+    port = free_port()
+    at = len(argv) - 1 - list(reversed(argv)).index("--port")
+    retry = procs._spawn("vllm-grpc", [*argv[: at + 1], str(port), *argv[at + 2 :]], log_dir, env)
+    retry.address = f"127.0.0.1:{port}"
+    found.children.append(retry)
+    try:
+        await procs.wait_serving(retry, log_dir, START_TIMEOUT_S)
+    except Exception as exc:
+        found.errors["vLLM gRPC"] = f"{type(exc).__name__}: {exc}"
+        retry.stop()
+    else:
+        del found.errors["vLLM gRPC"]
+    return retry
+
+
 async def http_ready(
     child: procs.Child, log_dir: Path, timeout: float, url: str | None = None
 ) -> None:
@@ -163,6 +189,8 @@ async def start(
         if isinstance(outcome, BaseException):
             found.errors[name] = f"{type(outcome).__name__}: {outcome}"
             child.stop()
+    if _port_taken(found.errors.get("vLLM gRPC", "")):
+        grpc_server = await _restart_on_new_port(found, grpc_server, cmds.grpc, log_dir, env)
     if "vllm serve" not in found.errors:
         found.serve_url = serve.address
     if "vLLM gRPC" not in found.errors:
