@@ -89,6 +89,18 @@ class RecordingRegistry:
     def record_failure(self, manifest: Revision, message: str) -> None:
         self.inner.record_failure(manifest, message)
 
+    def set_target(self, manifest: Revision) -> None:
+        self.inner.set_target(manifest)
+
+    def target_revision(self, name: str) -> int | None:
+        return self.inner.target_revision(name)
+
+    def is_resident(self, name: str) -> bool:
+        return self.inner.is_resident(name)
+
+    def resident_count(self) -> int:
+        return self.inner.resident_count()
+
 
 @dataclass
 class Stack:

@@ -9,7 +9,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 import shutil
-from collections.abc import AsyncGenerator, Sequence
+from collections.abc import AsyncGenerator, Callable, Sequence
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -199,6 +199,7 @@ class FakeFetcher:
         self.available: dict[tuple[str, int], int] = {}  # (name, revision) -> rank
         self.fetches: list[tuple[str, int]] = []
         self.removed: list[tuple[str, int]] = []
+        self.touched: list[tuple[str, int]] = []
 
     def publish(self, name: str, revision: int, rank: int = 8) -> None:
         self.available[(name, revision)] = rank
@@ -216,3 +217,15 @@ class FakeFetcher:
     async def remove(self, name: str, revision: int) -> None:
         self.removed.append((name, revision))
         shutil.rmtree(self.cache_dir / name / str(revision), ignore_errors=True)
+
+    async def remove_unused(self, name: str, in_use: Callable[[str, int], bool]) -> None:
+        for adapter, revision in list(self.available):
+            if adapter == name and not in_use(adapter, revision):
+                if (self.cache_dir / name / str(revision)).exists():
+                    await self.remove(name, revision)
+
+    def touch(self, name: str, revision: int) -> None:
+        self.touched.append((name, revision))
+
+    def is_cached(self, name: str, revision: int) -> bool:
+        return (self.cache_dir / name / str(revision)).is_dir()

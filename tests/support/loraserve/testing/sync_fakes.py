@@ -154,6 +154,8 @@ class FakeRegistry:
         self.deletes: list[str] = []
         self.install_failures: dict[tuple[str, int], Exception] = {}
         self.failures: dict[tuple[str, int], str] = {}
+        # Names routed without loading (set_target).
+        self.targets: dict[str, int] = {}
 
     async def install(self, rev: CachedRevision, *, make_current: bool) -> None:
         key = (rev.name, rev.revision)
@@ -178,6 +180,7 @@ class FakeRegistry:
 
     async def delete(self, name: str) -> None:
         self.deletes.append(name)
+        self.targets.pop(name, None)
         self.installed = {key for key in self.installed if key[0] != name}
         self.current.pop(name, None)
 
@@ -192,6 +195,18 @@ class FakeRegistry:
 
     def record_failure(self, given: Revision, message: str) -> None:
         self.failures[(given.adapter_name, given.revision)] = message
+
+    def set_target(self, manifest: Revision) -> None:
+        self.targets[manifest.adapter_name] = manifest.revision
+
+    def target_revision(self, name: str) -> int | None:
+        return self.targets.get(name, self.current.get(name))
+
+    def is_resident(self, name: str) -> bool:
+        return name in self.current
+
+    def resident_count(self) -> int:
+        return len(self.current)
 
 
 def listing(seq: int, *revisions: tuple[str, int]) -> Listing:
