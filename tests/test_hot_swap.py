@@ -207,7 +207,7 @@ async def inference_stack(
     await adapter_cache.prepare()
     metrics = InferenceMetrics(CollectorRegistry())
     real_registry = tiny_registry(
-        engine, model_dir, adapter_cache.root, fetcher=adapter_cache, failures=metrics
+        engine, model_dir, adapter_cache.root, fetcher=adapter_cache, observer=metrics
     )
     registry = RecordingRegistry(real_registry)
     sync = Synchronizer(

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from loraserve.common.errors import FailedPrecondition, NotFound, Unavailable
+from loraserve.common.errors import FailedPrecondition, NotFound
 from loraserve.common.manifest import Revision
 from loraserve.common.names import AdapterRef
 from loraserve.inference.cache import CachedRevision

@@ -62,7 +62,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
 
-from loraserve.common.errors import LoraserveError, NotFound
+from loraserve.common.errors import LoraserveError, NotFound, Unavailable
 from loraserve.common.manifest import Revision
 from loraserve.common.names import AdapterRef
 from loraserve.inference.cache import CachedRevision, manifest_facts
@@ -199,7 +199,11 @@ class AdapterRegistry:
     async def set_current(self, name: str, revision: int) -> None:
         """Routes `name` to `revision`, loading it again if it was already removed."""
         key = (name, revision)
-        await self._ensure_loaded(key, functools.partial(self._obtain, key, None), self._promote)
+        entry = await self._ensure_loaded(
+            key, functools.partial(self._obtain, key, None), self._promote
+        )
+        if entry is None:
+            raise Unavailable(f"adapter {name}@{revision} left the engine as it loaded; retry")
 
     async def delete(self, name: str) -> None:
         """Stops routing `name`; its revisions drain, then leave the engine."""
@@ -295,9 +299,12 @@ class AdapterRegistry:
             entry = self._routed_entry(ref.name) or await self._load_on_miss(ref.name)
         else:
             key = (ref.name, ref.revision)
-            entry = await self._ensure_loaded(
+            pinned = await self._ensure_loaded(
                 key, functools.partial(self._obtain, key, None), self._pin
             )
+            if pinned is None:
+                raise Unavailable(f"adapter {ref.name}@{ref.revision} left as it loaded; retry")
+            entry = pinned
         entry.in_flight += 1
         if self._cache is not None:
             self._cache.touch(*entry.key)
@@ -358,7 +365,7 @@ class AdapterRegistry:
             loaded = await self._ensure_loaded(
                 key, functools.partial(self._fetch, target), self._route_if_target
             )
-            downloaded = downloaded or loaded.downloaded
+            downloaded = downloaded or (loaded is not None and loaded.downloaded)
         if self._observer is not None:
             if downloaded:
                 self._observer.adapter_missed("disk")
@@ -385,9 +392,11 @@ class AdapterRegistry:
         key: Key,
         obtain: Callable[[], Awaitable[CachedRevision]],
         claim: Callable[[RevisionEntry], None],
-    ) -> RevisionEntry:
+    ) -> RevisionEntry | None:
         """The revision READY or DRAINING in the engine, claimed by `claim` (route it,
-        pin it) in the same step, so it is never seen unclaimed and retired."""
+        pin it) in the same step, so it is never seen unclaimed and retired. None when
+        this caller's own load landed but `claim` did not keep it (its name moved on
+        to a newer target meanwhile)."""
         while True:
             entry = self._entries.get(key)
             if entry is not None and entry.phase in (Phase.READY, Phase.DRAINING):
@@ -396,17 +405,18 @@ class AdapterRegistry:
             if entry is not None and entry.phase is Phase.REMOVING:
                 await entry.done.wait()
                 continue
-            if entry is None or entry.phase is Phase.FAILED:
+            own = entry is None or entry.phase is Phase.FAILED
+            if own:
                 loading = RevisionEntry(*key, Phase.LOADING)
                 self._entries[key] = loading
                 loading.task = self._spawn(self._load(loading, obtain, entry, claim))
                 entry = loading
-            assert entry.task is not None
+            assert entry is not None and entry.task is not None
             # Shielded: a caller that gives up leaves the load to the others.
             await asyncio.shield(entry.task)
-            if self._entries.get(key) is entry and entry.phase in (Phase.READY, Phase.DRAINING):
-                claim(entry)
-                return entry
+            if own:
+                kept = self._entries.get(key) is entry and entry.phase is Phase.READY
+                return entry if kept else None
 
     async def _load(
         self,
