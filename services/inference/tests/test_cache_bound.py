@@ -77,9 +77,7 @@ async def test_download_evicts_the_least_recently_used_revision_to_stay_under_th
     assert (cache.usage().bytes, cache.usage().evictions) == (2 * SIZE, 1)
 
 
-async def test_revision_its_holder_keeps_is_not_evicted(
-    tmp_path: Path, source: FakeSource
-) -> None:
+async def test_revision_its_holder_keeps_is_not_evicted(tmp_path: Path, source: FakeSource) -> None:
     evictor = Evictor()
     evictor.held.add(("a", 1))
     cache = await bounded(tmp_path / "cache", source, 2.5, evictor)

@@ -14,6 +14,7 @@ from loraserve.inference.compat import LLAMA_TARGET_MODULES, CompatibilityChecke
 from loraserve.inference.registry import AdapterRegistry
 from loraserve.inference.revisionstate import AdapterState, Tier
 from loraserve.testing.inference_fakes import FakeEngine, FakeFetcher, fake_manifest
+from loraserve.testing.waiting import eventually
 
 
 @pytest.fixture
@@ -45,10 +46,8 @@ async def serve(registry: AdapterRegistry, ref: str) -> int:
         return lease.revision
 
 
-async def until_fetching(fetcher: FakeFetcher, count: int = 1) -> None:
-    async with asyncio.timeout(5):
-        while len(fetcher.fetches) < count:
-            await asyncio.sleep(0)
+async def until_fetching(fetcher: FakeFetcher) -> None:
+    await eventually(lambda: bool(fetcher.fetches), "a fetch started")
 
 
 async def test_first_request_loads_the_target_and_routes_it(

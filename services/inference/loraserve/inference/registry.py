@@ -332,9 +332,7 @@ class AdapterRegistry:
                 statuses[key] = target_status(target, Tier.DISK if cached else Tier.STORE)
         return [statuses[key] for key in sorted(statuses)]
 
-    def _tier(
-        self, entry: RevisionEntry, in_host_memory: Callable[[int], bool] | None
-    ) -> Tier:
+    def _tier(self, entry: RevisionEntry, in_host_memory: Callable[[int], bool] | None) -> Tier:
         if entry.in_flight:
             return Tier.SLOT
         if entry.handle is not None and entry.phase in IN_ENGINE:
@@ -411,7 +409,8 @@ class AdapterRegistry:
                 self._entries[key] = loading
                 loading.task = self._spawn(self._load(loading, obtain, entry, claim))
                 entry = loading
-            assert entry is not None and entry.task is not None
+            assert entry is not None
+            assert entry.task is not None
             # Shielded: a caller that gives up leaves the load to the others.
             await asyncio.shield(entry.task)
             if own:
@@ -489,9 +488,7 @@ class AdapterRegistry:
         if self._cache is None:
             return
         target = self.target_revision(name)
-        await self._cache.remove_unused(
-            name, lambda n, rev: rev == target or self.holds(n, rev)
-        )
+        await self._cache.remove_unused(name, lambda n, rev: rev == target or self.holds(n, rev))
 
     def _route(self, entry: RevisionEntry) -> None:
         previous = self._routes.get(entry.name)

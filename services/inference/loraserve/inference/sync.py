@@ -246,10 +246,14 @@ class Synchronizer:
             wish = self._state.wishes.get(name)
             if self._registry.is_resident(name):
                 warm.add(name)
-            elif wish is not None and wish.current is not None and room > 0:
-                if self._registry.target_revision(name) != wish.current.revision:
-                    warm.add(name)
-                    room -= 1
+            elif (
+                wish is not None
+                and wish.current is not None
+                and room > 0
+                and self._registry.target_revision(name) != wish.current.revision
+            ):
+                warm.add(name)
+                room -= 1
         return warm
 
     def _route_lazily(self, name: str) -> bool:

@@ -6,7 +6,7 @@ The store's watch streams are fed by the test; the harness runs a `Synchronizer`
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncGenerator, AsyncIterator
+from collections.abc import AsyncGenerator, AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from datetime import UTC, datetime
 from pathlib import Path
@@ -214,7 +214,12 @@ def listing(seq: int, *revisions: tuple[str, int]) -> Listing:
 
 
 class Harness:
-    def __init__(self, initial: Listing) -> None:
+    def __init__(
+        self,
+        initial: Listing,
+        settings: SyncSettings = FAST,
+        recent_names: Callable[[], list[str]] | None = None,
+    ) -> None:
         self.store = FakeStore(initial)
         self.fetcher = FakeFetcher()
         self.registry = FakeRegistry()
@@ -223,8 +228,9 @@ class Harness:
             self.store,
             self.fetcher,
             self.registry,
-            FAST,
+            settings,
             observe_swap=self.swaps.append,
+            recent_names=recent_names,
         )
 
     async def started(self) -> None:
