@@ -31,15 +31,11 @@ overfill the disk.
 from __future__ import annotations
 
 import asyncio
-import contextlib
-import hashlib
-import json
 import logging
-import os
 import shutil
 import uuid
 from collections.abc import AsyncGenerator, AsyncIterator, Callable
-from contextlib import aclosing, asynccontextmanager
+from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
@@ -54,14 +50,12 @@ from loraserve.common.errors import (
 )
 from loraserve.common.manifest import Revision
 from loraserve.common.names import validate_adapter_name
+from loraserve.inference import cachefiles
 from loraserve.inference.cacheindex import CacheIndex, Key
 from loraserve.inference.compat import AdapterFacts
-from loraserve.inference.download import MANIFEST_FILE, Receiver, check_manifest
+from loraserve.inference.download import check_manifest, receive_revision, same_files
 
 log = logging.getLogger(__name__)
-
-_TEMP_DIR = ".tmp"
-_HASH_BLOCK = 1024 * 1024
 
 
 @dataclass(frozen=True)
@@ -168,13 +162,11 @@ class AdapterCache:
         self._check = check
         self._max_bytes = max_bytes
         self._observer = observer
-        self._persist_interval_s = persist_interval_s
         self._locks: dict[Key, _KeyLock] = {}
-        self._index = CacheIndex(self._root)
+        self._index = CacheIndex(self._root, persist_interval_s)
         # Bytes of downloads in progress, counted against the bound before they land.
         self._reserved = 0
         self._evictor: Evictor | None = None
-        self._save: asyncio.Task[None] | None = None
         self._downloads = 0
         self._evictions = 0
 
@@ -203,16 +195,13 @@ class AdapterCache:
 
     def _prepare(self) -> None:
         self._root.mkdir(parents=True, exist_ok=True)
-        shutil.rmtree(self._root / _TEMP_DIR, ignore_errors=True)
-        (self._root / _TEMP_DIR).mkdir()
-        self._index.rebuild(_revisions_on_disk(self._root))
+        shutil.rmtree(self._root / cachefiles.TEMP_DIR, ignore_errors=True)
+        (self._root / cachefiles.TEMP_DIR).mkdir()
+        self._index.rebuild(cachefiles.revisions_on_disk(self._root))
 
     async def close(self) -> None:
         """Writes the index now (shutdown)."""
-        if self._save is not None:
-            self._save.cancel()
-            await asyncio.gather(self._save, return_exceptions=True)
-        await asyncio.to_thread(self._index.save_if_changed)
+        await self._index.close()
 
     def usage(self) -> CacheUsage:
         return CacheUsage(
@@ -233,7 +222,7 @@ class AdapterCache:
     def touch(self, name: str, revision: int) -> None:
         """The revision served a request: the last to be evicted."""
         self._index.touch((name, revision))
-        self._persist_soon()
+        self._index.save_soon()
 
     def path_of(self, name: str, revision: int) -> Path:
         """Where a revision lives; refuses anything that would leave the cache."""
@@ -266,7 +255,7 @@ class AdapterCache:
                 raise
             cached = await self._on_disk(key, final)
             if cached is not None:
-                if _same_files(cached, manifest):
+                if same_files(cached, manifest):
                     log.info("cache.reused name=%s rev=%d", name, revision)
                     self.touch(name, revision)
                     return CachedRevision(cached, final)
@@ -288,13 +277,13 @@ class AdapterCache:
             finally:
                 self._reserved -= size
             self._index.add(key, size)
-            self._persist_soon()
+            self._index.save_soon()
             return downloaded
 
     async def _on_disk(self, key: Key, final: Path) -> Revision | None:
         """The manifest of a complete, intact copy on disk (every file hashed: the
         engine will read these bytes), or None."""
-        manifest = await asyncio.to_thread(_load_verified, final, *key)
+        manifest = await asyncio.to_thread(cachefiles.load_verified, final, *key)
         if manifest is None:
             self._forget(key)
         elif key not in self._index:
@@ -345,23 +334,13 @@ class AdapterCache:
         log.info("cache.evicted name=%s rev=%d bytes_now=%d", *key, self._index.bytes)
 
     async def _delete(self, key: Key, path: Path) -> None:
-        await asyncio.to_thread(_remove_revision_dir, path)
+        await asyncio.to_thread(cachefiles.remove_revision_dir, path)
         self._forget(key)
 
     def _forget(self, key: Key) -> None:
         if key in self._index:
             self._index.discard(key)
-            self._persist_soon()
-
-    def _persist_soon(self) -> None:
-        """Writes the index within `persist_interval_s`: touches come with every
-        request, writes at most that often."""
-        if self._save is None or self._save.done():
-            self._save = asyncio.get_running_loop().create_task(self._save_later())
-
-    async def _save_later(self) -> None:
-        await asyncio.sleep(self._persist_interval_s)
-        await asyncio.to_thread(self._index.save_if_changed)
+            self._index.save_soon()
 
     async def _servable(self, name: str, revision: int, manifest: Revision | None) -> Revision:
         """The revision's manifest, checked before any byte is downloaded. Asked of the
@@ -396,7 +375,9 @@ class AdapterCache:
         what an earlier run left behind. Only `<adapter name>/<number>` entries are
         touched, so a cache pointed at a shared directory loses nothing else."""
         try:
-            removed = await asyncio.to_thread(self._sweep, keep)
+            removed = await asyncio.to_thread(
+                cachefiles.sweep, self._root, lambda *key: keep(*key) or key in self._locks
+            )
         except OSError as exc:
             # Leftovers cost disk, not correctness: serving must not wait on them.
             log.warning("cache.sweep_failed reason=%s", exc)
@@ -404,24 +385,6 @@ class AdapterCache:
         for path in removed:
             self._forget((path.parent.name, int(path.name)))
         log.info("cache.swept removed=%d", len(removed))
-
-    def _sweep(self, keep: Callable[[str, int], bool]) -> list[Path]:
-        removed = []
-        for adapter_dir in sorted(self._root.iterdir()):
-            if not _is_adapter_dir(adapter_dir):
-                continue
-            for entry in sorted(adapter_dir.iterdir()):
-                if not entry.name.isdigit():
-                    continue
-                key = (adapter_dir.name, int(entry.name))
-                if keep(*key) or key in self._locks:
-                    continue
-                log.info("cache.stale_removed name=%s rev=%d", *key)
-                _remove_path(entry)
-                removed.append(entry)
-            with contextlib.suppress(OSError):  # still holds kept revisions
-                adapter_dir.rmdir()
-        return removed
 
     @asynccontextmanager
     async def _exclusive(self, name: str, revision: int) -> AsyncIterator[None]:
@@ -440,11 +403,12 @@ class AdapterCache:
 
     async def _download(self, expected: Revision, final: Path) -> CachedRevision:
         name, revision = expected.adapter_name, expected.revision
-        staging = self._root / _TEMP_DIR / f"{name}-{revision}-{uuid.uuid4().hex}"
+        staging = self._root / cachefiles.TEMP_DIR / f"{name}-{revision}-{uuid.uuid4().hex}"
         await asyncio.to_thread(staging.mkdir, parents=True)
         try:
-            manifest = await self._receive(expected, staging)
-            await asyncio.to_thread(_commit, staging, final, manifest)
+            stream = self._source.download(name, revision)
+            manifest = await receive_revision(stream, expected, staging)
+            await asyncio.to_thread(cachefiles.commit, staging, final, manifest)
         finally:
             await asyncio.to_thread(shutil.rmtree, staging, True)
         self._downloads += 1
@@ -458,124 +422,6 @@ class AdapterCache:
             sum(f.size for f in manifest.files),
         )
         return CachedRevision(manifest, final, downloaded=True)
-
-    async def _receive(self, expected: Revision, staging: Path) -> Revision:
-        name, revision = expected.adapter_name, expected.revision
-        receiver = Receiver(name, revision, staging)
-        try:
-            async with aclosing(self._source.download(name, revision)) as stream:
-                async for message in stream:
-                    if isinstance(message, Revision):
-                        if not _same_files(message, expected):
-                            raise DataLoss(
-                                f"download of {name}@{revision}: the stream's manifest lists "
-                                "other files than the store's event or listing"
-                            )
-                        receiver.take_manifest(message)
-                    else:
-                        await receiver.take_chunk(message)
-            return await receiver.finish()
-        finally:
-            await receiver.close()
-
-
-def _same_files(a: Revision, b: Revision) -> bool:
-    return sorted(a.files, key=lambda f: f.name) == sorted(b.files, key=lambda f: f.name)
-
-
-def _commit(staging: Path, final: Path, manifest: Revision) -> None:
-    (staging / MANIFEST_FILE).write_text(json.dumps(manifest.to_json()), "utf-8")
-    final.parent.mkdir(parents=True, exist_ok=True)
-    if final.exists():
-        # Left by an earlier process and not verifiable: replace it.
-        shutil.rmtree(final)
-    os.rename(staging, final)
-    _fsync_dir(final.parent)
-
-
-def _fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def _load_verified(path: Path, name: str, revision: int) -> Revision | None:
-    """The manifest of a complete, intact revision directory, or None (after
-    removing the directory) if it is missing, partial or corrupt."""
-    marker = path / MANIFEST_FILE
-    if not marker.is_file():
-        if path.exists():
-            shutil.rmtree(path)
-        return None
-    try:
-        manifest = Revision.from_json(json.loads(marker.read_text("utf-8")))
-        check_manifest(manifest, name, revision)
-        for file in manifest.files:
-            if _sha256_of(path / file.name, file.size) != file.sha256:
-                raise DataLoss(f"cached file {file.name!r} does not match its manifest")
-        return manifest
-    except (OSError, ValueError, KeyError, TypeError, DataLoss) as exc:
-        log.warning("cache.discarded_corrupt name=%s rev=%d reason=%s", name, revision, exc)
-        shutil.rmtree(path, ignore_errors=True)
-        return None
-
-
-def _read_manifest(path: Path) -> Revision | None:
-    try:
-        return Revision.from_json(json.loads((path / MANIFEST_FILE).read_text("utf-8")))
-    except (OSError, ValueError, KeyError, TypeError):
-        return None
-
-
-def _revisions_on_disk(root: Path) -> list[tuple[Key, int]]:
-    """Every complete revision directory under `root` with its manifest's bytes; the
-    files themselves are hashed when the revision is next fetched."""
-    found = []
-    for adapter_dir in root.iterdir():
-        if not _is_adapter_dir(adapter_dir):
-            continue
-        for entry in adapter_dir.iterdir():
-            if entry.name.isdigit():
-                manifest = _read_manifest(entry)
-                if manifest is not None:
-                    size = sum(f.size for f in manifest.files)
-                    found.append(((adapter_dir.name, int(entry.name)), size))
-    return found
-
-
-def _sha256_of(path: Path, expected_size: int) -> str | None:
-    if path.is_symlink() or not path.is_file() or path.stat().st_size != expected_size:
-        return None
-    digest = hashlib.sha256()
-    with path.open("rb") as file:
-        while block := file.read(_HASH_BLOCK):
-            digest.update(block)
-    return digest.hexdigest()
-
-
-def _is_adapter_dir(path: Path) -> bool:
-    if not path.is_dir() or path.is_symlink():
-        return False
-    try:
-        validate_adapter_name(path.name)
-    except InvalidArgument:
-        return False
-    return True
-
-
-def _remove_path(path: Path) -> None:
-    if path.is_dir() and not path.is_symlink():
-        shutil.rmtree(path, ignore_errors=True)
-    else:
-        path.unlink(missing_ok=True)
-
-
-def _remove_revision_dir(path: Path) -> None:
-    shutil.rmtree(path, ignore_errors=True)
-    with contextlib.suppress(OSError):  # other revisions of the adapter remain
-        path.parent.rmdir()
 
 
 def manifest_facts(manifest: Revision) -> AdapterFacts:

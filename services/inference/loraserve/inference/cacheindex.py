@@ -13,6 +13,7 @@ revision directories themselves.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 import os
@@ -41,8 +42,10 @@ class IndexedRevision:
 class CacheIndex:
     """Revisions on disk in least-recently-used order, with their total bytes."""
 
-    def __init__(self, root: Path) -> None:
+    def __init__(self, root: Path, persist_interval_s: float = 2.0) -> None:
         self._path = root / INDEX_FILE
+        self._persist_interval_s = persist_interval_s
+        self._save: asyncio.Task[None] | None = None
         self._entries: OrderedDict[Key, IndexedRevision] = OrderedDict()
         self.bytes = 0
         self._dirty = False
@@ -96,6 +99,23 @@ class CacheIndex:
         self._entries = OrderedDict(entries)
         self.bytes = sum(entry.size for _, entry in entries)
         self._dirty = True
+
+    def save_soon(self) -> None:
+        """Writes the index within `persist_interval_s`: touches come with every
+        request, writes at most that often."""
+        if self._save is None or self._save.done():
+            self._save = asyncio.get_running_loop().create_task(self._save_later())
+
+    async def close(self) -> None:
+        """Writes the index now (shutdown)."""
+        if self._save is not None:
+            self._save.cancel()
+            await asyncio.gather(self._save, return_exceptions=True)
+        await asyncio.to_thread(self.save_if_changed)
+
+    async def _save_later(self) -> None:
+        await asyncio.sleep(self._persist_interval_s)
+        await asyncio.to_thread(self.save_if_changed)
 
     def save_if_changed(self) -> None:
         """Writes the index if it changed since the last write (blocking I/O)."""

@@ -11,6 +11,8 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import os
+from collections.abc import AsyncGenerator
+from contextlib import aclosing
 from pathlib import Path
 from typing import BinaryIO
 
@@ -148,3 +150,31 @@ def check_manifest(manifest: Revision, name: str, revision: int) -> Revision:
             raise DataLoss(f"download of {name}@{revision}: bad size or digest of {file.name!r}")
         seen.add(file.name)
     return manifest
+
+
+async def receive_revision(
+    stream: AsyncGenerator[Revision | FileChunk, None], expected: Revision, staging: Path
+) -> Revision:
+    """Writes a download stream into `staging`, checked as it arrives; the stream's
+    manifest must list the files `expected` (what the event or listing said) lists."""
+    name, revision = expected.adapter_name, expected.revision
+    receiver = Receiver(name, revision, staging)
+    try:
+        async with aclosing(stream):
+            async for message in stream:
+                if isinstance(message, Revision):
+                    if not same_files(message, expected):
+                        raise DataLoss(
+                            f"download of {name}@{revision}: the stream's manifest lists "
+                            "other files than the store's event or listing"
+                        )
+                    receiver.take_manifest(message)
+                else:
+                    await receiver.take_chunk(message)
+        return await receiver.finish()
+    finally:
+        await receiver.close()
+
+
+def same_files(a: Revision, b: Revision) -> bool:
+    return sorted(a.files, key=lambda f: f.name) == sorted(b.files, key=lambda f: f.name)

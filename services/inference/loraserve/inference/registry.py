@@ -69,43 +69,17 @@ from loraserve.inference.cache import CachedRevision, manifest_facts
 from loraserve.inference.compat import CompatibilityChecker
 from loraserve.inference.engine import AdapterHandle, Engine
 from loraserve.inference.engine_adapters import EngineAdapters
+from loraserve.inference.registryloads import RevisionCache, RevisionLoads
 from loraserve.inference.revisionstate import (
     IN_ENGINE,
     Key,
     Phase,
     RevisionEntry,
     RevisionStatus,
-    Tier,
-    status_of,
-    target_status,
+    statuses,
 )
 
 log = logging.getLogger(__name__)
-
-
-class RevisionCache(Protocol):
-    """Owns the revisions' directories (`AdapterCache`, or a fake in tests)."""
-
-    async def fetch(
-        self, name: str, revision: int, manifest: Revision | None = None
-    ) -> CachedRevision:
-        """A verified local copy; looks the manifest up when none is given. Raises
-        NotFound, FailedPrecondition, DataLoss or Unavailable."""
-        ...
-
-    async def remove(self, name: str, revision: int) -> None:
-        """Deletes the revision's files: the engine no longer reads them."""
-        ...
-
-    async def remove_unused(self, name: str, in_use: Callable[[str, int], bool]) -> None:
-        """Deletes the adapter's revisions on disk that `in_use` rejects."""
-        ...
-
-    def touch(self, name: str, revision: int) -> None:
-        """The revision served a request (the disk tier's LRU order)."""
-        ...
-
-    def is_cached(self, name: str, revision: int) -> bool: ...
 
 
 class RegistryObserver(Protocol):
@@ -157,6 +131,9 @@ class AdapterRegistry:
         self._targets: dict[str, Revision] = {}
         self._pin_clock = itertools.count(1)
         self._tasks: set[asyncio.Task[None]] = set()
+        self._loads = RevisionLoads(
+            self._entries, self._adapters, fetcher, self._update, self._spawn
+        )
 
     # -- the sync side ---------------------------------------------------------------
 
@@ -171,7 +148,9 @@ class AdapterRegistry:
             self._retarget(cached.manifest)
         claim = self._route_if_target if make_current else self._pin
         try:
-            await self._ensure_loaded(key, functools.partial(self._obtain, key, cached), claim)
+            await self._loads.ensure_loaded(
+                key, functools.partial(self._loads.obtain, key, cached), claim
+            )
         except LoraserveError as exc:
             self._fail(cached.manifest, exc.message)
             raise
@@ -199,8 +178,8 @@ class AdapterRegistry:
     async def set_current(self, name: str, revision: int) -> None:
         """Routes `name` to `revision`, loading it again if it was already removed."""
         key = (name, revision)
-        entry = await self._ensure_loaded(
-            key, functools.partial(self._obtain, key, None), self._promote
+        entry = await self._loads.ensure_loaded(
+            key, functools.partial(self._loads.obtain, key, None), self._promote
         )
         if entry is None:
             raise Unavailable(f"adapter {name}@{revision} left the engine as it loaded; retry")
@@ -299,8 +278,8 @@ class AdapterRegistry:
             entry = self._routed_entry(ref.name) or await self._load_on_miss(ref.name)
         else:
             key = (ref.name, ref.revision)
-            pinned = await self._ensure_loaded(
-                key, functools.partial(self._obtain, key, None), self._pin
+            pinned = await self._loads.ensure_loaded(
+                key, functools.partial(self._loads.obtain, key, None), self._pin
             )
             if pinned is None:
                 raise Unavailable(f"adapter {ref.name}@{ref.revision} left as it loaded; retry")
@@ -321,28 +300,14 @@ class AdapterRegistry:
         """Every revision this registry knows, loaded or only targeted, ordered by
         name then revision, each with the tier it is in; `in_host_memory` tells the
         lora_int_ids the engine holds in host memory (else all loaded ones count)."""
-        statuses = {
-            key: status_of(e, self._routes, self._tier(e, in_host_memory))
-            for key, e in self._entries.items()
-        }
-        for name, target in self._targets.items():
-            key = (name, target.revision)
-            if key not in statuses:
-                cached = self._cache is not None and self._cache.is_cached(*key)
-                statuses[key] = target_status(target, Tier.DISK if cached else Tier.STORE)
-        return [statuses[key] for key in sorted(statuses)]
-
-    def _tier(self, entry: RevisionEntry, in_host_memory: Callable[[int], bool] | None) -> Tier:
-        if entry.in_flight:
-            return Tier.SLOT
-        if entry.handle is not None and entry.phase in IN_ENGINE:
-            if in_host_memory is None or in_host_memory(entry.handle.lora_int_id):
-                return Tier.HOST
-            return Tier.DISK
-        cached = self._cache is not None and self._cache.is_cached(*entry.key)
-        return Tier.DISK if cached else Tier.STORE
-
-    # -- internals ---------------------------------------------------------------------
+        cache = self._cache
+        return statuses(
+            self._entries,
+            self._routes,
+            self._targets,
+            on_disk=(lambda n, r: cache.is_cached(n, r)) if cache else (lambda n, r: False),
+            in_host_memory=in_host_memory or (lambda lora_int_id: True),
+        )
 
     def _routed_entry(self, name: str) -> RevisionEntry | None:
         revision = self._routes.get(name)
@@ -360,8 +325,8 @@ class AdapterRegistry:
             if target is None:
                 raise NotFound(f"adapter {name!r} is not served here")
             key = (name, target.revision)
-            loaded = await self._ensure_loaded(
-                key, functools.partial(self._fetch, target), self._route_if_target
+            loaded = await self._loads.ensure_loaded(
+                key, functools.partial(self._loads.fetch, target), self._route_if_target
             )
             downloaded = downloaded or (loaded is not None and loaded.downloaded)
         if self._observer is not None:
@@ -370,98 +335,6 @@ class AdapterRegistry:
             source = "store" if downloaded else "disk"
             self._observer.adapter_load_waited(source, time.monotonic() - started)
         return entry
-
-    async def _obtain(self, key: Key, given: CachedRevision | None) -> CachedRevision:
-        # A revision's files go back to the cache when it leaves the engine; one asked
-        # for again after that (a rollback, a pin) is fetched again.
-        if given is not None and given.path.is_dir():
-            return given
-        if self._cache is None:
-            raise NotFound(f"adapter {key[0]}@{key[1]} is not loaded here")
-        return await self._cache.fetch(*key, given.manifest if given is not None else None)
-
-    async def _fetch(self, target: Revision) -> CachedRevision:
-        if self._cache is None:
-            raise NotFound(f"adapter {target.adapter_name}@{target.revision} is not loaded here")
-        return await self._cache.fetch(target.adapter_name, target.revision, target)
-
-    async def _ensure_loaded(
-        self,
-        key: Key,
-        obtain: Callable[[], Awaitable[CachedRevision]],
-        claim: Callable[[RevisionEntry], None],
-    ) -> RevisionEntry | None:
-        """The revision READY or DRAINING in the engine, claimed by `claim` (route it,
-        pin it) in the same step, so it is never seen unclaimed and retired. None when
-        this caller's own load landed but `claim` did not keep it (its name moved on
-        to a newer target meanwhile)."""
-        while True:
-            entry = self._entries.get(key)
-            if entry is not None and entry.phase in (Phase.READY, Phase.DRAINING):
-                claim(entry)
-                return entry
-            if entry is not None and entry.phase is Phase.REMOVING:
-                await entry.done.wait()
-                continue
-            own = entry is None or entry.phase is Phase.FAILED
-            if own:
-                loading = RevisionEntry(*key, Phase.LOADING)
-                self._entries[key] = loading
-                loading.task = self._spawn(self._load(loading, obtain, entry, claim))
-                entry = loading
-            assert entry is not None
-            assert entry.task is not None
-            # Shielded: a caller that gives up leaves the load to the others.
-            await asyncio.shield(entry.task)
-            if own:
-                kept = self._entries.get(key) is entry and entry.phase is Phase.READY
-                return entry if kept else None
-
-    async def _load(
-        self,
-        entry: RevisionEntry,
-        obtain: Callable[[], Awaitable[CachedRevision]],
-        failed: RevisionEntry | None,
-        claim: Callable[[RevisionEntry], None],
-    ) -> None:
-        """Loads a revision that is absent or FAILED, and claims it as its first
-        caller asked, even if that caller is gone by then."""
-        key = entry.key
-        cached: CachedRevision | None = None
-        added: AdapterHandle | None = None
-        try:
-            cached = await obtain()
-            entry.manifest, entry.path = cached.manifest, cached.path
-            entry.downloaded = cached.downloaded
-            self._check_not_deleted(entry)
-            await self._adapters.check(manifest_facts(cached.manifest), cached.path)
-            handle = self._adapters.handle(*key, cached.path)
-            await self._adapters.add(handle)
-            added = handle
-            self._check_not_deleted(entry)
-            entry.handle, entry.phase = handle, Phase.READY
-            log.info("adapter.loaded name=%s rev=%d lora_int_id=%d", *key, handle.lora_int_id)
-            claim(entry)
-            self._update(entry)
-        except Exception:
-            await self._adapters.discard(added)
-            if cached is not None:
-                await self._release(key)
-            raise
-        finally:
-            if entry.phase is Phase.LOADING and self._entries.get(key) is entry:
-                # Did not load: what was known before (a failure) comes back, unless
-                # the name was deleted meanwhile.
-                if failed is None or entry.discarded:
-                    del self._entries[key]
-                else:
-                    self._entries[key] = failed
-            entry.done.set()
-
-    def _check_not_deleted(self, entry: RevisionEntry) -> None:
-        if entry.discarded:
-            log.info("adapter.load_discarded name=%s rev=%d: deleted while loading", *entry.key)
-            raise NotFound(f"adapter {entry.name}@{entry.revision} was deleted")
 
     def _fail(self, manifest: Revision, message: str) -> None:
         key = (manifest.adapter_name, manifest.revision)
@@ -534,7 +407,7 @@ class AdapterRegistry:
         assert entry.handle is not None
         try:
             await self._adapters.remove(entry.handle)
-            await self._release(entry.key)
+            await self._loads.release_files(entry.key)
             log.info(
                 "adapter.removed name=%s rev=%d lora_int_id=%d",
                 *entry.key,
@@ -548,11 +421,6 @@ class AdapterRegistry:
             if self._entries.get(entry.key) is entry:
                 del self._entries[entry.key]
             entry.done.set()
-
-    async def _release(self, key: Key) -> None:
-        """Hands a revision's files back to the cache, which deletes them."""
-        if self._cache is not None:
-            await self._cache.remove(*key)
 
     def _spawn(self, coro: Awaitable[None]) -> asyncio.Task[None]:
         task: asyncio.Task[None] = asyncio.ensure_future(coro)

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import enum
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -143,6 +144,33 @@ def status_of(entry: RevisionEntry, routes: dict[str, int], tier: Tier) -> Revis
         rank=entry.rank,
         tier=tier,
     )
+
+
+def statuses(
+    entries: dict[Key, RevisionEntry],
+    routes: dict[str, int],
+    targets: dict[str, Revision],
+    *,
+    on_disk: Callable[[str, int], bool],
+    in_host_memory: Callable[[int], bool],
+) -> list[RevisionStatus]:
+    """Every revision known, loaded or only targeted, ordered by name then revision,
+    each in the tier its weights are: running requests (SLOT), loaded and in the
+    engine's host memory (HOST), on disk only (DISK) or in the store only (STORE)."""
+
+    def tier(entry: RevisionEntry) -> Tier:
+        if entry.in_flight:
+            return Tier.SLOT
+        if entry.handle is not None and entry.phase in IN_ENGINE:
+            return Tier.HOST if in_host_memory(entry.handle.lora_int_id) else Tier.DISK
+        return Tier.DISK if on_disk(*entry.key) else Tier.STORE
+
+    found = {key: status_of(e, routes, tier(e)) for key, e in entries.items()}
+    for name, target in targets.items():
+        key = (name, target.revision)
+        if key not in found:
+            found[key] = target_status(target, Tier.DISK if on_disk(*key) else Tier.STORE)
+    return [found[key] for key in sorted(found)]
 
 
 def target_status(target: Revision, tier: Tier) -> RevisionStatus:

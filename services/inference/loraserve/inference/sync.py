@@ -34,7 +34,7 @@ import asyncio
 import functools
 import logging
 import time
-from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncGenerator, AsyncIterator, Callable
 from contextlib import aclosing
 from dataclasses import dataclass
 from typing import Protocol
@@ -43,11 +43,12 @@ import stamina
 
 from loraserve.clients.store import Heartbeat, Listing, StoreEvent
 from loraserve.common import errors
-from loraserve.common.errors import TRANSIENT_ERRORS, LoraserveError
+from loraserve.common.errors import LoraserveError
 from loraserve.inference.compat import serves_base_model
 from loraserve.inference.revisionloads import Fetcher, Registry, RevisionLoader, SwapObserver
 from loraserve.inference.statusreports import StatusAPI, StatusReporter
 from loraserve.inference.syncstate import AdapterWish, SyncState
+from loraserve.inference.syncworker import AdapterWorker, RetryHook
 
 log = logging.getLogger(__name__)
 
@@ -64,10 +65,6 @@ class Sweeper(Protocol):
     """Removes cached revisions nothing needs (`AdapterCache`)."""
 
     async def sweep(self, keep: Callable[[str, int], bool]) -> None: ...
-
-
-RetryHook = Callable[[BaseException], bool]
-"""Whether to retry after this failure (stamina's `on`); logs it."""
 
 
 @dataclass(frozen=True)
@@ -103,7 +100,7 @@ class Synchronizer:
         self._registry = registry
         self._settings = settings or SyncSettings()
         self._state = SyncState()
-        self._workers: dict[str, _Worker] = {}
+        self._workers: dict[str, AdapterWorker] = {}
         self._reports = StatusReporter(store, self._state.reports, self._settings.status_interval_s)
         self._loader = RevisionLoader(
             fetcher,
@@ -316,12 +313,12 @@ class Synchronizer:
     def _wake(self, name: str) -> None:
         worker = self._workers.get(name)
         if worker is None:
-            worker = self._workers[name] = _Worker(name)
+            worker = self._workers[name] = AdapterWorker(name)
             worker.task = asyncio.create_task(self._work(worker), name=f"sync:{name}")
         else:
             worker.wake()
 
-    async def _work(self, worker: _Worker) -> None:
+    async def _work(self, worker: AdapterWorker) -> None:
         """Applies the adapter's latest wish until it holds; exits when it does."""
         name = worker.name
         try:
@@ -373,60 +370,6 @@ class Synchronizer:
         ):
             log.info("sync.initial_done seq=%d", self._initial_seq)
             self.initial_sync_done.set()
-
-
-class _Worker:
-    """One adapter's worker: applies its latest wish, retrying transient failures.
-    A newer wish cuts a backoff wait short: it may not need what failed."""
-
-    task: asyncio.Task[None]
-
-    def __init__(self, name: str) -> None:
-        self.name = name
-        # A newer wish came since this attempt began.
-        self._woken = False
-        # Set only while a retry waits: ending it early starts the newer wish.
-        self._waiting: asyncio.Timeout | None = None
-        self._scope: asyncio.Timeout | None = None
-
-    def wake(self) -> None:
-        self._woken = True
-        if self._waiting is not None:
-            self._waiting.reschedule(asyncio.get_running_loop().time())
-            self._waiting = None
-
-    async def apply(
-        self,
-        apply: Callable[[], Awaitable[None]],
-        retrying: Callable[[RetryHook], AsyncIterator[stamina.Attempt]],
-    ) -> bool:
-        """True once `apply` succeeded; False when a newer wish ended the retries."""
-        self._woken = False
-        scope = asyncio.timeout(None)
-        try:
-            async with scope:
-                self._scope = scope
-                async for attempt in retrying(self._retry_on):
-                    with attempt:
-                        self._waiting = None
-                        scope.reschedule(None)
-                        await apply()
-            return True
-        except TRANSIENT_ERRORS:
-            return False  # not retried: a newer wish came during the attempt
-        except TimeoutError:
-            if not scope.expired():
-                raise
-            return False  # woken while waiting to retry
-        finally:
-            self._scope = self._waiting = None
-
-    def _retry_on(self, exc: BaseException) -> bool:
-        if not isinstance(exc, TRANSIENT_ERRORS) or self._woken:
-            return False
-        log.warning("sync.apply_retry name=%s reason=%s", self.name, exc)
-        self._waiting = self._scope
-        return True
 
 
 class _MissedEvents(Exception):
