@@ -154,6 +154,25 @@ async def test_replica_serves_once_its_prefetch_set_is_loaded_and_only_routes_th
         assert (info.routed_adapters, info.engine_adapters, info.downloads) == (4, 1, 1)
 
 
+async def test_start_up_with_a_hundred_more_adapters_loads_no_more_of_them(
+    tiers: Tiers,
+) -> None:
+    many = [f"many-{i:03d}" for i in range(100)]
+    async with store_stub(tiers.store.address) as stub:
+        for batch in range(0, len(many), 10):
+            await asyncio.gather(
+                *(push(stub, name, tiers.files["d"]) for name in many[batch : batch + 10])
+            )
+
+    async with tiers.replica("--prefetch-adapters", "2") as inference:
+        info = await tier_info(inference)
+
+        assert sorted(inference.add_calls) == ["a@1", "b@1"]
+        assert (info.routed_adapters, info.engine_adapters, info.downloads) == (104, 2, 2)
+        assert tiers.weight_gets("d") == 0
+        assert (await inference.generate("many-042", 4))[0] == 1
+
+
 async def test_first_request_to_an_adapter_not_loaded_loads_it_and_matches_the_oracle(
     tiers: Tiers,
 ) -> None:
