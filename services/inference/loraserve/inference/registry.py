@@ -44,7 +44,7 @@ The seam with the sync side (inference-sync):
     current_revision(name), is_installed(name, revision), holds(...), is_resident(name),
     resident_count(), snapshot()
     release(name, revision)             the cache's eviction: out of the engine if idle
-    settle()                            waits for removals in progress (tests, shutdown)
+    settle()                            waits for loads and removals in progress
 
 Both sides never load a path that is not inside the adapter cache directory.
 """
