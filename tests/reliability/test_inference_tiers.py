@@ -125,11 +125,9 @@ async def tier_info(inference: RunningInference) -> pb.AdapterTiers:
 
 
 def bytes_on_disk(cache: Path) -> int:
-    return sum(
-        p.stat().st_size
-        for p in cache.rglob("*")
-        if p.is_file() and not p.name.startswith(".") and ".tmp" not in p.parts
-    )
+    """Everything the cache keeps, manifests and index included; not downloads in
+    progress."""
+    return sum(p.stat().st_size for p in cache.rglob("*") if p.is_file() and ".tmp" not in p.parts)
 
 
 async def generate_all(inference: RunningInference, names: Sequence[str]) -> list[int]:

@@ -189,7 +189,7 @@ class AdapterCache:
         log.info(
             "cache.indexed revisions=%d bytes=%d bound=%s",
             len(self._index),
-            self._index.bytes,
+            self._index.disk_bytes,
             self._max_bytes,
         )
 
@@ -205,7 +205,7 @@ class AdapterCache:
 
     def usage(self) -> CacheUsage:
         return CacheUsage(
-            self._index.bytes,
+            self._index.disk_bytes,
             self._max_bytes,
             len(self._index),
             self._downloads,
@@ -263,7 +263,7 @@ class AdapterCache:
                     "cache.stale name=%s rev=%d: files differ from the store", name, revision
                 )
                 await self._delete(key, final)
-            size = sum(f.size for f in manifest.files)
+            size = cachefiles.revision_bytes(manifest)
             await self._make_room(key, size)
             try:
                 try:
@@ -287,7 +287,7 @@ class AdapterCache:
         if manifest is None:
             self._forget(key)
         elif key not in self._index:
-            self._index.add(key, sum(f.size for f in manifest.files))
+            self._index.add(key, cachefiles.revision_bytes(manifest))
         return manifest
 
     async def _make_room(self, key: Key, size: int) -> None:
@@ -307,7 +307,7 @@ class AdapterCache:
         if not await self._trim(bound):
             self._reserved -= size
             raise ResourceExhausted(
-                f"adapter cache full: {self._index.bytes} of {bound} bytes are held by "
+                f"adapter cache full: {self._index.disk_bytes} of {bound} bytes are held by "
                 f"revisions in use, pinned or loading; {name}@{revision} needs {size}"
             )
 
@@ -315,11 +315,11 @@ class AdapterCache:
         """Evicts least recently used revisions until the bytes on disk and those
         reserved fit `bound`; False if what is left is all held."""
         for victim in self._index.lru():
-            if self._index.bytes + self._reserved <= bound:
+            if self._index.disk_bytes + self._reserved <= bound:
                 return True
             if victim not in self._locks:
                 await self._evict(victim)
-        return self._index.bytes + self._reserved <= bound
+        return self._index.disk_bytes + self._reserved <= bound
 
     async def _evict(self, key: Key) -> None:
         async with self._exclusive(*key):
@@ -331,7 +331,7 @@ class AdapterCache:
         self._evictions += 1
         if self._observer is not None:
             self._observer.adapter_evicted("disk")
-        log.info("cache.evicted name=%s rev=%d bytes_now=%d", *key, self._index.bytes)
+        log.info("cache.evicted name=%s rev=%d bytes_now=%d", *key, self._index.disk_bytes)
 
     async def _delete(self, key: Key, path: Path) -> None:
         await asyncio.to_thread(cachefiles.remove_revision_dir, path)

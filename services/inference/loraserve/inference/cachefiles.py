@@ -48,8 +48,18 @@ def sweep(root: Path, keep: Callable[[str, int], bool]) -> list[Path]:
     return removed
 
 
+def manifest_text(manifest: Revision) -> str:
+    """What `commit` writes beside a revision's files (ASCII: one byte a character)."""
+    return json.dumps(manifest.to_json())
+
+
+def revision_bytes(manifest: Revision) -> int:
+    """What a revision takes on disk: its files and the manifest kept beside them."""
+    return sum(f.size for f in manifest.files) + len(manifest_text(manifest))
+
+
 def commit(staging: Path, final: Path, manifest: Revision) -> None:
-    (staging / MANIFEST_FILE).write_text(json.dumps(manifest.to_json()), "utf-8")
+    (staging / MANIFEST_FILE).write_text(manifest_text(manifest), "utf-8")
     final.parent.mkdir(parents=True, exist_ok=True)
     if final.exists():
         # Left by an earlier process and not verifiable: replace it.
@@ -105,7 +115,7 @@ def revisions_on_disk(root: Path) -> list[tuple[Key, int]]:
             if entry.name.isdigit():
                 manifest = read_manifest(entry)
                 if manifest is not None:
-                    size = sum(f.size for f in manifest.files)
+                    size = revision_bytes(manifest)
                     found.append(((adapter_dir.name, int(entry.name)), size))
     return found
 

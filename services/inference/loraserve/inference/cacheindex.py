@@ -27,6 +27,10 @@ log = logging.getLogger(__name__)
 
 INDEX_FILE = ".index.json"
 _FORMAT = 1
+# The index file's size, bounded from above: its header, and per revision the name
+# plus the longest revision number, size and time JSON can write.
+_FILE_BYTES = 64
+_ENTRY_BYTES = 80
 
 Key = tuple[str, int]
 
@@ -48,7 +52,13 @@ class CacheIndex:
         self._save: asyncio.Task[None] | None = None
         self._entries: OrderedDict[Key, IndexedRevision] = OrderedDict()
         self.bytes = 0
+        self._entry_bytes = 0
         self._dirty = False
+
+    @property
+    def disk_bytes(self) -> int:
+        """What the indexed revisions and this index take on disk (at most)."""
+        return self.bytes + _FILE_BYTES + self._entry_bytes
 
     def __len__(self) -> int:
         return len(self._entries)
@@ -68,6 +78,7 @@ class CacheIndex:
         self.discard(key)
         self._entries[key] = IndexedRevision(size, time.time())
         self.bytes += size
+        self._entry_bytes += len(key[0]) + _ENTRY_BYTES
         self._dirty = True
 
     def touch(self, key: Key) -> None:
@@ -81,6 +92,7 @@ class CacheIndex:
         entry = self._entries.pop(key, None)
         if entry is not None:
             self.bytes -= entry.size
+            self._entry_bytes -= len(key[0]) + _ENTRY_BYTES
             self._dirty = True
 
     def recent_names(self) -> list[str]:
@@ -98,6 +110,7 @@ class CacheIndex:
         entries.sort(key=lambda item: item[1].last_used)
         self._entries = OrderedDict(entries)
         self.bytes = sum(entry.size for _, entry in entries)
+        self._entry_bytes = sum(len(name) + _ENTRY_BYTES for (name, _), _ in entries)
         self._dirty = True
 
     def save_soon(self) -> None:
