@@ -79,16 +79,22 @@ async def latest_snapshot(blobs: BlobStore) -> StoreState | None:
         raise DataLoss(f"snapshot {keys[-1]} is corrupt: {e}") from e
 
 
-async def snapshot_and_prune(blobs: BlobStore, state: StoreState, log_retention: int) -> None:
-    """Writes a snapshot of `state`, then prunes (unless `log_retention` is 0); a
-    failure is only logged, since the next snapshot covers this one."""
-    seq = state.seq
-    data = json.dumps(state.to_json(), separators=(",", ":")).encode()
+async def snapshot_after(blobs: BlobStore, seq: int) -> bool:
+    """Whether a snapshot of a seq after `seq` exists. Retention deletes an entry only
+    once a snapshot covers it, so entry `seq + 1` missing is a gap exactly when this
+    is True. One short listing of the few snapshot keys, never of the log."""
+    return bool(await blobs.list_keys(SNAPSHOT_PREFIX, start_after=snapshot_key(seq), limit=1))
+
+
+async def snapshot_and_prune(blobs: BlobStore, seq: int, data: bytes, log_retention: int) -> None:
+    """Writes `data`, the state's snapshot at `seq`, then prunes (unless
+    `log_retention` is 0); a failure is only logged, since the next snapshot covers
+    this one."""
     try:
         await blobs.put_if_absent(snapshot_key(seq), data)
         log.info("log.snapshot_written seq=%d bytes=%d", seq, len(data))
         if log_retention:
-            await _prune(blobs, seq, state.seq - log_retention)
+            await _prune(blobs, seq, seq - log_retention)
     except Unavailable:
         # The commit itself succeeded; the next snapshot will cover this one.
         log.warning("log.snapshot_failed seq=%d", seq, exc_info=True)
@@ -98,7 +104,11 @@ async def _prune(blobs: BlobStore, snapshot_seq: int, retention_floor: int) -> N
     cutoff = min(snapshot_seq, retention_floor)
     if cutoff < 1:
         return
-    old_entries = [k for k in await blobs.list_keys(LOG_PREFIX) if _seq_of(k) <= cutoff]
+    # Entries are kept from the oldest one up: the keys to delete follow from the
+    # oldest seq, so only one key is listed however long the kept log is.
+    oldest = await blobs.list_keys(LOG_PREFIX, limit=1)
+    first = _seq_of(oldest[0]) if oldest else cutoff + 1
+    old_entries = [log_key(seq) for seq in range(first, cutoff + 1)]
     snapshots = await blobs.list_keys(SNAPSHOT_PREFIX)
     old_snapshots = snapshots[: -1 - _OLD_SNAPSHOTS_KEPT]
     await blobs.delete(old_entries + old_snapshots)
