@@ -69,7 +69,7 @@ async def test_a_push_makes_the_same_s3_requests_with_twice_the_adapters(
     assert shapes[0] == shapes[1]
 
 
-async def test_a_commit_never_lists_the_log(
+async def test_a_commit_makes_no_listing(
     s3_bucket: S3Bucket, proxy: S3FaultProxy, open_store: StoreFactory
 ) -> None:
     store = await open_store(_proxied(s3_bucket, proxy), QUIET_LOG)
@@ -77,7 +77,28 @@ async def test_a_commit_never_lists_the_log(
     before = len(proxy.listings)
     await push(store, "a00001", tiny_adapter(seed=1))
     await store.delete("a00002", "tester")
-    assert [q["prefix"] for q in proxy.listings[before:] if q["prefix"].startswith("log/")] == []
+    assert proxy.listings[before:] == []
+
+
+class _DeleteRecordingBlobs(MemoryBlobStore):
+    def __init__(self) -> None:
+        super().__init__()
+        self.deletes: list[list[str]] = []
+
+    async def delete(self, keys: list[str]) -> None:
+        self.deletes.append(list(keys))
+        await super().delete(keys)
+
+
+async def test_pruning_deletes_log_entries_oldest_first_one_at_a_time(
+    open_store: StoreFactory,
+) -> None:
+    blobs = _DeleteRecordingBlobs()
+    store = await open_store(blobs, replace(QUIET_LOG, snapshot_every=10, log_retention=5))
+    await _seed(store, SMALL)
+    await eventually(lambda: log_key(15) not in blobs.objects, "entries 1-15 pruned")
+    entries = [keys for keys in blobs.deletes if any(k.startswith("log/") for k in keys)]
+    assert entries == [[log_key(seq)] for seq in range(1, 16)]
 
 
 async def test_a_push_returns_while_its_snapshot_is_still_being_written(

@@ -253,3 +253,17 @@ async def test_store_behind_a_pruned_gap_reloads_the_snapshot(
         await push(writer, "alpha", tiny_adapter(seed=seed))
     result = await push(lagging, "alpha", tiny_adapter(seed=9))
     assert (result.revision.revision, result.seq) == (5, 5)
+
+
+async def test_store_whose_last_entry_was_pruned_too_reloads_the_snapshot(
+    memory_blobs: MemoryBlobStore, open_store: StoreFactory
+) -> None:
+    settings = LogSettings(poll_interval=60, snapshot_every=3, log_retention=1)
+    lagging = await open_store(memory_blobs, settings)
+    writer = await open_store(memory_blobs, settings)
+    await push(lagging, "alpha", tiny_adapter())
+    for seed in range(1, 6):
+        await push(writer, "alpha", tiny_adapter(seed=seed))
+    await eventually(lambda: log_key(5) not in memory_blobs.objects, "entries 1-5 pruned")
+    result = await push(lagging, "alpha", tiny_adapter(seed=9))
+    assert (result.revision.revision, result.seq) == (7, 7)

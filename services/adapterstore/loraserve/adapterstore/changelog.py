@@ -25,8 +25,8 @@ Retention (see logstorage.py): a process that finds the entry it needs gone
 while a snapshot of a later seq exists reloads the latest snapshot; watchers that
 needed the deleted entries get OUT_OF_RANGE.
 
-Costs that do not grow with the store: a commit reads the next entry, looks for a
-newer snapshot (a listing of the few snapshot keys) and writes its entry; every
+Costs that do not grow with the store: a commit reads the next entry (missing at
+the head), the entry before it (see logstorage.is_gap) and writes its entry; every
 `snapshot_every` commits a snapshot is encoded from the adapters' cached encodings
 (only those changed since are encoded again) and written, with the pruning, in
 the background.
@@ -48,11 +48,11 @@ from datetime import datetime
 
 from loraserve.adapterstore.blobstore import BlobNotFound, BlobStore
 from loraserve.adapterstore.logstorage import (
+    is_gap,
     latest_snapshot,
     log_key,
     parse_change,
     read_entries,
-    snapshot_after,
     snapshot_and_prune,
 )
 from loraserve.adapterstore.model import Change, RequestRecord, StoreState, now
@@ -323,7 +323,7 @@ class ChangeLog:
             try:
                 data = await self._blobs.get(key)
             except BlobNotFound:
-                if not check_gaps or not await snapshot_after(self._blobs, self._state.seq):
+                if not check_gaps or not await is_gap(self._blobs, self._state.seq):
                     self._synced_at, self._synced_time = time.monotonic(), now()
                     return
                 log.warning("log.gap seq=%d: reloading the latest snapshot", self._state.seq + 1)

@@ -10,7 +10,9 @@ Layout (keys relative to the store's prefix):
 Nothing here keeps state between calls. An entry read is checked to claim its
 own seq and a corrupt one raises DataLoss, never a half-parsed Change.
 Retention: after a snapshot at S, entries at or below both S and
-`head - log_retention` are deleted, and all but the newest snapshots.
+`head - log_retention` are deleted, oldest first and one at a time, and all but
+the newest snapshots. So the deleted entries are always a prefix of the log: an
+entry that exists proves that the next one was never deleted (see `is_gap`).
 """
 
 from __future__ import annotations
@@ -79,10 +81,19 @@ async def latest_snapshot(blobs: BlobStore) -> StoreState | None:
         raise DataLoss(f"snapshot {keys[-1]} is corrupt: {e}") from e
 
 
-async def snapshot_after(blobs: BlobStore, seq: int) -> bool:
-    """Whether a snapshot of a seq after `seq` exists. Retention deletes an entry only
-    once a snapshot covers it, so entry `seq + 1` missing is a gap exactly when this
-    is True. One short listing of the few snapshot keys, never of the log."""
+async def is_gap(blobs: BlobStore, seq: int) -> bool:
+    """Whether entry `seq + 1`, found missing, was deleted by retention (later entries
+    exist) rather than not written yet (`seq` is the head). While entry `seq` exists
+    the next one was never deleted, since retention deletes a prefix of the log: one
+    read, whatever the length of the log. Otherwise it is a gap exactly when a
+    snapshot after `seq` exists, since retention deletes only what a snapshot covers:
+    one short listing of the few snapshot keys."""
+    if seq > 0:
+        try:
+            await blobs.get(log_key(seq))
+            return False
+        except BlobNotFound:
+            pass
     return bool(await blobs.list_keys(SNAPSHOT_PREFIX, start_after=snapshot_key(seq), limit=1))
 
 
@@ -104,13 +115,14 @@ async def _prune(blobs: BlobStore, snapshot_seq: int, retention_floor: int) -> N
     cutoff = min(snapshot_seq, retention_floor)
     if cutoff < 1:
         return
-    # Entries are kept from the oldest one up: the keys to delete follow from the
-    # oldest seq, so only one key is listed however long the kept log is.
+    # The keys to delete follow from the oldest seq: one key is listed, however long
+    # the kept log is. Oldest first and one at a time (a batch deletes in no order),
+    # so what is deleted is always a prefix of the log, as `is_gap` relies on.
     oldest = await blobs.list_keys(LOG_PREFIX, limit=1)
     first = _seq_of(oldest[0]) if oldest else cutoff + 1
-    old_entries = [log_key(seq) for seq in range(first, cutoff + 1)]
+    for seq in range(first, cutoff + 1):
+        await blobs.delete([log_key(seq)])
     snapshots = await blobs.list_keys(SNAPSHOT_PREFIX)
-    old_snapshots = snapshots[: -1 - _OLD_SNAPSHOTS_KEPT]
-    await blobs.delete(old_entries + old_snapshots)
-    if old_entries:
-        log.info("log.pruned through_seq=%d entries=%d", cutoff, len(old_entries))
+    await blobs.delete(snapshots[: -1 - _OLD_SNAPSHOTS_KEPT])
+    if first <= cutoff:
+        log.info("log.pruned through_seq=%d entries=%d", cutoff, cutoff - first + 1)
