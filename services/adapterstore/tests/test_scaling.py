@@ -11,6 +11,7 @@ from typing import Any
 
 import pytest
 
+from loraserve.adapterstore import logstorage
 from loraserve.adapterstore.changelog import LogSettings
 from loraserve.adapterstore.listing import adapter_page
 from loraserve.adapterstore.logstorage import log_key, snapshot_key
@@ -70,8 +71,13 @@ async def test_a_push_makes_the_same_s3_requests_with_twice_the_adapters(
 
 
 async def test_a_commit_makes_no_listing(
-    s3_bucket: S3Bucket, proxy: S3FaultProxy, open_store: StoreFactory
+    s3_bucket: S3Bucket,
+    proxy: S3FaultProxy,
+    open_store: StoreFactory,
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
+    # Past the store's first block of log entries, whose commits list the snapshots.
+    monkeypatch.setattr(logstorage, "PRUNE_BLOCK", 10)
     store = await open_store(_proxied(s3_bucket, proxy), QUIET_LOG)
     await _seed(store, SMALL)
     before = len(proxy.listings)
@@ -90,15 +96,17 @@ class _DeleteRecordingBlobs(MemoryBlobStore):
         await super().delete(keys)
 
 
-async def test_pruning_deletes_log_entries_oldest_first_one_at_a_time(
-    open_store: StoreFactory,
+async def test_pruning_deletes_log_entries_by_block_oldest_first(
+    open_store: StoreFactory, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    monkeypatch.setattr(logstorage, "PRUNE_BLOCK", 4)
     blobs = _DeleteRecordingBlobs()
     store = await open_store(blobs, replace(QUIET_LOG, snapshot_every=10, log_retention=5))
     await _seed(store, SMALL)
     await eventually(lambda: log_key(15) not in blobs.objects, "entries 1-15 pruned")
     entries = [keys for keys in blobs.deletes if any(k.startswith("log/") for k in keys)]
-    assert entries == [[log_key(seq)] for seq in range(1, 16)]
+    blocks = [(1, 4), (5, 5), (6, 8), (9, 12), (13, 15)]
+    assert entries == [[log_key(seq) for seq in range(a, b + 1)] for a, b in blocks]
 
 
 async def test_a_push_returns_while_its_snapshot_is_still_being_written(

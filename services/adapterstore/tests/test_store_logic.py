@@ -7,6 +7,7 @@ import hashlib
 
 import pytest
 
+from loraserve.adapterstore import logstorage
 from loraserve.adapterstore.changelog import LogSettings
 from loraserve.adapterstore.logstorage import log_key
 from loraserve.adapterstore.memblobs import MemoryBlobStore
@@ -255,14 +256,18 @@ async def test_store_behind_a_pruned_gap_reloads_the_snapshot(
     assert (result.revision.revision, result.seq) == (5, 5)
 
 
-async def test_store_whose_last_entry_was_pruned_too_reloads_the_snapshot(
-    memory_blobs: MemoryBlobStore, open_store: StoreFactory
+async def test_store_whose_block_fence_was_pruned_reloads_the_snapshot(
+    memory_blobs: MemoryBlobStore, open_store: StoreFactory, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    # The lagging store is at seq 2, the last entry of its block: it finds entry 3
+    # missing and entry 2 gone too, so only the snapshots can tell it that it is behind.
+    monkeypatch.setattr(logstorage, "PRUNE_BLOCK", 2)
     settings = LogSettings(poll_interval=60, snapshot_every=3, log_retention=1)
     lagging = await open_store(memory_blobs, settings)
     writer = await open_store(memory_blobs, settings)
-    await push(lagging, "alpha", tiny_adapter())
-    for seed in range(1, 6):
+    for seed in range(2):
+        await push(lagging, "alpha", tiny_adapter(seed=seed))
+    for seed in range(2, 6):
         await push(writer, "alpha", tiny_adapter(seed=seed))
     await eventually(lambda: log_key(5) not in memory_blobs.objects, "entries 1-5 pruned")
     result = await push(lagging, "alpha", tiny_adapter(seed=9))

@@ -10,9 +10,11 @@ Layout (keys relative to the store's prefix):
 Nothing here keeps state between calls. An entry read is checked to claim its
 own seq and a corrupt one raises DataLoss, never a half-parsed Change.
 Retention: after a snapshot at S, entries at or below both S and
-`head - log_retention` are deleted, oldest first and one at a time, and all but
-the newest snapshots. So the deleted entries are always a prefix of the log: an
-entry that exists proves that the next one was never deleted (see `is_gap`).
+`head - log_retention` are deleted, and all but the newest snapshots. Entries go
+in blocks of PRUNE_BLOCK seqs, oldest block first, one batch never spanning two
+blocks: so every block before one being deleted is gone, and the last entry of the
+block before an entry's own still existing proves the entry was never deleted
+(see `is_gap`).
 """
 
 from __future__ import annotations
@@ -30,6 +32,8 @@ LOG_PREFIX = "log/"
 SNAPSHOT_PREFIX = "snapshots/"
 # Snapshots kept besides the newest, for a reader that listed just before a prune.
 _OLD_SNAPSHOTS_KEPT = 1
+# Log entries seqs 1..100, 101..200, ...: the unit of deletion, oldest first.
+PRUNE_BLOCK = 100
 
 
 def log_key(seq: int) -> str:
@@ -83,14 +87,16 @@ async def latest_snapshot(blobs: BlobStore) -> StoreState | None:
 
 async def is_gap(blobs: BlobStore, seq: int) -> bool:
     """Whether entry `seq + 1`, found missing, was deleted by retention (later entries
-    exist) rather than not written yet (`seq` is the head). While entry `seq` exists
-    the next one was never deleted, since retention deletes a prefix of the log: one
-    read, whatever the length of the log. Otherwise it is a gap exactly when a
-    snapshot after `seq` exists, since retention deletes only what a snapshot covers:
-    one short listing of the few snapshot keys."""
-    if seq > 0:
+    exist) rather than not written yet (`seq` is the head). While the last entry of
+    the block before `seq + 1`'s exists, no entry of that block was ever deleted
+    (blocks go oldest first): one read, whatever the length of the log. Otherwise
+    (the store's first block, or a retention shorter than a block) it is a gap
+    exactly when a snapshot after `seq` exists, since retention deletes only what a
+    snapshot covers: one short listing of the few snapshot keys."""
+    fence = seq - seq % PRUNE_BLOCK
+    if fence > 0:
         try:
-            await blobs.get(log_key(seq))
+            await blobs.get(log_key(fence))
             return False
         except BlobNotFound:
             pass
@@ -116,12 +122,15 @@ async def _prune(blobs: BlobStore, snapshot_seq: int, retention_floor: int) -> N
     if cutoff < 1:
         return
     # The keys to delete follow from the oldest seq: one key is listed, however long
-    # the kept log is. Oldest first and one at a time (a batch deletes in no order),
-    # so what is deleted is always a prefix of the log, as `is_gap` relies on.
+    # the kept log is. A batch deletes in no order, so batches follow the blocks,
+    # oldest first, as `is_gap` relies on.
     oldest = await blobs.list_keys(LOG_PREFIX, limit=1)
     first = _seq_of(oldest[0]) if oldest else cutoff + 1
-    for seq in range(first, cutoff + 1):
-        await blobs.delete([log_key(seq)])
+    start = first
+    while start <= cutoff:
+        end = min(cutoff, start - (start - 1) % PRUNE_BLOCK + PRUNE_BLOCK - 1)
+        await blobs.delete([log_key(seq) for seq in range(start, end + 1)])
+        start = end + 1
     snapshots = await blobs.list_keys(SNAPSHOT_PREFIX)
     await blobs.delete(snapshots[: -1 - _OLD_SNAPSHOTS_KEPT])
     if first <= cutoff:
