@@ -26,10 +26,10 @@ while a snapshot of a later seq exists reloads the latest snapshot; watchers tha
 needed the deleted entries get OUT_OF_RANGE.
 
 Costs that do not grow with the store: a commit reads the next entry (missing at
-the head), the entry before it (see logstorage.is_gap) and writes its entry; every
-`snapshot_every` commits a snapshot is encoded from the adapters' cached encodings
-(only those changed since are encoded again) and written, with the pruning, in
-the background.
+the head), the last entry of the block before it (see logstorage.is_gap) and
+writes its entry; every `snapshot_every` commits a snapshot is encoded from the
+adapters' cached encodings (only those changed since are encoded again) and
+written, with the pruning, in the background.
 """
 
 from __future__ import annotations
