@@ -180,6 +180,27 @@ async def test_a_snapshot_encodes_only_the_adapters_changed_since_the_previous_o
     assert sorted(encoded) == [f"a{i:05d}" for i in range(10)]
 
 
+async def test_a_restarted_store_encodes_only_what_changed_in_its_first_snapshot(
+    memory_blobs: MemoryBlobStore, open_store: StoreFactory, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    settings = replace(QUIET_LOG, snapshot_every=10)
+    await _seed(await open_store(memory_blobs, settings), 50)
+    await eventually(lambda: snapshot_key(50) in memory_blobs.objects, "snapshot 50 written")
+    restarted = await open_store(memory_blobs, settings)
+    encoded: list[str] = []
+    to_json = Adapter.to_json
+
+    def counting(adapter: Adapter) -> dict[str, Any]:
+        encoded.append(adapter.name)
+        return to_json(adapter)
+
+    monkeypatch.setattr(Adapter, "to_json", counting)
+    for i in range(10):
+        await push(restarted, f"a{i:05d}", tiny_adapter(seed=1))
+    await eventually(lambda: snapshot_key(60) in memory_blobs.objects, "snapshot 60 written")
+    assert sorted(encoded) == [f"a{i:05d}" for i in range(10)]
+
+
 class _CountedName(str):
     """An adapter name that counts the order comparisons made with it."""
 

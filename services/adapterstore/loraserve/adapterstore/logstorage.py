@@ -19,6 +19,7 @@ block before an entry's own still existing proves the entry was never deleted
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 
@@ -79,10 +80,21 @@ async def latest_snapshot(blobs: BlobStore) -> StoreState | None:
     keys = await blobs.list_keys(SNAPSHOT_PREFIX)
     if not keys:
         return None
+    data = await blobs.get(keys[-1])
     try:
-        return StoreState.from_json(json.loads(await blobs.get(keys[-1])))
+        # In a worker thread: the event loop keeps answering (health, at least)
+        # while a snapshot of many adapters is decoded.
+        return await asyncio.to_thread(_decode_snapshot, data)
     except (ValueError, KeyError, TypeError) as e:
         raise DataLoss(f"snapshot {keys[-1]} is corrupt: {e}") from e
+
+
+def _decode_snapshot(data: bytes) -> StoreState:
+    state = StoreState.from_json(json.loads(data))
+    # Primes every adapter's encoding, so the next snapshot encodes only what
+    # changes from now on (the state is not shared yet).
+    state.encode()
+    return state
 
 
 async def is_gap(blobs: BlobStore, seq: int) -> bool:
