@@ -167,3 +167,30 @@ def test_results_keep_every_repeat_of_single_figure_arms(tmp_path: Path) -> None
         "cold": [{"ttft_s": 0.1}, {"ttft_s": 0.2}],
         "events": [{"commit_s": 0.01, "deliveries": 50}],
     }
+
+
+def test_store_scale_goals_come_from_every_repeat(tmp_path: Path) -> None:
+    from bench.bench_store_scale import Measured, report_goals
+
+    measured = Measured(
+        pushes_per_s={"small": [50.0, 40.0, 60.0], "large": [45.0, 47.0, 20.0]},
+        list_s=[0.4, 1.5, 0.5],
+        restart_s={"small": [0.7], "large": [6.0, 1.0, 1.2]},
+    )
+    section = Report(tmp_path, {}).section(12, "The adapter store at 10,000 adapters")
+    report_goals(section, measured, 10_000)
+    assert [(g.figure, g.value, g.met) for g in section.goals] == [
+        ("store ListAdapters, 10,000 adapters (s)", "0.500", True),
+        ("store restart with 10,000 adapters → SERVING (s)", "1.20", True),
+        ("push with 10,000 ÷ push with 10 (pushes/s)", "0.90", True),
+    ]
+
+
+def test_a_quick_store_scale_run_names_its_smaller_store(tmp_path: Path) -> None:
+    from bench.bench_store_scale import QUICK, Measured, report_goals
+
+    measured = Measured({"small": [10.0], "large": [8.0]}, [0.1], {"small": [1.0], "large": [1.0]})
+    section = Report(tmp_path, {}).section(12, "quick")
+    report_goals(section, measured, QUICK.adapters)
+    assert section.goals[0].figure == "store ListAdapters, 1,000 adapters (s)"
+    assert (section.goals[2].value, section.goals[2].met) == ("0.80", False)

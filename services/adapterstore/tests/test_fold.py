@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
 from loraserve.adapterstore.model import Change, ChangeType, StoreState, now
@@ -91,3 +93,17 @@ def test_state_survives_a_json_round_trip() -> None:
 def test_change_survives_a_json_round_trip() -> None:
     change = _pushed(StoreState(), "a")
     assert Change.from_json(change.to_json()) == change
+
+
+def test_snapshot_encoding_is_the_states_json_after_every_kind_of_change() -> None:
+    state = StoreState()
+    for name in ("b", "a", "c"):
+        state.apply(_pushed(state, name))
+    state.encode()  # caches every adapter's encoding
+    state.apply(_pushed(state, "a", promote=False))
+    state.apply(_deleted(state, "b"))
+    state.apply(_pushed(state, "b"))
+    state.apply(_pushed(state, "aa"))
+    expected = json.dumps(state.to_json(), separators=(",", ":")).encode()
+    assert state.encode() == expected
+    assert StoreState.from_json(json.loads(state.encode())) == state

@@ -24,6 +24,7 @@ from loraserve.common.manifest import Revision
 from loraserve.testing.adapterfiles import tiny_adapter
 from loraserve.testing.adapterstore import StoreFactory
 from loraserve.testing.pushes import push
+from loraserve.testing.waiting import eventually
 
 
 class LandsThenFails(MemoryBlobStore):
@@ -128,7 +129,8 @@ async def test_key_whose_entry_was_pruned_is_refused_not_committed_again(
     first = await open_store(memory_blobs, pruning)
     await push(first, "alpha", tiny_adapter(), idempotency_key="k-1")
     await push(first, "beta", tiny_adapter())
-    assert log_key(1) not in memory_blobs.objects
+    # Snapshots and pruning run in the background.
+    await eventually(lambda: log_key(1) not in memory_blobs.objects, "entry 1 pruned")
     restarted = await open_store(memory_blobs, pruning)
     with pytest.raises(FailedPrecondition, match="no longer kept"):
         await push(restarted, "alpha", tiny_adapter(), idempotency_key="k-1")

@@ -7,6 +7,7 @@ import hashlib
 
 import pytest
 
+from loraserve.adapterstore import logstorage
 from loraserve.adapterstore.changelog import LogSettings
 from loraserve.adapterstore.logstorage import log_key
 from loraserve.adapterstore.memblobs import MemoryBlobStore
@@ -17,6 +18,7 @@ from loraserve.common.errors import Aborted, DataLoss, InvalidArgument, NotFound
 from loraserve.testing.adapterfiles import tiny_adapter
 from loraserve.testing.adapterstore import StoreFactory
 from loraserve.testing.pushes import push
+from loraserve.testing.waiting import eventually
 
 # Generous guard so a hang fails the test instead of the session; never an assertion on time.
 GUARD_S = 20
@@ -224,7 +226,8 @@ async def test_watch_behind_the_kept_log_is_out_of_range(
     store = await open_store(memory_blobs, settings)
     for seed in range(6):
         await push(store, "alpha", tiny_adapter(seed=seed))
-    assert log_key(1) not in memory_blobs.objects
+    # Snapshots and pruning run in the background.
+    await eventually(lambda: log_key(1) not in memory_blobs.objects, "entry 1 pruned")
     with pytest.raises(OutOfRange, match="list adapters"):
         await _events(store, 0, 1)
 
@@ -251,3 +254,21 @@ async def test_store_behind_a_pruned_gap_reloads_the_snapshot(
         await push(writer, "alpha", tiny_adapter(seed=seed))
     result = await push(lagging, "alpha", tiny_adapter(seed=9))
     assert (result.revision.revision, result.seq) == (5, 5)
+
+
+async def test_store_whose_block_fence_was_pruned_reloads_the_snapshot(
+    memory_blobs: MemoryBlobStore, open_store: StoreFactory, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The lagging store is at seq 2, the last entry of its block: it finds entry 3
+    # missing and entry 2 gone too, so only the snapshots can tell it that it is behind.
+    monkeypatch.setattr(logstorage, "PRUNE_BLOCK", 2)
+    settings = LogSettings(poll_interval=60, snapshot_every=3, log_retention=1)
+    lagging = await open_store(memory_blobs, settings)
+    writer = await open_store(memory_blobs, settings)
+    for seed in range(2):
+        await push(lagging, "alpha", tiny_adapter(seed=seed))
+    for seed in range(2, 6):
+        await push(writer, "alpha", tiny_adapter(seed=seed))
+    await eventually(lambda: log_key(5) not in memory_blobs.objects, "entries 1-5 pruned")
+    result = await push(lagging, "alpha", tiny_adapter(seed=9))
+    assert (result.revision.revision, result.seq) == (7, 7)

@@ -22,8 +22,14 @@ so a store replica that cannot reach storage, or whose poller has stopped, shows
 a growing `staleness_s`: health and watch heartbeats report it.
 
 Retention (see logstorage.py): a process that finds the entry it needs gone
-while later ones exist reloads the latest snapshot; watchers that needed the
-deleted entries get OUT_OF_RANGE.
+while a snapshot of a later seq exists reloads the latest snapshot; watchers that
+needed the deleted entries get OUT_OF_RANGE.
+
+Costs that do not grow with the store: a commit reads the next entry (missing at
+the head), the last entry of the block before it (see logstorage.is_gap) and
+writes its entry; every `snapshot_every` commits a snapshot is encoded from the
+adapters' cached encodings (only those changed since are encoded again) and
+written, with the pruning, in the background.
 """
 
 from __future__ import annotations
@@ -42,7 +48,7 @@ from datetime import datetime
 
 from loraserve.adapterstore.blobstore import BlobNotFound, BlobStore
 from loraserve.adapterstore.logstorage import (
-    LOG_PREFIX,
+    is_gap,
     latest_snapshot,
     log_key,
     parse_change,
@@ -115,6 +121,8 @@ class ChangeLog:
         self._poller: asyncio.Task[None] | None = None
         self._synced_at = time.monotonic()
         self._synced_time = now()
+        # The snapshot being written, off the commit path; at most one at a time.
+        self._snapshotting: asyncio.Task[None] | None = None
 
     @property
     def state(self) -> StoreState:
@@ -151,11 +159,12 @@ class ChangeLog:
         self._poller = asyncio.create_task(self._poll_forever(), name="changelog-poller")
 
     async def close(self) -> None:
-        if self._poller is not None:
-            self._poller.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._poller
-            self._poller = None
+        for task in (self._poller, self._snapshotting):
+            if task is not None:
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task
+        self._poller = self._snapshotting = None
 
     async def commit(
         self, build: ChangeBuilder, request: RequestTag | None = None
@@ -190,9 +199,7 @@ class ChangeLog:
                         change.adapter_name,
                     )
                     if seq % self._settings.snapshot_every == 0:
-                        await snapshot_and_prune(
-                            self._blobs, self._state, self._settings.log_retention
-                        )
+                        self._snapshot()
                     return change
                 delay = backoff.next_delay()
                 log.info("log.commit_conflict seq=%d retry_in_s=%.3f", seq, delay)
@@ -282,6 +289,27 @@ class ChangeLog:
                 return self._state.seq > after_seq
         return True
 
+    def _snapshot(self) -> None:
+        """Writes a snapshot of the state as it is now, and prunes, in the background:
+        the commit that triggered it returns at once. The encoding is taken here,
+        consistent with `state.seq`, and reuses every unchanged adapter's. While one
+        snapshot is still being written the next is skipped: a later one covers it."""
+        if self._snapshotting is not None and not self._snapshotting.done():
+            log.info(
+                "log.snapshot_skipped seq=%d: the previous one is still being written",
+                self._state.seq,
+            )
+            return
+        self._snapshotting = asyncio.create_task(
+            snapshot_and_prune(
+                self._blobs,
+                self._state.seq,
+                self._state.encode(),
+                self._settings.log_retention,
+            ),
+            name=f"changelog-snapshot-{self._state.seq}",
+        )
+
     def _apply(self, change: Change) -> None:
         self._state.apply(change)
         self._events.append(change)
@@ -295,9 +323,7 @@ class ChangeLog:
             try:
                 data = await self._blobs.get(key)
             except BlobNotFound:
-                if not check_gaps or not await self._blobs.list_keys(
-                    LOG_PREFIX, start_after=key, limit=1
-                ):
+                if not check_gaps or not await is_gap(self._blobs, self._state.seq):
                     self._synced_at, self._synced_time = time.monotonic(), now()
                     return
                 log.warning("log.gap seq=%d: reloading the latest snapshot", self._state.seq + 1)

@@ -7,6 +7,7 @@ adapter listing carries the first page's seq, in its token and its `seq`.
 
 from __future__ import annotations
 
+import bisect
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -41,12 +42,15 @@ def adapter_page(
     base_model: str,
     size_of: Callable[[Adapter], int],
 ) -> AdapterPage:
-    """The adapters named after `after`, for a listing at `seq` (which `state` has reached)."""
-    names = sorted(n for n in state.adapters if n > after)
+    """The adapters named after `after`, for a listing at `seq` (which `state` has reached).
+    It starts from a bisect of the sorted names, so a page costs its own adapters
+    (and those the base-model filter skips), not the whole store."""
+    names = state.names
     selected: list[Adapter] = []
     fill = PageFill(size, max_page_bytes)
     next_token = ""
-    for name in names:
+    for index in range(bisect.bisect_right(names, after), len(names)):
+        name = names[index]
         adapter = state.adapters[name]
         current = adapter.current
         if base_model and (current is None or current.base_model != base_model):

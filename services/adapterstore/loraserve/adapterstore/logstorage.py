@@ -10,11 +10,16 @@ Layout (keys relative to the store's prefix):
 Nothing here keeps state between calls. An entry read is checked to claim its
 own seq and a corrupt one raises DataLoss, never a half-parsed Change.
 Retention: after a snapshot at S, entries at or below both S and
-`head - log_retention` are deleted, and all but the newest snapshots.
+`head - log_retention` are deleted, and all but the newest snapshots. Entries go
+in blocks of PRUNE_BLOCK seqs, oldest block first, one batch never spanning two
+blocks: so every block before one being deleted is gone, and the last entry of the
+block before an entry's own still existing proves the entry was never deleted
+(see `is_gap`).
 """
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 
@@ -28,6 +33,8 @@ LOG_PREFIX = "log/"
 SNAPSHOT_PREFIX = "snapshots/"
 # Snapshots kept besides the newest, for a reader that listed just before a prune.
 _OLD_SNAPSHOTS_KEPT = 1
+# Log entries seqs 1..100, 101..200, ...: the unit of deletion, oldest first.
+PRUNE_BLOCK = 100
 
 
 def log_key(seq: int) -> str:
@@ -73,22 +80,50 @@ async def latest_snapshot(blobs: BlobStore) -> StoreState | None:
     keys = await blobs.list_keys(SNAPSHOT_PREFIX)
     if not keys:
         return None
+    data = await blobs.get(keys[-1])
     try:
-        return StoreState.from_json(json.loads(await blobs.get(keys[-1])))
+        # In a worker thread: the event loop keeps answering (health, at least)
+        # while a snapshot of many adapters is decoded.
+        return await asyncio.to_thread(_decode_snapshot, data)
     except (ValueError, KeyError, TypeError) as e:
         raise DataLoss(f"snapshot {keys[-1]} is corrupt: {e}") from e
 
 
-async def snapshot_and_prune(blobs: BlobStore, state: StoreState, log_retention: int) -> None:
-    """Writes a snapshot of `state`, then prunes (unless `log_retention` is 0); a
-    failure is only logged, since the next snapshot covers this one."""
-    seq = state.seq
-    data = json.dumps(state.to_json(), separators=(",", ":")).encode()
+def _decode_snapshot(data: bytes) -> StoreState:
+    state = StoreState.from_json(json.loads(data))
+    # Primes every adapter's encoding, so the next snapshot encodes only what
+    # changes from now on (the state is not shared yet).
+    state.encode()
+    return state
+
+
+async def is_gap(blobs: BlobStore, seq: int) -> bool:
+    """Whether entry `seq + 1`, found missing, was deleted by retention (later entries
+    exist) rather than not written yet (`seq` is the head). While the last entry of
+    the block before `seq + 1`'s exists, no entry of that block was ever deleted
+    (blocks go oldest first): one read, whatever the length of the log. Otherwise
+    (the store's first block, or a retention shorter than a block) it is a gap
+    exactly when a snapshot after `seq` exists, since retention deletes only what a
+    snapshot covers: one short listing of the few snapshot keys."""
+    fence = seq - seq % PRUNE_BLOCK
+    if fence > 0:
+        try:
+            await blobs.get(log_key(fence))
+            return False
+        except BlobNotFound:
+            pass
+    return bool(await blobs.list_keys(SNAPSHOT_PREFIX, start_after=snapshot_key(seq), limit=1))
+
+
+async def snapshot_and_prune(blobs: BlobStore, seq: int, data: bytes, log_retention: int) -> None:
+    """Writes `data`, the state's snapshot at `seq`, then prunes (unless
+    `log_retention` is 0); a failure is only logged, since the next snapshot covers
+    this one."""
     try:
         await blobs.put_if_absent(snapshot_key(seq), data)
         log.info("log.snapshot_written seq=%d bytes=%d", seq, len(data))
         if log_retention:
-            await _prune(blobs, seq, state.seq - log_retention)
+            await _prune(blobs, seq, seq - log_retention)
     except Unavailable:
         # The commit itself succeeded; the next snapshot will cover this one.
         log.warning("log.snapshot_failed seq=%d", seq, exc_info=True)
@@ -98,9 +133,17 @@ async def _prune(blobs: BlobStore, snapshot_seq: int, retention_floor: int) -> N
     cutoff = min(snapshot_seq, retention_floor)
     if cutoff < 1:
         return
-    old_entries = [k for k in await blobs.list_keys(LOG_PREFIX) if _seq_of(k) <= cutoff]
+    # The keys to delete follow from the oldest seq: one key is listed, however long
+    # the kept log is. A batch deletes in no order, so batches follow the blocks,
+    # oldest first, as `is_gap` relies on.
+    oldest = await blobs.list_keys(LOG_PREFIX, limit=1)
+    first = _seq_of(oldest[0]) if oldest else cutoff + 1
+    start = first
+    while start <= cutoff:
+        end = min(cutoff, start - (start - 1) % PRUNE_BLOCK + PRUNE_BLOCK - 1)
+        await blobs.delete([log_key(seq) for seq in range(start, end + 1)])
+        start = end + 1
     snapshots = await blobs.list_keys(SNAPSHOT_PREFIX)
-    old_snapshots = snapshots[: -1 - _OLD_SNAPSHOTS_KEPT]
-    await blobs.delete(old_entries + old_snapshots)
-    if old_entries:
-        log.info("log.pruned through_seq=%d entries=%d", cutoff, len(old_entries))
+    await blobs.delete(snapshots[: -1 - _OLD_SNAPSHOTS_KEPT])
+    if first <= cutoff:
+        log.info("log.pruned through_seq=%d entries=%d", cutoff, cutoff - first + 1)

@@ -8,7 +8,9 @@ as the replica that committed it.
 
 from __future__ import annotations
 
+import bisect
 import enum
+import json
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from typing import Any
@@ -161,12 +163,23 @@ class StoreState:
 
     `requests` maps the idempotency keys of the changes of the last
     REQUEST_KEY_WINDOW seqs to where they were committed, oldest first.
+
+    Two derived indexes keep reads from costing the whole state: `names`, every
+    adapter's name in order (a listing page is a bisect and a slice, not a sort),
+    and each adapter's encoded snapshot JSON, kept until a change touches the
+    adapter (a snapshot re-encodes only what changed since the previous one).
     """
 
     seq: int = 0
     adapters: dict[str, Adapter] = field(default_factory=dict)
     deleted_latest: dict[str, int] = field(default_factory=dict)
     requests: dict[str, RequestRecord] = field(default_factory=dict)
+    names: list[str] = field(default_factory=list, compare=False, repr=False)
+    _encoded: dict[str, bytes] = field(default_factory=dict, compare=False, repr=False)
+
+    def __post_init__(self) -> None:
+        if len(self.names) != len(self.adapters):
+            self.names = sorted(self.adapters)
 
     def next_revision(self, name: str) -> int:
         adapter = self.adapters.get(name)
@@ -192,6 +205,7 @@ class StoreState:
                     update_time=change.time,
                 )
                 self.adapters[name] = adapter
+                bisect.insort(self.names, name)
             if revision.revision <= adapter.latest_revision:
                 raise DataLoss(f"log entry {change.seq} reuses revision {name}@{revision.revision}")
             adapter.revisions[revision.revision] = revision
@@ -211,6 +225,8 @@ class StoreState:
                 raise DataLoss(f"log entry {change.seq} deletes unknown adapter {name}")
             self.deleted_latest[name] = adapter.latest_revision
             del self.adapters[name]
+            del self.names[bisect.bisect_left(self.names, name)]
+        self._encoded.pop(name, None)
         self.seq = change.seq
         self._remember_request(change)
 
@@ -235,7 +251,28 @@ class StoreState:
             },
             deleted_latest=dict(self.deleted_latest),
             requests=dict(self.requests),
+            names=list(self.names),
+            _encoded=dict(self._encoded),
         )
+
+    def encode(self) -> bytes:
+        """`to_json` as compact JSON bytes, reusing the encoding of every adapter that
+        no change touched since it was last encoded."""
+        adapters = []
+        for name in self.names:
+            encoded = self._encoded.get(name)
+            if encoded is None:
+                encoded = _compact(self.adapters[name].to_json())
+                self._encoded[name] = encoded
+            adapters.append(encoded)
+        rest = _compact(
+            {
+                "deleted_latest": dict(sorted(self.deleted_latest.items())),
+                "requests": [{"key": k, **r.to_json()} for k, r in self.requests.items()],
+            }
+        )
+        head = _compact({"format": FORMAT_VERSION, "seq": self.seq})
+        return b"".join((head[:-1], b',"adapters":[', b",".join(adapters), b"],", rest[1:]))
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -256,6 +293,10 @@ class StoreState:
             deleted_latest={str(k): int(v) for k, v in data["deleted_latest"].items()},
             requests={str(r["key"]): RequestRecord.from_json(r) for r in data.get("requests", [])},
         )
+
+
+def _compact(value: dict[str, Any]) -> bytes:
+    return json.dumps(value, separators=(",", ":")).encode()
 
 
 def _require_revision(change: Change) -> Revision:

@@ -211,6 +211,9 @@ class S3BlobStore:
         kwargs: dict[str, Any] = {"Bucket": self.bucket, "Prefix": self.full_key(prefix)}
         if start_after:
             kwargs["StartAfter"] = self.full_key(start_after)
+        if limit:
+            # Pages of the limit's size: a look for one key reads one key.
+            kwargs["PaginationConfig"] = {"PageSize": min(limit, 1000)}
         keys: list[str] = []
         for page in self.client.get_paginator("list_objects_v2").paginate(**kwargs):
             for item in page.get("Contents", []):

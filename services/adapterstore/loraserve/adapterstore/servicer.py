@@ -13,6 +13,7 @@ from typing import Any
 import grpc
 
 from loraserve.adapterstore import protoconv
+from loraserve.adapterstore.model import Adapter
 from loraserve.adapterstore.push import Chunk
 from loraserve.adapterstore.store import AdapterStore
 from loraserve.adapterstore.v1 import adapterstore_pb2 as pb
@@ -66,14 +67,18 @@ class AdapterStoreServicer:
     async def ListAdapters(
         self, request: pb.ListAdaptersRequest, context: Context
     ) -> pb.ListAdaptersResponse:
+        # Each adapter is converted once: the page is cut by encoded size.
+        converted: dict[str, pb.Adapter] = {}
+
+        def size_of(adapter: Adapter) -> int:
+            message = converted[adapter.name] = protoconv.adapter(adapter)
+            return message.ByteSize()
+
         page = await self._store.list_adapters(
-            request.page_size,
-            request.page_token,
-            request.base_model,
-            size_of=lambda a: protoconv.adapter(a).ByteSize(),
+            request.page_size, request.page_token, request.base_model, size_of=size_of
         )
         return pb.ListAdaptersResponse(
-            adapters=[protoconv.adapter(a) for a in page.adapters],
+            adapters=[converted[a.name] for a in page.adapters],
             next_page_token=page.next_page_token,
             seq=page.seq,
         )

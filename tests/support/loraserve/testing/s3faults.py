@@ -19,7 +19,7 @@ import logging
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field, replace
-from urllib.parse import unquote, urlsplit
+from urllib.parse import parse_qsl, unquote, urlsplit
 
 import pytest
 
@@ -78,6 +78,7 @@ class _Request:
     head: bytes
     method: str
     key: str
+    query: dict[str, str]
     content_length: int | None
     chunked: bool
 
@@ -95,6 +96,8 @@ class S3FaultProxy:
         self.port = 0
         # (method, key) of every request seen, in arrival order.
         self.requests: list[tuple[str, str]] = []
+        # Every object listing seen, in arrival order: its query (prefix, max-keys...).
+        self.listings: list[dict[str, str]] = []
 
     @property
     def endpoint_url(self) -> str:
@@ -175,6 +178,8 @@ class S3FaultProxy:
             responses = asyncio.create_task(self._pipe_responses(up_reader, writer, cut_after))
             while (request := await _read_request(reader)) is not None:
                 self.requests.append((request.method, request.key))
+                if request.method == "GET" and not request.key and "list-type" in request.query:
+                    self.listings.append(request.query)
                 rule = self._rule_for(request.method, request.key)
                 if rule is not None and rule.fault is Fault.STALL:
                     held = asyncio.get_running_loop().create_future()
@@ -267,12 +272,14 @@ async def _read_request(reader: asyncio.StreamReader) -> _Request | None:
         name, sep, value = line.partition(":")
         if sep:
             headers[name.strip().lower()] = value.strip()
-    path = unquote(urlsplit(target).path)
+    url = urlsplit(target)
+    path = unquote(url.path)
     # Path-style: /<bucket>/<key>
     key = path.lstrip("/").partition("/")[2]
     length = headers.get("content-length")
     chunked = "chunked" in headers.get("transfer-encoding", "").lower()
-    return _Request(head, method, key, int(length) if length is not None else None, chunked)
+    query = dict(parse_qsl(url.query, keep_blank_values=True))
+    return _Request(head, method, key, query, int(length) if length is not None else None, chunked)
 
 
 def _without_header(request: _Request, name: bytes) -> _Request:
