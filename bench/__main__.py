@@ -19,7 +19,7 @@ from bench.report import Report
 from bench.runs import scale_for
 
 RESULTS = Path(__file__).resolve().parent / "results"
-ALL = (6, 1, 2, 8, 7, 3, 4, 5, 9, 10)
+ALL = (6, 1, 2, 8, 7, 3, 4, 5, 9, 10, 11)
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -27,7 +27,8 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--only",
         default=",".join(map(str, ALL)),
-        help="comma-separated benchmark numbers (default: all, in the order 6,1,2,8,7,3,4,5,9,10)",
+        help="comma-separated benchmark numbers (default: all, in the order "
+        "6,1,2,8,7,3,4,5,9,10,11)",
     )
     parser.add_argument(
         "--quick", action="store_true", help="fewer repeats and requests (a smoke run)"
@@ -80,6 +81,10 @@ async def _main(args: argparse.Namespace, results: Path) -> Report:
             await swap_vs_vllm.run(report, quick=args.quick)
         if 10 in wanted:
             await bench_fleet.run(report, quick=args.quick)
+        if 11 in wanted:
+            from bench import bench_tiers
+
+            await bench_tiers.run(report, quick=args.quick)
     finally:
         report.total_seconds = time.monotonic() - started
         path = report.write()

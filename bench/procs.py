@@ -135,9 +135,13 @@ async def wait_serving(child: Child, log_dir: Path, timeout: float) -> None:
 
 
 async def start_store(
-    log_dir: Path, endpoint: str, bucket: str, log_level: str = "WARNING"
+    log_dir: Path,
+    endpoint: str,
+    bucket: str,
+    log_level: str = "WARNING",
+    name: str = "adapterstore",
 ) -> Child:
-    """`adapterstore serve` on the bucket, SERVING."""
+    """`adapterstore serve` on the bucket, SERVING (`name`: its log's name)."""
     port = free_port()
     argv = [
         str(BIN / "adapterstore"),
@@ -150,7 +154,7 @@ async def start_store(
         f"--secret-access-key={S3_KEY}",
         f"--log-level={log_level}",
     ]
-    child = _spawn("adapterstore", argv, log_dir)
+    child = _spawn(name, argv, log_dir)
     child.address = f"127.0.0.1:{port}"
     await wait_serving(child, log_dir, 60)
     return child
