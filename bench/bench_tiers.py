@@ -158,7 +158,7 @@ async def _traffic(
     )
     section.workload.append(
         f"Zipf arms, per arm and repeat: {template.describe().split(', ', 1)[1]} (the seed "
-        f"is the repeat's); {scale.repeats} repeats, order rotated; the {len(head)} head "
+        f"is the repeat's); repeats: {scale.repeats}, order rotated; the {len(head)} head "
         "adapters warmed first (one request each)"
     )
     stop, peak = asyncio.Event(), [0]
@@ -203,7 +203,7 @@ async def _measure(section: Section, stack: Stack, scale: TiersScale, quick: boo
         f"{ENGINE.max_cpu_loras}, --prefetch-adapters {scale.prefetch}, --adapter-cache-size "
         f"{bound} ({scale.cache_share:.0%} of the {scale.many:,} adapters' {total / MIB:.0f} MiB), "
         f"empty cache at each start; {model_description()}",
-        f"start-up: {scale.repeats} fresh replicas per store, one at a time, order rotated",
+        f"start-up: fresh replicas, {scale.repeats} per store, one at a time, order rotated",
         f"first requests: {scale.cold} adapters drawn (seed {PICK_SEED}) outside the "
         f"{scale.head} Zipf head, one request each ({len(PROMPT)} prompt + {PROBE_TOKENS} "
         f"tokens), then the same again; then {scale.concurrent} at once for one more",
