@@ -23,6 +23,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+import os
 import random
 import tempfile
 import time
@@ -47,7 +48,7 @@ from bench.tiers_figures import (
     throughput_figures,
     tier_table,
 )
-from bench.tiers_rig import CACHE_BYTES, ENGINE, Replica, Rig, adapter_name, disk_bytes, seed
+from bench.tiers_rig import CACHE_BYTES, ENGINE, Replica, Rig, adapter_name, disk_use, seed
 from bench.tiers_rig import metric_or_nan as metric_value
 from bench.workload import Caller, Record, RunResult, Workload, run_closed_loop, stream_into
 from loraserve.clients.inference import InferenceClient, RetryPolicy
@@ -136,7 +137,7 @@ async def _singleflight(
 
 async def _watch_disk(root: Path, stop: asyncio.Event, peak: list[int]) -> None:
     while not stop.is_set():
-        peak[0] = max(peak[0], await asyncio.to_thread(disk_bytes, root))
+        peak[0] = max(peak[0], (await asyncio.to_thread(disk_use, root)).total)
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(stop.wait(), DISK_EVERY_S)
 
@@ -210,7 +211,13 @@ async def _measure(section: Section, stack: Stack, scale: TiersScale, quick: boo
         f"{scale.head} Zipf head, one request each ({len(PROMPT)} prompt + {PROBE_TOKENS} "
         f"tokens), then the same again; then {scale.concurrent} at once for one more",
     ]
+    load_before = os.getloadavg()[0]
     starts, replica = await _starts(rig, scale)
+    section.notes.append(
+        f"1-minute load average of the machine ({os.cpu_count()} cores) before and after the "
+        f"starts: {load_before:.1f}, {os.getloadavg()[0]:.1f} (start-up is mostly vLLM's "
+        "imports and engine start, which other processes slow down)"
+    )
     few = (f"{scale.few} adapters", starts["few"])
     many = (f"{scale.many:,} adapters", starts["many"])
     startup_figures(section, few, many)
@@ -226,7 +233,7 @@ async def _measure(section: Section, stack: Stack, scale: TiersScale, quick: boo
     samples = await replica.samples()
     disk_figures(
         section,
-        disk=await asyncio.to_thread(disk_bytes, replica.cache_dir),
+        disk=await asyncio.to_thread(disk_use, replica.cache_dir),
         gauge=metric_value(samples, CACHE_BYTES),
         peak=peak,
         bound=bound,

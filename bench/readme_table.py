@@ -50,7 +50,11 @@ def _cell(text: object) -> str:
 
 
 def _where(path: Path) -> str:
-    return f"bench/results/{path.parent.name}/"
+    """The run's directory as the README links it: relative to the checkout."""
+    try:
+        return f"{path.parent.resolve().relative_to(README.parent)}/"
+    except ValueError:  # a run written outside the checkout (--results)
+        return f"{path.parent}/"
 
 
 def _run_lines(data: dict[str, Any], where: str, numbers: list[int] | None) -> list[str]:
@@ -59,7 +63,9 @@ def _run_lines(data: dict[str, Any], where: str, numbers: list[int] | None) -> l
     run, machine = data.get("run", {}), data["machine"]
     commit, _, dirty = machine["git commit"].partition(" ")
     commit = commit[:12] + (f" {dirty}" if dirty else "")
-    which = f"Benchmarks {', '.join(map(str, numbers))}: run" if numbers else "Run"
+    which = "Run"
+    if numbers:
+        which = f"Benchmark{'s' if len(numbers) > 1 else ''} {', '.join(map(str, numbers))}: run"
     lines = [
         f"{which} `{run.get('command', 'python -m bench')}` on {machine['date']}: "
         f"{machine['cpu']}, {machine['cores']} cores, {machine['memory']}, {machine['os']}; "

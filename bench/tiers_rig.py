@@ -67,9 +67,18 @@ def metric_or_nan(samples: Sequence[Sample], name: str, **labels: str) -> float:
         return float("nan")
 
 
-def disk_bytes(root: Path) -> int:
-    """Bytes of the regular files under `root`, a file linked twice counted once."""
-    seen: dict[tuple[int, int], int] = {}
+@dataclass(frozen=True)
+class DiskUse:
+    """Bytes of the regular files under a directory, a file linked twice counted once;
+    `dotfiles`: those of files whose name starts with a dot (the cache's index and
+    manifests, as opposed to the adapters' own files)."""
+
+    total: int
+    dotfiles: int
+
+
+def disk_use(root: Path) -> DiskUse:
+    sizes: dict[tuple[int, int], tuple[int, bool]] = {}
     for directory, _, files in os.walk(root):
         for name in files:
             try:
@@ -77,8 +86,11 @@ def disk_bytes(root: Path) -> int:
             except FileNotFoundError:  # evicted while we walked
                 continue
             if stat.S_ISREG(st.st_mode):
-                seen[(st.st_dev, st.st_ino)] = st.st_size
-    return sum(seen.values())
+                sizes[(st.st_dev, st.st_ino)] = (st.st_size, name.startswith("."))
+    return DiskUse(
+        sum(size for size, _ in sizes.values()),
+        sum(size for size, dot in sizes.values() if dot),
+    )
 
 
 async def seed(

@@ -70,10 +70,10 @@ def test_each_benchmark_comes_from_the_newest_run_that_has_it(tmp_path: Path) ->
         "| 10 | figure of 10 | 1.61 | >= 1.5 | met |",
         "| 11 | figure of 11 | 1.93 | >= 1.5 | met |",
     ]
-    runs = [line for line in table.splitlines() if line.startswith("Benchmarks ")]
+    runs = [line for line in table.splitlines() if line.startswith("Benchmark")]
     assert [line.split(":")[0] for line in runs] == [
-        "Benchmarks 11",
-        "Benchmarks 8",
+        "Benchmark 11",
+        "Benchmark 8",
         "Benchmarks 1, 10",
     ]
     # The smoke label follows the run it belongs to, only that one.

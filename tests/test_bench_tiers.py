@@ -28,9 +28,10 @@ from bench.tiers_figures import (
 )
 from bench.tiers_rig import (
     DOWNLOADS,
+    DiskUse,
     MissingMetric,
     adapter_name,
-    disk_bytes,
+    disk_use,
     metric,
     metric_or_nan,
     parse_metrics,
@@ -125,14 +126,15 @@ def test_arm_order_rotates_each_repeat() -> None:
     ]
 
 
-def test_disk_bytes_count_a_linked_file_once_and_no_symlinks(tmp_path: Path) -> None:
+def test_disk_use_counts_a_linked_file_once_and_no_symlinks(tmp_path: Path) -> None:
     (tmp_path / "rev1").mkdir()
     (tmp_path / "rev1" / "weights").write_bytes(b"x" * 1000)
-    (tmp_path / "index.json").write_bytes(b"y" * 10)
+    (tmp_path / "rev1" / ".manifest.json").write_bytes(b"m" * 7)
+    (tmp_path / ".index.json").write_bytes(b"y" * 10)
     os.link(tmp_path / "rev1" / "weights", tmp_path / "hardlink")
     (tmp_path / "symlink").symlink_to(tmp_path / "rev1" / "weights")
 
-    assert disk_bytes(tmp_path) == 1010
+    assert disk_use(tmp_path) == DiskUse(total=1017, dotfiles=17)
 
 
 def _goal(section: Section) -> tuple[str, bool | None]:
@@ -212,10 +214,13 @@ def test_singleflight_wants_one_download_and_every_request_served(
 
 def test_disk_is_compared_with_the_bound() -> None:
     section = Section(11, "tiers")
-    disk_figures(section, disk=100 * 2**20, gauge=float(100 * 2**20), peak=0, bound=110 * 2**20)
-    assert _goal(section) == ("100.0", True)
-    disk_figures(section, disk=111 * 2**20, gauge=float("nan"), peak=0, bound=110 * 2**20)
-    assert _goal(section) == ("111.0", False)
+    bound = 45_107_920
+    disk_figures(section, disk=DiskUse(bound, 0), gauge=float(bound), peak=0, bound=bound)
+    assert _goal(section) == ("45,107,920", True)
+    # The index and manifests count: a byte over the bound misses it.
+    disk_figures(section, disk=DiskUse(bound + 1, 30_815), gauge=float("nan"), peak=0, bound=bound)
+    assert _goal(section) == ("45,107,921", False)
+    assert section.tables[-1].rows[0][2:4] == ["30,815", "n/a"]
 
 
 def _run(tokens_per_s: float, failures: int = 0) -> RunResult:
