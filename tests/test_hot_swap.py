@@ -89,6 +89,18 @@ class RecordingRegistry:
     def record_failure(self, manifest: Revision, message: str) -> None:
         self.inner.record_failure(manifest, message)
 
+    def set_target(self, manifest: Revision) -> None:
+        self.inner.set_target(manifest)
+
+    def target_revision(self, name: str) -> int | None:
+        return self.inner.target_revision(name)
+
+    def is_resident(self, name: str) -> bool:
+        return self.inner.is_resident(name)
+
+    def resident_count(self) -> int:
+        return self.inner.resident_count()
+
 
 @dataclass
 class Stack:
@@ -195,7 +207,7 @@ async def inference_stack(
     await adapter_cache.prepare()
     metrics = InferenceMetrics(CollectorRegistry())
     real_registry = tiny_registry(
-        engine, model_dir, adapter_cache.root, fetcher=adapter_cache, failures=metrics
+        engine, model_dir, adapter_cache.root, fetcher=adapter_cache, observer=metrics
     )
     registry = RecordingRegistry(real_registry)
     sync = Synchronizer(

@@ -166,7 +166,8 @@ async def test_cache_left_by_an_earlier_run_is_swept_at_start_and_routable_revis
         revision, _ = await later.generate("alpha", 4)
         assert revision == 1
         assert _revision_dirs(earlier) == ["alpha/1"]
-        assert sorted(p.name for p in earlier.iterdir()) == [".tmp", "alpha"]
+        # The earlier run's index of use stays: it orders this run's prefetch.
+        assert sorted(p.name for p in earlier.iterdir()) == [".index.json", ".tmp", "alpha"]
         assert list((earlier / ".tmp").iterdir()) == []
     assert stack.blob_gets(weights_key(adapter_files(tiny_adapter(seed=1)))) == alpha_gets
 

@@ -146,6 +146,18 @@ class _Registry:
     def record_failure(self, manifest: Revision, message: str) -> None:
         pass
 
+    def set_target(self, manifest: Revision) -> None:
+        self.current[manifest.adapter_name] = manifest.revision
+
+    def target_revision(self, name: str) -> int | None:
+        return self.current.get(name)
+
+    def is_resident(self, name: str) -> bool:
+        return name in self.current
+
+    def resident_count(self) -> int:
+        return len(self.current)
+
 
 async def test_sync_watching_a_store_that_stops_advancing_moves_to_a_healthy_one(
     s3_bucket: S3Bucket, tmp_path: Path

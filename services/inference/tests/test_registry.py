@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from loraserve.common.errors import FailedPrecondition, NotFound, Unavailable
+from loraserve.common.errors import FailedPrecondition, NotFound
 from loraserve.common.manifest import Revision
 from loraserve.common.names import AdapterRef
 from loraserve.inference.cache import CachedRevision
@@ -308,7 +308,7 @@ async def test_delete_unroutes_and_removes_after_in_flight_requests(
     assert registry.snapshot() == []
 
 
-async def test_adapter_whose_first_revision_is_loading_is_unavailable(
+async def test_request_for_an_adapter_whose_first_revision_is_loading_waits_for_that_load(
     registry: AdapterRegistry, engine: FakeEngine, cache_dir: Path
 ) -> None:
     engine.adding.clear()
@@ -317,14 +317,21 @@ async def test_adapter_whose_first_revision_is_loading_is_unavailable(
     )
     await asyncio.sleep(0.01)
 
-    with pytest.raises(Unavailable, match="loading"):
-        async with registry.acquire(AdapterRef("alpha")):
-            pass
+    async def request() -> int:
+        async with registry.acquire(AdapterRef("alpha")) as lease:
+            return lease.revision
+
+    waiting = asyncio.create_task(request())
+    await asyncio.sleep(0.01)
+    assert not waiting.done()
     engine.adding.set()
     await installing
 
+    assert await waiting == 1
+    assert len(engine.add_calls) == 1
 
-async def test_install_cancelled_mid_load_leaves_no_adapter_in_the_engine(
+
+async def test_install_cancelled_mid_load_still_lands_the_load(
     registry: AdapterRegistry, engine: FakeEngine, cache_dir: Path
 ) -> None:
     engine.adding.clear()
@@ -337,11 +344,10 @@ async def test_install_cancelled_mid_load_leaves_no_adapter_in_the_engine(
         await installing
 
     engine.adding.set()
-    await asyncio.sleep(0.01)
     await registry.settle()
 
-    assert engine.loaded == {}
-    assert registry.current_revision("alpha") is None
+    assert [h.lora_name for h in engine.loaded.values()] == ["alpha@1"]
+    assert registry.current_revision("alpha") == 1
 
 
 async def test_snapshot_reports_current_in_flight_and_ids(

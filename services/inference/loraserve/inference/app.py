@@ -43,6 +43,7 @@ from loraserve.inference.sync import (
     SyncSettings,
     current_adapter_ranks,
 )
+from loraserve.inference.tiers import TierView
 
 if TYPE_CHECKING:
     from loraserve.inference.http_server import RunningHttpServer
@@ -54,6 +55,8 @@ EngineStarter = Callable[[EngineOptions], Awaitable[VllmEngine]]
 # First and longest wait between attempts to reach a store that is not up yet.
 _STORE_WAIT_FIRST_S = 0.5
 _STORE_WAIT_MAX_S = 10.0
+# How fresh the host-memory tier's count is between GetServerInfo calls (metrics).
+_HOST_TIER_REFRESH_S = 5.0
 
 
 class InferenceApp:
@@ -72,6 +75,8 @@ class InferenceApp:
         self._store: StoreClient | None = None
         self._engine: VllmEngine | None = None
         self._sync_task: asyncio.Task[None] | None = None
+        self._background: list[asyncio.Task[None]] = []
+        self._cache: AdapterCache | None = None
         self.metrics_port: int | None = None
 
     @property
@@ -118,7 +123,13 @@ class InferenceApp:
         engine = self._engine = await self._start_engine(options)
         info = engine.info
         compat = await self._compatibility(options.model, info.max_lora_rank)
-        cache = AdapterCache(settings.adapter_cache, source=self._store, check=compat.check)
+        cache = self._cache = AdapterCache(
+            settings.adapter_cache,
+            source=self._store,
+            check=compat.check,
+            max_bytes=settings.adapter_cache_size,
+            observer=self.metrics,
+        )
         await cache.prepare()
         registry = AdapterRegistry(
             engine,
@@ -126,15 +137,31 @@ class InferenceApp:
             compat=compat,
             fetcher=cache,
             max_pinned=info.max_cpu_loras,
-            failures=self.metrics,
+            observer=self.metrics,
         )
+        cache.set_evictor(registry)
         synchronizer = Synchronizer(
             self._store,
             cache,
             registry,
-            SyncSettings(status_interval_s=settings.status_interval_s),
+            SyncSettings(
+                status_interval_s=settings.status_interval_s,
+                prefetch_adapters=settings.prefetch_adapters,
+            ),
             observe_swap=self.metrics.observe_swap_latency,
             sweeper=cache,
+            recent_names=cache.recent_names,
+        )
+        tiers = TierView(
+            registry,
+            cache,
+            engine,
+            self.metrics.tier_counters,
+            max_loras=info.max_loras,
+            max_cpu_loras=info.max_cpu_loras,
+        )
+        self._background.append(
+            asyncio.create_task(tiers.watch_host(_HOST_TIER_REFRESH_S), name="tiers:host")
         )
         admission = Admission(settings.max_pending_requests)
         self.slot.set(
@@ -145,6 +172,7 @@ class InferenceApp:
                 admission=admission,
                 replica_id=settings.replica_id,
                 store_seq=lambda: synchronizer.applied_seq,
+                tiers=tiers,
             )
         )
         self.metrics.watch_engine(
@@ -156,6 +184,7 @@ class InferenceApp:
             pending=lambda: admission.pending,
         )
         self.metrics.export_model_server_protocol(engine.stats, max_lora=info.max_loras)
+        self.metrics.watch_tiers(tiers.usage)
         await self._serve_after_first_sync(synchronizer)
 
     async def _compatibility(self, model: str, max_lora_rank: int) -> CompatibilityChecker:
@@ -191,9 +220,12 @@ class InferenceApp:
         await asyncio.gather(
             *(server.stop(grace) for server in (self._server, self._http) if server is not None)
         )
-        if self._sync_task is not None:
-            self._sync_task.cancel()
-            await asyncio.gather(self._sync_task, return_exceptions=True)
+        tasks = [t for t in (self._sync_task, *self._background) if t is not None]
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        if self._cache is not None:
+            await self._cache.close()
         if self._store is not None:
             await self._store.close()
         self.slot.set(None)

@@ -15,8 +15,17 @@ download.
 
 The cache alone creates and removes directories under its root: the registry hands
 a revision back with `remove` once the engine let go of it, and `sweep` removes
-revision directories nothing needs (an earlier run's leftovers), so the disk holds
-only what is served or loading.
+revision directories nothing needs (an earlier run's leftovers).
+
+It is the disk tier of the adapter hierarchy (LoRA slots -> host memory -> this disk
+-> the store). With a byte bound (`--adapter-cache-size`) a download first makes room:
+the least recently used revisions (`cacheindex`) are evicted, each only once its
+`Evictor` (the registry) has taken it out of the engine, since vLLM reloads an
+adapter it dropped from host memory from its path; a revision being fetched, in
+use, pinned or loading is skipped. The bytes on disk plus the downloads in progress
+never exceed the bound: a download that cannot get room fails with
+RESOURCE_EXHAUSTED (retried by sync; the request's caller sees it) rather than
+overfill the disk.
 """
 
 from __future__ import annotations
@@ -36,9 +45,16 @@ from pathlib import Path
 from typing import Protocol
 
 from loraserve.clients.store import FileChunk
-from loraserve.common.errors import DataLoss, FailedPrecondition, InvalidArgument, NotFound
+from loraserve.common.errors import (
+    DataLoss,
+    FailedPrecondition,
+    InvalidArgument,
+    NotFound,
+    ResourceExhausted,
+)
 from loraserve.common.manifest import Revision
 from loraserve.common.names import validate_adapter_name
+from loraserve.inference.cacheindex import CacheIndex, Key
 from loraserve.inference.compat import AdapterFacts
 from loraserve.inference.download import MANIFEST_FILE, Receiver, check_manifest
 
@@ -55,6 +71,8 @@ class CachedRevision:
 
     manifest: Revision
     path: Path
+    # Whether this fetch downloaded it (a disk miss) rather than found it on disk.
+    downloaded: bool = False
 
     @property
     def name(self) -> str:
@@ -92,6 +110,34 @@ ManifestCheck = Callable[[AdapterFacts], None]
 """Raises FailedPrecondition if a revision cannot be served here (`CompatibilityChecker.check`)."""
 
 
+class Evictor(Protocol):
+    """Lets go of a revision so its files can be deleted (`AdapterRegistry.release`)."""
+
+    async def release(self, name: str, revision: int) -> bool:
+        """True once the engine no longer uses the revision; False while it is in
+        use, pinned or loading (then it stays)."""
+        ...
+
+
+class CacheObserver(Protocol):
+    """Counts what the disk tier does (`InferenceMetrics`)."""
+
+    def adapter_downloaded(self) -> None: ...
+
+    def adapter_evicted(self, tier: str) -> None: ...
+
+
+@dataclass(frozen=True)
+class CacheUsage:
+    """The disk tier now: bytes and revisions held, the bound, and what it did."""
+
+    bytes: int
+    capacity_bytes: int | None
+    revisions: int
+    downloads: int
+    evictions: int
+
+
 class _KeyLock:
     def __init__(self) -> None:
         self.lock = asyncio.Lock()
@@ -106,25 +152,88 @@ class AdapterCache:
     """
 
     def __init__(
-        self, root: Path, source: RevisionSource, check: ManifestCheck | None = None
+        self,
+        root: Path,
+        source: RevisionSource,
+        check: ManifestCheck | None = None,
+        *,
+        max_bytes: int | None = None,
+        observer: CacheObserver | None = None,
+        persist_interval_s: float = 2.0,
     ) -> None:
+        if max_bytes is not None and max_bytes < 1:
+            raise ValueError(f"max_bytes must be positive, got {max_bytes}")
         self._root = root.absolute()
         self._source = source
         self._check = check
-        self._locks: dict[tuple[str, int], _KeyLock] = {}
+        self._max_bytes = max_bytes
+        self._observer = observer
+        self._persist_interval_s = persist_interval_s
+        self._locks: dict[Key, _KeyLock] = {}
+        self._index = CacheIndex(self._root)
+        # Bytes of downloads in progress, counted against the bound before they land.
+        self._reserved = 0
+        self._evictor: Evictor | None = None
+        self._save: asyncio.Task[None] | None = None
+        self._downloads = 0
+        self._evictions = 0
+
+    def set_evictor(self, evictor: Evictor) -> None:
+        """Who must let go of a revision before its files go (the registry, which is
+        built after the cache it fetches from)."""
+        self._evictor = evictor
 
     @property
     def root(self) -> Path:
         return self._root
 
     async def prepare(self) -> None:
-        """Creates the cache directory and removes downloads a crash left half-done."""
+        """Creates the cache directory, removes downloads a crash left half-done, and
+        indexes the revisions an earlier run left, in their saved order of use."""
         await asyncio.to_thread(self._prepare)
+        if self._max_bytes is not None:
+            # The bound may have shrunk since the last run.
+            await self._trim(self._max_bytes)
+        log.info(
+            "cache.indexed revisions=%d bytes=%d bound=%s",
+            len(self._index),
+            self._index.bytes,
+            self._max_bytes,
+        )
 
     def _prepare(self) -> None:
         self._root.mkdir(parents=True, exist_ok=True)
         shutil.rmtree(self._root / _TEMP_DIR, ignore_errors=True)
         (self._root / _TEMP_DIR).mkdir()
+        self._index.rebuild(_revisions_on_disk(self._root))
+
+    async def close(self) -> None:
+        """Writes the index now (shutdown)."""
+        if self._save is not None:
+            self._save.cancel()
+            await asyncio.gather(self._save, return_exceptions=True)
+        await asyncio.to_thread(self._index.save_if_changed)
+
+    def usage(self) -> CacheUsage:
+        return CacheUsage(
+            self._index.bytes,
+            self._max_bytes,
+            len(self._index),
+            self._downloads,
+            self._evictions,
+        )
+
+    def recent_names(self) -> list[str]:
+        """Adapters with a revision on disk, the most recently used first."""
+        return self._index.recent_names()
+
+    def is_cached(self, name: str, revision: int) -> bool:
+        return (name, revision) in self._index
+
+    def touch(self, name: str, revision: int) -> None:
+        """The revision served a request: the last to be evicted."""
+        self._index.touch((name, revision))
+        self._persist_soon()
 
     def path_of(self, name: str, revision: int) -> Path:
         """Where a revision lives; refuses anything that would leave the cache."""
@@ -148,26 +257,111 @@ class AdapterCache:
         Unavailable when the store is down.
         """
         final = self.path_of(name, revision)
+        key = (name, revision)
         async with self._exclusive(name, revision):
             try:
                 manifest = await self._servable(name, revision, manifest)
             except (NotFound, FailedPrecondition):
-                await asyncio.to_thread(_remove_revision_dir, final)
+                await self._delete(key, final)
                 raise
-            cached = await asyncio.to_thread(_load_verified, final, name, revision)
+            cached = await self._on_disk(key, final)
             if cached is not None:
                 if _same_files(cached, manifest):
                     log.info("cache.reused name=%s rev=%d", name, revision)
+                    self.touch(name, revision)
                     return CachedRevision(cached, final)
                 log.warning(
                     "cache.stale name=%s rev=%d: files differ from the store", name, revision
                 )
+                await self._delete(key, final)
+            size = sum(f.size for f in manifest.files)
+            await self._make_room(key, size)
             try:
-                return await self._download(manifest, final)
-            except DataLoss as exc:
-                # A corrupted transfer is worth one more try; corrupt storage is not.
-                log.warning("cache.retry_download name=%s rev=%d reason=%s", name, revision, exc)
-                return await self._download(manifest, final)
+                try:
+                    downloaded = await self._download(manifest, final)
+                except DataLoss as exc:
+                    # A corrupted transfer is worth one more try; corrupt storage is not.
+                    log.warning(
+                        "cache.retry_download name=%s rev=%d reason=%s", name, revision, exc
+                    )
+                    downloaded = await self._download(manifest, final)
+            finally:
+                self._reserved -= size
+            self._index.add(key, size)
+            self._persist_soon()
+            return downloaded
+
+    async def _on_disk(self, key: Key, final: Path) -> Revision | None:
+        """The manifest of a complete, intact copy on disk (every file hashed: the
+        engine will read these bytes), or None."""
+        manifest = await asyncio.to_thread(_load_verified, final, *key)
+        if manifest is None:
+            self._forget(key)
+        elif key not in self._index:
+            self._index.add(key, sum(f.size for f in manifest.files))
+        return manifest
+
+    async def _make_room(self, key: Key, size: int) -> None:
+        """Reserves `size` bytes under the bound, evicting least recently used
+        revisions nobody holds; RESOURCE_EXHAUSTED when that cannot free enough."""
+        bound = self._max_bytes
+        if bound is None:
+            self._reserved += size
+            return
+        name, revision = key
+        if size > bound:
+            raise FailedPrecondition(
+                f"adapter {name}@{revision} is {size} bytes, more than the adapter cache "
+                f"holds ({bound} bytes, --adapter-cache-size)"
+            )
+        self._reserved += size
+        if not await self._trim(bound):
+            self._reserved -= size
+            raise ResourceExhausted(
+                f"adapter cache full: {self._index.bytes} of {bound} bytes are held by "
+                f"revisions in use, pinned or loading; {name}@{revision} needs {size}"
+            )
+
+    async def _trim(self, bound: int) -> bool:
+        """Evicts least recently used revisions until the bytes on disk and those
+        reserved fit `bound`; False if what is left is all held."""
+        for victim in self._index.lru():
+            if self._index.bytes + self._reserved <= bound:
+                return True
+            if victim not in self._locks:
+                await self._evict(victim)
+        return self._index.bytes + self._reserved <= bound
+
+    async def _evict(self, key: Key) -> None:
+        async with self._exclusive(*key):
+            if key not in self._index:
+                return
+            if self._evictor is not None and not await self._evictor.release(*key):
+                return
+            await self._delete(key, self.path_of(*key))
+        self._evictions += 1
+        if self._observer is not None:
+            self._observer.adapter_evicted("disk")
+        log.info("cache.evicted name=%s rev=%d bytes_now=%d", *key, self._index.bytes)
+
+    async def _delete(self, key: Key, path: Path) -> None:
+        await asyncio.to_thread(_remove_revision_dir, path)
+        self._forget(key)
+
+    def _forget(self, key: Key) -> None:
+        if key in self._index:
+            self._index.discard(key)
+            self._persist_soon()
+
+    def _persist_soon(self) -> None:
+        """Writes the index within `persist_interval_s`: touches come with every
+        request, writes at most that often."""
+        if self._save is None or self._save.done():
+            self._save = asyncio.get_running_loop().create_task(self._save_later())
+
+    async def _save_later(self) -> None:
+        await asyncio.sleep(self._persist_interval_s)
+        await asyncio.to_thread(self._index.save_if_changed)
 
     async def _servable(self, name: str, revision: int, manifest: Revision | None) -> Revision:
         """The revision's manifest, checked before any byte is downloaded. Asked of the
@@ -186,8 +380,16 @@ class AdapterCache:
         the registry's call once the engine no longer reads them."""
         path = self.path_of(name, revision)
         async with self._exclusive(name, revision):
-            await asyncio.to_thread(_remove_revision_dir, path)
+            await self._delete((name, revision), path)
         log.info("cache.removed name=%s rev=%d", name, revision)
+
+    async def remove_unused(self, name: str, in_use: Callable[[str, int], bool]) -> None:
+        """Deletes the adapter's revisions on disk that `in_use` rejects and no fetch
+        is using: files of a deleted adapter or of a superseded revision that the
+        engine does not hold."""
+        for revision in self._index.revisions_of(name):
+            if not in_use(name, revision) and (name, revision) not in self._locks:
+                await self.remove(name, revision)
 
     async def sweep(self, keep: Callable[[str, int], bool]) -> None:
         """Removes every revision directory that `keep` rejects and no fetch is using:
@@ -199,6 +401,8 @@ class AdapterCache:
             # Leftovers cost disk, not correctness: serving must not wait on them.
             log.warning("cache.sweep_failed reason=%s", exc)
             return
+        for path in removed:
+            self._forget((path.parent.name, int(path.name)))
         log.info("cache.swept removed=%d", len(removed))
 
     def _sweep(self, keep: Callable[[str, int], bool]) -> list[Path]:
@@ -243,6 +447,9 @@ class AdapterCache:
             await asyncio.to_thread(_commit, staging, final, manifest)
         finally:
             await asyncio.to_thread(shutil.rmtree, staging, True)
+        self._downloads += 1
+        if self._observer is not None:
+            self._observer.adapter_downloaded()
         log.info(
             "cache.downloaded name=%s rev=%d files=%d bytes=%d",
             name,
@@ -250,7 +457,7 @@ class AdapterCache:
             len(manifest.files),
             sum(f.size for f in manifest.files),
         )
-        return CachedRevision(manifest, final)
+        return CachedRevision(manifest, final, downloaded=True)
 
     async def _receive(self, expected: Revision, staging: Path) -> Revision:
         name, revision = expected.adapter_name, expected.revision
@@ -313,6 +520,29 @@ def _load_verified(path: Path, name: str, revision: int) -> Revision | None:
         log.warning("cache.discarded_corrupt name=%s rev=%d reason=%s", name, revision, exc)
         shutil.rmtree(path, ignore_errors=True)
         return None
+
+
+def _read_manifest(path: Path) -> Revision | None:
+    try:
+        return Revision.from_json(json.loads((path / MANIFEST_FILE).read_text("utf-8")))
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+
+
+def _revisions_on_disk(root: Path) -> list[tuple[Key, int]]:
+    """Every complete revision directory under `root` with its manifest's bytes; the
+    files themselves are hashed when the revision is next fetched."""
+    found = []
+    for adapter_dir in root.iterdir():
+        if not _is_adapter_dir(adapter_dir):
+            continue
+        for entry in adapter_dir.iterdir():
+            if entry.name.isdigit():
+                manifest = _read_manifest(entry)
+                if manifest is not None:
+                    size = sum(f.size for f in manifest.files)
+                    found.append(((adapter_dir.name, int(entry.name)), size))
+    return found
 
 
 def _sha256_of(path: Path, expected_size: int) -> str | None:

@@ -24,13 +24,18 @@ class EngineAdapters:
         engine: Engine,
         cache_dir: Path,
         compat: CompatibilityChecker,
-        spawn: Callable[[Awaitable[None]], None],
+        spawn: Callable[[Awaitable[None]], object],
     ) -> None:
         self._engine = engine
         self._cache_dir = cache_dir.resolve()
         self._compat = compat
         # Runs background work the owner waits for when it settles.
         self._spawn = spawn
+
+    def check_facts(self, facts: AdapterFacts) -> None:
+        """Raises FailedPrecondition for an adapter the server cannot serve, judged
+        from its manifest alone (before any byte is downloaded)."""
+        self._compat.check(facts)
 
     async def check(self, facts: AdapterFacts, path: Path) -> None:
         """Raises FailedPrecondition for a path outside the cache or an adapter the

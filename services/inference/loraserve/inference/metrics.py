@@ -13,6 +13,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, star
 
 from loraserve.inference.engine import EngineStats
 from loraserve.inference.msp_metrics import ModelServerProtocolCollector
+from loraserve.inference.tiers import TierCounters, TierUsage
 
 log = logging.getLogger(__name__)
 
@@ -63,6 +64,49 @@ class InferenceMetrics:
             ["adapter"],
             registry=r,
         )
+        self.tier_counters = TierCounters()
+        self._downloads = Counter(
+            "loraserve_inference_adapter_downloads",
+            "Adapter revisions downloaded from the store into the disk cache.",
+            registry=r,
+        )
+        self._misses = Counter(
+            "loraserve_inference_adapter_misses",
+            "Requests whose adapter was not in the tier (engine: not loaded, the request "
+            "waited for the load; disk: the load had to download it).",
+            ["tier"],
+            registry=r,
+        )
+        self._evictions = Counter(
+            "loraserve_inference_adapter_evictions",
+            "Revisions evicted from the tier (engine: removed to free disk; disk: files "
+            "deleted to stay under --adapter-cache-size).",
+            ["tier"],
+            registry=r,
+        )
+        self._load_wait = Histogram(
+            "loraserve_inference_adapter_load_seconds",
+            "Time a request waited for its adapter to load on miss, by where it came from.",
+            ["source"],
+            buckets=_LATENCY_BUCKETS,
+            registry=r,
+        )
+        self._tier_adapters = Gauge(
+            "loraserve_inference_adapter_tier_adapters",
+            "Adapter revisions in each tier (slot: running requests; host: in the engine's "
+            "host memory; engine: loaded; disk: in the disk cache; routed: adapter names "
+            "this replica routes, loaded or not).",
+            ["tier"],
+            registry=r,
+        )
+        self._cache_bytes = Gauge(
+            "loraserve_inference_adapter_cache_bytes", "Bytes in the disk cache.", registry=r
+        )
+        self._cache_capacity = Gauge(
+            "loraserve_inference_adapter_cache_capacity_bytes",
+            "The disk cache's bound (--adapter-cache-size); 0 when unbounded.",
+            registry=r,
+        )
         self._lora_slots = Gauge(
             "loraserve_inference_lora_slots", "Adapters the engine batches at once.", registry=r
         )
@@ -104,6 +148,41 @@ class InferenceMetrics:
 
     def adapter_load_failed(self, name: str) -> None:
         self._load_failures.labels(_label(name)).inc()
+
+    def adapter_downloaded(self) -> None:
+        self._downloads.inc()
+
+    def adapter_missed(self, tier: str) -> None:
+        self._misses.labels(tier).inc()
+        if tier == "engine":
+            self.tier_counters.engine_misses += 1
+        else:
+            self.tier_counters.disk_misses += 1
+
+    def adapter_evicted(self, tier: str) -> None:
+        self._evictions.labels(tier).inc()
+        if tier == "engine":
+            self.tier_counters.engine_evictions += 1
+        else:
+            self.tier_counters.disk_evictions += 1
+
+    def adapter_load_waited(self, source: str, seconds: float) -> None:
+        self._load_wait.labels(source).observe(seconds)
+        self.tier_counters.recent_waits.append(seconds)
+
+    def watch_tiers(self, usage: Callable[[], TierUsage]) -> None:
+        """Reads the tiers' occupancy at scrape time."""
+        gauges = {
+            "slot": lambda: usage().slots_in_use,
+            "host": lambda: usage().host_adapters,
+            "engine": lambda: usage().engine_adapters,
+            "disk": lambda: usage().disk.revisions,
+            "routed": lambda: usage().routed_adapters,
+        }
+        for tier, read in gauges.items():
+            self._tier_adapters.labels(tier).set_function(read)
+        self._cache_bytes.set_function(lambda: usage().disk.bytes)
+        self._cache_capacity.set_function(lambda: usage().disk.capacity_bytes or 0)
 
     def watch_engine(
         self,

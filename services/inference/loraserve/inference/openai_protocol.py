@@ -154,7 +154,8 @@ def chat_command(
 
 
 def model_list(base_name: str, statuses: Sequence[RevisionStatus], created: int) -> dict[str, Any]:
-    """/v1/models: the base model, each routed adapter name, each loaded `name@revision`."""
+    """/v1/models: the base model, each routed adapter name (loaded or loaded on its
+    first request), each loaded `name@revision`."""
 
     def entry(model_id: str, parent: str | None, root: str) -> dict[str, Any]:
         return {
@@ -169,7 +170,8 @@ def model_list(base_name: str, statuses: Sequence[RevisionStatus], created: int)
     data = [entry(base_name, None, base_name)]
     # Draining revisions are on their way out; listing them would invite new requests.
     serving = [s for s in statuses if s.state is AdapterState.READY]
-    for status in serving:
+    routed = [s for s in statuses if s.state in (AdapterState.READY, AdapterState.AVAILABLE)]
+    for status in routed:
         if status.current:
             data.append(entry(status.name, base_name, f"{status.name}@{status.revision}"))
     for status in serving:

@@ -10,6 +10,17 @@ to the cache (vLLM may re-read an adapter's path until it is removed). Getting o
 revision into the engine and out again is `engine_adapters`; the files are the
 cache's alone (`AdapterCache.fetch`/`remove`); this module keeps the states and routes.
 
+Residency is lazy. Each name has a target, the manifest of the revision the store
+makes current (`set_target` records it without loading anything; `install` loads it
+too). A request for a name with no loaded revision loads its target on the spot
+(load on miss): from the cache's disk, or downloaded from the store. Every load runs
+in its own task that the requests wait on, so concurrent first requests share one
+load, and a request that gives up (deadline, cancel) does not abort it for the
+others. A load routes the name only if its revision is still the target when it
+lands; a request that finds a newer target (pushed meanwhile) loads that one. The
+cache evicts a revision only after `release` took it out of the engine, which it
+refuses while the revision runs requests, is pinned or is loading.
+
 `name@revision` requests pin that revision: it is fetched through the cache (which
 then asks the store for its manifest) and loaded on demand, and kept in a bounded
 LRU of pinned revisions.
@@ -24,12 +35,15 @@ phases (`revisionstate`); names route to READY revisions only.
 
 The seam with the sync side (inference-sync):
 
+    set_target(manifest)                route a name lazily: loaded on its first request
     install(cached, make_current=...)   load a fetched revision; route it or pin it
     record_failure(manifest, message)   a revision that could not even be fetched
     set_current(name, revision)         rollback/promote (fetches if no longer loaded)
     delete(name)                        unroute; every revision drains, then goes;
                                         loads in flight are discarded
-    current_revision(name), is_installed(name, revision), holds(...), snapshot()
+    current_revision(name), is_installed(name, revision), holds(...), is_resident(name),
+    resident_count(), snapshot()
+    release(name, revision)             the cache's eviction: out of the engine if idle
     settle()                            waits for removals in progress (tests, shutdown)
 
 Both sides never load a path that is not inside the adapter cache directory.
@@ -41,6 +55,7 @@ import asyncio
 import functools
 import itertools
 import logging
+import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
@@ -60,7 +75,9 @@ from loraserve.inference.revisionstate import (
     Phase,
     RevisionEntry,
     RevisionStatus,
+    Tier,
     status_of,
+    target_status,
 )
 
 log = logging.getLogger(__name__)
@@ -80,9 +97,27 @@ class RevisionCache(Protocol):
         """Deletes the revision's files: the engine no longer reads them."""
         ...
 
+    async def remove_unused(self, name: str, in_use: Callable[[str, int], bool]) -> None:
+        """Deletes the adapter's revisions on disk that `in_use` rejects."""
+        ...
 
-class LoadFailureListener(Protocol):
+    def touch(self, name: str, revision: int) -> None:
+        """The revision served a request (the disk tier's LRU order)."""
+        ...
+
+    def is_cached(self, name: str, revision: int) -> bool: ...
+
+
+class RegistryObserver(Protocol):
+    """Counts what the engine tier does (`InferenceMetrics`)."""
+
     def adapter_load_failed(self, name: str) -> None: ...
+
+    def adapter_missed(self, tier: str) -> None: ...
+
+    def adapter_load_waited(self, source: str, seconds: float) -> None: ...
+
+    def adapter_evicted(self, tier: str) -> None: ...
 
 
 @dataclass(frozen=True)
@@ -108,16 +143,18 @@ class AdapterRegistry:
         compat: CompatibilityChecker,
         fetcher: RevisionCache | None = None,
         max_pinned: int = 8,
-        failures: LoadFailureListener | None = None,
+        observer: RegistryObserver | None = None,
     ) -> None:
         if max_pinned < 1:
             raise ValueError(f"max_pinned must be at least 1, got {max_pinned}")
         self._adapters = EngineAdapters(engine, cache_dir, compat, self._spawn)
         self._cache = fetcher
         self._max_pinned = max_pinned
-        self._failures = failures
+        self._observer = observer
         self._entries: dict[Key, RevisionEntry] = {}
         self._routes: dict[str, int] = {}
+        # What each name should route to: loaded now, or on its first request.
+        self._targets: dict[str, Revision] = {}
         self._pin_clock = itertools.count(1)
         self._tasks: set[asyncio.Task[None]] = set()
 
@@ -130,15 +167,27 @@ class AdapterRegistry:
         rejects it; whatever was serving before keeps serving.
         """
         key = (cached.name, cached.revision)
+        if make_current:
+            self._retarget(cached.manifest)
+        claim = self._route_if_target if make_current else self._pin
         try:
-            entry = await self._ensure_loaded(key, functools.partial(self._obtain, key, cached))
+            await self._ensure_loaded(key, functools.partial(self._obtain, key, cached), claim)
         except LoraserveError as exc:
             self._fail(cached.manifest, exc.message)
             raise
-        if make_current:
-            self._route(entry)
-        else:
-            self._pin(entry)
+
+    def set_target(self, manifest: Revision) -> None:
+        """Routes the name to `manifest` without loading it: its first request will.
+        A loaded older revision stops taking new requests at once."""
+        if self.target_revision(manifest.adapter_name) == manifest.revision:
+            return
+        self._adapters.check_facts(manifest_facts(manifest))
+        self._retarget(manifest)
+        routed = self._routes.get(manifest.adapter_name)
+        if routed is not None and routed != manifest.revision:
+            del self._routes[manifest.adapter_name]
+            self._update(self._entries[(manifest.adapter_name, routed)])
+        self._spawn(self._cache_remove_unused(manifest.adapter_name))
 
     def record_failure(self, manifest: Revision, message: str) -> None:
         """A revision that failed before it reached `install` (refused from its manifest,
@@ -150,12 +199,16 @@ class AdapterRegistry:
     async def set_current(self, name: str, revision: int) -> None:
         """Routes `name` to `revision`, loading it again if it was already removed."""
         key = (name, revision)
-        entry = await self._ensure_loaded(key, functools.partial(self._obtain, key, None))
-        self._route(entry)
+        entry = await self._ensure_loaded(
+            key, functools.partial(self._obtain, key, None), self._promote
+        )
+        if entry is None:
+            raise Unavailable(f"adapter {name}@{revision} left the engine as it loaded; retry")
 
     async def delete(self, name: str) -> None:
         """Stops routing `name`; its revisions drain, then leave the engine."""
         self._routes.pop(name, None)
+        self._targets.pop(name, None)
         for entry in [e for e in self._entries.values() if e.name == name]:
             if entry.phase is Phase.FAILED:
                 del self._entries[entry.key]
@@ -164,6 +217,7 @@ class AdapterRegistry:
             else:
                 entry.pinned_at = 0
                 self._update(entry)
+        self._spawn(self._cache_remove_unused(name))
         log.info("adapter.unrouted name=%s", name)
 
     def current_revision(self, name: str) -> int | None:
@@ -178,8 +232,58 @@ class AdapterRegistry:
         entry = self._entries.get((name, revision))
         return entry is not None and entry.phase is not Phase.FAILED
 
+    def target_revision(self, name: str) -> int | None:
+        target = self._targets.get(name)
+        return target.revision if target is not None else None
+
+    def is_resident(self, name: str) -> bool:
+        """Whether a revision of `name` is routed in the engine or loading for it."""
+        return name in self._routes or any(
+            e.name == name and e.phase is Phase.LOADING for e in self._entries.values()
+        )
+
+    def resident_count(self) -> int:
+        """Names routed to a revision in the engine."""
+        return len(self._routes)
+
+    def slots_in_use(self) -> int:
+        """Revisions running requests now: each takes a LoRA slot while batched."""
+        return sum(1 for e in self._entries.values() if e.in_flight)
+
+    def routed_count(self) -> int:
+        """Names this replica routes, loaded or not."""
+        return len(self._targets)
+
+    async def release(self, name: str, revision: int) -> bool:
+        """The cache wants the revision's files: takes it out of the engine if nothing
+        needs it there (no request on it, not pinned, not loading) and says whether
+        the files are free. A routed revision loses its route; its target stays, so
+        the next request loads it again."""
+        entry = self._entries.get((name, revision))
+        if entry is None or entry.phase is Phase.FAILED:
+            return True
+        if entry.phase is not Phase.READY or entry.in_flight or entry.pinned_at:
+            return False
+        assert entry.handle is not None
+        if self._routes.get(name) == revision:
+            del self._routes[name]
+        entry.phase, entry.done = Phase.REMOVING, asyncio.Event()
+        try:
+            await self._adapters.remove(entry.handle)
+        except Exception:
+            # The id is never reused: a leftover in the engine costs memory only.
+            log.exception("adapter.remove_failed name=%s rev=%d", name, revision)
+        finally:
+            if self._entries.get(entry.key) is entry:
+                del self._entries[entry.key]
+            entry.done.set()
+        if self._observer is not None:
+            self._observer.adapter_evicted("engine")
+        log.info("adapter.evicted name=%s rev=%d", name, revision)
+        return True
+
     async def settle(self) -> None:
-        """Waits until every removal started so far has finished."""
+        """Waits until every load and removal started so far has finished."""
         while self._tasks:
             await asyncio.gather(*self._tasks, return_exceptions=True)
 
@@ -192,12 +296,18 @@ class AdapterRegistry:
             yield Lease(name="", revision=0, adapter=None)
             return
         if ref.revision is None:
-            entry = self._current_entry(ref.name)
+            entry = self._routed_entry(ref.name) or await self._load_on_miss(ref.name)
         else:
             key = (ref.name, ref.revision)
-            entry = await self._ensure_loaded(key, functools.partial(self._obtain, key, None))
-            self._pin(entry)
+            pinned = await self._ensure_loaded(
+                key, functools.partial(self._obtain, key, None), self._pin
+            )
+            if pinned is None:
+                raise Unavailable(f"adapter {ref.name}@{ref.revision} left as it loaded; retry")
+            entry = pinned
         entry.in_flight += 1
+        if self._cache is not None:
+            self._cache.touch(*entry.key)
         try:
             yield Lease(name=entry.name, revision=entry.revision, adapter=entry.handle)
         finally:
@@ -207,19 +317,59 @@ class AdapterRegistry:
     def loaded_count(self) -> int:
         return sum(1 for e in self._entries.values() if e.phase in IN_ENGINE)
 
-    def snapshot(self) -> list[RevisionStatus]:
-        """Every revision this registry knows, ordered by name then revision."""
-        return [status_of(e, self._routes) for _, e in sorted(self._entries.items())]
+    def snapshot(self, in_host_memory: Callable[[int], bool] | None = None) -> list[RevisionStatus]:
+        """Every revision this registry knows, loaded or only targeted, ordered by
+        name then revision, each with the tier it is in; `in_host_memory` tells the
+        lora_int_ids the engine holds in host memory (else all loaded ones count)."""
+        statuses = {
+            key: status_of(e, self._routes, self._tier(e, in_host_memory))
+            for key, e in self._entries.items()
+        }
+        for name, target in self._targets.items():
+            key = (name, target.revision)
+            if key not in statuses:
+                cached = self._cache is not None and self._cache.is_cached(*key)
+                statuses[key] = target_status(target, Tier.DISK if cached else Tier.STORE)
+        return [statuses[key] for key in sorted(statuses)]
+
+    def _tier(self, entry: RevisionEntry, in_host_memory: Callable[[int], bool] | None) -> Tier:
+        if entry.in_flight:
+            return Tier.SLOT
+        if entry.handle is not None and entry.phase in IN_ENGINE:
+            if in_host_memory is None or in_host_memory(entry.handle.lora_int_id):
+                return Tier.HOST
+            return Tier.DISK
+        cached = self._cache is not None and self._cache.is_cached(*entry.key)
+        return Tier.DISK if cached else Tier.STORE
 
     # -- internals ---------------------------------------------------------------------
 
-    def _current_entry(self, name: str) -> RevisionEntry:
+    def _routed_entry(self, name: str) -> RevisionEntry | None:
         revision = self._routes.get(name)
-        if revision is None:
-            if any(e.name == name and e.phase is Phase.LOADING for e in self._entries.values()):
-                raise Unavailable(f"adapter {name!r} is still loading; retry shortly")
-            raise NotFound(f"adapter {name!r} is not served here")
-        return self._entries[(name, revision)]
+        return None if revision is None else self._entries[(name, revision)]
+
+    async def _load_on_miss(self, name: str) -> RevisionEntry:
+        """Loads the name's target for a request that found no loaded revision, and
+        follows a newer target that arrives meanwhile; NotFound once it is deleted."""
+        started = time.monotonic()
+        if self._observer is not None:
+            self._observer.adapter_missed("engine")
+        downloaded = False
+        while (entry := self._routed_entry(name)) is None:
+            target = self._targets.get(name)
+            if target is None:
+                raise NotFound(f"adapter {name!r} is not served here")
+            key = (name, target.revision)
+            loaded = await self._ensure_loaded(
+                key, functools.partial(self._fetch, target), self._route_if_target
+            )
+            downloaded = downloaded or (loaded is not None and loaded.downloaded)
+        if self._observer is not None:
+            if downloaded:
+                self._observer.adapter_missed("disk")
+            source = "store" if downloaded else "disk"
+            self._observer.adapter_load_waited(source, time.monotonic() - started)
+        return entry
 
     async def _obtain(self, key: Key, given: CachedRevision | None) -> CachedRevision:
         # A revision's files go back to the cache when it leaves the engine; one asked
@@ -230,34 +380,59 @@ class AdapterRegistry:
             raise NotFound(f"adapter {key[0]}@{key[1]} is not loaded here")
         return await self._cache.fetch(*key, given.manifest if given is not None else None)
 
-    async def _ensure_loaded(
-        self, key: Key, obtain: Callable[[], Awaitable[CachedRevision]]
-    ) -> RevisionEntry:
-        while True:
-            entry = self._entries.get(key)
-            if entry is not None and entry.phase in (Phase.READY, Phase.DRAINING):
-                return entry
-            if entry is not None and entry.phase in (Phase.LOADING, Phase.REMOVING):
-                await entry.done.wait()
-                continue
-            return await self._load(key, obtain, entry)
+    async def _fetch(self, target: Revision) -> CachedRevision:
+        if self._cache is None:
+            raise NotFound(f"adapter {target.adapter_name}@{target.revision} is not loaded here")
+        return await self._cache.fetch(target.adapter_name, target.revision, target)
 
-    async def _load(
+    async def _ensure_loaded(
         self,
         key: Key,
         obtain: Callable[[], Awaitable[CachedRevision]],
+        claim: Callable[[RevisionEntry], None],
+    ) -> RevisionEntry | None:
+        """The revision READY or DRAINING in the engine, claimed by `claim` (route it,
+        pin it) in the same step, so it is never seen unclaimed and retired. None when
+        this caller's own load landed but `claim` did not keep it (its name moved on
+        to a newer target meanwhile)."""
+        while True:
+            entry = self._entries.get(key)
+            if entry is not None and entry.phase in (Phase.READY, Phase.DRAINING):
+                claim(entry)
+                return entry
+            if entry is not None and entry.phase is Phase.REMOVING:
+                await entry.done.wait()
+                continue
+            own = entry is None or entry.phase is Phase.FAILED
+            if own:
+                loading = RevisionEntry(*key, Phase.LOADING)
+                self._entries[key] = loading
+                loading.task = self._spawn(self._load(loading, obtain, entry, claim))
+                entry = loading
+            assert entry is not None
+            assert entry.task is not None
+            # Shielded: a caller that gives up leaves the load to the others.
+            await asyncio.shield(entry.task)
+            if own:
+                kept = self._entries.get(key) is entry and entry.phase is Phase.READY
+                return entry if kept else None
+
+    async def _load(
+        self,
+        entry: RevisionEntry,
+        obtain: Callable[[], Awaitable[CachedRevision]],
         failed: RevisionEntry | None,
-    ) -> RevisionEntry:
-        """Loads a revision that is absent or FAILED; returns it READY but not yet
-        routed or pinned: the caller claims it before anything else runs, so a
-        fresh revision is never seen unclaimed and retired."""
-        entry = RevisionEntry(*key, Phase.LOADING)
-        self._entries[key] = entry
+        claim: Callable[[RevisionEntry], None],
+    ) -> None:
+        """Loads a revision that is absent or FAILED, and claims it as its first
+        caller asked, even if that caller is gone by then."""
+        key = entry.key
         cached: CachedRevision | None = None
         added: AdapterHandle | None = None
         try:
             cached = await obtain()
             entry.manifest, entry.path = cached.manifest, cached.path
+            entry.downloaded = cached.downloaded
             self._check_not_deleted(entry)
             await self._adapters.check(manifest_facts(cached.manifest), cached.path)
             handle = self._adapters.handle(*key, cached.path)
@@ -266,7 +441,8 @@ class AdapterRegistry:
             self._check_not_deleted(entry)
             entry.handle, entry.phase = handle, Phase.READY
             log.info("adapter.loaded name=%s rev=%d lora_int_id=%d", *key, handle.lora_int_id)
-            return entry
+            claim(entry)
+            self._update(entry)
         except Exception:
             await self._adapters.discard(added)
             if cached is not None:
@@ -290,8 +466,29 @@ class AdapterRegistry:
     def _fail(self, manifest: Revision, message: str) -> None:
         key = (manifest.adapter_name, manifest.revision)
         self._entries[key] = RevisionEntry(*key, Phase.FAILED, manifest=manifest, error=message)
-        if self._failures is not None:
-            self._failures.adapter_load_failed(manifest.adapter_name)
+        if self._observer is not None:
+            self._observer.adapter_load_failed(manifest.adapter_name)
+
+    def _retarget(self, manifest: Revision) -> None:
+        self._targets[manifest.adapter_name] = manifest
+
+    def _route_if_target(self, entry: RevisionEntry) -> None:
+        """Routes a loaded revision that is still its name's target; a stale one is
+        left for `_update` to retire."""
+        if self.target_revision(entry.name) == entry.revision:
+            self._route(entry)
+
+    def _promote(self, entry: RevisionEntry) -> None:
+        assert entry.manifest is not None
+        self._retarget(entry.manifest)
+        self._route(entry)
+
+    async def _cache_remove_unused(self, name: str) -> None:
+        """Files of the name's revisions that are neither held nor its target."""
+        if self._cache is None:
+            return
+        target = self.target_revision(name)
+        await self._cache.remove_unused(name, lambda n, rev: rev == target or self.holds(n, rev))
 
     def _route(self, entry: RevisionEntry) -> None:
         previous = self._routes.get(entry.name)
@@ -357,7 +554,10 @@ class AdapterRegistry:
         if self._cache is not None:
             await self._cache.remove(*key)
 
-    def _spawn(self, coro: Awaitable[None]) -> None:
+    def _spawn(self, coro: Awaitable[None]) -> asyncio.Task[None]:
         task: asyncio.Task[None] = asyncio.ensure_future(coro)
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
+        # A load whose callers all gave up has nobody to raise to; it logged already.
+        task.add_done_callback(lambda t: t.cancelled() or t.exception())
+        return task

@@ -41,6 +41,17 @@ class Registry(Protocol):
 
     async def install(self, cached: CachedRevision, *, make_current: bool) -> None: ...
 
+    def set_target(self, manifest: Revision) -> None:
+        """Routes the name to `manifest` without loading it; FailedPrecondition if this
+        server could not serve it."""
+        ...
+
+    def target_revision(self, name: str) -> int | None: ...
+
+    def is_resident(self, name: str) -> bool: ...
+
+    def resident_count(self) -> int: ...
+
     async def set_current(self, name: str, revision: int) -> None: ...
 
     async def delete(self, name: str) -> None: ...
@@ -74,11 +85,31 @@ class RevisionLoader:
         self._reports = reports
         self._observe_swap = observe_swap
         self._load_slots = asyncio.Semaphore(max_concurrent_loads)
+        # Names with a load in progress here (not yet in the registry while fetching).
+        self.loading: set[str] = set()
 
     def wants(self, target: Revision) -> bool:
         if (target.adapter_name, target.revision) in self._state.rejected:
             return False
         return self._registry.current_revision(target.adapter_name) != target.revision
+
+    async def route(self, manifest: Revision) -> None:
+        """Routes the name to a revision without loading it (its first request will),
+        once its manifest shows this server can serve it; ACKed if the store already
+        has a status of this adapter from this replica, which would otherwise stay
+        stale."""
+        name, revision = manifest.adapter_name, manifest.revision
+        try:
+            self._registry.set_target(manifest)
+        except Exception as exc:
+            if isinstance(exc, errors.LoraserveError):
+                self._registry.record_failure(manifest, exc.message)
+            await self._reject(manifest, exc)
+            return
+        self._state.served.add(name)
+        log.info("adapter.routed_lazily name=%s rev=%d", name, revision)
+        if name in self._state.reports.latest:
+            await self._reports.report(Report(name, revision, ReportKind.ACK, revision))
 
     async def preload(self, manifest: Revision) -> None:
         """Loads a non-current revision once, so promoting it later is quick."""
@@ -92,6 +123,7 @@ class RevisionLoader:
         """Loads a revision (routing it if asked) and reports the outcome; transient
         failures propagate to be retried, permanent ones are NACKed here."""
         name, revision = manifest.adapter_name, manifest.revision
+        self.loading.add(name)
         try:
             async with self._load_slots:
                 if self._registry.is_installed(name, revision):
@@ -105,6 +137,8 @@ class RevisionLoader:
         except Exception as exc:
             await self._reject(manifest, exc)
             return
+        finally:
+            self.loading.discard(name)
         self._state.served.add(name)
         if make_current and seen_at is not None:
             latency = time.monotonic() - seen_at

@@ -31,6 +31,18 @@ class AdapterState(enum.Enum):
     READY = "ready"
     DRAINING = "draining"
     FAILED = "failed"
+    # Routed here but not loaded: its first request loads it.
+    AVAILABLE = "available"
+
+
+class Tier(enum.Enum):
+    """Where a revision's weights are, nearest first: in a batch now, in the engine's
+    host memory, on this replica's disk, or only in the store."""
+
+    SLOT = "slot"
+    HOST = "host"
+    DISK = "disk"
+    STORE = "store"
 
 
 @dataclass(frozen=True)
@@ -45,6 +57,7 @@ class RevisionStatus:
     lora_int_id: int = 0
     rank: int = 0
     last_error: str = ""
+    tier: Tier = Tier.STORE
 
 
 class Phase(enum.Enum):
@@ -80,8 +93,12 @@ class RevisionEntry:
     pinned_at: int = 0
     # The name was deleted while this loaded: the result is dropped.
     discarded: bool = False
+    # The load had to download it (not found on the cache's disk).
+    downloaded: bool = False
     error: str = ""
     done: asyncio.Event = field(default_factory=asyncio.Event)
+    # The load, while LOADING; its callers wait on it.
+    task: asyncio.Task[None] | None = None
 
     @property
     def key(self) -> Key:
@@ -95,10 +112,15 @@ class RevisionEntry:
 IN_ENGINE = (Phase.READY, Phase.DRAINING, Phase.REMOVING)
 
 
-def status_of(entry: RevisionEntry, routes: dict[str, int]) -> RevisionStatus:
+def status_of(entry: RevisionEntry, routes: dict[str, int], tier: Tier) -> RevisionStatus:
     if entry.phase is Phase.LOADING:
         return RevisionStatus(
-            entry.name, entry.revision, AdapterState.LOADING, current=False, rank=entry.rank
+            entry.name,
+            entry.revision,
+            AdapterState.LOADING,
+            current=False,
+            rank=entry.rank,
+            tier=tier,
         )
     if entry.phase is Phase.FAILED:
         return RevisionStatus(
@@ -108,6 +130,7 @@ def status_of(entry: RevisionEntry, routes: dict[str, int]) -> RevisionStatus:
             current=False,
             rank=entry.rank,
             last_error=entry.error,
+            tier=tier,
         )
     assert entry.handle is not None
     return RevisionStatus(
@@ -118,4 +141,17 @@ def status_of(entry: RevisionEntry, routes: dict[str, int]) -> RevisionStatus:
         in_flight=entry.in_flight,
         lora_int_id=entry.handle.lora_int_id,
         rank=entry.rank,
+        tier=tier,
+    )
+
+
+def target_status(target: Revision, tier: Tier) -> RevisionStatus:
+    """A routed revision that is not loaded (`tier` is DISK or STORE)."""
+    return RevisionStatus(
+        target.adapter_name,
+        target.revision,
+        AdapterState.AVAILABLE,
+        current=True,
+        rank=target.rank,
+        tier=tier,
     )

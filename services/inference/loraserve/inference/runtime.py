@@ -14,6 +14,7 @@ from loraserve.inference.admission import Admission
 from loraserve.inference.engine import Engine
 from loraserve.inference.generation import Generator
 from loraserve.inference.registry import AdapterRegistry
+from loraserve.inference.tiers import TierView
 
 
 @dataclass(frozen=True)
@@ -25,6 +26,8 @@ class Runtime:
     replica_id: str
     # The store seq the sync side has applied; 0 before the first sync.
     store_seq: Callable[[], int] = lambda: 0
+    # The adapter tiers' occupancy; None where no cache backs the registry (tests).
+    tiers: TierView | None = None
 
 
 class RuntimeSlot:

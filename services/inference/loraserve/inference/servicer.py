@@ -11,9 +11,10 @@ import grpc
 from loraserve.common.sampling_fields import OPTIONAL_SAMPLING_FIELDS
 from loraserve.inference.generation import FinishReason, GenerateCommand, GenerationChunk
 from loraserve.inference.logprobs import PositionLogprobs, TokenLogprob
-from loraserve.inference.revisionstate import AdapterState, RevisionStatus
+from loraserve.inference.revisionstate import AdapterState, RevisionStatus, Tier
 from loraserve.inference.runtime import RuntimeSlot
 from loraserve.inference.sampling import SamplingRequest, StructuredOutput
+from loraserve.inference.tiers import TierUsage
 from loraserve.inference.v1 import inference_pb2 as pb
 from loraserve.inference.v1 import inference_pb2_grpc as pb_grpc
 
@@ -31,6 +32,13 @@ _STATE = {
     AdapterState.READY: pb.ADAPTER_STATE_READY,
     AdapterState.DRAINING: pb.ADAPTER_STATE_DRAINING,
     AdapterState.FAILED: pb.ADAPTER_STATE_FAILED,
+    AdapterState.AVAILABLE: pb.ADAPTER_STATE_AVAILABLE,
+}
+_TIER = {
+    Tier.SLOT: pb.ADAPTER_TIER_SLOT,
+    Tier.HOST: pb.ADAPTER_TIER_HOST,
+    Tier.DISK: pb.ADAPTER_TIER_DISK,
+    Tier.STORE: pb.ADAPTER_TIER_STORE,
 }
 
 
@@ -51,8 +59,10 @@ class InferenceServicer(pb_grpc.InferenceServiceServicer):  # type: ignore[misc]
         self, request: pb.ListAdaptersRequest, context: Context
     ) -> pb.ListAdaptersResponse:
         runtime = self._slot.get()
+        host = await runtime.tiers.host_ids() if runtime.tiers is not None else None
+        statuses = runtime.registry.snapshot(host.__contains__ if host is not None else None)
         return pb.ListAdaptersResponse(
-            adapters=[_status(s) for s in runtime.registry.snapshot()],
+            adapters=[_status(s) for s in statuses],
             store_seq=runtime.store_seq(),
         )
 
@@ -62,6 +72,10 @@ class InferenceServicer(pb_grpc.InferenceServiceServicer):  # type: ignore[misc]
         runtime = self._slot.get()
         info = runtime.engine.info
         stats = runtime.engine.stats()
+        tiers = None
+        if runtime.tiers is not None:
+            await runtime.tiers.host_ids()
+            tiers = _tiers(runtime.tiers.usage())
         return pb.GetServerInfoResponse(
             model=info.model,
             vllm_version=info.version,
@@ -82,6 +96,7 @@ class InferenceServicer(pb_grpc.InferenceServiceServicer):  # type: ignore[misc]
             loaded_adapters=runtime.registry.loaded_count(),
             replica_id=runtime.replica_id,
             store_seq=runtime.store_seq(),
+            tiers=tiers,
         )
 
 
@@ -180,4 +195,27 @@ def _status(status: RevisionStatus) -> pb.AdapterRevisionStatus:
         lora_int_id=status.lora_int_id,
         rank=status.rank,
         last_error=status.last_error,
+        tier=_TIER[status.tier],
+    )
+
+
+def _tiers(usage: TierUsage) -> pb.AdapterTiers:
+    counters = usage.counters
+    return pb.AdapterTiers(
+        slots_in_use=usage.slots_in_use,
+        slot_capacity=usage.slot_capacity,
+        host_adapters=usage.host_adapters,
+        host_capacity=usage.host_capacity,
+        engine_adapters=usage.engine_adapters,
+        disk_revisions=usage.disk.revisions,
+        disk_bytes=usage.disk.bytes,
+        disk_capacity_bytes=usage.disk.capacity_bytes or 0,
+        routed_adapters=usage.routed_adapters,
+        engine_misses=counters.engine_misses,
+        disk_misses=counters.disk_misses,
+        engine_evictions=counters.engine_evictions,
+        disk_evictions=counters.disk_evictions,
+        downloads=usage.disk.downloads,
+        load_wait_seconds_p50=usage.wait_percentile(0.5),
+        load_wait_seconds_p99=usage.wait_percentile(0.99),
     )

@@ -13,7 +13,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from loraserve.common.errors import InvalidArgument
-from loraserve.common.flags import EnvFlags, fraction, positive_float, positive_int
+from loraserve.common.flags import (
+    EnvFlags,
+    fraction,
+    non_negative_int,
+    positive_float,
+    positive_int,
+)
 from loraserve.common.security import (
     ClientSecurity,
     ServerSecurity,
@@ -83,6 +89,17 @@ class InferenceSettings:
     metrics_port: int | None = None
     shutdown_grace_seconds: float = 30.0
     log_level: str = "INFO"
+    # Bytes the adapter cache may hold on disk; None: unbounded.
+    adapter_cache_size: int | None = None
+    # Adapters loaded before SERVING and kept warm on publish (see SyncSettings).
+    prefetch_adapters: int = 32
+
+
+def _cache_size(text: str) -> int:
+    size = parse_size(text)
+    if size < 1:
+        raise argparse.ArgumentTypeError("the adapter cache needs at least one byte")
+    return size
 
 
 def _rank(text: str) -> int | None:
@@ -118,6 +135,23 @@ def build_parser(environ: Mapping[str, str]) -> argparse.ArgumentParser:
         type=Path,
         default=env("adapter-cache", "adapter-cache"),
         help="directory for downloaded adapters; nothing outside it is ever loaded",
+    )
+    serve.add_argument(
+        "--adapter-cache-size",
+        type=_cache_size,
+        default=env("adapter-cache-size"),
+        metavar="BYTES",
+        help="most bytes the adapter cache holds on disk (e.g. 20GiB); least recently used "
+        "revisions no request holds are evicted to stay under it; unset: unbounded",
+    )
+    serve.add_argument(
+        "--prefetch-adapters",
+        type=non_negative_int,
+        default=env("prefetch-adapters", "32"),
+        metavar="N",
+        help="adapters loaded before the server reports SERVING (the ones this replica "
+        "served most recently first) and loaded as soon as they are published while fewer "
+        "than N are loaded; every other adapter loads on its first request",
     )
     serve.add_argument("--replica-id", default=env("replica-id"), help="default: host name")
     serve.add_argument("--listen", default=env("listen", "0.0.0.0:50052"), help="gRPC address")
@@ -279,4 +313,6 @@ def parse_settings(
         metrics_port=int(args.metrics_port) if args.metrics_port is not None else None,
         shutdown_grace_seconds=float(args.shutdown_grace),
         log_level=str(args.log_level).upper(),
+        adapter_cache_size=args.adapter_cache_size,
+        prefetch_adapters=int(args.prefetch_adapters),
     )

@@ -1,10 +1,17 @@
 """Keeps the served adapters in step with the store: list, then watch.
 
-Start-up lists the store (a snapshot at seq S), loads every current revision and
-reports ACK or NACK, sets `initial_sync_done`, and watches from S. Each event is
-applied by the adapter's own worker, so a slow download of one adapter never
-holds up another, and events that queue up for one adapter fold into one load
-(`syncstate`). A lost watch reconnects and resumes after the last event taken
+Start-up lists the store (a snapshot at seq S), routes every current revision,
+loads a prefetch set, sets `initial_sync_done`, and watches from S. Residency is
+lazy, so start-up does not grow with the number of adapters: the prefetch set is
+at most `prefetch_adapters` names, the ones this replica served most recently (the
+cache's index outlives restarts) and then others in listing order; every other
+adapter is only routed (`set_target`, its manifest checked for compatibility) and
+loads on its first request. At run time a new revision of a resident adapter is
+loaded before its route flips (a warm hot swap), a new adapter is loaded at once
+while fewer than `prefetch_adapters` are resident, and anything else only moves
+the route. Each event is applied by the adapter's own worker, so a slow download
+of one adapter never holds up another, and events that queue up for one adapter
+fold into one load (`syncstate`). A lost watch reconnects and resumes after the last event taken
 in; OUT_OF_RANGE (or a hole in the seqs) lists again and reconciles. Each event
 carries the revision's manifest, which travels with the load down to the cache.
 The first listing also decides which cached revisions an earlier run left behind
@@ -36,7 +43,7 @@ import stamina
 
 from loraserve.clients.store import Heartbeat, Listing, StoreEvent
 from loraserve.common import errors
-from loraserve.common.errors import TRANSIENT_ERRORS
+from loraserve.common.errors import TRANSIENT_ERRORS, LoraserveError
 from loraserve.inference.compat import serves_base_model
 from loraserve.inference.revisionloads import Fetcher, Registry, RevisionLoader, SwapObserver
 from loraserve.inference.statusreports import StatusAPI, StatusReporter
@@ -70,6 +77,8 @@ class SyncSettings:
     max_backoff_s: float = 30.0
     # Downloads and loads at once, so a start-up with many adapters stays bounded.
     max_concurrent_loads: int = 4
+    # Adapters loaded before SERVING, and loaded on publish while fewer are resident.
+    prefetch_adapters: int = 32
     # Seconds between signs of life to the store, which shows this replica's
     # statuses only while they keep coming (its --status-ttl must be longer).
     status_interval_s: float = 60.0
@@ -86,9 +95,11 @@ class Synchronizer:
         settings: SyncSettings | None = None,
         observe_swap: SwapObserver | None = None,
         sweeper: Sweeper | None = None,
+        recent_names: Callable[[], list[str]] | None = None,
     ) -> None:
         self._store = store
         self._sweeper = sweeper
+        self._recent_names = recent_names
         self._registry = registry
         self._settings = settings or SyncSettings()
         self._state = SyncState()
@@ -191,18 +202,80 @@ class Synchronizer:
         }
         seen_at = None if self._initial_seq is None else time.monotonic()
         changed = self._state.record_listing(listing, served, seen_at)
-        log.info(
-            "sync.listed seq=%d adapters=%d changed=%d",
-            listing.seq,
-            len(listing.adapters),
-            len(changed),
-        )
         if self._initial_seq is None:
             self._initial_seq = listing.seq
             await self._sweep(listing)
+            warm = self._prefetch_set(listing)
+        else:
+            warm = self._warm_after_relist(changed)
+        routed = 0
         for name in changed:
-            self._wake(name)
+            if name not in warm and self._route_lazily(name):
+                routed += 1
+            else:
+                self._wake(name)
+        log.info(
+            "sync.listed seq=%d adapters=%d changed=%d warm=%d routed_lazily=%d",
+            listing.seq,
+            len(listing.adapters),
+            len(changed),
+            len(warm),
+            routed,
+        )
         self._note_progress()
+
+    def _prefetch_set(self, listing: Listing) -> set[str]:
+        """At most `prefetch_adapters` listed names: the ones served most recently
+        (the cache's index), then the others in listing order."""
+        listed = [a.name for a in listing.adapters if a.current is not None]
+        known = set(listed)
+        recent = [n for n in (self._recent_names() if self._recent_names else []) if n in known]
+        ordered = dict.fromkeys([*recent, *listed])
+        return set(list(ordered)[: self._settings.prefetch_adapters])
+
+    def _warm_after_relist(self, changed: list[str]) -> set[str]:
+        """Names a relisting loads: resident ones, and new routes while fewer than
+        `prefetch_adapters` are resident, as if their events had been watched."""
+        room = (
+            self._settings.prefetch_adapters
+            - self._registry.resident_count()
+            - len(self._loader.loading)
+        )
+        warm = set()
+        for name in changed:
+            wish = self._state.wishes.get(name)
+            if self._registry.is_resident(name):
+                warm.add(name)
+            elif (
+                wish is not None
+                and wish.current is not None
+                and room > 0
+                and self._registry.target_revision(name) != wish.current.revision
+            ):
+                warm.add(name)
+                room -= 1
+        return warm
+
+    def _route_lazily(self, name: str) -> bool:
+        """Settles a listed adapter by routing it without loading, when nothing else
+        is asked of it; False leaves it to its worker (a load, a delete, a NACK)."""
+        wish = self._state.wishes.get(name)
+        if (
+            wish is None
+            or wish.current is None
+            or wish.delete_seq
+            or wish.preload
+            or self._registry.is_resident(name)
+            or name in self._loader.loading
+            or name in self._workers
+        ):
+            return False
+        try:
+            self._registry.set_target(wish.current)
+        except LoraserveError:
+            return False
+        self._state.served.add(name)
+        return self._state.settle(name, wish.version)
 
     async def _list(self) -> Listing:
         listing: Listing | None = None
@@ -272,10 +345,25 @@ class Synchronizer:
                 wish.delete_seq = 0
         target = wish.current
         if target is not None and self._loader.wants(target):
-            await self._loader.serve(target, make_current=True, seen_at=wish.current_seen_at)
+            if self._keeps_warm(name):
+                await self._loader.serve(target, make_current=True, seen_at=wish.current_seen_at)
+            else:
+                await self._loader.route(target)
         for revision, manifest in sorted(wish.preload.items()):
-            await self._loader.preload(manifest)
+            # Loaded ahead only for an adapter in the engine: promoting it stays warm.
+            if self._registry.is_resident(name):
+                await self._loader.preload(manifest)
             wish.preload.pop(revision, None)
+
+    def _keeps_warm(self, name: str) -> bool:
+        """Whether a new current revision is loaded before its route moves: for an
+        adapter in the engine, or a new one while fewer than `prefetch_adapters` are."""
+        loading = self._loader.loading
+        return (
+            self._registry.is_resident(name)
+            or name in loading
+            or self._registry.resident_count() + len(loading) < self._settings.prefetch_adapters
+        )
 
     def _note_progress(self) -> None:
         if (

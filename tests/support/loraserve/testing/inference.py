@@ -38,7 +38,7 @@ from loraserve.inference.runtime import Runtime, RuntimeSlot
 from loraserve.inference.servicer import SERVICE_NAME, register
 from loraserve.inference.v1 import inference_pb2_grpc as pb_grpc
 from loraserve.testing.grpc import serving
-from loraserve.testing.inference_fakes import fake_manifest
+from loraserve.testing.inference_fakes import CacheDirectory, fake_manifest
 
 if TYPE_CHECKING:
     from vllm.v1.engine.async_llm import AsyncLLM
@@ -82,7 +82,7 @@ def tiny_registry(
     **options: Any,
 ) -> AdapterRegistry:
     """A registry over `cache_dir` that admits what the engine on the tiny model can serve;
-    `options` (fetcher, failures) go to AdapterRegistry."""
+    `options` (fetcher, observer) go to AdapterRegistry."""
     compat = CompatibilityChecker(
         max_lora_rank=engine.info.max_lora_rank,
         target_modules=model_lora_targets(model_dir),
@@ -128,7 +128,7 @@ async def openai_server(slot: RuntimeSlot, model_name: str) -> AsyncIterator[int
 
 
 @dataclass
-class DirectoryFetcher:
+class DirectoryFetcher(CacheDirectory):
     """Fetches revisions from built adapter directories: `sources[(name, rev)] = dir`."""
 
     cache_dir: Path
@@ -180,7 +180,7 @@ def served_factory(
         fetcher = DirectoryFetcher(cache_dir)
         metrics = InferenceMetrics(CollectorRegistry())
         registry = tiny_registry(
-            engine, tiny_model_dir, cache_dir, fetcher=fetcher, failures=metrics
+            engine, tiny_model_dir, cache_dir, fetcher=fetcher, observer=metrics
         )
         slot = runtime_slot(engine, registry, metrics, max_pending=max_pending)
         try:

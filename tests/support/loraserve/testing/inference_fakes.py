@@ -9,7 +9,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 import shutil
-from collections.abc import AsyncGenerator, Sequence
+from collections.abc import AsyncGenerator, Callable, Sequence
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -190,7 +190,30 @@ def fake_manifest(
     )
 
 
-class FakeFetcher:
+class CacheDirectory:
+    """The disk-tier calls of the registry's cache (`RevisionCache`), for fakes that
+    keep revisions at `<cache_dir>/<name>/<revision>/` and delete them in `remove`."""
+
+    cache_dir: Path
+
+    async def remove(self, name: str, revision: int) -> None:
+        raise NotImplementedError
+
+    async def remove_unused(self, name: str, in_use: Callable[[str, int], bool]) -> None:
+        adapter_dir = self.cache_dir / name
+        revisions = [int(p.name) for p in adapter_dir.iterdir()] if adapter_dir.is_dir() else []
+        for revision in revisions:
+            if not in_use(name, revision):
+                await self.remove(name, revision)
+
+    def touch(self, name: str, revision: int) -> None:
+        pass
+
+    def is_cached(self, name: str, revision: int) -> bool:
+        return (self.cache_dir / name / str(revision)).is_dir()
+
+
+class FakeFetcher(CacheDirectory):
     """A cache: fetches revisions listed in `available` into `cache_dir`, removes
     them again; counts both."""
 
@@ -199,6 +222,9 @@ class FakeFetcher:
         self.available: dict[tuple[str, int], int] = {}  # (name, revision) -> rank
         self.fetches: list[tuple[str, int]] = []
         self.removed: list[tuple[str, int]] = []
+        # Cleared, fetches wait for it.
+        self.gate = asyncio.Event()
+        self.gate.set()
 
     def publish(self, name: str, revision: int, rank: int = 8) -> None:
         self.available[(name, revision)] = rank
@@ -208,6 +234,7 @@ class FakeFetcher:
     ) -> CachedRevision:
         self.fetches.append((name, revision))
         await asyncio.sleep(0)
+        await self.gate.wait()
         if (name, revision) not in self.available:
             raise NotFound(f"adapter {name}@{revision} does not exist")
         rank = self.available[(name, revision)]

@@ -6,7 +6,7 @@ The store's watch streams are fed by the test; the harness runs a `Synchronizer`
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncGenerator, AsyncIterator
+from collections.abc import AsyncGenerator, AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from datetime import UTC, datetime
 from pathlib import Path
@@ -154,6 +154,8 @@ class FakeRegistry:
         self.deletes: list[str] = []
         self.install_failures: dict[tuple[str, int], Exception] = {}
         self.failures: dict[tuple[str, int], str] = {}
+        # Names routed without loading (set_target).
+        self.targets: dict[str, int] = {}
 
     async def install(self, rev: CachedRevision, *, make_current: bool) -> None:
         key = (rev.name, rev.revision)
@@ -178,6 +180,7 @@ class FakeRegistry:
 
     async def delete(self, name: str) -> None:
         self.deletes.append(name)
+        self.targets.pop(name, None)
         self.installed = {key for key in self.installed if key[0] != name}
         self.current.pop(name, None)
 
@@ -193,13 +196,30 @@ class FakeRegistry:
     def record_failure(self, given: Revision, message: str) -> None:
         self.failures[(given.adapter_name, given.revision)] = message
 
+    def set_target(self, manifest: Revision) -> None:
+        self.targets[manifest.adapter_name] = manifest.revision
+
+    def target_revision(self, name: str) -> int | None:
+        return self.targets.get(name, self.current.get(name))
+
+    def is_resident(self, name: str) -> bool:
+        return name in self.current
+
+    def resident_count(self) -> int:
+        return len(self.current)
+
 
 def listing(seq: int, *revisions: tuple[str, int]) -> Listing:
     return Listing(tuple(ListedAdapter(n, manifest(n, r)) for n, r in revisions), seq)
 
 
 class Harness:
-    def __init__(self, initial: Listing) -> None:
+    def __init__(
+        self,
+        initial: Listing,
+        settings: SyncSettings = FAST,
+        recent_names: Callable[[], list[str]] | None = None,
+    ) -> None:
         self.store = FakeStore(initial)
         self.fetcher = FakeFetcher()
         self.registry = FakeRegistry()
@@ -208,8 +228,9 @@ class Harness:
             self.store,
             self.fetcher,
             self.registry,
-            FAST,
+            settings,
             observe_swap=self.swaps.append,
+            recent_names=recent_names,
         )
 
     async def started(self) -> None:

@@ -20,6 +20,15 @@ class AdapterState(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     ADAPTER_STATE_READY: _ClassVar[AdapterState]
     ADAPTER_STATE_DRAINING: _ClassVar[AdapterState]
     ADAPTER_STATE_FAILED: _ClassVar[AdapterState]
+    ADAPTER_STATE_AVAILABLE: _ClassVar[AdapterState]
+
+class AdapterTier(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    ADAPTER_TIER_UNSPECIFIED: _ClassVar[AdapterTier]
+    ADAPTER_TIER_SLOT: _ClassVar[AdapterTier]
+    ADAPTER_TIER_HOST: _ClassVar[AdapterTier]
+    ADAPTER_TIER_DISK: _ClassVar[AdapterTier]
+    ADAPTER_TIER_STORE: _ClassVar[AdapterTier]
 FINISH_REASON_UNSPECIFIED: FinishReason
 FINISH_REASON_STOP: FinishReason
 FINISH_REASON_LENGTH: FinishReason
@@ -28,6 +37,12 @@ ADAPTER_STATE_LOADING: AdapterState
 ADAPTER_STATE_READY: AdapterState
 ADAPTER_STATE_DRAINING: AdapterState
 ADAPTER_STATE_FAILED: AdapterState
+ADAPTER_STATE_AVAILABLE: AdapterState
+ADAPTER_TIER_UNSPECIFIED: AdapterTier
+ADAPTER_TIER_SLOT: AdapterTier
+ADAPTER_TIER_HOST: AdapterTier
+ADAPTER_TIER_DISK: AdapterTier
+ADAPTER_TIER_STORE: AdapterTier
 
 class TokenIds(_message.Message):
     __slots__ = ("ids",)
@@ -181,7 +196,7 @@ class ListAdaptersRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class AdapterRevisionStatus(_message.Message):
-    __slots__ = ("name", "revision", "state", "current", "in_flight", "lora_int_id", "rank", "last_error")
+    __slots__ = ("name", "revision", "state", "current", "in_flight", "lora_int_id", "rank", "last_error", "tier")
     NAME_FIELD_NUMBER: _ClassVar[int]
     REVISION_FIELD_NUMBER: _ClassVar[int]
     STATE_FIELD_NUMBER: _ClassVar[int]
@@ -190,6 +205,7 @@ class AdapterRevisionStatus(_message.Message):
     LORA_INT_ID_FIELD_NUMBER: _ClassVar[int]
     RANK_FIELD_NUMBER: _ClassVar[int]
     LAST_ERROR_FIELD_NUMBER: _ClassVar[int]
+    TIER_FIELD_NUMBER: _ClassVar[int]
     name: str
     revision: int
     state: AdapterState
@@ -198,7 +214,8 @@ class AdapterRevisionStatus(_message.Message):
     lora_int_id: int
     rank: int
     last_error: str
-    def __init__(self, name: _Optional[str] = ..., revision: _Optional[int] = ..., state: _Optional[_Union[AdapterState, str]] = ..., current: _Optional[bool] = ..., in_flight: _Optional[int] = ..., lora_int_id: _Optional[int] = ..., rank: _Optional[int] = ..., last_error: _Optional[str] = ...) -> None: ...
+    tier: AdapterTier
+    def __init__(self, name: _Optional[str] = ..., revision: _Optional[int] = ..., state: _Optional[_Union[AdapterState, str]] = ..., current: _Optional[bool] = ..., in_flight: _Optional[int] = ..., lora_int_id: _Optional[int] = ..., rank: _Optional[int] = ..., last_error: _Optional[str] = ..., tier: _Optional[_Union[AdapterTier, str]] = ...) -> None: ...
 
 class ListAdaptersResponse(_message.Message):
     __slots__ = ("adapters", "store_seq")
@@ -235,7 +252,7 @@ class EngineSettings(_message.Message):
     def __init__(self, max_loras: _Optional[int] = ..., max_lora_rank: _Optional[int] = ..., max_cpu_loras: _Optional[int] = ..., max_model_len: _Optional[int] = ..., dtype: _Optional[str] = ..., lora_dtype: _Optional[str] = ..., gpu_memory_utilization: _Optional[float] = ..., device: _Optional[str] = ..., max_pending_requests: _Optional[int] = ...) -> None: ...
 
 class GetServerInfoResponse(_message.Message):
-    __slots__ = ("model", "vllm_version", "engine", "running_requests", "waiting_requests", "kv_cache_usage", "loaded_adapters", "replica_id", "store_seq")
+    __slots__ = ("model", "vllm_version", "engine", "running_requests", "waiting_requests", "kv_cache_usage", "loaded_adapters", "replica_id", "store_seq", "tiers")
     MODEL_FIELD_NUMBER: _ClassVar[int]
     VLLM_VERSION_FIELD_NUMBER: _ClassVar[int]
     ENGINE_FIELD_NUMBER: _ClassVar[int]
@@ -245,6 +262,7 @@ class GetServerInfoResponse(_message.Message):
     LOADED_ADAPTERS_FIELD_NUMBER: _ClassVar[int]
     REPLICA_ID_FIELD_NUMBER: _ClassVar[int]
     STORE_SEQ_FIELD_NUMBER: _ClassVar[int]
+    TIERS_FIELD_NUMBER: _ClassVar[int]
     model: str
     vllm_version: str
     engine: EngineSettings
@@ -254,4 +272,41 @@ class GetServerInfoResponse(_message.Message):
     loaded_adapters: int
     replica_id: str
     store_seq: int
-    def __init__(self, model: _Optional[str] = ..., vllm_version: _Optional[str] = ..., engine: _Optional[_Union[EngineSettings, _Mapping]] = ..., running_requests: _Optional[int] = ..., waiting_requests: _Optional[int] = ..., kv_cache_usage: _Optional[float] = ..., loaded_adapters: _Optional[int] = ..., replica_id: _Optional[str] = ..., store_seq: _Optional[int] = ...) -> None: ...
+    tiers: AdapterTiers
+    def __init__(self, model: _Optional[str] = ..., vllm_version: _Optional[str] = ..., engine: _Optional[_Union[EngineSettings, _Mapping]] = ..., running_requests: _Optional[int] = ..., waiting_requests: _Optional[int] = ..., kv_cache_usage: _Optional[float] = ..., loaded_adapters: _Optional[int] = ..., replica_id: _Optional[str] = ..., store_seq: _Optional[int] = ..., tiers: _Optional[_Union[AdapterTiers, _Mapping]] = ...) -> None: ...
+
+class AdapterTiers(_message.Message):
+    __slots__ = ("slots_in_use", "slot_capacity", "host_adapters", "host_capacity", "engine_adapters", "disk_revisions", "disk_bytes", "disk_capacity_bytes", "routed_adapters", "engine_misses", "disk_misses", "engine_evictions", "disk_evictions", "downloads", "load_wait_seconds_p50", "load_wait_seconds_p99")
+    SLOTS_IN_USE_FIELD_NUMBER: _ClassVar[int]
+    SLOT_CAPACITY_FIELD_NUMBER: _ClassVar[int]
+    HOST_ADAPTERS_FIELD_NUMBER: _ClassVar[int]
+    HOST_CAPACITY_FIELD_NUMBER: _ClassVar[int]
+    ENGINE_ADAPTERS_FIELD_NUMBER: _ClassVar[int]
+    DISK_REVISIONS_FIELD_NUMBER: _ClassVar[int]
+    DISK_BYTES_FIELD_NUMBER: _ClassVar[int]
+    DISK_CAPACITY_BYTES_FIELD_NUMBER: _ClassVar[int]
+    ROUTED_ADAPTERS_FIELD_NUMBER: _ClassVar[int]
+    ENGINE_MISSES_FIELD_NUMBER: _ClassVar[int]
+    DISK_MISSES_FIELD_NUMBER: _ClassVar[int]
+    ENGINE_EVICTIONS_FIELD_NUMBER: _ClassVar[int]
+    DISK_EVICTIONS_FIELD_NUMBER: _ClassVar[int]
+    DOWNLOADS_FIELD_NUMBER: _ClassVar[int]
+    LOAD_WAIT_SECONDS_P50_FIELD_NUMBER: _ClassVar[int]
+    LOAD_WAIT_SECONDS_P99_FIELD_NUMBER: _ClassVar[int]
+    slots_in_use: int
+    slot_capacity: int
+    host_adapters: int
+    host_capacity: int
+    engine_adapters: int
+    disk_revisions: int
+    disk_bytes: int
+    disk_capacity_bytes: int
+    routed_adapters: int
+    engine_misses: int
+    disk_misses: int
+    engine_evictions: int
+    disk_evictions: int
+    downloads: int
+    load_wait_seconds_p50: float
+    load_wait_seconds_p99: float
+    def __init__(self, slots_in_use: _Optional[int] = ..., slot_capacity: _Optional[int] = ..., host_adapters: _Optional[int] = ..., host_capacity: _Optional[int] = ..., engine_adapters: _Optional[int] = ..., disk_revisions: _Optional[int] = ..., disk_bytes: _Optional[int] = ..., disk_capacity_bytes: _Optional[int] = ..., routed_adapters: _Optional[int] = ..., engine_misses: _Optional[int] = ..., disk_misses: _Optional[int] = ..., engine_evictions: _Optional[int] = ..., disk_evictions: _Optional[int] = ..., downloads: _Optional[int] = ..., load_wait_seconds_p50: _Optional[float] = ..., load_wait_seconds_p99: _Optional[float] = ...) -> None: ...

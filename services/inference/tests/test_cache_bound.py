@@ -1,0 +1,178 @@
+"""The disk tier: a byte bound kept by evicting least recently used revisions that
+nothing holds, and an index of use that outlives a restart."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+
+import pytest
+
+from loraserve.common.errors import FailedPrecondition, ResourceExhausted
+from loraserve.inference.cache import AdapterCache
+from loraserve.inference.cacheindex import INDEX_FILE
+from loraserve.testing.cache_fakes import FakeSource
+
+CONFIG = b'{"r": 8}'
+WEIGHTS = bytes(range(256)) * 40
+SIZE = len(CONFIG) + len(WEIGHTS)
+NAMES = ("a", "b", "c", "d")
+
+
+class Evictor:
+    """The registry's side of an eviction: lets go of whatever it does not hold."""
+
+    def __init__(self) -> None:
+        self.held: set[tuple[str, int]] = set()
+        self.released: list[tuple[str, int]] = []
+
+    async def release(self, name: str, revision: int) -> bool:
+        if (name, revision) in self.held:
+            return False
+        self.released.append((name, revision))
+        return True
+
+
+@pytest.fixture
+def source() -> FakeSource:
+    source = FakeSource()
+    for name in NAMES:
+        source.add(name, 1, {"adapter_config.json": CONFIG, "adapter_model.safetensors": WEIGHTS})
+    return source
+
+
+async def bounded(
+    root: Path, source: FakeSource, revisions: float, evictor: Evictor | None = None
+) -> AdapterCache:
+    cache = AdapterCache(root, source, max_bytes=int(SIZE * revisions), persist_interval_s=0)
+    cache.set_evictor(evictor or Evictor())
+    await cache.prepare()
+    return cache
+
+
+def bytes_on_disk(root: Path) -> int:
+    return sum(
+        p.stat().st_size
+        for p in root.rglob("*")
+        if p.is_file() and p.name not in (".manifest.json", INDEX_FILE)
+    )
+
+
+def on_disk(root: Path) -> set[str]:
+    return {p.name for p in root.iterdir() if p.is_dir() and not p.name.startswith(".")}
+
+
+async def test_download_evicts_the_least_recently_used_revision_to_stay_under_the_bound(
+    tmp_path: Path, source: FakeSource
+) -> None:
+    cache = await bounded(tmp_path / "cache", source, 2.5)
+    await cache.fetch("a", 1)
+    await cache.fetch("b", 1)
+    cache.touch("a", 1)
+
+    await cache.fetch("c", 1)
+
+    assert on_disk(cache.root) == {"a", "c"}
+    assert bytes_on_disk(cache.root) <= SIZE * 2.5
+    assert (cache.usage().bytes, cache.usage().evictions) == (2 * SIZE, 1)
+
+
+async def test_revision_its_holder_keeps_is_not_evicted(tmp_path: Path, source: FakeSource) -> None:
+    evictor = Evictor()
+    evictor.held.add(("a", 1))
+    cache = await bounded(tmp_path / "cache", source, 2.5, evictor)
+    await cache.fetch("a", 1)
+    await cache.fetch("b", 1)
+
+    await cache.fetch("c", 1)
+
+    assert on_disk(cache.root) == {"a", "c"}
+    assert evictor.released == [("b", 1)]
+
+
+async def test_download_that_cannot_get_room_is_resource_exhausted_and_keeps_the_bound(
+    tmp_path: Path, source: FakeSource
+) -> None:
+    evictor = Evictor()
+    evictor.held |= {("a", 1), ("b", 1)}
+    cache = await bounded(tmp_path / "cache", source, 2.5, evictor)
+    await cache.fetch("a", 1)
+    await cache.fetch("b", 1)
+
+    with pytest.raises(ResourceExhausted, match="adapter cache full"):
+        await cache.fetch("c", 1)
+
+    assert on_disk(cache.root) == {"a", "b"}
+    assert source.downloads == 2
+    assert list((cache.root / ".tmp").iterdir()) == []
+
+
+async def test_revision_larger_than_the_bound_is_refused_before_downloading(
+    tmp_path: Path, source: FakeSource
+) -> None:
+    cache = await bounded(tmp_path / "cache", source, 0.5)
+
+    with pytest.raises(FailedPrecondition, match="--adapter-cache-size"):
+        await cache.fetch("a", 1)
+
+    assert source.downloads == 0
+
+
+async def test_concurrent_downloads_together_stay_under_the_bound(
+    tmp_path: Path, source: FakeSource
+) -> None:
+    cache = await bounded(tmp_path / "cache", source, 2.5)
+    await cache.fetch("a", 1)
+    source.gate = asyncio.Event()
+    fetches = [asyncio.create_task(cache.fetch(name, 1)) for name in ("b", "c")]
+    await asyncio.sleep(0.05)
+    source.gate.set()
+
+    await asyncio.gather(*fetches)
+
+    assert on_disk(cache.root) == {"b", "c"}
+    assert bytes_on_disk(cache.root) <= SIZE * 2.5
+
+
+async def test_order_of_use_survives_a_restart(tmp_path: Path, source: FakeSource) -> None:
+    first = await bounded(tmp_path / "cache", source, 10)
+    for name in NAMES:
+        await first.fetch(name, 1)
+    first.touch("b", 1)
+    first.touch("a", 1)
+    await first.close()
+
+    restarted = await bounded(tmp_path / "cache", source, 10)
+
+    assert restarted.recent_names() == ["a", "b", "d", "c"]
+    assert restarted.usage().bytes == 4 * SIZE
+
+
+async def test_a_smaller_bound_after_a_restart_evicts_the_least_recently_used(
+    tmp_path: Path, source: FakeSource
+) -> None:
+    first = await bounded(tmp_path / "cache", source, 10)
+    for name in NAMES:
+        await first.fetch(name, 1)
+    first.touch("a", 1)
+    await first.close()
+
+    restarted = await bounded(tmp_path / "cache", source, 2.5)
+
+    assert on_disk(restarted.root) == {"d", "a"}
+    assert bytes_on_disk(restarted.root) <= SIZE * 2.5
+
+
+async def test_unreadable_index_orders_by_what_is_on_disk(
+    tmp_path: Path, source: FakeSource
+) -> None:
+    first = await bounded(tmp_path / "cache", source, 10)
+    await first.fetch("a", 1)
+    await first.close()
+    (first.root / INDEX_FILE).write_text("{not json", "utf-8")
+
+    restarted = await bounded(tmp_path / "cache", source, 10)
+    await restarted.fetch("a", 1)
+
+    assert restarted.recent_names() == ["a"]
+    assert source.downloads == 1
