@@ -144,10 +144,10 @@ async def _watch_disk(root: Path, stop: asyncio.Event, peak: list[int]) -> None:
 
 async def _traffic(
     section: Section, replica: Replica, call: Caller, arms: dict[str, list[str]], scale: TiersScale
-) -> tuple[dict[str, list[RunResult]], int]:
+) -> tuple[dict[str, list[RunResult]], dict[str, list[float]], int]:
     """Figure 5's runs: the arms interleaved, order rotated, a new Zipf draw each repeat
-    (the same for both arms). Returns them and the peak of the cache's bytes sampled
-    meanwhile."""
+    (the same for both arms). Returns them, the downloads during each, and the peak of
+    the cache's bytes sampled meanwhile."""
     head = arms[list(arms)[-1]]
     await run_closed_loop(
         Workload(adapters=tuple(head), concurrency=8, requests=len(head), max_tokens=2), call
@@ -167,15 +167,18 @@ async def _traffic(
     stop, peak = asyncio.Event(), [0]
     watcher = asyncio.create_task(_watch_disk(replica.cache_dir, stop, peak))
     results: dict[str, list[RunResult]] = {arm: [] for arm in arms}
+    downloads: dict[str, list[float]] = {arm: [] for arm in arms}
     try:
         for rep in range(scale.repeats):
             for arm in rotated(list(arms), rep):
                 workload = dataclasses.replace(template, adapters=tuple(arms[arm]), seed=rep)
+                before = await replica.downloads()
                 results[arm].append(await run_closed_loop(workload, call))
+                downloads[arm].append(await replica.downloads() - before)
     finally:
         stop.set()
         await watcher
-    return results, peak[0]
+    return results, downloads, peak[0]
 
 
 async def _measure(section: Section, stack: Stack, scale: TiersScale, quick: bool) -> None:
@@ -229,7 +232,7 @@ async def _measure(section: Section, stack: Stack, scale: TiersScale, quick: boo
         await _cold_and_warm(section, replica, call, picks[:-1])
         await _singleflight(section, replica, call, picks[-1], scale.concurrent)
         arms = {f"Zipf over {scale.many:,}": names, f"Zipf over {scale.head}": names[: scale.head]}
-        results, peak = await _traffic(section, replica, call, arms, scale)
+        results, downloads, peak = await _traffic(section, replica, call, arms, scale)
     samples = await replica.samples()
     disk_figures(
         section,
@@ -238,7 +241,7 @@ async def _measure(section: Section, stack: Stack, scale: TiersScale, quick: boo
         peak=peak,
         bound=bound,
     )
-    throughput_figures(section, results, *arms)
+    throughput_figures(section, results, downloads, *arms)
     rss_goal(section, few, many)
     tier_table(section, samples)
 

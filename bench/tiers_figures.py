@@ -233,10 +233,22 @@ def _bytes(value: float) -> str:
 
 
 def throughput_figures(
-    section: Section, results: dict[str, list[RunResult]], many: str, few: str
+    section: Section,
+    results: dict[str, list[RunResult]],
+    downloads: dict[str, list[float]],
+    many: str,
+    few: str,
 ) -> None:
-    """tokens/s over many adapters ÷ over few, same replica and workload (medians)."""
-    section.record_repeats(results)
+    """tokens/s over many adapters ÷ over few, same replica and workload (medians);
+    `downloads`: the replica's downloads during each run, which explain the gap."""
+    for arm, runs in results.items():
+        section.record(
+            arm,
+            [
+                {**run.summary(), "downloads": loaded}
+                for run, loaded in zip(runs, downloads[arm], strict=True)
+            ],
+        )
     rows: list[list[Cell]] = []
     for arm, runs in results.items():
         tps = [r.tokens_per_s for r in runs]
@@ -248,12 +260,14 @@ def throughput_figures(
                 max(tps),
                 median([r.ttft_p(50) * 1000 for r in runs]),
                 median([r.ttft_p(99) * 1000 for r in runs]),
+                median(downloads[arm]),
                 sum(r.failures for r in runs),
             ]
         )
     section.table(
-        "Zipf traffic on one replica (medians over repeats)",
-        ["arm", "tokens/s", "min", "max", "TTFT p50 ms", "TTFT p99 ms", "failed"],
+        "Zipf traffic on one replica (medians over repeats; downloads: from the store "
+        "during a run)",
+        ["arm", "tokens/s", "min", "max", "TTFT p50 ms", "TTFT p99 ms", "downloads", "failed"],
         rows,
     )
     failures = sum(r.failures for runs in results.values() for r in runs)

@@ -232,13 +232,15 @@ def _run(tokens_per_s: float, failures: int = 0) -> RunResult:
 def test_throughput_ratio_is_of_the_medians_and_wants_no_failures() -> None:
     section = Section(11, "tiers")
     results = {"many": [_run(850), _run(700), _run(900)], "few": [_run(1000)] * 3}
+    downloads = {"many": [40.0, 52.0, 47.0], "few": [0.0] * 3}
 
-    throughput_figures(section, results, "many", "few")
+    throughput_figures(section, results, downloads, "many", "few")
     assert _goal(section) == ("0.85", True)
-    assert len(section.repeats["many"]) == 3
+    assert [r["downloads"] for r in section.repeats["many"]] == [40.0, 52.0, 47.0]
+    assert section.tables[-1].rows[0][6] == 47.0
 
     results["many"][0] = _run(850, failures=1)
-    throughput_figures(section, results, "many", "few")
+    throughput_figures(section, results, downloads, "many", "few")
     assert _goal(section) == ("0.85", False)
 
 
