@@ -1,7 +1,7 @@
 """`python -m bench [--only 6,1,...] [--quick] [--engine cpu|gpu] [--update-readme]`: runs
 the benchmarks, prints each one's tables as it finishes, writes the run's results under
 bench/results/<UTC date-time>/ (results.json, report.md, PNG plots; the servers' logs
-in its logs/, not committed) and prints the README table they make. `--dry-run` prints
+in its logs/, not committed) and prints the README table with its figures. `--dry-run` prints
 what would start (engines, baselines, their flags) without starting anything."""
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from bench.report import Report
 from bench.runs import scale_for
 
 RESULTS = Path(__file__).resolve().parent / "results"
-ALL = (6, 1, 2, 8, 7, 3, 4, 5, 9, 10, 12)
+ALL = (6, 1, 2, 8, 7, 3, 4, 5, 9, 10, 11, 12)
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -28,7 +28,7 @@ def _parser() -> argparse.ArgumentParser:
         "--only",
         default=",".join(map(str, ALL)),
         help="comma-separated benchmark numbers (default: all, in the order "
-        "6,1,2,8,7,3,4,5,9,10,12)",
+        "6,1,2,8,7,3,4,5,9,10,11,12)",
     )
     parser.add_argument(
         "--quick", action="store_true", help="fewer repeats and requests (a smoke run)"
@@ -43,7 +43,10 @@ def _parser() -> argparse.ArgumentParser:
         "--results", type=Path, help="output directory (default: bench/results/<UTC date-time>)"
     )
     parser.add_argument(
-        "--update-readme", action="store_true", help="write the README table from this run"
+        "--update-readme",
+        action="store_true",
+        help="write the README table with this run's figures (the benchmarks it did not run keep "
+        "the newest committed run's)",
     )
     parser.add_argument(
         "--dry-run", action="store_true", help="print what would start, start nothing"
@@ -81,6 +84,10 @@ async def _main(args: argparse.Namespace, results: Path) -> Report:
             await swap_vs_vllm.run(report, quick=args.quick)
         if 10 in wanted:
             await bench_fleet.run(report, quick=args.quick)
+        if 11 in wanted:
+            from bench import bench_tiers
+
+            await bench_tiers.run(report, quick=args.quick)
         if 12 in wanted:
             from bench import bench_store_scale
 
@@ -93,14 +100,15 @@ async def _main(args: argparse.Namespace, results: Path) -> Report:
 
 
 def _show_table(results: Path, update_readme: bool) -> None:
-    table = readme_table.render(results / "results.json")
+    # Benchmarks this run did not make keep the figures of the newest run that made them.
+    table = readme_table.render(readme_table.with_run(results / "results.json"))
     if update_readme:
         readme = readme_table.README
         readme.write_text(readme_table.update(readme.read_text(), table))
-        print(f"\nREADME table updated from {results}/:\n\n{table}")
+        print(f"\nREADME table updated with {results}/:\n\n{table}")
     else:
         print(
-            f"\nThe README table from this run (`python -m bench.readme_table --write README.md`"
+            f"\nThe README table with this run (`python -m bench.readme_table --write README.md`"
             f" or `make bench-readme` puts it there):\n\n{table}"
         )
 
