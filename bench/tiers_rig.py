@@ -22,7 +22,10 @@ from bench.stack import ENGINE_ENV, RANK, Stack
 from loraserve.adapterctl.adapter_dir import AdapterFiles
 from loraserve.testing.processes import free_port
 
-ENGINE = procs.EngineConfig(max_loras=8, max_cpu_loras=32, max_lora_rank=RANK)
+# Slots as engine A's; host memory sized to what the disk bound holds (about 200 of these
+# adapters), as the README's tuning advice says: with 32, vLLM re-reads from disk every
+# adapter of the long tail inside the engine step, in the 2,000-adapter arm only.
+ENGINE = procs.EngineConfig(max_loras=8, max_cpu_loras=256, max_lora_rank=RANK)
 SERVING_TIMEOUT_S = 600.0
 DOWNLOADS = "loraserve_inference_adapter_downloads_total"
 CACHE_BYTES = "loraserve_inference_adapter_cache_bytes"
