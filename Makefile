@@ -63,7 +63,7 @@ test: lint
 test-quick: setup
 	$(VENV)/bin/pytest -m "not engine"
 
-# All eight benchmarks on the real vLLM engine (~12 min on 2 cores; ENGINE=gpu: CUDA vLLM,
+# Every benchmark on the real vLLM engine (~30 min on 2 cores; ENGINE=gpu: CUDA vLLM,
 # fewer repeats, a few minutes): prints tables, writes bench/results/<UTC date-time>/
 # (results.json, report.md, PNG plots; commit them) and prints the README table they
 # make. BENCH_ARGS="--only 6,1 --quick" for less, "--dry-run" to see what would start.

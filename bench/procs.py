@@ -102,15 +102,20 @@ def start_moto(log_dir: Path, bucket: str) -> tuple[Child, str]:
     endpoint = f"http://127.0.0.1:{port}"
     client = s3_client(endpoint)
     deadline = time.monotonic() + 30
-    while True:
-        _check_alive(child, log_dir)
-        try:
-            client.create_bucket(Bucket=bucket)
-            break
-        except Exception:
-            if time.monotonic() > deadline:
-                raise
-            time.sleep(0.2)
+    try:
+        while True:
+            _check_alive(child, log_dir)
+            try:
+                client.create_bucket(Bucket=bucket)
+                break
+            except Exception:
+                if time.monotonic() > deadline:
+                    raise
+                time.sleep(0.2)
+    except BaseException:
+        # The caller gets no handle to stop it with.
+        child.stop()
+        raise
     child.address = endpoint
     return child, endpoint
 

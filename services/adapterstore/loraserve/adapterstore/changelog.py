@@ -309,6 +309,7 @@ class ChangeLog:
             ),
             name=f"changelog-snapshot-{self._state.seq}",
         )
+        self._snapshotting.add_done_callback(_log_snapshot_bug)
 
     def _apply(self, change: Change) -> None:
         self._state.apply(change)
@@ -377,3 +378,10 @@ class ChangeLog:
             else:
                 backoff.reset()
                 delay = self._settings.poll_interval
+
+
+def _log_snapshot_bug(task: asyncio.Task[None]) -> None:
+    """A snapshot failing other than for storage being unavailable is a bug; nobody
+    awaits the task, so it is logged here. The next snapshot covers the skipped one."""
+    if not task.cancelled() and (exc := task.exception()) is not None:
+        log.error("log.snapshot_bug", exc_info=exc)
