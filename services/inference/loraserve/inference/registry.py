@@ -158,7 +158,8 @@ class AdapterRegistry:
     def set_target(self, manifest: Revision) -> None:
         """Routes the name to `manifest` without loading it: its first request will.
         A loaded older revision stops taking new requests at once."""
-        if self.target_revision(manifest.adapter_name) == manifest.revision:
+        previous = self.target_revision(manifest.adapter_name)
+        if previous == manifest.revision:
             return
         self._adapters.check_facts(manifest_facts(manifest))
         self._retarget(manifest)
@@ -166,7 +167,10 @@ class AdapterRegistry:
         if routed is not None and routed != manifest.revision:
             del self._routes[manifest.adapter_name]
             self._update(self._entries[(manifest.adapter_name, routed)])
-        self._spawn(self._cache_remove_unused(manifest.adapter_name))
+        if previous is not None:
+            # Only a name routed before can have a superseded revision on disk: the
+            # start-up sweep left none, so routing thousands at start-up costs no task.
+            self._spawn(self._cache_remove_unused(manifest.adapter_name))
 
     def record_failure(self, manifest: Revision, message: str) -> None:
         """A revision that failed before it reached `install` (refused from its manifest,
