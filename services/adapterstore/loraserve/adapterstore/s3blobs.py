@@ -11,13 +11,15 @@ import logging
 import re
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
+from datetime import datetime
 from typing import TYPE_CHECKING, Any, TypeVar
 
 import boto3
 import botocore.config
 from botocore.exceptions import BotoCoreError, ClientError
 
-from loraserve.adapterstore.blobstore import BlobNotFound, BlobUpload, blob_key
+from loraserve.adapterstore.blobstore import BlobNotFound, BlobUpload, StoredObject, blob_key
+from loraserve.adapterstore.s3sweep import sweep_stale_uploads
 from loraserve.adapterstore.s3upload import DirectUpload, StagedUpload
 from loraserve.common.errors import FailedPrecondition, Unavailable
 
@@ -130,6 +132,9 @@ class S3BlobStore:
             raise ValueError(f"not a sha256 hex digest: {sha256!r}")
         return DirectUpload(self, sha256, exists=await self.exists(blob_key(sha256)))
 
+    async def sweep_stale_uploads(self, cutoff: datetime) -> int:
+        return await sweep_stale_uploads(self, cutoff)
+
     async def exists(self, key: str) -> bool:
         try:
             await self.call(
@@ -221,6 +226,17 @@ class S3BlobStore:
                 if limit and len(keys) >= limit:
                     return keys
         return keys
+
+    async def list_objects(self, prefix: str) -> list[StoredObject]:
+        return await self.call("list_objects_v2", self._list_objects, prefix)
+
+    def _list_objects(self, prefix: str) -> list[StoredObject]:
+        paginator = self.client.get_paginator("list_objects_v2")
+        return [
+            StoredObject(item["Key"][len(self._prefix) :], item["ETag"])
+            for page in paginator.paginate(Bucket=self.bucket, Prefix=self.full_key(prefix))
+            for item in page.get("Contents", [])
+        ]
 
     async def delete(self, keys: list[str]) -> None:
         for start in range(0, len(keys), 1000):
