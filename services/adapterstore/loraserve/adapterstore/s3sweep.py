@@ -24,14 +24,27 @@ TMP_PREFIX = "tmp/"
 
 def stale_multipart_uploads(store: S3BlobStore, cutoff: datetime) -> list[tuple[str, str]]:
     """(bucket key, upload id) of every multipart upload under the store's prefix
-    started before `cutoff`. Blocking."""
+    started before `cutoff` and with no part sent since. Blocking.
+
+    The parts are asked for too: an upload is in use while parts arrive, and some
+    S3 emulators (moto) report one fixed `Initiated` date for every upload."""
     kwargs: dict[str, Any] = {"Bucket": store.bucket, "Prefix": store.full_key("")}
     stale: list[tuple[str, str]] = []
     for page in store.client.get_paginator("list_multipart_uploads").paginate(**kwargs):
         for upload in page.get("Uploads", []):
-            if upload["Initiated"] < cutoff:
-                stale.append((upload["Key"], upload["UploadId"]))
+            key, upload_id = upload["Key"], upload["UploadId"]
+            if upload["Initiated"] < cutoff and not _part_since(store, key, upload_id, cutoff):
+                stale.append((key, upload_id))
     return stale
+
+
+def _part_since(store: S3BlobStore, key: str, upload_id: str, cutoff: datetime) -> bool:
+    parts = store.client.get_paginator("list_parts")
+    return any(
+        part["LastModified"] >= cutoff
+        for page in parts.paginate(Bucket=store.bucket, Key=key, UploadId=upload_id)
+        for part in page.get("Parts", [])
+    )
 
 
 def stale_tmp_keys(store: S3BlobStore, cutoff: datetime) -> list[str]:

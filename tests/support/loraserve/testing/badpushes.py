@@ -81,13 +81,13 @@ def _declared_with(name: str, **changes: Any) -> list[FileInfo]:
     ]
 
 
-def _nested_json(depth: int) -> bytes:
+def nested_json(depth: int) -> bytes:
     """A JSON object holding arrays nested `depth` deep: parsed naively, a RecursionError."""
     return b'{"x":' + b"[" * depth + b"]" * depth + b"}"
 
 
-def _weights_with_nested_header(depth: int) -> bytes:
-    header = _nested_json(depth)
+def weights_with_nested_header(depth: int) -> bytes:
+    header = nested_json(depth)
     return struct.pack("<Q", len(header)) + header
 
 
@@ -211,12 +211,12 @@ BAD_PUSHES = [
     ),
     BadPush(
         "config-nested-100k",
-        _with(adapter_config__json=_nested_json(100_000)),
+        _with(adapter_config__json=nested_json(100_000)),
         "adapter_config.json: JSON nested more than 64 levels deep",
     ),
     BadPush(
         "header-nested-50k",
-        _with(adapter_model__safetensors=_weights_with_nested_header(50_000)),
+        _with(adapter_model__safetensors=weights_with_nested_header(50_000)),
         "adapter_model.safetensors header: JSON nested more than 64 levels deep",
     ),
 ]
