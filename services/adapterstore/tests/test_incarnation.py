@@ -19,15 +19,17 @@ from loraserve.testing.storecalls import push
 
 GUARD_S = 30
 # Heartbeats this often: a watch that is wrongly accepted shows it at once.
-QUICK_HEARTBEATS = {"heartbeat_interval": 0.1}
+QUICK_HEARTBEATS: dict[str, Any] = {"heartbeat_interval": 0.1}
 
 
 async def _first_message(stub: Any, request: pb.WatchAdaptersRequest) -> pb.WatchAdaptersResponse:
     call = stub.WatchAdapters(request, timeout=GUARD_S)
     try:
-        message: pb.WatchAdaptersResponse = await call.read()
+        message = await call.read()
         if message is grpc.aio.EOF:
             await call
+            raise AssertionError("the watch ended without a message")
+        assert isinstance(message, pb.WatchAdaptersResponse)
         return message
     finally:
         call.cancel()
