@@ -36,6 +36,18 @@ def _multipart_uploads(bucket: S3Bucket) -> list[str]:
     return [u["Key"] for u in uploads.get("Uploads", [])]
 
 
+def _parts(bucket: S3Bucket) -> list[int]:
+    """Part numbers sent to the bucket's incomplete multipart uploads."""
+    client = bucket.client()
+    return [
+        part["PartNumber"]
+        for upload in client.list_multipart_uploads(Bucket=bucket.bucket).get("Uploads", [])
+        for part in client.list_parts(
+            Bucket=bucket.bucket, Key=upload["Key"], UploadId=upload["UploadId"]
+        ).get("Parts", [])
+    ]
+
+
 def _writes(proxy: S3FaultProxy) -> list[tuple[str, str]]:
     """Requests that would store bytes of a push: uploads and staged objects."""
     return [
@@ -53,18 +65,19 @@ async def test_push_cancelled_after_its_first_part_leaves_no_multipart_upload(
     files = _big_adapter()
     requests = list(push_requests("big", files, declare_sha256=declare_sha256))
     async with serve_store(s3_bucket) as server:
-        # A few tries: the cancellation lands at a different point of the upload each time.
-        for attempt in range(4):
+        # Tries that cancel at different points: as soon as the upload exists, once a
+        # part has landed, with more or less of the next part received.
+        for attempt in range(6):
             call = server.stub.PushAdapter(timeout=GUARD_S)
-            for request in requests[: 2 + attempt]:
-                await call.write(request)
-            sent = sum(len(r.chunk.data) for r in requests[: 2 + attempt])
-            for request in requests[2 + attempt :]:
+            sent = 0
+            for request in requests:
                 await call.write(request)
                 sent += len(request.chunk.data)
-                if sent > 6 * 1024 * 1024:
+                if sent > (6 + attempt // 2) * 1024 * 1024:
                     break
             await eventually(lambda: bool(_multipart_uploads(s3_bucket)), "an upload started")
+            if attempt % 2:
+                await eventually(lambda: bool(_parts(s3_bucket)), "a part landed")
             call.cancel()
             await eventually(lambda: not _multipart_uploads(s3_bucket), "the upload was aborted")
         listed = await server.stub.ListAdapters(pb.ListAdaptersRequest())
