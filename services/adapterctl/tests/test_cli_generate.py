@@ -15,7 +15,7 @@ from typing import Any
 import grpc
 import pytest
 
-from loraserve.adapterctl.__main__ import run
+from loraserve.adapterctl.cli import run
 from loraserve.adapterctl.failures import EXIT_FAILED, EXIT_NOT_ALLOWED
 from loraserve.common.errors import NotFound
 from loraserve.common.security import ServerSecurity, parse_tokens

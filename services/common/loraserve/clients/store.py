@@ -54,7 +54,17 @@ RETRIED_METHODS = (
     "SetCurrentRevision",
     "DeleteAdapter",
 )
-STORE_RETRY = Retry(max_attempts=3, initial_backoff_s=0.5, max_backoff_s=4.0)
+# CANCELLED is retried too: a store shutting down ends the calls it had received
+# but not yet handed to a handler with CANCELLED, not UNAVAILABLE (grpc/grpc#41785).
+# Such a call never ran; every call retried here is safe to send again even if it
+# had (a read, a report of a fact, a write carrying its idempotency key). A call the
+# client itself cancels is never retried.
+STORE_RETRY = Retry(
+    max_attempts=3,
+    initial_backoff_s=0.5,
+    max_backoff_s=4.0,
+    codes=("UNAVAILABLE", "CANCELLED"),
+)
 
 
 def store_channel(
