@@ -5,9 +5,10 @@ item 17). Real gRPC servers on 127.0.0.1, S3 over real HTTP (moto's server)."""
 from __future__ import annotations
 
 import asyncio
+import functools
 import hashlib
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
@@ -57,7 +58,7 @@ async def _store_replica(bucket: S3Bucket) -> AsyncIterator[RunningServer]:
 
 
 async def _stop_with_calls_queued(
-    first: RunningServer, calls: list[Callable[[], Awaitable[Any]]]
+    first: RunningServer, calls: Sequence[Callable[[], Awaitable[Any]]]
 ) -> list[BaseException | Any]:
     """Starts `calls`, holds the event loop (and so `first`'s handlers) while they
     reach `first`, then shuts `first` down with those calls still unhandled."""
@@ -87,7 +88,8 @@ async def test_keyed_writes_a_stopping_store_never_handled_are_retried_on_anothe
             for i in range(CALLS):
                 await _push_tiny(stub, f"a{i}", f"push-{i}", tmp_path / str(i))
             deletes = [
-                lambda i=i: stub.DeleteAdapter(
+                functools.partial(
+                    stub.DeleteAdapter,
                     pb.DeleteAdapterRequest(name=f"a{i}", idempotency_key=f"delete-{i}"),
                     timeout=30,
                 )
@@ -112,7 +114,7 @@ async def test_pushes_a_stopping_store_never_handled_are_retried_with_their_key(
             stub = pb_grpc.AdapterStoreServiceStub(channel)
             await stub.ListAdapters(pb.ListAdaptersRequest())  # connected to the first
             pushes = [
-                lambda i=i: _push_tiny(stub, f"p{i}", f"push-{i}", tmp_path / str(i))
+                functools.partial(_push_tiny, stub, f"p{i}", f"push-{i}", tmp_path / str(i))
                 for i in range(CALLS)
             ]
             results = await _stop_with_calls_queued(first, pushes)
@@ -130,18 +132,22 @@ class _Files:
         self.files = files
 
 
-async def _push_tiny(stub: Any, name: str, key: str, folder: Path) -> Any:
-    """A push as adapterctl makes it (loraserve.clients.push), of files in `folder`."""
+def _write_tiny(folder: Path) -> _Files:
     folder.mkdir(parents=True, exist_ok=True)
     files = []
     for file_name, data in tiny_adapter().items():
         (folder / file_name).write_bytes(data)
         digest = hashlib.sha256(data).hexdigest()
         files.append(LocalFile(file_name, folder / file_name, len(data), digest))
+    return _Files(files)
+
+
+async def _push_tiny(stub: Any, name: str, key: str, folder: Path) -> Any:
+    """A push as adapterctl makes it (loraserve.clients.push), of files in `folder`."""
     return await push(
         stub,
         name,
-        _Files(files),
+        _write_tiny(folder),
         no_promote=False,
         description="",
         timeout_s=30,
