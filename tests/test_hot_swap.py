@@ -105,6 +105,9 @@ class RecordingRegistry:
     def resident_count(self) -> int:
         return self.inner.resident_count()
 
+    def held(self) -> dict[str, int]:
+        return self.inner.held()
+
 
 @dataclass
 class Stack:

@@ -215,6 +215,18 @@ class AdapterRegistry:
         entry = self._entries.get((name, revision))
         return entry is not None and entry.phase is not Phase.FAILED
 
+    def held(self) -> dict[str, int]:
+        """Every name held here (routed, targeted, loaded, loading or pinned), with the
+        lowest store seq among the manifests of its revisions held: one committed
+        before the name's `create_seq` belongs to a deleted generation."""
+        oldest: dict[str, int] = {}
+        manifests = [e.manifest for e in self._entries.values()] + list(self._targets.values())
+        for manifest in manifests:
+            if manifest is not None:
+                name = manifest.adapter_name
+                oldest[name] = min(oldest.get(name, manifest.seq), manifest.seq)
+        return oldest
+
     def target_revision(self, name: str) -> int | None:
         target = self._targets.get(name)
         return target.revision if target is not None else None

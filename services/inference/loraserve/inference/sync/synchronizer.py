@@ -44,8 +44,8 @@ import stamina
 from loraserve.clients.store import Heartbeat, Listing, StoreEvent
 from loraserve.common import errors
 from loraserve.common.errors import LoraserveError
-from loraserve.inference.adapters import serves_base_model
 from loraserve.inference.sync.apply import Fetcher, Registry, RevisionLoader, SwapObserver
+from loraserve.inference.sync.generations import heartbeat_from_elsewhere, names_to_forget
 from loraserve.inference.sync.reports import StatusAPI, StatusReporter
 from loraserve.inference.sync.state import AdapterWish, SyncState
 from loraserve.inference.sync.worker import AdapterWorker, RetryHook
@@ -58,7 +58,9 @@ class StoreAPI(StatusAPI, Protocol):
 
     async def list_adapters(self, base_model: str = "") -> Listing: ...
 
-    def watch(self, after_seq: int) -> AsyncGenerator[StoreEvent | Heartbeat, None]: ...
+    def watch(
+        self, after_seq: int, incarnation: str = ""
+    ) -> AsyncGenerator[StoreEvent | Heartbeat, None]: ...
 
 
 class Sweeper(Protocol):
@@ -164,13 +166,16 @@ class Synchronizer:
         log.info("sync.watch_started after_seq=%d", after)
         connected = False
         try:
-            async with aclosing(self._store.watch(after)) as stream:
+            incarnation = self._state.incarnation or ""
+            async with aclosing(self._store.watch(after, incarnation)) as stream:
                 async for item in stream:
                     if not connected:
                         connected = True
                         await self._reports.resend_unsent()
                     if isinstance(item, StoreEvent):
                         self._take_event(item)
+                    elif why := heartbeat_from_elsewhere(item, self._state):
+                        raise _MissedEvents(why)
             raise errors.Unavailable("the store ended the watch stream")
         except Exception as exc:
             if connected:
@@ -198,7 +203,15 @@ class Synchronizer:
             name for name in self._state.wishes if self._registry.current_revision(name)
         }
         seen_at = None if self._initial_seq is None else time.monotonic()
-        changed = self._state.record_listing(listing, served, seen_at)
+        held = self._registry.held()
+        forget = names_to_forget(
+            listing,
+            incarnation=self._state.incarnation,
+            received_seq=self._state.received_seq,
+            known=served | held.keys() | self._state.wishes.keys(),
+            holds_older_than=lambda name, seq: held.get(name, seq) < seq,
+        )
+        changed = self._state.record_listing(listing, served, seen_at, frozenset(forget))
         if self._initial_seq is None:
             self._initial_seq = listing.seq
             await self._sweep(listing)
@@ -381,21 +394,3 @@ def _on_list_failure(exc: BaseException) -> bool:
         return False
     log.warning("sync.list_failed reason=%s", exc)
     return True
-
-
-async def current_adapter_ranks(
-    store: StoreAPI, served_model_name: str, *, require_base_model_match: bool = True
-) -> list[int]:
-    """LoRA ranks of every current adapter this server would serve, for
-    `--max-lora-rank auto`. Filtered here, with the compatibility check's own rule:
-    adapters name their base model by path or hub id, which the store's exact-match
-    filter would miss."""
-    listing = await store.list_adapters()
-    return [
-        a.current.rank
-        for a in listing.adapters
-        if a.current is not None
-        and serves_base_model(
-            a.current.base_model, served_model_name, require_match=require_base_model_match
-        )
-    ]
