@@ -10,6 +10,7 @@ import socket
 import sys
 from collections.abc import Sequence
 
+from loraserve.common import retrylog
 from loraserve.common.errors import LoraserveError
 from loraserve.common.server import install_stop_signals
 from loraserve.inference.app import InferenceApp
@@ -61,6 +62,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         level=settings.log_level,
         format="%(asctime)s %(levelname)s %(name)s %(message)s",
     )
+    retrylog.install()
     try:
         asyncio.run(serve(settings))
     except LoraserveError as exc:

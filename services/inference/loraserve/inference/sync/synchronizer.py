@@ -42,7 +42,7 @@ from typing import Protocol
 import stamina
 
 from loraserve.clients.store import Heartbeat, Listing, StoreEvent
-from loraserve.common import errors
+from loraserve.common import errors, retrylog
 from loraserve.common.errors import LoraserveError
 from loraserve.inference.sync.apply import Fetcher, Registry, RevisionLoader, SwapObserver
 from loraserve.inference.sync.generations import heartbeat_from_elsewhere, names_to_forget
@@ -135,7 +135,8 @@ class Synchronizer:
 
     def _retrying(self, on: RetryHook) -> AsyncIterator[stamina.Attempt]:
         """Retries without end (until cancelled) on the sync schedule."""
-        return stamina.retry_context(
+        return retrylog.retry_context(
+            "inference.sync",
             on=on,
             attempts=None,
             timeout=None,
