@@ -90,8 +90,11 @@ class BlobStore(Protocol):
     async def list_keys(self, prefix: str, start_after: str = "", limit: int = 0) -> list[str]:
         """Keys under `prefix` after `start_after`, in order; all of them when limit is 0."""
 
-    async def list_objects(self, prefix: str) -> list[StoredObject]:
-        """Every key under `prefix`, in order, with its ETag."""
+    async def list_objects(
+        self, prefix: str, start_after: str = "", limit: int = 0
+    ) -> list[StoredObject]:
+        """Keys under `prefix` after `start_after`, in order, each with its ETag; all
+        of them when limit is 0."""
 
     async def delete(self, keys: list[str]) -> None:
         """Deletes keys; missing keys are not an error."""

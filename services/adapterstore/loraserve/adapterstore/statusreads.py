@@ -66,50 +66,48 @@ class StatusReader:
         max_page_bytes: int,
         size_of: Callable[[ReplicaStatus], int],
     ) -> StatusPage:
-        """Statuses ordered by adapter then replica, after the one `page_token` names."""
+        """Statuses in key order (by adapter, then replica), after the key
+        `page_token` names. Keys are listed from there, a page's worth at a time."""
         size = pagetokens.page_size(page_size)
-        after = _decode_token(page_token, adapter_name)
         prefix = STATUS_PREFIX + (validate_adapter_name(adapter_name) + "/" if adapter_name else "")
-        objects = await self._blobs.list_objects(prefix)
+        after = _decode_token(page_token, adapter_name)
         live, dead = await self._replicas()
-        candidates = sorted((_order(o.key), o) for o in objects if _order(o.key) > after)
         oldest = now() - self._ttl
         fill = PageFill(size, max_page_bytes)
-        shown: list[ReplicaStatus] = []
+        shown: list[tuple[str, ReplicaStatus]] = []
         expired: list[str] = []
-        next_token = ""
-        start = 0
-        while start < len(candidates) and not next_token:
-            # Read in batches of what is still missing from the page: a page costs at
-            # most its own statuses and the expired ones among them.
-            batch = candidates[start : start + size - len(shown)]
-            start += len(batch)
-            for (_, stored), status in zip(batch, await self._read_all(batch), strict=True):
-                if status is None:
-                    continue
-                if not _shown(status, oldest, live):
+        cut = more = False
+        while not cut:
+            # What is still missing from the page, and one key more to tell whether
+            # anything follows: a page costs its own statuses and the expired ones
+            # among them, however many statuses the store holds.
+            wanted = size - len(shown)
+            listed = await self._blobs.list_objects(prefix, after, limit=wanted + 1)
+            batch = listed[:wanted]
+            for stored, status in zip(batch, await self._read_all(batch), strict=True):
+                if status is not None and not _shown(status, oldest, live):
                     expired.append(stored.key)
-                elif fill.room_for(size_of(status)):
-                    shown.append(status)
-                else:
-                    next_token = _encode_token(adapter_name, shown[-1])
+                elif status is not None and not fill.room_for(size_of(status)):
+                    cut = True  # the rest comes on the next page, this one first
                     break
-            if len(shown) == size and start < len(candidates):
-                # Later statuses exist; they may all turn out expired (an empty page).
-                next_token = _encode_token(adapter_name, shown[-1])
+                elif status is not None:
+                    shown.append((stored.key, status))
+                after = stored.key
+            more = cut or len(listed) > wanted
+            if not more or len(shown) == size:
+                break
         await self._expire(expired + dead)
-        return StatusPage(shown, next_token)
+        next_token = _encode_token(adapter_name, shown[-1][0]) if more and shown else ""
+        return StatusPage([status for _, status in shown], next_token)
 
-    async def _read_all(
-        self, batch: list[tuple[tuple[str, str], StoredObject]]
-    ) -> list[ReplicaStatus | None]:
+    async def _read_all(self, batch: list[StoredObject]) -> list[ReplicaStatus | None]:
         limit = asyncio.Semaphore(_READ_CONCURRENCY)
 
         async def read(stored: StoredObject) -> ReplicaStatus | None:
             async with limit:
                 return await self._status(stored)
 
-        return list(await asyncio.gather(*(read(o) for _, o in batch)))
+        return list(await asyncio.gather(*(read(o) for o in batch)))
 
     async def _status(self, stored: StoredObject) -> ReplicaStatus | None:
         cached = self._statuses.get(stored.key)
@@ -176,26 +174,21 @@ def _shown(status: ReplicaStatus, oldest: datetime, live: set[str]) -> bool:
     )
 
 
-def _order(key: str) -> tuple[str, str]:
-    """(adapter, replica) of `status/<adapter>/<replica>.json`: the listing's order."""
-    adapter, _, replica = key.removeprefix(STATUS_PREFIX).partition("/")
-    return adapter, replica.removesuffix(".json")
+def _encode_token(adapter_name: str, last_key: str) -> str:
+    return pagetokens.encode_token(f"{adapter_name}:{last_key}")
 
 
-def _encode_token(adapter_name: str, last: ReplicaStatus) -> str:
-    return pagetokens.encode_token(f"{adapter_name}/{last.adapter_name}/{last.replica_id}")
-
-
-def _decode_token(token: str, adapter_name: str) -> tuple[str, str]:
-    """The (adapter, replica) the previous page ended with; ("", "") for the first."""
+def _decode_token(token: str, adapter_name: str) -> str:
+    """The key of the status the previous page ended with; "" for the first page."""
     value = pagetokens.decode_token(token, "GetAdapterStatus")
     if not value:
-        return "", ""
-    parts = value.split("/")
-    if len(parts) != 3 or not parts[1] or not parts[2]:
+        return ""
+    name, sep, key = value.partition(":")
+    within = STATUS_PREFIX + (f"{adapter_name}/" if adapter_name else "")
+    if not sep or not key.startswith(STATUS_PREFIX) or not key.endswith(".json"):
         raise InvalidArgument("invalid page_token for GetAdapterStatus")
-    if parts[0] != adapter_name:
+    if name != adapter_name or not key.startswith(within):
         raise InvalidArgument(
             "page_token for GetAdapterStatus was made for another name; ask from the first page"
         )
-    return parts[1], parts[2]
+    return key

@@ -54,10 +54,12 @@ class MemoryBlobStore:
         keys = sorted(k for k in self.objects if k.startswith(prefix) and k > start_after)
         return keys[:limit] if limit else keys
 
-    async def list_objects(self, prefix: str) -> list[StoredObject]:
+    async def list_objects(
+        self, prefix: str, start_after: str = "", limit: int = 0
+    ) -> list[StoredObject]:
         return [
             StoredObject(key, hashlib.md5(self.objects[key]).hexdigest())
-            for key in await self.list_keys(prefix)
+            for key in await self.list_keys(prefix, start_after, limit)
         ]
 
     async def delete(self, keys: list[str]) -> None:
