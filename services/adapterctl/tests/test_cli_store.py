@@ -240,8 +240,8 @@ async def test_status_shows_every_page_of_statuses(
     write_statuses(store_server.bucket, "alpha")
     result = await ctl("status", "alpha", "--json", env=_env(store_server))
     table = await ctl("status", env=_env(store_server))
+    assert (result.code, result.err, table.code, table.err) == (0, "", 0, "")
     statuses = json.loads(result.out)["statuses"]
-    assert result.code == table.code == 0
     assert [s["replica_id"] for s in statuses] == [
         f"inference-{i:04d}" for i in range(MANY_REPLICAS)
     ]

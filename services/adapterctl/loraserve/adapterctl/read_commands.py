@@ -93,7 +93,9 @@ async def cmd_revisions(args: argparse.Namespace, settings: CtlSettings, console
 async def cmd_status(args: argparse.Namespace, settings: CtlSettings, console: Console) -> int:
     name = validated_name(args.name) if args.name else ""
     statuses: list[pb.ReplicaAdapterStatus] = []
-    request = pb.GetAdapterStatusRequest(name=name, page_size=_PAGE_SIZE)
+    # The store's default page (100): a page read cold costs a storage read per status,
+    # so small pages keep each call well inside its deadline.
+    request = pb.GetAdapterStatusRequest(name=name)
     async with connect_store(settings) as stub:
         async for page in pages(stub.GetAdapterStatus, request, settings.unary_timeout_s):
             statuses.extend(page.statuses)
