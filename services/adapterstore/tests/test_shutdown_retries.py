@@ -77,29 +77,40 @@ def _codes(results: list[BaseException | Any]) -> set[str]:
     return {r.code().name if isinstance(r, grpc.aio.AioRpcError) else "OK" for r in results}
 
 
+@asynccontextmanager
+async def _two_replicas(bucket: S3Bucket) -> AsyncIterator[tuple[RunningServer, Any, Any]]:
+    """Two store replicas on `bucket`, and a client's stub (`store_channel`, as adapterctl
+    has) to both, the first first; then a stub to the second alone."""
+    async with _store_replica(bucket) as first, _store_replica(bucket) as second:
+        target = f"ipv4:127.0.0.1:{first.port},127.0.0.1:{second.port}"
+        async with (
+            store_channel(target, ClientSecurity()) as channel,
+            grpc.aio.insecure_channel(f"127.0.0.1:{second.port}") as direct,
+        ):
+            yield (
+                first,
+                pb_grpc.AdapterStoreServiceStub(channel),
+                pb_grpc.AdapterStoreServiceStub(direct),
+            )
+
+
 @pytest.mark.slow
 async def test_keyed_writes_a_stopping_store_never_handled_are_retried_on_another(
     s3_bucket: S3Bucket, tmp_path: Path
 ) -> None:
-    async with _store_replica(s3_bucket) as first, _store_replica(s3_bucket) as second:
-        target = f"ipv4:127.0.0.1:{first.port},127.0.0.1:{second.port}"
-        async with store_channel(target, ClientSecurity()) as channel:
-            stub = pb_grpc.AdapterStoreServiceStub(channel)
-            for i in range(CALLS):
-                await _push_tiny(stub, f"a{i}", f"push-{i}", tmp_path / str(i))
-            deletes = [
-                functools.partial(
-                    stub.DeleteAdapter,
-                    pb.DeleteAdapterRequest(name=f"a{i}", idempotency_key=f"delete-{i}"),
-                    timeout=30,
-                )
-                for i in range(CALLS)
-            ]
-            results = await _stop_with_calls_queued(first, deletes)
-            async with grpc.aio.insecure_channel(f"127.0.0.1:{second.port}") as direct:
-                listed = await pb_grpc.AdapterStoreServiceStub(direct).ListAdapters(
-                    pb.ListAdaptersRequest()
-                )
+    async with _two_replicas(s3_bucket) as (first, stub, second):
+        for i in range(CALLS):
+            await _push_tiny(stub, f"a{i}", f"push-{i}", tmp_path / str(i))
+        deletes = [
+            functools.partial(
+                stub.DeleteAdapter,
+                pb.DeleteAdapterRequest(name=f"a{i}", idempotency_key=f"delete-{i}"),
+                timeout=30,
+            )
+            for i in range(CALLS)
+        ]
+        results = await _stop_with_calls_queued(first, deletes)
+        listed = await second.ListAdapters(pb.ListAdaptersRequest())
     assert _codes(results) == {"OK"}
     assert list(listed.adapters) == []
 
@@ -108,20 +119,14 @@ async def test_keyed_writes_a_stopping_store_never_handled_are_retried_on_anothe
 async def test_pushes_a_stopping_store_never_handled_are_retried_with_their_key(
     s3_bucket: S3Bucket, tmp_path: Path
 ) -> None:
-    async with _store_replica(s3_bucket) as first, _store_replica(s3_bucket) as second:
-        target = f"ipv4:127.0.0.1:{first.port},127.0.0.1:{second.port}"
-        async with store_channel(target, ClientSecurity()) as channel:
-            stub = pb_grpc.AdapterStoreServiceStub(channel)
-            await stub.ListAdapters(pb.ListAdaptersRequest())  # connected to the first
-            pushes = [
-                functools.partial(_push_tiny, stub, f"p{i}", f"push-{i}", tmp_path / str(i))
-                for i in range(CALLS)
-            ]
-            results = await _stop_with_calls_queued(first, pushes)
-            async with grpc.aio.insecure_channel(f"127.0.0.1:{second.port}") as direct:
-                listed = await pb_grpc.AdapterStoreServiceStub(direct).ListAdapters(
-                    pb.ListAdaptersRequest()
-                )
+    async with _two_replicas(s3_bucket) as (first, stub, second):
+        await stub.ListAdapters(pb.ListAdaptersRequest())  # connected to the first
+        pushes = [
+            functools.partial(_push_tiny, stub, f"p{i}", f"push-{i}", tmp_path / str(i))
+            for i in range(CALLS)
+        ]
+        results = await _stop_with_calls_queued(first, pushes)
+        listed = await second.ListAdapters(pb.ListAdaptersRequest())
     assert _codes(results) == {"OK"}
     assert sorted(a.name for a in listed.adapters) == sorted(f"p{i}" for i in range(CALLS))
     assert {a.latest_revision for a in listed.adapters} == {1}

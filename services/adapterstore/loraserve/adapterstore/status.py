@@ -151,6 +151,18 @@ def check_report(report: Report) -> None:
         check_text("error.message", report.error.message, MAX_ERROR_MESSAGE_BYTES)
 
 
+async def read_status(blobs: BlobStore, key: str) -> ReplicaStatus | None:
+    """The status object at `key`; None if there is none."""
+    try:
+        data = await blobs.get(key)
+    except BlobNotFound:
+        return None
+    try:
+        return ReplicaStatus.from_json(json.loads(data))
+    except (ValueError, KeyError, TypeError) as e:
+        raise DataLoss(f"replica status {key} is corrupt: {e}") from e
+
+
 class ReplicaStatusStore:
     def __init__(self, blobs: BlobStore, ttl_s: float = DEFAULT_STATUS_TTL_S) -> None:
         # Here, not at the top: statusreads builds on this module's types.
@@ -187,7 +199,7 @@ class ReplicaStatusStore:
     async def report(self, report: Report) -> ReplicaStatus:
         check_report(report)
         key = status_key(report.adapter_name, report.replica_id)
-        previous = await self._read(key)
+        previous = await read_status(self._blobs, key)
         last_error = previous.last_error if previous else None
         if report.type is ReportType.NACK and report.error is not None:
             # Kept short: a page of statuses carries one per replica and adapter.
@@ -211,13 +223,3 @@ class ReplicaStatusStore:
         await self._blobs.put(key, json.dumps(status.to_json()).encode())
         self._reader.forget(key)
         return status
-
-    async def _read(self, key: str) -> ReplicaStatus | None:
-        try:
-            data = await self._blobs.get(key)
-        except BlobNotFound:
-            return None
-        try:
-            return ReplicaStatus.from_json(json.loads(data))
-        except (ValueError, KeyError, TypeError) as e:
-            raise DataLoss(f"replica status {key} is corrupt: {e}") from e

@@ -26,9 +26,10 @@ from loraserve.adapterstore.status import (
     STATUS_PREFIX,
     ReplicaStatus,
     ReportType,
+    read_status,
     replica_key,
 )
-from loraserve.common.errors import DataLoss, InvalidArgument
+from loraserve.common.errors import InvalidArgument
 from loraserve.common.names import validate_adapter_name
 from loraserve.common.textlimits import PageFill
 
@@ -113,15 +114,9 @@ class StatusReader:
         cached = self._statuses.get(stored.key)
         if cached is not None and cached[0] == stored.etag:
             return cached[1]
-        try:
-            data = await self._blobs.get(stored.key)
-        except BlobNotFound:
-            return None
-        try:
-            status = ReplicaStatus.from_json(json.loads(data))
-        except (ValueError, KeyError, TypeError) as e:
-            raise DataLoss(f"replica status {stored.key} is corrupt: {e}") from e
-        self._statuses[stored.key] = (stored.etag, status)
+        status = await read_status(self._blobs, stored.key)
+        if status is not None:
+            self._statuses[stored.key] = (stored.etag, status)
         return status
 
     async def _replicas(self) -> tuple[set[str], list[str]]:
