@@ -23,10 +23,9 @@ import enum
 import json
 import logging
 import re
-from collections.abc import Callable
 from dataclasses import dataclass, replace
 from datetime import datetime, timedelta
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from loraserve.adapterstore.blobstore import BlobNotFound, BlobStore
 from loraserve.adapterstore.model import now
@@ -38,9 +37,6 @@ from loraserve.common.textlimits import (
     check_text,
     truncate_text,
 )
-
-if TYPE_CHECKING:
-    from loraserve.adapterstore.statusreads import StatusPage
 
 log = logging.getLogger(__name__)
 
@@ -170,26 +166,15 @@ class ReplicaStatusStore:
 
         self._blobs = blobs
         self._ttl = timedelta(seconds=ttl_s)
-        self._reader = StatusReader(blobs, self._ttl)
-
-    async def page(
-        self,
-        adapter_name: str,
-        page_size: int,
-        page_token: str,
-        max_page_bytes: int,
-        size_of: Callable[[ReplicaStatus], int],
-    ) -> StatusPage:
-        """A page of every live replica's status for one adapter (or all adapters
-        when the name is ""), ordered by adapter then replica (see statusreads)."""
-        return await self._reader.page(adapter_name, page_size, page_token, max_page_bytes, size_of)
+        # Pages of statuses for GetAdapterStatus (see statusreads).
+        self.reader = StatusReader(blobs, self._ttl)
 
     async def alive(self, replica_id: str) -> bool:
         """Records a sign of life; False when the replica was not live before it,
         so its statuses may be gone and it should report its adapters again."""
         check_replica_id(replica_id)
         key = replica_key(replica_id)
-        seen = await self._reader.seen_time(key)
+        seen = await self.reader.seen_time(key)
         time = now()
         await self._blobs.put(
             key, json.dumps({"replica_id": replica_id, "seen_time": time.isoformat()}).encode()
@@ -221,5 +206,5 @@ class ReplicaStatusStore:
             update_time=now(),
         )
         await self._blobs.put(key, json.dumps(status.to_json()).encode())
-        self._reader.forget(key)
+        self.reader.forget(key)
         return status

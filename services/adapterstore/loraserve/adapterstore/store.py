@@ -380,7 +380,7 @@ class AdapterStore:
         """A page of live replicas' statuses, cut by `size_of` (the encoded size) at
         `max_page_bytes`; see statusreads.py."""
         self._check_started()
-        return await self._statuses.page(
+        return await self._statuses.reader.page(
             name, page_size, page_token, self._settings.max_page_bytes, size_of
         )
 
