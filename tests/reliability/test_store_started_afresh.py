@@ -120,14 +120,15 @@ async def test_pins_of_a_deleted_generation_go_when_a_relist_shows_the_name_rebo
     s3_bucket: S3Bucket,
     tmp_path: Path,
 ) -> None:
-    # A snapshot every 10 commits keeps only the newest entry: a watch that was cut
-    # off resumes into pruned seqs (OUT_OF_RANGE) and lists again.
+    # A snapshot every 10 commits keeps only the newest entry, and the store is
+    # restarted (no changes in its memory): the watch that was cut off resumes into
+    # pruned seqs (OUT_OF_RANGE) and lists again, where the delete does not show.
     short_log = ("--snapshot-every", "10", "--log-retention", "1")
+    port = free_port()
     reborn = tiny_adapter(seed=3)
     async with (
-        store_process(s3_bucket, tmp_path / "store.log", extra=short_log) as store,
-        store_stub(store.address) as stub,
-        tcp_proxy(store.port) as proxy,
+        store_process(s3_bucket, tmp_path / "store-1.log", port=port, extra=short_log) as first,
+        tcp_proxy(port) as proxy,
         inference_app(
             vllm_engine,
             model_dir=tiny_model_dir,
@@ -135,21 +136,24 @@ async def test_pins_of_a_deleted_generation_go_when_a_relist_shows_the_name_rebo
             cache_dir=tmp_path / "cache",
         ) as inference,
     ):
-        for seed in (1, 2):
-            await push(stub, "x", adapter_files(tiny_adapter(seed=seed)))
-        await eventually(lambda: _is_current(inference, "x", 2), "x@2 routed", GUARD_S)
-        assert (await inference.generate("x@1", 4))[0] == 1  # pinned now
-        proxy.cut()
-        await stub.DeleteAdapter(store_pb.DeleteAdapterRequest(name="x"))
-        await push(stub, "x", adapter_files(reborn))
-        for seed in range(10, 20):
-            await push(stub, "filler", adapter_files(tiny_adapter(seed=seed)))
+        async with store_stub(first.address) as stub:
+            for seed in (1, 2):
+                await push(stub, "x", adapter_files(tiny_adapter(seed=seed)))
+            await eventually(lambda: _is_current(inference, "x", 2), "x@2 routed", GUARD_S)
+            assert (await inference.generate("x@1", 4))[0] == 1  # pinned now
+            proxy.cut()
+            await stub.DeleteAdapter(store_pb.DeleteAdapterRequest(name="x"))
+            await push(stub, "x", adapter_files(reborn))
+            for seed in range(10, 20):
+                await push(stub, "filler", adapter_files(tiny_adapter(seed=seed)))
         await eventually(lambda: _pruned(s3_bucket, 3), "the delete's entry pruned", GUARD_S)
-        proxy.restore()
-        await eventually(lambda: _is_current(inference, "x", 3), "x@3 routed", GUARD_S)
-        pinned_old = await _generate_code(inference, "x@1")
-        held = await inference.statuses("x")
-        revision, tokens = await inference.generate("x", 8)
+        await first.kill_group()
+        async with store_process(s3_bucket, tmp_path / "store-2.log", port=port, extra=short_log):
+            proxy.restore()
+            await eventually(lambda: _is_current(inference, "x", 3), "x@3 routed", GUARD_S)
+            pinned_old = await _generate_code(inference, "x@1")
+            held = await inference.statuses("x")
+            revision, tokens = await inference.generate("x", 8)
     expected = await asyncio.to_thread(greedy_tokens, tiny_model_dir, reborn, PROMPT, 8)
     assert pinned_old == grpc.StatusCode.NOT_FOUND
     assert 1 not in held
