@@ -1,17 +1,18 @@
 """The streaming front's cost per token, steady state: a closed loop over each front.
 
-    python -m bench.stream_probe [--arms grpc,client,openai,vllm,sdk] [--clients 32]
+    python -m bench.stream_probe [--arms grpc,client,openai,vllm,sdk,grpc@8,...] [--clients 32]
         [--max-tokens 64] [--warmup 4] [--window 15] [--rounds 1] [--stream-interval N]
-        [--profile DIR] [--loraserve-pythonpath PATH] [--json OUT]
+        [--profile DIR] [--loraserve NAME=PYTHONPATH ...] [--json OUT]
     python -m bench.stream_probe summarize PROFILE.txt     # a py-spy raw profile, by frame
 
-One `inference serve` (gRPC and its OpenAI front, one engine) and, for the `vllm` and `sdk`
-arms, `vllm serve` on the same model, 8 adapters and engine flags. Each arm is a closed
-loop: `--clients` streams, each sending its next request (greedy, ignore_eos, 16 prompt
-token ids, `--max-tokens` out, adapters round robin) as soon as the last one ended. After
-`--warmup` seconds a window of `--window` seconds is measured: tokens and messages that
-arrived in it, the CPU seconds of the server's own process (psutil, children excluded:
-vLLM's engine core is a child, so this is the front alone) and of this process (the
+One `inference serve` (gRPC and its OpenAI front, one engine; one per `--loraserve`
+variant) and, for the `vllm` and `sdk` arms, `vllm serve` on the same model, 8 adapters
+and engine flags. Each arm is a closed loop: `--clients` streams (ARM@N: N), each sending
+its next request (greedy, ignore_eos, 16 prompt token ids, `--max-tokens` out, adapters
+round robin) as soon as the last one ended. After `--warmup` seconds a window of
+`--window` seconds is measured: tokens and messages that arrived in it, the CPU seconds
+of the server's own process (psutil, children excluded: vLLM's engine core is a child, so
+this is the front alone), of its main thread (the event loop) and of this process (the
 client), per 1,000 tokens; TTFT and inter-message gap p50 of requests inside it.
 
 Arms: `grpc` the raw generated stub (one message per token: the tokens/message column
@@ -26,24 +27,23 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import collections
 import contextlib
 import json
 import os
-import re
 import signal
 import sys
 import tempfile
 import time
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import aiohttp
 import grpc
+import psutil
 
-from bench import baselines, procs
+from bench import baselines, procs, spy_summary
 from bench.calls import grpc_caller, openai_caller
 from bench.openai_front import _cpu as process_cpu
 from bench.stack import ENGINE_ENV, RANK, Stack, tenant
@@ -69,6 +69,9 @@ class Window:
     tokens: int = 0
     messages: int = 0
     server_cpu_s: float = 0.0
+    # Of which the server's main thread: its event loop (grpc's poller, vLLM's and
+    # asyncio's worker threads are the rest).
+    loop_cpu_s: float = 0.0
     engine_cpu_s: float = 0.0
     client_cpu_s: float = 0.0
     errors: int = 0
@@ -81,6 +84,7 @@ class Window:
             "tokens_per_s": self.tokens / self.seconds,
             "tokens_per_message": self.tokens / max(self.messages, 1),
             "server_cpu_ms_per_1k_tokens": self.server_cpu_s * per_k * 1000,
+            "loop_cpu_ms_per_1k_tokens": self.loop_cpu_s * per_k * 1000,
             "engine_cpu_ms_per_1k_tokens": self.engine_cpu_s * per_k * 1000,
             "client_cpu_ms_per_1k_tokens": self.client_cpu_s * per_k * 1000,
             "ttft_p50_ms": percentile(self.ttft_s, 0.5) * 1000 if self.ttft_s else 0.0,
@@ -162,10 +166,12 @@ async def measure(
     try:
         await asyncio.sleep(warmup)
         server0, engine0 = process_cpu(pid)
+        loop0 = _main_thread_cpu(pid)
         client0, bounds[0] = time.process_time(), time.monotonic()
         bounds[1] = bounds[0] + window
         await asyncio.sleep(window)
         server1, engine1 = process_cpu(pid)
+        loop1 = _main_thread_cpu(pid)
         client1, end = time.process_time(), time.monotonic()
     finally:
         for task in workers:
@@ -173,8 +179,16 @@ async def measure(
         await asyncio.gather(*workers, return_exceptions=True)
     seen.seconds = end - bounds[0]
     seen.server_cpu_s, seen.engine_cpu_s = server1 - server0, engine1 - engine0
+    seen.loop_cpu_s = loop1 - loop0
     seen.client_cpu_s = client1 - client0
     return seen
+
+
+def _main_thread_cpu(pid: int) -> float:
+    for thread in psutil.Process(pid).threads():
+        if thread.id == pid:
+            return float(thread.user_time + thread.system_time)
+    return 0.0
 
 
 @contextlib.asynccontextmanager
@@ -196,88 +210,129 @@ async def py_spy(pid: int, out: Path | None, seconds: float) -> AsyncIterator[No
         await asyncio.wait_for(spy.wait(), 60)
 
 
-async def start_servers(stack: Stack, arms: Sequence[str], pythonpath: str) -> dict[str, Any]:
-    """`inference serve` (gRPC + OpenAI front) and, if an arm needs it, `vllm serve`."""
+@dataclass(frozen=True)
+class Loraserve:
+    """One `inference serve` under test: its name in the arms, process and HTTP front."""
+
+    name: str
+    child: procs.Child
+    openai_url: str
+
+
+async def start_servers(
+    stack: Stack, variants: dict[str, str], need_vllm: bool
+) -> tuple[list[Loraserve], procs.Child | None]:
+    """Each variant's `inference serve` (gRPC + OpenAI front; its code from the variant's
+    PYTHONPATH, "" for this checkout) and, if asked, `vllm serve`; all ready."""
     await stack.start_store()
     for name in ADAPTERS:
         await stack.push(name)
-    grpc_port, http_port = free_port(), free_port()
-    argv = stack._argv("loraserve", grpc_port, ENGINE, http_port)
-    env = {**ENGINE_ENV, **({"PYTHONPATH": pythonpath} if pythonpath else {})}
-    lora = procs.start_inference(stack.logs, "loraserve", argv, f"127.0.0.1:{grpc_port}", env)
-    stack.children.append(lora)
-    found: dict[str, Any] = {"loraserve": lora, "openai_url": f"http://127.0.0.1:{http_port}"}
-    waits = [procs.wait_serving(lora, stack.logs, 600)]
-    if {"vllm", "sdk"} & set(arms):
+    servers, waits = [], []
+    for name, pythonpath in variants.items():
+        grpc_port, http_port = free_port(), free_port()
+        argv = stack._argv(name, grpc_port, ENGINE, http_port)
+        env = {**ENGINE_ENV, **({"PYTHONPATH": pythonpath} if pythonpath else {})}
+        child = procs.start_inference(stack.logs, name, argv, f"127.0.0.1:{grpc_port}", env)
+        stack.children.append(child)
+        servers.append(Loraserve(name, child, f"http://127.0.0.1:{http_port}"))
+        waits.append(procs.wait_serving(child, stack.logs, 600))
+    vllm = None
+    if need_vllm:
         adapters = {name: stack.adapters[name] for name in ADAPTERS}
         serve_argv = stack.argv("vllm-serve", free_port(), ENGINE)
         vllm = baselines.start_serve(stack.logs, serve_argv, adapters, ENGINE_ENV)
         stack.children.append(vllm)
-        found["vllm"] = vllm
         waits.append(baselines.http_ready(vllm, stack.logs, 600))
     await asyncio.gather(*waits)
-    return found
+    return servers, vllm
+
+
+Arms = dict[str, tuple[Caller, int]]
+
+
+async def open_arms(
+    exits: contextlib.AsyncExitStack,
+    servers: Sequence[Loraserve],
+    vllm: procs.Child | None,
+    stream_interval: int,
+) -> Arms:
+    """Every arm's caller and the pid of the server it measures; loraserve's arms are
+    named ARM:VARIANT when more than one variant runs."""
+    http = await exits.enter_async_context(
+        aiohttp.ClientSession(
+            connector=aiohttp.TCPConnector(limit=0), timeout=aiohttp.ClientTimeout(total=None)
+        )
+    )
+    arms: Arms = {}
+    for server in servers:
+        suffix = f":{server.name}" if len(servers) > 1 else ""
+        pid = server.child.process.pid
+        channel = await exits.enter_async_context(grpc.aio.insecure_channel(server.child.address))
+        client = await exits.enter_async_context(
+            InferenceClient(server.child.address, retry=RetryPolicy(max_attempts=1))
+        )
+        stub = pb_grpc.InferenceServiceStub(channel)
+        arms["grpc" + suffix] = (raw_grpc_caller(stub, stream_interval), pid)
+        arms["client" + suffix] = (grpc_caller(client), pid)
+        arms["openai" + suffix] = (openai_caller(http, server.openai_url, ""), pid)
+    if vllm is not None:
+        arms["vllm"] = (openai_caller(http, vllm.address, ""), vllm.process.pid)
+        arms["sdk"] = (sdk_caller(vllm.address), vllm.process.pid)
+    return arms
+
+
+async def run_rounds(
+    args: argparse.Namespace, arms: Arms, chosen: list[str]
+) -> dict[str, list[dict[str, float]]]:
+    """The rounds, arms rotating; with --profile, one more round under py-spy, kept out
+    of the figures."""
+    windows: dict[str, list[dict[str, float]]] = {arm: [] for arm in chosen}
+    profiled = [args.profile] if args.profile else []
+    for rnd, profile in enumerate([""] * args.rounds + profiled):
+        for arm in chosen[rnd % len(chosen) :] + chosen[: rnd % len(chosen)]:
+            name, _, clients = arm.partition("@")
+            call, pid = arms[name]
+            out = Path(profile) / f"{arm}.txt" if profile else None
+            if out is not None:
+                out.parent.mkdir(parents=True, exist_ok=True)
+            async with py_spy(pid, out, args.window + args.warmup):
+                seen = await measure(
+                    arm, call, pid, int(clients), args.max_tokens, args.warmup, args.window
+                )
+            figures = seen.figures()
+            if not profile:
+                windows[arm].append(figures)
+            label = "profiled" if profile else f"round {rnd + 1}"
+            print(f"{label} {arm}: " + _line(figures), flush=True)
+    return windows
 
 
 async def run(args: argparse.Namespace) -> dict[str, Any]:
-    arms = [a for a in args.arms.split(",") if a]
-    if unknown := set(arms) - set(ARMS):
+    variants = dict(v.partition("=")[::2] for v in args.loraserve) or {"loraserve": ""}
+    # ARM or ARM@CLIENTS; loraserve's arms once per variant (ARM:VARIANT@CLIENTS).
+    specs = [a.partition("@") for a in args.arms.split(",") if a]
+    kinds = {kind for kind, _, _ in specs}
+    if unknown := kinds - set(ARMS):
         raise SystemExit(f"unknown arms {sorted(unknown)}; known: {', '.join(ARMS)}")
+    suffixes = [f":{name}" for name in variants] if len(variants) > 1 else [""]
+    chosen = [
+        f"{kind}{suffix}@{clients or args.clients}"
+        for kind, _, clients in specs
+        for suffix in (suffixes if kind in ("grpc", "client", "openai") else [""])
+    ]
     stack = Stack(Path(args.results), Path(tempfile.mkdtemp(prefix="stream-probe-")))
-    windows: dict[str, list[dict[str, float]]] = {arm: [] for arm in arms}
     try:
         stack.build_models()
-        servers = await start_servers(stack, arms, args.loraserve_pythonpath)
-        lora_pid = servers["loraserve"].process.pid
-        channel = grpc.aio.insecure_channel(servers["loraserve"].address)
-        client = InferenceClient(servers["loraserve"].address, retry=RetryPolicy(max_attempts=1))
-        http = aiohttp.ClientSession(
-            connector=aiohttp.TCPConnector(limit=0), timeout=aiohttp.ClientTimeout(total=None)
-        )
-        vllm = servers.get("vllm")
-        stub = pb_grpc.InferenceServiceStub(channel)
-        makers: dict[str, tuple[Callable[[], Caller], int]] = {
-            "grpc": (lambda: raw_grpc_caller(stub, args.stream_interval), lora_pid),
-            "client": (lambda: grpc_caller(client), lora_pid),
-            "openai": (lambda: openai_caller(http, servers["openai_url"], ""), lora_pid),
-        }
-        if vllm is not None:
-            makers["vllm"] = (lambda: openai_caller(http, vllm.address, ""), vllm.process.pid)
-            makers["sdk"] = (lambda: sdk_caller(vllm.address), vllm.process.pid)
-        # With --profile, one more round under py-spy, kept out of the figures.
-        profiled = [args.profile] if args.profile else []
-        try:
-            for rnd, profile in enumerate([""] * args.rounds + profiled):
-                order = arms[rnd % len(arms) :] + arms[: rnd % len(arms)]
-                for arm in order:
-                    make, pid = makers[arm]
-                    out = Path(profile) / f"{arm}.txt" if profile else None
-                    if out is not None:
-                        out.parent.mkdir(parents=True, exist_ok=True)
-                    async with py_spy(pid, out, args.window + args.warmup):
-                        seen = await measure(
-                            arm,
-                            make(),
-                            pid,
-                            args.clients,
-                            args.max_tokens,
-                            args.warmup,
-                            args.window,
-                        )
-                    figures = seen.figures()
-                    if not profile:
-                        windows[arm].append(figures)
-                    label = "profiled" if profile else f"round {rnd + 1}"
-                    print(f"{label} {arm}: " + _line(figures), flush=True)
-        finally:
-            await http.close()
-            await client.close()
-            await channel.close()
+        servers, vllm = await start_servers(stack, variants, bool({"vllm", "sdk"} & kinds))
+        async with contextlib.AsyncExitStack() as exits:
+            arms = await open_arms(exits, servers, vllm, args.stream_interval)
+            windows = await run_rounds(args, arms, chosen)
     finally:
         await stack.close()
     summary = {
-        "workload": f"{args.clients} clients, {args.max_tokens} tokens/request, greedy, "
+        "workload": f"ARM@CLIENTS, {args.max_tokens} tokens/request, greedy, "
         f"{len(ADAPTERS)} adapters, warm-up {args.warmup} s, window {args.window} s",
+        "variants": variants,
         "stream_interval": args.stream_interval,
         "windows": windows,
         "medians": {
@@ -292,47 +347,12 @@ def _line(figures: dict[str, float]) -> str:
     return (
         f"{figures['tokens_per_s']:.0f} tok/s, {figures['tokens_per_message']:.2f} tok/msg, "
         f"CPU ms/1k tok: server {figures['server_cpu_ms_per_1k_tokens']:.1f} "
+        f"(loop {figures['loop_cpu_ms_per_1k_tokens']:.1f}) "
         f"engine {figures['engine_cpu_ms_per_1k_tokens']:.1f} "
         f"client {figures['client_cpu_ms_per_1k_tokens']:.1f}; "
         f"TTFT p50 {figures['ttft_p50_ms']:.1f} ms, gap p50 {figures['gap_p50_ms']:.1f} ms, "
         f"errors {figures['errors']:.0f}"
     )
-
-
-_FRAME = re.compile(r"^(?P<func>[^ ]+) \((?P<file>[^:]+)(?::\d+)?\)$")
-
-
-def summarize(path: Path, top: int = 25) -> str:
-    """A py-spy raw (collapsed) profile by frame: self and inclusive share of samples of
-    the thread that ran the event loop most, files shortened to package-relative."""
-    self_n: collections.Counter[str] = collections.Counter()
-    incl: collections.Counter[str] = collections.Counter()
-    total = 0
-    for line in path.read_text().splitlines():
-        stack, _, count = line.rpartition(" ")
-        if not stack or not count.isdigit():
-            continue
-        frames = [_short(f) for f in stack.split(";") if f]
-        total += int(count)
-        self_n[frames[-1]] += int(count)
-        for frame in set(frames):
-            incl[frame] += int(count)
-    rows = [f"{total} samples"]
-    rows += [f"self {n / total:6.1%}  {frame}" for frame, n in self_n.most_common(top)]
-    rows += [f"incl {n / total:6.1%}  {frame}" for frame, n in incl.most_common(top)]
-    return "\n".join(rows)
-
-
-def _short(frame: str) -> str:
-    match = _FRAME.match(frame.strip())
-    if match is None:
-        return frame.strip()
-    file = match["file"]
-    for marker in ("site-packages/", "loraserve/", "python3.11/"):
-        if marker in file:
-            file = file.split(marker, 1)[1]
-            break
-    return f"{match['func']} ({file})"
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -345,7 +365,14 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--rounds", type=int, default=1)
     parser.add_argument("--stream-interval", type=int, default=0, help="grpc arm's, 0: unset")
     parser.add_argument("--profile", default="", help="py-spy raw profiles here, one per arm")
-    parser.add_argument("--loraserve-pythonpath", default="", help="serve loraserve from here")
+    parser.add_argument(
+        "--loraserve",
+        action="append",
+        default=[],
+        metavar="NAME=PYTHONPATH",
+        help="a loraserve server to measure, its code from PYTHONPATH (empty: this checkout); "
+        "repeat for several, side by side (before/after); default one, this checkout",
+    )
     parser.add_argument("--json", default="", help="write the windows and medians here")
     parser.add_argument(
         "--results", default=os.path.join(tempfile.gettempdir(), "stream-probe"), help="logs here"
@@ -355,7 +382,7 @@ def _parser() -> argparse.ArgumentParser:
 
 if __name__ == "__main__":
     if sys.argv[1:2] == ["summarize"]:
-        print(summarize(Path(sys.argv[2])))
+        print(spy_summary.summarize(Path(sys.argv[2])))
     else:
         options = _parser().parse_args()
         found = asyncio.run(run(options))
