@@ -16,9 +16,10 @@ _IDLE_LEAVES = ("select (selectors.py)", "poll (selectors.py)")
 
 def summarize(path: Path, top: int = 25) -> str:
     """A py-spy raw (collapsed) profile of a server: the event-loop thread's busy samples
-    (those under run_forever, not waiting in select) by frame, self and inclusive.
+    (those under asyncio.Runner.run, not waiting in select) by frame, self and inclusive.
     Without --native, time in C and Cython (grpc's core, upb) counts as the self time of
-    the nearest Python frame: grpc's completions run under asyncio's Handle._run."""
+    the nearest Python frame: grpc's completions run under asyncio's Handle._run (or
+    Runner.run with uvloop), and a `context.write` counts to the frame awaiting it."""
     self_n: collections.Counter[str] = collections.Counter()
     incl: collections.Counter[str] = collections.Counter()
     busy = total = 0
@@ -28,7 +29,7 @@ def summarize(path: Path, top: int = 25) -> str:
             continue
         frames = [_short(f) for f in stack.split(";") if f]
         total += int(count)
-        if not any(f.startswith("BaseEventLoop.run_forever") for f in frames):
+        if not any(f.startswith("Runner.run ") for f in frames):
             continue
         if frames[-1].endswith(_IDLE_LEAVES):
             continue
