@@ -247,7 +247,7 @@ async def test_pinned_revision_is_served_beside_the_current_one(stack: Stack) ->
     assert current == (2, oracle(stack.model_dir, rev2_dir, SHORT))
 
 
-async def test_delete_stops_serving_the_name_and_reports_removed(stack: Stack) -> None:
+async def test_delete_stops_serving_the_name_and_its_status_with_it(stack: Stack) -> None:
     await stack.push("gone", stack.adapter(seed=31))
     await stack.served("gone", 1)
     await stack.store_stub.DeleteAdapter(store_pb.DeleteAdapterRequest(name="gone"))
@@ -258,9 +258,9 @@ async def test_delete_stops_serving_the_name_and_reports_removed(stack: Stack) -
     with pytest.raises(grpc.aio.AioRpcError) as err:
         await stack.generate("gone@1")
     assert err.value.code() is grpc.StatusCode.NOT_FOUND
-    status = await _replica_status(stack, "gone")
-    assert status is not None
-    assert (status.type, status.serving_revision) == (store_pb.REPORT_TYPE_REMOVED, 0)
+    with pytest.raises(grpc.aio.AioRpcError) as err:
+        await _replica_status(stack, "gone")
+    assert err.value.code() is grpc.StatusCode.NOT_FOUND
 
 
 async def test_rank_above_the_engine_limit_is_nacked_and_the_old_revision_keeps_serving(

@@ -38,6 +38,7 @@ from loraserve.testing.adapterfiles import tiny_adapter
 from loraserve.testing.grpc import serving
 from loraserve.testing.inference_fakes import FakeEngine
 from loraserve.testing.pushes import push_requests
+from loraserve.testing.statuses import report_request, routed
 from loraserve.testing.store import RunningStore
 from loraserve.testing.storecalls import store_stub
 
@@ -164,11 +165,8 @@ STORE_CALLS: dict[str, StoreCall] = {
     "status": lambda stub, name: stub.GetAdapterStatus(
         store_pb.GetAdapterStatusRequest(name=name), timeout=30
     ),
-    "report": lambda stub, name: stub.ReportStatus(
-        store_pb.ReportStatusRequest(
-            replica_id="r", adapter_name=name, revision=1, type=store_pb.REPORT_TYPE_ACK
-        ),
-        timeout=30,
+    "report": lambda stub, name: stub.ReportReplicaStatus(
+        report_request("r", {name: routed(1)}), timeout=30
     ),
 }
 

@@ -1,5 +1,6 @@
-"""What replicas report: only replica tokens may report, only about adapters and
-revisions that exist, and statuses of replicas that went quiet expire.
+"""What replicas report: only replica tokens may report, what they say of adapters and
+revisions the store does not hold is dropped, and statuses of replicas that went quiet
+expire.
 
 Real store servers in-process over real gRPC and S3 over HTTP (moto).
 """
@@ -13,12 +14,15 @@ from typing import Any
 import grpc
 import pytest
 
+from loraserve.adapterstore.status import shard_key
 from loraserve.adapterstore.v1 import adapterstore_pb2 as pb
 from loraserve.adapterstore.v1 import adapterstore_pb2_grpc as pb_grpc
 from loraserve.common.security import ClientSecurity, ServerSecurity, Token, secure_channel
+from loraserve.common.statusshards import shard_of
 from loraserve.testing.adapterfiles import tiny_adapter
 from loraserve.testing.pushes import push_requests
 from loraserve.testing.s3 import S3Bucket
+from loraserve.testing.statuses import report_request, routed
 from loraserve.testing.store import RunningStore, running_store
 from loraserve.testing.storecalls import push, rpc_code, store_stub
 
@@ -33,13 +37,12 @@ StubFactory = Callable[[str | None], Any]
 
 
 def ack(adapter: str = "served", revision: int = 1, replica: str = "inference-0") -> Any:
-    return pb.ReportStatusRequest(
-        replica_id=replica,
-        adapter_name=adapter,
-        revision=revision,
-        type=pb.REPORT_TYPE_ACK,
-        serving_revision=revision,
-    )
+    """A batched report of `replica` routing `adapter`@`revision`, loaded."""
+    return report_request(replica, {adapter: routed(revision)})
+
+
+def alive(replica: str = "inference-0") -> Any:
+    return pb.ReportReplicaAliveRequest(replica_id=replica)
 
 
 @pytest.fixture
@@ -65,24 +68,25 @@ async def stub_for(s3_bucket: S3Bucket) -> AsyncIterator[StubFactory]:
 
 
 async def test_reader_token_cannot_report_status(stub_for: StubFactory) -> None:
-    assert await rpc_code(stub_for(READER).ReportStatus(ack())) == grpc.StatusCode.PERMISSION_DENIED
+    assert (
+        await rpc_code(stub_for(READER).ReportReplicaStatus(ack()))
+        == grpc.StatusCode.PERMISSION_DENIED
+    )
     statuses = await stub_for(READER).GetAdapterStatus(pb.GetAdapterStatusRequest())
     assert list(statuses.statuses) == []
 
 
 async def test_writer_token_cannot_report_status(stub_for: StubFactory) -> None:
-    assert await rpc_code(stub_for(WRITER).ReportStatus(ack())) == grpc.StatusCode.PERMISSION_DENIED
+    assert (
+        await rpc_code(stub_for(WRITER).ReportReplicaStatus(ack()))
+        == grpc.StatusCode.PERMISSION_DENIED
+    )
 
 
 async def test_replica_token_reports_and_reads_but_cannot_write(stub_for: StubFactory) -> None:
     replica = stub_for(REPLICA)
-    assert await rpc_code(replica.ReportStatus(ack())) == grpc.StatusCode.OK
-    assert (
-        await rpc_code(
-            replica.ReportReplicaAlive(pb.ReportReplicaAliveRequest(replica_id="inference-0"))
-        )
-        == grpc.StatusCode.OK
-    )
+    assert await rpc_code(replica.ReportReplicaStatus(ack())) == grpc.StatusCode.OK
+    assert await rpc_code(replica.ReportReplicaAlive(alive())) == grpc.StatusCode.OK
     listed = await replica.ListAdapters(pb.ListAdaptersRequest())
     pushed = replica.PushAdapter(push_requests("sneaky", tiny_adapter()))
     assert [a.name for a in listed.adapters] == ["served"]
@@ -99,21 +103,29 @@ async def store(s3_bucket: S3Bucket) -> AsyncIterator[RunningStore]:
         yield running
 
 
-async def test_report_about_an_adapter_that_does_not_exist_is_not_found(
+async def test_report_about_an_adapter_that_does_not_exist_is_dropped(
     store: RunningStore,
 ) -> None:
     async with store_stub(store.address) as stub:
-        code = await rpc_code(stub.ReportStatus(ack("never-pushed")))
+        code = await rpc_code(stub.ReportReplicaStatus(ack("never-pushed")))
         statuses = await stub.GetAdapterStatus(pb.GetAdapterStatusRequest())
-    assert code == grpc.StatusCode.NOT_FOUND
+    assert code == grpc.StatusCode.OK
     assert list(statuses.statuses) == []
 
 
-async def test_ack_of_a_revision_that_does_not_exist_is_not_found(store: RunningStore) -> None:
+async def test_report_of_a_revision_that_does_not_exist_keeps_only_the_real_ones(
+    store: RunningStore,
+) -> None:
     async with store_stub(store.address) as stub:
         await push(stub, "served", tiny_adapter())
-        code = await rpc_code(stub.ReportStatus(ack("served", revision=7)))
-    assert code == grpc.StatusCode.NOT_FOUND
+        await stub.ReportReplicaStatus(ack("served", revision=7))
+        response = await stub.GetAdapterStatus(pb.GetAdapterStatusRequest(name="served"))
+    [status] = response.statuses
+    assert (status.replica_id, status.serving_revision, list(status.revisions)) == (
+        "inference-0",
+        0,
+        [],
+    )
 
 
 async def test_report_about_an_adapter_pushed_through_another_store_is_accepted(
@@ -126,7 +138,7 @@ async def test_report_about_an_adapter_pushed_through_another_store_is_accepted(
         store_stub(b.address) as stub_b,
     ):
         await push(stub_a, "elsewhere", tiny_adapter())
-        assert await rpc_code(stub_b.ReportStatus(ack("elsewhere"))) == grpc.StatusCode.OK
+        assert await rpc_code(stub_b.ReportReplicaStatus(ack("elsewhere"))) == grpc.StatusCode.OK
 
 
 @pytest.mark.parametrize("replica_id", ["", "-leading-dash", "has/slash", "x" * 129])
@@ -135,46 +147,35 @@ async def test_malformed_replica_id_is_invalid_argument(
 ) -> None:
     async with store_stub(store.address) as stub:
         await push(stub, "served", tiny_adapter())
-        report = await rpc_code(stub.ReportStatus(ack(replica=replica_id)))
-        alive = await rpc_code(
-            stub.ReportReplicaAlive(pb.ReportReplicaAliveRequest(replica_id=replica_id))
-        )
-    assert (report, alive) == (grpc.StatusCode.INVALID_ARGUMENT,) * 2
+        report = await rpc_code(stub.ReportReplicaStatus(ack(replica=replica_id)))
+        sign = await rpc_code(stub.ReportReplicaAlive(alive(replica_id)))
+    assert (report, sign) == (grpc.StatusCode.INVALID_ARGUMENT,) * 2
 
 
-async def test_removed_status_of_a_deleted_adapter_is_shown_then_expires_while_its_replica_lives(
+async def test_deleted_adapter_leaves_the_report_of_a_live_replica_and_its_shard(
     s3_bucket: S3Bucket,
 ) -> None:
     async with (
-        running_store(s3_bucket, status_ttl_s=2.0) as store,
+        running_store(s3_bucket) as store,
         store_stub(store.address) as stub,
     ):
         await push(stub, "gone", tiny_adapter())
-        await stub.ReportReplicaAlive(pb.ReportReplicaAliveRequest(replica_id="inference-0"))
-        await stub.ReportStatus(ack("gone"))
+        await stub.ReportReplicaStatus(ack("gone"))
+        before = await stub.GetAdapterStatus(pb.GetAdapterStatusRequest(name="gone"))
         await stub.DeleteAdapter(pb.DeleteAdapterRequest(name="gone"))
-        await stub.ReportStatus(
-            pb.ReportStatusRequest(
+        # The replica's next report of that shard no longer names the adapter.
+        await stub.ReportReplicaStatus(
+            pb.ReportReplicaStatusRequest(
                 replica_id="inference-0",
-                adapter_name="gone",
-                revision=1,
-                type=pb.REPORT_TYPE_REMOVED,
+                report_interval_seconds=60,
+                shards=[pb.StatusShard(index=shard_of("gone"))],
             )
         )
-
-        async def shown() -> list[tuple[str, int]]:
-            await stub.ReportReplicaAlive(pb.ReportReplicaAliveRequest(replica_id="inference-0"))
-            response = await stub.GetAdapterStatus(pb.GetAdapterStatusRequest(name="gone"))
-            return [(s.replica_id, s.type) for s in response.statuses]
-
-        confirmed = now = await shown()
-        async with asyncio.timeout(GUARD_S):
-            while now:
-                await asyncio.sleep(0.1)
-                now = await shown()
+        after = await stub.GetAdapterStatus(pb.GetAdapterStatusRequest())
     keys = s3_bucket.keys()
-    assert confirmed == [("inference-0", pb.REPORT_TYPE_REMOVED)]
-    assert [k for k in keys if k.startswith("status/")] == []
+    assert [(s.replica_id, s.serving_revision) for s in before.statuses] == [("inference-0", 1)]
+    assert list(after.statuses) == []
+    assert [k for k in keys if k.startswith("fleet/")] == []
 
 
 async def test_statuses_of_a_replica_that_stopped_reporting_expire(s3_bucket: S3Bucket) -> None:
@@ -184,12 +185,11 @@ async def test_statuses_of_a_replica_that_stopped_reporting_expire(s3_bucket: S3
     ):
         await push(stub, "served", tiny_adapter())
         for replica in ("old-host", "new-host"):
-            await stub.ReportReplicaAlive(pb.ReportReplicaAliveRequest(replica_id=replica))
-            await stub.ReportStatus(ack(replica=replica))
+            await stub.ReportReplicaStatus(ack(replica=replica))
 
         async def live_replicas() -> list[str]:
             # new-host keeps sending signs of life; old-host went away after one report.
-            await stub.ReportReplicaAlive(pb.ReportReplicaAliveRequest(replica_id="new-host"))
+            await stub.ReportReplicaAlive(alive("new-host"))
             response = await stub.GetAdapterStatus(pb.GetAdapterStatusRequest())
             return [s.replica_id for s in response.statuses]
 
@@ -199,7 +199,9 @@ async def test_statuses_of_a_replica_that_stopped_reporting_expire(s3_bucket: S3
             while shown != ["new-host"]:
                 await asyncio.sleep(0.1)
                 shown = await live_replicas()
-        back = await stub.ReportReplicaAlive(pb.ReportReplicaAliveRequest(replica_id="old-host"))
+        back = await stub.ReportReplicaAlive(alive("old-host"))
     keys = s3_bucket.keys()
     assert not back.known, "a replica whose statuses expired is told to report again"
-    assert [k for k in keys if k.startswith("status/served/")] == ["status/served/new-host.json"]
+    assert [k for k in keys if k.startswith("fleet/")] == [
+        shard_key(shard_of("served"), "new-host")
+    ]

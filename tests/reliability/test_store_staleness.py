@@ -19,7 +19,8 @@ import pytest
 from grpc_health.v1 import health_pb2
 
 from loraserve.adapterstore.s3blobs import S3BlobStore
-from loraserve.clients.store import StoreClient, StoreClientSettings
+from loraserve.clients.replicareport import AdapterReport, RevisionReport, RevisionState
+from loraserve.clients.store import RolloutSplit, StoreClient, StoreClientSettings
 from loraserve.common.manifest import Revision
 from loraserve.common.security import ClientSecurity
 from loraserve.inference.adapters import RegistryCounts
@@ -150,6 +151,30 @@ class _Registry:
     def held(self) -> dict[str, int]:
         # Revision seqs are not kept: nothing is ever taken for a deleted generation.
         return {}
+
+    def mark_failed(self, manifest: Revision, error: Exception) -> None:
+        raise AssertionError(f"{manifest.key} failed: {error}")
+
+    def set_rollout(self, name: str, split: RolloutSplit) -> None:
+        raise AssertionError(f"no rollout expected of {name}")
+
+    def end_rollout(self, name: str) -> None:
+        pass
+
+    async def install_candidate(self, name: str) -> None:
+        raise AssertionError(f"no rollout expected of {name}")
+
+    def split_of(self, name: str) -> RolloutSplit | None:
+        return None
+
+    def report(self, name: str) -> AdapterReport | None:
+        revision = self.current.get(name)
+        if revision is None:
+            return None
+        return AdapterReport(name, revision, (RevisionReport(revision, RevisionState.LOADED),))
+
+    def names(self) -> set[str]:
+        return set(self.current)
 
 
 async def test_sync_watching_a_store_that_stops_advancing_moves_to_a_healthy_one(

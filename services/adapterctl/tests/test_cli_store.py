@@ -12,13 +12,12 @@ import grpc
 
 from loraserve.adapterctl.cli import run
 from loraserve.adapterctl.failures import EXIT_FAILED, EXIT_NOT_ALLOWED
-from loraserve.adapterstore.v1 import adapterstore_pb2 as pb
 from loraserve.adapterstore.v1 import adapterstore_pb2_grpc as pb_grpc
 from loraserve.common.security import ServerSecurity, parse_tokens
 from loraserve.testing.badpushes import nested_json
 from loraserve.testing.ctl import buffers, ctl, output, write_adapter_dir
 from loraserve.testing.s3 import S3Bucket
-from loraserve.testing.statuses import MANY_REPLICAS, write_statuses
+from loraserve.testing.statuses import MANY_REPLICAS, refused, report_request, write_statuses
 from loraserve.testing.store import RunningStore, running_store
 from loraserve.testing.waiting import eventually
 
@@ -176,23 +175,16 @@ async def test_status_shows_each_replicas_serving_revision_and_error(
     await _push(store_server, "alpha", write_adapter_dir(tmp_path))
     async with grpc.aio.insecure_channel(store_server.address) as channel:
         stub = pb_grpc.AdapterStoreServiceStub(channel)
-        await stub.ReportStatus(
-            pb.ReportStatusRequest(
-                replica_id="replica-a",
-                adapter_name="alpha",
-                revision=1,
-                type=pb.REPORT_TYPE_NACK,
-                error=pb.ErrorStatus(code=9, message="rank 64 exceeds max_lora_rank 16"),
-                serving_revision=0,
-            )
-        )
+        reason = "rank 64 exceeds max_lora_rank 16"
+        await stub.ReportReplicaStatus(report_request("replica-a", {"alpha": refused(1, reason)}))
     result = await ctl("status", "alpha", env=_env(store_server))
     assert result.code == 0, result.err
     [row] = result.out.splitlines()[1:]
     assert row.startswith("alpha")
     assert "replica-a" in row
-    assert "NACK alpha@1" in row
-    assert "FAILED_PRECONDITION: rank 64 exceeds max_lora_rank 16" in row
+    assert "live" in row
+    assert "1 FAILED" in row
+    assert "@1 FAILED_PRECONDITION: rank 64 exceeds max_lora_rank 16" in row
     data = json.loads((await ctl("status", "alpha", "--json", env=_env(store_server))).out)
     assert data["statuses"][0]["type"] == "REPORT_TYPE_NACK"
 

@@ -19,6 +19,7 @@ from loraserve.testing.adapterstore import StoreServer, serve_store
 from loraserve.testing.badpushes import BAD_PUSHES, BadPush
 from loraserve.testing.pushes import push_requests
 from loraserve.testing.s3 import S3Bucket
+from loraserve.testing.statuses import report_request
 from loraserve.testing.storecalls import keys_under
 
 GUARD_S = 30
@@ -214,39 +215,60 @@ async def test_commits_of_another_store_reach_this_stores_watchers(s3_bucket: S3
     assert [(e.seq, e.revision.revision) for e in events] == [(1, 1), (2, 2)]
 
 
+def _replica_report(name: str, *revisions: pb.RevisionStatus) -> pb.ReportReplicaStatusRequest:
+    """inference-0's report of `name`, serving its revision 1."""
+    report = pb.AdapterReport(serving_revision=1, revisions=revisions)
+    return report_request("inference-0", {name: report})
+
+
 async def test_replica_status_reported_to_one_store_is_read_from_another(
     s3_bucket: S3Bucket,
 ) -> None:
     async with serve_store(s3_bucket) as a, serve_store(s3_bucket) as b:
-        for seed in range(3):
+        for seed in range(2):
             await _push(a.stub, "x", tiny_adapter(seed=seed))
-        nack = pb.ReportStatusRequest(
-            replica_id="inference-0",
-            adapter_name="x",
+        routed = pb.RevisionStatus(revision=1, state=pb.REVISION_SERVING_STATE_ROUTED)
+        first = await a.stub.ReportReplicaStatus(_replica_report("x", routed))
+        after_route = await b.stub.GetAdapterStatus(pb.GetAdapterStatusRequest(name="x"))
+        nack = pb.RevisionStatus(
             revision=2,
-            type=pb.REPORT_TYPE_NACK,
+            state=pb.REVISION_SERVING_STATE_FAILED,
             error=pb.ErrorStatus(code=9, message="rank 64 > max_lora_rank 16"),
-            serving_revision=1,
         )
-        await a.stub.ReportStatus(nack)
-        after_nack = await b.stub.GetAdapterStatus(pb.GetAdapterStatusRequest(name="x"))
-        ack = pb.ReportStatusRequest(
-            replica_id="inference-0",
-            adapter_name="x",
-            revision=3,
-            type=pb.REPORT_TYPE_ACK,
-            serving_revision=3,
-        )
-        await b.stub.ReportStatus(ack)
-        after_ack = await a.stub.GetAdapterStatus(pb.GetAdapterStatusRequest())
-    (status,) = after_nack.statuses
-    assert (status.serving_revision, status.type, status.last_error.code) == (
+        second = await b.stub.ReportReplicaStatus(_replica_report("x", routed, nack))
+        after_nack = await a.stub.GetAdapterStatus(pb.GetAdapterStatusRequest())
+    assert (first.known, second.known) == (False, True)
+    (status,) = after_route.statuses
+    assert (status.replica_id, status.liveness, status.serving_revision) == (
+        "inference-0",
+        pb.REPLICA_LIVENESS_LIVE,
         1,
-        pb.REPORT_TYPE_NACK,
-        9,
     )
-    (status,) = after_ack.statuses
-    assert (status.serving_revision, status.HasField("last_error")) == (3, False)
+    assert [(r.revision, r.state) for r in status.revisions] == [
+        (1, pb.REVISION_SERVING_STATE_ROUTED)
+    ]
+    (status,) = after_nack.statuses
+    assert [(r.revision, r.state, r.error.code) for r in status.revisions] == [
+        (1, pb.REVISION_SERVING_STATE_ROUTED, 0),
+        (2, pb.REVISION_SERVING_STATE_FAILED, 9),
+    ]
+    assert (status.type, status.last_error.message) == (
+        pb.REPORT_TYPE_NACK,
+        "rank 64 > max_lora_rank 16",
+    )
+
+
+async def test_single_adapter_report_of_an_earlier_replica_is_refused_naming_the_upgrade(
+    server: StoreServer,
+) -> None:
+    await _push(server.stub, "x", tiny_adapter())
+    report = pb.ReportStatusRequest(
+        replica_id="inference-0", adapter_name="x", revision=1, type=pb.REPORT_TYPE_ACK
+    )
+    with pytest.raises(grpc.aio.AioRpcError) as caught:
+        await server.stub.ReportStatus(report)
+    assert caught.value.code() == grpc.StatusCode.FAILED_PRECONDITION
+    assert "ReportReplicaStatus" in str(caught.value.details())
 
 
 async def test_download_of_unknown_adapter_is_not_found(server: StoreServer) -> None:

@@ -15,6 +15,7 @@ from loraserve.testing.adapterfiles import AdapterFiles, lora_config, tiny_adapt
 from loraserve.testing.adapterstore import StoreServer, serve_store
 from loraserve.testing.pushes import push_requests
 from loraserve.testing.s3 import S3Bucket
+from loraserve.testing.statuses import refused, report_request
 
 # gRPC's default receive limit, which the test channel keeps: every page must fit it.
 DEFAULT_RECEIVE_LIMIT = 4 * 1024 * 1024
@@ -64,15 +65,11 @@ async def test_overlong_base_model_in_the_config_is_invalid_argument(server: Sto
 
 async def test_nack_reason_over_the_limit_is_invalid_argument(server: StoreServer) -> None:
     await _push(server.stub, "nacked", tiny_adapter())
-    request = pb.ReportStatusRequest(
-        replica_id="replica-1",
-        adapter_name="nacked",
-        revision=1,
-        type=pb.REPORT_TYPE_NACK,
-        error=pb.ErrorStatus(code=9, message="r" * (MAX_ERROR_MESSAGE_BYTES + 1)),
+    request = report_request(
+        "replica-1", {"nacked": refused(1, "r" * (MAX_ERROR_MESSAGE_BYTES + 1))}
     )
     with pytest.raises(grpc.aio.AioRpcError) as caught:
-        await server.stub.ReportStatus(request)
+        await server.stub.ReportReplicaStatus(request)
     assert caught.value.code() == grpc.StatusCode.INVALID_ARGUMENT
     assert "error.message" in (caught.value.details() or "")
     status = await server.stub.GetAdapterStatus(pb.GetAdapterStatusRequest(name="nacked"))

@@ -12,11 +12,15 @@ import pytest
 
 from loraserve.adapterstore.v1 import adapterstore_pb2 as pb
 from loraserve.adapterstore.v1 import adapterstore_pb2_grpc as pb_grpc
+from loraserve.clients.replicareport import (
+    AdapterReport,
+    RevisionReport,
+    RevisionState,
+    StatusBatch,
+)
 from loraserve.clients.store import (
     EventKind,
     FileChunk,
-    Report,
-    ReportKind,
     StoreClient,
     StoreClientSettings,
     StoreEvent,
@@ -24,6 +28,7 @@ from loraserve.clients.store import (
 from loraserve.common.errors import NotFound, Unavailable
 from loraserve.common.manifest import Revision
 from loraserve.common.security import ClientSecurity
+from loraserve.common.statusshards import shard_of
 from loraserve.testing.adapterfiles import tiny_adapter
 from loraserve.testing.pushes import push_requests
 from loraserve.testing.store import RunningStore
@@ -111,9 +116,9 @@ async def test_nack_reaches_the_stores_status_with_code_and_reason(
     client: StoreClient, store_stub: pb_grpc.AdapterStoreServiceStub
 ) -> None:
     await push(store_stub, "a")
-    await client.report(
-        Report("a", 1, ReportKind.NACK, 0, error_code=9, error_message="rank 64 > 16")
-    )
+    failed = RevisionReport(1, RevisionState.FAILED, error_code=9, error_message="rank 64 > 16")
+    batch = StatusBatch(0, "", 60.0, {shard_of("a"): (AdapterReport("a", 0, (failed,)),)})
+    assert await client.report_status(batch) is False
     response = await store_stub.GetAdapterStatus(pb.GetAdapterStatusRequest(name="a"))
     [status] = response.statuses
     assert (status.replica_id, status.type, status.reported_revision) == (
@@ -121,7 +126,12 @@ async def test_nack_reaches_the_stores_status_with_code_and_reason(
         pb.REPORT_TYPE_NACK,
         1,
     )
-    assert (status.last_error.code, status.last_error.message) == (9, "rank 64 > 16")
+    [revision] = status.revisions
+    assert (revision.state, revision.error.code, revision.error.message) == (
+        pb.REVISION_SERVING_STATE_FAILED,
+        9,
+        "rank 64 > 16",
+    )
 
 
 async def test_store_that_is_not_there_is_unavailable() -> None:

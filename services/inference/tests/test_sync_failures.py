@@ -9,10 +9,12 @@ import asyncio
 
 import pytest
 
-from loraserve.clients.store import Heartbeat, ReportKind
+from loraserve.clients.replicareport import RevisionState
+from loraserve.clients.store import Heartbeat
 from loraserve.common.errors import DataLoss, FailedPrecondition, NotFound, Unavailable
 from loraserve.inference.sync import Synchronizer, SyncSettings
-from loraserve.testing.sync_fakes import Harness, listing, pushed, running
+from loraserve.testing.sync_fakes import Harness, running
+from loraserve.testing.sync_store import listing, pushed
 from loraserve.testing.waiting import eventually
 
 
@@ -63,9 +65,8 @@ async def test_incompatible_revision_is_nacked_once_with_its_reason_and_old_keep
         await h.started()
         h.feed(stream, pushed(2, "a", 2), Heartbeat(2))
         await h.settled(2)
-        nack = h.store.reports[-1]
-        assert (nack.kind, nack.revision, nack.serving_revision) == (ReportKind.NACK, 2, 1)
-        assert (nack.error_code, nack.error_message) == (9, "rank 64 above max_lora_rank 16")
+        await h.reported("a", (1, {1: RevisionState.LOADED, 2: RevisionState.FAILED}))
+        assert h.store.failure_of("a", 2) == (9, "rank 64 above max_lora_rank 16")
         assert h.registry.current["a"] == 1
         assert h.registry.installs.count(("a", 2, True)) == 1
 
@@ -78,7 +79,7 @@ async def test_corrupt_download_is_nacked_with_data_loss() -> None:
         await h.started()
         h.feed(stream, pushed(2, "a", 2))
         await h.settled(2)
-        assert h.store.reports[-1].error_code == 15
+        await eventually(lambda: h.store.failure_of("a", 2) == (15, "sha256 mismatch"), "NACK")
         assert h.registry.current["a"] == 1
 
 
@@ -90,8 +91,12 @@ async def test_unexpected_load_error_is_nacked_as_internal_and_sync_goes_on() ->
         await h.started()
         h.feed(stream, pushed(2, "a", 2), pushed(3, "b", 1))
         await h.settled(3)
-        assert h.store.reports_of(ReportKind.NACK) == [("a", 2)]
-        assert [r.error_code for r in h.store.reports if r.kind is ReportKind.NACK] == [13]
+        await eventually(lambda: h.store.failure_of("a", 2) is not None, "NACK of a@2")
+        assert h.store.failure_of("a", 2) == (
+            13,
+            "internal error loading the revision: RuntimeError",
+        )
+        await h.reported("b", (1, {1: RevisionState.LOADED}))
         assert h.registry.current == {"a": 1, "b": 1}
 
 
@@ -105,7 +110,7 @@ async def test_transient_fetch_failure_is_retried_until_it_loads() -> None:
         await h.settled(2)
         assert h.fetcher.calls.count(("a", 2)) == 3
         assert h.registry.installs.count(("a", 2, True)) == 1
-        assert h.store.reports_of(ReportKind.NACK) == []
+        await h.reported("a", (2, {2: RevisionState.LOADED}))
 
 
 async def test_revision_refused_before_the_registry_saw_it_is_listed_as_failed() -> None:
@@ -116,8 +121,8 @@ async def test_revision_refused_before_the_registry_saw_it_is_listed_as_failed()
         await h.started()
         h.feed(stream, pushed(2, "a", 2))
         await h.settled(2)
-        assert h.registry.failures == {("a", 2): "adapter a@2 has LoRA rank 64"}
-        assert h.store.reports_of(ReportKind.NACK) == [("a", 2)]
+        assert h.registry.failures == {("a", 2): (9, "adapter a@2 has LoRA rank 64")}
+        await eventually(lambda: h.store.failure_of("a", 2) is not None, "NACK of a@2")
 
 
 async def test_unknown_revision_is_nacked_not_found() -> None:
@@ -128,4 +133,4 @@ async def test_unknown_revision_is_nacked_not_found() -> None:
         await h.started()
         h.feed(stream, pushed(2, "a", 2))
         await h.settled(2)
-        assert h.store.reports[-1].error_code == 5
+        await eventually(lambda: h.store.failure_of("a", 2) == (5, "no revision a@2"), "NACK")

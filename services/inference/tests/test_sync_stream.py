@@ -7,10 +7,12 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from loraserve.clients.store import Heartbeat, ListedAdapter, Listing, ReportKind
+from loraserve.clients.replicareport import RevisionState
+from loraserve.clients.store import ListedAdapter, Listing
 from loraserve.common.errors import OutOfRange, Unavailable
 from loraserve.inference.sync import Synchronizer
-from loraserve.testing.sync_fakes import FAST, Harness, listing, manifest, pushed, running
+from loraserve.testing.sync_fakes import FAST, Harness, running
+from loraserve.testing.sync_store import listing, manifest, pushed
 from loraserve.testing.waiting import eventually
 
 
@@ -64,27 +66,29 @@ async def test_a_hole_in_the_event_seqs_lists_again() -> None:
         assert h.registry.current["a"] == 4
 
 
-async def test_report_that_fails_is_sent_again_after_reconnecting() -> None:
+async def test_report_that_fails_is_sent_again_at_the_next_flush() -> None:
     h = Harness(listing(1))
-    first = h.store.open_stream()
-    h.store.open_stream(Heartbeat(2))
+    stream = h.store.open_stream()
     async with running(h):
         await h.started()
+        await eventually(lambda: len(h.store.batches) == 1, "the first report")
         h.store.report_failures.append(Unavailable("store down"))
-        h.feed(first, pushed(2, "a", 1))
+        h.feed(stream, pushed(2, "a", 1))
         await h.settled(2)
-        assert h.store.reports == []
-        h.feed(first, Unavailable("connection reset"))
-        await eventually(lambda: h.store.reports_of(ReportKind.ACK) == [("a", 1)], "ACK resent")
+        await h.reported("a", (1, {1: RevisionState.LOADED}))
+        assert h.store.report_failures == []
 
 
 async def test_replica_reports_its_adapters_again_when_the_store_forgot_its_statuses() -> None:
     h = Harness(listing(1, ("a", 1), ("b", 2)))
-    h.sync = Synchronizer(h.store, h.registry, settings=replace(FAST, status_interval_s=0.001))
+    often = replace(FAST.reports, interval_s=0.01)
+    h.sync = Synchronizer(h.store, h.registry, settings=replace(FAST, reports=often))
     h.store.open_stream()
     async with running(h):
         await h.started()
-        await eventually(lambda: len(h.store.reports) == 2, "first ACKs")
+        await h.reported("a", (1, {1: RevisionState.LOADED}))
+        await h.reported("b", (2, {2: RevisionState.LOADED}))
+        h.store.shards.clear()
         h.store.known = [False]
-        await eventually(lambda: len(h.store.reports) == 4, "ACKs sent again")
-    assert sorted(h.store.reports_of(ReportKind.ACK)) == [("a", 1), ("a", 1), ("b", 2), ("b", 2)]
+        await h.reported("a", (1, {1: RevisionState.LOADED}))
+        await h.reported("b", (2, {2: RevisionState.LOADED}))

@@ -6,8 +6,9 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from loraserve.clients.store import Report, ReportKind
-from loraserve.testing.sync_fakes import FAST, Harness, listing, pushed, running
+from loraserve.clients.replicareport import RevisionState
+from loraserve.testing.sync_fakes import FAST, Harness, running
+from loraserve.testing.sync_store import listing, pushed
 
 NAMES = ("a", "b", "c", "d", "e")
 
@@ -46,7 +47,7 @@ async def test_new_revision_of_an_adapter_not_loaded_only_moves_its_route() -> N
         await h.settled(2)
         assert ("c", 2) not in h.fetcher.calls
         assert h.registry.targets["c"] == 2
-        assert h.store.reports_of(ReportKind.ACK) == [("a", 1)]
+        await h.reported("c", (2, {2: RevisionState.ROUTED}))
 
 
 async def test_new_revision_of_a_loaded_adapter_is_loaded_before_its_route_moves() -> None:
@@ -57,7 +58,7 @@ async def test_new_revision_of_a_loaded_adapter_is_loaded_before_its_route_moves
         h.feed(stream, pushed(2, "a", 2))
         await h.settled(2)
         assert h.registry.installs[-1] == ("a", 2, True)
-        assert h.store.reports[-1] == Report("a", 2, ReportKind.ACK, 2)
+        await h.reported("a", (2, {2: RevisionState.LOADED}))
 
 
 async def test_new_adapter_is_loaded_at_once_while_fewer_than_the_prefetch_count_are() -> None:

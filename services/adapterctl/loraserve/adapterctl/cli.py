@@ -10,7 +10,7 @@ import importlib
 import os
 import sys
 from collections.abc import Awaitable, Callable, Mapping, Sequence
-from typing import NoReturn
+from typing import Any, NoReturn
 
 import grpc
 import stamina.instrumentation
@@ -23,6 +23,7 @@ from loraserve.adapterctl.failures import (
     ServerError,
     UsageError,
 )
+from loraserve.adapterctl.fleet_wait_args import parse_wanted
 from loraserve.adapterctl.settings import (
     CtlSettings,
     add_connection_flags,
@@ -57,6 +58,11 @@ cmd_revisions = _lazy("read_commands", "cmd_revisions")
 cmd_watch = _lazy("read_commands", "cmd_watch")
 cmd_status = _lazy("read_commands", "cmd_status")
 cmd_generate = _lazy("generate", "cmd_generate")
+cmd_rollout_start = _lazy("rollout_commands", "cmd_rollout_start")
+cmd_rollout_set = _lazy("rollout_commands", "cmd_rollout_set")
+cmd_rollout_status = _lazy("rollout_commands", "cmd_rollout_status")
+cmd_rollout_promote = _lazy("rollout_commands", "cmd_rollout_promote")
+cmd_rollout_abort = _lazy("rollout_commands", "cmd_rollout_abort")
 
 EPILOG = """\
 environment:
@@ -68,9 +74,11 @@ environment:
 
 exit codes:
   0    success
-  1    the request failed: the server rejected it, or a confirmation was declined
+  1    the request failed: the server rejected it, a confirmation was declined, or
+       (--wait) an inference replica refused the revision
   2    usage error: bad flags, bad adapter name, unusable adapter directory
-  3    a server could not be reached in time (UNAVAILABLE, DEADLINE_EXCEEDED)
+  3    a server could not be reached in time (UNAVAILABLE, DEADLINE_EXCEEDED), or
+       (--wait) an inference replica did not answer in time
   4    not allowed: missing or invalid token, or a reader token used for a write
   130  interrupted (Ctrl-C)
 """
@@ -109,8 +117,31 @@ def build_parser(environ: Mapping[str, str]) -> argparse.ArgumentParser:
 
     _add_push(command)
     _add_store_commands(command)
+    _add_rollout(commands, common)
     _add_generate(command)
     return parser
+
+
+def _wanted(text: str) -> str:
+    """`--wait`'s value: all, or a number of replicas."""
+    try:
+        parse_wanted(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+    return text
+
+
+def _add_wait(parser: argparse.ArgumentParser, what: str) -> None:
+    parser.add_argument(
+        "--wait",
+        nargs="?",
+        const="all",
+        type=_wanted,
+        metavar="all|N",
+        help=f"then wait until every live inference replica (or N of them) {what}; "
+        "exit 1 naming each that refused it, 3 naming each that did not answer within "
+        "--timeout (default 120 s)",
+    )
 
 
 def _add_push(command: Command) -> None:
@@ -130,6 +161,7 @@ def _add_push(command: Command) -> None:
         action="store_true",
         help="keep running; publish a revision each time DIR settles after a change",
     )
+    _add_wait(push, "reports the revision routed or loaded")
     push.add_argument(
         "--settle",
         type=positive_float,
@@ -159,6 +191,7 @@ def _add_store_commands(command: Command) -> None:
         metavar="REV",
         help="only if REV is still the current revision (else ABORTED)",
     )
+    _add_wait(rollback, "reports the revision routed or loaded")
 
     delete = command("delete", cmd_delete, "delete an adapter and all its revisions")
     delete.add_argument("name", metavar="NAME", help="adapter name")
@@ -184,6 +217,89 @@ def _add_store_commands(command: Command) -> None:
     )
     status.add_argument(
         "name", metavar="NAME", nargs="?", default="", help="adapter name (default: every adapter)"
+    )
+
+
+def _add_rollout(commands: Any, common: argparse.ArgumentParser) -> None:
+    rollout = commands.add_parser(
+        "rollout",
+        help="canary rollouts: a share of an adapter's requests to another revision",
+        description="Canary rollouts of an adapter revision (see docs/adapterctl.md).",
+        allow_abbrev=False,
+    )
+    steps = rollout.add_subparsers(dest="rollout_command", required=True, metavar="STEP")
+
+    def step(name: str, handler: Handler, help_text: str, wait: str = "") -> Any:
+        sub = steps.add_parser(
+            name, parents=[common], help=help_text, description=help_text, allow_abbrev=False
+        )
+        sub.set_defaults(handler=handler)
+        sub.add_argument("name", metavar="NAME", help="adapter name")
+        if wait:
+            _add_wait(sub, wait)
+        return sub
+
+    start = step(
+        "start",
+        cmd_rollout_start,
+        "send a share of NAME's requests to revision REV",
+        "routes the candidate (or refuses it)",
+    )
+    start.add_argument("revision", metavar="REV", type=positive_int, help="candidate revision")
+    start.add_argument("--weight", type=float, required=True, help="percent to REV, 0 to 100")
+    _add_guard_flags(start)
+    weight = step("set", cmd_rollout_set, "change the share of NAME's rollout", "applies it")
+    weight.add_argument("--weight", type=float, required=True, help="percent, 0 to 100")
+    step("status", cmd_rollout_status, "the rollout of NAME, both arms' figures, why it ended")
+    step(
+        "promote",
+        cmd_rollout_promote,
+        "make the candidate current and end the rollout",
+        "applies it",
+    )
+    abort = step(
+        "abort",
+        cmd_rollout_abort,
+        "end the rollout; every request to the current revision",
+        "applies it",
+    )
+    abort.add_argument("--reason", default="", help="why, kept with the rollout")
+
+
+def _add_guard_flags(start: argparse.ArgumentParser) -> None:
+    guards = start.add_argument_group("guards: when the store aborts the rollout by itself")
+    guards.add_argument(
+        "--no-abort-on-nack",
+        dest="abort_on_nack",
+        action="store_false",
+        help="do not abort when a replica refuses the candidate (default: abort)",
+    )
+    guards.add_argument(
+        "--max-error-rate-margin",
+        type=float,
+        metavar="PP",
+        help="abort when the candidate's error rate exceeds the current's by more than PP "
+        "percentage points",
+    )
+    guards.add_argument(
+        "--max-ttft-p95-margin",
+        type=float,
+        metavar="PCT",
+        help="abort when the candidate's TTFT p95 exceeds the current's by more than PCT %%",
+    )
+    guards.add_argument(
+        "--window",
+        type=positive_float,
+        default=60.0,
+        metavar="SECONDS",
+        help="the figures' window (default 60)",
+    )
+    guards.add_argument(
+        "--min-requests",
+        type=positive_int,
+        default=20,
+        metavar="N",
+        help="requests each arm needs in the window before it is judged (default 20)",
     )
 
 

@@ -11,11 +11,19 @@ from collections.abc import Iterable, Sequence
 from datetime import UTC, datetime
 from typing import Any
 
+import grpc
 from google.protobuf.descriptor import FieldDescriptor
 from google.protobuf.message import Message
 from google.protobuf.timestamp_pb2 import Timestamp
 
 _TIMESTAMP = Timestamp.DESCRIPTOR.full_name
+# ErrorStatus carries google.rpc.Code numbers.
+_STATUS_NAMES = {code.value[0]: code.name for code in grpc.StatusCode}
+
+
+def status_code_name(code: int) -> str:
+    """A google.rpc code number's name, e.g. 9 -> FAILED_PRECONDITION."""
+    return _STATUS_NAMES.get(code, str(code))
 
 
 def message_to_json(message: Message) -> dict[str, Any]:

@@ -16,6 +16,7 @@ from loraserve.adapterctl.output import (
     format_size,
     format_time,
     message_to_json,
+    status_code_name,
     table,
 )
 from loraserve.adapterctl.push import validated_name
@@ -24,8 +25,6 @@ from loraserve.adapterstore.v1 import adapterstore_pb2 as pb
 from loraserve.clients.store import pages
 
 _PAGE_SIZE = 1000
-# ErrorStatus carries google.rpc.Code numbers.
-_STATUS_NAMES = {code.value[0]: code.name for code in grpc.StatusCode}
 
 
 async def cmd_list(args: argparse.Namespace, settings: CtlSettings, console: Console) -> int:
@@ -93,8 +92,8 @@ async def cmd_revisions(args: argparse.Namespace, settings: CtlSettings, console
 async def cmd_status(args: argparse.Namespace, settings: CtlSettings, console: Console) -> int:
     name = validated_name(args.name) if args.name else ""
     statuses: list[pb.ReplicaAdapterStatus] = []
-    # The store's default page (100): a page read cold costs a storage read per status,
-    # so small pages keep each call well inside its deadline.
+    # The store's default page (100): a page read cold costs a storage read per status
+    # shard it needs, so small pages keep each call well inside its deadline.
     request = pb.GetAdapterStatusRequest(name=name)
     async with connect_store(settings) as stub:
         async for page in pages(stub.GetAdapterStatus, request, settings.unary_timeout_s):
@@ -103,37 +102,41 @@ async def cmd_status(args: argparse.Namespace, settings: CtlSettings, console: C
         console.out(dumps({"statuses": [message_to_json(s) for s in statuses]}))
         return EXIT_OK
     if not statuses:
-        console.err(f"no replica has reported{f' on {name}' if name else ''} yet")
+        console.err("no live inference replica has reported to the store")
         return EXIT_OK
     rows = [
         (
             s.adapter_name,
             s.replica_id,
+            _liveness(s.liveness),
+            s.applied_seq,
             s.serving_revision or "-",
-            f"{_report_name(s.type)} {s.adapter_name}@{s.reported_revision}",
-            format_time(s.update_time),
-            _error_text(s.last_error) if s.HasField("last_error") else "",
+            ", ".join(_revision_text(r) for r in s.revisions) or "not reported",
+            format_time(s.seen_time),
+            "; ".join(
+                f"@{r.revision} {_error_text(r.error)}" for r in s.revisions if r.HasField("error")
+            ),
         )
         for s in statuses
     ]
-    console.out(
-        table(("ADAPTER", "REPLICA", "SERVING", "LAST REPORT", "REPORTED AT", "LAST ERROR"), rows)
-    )
+    headers = ("ADAPTER", "REPLICA", "LIVENESS", "APPLIED SEQ", "SERVING", "REVISIONS")
+    console.out(table((*headers, "LAST SEEN", "ERROR"), rows))
     return EXIT_OK
 
 
-def _report_name(report_type: int) -> str:
-    return pb.ReportType.Name(report_type).removeprefix("REPORT_TYPE_")
+def _liveness(liveness: int) -> str:
+    return pb.ReplicaLiveness.Name(liveness).removeprefix("REPLICA_LIVENESS_").lower()
+
+
+def _revision_text(status: pb.RevisionStatus) -> str:
+    state = pb.RevisionServingState.Name(status.state).removeprefix("REVISION_SERVING_STATE_")
+    return f"{status.revision} {state}{' (candidate)' if status.candidate else ''}"
 
 
 def _error_text(error: pb.ErrorStatus) -> str:
     if not error.code and not error.message:
         return ""
-    return f"{_status_code_name(error.code)}: {error.message}"
-
-
-def _status_code_name(code: int) -> str:
-    return _STATUS_NAMES.get(code, str(code))
+    return f"{status_code_name(error.code)}: {error.message}"
 
 
 async def cmd_watch(args: argparse.Namespace, settings: CtlSettings, console: Console) -> int:
@@ -176,6 +179,9 @@ def describe_event(event: pb.AdapterEvent) -> str:
         pb.EVENT_TYPE_CURRENT_REVISION_SET: "current-set",
         pb.EVENT_TYPE_ADAPTER_DELETED: "deleted",
     }.get(event.type, pb.EventType.Name(event.type))
+    if event.type == pb.EVENT_TYPE_ROLLOUT_CHANGED:
+        state = pb.RolloutState.Name(event.rollout.state).removeprefix("ROLLOUT_STATE_").lower()
+        what = f"rollout-{state} weight={event.rollout.weight:g}"
     ref = event.adapter_name
     if event.HasField("revision"):
         ref = f"{ref}@{event.revision.revision}"

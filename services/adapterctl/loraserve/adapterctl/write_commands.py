@@ -17,6 +17,7 @@ from loraserve.adapterctl.adapter_dir import AdapterFiles
 from loraserve.adapterctl.connection import connect_store
 from loraserve.adapterctl.console import Console
 from loraserve.adapterctl.failures import EXIT_FAILED, EXIT_OK, UsageError
+from loraserve.adapterctl.fleet_wait import wait_and_report
 from loraserve.adapterctl.output import dumps, message_to_json
 from loraserve.adapterctl.push import prepare_push, print_pushed, progress_for, validated_name
 from loraserve.adapterctl.settings import CtlSettings
@@ -30,6 +31,11 @@ if TYPE_CHECKING:
 async def cmd_push(args: argparse.Namespace, settings: CtlSettings, console: Console) -> int:
     name = validated_name(args.name)
     directory = Path(args.directory)
+    if args.wait is not None and (args.watch or args.no_promote):
+        raise UsageError(
+            "--wait waits for replicas to serve the new revision: it cannot go with "
+            f"--{'watch' if args.watch else 'no-promote'}"
+        )
     if args.watch:
         # Here, not at the top: watchdog's import is start-up time every plain push pays.
         from loraserve.adapterctl.watch_dir import watch_directory
@@ -58,6 +64,13 @@ async def cmd_push(args: argparse.Namespace, settings: CtlSettings, console: Con
             )
         finally:
             progress.finish()
+        if args.wait is not None:
+            # The revision first, for scripts; the replicas' answers after it.
+            if not settings.json:
+                print_pushed(console, settings, response)
+            target = (response.revision.revision, response.seq)
+            result = message_to_json(response)
+            return await wait_and_report(stub, settings, console, name, target, args.wait, result)
     print_pushed(console, settings, response)
     return EXIT_OK
 
@@ -123,10 +136,14 @@ async def cmd_rollback(args: argparse.Namespace, settings: CtlSettings, console:
     )
     async with connect_store(settings) as stub:
         response = await stub.SetCurrentRevision(request, timeout=settings.unary_timeout_s)
+        if not settings.json:
+            console.out(f"{name}@{response.adapter.current_revision}")
+        if args.wait is not None:
+            target = (args.revision, response.seq)
+            result = message_to_json(response)
+            return await wait_and_report(stub, settings, console, name, target, args.wait, result)
     if settings.json:
         console.out(dumps(message_to_json(response)))
-    else:
-        console.out(f"{name}@{response.adapter.current_revision}")
     return EXIT_OK
 
 

@@ -18,6 +18,7 @@ from collections.abc import Sequence
 from loraserve.adapterstore.changelog import ChangeLog
 from loraserve.adapterstore.health import follow_freshness
 from loraserve.adapterstore.metrics import StoreMetrics
+from loraserve.adapterstore.replicastatus import ReplicaStatusStore
 from loraserve.adapterstore.s3blobs import S3BlobStore
 from loraserve.adapterstore.servicer import (
     REPLICA_METHODS,
@@ -27,7 +28,6 @@ from loraserve.adapterstore.servicer import (
     register,
 )
 from loraserve.adapterstore.settings import AdapterStoreSettings, parse_settings
-from loraserve.adapterstore.status import ReplicaStatusStore
 from loraserve.adapterstore.store import AdapterStore
 from loraserve.common import retrylog
 from loraserve.common.errors import DataLoss, FailedPrecondition, LoraserveError, Unavailable

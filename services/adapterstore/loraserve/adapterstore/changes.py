@@ -9,7 +9,7 @@ commit.
 from __future__ import annotations
 
 from loraserve.adapterstore.logtypes import ChangeBuilder
-from loraserve.adapterstore.lookup import find_adapter, find_revision
+from loraserve.adapterstore.lookup import find_adapter, find_revision, refuse_during_rollout
 from loraserve.adapterstore.model import Change, ChangeType, StoreState, now
 from loraserve.adapterstore.push import PushHeader
 from loraserve.adapterstore.validation import LoraConfig
@@ -24,6 +24,8 @@ def revision_pushed(
 
     def build(state: StoreState, seq: int) -> Change:
         adapter = state.adapters.get(header.name)
+        if adapter is not None and not header.no_promote:
+            refuse_during_rollout(adapter, "promote or abort it first, or push with --no-promote")
         time = now()
         revision = Revision(
             adapter_name=header.name,
@@ -59,6 +61,7 @@ def current_set(name: str, revision: int, expected_current: int, actor: str) -> 
             )
         if adapter.current_revision == revision:
             return None
+        refuse_during_rollout(adapter, "promote or abort it before rolling back")
         return Change(seq, ChangeType.CURRENT_REVISION_SET, name, target, revision, now(), actor)
 
     return build
@@ -66,7 +69,7 @@ def current_set(name: str, revision: int, expected_current: int, actor: str) -> 
 
 def adapter_deleted(name: str, actor: str) -> ChangeBuilder:
     def build(state: StoreState, seq: int) -> Change:
-        find_adapter(state, name)
+        refuse_during_rollout(find_adapter(state, name), "abort it before deleting the adapter")
         return Change(seq, ChangeType.ADAPTER_DELETED, name, None, 0, now(), actor)
 
     return build

@@ -10,15 +10,27 @@ from __future__ import annotations
 from dataclasses import replace
 
 from loraserve.adapterstore.model import Adapter, StoreState
-from loraserve.common.errors import InvalidArgument, NotFound
+from loraserve.common.errors import FailedPrecondition, InvalidArgument, NotFound
 from loraserve.common.manifest import Revision
 
 
 def find_adapter(state: StoreState, name: str) -> Adapter:
     adapter = state.adapters.get(name)
+    if adapter is None and name in state.deleted_latest:
+        raise NotFound(f"adapter {name!r} not found: it was deleted")
     if adapter is None:
         raise NotFound(f"adapter {name!r} not found")
     return adapter
+
+
+def refuse_during_rollout(adapter: Adapter, advice: str) -> None:
+    """FailedPrecondition while the adapter has an active rollout, with `advice`: a
+    change of its current revision would move one arm behind the rollout's back."""
+    rollout = adapter.active_rollout
+    if rollout is not None:
+        raise FailedPrecondition(
+            f"adapter {adapter.name!r} has an active {rollout.describe()}; {advice}"
+        )
 
 
 def find_revision(adapter: Adapter, revision: int) -> Revision:

@@ -11,10 +11,12 @@ from __future__ import annotations
 import bisect
 import enum
 import json
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from typing import Any
 
+from loraserve.adapterstore.rollouts import Rollout, RolloutState
 from loraserve.common.errors import DataLoss
 from loraserve.common.manifest import Revision, time_from_json, time_to_json
 
@@ -42,6 +44,8 @@ class Adapter:
     latest_revision: int
     create_time: datetime
     update_time: datetime
+    # The active rollout, or the last one that ended (until the next starts).
+    rollout: Rollout | None = None
 
     @property
     def current(self) -> Revision | None:
@@ -55,8 +59,12 @@ class Adapter:
         so that is the first one's seq."""
         return next(iter(self.revisions.values())).seq
 
+    @property
+    def active_rollout(self) -> Rollout | None:
+        return self.rollout if self.rollout is not None and self.rollout.active else None
+
     def to_json(self) -> dict[str, Any]:
-        return {
+        data = {
             "name": self.name,
             "revisions": [r.to_json() for _, r in sorted(self.revisions.items())],
             "current_revision": self.current_revision,
@@ -64,6 +72,9 @@ class Adapter:
             "create_time": time_to_json(self.create_time),
             "update_time": time_to_json(self.update_time),
         }
+        if self.rollout is not None:
+            data["rollout"] = self.rollout.to_json()
+        return data
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> Adapter:
@@ -75,15 +86,23 @@ class Adapter:
             latest_revision=int(data["latest_revision"]),
             create_time=time_from_json(data["create_time"]),
             update_time=time_from_json(data["update_time"]),
+            rollout=Rollout.from_json(data["rollout"]) if data.get("rollout") else None,
         )
 
 
 class ChangeType(enum.Enum):
-    """Kinds of change; the values are what the log stores."""
+    """Kinds of change; the values are what the log stores. A kind that carries more
+    than a revision has a record type in RECORD_TYPES and a fold in `_FOLDS`."""
 
     REVISION_PUSHED = "revision_pushed"
     CURRENT_REVISION_SET = "current_revision_set"
     ADAPTER_DELETED = "adapter_deleted"
+    ROLLOUT_CHANGED = "rollout_changed"
+
+
+# What a change's `record` holds, by the kinds that have one.
+Record = Rollout
+RECORD_TYPES: dict[ChangeType, type[Record]] = {ChangeType.ROLLOUT_CHANGED: Rollout}
 
 
 @dataclass(frozen=True, slots=True)
@@ -93,7 +112,8 @@ class Change:
     seq: int
     type: ChangeType
     adapter_name: str
-    revision: Revision | None  # the revision pushed or made current; None on delete
+    # The revision pushed or made current (a rollout's candidate); None on delete.
+    revision: Revision | None
     current_revision: int  # the adapter's current revision after the change
     time: datetime
     actor: str
@@ -104,6 +124,9 @@ class Change:
     # request it came with, so a retry is answered with this change.
     request_key: str = ""
     request_digest: str = ""
+    # What a kind in RECORD_TYPES carries besides the revision: the rollout after
+    # the change.
+    record: Record | None = None
 
     def to_json(self) -> dict[str, Any]:
         data: dict[str, Any] = {
@@ -120,15 +143,20 @@ class Change:
         if self.request_key:
             data["request_key"] = self.request_key
             data["request_digest"] = self.request_digest
+        if self.record is not None:
+            data["record"] = self.record.to_json()
         return data
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> Change:
         _check_format(data, "log entry")
         revision = data.get("revision")
+        change_type = ChangeType(data["type"])
+        record_type = RECORD_TYPES.get(change_type)
+        record = data.get("record")
         return cls(
             seq=int(data["seq"]),
-            type=ChangeType(data["type"]),
+            type=change_type,
             adapter_name=str(data["adapter_name"]),
             revision=Revision.from_json(revision) if revision is not None else None,
             current_revision=int(data["current_revision"]),
@@ -137,6 +165,7 @@ class Change:
             commit_id=str(data.get("commit_id", "")),
             request_key=str(data.get("request_key", "")),
             request_digest=str(data.get("request_digest", "")),
+            record=record_type.from_json(record) if record_type and record else None,
         )
 
 
@@ -199,42 +228,8 @@ class StoreState:
         """Folds one change in; changes must come in seq order, each exactly once."""
         if change.seq != self.seq + 1:
             raise DataLoss(f"log entry {change.seq} applied out of order at seq {self.seq}")
-        name = change.adapter_name
-        adapter = self.adapters.get(name)
-        if change.type is ChangeType.REVISION_PUSHED:
-            revision = _require_revision(change)
-            if adapter is None:
-                adapter = Adapter(
-                    name=name,
-                    revisions={},
-                    current_revision=0,
-                    latest_revision=self.deleted_latest.pop(name, 0),
-                    create_time=change.time,
-                    update_time=change.time,
-                )
-                self.adapters[name] = adapter
-                bisect.insort(self.names, name)
-            if revision.revision <= adapter.latest_revision:
-                raise DataLoss(f"log entry {change.seq} reuses revision {name}@{revision.revision}")
-            adapter.revisions[revision.revision] = revision
-            adapter.latest_revision = revision.revision
-            adapter.current_revision = change.current_revision
-            adapter.update_time = change.time
-        elif change.type is ChangeType.CURRENT_REVISION_SET:
-            revision = _require_revision(change)
-            if adapter is None or revision.revision not in adapter.revisions:
-                raise DataLoss(
-                    f"log entry {change.seq} promotes unknown {name}@{revision.revision}"
-                )
-            adapter.current_revision = revision.revision
-            adapter.update_time = change.time
-        else:
-            if adapter is None:
-                raise DataLoss(f"log entry {change.seq} deletes unknown adapter {name}")
-            self.deleted_latest[name] = adapter.latest_revision
-            del self.adapters[name]
-            del self.names[bisect.bisect_left(self.names, name)]
-        self._encoded.pop(name, None)
+        _FOLDS[change.type](self, change)
+        self._encoded.pop(change.adapter_name, None)
         self.seq = change.seq
         self._remember_request(change)
 
@@ -251,7 +246,8 @@ class StoreState:
             del self.requests[oldest]
 
     def copy(self) -> StoreState:
-        """A copy that later `apply` calls on this state do not change."""
+        """A copy that later `apply` calls on this state do not change (a rollout
+        is immutable: a change replaces it)."""
         return StoreState(
             seq=self.seq,
             adapters={
@@ -311,3 +307,82 @@ def _require_revision(change: Change) -> Revision:
     if change.revision is None:
         raise DataLoss(f"log entry {change.seq} ({change.type.value}) has no revision")
     return change.revision
+
+
+def _fold_push(state: StoreState, change: Change) -> None:
+    name = change.adapter_name
+    revision = _require_revision(change)
+    adapter = state.adapters.get(name)
+    if adapter is None:
+        adapter = Adapter(
+            name=name,
+            revisions={},
+            current_revision=0,
+            latest_revision=state.deleted_latest.pop(name, 0),
+            create_time=change.time,
+            update_time=change.time,
+        )
+        state.adapters[name] = adapter
+        bisect.insort(state.names, name)
+    if revision.revision <= adapter.latest_revision:
+        raise DataLoss(f"log entry {change.seq} reuses revision {name}@{revision.revision}")
+    adapter.revisions[revision.revision] = revision
+    adapter.latest_revision = revision.revision
+    adapter.current_revision = change.current_revision
+    adapter.update_time = change.time
+
+
+def _fold_current_set(state: StoreState, change: Change) -> None:
+    name = change.adapter_name
+    revision = _require_revision(change)
+    adapter = state.adapters.get(name)
+    if adapter is None or revision.revision not in adapter.revisions:
+        raise DataLoss(f"log entry {change.seq} promotes unknown {name}@{revision.revision}")
+    adapter.current_revision = revision.revision
+    adapter.update_time = change.time
+
+
+def _fold_delete(state: StoreState, change: Change) -> None:
+    name = change.adapter_name
+    adapter = state.adapters.get(name)
+    if adapter is None:
+        raise DataLoss(f"log entry {change.seq} deletes unknown adapter {name}")
+    state.deleted_latest[name] = adapter.latest_revision
+    del state.adapters[name]
+    del state.names[bisect.bisect_left(state.names, name)]
+
+
+def _fold_rollout(state: StoreState, change: Change) -> None:
+    """The rollout after the change replaces the adapter's; a promote also moves the
+    current revision. A start needs no active rollout, any other change the active
+    one it names (by its start seq): what the builders in rolloutchanges.py check."""
+    name = change.adapter_name
+    adapter = state.adapters.get(name)
+    rollout = change.record
+    if adapter is None or rollout is None:
+        raise DataLoss(f"log entry {change.seq} changes a rollout of unknown adapter {name}")
+    if rollout.candidate_revision not in adapter.revisions:
+        raise DataLoss(
+            f"log entry {change.seq} rolls out unknown {name}@{rollout.candidate_revision}"
+        )
+    active = adapter.active_rollout
+    starts = rollout.start_seq == change.seq
+    if (
+        (active is not None)
+        if starts
+        else (active is None or active.start_seq != rollout.start_seq)
+    ):
+        raise DataLoss(f"log entry {change.seq} changes a rollout of {name} out of turn")
+    adapter.rollout = rollout
+    if rollout.state is RolloutState.PROMOTED:
+        adapter.current_revision = rollout.candidate_revision
+    adapter.update_time = change.time
+
+
+# How each kind of change folds into the state.
+_FOLDS: dict[ChangeType, Callable[[StoreState, Change], None]] = {
+    ChangeType.REVISION_PUSHED: _fold_push,
+    ChangeType.CURRENT_REVISION_SET: _fold_current_set,
+    ChangeType.ADAPTER_DELETED: _fold_delete,
+    ChangeType.ROLLOUT_CHANGED: _fold_rollout,
+}

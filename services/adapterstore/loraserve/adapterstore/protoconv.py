@@ -4,7 +4,19 @@ from __future__ import annotations
 
 from loraserve.adapterstore.model import Adapter, Change, ChangeType
 from loraserve.adapterstore.push import Chunk, PushHeader
-from loraserve.adapterstore.status import ReplicaError, ReplicaStatus, Report, ReportType
+from loraserve.adapterstore.rolloutconv import rollout
+from loraserve.adapterstore.status import (
+    AdapterReport,
+    Liveness,
+    ReplicaCounters,
+    ReplicaError,
+    ReplicaReport,
+    ReplicaStatus,
+    RevisionCounters,
+    RevisionReport,
+    ServingState,
+    Shard,
+)
 from loraserve.adapterstore.v1 import adapterstore_pb2 as pb
 from loraserve.adapterstore.watching import Heartbeat
 from loraserve.common.errors import InvalidArgument
@@ -14,13 +26,16 @@ _EVENT_TYPES = {
     ChangeType.REVISION_PUSHED: pb.EVENT_TYPE_REVISION_PUSHED,
     ChangeType.CURRENT_REVISION_SET: pb.EVENT_TYPE_CURRENT_REVISION_SET,
     ChangeType.ADAPTER_DELETED: pb.EVENT_TYPE_ADAPTER_DELETED,
+    ChangeType.ROLLOUT_CHANGED: pb.EVENT_TYPE_ROLLOUT_CHANGED,
 }
-_REPORT_TYPES = {
-    ReportType.ACK: pb.REPORT_TYPE_ACK,
-    ReportType.NACK: pb.REPORT_TYPE_NACK,
-    ReportType.REMOVED: pb.REPORT_TYPE_REMOVED,
+_SERVING_STATES = {
+    ServingState.ROUTED: pb.REVISION_SERVING_STATE_ROUTED,
+    ServingState.LOADING: pb.REVISION_SERVING_STATE_LOADING,
+    ServingState.LOADED: pb.REVISION_SERVING_STATE_LOADED,
+    ServingState.FAILED: pb.REVISION_SERVING_STATE_FAILED,
 }
-_REPORT_TYPES_FROM_PB = {v: k for k, v in _REPORT_TYPES.items()}
+_SERVING_STATES_FROM_PB = {v: k for k, v in _SERVING_STATES.items()}
+_LIVENESS = {Liveness.LIVE: pb.REPLICA_LIVENESS_LIVE, Liveness.STALE: pb.REPLICA_LIVENESS_STALE}
 
 
 def adapter(value: Adapter) -> pb.Adapter:
@@ -34,6 +49,9 @@ def adapter(value: Adapter) -> pb.Adapter:
     )
     if value.current is not None:
         message.current.CopyFrom(revision_to_proto(value.current))
+    if value.rollout is not None:
+        candidate = value.revisions[value.rollout.candidate_revision]
+        message.rollout.CopyFrom(rollout(value.rollout, candidate))
     return message
 
 
@@ -48,6 +66,8 @@ def event(value: Change) -> pb.AdapterEvent:
     )
     if value.revision is not None:
         message.revision.CopyFrom(revision_to_proto(value.revision))
+    if value.record is not None and value.revision is not None:
+        message.rollout.CopyFrom(rollout(value.record, value.revision))
     return message
 
 
@@ -92,34 +112,83 @@ def push_chunk(message: pb.PushAdapterRequest) -> Chunk:
     return Chunk(chunk.file_name, chunk.offset, chunk.data)
 
 
-def report(message: pb.ReportStatusRequest) -> Report:
-    report_type = _REPORT_TYPES_FROM_PB.get(message.type)
-    if report_type is None:
-        raise InvalidArgument("report type must be ACK, NACK or REMOVED")
-    error = None
-    if message.HasField("error"):
-        error = ReplicaError(message.error.code, message.error.message, message.revision)
-    return Report(
+def replica_report(message: pb.ReportReplicaStatusRequest) -> ReplicaReport:
+    counters = None
+    if message.counters or message.counters_epoch:
+        counters = ReplicaCounters(
+            replica_id=message.replica_id,
+            epoch=message.counters_epoch,
+            ttft_bounds=tuple(message.ttft_bounds_seconds),
+            counters=tuple(
+                RevisionCounters(
+                    c.adapter_name,
+                    c.revision,
+                    c.requests,
+                    c.errors,
+                    c.generated_tokens,
+                    tuple(c.ttft_buckets),
+                )
+                for c in message.counters
+            ),
+        )
+    return ReplicaReport(
         replica_id=message.replica_id,
-        adapter_name=message.adapter_name,
-        revision=message.revision,
-        type=report_type,
-        error=error,
-        serving_revision=message.serving_revision,
+        applied_seq=message.applied_seq,
+        incarnation=message.incarnation,
+        interval_s=message.report_interval_seconds,
+        shards=tuple(
+            Shard(shard.index, tuple(_adapter_report(a) for a in shard.adapters))
+            for shard in message.shards
+        ),
+        counters=counters,
     )
+
+
+def _adapter_report(message: pb.AdapterReport) -> AdapterReport:
+    revisions = []
+    for r in message.revisions:
+        state = _SERVING_STATES_FROM_PB.get(r.state)
+        if state is None:
+            raise InvalidArgument(
+                f"{message.adapter_name}@{r.revision}: state must be ROUTED, LOADING, "
+                "LOADED or FAILED"
+            )
+        error = ReplicaError(r.error.code, r.error.message) if r.HasField("error") else None
+        revisions.append(RevisionReport(r.revision, state, error, r.candidate))
+    return AdapterReport(message.adapter_name, message.serving_revision, tuple(revisions))
 
 
 def replica_status(value: ReplicaStatus) -> pb.ReplicaAdapterStatus:
+    """A replica's status of one adapter; the fields of single reports (type,
+    reported_revision, last_error) say what its newest revision came to."""
     message = pb.ReplicaAdapterStatus(
         replica_id=value.replica_id,
         adapter_name=value.adapter_name,
-        serving_revision=value.serving_revision,
-        reported_revision=value.reported_revision,
-        type=_REPORT_TYPES[value.type],
-        update_time=timestamp(value.update_time),
+        liveness=_LIVENESS[value.liveness],
+        applied_seq=value.seen.applied_seq,
+        seen_time=timestamp(value.seen.seen_time),
     )
-    if value.last_error is not None:
-        message.last_error.CopyFrom(
-            pb.ErrorStatus(code=value.last_error.code, message=value.last_error.message)
-        )
+    report = value.report
+    if value.update_time is not None:
+        message.update_time.CopyFrom(timestamp(value.update_time))
+    if report is None:
+        return message
+    message.serving_revision = report.serving_revision
+    for r in report.revisions:
+        status = message.revisions.add(revision=r.revision, state=_SERVING_STATES[r.state])
+        status.candidate = r.candidate
+        if r.error is not None:
+            status.error.CopyFrom(pb.ErrorStatus(code=r.error.code, message=r.error.message))
+    newest = max(report.revisions, key=lambda r: r.revision, default=None)
+    if newest is not None:
+        message.reported_revision = newest.revision
+        if newest.state is ServingState.FAILED:
+            message.type = pb.REPORT_TYPE_NACK
+        elif newest.answered:
+            message.type = pb.REPORT_TYPE_ACK
+    failed = [r for r in report.revisions if r.error is not None]
+    if failed:
+        error = max(failed, key=lambda r: r.revision).error
+        assert error is not None
+        message.last_error.CopyFrom(pb.ErrorStatus(code=error.code, message=error.message))
     return message

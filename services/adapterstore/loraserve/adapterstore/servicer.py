@@ -12,25 +12,37 @@ from typing import Any
 
 import grpc
 
-from loraserve.adapterstore import protoconv
+from loraserve.adapterstore import protoconv, rolloutconv
 from loraserve.adapterstore.model import Adapter
 from loraserve.adapterstore.push import Chunk
+from loraserve.adapterstore.rolloutops import RolloutResult
 from loraserve.adapterstore.status import ReplicaStatus
 from loraserve.adapterstore.store import AdapterStore
 from loraserve.adapterstore.v1 import adapterstore_pb2 as pb
 from loraserve.adapterstore.v1 import adapterstore_pb2_grpc as pb_grpc
-from loraserve.common.manifest import revision_to_proto
+from loraserve.common.manifest import revision_to_proto, timestamp
 from loraserve.common.security import current_principal
 
 SERVICE_NAME = pb.DESCRIPTOR.services_by_name["AdapterStoreService"].full_name
 _PREFIX = f"/{SERVICE_NAME}/"
 # Methods that change what is served need a writer token.
 WRITE_METHODS = frozenset(
-    _PREFIX + m for m in ("PushAdapter", "SetCurrentRevision", "DeleteAdapter")
+    _PREFIX + m
+    for m in (
+        "PushAdapter",
+        "SetCurrentRevision",
+        "DeleteAdapter",
+        "StartRollout",
+        "SetRolloutWeight",
+        "PromoteRollout",
+        "AbortRollout",
+    )
 )
 # What inference replicas say about themselves needs a replica token: neither a
 # reader nor a writer can make `adapterctl status` show what no replica serves.
-REPLICA_METHODS = frozenset(_PREFIX + m for m in ("ReportStatus", "ReportReplicaAlive"))
+REPLICA_METHODS = frozenset(
+    _PREFIX + m for m in ("ReportStatus", "ReportReplicaAlive", "ReportReplicaStatus")
+)
 
 Context = grpc.aio.ServicerContext[Any, Any]
 
@@ -133,14 +145,20 @@ class AdapterStoreServicer:
     async def ReportStatus(
         self, request: pb.ReportStatusRequest, context: Context
     ) -> pb.ReportStatusResponse:
-        await self._store.report_status(protoconv.report(request))
+        self._store.replicas.refuse_single_report()
         return pb.ReportStatusResponse()
 
     async def ReportReplicaAlive(
         self, request: pb.ReportReplicaAliveRequest, context: Context
     ) -> pb.ReportReplicaAliveResponse:
-        known = await self._store.replica_alive(request.replica_id)
+        known = await self._store.replicas.alive(request.replica_id)
         return pb.ReportReplicaAliveResponse(known=known)
+
+    async def ReportReplicaStatus(
+        self, request: pb.ReportReplicaStatusRequest, context: Context
+    ) -> pb.ReportReplicaStatusResponse:
+        known = await self._store.replicas.report(protoconv.replica_report(request))
+        return pb.ReportReplicaStatusResponse(known=known)
 
     async def GetAdapterStatus(
         self, request: pb.GetAdapterStatusRequest, context: Context
@@ -152,13 +170,72 @@ class AdapterStoreServicer:
             converted[status.adapter_name, status.replica_id] = message
             return message.ByteSize()
 
-        page = await self._store.get_status(
+        page = await self._store.replicas.page(
             request.name, request.page_size, request.page_token, size_of
         )
         return pb.GetAdapterStatusResponse(
             statuses=[converted[s.adapter_name, s.replica_id] for s in page.statuses],
             next_page_token=page.next_page_token,
         )
+
+    async def StartRollout(
+        self, request: pb.StartRolloutRequest, context: Context
+    ) -> pb.RolloutResponse:
+        result = await self._store.rollouts.start(
+            request.name,
+            request.revision,
+            request.weight,
+            rolloutconv.guards(request.guards),
+            self._principal(),
+            request.idempotency_key,
+        )
+        return _rollout_response(result)
+
+    async def SetRolloutWeight(
+        self, request: pb.SetRolloutWeightRequest, context: Context
+    ) -> pb.RolloutResponse:
+        result = await self._store.rollouts.set_weight(
+            request.name, request.weight, self._principal(), request.idempotency_key
+        )
+        return _rollout_response(result)
+
+    async def PromoteRollout(
+        self, request: pb.PromoteRolloutRequest, context: Context
+    ) -> pb.RolloutResponse:
+        result = await self._store.rollouts.promote(
+            request.name, self._principal(), request.idempotency_key
+        )
+        return _rollout_response(result)
+
+    async def AbortRollout(
+        self, request: pb.AbortRolloutRequest, context: Context
+    ) -> pb.RolloutResponse:
+        result = await self._store.rollouts.abort(
+            request.name, request.reason, self._principal(), request.idempotency_key
+        )
+        return _rollout_response(result)
+
+    async def GetRollout(
+        self, request: pb.GetRolloutRequest, context: Context
+    ) -> pb.GetRolloutResponse:
+        view = await self._store.rollouts.get(request.name)
+        response = pb.GetRolloutResponse(
+            rollout=rolloutconv.rollout(view.rollout, view.candidate),
+            figures=[rolloutconv.figures(f) for f in view.figures],
+            candidate_by_replica=[
+                pb.ReplicaArmFigures(replica_id=replica, figures=rolloutconv.figures(f))
+                for replica, f in view.candidate_by_replica
+            ],
+        )
+        if view.figures_time is not None:
+            response.figures_time.CopyFrom(timestamp(view.figures_time))
+        return response
+
+
+def _rollout_response(result: RolloutResult) -> pb.RolloutResponse:
+    return pb.RolloutResponse(
+        rollout=rolloutconv.rollout(result.rollout, result.candidate), seq=result.seq
+    )
 
 
 def register(servicer: AdapterStoreServicer) -> Callable[[grpc.aio.Server], None]:

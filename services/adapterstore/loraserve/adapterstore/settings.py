@@ -96,6 +96,13 @@ def build_parser(environ: Mapping[str, str]) -> argparse.ArgumentParser:
         type=positive_float,
     )
     flag(
+        "rollout-check-interval",
+        "seconds between this replica's checks of active rollouts: it reads the replicas' "
+        "counters and NACKs and aborts a rollout whose guards condemn it",
+        "5",
+        type=positive_float,
+    )
+    flag(
         "stale-upload-age",
         "seconds after which an incomplete multipart upload or tmp/ object that an "
         "interrupted push left is deleted at start-up (0: never)",
@@ -181,6 +188,7 @@ def parse_settings(argv: Sequence[str], environ: Mapping[str, str]) -> AdapterSt
             heartbeat_interval=float(args.heartbeat_interval),
             max_staleness_s=float(args.max_staleness),
             stale_upload_age_s=float(args.stale_upload_age),
+            rollout_check_interval_s=float(args.rollout_check_interval),
         ),
         log=LogSettings(
             poll_interval=float(args.poll_interval),

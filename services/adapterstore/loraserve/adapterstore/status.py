@@ -1,125 +1,248 @@
-"""What inference replicas report about the adapters they serve, kept in object storage.
+"""What inference replicas report about the adapters they route: the types, their
+JSON form in object storage, and the checks a report must pass.
 
-One object per (adapter, replica) at `status/<adapter>/<replica>.json`, so every
-store replica answers the same. A replica reports its own adapters one at a
-time, so a report is a read-merge-write without a lock: the only writer of an
-object is the replica it describes.
+A replica reports in batches (`ReplicaReport`): its sign of life, the status shards
+that changed (every adapter it routes falls in one of STATUS_SHARDS shards, by a CRC
+of its name), and the counters of the revisions in a rollout. Objects (keys relative
+to the store's prefix):
 
-Replicas come and go (a rollout renames every host), so statuses expire: each
-replica also keeps `replicas/<replica>.json` fresh with periodic signs of life.
-A status is shown while its replica's sign of life or the status itself is
-younger than the TTL; once both are older, the status and the sign of life are
-deleted. A REMOVED status (the replica confirming a delete or an unroute) is kept
-for the TTL on its own age only, so deleted adapters leave nothing behind even
-while their replicas live. A replica whose sign of life had expired is told so on its next one
-and reports all its adapters again, so a deletion racing its return costs at
-most one interval of missing statuses. A NACK's reason is kept to its first
-MAX_KEPT_ERROR_MESSAGE_BYTES. Reading statuses, a page at a time: statusreads.py.
+    replicas/<replica>.json         its sign of life: when, the seq it has applied,
+                                    its report interval
+    fleet/<shard:02d>/<replica>.json one shard of its statuses, written whole
+    counters/<replica>.json         its rollout counters
+
+So the store holds at most 2 + STATUS_SHARDS objects per replica, however many
+adapters there are, and a report costs one write per changed shard: a fleet of
+replicas routing 10,000 adapters is a handful of writes per interval. Only the
+replica an object describes writes it (through any store replica), so a write needs
+no lock. Writing and expiry: replicastatus.py; reading: statusreads.py.
 """
 
 from __future__ import annotations
 
 import enum
-import json
-import logging
+import math
 import re
-from dataclasses import dataclass, replace
-from datetime import datetime, timedelta
+from dataclasses import dataclass
+from datetime import datetime
 from typing import Any
 
-from loraserve.adapterstore.blobstore import BlobNotFound, BlobStore
-from loraserve.adapterstore.model import now
-from loraserve.common.errors import DataLoss, InvalidArgument
+from loraserve.common.errors import InvalidArgument
 from loraserve.common.names import validate_adapter_name
-from loraserve.common.textlimits import (
-    MAX_ERROR_MESSAGE_BYTES,
-    MAX_KEPT_ERROR_MESSAGE_BYTES,
-    check_text,
-    truncate_text,
-)
+from loraserve.common.statusshards import STATUS_SHARDS, shard_of
+from loraserve.common.textlimits import MAX_ERROR_MESSAGE_BYTES, check_text
 
-log = logging.getLogger(__name__)
-
-STATUS_PREFIX = "status/"
 REPLICA_PREFIX = "replicas/"
+SHARD_PREFIX = "fleet/"
+COUNTERS_PREFIX = "counters/"
 DEFAULT_STATUS_TTL_S = 300.0
+# A replica that missed this many of its reports is shown as stale.
+STALE_AFTER_INTERVALS = 2.0
+MAX_REVISIONS_PER_ADAPTER = 4
+MAX_COUNTERS = 1000
+MAX_TTFT_BOUNDS = 32
+_MAX_INTERVAL_S = 86_400.0
 _REPLICA_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:-]{0,127}")
 _MAX_RPC_CODE = 16  # UNAUTHENTICATED, the highest google.rpc.Code
 
 
-class ReportType(enum.Enum):
-    ACK = "ack"
-    NACK = "nack"
-    REMOVED = "removed"
+def replica_key(replica_id: str) -> str:
+    return f"{REPLICA_PREFIX}{replica_id}.json"
+
+
+def shard_key(shard: int, replica_id: str) -> str:
+    return f"{SHARD_PREFIX}{shard:02d}/{replica_id}.json"
+
+
+def counters_key(replica_id: str) -> str:
+    return f"{COUNTERS_PREFIX}{replica_id}.json"
+
+
+def replica_of(key: str) -> str:
+    """The replica an object under any of the prefixes above describes."""
+    return key.rsplit("/", 1)[-1].removesuffix(".json")
+
+
+class ServingState(enum.Enum):
+    """What a replica does with a revision; the values are what storage keeps."""
+
+    ROUTED = "routed"
+    LOADING = "loading"
+    LOADED = "loaded"
+    FAILED = "failed"
 
 
 @dataclass(frozen=True, slots=True)
 class ReplicaError:
     code: int  # a google.rpc.Code value
     message: str
-    revision: int  # the revision the NACK was about
 
 
 @dataclass(frozen=True, slots=True)
-class Report:
-    replica_id: str
-    adapter_name: str
+class RevisionReport:
     revision: int
-    type: ReportType
-    error: ReplicaError | None
+    state: ServingState
+    error: ReplicaError | None = None
+    candidate: bool = False
+
+    @property
+    def answered(self) -> bool:
+        """Routed or loaded: the replica serves it (a push --wait ACK)."""
+        return self.state in (ServingState.ROUTED, ServingState.LOADED)
+
+    def to_json(self) -> dict[str, Any]:
+        data: dict[str, Any] = {"revision": self.revision, "state": self.state.value}
+        if self.error is not None:
+            data["error"] = {"code": self.error.code, "message": self.error.message}
+        if self.candidate:
+            data["candidate"] = True
+        return data
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> RevisionReport:
+        error = data.get("error")
+        return cls(
+            revision=int(data["revision"]),
+            state=ServingState(data["state"]),
+            error=ReplicaError(int(error["code"]), str(error["message"])) if error else None,
+            candidate=bool(data.get("candidate", False)),
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class AdapterReport:
+    """What one replica routes of one adapter."""
+
+    name: str
     serving_revision: int
+    revisions: tuple[RevisionReport, ...]
+
+    def revision(self, number: int) -> RevisionReport | None:
+        return next((r for r in self.revisions if r.revision == number), None)
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "name": self.name,
+            "serving_revision": self.serving_revision,
+            "revisions": [r.to_json() for r in self.revisions],
+        }
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> AdapterReport:
+        return cls(
+            name=str(data["name"]),
+            serving_revision=int(data["serving_revision"]),
+            revisions=tuple(RevisionReport.from_json(r) for r in data["revisions"]),
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class Shard:
+    index: int
+    adapters: tuple[AdapterReport, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class RevisionCounters:
+    """Cumulative counts of one revision's requests on one replica."""
+
+    name: str
+    revision: int
+    requests: int
+    errors: int
+    generated_tokens: int
+    # Cumulative per TTFT bound, then every request with a first token.
+    ttft_buckets: tuple[int, ...]
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "name": self.name,
+            "revision": self.revision,
+            "requests": self.requests,
+            "errors": self.errors,
+            "generated_tokens": self.generated_tokens,
+            "ttft_buckets": list(self.ttft_buckets),
+        }
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> RevisionCounters:
+        return cls(
+            name=str(data["name"]),
+            revision=int(data["revision"]),
+            requests=int(data["requests"]),
+            errors=int(data["errors"]),
+            generated_tokens=int(data["generated_tokens"]),
+            ttft_buckets=tuple(int(n) for n in data["ttft_buckets"]),
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class ReplicaCounters:
+    """A replica's rollout counters as last reported; `epoch` names one run of them."""
+
+    replica_id: str
+    epoch: str
+    ttft_bounds: tuple[float, ...]
+    counters: tuple[RevisionCounters, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class ReplicaReport:
+    """One batched report of a replica."""
+
+    replica_id: str
+    applied_seq: int
+    incarnation: str
+    interval_s: float
+    shards: tuple[Shard, ...]
+    counters: ReplicaCounters | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class SignOfLife:
+    replica_id: str
+    seen_time: datetime
+    applied_seq: int = 0
+    incarnation: str = ""
+    # 0 from a replica that only sends signs of life (ReportReplicaAlive).
+    interval_s: float = 0.0
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "replica_id": self.replica_id,
+            "seen_time": self.seen_time.isoformat(),
+            "applied_seq": self.applied_seq,
+            "incarnation": self.incarnation,
+            "interval_s": self.interval_s,
+        }
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> SignOfLife:
+        return cls(
+            replica_id=str(data["replica_id"]),
+            seen_time=datetime.fromisoformat(str(data["seen_time"])),
+            applied_seq=int(data.get("applied_seq", 0)),
+            incarnation=str(data.get("incarnation", "")),
+            interval_s=float(data.get("interval_s", 0.0)),
+        )
+
+
+class Liveness(enum.Enum):
+    LIVE = "live"
+    STALE = "stale"
 
 
 @dataclass(frozen=True, slots=True)
 class ReplicaStatus:
+    """What GetAdapterStatus shows of one live replica and one adapter; `report` is
+    None when the replica has not reported the adapter."""
+
     replica_id: str
     adapter_name: str
-    serving_revision: int
-    reported_revision: int
-    type: ReportType
-    last_error: ReplicaError | None
-    update_time: datetime
-
-    def to_json(self) -> dict[str, Any]:
-        error = self.last_error
-        return {
-            "replica_id": self.replica_id,
-            "adapter_name": self.adapter_name,
-            "serving_revision": self.serving_revision,
-            "reported_revision": self.reported_revision,
-            "type": self.type.value,
-            "last_error": (
-                {"code": error.code, "message": error.message, "revision": error.revision}
-                if error
-                else None
-            ),
-            "update_time": self.update_time.isoformat(),
-        }
-
-    @classmethod
-    def from_json(cls, data: dict[str, Any]) -> ReplicaStatus:
-        error = data.get("last_error")
-        return cls(
-            replica_id=str(data["replica_id"]),
-            adapter_name=str(data["adapter_name"]),
-            serving_revision=int(data["serving_revision"]),
-            reported_revision=int(data["reported_revision"]),
-            type=ReportType(data["type"]),
-            last_error=(
-                ReplicaError(int(error["code"]), str(error["message"]), int(error["revision"]))
-                if error
-                else None
-            ),
-            update_time=datetime.fromisoformat(str(data["update_time"])),
-        )
-
-
-def status_key(adapter_name: str, replica_id: str) -> str:
-    return f"{STATUS_PREFIX}{adapter_name}/{replica_id}.json"
-
-
-def replica_key(replica_id: str) -> str:
-    return f"{REPLICA_PREFIX}{replica_id}.json"
+    liveness: Liveness
+    seen: SignOfLife
+    report: AdapterReport | None
+    update_time: datetime | None
 
 
 def check_replica_id(replica_id: str) -> None:
@@ -130,81 +253,71 @@ def check_replica_id(replica_id: str) -> None:
         )
 
 
-def check_report(report: Report) -> None:
+def check_report(report: ReplicaReport) -> None:
+    """INVALID_ARGUMENT naming the first thing wrong with a report."""
     check_replica_id(report.replica_id)
-    validate_adapter_name(report.adapter_name)
-    if report.revision < 0 or report.serving_revision < 0:
-        raise InvalidArgument("revision and serving_revision must not be negative")
-    if report.type is not ReportType.REMOVED and report.revision == 0:
-        raise InvalidArgument("an ACK or NACK must name the revision it is about")
-    if report.type is ReportType.NACK and report.error is None:
-        raise InvalidArgument("a NACK must carry the error that caused it")
-    if report.error is not None:
-        if not 0 < report.error.code <= _MAX_RPC_CODE:
+    if report.applied_seq < 0:
+        raise InvalidArgument("applied_seq must not be negative")
+    if not (math.isfinite(report.interval_s) and 0 < report.interval_s <= _MAX_INTERVAL_S):
+        raise InvalidArgument(
+            f"report_interval_seconds must be > 0 and at most {_MAX_INTERVAL_S:g}, "
+            f"got {report.interval_s}"
+        )
+    indexes = [s.index for s in report.shards]
+    if len(set(indexes)) != len(indexes) or any(not 0 <= i < STATUS_SHARDS for i in indexes):
+        raise InvalidArgument(f"shards must be distinct indexes from 0 to {STATUS_SHARDS - 1}")
+    for shard in report.shards:
+        for adapter in shard.adapters:
+            _check_adapter(adapter, shard.index)
+    if report.counters is not None:
+        _check_counters(report.counters)
+
+
+def _check_adapter(adapter: AdapterReport, shard: int) -> None:
+    validate_adapter_name(adapter.name)
+    if shard_of(adapter.name) != shard:
+        raise InvalidArgument(f"adapter {adapter.name!r} belongs in shard {shard_of(adapter.name)}")
+    if len(adapter.revisions) > MAX_REVISIONS_PER_ADAPTER:
+        raise InvalidArgument(
+            f"adapter {adapter.name!r}: at most {MAX_REVISIONS_PER_ADAPTER} revisions per report"
+        )
+    if adapter.serving_revision < 0 or any(r.revision < 1 for r in adapter.revisions):
+        raise InvalidArgument(f"adapter {adapter.name!r}: revisions must be >= 1")
+    for revision in adapter.revisions:
+        error = revision.error
+        if (revision.state is ServingState.FAILED) != (error is not None):
             raise InvalidArgument(
-                f"error.code {report.error.code} is not a google.rpc.Code from 1 to {_MAX_RPC_CODE}"
+                f"{adapter.name}@{revision.revision}: an error comes with FAILED, and only then"
             )
-        check_text("error.message", report.error.message, MAX_ERROR_MESSAGE_BYTES)
+        if error is not None:
+            if not 0 < error.code <= _MAX_RPC_CODE:
+                raise InvalidArgument(
+                    f"error.code {error.code} is not a google.rpc.Code from 1 to {_MAX_RPC_CODE}"
+                )
+            check_text("error.message", error.message, MAX_ERROR_MESSAGE_BYTES)
 
 
-async def read_status(blobs: BlobStore, key: str) -> ReplicaStatus | None:
-    """The status object at `key`; None if there is none."""
-    try:
-        data = await blobs.get(key)
-    except BlobNotFound:
-        return None
-    try:
-        return ReplicaStatus.from_json(json.loads(data))
-    except (ValueError, KeyError, TypeError) as e:
-        raise DataLoss(f"replica status {key} is corrupt: {e}") from e
-
-
-class ReplicaStatusStore:
-    def __init__(self, blobs: BlobStore, ttl_s: float = DEFAULT_STATUS_TTL_S) -> None:
-        # Here, not at the top: statusreads builds on this module's types.
-        from loraserve.adapterstore.statusreads import StatusReader
-
-        self._blobs = blobs
-        self._ttl = timedelta(seconds=ttl_s)
-        # Pages of statuses for GetAdapterStatus (see statusreads).
-        self.reader = StatusReader(blobs, self._ttl)
-
-    async def alive(self, replica_id: str) -> bool:
-        """Records a sign of life; False when the replica was not live before it,
-        so its statuses may be gone and it should report its adapters again."""
-        check_replica_id(replica_id)
-        key = replica_key(replica_id)
-        seen = await self.reader.seen_time(key)
-        time = now()
-        await self._blobs.put(
-            key, json.dumps({"replica_id": replica_id, "seen_time": time.isoformat()}).encode()
+def _check_counters(counters: ReplicaCounters) -> None:
+    bounds = counters.ttft_bounds
+    if len(counters.counters) > MAX_COUNTERS:
+        raise InvalidArgument(f"at most {MAX_COUNTERS} revision counters per report")
+    if (
+        len(bounds) > MAX_TTFT_BOUNDS
+        or any(not (math.isfinite(b) and b > 0) for b in bounds)
+        or list(bounds) != sorted(set(bounds))
+    ):
+        raise InvalidArgument(
+            f"ttft_bounds_seconds must be at most {MAX_TTFT_BOUNDS} ascending positive numbers"
         )
-        return seen is not None and time - seen <= self._ttl
-
-    async def report(self, report: Report) -> ReplicaStatus:
-        check_report(report)
-        key = status_key(report.adapter_name, report.replica_id)
-        previous = await read_status(self._blobs, key)
-        last_error = previous.last_error if previous else None
-        if report.type is ReportType.NACK and report.error is not None:
-            # Kept short: a page of statuses carries one per replica and adapter.
-            message = truncate_text(report.error.message, MAX_KEPT_ERROR_MESSAGE_BYTES)
-            last_error = replace(report.error, message=message)
-        elif (
-            report.type is ReportType.ACK
-            and last_error is not None
-            and report.revision >= last_error.revision
-        ):
-            last_error = None
-        status = ReplicaStatus(
-            replica_id=report.replica_id,
-            adapter_name=report.adapter_name,
-            serving_revision=report.serving_revision,
-            reported_revision=report.revision,
-            type=report.type,
-            last_error=last_error,
-            update_time=now(),
-        )
-        await self._blobs.put(key, json.dumps(status.to_json()).encode())
-        self.reader.forget(key)
-        return status
+    if len(counters.epoch) > 128:
+        raise InvalidArgument("counters_epoch must be at most 128 characters")
+    for c in counters.counters:
+        validate_adapter_name(c.name)
+        numbers = (c.revision, c.requests, c.errors, c.generated_tokens, *c.ttft_buckets)
+        if c.revision < 1 or any(n < 0 for n in numbers) or c.errors > c.requests:
+            raise InvalidArgument(f"counters of {c.name}@{c.revision} are inconsistent")
+        if len(c.ttft_buckets) != len(bounds) + 1 or list(c.ttft_buckets) != sorted(c.ttft_buckets):
+            raise InvalidArgument(
+                f"counters of {c.name}@{c.revision}: ttft_buckets must be cumulative, one "
+                "per bound and one more"
+            )

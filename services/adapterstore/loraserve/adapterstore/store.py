@@ -28,18 +28,14 @@ from loraserve.adapterstore.listing import AdapterPage, RevisionPage, adapter_pa
 from loraserve.adapterstore.lookup import detached, find_adapter, find_revision
 from loraserve.adapterstore.model import Adapter, Change, now
 from loraserve.adapterstore.push import Chunk, PushHeader, keep_files, receive_adapter
-from loraserve.adapterstore.status import (
-    ReplicaStatus,
-    ReplicaStatusStore,
-    Report,
-    ReportType,
-    check_report,
-)
-from loraserve.adapterstore.statusreads import StatusPage
+from loraserve.adapterstore.replicaops import ReplicaOps
+from loraserve.adapterstore.replicastatus import ReplicaStatusStore
+from loraserve.adapterstore.rolloutguard import RolloutGuard
+from loraserve.adapterstore.rolloutops import RolloutOps
 from loraserve.adapterstore.validation import Limits, check_declared_files
 from loraserve.adapterstore.verified_read import read_verified
 from loraserve.adapterstore.watching import Heartbeat, Watches
-from loraserve.common.errors import InvalidArgument, NotFound, Unavailable
+from loraserve.common.errors import InvalidArgument, Unavailable
 from loraserve.common.manifest import Revision
 from loraserve.common.names import validate_adapter_name
 from loraserve.common.textlimits import MAX_DESCRIPTION_BYTES, MAX_PAGE_BYTES, check_text
@@ -60,6 +56,8 @@ class StoreSettings:
     # Seconds after which an upload an interrupted push left is swept at start-up
     # (see s3sweep); 0: never.
     stale_upload_age_s: float = 86_400.0
+    # Seconds between checks of active rollouts' figures and guards (rolloutguard).
+    rollout_check_interval_s: float = 5.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -79,11 +77,17 @@ class AdapterStore:
     ) -> None:
         self._blobs = blobs
         self._log = changelog
-        self._statuses = statuses
         self._settings = settings
         self._started = False
         self._watches = Watches(changelog, settings.heartbeat_interval)
         self._sweeping: asyncio.Task[None] | None = None
+        self._guard = RolloutGuard(changelog, statuses, settings.rollout_check_interval_s)
+        self._guarding: asyncio.Task[None] | None = None
+        # What replicas report, and rollouts: the same log, their own modules.
+        self.replicas = ReplicaOps(
+            changelog, statuses, self._check_started, settings.max_page_bytes
+        )
+        self.rollouts = RolloutOps(changelog, self._guard, self._check_started)
 
     @property
     def watch_count(self) -> int:
@@ -103,6 +107,7 @@ class AdapterStore:
         """Loads the state from storage and starts following the log."""
         await self._log.start()
         self._started = True
+        self._guarding = asyncio.create_task(self._guard.run(), name="rollout-guard")
         if self._settings.stale_upload_age_s > 0:
             cutoff = now() - timedelta(seconds=self._settings.stale_upload_age_s)
             self._sweeping = asyncio.create_task(self._sweep(cutoff), name="store-upload-sweep")
@@ -157,9 +162,10 @@ class AdapterStore:
         self._watches.stop()
 
     async def close(self) -> None:
-        if self._sweeping is not None:
-            self._sweeping.cancel()
-            await asyncio.gather(self._sweeping, return_exceptions=True)
+        tasks = [t for t in (self._sweeping, self._guarding) if t is not None]
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
         await self._log.close()
 
     async def push(
@@ -346,43 +352,6 @@ class AdapterStore:
         """See `Watches.watch`."""
         self._check_started()
         return self._watches.watch(after_seq, incarnation)
-
-    async def report_status(self, report: Report) -> None:
-        """Records a replica's report about an adapter and revision that exist (the
-        check sees commits made through other store replicas). REMOVED is accepted
-        for an adapter that no longer exists: it confirms the delete reached the
-        replica, and expires on its own age (see status.py)."""
-        self._check_started()
-        check_report(report)
-        await self._log.sync()
-        adapter = self._log.state.adapters.get(report.adapter_name)
-        if adapter is None and report.type is ReportType.REMOVED:
-            await self._statuses.report(report)
-            return
-        if adapter is None:
-            raise NotFound(f"adapter {report.adapter_name!r} not found")
-        if report.type is not ReportType.REMOVED and report.revision not in adapter.revisions:
-            raise NotFound(f"revision {report.adapter_name}@{report.revision} not found")
-        await self._statuses.report(report)
-
-    async def replica_alive(self, replica_id: str) -> bool:
-        """Records a replica's sign of life; False if it had expired (see status.py)."""
-        self._check_started()
-        return await self._statuses.alive(replica_id)
-
-    async def get_status(
-        self,
-        name: str,
-        page_size: int = 0,
-        page_token: str = "",
-        size_of: Callable[[ReplicaStatus], int] = lambda _: 0,
-    ) -> StatusPage:
-        """A page of live replicas' statuses, cut by `size_of` (the encoded size) at
-        `max_page_bytes`; see statusreads.py."""
-        self._check_started()
-        return await self._statuses.reader.page(
-            name, page_size, page_token, self._settings.max_page_bytes, size_of
-        )
 
     def _adapter(self, name: str) -> Adapter:
         validate_adapter_name(name)

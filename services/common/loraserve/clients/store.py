@@ -31,10 +31,10 @@ import grpc
 from loraserve.adapterstore.v1 import adapterstore_pb2 as pb
 from loraserve.adapterstore.v1 import adapterstore_pb2_grpc as pb_grpc
 from loraserve.clients.channels import Retry, open_channel
+from loraserve.clients.replicareport import StatusBatch, report_requests
 from loraserve.common import errors
 from loraserve.common.manifest import Revision, revision_from_proto
 from loraserve.common.security import ClientSecurity
-from loraserve.common.textlimits import MAX_ERROR_MESSAGE_BYTES, truncate_text
 
 log = logging.getLogger(__name__)
 
@@ -49,10 +49,15 @@ RETRIED_METHODS = (
     "ListRevisions",
     "GetAdapterStatus",
     "DownloadAdapter",
-    "ReportStatus",
     "ReportReplicaAlive",
+    "ReportReplicaStatus",
+    "GetRollout",
     "SetCurrentRevision",
     "DeleteAdapter",
+    "StartRollout",
+    "SetRolloutWeight",
+    "PromoteRollout",
+    "AbortRollout",
 )
 # CANCELLED too: a store shutting down ends the calls it received but had not handed
 # to a handler with it (grpc/grpc#41785). Each call here is safe to send again even had
@@ -116,14 +121,26 @@ def _store_error(exc: grpc.aio.AioRpcError, what: str) -> errors.LoraserveError:
 
 
 @dataclass(frozen=True, slots=True)
+class RolloutSplit:
+    """An active rollout: `weight` percent of the adapter's requests go to `candidate`.
+    `start_seq` names the rollout."""
+
+    candidate: Revision
+    weight: float
+    start_seq: int
+
+
+@dataclass(frozen=True, slots=True)
 class ListedAdapter:
     """An adapter and its current revision (None while no revision is current).
     `create_seq` is its incarnation: a revision committed before it belongs to an
-    earlier generation of the name, deleted since (0 from a store that does not say)."""
+    earlier generation of the name, deleted since (0 from a store that does not say).
+    `rollout` is its active rollout, if any."""
 
     name: str
     current: Revision | None
     create_seq: int = 0
+    rollout: RolloutSplit | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -140,18 +157,21 @@ class EventKind(enum.Enum):
     REVISION_PUSHED = pb.EVENT_TYPE_REVISION_PUSHED
     CURRENT_REVISION_SET = pb.EVENT_TYPE_CURRENT_REVISION_SET
     ADAPTER_DELETED = pb.EVENT_TYPE_ADAPTER_DELETED
+    ROLLOUT_CHANGED = pb.EVENT_TYPE_ROLLOUT_CHANGED
 
 
 @dataclass(frozen=True, slots=True)
 class StoreEvent:
     """One committed change. `revision` is unset on delete; `current_revision` is
-    the adapter's current revision after the change (0 after a delete)."""
+    the adapter's current revision after the change (0 after a delete). A
+    ROLLOUT_CHANGED event's `rollout` is the split after it, None once it ended."""
 
     seq: int
     kind: EventKind
     name: str
     revision: Revision | None
     current_revision: int
+    rollout: RolloutSplit | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -175,24 +195,6 @@ class FileChunk:
 
 
 _KNOWN_EVENT_TYPES = frozenset(kind.value for kind in EventKind)
-
-
-class ReportKind(enum.Enum):
-    ACK = pb.REPORT_TYPE_ACK
-    NACK = pb.REPORT_TYPE_NACK
-    REMOVED = pb.REPORT_TYPE_REMOVED
-
-
-@dataclass(frozen=True, slots=True)
-class Report:
-    """A replica's outcome for one revision; `error_code` is a google.rpc code."""
-
-    name: str
-    revision: int
-    kind: ReportKind
-    serving_revision: int
-    error_code: int = 0
-    error_message: str = ""
 
 
 @dataclass(frozen=True)
@@ -259,6 +261,7 @@ class StoreClient:
                         a.name,
                         revision_from_proto(a.current) if a.current_revision else None,
                         a.create_seq,
+                        _split(a.rollout) if a.HasField("rollout") else None,
                     )
                     for a in page.adapters
                 )
@@ -320,32 +323,17 @@ class StoreClient:
                     chunk = message.chunk
                     yield FileChunk(chunk.file_name, chunk.offset, chunk.data)
 
-    async def report(self, report: Report) -> None:
-        request = pb.ReportStatusRequest(
-            replica_id=self._settings.replica_id,
-            adapter_name=report.name,
-            revision=report.revision,
-            type=report.kind.value,
-            serving_revision=report.serving_revision,
-        )
-        if report.kind is ReportKind.NACK:
-            request.error.code = report.error_code
-            request.error.message = truncate_text(report.error_message, MAX_ERROR_MESSAGE_BYTES)
-        await self._unary(
-            f"report {report.kind.name} {report.name}@{report.revision}",
-            self._stub.ReportStatus,
-            request,
-        )
-
-    async def alive(self) -> bool:
-        """Sends the replica's sign of life; False when the store had let its statuses
-        expire, so every adapter should be reported again."""
-        response: pb.ReportReplicaAliveResponse = await self._unary(
-            "sign of life",
-            self._stub.ReportReplicaAlive,
-            pb.ReportReplicaAliveRequest(replica_id=self._settings.replica_id),
-        )
-        return response.known
+    async def report_status(self, batch: StatusBatch) -> bool:
+        """Sends a batched report (in as many calls as its size needs); False when the
+        store had let this replica's statuses expire: the next batch should carry
+        every shard."""
+        known = True
+        for request in report_requests(self._settings.replica_id, batch):
+            response: pb.ReportReplicaStatusResponse = await self._unary(
+                "report status", self._stub.ReportReplicaStatus, request
+            )
+            known = known and response.known
+        return known
 
     async def _unary(self, what: str, method: Callable[..., Any], request: Any) -> Any:
         try:
@@ -390,7 +378,15 @@ def _event_from_proto(event: pb.AdapterEvent) -> StoreEvent:
         name=event.adapter_name,
         revision=revision_from_proto(event.revision) if event.HasField("revision") else None,
         current_revision=event.current_revision,
+        rollout=_split(event.rollout) if event.HasField("rollout") else None,
     )
+
+
+def _split(rollout: pb.Rollout) -> RolloutSplit | None:
+    """The split an active rollout asks for; None for one that has ended."""
+    if rollout.state != pb.ROLLOUT_STATE_ACTIVE:
+        return None
+    return RolloutSplit(revision_from_proto(rollout.candidate), rollout.weight, rollout.start_seq)
 
 
 def rpc_code(error: BaseException) -> int:

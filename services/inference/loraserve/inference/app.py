@@ -34,7 +34,7 @@ from loraserve.inference.adapters import (
 )
 from loraserve.inference.cache import AdapterCache
 from loraserve.inference.engine import VllmEngine
-from loraserve.inference.metrics import InferenceMetrics
+from loraserve.inference.metrics import TTFT_BOUNDS_S, InferenceMetrics
 from loraserve.inference.serving import (
     SERVICE_NAME,
     Admission,
@@ -44,7 +44,12 @@ from loraserve.inference.serving import (
     register,
 )
 from loraserve.inference.settings import EngineOptions, InferenceSettings
-from loraserve.inference.sync import Synchronizer, SyncSettings, current_adapter_ranks
+from loraserve.inference.sync import (
+    ReportSettings,
+    Synchronizer,
+    SyncSettings,
+    current_adapter_ranks,
+)
 
 if TYPE_CHECKING:
     from loraserve.inference.openai import RunningHttpServer
@@ -132,18 +137,32 @@ class InferenceApp:
             observer=self.metrics,
         )
         await cache.prepare()
+        # Names whose report to the store may have changed: the registry adds, sync reads.
+        changed: set[str] = set()
         registry = AdapterRegistry(
-            engine, cache, compat, max_pinned=info.max_cpu_loras, observer=self.metrics
+            engine,
+            cache,
+            compat,
+            max_pinned=info.max_cpu_loras,
+            observer=self.metrics,
+            on_change=changed.add,
         )
         synchronizer = Synchronizer(
             self._store,
             registry,
             cache,
             SyncSettings(
-                status_interval_s=settings.status_interval_s,
                 prefetch_adapters=settings.prefetch_adapters,
+                reports=ReportSettings(
+                    interval_s=settings.status_interval_s,
+                    flush_s=settings.status_flush_s,
+                    counters_interval_s=settings.rollout_report_interval_s,
+                ),
             ),
             observe_swap=self.metrics.observe_swap_latency,
+            changed=changed,
+            counters=self.metrics.rollouts,
+            ttft_bounds=TTFT_BOUNDS_S,
         )
         tiers = TierView(
             registry,

@@ -80,8 +80,12 @@ class InferenceSettings:
     max_pending_requests: int = 256
     # HOST:PORT of the OpenAI-compatible HTTP front; None: off.
     openai_listen: str | None = None
-    # Seconds between signs of life to the store (see SyncSettings.status_interval_s).
+    # Longest time between reports to the store (see sync.ReportSettings).
     status_interval_s: float = 60.0
+    # A change of what this replica routes reaches the store within about this.
+    status_flush_s: float = 1.0
+    # How often a rollout's counters go to the store while it is active.
+    rollout_report_interval_s: float = 10.0
     # See StoreClientSettings.max_staleness_s.
     store_max_staleness_s: float = 30.0
     # Largest HTTP request body the front reads; larger ones get 413 unread.
@@ -236,8 +240,22 @@ def _add_store_flags(serve: argparse.ArgumentParser, flags: EnvFlags) -> None:
         "--status-interval",
         type=positive_float,
         default=env("status-interval", "60"),
-        help="seconds between this replica's signs of life to the store, which stops "
-        "showing its statuses after its --status-ttl without one",
+        help="longest time in seconds between this replica's reports to the store, which "
+        "shows it as stale after two missed and forgets it after its --status-ttl",
+    )
+    serve.add_argument(
+        "--status-flush-interval",
+        type=positive_float,
+        default=env("status-flush-interval", "1"),
+        help="seconds within which a change of what this replica routes (a revision "
+        "routed, loaded or refused) is reported to the store, batched",
+    )
+    serve.add_argument(
+        "--rollout-report-interval",
+        type=positive_float,
+        default=env("rollout-report-interval", "10"),
+        help="seconds between reports of the per-revision counts of adapters in a rollout, "
+        "which the store's guards judge",
     )
 
 
@@ -308,6 +326,8 @@ def parse_settings(
         max_pending_requests=int(args.max_pending_requests),
         openai_listen=args.openai_listen or None,
         status_interval_s=float(args.status_interval),
+        status_flush_s=float(args.status_flush_interval),
+        rollout_report_interval_s=float(args.rollout_report_interval),
         store_max_staleness_s=float(args.store_max_staleness),
         openai_max_body_bytes=int(args.openai_max_body_size),
         metrics_port=int(args.metrics_port) if args.metrics_port is not None else None,

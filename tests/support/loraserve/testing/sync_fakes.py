@@ -1,130 +1,40 @@
-"""Fakes of the store, the fetcher and the registry for the synchronizer's unit tests.
-
-The store's watch streams are fed by the test; the harness runs a `Synchronizer` on the three.
+"""Fakes of the fetcher and the registry for the synchronizer's unit tests, and the
+harness that runs a `Synchronizer` on them and a FakeStore (sync_store.py), whose
+watch streams are fed by the test.
 """
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncGenerator, AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
-from datetime import UTC, datetime
 from pathlib import Path
 
 import pytest
 
-from loraserve.clients.store import (
-    EventKind,
-    Heartbeat,
-    ListedAdapter,
-    Listing,
-    Report,
-    ReportKind,
-    StoreEvent,
+from loraserve.clients.replicareport import (
+    AdapterReport,
+    RevisionReport,
+    RevisionState,
 )
-from loraserve.common.errors import TRANSIENT_ERRORS, LoraserveError
-from loraserve.common.manifest import FileInfo, Revision
+from loraserve.clients.store import (
+    Listing,
+    RolloutSplit,
+    rpc_code,
+)
+from loraserve.common.errors import TRANSIENT_ERRORS, FailedPrecondition, LoraserveError
+from loraserve.common.manifest import Revision
 from loraserve.inference.adapters import RegistryCounts
 from loraserve.inference.cache import CachedRevision
-from loraserve.inference.sync import Synchronizer, SyncSettings
+from loraserve.inference.sync import ReportSettings, Synchronizer, SyncSettings
+from loraserve.testing.sync_store import FakeStore, manifest
 from loraserve.testing.waiting import eventually
 
-FAST = SyncSettings(initial_backoff_s=0.001, max_backoff_s=0.01)
-_END = object()  # ends a fake watch stream normally
-
-
-def manifest(name: str, revision: int, rank: int = 8, seq: int = 0) -> Revision:
-    return Revision(
-        adapter_name=name,
-        revision=revision,
-        files=(FileInfo("adapter_model.safetensors", 10, "0" * 64),),
-        base_model="tiny",
-        rank=rank,
-        alpha=16.0,
-        target_modules=("q_proj",),
-        create_time=datetime(2026, 1, 1, tzinfo=UTC),
-        pushed_by="test",
-        description="",
-        seq=seq,
-    )
-
-
-def pushed(seq: int, name: str, revision: int, *, promote: bool = True) -> StoreEvent:
-    return StoreEvent(
-        seq,
-        EventKind.REVISION_PUSHED,
-        name,
-        manifest(name, revision),
-        revision if promote else revision - 1,
-    )
-
-
-def current_set(seq: int, name: str, revision: int) -> StoreEvent:
-    return StoreEvent(seq, EventKind.CURRENT_REVISION_SET, name, manifest(name, revision), revision)
-
-
-def deleted(seq: int, name: str) -> StoreEvent:
-    return StoreEvent(seq, EventKind.ADAPTER_DELETED, name, None, 0)
-
-
-class FakeStore:
-    """A store whose watch streams are fed by the test, one queue per stream."""
-
-    def __init__(self, listing: Listing) -> None:
-        self.listings = [listing]
-        self.list_calls = 0
-        self.watch_calls: list[int] = []
-        self.watch_incarnations: list[str] = []
-        self.streams: asyncio.Queue[asyncio.Queue[object]] = asyncio.Queue()
-        self.reports: list[Report] = []
-        self.report_failures: list[LoraserveError] = []
-        self.alive_calls = 0
-        # Answers of the next signs of life (then True): False says the store forgot us.
-        self.known: list[bool] = []
-
-    async def list_adapters(self, base_model: str = "") -> Listing:
-        self.list_calls += 1
-        listing = self.listings[min(self.list_calls, len(self.listings)) - 1]
-        if base_model:
-            adapters = tuple(
-                a for a in listing.adapters if a.current and a.current.base_model == base_model
-            )
-            return Listing(adapters, listing.seq, listing.incarnation)
-        return listing
-
-    async def watch(
-        self, after_seq: int, incarnation: str = ""
-    ) -> AsyncGenerator[StoreEvent | Heartbeat, None]:
-        self.watch_calls.append(after_seq)
-        self.watch_incarnations.append(incarnation)
-        stream = await self.streams.get()
-        while True:
-            item = await stream.get()
-            if item is _END:
-                return
-            if isinstance(item, BaseException):
-                raise item
-            assert isinstance(item, StoreEvent | Heartbeat)
-            yield item
-
-    def open_stream(self, *items: object) -> asyncio.Queue[object]:
-        stream: asyncio.Queue[object] = asyncio.Queue()
-        for item in items:
-            stream.put_nowait(item)
-        self.streams.put_nowait(stream)
-        return stream
-
-    async def report(self, report: Report) -> None:
-        if self.report_failures:
-            raise self.report_failures.pop(0)
-        self.reports.append(report)
-
-    async def alive(self) -> bool:
-        self.alive_calls += 1
-        return self.known.pop(0) if self.known else True
-
-    def reports_of(self, kind: ReportKind) -> list[tuple[str, int]]:
-        return [(r.name, r.revision) for r in self.reports if r.kind is kind]
+FAST = SyncSettings(
+    initial_backoff_s=0.001,
+    max_backoff_s=0.01,
+    reports=ReportSettings(interval_s=60.0, flush_s=0.005, counters_interval_s=0.005),
+)
 
 
 class FakeFetcher:
@@ -162,7 +72,10 @@ class FakeRegistry:
         self.set_currents: list[tuple[str, int]] = []
         self.deletes: list[str] = []
         self.install_failures: dict[tuple[str, int], Exception] = {}
-        self.failures: dict[tuple[str, int], str] = {}
+        # Revisions listed FAILED: (code, message).
+        self.failures: dict[tuple[str, int], tuple[int, str]] = {}
+        self.splits: dict[str, RolloutSplit] = {}
+        self.candidates_installed: list[tuple[str, int]] = []
         # Names routed without loading (set_target).
         self.targets: dict[str, int] = {}
         # The manifest of every revision installed or targeted, for `held`.
@@ -175,11 +88,15 @@ class FakeRegistry:
         except TRANSIENT_ERRORS:
             raise
         except LoraserveError as exc:
-            self.failures[key] = exc.message
+            self.mark_failed(manifest, exc)
             raise
         self.installs.append((*key, make_current))
         if key in self.install_failures:
-            raise self.install_failures[key]
+            failure = self.install_failures[key]
+            if isinstance(failure, LoraserveError) and not isinstance(failure, TRANSIENT_ERRORS):
+                self.mark_failed(manifest, failure)
+            raise failure
+        self.failures.pop(key, None)
         self.installed.add(key)
         self.manifests[key] = manifest
         if make_current:
@@ -199,6 +116,8 @@ class FakeRegistry:
 
     async def delete(self, name: str) -> None:
         self.deletes.append(name)
+        self.splits.pop(name, None)
+        self.failures = {key: f for key, f in self.failures.items() if key[0] != name}
         self.targets.pop(name, None)
         self.installed = {key for key in self.installed if key[0] != name}
         self.manifests = {key: m for key, m in self.manifests.items() if key[0] != name}
@@ -220,6 +139,10 @@ class FakeRegistry:
         return (name, revision) in self.installed
 
     def set_target(self, manifest: Revision) -> None:
+        if manifest.rank > 16:
+            error = FailedPrecondition(f"rank {manifest.rank} exceeds --max-lora-rank 16")
+            self.mark_failed(manifest, error)
+            raise error
         self.targets[manifest.adapter_name] = manifest.revision
         self.manifests[(manifest.adapter_name, manifest.revision)] = manifest
 
@@ -237,6 +160,58 @@ class FakeRegistry:
             in_slots=0,
         )
 
+    def mark_failed(self, manifest: Revision, error: Exception) -> None:
+        message = error.message if isinstance(error, LoraserveError) else type(error).__name__
+        self.failures[manifest.key] = (rpc_code(error), message)
+
+    def set_rollout(self, name: str, split: RolloutSplit) -> None:
+        self.splits[name] = split
+        if split.candidate.rank > 16:
+            error = FailedPrecondition(f"rank {split.candidate.rank} exceeds --max-lora-rank 16")
+            self.mark_failed(split.candidate, error)
+            raise error
+
+    def end_rollout(self, name: str) -> None:
+        self.splits.pop(name, None)
+
+    async def install_candidate(self, name: str) -> None:
+        split = self.splits[name]
+        await self.fetcher.fetch(*split.candidate.key, split.candidate)
+        self.candidates_installed.append(split.candidate.key)
+        self.installed.add(split.candidate.key)
+
+    def split_of(self, name: str) -> RolloutSplit | None:
+        return self.splits.get(name)
+
+    def names(self) -> set[str]:
+        failed = {name for name, _ in self.failures}
+        return set(self.current) | set(self.targets) | set(self.splits) | failed
+
+    def report(self, name: str) -> AdapterReport | None:
+        """As the registry reports: what the name routes, loaded or not, its candidate,
+        and what failed."""
+        revisions: dict[int, RevisionReport] = {}
+        serving = self.current.get(name) or self.targets.get(name, 0)
+        if serving:
+            loaded = (name, serving) in self.installed
+            state = RevisionState.LOADED if loaded else RevisionState.ROUTED
+            revisions[serving] = RevisionReport(serving, state)
+        split = self.splits.get(name)
+        if split is not None:
+            number = split.candidate.revision
+            loaded = (name, number) in self.installed
+            state = RevisionState.LOADED if loaded else RevisionState.ROUTED
+            revisions[number] = RevisionReport(number, state, candidate=True)
+        for (failed_name, number), (code, message) in self.failures.items():
+            if failed_name == name:
+                candidate = split is not None and split.candidate.revision == number
+                revisions[number] = RevisionReport(
+                    number, RevisionState.FAILED, candidate, code, message
+                )
+        if not revisions:
+            return None
+        return AdapterReport(name, serving, tuple(revisions[n] for n in sorted(revisions)))
+
 
 class FakeDiskCache:
     """Sync's view of the disk cache: no files; `recent` names the adapters served most
@@ -250,10 +225,6 @@ class FakeDiskCache:
 
     def recent_names(self) -> list[str]:
         return self._recent()
-
-
-def listing(seq: int, *revisions: tuple[str, int]) -> Listing:
-    return Listing(tuple(ListedAdapter(n, manifest(n, r)) for n, r in revisions), seq)
 
 
 class Harness:
@@ -284,6 +255,14 @@ class Harness:
 
     async def settled(self, seq: int) -> None:
         await eventually(lambda: self.sync.applied_seq >= seq, f"applied seq {seq}")
+
+    async def reported(
+        self, name: str, expected: tuple[int, dict[int, RevisionState]] | None
+    ) -> None:
+        """Waits until the store holds `expected` (see FakeStore.routes) of `name`."""
+        await eventually(
+            lambda: self.store.routes(name) == expected, f"{name} reported as {expected}"
+        )
 
 
 @asynccontextmanager

@@ -16,6 +16,7 @@ class EventType(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     EVENT_TYPE_REVISION_PUSHED: _ClassVar[EventType]
     EVENT_TYPE_CURRENT_REVISION_SET: _ClassVar[EventType]
     EVENT_TYPE_ADAPTER_DELETED: _ClassVar[EventType]
+    EVENT_TYPE_ROLLOUT_CHANGED: _ClassVar[EventType]
 
 class ReportType(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     __slots__ = ()
@@ -23,14 +24,48 @@ class ReportType(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     REPORT_TYPE_ACK: _ClassVar[ReportType]
     REPORT_TYPE_NACK: _ClassVar[ReportType]
     REPORT_TYPE_REMOVED: _ClassVar[ReportType]
+
+class ReplicaLiveness(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    REPLICA_LIVENESS_UNSPECIFIED: _ClassVar[ReplicaLiveness]
+    REPLICA_LIVENESS_LIVE: _ClassVar[ReplicaLiveness]
+    REPLICA_LIVENESS_STALE: _ClassVar[ReplicaLiveness]
+
+class RevisionServingState(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    REVISION_SERVING_STATE_UNSPECIFIED: _ClassVar[RevisionServingState]
+    REVISION_SERVING_STATE_ROUTED: _ClassVar[RevisionServingState]
+    REVISION_SERVING_STATE_LOADING: _ClassVar[RevisionServingState]
+    REVISION_SERVING_STATE_LOADED: _ClassVar[RevisionServingState]
+    REVISION_SERVING_STATE_FAILED: _ClassVar[RevisionServingState]
+
+class RolloutState(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    ROLLOUT_STATE_UNSPECIFIED: _ClassVar[RolloutState]
+    ROLLOUT_STATE_ACTIVE: _ClassVar[RolloutState]
+    ROLLOUT_STATE_PROMOTED: _ClassVar[RolloutState]
+    ROLLOUT_STATE_ABORTED: _ClassVar[RolloutState]
 EVENT_TYPE_UNSPECIFIED: EventType
 EVENT_TYPE_REVISION_PUSHED: EventType
 EVENT_TYPE_CURRENT_REVISION_SET: EventType
 EVENT_TYPE_ADAPTER_DELETED: EventType
+EVENT_TYPE_ROLLOUT_CHANGED: EventType
 REPORT_TYPE_UNSPECIFIED: ReportType
 REPORT_TYPE_ACK: ReportType
 REPORT_TYPE_NACK: ReportType
 REPORT_TYPE_REMOVED: ReportType
+REPLICA_LIVENESS_UNSPECIFIED: ReplicaLiveness
+REPLICA_LIVENESS_LIVE: ReplicaLiveness
+REPLICA_LIVENESS_STALE: ReplicaLiveness
+REVISION_SERVING_STATE_UNSPECIFIED: RevisionServingState
+REVISION_SERVING_STATE_ROUTED: RevisionServingState
+REVISION_SERVING_STATE_LOADING: RevisionServingState
+REVISION_SERVING_STATE_LOADED: RevisionServingState
+REVISION_SERVING_STATE_FAILED: RevisionServingState
+ROLLOUT_STATE_UNSPECIFIED: RolloutState
+ROLLOUT_STATE_ACTIVE: RolloutState
+ROLLOUT_STATE_PROMOTED: RolloutState
+ROLLOUT_STATE_ABORTED: RolloutState
 
 class FileInfo(_message.Message):
     __slots__ = ("name", "size", "sha256")
@@ -69,7 +104,7 @@ class Revision(_message.Message):
     def __init__(self, adapter_name: _Optional[str] = ..., revision: _Optional[int] = ..., files: _Optional[_Iterable[_Union[FileInfo, _Mapping]]] = ..., base_model: _Optional[str] = ..., rank: _Optional[int] = ..., alpha: _Optional[float] = ..., target_modules: _Optional[_Iterable[str]] = ..., create_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., pushed_by: _Optional[str] = ..., description: _Optional[str] = ..., seq: _Optional[int] = ...) -> None: ...
 
 class Adapter(_message.Message):
-    __slots__ = ("name", "current_revision", "latest_revision", "current", "create_time", "update_time", "create_seq")
+    __slots__ = ("name", "current_revision", "latest_revision", "current", "create_time", "update_time", "create_seq", "rollout")
     NAME_FIELD_NUMBER: _ClassVar[int]
     CURRENT_REVISION_FIELD_NUMBER: _ClassVar[int]
     LATEST_REVISION_FIELD_NUMBER: _ClassVar[int]
@@ -77,6 +112,7 @@ class Adapter(_message.Message):
     CREATE_TIME_FIELD_NUMBER: _ClassVar[int]
     UPDATE_TIME_FIELD_NUMBER: _ClassVar[int]
     CREATE_SEQ_FIELD_NUMBER: _ClassVar[int]
+    ROLLOUT_FIELD_NUMBER: _ClassVar[int]
     name: str
     current_revision: int
     latest_revision: int
@@ -84,7 +120,8 @@ class Adapter(_message.Message):
     create_time: _timestamp_pb2.Timestamp
     update_time: _timestamp_pb2.Timestamp
     create_seq: int
-    def __init__(self, name: _Optional[str] = ..., current_revision: _Optional[int] = ..., latest_revision: _Optional[int] = ..., current: _Optional[_Union[Revision, _Mapping]] = ..., create_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., update_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., create_seq: _Optional[int] = ...) -> None: ...
+    rollout: Rollout
+    def __init__(self, name: _Optional[str] = ..., current_revision: _Optional[int] = ..., latest_revision: _Optional[int] = ..., current: _Optional[_Union[Revision, _Mapping]] = ..., create_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., update_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., create_seq: _Optional[int] = ..., rollout: _Optional[_Union[Rollout, _Mapping]] = ...) -> None: ...
 
 class PushHeader(_message.Message):
     __slots__ = ("name", "files", "no_promote", "description", "idempotency_key")
@@ -245,7 +282,7 @@ class WatchAdaptersRequest(_message.Message):
     def __init__(self, after_seq: _Optional[int] = ..., incarnation: _Optional[str] = ...) -> None: ...
 
 class AdapterEvent(_message.Message):
-    __slots__ = ("seq", "type", "adapter_name", "revision", "current_revision", "time", "actor")
+    __slots__ = ("seq", "type", "adapter_name", "revision", "current_revision", "time", "actor", "rollout")
     SEQ_FIELD_NUMBER: _ClassVar[int]
     TYPE_FIELD_NUMBER: _ClassVar[int]
     ADAPTER_NAME_FIELD_NUMBER: _ClassVar[int]
@@ -253,6 +290,7 @@ class AdapterEvent(_message.Message):
     CURRENT_REVISION_FIELD_NUMBER: _ClassVar[int]
     TIME_FIELD_NUMBER: _ClassVar[int]
     ACTOR_FIELD_NUMBER: _ClassVar[int]
+    ROLLOUT_FIELD_NUMBER: _ClassVar[int]
     seq: int
     type: EventType
     adapter_name: str
@@ -260,7 +298,8 @@ class AdapterEvent(_message.Message):
     current_revision: int
     time: _timestamp_pb2.Timestamp
     actor: str
-    def __init__(self, seq: _Optional[int] = ..., type: _Optional[_Union[EventType, str]] = ..., adapter_name: _Optional[str] = ..., revision: _Optional[_Union[Revision, _Mapping]] = ..., current_revision: _Optional[int] = ..., time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., actor: _Optional[str] = ...) -> None: ...
+    rollout: Rollout
+    def __init__(self, seq: _Optional[int] = ..., type: _Optional[_Union[EventType, str]] = ..., adapter_name: _Optional[str] = ..., revision: _Optional[_Union[Revision, _Mapping]] = ..., current_revision: _Optional[int] = ..., time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., actor: _Optional[str] = ..., rollout: _Optional[_Union[Rollout, _Mapping]] = ...) -> None: ...
 
 class Heartbeat(_message.Message):
     __slots__ = ("seq", "time", "synced_time", "incarnation")
@@ -333,7 +372,7 @@ class GetAdapterStatusRequest(_message.Message):
     def __init__(self, name: _Optional[str] = ..., page_size: _Optional[int] = ..., page_token: _Optional[str] = ...) -> None: ...
 
 class ReplicaAdapterStatus(_message.Message):
-    __slots__ = ("replica_id", "adapter_name", "serving_revision", "reported_revision", "type", "last_error", "update_time")
+    __slots__ = ("replica_id", "adapter_name", "serving_revision", "reported_revision", "type", "last_error", "update_time", "revisions", "liveness", "applied_seq", "seen_time")
     REPLICA_ID_FIELD_NUMBER: _ClassVar[int]
     ADAPTER_NAME_FIELD_NUMBER: _ClassVar[int]
     SERVING_REVISION_FIELD_NUMBER: _ClassVar[int]
@@ -341,6 +380,10 @@ class ReplicaAdapterStatus(_message.Message):
     TYPE_FIELD_NUMBER: _ClassVar[int]
     LAST_ERROR_FIELD_NUMBER: _ClassVar[int]
     UPDATE_TIME_FIELD_NUMBER: _ClassVar[int]
+    REVISIONS_FIELD_NUMBER: _ClassVar[int]
+    LIVENESS_FIELD_NUMBER: _ClassVar[int]
+    APPLIED_SEQ_FIELD_NUMBER: _ClassVar[int]
+    SEEN_TIME_FIELD_NUMBER: _ClassVar[int]
     replica_id: str
     adapter_name: str
     serving_revision: int
@@ -348,7 +391,23 @@ class ReplicaAdapterStatus(_message.Message):
     type: ReportType
     last_error: ErrorStatus
     update_time: _timestamp_pb2.Timestamp
-    def __init__(self, replica_id: _Optional[str] = ..., adapter_name: _Optional[str] = ..., serving_revision: _Optional[int] = ..., reported_revision: _Optional[int] = ..., type: _Optional[_Union[ReportType, str]] = ..., last_error: _Optional[_Union[ErrorStatus, _Mapping]] = ..., update_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ...) -> None: ...
+    revisions: _containers.RepeatedCompositeFieldContainer[RevisionStatus]
+    liveness: ReplicaLiveness
+    applied_seq: int
+    seen_time: _timestamp_pb2.Timestamp
+    def __init__(self, replica_id: _Optional[str] = ..., adapter_name: _Optional[str] = ..., serving_revision: _Optional[int] = ..., reported_revision: _Optional[int] = ..., type: _Optional[_Union[ReportType, str]] = ..., last_error: _Optional[_Union[ErrorStatus, _Mapping]] = ..., update_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., revisions: _Optional[_Iterable[_Union[RevisionStatus, _Mapping]]] = ..., liveness: _Optional[_Union[ReplicaLiveness, str]] = ..., applied_seq: _Optional[int] = ..., seen_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ...) -> None: ...
+
+class RevisionStatus(_message.Message):
+    __slots__ = ("revision", "state", "error", "candidate")
+    REVISION_FIELD_NUMBER: _ClassVar[int]
+    STATE_FIELD_NUMBER: _ClassVar[int]
+    ERROR_FIELD_NUMBER: _ClassVar[int]
+    CANDIDATE_FIELD_NUMBER: _ClassVar[int]
+    revision: int
+    state: RevisionServingState
+    error: ErrorStatus
+    candidate: bool
+    def __init__(self, revision: _Optional[int] = ..., state: _Optional[_Union[RevisionServingState, str]] = ..., error: _Optional[_Union[ErrorStatus, _Mapping]] = ..., candidate: _Optional[bool] = ...) -> None: ...
 
 class GetAdapterStatusResponse(_message.Message):
     __slots__ = ("statuses", "next_page_token")
@@ -357,3 +416,203 @@ class GetAdapterStatusResponse(_message.Message):
     statuses: _containers.RepeatedCompositeFieldContainer[ReplicaAdapterStatus]
     next_page_token: str
     def __init__(self, statuses: _Optional[_Iterable[_Union[ReplicaAdapterStatus, _Mapping]]] = ..., next_page_token: _Optional[str] = ...) -> None: ...
+
+class AdapterReport(_message.Message):
+    __slots__ = ("adapter_name", "serving_revision", "revisions")
+    ADAPTER_NAME_FIELD_NUMBER: _ClassVar[int]
+    SERVING_REVISION_FIELD_NUMBER: _ClassVar[int]
+    REVISIONS_FIELD_NUMBER: _ClassVar[int]
+    adapter_name: str
+    serving_revision: int
+    revisions: _containers.RepeatedCompositeFieldContainer[RevisionStatus]
+    def __init__(self, adapter_name: _Optional[str] = ..., serving_revision: _Optional[int] = ..., revisions: _Optional[_Iterable[_Union[RevisionStatus, _Mapping]]] = ...) -> None: ...
+
+class StatusShard(_message.Message):
+    __slots__ = ("index", "adapters")
+    INDEX_FIELD_NUMBER: _ClassVar[int]
+    ADAPTERS_FIELD_NUMBER: _ClassVar[int]
+    index: int
+    adapters: _containers.RepeatedCompositeFieldContainer[AdapterReport]
+    def __init__(self, index: _Optional[int] = ..., adapters: _Optional[_Iterable[_Union[AdapterReport, _Mapping]]] = ...) -> None: ...
+
+class RevisionCounters(_message.Message):
+    __slots__ = ("adapter_name", "revision", "requests", "errors", "generated_tokens", "ttft_buckets")
+    ADAPTER_NAME_FIELD_NUMBER: _ClassVar[int]
+    REVISION_FIELD_NUMBER: _ClassVar[int]
+    REQUESTS_FIELD_NUMBER: _ClassVar[int]
+    ERRORS_FIELD_NUMBER: _ClassVar[int]
+    GENERATED_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    TTFT_BUCKETS_FIELD_NUMBER: _ClassVar[int]
+    adapter_name: str
+    revision: int
+    requests: int
+    errors: int
+    generated_tokens: int
+    ttft_buckets: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, adapter_name: _Optional[str] = ..., revision: _Optional[int] = ..., requests: _Optional[int] = ..., errors: _Optional[int] = ..., generated_tokens: _Optional[int] = ..., ttft_buckets: _Optional[_Iterable[int]] = ...) -> None: ...
+
+class ReportReplicaStatusRequest(_message.Message):
+    __slots__ = ("replica_id", "applied_seq", "incarnation", "report_interval_seconds", "shards", "counters", "counters_epoch", "ttft_bounds_seconds")
+    REPLICA_ID_FIELD_NUMBER: _ClassVar[int]
+    APPLIED_SEQ_FIELD_NUMBER: _ClassVar[int]
+    INCARNATION_FIELD_NUMBER: _ClassVar[int]
+    REPORT_INTERVAL_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    SHARDS_FIELD_NUMBER: _ClassVar[int]
+    COUNTERS_FIELD_NUMBER: _ClassVar[int]
+    COUNTERS_EPOCH_FIELD_NUMBER: _ClassVar[int]
+    TTFT_BOUNDS_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    replica_id: str
+    applied_seq: int
+    incarnation: str
+    report_interval_seconds: float
+    shards: _containers.RepeatedCompositeFieldContainer[StatusShard]
+    counters: _containers.RepeatedCompositeFieldContainer[RevisionCounters]
+    counters_epoch: str
+    ttft_bounds_seconds: _containers.RepeatedScalarFieldContainer[float]
+    def __init__(self, replica_id: _Optional[str] = ..., applied_seq: _Optional[int] = ..., incarnation: _Optional[str] = ..., report_interval_seconds: _Optional[float] = ..., shards: _Optional[_Iterable[_Union[StatusShard, _Mapping]]] = ..., counters: _Optional[_Iterable[_Union[RevisionCounters, _Mapping]]] = ..., counters_epoch: _Optional[str] = ..., ttft_bounds_seconds: _Optional[_Iterable[float]] = ...) -> None: ...
+
+class ReportReplicaStatusResponse(_message.Message):
+    __slots__ = ("known",)
+    KNOWN_FIELD_NUMBER: _ClassVar[int]
+    known: bool
+    def __init__(self, known: _Optional[bool] = ...) -> None: ...
+
+class RolloutGuards(_message.Message):
+    __slots__ = ("abort_on_nack", "max_error_rate_margin", "max_ttft_p95_margin", "window_seconds", "min_requests")
+    ABORT_ON_NACK_FIELD_NUMBER: _ClassVar[int]
+    MAX_ERROR_RATE_MARGIN_FIELD_NUMBER: _ClassVar[int]
+    MAX_TTFT_P95_MARGIN_FIELD_NUMBER: _ClassVar[int]
+    WINDOW_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    MIN_REQUESTS_FIELD_NUMBER: _ClassVar[int]
+    abort_on_nack: bool
+    max_error_rate_margin: float
+    max_ttft_p95_margin: float
+    window_seconds: float
+    min_requests: int
+    def __init__(self, abort_on_nack: _Optional[bool] = ..., max_error_rate_margin: _Optional[float] = ..., max_ttft_p95_margin: _Optional[float] = ..., window_seconds: _Optional[float] = ..., min_requests: _Optional[int] = ...) -> None: ...
+
+class ArmFigures(_message.Message):
+    __slots__ = ("revision", "requests", "errors", "error_rate", "ttft_p95_seconds", "generated_tokens")
+    REVISION_FIELD_NUMBER: _ClassVar[int]
+    REQUESTS_FIELD_NUMBER: _ClassVar[int]
+    ERRORS_FIELD_NUMBER: _ClassVar[int]
+    ERROR_RATE_FIELD_NUMBER: _ClassVar[int]
+    TTFT_P95_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    GENERATED_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    revision: int
+    requests: int
+    errors: int
+    error_rate: float
+    ttft_p95_seconds: float
+    generated_tokens: int
+    def __init__(self, revision: _Optional[int] = ..., requests: _Optional[int] = ..., errors: _Optional[int] = ..., error_rate: _Optional[float] = ..., ttft_p95_seconds: _Optional[float] = ..., generated_tokens: _Optional[int] = ...) -> None: ...
+
+class Rollout(_message.Message):
+    __slots__ = ("adapter_name", "candidate_revision", "current_revision", "weight", "state", "guards", "start_seq", "update_seq", "start_time", "update_time", "started_by", "updated_by", "end_reason", "final_figures", "candidate")
+    ADAPTER_NAME_FIELD_NUMBER: _ClassVar[int]
+    CANDIDATE_REVISION_FIELD_NUMBER: _ClassVar[int]
+    CURRENT_REVISION_FIELD_NUMBER: _ClassVar[int]
+    WEIGHT_FIELD_NUMBER: _ClassVar[int]
+    STATE_FIELD_NUMBER: _ClassVar[int]
+    GUARDS_FIELD_NUMBER: _ClassVar[int]
+    START_SEQ_FIELD_NUMBER: _ClassVar[int]
+    UPDATE_SEQ_FIELD_NUMBER: _ClassVar[int]
+    START_TIME_FIELD_NUMBER: _ClassVar[int]
+    UPDATE_TIME_FIELD_NUMBER: _ClassVar[int]
+    STARTED_BY_FIELD_NUMBER: _ClassVar[int]
+    UPDATED_BY_FIELD_NUMBER: _ClassVar[int]
+    END_REASON_FIELD_NUMBER: _ClassVar[int]
+    FINAL_FIGURES_FIELD_NUMBER: _ClassVar[int]
+    CANDIDATE_FIELD_NUMBER: _ClassVar[int]
+    adapter_name: str
+    candidate_revision: int
+    current_revision: int
+    weight: float
+    state: RolloutState
+    guards: RolloutGuards
+    start_seq: int
+    update_seq: int
+    start_time: _timestamp_pb2.Timestamp
+    update_time: _timestamp_pb2.Timestamp
+    started_by: str
+    updated_by: str
+    end_reason: str
+    final_figures: _containers.RepeatedCompositeFieldContainer[ArmFigures]
+    candidate: Revision
+    def __init__(self, adapter_name: _Optional[str] = ..., candidate_revision: _Optional[int] = ..., current_revision: _Optional[int] = ..., weight: _Optional[float] = ..., state: _Optional[_Union[RolloutState, str]] = ..., guards: _Optional[_Union[RolloutGuards, _Mapping]] = ..., start_seq: _Optional[int] = ..., update_seq: _Optional[int] = ..., start_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., update_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., started_by: _Optional[str] = ..., updated_by: _Optional[str] = ..., end_reason: _Optional[str] = ..., final_figures: _Optional[_Iterable[_Union[ArmFigures, _Mapping]]] = ..., candidate: _Optional[_Union[Revision, _Mapping]] = ...) -> None: ...
+
+class StartRolloutRequest(_message.Message):
+    __slots__ = ("name", "revision", "weight", "guards", "idempotency_key")
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    REVISION_FIELD_NUMBER: _ClassVar[int]
+    WEIGHT_FIELD_NUMBER: _ClassVar[int]
+    GUARDS_FIELD_NUMBER: _ClassVar[int]
+    IDEMPOTENCY_KEY_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    revision: int
+    weight: float
+    guards: RolloutGuards
+    idempotency_key: str
+    def __init__(self, name: _Optional[str] = ..., revision: _Optional[int] = ..., weight: _Optional[float] = ..., guards: _Optional[_Union[RolloutGuards, _Mapping]] = ..., idempotency_key: _Optional[str] = ...) -> None: ...
+
+class SetRolloutWeightRequest(_message.Message):
+    __slots__ = ("name", "weight", "idempotency_key")
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    WEIGHT_FIELD_NUMBER: _ClassVar[int]
+    IDEMPOTENCY_KEY_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    weight: float
+    idempotency_key: str
+    def __init__(self, name: _Optional[str] = ..., weight: _Optional[float] = ..., idempotency_key: _Optional[str] = ...) -> None: ...
+
+class PromoteRolloutRequest(_message.Message):
+    __slots__ = ("name", "idempotency_key")
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    IDEMPOTENCY_KEY_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    idempotency_key: str
+    def __init__(self, name: _Optional[str] = ..., idempotency_key: _Optional[str] = ...) -> None: ...
+
+class AbortRolloutRequest(_message.Message):
+    __slots__ = ("name", "reason", "idempotency_key")
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    IDEMPOTENCY_KEY_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    reason: str
+    idempotency_key: str
+    def __init__(self, name: _Optional[str] = ..., reason: _Optional[str] = ..., idempotency_key: _Optional[str] = ...) -> None: ...
+
+class RolloutResponse(_message.Message):
+    __slots__ = ("rollout", "seq")
+    ROLLOUT_FIELD_NUMBER: _ClassVar[int]
+    SEQ_FIELD_NUMBER: _ClassVar[int]
+    rollout: Rollout
+    seq: int
+    def __init__(self, rollout: _Optional[_Union[Rollout, _Mapping]] = ..., seq: _Optional[int] = ...) -> None: ...
+
+class GetRolloutRequest(_message.Message):
+    __slots__ = ("name",)
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    def __init__(self, name: _Optional[str] = ...) -> None: ...
+
+class ReplicaArmFigures(_message.Message):
+    __slots__ = ("replica_id", "figures")
+    REPLICA_ID_FIELD_NUMBER: _ClassVar[int]
+    FIGURES_FIELD_NUMBER: _ClassVar[int]
+    replica_id: str
+    figures: ArmFigures
+    def __init__(self, replica_id: _Optional[str] = ..., figures: _Optional[_Union[ArmFigures, _Mapping]] = ...) -> None: ...
+
+class GetRolloutResponse(_message.Message):
+    __slots__ = ("rollout", "figures", "candidate_by_replica", "figures_time")
+    ROLLOUT_FIELD_NUMBER: _ClassVar[int]
+    FIGURES_FIELD_NUMBER: _ClassVar[int]
+    CANDIDATE_BY_REPLICA_FIELD_NUMBER: _ClassVar[int]
+    FIGURES_TIME_FIELD_NUMBER: _ClassVar[int]
+    rollout: Rollout
+    figures: _containers.RepeatedCompositeFieldContainer[ArmFigures]
+    candidate_by_replica: _containers.RepeatedCompositeFieldContainer[ReplicaArmFigures]
+    figures_time: _timestamp_pb2.Timestamp
+    def __init__(self, rollout: _Optional[_Union[Rollout, _Mapping]] = ..., figures: _Optional[_Iterable[_Union[ArmFigures, _Mapping]]] = ..., candidate_by_replica: _Optional[_Iterable[_Union[ReplicaArmFigures, _Mapping]]] = ..., figures_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ...) -> None: ...

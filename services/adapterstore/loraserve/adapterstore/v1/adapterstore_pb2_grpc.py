@@ -94,6 +94,36 @@ class AdapterStoreServiceStub:
                 request_serializer=loraserve_dot_adapterstore_dot_v1_dot_adapterstore__pb2.GetAdapterStatusRequest.SerializeToString,
                 response_deserializer=loraserve_dot_adapterstore_dot_v1_dot_adapterstore__pb2.GetAdapterStatusResponse.FromString,
                 _registered_method=True)
+        self.ReportReplicaStatus = channel.unary_unary(
+                '/loraserve.adapterstore.v1.AdapterStoreService/ReportReplicaStatus',
+                request_serializer=loraserve_dot_adapterstore_dot_v1_dot_adapterstore__pb2.ReportReplicaStatusRequest.SerializeToString,
+                response_deserializer=loraserve_dot_adapterstore_dot_v1_dot_adapterstore__pb2.ReportReplicaStatusResponse.FromString,
+                _registered_method=True)
+        self.StartRollout = channel.unary_unary(
+                '/loraserve.adapterstore.v1.AdapterStoreService/StartRollout',
+                request_serializer=loraserve_dot_adapterstore_dot_v1_dot_adapterstore__pb2.StartRolloutRequest.SerializeToString,
+                response_deserializer=loraserve_dot_adapterstore_dot_v1_dot_adapterstore__pb2.RolloutResponse.FromString,
+                _registered_method=True)
+        self.SetRolloutWeight = channel.unary_unary(
+                '/loraserve.adapterstore.v1.AdapterStoreService/SetRolloutWeight',
+                request_serializer=loraserve_dot_adapterstore_dot_v1_dot_adapterstore__pb2.SetRolloutWeightRequest.SerializeToString,
+                response_deserializer=loraserve_dot_adapterstore_dot_v1_dot_adapterstore__pb2.RolloutResponse.FromString,
+                _registered_method=True)
+        self.PromoteRollout = channel.unary_unary(
+                '/loraserve.adapterstore.v1.AdapterStoreService/PromoteRollout',
+                request_serializer=loraserve_dot_adapterstore_dot_v1_dot_adapterstore__pb2.PromoteRolloutRequest.SerializeToString,
+                response_deserializer=loraserve_dot_adapterstore_dot_v1_dot_adapterstore__pb2.RolloutResponse.FromString,
+                _registered_method=True)
+        self.AbortRollout = channel.unary_unary(
+                '/loraserve.adapterstore.v1.AdapterStoreService/AbortRollout',
+                request_serializer=loraserve_dot_adapterstore_dot_v1_dot_adapterstore__pb2.AbortRolloutRequest.SerializeToString,
+                response_deserializer=loraserve_dot_adapterstore_dot_v1_dot_adapterstore__pb2.RolloutResponse.FromString,
+                _registered_method=True)
+        self.GetRollout = channel.unary_unary(
+                '/loraserve.adapterstore.v1.AdapterStoreService/GetRollout',
+                request_serializer=loraserve_dot_adapterstore_dot_v1_dot_adapterstore__pb2.GetRolloutRequest.SerializeToString,
+                response_deserializer=loraserve_dot_adapterstore_dot_v1_dot_adapterstore__pb2.GetRolloutResponse.FromString,
+                _registered_method=True)
 
 
 class AdapterStoreServiceServicer:
@@ -162,8 +192,8 @@ class AdapterStoreServiceServicer:
         raise NotImplementedError('Method not implemented!')
 
     def ReportStatus(self, request, context):
-        """Records an inference replica's ACK or NACK of a revision. Needs a replica
-        token when authentication is on.
+        """Deprecated: replicas report every adapter at once with ReportReplicaStatus.
+        The store refuses it with FAILED_PRECONDITION, naming the upgrade.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -179,8 +209,56 @@ class AdapterStoreServiceServicer:
         raise NotImplementedError('Method not implemented!')
 
     def GetAdapterStatus(self, request, context):
-        """Returns, per live inference replica, which revision it serves and its last
-        error, a page at a time.
+        """Returns, per live inference replica, which revisions it routes, each one's
+        state and error, a page at a time.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ReportReplicaStatus(self, request, context):
+        """Records what an inference replica routes, in batches: its sign of life, the
+        status shards that changed since its last report, and the counters of the
+        revisions in a rollout. Needs a replica token.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def StartRollout(self, request, context):
+        """Starts a canary rollout: a share of the adapter's requests goes to another
+        revision on every replica. Needs a writer token.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def SetRolloutWeight(self, request, context):
+        """Changes the share of an active rollout. Needs a writer token.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def PromoteRollout(self, request, context):
+        """Makes an active rollout's candidate the current revision and ends the
+        rollout, in one log entry. Needs a writer token.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def AbortRollout(self, request, context):
+        """Ends an active rollout; every request goes to the current revision again.
+        Needs a writer token (the store's own guards abort without one).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def GetRollout(self, request, context):
+        """Returns an adapter's rollout (active or the last one ended) with both arms'
+        figures.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -243,6 +321,36 @@ def add_AdapterStoreServiceServicer_to_server(servicer, server):
                     servicer.GetAdapterStatus,
                     request_deserializer=loraserve_dot_adapterstore_dot_v1_dot_adapterstore__pb2.GetAdapterStatusRequest.FromString,
                     response_serializer=loraserve_dot_adapterstore_dot_v1_dot_adapterstore__pb2.GetAdapterStatusResponse.SerializeToString,
+            ),
+            'ReportReplicaStatus': grpc.unary_unary_rpc_method_handler(
+                    servicer.ReportReplicaStatus,
+                    request_deserializer=loraserve_dot_adapterstore_dot_v1_dot_adapterstore__pb2.ReportReplicaStatusRequest.FromString,
+                    response_serializer=loraserve_dot_adapterstore_dot_v1_dot_adapterstore__pb2.ReportReplicaStatusResponse.SerializeToString,
+            ),
+            'StartRollout': grpc.unary_unary_rpc_method_handler(
+                    servicer.StartRollout,
+                    request_deserializer=loraserve_dot_adapterstore_dot_v1_dot_adapterstore__pb2.StartRolloutRequest.FromString,
+                    response_serializer=loraserve_dot_adapterstore_dot_v1_dot_adapterstore__pb2.RolloutResponse.SerializeToString,
+            ),
+            'SetRolloutWeight': grpc.unary_unary_rpc_method_handler(
+                    servicer.SetRolloutWeight,
+                    request_deserializer=loraserve_dot_adapterstore_dot_v1_dot_adapterstore__pb2.SetRolloutWeightRequest.FromString,
+                    response_serializer=loraserve_dot_adapterstore_dot_v1_dot_adapterstore__pb2.RolloutResponse.SerializeToString,
+            ),
+            'PromoteRollout': grpc.unary_unary_rpc_method_handler(
+                    servicer.PromoteRollout,
+                    request_deserializer=loraserve_dot_adapterstore_dot_v1_dot_adapterstore__pb2.PromoteRolloutRequest.FromString,
+                    response_serializer=loraserve_dot_adapterstore_dot_v1_dot_adapterstore__pb2.RolloutResponse.SerializeToString,
+            ),
+            'AbortRollout': grpc.unary_unary_rpc_method_handler(
+                    servicer.AbortRollout,
+                    request_deserializer=loraserve_dot_adapterstore_dot_v1_dot_adapterstore__pb2.AbortRolloutRequest.FromString,
+                    response_serializer=loraserve_dot_adapterstore_dot_v1_dot_adapterstore__pb2.RolloutResponse.SerializeToString,
+            ),
+            'GetRollout': grpc.unary_unary_rpc_method_handler(
+                    servicer.GetRollout,
+                    request_deserializer=loraserve_dot_adapterstore_dot_v1_dot_adapterstore__pb2.GetRolloutRequest.FromString,
+                    response_serializer=loraserve_dot_adapterstore_dot_v1_dot_adapterstore__pb2.GetRolloutResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -547,6 +655,168 @@ class AdapterStoreService:
             '/loraserve.adapterstore.v1.AdapterStoreService/GetAdapterStatus',
             loraserve_dot_adapterstore_dot_v1_dot_adapterstore__pb2.GetAdapterStatusRequest.SerializeToString,
             loraserve_dot_adapterstore_dot_v1_dot_adapterstore__pb2.GetAdapterStatusResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ReportReplicaStatus(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/loraserve.adapterstore.v1.AdapterStoreService/ReportReplicaStatus',
+            loraserve_dot_adapterstore_dot_v1_dot_adapterstore__pb2.ReportReplicaStatusRequest.SerializeToString,
+            loraserve_dot_adapterstore_dot_v1_dot_adapterstore__pb2.ReportReplicaStatusResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def StartRollout(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/loraserve.adapterstore.v1.AdapterStoreService/StartRollout',
+            loraserve_dot_adapterstore_dot_v1_dot_adapterstore__pb2.StartRolloutRequest.SerializeToString,
+            loraserve_dot_adapterstore_dot_v1_dot_adapterstore__pb2.RolloutResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def SetRolloutWeight(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/loraserve.adapterstore.v1.AdapterStoreService/SetRolloutWeight',
+            loraserve_dot_adapterstore_dot_v1_dot_adapterstore__pb2.SetRolloutWeightRequest.SerializeToString,
+            loraserve_dot_adapterstore_dot_v1_dot_adapterstore__pb2.RolloutResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def PromoteRollout(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/loraserve.adapterstore.v1.AdapterStoreService/PromoteRollout',
+            loraserve_dot_adapterstore_dot_v1_dot_adapterstore__pb2.PromoteRolloutRequest.SerializeToString,
+            loraserve_dot_adapterstore_dot_v1_dot_adapterstore__pb2.RolloutResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def AbortRollout(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/loraserve.adapterstore.v1.AdapterStoreService/AbortRollout',
+            loraserve_dot_adapterstore_dot_v1_dot_adapterstore__pb2.AbortRolloutRequest.SerializeToString,
+            loraserve_dot_adapterstore_dot_v1_dot_adapterstore__pb2.RolloutResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def GetRollout(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/loraserve.adapterstore.v1.AdapterStoreService/GetRollout',
+            loraserve_dot_adapterstore_dot_v1_dot_adapterstore__pb2.GetRolloutRequest.SerializeToString,
+            loraserve_dot_adapterstore_dot_v1_dot_adapterstore__pb2.GetRolloutResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -13,12 +13,15 @@ from loraserve.inference.adapters.compat import (
     supported_lora_ranks,
 )
 from loraserve.inference.adapters.ports import RegistryObserver, RevisionCache
-from loraserve.inference.adapters.registry import AdapterRegistry, Lease, RegistryCounts
+from loraserve.inference.adapters.registry import AdapterRegistry, Lease
+from loraserve.inference.adapters.registry_reads import RegistryCounts
+from loraserve.inference.adapters.rollouts import ROLLOUT_KEY_HEADER
 from loraserve.inference.adapters.state import RevisionState, RevisionStatus
 from loraserve.inference.adapters.tiers import Tier, TierCounters, TierUsage, TierView
 
 __all__ = [
     "LLAMA_TARGET_MODULES",
+    "ROLLOUT_KEY_HEADER",
     "AdapterFacts",
     "AdapterRegistry",
     "CompatibilityChecker",

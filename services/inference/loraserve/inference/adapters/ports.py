@@ -63,3 +63,9 @@ class RegistryObserver(Protocol):
     def adapter_load_waited(self, source: str, seconds: float) -> None: ...
 
     def adapter_evicted(self, tier: str) -> None: ...
+
+    def rollout_set(self, name: str, candidate: int) -> None:
+        """The name's requests are split with `candidate` (its counts per revision
+        are kept while the rollout lasts)."""
+
+    def rollout_ended(self, name: str) -> None: ...

@@ -24,19 +24,19 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 
+from loraserve.clients.store import RolloutSplit, rpc_code
 from loraserve.common.errors import TRANSIENT_ERRORS, LoraserveError, NotFound, Unavailable
 from loraserve.common.manifest import Revision, RevisionKey
 from loraserve.common.names import AdapterRef
+from loraserve.inference.adapters.arms import CandidateArms
 from loraserve.inference.adapters.compat import CompatibilityChecker, manifest_facts
 from loraserve.inference.adapters.in_engine import EngineAdapters
 from loraserve.inference.adapters.loads import RevisionLoads
 from loraserve.inference.adapters.ports import RegistryObserver, RevisionCache
+from loraserve.inference.adapters.registry_reads import RegistryReads
 from loraserve.inference.adapters.state import (
-    IN_ENGINE,
     RevisionEntry,
     RevisionState,
-    RevisionStatus,
-    statuses,
 )
 from loraserve.inference.engine import AdapterHandle, Engine
 
@@ -52,22 +52,9 @@ class Lease:
     adapter: AdapterHandle | None
 
 
-@dataclass(frozen=True)
-class RegistryCounts:
-    """How many of each the registry has now."""
-
-    # Names routed here, loaded or not.
-    routed: int
-    # Names routed to a revision in the engine or loading one.
-    resident: int
-    # Revisions in the engine (READY, DRAINING or leaving).
-    loaded: int
-    # Revisions running requests: each takes a LoRA slot while batched.
-    in_slots: int
-
-
-class AdapterRegistry:
-    """Routes adapter names to loaded revisions on the engine; see the module docstring."""
+class AdapterRegistry(RegistryReads):
+    """Routes adapter names to loaded revisions on the engine; see the module docstring.
+    What it holds is read through `RegistryReads`."""
 
     def __init__(
         self,
@@ -77,6 +64,7 @@ class AdapterRegistry:
         *,
         max_pinned: int = 8,
         observer: RegistryObserver | None = None,
+        on_change: Callable[[str], None] = lambda name: None,
     ) -> None:
         if max_pinned < 1:
             raise ValueError(f"max_pinned must be at least 1, got {max_pinned}")
@@ -92,6 +80,17 @@ class AdapterRegistry:
         self._tasks: set[asyncio.Task[None]] = set()
         self._loads = RevisionLoads(
             self._entries, self._adapters, cache, self, self._update, self._spawn
+        )
+        # What the name reports to the store may have changed (sync's reporter).
+        self._changed = on_change
+        self._arms = CandidateArms(
+            self._entries,
+            self._loads,
+            self._adapters.check_facts,
+            self.mark_failed,
+            self._update,
+            on_change,
+            observer,
         )
 
     # -- what the store asks for (sync) -------------------------------------------
@@ -109,7 +108,7 @@ class AdapterRegistry:
         except TRANSIENT_ERRORS:
             raise
         except LoraserveError as exc:
-            self._fail(manifest, exc.message)
+            self.mark_failed(manifest, exc)
             raise
 
     def set_target(self, manifest: Revision) -> None:
@@ -124,9 +123,10 @@ class AdapterRegistry:
         try:
             self._adapters.check_facts(manifest_facts(manifest))
         except LoraserveError as exc:
-            self._fail(manifest, exc.message)
+            self.mark_failed(manifest, exc)
             raise
         self._targets[name] = manifest
+        self._changed(name)
         routed = self._routes.get(name)
         if routed is not None and routed != manifest.revision:
             del self._routes[name]
@@ -142,8 +142,21 @@ class AdapterRegistry:
         if entry is None:
             raise Unavailable(f"adapter {name}@{revision} left the engine as it loaded; retry")
 
+    def set_rollout(self, name: str, split: RolloutSplit) -> None:
+        """Sends `split.weight` percent of the name's requests to its candidate (see
+        arms.py); FailedPrecondition when the candidate cannot run here."""
+        self._arms.set(name, split)
+
+    def end_rollout(self, name: str) -> None:
+        self._arms.end(name)
+
+    async def install_candidate(self, name: str) -> None:
+        """Loads the rollout's candidate ahead of its first request."""
+        await self._arms.install(name)
+
     async def delete(self, name: str) -> None:
         """Stops routing `name`; its revisions drain, then leave the engine."""
+        self._arms.end(name)
         self._routes.pop(name, None)
         self._targets.pop(name, None)
         for entry in [e for e in self._entries.values() if e.name == name]:
@@ -155,54 +168,8 @@ class AdapterRegistry:
                 entry.pinned_at = 0
                 self._update(entry)
         self._spawn(self._cache_remove_unused(name))
+        self._changed(name)
         log.info("adapter.unrouted name=%s", name)
-
-    def current_revision(self, name: str) -> int | None:
-        """The revision `name` routes to in the engine; None when not loaded."""
-        return self._routes.get(name)
-
-    def held(self) -> dict[str, int]:
-        """Every name held here (routed, targeted, loaded, loading or pinned), with the
-        lowest store seq among the manifests of its revisions held: one committed
-        before the name's `create_seq` belongs to a deleted generation."""
-        oldest: dict[str, int] = {}
-        manifests = [e.manifest for e in self._entries.values()] + list(self._targets.values())
-        for manifest in manifests:
-            if manifest is not None:
-                name = manifest.adapter_name
-                oldest[name] = min(oldest.get(name, manifest.seq), manifest.seq)
-        return oldest
-
-    def target_revision(self, name: str) -> int | None:
-        """The revision `name` should route to, loaded or not."""
-        target = self._targets.get(name)
-        return target.revision if target is not None else None
-
-    def is_loaded(self, name: str, revision: int) -> bool:
-        """Whether the revision is in the engine and may take requests (READY or
-        DRAINING)."""
-        entry = self._entries.get(RevisionKey(name, revision))
-        return entry is not None and entry.state in (RevisionState.READY, RevisionState.DRAINING)
-
-    def uses_files(self, name: str, revision: int) -> bool:
-        """Whether the revision's files are in use: loaded, loading or leaving."""
-        entry = self._entries.get(RevisionKey(name, revision))
-        return entry is not None and entry.state is not RevisionState.FAILED
-
-    def is_resident(self, name: str) -> bool:
-        """Whether `name` routes to a revision in the engine or one is loading for it."""
-        return name in self._routes or any(
-            e.name == name and e.state is RevisionState.LOADING for e in self._entries.values()
-        )
-
-    def counts(self) -> RegistryCounts:
-        entries = self._entries.values()
-        return RegistryCounts(
-            routed=len(self._targets),
-            resident=len(self._routes),
-            loaded=sum(1 for e in entries if e.state in IN_ENGINE),
-            in_slots=sum(1 for e in entries if e.in_flight),
-        )
 
     async def release(self, name: str, revision: int) -> bool:
         """The cache wants the revision's files (`Holder`): takes it out of the engine
@@ -226,6 +193,7 @@ class AdapterRegistry:
             if self._entries.get(entry.key) is entry:
                 del self._entries[entry.key]
             entry.done.set()
+            self._changed(name)
         if self._observer is not None:
             self._observer.adapter_evicted("engine")
         log.info("adapter.evicted name=%s rev=%d", name, revision)
@@ -239,13 +207,18 @@ class AdapterRegistry:
     # -- what requests ask for ----------------------------------------------------
 
     @asynccontextmanager
-    async def acquire(self, ref: AdapterRef) -> AsyncIterator[Lease]:
-        """Holds the revision `ref` resolves to for the duration of a request."""
+    async def acquire(self, ref: AdapterRef, rollout_key: str = "") -> AsyncIterator[Lease]:
+        """Holds the revision `ref` resolves to for the duration of a request; a
+        rollout's split picks the arm of an unpinned one (by `rollout_key`)."""
         if ref.is_base:
             yield Lease(name="", revision=0, adapter=None)
             return
         if ref.revision is None:
-            entry = self._routed_entry(ref.name) or await self._load_on_miss(ref.name)
+            entry = (
+                await self._arms.entry_for(ref.name, rollout_key)
+                or self._routed_entry(ref.name)
+                or await self._load_on_miss(ref.name)
+            )
         else:
             key = RevisionKey(ref.name, ref.revision)
             pinned = await self._loads.ensure_loaded(key, None, self._pin)
@@ -259,18 +232,6 @@ class AdapterRegistry:
         finally:
             entry.in_flight -= 1
             self._update(entry)
-
-    def snapshot(self, in_host_memory: Callable[[int], bool] | None = None) -> list[RevisionStatus]:
-        """Every revision this registry knows, loaded or only routed, ordered by name
-        then revision, each with the tier it is in; `in_host_memory` tells the
-        lora_int_ids the engine holds in host memory (else all loaded ones count)."""
-        return statuses(
-            self._entries,
-            self._routes,
-            self._targets,
-            on_disk=lambda key: self._cache.is_cached(*key),
-            in_host_memory=in_host_memory or (lambda lora_int_id: True),
-        )
 
     def _routed_entry(self, name: str) -> RevisionEntry | None:
         revision = self._routes.get(name)
@@ -296,15 +257,21 @@ class AdapterRegistry:
             self._observer.adapter_load_waited(source, time.monotonic() - started)
         return entry
 
-    def _fail(self, manifest: Revision, message: str) -> None:
-        """Lists a revision whose load failed as FAILED with the reason, unless a load
-        of it is under way or it is in the engine."""
+    def mark_failed(self, manifest: Revision, error: Exception) -> None:
+        """Lists a revision that cannot run here as FAILED with the reason (a NACK to
+        the store), unless a load of it is under way or it is in the engine."""
         entry = self._entries.get(manifest.key)
         if entry is not None and entry.state is not RevisionState.FAILED:
             return
+        message = error.message if isinstance(error, LoraserveError) else type(error).__name__
         self._entries[manifest.key] = RevisionEntry(
-            manifest.key, RevisionState.FAILED, manifest=manifest, error=message
+            manifest.key,
+            RevisionState.FAILED,
+            manifest=manifest,
+            error=message,
+            error_code=rpc_code(error),
         )
+        self._changed(manifest.adapter_name)
         if self._observer is not None:
             self._observer.adapter_load_failed(manifest.adapter_name)
 
@@ -330,6 +297,7 @@ class AdapterRegistry:
         previous = self._routes.get(entry.name)
         self._routes[entry.name] = entry.revision
         self._update(entry)
+        self._changed(entry.name)
         assert entry.handle is not None
         log.info(
             "adapter.routed name=%s rev=%d lora_int_id=%d previous=%s",
@@ -357,7 +325,11 @@ class AdapterRegistry:
         call for; one nothing needs any more starts leaving."""
         if entry.state not in (RevisionState.READY, RevisionState.DRAINING):
             return
-        if self._routes.get(entry.name) == entry.revision or entry.pinned_at:
+        if (
+            self._routes.get(entry.name) == entry.revision
+            or entry.pinned_at
+            or self._arms.holds(entry)
+        ):
             entry.state = RevisionState.READY
             if entry.releasable:
                 self._cache.hold_ended()

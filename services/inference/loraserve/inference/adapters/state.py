@@ -17,7 +17,7 @@ from __future__ import annotations
 import asyncio
 import enum
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from loraserve.common.manifest import Revision, RevisionKey
@@ -63,6 +63,10 @@ class RevisionStatus:
     # Why its last load failed (FAILED only).
     last_error: str = ""
     tier: Tier = Tier.STORE
+    # Whether it is the candidate of the name's rollout, which sends it
+    # `rollout_weight` percent of the name's requests.
+    candidate: bool = False
+    rollout_weight: float = 0.0
 
 
 @dataclass(eq=False)
@@ -93,6 +97,8 @@ class RevisionEntry:
     # The load had to download it (not found on the cache's disk).
     downloaded: bool = False
     error: str = ""
+    # The google.rpc code of `error` (FAILED only).
+    error_code: int = 0
     done: asyncio.Event = field(default_factory=asyncio.Event)
     # The load, while LOADING; its callers wait on it.
     task: asyncio.Task[None] | None = None
@@ -125,6 +131,7 @@ def statuses(
     entries: Mapping[RevisionKey, RevisionEntry],
     routes: Mapping[str, int],
     targets: Mapping[str, Revision],
+    splits: Mapping[str, tuple[Revision, float]],
     *,
     on_disk: Callable[[RevisionKey], bool],
     in_host_memory: Callable[[int], bool],
@@ -141,16 +148,21 @@ def statuses(
         return Tier.DISK if on_disk(entry.key) else Tier.STORE
 
     found = {key: _status(e, routes, tier(e)) for key, e in entries.items()}
-    for target in targets.values():
+    arms = {candidate.key: (candidate, weight) for candidate, weight in splits.values()}
+    for target, current in [(t, True) for t in targets.values()] + [
+        (candidate, False) for candidate, _ in arms.values()
+    ]:
         if target.key not in found:
             found[target.key] = RevisionStatus(
                 target.adapter_name,
                 target.revision,
                 RevisionState.AVAILABLE,
-                current=True,
+                current=current,
                 rank=target.rank,
                 tier=Tier.DISK if on_disk(target.key) else Tier.STORE,
             )
+    for key, (_, weight) in arms.items():
+        found[key] = replace(found[key], candidate=True, rollout_weight=weight)
     return [found[key] for key in sorted(found)]
 
 

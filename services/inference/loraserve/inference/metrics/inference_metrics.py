@@ -14,6 +14,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, star
 from loraserve.inference.adapters import TierCounters, TierUsage
 from loraserve.inference.engine import EngineStats
 from loraserve.inference.metrics.model_server import ModelServerProtocolCollector
+from loraserve.inference.metrics.rollout_metrics import RolloutMeter
 
 log = logging.getLogger(__name__)
 
@@ -65,6 +66,8 @@ class InferenceMetrics:
             registry=r,
         )
         self.tier_counters = TierCounters()
+        # Per revision, the adapters in a rollout (both arms).
+        self.rollouts = RolloutMeter(r)
         self._downloads = Counter(
             "loraserve_inference_adapter_downloads",
             "Adapter revisions downloaded from the store into the disk cache.",
@@ -138,6 +141,18 @@ class InferenceMetrics:
     def tokens(self, adapter: str, *, prompt: int, generated: int) -> None:
         self._prompt_tokens.labels(_label(adapter)).inc(prompt)
         self._generated_tokens.labels(_label(adapter)).inc(generated)
+
+    def revision_finished(
+        self, adapter: str, revision: int, code: str, ttft_s: float | None, generated: int
+    ) -> None:
+        """A request served by `revision`: counted per arm while `adapter` is in a rollout."""
+        self.rollouts.finished(adapter, revision, code, ttft_s, generated)
+
+    def rollout_set(self, name: str, candidate: int) -> None:
+        self.rollouts.set(name, candidate)
+
+    def rollout_ended(self, name: str) -> None:
+        self.rollouts.end(name)
 
     def observe_time_to_first_token(self, seconds: float) -> None:
         self._ttft.observe(seconds)

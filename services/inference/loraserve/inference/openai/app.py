@@ -13,6 +13,7 @@ away, streamed or not, aborts its engine request.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import logging
 import time
@@ -30,6 +31,7 @@ from starlette.types import Receive, Scope, Send
 
 from loraserve.common.errors import InvalidArgument, LoraserveError, Unavailable
 from loraserve.common.security import ServerSecurity, TokenAuth
+from loraserve.inference.adapters import ROLLOUT_KEY_HEADER
 from loraserve.inference.openai.guard import RequestGuard
 from loraserve.inference.openai.protocol import (
     ChatTemplating,
@@ -150,7 +152,10 @@ def _add_generation(app: FastAPI, slot: RuntimeSlot, model_names: Sequence[str])
     async def completions(body: CompletionRequest, request: Request) -> Response:
         runtime = slot.get()
         adapter = adapter_for_model(body.model, model_names)
-        commands = completion_commands(body, adapter, _request_id(request))
+        commands = [
+            dataclasses.replace(c, rollout_key=_rollout_key(request, body.user))
+            for c in completion_commands(body, adapter, _request_id(request))
+        ]
         streams = [runtime.generator.generate(command) for command in commands]
         echo = _Echoes(runtime.engine, commands) if body.echo else None
         return await _respond(request, streams, body, base_name, echo)
@@ -168,6 +173,7 @@ def _add_generation(app: FastAPI, slot: RuntimeSlot, model_names: Sequence[str])
             prompt_text=fallback_chat_prompt(messages) if ids is None else None,
             prompt_token_ids=ids,
         )
+        command = dataclasses.replace(command, rollout_key=_rollout_key(request, body.user))
         streams = [runtime.generator.generate(command)]
         return await _respond(request, streams, body, base_name)
 
@@ -199,6 +205,12 @@ def _add_error_handlers(app: FastAPI) -> None:
 
 def _request_id(request: Request) -> str:
     return request.headers.get("x-request-id", "")
+
+
+def _rollout_key(request: Request, user: str | None) -> str:
+    """Which arm of a rollout the caller gets: the `x-rollout-key` header, else the
+    OpenAI `user` field (an end user's id), else none (requests spread by weight)."""
+    return request.headers.get(ROLLOUT_KEY_HEADER) or user or ""
 
 
 async def _chat_prompt_ids(engine: object, messages: list[dict[str, str]]) -> list[int] | None:

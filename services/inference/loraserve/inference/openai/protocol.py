@@ -7,7 +7,8 @@ honour (tools, suffix, best_of above n, ...) is a 400 naming it, never silently
 dropped: the request models forbid unknown fields. vLLM's extensions (`top_k`,
 `min_p`, `repetition_penalty`, `min_tokens`, `stop_token_ids`, `ignore_eos`,
 `bad_words`, `structured_outputs`, `prompt_logprobs`, `return_token_ids`, ...) are
-honoured. `user` is accepted and not used, as OpenAI's own servers do for routing.
+honoured. `user` (an end user's id) picks the arm of an adapter's rollout when no
+`x-rollout-key` header does, so one user sees one revision.
 The request bodies themselves are `openai_requests`.
 
 `model` is `""` or the served model's name (the base model), an adapter name (its

@@ -49,6 +49,8 @@ class GenerateCommand:
     prompt_token_ids: tuple[int, ...] | None = None
     sampling: SamplingRequest = field(default_factory=SamplingRequest)
     request_id: str = ""
+    # Picks the arm of a rollout of the adapter (a user id, say); "" spreads requests.
+    rollout_key: str = ""
 
 
 class FinishReason(enum.Enum):
@@ -85,6 +87,15 @@ class GenerationChunk:
     prompt_token_ids: tuple[int, ...] = ()
 
 
+@dataclass(slots=True)
+class _Outcome:
+    """What a request came to, for the per-revision counts of a rollout's arms."""
+
+    revision: int = 0
+    ttft_s: float | None = None
+    generated: int = 0
+
+
 def server_request_id(client_id: str) -> str:
     """A request id unique in this server; the client's id, if any, stays readable in it."""
     if len(client_id) > MAX_REQUEST_ID_CHARS or not client_id.isprintable():
@@ -118,13 +129,14 @@ class Generator:
         request_id = server_request_id(command.request_id)
         adapter_label = _UNRESOLVED_ADAPTER
         code = "OK"
+        outcome = _Outcome()
         try:
             with self._admission.admit():
                 admitted = time.monotonic()
                 prompt_ids = await self._prompt_ids(command)
                 spec = self._engine.sampling(command.sampling, len(prompt_ids))
-                async with self._registry.acquire(ref) as lease:
-                    adapter_label = lease.name
+                async with self._registry.acquire(ref, command.rollout_key) as lease:
+                    adapter_label, outcome.revision = lease.name, lease.revision
                     log.info(
                         "generate.started request_id=%s adapter=%s rev=%d prompt_tokens=%d",
                         request_id,
@@ -134,7 +146,7 @@ class Generator:
                     )
                     # aclosing: an async for does not close what it iterates when the
                     # consumer closes us, and the engine request must end right then.
-                    chunks = self._stream(request_id, prompt_ids, spec, lease, admitted)
+                    chunks = self._stream(request_id, prompt_ids, spec, lease, admitted, outcome)
                     async with contextlib.aclosing(chunks):
                         async for chunk in chunks:
                             yield chunk
@@ -147,6 +159,10 @@ class Generator:
             raise
         finally:
             self._metrics.request_finished(adapter_label, code)
+            if outcome.revision:
+                self._metrics.revision_finished(
+                    adapter_label, outcome.revision, code, outcome.ttft_s, outcome.generated
+                )
 
     async def _prompt_ids(self, command: GenerateCommand) -> tuple[int, ...]:
         if command.prompt_token_ids is not None:
@@ -176,6 +192,7 @@ class Generator:
         spec: SamplingSpec,
         lease: Lease,
         admitted: float,
+        outcome: _Outcome,
     ) -> AsyncGenerator[GenerationChunk, None]:
         generated = 0
         first = True
@@ -187,7 +204,8 @@ class Generator:
                 async for delta in stream:
                     token_ids = delta.token_ids
                     if not generated and token_ids:
-                        self._metrics.observe_time_to_first_token(time.monotonic() - admitted)
+                        outcome.ttft_s = time.monotonic() - admitted
+                        self._metrics.observe_time_to_first_token(outcome.ttft_s)
                     generated += len(token_ids)
                     # Runs once per token: the plain middle of a stream takes the short path.
                     if delta.finish is None and not first and not delta.logprobs:
@@ -215,6 +233,7 @@ class Generator:
                     )
                     first = False
         finally:
+            outcome.generated = generated
             self._metrics.tokens(lease.name, prompt=len(prompt_ids), generated=generated)
         if finish is None:
             raise Unavailable(f"the engine ended request {request_id} without a finish reason")

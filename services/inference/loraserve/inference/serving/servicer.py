@@ -9,7 +9,13 @@ from typing import Any
 import grpc
 
 from loraserve.common.sampling_fields import OPTIONAL_SAMPLING_FIELDS
-from loraserve.inference.adapters import RevisionState, RevisionStatus, Tier, TierUsage
+from loraserve.inference.adapters import (
+    ROLLOUT_KEY_HEADER,
+    RevisionState,
+    RevisionStatus,
+    Tier,
+    TierUsage,
+)
 from loraserve.inference.engine import (
     PositionLogprobs,
     SamplingRequest,
@@ -53,7 +59,7 @@ class InferenceServicer(pb_grpc.InferenceServiceServicer):  # type: ignore[misc]
         self, request: pb.GenerateRequest, context: Context
     ) -> AsyncIterator[pb.GenerateResponse]:
         runtime = self._slot.get()
-        chunks = runtime.generator.generate(_command(request))
+        chunks = runtime.generator.generate(_command(request, _rollout_key(context)))
         async with contextlib.aclosing(chunks):
             async for chunk in chunks:
                 yield _response(chunk)
@@ -107,7 +113,15 @@ def register(server: grpc.aio.Server, slot: RuntimeSlot) -> None:
     pb_grpc.add_InferenceServiceServicer_to_server(InferenceServicer(slot), server)
 
 
-def _command(request: pb.GenerateRequest) -> GenerateCommand:
+def _rollout_key(context: Context) -> str:
+    """The `x-rollout-key` metadata: which arm of a rollout the caller gets."""
+    for key, value in context.invocation_metadata() or ():
+        if key == ROLLOUT_KEY_HEADER:
+            return value if isinstance(value, str) else value.decode(errors="replace")
+    return ""
+
+
+def _command(request: pb.GenerateRequest, rollout_key: str = "") -> GenerateCommand:
     prompt = request.WhichOneof("prompt")
     return GenerateCommand(
         adapter=request.adapter,
@@ -115,6 +129,7 @@ def _command(request: pb.GenerateRequest) -> GenerateCommand:
         prompt_token_ids=tuple(request.token_ids.ids) if prompt == "token_ids" else None,
         sampling=sampling_request(request.sampling),
         request_id=request.request_id,
+        rollout_key=rollout_key,
     )
 
 
@@ -199,6 +214,8 @@ def _status(status: RevisionStatus) -> pb.AdapterRevisionStatus:
         rank=status.rank,
         last_error=status.last_error,
         tier=_TIER[status.tier],
+        candidate=status.candidate,
+        rollout_weight=status.rollout_weight,
     )
 
 

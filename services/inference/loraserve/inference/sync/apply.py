@@ -1,10 +1,12 @@
-"""Applying one revision the store asked for to the registry, and reporting how it went.
+"""Applying what the store asked for of one adapter to the registry: a revision to
+route or load, a rollout's split, a delete.
 
-Invariants: a revision served (loaded, routed if asked) is ACKed; a permanent failure
-is NACKed once with its reason and remembered as rejected, so it is not tried again
-until an event asks for it again; a transient failure (TRANSIENT_ERRORS) propagates
-for the caller to retry and reports nothing; at most `max_concurrent_loads` loads run
-at once. What came of each is kept in `state`.
+Invariants: a permanent failure is listed FAILED in the registry with its reason (a
+NACK in the next report) and remembered as rejected, so it is not tried again until
+an event asks for it again; a transient failure (TRANSIENT_ERRORS) propagates for
+the caller to retry; at most `max_concurrent_loads` loads run at once; every name
+touched is marked for the reporter (reports.py), which tells the store what came of
+it. What came of each is kept in `state`.
 """
 
 from __future__ import annotations
@@ -15,12 +17,12 @@ import time
 from collections.abc import Callable
 from typing import Protocol
 
-from loraserve.clients.store import Report, ReportKind, rpc_code
+from loraserve.clients.replicareport import AdapterReport
+from loraserve.clients.store import RolloutSplit
 from loraserve.common import errors
 from loraserve.common.errors import TRANSIENT_ERRORS
 from loraserve.common.manifest import Revision
 from loraserve.inference.adapters import RegistryCounts
-from loraserve.inference.sync.reports import StatusReporter
 from loraserve.inference.sync.state import SyncState
 
 log = logging.getLogger(__name__)
@@ -59,6 +61,26 @@ class Registry(Protocol):
         revision), with the lowest store seq among those revisions' manifests."""
         ...
 
+    def mark_failed(self, manifest: Revision, error: Exception) -> None:
+        """Lists the revision FAILED with the reason (the store sees a NACK)."""
+        ...
+
+    def set_rollout(self, name: str, split: RolloutSplit) -> None:
+        """Splits the name's requests; FailedPrecondition if the candidate cannot run here."""
+        ...
+
+    def end_rollout(self, name: str) -> None: ...
+
+    async def install_candidate(self, name: str) -> None: ...
+
+    def split_of(self, name: str) -> RolloutSplit | None: ...
+
+    def report(self, name: str) -> AdapterReport | None:
+        """What the store should be told of the name (reports.py)."""
+        ...
+
+    def names(self) -> set[str]: ...
+
 
 SwapObserver = Callable[[float], None]
 """Called with the seconds from event received to route flipped (metrics' swap latency)."""
@@ -71,13 +93,14 @@ class RevisionApplier:
         self,
         registry: Registry,
         state: SyncState,
-        reports: StatusReporter,
+        mark: Callable[[str], None],
         max_concurrent_loads: int,
         observe_swap: SwapObserver | None,
     ) -> None:
         self._registry = registry
         self._state = state
-        self._reports = reports
+        # The name's report may have changed.
+        self._mark = mark
         self._observe_swap = observe_swap
         self._load_limit = asyncio.Semaphore(max_concurrent_loads)
         # Names with a load in progress here (not yet in the registry while fetching).
@@ -90,19 +113,16 @@ class RevisionApplier:
 
     async def route(self, manifest: Revision) -> None:
         """Routes the name to a revision without loading it (its first request will),
-        once its manifest shows this server can serve it; ACKed if the store already
-        has a status of this adapter from this replica, which would otherwise stay
-        stale."""
+        once its manifest shows this server can serve it."""
         name, revision = manifest.adapter_name, manifest.revision
         try:
             self._registry.set_target(manifest)
         except Exception as exc:
-            await self._reject(manifest, exc)
+            self._reject(manifest, exc)
             return
         self._state.served.add(name)
+        self._mark(name)
         log.info("adapter.routed_lazily name=%s rev=%d", name, revision)
-        if name in self._state.reports.latest:
-            await self._reports.report(Report(name, revision, ReportKind.ACK, revision))
 
     async def preload(self, manifest: Revision) -> None:
         """Loads a non-current revision once, so promoting it later is quick."""
@@ -127,10 +147,11 @@ class RevisionApplier:
         except TRANSIENT_ERRORS:
             raise
         except Exception as exc:
-            await self._reject(manifest, exc)
+            self._reject(manifest, exc)
             return
         finally:
             self.loading.discard(name)
+            self._mark(name)
         self._state.served.add(name)
         if make_current and seen_at is not None:
             latency = time.monotonic() - seen_at
@@ -139,18 +160,44 @@ class RevisionApplier:
                 self._observe_swap(latency)
         else:
             log.info("adapter.loaded name=%s rev=%d current=%s", name, revision, make_current)
-        await self._reports.report(
-            Report(name, revision, ReportKind.ACK, self._serving_revision(name))
+
+    async def split(self, name: str, rollout: RolloutSplit | None) -> None:
+        """Applies the adapter's rollout: its split, the candidate loaded ahead when
+        the adapter is in the engine; the split ends when `rollout` is None. A
+        candidate that cannot run here is listed FAILED (the split then sends every
+        request to the current revision)."""
+        if rollout is None:
+            if self._registry.split_of(name) is not None:
+                self._registry.end_rollout(name)
+                log.info("rollout.ended name=%s", name)
+            return
+        try:
+            self._registry.set_rollout(name, rollout)
+            if self._registry.is_resident(name):
+                async with self._load_limit:
+                    await self._registry.install_candidate(name)
+        except TRANSIENT_ERRORS:
+            raise
+        except Exception as exc:
+            self._reject(rollout.candidate, exc)
+            return
+        finally:
+            self._mark(name)
+        log.info(
+            "rollout.split name=%s candidate=%d weight=%g",
+            name,
+            rollout.candidate.revision,
+            rollout.weight,
         )
 
     async def delete(self, name: str) -> None:
         served = self._serving_revision(name)
         await self._registry.delete(name)
         self._state.forget(name)
+        self._mark(name)
         log.info("adapter.deleted name=%s rev=%d", name, served)
-        await self._reports.report(Report(name, served, ReportKind.REMOVED, 0))
 
-    async def _reject(self, manifest: Revision, exc: Exception) -> None:
+    def _reject(self, manifest: Revision, exc: Exception) -> None:
         name, revision = manifest.adapter_name, manifest.revision
         self._state.rejected.add(manifest.key)
         if isinstance(exc, errors.LoraserveError):
@@ -165,18 +212,10 @@ class RevisionApplier:
         else:
             # A bug of ours or an engine error we did not foresee: report it and keep
             # syncing the other adapters rather than stopping.
-            message = f"internal error loading the revision: {type(exc).__name__}"
             log.error("adapter.load_bug name=%s rev=%d", name, revision, exc_info=exc)
-        await self._reports.report(
-            Report(
-                name,
-                revision,
-                ReportKind.NACK,
-                self._serving_revision(name),
-                error_code=rpc_code(exc),
-                error_message=message,
-            )
-        )
+            exc = errors.Internal(f"internal error loading the revision: {type(exc).__name__}")
+        self._registry.mark_failed(manifest, exc)
+        self._mark(name)
 
     def _serving_revision(self, name: str) -> int:
         return self._registry.current_revision(name) or 0

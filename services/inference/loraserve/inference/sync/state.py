@@ -1,9 +1,10 @@
-"""All of sync's bookkeeping: what the store wants this replica to serve, what
-came of each load, and what the store has been told.
+"""All of sync's bookkeeping: what the store wants this replica to serve (its current
+revision and, during a rollout, the split with its candidate) and what came of
+each load.
 
 Pure, no I/O: the synchronizer's watch loop records what the store says here, one
-worker per adapter reads the latest wish and applies it (`apply`), and the
-reports go out through `reports`. Events that pile up for one adapter fold
+worker per adapter reads the latest wish and applies it (`apply`), and what the
+registry then holds is reported by `reports`. Events that pile up for one adapter fold
 into one wish, so a burst of pushes loads only the revision that ends up current.
 The applied seq is the highest seq below which every event has been applied (or
 rejected for good).
@@ -13,7 +14,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from loraserve.clients.store import EventKind, Listing, Report, ReportKind, StoreEvent
+from loraserve.clients.store import EventKind, Listing, RolloutSplit, StoreEvent
 from loraserve.common.manifest import Revision, RevisionKey
 
 
@@ -31,38 +32,16 @@ class AdapterWish:
     # Seq of a delete not applied yet; 0 for none. Applied before anything else, so
     # a name deleted and pushed again drops the old revisions.
     delete_seq: int = 0
+    # The active rollout's split; None while the adapter has none.
+    rollout: RolloutSplit | None = None
     # Seqs of received events not yet applied.
     pending_seqs: list[int] = field(default_factory=list)
     # Bumped on every change, so a worker knows whether it applied the latest wish.
     version: int = 0
 
 
-class ReportBook:
-    """The store keeps one status per replica and adapter, so only the latest report
-    per adapter matters: the last ACK or NACK (sent again when the store forgot
-    this replica's statuses) and the last one not delivered yet."""
-
-    def __init__(self) -> None:
-        self.latest: dict[str, Report] = {}
-        self.unsent: dict[str, Report] = {}
-
-    def record(self, report: Report) -> None:
-        if report.kind is ReportKind.REMOVED:
-            self.latest.pop(report.name, None)
-        else:
-            self.latest[report.name] = report
-
-    def deferred(self, report: Report) -> None:
-        self.unsent[report.name] = report
-
-    def done(self, report: Report) -> None:
-        """Delivered, or refused for good: nothing to send again."""
-        self.unsent.pop(report.name, None)
-
-
 class SyncState:
-    """Wishes per adapter, the seqs received and applied, the outcome of loads,
-    and the reports."""
+    """Wishes per adapter, the seqs received and applied, the outcome of loads."""
 
     def __init__(self) -> None:
         self.wishes: dict[str, AdapterWish] = {}
@@ -74,7 +53,6 @@ class SyncState:
         self.preloaded: set[RevisionKey] = set()
         # Names some revision of which was served since their last delete.
         self.served: set[str] = set()
-        self.reports = ReportBook()
         # The store incarnation `received_seq` counts in; None before the first
         # listing, "" from a store that names none.
         self.incarnation: str | None = None
@@ -97,8 +75,11 @@ class SyncState:
         if revision is not None:
             # Asked for again: a revision rejected before gets one more try.
             self.rejected.discard(revision.key)
+        if event.kind is EventKind.ROLLOUT_CHANGED:
+            wish.rollout = event.rollout
         if event.kind is EventKind.ADAPTER_DELETED:
             wish.current = None
+            wish.rollout = None
             wish.preload.clear()
             wish.delete_seq = event.seq
         elif revision is not None and event.current_revision == revision.revision:
@@ -126,8 +107,10 @@ class SyncState:
         Returns the adapters whose wish changed."""
         changed = []
         listed = {a.name: a.current for a in listing.adapters if a.current is not None}
+        rollouts = {a.name: a.rollout for a in listing.adapters}
         for name, current in listed.items():
             wish = self.wishes.setdefault(name, AdapterWish())
+            wish.rollout = rollouts.get(name)
             if name in forget:
                 wish.delete_seq = listing.seq
                 wish.preload.clear()
@@ -149,6 +132,7 @@ class SyncState:
     def _wish_deleted(self, name: str, seq: int) -> None:
         wish = self.wishes.setdefault(name, AdapterWish())
         wish.current = None
+        wish.rollout = None
         wish.preload.clear()
         wish.delete_seq = seq
         wish.pending_seqs.append(seq)
@@ -160,7 +144,7 @@ class SyncState:
         if wish.version != version:
             return False
         wish.pending_seqs.clear()
-        if wish.current is None and not wish.preload and not wish.delete_seq:
+        if wish.current is None and not wish.preload and not wish.delete_seq and not wish.rollout:
             del self.wishes[name]
         return True
 

@@ -18,7 +18,7 @@ import logging
 import time
 from collections.abc import AsyncGenerator, AsyncIterator, Callable
 from contextlib import aclosing
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Protocol
 
 import stamina
@@ -28,7 +28,12 @@ from loraserve.common import errors, retrylog
 from loraserve.common.errors import LoraserveError
 from loraserve.inference.sync.apply import Registry, RevisionApplier, SwapObserver
 from loraserve.inference.sync.generations import heartbeat_from_elsewhere, names_to_forget
-from loraserve.inference.sync.reports import StatusAPI, StatusReporter
+from loraserve.inference.sync.reports import (
+    CountersSource,
+    ReportSettings,
+    StatusAPI,
+    StatusReporter,
+)
 from loraserve.inference.sync.state import AdapterWish, SyncState
 from loraserve.inference.sync.worker import AdapterWorker, RetryHook
 
@@ -67,9 +72,8 @@ class SyncSettings:
     max_concurrent_loads: int = 4
     # Adapters loaded before SERVING, and loaded on publish while fewer are resident.
     prefetch_adapters: int = 32
-    # Seconds between signs of life to the store, which shows this replica's
-    # statuses only while they keep coming (its --status-ttl must be longer).
-    status_interval_s: float = 60.0
+    # How often what this replica routes is reported to the store (reports.py).
+    reports: ReportSettings = field(default_factory=ReportSettings)
 
 
 class Synchronizer:
@@ -82,18 +86,30 @@ class Synchronizer:
         cache: DiskCache | None = None,
         settings: SyncSettings | None = None,
         observe_swap: SwapObserver | None = None,
+        changed: set[str] | None = None,
+        counters: CountersSource | None = None,
+        ttft_bounds: tuple[float, ...] = (),
     ) -> None:
+        """`changed`: what the registry adds changed names to (its `on_change`)."""
         self._store = store
         self._cache = cache
         self._registry = registry
         self._settings = settings or SyncSettings()
         self._state = SyncState()
         self._workers: dict[str, AdapterWorker] = {}
-        self._reports = StatusReporter(store, self._state.reports, self._settings.status_interval_s)
+        self.reporter = StatusReporter(
+            store,
+            registry,
+            self._settings.reports,
+            lambda: (self.applied_seq, self._state.incarnation or ""),
+            changed if changed is not None else set(),
+            counters,
+            ttft_bounds,
+        )
         self._applier = RevisionApplier(
             registry,
             self._state,
-            self._reports,
+            self.reporter.mark,
             self._settings.max_concurrent_loads,
             observe_swap,
         )
@@ -108,7 +124,7 @@ class Synchronizer:
         return self._state.applied_seq()
 
     async def run(self) -> None:
-        keep_alive = asyncio.create_task(self._reports.keep_alive(), name="sync:alive")
+        keep_alive = asyncio.create_task(self.reporter.run(), name="sync:reports")
         try:
             await self._list_and_reconcile()
             await self._watch_forever()
@@ -155,9 +171,7 @@ class Synchronizer:
             incarnation = self._state.incarnation or ""
             async with aclosing(self._store.watch(after, incarnation)) as stream:
                 async for item in stream:
-                    if not connected:
-                        connected = True
-                        await self._reports.resend_unsent()
+                    connected = True
                     if isinstance(item, StoreEvent):
                         self._take_event(item)
                     elif why := heartbeat_from_elsewhere(item, self._state):
@@ -261,6 +275,8 @@ class Synchronizer:
             or wish.current is None
             or wish.delete_seq
             or wish.preload
+            or wish.rollout is not None
+            or self._registry.split_of(name) is not None
             or self._registry.is_resident(name)
             or name in self._applier.loading
             or name in self._workers
@@ -271,6 +287,7 @@ class Synchronizer:
         except LoraserveError:
             return False
         self._state.served.add(name)
+        self.reporter.mark(name)
         return self._state.mark_applied(name, wish.version)
 
     async def _list(self) -> Listing:
@@ -350,6 +367,7 @@ class Synchronizer:
             if self._registry.is_resident(name):
                 await self._applier.preload(manifest)
             wish.preload.pop(revision, None)
+        await self._applier.split(name, wish.rollout)
 
     def _keeps_warm(self, name: str) -> bool:
         """Whether a new current revision is loaded before its route moves: for an

@@ -198,7 +198,7 @@ class ListAdaptersRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class AdapterRevisionStatus(_message.Message):
-    __slots__ = ("name", "revision", "state", "current", "in_flight", "lora_int_id", "rank", "last_error", "tier")
+    __slots__ = ("name", "revision", "state", "current", "in_flight", "lora_int_id", "rank", "last_error", "tier", "candidate", "rollout_weight")
     NAME_FIELD_NUMBER: _ClassVar[int]
     REVISION_FIELD_NUMBER: _ClassVar[int]
     STATE_FIELD_NUMBER: _ClassVar[int]
@@ -208,6 +208,8 @@ class AdapterRevisionStatus(_message.Message):
     RANK_FIELD_NUMBER: _ClassVar[int]
     LAST_ERROR_FIELD_NUMBER: _ClassVar[int]
     TIER_FIELD_NUMBER: _ClassVar[int]
+    CANDIDATE_FIELD_NUMBER: _ClassVar[int]
+    ROLLOUT_WEIGHT_FIELD_NUMBER: _ClassVar[int]
     name: str
     revision: int
     state: AdapterState
@@ -217,7 +219,9 @@ class AdapterRevisionStatus(_message.Message):
     rank: int
     last_error: str
     tier: AdapterTier
-    def __init__(self, name: _Optional[str] = ..., revision: _Optional[int] = ..., state: _Optional[_Union[AdapterState, str]] = ..., current: _Optional[bool] = ..., in_flight: _Optional[int] = ..., lora_int_id: _Optional[int] = ..., rank: _Optional[int] = ..., last_error: _Optional[str] = ..., tier: _Optional[_Union[AdapterTier, str]] = ...) -> None: ...
+    candidate: bool
+    rollout_weight: float
+    def __init__(self, name: _Optional[str] = ..., revision: _Optional[int] = ..., state: _Optional[_Union[AdapterState, str]] = ..., current: _Optional[bool] = ..., in_flight: _Optional[int] = ..., lora_int_id: _Optional[int] = ..., rank: _Optional[int] = ..., last_error: _Optional[str] = ..., tier: _Optional[_Union[AdapterTier, str]] = ..., candidate: _Optional[bool] = ..., rollout_weight: _Optional[float] = ...) -> None: ...
 
 class ListAdaptersResponse(_message.Message):
     __slots__ = ("adapters", "store_seq")

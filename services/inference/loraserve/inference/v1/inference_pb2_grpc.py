@@ -57,7 +57,10 @@ class InferenceServiceServicer:
     """
 
     def Generate(self, request, context):
-        """Generates tokens, streaming them as the engine produces them.
+        """Generates tokens, streaming them as the engine produces them. While the
+        adapter has a rollout, the metadata `x-rollout-key` (a user id, say) picks
+        its arm: one key always gets the same revision on every replica; without
+        it requests are spread over the arms by the rollout's weight.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')

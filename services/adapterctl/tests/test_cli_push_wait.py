@@ -1,0 +1,114 @@
+"""`adapterctl push --wait` against a real store over gRPC and S3 (moto): it returns once
+every live replica reports the revision, names each that refused it (exit 1) or did
+not answer in time (exit 3). The replicas here are their batched reports, sent over
+gRPC as inference replicas send them; tests/test_fleet.py runs real replicas."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import grpc
+import pytest
+
+from loraserve.adapterctl.failures import EXIT_FAILED, EXIT_OK, EXIT_UNREACHABLE
+from loraserve.adapterstore.v1 import adapterstore_pb2 as pb
+from loraserve.adapterstore.v1 import adapterstore_pb2_grpc as pb_grpc
+from loraserve.testing.ctl import CtlResult, ctl, write_adapter_dir
+from loraserve.testing.statuses import refused, report_request, routed
+from loraserve.testing.store import RunningStore
+from loraserve.testing.waiting import eventually
+
+REPLICAS = ("r1", "r2", "r3")
+
+
+@pytest.fixture
+async def stub(store_server: RunningStore) -> AsyncIterator[pb_grpc.AdapterStoreServiceStub]:
+    async with grpc.aio.insecure_channel(store_server.address) as channel:
+        yield pb_grpc.AdapterStoreServiceStub(channel)
+
+
+async def _fleet_serving_revision_one(
+    store: RunningStore, stub: pb_grpc.AdapterStoreServiceStub, tmp_path: Path
+) -> None:
+    env = {"ADAPTERSTORE_ADDR": store.address}
+    result = await ctl("push", "alpha", str(write_adapter_dir(tmp_path / "v1")), env=env)
+    assert result.code == EXIT_OK, result.err
+    for replica in REPLICAS:
+        await stub.ReportReplicaStatus(report_request(replica, {"alpha": routed(1)}))
+
+
+async def _when_pushed(stub: pb_grpc.AdapterStoreServiceStub, revision: int) -> None:
+    async def pushed() -> bool:
+        adapter = await stub.GetAdapter(pb.GetAdapterRequest(name="alpha"))
+        return bool(adapter.adapter.current_revision == revision)
+
+    await eventually(pushed, f"alpha@{revision} committed")
+
+
+async def _push_wait(store: RunningStore, tmp_path: Path, *flags: str) -> asyncio.Task[CtlResult]:
+    directory = str(write_adapter_dir(tmp_path / "v2", seed=1))
+    env = {"ADAPTERSTORE_ADDR": store.address}
+    return asyncio.create_task(ctl("push", "alpha", directory, "--wait", *flags, env=env))
+
+
+async def test_push_wait_all_returns_once_every_live_replica_reports_the_revision(
+    store_server: RunningStore, stub: pb_grpc.AdapterStoreServiceStub, tmp_path: Path
+) -> None:
+    await _fleet_serving_revision_one(store_server, stub, tmp_path)
+    waiting = await _push_wait(store_server, tmp_path, "all", "--timeout", "60")
+    await _when_pushed(stub, 2)
+    for replica in REPLICAS[:2]:
+        await stub.ReportReplicaStatus(report_request(replica, {"alpha": routed(2)}))
+    await asyncio.sleep(0.5)
+    assert not waiting.done(), "push --wait all returned before r3 reported"
+    state = pb.REVISION_SERVING_STATE_ROUTED
+    await stub.ReportReplicaStatus(report_request("r3", {"alpha": routed(2, state)}))
+    result = await asyncio.wait_for(waiting, 60)
+    assert result.code == EXIT_OK, result.err
+    assert result.out.strip() == "alpha@2"
+    assert "3 replica(s) serve alpha@2" in result.err
+
+
+async def test_push_wait_names_the_replica_that_refused_the_revision_and_exits_1(
+    store_server: RunningStore, stub: pb_grpc.AdapterStoreServiceStub, tmp_path: Path
+) -> None:
+    await _fleet_serving_revision_one(store_server, stub, tmp_path)
+    waiting = await _push_wait(store_server, tmp_path, "all", "--timeout", "60")
+    await _when_pushed(stub, 2)
+    for replica in REPLICAS[:2]:
+        await stub.ReportReplicaStatus(report_request(replica, {"alpha": routed(2)}))
+    reason = "rank 64 exceeds --max-lora-rank 16"
+    await stub.ReportReplicaStatus(report_request("r3", {"alpha": refused(2, reason)}))
+    result = await asyncio.wait_for(waiting, 60)
+    assert result.code == EXIT_FAILED
+    assert f"replica r3 refused alpha@2: FAILED_PRECONDITION: {reason}" in result.err
+
+
+async def test_push_wait_names_the_replica_that_did_not_answer_and_exits_3(
+    store_server: RunningStore, stub: pb_grpc.AdapterStoreServiceStub, tmp_path: Path
+) -> None:
+    await _fleet_serving_revision_one(store_server, stub, tmp_path)
+    waiting = await _push_wait(store_server, tmp_path, "all", "--timeout", "3")
+    await _when_pushed(stub, 2)
+    for replica in REPLICAS[:2]:
+        await stub.ReportReplicaStatus(report_request(replica, {"alpha": routed(2)}))
+    result = await asyncio.wait_for(waiting, 60)
+    assert result.code == EXIT_UNREACHABLE
+    err = result.err
+    assert "replica r3 did not report alpha@2 in time" in err
+    assert "r1" not in err
+    assert "r2" not in err
+
+
+async def test_push_wait_n_returns_once_n_replicas_serve_it(
+    store_server: RunningStore, stub: pb_grpc.AdapterStoreServiceStub, tmp_path: Path
+) -> None:
+    await _fleet_serving_revision_one(store_server, stub, tmp_path)
+    waiting = await _push_wait(store_server, tmp_path, "2", "--timeout", "60")
+    await _when_pushed(stub, 2)
+    for replica in REPLICAS[:2]:
+        await stub.ReportReplicaStatus(report_request(replica, {"alpha": routed(2)}))
+    result = await asyncio.wait_for(waiting, 60)
+    assert result.code == EXIT_OK, result.err

@@ -1,0 +1,64 @@
+"""What this replica tells the store of one adapter: the revision its requests go
+to, and every revision it routes or refused, each with its state (the store's
+`AdapterReport`). Pure: read from the registry's maps."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+from loraserve.clients.replicareport import AdapterReport, RevisionReport, RevisionState
+from loraserve.common.manifest import Revision, RevisionKey
+from loraserve.inference.adapters.rollouts import Splits
+from loraserve.inference.adapters.state import IN_ENGINE, RevisionEntry
+from loraserve.inference.adapters.state import RevisionState as Life
+
+# The store keeps at most this many revisions per adapter and replica.
+MAX_REPORTED_REVISIONS = 4
+
+
+def adapter_report(
+    name: str,
+    entries: Mapping[RevisionKey, RevisionEntry],
+    routes: Mapping[str, int],
+    targets: Mapping[str, Revision],
+    splits: Splits,
+) -> AdapterReport | None:
+    """The name's report; None when this replica holds nothing of it to report."""
+    serving = routes.get(name, 0)
+    target = targets.get(name)
+    split = splits.get(name)
+    wanted = {serving} if serving else set()
+    if target is not None:
+        wanted.add(target.revision)
+    candidate = split.candidate.revision if split is not None else 0
+    if candidate:
+        wanted.add(candidate)
+    floor = min(wanted, default=0)
+    failed = {e.revision for e in entries.values() if e.name == name and e.state is Life.FAILED}
+    numbers = wanted | {r for r in failed if r >= floor}
+    if not numbers:
+        return None
+    if not serving and target is not None and target.revision not in failed:
+        serving = target.revision
+    revisions = [
+        _revision(entries.get(RevisionKey(name, n)), n, routes.get(name), n == candidate)
+        for n in sorted(numbers, reverse=True)[:MAX_REPORTED_REVISIONS]
+    ]
+    return AdapterReport(name, serving, tuple(sorted(revisions, key=lambda r: r.revision)))
+
+
+def _revision(
+    entry: RevisionEntry | None, number: int, route: int | None, candidate: bool
+) -> RevisionReport:
+    """A revision loading while its name routes to another one is not routed yet
+    (make-before-break); one loading for the requests that wait on it is."""
+    if entry is not None and entry.state is Life.FAILED:
+        return RevisionReport(
+            number, RevisionState.FAILED, candidate, entry.error_code, entry.error
+        )
+    loading = entry is not None and entry.state is Life.LOADING
+    if loading and route not in (None, number) and not candidate:
+        return RevisionReport(number, RevisionState.LOADING, candidate)
+    if entry is not None and entry.state in IN_ENGINE and entry.state is not Life.REMOVING:
+        return RevisionReport(number, RevisionState.LOADED, candidate)
+    return RevisionReport(number, RevisionState.ROUTED, candidate)

@@ -1,0 +1,129 @@
+"""Counts per revision of the adapters in a rollout: both arms, for Prometheus and for
+the store's guards.
+
+While an adapter has an active rollout on this replica, every request for it is
+counted by the revision that served it (requests by code, server-side errors, tokens
+and time to first token), as `loraserve_inference_rollout_*` series labelled with the
+arm, so the two arms can be compared in Prometheus; and as cumulative counters the
+replica reports to the store (sync's reporter), under an epoch that names this
+process: a restarted replica counts from zero under a new one. When the rollout ends
+its counts and series go, so their number stays bounded by the active rollouts.
+"""
+
+from __future__ import annotations
+
+import bisect
+import contextlib
+import uuid
+from dataclasses import dataclass, field
+
+from prometheus_client import CollectorRegistry, Counter, Histogram
+
+from loraserve.clients.replicareport import RevisionCounts
+
+TTFT_BOUNDS_S = (0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
+# What counts against a revision: errors of the server, not a client's own mistake,
+# cancel, deadline or an overloaded replica (the same for both arms).
+ERROR_CODES = frozenset(
+    {"INTERNAL", "UNKNOWN", "UNAVAILABLE", "DATA_LOSS", "FAILED_PRECONDITION", "ABORTED"}
+)
+
+
+@dataclass
+class _Counts:
+    requests: int = 0
+    errors: int = 0
+    generated: int = 0
+    # Requests per TTFT bucket (not cumulative), the last one past every bound.
+    buckets: list[int] = field(default_factory=lambda: [0] * (len(TTFT_BOUNDS_S) + 1))
+
+
+class RolloutMeter:
+    def __init__(self, registry: CollectorRegistry) -> None:
+        self.epoch = uuid.uuid4().hex
+        self._candidates: dict[str, int] = {}
+        self._counts: dict[tuple[str, int], _Counts] = {}
+        # Per adapter, the label values of its series: (adapter, revision, arm) and code.
+        self._series: dict[str, set[tuple[tuple[str, str, str], str]]] = {}
+        labels = ["adapter", "revision", "arm"]
+        self._requests = Counter(
+            "loraserve_inference_rollout_requests",
+            "Generate calls for an adapter in a rollout, by the revision that served them, "
+            "its arm (current or candidate) and gRPC status code.",
+            [*labels, "code"],
+            registry=registry,
+        )
+        self._tokens = Counter(
+            "loraserve_inference_rollout_generated_tokens",
+            "Tokens generated for an adapter in a rollout, by revision and arm.",
+            labels,
+            registry=registry,
+        )
+        self._ttft = Histogram(
+            "loraserve_inference_rollout_time_to_first_token_seconds",
+            "Time to first token of an adapter in a rollout, by revision and arm.",
+            labels,
+            buckets=TTFT_BOUNDS_S,
+            registry=registry,
+        )
+
+    @property
+    def active(self) -> bool:
+        return bool(self._candidates)
+
+    def set(self, name: str, candidate: int) -> None:
+        if self._candidates.get(name) not in (None, candidate):
+            self.end(name)
+        self._candidates[name] = candidate
+
+    def end(self, name: str) -> None:
+        self._candidates.pop(name, None)
+        for key in [k for k in self._counts if k[0] == name]:
+            del self._counts[key]
+        series = self._series.pop(name, set())
+        for labels, code in series:
+            self._requests.remove(*labels, code)
+        for labels in {labels for labels, _ in series}:
+            self._tokens.remove(*labels)
+            # Only requests that produced a token have a TTFT series.
+            with contextlib.suppress(KeyError):
+                self._ttft.remove(*labels)
+
+    def finished(
+        self, name: str, revision: int, code: str, ttft_s: float | None, generated: int
+    ) -> None:
+        """Counts a request for `name` served by `revision`, if `name` is in a rollout."""
+        candidate = self._candidates.get(name)
+        if candidate is None:
+            return
+        counts = self._counts.setdefault((name, revision), _Counts())
+        counts.requests += 1
+        counts.errors += code in ERROR_CODES
+        counts.generated += generated
+        labels = (name, str(revision), "candidate" if revision == candidate else "current")
+        self._series.setdefault(name, set()).add((labels, code))
+        self._requests.labels(*labels, code).inc()
+        self._tokens.labels(*labels).inc(generated)
+        if ttft_s is not None:
+            counts.buckets[bisect.bisect_left(TTFT_BOUNDS_S, ttft_s)] += 1
+            self._ttft.labels(*labels).observe(ttft_s)
+
+    def counters(self) -> list[RevisionCounts]:
+        """Every counted revision's cumulative counts (TTFT buckets cumulative)."""
+        result = []
+        for (name, revision), counts in sorted(self._counts.items()):
+            cumulative, total = [], 0
+            for n in counts.buckets:
+                total += n
+                cumulative.append(total)
+            result.append(
+                RevisionCounts(
+                    name,
+                    revision,
+                    counts.requests,
+                    counts.errors,
+                    counts.generated,
+                    tuple(cumulative),
+                )
+            )
+        return result
