@@ -14,7 +14,7 @@ from typing import Any
 import grpc
 import pytest
 
-from loraserve.adapterstore.status import shard_key
+from loraserve.adapterstore.replicas.model import shard_key
 from loraserve.adapterstore.v1 import adapterstore_pb2 as pb
 from loraserve.adapterstore.v1 import adapterstore_pb2_grpc as pb_grpc
 from loraserve.common.security import ClientSecurity, ServerSecurity, Token, secure_channel

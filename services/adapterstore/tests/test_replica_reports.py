@@ -4,8 +4,7 @@ expired replicas told apart; on the in-memory blob store."""
 
 from __future__ import annotations
 
-from loraserve.adapterstore.replicaops import StatusPage
-from loraserve.adapterstore.status import (
+from loraserve.adapterstore.replicas.model import (
     AdapterReport,
     Liveness,
     ReplicaReport,
@@ -13,6 +12,7 @@ from loraserve.adapterstore.status import (
     ServingState,
     Shard,
 )
+from loraserve.adapterstore.replicas.ops import StatusPage
 from loraserve.adapterstore.store import AdapterStore
 from loraserve.common.statusshards import STATUS_SHARDS, shard_of
 from loraserve.testing.adapterfiles import tiny_adapter

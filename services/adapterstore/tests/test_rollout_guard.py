@@ -6,9 +6,7 @@ from __future__ import annotations
 
 from datetime import UTC, datetime
 
-from loraserve.adapterstore.rolloutfigures import CounterHistory, arm_figures, quantile, verdict
-from loraserve.adapterstore.rollouts import ArmFigures, Guards, Rollout, RolloutState
-from loraserve.adapterstore.status import (
+from loraserve.adapterstore.replicas.model import (
     ReplicaCounters,
     ReplicaError,
     ReplicaReport,
@@ -16,6 +14,8 @@ from loraserve.adapterstore.status import (
     RevisionReport,
     ServingState,
 )
+from loraserve.adapterstore.rollout.figures import CounterHistory, arm_figures, quantile, verdict
+from loraserve.adapterstore.rollout.records import ArmFigures, Guards, Rollout, RolloutState
 from loraserve.adapterstore.store import AdapterStore
 from loraserve.testing.adapterfiles import tiny_adapter
 from loraserve.testing.pushes import push

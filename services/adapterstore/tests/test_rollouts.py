@@ -10,8 +10,8 @@ import pytest
 
 from loraserve.adapterstore.changelog import ChangeLog
 from loraserve.adapterstore.model import ChangeType, StoreState
-from loraserve.adapterstore.rolloutchanges import rollout_aborted
-from loraserve.adapterstore.rollouts import GUARD_ACTOR, Guards, RolloutState
+from loraserve.adapterstore.rollout.changes import rollout_aborted
+from loraserve.adapterstore.rollout.records import GUARD_ACTOR, Guards, RolloutState
 from loraserve.adapterstore.store import AdapterStore
 from loraserve.common.errors import FailedPrecondition, InvalidArgument, NotFound
 from loraserve.testing.adapterfiles import tiny_adapter

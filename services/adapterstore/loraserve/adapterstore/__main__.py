@@ -18,7 +18,7 @@ from collections.abc import Sequence
 from loraserve.adapterstore.changelog import ChangeLog
 from loraserve.adapterstore.health import follow_freshness
 from loraserve.adapterstore.metrics import StoreMetrics
-from loraserve.adapterstore.replicastatus import ReplicaStatusStore
+from loraserve.adapterstore.replicas.writes import ReplicaStatusStore
 from loraserve.adapterstore.s3blobs import S3BlobStore
 from loraserve.adapterstore.servicer import (
     REPLICA_METHODS,

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from typing import Any
 
-from loraserve.adapterstore.rollouts import Rollout, RolloutState
+from loraserve.adapterstore.rollout.records import Rollout, RolloutState
 from loraserve.common.errors import DataLoss
 from loraserve.common.manifest import Revision, time_from_json, time_to_json
 
@@ -355,7 +355,7 @@ def _fold_delete(state: StoreState, change: Change) -> None:
 def _fold_rollout(state: StoreState, change: Change) -> None:
     """The rollout after the change replaces the adapter's; a promote also moves the
     current revision. A start needs no active rollout, any other change the active
-    one it names (by its start seq): what the builders in rolloutchanges.py check."""
+    one it names (by its start seq): what the builders in rollout/changes.py check."""
     name = change.adapter_name
     adapter = state.adapters.get(name)
     rollout = change.record

@@ -4,8 +4,7 @@ from __future__ import annotations
 
 from loraserve.adapterstore.model import Adapter, Change, ChangeType
 from loraserve.adapterstore.push import Chunk, PushHeader
-from loraserve.adapterstore.rolloutconv import rollout
-from loraserve.adapterstore.status import (
+from loraserve.adapterstore.replicas.model import (
     AdapterReport,
     Liveness,
     ReplicaCounters,
@@ -17,6 +16,7 @@ from loraserve.adapterstore.status import (
     ServingState,
     Shard,
 )
+from loraserve.adapterstore.rollout.protoconv import rollout
 from loraserve.adapterstore.v1 import adapterstore_pb2 as pb
 from loraserve.adapterstore.watching import Heartbeat
 from loraserve.common.errors import InvalidArgument

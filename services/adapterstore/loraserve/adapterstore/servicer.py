@@ -12,11 +12,12 @@ from typing import Any
 
 import grpc
 
-from loraserve.adapterstore import protoconv, rolloutconv
+from loraserve.adapterstore import protoconv
 from loraserve.adapterstore.model import Adapter
 from loraserve.adapterstore.push import Chunk
-from loraserve.adapterstore.rolloutops import RolloutResult
-from loraserve.adapterstore.status import ReplicaStatus
+from loraserve.adapterstore.replicas.model import ReplicaStatus
+from loraserve.adapterstore.rollout import protoconv as rolloutconv
+from loraserve.adapterstore.rollout.ops import RolloutResult
 from loraserve.adapterstore.store import AdapterStore
 from loraserve.adapterstore.v1 import adapterstore_pb2 as pb
 from loraserve.adapterstore.v1 import adapterstore_pb2_grpc as pb_grpc

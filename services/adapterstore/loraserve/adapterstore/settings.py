@@ -15,13 +15,13 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from loraserve.adapterstore.changelog import LogSettings
+from loraserve.adapterstore.replicas.model import DEFAULT_STATUS_TTL_S
 from loraserve.adapterstore.s3blobs import (
     DEFAULT_PART_SIZE,
     DEFAULT_PARTS_IN_FLIGHT,
     MIN_PART_SIZE,
     S3Location,
 )
-from loraserve.adapterstore.status import DEFAULT_STATUS_TTL_S
 from loraserve.adapterstore.store import StoreSettings
 from loraserve.adapterstore.validation import Limits
 from loraserve.common.errors import InvalidArgument

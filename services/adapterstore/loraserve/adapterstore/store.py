@@ -28,10 +28,10 @@ from loraserve.adapterstore.listing import AdapterPage, RevisionPage, adapter_pa
 from loraserve.adapterstore.lookup import detached, find_adapter, find_revision
 from loraserve.adapterstore.model import Adapter, Change, now
 from loraserve.adapterstore.push import Chunk, PushHeader, keep_files, receive_adapter
-from loraserve.adapterstore.replicaops import ReplicaOps
-from loraserve.adapterstore.replicastatus import ReplicaStatusStore
-from loraserve.adapterstore.rolloutguard import RolloutGuard
-from loraserve.adapterstore.rolloutops import RolloutOps
+from loraserve.adapterstore.replicas.ops import ReplicaOps
+from loraserve.adapterstore.replicas.writes import ReplicaStatusStore
+from loraserve.adapterstore.rollout.guard import RolloutGuard
+from loraserve.adapterstore.rollout.ops import RolloutOps
 from loraserve.adapterstore.validation import Limits, check_declared_files
 from loraserve.adapterstore.verified_read import read_verified
 from loraserve.adapterstore.watching import Heartbeat, Watches
@@ -56,7 +56,7 @@ class StoreSettings:
     # Seconds after which an upload an interrupted push left is swept at start-up
     # (see s3sweep); 0: never.
     stale_upload_age_s: float = 86_400.0
-    # Seconds between checks of active rollouts' figures and guards (rolloutguard).
+    # Seconds between checks of active rollouts' figures and guards (rollout/guard.py).
     rollout_check_interval_s: float = 5.0
 
 

@@ -12,7 +12,8 @@ import pytest
 
 from loraserve.adapterstore.blobstore import BlobStore
 from loraserve.adapterstore.changelog import ChangeLog, LogSettings
-from loraserve.adapterstore.replicastatus import ReplicaStatusStore
+from loraserve.adapterstore.replicas.model import DEFAULT_STATUS_TTL_S
+from loraserve.adapterstore.replicas.writes import ReplicaStatusStore
 from loraserve.adapterstore.s3blobs import MIN_PART_SIZE, S3BlobStore, S3Location
 from loraserve.adapterstore.servicer import (
     REPLICA_METHODS,
@@ -21,7 +22,6 @@ from loraserve.adapterstore.servicer import (
     AdapterStoreServicer,
     register,
 )
-from loraserve.adapterstore.status import DEFAULT_STATUS_TTL_S
 from loraserve.adapterstore.store import AdapterStore, StoreSettings
 from loraserve.adapterstore.v1 import adapterstore_pb2_grpc as pb_grpc
 from loraserve.adapterstore.validation import Limits

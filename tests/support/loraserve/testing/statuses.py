@@ -8,7 +8,7 @@ from concurrent.futures import ThreadPoolExecutor
 from datetime import UTC, datetime
 from typing import Any
 
-from loraserve.adapterstore.status import (
+from loraserve.adapterstore.replicas.model import (
     AdapterReport,
     ReplicaError,
     RevisionReport,

@@ -6,7 +6,7 @@ replica, for the longest window it judges, and takes each arm's figures over a
 window as the difference between the newest sample and the newest one at least a
 window old (or the oldest it has, while it has watched for less than a window). A
 replica that restarted (another counters epoch) or whose counts went down counts
-from zero. Pure, no I/O: rolloutguard.py feeds it.
+from zero. Pure, no I/O: guard.py feeds it.
 """
 
 from __future__ import annotations
@@ -14,8 +14,8 @@ from __future__ import annotations
 from collections import deque
 from dataclasses import dataclass
 
-from loraserve.adapterstore.rollouts import ArmFigures, Rollout
-from loraserve.adapterstore.status import ReplicaCounters, RevisionCounters, RevisionReport
+from loraserve.adapterstore.replicas.model import ReplicaCounters, RevisionCounters, RevisionReport
+from loraserve.adapterstore.rollout.records import ArmFigures, Rollout
 
 # Samples kept per replica, whatever the windows: a bound on memory.
 _MAX_SAMPLES = 2048

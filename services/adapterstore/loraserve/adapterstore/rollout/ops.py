@@ -1,6 +1,6 @@
 """Rollout operations, independent of gRPC: start, change the weight, promote, abort,
 read. Each write is one change-log commit built from the freshest state
-(rolloutchanges.py), with the client's idempotency key, as the store's other writes.
+(changes.py), with the client's idempotency key, as the store's other writes.
 """
 
 from __future__ import annotations
@@ -14,14 +14,14 @@ from loraserve.adapterstore.changelog import ChangeLog
 from loraserve.adapterstore.idempotency import check_idempotency_key, request_tag
 from loraserve.adapterstore.logtypes import ChangeBuilder, RequestTag
 from loraserve.adapterstore.lookup import find_adapter
-from loraserve.adapterstore.rolloutchanges import (
+from loraserve.adapterstore.rollout.changes import (
     rollout_aborted,
     rollout_promoted,
     rollout_started,
     rollout_weight_set,
 )
-from loraserve.adapterstore.rolloutguard import RolloutGuard
-from loraserve.adapterstore.rollouts import ArmFigures, Guards, Rollout, check_weight
+from loraserve.adapterstore.rollout.guard import RolloutGuard
+from loraserve.adapterstore.rollout.records import ArmFigures, Guards, Rollout, check_weight
 from loraserve.common.errors import InvalidArgument, NotFound
 from loraserve.common.manifest import Revision
 from loraserve.common.names import validate_adapter_name

@@ -5,7 +5,7 @@ is a commit through the change log, whose builder names the rollout by its start
 and finds nothing to do once that rollout has ended, so one abort is committed
 however many replicas decide it (docs/design.md says why no leader is elected). Each
 check reads the live replicas' counters and, for rollouts that abort on a NACK, the
-candidate's shard: objects read once per change (statusreads.py).
+candidate's shard: objects read once per change (replicas/reads.py).
 """
 
 from __future__ import annotations
@@ -18,11 +18,11 @@ from datetime import datetime
 
 from loraserve.adapterstore.changelog import ChangeLog
 from loraserve.adapterstore.model import now
-from loraserve.adapterstore.replicastatus import ReplicaStatusStore
-from loraserve.adapterstore.rolloutchanges import rollout_aborted
-from loraserve.adapterstore.rolloutfigures import CounterHistory, arm_figures, verdict
-from loraserve.adapterstore.rollouts import GUARD_ACTOR, ArmFigures, Rollout
-from loraserve.adapterstore.status import RevisionReport, ServingState
+from loraserve.adapterstore.replicas.model import RevisionReport, ServingState
+from loraserve.adapterstore.replicas.writes import ReplicaStatusStore
+from loraserve.adapterstore.rollout.changes import rollout_aborted
+from loraserve.adapterstore.rollout.figures import CounterHistory, arm_figures, verdict
+from loraserve.adapterstore.rollout.records import GUARD_ACTOR, ArmFigures, Rollout
 from loraserve.common.backoff import Backoff
 from loraserve.common.errors import LoraserveError
 from loraserve.common.textlimits import MAX_ERROR_MESSAGE_BYTES, truncate_text

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from loraserve.adapterstore.rollouts import (
+from loraserve.adapterstore.rollout.records import (
     DEFAULT_MIN_REQUESTS,
     DEFAULT_WINDOW_S,
     ArmFigures,

@@ -12,7 +12,7 @@ from dataclasses import replace
 from loraserve.adapterstore.logtypes import ChangeBuilder
 from loraserve.adapterstore.lookup import find_adapter, find_revision
 from loraserve.adapterstore.model import Adapter, Change, ChangeType, StoreState, now
-from loraserve.adapterstore.rollouts import ArmFigures, Guards, Rollout, RolloutState
+from loraserve.adapterstore.rollout.records import ArmFigures, Guards, Rollout, RolloutState
 from loraserve.common.errors import FailedPrecondition
 
 

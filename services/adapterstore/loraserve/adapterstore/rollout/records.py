@@ -39,7 +39,7 @@ class RolloutState(enum.Enum):
 
 @dataclass(frozen=True, slots=True)
 class Guards:
-    """When the store aborts a rollout by itself (see rolloutguard.py)."""
+    """When the store aborts a rollout by itself (see guard.py)."""
 
     abort_on_nack: bool = True
     # Percentage points the candidate's error rate may exceed the current's by.

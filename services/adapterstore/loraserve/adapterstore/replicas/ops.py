@@ -1,6 +1,6 @@
 """What inference replicas report, and reading it back: the store's operations on
-replica statuses, independent of gRPC (objects and costs: status.py,
-replicastatus.py, statusreads.py)."""
+replica statuses, independent of gRPC (objects and costs: model.py,
+writes.py, reads.py)."""
 
 from __future__ import annotations
 
@@ -11,9 +11,9 @@ from dataclasses import dataclass
 from loraserve.adapterstore.changelog import ChangeLog
 from loraserve.adapterstore.lookup import find_adapter
 from loraserve.adapterstore.pagetokens import page_size as checked_page_size
-from loraserve.adapterstore.replicastatus import ReplicaStatusStore
-from loraserve.adapterstore.status import ReplicaReport, ReplicaStatus, check_report
-from loraserve.adapterstore.statusreads import decode_token, encode_token
+from loraserve.adapterstore.replicas.model import ReplicaReport, ReplicaStatus, check_report
+from loraserve.adapterstore.replicas.reads import decode_token, encode_token
+from loraserve.adapterstore.replicas.writes import ReplicaStatusStore
 from loraserve.common.errors import FailedPrecondition
 from loraserve.common.names import validate_adapter_name
 

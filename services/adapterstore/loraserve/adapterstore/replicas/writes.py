@@ -1,4 +1,4 @@
-"""Writing what replicas report (see status.py for the objects) and answering their
+"""Writing what replicas report (see model.py for the objects) and answering their
 signs of life.
 
 A report writes the replica's sign of life, each shard it carries (an empty shard
@@ -21,7 +21,7 @@ from typing import Any
 
 from loraserve.adapterstore.blobstore import BlobStore
 from loraserve.adapterstore.model import now
-from loraserve.adapterstore.status import (
+from loraserve.adapterstore.replicas.model import (
     DEFAULT_STATUS_TTL_S,
     AdapterReport,
     ReplicaCounters,
@@ -34,7 +34,7 @@ from loraserve.adapterstore.status import (
     replica_key,
     shard_key,
 )
-from loraserve.adapterstore.statusreads import StatusReader
+from loraserve.adapterstore.replicas.reads import StatusReader
 from loraserve.common.textlimits import MAX_KEPT_ERROR_MESSAGE_BYTES, truncate_text
 
 log = logging.getLogger(__name__)

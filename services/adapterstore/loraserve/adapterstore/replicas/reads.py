@@ -26,7 +26,7 @@ from typing import Any, TypeVar
 from loraserve.adapterstore import pagetokens
 from loraserve.adapterstore.blobstore import BlobNotFound, BlobStore, StoredObject
 from loraserve.adapterstore.model import now
-from loraserve.adapterstore.status import (
+from loraserve.adapterstore.replicas.model import (
     COUNTERS_PREFIX,
     REPLICA_PREFIX,
     SHARD_PREFIX,

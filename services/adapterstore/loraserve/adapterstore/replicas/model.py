@@ -15,7 +15,7 @@ So the store holds at most 2 + STATUS_SHARDS objects per replica, however many
 adapters there are, and a report costs one write per changed shard: a fleet of
 replicas routing 10,000 adapters is a handful of writes per interval. Only the
 replica an object describes writes it (through any store replica), so a write needs
-no lock. Writing and expiry: replicastatus.py; reading: statusreads.py.
+no lock. Writing and expiry: writes.py; reading: reads.py.
 """
 
 from __future__ import annotations
