@@ -75,6 +75,8 @@ class FakeRegistry:
         # Revisions listed FAILED: (code, message).
         self.failures: dict[tuple[str, int], tuple[int, str]] = {}
         self.splits: dict[str, RolloutSplit] = {}
+        # Names whose report changed, as the registry's on_change tells sync.
+        self.changed: set[str] = set()
         self.candidates_installed: list[tuple[str, int]] = []
         # Names routed without loading (set_target).
         self.targets: dict[str, int] = {}
@@ -173,6 +175,7 @@ class FakeRegistry:
 
     def end_rollout(self, name: str) -> None:
         self.splits.pop(name, None)
+        self.changed.add(name)
 
     async def install_candidate(self, name: str) -> None:
         split = self.splits[name]
@@ -244,6 +247,7 @@ class Harness:
             FakeDiskCache(recent_names),
             settings,
             observe_swap=self.swaps.append,
+            changed=self.registry.changed,
         )
 
     async def started(self) -> None:
