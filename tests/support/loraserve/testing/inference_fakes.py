@@ -67,6 +67,9 @@ class FakeEngine:
         self.adding.set()
         self.steps = asyncio.Event()
         self.steps.set()
+        # Cleared, remove_lora waits for it (as a real engine's IPC takes a while).
+        self.removing = asyncio.Event()
+        self.removing.set()
         self.finish_with: EngineFinish = EngineFinish.LENGTH
         self.defaults = ServerDefaults()
         self.sampled: list[Any] = []
@@ -133,6 +136,7 @@ class FakeEngine:
         self.loaded[adapter.lora_int_id] = adapter
 
     async def remove_lora(self, lora_int_id: int) -> None:
+        await self.removing.wait()
         self.loaded.pop(lora_int_id, None)
         self.removed.append(lora_int_id)
 

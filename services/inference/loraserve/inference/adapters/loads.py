@@ -98,6 +98,11 @@ class RevisionLoads:
         """Loads a revision that is absent or FAILED, and claims it as its first
         caller asked, even if that caller is gone by then."""
         key = entry.key
+        # What waiters of this load wait on. A claim that finds the revision unwanted
+        # (a rollout ended while its candidate loaded) starts its removal, which gives
+        # the entry a new `done` for the removal: setting that one here would tell
+        # `ensure_loaded` the removal is over, and it would spin without yielding.
+        loaded = entry.done
         cached: CachedRevision | None = None
         added: AdapterHandle | None = None
         try:
@@ -127,7 +132,7 @@ class RevisionLoads:
                     del self._entries[key]
                 else:
                     self._entries[key] = failed
-            entry.done.set()
+            loaded.set()
             self._cache.hold_ended()
 
     def _check_not_deleted(self, entry: RevisionEntry) -> None:
