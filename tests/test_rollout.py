@@ -133,3 +133,31 @@ async def test_abort_sends_every_request_to_the_current_revision(rollout: Rollou
 
 async def _current_is(replica: RunningInference, revision: int) -> bool:
     return await replica.current("alpha") == revision
+
+
+async def _under_load(rollout: Rollout, change: str) -> Counter[int]:
+    """The revisions that served 400 requests sent while a rollout starts and is then
+    promoted or aborted (`change`); any failed request fails the test."""
+    load = asyncio.create_task(rollout.served_many([""] * 200 + [f"u{i}" for i in range(200)]))
+    await rollout.start(50)
+    if change == "promote":
+        await rollout.store.PromoteRollout(store_pb.PromoteRolloutRequest(name="alpha"))
+    else:
+        await rollout.store.AbortRollout(store_pb.AbortRolloutRequest(name="alpha"))
+    return await load
+
+
+async def test_no_request_fails_while_a_rollout_starts_and_is_promoted_under_load(
+    rollout: Rollout,
+) -> None:
+    served = await _under_load(rollout, "promote")
+    assert sum(served.values()) == 400
+    assert set(served) <= {1, 2}
+
+
+async def test_no_request_fails_while_a_rollout_starts_and_is_aborted_under_load(
+    rollout: Rollout,
+) -> None:
+    served = await _under_load(rollout, "abort")
+    assert sum(served.values()) == 400
+    assert set(served) <= {1, 2}
