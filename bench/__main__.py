@@ -1,8 +1,9 @@
-"""`python -m bench [--only 6,1,...] [--quick] [--engine cpu|gpu] [--update-readme]`: runs
-the benchmarks, prints each one's tables as it finishes, writes the run's results under
-bench/results/<UTC date-time>/ (results.json, report.md, PNG plots; the servers' logs
-in its logs/, not committed) and prints the README table with its figures. `--dry-run` prints
-what would start (engines, baselines, their flags) without starting anything."""
+"""`python -m bench [--profile default|real] [--only 6,1,...] [--quick] [--engine cpu|gpu]
+[--update-readme]`: runs the benchmarks, prints each one's tables as it finishes, writes
+the run's results under bench/results/<UTC date-time>/ (results.json, report.md, PNG
+plots; the servers' logs in its logs/, not committed) and prints the README table with
+its figures. `--dry-run` prints what every benchmark would start (engines, baselines,
+stores, their flags) without starting anything."""
 
 from __future__ import annotations
 
@@ -19,16 +20,28 @@ from bench.report import Report
 from bench.runs import scale_for
 
 RESULTS = Path(__file__).resolve().parent / "results"
-ALL = (6, 1, 2, 8, 7, 3, 4, 5, 9, 10, 11, 12)
+# Each profile's benchmarks, in the order a run makes them.
+PROFILE_BENCHMARKS = {
+    "default": (6, 1, 2, 7, 8, 13, 3, 4, 5, 9, 10, 11, 12),
+    "real": (14, 15, 16, 17, 18),
+}
+INFERENCE = frozenset({1, 2, 3, 4, 5, 7, 8, 13})
+REAL = frozenset(PROFILE_BENCHMARKS["real"])
 
 
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m bench", description=__doc__)
     parser.add_argument(
+        "--profile",
+        choices=tuple(PROFILE_BENCHMARKS),
+        default="default",
+        help="default: the wider tiny model and its adapters; real: a locally built "
+        "Llama-shaped base (hidden 2048, 8 layers, vocab 32k) with rank-64 adapters",
+    )
+    parser.add_argument(
         "--only",
-        default=",".join(map(str, ALL)),
-        help="comma-separated benchmark numbers (default: all, in the order "
-        "6,1,2,8,7,3,4,5,9,10,11,12)",
+        default="",
+        help="comma-separated benchmark numbers, of either profile (default: all of the profile's)",
     )
     parser.add_argument(
         "--quick", action="store_true", help="fewer repeats and requests (a smoke run)"
@@ -55,7 +68,13 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def _wanted(args: argparse.Namespace) -> set[int]:
-    return {int(n) for n in args.only.split(",") if n.strip()}
+    if not args.only:
+        return set(PROFILE_BENCHMARKS[args.profile])
+    known = {n for numbers in PROFILE_BENCHMARKS.values() for n in numbers}
+    wanted = {int(n) for n in args.only.split(",") if n.strip()}
+    if wanted - known:
+        raise SystemExit(f"no benchmark {sorted(wanted - known)}; known: {sorted(known)}")
+    return wanted
 
 
 async def _main(args: argparse.Namespace, results: Path) -> Report:
@@ -63,6 +82,7 @@ async def _main(args: argparse.Namespace, results: Path) -> Report:
     run = {
         "command": " ".join(["python -m bench", *sys.argv[1:]]),
         "engine": args.engine,
+        "profile": args.profile,
         "quick": args.quick,
         "benchmarks": sorted(wanted),
     }
@@ -70,9 +90,9 @@ async def _main(args: argparse.Namespace, results: Path) -> Report:
     started = time.monotonic()
     try:
         if 6 in wanted:
-            settings = store_bench.StoreSettings(repeats=1, events=5) if args.quick else None
+            settings = store_bench.StoreSettings(repeats=2, events=6) if args.quick else None
             await store_bench.run(report, settings or store_bench.StoreSettings())
-        inference = wanted & {1, 2, 3, 4, 5, 7, 8}
+        inference = wanted & INFERENCE
         if inference:
             from bench import inference_bench
 
@@ -92,6 +112,10 @@ async def _main(args: argparse.Namespace, results: Path) -> Report:
             from bench import bench_store_scale
 
             await bench_store_scale.run(report, quick=args.quick)
+        if wanted & REAL:
+            from bench import real_bench
+
+            await real_bench.run(report, wanted & REAL, quick=args.quick, engine=args.engine)
     finally:
         report.total_seconds = time.monotonic() - started
         path = report.write()

@@ -24,8 +24,8 @@ import tempfile
 import time
 import urllib.request
 from collections import Counter
-from collections.abc import AsyncIterator, Callable, Sequence
-from contextlib import AbstractAsyncContextManager, asynccontextmanager
+from collections.abc import AsyncIterator, Sequence
+from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
@@ -36,12 +36,16 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from bench import procs
 from bench.bench_swap import fresh_variants, push_fresh
+from bench.drive import Windows
+from bench.loadclient import LoadGenerator
+from bench.paired import Runs, arm_table, failure_check, noise_figures, paired, ratio_goal
 from bench.report import Report, Section
-from bench.runs import Arm, interleaved
+from bench.runs import closed
 from bench.stack import ENGINE_ENV, RANK, Stack, current_revisions, tenant
 from bench.stack import wait_routed as wait_routed_on
-from bench.stats import median, percentile, ratio
-from bench.workload import Caller, RunResult, Workload, run_closed_loop
+from bench.stats import median_interval, percentile, ratio
+from bench.targets import Target
+from bench.workload import Caller, Workload, run_closed_loop
 from loraserve.clients.channels import Retry
 from loraserve.clients.routing import (
     ADAPTER_HASH_HEADER,
@@ -69,18 +73,17 @@ Policy = Literal["ring_hash", "round_robin"]
 
 
 @dataclass(frozen=True)
-class FleetScale:
+class FleetScale(Windows):
     replicas: int = 3
     adapters: int = 24
     concurrency: int = 48
     requests: int = 480
     max_tokens: int = 32
     popularity: str = "zipf:1.0"
-    repeats: int = 3
     pushes: int = 20
 
 
-QUICK = FleetScale(concurrency=12, requests=48, max_tokens=8, repeats=1, pushes=3)
+QUICK = FleetScale(concurrency=12, requests=48, max_tokens=8, repeats=2, pushes=3)
 
 
 def fleet_channel(addresses: Sequence[str], policy: Policy) -> grpc.aio.Channel:
@@ -203,7 +206,7 @@ def _affinity(before: list[Counter[str]], after: list[Counter[str]]) -> tuple[fl
 
 
 async def _throughput_and_affinity(
-    section: Section, fleet: Fleet, adapters: tuple[str, ...]
+    section: Section, fleet: Fleet, gen: LoadGenerator, adapters: tuple[str, ...]
 ) -> None:
     scale = fleet.scale
     workload = Workload(
@@ -213,78 +216,75 @@ async def _throughput_and_affinity(
         max_tokens=scale.max_tokens,
         popularity=scale.popularity,
     )
-    section.workload.append(f"per arm and repeat: {workload.describe()}")
-    channels = {p: fleet_channel(fleet.addresses, p) for p in ("ring_hash", "round_robin")}
-    shares: dict[str, list[tuple[float, float]]] = {p: [] for p in channels}
+    addresses = ",".join(fleet.addresses)
+    arms = [
+        closed(policy, Target(f"fleet_{policy}", addresses), workload, scale.concurrency, None)
+        for policy in ("ring_hash", "round_robin")
+    ]
+    section.workload += [arm.describe() for arm in arms]
+    section.workload.append(f"{scale.repeats} repeats, order rotated; {scale.timing.describe()}")
+    shares: dict[str, list[tuple[float, float]]] = {}
 
     @asynccontextmanager
     async def counting(arm: str) -> AsyncIterator[None]:
         before = await fleet.served()
         yield
-        shares[arm].append(_affinity(before, await fleet.served()))
+        shares.setdefault(arm, []).append(_affinity(before, await fleet.served()))
 
-    try:
-        arms = {
-            p: (_closed_loop(fleet_caller(channel)), workload) for p, channel in channels.items()
-        }
-        warm = Workload(adapters=adapters, concurrency=8, requests=len(adapters), max_tokens=2)
-        for runner, _ in arms.values():
-            await runner(warm)
-        around: Callable[[str], AbstractAsyncContextManager[None]] = counting
-        results = await interleaved(arms, scale.repeats, around)
-    finally:
-        for channel in channels.values():
-            await channel.close()
-    rows: list[list[str | int | float]] = []
-    for policy, runs in results.items():
+    warm = Workload(adapters=adapters, concurrency=8, requests=len(adapters), max_tokens=2)
+    async with fleet_channel(fleet.addresses, "round_robin") as channel:
+        await run_closed_loop(warm, fleet_caller(channel))
+    runs = await paired(
+        gen, arms, scale.timing, scale.repeats, noise="round_robin", around=counting
+    )
+    for arm, windows in runs.windows.items():
         section.record(
-            policy,
+            arm,
             [
-                {**run.summary(), "top_replica_share": top, "worst_adapter_share": worst}
-                for run, (top, worst) in zip(runs, shares[policy], strict=True)
+                {**w.summary(), "top_replica_share": top, "worst_adapter_share": worst}
+                for w, (top, worst) in zip(windows, shares[arm], strict=True)
             ],
         )
-        rows.append(
-            [
-                policy,
-                median([r.tokens_per_s for r in runs]),
-                median([r.ttft_p(50) * 1000 for r in runs]),
-                median([r.ttft_p(99) * 1000 for r in runs]),
-                median([s[0] * 100 for s in shares[policy]]),
-                median([s[1] * 100 for s in shares[policy]]),
-            ]
-        )
-    section.table(
-        "ring_hash on the adapter header vs round robin (medians over repeats)",
-        ["policy", "tokens/s", "TTFT p50 ms", "TTFT p99 ms", "on top replica %", "worst adapter %"],
-        rows,
-    )
-    share = median([s[0] for s in shares["ring_hash"]])
+    arm_table(section, runs)
+    _fleet_goals(section, runs, shares)
+
+
+def _fleet_goals(
+    section: Section, runs: Runs, shares: dict[str, list[tuple[float, float]]]
+) -> None:
+    scale_label = f"max_loras {ENGINE.max_loras}"
     section.goal(
-        "share of an adapter's requests served by one replica (ring_hash)",
-        share * 100,
-        ">= 95 %",
-        share >= 0.95,
+        "share of an adapter's requests served by one replica (ring_hash, %)",
+        median_interval([top * 100 for top, _ in shares["ring_hash"]]),
+        ">=",
+        95.0,
         ".1f",
     )
-    speedup = ratio(
-        median([r.tokens_per_s for r in results["ring_hash"]]),
-        median([r.tokens_per_s for r in results["round_robin"]]),
+    section.reported(
+        "worst adapter's share on its top replica (ring_hash, %)",
+        median_interval([worst * 100 for _, worst in shares["ring_hash"]]),
+        ".1f",
     )
-    section.goal(
-        f"tokens/s ring_hash ÷ round robin ({scale.popularity}, max_loras {ENGINE.max_loras})",
-        speedup,
-        "> 1.0",
-        speedup > 1.0,
-        ".2f",
+    ratio_goal(
+        section,
+        runs,
+        f"tokens/s ring_hash ÷ round robin ({scale_label})",
+        ("ring_hash", "round_robin"),
+        "tokens_per_s",
+        ">",
+        1.0,
     )
-
-
-def _closed_loop(call: Caller) -> Arm:
-    async def run(workload: Workload) -> RunResult:
-        return await run_closed_loop(workload, call)
-
-    return run
+    ratio_goal(
+        section,
+        runs,
+        "TTFT p99 ring_hash ÷ round robin (a hot replica's queue)",
+        ("ring_hash", "round_robin"),
+        "ttft_p99_ms",
+        "<=",
+        1.5,
+    )
+    noise_figures(section, runs, ("tokens_per_s", "ttft_p99_ms"))
+    failure_check(section, runs)
 
 
 async def _convergence(section: Section, fleet: Fleet) -> None:
@@ -302,13 +302,20 @@ async def _convergence(section: Section, fleet: Fleet) -> None:
         f"from the push's start to the last replica routing the new revision"
     )
     section.record_values("push -> all replicas serving", "seconds", seconds)
-    p50, p99 = percentile(seconds, 50), percentile(seconds, 99)
+    p99 = percentile(seconds, 99)
     section.table(
         f"push -> all {fleet.scale.replicas} replicas serving the new revision",
-        ["pushes", "p50 s", "p99 s", "max s"],
-        [[len(seconds), p50, p99, max(seconds)]],
+        ["pushes", "median [interval] s", "p99 s", "max s"],
+        [[len(seconds), median_interval(seconds).text(".3f"), p99, max(seconds)]],
     )
-    section.goal("push -> all replicas serving, p99", p99, "< 1 s", p99 < 1.0, ".3f")
+    section.reported("push -> all replicas serving, median (s)", median_interval(seconds), ".3f")
+    section.check(
+        f"push -> all replicas serving, p99 of {len(seconds)} pushes (s)",
+        p99,
+        "< 1 s",
+        p99 < 1.0,
+        ".3f",
+    )
 
 
 async def _routed(address: str, revision: int) -> None:
@@ -338,6 +345,7 @@ async def _failover(section: Section, fleet: Fleet, adapters: tuple[str, ...]) -
             if served.total() >= max(1, scale.concurrency // (2 * scale.replicas)):
                 break
             await asyncio.sleep(0.05)
+        held = await _in_flight(fleet.addresses[victim])
         killed_at = time.monotonic()
         fleet.kill(victim)
         result = await load
@@ -370,13 +378,26 @@ async def _failover(section: Section, fleet: Fleet, adapters: tuple[str, ...]) -
     )
     if before_first:
         section.notes.append(f"first failure before a token: {before_first[0].error}")
-    section.goal(
+    section.check(
         "requests failed before their first token, a replica SIGKILLed",
         len(before_first),
         "0",
         not before_first,
-        "d",
     )
+    mid_stream = len(failed) - len(before_first)
+    section.check(
+        "requests failed mid-stream, a replica SIGKILLed",
+        mid_stream,
+        f"<= the {held} it was running or queueing when killed (a stream cannot move)",
+        mid_stream <= held,
+    )
+
+
+async def _in_flight(address: str) -> int:
+    """Requests a replica runs or queues now (its GetServerInfo)."""
+    async with grpc.aio.insecure_channel(address) as channel:
+        info = await pb_grpc.InferenceServiceStub(channel).GetServerInfo(pb.GetServerInfoRequest())
+    return int(info.running_requests + info.waiting_requests)
 
 
 async def run(report: Report, *, quick: bool, scale: FleetScale | None = None) -> None:
@@ -386,8 +407,11 @@ async def run(report: Report, *, quick: bool, scale: FleetScale | None = None) -
     section = report.section(NUMBER, f"Fleet: {scale.replicas} replicas routed by adapter")
     stack = Stack(report.results_dir, Path(tempfile.mkdtemp(prefix="bench-fleet-")))
     fleet = Fleet(stack, scale)
+    # Started after enable_ring_hash(): gRPC reads the variable at process start.
+    gen = LoadGenerator(stack.logs)
     started = time.monotonic()
     try:
+        await gen.start()
         stack.build_models()
         await stack.start_store()
         adapters = tuple(tenant(i) for i in range(scale.adapters))
@@ -398,7 +422,7 @@ async def run(report: Report, *, quick: bool, scale: FleetScale | None = None) -
             f"{scale.replicas} replicas SERVING and routing {scale.adapters} adapters after "
             f"{time.monotonic() - started:.0f} s; max_loras {ENGINE.max_loras} each"
         )
-        await _throughput_and_affinity(section, fleet, adapters)
+        await _throughput_and_affinity(section, fleet, gen, adapters)
         await _convergence(section, fleet)
         await _failover(section, fleet, adapters)
     except Exception as exc:
@@ -407,4 +431,5 @@ async def run(report: Report, *, quick: bool, scale: FleetScale | None = None) -
     finally:
         section.seconds = time.monotonic() - started
         report.print_section(section)
+        await gen.close()
         await stack.close()
