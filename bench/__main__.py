@@ -9,15 +9,17 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import dataclasses
 import datetime
 import logging
 import sys
 import time
 from pathlib import Path
 
-from bench import bench_fleet, readme_table, store_bench
+from bench import bench_fleet, gpu, readme_table, store_bench
 from bench.report import Report
 from bench.runs import scale_for
+from bench.stack import PROFILES
 
 RESULTS = Path(__file__).resolve().parent / "results"
 # Each profile's benchmarks, in the order a run makes them.
@@ -53,6 +55,17 @@ def _parser() -> argparse.ArgumentParser:
         help="cpu: the vLLM CPU build; gpu: CUDA vLLM, engines sharing one GPU, fewer repeats",
     )
     parser.add_argument(
+        "--gpu-run",
+        action="store_true",
+        help="the benchmarks of the 15-minute GPU run (bench/gpu.py), each within its budget",
+    )
+    parser.add_argument(
+        "--stand-in",
+        action="store_true",
+        help="with --engine gpu: the GPU run's workloads on the CPU engine, no budgets (its "
+        "time on this machine is the GPU run's expected time)",
+    )
+    parser.add_argument(
         "--results", type=Path, help="output directory (default: bench/results/<UTC date-time>)"
     )
     parser.add_argument(
@@ -68,6 +81,8 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def _wanted(args: argparse.Namespace) -> set[int]:
+    if args.gpu_run and not args.only:
+        return set(gpu.BUDGETS_S)
     if not args.only:
         return set(PROFILE_BENCHMARKS[args.profile])
     known = {n for numbers in PROFILE_BENCHMARKS.values() for n in numbers}
@@ -83,10 +98,12 @@ async def _main(args: argparse.Namespace, results: Path) -> Report:
         "command": " ".join(["python -m bench", *sys.argv[1:]]),
         "engine": args.engine,
         "profile": args.profile,
+        "stand-in": args.stand_in,
         "quick": args.quick,
         "benchmarks": sorted(wanted),
     }
     report = Report(results, run)
+    budget = gpu.Budget(enabled=args.engine == "gpu" and not args.stand_in)
     started = time.monotonic()
     try:
         if 6 in wanted:
@@ -97,17 +114,17 @@ async def _main(args: argparse.Namespace, results: Path) -> Report:
             from bench import inference_bench
 
             scale = scale_for(args.engine, args.quick)
-            await inference_bench.run(report, inference, scale, args.engine)
+            await inference_bench.run(report, inference, scale, args.engine, budget)
         if 9 in wanted:
             from bench import swap_vs_vllm
 
-            await swap_vs_vllm.run(report, quick=args.quick)
+            await swap_vs_vllm.run(report, quick=args.quick, engine=args.engine)
         if 10 in wanted:
-            await bench_fleet.run(report, quick=args.quick)
+            await bench_fleet.run(report, quick=args.quick, engine=args.engine)
         if 11 in wanted:
             from bench import bench_tiers
 
-            await bench_tiers.run(report, quick=args.quick)
+            await bench_tiers.run(report, quick=args.quick, engine=args.engine)
         if 12 in wanted:
             from bench import bench_store_scale
 
@@ -115,7 +132,9 @@ async def _main(args: argparse.Namespace, results: Path) -> Report:
         if wanted & REAL:
             from bench import real_bench
 
-            await real_bench.run(report, wanted & REAL, quick=args.quick, engine=args.engine)
+            await real_bench.run(
+                report, wanted & REAL, quick=args.quick, engine=args.engine, budget=budget
+            )
     finally:
         report.total_seconds = time.monotonic() - started
         path = report.write()
@@ -139,6 +158,11 @@ def _show_table(results: Path, update_readme: bool) -> None:
 
 def main() -> int:
     args = _parser().parse_args()
+    if args.stand_in:
+        if args.engine != "gpu":
+            raise SystemExit("--stand-in runs the GPU run's workloads: give --engine gpu")
+        # The gpu scales and plan, on the CPU build's engine settings.
+        PROFILES["gpu"] = dataclasses.replace(PROFILES["cpu"], name="gpu (CPU engine standing in)")
     if args.dry_run:
         from bench.plan import print_plan
 

@@ -41,7 +41,7 @@ from bench.loadclient import LoadGenerator
 from bench.paired import Runs, arm_table, failure_check, noise_figures, paired, ratio_goal
 from bench.report import Report, Section
 from bench.runs import closed
-from bench.stack import ENGINE_ENV, RANK, Stack, current_revisions, tenant
+from bench.stack import PROFILES, RANK, Stack, current_revisions, tenant
 from bench.stack import wait_routed as wait_routed_on
 from bench.stats import median_interval, percentile, ratio
 from bench.targets import Target
@@ -84,6 +84,7 @@ class FleetScale(Windows):
 
 
 QUICK = FleetScale(concurrency=12, requests=48, max_tokens=8, repeats=2, pushes=3)
+GPU = FleetScale(warmup_s=0.5, window_s=1.5, pushes=10)
 
 
 def fleet_channel(addresses: Sequence[str], policy: Policy) -> grpc.aio.Channel:
@@ -126,6 +127,11 @@ class Replica:
     metrics_port: int
 
 
+def replica_argv(stack: Stack, i: int, port: int, metrics_port: int) -> list[str]:
+    """`inference serve` flags of the fleet's replica `i` (the stack's engine profile)."""
+    return [*stack.argv(f"fleet-{i}", port, ENGINE), f"--metrics-port={metrics_port}"]
+
+
 class Fleet:
     """The store stack plus `replicas` inference servers with metrics."""
 
@@ -139,24 +145,14 @@ class Fleet:
         return [r.child.address for r in self.replicas]
 
     async def start(self) -> None:
-        assert self.stack.store is not None
         for i in range(self.scale.replicas):
-            name = f"fleet-{i}"
             port, metrics_port = free_port(), free_port()
-            argv = procs.serve_argv(
-                name,
-                port,
-                model=self.stack.model_dir,
-                store=self.stack.store.address,
-                cache_dir=self.stack.work / f"cache-{name}",
-                engine=ENGINE,
-            )
             child = procs.start_inference(
                 self.stack.logs,
-                name,
-                [*argv, f"--metrics-port={metrics_port}"],
+                f"fleet-{i}",
+                replica_argv(self.stack, i, port, metrics_port),
                 f"127.0.0.1:{port}",
-                ENGINE_ENV,
+                self.stack.profile.env,
             )
             self.stack.children.append(child)
             self.replicas.append(Replica(child, metrics_port))
@@ -400,12 +396,16 @@ async def _in_flight(address: str) -> int:
     return int(info.running_requests + info.waiting_requests)
 
 
-async def run(report: Report, *, quick: bool, scale: FleetScale | None = None) -> None:
+async def run(
+    report: Report, *, quick: bool, engine: str = "cpu", scale: FleetScale | None = None
+) -> None:
     """Benchmark 10."""
     enable_ring_hash()
-    scale = scale or (QUICK if quick else FleetScale())
+    scale = scale or (QUICK if quick else GPU if engine == "gpu" else FleetScale())
     section = report.section(NUMBER, f"Fleet: {scale.replicas} replicas routed by adapter")
-    stack = Stack(report.results_dir, Path(tempfile.mkdtemp(prefix="bench-fleet-")))
+    stack = Stack(
+        report.results_dir, Path(tempfile.mkdtemp(prefix="bench-fleet-")), PROFILES[engine]
+    )
     fleet = Fleet(stack, scale)
     # Started after enable_ring_hash(): gRPC reads the variable at process start.
     gen = LoadGenerator(stack.logs)

@@ -32,7 +32,7 @@ EIGHT = tuple(tenant(i) for i in range(8))
 
 
 def engine_line(stack: Stack, name: str, engine: EngineConfig) -> str:
-    if stack.profile.name == "cpu":
+    if stack.profile.gpu_memory_utilization is None:
         where = "vLLM CPU build, KV cache 1 GiB"
     else:
         where = f"CUDA vLLM, gpu_memory_utilization {stack.profile.gpu_memory_utilization}"

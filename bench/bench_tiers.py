@@ -38,7 +38,7 @@ from bench.loadclient import LoadGenerator
 from bench.paired import Runs, paired
 from bench.report import Report, Section
 from bench.runs import closed, warm_up
-from bench.stack import TENANTS, Stack, model_description, tenant
+from bench.stack import PROFILES, TENANTS, Stack, model_description, tenant
 from bench.targets import Target
 from bench.tiers_figures import (
     MIB,
@@ -273,7 +273,7 @@ async def _measure(section: Section, stack: Stack, gen: LoadGenerator, scale: Ti
     tier_table(section, samples)
 
 
-async def run(report: Report, *, quick: bool) -> None:
+async def run(report: Report, *, quick: bool, engine: str = "cpu") -> None:
     """Benchmark 11."""
     scale = QUICK if quick else TiersScale()
     section = report.section(
@@ -281,7 +281,9 @@ async def run(report: Report, *, quick: bool) -> None:
     )
     if quick:
         section.workload.append("smoke run (--quick): fewer adapters, one repeat")
-    stack = Stack(report.results_dir, Path(tempfile.mkdtemp(prefix="bench-tiers-")))
+    stack = Stack(
+        report.results_dir, Path(tempfile.mkdtemp(prefix="bench-tiers-")), PROFILES[engine]
+    )
     gen = LoadGenerator(stack.logs)
     started = time.monotonic()
     try:

@@ -60,22 +60,26 @@ class FleetRuns:
     runs: dict[str, list[FleetRun]] = field(default_factory=dict)
 
 
-def _argv(fleet: Fleet, arm: str) -> list[str]:
+def fetch_argv(
+    arm: str, store: str, adapters: Sequence[str], endpoint: str, bucket: str, keys: Sequence[str]
+) -> list[str]:
+    """One fetcher's command line for `arm` (CACHES or BOTO)."""
     command = [sys.executable, "-m", "bench.fleet_fetch"]
     if arm == CACHES:
-        return [
-            *command,
-            "cache",
-            f"--store={fleet.store.address}",
-            *(f"--adapter={a}" for a in fleet.adapters),
-        ]
+        return [*command, "cache", f"--store={store}", *(f"--adapter={a}" for a in adapters)]
     return [
         *command,
         "boto3",
-        f"--s3={fleet.endpoint}",
-        f"--bucket={fleet.bucket}",
-        *(f"--key={k}" for k in fleet.keys),
+        f"--s3={endpoint}",
+        f"--bucket={bucket}",
+        *(f"--key={k}" for k in keys),
     ]
+
+
+def _argv(fleet: Fleet, arm: str) -> list[str]:
+    return fetch_argv(
+        arm, fleet.store.address, fleet.adapters, fleet.endpoint, fleet.bucket, fleet.keys
+    )
 
 
 async def _start(argv: Sequence[str], log: Path) -> asyncio.subprocess.Process:

@@ -24,6 +24,7 @@ from bench import (
     procs,
     storeops,
 )
+from bench.gpu import Budget, Limit
 from bench.loadclient import LoadGenerator
 from bench.report import Report
 from bench.runs import Scale, warm_up
@@ -103,22 +104,29 @@ async def _set_up(report: Report, stack: Stack, wanted: set[int]) -> Host | None
 
 
 async def _against_vllm(
-    report: Report, stack: Stack, gen: LoadGenerator, scale: Scale, wanted: set[int]
+    report: Report, stack: Stack, gen: LoadGenerator, scale: Scale, wanted: set[int], limit: Limit
 ) -> None:
     """Benchmarks 8 and 13, with vLLM's own servers up beside engine A."""
     serve_port, grpc_port = free_port(), free_port()
     cmds = bench_vllm.baseline_commands(stack, serve_port, grpc_port)
-    found = await baselines.start(
-        stack.logs, cmds, stack.profile.env, serve_port=serve_port, grpc_port=grpc_port
-    )
+    first = 8 if 8 in wanted else 13
+    found: baselines.Baselines | None = None
+    async with limit(report, first, phase="vLLM's servers"):
+        found = await baselines.start(
+            stack.logs, cmds, stack.profile.env, serve_port=serve_port, grpc_port=grpc_port
+        )
+    if found is None:
+        return
     try:
         if found.serve_url:
             await _warm_http(found.serve_url, str(stack.model_dir))
         await _warm_http(stack.openai_url, stack.base_model_name)
         if 8 in wanted:
-            await bench_vllm.against_vllm(report, stack, gen, scale, found)
+            async with limit(report, 8):
+                await bench_vllm.against_vllm(report, stack, gen, scale, found)
         if 13 in wanted:
-            await bench_stream.stream_speed(report, stack, gen, scale, found)
+            async with limit(report, 13):
+                await bench_stream.stream_speed(report, stack, gen, scale, found)
     finally:
         found.stop()
 
@@ -150,39 +158,37 @@ async def _cold(report: Report, stack: Stack, scale: Scale) -> None:
     )
 
 
-async def run(report: Report, wanted: set[int], scale: Scale, engine: str = "cpu") -> None:
+async def run(
+    report: Report,
+    wanted: set[int],
+    scale: Scale,
+    engine: str = "cpu",
+    budget: Budget | None = None,
+) -> None:
     stack = Stack(
         report.results_dir, Path(tempfile.mkdtemp(prefix="bench-inference-")), PROFILES[engine]
     )
     gen = LoadGenerator(stack.logs)
+    limit = (budget or Budget(enabled=False)).limit
     raw_b: Host | None = None
     try:
         await gen.start()
-        raw_b = await _set_up(report, stack, wanted)
+        async with limit(report, 0, phase="set-up", fatal=True):
+            raw_b = await _set_up(report, stack, wanted)
         if 1 in wanted:
-            await bench_throughput.overhead(report, stack, gen, scale)
+            async with limit(report, 1):
+                await bench_throughput.overhead(report, stack, gen, scale)
         if 2 in wanted:
-            await bench_throughput.batching(report, stack, gen, scale, raw_b)
-        memory = None
-        if 7 in wanted:
-            memory = await bench_memory.engines(stack, gen, scale)
+            async with limit(report, 2):
+                await bench_throughput.batching(report, stack, gen, scale, raw_b)
+        memory = await bench_memory.engines(stack, gen, scale) if 7 in wanted else None
         if raw_b is not None:
             raw_b.stop()
             raw_b = None
         stack.stop_b()
         if wanted & {8, 13}:
-            await _against_vllm(report, stack, gen, scale, wanted)
-        if wanted & {3, 7}:
-            growth = await _more_adapters(stack, with_c=3 in wanted, measure=7 in wanted)
-            if memory is not None and growth is not None:
-                await bench_memory.report_memory(report, stack, memory, growth)
-        if 3 in wanted:
-            await bench_throughput.slots(report, stack, gen, scale)
-            stack.stop_c()
-        if 4 in wanted:
-            await bench_swap.hot_swap(report, stack, gen, scale)
-        if 5 in wanted:
-            await _cold(report, stack, scale)
+            await _against_vllm(report, stack, gen, scale, wanted, limit)
+        await _slots_and_swaps(report, stack, gen, scale, wanted, memory, limit)
     except Exception as exc:
         failed = report.sections[-1]
         failed.error = failed.error or f"{type(exc).__name__}: {exc}"
@@ -193,3 +199,29 @@ async def run(report: Report, wanted: set[int], scale: Scale, engine: str = "cpu
             raw_b.stop()
         await gen.close()
         await stack.close()
+
+
+async def _slots_and_swaps(
+    report: Report,
+    stack: Stack,
+    gen: LoadGenerator,
+    scale: Scale,
+    wanted: set[int],
+    memory: bench_memory.EngineMemory | None,
+    limit: Limit,
+) -> None:
+    """7's per-adapter memory, 3 (engine C beside A), 4 and 5."""
+    if wanted & {3, 7}:
+        growth = await _more_adapters(stack, with_c=3 in wanted, measure=7 in wanted)
+        if memory is not None and growth is not None:
+            await bench_memory.report_memory(report, stack, memory, growth)
+    if 3 in wanted:
+        async with limit(report, 3):
+            await bench_throughput.slots(report, stack, gen, scale)
+        stack.stop_c()
+    if 4 in wanted:
+        async with limit(report, 4):
+            await bench_swap.hot_swap(report, stack, gen, scale)
+    if 5 in wanted:
+        async with limit(report, 5):
+            await _cold(report, stack, scale)

@@ -21,12 +21,13 @@ from pathlib import Path
 
 from bench import fleet_caches, load_stall, procs, real_models, storeops, swap_vs_vllm, transfers
 from bench.drive import Windows
+from bench.gpu import Budget, Limit
 from bench.loadclient import LoadGenerator
 from bench.procs import EngineConfig
 from bench.report import Report, Section
 from bench.runs import warm_up
 from bench.stack import BUCKET, PROFILES, Stack
-from bench.swap_arms import rounds
+from bench.swap_arms import Servers, rounds
 from bench.variants import write_variant
 from bench.workload import Workload
 from loraserve.testing.processes import free_port
@@ -57,7 +58,7 @@ QUICK = RealScale(
     window_s=10.0,
     cold_names=60,
 )
-GPU = replace(RealScale(), warmup_s=1.0, window_s=4.0)
+GPU = replace(RealScale(), warmup_s=1.0, window_s=4.0, cold_names=80)
 
 
 def _stack(report: Report, engine: str) -> Stack:
@@ -140,36 +141,59 @@ async def _fleet(report: Report, stack: Stack, scale: RealScale) -> None:
     report.print_section(section)
 
 
-async def _swaps(report: Report, wanted: set[int], scale: RealScale, engine: str) -> None:
-    """16 and 17 on loraserve and vllm serve, both on the real base."""
+async def _swaps(
+    report: Report, wanted: set[int], scale: RealScale, engine: str, limit: Limit
+) -> None:
+    """16 and 17 on loraserve and vllm serve, both on the real base (their start is a
+    phase of its own on a GPU)."""
     stack = _stack(report, engine)
     try:
-        servers = await swap_vs_vllm.start_servers(stack, ENGINE)
+        servers: Servers | None = None
+        async with limit(report, 16 if 16 in wanted else 17, phase="real servers"):
+            servers = await swap_vs_vllm.start_servers(stack, ENGINE)
+        if servers is None:
+            return
         for number, cold in ((16, True), (17, False)):
-            if number not in wanted:
-                continue
-            title = (
-                "Cold first request: push -> first token vs vLLM load_lora_adapter"
-                if cold
-                else "Hot swap of a loaded adapter: push vs vLLM load_inplace"
-            )
-            section = report.section(number, title)
-            started = time.monotonic()
-            swaps, startup = await rounds(servers, scale.swaps, cold=cold)
-            kind = "a new adapter name per swap" if cold else "new revisions of one loaded adapter"
-            _describe(
-                section,
-                f"{scale.swaps} rounds, arms alternated, new weights each round (a variant of "
-                f"a built adapter); {kind}; "
-                f"engine: max_loras {ENGINE.max_loras}, "
-                f"max_cpu_loras {ENGINE.max_cpu_loras}, fp32 (measured faster than bf16 on "
-                "this CPU build), eager",
-            )
-            swap_vs_vllm.figures(section, swaps, startup, None)
-            section.seconds = time.monotonic() - started
-            report.print_section(section)
+            if number in wanted:
+                async with limit(report, number):
+                    await _swap(report, servers, number, cold, scale)
     finally:
         await stack.close()
+
+
+async def _swap(
+    report: Report, servers: Servers, number: int, cold: bool, scale: RealScale
+) -> None:
+    title = (
+        "Cold first request: push -> first token vs vLLM load_lora_adapter"
+        if cold
+        else "Hot swap of a loaded adapter: push vs vLLM load_inplace"
+    )
+    section = report.section(number, title)
+    started = time.monotonic()
+    swaps, startup = await rounds(servers, scale.swaps, cold=cold)
+    kind = "a new adapter name per swap" if cold else "new revisions of one loaded adapter"
+    _describe(
+        section,
+        f"{scale.swaps} rounds, arms alternated, new weights each round (a variant of "
+        f"a built adapter); {kind}; "
+        f"engine: max_loras {ENGINE.max_loras}, "
+        f"max_cpu_loras {ENGINE.max_cpu_loras}, fp32 (measured faster than bf16 on "
+        "this CPU build), eager",
+    )
+    swap_vs_vllm.figures(section, swaps, startup, None)
+    section.seconds = time.monotonic() - started
+    report.print_section(section)
+
+
+def stall_argv(stack: Stack, port: int) -> list[str]:
+    """Benchmark 18's replica: nothing loads before its first request; the cache bounded
+    (every load writes another copy of the same bytes)."""
+    return [
+        *stack.argv("replica", port, ENGINE),
+        "--prefetch-adapters=0",
+        f"--adapter-cache-size={2 * 2**30}",
+    ]
 
 
 async def _stall(report: Report, scale: RealScale, engine: str) -> None:
@@ -189,11 +213,7 @@ async def _stall(report: Report, scale: RealScale, engine: str) -> None:
         stub = storeops.store_stub(stack.store_channel)
         await asyncio.gather(*(storeops.push(stub, name, files) for name in cold))
         port = free_port()
-        argv = [
-            *stack._argv("replica", port, ENGINE),
-            "--prefetch-adapters=0",
-            f"--adapter-cache-size={2 * 2**30}",
-        ]
+        argv = stall_argv(stack, port)
         replica = procs.start_inference(
             stack.logs, "replica", argv, f"127.0.0.1:{port}", stack.profile.env
         )
@@ -225,11 +245,14 @@ async def _stall(report: Report, scale: RealScale, engine: str) -> None:
         await stack.close()
 
 
-async def run(report: Report, wanted: set[int], *, quick: bool, engine: str) -> None:
+async def run(
+    report: Report, wanted: set[int], *, quick: bool, engine: str, budget: Budget
+) -> None:
     scale = QUICK if quick else GPU if engine == "gpu" else RealScale()
     if wanted & {14, 15}:
         await _store_benchmarks(report, wanted, scale, engine)
     if wanted & {16, 17}:
-        await _swaps(report, wanted, scale, engine)
+        await _swaps(report, wanted, scale, engine, budget.limit)
     if 18 in wanted:
-        await _stall(report, scale, engine)
+        async with budget.limit(report, 18):
+            await _stall(report, scale, engine)

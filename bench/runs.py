@@ -37,8 +37,8 @@ class Scale(Windows):
 # A smoke run: verdicts need 5 repeats, so a quick run reports figures only.
 QUICK = Scale(repeats=2, storm_swaps=4, steady_s=4.0, cold_pairs=5)
 # On a GPU (`--engine gpu`): 5 repeats (a verdict needs them), short windows: the
-# engine is fast, so a few seconds hold thousands of tokens.
-GPU = Scale(warmup_s=1.0, window_s=4.0, storm_swaps=10, steady_s=4.0, cold_pairs=5)
+# engine is fast, so one second holds hundreds of steps (bench.gpu: the budgets).
+GPU = Scale(warmup_s=0.5, window_s=1.0, storm_swaps=10, steady_s=4.0, cold_pairs=5)
 
 
 def scale_for(engine: str, quick: bool) -> Scale:

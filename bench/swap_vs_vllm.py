@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import math
+import shutil
 import tempfile
 import time
 from pathlib import Path
@@ -21,7 +22,7 @@ from pathlib import Path
 from bench import baselines, procs
 from bench.procs import EngineConfig
 from bench.report import Cell, Report, Section
-from bench.stack import ENGINE_A, Stack
+from bench.stack import ENGINE_A, PROFILES, Stack
 from bench.stats import median, median_interval, paired_ratio, unpaired_ratio
 from bench.swap_arms import ARMS, SWAP, Servers, Swap, rounds
 from bench.swap_probe import PROBE_TIMEOUT_S, STAGES
@@ -30,22 +31,35 @@ from loraserve.testing.processes import free_port
 GOAL_S = 0.2
 
 
+def loraserve_argv(stack: Stack, engine: EngineConfig, grpc_port: int, http_port: int) -> list[str]:
+    """The swap benchmarks' `inference serve` flags: INFO logs (its stages), OpenAI front."""
+    return [
+        *stack.argv("loraserve", grpc_port, engine),
+        f"--openai-listen=127.0.0.1:{http_port}",
+        "--log-level=INFO",
+    ]
+
+
+# vllm serve takes new LoRA weights at run time only with this.
+RUNTIME_LORA = {"VLLM_ALLOW_RUNTIME_LORA_UPDATING": "True"}
+
+
 async def start_servers(stack: Stack, engine: EngineConfig) -> Servers:
     """loraserve (INFO logs, OpenAI front) and `vllm serve` (runtime LoRA updates), both
     serving `swap` as built in `stack.adapters["swap-v0"]`."""
     await stack.start_store(log_level="INFO")
     await stack.push(SWAP, "swap-v0")
     grpc_port, http_port = free_port(), free_port()
-    engine_argv = stack._argv("loraserve", grpc_port, engine)
-    argv = [*engine_argv, f"--openai-listen=127.0.0.1:{http_port}", "--log-level=INFO"]
+    shutil.rmtree(stack.work / "cache-loraserve", ignore_errors=True)
+    argv = loraserve_argv(stack, engine, grpc_port, http_port)
     env = stack.profile.env
     lora = procs.start_inference(stack.logs, "loraserve", argv, f"127.0.0.1:{grpc_port}", env)
     stack.children.append(lora)
     vllm = baselines.start_serve(
         stack.logs,
-        engine_argv,
+        stack.argv("loraserve", grpc_port, engine),
         {SWAP: stack.adapters["swap-v0"]},
-        {**env, "VLLM_ALLOW_RUNTIME_LORA_UPDATING": "True"},
+        {**env, **RUNTIME_LORA},
     )
     stack.children.append(vllm)
     lora_url = f"http://127.0.0.1:{http_port}"
@@ -132,11 +146,13 @@ def _stage_table(section: Section, lora: list[Swap], startup: list[float]) -> No
     )
 
 
-async def run(report: Report, *, quick: bool) -> None:
+async def run(report: Report, *, quick: bool, engine: str = "cpu") -> None:
     section = report.section(9, "Hot swap: adapterctl push vs vLLM load_inplace")
     started = time.monotonic()
     repeats = 3 if quick else 10
-    stack = Stack(report.results_dir, Path(tempfile.mkdtemp(prefix="bench-swap-vllm-")))
+    stack = Stack(
+        report.results_dir, Path(tempfile.mkdtemp(prefix="bench-swap-vllm-")), PROFILES[engine]
+    )
     try:
         stack.build_models()
         servers = await start_servers(stack, ENGINE_A)

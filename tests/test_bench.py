@@ -117,9 +117,9 @@ def test_results_keep_every_repeat_of_every_arm(tmp_path: Path) -> None:
 def test_baselines_get_engine_a_settings(engine: str) -> None:
     """The dry run derives every server's flags as a run would, and fails if vLLM would
     parse the baselines' flags into engine arguments other than engine A's."""
-    from bench.plan import plan
+    from bench.plan import plans
 
-    commands = plan(engine)
+    commands = plans(engine)[8].servers
     serve = commands["vllm serve"]
     assert serve[serve.index("--max-loras") + 1] == "8"
     assert "--enable-lora" in commands["vLLM gRPC"]
@@ -127,8 +127,33 @@ def test_baselines_get_engine_a_settings(engine: str) -> None:
     assert (gpu_share in commands["inference serve (engine A, bench.engine_host)"]) == (
         engine == "gpu"
     )
-    engine_c = commands["inference serve (engine C)"]
+    engine_c = plans(engine)[3].servers["inference serve (engine C)"]
     assert "--max-loras=32" in engine_c
+
+
+def test_the_gpu_dry_run_covers_every_benchmark_and_fits_the_device_and_window() -> None:
+    """Every benchmark of either profile has command lines in the gpu dry run; every
+    engine they start gets its share of the device, the shares up at once sum to at
+    most 0.9, and the GPU run's budgets fit 15 minutes."""
+    from bench import gpu
+    from bench.__main__ import PROFILE_BENCHMARKS
+    from bench.plan import check_gpu, plans
+
+    every = {n for numbers in PROFILE_BENCHMARKS.values() for n in numbers}
+    planned = plans("gpu")
+    assert set(planned) == every
+    assert check_gpu(planned) == []
+    for plan in planned.values():
+        engines = [
+            argv
+            for argv in plan.servers.values()
+            if any(x == "--model" or x.startswith("--model=") for x in argv)
+        ]
+        assert all(any("gpu-memory-utilization" in x for x in argv) for argv in engines), (
+            f"benchmark {plan.number} starts an engine with no share of the device"
+        )
+    assert set(gpu.BUDGETS_S) | set(gpu.LEFT_OUT) == every
+    assert gpu.expected_total_s() <= gpu.WINDOW_S
 
 
 def test_update_fills_an_empty_block() -> None:
