@@ -43,8 +43,9 @@ class RealScale(Windows):
     fleet_adapters: int = 8
     streams: int = 16
     max_tokens: int = 16
-    # Never-loaded adapters pushed for 18: more than its loads can use.
-    cold_names: int = 300
+    # Never-loaded adapters pushed for 18 (the same bytes under new names, every one
+    # downloaded and loaded): more than its loads, ~2 s or more each, can use.
+    cold_names: int = 120
     warmup_s: float = 5.0
     window_s: float = 30.0
 
@@ -56,9 +57,10 @@ QUICK = RealScale(
     fleet_adapters=2,
     warmup_s=3.0,
     window_s=10.0,
-    cold_names=60,
+    cold_names=30,
 )
-GPU = replace(RealScale(), warmup_s=1.0, window_s=4.0, cold_names=80)
+GPU = replace(RealScale(), warmup_s=1.0, window_s=4.0, cold_names=60)
+PUSHES_AT_ONCE = 4
 
 
 def _stack(report: Report, engine: str) -> Stack:
@@ -196,6 +198,33 @@ def stall_argv(stack: Stack, port: int) -> list[str]:
     ]
 
 
+async def _stall_replica(stack: Stack, scale: RealScale) -> tuple[procs.Child, list[str]]:
+    """The store with the streams' two adapters and `cold_names` never-loaded ones, and
+    a SERVING replica that has loaded the two; returns it and the never-loaded names."""
+    await stack.start_store()
+    for name, source in (("s0", "r00"), ("s1", "r01")):
+        await stack.push(name, source)
+    cold = [f"cold-{i:03d}" for i in range(scale.cold_names)]
+    assert stack.store_channel is not None
+    files = await storeops.hashed(stack.adapters["r02"])
+    stub = storeops.store_stub(stack.store_channel)
+    limit = asyncio.Semaphore(PUSHES_AT_ONCE)
+
+    async def push(name: str) -> None:
+        async with limit:
+            await storeops.push(stub, name, files)
+
+    await asyncio.gather(*(push(name) for name in cold))
+    port = free_port()
+    replica = procs.start_inference(
+        stack.logs, "replica", stall_argv(stack, port), f"127.0.0.1:{port}", stack.profile.env
+    )
+    stack.children.append(replica)
+    await procs.wait_serving(replica, stack.logs, 900)
+    await warm_up(replica.address, ("s0", "s1"))
+    return replica, cold
+
+
 async def _stall(report: Report, scale: RealScale, engine: str) -> None:
     """18 on one replica that loads nothing until asked (--prefetch-adapters 0)."""
     section = report.section(18, "A load's effect on running streams (real-size adapters)")
@@ -204,23 +233,8 @@ async def _stall(report: Report, scale: RealScale, engine: str) -> None:
     gen = LoadGenerator(stack.logs)
     try:
         await gen.start()
-        await stack.start_store()
-        for name, source in (("s0", "r00"), ("s1", "r01")):
-            await stack.push(name, source)
-        cold = [f"cold-{i:03d}" for i in range(scale.cold_names)]
-        assert stack.store_channel is not None
-        files = await storeops.hashed(stack.adapters["r02"])
-        stub = storeops.store_stub(stack.store_channel)
-        await asyncio.gather(*(storeops.push(stub, name, files) for name in cold))
-        port = free_port()
-        argv = stall_argv(stack, port)
-        replica = procs.start_inference(
-            stack.logs, "replica", argv, f"127.0.0.1:{port}", stack.profile.env
-        )
-        stack.children.append(replica)
-        await procs.wait_serving(replica, stack.logs, 900)
+        replica, cold = await _stall_replica(stack, scale)
         streams = Workload(("s0", "s1"), scale.streams, 256, scale.max_tokens)
-        await warm_up(replica.address, ("s0", "s1"))
         measured = await load_stall.measure(
             gen, replica.address, replica.process.pid, streams, cold, scale.timing, scale.repeats
         )
