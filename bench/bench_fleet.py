@@ -36,11 +36,10 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from bench import procs
 from bench.bench_swap import fresh_variants, push_fresh
-from bench.drive import Windows
-from bench.loadclient import LoadGenerator
+from bench.drive import Load, Windows
+from bench.loadclient import Arm, LoadGenerator
 from bench.paired import Runs, arm_table, failure_check, noise_figures, paired, ratio_goal
 from bench.report import Report, Section
-from bench.runs import closed
 from bench.stack import PROFILES, RANK, Stack, current_revisions, tenant
 from bench.stack import wait_routed as wait_routed_on
 from bench.stats import median_interval, percentile, ratio
@@ -213,8 +212,19 @@ async def _throughput_and_affinity(
         popularity=scale.popularity,
     )
     addresses = ",".join(fleet.addresses)
+    # Every replica's server process is a front of these arms.
+    fronts = tuple(
+        ("front" if i == 0 else f"front_{i}", r.child.process.pid)
+        for i, r in enumerate(fleet.replicas)
+    )
     arms = [
-        closed(policy, Target(f"fleet_{policy}", addresses), workload, scale.concurrency, None)
+        Arm(
+            policy,
+            Target(f"fleet_{policy}", addresses),
+            workload,
+            Load("closed", concurrency=scale.concurrency),
+            fronts,
+        )
         for policy in ("ring_hash", "round_robin")
     ]
     section.workload += [arm.describe() for arm in arms]

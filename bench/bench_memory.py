@@ -99,7 +99,7 @@ async def engines(stack: Stack, gen: LoadGenerator, scale: Scale) -> EngineMemor
         Target("grpc_routes", routes),
         both,
         Load("closed", concurrency=scale.concurrency),
-        (("front", host.pid), ("front_b", engine_b.process.pid)),
+        (("front", host.pid), ("front_1", engine_b.process.pid)),
     )
     result.arms = [one.describe(), two.describe() + f" ({tenant(0)} on A, {tenant(1)} on B)"]
     result.runs = await paired.paired(gen, [one, two], scale.timing, scale.repeats, noise=ONE)

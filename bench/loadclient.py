@@ -81,10 +81,12 @@ class Window:
         return self.tokens / self.seconds if self.seconds > 0 else math.nan
 
     def cpu_per_1k(self, role: str) -> float:
-        """CPU seconds of `role`'s process per 1,000 tokens streamed in the window."""
-        if role not in self.cpu_s:
+        """CPU seconds of `role`'s processes per 1,000 tokens streamed in the window (an
+        arm over several servers watches "front", "front_1", ...: summed)."""
+        seconds = [v for k, v in self.cpu_s.items() if k == role or k.startswith(role + "_")]
+        if not seconds:
             return math.nan
-        return ratio(self.cpu_s[role], self.tokens / 1000)
+        return ratio(sum(seconds), self.tokens / 1000)
 
     def ttft_p(self, q: float, adapters: set[str] | None = None) -> float:
         """Of the requests submitted in the window."""

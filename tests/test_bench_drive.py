@@ -137,3 +137,10 @@ async def test_the_load_generator_runs_in_its_own_process(tmp_path: Path) -> Non
     # The stub engine ran in this process: its CPU is the "front" the arm watched.
     assert window.cpu_s["front"] > 0
     assert window.cpu_s["client"] > 0
+
+
+def test_an_arm_over_several_servers_sums_their_front_processes() -> None:
+    window = _window([])
+    window.cpu_s = {"front": 2.0, "front_1": 1.0, "client": 1.0, "frontier": 9.0}
+    assert window.cpu_per_1k("front") == pytest.approx(6.0)
+    assert window.cpu_per_1k("client") == pytest.approx(2.0)
