@@ -29,16 +29,18 @@ class Scale(Windows):
     # Issue 28's loops: many clients, and few for latency.
     wide_concurrency: int = 128
     narrow_concurrency: int = 8
-    # The open-loop arms' arrival rate (requests/s), about half of what the tiny model's
-    # engine serves at 32 streams of 64 tokens on two cores.
-    poisson_rate: float = 8.0
+    # The open-loop arms' arrival rate (requests/s): about half of what the tiny model's
+    # engine serves at 32 streams of 64 tokens (~400 tokens/s on two cores).
+    poisson_rate: float = 3.0
 
 
 # A smoke run: verdicts need 5 repeats, so a quick run reports figures only.
 QUICK = Scale(repeats=2, storm_swaps=4, steady_s=4.0, cold_pairs=5)
 # On a GPU (`--engine gpu`): 5 repeats (a verdict needs them), short windows: the
 # engine is fast, so one second holds hundreds of steps (bench.gpu: the budgets).
-GPU = Scale(warmup_s=0.5, window_s=1.0, storm_swaps=10, steady_s=4.0, cold_pairs=5)
+GPU = Scale(
+    warmup_s=0.5, window_s=1.0, storm_swaps=10, steady_s=4.0, cold_pairs=5, poisson_rate=50.0
+)
 
 
 def scale_for(engine: str, quick: bool) -> Scale:
