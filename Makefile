@@ -33,7 +33,7 @@ setup: $(STAMP)
 # The servers' package, plus the developer tools (tools/: demo, tiny model builders) and the
 # test fixtures (tests/support/), each its own distribution so the servers' wheel holds
 # neither.
-$(STAMP): pyproject.toml setup.py tools/pyproject.toml tests/support/pyproject.toml $(LOCK)
+$(STAMP): pyproject.toml tools/pyproject.toml tests/support/pyproject.toml $(LOCK)
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(if $(TORCH),$(PY) tools/install_torch.py --index '$(TORCH_INDEX)' '$(TORCH)')
 	$(PIP) install --quiet $(LOCK:%=--constraint %) -e '.[$(ENGINE),dev]' \

@@ -53,7 +53,7 @@ from loraserve.clients.routing import (
     ring_hash_config,
 )
 from loraserve.common.sizes import MESSAGE_LIMIT_OPTIONS
-from loraserve.inference.servicer import SERVICE_NAME
+from loraserve.inference.serving import SERVICE_NAME
 from loraserve.inference.v1 import inference_pb2 as pb
 from loraserve.inference.v1 import inference_pb2_grpc as pb_grpc
 from loraserve.testing.processes import free_port

@@ -18,7 +18,7 @@ _SKIPPED = frozenset({"model"})
 
 def loraserve_engine_args(serve_argv: Sequence[str]) -> Any:
     """The `AsyncEngineArgs` `inference serve SERVE_ARGV` builds its engine with."""
-    from loraserve.inference.engine_args import engine_args
+    from loraserve.inference.engine import engine_args
     from loraserve.inference.settings import parse_settings
 
     return engine_args(parse_settings(list(serve_argv), os.environ, "bench").engine)

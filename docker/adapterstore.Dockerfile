@@ -2,7 +2,7 @@
 FROM python:3.11-slim
 
 WORKDIR /src
-COPY pyproject.toml setup.py README.md ./
+COPY pyproject.toml README.md ./
 COPY proto ./proto
 COPY services ./services
 RUN pip install --no-cache-dir . && useradd --system --uid 10001 loraserve

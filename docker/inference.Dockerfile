@@ -3,7 +3,7 @@
 FROM vllm/vllm-openai:v0.32.0
 
 WORKDIR /src
-COPY pyproject.toml setup.py README.md ./
+COPY pyproject.toml README.md ./
 COPY proto ./proto
 COPY services ./services
 RUN pip install --no-cache-dir '.[gpu]'

@@ -25,8 +25,8 @@ from prometheus_client import CollectorRegistry
 from loraserve.common.names import parse_adapter_ref
 from loraserve.inference.engine import VllmEngine
 from loraserve.inference.metrics import InferenceMetrics
-from loraserve.inference.openai_protocol import fallback_chat_prompt
-from loraserve.inference.servicer import SERVICE_NAME, register
+from loraserve.inference.openai.protocol import fallback_chat_prompt
+from loraserve.inference.serving import SERVICE_NAME, register
 from loraserve.inference.v1 import inference_pb2 as pb
 from loraserve.inference.v1 import inference_pb2_grpc as pb_grpc
 from loraserve.testing.engine import MAX_MODEL_LEN

@@ -22,14 +22,18 @@ from loraserve.adapterstore.v1 import adapterstore_pb2_grpc as store_grpc
 from loraserve.clients.store import StoreClient, StoreClientSettings
 from loraserve.common.manifest import Revision
 from loraserve.common.security import ClientSecurity
-from loraserve.inference.admission import Admission
+from loraserve.inference.adapters import AdapterRegistry
 from loraserve.inference.cache import AdapterCache, CachedRevision
 from loraserve.inference.engine import AdapterHandle, EngineDelta, SamplingSpec, VllmEngine
-from loraserve.inference.generation import Generator
 from loraserve.inference.metrics import InferenceMetrics
-from loraserve.inference.registry import AdapterRegistry
-from loraserve.inference.runtime import Runtime, RuntimeSlot
-from loraserve.inference.servicer import SERVICE_NAME, register
+from loraserve.inference.serving import (
+    SERVICE_NAME,
+    Admission,
+    Generator,
+    Runtime,
+    RuntimeSlot,
+    register,
+)
 from loraserve.inference.sync import Synchronizer, SyncSettings
 from loraserve.inference.v1 import inference_pb2 as pb
 from loraserve.inference.v1 import inference_pb2_grpc as pb_grpc

@@ -21,7 +21,7 @@ import yaml
 from loraserve.adapterstore.servicer import SERVICE_NAME as STORE_SERVICE
 from loraserve.adapterstore.settings import build_parser as build_store_parser
 from loraserve.adapterstore.settings import parse_settings as parse_store_settings
-from loraserve.inference.servicer import SERVICE_NAME as INFERENCE_SERVICE
+from loraserve.inference.serving.servicer import SERVICE_NAME as INFERENCE_SERVICE
 from loraserve.inference.settings import build_parser as build_inference_parser
 from loraserve.inference.settings import parse_settings as parse_inference_settings
 

@@ -18,8 +18,8 @@ from prometheus_client.parser import text_string_to_metric_families
 from prometheus_client.samples import Sample
 
 from loraserve.inference.engine import EngineStats
-from loraserve.inference.msp_metrics import ModelServerProtocolCollector
-from loraserve.inference.scheduler_stats import SchedulerTap
+from loraserve.inference.engine.stats import SchedulerTap
+from loraserve.inference.metrics.model_server import ModelServerProtocolCollector
 from loraserve.testing.engine import MAX_LORAS
 from loraserve.testing.inferenceapp import RunningInference, adapter_files, greedy, inference_app
 from loraserve.testing.models import TinyAdapterFactory

@@ -19,7 +19,7 @@ import pytest
 from loraserve.inference.app import InferenceApp
 from loraserve.inference.engine import VllmEngine
 from loraserve.inference.metrics import InferenceMetrics
-from loraserve.inference.openai_protocol import fallback_chat_prompt
+from loraserve.inference.openai.protocol import fallback_chat_prompt
 from loraserve.inference.settings import EngineOptions, parse_settings
 from loraserve.testing.inference import copy_revision, openai_server, runtime_slot, tiny_registry
 from loraserve.testing.models import TinyAdapterFactory

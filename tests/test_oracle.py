@@ -4,7 +4,7 @@ Four adapters of different ranks and the base model run in one concurrent batch,
 so the check covers vLLM's mixed-adapter batching, not one adapter at a time. Four
 adapters fill every LoRA slot of the test engine, the last one included: that is
 when the CPU build, unpatched, gives base-model tokens the last slot's delta
-(see `loraserve.inference.vllm_fixes`).
+(see `loraserve.inference.engine.cpu_lora_fix`).
 """
 
 from __future__ import annotations

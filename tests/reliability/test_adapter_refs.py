@@ -20,16 +20,18 @@ from loraserve.adapterstore.v1 import adapterstore_pb2 as store_pb
 from loraserve.clients.store import StoreClient, StoreClientSettings
 from loraserve.common.clientstream import stream_unary
 from loraserve.common.security import ClientSecurity, ServerSecurity
-from loraserve.inference.admission import Admission
+from loraserve.inference.adapters import LLAMA_TARGET_MODULES, AdapterRegistry, CompatibilityChecker
 from loraserve.inference.cache import AdapterCache
-from loraserve.inference.compat import LLAMA_TARGET_MODULES, CompatibilityChecker
-from loraserve.inference.generation import Generator
-from loraserve.inference.http_server import RunningHttpServer, start_http_server
 from loraserve.inference.metrics import InferenceMetrics
-from loraserve.inference.openai_api import create_openai_app
-from loraserve.inference.registry import AdapterRegistry
-from loraserve.inference.runtime import Runtime, RuntimeSlot
-from loraserve.inference.servicer import SERVICE_NAME, register
+from loraserve.inference.openai import RunningHttpServer, create_openai_app, start_http_server
+from loraserve.inference.serving import (
+    SERVICE_NAME,
+    Admission,
+    Generator,
+    Runtime,
+    RuntimeSlot,
+    register,
+)
 from loraserve.inference.v1 import inference_pb2 as pb
 from loraserve.inference.v1 import inference_pb2_grpc as pb_grpc
 from loraserve.testing.adapterfiles import tiny_adapter

@@ -22,13 +22,13 @@ from hypothesis import strategies as st
 from safetensors import SafetensorError
 from safetensors.numpy import load
 
-from loraserve.adapterstore.memblobs import MemoryBlobStore
 from loraserve.adapterstore.push import Chunk
 from loraserve.common.clientstream import stream_unary
 from loraserve.common.errors import InvalidArgument
 from loraserve.testing.adapterfiles import AdapterFiles, lora_config, tiny_adapter
 from loraserve.testing.adapterstore import make_store
 from loraserve.testing.figures import add_figure
+from loraserve.testing.memblobs import MemoryBlobStore
 from loraserve.testing.pushes import push, push_requests
 from loraserve.testing.s3 import S3Bucket
 from loraserve.testing.store import RunningStore

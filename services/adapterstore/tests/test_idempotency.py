@@ -15,7 +15,6 @@ from loraserve.adapterstore.changelog import (
     conflict_backoff,
 )
 from loraserve.adapterstore.logstorage import log_key
-from loraserve.adapterstore.memblobs import MemoryBlobStore
 from loraserve.adapterstore.model import REQUEST_KEY_WINDOW, Change, ChangeType, StoreState, now
 from loraserve.adapterstore.storageprobe import PROBE_KEY, check_conditional_put
 from loraserve.adapterstore.store import AdapterStore
@@ -23,6 +22,7 @@ from loraserve.common.errors import FailedPrecondition, InvalidArgument, Unavail
 from loraserve.common.manifest import Revision
 from loraserve.testing.adapterfiles import tiny_adapter
 from loraserve.testing.adapterstore import StoreFactory
+from loraserve.testing.memblobs import MemoryBlobStore
 from loraserve.testing.pushes import push
 from loraserve.testing.waiting import eventually
 

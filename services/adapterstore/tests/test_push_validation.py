@@ -6,7 +6,6 @@ import json
 
 import pytest
 
-from loraserve.adapterstore.memblobs import MemoryBlobStore
 from loraserve.adapterstore.push import Chunk
 from loraserve.adapterstore.store import AdapterStore
 from loraserve.adapterstore.validation import (
@@ -18,6 +17,7 @@ from loraserve.common.errors import InvalidArgument
 from loraserve.common.peft_format import parse_safetensors_header
 from loraserve.testing.adapterfiles import lora_tensors, tiny_adapter
 from loraserve.testing.badpushes import BAD_PUSHES, BadPush
+from loraserve.testing.memblobs import MemoryBlobStore
 from loraserve.testing.pushes import push
 
 

@@ -15,13 +15,13 @@ from loraserve.adapterstore import logstorage
 from loraserve.adapterstore.changelog import LogSettings
 from loraserve.adapterstore.listing import adapter_page
 from loraserve.adapterstore.logstorage import log_key, snapshot_key
-from loraserve.adapterstore.memblobs import MemoryBlobStore
 from loraserve.adapterstore.model import Adapter, Change, ChangeType, StoreState, now
 from loraserve.adapterstore.s3blobs import S3BlobStore
 from loraserve.adapterstore.store import AdapterStore
 from loraserve.common.manifest import FileInfo, Revision
 from loraserve.testing.adapterfiles import tiny_adapter
 from loraserve.testing.adapterstore import StoreFactory, s3_location
+from loraserve.testing.memblobs import MemoryBlobStore
 from loraserve.testing.pushes import push
 from loraserve.testing.s3 import S3Bucket
 from loraserve.testing.s3faults import Fault, S3FaultProxy

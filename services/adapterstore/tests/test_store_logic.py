@@ -10,13 +10,13 @@ import pytest
 from loraserve.adapterstore import logstorage
 from loraserve.adapterstore.changelog import LogSettings
 from loraserve.adapterstore.logstorage import log_key
-from loraserve.adapterstore.memblobs import MemoryBlobStore
 from loraserve.adapterstore.model import Change, ChangeType
 from loraserve.adapterstore.push import Chunk
 from loraserve.adapterstore.store import AdapterStore, Heartbeat
 from loraserve.common.errors import Aborted, DataLoss, InvalidArgument, NotFound, OutOfRange
 from loraserve.testing.adapterfiles import tiny_adapter
 from loraserve.testing.adapterstore import StoreFactory
+from loraserve.testing.memblobs import MemoryBlobStore
 from loraserve.testing.pushes import push
 from loraserve.testing.waiting import eventually
 

@@ -19,8 +19,7 @@ from loraserve.common.errors import (
 )
 from loraserve.common.manifest import Revision
 from loraserve.inference.cache import AdapterCache
-from loraserve.inference.compat import AdapterFacts
-from loraserve.inference.download import MANIFEST_FILE
+from loraserve.inference.cache.download import MANIFEST_FILE
 from loraserve.testing.cache_fakes import FakeSource, file_info
 
 CONFIG = b'{"r": 8}'
@@ -207,9 +206,11 @@ async def test_revision_dir_without_manifest_is_not_trusted(
 async def test_revision_incompatible_by_its_manifest_is_refused_before_downloading(
     tmp_path: Path, source: FakeSource
 ) -> None:
-    def refuse_rank_8(facts: AdapterFacts) -> None:
-        if facts.rank == 8:
-            raise FailedPrecondition(f"adapter {facts.name}@{facts.revision} has rank 8")
+    def refuse_rank_8(manifest: Revision) -> None:
+        if manifest.rank == 8:
+            raise FailedPrecondition(
+                f"adapter {manifest.adapter_name}@{manifest.revision} has rank 8"
+            )
 
     cache = AdapterCache(tmp_path / "cache", source, check=refuse_rank_8)
     await cache.prepare()

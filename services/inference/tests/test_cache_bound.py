@@ -10,7 +10,7 @@ import pytest
 
 from loraserve.common.errors import FailedPrecondition, ResourceExhausted
 from loraserve.inference.cache import AdapterCache
-from loraserve.inference.cacheindex import INDEX_FILE
+from loraserve.inference.cache.index import INDEX_FILE
 from loraserve.testing.cache_fakes import FakeSource
 
 CONFIG = b'{"r": 8}'

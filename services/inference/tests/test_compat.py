@@ -8,7 +8,7 @@ import pytest
 from safetensors.torch import load_file, save_file
 
 from loraserve.common.errors import FailedPrecondition, InvalidArgument
-from loraserve.inference.compat import (
+from loraserve.inference.adapters import (
     LLAMA_TARGET_MODULES,
     AdapterFacts,
     CompatibilityChecker,

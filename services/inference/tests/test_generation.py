@@ -9,10 +9,11 @@ from pathlib import Path
 import pytest
 
 from loraserve.common.errors import InvalidArgument, ResourceExhausted, Unavailable
-from loraserve.inference.admission import Admission
-from loraserve.inference.compat import LLAMA_TARGET_MODULES, CompatibilityChecker
-from loraserve.inference.engine import EngineFinish
-from loraserve.inference.generation import (
+from loraserve.inference.adapters import LLAMA_TARGET_MODULES, AdapterRegistry, CompatibilityChecker
+from loraserve.inference.engine import EngineFinish, StructuredOutput
+from loraserve.inference.metrics import InferenceMetrics
+from loraserve.inference.serving import Admission
+from loraserve.inference.serving.generation import (
     FinishReason,
     GenerateCommand,
     GenerationChunk,
@@ -20,9 +21,6 @@ from loraserve.inference.generation import (
     SamplingRequest,
     Usage,
 )
-from loraserve.inference.metrics import InferenceMetrics
-from loraserve.inference.registry import AdapterRegistry
-from loraserve.inference.sampling import StructuredOutput
 from loraserve.testing.inference_fakes import FakeEngine, make_revision
 
 

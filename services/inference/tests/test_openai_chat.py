@@ -7,8 +7,8 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 
-from loraserve.inference.openai_protocol import fallback_chat_prompt
-from loraserve.inference.sampling import ServerDefaults
+from loraserve.inference.engine.sampling import ServerDefaults
+from loraserve.inference.openai.protocol import fallback_chat_prompt
 from loraserve.testing.inference_fakes import FAKE_INFO, FakeEngine
 from loraserve.testing.openai_front import MESSAGES, MODEL, StartFront
 

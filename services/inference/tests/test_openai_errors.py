@@ -12,7 +12,7 @@ import openai
 import pytest
 
 from loraserve.common.security import ServerSecurity, Token
-from loraserve.inference.http_server import split_address
+from loraserve.inference.openai.server import split_address
 from loraserve.testing.inference_fakes import FakeEngine
 from loraserve.testing.openai_front import CHAT, MODEL, StartFront, _post
 from loraserve.testing.waiting import eventually

@@ -11,10 +11,13 @@ import pytest
 from loraserve.common.errors import FailedPrecondition, NotFound
 from loraserve.common.manifest import Revision
 from loraserve.common.names import AdapterRef
+from loraserve.inference.adapters import (
+    LLAMA_TARGET_MODULES,
+    AdapterRegistry,
+    AdapterState,
+    CompatibilityChecker,
+)
 from loraserve.inference.cache import CachedRevision
-from loraserve.inference.compat import LLAMA_TARGET_MODULES, CompatibilityChecker
-from loraserve.inference.registry import AdapterRegistry
-from loraserve.inference.revisionstate import AdapterState
 from loraserve.testing.inference_fakes import FakeEngine, FakeFetcher, fake_manifest, make_revision
 
 

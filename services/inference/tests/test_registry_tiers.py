@@ -10,9 +10,13 @@ import pytest
 
 from loraserve.common.errors import FailedPrecondition, NotFound
 from loraserve.common.names import AdapterRef, parse_adapter_ref
-from loraserve.inference.compat import LLAMA_TARGET_MODULES, CompatibilityChecker
-from loraserve.inference.registry import AdapterRegistry
-from loraserve.inference.revisionstate import AdapterState, Tier
+from loraserve.inference.adapters import (
+    LLAMA_TARGET_MODULES,
+    AdapterRegistry,
+    AdapterState,
+    CompatibilityChecker,
+    Tier,
+)
 from loraserve.testing.inference_fakes import FakeEngine, FakeFetcher, fake_manifest
 from loraserve.testing.waiting import eventually
 

@@ -15,7 +15,7 @@ import pytest
 
 from loraserve.clients.inference import Sampling
 from loraserve.common.errors import InvalidArgument
-from loraserve.inference.sampling import (
+from loraserve.inference.engine.sampling import (
     DEFAULTED_FIELDS,
     SamplingRequest,
     ServerDefaults,
@@ -23,7 +23,7 @@ from loraserve.inference.sampling import (
     resolve_max_tokens,
     vllm_sampling_params,
 )
-from loraserve.inference.servicer import sampling_request
+from loraserve.inference.serving.servicer import sampling_request
 from loraserve.inference.v1 import inference_pb2 as pb
 
 NO_DEFAULTS = ServerDefaults()

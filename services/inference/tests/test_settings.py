@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from loraserve.common.errors import InvalidArgument
-from loraserve.inference.engine_args import engine_args
+from loraserve.inference.engine import engine_args
 from loraserve.inference.settings import parse_settings
 
 BASE = ["serve", "--model", "/models/Llama-3-8B", "--store", "store:50051"]

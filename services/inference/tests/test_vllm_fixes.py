@@ -5,7 +5,10 @@ from __future__ import annotations
 import torch
 from vllm.lora.ops.torch_ops import lora_ops
 
-from loraserve.inference.vllm_fixes import applies_last_slot_to_base_tokens, skipping_no_lora
+from loraserve.inference.engine.cpu_lora_fix import (
+    applies_last_slot_to_base_tokens,
+    skipping_no_lora,
+)
 
 
 def _slots() -> torch.Tensor:

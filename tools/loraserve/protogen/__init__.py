@@ -1,4 +1,5 @@
-"""Generates the gRPC stubs from `proto/` into the shared source root.
+"""Generates the gRPC stubs from `proto/` into the source root of the service that owns
+each contract (`loraserve.adapterstore.v1`, `loraserve.inference.v1`).
 
 The stubs are committed so that a plain `pip install` needs no code generator;
 `tests/test_protos.py` regenerates them and fails when the committed ones are stale.
@@ -12,24 +13,26 @@ from pathlib import Path
 
 from grpc_tools import protoc
 
-# Both contracts are generated into the shared root, which both services and every client
-# import; `loraserve.adapterstore` and `loraserve.inference` span it and their own root.
-PROTOS = ("loraserve/adapterstore/v1/adapterstore.proto", "loraserve/inference/v1/inference.proto")
-OUT_DIR = "services/common"
+# Each contract's stubs live in its service's root, so every package has one root; the
+# clients import them from there (the wheel installs every root).
+PROTOS = {
+    "loraserve/adapterstore/v1/adapterstore.proto": "services/adapterstore",
+    "loraserve/inference/v1/inference.proto": "services/inference",
+}
 GENERATED_SUFFIXES = ("_pb2.py", "_pb2.pyi", "_pb2_grpc.py")
 
 
 def generate(repo_root: Path, out_root: Path | None = None) -> list[Path]:
-    """Generates every stub; into `out_root/services/common` when given, else in place.
+    """Generates every stub; under `out_root` (same relative paths) when given, else in place.
 
     Returns the generated files.
     """
     proto_root = repo_root / "proto"
     well_known = resources.files("grpc_tools") / "_proto"
     written: list[Path] = []
-    target = (out_root or repo_root) / OUT_DIR
-    target.mkdir(parents=True, exist_ok=True)
-    for proto in PROTOS:
+    for proto, out_dir in PROTOS.items():
+        target = (out_root or repo_root) / out_dir
+        target.mkdir(parents=True, exist_ok=True)
         args = [
             "grpc_tools.protoc",
             f"-I{proto_root}",

@@ -21,32 +21,32 @@ import stamina
 from loraserve.clients.store import StoreClient, StoreClientSettings
 from loraserve.common.errors import TRANSIENT_ERRORS, LoraserveError
 from loraserve.common.server import RunningServer, start_server
-from loraserve.inference import servicer
-from loraserve.inference.admission import Admission
-from loraserve.inference.cache import AdapterCache
-from loraserve.inference.compat import (
+from loraserve.inference.adapters import (
     LLAMA_TARGET_MODULES,
+    AdapterRegistry,
     CompatibilityChecker,
+    TierView,
     model_lora_shapes,
     model_lora_targets,
     smallest_covering_rank,
     supported_lora_ranks,
 )
+from loraserve.inference.cache import AdapterCache
 from loraserve.inference.engine import VllmEngine
-from loraserve.inference.generation import Generator
 from loraserve.inference.metrics import InferenceMetrics
-from loraserve.inference.registry import AdapterRegistry
-from loraserve.inference.runtime import Runtime, RuntimeSlot
-from loraserve.inference.settings import EngineOptions, InferenceSettings
-from loraserve.inference.sync import (
-    Synchronizer,
-    SyncSettings,
-    current_adapter_ranks,
+from loraserve.inference.serving import (
+    SERVICE_NAME,
+    Admission,
+    Generator,
+    Runtime,
+    RuntimeSlot,
+    register,
 )
-from loraserve.inference.tiers import TierView
+from loraserve.inference.settings import EngineOptions, InferenceSettings
+from loraserve.inference.sync import Synchronizer, SyncSettings, current_adapter_ranks
 
 if TYPE_CHECKING:
-    from loraserve.inference.http_server import RunningHttpServer
+    from loraserve.inference.openai import RunningHttpServer
 
 log = logging.getLogger(__name__)
 
@@ -97,8 +97,8 @@ class InferenceApp:
             self.metrics_port = self.metrics.serve(settings.metrics_port)
         self._server = await start_server(
             address=settings.listen,
-            register=lambda server: servicer.register(server, self.slot),
-            service_names=[servicer.SERVICE_NAME],
+            register=lambda server: register(server, self.slot),
+            service_names=[SERVICE_NAME],
             security=settings.security,
         )
         if settings.openai_listen is not None:
@@ -126,7 +126,7 @@ class InferenceApp:
         cache = self._cache = AdapterCache(
             settings.adapter_cache,
             source=self._store,
-            check=compat.check,
+            check=compat.check_manifest,
             max_bytes=settings.adapter_cache_size,
             observer=self.metrics,
         )
@@ -235,8 +235,7 @@ class InferenceApp:
 
     async def _start_openai(self, address: str) -> RunningHttpServer:
         # Imported only when enabled: the HTTP stack is an optional part of the service.
-        from loraserve.inference.http_server import start_http_server
-        from loraserve.inference.openai_api import create_openai_app
+        from loraserve.inference.openai import create_openai_app, start_http_server
 
         settings = self._settings
         app = create_openai_app(

@@ -12,7 +12,6 @@ import pytest
 
 from loraserve.adapterstore.blobstore import BlobStore
 from loraserve.adapterstore.changelog import ChangeLog, LogSettings
-from loraserve.adapterstore.memblobs import MemoryBlobStore
 from loraserve.adapterstore.s3blobs import MIN_PART_SIZE, S3BlobStore, S3Location
 from loraserve.adapterstore.servicer import (
     REPLICA_METHODS,
@@ -26,6 +25,7 @@ from loraserve.adapterstore.store import AdapterStore, StoreSettings
 from loraserve.adapterstore.v1 import adapterstore_pb2_grpc as pb_grpc
 from loraserve.adapterstore.validation import Limits
 from loraserve.testing.grpc import serving
+from loraserve.testing.memblobs import MemoryBlobStore
 from loraserve.testing.s3 import S3Bucket
 
 FAST_LOG = LogSettings(poll_interval=0.05, snapshot_every=100, log_retention=0)

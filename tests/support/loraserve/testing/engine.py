@@ -41,7 +41,7 @@ async def vllm_engine(tiny_model_dir: Path) -> AsyncIterator[AsyncLLM]:
     """The session's vLLM `AsyncLLM` with LoRA enabled, serving `tiny_model_dir` in fp32."""
     from vllm.v1.engine.async_llm import AsyncLLM
 
-    from loraserve.inference.engine_args import engine_args
+    from loraserve.inference.engine import engine_args
     from loraserve.inference.settings import EngineOptions
 
     os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", _TEST_KV_CACHE_GIB)

@@ -25,17 +25,19 @@ from prometheus_client import CollectorRegistry
 from loraserve.common.errors import NotFound
 from loraserve.common.manifest import Revision
 from loraserve.common.security import ServerSecurity
-from loraserve.inference.admission import Admission
+from loraserve.inference.adapters import AdapterRegistry, CompatibilityChecker, model_lora_targets
 from loraserve.inference.cache import CachedRevision
-from loraserve.inference.compat import CompatibilityChecker, model_lora_targets
 from loraserve.inference.engine import Engine, VllmEngine
-from loraserve.inference.generation import Generator
-from loraserve.inference.http_server import start_http_server
 from loraserve.inference.metrics import InferenceMetrics
-from loraserve.inference.openai_api import create_openai_app
-from loraserve.inference.registry import AdapterRegistry
-from loraserve.inference.runtime import Runtime, RuntimeSlot
-from loraserve.inference.servicer import SERVICE_NAME, register
+from loraserve.inference.openai import create_openai_app, start_http_server
+from loraserve.inference.serving import (
+    SERVICE_NAME,
+    Admission,
+    Generator,
+    Runtime,
+    RuntimeSlot,
+    register,
+)
 from loraserve.inference.v1 import inference_pb2_grpc as pb_grpc
 from loraserve.testing.grpc import serving
 from loraserve.testing.inference_fakes import CacheDirectory, fake_manifest

@@ -23,10 +23,11 @@ from loraserve.inference.engine import (
     EngineFinish,
     EngineInfo,
     EngineStats,
+    PositionLogprobs,
     SamplingSpec,
+    TokenLogprob,
 )
-from loraserve.inference.logprobs import PositionLogprobs, TokenLogprob
-from loraserve.inference.sampling import (
+from loraserve.inference.engine.sampling import (
     SamplingRequest,
     ServerDefaults,
     resolve_max_tokens,

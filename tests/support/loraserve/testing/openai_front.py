@@ -15,14 +15,10 @@ import openai
 import pytest
 
 from loraserve.common.security import ServerSecurity
-from loraserve.inference.admission import Admission
-from loraserve.inference.compat import LLAMA_TARGET_MODULES, CompatibilityChecker
-from loraserve.inference.generation import Generator
-from loraserve.inference.http_server import RunningHttpServer, start_http_server
+from loraserve.inference.adapters import LLAMA_TARGET_MODULES, AdapterRegistry, CompatibilityChecker
 from loraserve.inference.metrics import InferenceMetrics
-from loraserve.inference.openai_api import create_openai_app
-from loraserve.inference.registry import AdapterRegistry
-from loraserve.inference.runtime import Runtime, RuntimeSlot
+from loraserve.inference.openai import RunningHttpServer, create_openai_app, start_http_server
+from loraserve.inference.serving import Admission, Generator, Runtime, RuntimeSlot
 from loraserve.testing.inference_fakes import FakeEngine, make_revision
 
 MODEL = "fake-llama"

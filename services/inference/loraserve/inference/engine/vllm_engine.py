@@ -1,23 +1,16 @@
-"""The seam to the inference engine: an `Engine` protocol and its vLLM implementation.
-
-Everything above this module (registry, generation, servicer) speaks in the plain
-types defined here, so it can be unit-tested with a fake engine; `VllmEngine` is
-the only place that drives vLLM's `AsyncLLM`, on CPU and GPU builds alike
-(`engine_args` builds it from the settings).
-"""
+"""`VllmEngine`: the `Engine` over vLLM's `AsyncLLM`, on CPU and GPU builds alike
+(`args` builds it from the settings); the only place that drives vLLM."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import enum
 import itertools
 import logging
 import threading
 import weakref
 from collections.abc import AsyncGenerator, Iterator, Mapping, Sequence
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any
 
 from loraserve.common.errors import FailedPrecondition, InvalidArgument, Unavailable
 
@@ -26,135 +19,26 @@ if TYPE_CHECKING:
 
     from loraserve.inference.settings import EngineOptions
 
-from loraserve.inference.engine_args import build_async_llm
-from loraserve.inference.logprobs import PositionLogprobs, vllm_logprobs
-from loraserve.inference.sampling import (
+from loraserve.inference.engine.args import build_async_llm
+from loraserve.inference.engine.logprobs import PositionLogprobs, vllm_logprobs
+from loraserve.inference.engine.protocol import (
+    AdapterHandle,
+    EngineDelta,
+    EngineFinish,
+    EngineInfo,
+    EngineStats,
+    SamplingSpec,
+)
+from loraserve.inference.engine.sampling import (
     SamplingRequest,
     ServerDefaults,
     resolve_max_tokens,
     verify_for_model,
     vllm_sampling_params,
 )
-from loraserve.inference.scheduler_stats import SchedulerTap
+from loraserve.inference.engine.stats import SchedulerTap
 
 log = logging.getLogger(__name__)
-
-
-@dataclass(frozen=True)
-class AdapterHandle:
-    """One adapter revision as the engine knows it (vLLM's LoRARequest, minus vLLM)."""
-
-    lora_name: str
-    lora_int_id: int
-    path: str
-
-
-@dataclass(frozen=True)
-class SamplingSpec:
-    """Sampling ready for the engine: the choices and tokens it will produce, and the
-    engine's own parameters (vLLM's SamplingParams for `VllmEngine`)."""
-
-    max_tokens: int
-    n: int = 1
-    params: Any = None
-
-
-class EngineFinish(enum.Enum):
-    """Why the engine ended a request."""
-
-    STOP = "stop"
-    LENGTH = "length"
-    ABORT = "abort"
-
-
-@dataclass(frozen=True)
-class EngineDelta:
-    """What one engine step added to a request."""
-
-    text: str
-    token_ids: tuple[int, ...]
-    finish: EngineFinish | None = None
-    # Which of the request's `n` choices this delta extends.
-    index: int = 0
-    # One entry per token in `token_ids`, when logprobs were asked for.
-    logprobs: tuple[PositionLogprobs, ...] = ()
-    # Every prompt position, on the request's first delta, when prompt_logprobs were asked for.
-    prompt_logprobs: tuple[PositionLogprobs, ...] = ()
-
-
-@dataclass(frozen=True)
-class EngineStats:
-    """Load on the engine now."""
-
-    running: int
-    waiting: int
-    kv_cache_usage: float
-    # Engine LoRA names (`AdapterHandle.lora_name`) with running (waiting) requests.
-    running_adapters: frozenset[str] = frozenset()
-    waiting_adapters: frozenset[str] = frozenset()
-
-
-@dataclass(frozen=True)
-class EngineInfo:
-    """How the engine was configured, as it reports it."""
-
-    model: str
-    version: str
-    device: str
-    max_model_len: int
-    vocab_size: int
-    max_loras: int
-    max_lora_rank: int
-    max_cpu_loras: int
-    dtype: str
-    lora_dtype: str
-    gpu_memory_utilization: float
-
-
-class Engine(Protocol):
-    """What the service needs from an inference engine with LoRA support."""
-
-    @property
-    def info(self) -> EngineInfo: ...
-
-    def new_lora_id(self) -> int:
-        """A lora_int_id never handed out before on this engine."""
-        ...
-
-    def tokenize(self, text: str) -> list[int]:
-        """The prompt token ids the engine would feed the model for `text`."""
-        ...
-
-    def decode(self, token_ids: Sequence[int]) -> str:
-        """The text of `token_ids`, as the engine detokenizes them."""
-        ...
-
-    def sampling(self, request: SamplingRequest, prompt_tokens: int) -> SamplingSpec:
-        """The engine's sampling for a prompt this long; raises InvalidArgument naming
-        the field the engine rejects."""
-        ...
-
-    def generate(
-        self,
-        request_id: str,
-        prompt_token_ids: Sequence[int],
-        sampling: SamplingSpec,
-        adapter: AdapterHandle | None,
-    ) -> AsyncGenerator[EngineDelta, None]:
-        """Streams deltas; closing the iterator early aborts the request in the engine."""
-        ...
-
-    async def abort(self, request_id: str) -> None: ...
-
-    async def add_lora(self, adapter: AdapterHandle) -> None:
-        """Loads an adapter; raises FailedPrecondition if the engine rejects it."""
-        ...
-
-    async def remove_lora(self, lora_int_id: int) -> None: ...
-
-    async def list_loras(self) -> set[int]: ...
-
-    def stats(self) -> EngineStats: ...
 
 
 # vLLM leaves lora_int_id uniqueness to the caller. One allocator per AsyncLLM, not per

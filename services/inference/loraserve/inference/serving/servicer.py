@@ -9,12 +9,15 @@ from typing import Any
 import grpc
 
 from loraserve.common.sampling_fields import OPTIONAL_SAMPLING_FIELDS
-from loraserve.inference.generation import FinishReason, GenerateCommand, GenerationChunk
-from loraserve.inference.logprobs import PositionLogprobs, TokenLogprob
-from loraserve.inference.revisionstate import AdapterState, RevisionStatus, Tier
-from loraserve.inference.runtime import RuntimeSlot
-from loraserve.inference.sampling import SamplingRequest, StructuredOutput
-from loraserve.inference.tiers import TierUsage
+from loraserve.inference.adapters import AdapterState, RevisionStatus, Tier, TierUsage
+from loraserve.inference.engine import (
+    PositionLogprobs,
+    SamplingRequest,
+    StructuredOutput,
+    TokenLogprob,
+)
+from loraserve.inference.serving.generation import FinishReason, GenerateCommand, GenerationChunk
+from loraserve.inference.serving.runtime import RuntimeSlot
 from loraserve.inference.v1 import inference_pb2 as pb
 from loraserve.inference.v1 import inference_pb2_grpc as pb_grpc
 

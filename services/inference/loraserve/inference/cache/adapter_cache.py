@@ -50,10 +50,9 @@ from loraserve.common.errors import (
 )
 from loraserve.common.manifest import Revision
 from loraserve.common.names import validate_adapter_name
-from loraserve.inference import cachefiles
-from loraserve.inference.cacheindex import CacheIndex, Key
-from loraserve.inference.compat import AdapterFacts
-from loraserve.inference.download import check_manifest, receive_revision, same_files
+from loraserve.inference.cache import files as cachefiles
+from loraserve.inference.cache.download import check_manifest, receive_revision, same_files
+from loraserve.inference.cache.index import CacheIndex, Key
 
 log = logging.getLogger(__name__)
 
@@ -100,8 +99,9 @@ class RevisionSource(Protocol):
         """The manifest first, then each file's chunks in manifest order."""
 
 
-ManifestCheck = Callable[[AdapterFacts], None]
-"""Raises FailedPrecondition if a revision cannot be served here (`CompatibilityChecker.check`)."""
+ManifestCheck = Callable[[Revision], None]
+"""Raises FailedPrecondition if a revision cannot be served here, judged from its manifest
+(`CompatibilityChecker.check_manifest`)."""
 
 
 class Evictor(Protocol):
@@ -351,7 +351,7 @@ class AdapterCache:
             manifest = await self._source.get_revision(name, revision)
         check_manifest(manifest, name, revision)
         if self._check is not None:
-            self._check(manifest_facts(manifest))
+            self._check(manifest)
         return manifest
 
     async def remove(self, name: str, revision: int) -> None:
@@ -422,14 +422,3 @@ class AdapterCache:
             sum(f.size for f in manifest.files),
         )
         return CachedRevision(manifest, final, downloaded=True)
-
-
-def manifest_facts(manifest: Revision) -> AdapterFacts:
-    """What the compatibility checks need of a manifest."""
-    return AdapterFacts(
-        manifest.adapter_name,
-        manifest.revision,
-        manifest.rank,
-        manifest.target_modules,
-        manifest.base_model,
-    )

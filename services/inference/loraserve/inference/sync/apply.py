@@ -22,8 +22,8 @@ from loraserve.common import errors
 from loraserve.common.errors import TRANSIENT_ERRORS
 from loraserve.common.manifest import Revision
 from loraserve.inference.cache import CachedRevision
-from loraserve.inference.statusreports import StatusReporter
-from loraserve.inference.syncstate import SyncState
+from loraserve.inference.sync.reports import StatusReporter
+from loraserve.inference.sync.state import SyncState
 
 log = logging.getLogger(__name__)
 

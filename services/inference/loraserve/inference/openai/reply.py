@@ -12,8 +12,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from loraserve.inference.generation import FinishReason, GenerationChunk
-from loraserve.inference.logprobs import PositionLogprobs, TokenLogprob
+from loraserve.inference.engine import PositionLogprobs, TokenLogprob
+from loraserve.inference.serving import FinishReason, GenerationChunk
 
 # vLLM's chat logprobs floor: -inf is not JSON.
 _CHAT_LOGPROB_FLOOR = -9999.0

@@ -11,9 +11,9 @@ from collections.abc import Callable
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
 
+from loraserve.inference.adapters import TierCounters, TierUsage
 from loraserve.inference.engine import EngineStats
-from loraserve.inference.msp_metrics import ModelServerProtocolCollector
-from loraserve.inference.tiers import TierCounters, TierUsage
+from loraserve.inference.metrics.model_server import ModelServerProtocolCollector
 
 log = logging.getLogger(__name__)
 

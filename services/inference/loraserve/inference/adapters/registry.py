@@ -65,12 +65,10 @@ from typing import Protocol
 from loraserve.common.errors import LoraserveError, NotFound, Unavailable
 from loraserve.common.manifest import Revision
 from loraserve.common.names import AdapterRef
-from loraserve.inference.cache import CachedRevision, manifest_facts
-from loraserve.inference.compat import CompatibilityChecker
-from loraserve.inference.engine import AdapterHandle, Engine
-from loraserve.inference.engine_adapters import EngineAdapters
-from loraserve.inference.registryloads import RevisionCache, RevisionLoads
-from loraserve.inference.revisionstate import (
+from loraserve.inference.adapters.compat import CompatibilityChecker, manifest_facts
+from loraserve.inference.adapters.in_engine import EngineAdapters
+from loraserve.inference.adapters.loads import RevisionCache, RevisionLoads
+from loraserve.inference.adapters.state import (
     IN_ENGINE,
     Key,
     Phase,
@@ -78,6 +76,8 @@ from loraserve.inference.revisionstate import (
     RevisionStatus,
     statuses,
 )
+from loraserve.inference.cache import CachedRevision
+from loraserve.inference.engine import AdapterHandle, Engine
 
 log = logging.getLogger(__name__)
 

@@ -17,10 +17,11 @@ from typing import Protocol
 
 from loraserve.common.errors import NotFound
 from loraserve.common.manifest import Revision
-from loraserve.inference.cache import CachedRevision, manifest_facts
+from loraserve.inference.adapters.compat import manifest_facts
+from loraserve.inference.adapters.in_engine import EngineAdapters
+from loraserve.inference.adapters.state import Key, Phase, RevisionEntry
+from loraserve.inference.cache import CachedRevision
 from loraserve.inference.engine import AdapterHandle
-from loraserve.inference.engine_adapters import EngineAdapters
-from loraserve.inference.revisionstate import Key, Phase, RevisionEntry
 
 log = logging.getLogger(__name__)
 

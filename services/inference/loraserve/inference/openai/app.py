@@ -1,7 +1,7 @@
 """The optional OpenAI-compatible HTTP front: translates HTTP/JSON to Generate and back.
 
 It sits beside the gRPC servicer and, like it, only translates: sampling validation,
-admission, adapter routing and engine aborts are loraserve.inference.generation's.
+admission, adapter routing and engine aborts are loraserve.inference.serving.generation's.
 Errors are OpenAI-shaped (`{"error": {"message", "type", "param", "code"}}`) with the
 HTTP status mapped from the domain error in one table. A streamed request's first
 chunk is awaited before the response starts, so what fails before the first token
@@ -30,9 +30,8 @@ from starlette.types import Receive, Scope, Send
 
 from loraserve.common.errors import InvalidArgument, LoraserveError, Unavailable
 from loraserve.common.security import ServerSecurity, TokenAuth
-from loraserve.inference.generation import GenerateCommand, GenerationChunk
-from loraserve.inference.http_guard import RequestGuard
-from loraserve.inference.openai_protocol import (
+from loraserve.inference.openai.guard import RequestGuard
+from loraserve.inference.openai.protocol import (
     ChatTemplating,
     ErrorType,
     adapter_for_model,
@@ -43,10 +42,10 @@ from loraserve.inference.openai_protocol import (
     fallback_chat_prompt,
     model_list,
 )
-from loraserve.inference.openai_reply import Echo, Reply, served_model
-from loraserve.inference.openai_requests import ChatRequest, CompletionRequest
-from loraserve.inference.openai_streams import close_all, firsts, merged, resumed
-from loraserve.inference.runtime import RuntimeSlot
+from loraserve.inference.openai.reply import Echo, Reply, served_model
+from loraserve.inference.openai.requests import ChatRequest, CompletionRequest
+from loraserve.inference.openai.streams import close_all, firsts, merged, resumed
+from loraserve.inference.serving import GenerateCommand, GenerationChunk, RuntimeSlot
 from loraserve.inference.settings import DEFAULT_OPENAI_MAX_BODY_BYTES
 
 log = logging.getLogger(__name__)

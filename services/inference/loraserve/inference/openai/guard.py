@@ -20,7 +20,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from loraserve.common.errors import LoraserveError
 from loraserve.common.security import TokenAuth, current_principal
-from loraserve.inference.openai_protocol import error_body
+from loraserve.inference.openai.protocol import error_body
 
 log = logging.getLogger(__name__)
 

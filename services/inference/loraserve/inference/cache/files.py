@@ -18,8 +18,8 @@ from pathlib import Path
 from loraserve.common.errors import DataLoss, InvalidArgument
 from loraserve.common.manifest import Revision
 from loraserve.common.names import validate_adapter_name
-from loraserve.inference.cacheindex import Key
-from loraserve.inference.download import MANIFEST_FILE, check_manifest
+from loraserve.inference.cache.download import MANIFEST_FILE, check_manifest
+from loraserve.inference.cache.index import Key
 
 log = logging.getLogger(__name__)
 

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from loraserve.common.errors import FailedPrecondition, InvalidArgument
+from loraserve.common.manifest import Revision
 from loraserve.common.peft_format import (
     RANK_AXIS,
     WEIGHTS_FILE,
@@ -107,6 +108,11 @@ class CompatibilityChecker:
         self._served_model = _basename(served_model_name)
         self._require_base_match = require_base_model_match
 
+    def check_manifest(self, manifest: Revision) -> None:
+        """Raises FailedPrecondition naming the first reason the revision cannot be
+        served, judged from its manifest alone (before any byte is downloaded)."""
+        self.check(manifest_facts(manifest))
+
     def check(self, facts: AdapterFacts) -> None:
         """Raises FailedPrecondition naming the first reason `facts` cannot be served."""
         what = f"adapter {facts.name}@{facts.revision}"
@@ -164,3 +170,14 @@ def serves_base_model(adapter_base: str, served_model_name: str, *, require_matc
 
 def _basename(model: str) -> str:
     return model.rstrip("/").rsplit("/", 1)[-1]
+
+
+def manifest_facts(manifest: Revision) -> AdapterFacts:
+    """What the compatibility checks need of a manifest."""
+    return AdapterFacts(
+        manifest.adapter_name,
+        manifest.revision,
+        manifest.rank,
+        manifest.target_modules,
+        manifest.base_model,
+    )

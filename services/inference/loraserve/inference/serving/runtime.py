@@ -10,11 +10,10 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from loraserve.common.errors import Unavailable
-from loraserve.inference.admission import Admission
+from loraserve.inference.adapters import AdapterRegistry, TierView
 from loraserve.inference.engine import Engine
-from loraserve.inference.generation import Generator
-from loraserve.inference.registry import AdapterRegistry
-from loraserve.inference.tiers import TierView
+from loraserve.inference.serving.admission import Admission
+from loraserve.inference.serving.generation import Generator
 
 
 @dataclass(frozen=True)

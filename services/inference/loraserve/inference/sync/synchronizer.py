@@ -44,11 +44,11 @@ import stamina
 from loraserve.clients.store import Heartbeat, Listing, StoreEvent
 from loraserve.common import errors
 from loraserve.common.errors import LoraserveError
-from loraserve.inference.compat import serves_base_model
-from loraserve.inference.revisionloads import Fetcher, Registry, RevisionLoader, SwapObserver
-from loraserve.inference.statusreports import StatusAPI, StatusReporter
-from loraserve.inference.syncstate import AdapterWish, SyncState
-from loraserve.inference.syncworker import AdapterWorker, RetryHook
+from loraserve.inference.adapters import serves_base_model
+from loraserve.inference.sync.apply import Fetcher, Registry, RevisionLoader, SwapObserver
+from loraserve.inference.sync.reports import StatusAPI, StatusReporter
+from loraserve.inference.sync.state import AdapterWish, SyncState
+from loraserve.inference.sync.worker import AdapterWorker, RetryHook
 
 log = logging.getLogger(__name__)
 

@@ -14,7 +14,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from loraserve.common.errors import InvalidArgument
-from loraserve.inference.sampling import SamplingRequest, StructuredOutput
+from loraserve.inference.engine import SamplingRequest, StructuredOutput
 
 
 class _Strict(BaseModel):

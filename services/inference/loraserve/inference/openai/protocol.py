@@ -2,7 +2,7 @@
 
 Every sampling option vLLM's OpenAI server takes for text generation is accepted
 and mapped onto the one `SamplingRequest` the gRPC front uses too; vLLM validates
-it (loraserve.inference.sampling). A field this server does not know or cannot
+it (loraserve.inference.engine.sampling). A field this server does not know or cannot
 honour (tools, suffix, best_of above n, ...) is a 400 naming it, never silently
 dropped: the request models forbid unknown fields. vLLM's extensions (`top_k`,
 `min_p`, `repetition_penalty`, `min_tokens`, `stop_token_ids`, `ignore_eos`,
@@ -26,9 +26,9 @@ from typing import Any, Literal, Protocol, runtime_checkable
 
 from loraserve.common.errors import InvalidArgument, NotFound
 from loraserve.common.names import parse_adapter_ref, shown, validate_adapter_name
-from loraserve.inference.generation import GenerateCommand
-from loraserve.inference.openai_requests import ChatRequest, CompletionRequest, ContentPart
-from loraserve.inference.revisionstate import AdapterState, RevisionStatus
+from loraserve.inference.adapters import AdapterState, RevisionStatus
+from loraserve.inference.openai.requests import ChatRequest, CompletionRequest, ContentPart
+from loraserve.inference.serving import GenerateCommand
 
 CHAT_ROLES = frozenset({"system", "developer", "user", "assistant"})
 OWNER = "loraserve"

@@ -14,7 +14,7 @@ from collections.abc import Awaitable, Callable
 from pathlib import Path
 
 from loraserve.common.errors import FailedPrecondition
-from loraserve.inference.compat import AdapterFacts, CompatibilityChecker
+from loraserve.inference.adapters.compat import AdapterFacts, CompatibilityChecker
 from loraserve.inference.engine import AdapterHandle, Engine
 
 

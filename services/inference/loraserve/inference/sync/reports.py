@@ -15,7 +15,7 @@ from typing import Protocol
 from loraserve.clients.store import Report
 from loraserve.common import errors
 from loraserve.common.errors import TRANSIENT_ERRORS
-from loraserve.inference.syncstate import ReportBook
+from loraserve.inference.sync.state import ReportBook
 
 log = logging.getLogger(__name__)
 

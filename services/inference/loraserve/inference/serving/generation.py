@@ -18,12 +18,17 @@ from dataclasses import dataclass, field
 
 from loraserve.common.errors import InvalidArgument, LoraserveError, Unavailable
 from loraserve.common.names import parse_adapter_ref
-from loraserve.inference.admission import Admission
-from loraserve.inference.engine import Engine, EngineFinish, SamplingSpec
-from loraserve.inference.logprobs import PositionLogprobs
+from loraserve.inference.adapters import AdapterRegistry, Lease
+from loraserve.inference.engine import (
+    Engine,
+    EngineFinish,
+    PositionLogprobs,
+    SamplingRequest,
+    SamplingSpec,
+    check_limits,
+)
 from loraserve.inference.metrics import InferenceMetrics
-from loraserve.inference.registry import AdapterRegistry, Lease
-from loraserve.inference.sampling import SamplingRequest, check_limits
+from loraserve.inference.serving.admission import Admission
 
 __all__ = ["GenerateCommand", "GenerationChunk", "Generator", "SamplingRequest", "Usage"]
 

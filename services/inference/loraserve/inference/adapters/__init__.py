@@ -1,0 +1,36 @@
+"""Adapter revisions on this replica: which are in the engine, where each name routes,
+whether a revision can run here (compatibility), and the residency tiers. Make-before-
+break hot swap and load on miss live here; files come from `cache`, orders from `sync`."""
+
+from loraserve.inference.adapters.compat import (
+    LLAMA_TARGET_MODULES,
+    AdapterFacts,
+    CompatibilityChecker,
+    model_lora_shapes,
+    model_lora_targets,
+    serves_base_model,
+    smallest_covering_rank,
+    supported_lora_ranks,
+)
+from loraserve.inference.adapters.registry import AdapterRegistry, Lease
+from loraserve.inference.adapters.state import AdapterState, RevisionStatus, Tier
+from loraserve.inference.adapters.tiers import TierCounters, TierUsage, TierView
+
+__all__ = [
+    "LLAMA_TARGET_MODULES",
+    "AdapterFacts",
+    "AdapterRegistry",
+    "AdapterState",
+    "CompatibilityChecker",
+    "Lease",
+    "RevisionStatus",
+    "Tier",
+    "TierCounters",
+    "TierUsage",
+    "TierView",
+    "model_lora_shapes",
+    "model_lora_targets",
+    "serves_base_model",
+    "smallest_covering_rank",
+    "supported_lora_ranks",
+]

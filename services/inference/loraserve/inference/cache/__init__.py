@@ -1,0 +1,7 @@
+"""The disk tier: verified adapter revisions under `--adapter-cache`, downloaded from the
+store, bounded by `--adapter-cache-size`, indexed by last use. It alone creates and
+deletes the revision directories."""
+
+from loraserve.inference.cache.adapter_cache import AdapterCache, CachedRevision, CacheUsage
+
+__all__ = ["AdapterCache", "CacheUsage", "CachedRevision"]

@@ -1,0 +1,26 @@
+"""Serving requests: the runtime a started server is made of, admission, generation
+over the engine with an adapter lease, and the gRPC servicer (proto <-> domain only)."""
+
+from loraserve.inference.serving.admission import Admission
+from loraserve.inference.serving.generation import (
+    FinishReason,
+    GenerateCommand,
+    GenerationChunk,
+    Generator,
+    Usage,
+)
+from loraserve.inference.serving.runtime import Runtime, RuntimeSlot
+from loraserve.inference.serving.servicer import SERVICE_NAME, register
+
+__all__ = [
+    "SERVICE_NAME",
+    "Admission",
+    "FinishReason",
+    "GenerateCommand",
+    "GenerationChunk",
+    "Generator",
+    "Runtime",
+    "RuntimeSlot",
+    "Usage",
+    "register",
+]
