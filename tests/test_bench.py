@@ -350,3 +350,22 @@ def test_no_row_of_the_readme_table_is_stale() -> None:
     """The README may show only runs of the code at HEAD: a run whose commit differs
     from HEAD in services/ or proto/ must be made again (`make bench`)."""
     assert readme_table.stale_rows(readme_table.runs()) == {}
+
+
+async def test_a_benchmark_over_its_gpu_budget_fails_itself_and_the_run_goes_on(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import asyncio
+
+    from bench import gpu
+
+    monkeypatch.setitem(gpu.BUDGETS_S, 99, 0.01)
+    report = Report(tmp_path, {})
+    budget = gpu.Budget(enabled=True)
+    async with budget.limit(report, 99):
+        report.section(99, "a slow benchmark")
+        await asyncio.Event().wait()  # never set: only the budget ends it
+    assert "over its GPU budget of 0.01 s" in report.sections[-1].error
+
+    async with gpu.Budget(enabled=False).limit(report, 99):
+        await asyncio.sleep(0.02)  # no budget off the GPU
