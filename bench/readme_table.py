@@ -146,7 +146,7 @@ def render(paths: Path | Sequence[Path]) -> str:
     sections: list[tuple[dict[str, Any], str]] = []
     for path in used:
         data: dict[str, Any] = json.loads(path.read_text())
-        mine = sorted(n for n, p in chosen.items() if p == path)
+        mine = sorted(n for n, p in chosen.items() if p == path and n)  # 0: a set-up
         why_stale = stale(data)
         lines += _run_lines(data, _where(path), mine if several else None, why_stale)
         sections += [(s, why_stale) for s in data["sections"] if chosen[s["number"]] == path]
