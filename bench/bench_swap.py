@@ -16,7 +16,7 @@ from bench.calls import grpc_caller, no_retry_client
 from bench.drive import Timing
 from bench.loadclient import Arm, LoadGenerator, Window
 from bench.report import Report, Section
-from bench.runs import Scale, closed
+from bench.runs import Scale, closed, warm_up
 from bench.stack import ENGINE_A, Stack, current_revisions, tenant, wait_routed
 from bench.stats import median, median_interval, percentile, unpaired_ratio
 from bench.targets import Target
@@ -245,6 +245,10 @@ async def hot_swap(report: Report, stack: Stack, gen: LoadGenerator, scale: Scal
     started = time.monotonic()
     assert stack.host is not None
     first = await push_fresh(stack, (await fresh_variants(stack, 1))[0])
+    # With its prefetch set full (after 3, 32 adapters), the replica routes a new name
+    # lazily: the first request loads it; every later revision of it loads on its push.
+    await wait_routed(stack.host.child.address, {SWAP: first}, loaded=False)
+    await warm_up(stack.host.child.address, (SWAP,))
     await wait_routed(stack.host.child.address, {SWAP: first})
     half = scale.slot_concurrency // 4
     full_plan = StormPlan(

@@ -254,23 +254,25 @@ class Stack:
         shutil.rmtree(self.work, ignore_errors=True)
 
 
-async def current_revisions(address: str) -> dict[str, int]:
-    """name -> the revision a server routes it to (READY and current), by ListAdapters."""
+async def current_revisions(address: str, *, loaded: bool = True) -> dict[str, int]:
+    """name -> the revision a server routes it to (current and READY; with `loaded`
+    False also AVAILABLE: routed, loaded by its first request), by ListAdapters."""
     async with grpc.aio.insecure_channel(address) as channel:
         response = await pb_grpc.InferenceServiceStub(channel).ListAdapters(
             pb.ListAdaptersRequest()
         )
-    return {
-        a.name: a.revision
-        for a in response.adapters
-        if a.current and a.state == pb.ADAPTER_STATE_READY
-    }
+    states = {pb.ADAPTER_STATE_READY} | (set() if loaded else {pb.ADAPTER_STATE_AVAILABLE})
+    return {a.name: a.revision for a in response.adapters if a.current and a.state in states}
 
 
-async def wait_routed(address: str, wanted: dict[str, int], timeout: float = 120) -> None:
+async def wait_routed(
+    address: str, wanted: dict[str, int], timeout: float = 120, *, loaded: bool = True
+) -> None:
+    """Until `address` routes every name of `wanted` to its revision or a newer one
+    (`loaded` False: also lazily, before its first request loads it)."""
     deadline = time.monotonic() + timeout
     while True:
-        routed = await current_revisions(address)
+        routed = await current_revisions(address, loaded=loaded)
         if all(routed.get(name, 0) >= rev for name, rev in wanted.items()):
             return
         if time.monotonic() > deadline:
