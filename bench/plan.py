@@ -15,8 +15,9 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from bench import baselines, gpu, procs, real_models
-from bench.bench_fleet import FleetScale, replica_argv
+from bench.bench_fleet import FleetScale
 from bench.bench_vllm import baseline_commands
+from bench.fleet_rig import replica_argv
 from bench.runs import Scale
 from bench.stack import ENGINE_A, ENGINE_B, ENGINE_C, PROFILES, Stack, tenant
 from bench.vllm_args import differences, loraserve_engine_args, parse_vllm_flags

@@ -92,7 +92,7 @@ async def caller_for(target: Target) -> AsyncIterator[tuple[Caller, Reconnects]]
         finally:
             await thin.close()
     else:
-        from bench.bench_fleet import fleet_caller, fleet_channel
+        from bench.fleet_rig import fleet_caller, fleet_channel
 
         ring = kind == "fleet_ring_hash"
         async with fleet_channel(

@@ -110,6 +110,34 @@ def _ms(samples: Sequence[float], q: float) -> float:
     return percentile(samples, q) * 1000
 
 
+def _cold_table(
+    section: Section,
+    cold: Sequence[FirstRequest],
+    warm: Sequence[FirstRequest],
+    cold_s: list[float],
+    warm_s: list[float],
+) -> None:
+    section.table(
+        "TTFT (ms) of one request at a time: the first to an adapter never loaded on the "
+        "replica (download, verify, load included), then the same adapters again",
+        ["request", "adapters", "p50", "p99", "max", "failed"],
+        [
+            [
+                label,
+                len(samples),
+                _ms(samples, 50),
+                _ms(samples, 99),
+                _ms(samples, 100),
+                sum(1 for r in requests if r.record.error),
+            ]
+            for label, samples, requests in (
+                ("first (never loaded)", cold_s, cold),
+                ("warm (same adapters)", warm_s, warm),
+            )
+        ],
+    )
+
+
 def cold_ttft_figures(
     section: Section, cold: Sequence[FirstRequest], warm: Sequence[FirstRequest]
 ) -> None:
@@ -131,29 +159,7 @@ def cold_ttft_figures(
         ],
     )
     section.record_values("same adapter, warm", "ttft_ms", [w.record.ttft * 1000 for w in warm])
-    section.table(
-        "TTFT (ms) of one request at a time: the first to an adapter never loaded on the "
-        "replica (download, verify, load included), then the same adapters again",
-        ["request", "adapters", "p50", "p99", "max", "failed"],
-        [
-            [
-                "first (never loaded)",
-                len(cold_s),
-                _ms(cold_s, 50),
-                _ms(cold_s, 99),
-                _ms(cold_s, 100),
-                sum(1 for c in cold if c.record.error),
-            ],
-            [
-                "warm (same adapters)",
-                len(warm_s),
-                _ms(warm_s, 50),
-                _ms(warm_s, 99),
-                _ms(warm_s, 100),
-                sum(1 for w in warm if w.record.error),
-            ],
-        ],
-    )
+    _cold_table(section, cold, warm, cold_s, warm_s)
     prefetched = len(cold) - len(loaded) - sum(1 for c in cold if c.record.error)
     if prefetched:
         section.notes.append(
