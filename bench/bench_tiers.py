@@ -280,7 +280,7 @@ async def run(report: Report, *, quick: bool, engine: str = "cpu") -> None:
         NUMBER, f"Thousands of adapters per replica: {scale.many:,} vs {scale.few} in the store"
     )
     if quick:
-        section.workload.append("smoke run (--quick): fewer adapters, one repeat")
+        section.workload.append("smoke run (--quick): fewer adapters, two repeats")
     stack = Stack(
         report.results_dir, Path(tempfile.mkdtemp(prefix="bench-tiers-")), PROFILES[engine]
     )

@@ -123,7 +123,7 @@ def _run_lines(
         lines += [f"**Stale: {why_stale}. Its rows describe older code: run it again.**", ""]
     if run.get("quick"):
         lines += [
-            "**Smoke run (`--quick`: one repeat, short workloads, on a loaded machine): "
+            "**Smoke run (`--quick`: two repeats, fewer adapters, on a loaded machine): "
             "these figures show the benchmark works, not how fast loraserve is.**",
             "",
         ]

@@ -11,10 +11,10 @@ from bench.stats import median, median_interval, percentile, unpaired_ratio
 from bench.workload import Record
 
 BIN_S = 1.0
-# The load generator's warm-up; requests submitted in it are not returned, so the bins
-# start once those have ended (two of the background's requests' length).
-WARMUP_S = 0.5
-BINS_FROM_S = 2.5
+# The load generator's warm-up (its streams start spread over it); the bins start with
+# its window, whose records hold every request running in it.
+WARMUP_S = 1.0
+BINS_FROM_S = WARMUP_S
 
 
 def _tokens_per_s(records: list[Record], start: float, end: float) -> float:
