@@ -352,9 +352,7 @@ class Report:
     def write(self) -> Path:
         lines = ["# loraserve benchmark report", ""]
         if self.run.get("quick"):
-            lines += [
-                "**Smoke run (--quick): two repeats, fewer adapters; reported figures, no verdicts.**"
-            ]
+            lines += ["**Smoke run (--quick): two repeats; reported figures, no verdicts.**"]
             lines.append("")
         lines += [f"- {key}: {value}" for key, value in {**self.run, **self.machine}.items()]
         lines += [f"- total run time: {self.total_seconds:.0f} s", "", "## Goals", ""]
