@@ -198,8 +198,11 @@ async def measure(rig: Rig, repeats: int, write: Writer) -> Transfers:
     return measured
 
 
-def figures(section: Section, measured: Transfers) -> None:
-    """Tables, goals (issue 24's), noise and the store's CPU and RSS."""
+def figures(section: Section, measured: Transfers, *, rss_check: bool = True) -> None:
+    """Tables, goals (issue 24's), noise and the store's CPU and RSS (`rss_check`: the
+    peak must stay below half the adapter above idle, which tells a bounded buffer from
+    one that grows with the adapter only for adapters well above the store's ~70 MiB of
+    buffers)."""
     secs = measured.seconds
     mb = measured.megabytes
     rows: list[list[Cell]] = []
@@ -244,13 +247,17 @@ def figures(section: Section, measured: Transfers) -> None:
     )
     idle = median(measured.idle_rss)
     peak = max(measured.peaks, default=float("nan"))
-    section.check(
-        f"store peak RSS during a {mb:.0f} MB push (MiB)",
-        peak,
-        f"idle ({idle:.0f}) + less than half the adapter",
-        peak - idle < mb / 2,
-        ".0f",
-    )
+    figure = f"store peak RSS during a {mb:.0f} MB push (MiB)"
+    if rss_check:
+        section.check(
+            figure,
+            peak,
+            f"idle ({idle:.0f}) + less than half the adapter",
+            peak - idle < mb / 2,
+            ".0f",
+        )
+    else:
+        section.reported(figure, peak, ".0f", note=f"reported (idle {idle:.0f})")
     section.notes.append(
         f"The push time includes adapterctl's hashing: {median(measured.hash_s):.2f} s for "
         f"{mb:.0f} MB (boto3's upload_file computes its own checksums inline)."
