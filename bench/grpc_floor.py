@@ -4,6 +4,7 @@ Generate's CPU per token, for several server architectures side by side.
     python -m bench.grpc_floor [--variants aio,sync,bridge,...] [--mode paced,closed]
         [--streams 32] [--messages 64] [--step-ms 15] [--warmup 3] [--window 8]
         [--rounds 3] [--json OUT]
+    python -m bench.grpc_floor table OUT [REFERENCE]   # a --json file's table again
 
 Each run starts one server process (bench/grpc_floor_servers.py says what each VARIANT
 is), then this process opens `--streams` concurrent Generate calls on one grpc.aio
@@ -15,7 +16,8 @@ server process's CPU time (psutil, user + system) and this process's are read ov
 same load for every variant) and `closed` (as fast as the transport takes them). Runs
 alternate variants, their order rotating each round; the table gives each variant's
 median and range over the rounds, and its ratio to the first variant's run of the same
-round (median and range).
+round (median and range); `table` prints a --json file's table again, the ratios to
+REFERENCE if given.
 """
 
 from __future__ import annotations
@@ -164,8 +166,8 @@ def _one(variant: str, mode: str, rnd: int, args: argparse.Namespace) -> Run:
 
 def _table(runs: list[Run], reference: str) -> str:
     rows = [
-        "| mode | variant | server µs/msg median (range) | x first (range) | of which sys "
-        "| client µs/msg | msgs/s | errors |",
+        "| mode | variant | server µs/msg median (range) "
+        f"| x {reference} (range) | of which sys | client µs/msg | msgs/s | errors |",
         "|---|---|---|---|---|---|---|---|",
     ]
     by_key: dict[tuple[str, str], list[Run]] = {}
@@ -227,8 +229,20 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def table_of(path: Path, reference: str = "") -> str:
+    """The table of a --json file, ratios to `reference` (default: its first variant)."""
+    found = json.loads(path.read_text())
+    runs = [Run(**run) for run in found["runs"]]
+    reference = reference or found["args"]["variants"].split(",")[0]
+    if reference not in {run.variant for run in runs}:
+        raise SystemExit(f"{path} has no runs of {reference!r}")
+    return _table(runs, reference)
+
+
 if __name__ == "__main__":
-    if sys.argv[1:2] == ["serve"]:
+    if sys.argv[1:2] == ["table"]:
+        print(table_of(Path(sys.argv[2]), *sys.argv[3:4]))
+    elif sys.argv[1:2] == ["serve"]:
         options = build_parser().parse_args(sys.argv[3:])
         shape = Shape(options.messages, options.mode == "paced", options.step_ms / 1000)
         serve(sys.argv[2], shape, options.streams)

@@ -61,8 +61,8 @@ _EVENT_ENGINE = (
     "event_engine_client",
 )
 VARIANTS = {
-    "aio-asyncio": Variant("aio", uvloop=False),
     "aio": Variant("aio"),
+    "aio-asyncio": Variant("aio", uvloop=False),
     "aio-write": Variant("aio", write=True),
     "aio-throughput": Variant("aio", options=(("grpc.optimization_target", "throughput"),)),
     "aio-poll": Variant("aio", env=(("GRPC_POLL_STRATEGY", "poll"),)),

@@ -4,10 +4,14 @@ call OK (no engine: each variant is its own server process on 127.0.0.1)."""
 
 from __future__ import annotations
 
+import json
+from dataclasses import asdict
+from pathlib import Path
+
 import grpc
 import pytest
 
-from bench.grpc_floor import build_parser, served
+from bench.grpc_floor import Run, build_parser, served, table_of
 from bench.grpc_floor_servers import VARIANTS, Shape
 from loraserve.inference.v1 import inference_pb2 as pb
 from loraserve.inference.v1 import inference_pb2_grpc as pb_grpc
@@ -39,3 +43,26 @@ async def test_every_variant_streams_the_servicers_messages(variant: str, mode: 
         want.request_id = response.request_id
         assert response == want
     assert got[0].request_id.startswith("req-")
+
+
+def test_table_gives_ratios_to_the_named_reference(tmp_path: Path) -> None:
+    runs = [
+        Run("aio-asyncio", "paced", 0, messages=1000, server_cpu_s=0.2),
+        Run("aio", "paced", 0, messages=1000, server_cpu_s=0.1),
+    ]
+    out = tmp_path / "floor.json"
+    out.write_text(
+        json.dumps({"args": {"variants": "aio-asyncio,aio"}, "runs": [asdict(r) for r in runs]})
+    )
+    rows = table_of(out, "aio").splitlines()
+    assert "x aio (range)" in rows[0]
+    assert rows[2].startswith("| paced | aio-asyncio | 200 (200-200) | 2.00 (2.00-2.00) |")
+    assert rows[3].startswith("| paced | aio | 100 (100-100) | 1.00 (1.00-1.00) |")
+
+
+def test_table_names_a_reference_the_file_lacks(tmp_path: Path) -> None:
+    out = tmp_path / "floor.json"
+    run = asdict(Run("aio", "paced", 0, messages=10, server_cpu_s=0.1))
+    out.write_text(json.dumps({"args": {"variants": "aio"}, "runs": [run]}))
+    with pytest.raises(SystemExit, match="no runs of 'sync'"):
+        table_of(out, "sync")
