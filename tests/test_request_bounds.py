@@ -138,21 +138,24 @@ async def test_a_prompt_over_the_context_is_tokenized_only_one_token_past_it(
 
 
 async def test_a_request_takes_one_admission_slot_per_choice(fronts: Fronts) -> None:
-    running = fronts.stub.Generate(
-        pb.GenerateRequest(
-            adapter=ADAPTER,
-            text="once upon a time",
-            sampling=pb.SamplingParams(max_tokens=400, ignore_eos=True, n=MAX_N),
-        )
-    )
+    long = pb.SamplingParams(max_tokens=400, ignore_eos=True)
+    running = []
     try:
-        await running.read()  # admitted: MAX_N of the MAX_PENDING sequences are taken
-        refused = await grpc_error(fronts, generate(n=MAX_PENDING - MAX_N + 1))
+        # Two requests hold MAX_N + MAX_N - 1 of the MAX_PENDING sequences: one is left.
+        for n in (MAX_N, MAX_N - 1):
+            long.n = n
+            call = fronts.stub.Generate(
+                pb.GenerateRequest(adapter=ADAPTER, text="once", sampling=long)
+            )
+            running.append(call)
+            await call.read()
+        refused = await grpc_error(fronts, generate(n=2))
         assert refused.code() is grpc.StatusCode.RESOURCE_EXHAUSTED
-        fits = [m async for m in fronts.stub.Generate(generate(n=MAX_PENDING - MAX_N))]
-        assert fits[-1].usage.completion_tokens == 4 * (MAX_PENDING - MAX_N)
+        fits = [m async for m in fronts.stub.Generate(generate(n=1))]
+        assert fits[-1].usage.completion_tokens == 4
     finally:
-        running.cancel()
+        for call in running:
+            call.cancel()
 
 
 async def test_more_choices_than_the_servers_limit_are_an_invalid_argument(
