@@ -27,6 +27,7 @@ from loraserve.inference.v1 import inference_pb2_grpc as pb_grpc
 from loraserve.testing.engine import MAX_MODEL_LEN
 from loraserve.testing.grpc import serving
 from loraserve.testing.inference import copy_revision, openai_server, runtime_slot, tiny_registry
+from loraserve.testing.inference_fakes import CacheDirectory
 from loraserve.testing.models import TinyAdapterFactory
 
 if TYPE_CHECKING:
@@ -65,9 +66,11 @@ async def fronts(
 ) -> AsyncIterator[Fronts]:
     engine = VllmEngine(vllm_engine)
     cache = tmp_path_factory.mktemp("bounds-cache")
-    registry = tiny_registry(engine, tiny_model_dir, cache, served_model_name=tiny_model_dir.name)
+    registry = tiny_registry(
+        engine, tiny_model_dir, CacheDirectory(cache), served_model_name=tiny_model_dir.name
+    )
     source = tiny_adapter(rank=8, seed=31)
-    await registry.install(copy_revision(source, cache, ADAPTER, 1), make_current=True)
+    await registry.install(copy_revision(source, cache, ADAPTER, 1).manifest, make_current=True)
     metrics = InferenceMetrics(CollectorRegistry())
     slot = runtime_slot(engine, registry, metrics, max_pending=MAX_PENDING, max_n=MAX_N)
     try:
@@ -81,7 +84,7 @@ async def fronts(
             yield Fronts(stub, channel, http, vllm_engine, metrics)
     finally:
         await registry.delete(ADAPTER)
-        await registry.settle()
+        await registry.wait_background()
 
 
 async def grpc_error(fronts: Fronts, request: pb.GenerateRequest) -> grpc.aio.AioRpcError:

@@ -82,8 +82,8 @@ def positive_float(text: str) -> float:
 
 def non_negative_float(text: str) -> float:
     value = _number(float, "a number", text)
-    if not value >= 0:
-        raise argparse.ArgumentTypeError(f"must not be negative, got {value}")
+    if not value >= 0 or value == float("inf"):
+        raise argparse.ArgumentTypeError(f"must be a finite number >= 0, got {value}")
     return value
 
 

@@ -30,6 +30,8 @@ MAX_STATUS_MESSAGE_BYTES = 2 * KIB
 # How many offending items an error message names before it only counts the rest.
 SHOWN_ITEMS = 5
 MAX_ITEM_BYTES = 80
+# What the store keeps of one: a GetAdapterStatus page holds one per replica and adapter.
+MAX_KEPT_ERROR_MESSAGE_BYTES = 1 * KIB
 # A listing page's adapters/revisions, encoded: below gRPC's default 4 MiB receive
 # limit, so any client (grpcurl included) can read every page.
 MAX_PAGE_BYTES = 3 * KIB * KIB

@@ -9,7 +9,7 @@ import itertools
 import logging
 import threading
 import weakref
-from collections.abc import AsyncGenerator, Callable, Iterator, Mapping, Sequence
+from collections.abc import AsyncGenerator, Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any, TypeVar
 
@@ -239,10 +239,12 @@ class VllmEngine:
                     )
                     started = True
                     finished = output.finished
-                    if any(c.finish_reason == "error" for c in output.outputs):
-                        raise _failed(request_id, params)
-                    for delta in _deltas(output, params.logprobs, prompt_logprobs):
-                        yield delta
+                    # A loop here, not a helper generator: this runs once per token.
+                    for completion in output.outputs:
+                        if completion.finish_reason == "error":
+                            raise _failed(request_id, params)
+                        yield _delta(completion, params.logprobs, prompt_logprobs)
+                        prompt_logprobs = ()
         except EngineDeadError as exc:
             raise Unavailable("the inference engine has stopped") from exc
         except VLLMClientError as exc:
@@ -317,24 +319,21 @@ def _failed(request_id: str, params: Any) -> InvalidArgument | Unavailable:
     return Unavailable(f"the engine failed request {request_id} (vLLM finish 'error'); retry")
 
 
-def _deltas(
-    output: Any, logprobs: int | None, prompt_logprobs: tuple[PositionLogprobs, ...]
-) -> Iterator[EngineDelta]:
-    """One vLLM RequestOutput as a delta per completion; the prompt's logprobs go with
-    the first."""
-    for completion in output.outputs:
-        finish = completion.finish_reason
-        yield EngineDelta(
-            text=completion.text,
-            token_ids=tuple(completion.token_ids),
-            finish=_FINISH.get(finish) if finish is not None else None,
-            index=completion.index,
-            logprobs=vllm_logprobs(completion.token_ids, completion.logprobs, logprobs)
-            if completion.logprobs is not None
-            else (),
-            prompt_logprobs=prompt_logprobs,
-        )
-        prompt_logprobs = ()
+def _delta(
+    completion: Any, logprobs: int | None, prompt_logprobs: tuple[PositionLogprobs, ...]
+) -> EngineDelta:
+    """One completion of a vLLM RequestOutput as a delta."""
+    finish = completion.finish_reason
+    return EngineDelta(
+        completion.text,
+        tuple(completion.token_ids),
+        _FINISH.get(finish) if finish is not None else None,
+        completion.index,
+        vllm_logprobs(completion.token_ids, completion.logprobs, logprobs)
+        if completion.logprobs is not None
+        else (),
+        prompt_logprobs,
+    )
 
 
 def _lora_request(adapter: AdapterHandle) -> Any:
