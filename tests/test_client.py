@@ -71,13 +71,13 @@ async def test_unavailable_is_retried_until_the_server_is_ready(
     served_factory: Callable[..., Any],
 ) -> None:
     async for served in served_factory():
-        runtime = served.slot.get()
-        served.slot.set(None)
+        runtime = served.runtime_ref.get()
+        served.runtime_ref.set(None)
         async with InferenceClient(served.address, retry=FAST_RETRY) as client:
             pending = asyncio.create_task(client.generate("", PROMPT, GREEDY))
             await asyncio.sleep(0.3)
             assert not pending.done()
-            served.slot.set(runtime)
+            served.runtime_ref.set(runtime)
             completion = await pending
     assert len(completion.token_ids) == 12
 
@@ -86,7 +86,7 @@ async def test_unavailable_past_the_retry_budget_raises_unavailable(
     served_factory: Callable[..., Any],
 ) -> None:
     async for served in served_factory():
-        served.slot.set(None)
+        served.runtime_ref.set(None)
         policy = RetryPolicy(max_attempts=3, initial_backoff=0.01, max_backoff=0.02)
         async with InferenceClient(served.address, retry=policy) as client:
             with pytest.raises(Unavailable):

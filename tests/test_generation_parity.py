@@ -30,7 +30,12 @@ from loraserve.inference.v1 import inference_pb2 as pb
 from loraserve.inference.v1 import inference_pb2_grpc as pb_grpc
 from loraserve.testing.engine import MAX_MODEL_LEN, PLAIN_CHAT_TEMPLATE, chat_template
 from loraserve.testing.grpc import serving
-from loraserve.testing.inference import copy_revision, openai_server, runtime_slot, tiny_registry
+from loraserve.testing.inference import (
+    copy_revision,
+    make_runtime_ref,
+    openai_server,
+    tiny_registry,
+)
 from loraserve.testing.inference_fakes import CacheDirectory
 from loraserve.testing.models import TinyAdapterFactory
 
@@ -91,12 +96,14 @@ async def fronts(
     async with registry.acquire(parse_adapter_ref(ADAPTER)) as lease:
         assert lease.adapter is not None
         lora = LoRARequest(lease.adapter.lora_name, lease.adapter.lora_int_id, lease.adapter.path)
-    slot = runtime_slot(engine, registry, InferenceMetrics(CollectorRegistry()), replica_id="p")
+    runtime_ref = make_runtime_ref(
+        engine, registry, InferenceMetrics(CollectorRegistry()), replica_id="p"
+    )
     try:
         with chat_template(vllm_engine, PLAIN_CHAT_TEMPLATE):
             async with (
-                openai_server(slot, tiny_model_dir.name) as http_port,
-                serving(lambda server: register(server, slot), [SERVICE_NAME]) as running,
+                openai_server(runtime_ref, tiny_model_dir.name) as http_port,
+                serving(lambda server: register(server, runtime_ref), [SERVICE_NAME]) as running,
                 grpc.aio.insecure_channel(f"127.0.0.1:{running.port}") as channel,
                 httpx.AsyncClient(base_url=f"http://127.0.0.1:{http_port}", timeout=300) as http,
             ):

@@ -21,7 +21,7 @@ from loraserve.common.security import ServerSecurity, Token
 from loraserve.inference.app import InferenceApp
 from loraserve.inference.metrics import InferenceMetrics
 from loraserve.inference.openai import RunningHttpServer, create_openai_app, start_http_server
-from loraserve.inference.serving import RuntimeSlot
+from loraserve.inference.serving import RuntimeRef
 from loraserve.inference.settings import parse_settings
 
 TOKEN = "metrics-test-token"
@@ -88,7 +88,7 @@ def test_store_metrics_port_takes_the_store_listen_host() -> None:
 async def http_front(public_metrics: bool) -> RunningHttpServer:
     security = ServerSecurity(reader_tokens=(Token("reader", TOKEN),))
     app = create_openai_app(
-        RuntimeSlot(),
+        RuntimeRef(),
         model_names=["m"],
         security=security,
         is_ready=lambda: True,

@@ -21,7 +21,12 @@ from loraserve.inference.engine import VllmEngine
 from loraserve.inference.metrics import InferenceMetrics
 from loraserve.inference.settings import EngineOptions, parse_settings
 from loraserve.testing.engine import PLAIN_CHAT_TEMPLATE, chat_template, plain_chat_prompt
-from loraserve.testing.inference import copy_revision, openai_server, runtime_slot, tiny_registry
+from loraserve.testing.inference import (
+    copy_revision,
+    make_runtime_ref,
+    openai_server,
+    tiny_registry,
+)
 from loraserve.testing.inference_fakes import CacheDirectory
 from loraserve.testing.models import TinyAdapterFactory
 from loraserve.testing.store import RunningStore
@@ -68,10 +73,10 @@ async def front(
     for name, source in adapters.items():
         await registry.install(copy_revision(source, cache, name, 1).manifest, make_current=True)
     metrics = InferenceMetrics()
-    slot = runtime_slot(engine, registry, metrics, replica_id="r")
+    runtime_ref = make_runtime_ref(engine, registry, metrics, replica_id="r")
     try:
         with chat_template(vllm_engine, PLAIN_CHAT_TEMPLATE):
-            async with openai_server(slot, tiny_model_dir.name) as port:
+            async with openai_server(runtime_ref, tiny_model_dir.name) as port:
                 client = openai.AsyncOpenAI(
                     base_url=f"http://127.0.0.1:{port}/v1", api_key="unused", max_retries=0
                 )

@@ -26,7 +26,12 @@ from loraserve.inference.v1 import inference_pb2 as pb
 from loraserve.inference.v1 import inference_pb2_grpc as pb_grpc
 from loraserve.testing.engine import MAX_MODEL_LEN
 from loraserve.testing.grpc import serving
-from loraserve.testing.inference import copy_revision, openai_server, runtime_slot, tiny_registry
+from loraserve.testing.inference import (
+    copy_revision,
+    make_runtime_ref,
+    openai_server,
+    tiny_registry,
+)
 from loraserve.testing.inference_fakes import CacheDirectory
 from loraserve.testing.models import TinyAdapterFactory
 
@@ -72,11 +77,11 @@ async def fronts(
     source = tiny_adapter(rank=8, seed=31)
     await registry.install(copy_revision(source, cache, ADAPTER, 1).manifest, make_current=True)
     metrics = InferenceMetrics(CollectorRegistry())
-    slot = runtime_slot(engine, registry, metrics, max_pending=MAX_PENDING, max_n=MAX_N)
+    runtime_ref = make_runtime_ref(engine, registry, metrics, max_pending=MAX_PENDING, max_n=MAX_N)
     try:
         async with (
-            openai_server(slot, tiny_model_dir.name) as http_port,
-            serving(lambda server: register(server, slot), [SERVICE_NAME]) as running,
+            openai_server(runtime_ref, tiny_model_dir.name) as http_port,
+            serving(lambda server: register(server, runtime_ref), [SERVICE_NAME]) as running,
             grpc.aio.insecure_channel(f"127.0.0.1:{running.port}") as channel,
             httpx.AsyncClient(base_url=f"http://127.0.0.1:{http_port}", timeout=120) as http,
         ):

@@ -21,7 +21,7 @@ from loraserve.common.errors import NotFound
 from loraserve.common.security import ClientSecurity, ServerSecurity
 from loraserve.common.server import start_server
 from loraserve.inference.app import InferenceApp
-from loraserve.inference.serving import SERVICE_NAME, RuntimeSlot, register
+from loraserve.inference.serving import SERVICE_NAME, RuntimeRef, register
 from loraserve.inference.settings import parse_settings
 from loraserve.testing.certs import make_certs
 from loraserve.testing.grpc import serving
@@ -45,7 +45,7 @@ async def test_ring_hash_sends_a_starting_replicas_adapters_to_a_serving_one(
 ) -> None:
     starting = await start_server(
         address="127.0.0.1:0",
-        register=lambda server: register(server, RuntimeSlot()),
+        register=lambda server: register(server, RuntimeRef()),
         service_names=[SERVICE_NAME],
         security=ServerSecurity(),
     )
@@ -84,7 +84,7 @@ async def test_a_dns_target_reaches_a_replica_over_tls(served: Served, tmp_path:
     certs = make_certs(tmp_path / "certs")
     tls = ServerSecurity(tls_cert_file=certs.server_cert, tls_key_file=certs.server_key)
     async with serving(
-        lambda server: register(server, served.slot), [SERVICE_NAME], tls
+        lambda server: register(server, served.runtime_ref), [SERVICE_NAME], tls
     ) as tls_server:
         target = f"dns:///localhost:{tls_server.port}"
         security = ClientSecurity(tls_ca_file=certs.ca_cert)

@@ -72,6 +72,25 @@ def build_parser(environ: Mapping[str, str]) -> argparse.ArgumentParser:
     flag = functools.partial(flags.add, serve)
     flag("listen", "gRPC address HOST:PORT", "0.0.0.0:50051")
     _add_storage_flags(flag)
+    _add_limit_flags(flag)
+    _add_log_flags(flag)
+    add_metrics_flags(serve, flags)
+    flag(
+        "max-connection-age",
+        "ask each gRPC connection to close (GOAWAY) once this many seconds old: its calls "
+        "finish, clients reconnect and resolve dns:/// targets again, so new store replicas "
+        "get calls (0: never)",
+        "300",
+        type=non_negative_float,
+    )
+    flag("shutdown-grace", "seconds in-flight calls get to finish on SIGTERM", "30", type=float)
+    flag("log-level", "logging level", "INFO")
+    add_server_security_flags(serve, ENV_PREFIX, environ, roles=("reader", "replica", "writer"))
+    return parser
+
+
+def _add_limit_flags(flag: Callable[..., None]) -> None:
+    """Sizes a push may have and the clocks of watches, statuses and uploads."""
     flag("max-file-size", "largest file accepted in a push", "4GiB", type=parse_size)
     flag("max-adapter-size", "largest total of one push's files", "8GiB", type=parse_size)
     flag(
@@ -107,6 +126,10 @@ def build_parser(environ: Mapping[str, str]) -> argparse.ArgumentParser:
         "86400",
         type=non_negative_float,
     )
+
+
+def _add_log_flags(flag: Callable[..., None]) -> None:
+    """How often the change log is snapshotted and how much of it is kept."""
     flag("snapshot-every", "commits between state snapshots", "100", type=positive_int)
     flag(
         "log-retention",
@@ -115,19 +138,6 @@ def build_parser(environ: Mapping[str, str]) -> argparse.ArgumentParser:
         "10000",
         type=non_negative_int,
     )
-    add_metrics_flags(serve, flags)
-    flag(
-        "max-connection-age",
-        "ask each gRPC connection to close (GOAWAY) once this many seconds old: its calls "
-        "finish, clients reconnect and resolve dns:/// targets again, so new store replicas "
-        "get calls (0: never)",
-        "300",
-        type=non_negative_float,
-    )
-    flag("shutdown-grace", "seconds in-flight calls get to finish on SIGTERM", "30", type=float)
-    flag("log-level", "logging level", "INFO")
-    add_server_security_flags(serve, ENV_PREFIX, environ, roles=("reader", "replica", "writer"))
-    return parser
 
 
 def _add_storage_flags(flag: Callable[..., None]) -> None:

@@ -41,7 +41,7 @@ from loraserve.inference.serving import (
     Admission,
     Generator,
     Runtime,
-    RuntimeSlot,
+    RuntimeRef,
     register,
 )
 from loraserve.inference.settings import EngineOptions, InferenceSettings
@@ -70,7 +70,7 @@ class InferenceApp:
         self._settings = settings
         self._start_engine = start_engine
         self.metrics = InferenceMetrics()
-        self.slot = RuntimeSlot()
+        self.runtime_ref = RuntimeRef()
         self.ready = asyncio.Event()
         self._server: RunningServer | None = None
         self._http: RunningHttpServer | None = None
@@ -99,7 +99,7 @@ class InferenceApp:
             self.metrics_port = serve_metrics(self.metrics.registry, settings.metrics_listen)
         self._server = await start_server(
             address=settings.listen,
-            register=lambda server: register(server, self.slot),
+            register=lambda server: register(server, self.runtime_ref),
             service_names=[SERVICE_NAME],
             security=settings.security,
             max_connection_age_s=settings.max_connection_age_s,
@@ -172,7 +172,7 @@ class InferenceApp:
         settings = self._settings
         info = engine.info
         admission = Admission(settings.max_pending_requests, settings.max_n)
-        self.slot.set(
+        self.runtime_ref.set(
             Runtime(
                 engine=engine,
                 registry=registry,
@@ -235,7 +235,7 @@ class InferenceApp:
             await self._cache.close()
         if self._store is not None:
             await self._store.close()
-        self.slot.set(None)
+        self.runtime_ref.set(None)
         if self._engine is not None:
             self._engine.shutdown()
         log.info("server.stopped")
@@ -246,7 +246,7 @@ class InferenceApp:
 
         settings = self._settings
         app = create_openai_app(
-            self.slot,
+            self.runtime_ref,
             model_names=list(
                 dict.fromkeys([settings.compat.served_model_name, settings.engine.model])
             ),
@@ -276,7 +276,7 @@ class InferenceApp:
             with attempt:
                 attempts = attempt.num
                 ranks = await self._store_adapter_ranks(attempt)
-        self.slot.set_waiting("")
+        self.runtime_ref.set_waiting("")
         rank = smallest_covering_rank(ranks, await asyncio.to_thread(supported_lora_ranks))
         log.info(
             "engine.auto_rank ranks=%s max_lora_rank=%d attempts=%d",
@@ -298,7 +298,7 @@ class InferenceApp:
                 require_base_model_match=compat.require_base_model_match,
             )
         except TRANSIENT_ERRORS as exc:
-            self.slot.set_waiting(
+            self.runtime_ref.set_waiting(
                 f"waiting for the adapter store at {self._settings.store_address} to size "
                 f"the engine (--max-lora-rank auto): {exc.message}"
             )

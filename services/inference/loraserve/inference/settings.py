@@ -140,9 +140,21 @@ def build_parser(environ: Mapping[str, str]) -> argparse.ArgumentParser:
     commands = parser.add_subparsers(dest="command", required=True)
     serve = commands.add_parser("serve", help="run the inference server")
     flags = EnvFlags(environ, ENV_PREFIX)
-    env = flags.get
     _add_model_flags(serve, flags)
     _add_store_flags(serve, flags)
+    _add_cache_flags(serve, flags)
+    _add_serving_flags(serve, flags)
+    add_metrics_flags(serve, flags)
+    _add_connection_flags(serve, flags)
+    _add_engine_flags(serve.add_argument_group("engine"), flags)
+    add_server_security_flags(serve, ENV_PREFIX, environ)
+    add_client_security_flags(serve, ENV_PREFIX, environ, flag_prefix=STORE_FLAG_PREFIX)
+    return parser
+
+
+def _add_cache_flags(serve: argparse.ArgumentParser, flags: EnvFlags) -> None:
+    """Where downloaded adapters live, how many bytes, what is loaded ahead."""
+    env = flags.get
     serve.add_argument(
         "--adapter-cache",
         type=Path,
@@ -166,6 +178,11 @@ def build_parser(environ: Mapping[str, str]) -> argparse.ArgumentParser:
         "served most recently first) and loaded as soon as they are published while fewer "
         "than N are loaded; every other adapter loads on its first request",
     )
+
+
+def _add_serving_flags(serve: argparse.ArgumentParser, flags: EnvFlags) -> None:
+    """Where requests arrive and how many are admitted."""
+    env = flags.get
     serve.add_argument("--replica-id", default=env("replica-id"), help="default: host name")
     serve.add_argument("--listen", default=env("listen", "0.0.0.0:50052"), help="gRPC address")
     serve.add_argument(
@@ -197,7 +214,11 @@ def build_parser(environ: Mapping[str, str]) -> argparse.ArgumentParser:
         help=f"most choices (n) a request may ask for per prompt; more is INVALID_ARGUMENT "
         f"(default: {DEFAULT_MAX_N}, or --max-pending-requests if lower)",
     )
-    add_metrics_flags(serve, flags)
+
+
+def _add_connection_flags(serve: argparse.ArgumentParser, flags: EnvFlags) -> None:
+    """How connections, metrics scrapers and shutdown are treated."""
+    env = flags.get
     serve.add_argument(
         "--public-metrics",
         action="store_true",
@@ -222,10 +243,6 @@ def build_parser(environ: Mapping[str, str]) -> argparse.ArgumentParser:
         help="seconds running streams get to finish on SIGTERM",
     )
     serve.add_argument("--log-level", default=env("log-level", "INFO"))
-    _add_engine_flags(serve.add_argument_group("engine"), flags)
-    add_server_security_flags(serve, ENV_PREFIX, environ)
-    add_client_security_flags(serve, ENV_PREFIX, environ, flag_prefix=STORE_FLAG_PREFIX)
-    return parser
 
 
 def _add_model_flags(serve: argparse.ArgumentParser, flags: EnvFlags) -> None:

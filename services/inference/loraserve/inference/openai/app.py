@@ -46,7 +46,7 @@ from loraserve.inference.openai.protocol import (
 from loraserve.inference.openai.reply import Echo, Reply, served_model
 from loraserve.inference.openai.requests import ChatRequest, CompletionRequest
 from loraserve.inference.openai.streams import close_all, firsts, merged, resumed
-from loraserve.inference.serving import GenerateCommand, GenerationChunk, RuntimeSlot
+from loraserve.inference.serving import GenerateCommand, GenerationChunk, RuntimeRef
 from loraserve.inference.settings import DEFAULT_OPENAI_MAX_BODY_BYTES
 
 log = logging.getLogger(__name__)
@@ -85,7 +85,7 @@ def http_error(exc: LoraserveError) -> JSONResponse:
 
 
 def create_openai_app(
-    slot: RuntimeSlot,
+    runtime_ref: RuntimeRef,
     *,
     model_names: Sequence[str],
     security: ServerSecurity,
@@ -117,7 +117,7 @@ def create_openai_app(
     )
 
     _add_probes(app, is_ready, metrics)
-    _add_generation(app, slot, model_names)
+    _add_generation(app, runtime_ref, model_names)
     _add_error_handlers(app)
     return app
 
@@ -138,18 +138,18 @@ def _add_probes(
             return Response(body, media_type=CONTENT_TYPE_LATEST)
 
 
-def _add_generation(app: FastAPI, slot: RuntimeSlot, model_names: Sequence[str]) -> None:
+def _add_generation(app: FastAPI, runtime_ref: RuntimeRef, model_names: Sequence[str]) -> None:
     base_name = model_names[0]
     created = int(time.time())
 
     @app.get("/v1/models")
     async def models() -> JSONResponse:
-        statuses = slot.get().registry.snapshot()
+        statuses = runtime_ref.get().registry.snapshot()
         return JSONResponse(model_list(base_name, statuses, created))
 
     @app.post("/v1/completions")
     async def completions(body: CompletionRequest, request: Request) -> Response:
-        runtime = slot.get()
+        runtime = runtime_ref.get()
         adapter = adapter_for_model(body.model, model_names)
         commands = completion_commands(body, adapter, _request_id(request))
         streams = [runtime.generator.generate(command) for command in commands]
@@ -158,7 +158,7 @@ def _add_generation(app: FastAPI, slot: RuntimeSlot, model_names: Sequence[str])
 
     @app.post("/v1/chat/completions")
     async def chat_completions(body: ChatRequest, request: Request) -> Response:
-        runtime = slot.get()
+        runtime = runtime_ref.get()
         messages = chat_messages(body)
         adapter = adapter_for_model(body.model, model_names)
         ids = await _chat_prompt_ids(runtime.engine, messages)

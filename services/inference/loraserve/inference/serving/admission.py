@@ -44,7 +44,7 @@ class Admission:
 
     @contextmanager
     def admit(self, sequences: int = 1) -> Iterator[None]:
-        """Holds `sequences` admission slots (a request's n); raises InvalidArgument for
+        """Holds `sequences` units of admission (a request's n); raises InvalidArgument for
         an n over `max_n`, ResourceExhausted when that many are not free."""
         if sequences > self._max_n:
             raise InvalidArgument(
