@@ -81,6 +81,8 @@ class Sampling:
     bad_words: Sequence[str] = ()
     logprobs: int | None = None
     prompt_logprobs: int | None = None
+    # At most one message per this many tokens (the first token is never held back).
+    stream_interval: int | None = None
     # Output constraints; at most one: a JSON schema (as JSON text), a regex, choices.
     json_schema: str | None = None
     regex: str | None = None
@@ -153,7 +155,24 @@ class Completion:
     prompt_logprobs: list[pb.PositionLogprobs] = field(default_factory=list)
 
 
+_new = object.__new__
+_set = object.__setattr__
+_LAST_PLAIN_FIELD = max(
+    pb.GenerateResponse.DESCRIPTOR.fields_by_name[name].number for name in ("text", "token_ids")
+)
+
+
 def _delta(message: pb.GenerateResponse) -> Delta:
+    fields = message.ListFields()  # set fields, in field-number order
+    if not fields or fields[-1][0].number <= _LAST_PLAIN_FIELD:
+        # The middle of a stream: text and token ids, every other field at its default.
+        # Runs once per token; a frozen dataclass's __init__ would set all ten fields
+        # through object.__setattr__, four times the cost of setting these two (the
+        # rest read the class's defaults).
+        delta = _new(Delta)
+        _set(delta, "text", message.text)
+        _set(delta, "token_ids", tuple(message.token_ids))
+        return delta
     return Delta(
         text=message.text,
         token_ids=tuple(message.token_ids),

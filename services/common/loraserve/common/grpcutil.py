@@ -11,7 +11,7 @@ import asyncio
 import contextlib
 import inspect
 import logging
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 import grpc
@@ -50,9 +50,9 @@ def _wrap_unary_response(behavior: Behavior, guard: Guard | None, method: str) -
 
 
 def _wrap_stream_response(behavior: Behavior, guard: Guard | None, method: str) -> Behavior:
-    async def wrapper(
-        request: Any, context: grpc.aio.ServicerContext[Any, Any]
-    ) -> AsyncIterator[Any]:
+    # A coroutine that writes, not a generator that re-yields: every streamed message
+    # then passes one async generator fewer (the handler's own) on its way to the wire.
+    async def wrapper(request: Any, context: grpc.aio.ServicerContext[Any, Any]) -> None:
         try:
             if guard is not None:
                 await guard(context)
@@ -65,8 +65,9 @@ def _wrap_stream_response(behavior: Behavior, guard: Guard | None, method: str) 
             # aclosing: a stream the client abandons closes the handler's generator now,
             # so its cleanup (aborting an engine request, say) runs at once.
             async with contextlib.aclosing(result) as responses:
+                write = context.write
                 async for response in responses:
-                    yield response
+                    await write(response)
         except (asyncio.CancelledError, AbortError):
             raise
         except Exception as exc:

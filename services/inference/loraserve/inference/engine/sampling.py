@@ -70,6 +70,8 @@ class SamplingRequest:
     logprobs: int | None = None
     prompt_logprobs: int | None = None
     structured_output: StructuredOutput | None = None
+    # At most one streamed message per this many tokens; the first is never delayed.
+    stream_interval: int | None = None
 
 
 def check_limits(sampling: SamplingRequest) -> None:
@@ -166,6 +168,7 @@ def vllm_sampling_params(
         "logit_bias": dict(sampling.logit_bias) or None,
         "bad_words": list(sampling.bad_words) or None,
         "structured_outputs": structured,
+        "stream_interval": sampling.stream_interval,
     }
     try:
         # from_optional, as vLLM's server: it also clamps logit_bias to [-100, 100].

@@ -9,7 +9,7 @@ import itertools
 import logging
 import threading
 import weakref
-from collections.abc import AsyncGenerator, Iterator, Mapping, Sequence
+from collections.abc import AsyncGenerator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from loraserve.common.errors import FailedPrecondition, InvalidArgument, Unavailable
@@ -179,8 +179,10 @@ class VllmEngine:
                     )
                     started = True
                     finished = output.finished
-                    for delta in _deltas(output, params.logprobs, prompt_logprobs):
-                        yield delta
+                    # A loop here, not a helper generator: this runs once per token.
+                    for completion in output.outputs:
+                        yield _delta(completion, params.logprobs, prompt_logprobs)
+                        prompt_logprobs = ()
         except EngineDeadError as exc:
             raise Unavailable("the inference engine has stopped") from exc
         except VLLMClientError as exc:
@@ -239,24 +241,21 @@ class VllmEngine:
         self._llm.shutdown()
 
 
-def _deltas(
-    output: Any, logprobs: int | None, prompt_logprobs: tuple[PositionLogprobs, ...]
-) -> Iterator[EngineDelta]:
-    """One vLLM RequestOutput as a delta per completion; the prompt's logprobs go with
-    the first."""
-    for completion in output.outputs:
-        finish = completion.finish_reason
-        yield EngineDelta(
-            text=completion.text,
-            token_ids=tuple(completion.token_ids),
-            finish=_FINISH.get(finish) if finish is not None else None,
-            index=completion.index,
-            logprobs=vllm_logprobs(completion.token_ids, completion.logprobs, logprobs)
-            if completion.logprobs is not None
-            else (),
-            prompt_logprobs=prompt_logprobs,
-        )
-        prompt_logprobs = ()
+def _delta(
+    completion: Any, logprobs: int | None, prompt_logprobs: tuple[PositionLogprobs, ...]
+) -> EngineDelta:
+    """One completion of a vLLM RequestOutput as a delta."""
+    finish = completion.finish_reason
+    return EngineDelta(
+        completion.text,
+        tuple(completion.token_ids),
+        _FINISH.get(finish) if finish is not None else None,
+        completion.index,
+        vllm_logprobs(completion.token_ids, completion.logprobs, logprobs)
+        if completion.logprobs is not None
+        else (),
+        prompt_logprobs,
+    )
 
 
 def _lora_request(adapter: AdapterHandle) -> Any:

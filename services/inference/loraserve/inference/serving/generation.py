@@ -62,7 +62,9 @@ class Usage:
     completion_tokens: int
 
 
-@dataclass(frozen=True)
+# Not frozen: one is made per streamed token, and a frozen dataclass's per-field
+# object.__setattr__ made that cost several times more. Nothing mutates one.
+@dataclass(slots=True)
 class GenerationChunk:
     """One streamed message: the first names what serves it, the last how it ended."""
 
