@@ -6,18 +6,18 @@ requests' rows by a zero instead of skipping them spreads that garbage to them t
 (0 x NaN is NaN). The store refuses such adapters at push, adapterctl before it sends,
 the inference service before it loads. The weights are checked as their bytes stream
 (`WeightsFileCheck`, `DataSectionCheck`): memory stays one chunk, plus the header and
-at most 7 bytes of a value split between chunks. Every refusal is InvalidArgument
-naming the file, the tensor or the config field.
+at most 7 bytes of a value split between chunks; only bytes operations, since the
+store does not load numpy. Every refusal is InvalidArgument naming the file, the
+tensor or the config field.
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
-
-import numpy as np
 
 from loraserve.common.errors import InvalidArgument
 from loraserve.common.peft_format import (
@@ -38,22 +38,36 @@ from loraserve.common.peft_format import (
 # keeps sane weights finite when served in float16.
 MAX_LORA_SCALE = 1024.0
 
-# Float dtypes: how to read their bytes as unsigned integers, and the exponent bits,
-# all set exactly when a value is NaN or infinite (IEEE 754; bfloat16 is the upper half
-# of a float32). With the sign bit cleared, a value is non-finite iff its bits are at
-# least the exponent's.
-_EXPONENT_BITS: dict[str, tuple[np.dtype[Any], int]] = {
-    "F16": (np.dtype("<u2"), 0x7C00),
-    "BF16": (np.dtype("<u2"), 0x7F80),
-    "F32": (np.dtype("<u4"), 0x7F800000),
-    "F64": (np.dtype("<u8"), 0x7FF0000000000000),
+
+@dataclass(frozen=True, slots=True)
+class _FloatLayout:
+    """Where a little-endian IEEE 754 float keeps its exponent. A value is NaN or
+    infinite exactly when every exponent bit is set; they sit in its two most
+    significant bytes (bfloat16 is the upper half of a float32)."""
+
+    size: int  # bytes per value
+    top: int  # the exponent's bits in the most significant byte
+    second: int  # the exponent's bits in the byte below it (0: none there)
+    mantissa_bits: int  # below the exponent; any of them set makes a NaN
+
+    def marks(self, mask: int) -> bytes:
+        """A `bytes.translate` table: 1 for a byte with every bit of `mask` set, else 0."""
+        return bytes(int(value & mask == mask) for value in range(256))
+
+
+_LAYOUTS = {
+    "F16": _FloatLayout(2, 0x7C, 0x00, 10),
+    "BF16": _FloatLayout(2, 0x7F, 0x80, 7),
+    "F32": _FloatLayout(4, 0x7F, 0x80, 23),
+    "F64": _FloatLayout(8, 0x7F, 0xF0, 52),
 }
-# Where numpy has the type, its isfinite is faster than the bit test (SIMD); not for
-# float16, which numpy computes element by element.
-_FLOAT_VIEW: dict[str, np.dtype[Any]] = {"F32": np.dtype("<f4"), "F64": np.dtype("<f8")}
+_MARKS = {
+    name: (layout.marks(layout.top), layout.marks(layout.second))
+    for name, layout in _LAYOUTS.items()
+}
 # Dtypes that have no NaN or infinity to find.
 _EXACT_DTYPES = frozenset({"BOOL", "U8", "I8", "U16", "I16", "U32", "I32", "U64", "I64"})
-CHECKED_FLOAT_DTYPES = frozenset(_EXPONENT_BITS)
+CHECKED_FLOAT_DTYPES = frozenset(_LAYOUTS)
 
 
 def lora_scales(config: Mapping[str, Any]) -> dict[str, tuple[Any, float]]:
@@ -106,7 +120,7 @@ def check_config_scale(data: bytes) -> None:
 def check_tensor_dtypes(tensors: Iterable[TensorInfo], file_name: str = WEIGHTS_FILE) -> None:
     """Raises InvalidArgument for a float dtype whose values cannot be checked here."""
     for tensor in tensors:
-        if tensor.dtype not in _EXPONENT_BITS and tensor.dtype not in _EXACT_DTYPES:
+        if tensor.dtype not in _LAYOUTS and tensor.dtype not in _EXACT_DTYPES:
             raise InvalidArgument(
                 f"{file_name}: tensor {tensor.name!r} has dtype {tensor.dtype}, whose values "
                 f"cannot be checked for NaN and infinity; LoRA weights must be one of "
@@ -158,36 +172,42 @@ class DataSectionCheck:
             )
 
     def _check(self, tensor: TensorInfo, piece: memoryview) -> None:
-        bits = _EXPONENT_BITS.get(tensor.dtype)
-        if bits is None:
+        layout = _LAYOUTS.get(tensor.dtype)
+        if layout is None:
             return
-        dtype, exponent = bits
-        # The byte of the tensor that `data` starts at.
-        start = self.position - len(self._carry) - tensor.begin
-        data = self._carry + piece if self._carry else piece
-        count = len(data) // dtype.itemsize
-        self._carry = bytes(data[count * dtype.itemsize :])
-        if count == 0 or _all_finite(data, count, tensor.dtype):
+        # The element of the tensor that `data` starts at.
+        first = (self.position - len(self._carry) - tensor.begin) // layout.size
+        data = self._carry + piece.tobytes()
+        whole = len(data) - len(data) % layout.size
+        self._carry = data[whole:]
+        found = _first_non_finite(data[:whole] if self._carry else data, tensor.dtype)
+        if found is None:
             return
-        values = np.frombuffer(data, dtype=dtype, count=count)
-        first = int(np.flatnonzero((values & dtype.type(exponent)) == exponent)[0])
-        mantissa = int(values[first]) & ((exponent & -exponent) - 1)
+        value = int.from_bytes(data[found * layout.size : (found + 1) * layout.size], "little")
+        kind = "NaN" if value & ((1 << layout.mantissa_bits) - 1) else "an infinity"
         raise InvalidArgument(
-            f"{self._file_name}: tensor {tensor.name!r} holds "
-            f"{'NaN' if mantissa else 'an infinity'} at element "
-            f"{start // dtype.itemsize + first} (shape {list(tensor.shape)}); "
-            "LoRA weights must be finite"
+            f"{self._file_name}: tensor {tensor.name!r} holds {kind} at element "
+            f"{first + found} (shape {list(tensor.shape)}); LoRA weights must be finite"
         )
 
 
-def _all_finite(data: bytes | memoryview, count: int, dtype_name: str) -> bool:
-    view = _FLOAT_VIEW.get(dtype_name)
-    if view is not None:
-        return bool(np.isfinite(np.frombuffer(data, dtype=view, count=count)).all())
-    dtype, exponent = _EXPONENT_BITS[dtype_name]
-    values = np.frombuffer(data, dtype=dtype, count=count)
-    magnitude = values & dtype.type(exponent | (exponent - 1))
-    return bool(magnitude.max() < exponent)
+def _first_non_finite(data: bytes, dtype: str) -> int | None:
+    """The index of the first NaN or infinite value in `data` (whole values), or None.
+
+    Bytes operations only, each a C loop (the store does not load numpy): the most
+    significant byte of every value, strided out and translated to 1 where it holds
+    its part of the exponent; then, only if any does, the same for the byte below,
+    and the two combined as one big integer's AND."""
+    layout = _LAYOUTS[dtype]
+    top_marks, second_marks = _MARKS[dtype]
+    tops = data[layout.size - 1 :: layout.size].translate(top_marks)
+    candidate = tops.find(1)
+    if candidate < 0 or not layout.second:
+        return None if candidate < 0 else candidate
+    seconds = data[layout.size - 2 :: layout.size].translate(second_marks)
+    both = int.from_bytes(tops, "little") & int.from_bytes(seconds, "little")
+    # Each value's mark is one byte, 0 or 1: the lowest set bit is at 8 x its index.
+    return ((both & -both).bit_length() - 1) // 8 if both else None
 
 
 class WeightsFileCheck:
