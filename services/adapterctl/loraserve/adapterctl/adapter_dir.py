@@ -3,15 +3,14 @@ complete, and their SHA-256 digests.
 
 The file rules are the store's own (`loraserve.adapterstore.validation`), so what
 adapterctl sends is what the store accepts; the store still checks everything. The
-one read that hashes a file also runs the store's checks of its contents (the config;
-the weights' values, `loraserve.common.lora_values`), so a push the store would
-refuse for them is never sent.
+one read that hashes a file also runs the store's checks of its values (every weight
+finite, the config's LoRA scale bounded: `loraserve.common.lora_values`), so a push
+the store would refuse for them is never sent.
 """
 
 from __future__ import annotations
 
 import hashlib
-import json
 import os
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -31,6 +30,7 @@ from loraserve.common.lora_values import WeightsFileCheck, check_config_scale
 from loraserve.common.peft_format import (
     CONFIG_FILE,
     WEIGHTS_FILE,
+    load_json_object,
     parse_safetensors_header,
     safetensors_header_length,
 )
@@ -101,11 +101,10 @@ def check_complete(listing: DirectoryListing) -> None:
     config_path = listing.directory / CONFIG_FILE
     weights_path = listing.directory / WEIGHTS_FILE
     try:
-        config = json.loads(config_path.read_bytes())
-    except (OSError, ValueError) as exc:
-        raise InvalidArgument(f"{CONFIG_FILE}: not readable JSON ({exc})") from None
-    if not isinstance(config, dict):
-        raise InvalidArgument(f"{CONFIG_FILE}: must be a JSON object")
+        config_bytes = config_path.read_bytes()
+    except OSError as exc:
+        raise InvalidArgument(f"{CONFIG_FILE}: cannot read ({exc.strerror})") from None
+    load_json_object(config_bytes, CONFIG_FILE)
     try:
         with weights_path.open("rb") as f:
             size = weights_path.stat().st_size

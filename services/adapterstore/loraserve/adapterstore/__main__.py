@@ -15,8 +15,6 @@ import os
 import sys
 from collections.abc import Sequence
 
-import stamina
-
 from loraserve.adapterstore.changelog import ChangeLog
 from loraserve.adapterstore.health import follow_freshness
 from loraserve.adapterstore.metrics import StoreMetrics
@@ -31,6 +29,7 @@ from loraserve.adapterstore.servicer import (
 from loraserve.adapterstore.settings import AdapterStoreSettings, parse_settings
 from loraserve.adapterstore.status import ReplicaStatusStore
 from loraserve.adapterstore.store import AdapterStore
+from loraserve.common import retrylog
 from loraserve.common.errors import DataLoss, FailedPrecondition, LoraserveError, Unavailable
 from loraserve.common.server import install_stop_signals, start_server
 
@@ -61,7 +60,8 @@ async def _start_when_reachable(
 
 
 async def _start_with_retries(blobs: S3BlobStore, store: AdapterStore) -> None:
-    async for attempt in stamina.retry_context(
+    async for attempt in retrylog.retry_context(
+        "adapterstore.start",
         on=(Unavailable, DataLoss),
         attempts=None,
         timeout=None,
@@ -135,6 +135,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     logging.basicConfig(
         level=settings.log_level, format="%(asctime)s %(levelname)s %(name)s %(message)s"
     )
+    retrylog.install()
     return asyncio.run(serve(settings))
 
 

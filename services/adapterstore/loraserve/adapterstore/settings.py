@@ -25,7 +25,13 @@ from loraserve.adapterstore.status import DEFAULT_STATUS_TTL_S
 from loraserve.adapterstore.store import StoreSettings
 from loraserve.adapterstore.validation import Limits
 from loraserve.common.errors import InvalidArgument
-from loraserve.common.flags import EnvFlags, non_negative_int, positive_float, positive_int
+from loraserve.common.flags import (
+    EnvFlags,
+    non_negative_float,
+    non_negative_int,
+    positive_float,
+    positive_int,
+)
 from loraserve.common.security import (
     ServerSecurity,
     add_server_security_flags,
@@ -88,6 +94,13 @@ def build_parser(environ: Mapping[str, str]) -> argparse.ArgumentParser:
         "its statuses stop being shown and are deleted",
         f"{DEFAULT_STATUS_TTL_S:g}",
         type=positive_float,
+    )
+    flag(
+        "stale-upload-age",
+        "seconds after which an incomplete multipart upload or tmp/ object that an "
+        "interrupted push left is deleted at start-up (0: never)",
+        "86400",
+        type=non_negative_float,
     )
     flag("snapshot-every", "commits between state snapshots", "100", type=positive_int)
     flag(
@@ -167,6 +180,7 @@ def parse_settings(argv: Sequence[str], environ: Mapping[str, str]) -> AdapterSt
             limits=Limits(int(args.max_file_size), int(args.max_adapter_size)),
             heartbeat_interval=float(args.heartbeat_interval),
             max_staleness_s=float(args.max_staleness),
+            stale_upload_age_s=float(args.stale_upload_age),
         ),
         log=LogSettings(
             poll_interval=float(args.poll_interval),

@@ -23,10 +23,10 @@ from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 import grpc
-import stamina
 
 from loraserve.clients.channels import Retry, open_channel
 from loraserve.clients.routing import ADAPTER_HASH_HEADER, affinity_key, channel_for, routed_error
+from loraserve.common import retrylog
 from loraserve.common.errors import DeadlineExceeded, error_from_rpc
 from loraserve.common.sampling_fields import OPTIONAL_SAMPLING_FIELDS
 from loraserve.common.security import ClientSecurity
@@ -289,7 +289,8 @@ class InferenceClient:
         """Starts the call, again while it fails UNAVAILABLE before its first message;
         the call and that message (EOF when the stream ended empty)."""
         try:
-            async for attempt in stamina.retry_context(
+            async for attempt in retrylog.retry_context(
+                "inference.generate",
                 on=_is_unavailable,
                 attempts=self._retry.max_attempts,
                 timeout=budget,

@@ -20,6 +20,8 @@ MAX_TARGET_MODULES_BYTES = 64 * KIB
 MAX_TARGET_MODULE_BYTES = 256
 # ReportStatusRequest.error.message: the NACK reason shown by `adapterctl status`.
 MAX_ERROR_MESSAGE_BYTES = 4 * KIB
+# What the store keeps of one: a GetAdapterStatus page holds one per replica and adapter.
+MAX_KEPT_ERROR_MESSAGE_BYTES = 1 * KIB
 # A listing page's adapters/revisions, encoded: below gRPC's default 4 MiB receive
 # limit, so any client (grpcurl included) can read every page.
 MAX_PAGE_BYTES = 3 * KIB * KIB

@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING
 import stamina
 
 from loraserve.clients.store import StoreClient, StoreClientSettings
+from loraserve.common import retrylog
 from loraserve.common.errors import TRANSIENT_ERRORS, LoraserveError
 from loraserve.common.server import RunningServer, start_server
 from loraserve.inference.adapters import (
@@ -261,7 +262,8 @@ class InferenceApp:
         reached yet is waited for, as the sync does with a fixed rank: the replica
         stays NOT_SERVING and says why, rather than exiting into a crash loop."""
         attempts = 0
-        async for attempt in stamina.retry_context(
+        async for attempt in retrylog.retry_context(
+            "inference.auto_rank",
             on=TRANSIENT_ERRORS,
             attempts=None,
             timeout=None,
