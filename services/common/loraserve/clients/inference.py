@@ -226,6 +226,10 @@ class InferenceClient:
             route.target,
             security or ClientSecurity(),
             method_configs=self._retry.method_configs(),
+            # ring_hash runs gRPC's client-side health checks on its replicas: one that is
+            # NOT_SERVING (starting, draining) counts as down, and its adapters go to the
+            # next replica on the ring until it serves.
+            health_checked_service=_SERVICE if route.load_balancing is not None else None,
             load_balancing=route.load_balancing,
             options=route.options,
         )
