@@ -14,6 +14,8 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+from safetensors.numpy import save
+
 from loraserve.common.errors import FailedPrecondition, NotFound
 from loraserve.common.manifest import FileInfo, Revision
 from loraserve.inference.cache import CachedRevision, CacheUsage, Holder
@@ -33,6 +35,7 @@ from loraserve.inference.engine.sampling import (
     resolve_max_tokens,
     vllm_sampling_params,
 )
+from loraserve.testing.adapterfiles import lora_config, lora_tensors
 from loraserve.testing.engine import plain_chat_prompt
 
 FAKE_INFO = EngineInfo(
@@ -173,10 +176,13 @@ def make_revision(
     target_modules: tuple[str, ...] = ("q_proj", "v_proj"),
     base_model: str = "fake-llama",
 ) -> CachedRevision:
-    """A revision directory in `cache_dir` with a placeholder file, as the cache lays it out."""
+    """A revision directory in `cache_dir`, as the cache lays it out, holding a small
+    valid adapter of that rank and those modules (the replica reads its files before
+    the engine gets it)."""
     path = cache_dir / name / str(revision)
     path.mkdir(parents=True, exist_ok=True)
-    (path / "adapter_config.json").write_text("{}")
+    (path / "adapter_config.json").write_bytes(lora_config(rank, target_modules))
+    (path / "adapter_model.safetensors").write_bytes(save(lora_tensors(rank, target_modules)))
     return CachedRevision(fake_manifest(name, revision, rank, target_modules, base_model), path)
 
 
