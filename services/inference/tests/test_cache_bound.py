@@ -12,6 +12,7 @@ from loraserve.common.errors import FailedPrecondition, ResourceExhausted
 from loraserve.inference.cache import AdapterCache
 from loraserve.inference.cache.index import INDEX_FILE
 from loraserve.testing.cache_fakes import FakeSource
+from loraserve.testing.waiting import eventually
 
 CONFIG = b'{"r": 8}'
 WEIGHTS = bytes(range(256)) * 40
@@ -37,7 +38,9 @@ class Evictor:
 def source() -> FakeSource:
     source = FakeSource()
     for name in NAMES:
-        source.add(name, 1, {"adapter_config.json": CONFIG, "adapter_model.safetensors": WEIGHTS})
+        # The weights first: the cache finishes (flushes) a file when the next begins, so
+        # a download held after its last chunk has its weights whole on disk.
+        source.add(name, 1, {"adapter_model.safetensors": WEIGHTS, "adapter_config.json": CONFIG})
     return source
 
 
@@ -54,6 +57,11 @@ def bytes_on_disk(root: Path) -> int:
     """Everything the cache keeps, its manifests and index included; not downloads
     in progress."""
     return sum(p.stat().st_size for p in root.rglob("*") if p.is_file() and ".tmp" not in p.parts)
+
+
+def bytes_taken(root: Path) -> int:
+    """Every byte under the cache's root: what it keeps and the downloads in progress."""
+    return sum(p.stat().st_size for p in root.rglob("*") if p.is_file())
 
 
 def on_disk(root: Path) -> set[str]:
@@ -117,21 +125,24 @@ async def test_revision_larger_than_the_bound_is_refused_before_downloading(
     assert source.downloads == 0
 
 
-async def test_concurrent_downloads_together_stay_under_the_bound(
+async def test_concurrent_downloads_stay_under_the_bound_while_they_transfer(
     tmp_path: Path, source: FakeSource
 ) -> None:
     cache = await bounded(tmp_path / "cache", source, 2.5)
     await cache.fetch("a", 1)
-    source.gate = asyncio.Event()
+    source.hold = asyncio.Event()
     fetches = [asyncio.create_task(cache.fetch(name, 1)) for name in ("b", "c")]
-    await asyncio.sleep(0.05)
-    source.gate.set()
+    await eventually(lambda: source.holding == 2, "both downloads on disk and not over")
 
+    during = bytes_taken(cache.root)
+    source.hold.set()
     await asyncio.gather(*fetches)
 
+    # Both transfers were seen on disk, and with what the cache kept they fit the bound.
+    assert 2 * len(WEIGHTS) <= during <= SIZE * 2.5
     assert on_disk(cache.root) == {"b", "c"}
     await cache.close()
-    assert bytes_on_disk(cache.root) <= SIZE * 2.5
+    assert bytes_taken(cache.root) <= SIZE * 2.5
 
 
 async def test_order_of_use_survives_a_restart(tmp_path: Path, source: FakeSource) -> None:
