@@ -32,6 +32,7 @@ from loraserve.inference.v1 import inference_pb2_grpc as pb_grpc
 from loraserve.testing.engine import MAX_MODEL_LEN
 from loraserve.testing.grpc import serving
 from loraserve.testing.inference import copy_revision, openai_server, runtime_slot, tiny_registry
+from loraserve.testing.inference_fakes import CacheDirectory
 from loraserve.testing.models import TinyAdapterFactory
 
 if TYPE_CHECKING:
@@ -83,9 +84,11 @@ async def fronts(
 
     engine = VllmEngine(vllm_engine)
     cache = tmp_path_factory.mktemp("parity-cache")
-    registry = tiny_registry(engine, tiny_model_dir, cache, served_model_name=tiny_model_dir.name)
+    registry = tiny_registry(
+        engine, tiny_model_dir, CacheDirectory(cache), served_model_name=tiny_model_dir.name
+    )
     source = tiny_adapter(rank=8, seed=21)
-    await registry.install(copy_revision(source, cache, ADAPTER, 1), make_current=True)
+    await registry.install(copy_revision(source, cache, ADAPTER, 1).manifest, make_current=True)
     async with registry.acquire(parse_adapter_ref(ADAPTER)) as lease:
         assert lease.adapter is not None
         lora = LoRARequest(lease.adapter.lora_name, lease.adapter.lora_int_id, lease.adapter.path)
@@ -108,7 +111,7 @@ async def fronts(
     finally:
         # The engine is shared by the session: leave the adapter out of it.
         await registry.delete(ADAPTER)
-        await registry.settle()
+        await registry.wait_background()
 
 
 async def direct(fronts: Fronts, prompt: list[int], options: dict[str, Any]) -> Answer:

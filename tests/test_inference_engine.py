@@ -111,12 +111,12 @@ async def test_request_running_during_a_swap_finishes_on_its_revision(
         old_ids = list(first.token_ids)
         async for response in call:
             old_ids.extend(response.token_ids)
-        await served.registry.settle()
+        await served.registry.wait_background()
 
         assert (first.revision, after_first.revision) == (1, 2)
         assert old_ids == await asyncio.to_thread(greedy_tokens, tiny_model_dir, rev1, PROMPT, 8)
         assert after_ids == await asyncio.to_thread(greedy_tokens, tiny_model_dir, rev2, PROMPT, 8)
-        assert not served.registry.is_installed("alpha", 1)
+        assert not served.registry.is_loaded("alpha", 1)
         assert len(await served.engine.list_loras()) == 1
 
 

@@ -23,6 +23,7 @@ from loraserve.inference.openai.protocol import fallback_chat_prompt
 from loraserve.inference.settings import EngineOptions, parse_settings
 from loraserve.testing.enginework import engine_work
 from loraserve.testing.inference import copy_revision, openai_server, runtime_slot, tiny_registry
+from loraserve.testing.inference_fakes import CacheDirectory
 from loraserve.testing.models import TinyAdapterFactory
 from loraserve.testing.store import RunningStore
 from loraserve.testing.waiting import eventually
@@ -60,10 +61,12 @@ async def front(
     """The front on 127.0.0.1:0 with adapters alpha@1 and beta@1 installed."""
     engine = VllmEngine(vllm_engine)
     cache = tmp_path_factory.mktemp("openai-cache")
-    registry = tiny_registry(engine, tiny_model_dir, cache, served_model_name=tiny_model_dir.name)
+    registry = tiny_registry(
+        engine, tiny_model_dir, CacheDirectory(cache), served_model_name=tiny_model_dir.name
+    )
     adapters = {"alpha": tiny_adapter(rank=8, seed=11), "beta": tiny_adapter(rank=16, seed=12)}
     for name, source in adapters.items():
-        await registry.install(copy_revision(source, cache, name, 1), make_current=True)
+        await registry.install(copy_revision(source, cache, name, 1).manifest, make_current=True)
     metrics = InferenceMetrics()
     slot = runtime_slot(engine, registry, metrics, replica_id="r")
     try:
@@ -79,7 +82,7 @@ async def front(
         # The engine is shared by the session: leave none of these adapters in it.
         for name in adapters:
             await registry.delete(name)
-        await registry.settle()
+        await registry.wait_background()
 
 
 @pytest.fixture(scope="module")

@@ -78,7 +78,7 @@ async def inference(store_server: RunningStore, tmp_path: Path) -> AsyncIterator
         StoreClientSettings(store_server.address, ClientSecurity(), replica_id="r")
     )
     cache = AdapterCache(tmp_path / "cache", store)
-    registry = AdapterRegistry(engine, cache_dir=tmp_path / "cache", compat=compat, fetcher=cache)
+    registry = AdapterRegistry(engine, cache, compat)
     admission = Admission(4)
     slot = RuntimeSlot()
     generator = Generator(engine, registry, admission, InferenceMetrics())

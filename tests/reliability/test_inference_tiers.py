@@ -308,6 +308,27 @@ async def test_disk_stays_under_its_bound_while_every_adapter_keeps_serving(
         assert info.disk_revisions == 2
 
 
+async def test_first_requests_whose_adapters_together_pass_the_bound_wait_for_room_and_all_succeed(
+    tiers: Tiers,
+) -> None:
+    bound = int(tiers.adapter_bytes * 2.5)
+    flags = ("--prefetch-adapters", "0", "--adapter-cache-size", str(bound))
+    async with tiers.replica(*flags) as inference:
+        stalled = [tiers.stall(name) for name in ("a", "b")]
+        requests = [asyncio.ensure_future(inference.generate(name, 4)) for name in [*NAMES, *NAMES]]
+        async with asyncio.timeout(GUARD_S):
+            for rule in stalled:
+                await rule.hit.wait()
+        await eventually(lambda: _misses_at_least(inference, 8), "every request waits for a load")
+        tiers.proxy.clear()
+        tiers.proxy.release()
+
+        results = await asyncio.gather(*requests, return_exceptions=True)
+
+        assert [r if isinstance(r, BaseException) else r[0] for r in results] == [1] * 8
+        assert bytes_on_disk(tiers.cache) <= bound
+
+
 async def test_restart_prefetches_the_adapters_served_most_recently(tiers: Tiers) -> None:
     async with tiers.replica("--prefetch-adapters", "2") as inference:
         await generate_all(inference, ["d", "c"])

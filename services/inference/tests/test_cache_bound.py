@@ -20,7 +20,7 @@ SIZE = len(CONFIG) + len(WEIGHTS)
 NAMES = ("a", "b", "c", "d")
 
 
-class Evictor:
+class Holder:
     """The registry's side of an eviction: lets go of whatever it does not hold."""
 
     def __init__(self) -> None:
@@ -45,10 +45,15 @@ def source() -> FakeSource:
 
 
 async def bounded(
-    root: Path, source: FakeSource, revisions: float, evictor: Evictor | None = None
+    root: Path, source: FakeSource, revisions: float, room_wait_s: float = 30.0
 ) -> AdapterCache:
-    cache = AdapterCache(root, source, max_bytes=int(SIZE * revisions), persist_interval_s=0)
-    cache.set_evictor(evictor or Evictor())
+    cache = AdapterCache(
+        root,
+        source,
+        max_bytes=int(SIZE * revisions),
+        persist_interval_s=0,
+        room_wait_s=room_wait_s,
+    )
     await cache.prepare()
     return cache
 
@@ -85,33 +90,112 @@ async def test_download_evicts_the_least_recently_used_revision_to_stay_under_th
 
 
 async def test_revision_its_holder_keeps_is_not_evicted(tmp_path: Path, source: FakeSource) -> None:
-    evictor = Evictor()
-    evictor.held.add(("a", 1))
-    cache = await bounded(tmp_path / "cache", source, 2.5, evictor)
-    await cache.fetch("a", 1)
-    await cache.fetch("b", 1)
+    holder = Holder()
+    holder.held.add(("a", 1))
+    cache = await bounded(tmp_path / "cache", source, 2.5)
+    await cache.fetch("a", 1, holder=holder)
+    await cache.fetch("b", 1, holder=holder)
 
-    await cache.fetch("c", 1)
+    await cache.fetch("c", 1, holder=holder)
 
     assert on_disk(cache.root) == {"a", "c"}
-    assert evictor.released == [("b", 1)]
+    assert holder.released == [("b", 1)]
 
 
 async def test_download_that_cannot_get_room_is_resource_exhausted_and_keeps_the_bound(
     tmp_path: Path, source: FakeSource
 ) -> None:
-    evictor = Evictor()
-    evictor.held |= {("a", 1), ("b", 1)}
-    cache = await bounded(tmp_path / "cache", source, 2.5, evictor)
-    await cache.fetch("a", 1)
-    await cache.fetch("b", 1)
+    holder = Holder()
+    holder.held |= {("a", 1), ("b", 1)}
+    cache = await bounded(tmp_path / "cache", source, 2.5, room_wait_s=0.1)
+    await cache.fetch("a", 1, holder=holder)
+    await cache.fetch("b", 1, holder=holder)
 
     with pytest.raises(ResourceExhausted, match="adapter cache full"):
-        await cache.fetch("c", 1)
+        await cache.fetch("c", 1, holder=holder)
 
     assert on_disk(cache.root) == {"a", "b"}
     assert source.downloads == 2
     assert list((cache.root / ".tmp").iterdir()) == []
+
+
+async def test_downloads_that_together_pass_the_bound_wait_for_room_and_all_land(
+    tmp_path: Path, source: FakeSource
+) -> None:
+    cache = await bounded(tmp_path / "cache", source, 2.5)
+    source.gate = asyncio.Event()
+    fetches = [asyncio.create_task(cache.fetch(name, 1)) for name in ("a", "b", "c")]
+    await eventually(lambda: source.downloads == 2, "two downloads reserved their bytes")
+    peak = cache.usage().bytes
+    source.gate.set()
+
+    fetched = await asyncio.gather(*fetches)
+
+    assert [rev.name for rev in fetched] == ["a", "b", "c"]
+    assert source.downloads == 3
+    assert peak <= SIZE * 2.5
+    await cache.close()
+    assert bytes_on_disk(cache.root) <= SIZE * 2.5
+
+
+async def test_download_waiting_for_room_goes_once_its_holder_lets_go(
+    tmp_path: Path, source: FakeSource
+) -> None:
+    holder = Holder()
+    holder.held |= {("a", 1), ("b", 1)}
+    cache = await bounded(tmp_path / "cache", source, 2.5)
+    await cache.fetch("a", 1, holder=holder)
+    await cache.fetch("b", 1, holder=holder)
+    waiting = asyncio.create_task(cache.fetch("c", 1, holder=holder))
+    await asyncio.sleep(0)
+    assert not waiting.done()
+
+    holder.held.discard(("a", 1))
+    cache.hold_ended()
+    await waiting
+
+    assert on_disk(cache.root) == {"b", "c"}
+    assert holder.released == [("a", 1)]
+
+
+async def test_downloads_waiting_for_room_go_first_come_first_served(
+    tmp_path: Path, source: FakeSource
+) -> None:
+    holder = Holder()
+    holder.held |= {("a", 1), ("b", 1)}
+    cache = await bounded(tmp_path / "cache", source, 2.5)
+    await cache.fetch("a", 1, holder=holder)
+    await cache.fetch("b", 1, holder=holder)
+    landed: list[str] = []
+
+    async def fetch(name: str) -> None:
+        await cache.fetch(name, 1, holder=holder)
+        landed.append(name)
+
+    waiting = [asyncio.create_task(fetch(name)) for name in ("c", "d")]
+    await asyncio.sleep(0)
+    holder.held.clear()
+    cache.hold_ended()
+    await asyncio.gather(*waiting)
+
+    assert landed == ["c", "d"]
+
+
+async def test_room_that_never_frees_names_what_holds_the_bytes(
+    tmp_path: Path, source: FakeSource
+) -> None:
+    cache = await bounded(tmp_path / "cache", source, 2.5, room_wait_s=0.1)
+    source.gate = asyncio.Event()
+    held = [asyncio.create_task(cache.fetch(name, 1)) for name in ("a", "b")]
+    await eventually(lambda: source.downloads == 2, "two downloads reserved their bytes")
+
+    with pytest.raises(ResourceExhausted) as refused:
+        await cache.fetch("c", 1)
+
+    assert "reserved by 2 downloads in progress" in refused.value.message
+    assert "c@1 needs" in refused.value.message
+    source.gate.set()
+    await asyncio.gather(*held)
 
 
 async def test_revision_larger_than_the_bound_is_refused_before_downloading(

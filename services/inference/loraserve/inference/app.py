@@ -132,25 +132,17 @@ class InferenceApp:
         )
         await cache.prepare()
         registry = AdapterRegistry(
-            engine,
-            cache_dir=cache.root,
-            compat=compat,
-            fetcher=cache,
-            max_pinned=info.max_cpu_loras,
-            observer=self.metrics,
+            engine, cache, compat, max_pinned=info.max_cpu_loras, observer=self.metrics
         )
-        cache.set_evictor(registry)
         synchronizer = Synchronizer(
             self._store,
-            cache,
             registry,
+            cache,
             SyncSettings(
                 status_interval_s=settings.status_interval_s,
                 prefetch_adapters=settings.prefetch_adapters,
             ),
             observe_swap=self.metrics.observe_swap_latency,
-            sweeper=cache,
-            recent_names=cache.recent_names,
         )
         tiers = TierView(
             registry,
@@ -163,6 +155,19 @@ class InferenceApp:
         self._background.append(
             asyncio.create_task(tiers.watch_host(_HOST_TIER_REFRESH_S), name="tiers:host")
         )
+        self._publish_runtime(engine, registry, tiers, lambda: synchronizer.applied_seq)
+        await self._serve_after_first_sync(synchronizer)
+
+    def _publish_runtime(
+        self,
+        engine: VllmEngine,
+        registry: AdapterRegistry,
+        tiers: TierView,
+        store_seq: Callable[[], int],
+    ) -> None:
+        """Makes the started parts reachable from both fronts and the metrics."""
+        settings = self._settings
+        info = engine.info
         admission = Admission(settings.max_pending_requests)
         self.slot.set(
             Runtime(
@@ -171,13 +176,13 @@ class InferenceApp:
                 generator=Generator(engine, registry, admission, self.metrics),
                 admission=admission,
                 replica_id=settings.replica_id,
-                store_seq=lambda: synchronizer.applied_seq,
+                store_seq=store_seq,
                 tiers=tiers,
             )
         )
         self.metrics.watch_engine(
             lora_slots=info.max_loras,
-            loaded=registry.loaded_count,
+            loaded=lambda: registry.counts().loaded,
             kv_usage=lambda: engine.stats().kv_cache_usage,
             running=lambda: engine.stats().running,
             waiting=lambda: engine.stats().waiting,
@@ -185,7 +190,6 @@ class InferenceApp:
         )
         self.metrics.export_model_server_protocol(engine.stats, max_lora=info.max_loras)
         self.metrics.watch_tiers(tiers.usage)
-        await self._serve_after_first_sync(synchronizer)
 
     async def _compatibility(self, model: str, max_lora_rank: int) -> CompatibilityChecker:
         compat = self._settings.compat

@@ -16,7 +16,7 @@ from typing import Any
 
 from loraserve.common.errors import FailedPrecondition, NotFound
 from loraserve.common.manifest import FileInfo, Revision
-from loraserve.inference.cache import CachedRevision
+from loraserve.inference.cache import CachedRevision, CacheUsage, Holder
 from loraserve.inference.engine import (
     AdapterHandle,
     EngineDelta,
@@ -192,13 +192,37 @@ def fake_manifest(
 
 
 class CacheDirectory:
-    """The disk-tier calls of the registry's cache (`RevisionCache`), for fakes that
-    keep revisions at `<cache_dir>/<name>/<revision>/` and delete them in `remove`."""
+    """The registry's cache (`RevisionCache`) over revision directories laid out as the
+    cache lays them out, `<cache_dir>/<name>/<revision>/`: a revision whose directory
+    exists is served from it; any other is `download`ed. Files stay unless a subclass
+    deletes them in `remove`."""
 
-    cache_dir: Path
+    def __init__(self, cache_dir: Path) -> None:
+        self.cache_dir = cache_dir
+        self.removed: list[tuple[str, int]] = []
+
+    @property
+    def root(self) -> Path:
+        return self.cache_dir
+
+    async def fetch(
+        self,
+        name: str,
+        revision: int,
+        manifest: Revision | None = None,
+        *,
+        holder: Holder | None = None,
+    ) -> CachedRevision:
+        path = self.cache_dir / name / str(revision)
+        if manifest is not None and path.is_dir():
+            return CachedRevision(manifest, path)
+        return await self.download(name, revision, manifest)
+
+    async def download(self, name: str, revision: int, manifest: Revision | None) -> CachedRevision:
+        raise NotFound(f"adapter {name}@{revision} is not on this disk")
 
     async def remove(self, name: str, revision: int) -> None:
-        raise NotImplementedError
+        self.removed.append((name, revision))
 
     async def remove_unused(self, name: str, in_use: Callable[[str, int], bool]) -> None:
         adapter_dir = self.cache_dir / name
@@ -210,29 +234,32 @@ class CacheDirectory:
     def touch(self, name: str, revision: int) -> None:
         pass
 
+    def hold_ended(self) -> None:
+        pass
+
     def is_cached(self, name: str, revision: int) -> bool:
         return (self.cache_dir / name / str(revision)).is_dir()
 
+    def usage(self) -> CacheUsage:
+        return CacheUsage(0, None, 0, 0, 0)
+
 
 class FakeFetcher(CacheDirectory):
-    """A cache: fetches revisions listed in `available` into `cache_dir`, removes
+    """A cache: downloads revisions listed in `available` into `cache_dir`, removes
     them again; counts both."""
 
     def __init__(self, cache_dir: Path) -> None:
-        self.cache_dir = cache_dir
+        super().__init__(cache_dir)
         self.available: dict[tuple[str, int], int] = {}  # (name, revision) -> rank
         self.fetches: list[tuple[str, int]] = []
-        self.removed: list[tuple[str, int]] = []
-        # Cleared, fetches wait for it.
+        # Cleared, downloads wait for it.
         self.gate = asyncio.Event()
         self.gate.set()
 
     def publish(self, name: str, revision: int, rank: int = 8) -> None:
         self.available[(name, revision)] = rank
 
-    async def fetch(
-        self, name: str, revision: int, manifest: Revision | None = None
-    ) -> CachedRevision:
+    async def download(self, name: str, revision: int, manifest: Revision | None) -> CachedRevision:
         self.fetches.append((name, revision))
         await asyncio.sleep(0)
         await self.gate.wait()
@@ -242,5 +269,5 @@ class FakeFetcher(CacheDirectory):
         return make_revision(self.cache_dir, name, revision, rank=rank)
 
     async def remove(self, name: str, revision: int) -> None:
-        self.removed.append((name, revision))
+        await super().remove(name, revision)
         shutil.rmtree(self.cache_dir / name / str(revision), ignore_errors=True)

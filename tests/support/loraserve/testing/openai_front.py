@@ -19,7 +19,7 @@ from loraserve.inference.adapters import LLAMA_TARGET_MODULES, AdapterRegistry, 
 from loraserve.inference.metrics import InferenceMetrics
 from loraserve.inference.openai import RunningHttpServer, create_openai_app, start_http_server
 from loraserve.inference.serving import Admission, Generator, Runtime, RuntimeSlot
-from loraserve.testing.inference_fakes import FakeEngine, make_revision
+from loraserve.testing.inference_fakes import CacheDirectory, FakeEngine, make_revision
 
 MODEL = "fake-llama"
 MESSAGES: list[Any] = [{"role": "user", "content": "hi"}]
@@ -54,8 +54,8 @@ async def start_front(tmp_path: Path) -> AsyncIterator[StartFront]:
         compat = CompatibilityChecker(
             max_lora_rank=16, target_modules=LLAMA_TARGET_MODULES, served_model_name=MODEL
         )
-        registry = AdapterRegistry(engine, cache_dir=tmp_path, compat=compat)
-        await registry.install(make_revision(tmp_path, "alpha", 3), make_current=True)
+        registry = AdapterRegistry(engine, CacheDirectory(tmp_path), compat)
+        await registry.install(make_revision(tmp_path, "alpha", 3).manifest, make_current=True)
         admission = Admission(max_pending)
         slot = RuntimeSlot()
         if runtime:

@@ -22,8 +22,9 @@ from loraserve.clients.store import (
     ReportKind,
     StoreEvent,
 )
-from loraserve.common.errors import LoraserveError
+from loraserve.common.errors import TRANSIENT_ERRORS, LoraserveError
 from loraserve.common.manifest import FileInfo, Revision
+from loraserve.inference.adapters import RegistryCounts
 from loraserve.inference.cache import CachedRevision
 from loraserve.inference.sync import Synchronizer, SyncSettings
 from loraserve.testing.waiting import eventually
@@ -146,7 +147,11 @@ class FakeFetcher:
 
 
 class FakeRegistry:
+    """Records what sync asks of it; fetches through `fetcher` as the registry fetches
+    through the cache, listing a fetch that failed for good as the registry does."""
+
     def __init__(self) -> None:
+        self.fetcher = FakeFetcher()
         self.installed: set[tuple[str, int]] = set()
         self.current: dict[str, int] = {}
         self.installs: list[tuple[str, int, bool]] = []
@@ -157,14 +162,21 @@ class FakeRegistry:
         # Names routed without loading (set_target).
         self.targets: dict[str, int] = {}
 
-    async def install(self, rev: CachedRevision, *, make_current: bool) -> None:
-        key = (rev.name, rev.revision)
-        self.installs.append((rev.name, rev.revision, make_current))
+    async def install(self, manifest: Revision, *, make_current: bool) -> None:
+        key = manifest.key
+        try:
+            await self.fetcher.fetch(*key, manifest)
+        except TRANSIENT_ERRORS:
+            raise
+        except LoraserveError as exc:
+            self.failures[key] = exc.message
+            raise
+        self.installs.append((*key, make_current))
         if key in self.install_failures:
             raise self.install_failures[key]
         self.installed.add(key)
         if make_current:
-            self._flip(rev.name, rev.revision)
+            self._flip(*key)
 
     async def set_current(self, name: str, revision: int) -> None:
         assert (name, revision) in self.installed
@@ -187,14 +199,11 @@ class FakeRegistry:
     def current_revision(self, name: str) -> int | None:
         return self.current.get(name)
 
-    def is_installed(self, name: str, revision: int) -> bool:
+    def is_loaded(self, name: str, revision: int) -> bool:
         return (name, revision) in self.installed
 
-    def holds(self, name: str, revision: int) -> bool:
+    def uses_files(self, name: str, revision: int) -> bool:
         return (name, revision) in self.installed
-
-    def record_failure(self, given: Revision, message: str) -> None:
-        self.failures[(given.adapter_name, given.revision)] = message
 
     def set_target(self, manifest: Revision) -> None:
         self.targets[manifest.adapter_name] = manifest.revision
@@ -205,8 +214,27 @@ class FakeRegistry:
     def is_resident(self, name: str) -> bool:
         return name in self.current
 
-    def resident_count(self) -> int:
-        return len(self.current)
+    def counts(self) -> RegistryCounts:
+        return RegistryCounts(
+            routed=len(self.targets | self.current),
+            resident=len(self.current),
+            loaded=len(self.installed),
+            in_slots=0,
+        )
+
+
+class FakeDiskCache:
+    """Sync's view of the disk cache: no files; `recent` names the adapters served most
+    recently."""
+
+    def __init__(self, recent: Callable[[], list[str]] | None = None) -> None:
+        self._recent = recent or list
+
+    async def sweep(self, keep: Callable[[str, int], bool]) -> None:
+        pass
+
+    def recent_names(self) -> list[str]:
+        return self._recent()
 
 
 def listing(seq: int, *revisions: tuple[str, int]) -> Listing:
@@ -221,16 +249,15 @@ class Harness:
         recent_names: Callable[[], list[str]] | None = None,
     ) -> None:
         self.store = FakeStore(initial)
-        self.fetcher = FakeFetcher()
         self.registry = FakeRegistry()
+        self.fetcher = self.registry.fetcher
         self.swaps: list[float] = []
         self.sync = Synchronizer(
             self.store,
-            self.fetcher,
             self.registry,
+            FakeDiskCache(recent_names),
             settings,
             observe_swap=self.swaps.append,
-            recent_names=recent_names,
         )
 
     async def started(self) -> None:

@@ -9,7 +9,7 @@ from typing import Any
 import grpc
 
 from loraserve.common.sampling_fields import OPTIONAL_SAMPLING_FIELDS
-from loraserve.inference.adapters import AdapterState, RevisionStatus, Tier, TierUsage
+from loraserve.inference.adapters import RevisionState, RevisionStatus, Tier, TierUsage
 from loraserve.inference.engine import (
     PositionLogprobs,
     SamplingRequest,
@@ -31,11 +31,11 @@ _FINISH = {
     FinishReason.LENGTH: pb.FINISH_REASON_LENGTH,
 }
 _STATE = {
-    AdapterState.LOADING: pb.ADAPTER_STATE_LOADING,
-    AdapterState.READY: pb.ADAPTER_STATE_READY,
-    AdapterState.DRAINING: pb.ADAPTER_STATE_DRAINING,
-    AdapterState.FAILED: pb.ADAPTER_STATE_FAILED,
-    AdapterState.AVAILABLE: pb.ADAPTER_STATE_AVAILABLE,
+    RevisionState.LOADING: pb.ADAPTER_STATE_LOADING,
+    RevisionState.READY: pb.ADAPTER_STATE_READY,
+    RevisionState.DRAINING: pb.ADAPTER_STATE_DRAINING,
+    RevisionState.FAILED: pb.ADAPTER_STATE_FAILED,
+    RevisionState.AVAILABLE: pb.ADAPTER_STATE_AVAILABLE,
 }
 _TIER = {
     Tier.SLOT: pb.ADAPTER_TIER_SLOT,
@@ -96,7 +96,7 @@ class InferenceServicer(pb_grpc.InferenceServiceServicer):  # type: ignore[misc]
             running_requests=stats.running,
             waiting_requests=stats.waiting,
             kv_cache_usage=stats.kv_cache_usage,
-            loaded_adapters=runtime.registry.loaded_count(),
+            loaded_adapters=runtime.registry.counts().loaded,
             replica_id=runtime.replica_id,
             store_seq=runtime.store_seq(),
             tiers=tiers,

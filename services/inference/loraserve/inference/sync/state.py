@@ -2,8 +2,8 @@
 came of each load, and what the store has been told.
 
 Pure, no I/O: the synchronizer's watch loop records what the store says here, one
-worker per adapter reads the latest wish and applies it (`revisionloads`), and the
-reports go out through `statusreports`. Events that pile up for one adapter fold
+worker per adapter reads the latest wish and applies it (`apply`), and the
+reports go out through `reports`. Events that pile up for one adapter fold
 into one wish, so a burst of pushes loads only the revision that ends up current.
 The applied seq is the highest seq below which every event has been applied (or
 rejected for good).
@@ -14,9 +14,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from loraserve.clients.store import EventKind, Listing, Report, ReportKind, StoreEvent
-from loraserve.common.manifest import Revision
-
-Key = tuple[str, int]
+from loraserve.common.manifest import Revision, RevisionKey
 
 
 @dataclass
@@ -71,9 +69,9 @@ class SyncState:
         # Last event seq taken in (or the listing's seq): where a watch resumes.
         self.received_seq = 0
         # Revisions rejected for good: not tried again until an event asks for them.
-        self.rejected: set[Key] = set()
+        self.rejected: set[RevisionKey] = set()
         # Non-current revisions already loaded (or rejected) once.
-        self.preloaded: set[Key] = set()
+        self.preloaded: set[RevisionKey] = set()
         # Names some revision of which was served since their last delete.
         self.served: set[str] = set()
         self.reports = ReportBook()
@@ -95,7 +93,7 @@ class SyncState:
         revision = event.revision
         if revision is not None:
             # Asked for again: a revision rejected before gets one more try.
-            self.rejected.discard((event.name, revision.revision))
+            self.rejected.discard(revision.key)
         if event.kind is EventKind.ADAPTER_DELETED:
             wish.current = None
             wish.preload.clear()
@@ -140,7 +138,7 @@ class SyncState:
         self.received_seq = listing.seq
         return changed
 
-    def settle(self, name: str, version: int) -> bool:
+    def mark_applied(self, name: str, version: int) -> bool:
         """Marks an adapter's wish at `version` applied; False if a newer one came."""
         wish = self.wishes[name]
         if wish.version != version:
