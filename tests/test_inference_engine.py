@@ -79,6 +79,22 @@ async def test_last_message_carries_finish_reason_and_usage(
         assert all(r.finish_reason == pb.FINISH_REASON_UNSPECIFIED for r in responses[:-1])
 
 
+async def test_stream_interval_holds_tokens_back_but_never_the_first(
+    served_factory: Callable[..., Any], tiny_model_dir: Path
+) -> None:
+    async for served in served_factory():
+        request = _greedy(10)
+        request.sampling.stream_interval = 4
+        responses = [r async for r in served.stub.Generate(request)]
+
+        # The first token alone, then a message per 4 tokens, the rest with the finish.
+        assert [len(r.token_ids) for r in responses] == [1, 4, 4, 1]
+        assert responses[0].request_id
+        assert responses[-1].finish_reason == pb.FINISH_REASON_LENGTH
+        ids = [t for r in responses for t in r.token_ids]
+        assert ids == await asyncio.to_thread(greedy_tokens, tiny_model_dir, None, PROMPT, 10)
+
+
 async def test_pinned_revision_is_served_beside_the_current_one(
     served_factory: Callable[..., Any], tiny_adapter: TinyAdapterFactory, tiny_model_dir: Path
 ) -> None:

@@ -147,6 +147,10 @@ class _Registry:
         routed = len(self.current)
         return RegistryCounts(routed=routed, resident=routed, loaded=routed, in_slots=0)
 
+    def held(self) -> dict[str, int]:
+        # Revision seqs are not kept: nothing is ever taken for a deleted generation.
+        return {}
+
 
 async def test_sync_watching_a_store_that_stops_advancing_moves_to_a_healthy_one(
     s3_bucket: S3Bucket, tmp_path: Path

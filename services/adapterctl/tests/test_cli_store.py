@@ -10,13 +10,15 @@ from pathlib import Path
 
 import grpc
 
-from loraserve.adapterctl.__main__ import run
+from loraserve.adapterctl.cli import run
 from loraserve.adapterctl.failures import EXIT_FAILED, EXIT_NOT_ALLOWED
 from loraserve.adapterstore.v1 import adapterstore_pb2 as pb
 from loraserve.adapterstore.v1 import adapterstore_pb2_grpc as pb_grpc
 from loraserve.common.security import ServerSecurity, parse_tokens
+from loraserve.testing.badpushes import nested_json
 from loraserve.testing.ctl import buffers, ctl, output, write_adapter_dir
 from loraserve.testing.s3 import S3Bucket
+from loraserve.testing.statuses import MANY_REPLICAS, write_statuses
 from loraserve.testing.store import RunningStore, running_store
 from loraserve.testing.waiting import eventually
 
@@ -229,3 +231,28 @@ async def test_watch_with_timeout_replays_the_log_and_exits_zero(
         (1, "EVENT_TYPE_REVISION_PUSHED"),
         (2, "EVENT_TYPE_ADAPTER_DELETED"),
     ]
+
+
+async def test_status_shows_every_page_of_statuses(
+    store_server: RunningStore, tmp_path: Path
+) -> None:
+    await _push(store_server, "alpha", write_adapter_dir(tmp_path))
+    write_statuses(store_server.bucket, "alpha")
+    result = await ctl("status", "alpha", "--json", env=_env(store_server))
+    table = await ctl("status", env=_env(store_server))
+    assert (result.code, result.err, table.code, table.err) == (0, "", 0, "")
+    statuses = json.loads(result.out)["statuses"]
+    assert [s["replica_id"] for s in statuses] == [
+        f"inference-{i:04d}" for i in range(MANY_REPLICAS)
+    ]
+    assert len(table.out.splitlines()) == MANY_REPLICAS + 1
+
+
+async def test_push_of_a_deeply_nested_config_is_refused_naming_the_file(
+    store_server: RunningStore, tmp_path: Path
+) -> None:
+    adapter = write_adapter_dir(tmp_path)
+    (adapter / "adapter_config.json").write_bytes(nested_json(100_000))
+    result = await ctl("push", "alpha", str(adapter), env=_env(store_server))
+    assert result.code == EXIT_FAILED
+    assert "INVALID_ARGUMENT: adapter_config.json: JSON nested more than 64" in result.err

@@ -103,7 +103,7 @@ async def test_request_without_a_token_gets_401_before_its_body_is_read(
         front_port, _head(f"content-length: {DECLARED}"), b"x" * SENT
     )
     assert status == 401
-    assert body["error"]["message"] == "missing 'authorization: Bearer <token>' metadata"
+    assert body["error"]["message"] == "missing 'authorization: Bearer <token>' header"
 
 
 async def test_wrong_token_gets_401_before_a_chunked_body_is_read(front_port: int) -> None:

@@ -8,7 +8,6 @@ adapterctl sends is what the store accepts; the store still checks everything.
 from __future__ import annotations
 
 import hashlib
-import json
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -21,6 +20,7 @@ from loraserve.common.errors import InvalidArgument
 from loraserve.common.peft_format import (
     CONFIG_FILE,
     WEIGHTS_FILE,
+    load_json_object,
     parse_safetensors_header,
     safetensors_header_length,
 )
@@ -91,11 +91,10 @@ def check_complete(listing: DirectoryListing) -> None:
     config_path = listing.directory / CONFIG_FILE
     weights_path = listing.directory / WEIGHTS_FILE
     try:
-        config = json.loads(config_path.read_bytes())
-    except (OSError, ValueError) as exc:
-        raise InvalidArgument(f"{CONFIG_FILE}: not readable JSON ({exc})") from None
-    if not isinstance(config, dict):
-        raise InvalidArgument(f"{CONFIG_FILE}: must be a JSON object")
+        config_bytes = config_path.read_bytes()
+    except OSError as exc:
+        raise InvalidArgument(f"{CONFIG_FILE}: cannot read ({exc.strerror})") from None
+    load_json_object(config_bytes, CONFIG_FILE)
     try:
         with weights_path.open("rb") as f:
             size = weights_path.stat().st_size

@@ -5,17 +5,21 @@ file streams into its own upload, so memory stays bounded by the upload's parts
 in flight. The safetensors header is checked as soon as it has arrived, so a bad
 file is refused before gigabytes are uploaded. Uploads stay invisible until the
 whole push has validated and `keep_files` keeps them; on any failure before that,
-cancellation included, every upload is aborted before the error propagates.
+cancellation included, every upload is aborted before the error propagates. The
+abort runs in its own task, shielded: grpc cancels a cancelled call's handler
+again while it cleans up, and an abort cut short would leave an incomplete
+multipart upload behind (the store sweeps old ones at start-up, see s3sweep).
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Coroutine
 from dataclasses import dataclass
+from typing import Any, Protocol
 
-from loraserve.adapterstore.blobstore import BlobStore, BlobUpload, ReceivedBlob
+from loraserve.adapterstore.blobstore import BlobUpload, ReceivedBlob
 from loraserve.adapterstore.validation import (
     LoraConfig,
     check_tensors_match_config,
@@ -32,6 +36,12 @@ from loraserve.common.peft_format import (
 )
 
 log = logging.getLogger(__name__)
+
+
+class Uploads(Protocol):
+    """Where a push's files go: a BlobStore, or uploads that only hash (hashonly.py)."""
+
+    async def start_upload(self, sha256: str = "") -> BlobUpload: ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -62,6 +72,11 @@ class ReceivedAdapter:
 
     files: list[ReceivedFile]
     config: LoraConfig
+
+    @property
+    def infos(self) -> tuple[FileInfo, ...]:
+        """Each file's name, size and sha256, as received."""
+        return tuple(f.info for f in self.files)
 
 
 class _FileReceiver:
@@ -122,7 +137,7 @@ class _FileReceiver:
 
 
 async def receive_adapter(
-    header: PushHeader, chunks: AsyncIterator[Chunk], blobs: BlobStore
+    header: PushHeader, chunks: AsyncIterator[Chunk], blobs: Uploads
 ) -> ReceivedAdapter:
     """Uploads and validates every declared file, keeping none of them. The header's
     names, sizes and sha256s must already have passed `validation.check_declared_files`."""
@@ -134,7 +149,7 @@ async def receive_adapter(
         config = parse_adapter_config(push.config_bytes)
         check_tensors_match_config(push.tensors, config)
     except BaseException:
-        await push.abort()
+        await shielded(push.abort())
         raise
     return ReceivedAdapter(push.received, config)
 
@@ -142,7 +157,7 @@ async def receive_adapter(
 class _PushReceiver:
     """The files of one push, received one after another in header order."""
 
-    def __init__(self, declared: list[FileInfo], blobs: BlobStore) -> None:
+    def __init__(self, declared: list[FileInfo], blobs: Uploads) -> None:
         self._blobs = blobs
         self._pending = list(declared)
         self._current: _FileReceiver | None = None
@@ -188,7 +203,7 @@ class _PushReceiver:
         try:
             blob = await current.finish()
         except BaseException:
-            await _abort(current.upload)
+            await shielded(_abort(current.upload))
             raise
         self.received.append(
             ReceivedFile(FileInfo(current.declared.name, blob.size, blob.sha256), current.upload)
@@ -214,7 +229,7 @@ async def keep_files(received: ReceivedAdapter) -> None:
         try:
             await file.upload.keep()
         except BaseException:
-            await abort_files(received.files[index:])
+            await shielded(abort_files(received.files[index:]))
             raise
 
 
@@ -223,7 +238,7 @@ async def abort_files(files: list[ReceivedFile]) -> None:
         await _abort(file.upload)
 
 
-async def _open(declared: FileInfo, blobs: BlobStore) -> _FileReceiver:
+async def _open(declared: FileInfo, blobs: Uploads) -> _FileReceiver:
     return _FileReceiver(declared, await blobs.start_upload(declared.sha256))
 
 
@@ -233,6 +248,20 @@ def _check_sha256(declared: FileInfo, blob: ReceivedBlob) -> None:
             f"file {declared.name!r}: sha256 {blob.sha256} of the received bytes does not "
             f"match the declared {declared.sha256}"
         )
+
+
+# Cleanups still running after their caller was cancelled: asyncio keeps only weak
+# references to tasks, and one collected mid-abort would leave its upload behind.
+_cleanups: set[asyncio.Task[None]] = set()
+
+
+async def shielded(cleanup: Coroutine[Any, Any, None]) -> None:
+    """Runs `cleanup` to its end even when the caller is cancelled meanwhile (the
+    caller's CancelledError still propagates at once)."""
+    task = asyncio.ensure_future(cleanup)
+    _cleanups.add(task)
+    task.add_done_callback(_cleanups.discard)
+    await asyncio.shield(task)
 
 
 async def _abort(upload: BlobUpload) -> None:

@@ -23,10 +23,10 @@ from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 import grpc
-import stamina
 
 from loraserve.clients.channels import Retry, open_channel
 from loraserve.clients.routing import ADAPTER_HASH_HEADER, affinity_key, channel_for, routed_error
+from loraserve.common import retrylog
 from loraserve.common.errors import DeadlineExceeded, error_from_rpc
 from loraserve.common.sampling_fields import OPTIONAL_SAMPLING_FIELDS
 from loraserve.common.security import ClientSecurity
@@ -81,6 +81,8 @@ class Sampling:
     bad_words: Sequence[str] = ()
     logprobs: int | None = None
     prompt_logprobs: int | None = None
+    # At most one message per this many tokens (the first token is never held back).
+    stream_interval: int | None = None
     # Output constraints; at most one: a JSON schema (as JSON text), a regex, choices.
     json_schema: str | None = None
     regex: str | None = None
@@ -153,7 +155,24 @@ class Completion:
     prompt_logprobs: list[pb.PositionLogprobs] = field(default_factory=list)
 
 
+_new = object.__new__
+_set = object.__setattr__
+_LAST_PLAIN_FIELD = max(
+    pb.GenerateResponse.DESCRIPTOR.fields_by_name[name].number for name in ("text", "token_ids")
+)
+
+
 def _delta(message: pb.GenerateResponse) -> Delta:
+    fields = message.ListFields()  # set fields, in field-number order
+    if not fields or fields[-1][0].number <= _LAST_PLAIN_FIELD:
+        # The middle of a stream: text and token ids, every other field at its default.
+        # Runs once per token; a frozen dataclass's __init__ would set all ten fields
+        # through object.__setattr__, four times the cost of setting these two (the
+        # rest read the class's defaults).
+        delta = _new(Delta)
+        _set(delta, "text", message.text)
+        _set(delta, "token_ids", tuple(message.token_ids))
+        return delta
     return Delta(
         text=message.text,
         token_ids=tuple(message.token_ids),
@@ -207,6 +226,10 @@ class InferenceClient:
             route.target,
             security or ClientSecurity(),
             method_configs=self._retry.method_configs(),
+            # ring_hash runs gRPC's client-side health checks on its replicas: one that is
+            # NOT_SERVING (starting, draining) counts as down, and its adapters go to the
+            # next replica on the ring until it serves.
+            health_checked_service=_SERVICE if route.load_balancing is not None else None,
             load_balancing=route.load_balancing,
             options=route.options,
         )
@@ -270,7 +293,8 @@ class InferenceClient:
         """Starts the call, again while it fails UNAVAILABLE before its first message;
         the call and that message (EOF when the stream ended empty)."""
         try:
-            async for attempt in stamina.retry_context(
+            async for attempt in retrylog.retry_context(
+                "inference.generate",
                 on=_is_unavailable,
                 attempts=self._retry.max_attempts,
                 timeout=budget,

@@ -19,7 +19,9 @@ from typing import TYPE_CHECKING
 import stamina
 
 from loraserve.clients.store import StoreClient, StoreClientSettings
+from loraserve.common import retrylog
 from loraserve.common.errors import TRANSIENT_ERRORS, LoraserveError
+from loraserve.common.metrics_http import serve_metrics
 from loraserve.common.server import RunningServer, start_server
 from loraserve.inference.adapters import (
     LLAMA_TARGET_MODULES,
@@ -93,13 +95,14 @@ class InferenceApp:
     async def start(self) -> None:
         """Starts listening (NOT_SERVING); `run_engine_and_sync` does the rest."""
         settings = self._settings
-        if settings.metrics_port is not None:
-            self.metrics_port = self.metrics.serve(settings.metrics_port)
+        if settings.metrics_listen is not None:
+            self.metrics_port = serve_metrics(self.metrics.registry, settings.metrics_listen)
         self._server = await start_server(
             address=settings.listen,
             register=lambda server: register(server, self.slot),
             service_names=[SERVICE_NAME],
             security=settings.security,
+            max_connection_age_s=settings.max_connection_age_s,
         )
         if settings.openai_listen is not None:
             self._http = await self._start_openai(settings.openai_listen)
@@ -168,7 +171,7 @@ class InferenceApp:
         """Makes the started parts reachable from both fronts and the metrics."""
         settings = self._settings
         info = engine.info
-        admission = Admission(settings.max_pending_requests)
+        admission = Admission(settings.max_pending_requests, settings.max_n)
         self.slot.set(
             Runtime(
                 engine=engine,
@@ -251,6 +254,7 @@ class InferenceApp:
             is_ready=self.ready.is_set,
             max_body_bytes=settings.openai_max_body_bytes,
             metrics=self.metrics.registry,
+            public_metrics=settings.public_metrics,
         )
         return await start_http_server(
             app, address=address, security=settings.security, name="openai-http"
@@ -261,7 +265,8 @@ class InferenceApp:
         reached yet is waited for, as the sync does with a fixed rank: the replica
         stays NOT_SERVING and says why, rather than exiting into a crash loop."""
         attempts = 0
-        async for attempt in stamina.retry_context(
+        async for attempt in retrylog.retry_context(
+            "inference.auto_rank",
             on=TRANSIENT_ERRORS,
             attempts=None,
             timeout=None,

@@ -81,6 +81,16 @@ def _declared_with(name: str, **changes: Any) -> list[FileInfo]:
     ]
 
 
+def nested_json(depth: int) -> bytes:
+    """A JSON object holding arrays nested `depth` deep: parsed naively, a RecursionError."""
+    return b'{"x":' + b"[" * depth + b"]" * depth + b"}"
+
+
+def weights_with_nested_header(depth: int) -> bytes:
+    header = nested_json(depth)
+    return struct.pack("<Q", len(header)) + header
+
+
 WEIGHTS = "adapter_model.safetensors"
 CONFIG = "adapter_config.json"
 BAD_PUSHES = [
@@ -198,5 +208,15 @@ BAD_PUSHES = [
         tiny_adapter(),
         "expected offset 0",
         chunks=[Chunk(CONFIG, 5, tiny_adapter()[CONFIG])],
+    ),
+    BadPush(
+        "config-nested-100k",
+        _with(adapter_config__json=nested_json(100_000)),
+        "adapter_config.json: JSON nested more than 64 levels deep",
+    ),
+    BadPush(
+        "header-nested-50k",
+        _with(adapter_model__safetensors=weights_with_nested_header(50_000)),
+        "adapter_model.safetensors header: JSON nested more than 64 levels deep",
     ),
 ]

@@ -104,11 +104,12 @@ def runtime_slot(
     metrics: InferenceMetrics,
     *,
     max_pending: int = 16,
+    max_n: int | None = None,
     replica_id: str = REPLICA_ID,
     **runtime: Any,
 ) -> RuntimeSlot:
     """The generation path over `registry`, as the servicers and the HTTP front reach it."""
-    admission = Admission(max_pending)
+    admission = Admission(max_pending, max_n)
     return RuntimeSlot(
         Runtime(
             engine=engine,
@@ -122,10 +123,14 @@ def runtime_slot(
 
 
 @asynccontextmanager
-async def openai_server(slot: RuntimeSlot, model_name: str) -> AsyncIterator[int]:
-    """The OpenAI-compatible front over `slot` on 127.0.0.1; yields its port."""
+async def openai_server(slot: RuntimeSlot, model_name: str, **options: Any) -> AsyncIterator[int]:
+    """The OpenAI-compatible front over `slot` on 127.0.0.1; yields its port. `options`
+    go to `create_openai_app` (security, metrics)."""
     app = create_openai_app(
-        slot, model_names=[model_name], security=ServerSecurity(), is_ready=lambda: True
+        slot,
+        model_names=[model_name],
+        is_ready=lambda: True,
+        **{"security": ServerSecurity(), **options},
     )
     server = await start_http_server(app, address="127.0.0.1:0", security=ServerSecurity())
     try:

@@ -9,7 +9,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 import shutil
-from collections.abc import AsyncGenerator, Callable, Sequence
+from collections.abc import AsyncGenerator, Callable, Mapping, Sequence
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -33,6 +33,7 @@ from loraserve.inference.engine.sampling import (
     resolve_max_tokens,
     vllm_sampling_params,
 )
+from loraserve.testing.engine import plain_chat_prompt
 
 FAKE_INFO = EngineInfo(
     model="/models/fake-llama",
@@ -70,6 +71,7 @@ class FakeEngine:
         self.finish_with: EngineFinish = EngineFinish.LENGTH
         self.defaults = ServerDefaults()
         self.sampled: list[Any] = []
+        self.chat_template = True
 
     @property
     def info(self) -> EngineInfo:
@@ -80,6 +82,16 @@ class FakeEngine:
 
     def tokenize(self, text: str) -> list[int]:
         return [1, *(ord(c) % self._info.vocab_size for c in text)]
+
+    async def prompt_ids(self, text: str) -> list[int]:
+        return self.tokenize(text)
+
+    async def chat_prompt_ids(self, messages: Sequence[Mapping[str, str]]) -> list[int] | None:
+        """The prompt `PLAIN_CHAT_TEMPLATE` would render; None (as for a model without a
+        template) when `chat_template` is False."""
+        if not self.chat_template:
+            return None
+        return self.tokenize(plain_chat_prompt([dict(m) for m in messages]))
 
     def decode(self, token_ids: Sequence[int]) -> str:
         return "".join(f"<{i}>" for i in token_ids)

@@ -33,7 +33,7 @@ FAST = SyncSettings(initial_backoff_s=0.001, max_backoff_s=0.01)
 _END = object()  # ends a fake watch stream normally
 
 
-def manifest(name: str, revision: int, rank: int = 8) -> Revision:
+def manifest(name: str, revision: int, rank: int = 8, seq: int = 0) -> Revision:
     return Revision(
         adapter_name=name,
         revision=revision,
@@ -45,7 +45,7 @@ def manifest(name: str, revision: int, rank: int = 8) -> Revision:
         create_time=datetime(2026, 1, 1, tzinfo=UTC),
         pushed_by="test",
         description="",
-        seq=0,
+        seq=seq,
     )
 
 
@@ -74,6 +74,7 @@ class FakeStore:
         self.listings = [listing]
         self.list_calls = 0
         self.watch_calls: list[int] = []
+        self.watch_incarnations: list[str] = []
         self.streams: asyncio.Queue[asyncio.Queue[object]] = asyncio.Queue()
         self.reports: list[Report] = []
         self.report_failures: list[LoraserveError] = []
@@ -88,11 +89,14 @@ class FakeStore:
             adapters = tuple(
                 a for a in listing.adapters if a.current and a.current.base_model == base_model
             )
-            return Listing(adapters, listing.seq)
+            return Listing(adapters, listing.seq, listing.incarnation)
         return listing
 
-    async def watch(self, after_seq: int) -> AsyncGenerator[StoreEvent | Heartbeat, None]:
+    async def watch(
+        self, after_seq: int, incarnation: str = ""
+    ) -> AsyncGenerator[StoreEvent | Heartbeat, None]:
         self.watch_calls.append(after_seq)
+        self.watch_incarnations.append(incarnation)
         stream = await self.streams.get()
         while True:
             item = await stream.get()
@@ -161,6 +165,8 @@ class FakeRegistry:
         self.failures: dict[tuple[str, int], str] = {}
         # Names routed without loading (set_target).
         self.targets: dict[str, int] = {}
+        # The manifest of every revision installed or targeted, for `held`.
+        self.manifests: dict[tuple[str, int], Revision] = {}
 
     async def install(self, manifest: Revision, *, make_current: bool) -> None:
         key = manifest.key
@@ -175,6 +181,7 @@ class FakeRegistry:
         if key in self.install_failures:
             raise self.install_failures[key]
         self.installed.add(key)
+        self.manifests[key] = manifest
         if make_current:
             self._flip(*key)
 
@@ -194,7 +201,14 @@ class FakeRegistry:
         self.deletes.append(name)
         self.targets.pop(name, None)
         self.installed = {key for key in self.installed if key[0] != name}
+        self.manifests = {key: m for key, m in self.manifests.items() if key[0] != name}
         self.current.pop(name, None)
+
+    def held(self) -> dict[str, int]:
+        oldest: dict[str, int] = {}
+        for (name, _), held in self.manifests.items():
+            oldest[name] = min(oldest.get(name, held.seq), held.seq)
+        return oldest
 
     def current_revision(self, name: str) -> int | None:
         return self.current.get(name)
@@ -207,6 +221,7 @@ class FakeRegistry:
 
     def set_target(self, manifest: Revision) -> None:
         self.targets[manifest.adapter_name] = manifest.revision
+        self.manifests[(manifest.adapter_name, manifest.revision)] = manifest
 
     def target_revision(self, name: str) -> int | None:
         return self.targets.get(name, self.current.get(name))

@@ -161,6 +161,18 @@ class AdapterRegistry:
         """The revision `name` routes to in the engine; None when not loaded."""
         return self._routes.get(name)
 
+    def held(self) -> dict[str, int]:
+        """Every name held here (routed, targeted, loaded, loading or pinned), with the
+        lowest store seq among the manifests of its revisions held: one committed
+        before the name's `create_seq` belongs to a deleted generation."""
+        oldest: dict[str, int] = {}
+        manifests = [e.manifest for e in self._entries.values()] + list(self._targets.values())
+        for manifest in manifests:
+            if manifest is not None:
+                name = manifest.adapter_name
+                oldest[name] = min(oldest.get(name, manifest.seq), manifest.seq)
+        return oldest
+
     def target_revision(self, name: str) -> int | None:
         """The revision `name` should route to, loaded or not."""
         target = self._targets.get(name)

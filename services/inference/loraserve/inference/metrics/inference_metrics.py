@@ -9,7 +9,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 from loraserve.inference.adapters import TierCounters, TierUsage
 from loraserve.inference.engine import EngineStats
@@ -126,7 +126,7 @@ class InferenceMetrics:
         )
         self._pending = Gauge(
             "loraserve_inference_pending_requests",
-            "Requests admitted and not finished.",
+            "Sequences admitted and not finished (a request counts its n).",
             registry=r,
         )
 
@@ -207,13 +207,6 @@ class InferenceMetrics:
     ) -> None:
         """Adds the gauges an inference-extension endpoint picker routes on (msp_metrics)."""
         self.registry.register(ModelServerProtocolCollector(stats, max_lora=max_lora))
-
-    def serve(self, port: int, address: str = "0.0.0.0") -> int:
-        """Serves /metrics over HTTP in a daemon thread; returns the bound port."""
-        server, _ = start_http_server(port, addr=address, registry=self.registry)
-        bound = int(server.server_port)
-        log.info("metrics.serving port=%d", bound)
-        return bound
 
 
 def _label(adapter: str) -> str:

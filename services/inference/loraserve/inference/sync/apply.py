@@ -54,6 +54,11 @@ class Registry(Protocol):
 
     def counts(self) -> RegistryCounts: ...
 
+    def held(self) -> dict[str, int]:
+        """Every name it holds anything of (route, target, loaded or pinned
+        revision), with the lowest store seq among those revisions' manifests."""
+        ...
+
 
 SwapObserver = Callable[[float], None]
 """Called with the seconds from event received to route flipped (metrics' swap latency)."""

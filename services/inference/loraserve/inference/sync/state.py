@@ -75,6 +75,9 @@ class SyncState:
         # Names some revision of which was served since their last delete.
         self.served: set[str] = set()
         self.reports = ReportBook()
+        # The store incarnation `received_seq` counts in; None before the first
+        # listing, "" from a store that names none.
+        self.incarnation: str | None = None
 
     def applied_seq(self) -> int:
         pending = [min(w.pending_seqs) for w in self.wishes.values() if w.pending_seqs]
@@ -110,16 +113,25 @@ class SyncState:
         return wish
 
     def record_listing(
-        self, listing: Listing, served_names: set[str], seen_at: float | None
+        self,
+        listing: Listing,
+        served_names: set[str],
+        seen_at: float | None,
+        forget: frozenset[str] = frozenset(),
     ) -> list[str]:
         """Makes the listing the wish: its current revision for every adapter that
         has one, a delete for every served name that has none (not listed, or listed
-        without a current revision, e.g. deleted and pushed again unpromoted).
+        without a current revision, e.g. deleted and pushed again unpromoted). The
+        names to `forget` get a delete first even when listed (see generations.py).
         Returns the adapters whose wish changed."""
         changed = []
         listed = {a.name: a.current for a in listing.adapters if a.current is not None}
         for name, current in listed.items():
             wish = self.wishes.setdefault(name, AdapterWish())
+            if name in forget:
+                wish.delete_seq = listing.seq
+                wish.preload.clear()
+                wish.current = None
             if wish.current is None or wish.current.revision != current.revision:
                 wish.current_seen_at = seen_at
             wish.current = current
@@ -127,16 +139,20 @@ class SyncState:
             wish.version += 1
             changed.append(name)
         wished = {n for n, w in self.wishes.items() if w.current is not None or w.preload}
-        for name in sorted((served_names | wished) - listed.keys()):
-            wish = self.wishes.setdefault(name, AdapterWish())
-            wish.current = None
-            wish.preload.clear()
-            wish.delete_seq = listing.seq
-            wish.pending_seqs.append(listing.seq)
-            wish.version += 1
+        for name in sorted((served_names | wished | forget) - listed.keys()):
+            self._wish_deleted(name, listing.seq)
             changed.append(name)
         self.received_seq = listing.seq
+        self.incarnation = listing.incarnation
         return changed
+
+    def _wish_deleted(self, name: str, seq: int) -> None:
+        wish = self.wishes.setdefault(name, AdapterWish())
+        wish.current = None
+        wish.preload.clear()
+        wish.delete_seq = seq
+        wish.pending_seqs.append(seq)
+        wish.version += 1
 
     def mark_applied(self, name: str, version: int) -> bool:
         """Marks an adapter's wish at `version` applied; False if a newer one came."""

@@ -24,10 +24,10 @@ from typing import Protocol
 import stamina
 
 from loraserve.clients.store import Heartbeat, Listing, StoreEvent
-from loraserve.common import errors
+from loraserve.common import errors, retrylog
 from loraserve.common.errors import LoraserveError
-from loraserve.inference.adapters import serves_base_model
 from loraserve.inference.sync.apply import Registry, RevisionApplier, SwapObserver
+from loraserve.inference.sync.generations import heartbeat_from_elsewhere, names_to_forget
 from loraserve.inference.sync.reports import StatusAPI, StatusReporter
 from loraserve.inference.sync.state import AdapterWish, SyncState
 from loraserve.inference.sync.worker import AdapterWorker, RetryHook
@@ -40,7 +40,9 @@ class StoreAPI(StatusAPI, Protocol):
 
     async def list_adapters(self, base_model: str = "") -> Listing: ...
 
-    def watch(self, after_seq: int) -> AsyncGenerator[StoreEvent | Heartbeat, None]: ...
+    def watch(
+        self, after_seq: int, incarnation: str = ""
+    ) -> AsyncGenerator[StoreEvent | Heartbeat, None]: ...
 
 
 class DiskCache(Protocol):
@@ -118,7 +120,8 @@ class Synchronizer:
 
     def _retrying(self, on: RetryHook) -> AsyncIterator[stamina.Attempt]:
         """Retries without end (until cancelled) on the sync schedule."""
-        return stamina.retry_context(
+        return retrylog.retry_context(
+            "inference.sync",
             on=on,
             attempts=None,
             timeout=None,
@@ -149,13 +152,16 @@ class Synchronizer:
         log.info("sync.watch_started after_seq=%d", after)
         connected = False
         try:
-            async with aclosing(self._store.watch(after)) as stream:
+            incarnation = self._state.incarnation or ""
+            async with aclosing(self._store.watch(after, incarnation)) as stream:
                 async for item in stream:
                     if not connected:
                         connected = True
                         await self._reports.resend_unsent()
                     if isinstance(item, StoreEvent):
                         self._take_event(item)
+                    elif why := heartbeat_from_elsewhere(item, self._state):
+                        raise _MissedEvents(why)
             raise errors.Unavailable("the store ended the watch stream")
         except Exception as exc:
             if connected:
@@ -183,7 +189,15 @@ class Synchronizer:
             name for name in self._state.wishes if self._registry.current_revision(name)
         }
         seen_at = None if self._initial_seq is None else time.monotonic()
-        changed = self._state.record_listing(listing, served, seen_at)
+        held = self._registry.held()
+        forget = names_to_forget(
+            listing,
+            incarnation=self._state.incarnation,
+            received_seq=self._state.received_seq,
+            known=served | held.keys() | self._state.wishes.keys(),
+            holds_older_than=lambda name, seq: held.get(name, seq) < seq,
+        )
+        changed = self._state.record_listing(listing, served, seen_at, frozenset(forget))
         if self._initial_seq is None:
             self._initial_seq = listing.seq
             await self._sweep(listing)
@@ -366,21 +380,3 @@ def _on_list_failure(exc: BaseException) -> bool:
         return False
     log.warning("sync.list_failed reason=%s", exc)
     return True
-
-
-async def current_adapter_ranks(
-    store: StoreAPI, served_model_name: str, *, require_base_model_match: bool = True
-) -> list[int]:
-    """LoRA ranks of every current adapter this server would serve, for
-    `--max-lora-rank auto`. Filtered here, with the compatibility check's own rule:
-    adapters name their base model by path or hub id, which the store's exact-match
-    filter would miss."""
-    listing = await store.list_adapters()
-    return [
-        a.current.rank
-        for a in listing.adapters
-        if a.current is not None
-        and serves_base_model(
-            a.current.base_model, served_model_name, require_match=require_base_model_match
-        )
-    ]
