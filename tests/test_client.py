@@ -16,6 +16,7 @@ from loraserve.clients.inference import (
     SyncInferenceClient,
 )
 from loraserve.common.errors import DeadlineExceeded, InvalidArgument, NotFound, Unavailable
+from loraserve.testing.enginework import engine_work
 from loraserve.testing.inference import wait_until_idle
 from loraserve.testing.models import TinyAdapterFactory
 from loraserve.tiny.oracle import greedy_tokens
@@ -93,15 +94,20 @@ async def test_unavailable_past_the_retry_budget_raises_unavailable(
                 await client.generate("", PROMPT, GREEDY)
 
 
-async def test_deadline_ends_the_stream_and_frees_the_engine(
+async def test_deadline_ends_the_stream_and_aborts_the_engine_request(
     served_factory: Callable[..., Any],
 ) -> None:
     long = Sampling(max_tokens=400, temperature=0.0, ignore_eos=True)
     async for served in served_factory():
+        before = engine_work()
         async with InferenceClient(served.address) as client:
             with pytest.raises(DeadlineExceeded):
                 await client.generate("", PROMPT, long, timeout=0.5)
         assert await wait_until_idle(served.engine) == 0
+        work = engine_work() - before
+        # Aborted: neither run to its end nor its 400 tokens made (vLLM's own count).
+        assert work.finished_requests == 0
+        assert work.generated_tokens < 400
 
 
 async def test_sync_client_streams_the_same_tokens_from_a_plain_thread(
