@@ -43,7 +43,7 @@ async def _serve(argv: list[str], control: IO[str]) -> None:
     servers: list[asyncio.Server] = []
     try:
         await app.run_engine_and_sync()
-        runtime = app.slot.get()
+        runtime = app.runtime_ref.get()
         engine = runtime.engine
         assert isinstance(engine, VllmEngine)
         ports: dict[str, int] = {}

@@ -15,30 +15,12 @@ from typing import TYPE_CHECKING, Any
 
 import grpc
 import pytest
-from prometheus_client import CollectorRegistry
 
 from loraserve.adapterstore.v1 import adapterstore_pb2 as store_pb
 from loraserve.adapterstore.v1 import adapterstore_pb2_grpc as store_grpc
-from loraserve.clients.store import StoreClient, StoreClientSettings
-from loraserve.common.manifest import Revision
-from loraserve.common.security import ClientSecurity
-from loraserve.inference.adapters import AdapterRegistry
-from loraserve.inference.cache import AdapterCache, CachedRevision
 from loraserve.inference.engine import AdapterHandle, EngineDelta, SamplingSpec, VllmEngine
-from loraserve.inference.metrics import InferenceMetrics
-from loraserve.inference.serving import (
-    SERVICE_NAME,
-    Admission,
-    Generator,
-    Runtime,
-    RuntimeSlot,
-    register,
-)
-from loraserve.inference.sync import Synchronizer, SyncSettings
 from loraserve.inference.v1 import inference_pb2 as pb
-from loraserve.inference.v1 import inference_pb2_grpc as pb_grpc
-from loraserve.testing.grpc import serving
-from loraserve.testing.inference import tiny_registry
+from loraserve.testing.inferenceapp import RunningInference, SharedEngine, inference_app
 from loraserve.testing.models import TinyAdapterFactory
 from loraserve.testing.pushes import push_requests
 from loraserve.testing.store import RunningStore
@@ -63,60 +45,23 @@ def oracle(model_dir: Path, adapter_dir: Path, max_new_tokens: int) -> tuple[int
     return tuple(greedy_tokens(model_dir, adapter_dir, PROMPT, max_new_tokens))
 
 
-class RecordingRegistry:
-    """The real registry, with a log of what sync asked it to do."""
-
-    def __init__(self, registry: AdapterRegistry) -> None:
-        self.inner = registry
-        self.applied: list[tuple[str, int]] = []
-
-    async def install(self, rev: CachedRevision, *, make_current: bool) -> None:
-        self.applied.append((rev.name, rev.revision))
-        await self.inner.install(rev, make_current=make_current)
-
-    async def set_current(self, name: str, revision: int) -> None:
-        self.applied.append((name, revision))
-        await self.inner.set_current(name, revision)
-
-    async def delete(self, name: str) -> None:
-        await self.inner.delete(name)
-
-    def current_revision(self, name: str) -> int | None:
-        return self.inner.current_revision(name)
-
-    def is_installed(self, name: str, revision: int) -> bool:
-        return self.inner.is_installed(name, revision)
-
-    def holds(self, name: str, revision: int) -> bool:
-        return self.inner.holds(name, revision)
-
-    def record_failure(self, manifest: Revision, message: str) -> None:
-        self.inner.record_failure(manifest, message)
-
-    def set_target(self, manifest: Revision) -> None:
-        self.inner.set_target(manifest)
-
-    def target_revision(self, name: str) -> int | None:
-        return self.inner.target_revision(name)
-
-    def is_resident(self, name: str) -> bool:
-        return self.inner.is_resident(name)
-
-    def resident_count(self) -> int:
-        return self.inner.resident_count()
-
-
 @dataclass
 class Stack:
     store: RunningStore
     store_stub: Any
-    inference: Any
-    engine: VllmEngine
-    registry: RecordingRegistry
-    sync: Synchronizer
+    running: RunningInference
     cache_dir: Path
     model_dir: Path
     adapter: TinyAdapterFactory
+
+    @property
+    def inference(self) -> Any:
+        return self.running.stub
+
+    @property
+    def engine(self) -> HoldingEngine:
+        assert isinstance(self.running.engine, HoldingEngine)
+        return self.running.engine
 
     async def push(self, name: str, adapter_dir: Path, *, no_promote: bool = False) -> int:
         files = await asyncio.to_thread(_adapter_files, adapter_dir)
@@ -136,9 +81,11 @@ class Stack:
         return revision, tuple(tokens)
 
     async def served(self, name: str, revision: int) -> None:
-        await eventually(
-            lambda: self.registry.current_revision(name) == revision, f"{name}@{revision} routed"
-        )
+        async def routed_in_engine() -> bool:
+            status = (await self.revisions(name)).get(revision)
+            return status is not None and status.current and status.state == pb.ADAPTER_STATE_READY
+
+        await eventually(routed_in_engine, f"{name}@{revision} routed")
 
     async def revisions(self, name: str) -> dict[int, pb.AdapterRevisionStatus]:
         """What the inference server's ListAdapters says about `name`, by revision."""
@@ -159,13 +106,13 @@ def _request(adapter: str, max_tokens: int) -> pb.GenerateRequest:
     )
 
 
-class HoldingEngine(VllmEngine):
-    """The real engine, able to hold back the last delta of one adapter revision's
+class HoldingEngine(SharedEngine):
+    """The session's engine, able to hold back the last delta of one adapter revision's
     requests until released: a test then keeps a request in flight for as long as it
     needs, whatever the speed of a loaded machine."""
 
-    def __init__(self, llm: AsyncLLM) -> None:
-        super().__init__(llm)
+    def __init__(self, llm: AsyncLLM, add_calls: list[str]) -> None:
+        super().__init__(llm, add_calls)
         self.held_lora_name = ""
         self.release = asyncio.Event()
 
@@ -185,90 +132,47 @@ class HoldingEngine(VllmEngine):
                 yield delta
 
 
-@pytest.fixture(scope="module")
-def engine(vllm_engine: AsyncLLM) -> HoldingEngine:
-    return HoldingEngine(vllm_engine)
-
-
 @asynccontextmanager
 async def inference_stack(
     store: RunningStore,
-    engine: VllmEngine,
+    llm: AsyncLLM,
     model_dir: Path,
     cache_dir: Path,
     adapter: TinyAdapterFactory,
     store_address: str | None = None,
 ) -> AsyncIterator[Stack]:
-    client = StoreClient.connect(
-        StoreClientSettings(
-            address=store_address or store.address,
-            security=ClientSecurity(),
+    """The inference app, as its own wiring builds it, following `store`."""
+    async with (
+        inference_app(
+            llm,
+            model_dir=model_dir,
+            store_address=store_address or store.address,
+            cache_dir=cache_dir,
             replica_id=REPLICA,
-            reconnect_backoff_max_s=0.2,
+            engine_type=HoldingEngine,
+        ) as running,
+        grpc.aio.insecure_channel(store.address) as store_channel,
+    ):
+        yield Stack(
+            store=store,
+            store_stub=store_grpc.AdapterStoreServiceStub(store_channel),
+            running=running,
+            cache_dir=cache_dir,
+            model_dir=model_dir,
+            adapter=adapter,
         )
-    )
-    adapter_cache = AdapterCache(cache_dir, client)
-    await adapter_cache.prepare()
-    metrics = InferenceMetrics(CollectorRegistry())
-    real_registry = tiny_registry(
-        engine, model_dir, adapter_cache.root, fetcher=adapter_cache, observer=metrics
-    )
-    registry = RecordingRegistry(real_registry)
-    sync = Synchronizer(
-        client,
-        adapter_cache,
-        registry,
-        SyncSettings(initial_backoff_s=0.05, max_backoff_s=0.5),
-        observe_swap=metrics.observe_swap_latency,
-    )
-    admission = Admission(64)
-    runtime = Runtime(
-        engine=engine,
-        registry=real_registry,
-        generator=Generator(engine, real_registry, admission, metrics),
-        admission=admission,
-        replica_id=REPLICA,
-        store_seq=lambda: sync.applied_seq,
-    )
-    sync_task = asyncio.create_task(sync.run())
-    try:
-        async with (
-            serving(lambda server: register(server, RuntimeSlot(runtime)), [SERVICE_NAME]) as srv,
-            grpc.aio.insecure_channel(f"127.0.0.1:{srv.port}") as channel,
-            grpc.aio.insecure_channel(store.address) as store_channel,
-        ):
-            await asyncio.wait_for(sync.initial_sync_done.wait(), 60)
-            yield Stack(
-                store=store,
-                store_stub=store_grpc.AdapterStoreServiceStub(store_channel),
-                inference=pb_grpc.InferenceServiceStub(channel),
-                engine=engine,
-                registry=registry,
-                sync=sync,
-                cache_dir=adapter_cache.root,
-                model_dir=model_dir,
-                adapter=adapter,
-            )
-    finally:
-        sync_task.cancel()
-        await asyncio.gather(sync_task, return_exceptions=True)
-        # The engine is shared by the session: leave no adapter of this test in it.
-        for status in real_registry.snapshot():
-            await real_registry.delete(status.name)
-        await real_registry.settle()
-        await client.close()
 
 
 @pytest.fixture
 async def stack(
     store_server: RunningStore,
-    engine: VllmEngine,
+    vllm_engine: AsyncLLM,
     tiny_model_dir: Path,
     tiny_adapter: TinyAdapterFactory,
     tmp_path: Path,
 ) -> AsyncIterator[Stack]:
     async with inference_stack(
-        store_server, engine, tiny_model_dir, tmp_path / "cache", tiny_adapter
+        store_server, vllm_engine, tiny_model_dir, tmp_path / "cache", tiny_adapter
     ) as running:
         yield running
 
@@ -347,7 +251,7 @@ async def test_delete_stops_serving_the_name_and_reports_removed(stack: Stack) -
     await stack.push("gone", stack.adapter(seed=31))
     await stack.served("gone", 1)
     await stack.store_stub.DeleteAdapter(store_pb.DeleteAdapterRequest(name="gone"))
-    await eventually(lambda: stack.registry.current_revision("gone") is None, "gone unrouted")
+    await eventually(lambda: _unrouted(stack, "gone"), "gone unrouted")
     with pytest.raises(grpc.aio.AioRpcError) as err:
         await stack.generate("gone")
     assert err.value.code() is grpc.StatusCode.NOT_FOUND
@@ -381,6 +285,10 @@ async def test_rank_above_the_engine_limit_is_nacked_and_the_old_revision_keeps_
     assert await stack.generate("big") == (1, oracle(stack.model_dir, good_dir, SHORT))
 
 
+async def _unrouted(stack: Stack, name: str) -> bool:
+    return await stack.running.current(name) == 0
+
+
 async def _replica_status(stack: Stack, name: str) -> Any:
     response = await stack.store_stub.GetAdapterStatus(store_pb.GetAdapterStatusRequest(name=name))
     return next((s for s in response.statuses if s.replica_id == REPLICA), None)
@@ -389,7 +297,7 @@ async def _replica_status(stack: Stack, name: str) -> Any:
 @pytest.fixture
 async def proxied_stack(
     store_server: RunningStore,
-    engine: VllmEngine,
+    vllm_engine: AsyncLLM,
     tiny_model_dir: Path,
     tiny_adapter: TinyAdapterFactory,
     tmp_path: Path,
@@ -398,7 +306,7 @@ async def proxied_stack(
         tcp_proxy(store_server.port) as proxy,
         inference_stack(
             store_server,
-            engine,
+            vllm_engine,
             tiny_model_dir,
             tmp_path / "cache",
             tiny_adapter,
@@ -422,8 +330,8 @@ async def test_cut_watch_reconnects_serves_the_latest_and_applies_each_revision_
     proxy.restore()
     await stack.served("flaky", 3)
     assert proxy.connections >= 2
-    applied = [key for key in stack.registry.applied if key[0] == "flaky"]
+    applied = [name for name in stack.running.add_calls if name.startswith("flaky@")]
     assert len(applied) == len(set(applied)), applied
-    assert applied[0] == ("flaky", 1)
-    assert applied[-1] == ("flaky", 3)
+    assert applied[0] == "flaky@1"
+    assert applied[-1] == "flaky@3"
     assert await stack.generate("flaky") == (3, oracle(stack.model_dir, latest_dir, SHORT))

@@ -12,6 +12,7 @@ import grpc
 import pytest
 
 from loraserve.inference.v1 import inference_pb2 as pb
+from loraserve.testing.enginework import engine_work
 from loraserve.testing.inference import wait_until_idle
 from loraserve.testing.models import TinyAdapterFactory
 from loraserve.tiny.oracle import greedy_tokens
@@ -78,6 +79,22 @@ async def test_last_message_carries_finish_reason_and_usage(
         assert all(r.finish_reason == pb.FINISH_REASON_UNSPECIFIED for r in responses[:-1])
 
 
+async def test_stream_interval_holds_tokens_back_but_never_the_first(
+    served_factory: Callable[..., Any], tiny_model_dir: Path
+) -> None:
+    async for served in served_factory():
+        request = _greedy(10)
+        request.sampling.stream_interval = 4
+        responses = [r async for r in served.stub.Generate(request)]
+
+        # The first token alone, then a message per 4 tokens, the rest with the finish.
+        assert [len(r.token_ids) for r in responses] == [1, 4, 4, 1]
+        assert responses[0].request_id
+        assert responses[-1].finish_reason == pb.FINISH_REASON_LENGTH
+        ids = [t for r in responses for t in r.token_ids]
+        assert ids == await asyncio.to_thread(greedy_tokens, tiny_model_dir, None, PROMPT, 10)
+
+
 async def test_pinned_revision_is_served_beside_the_current_one(
     served_factory: Callable[..., Any], tiny_adapter: TinyAdapterFactory, tiny_model_dir: Path
 ) -> None:
@@ -110,12 +127,12 @@ async def test_request_running_during_a_swap_finishes_on_its_revision(
         old_ids = list(first.token_ids)
         async for response in call:
             old_ids.extend(response.token_ids)
-        await served.registry.settle()
+        await served.registry.wait_background()
 
         assert (first.revision, after_first.revision) == (1, 2)
         assert old_ids == await asyncio.to_thread(greedy_tokens, tiny_model_dir, rev1, PROMPT, 8)
         assert after_ids == await asyncio.to_thread(greedy_tokens, tiny_model_dir, rev2, PROMPT, 8)
-        assert not served.registry.is_installed("alpha", 1)
+        assert not served.registry.is_loaded("alpha", 1)
         assert len(await served.engine.list_loras()) == 1
 
 
@@ -148,11 +165,12 @@ async def test_prompt_longer_than_the_context_is_invalid_argument(
         assert "prompt" in (raised.value.details() or "")
 
 
-async def test_cancelling_a_stream_frees_the_engine(
+async def test_cancelling_a_stream_aborts_the_engine_request(
     served_factory: Callable[..., Any], tiny_adapter: TinyAdapterFactory
 ) -> None:
     async for served in served_factory():
         await served.install("alpha", 1, tiny_adapter(seed=1))
+        before = engine_work()
         call = served.stub.Generate(_greedy(400, "alpha"))
         await anext(aiter(call))
         assert served.engine.stats().running + served.engine.stats().waiting == 1
@@ -160,6 +178,10 @@ async def test_cancelling_a_stream_frees_the_engine(
         call.cancel()
 
         assert await wait_until_idle(served.engine) == 0
+        work = engine_work() - before
+        # Aborted: neither run to its end nor its 400 tokens made (vLLM's own count).
+        assert work.finished_requests == 0
+        assert 1 <= work.generated_tokens < 400
         assert [s.in_flight for s in served.registry.snapshot()] == [0]
 
 

@@ -91,9 +91,9 @@ async def test_page_token_beyond_the_stores_head_is_invalid_argument(
         await push(stub, "a1", tiny_adapter())
         await push(stub, "a2", tiny_adapter())
         first = await stub.ListAdapters(pb.ListAdaptersRequest(page_size=1))
-        forged = base64.urlsafe_b64encode(b"99:a1").decode()
+        forged = base64.urlsafe_b64encode(f"99:{first.incarnation}:a1".encode()).decode()
         with pytest.raises(grpc.aio.AioRpcError) as caught:
             await stub.ListAdapters(pb.ListAdaptersRequest(page_size=1, page_token=forged))
-    assert base64.urlsafe_b64decode(first.next_page_token) == b"2:a1"
+    assert base64.urlsafe_b64decode(first.next_page_token).decode() == f"2:{first.incarnation}:a1"
     assert caught.value.code() == grpc.StatusCode.INVALID_ARGUMENT
     assert "beyond the store's last commit 2" in (caught.value.details() or "")

@@ -22,7 +22,7 @@ from loraserve.adapterstore.s3blobs import S3BlobStore
 from loraserve.clients.store import StoreClient, StoreClientSettings
 from loraserve.common.manifest import Revision
 from loraserve.common.security import ClientSecurity
-from loraserve.inference.cache import CachedRevision
+from loraserve.inference.adapters import RegistryCounts
 from loraserve.inference.sync import Synchronizer, SyncSettings
 from loraserve.testing.adapterfiles import tiny_adapter
 from loraserve.testing.processes import health_status, wait_for_health
@@ -109,24 +109,15 @@ async def test_store_whose_poller_stopped_is_not_serving(s3_bucket: S3Bucket) ->
         await wait_for_health(store.address, NOT_SERVING, guard_s=GUARD_S)
 
 
-class _Fetcher:
-    def __init__(self, root: Path) -> None:
-        self._root = root
-
-    async def fetch(
-        self, name: str, revision: int, manifest: Revision | None = None
-    ) -> CachedRevision:
-        assert manifest is not None
-        return CachedRevision(manifest, self._root)
-
-
 class _Registry:
+    """Routes whatever sync asks for; loads nothing."""
+
     def __init__(self) -> None:
         self.current: dict[str, int] = {}
 
-    async def install(self, rev: CachedRevision, *, make_current: bool) -> None:
+    async def install(self, manifest: Revision, *, make_current: bool) -> None:
         if make_current:
-            self.current[rev.name] = rev.revision
+            self.current[manifest.adapter_name] = manifest.revision
 
     async def set_current(self, name: str, revision: int) -> None:
         self.current[name] = revision
@@ -137,14 +128,11 @@ class _Registry:
     def current_revision(self, name: str) -> int | None:
         return self.current.get(name)
 
-    def is_installed(self, name: str, revision: int) -> bool:
+    def is_loaded(self, name: str, revision: int) -> bool:
         return self.current.get(name) == revision
 
-    def holds(self, name: str, revision: int) -> bool:
-        return self.is_installed(name, revision)
-
-    def record_failure(self, manifest: Revision, message: str) -> None:
-        pass
+    def uses_files(self, name: str, revision: int) -> bool:
+        return self.is_loaded(name, revision)
 
     def set_target(self, manifest: Revision) -> None:
         self.current[manifest.adapter_name] = manifest.revision
@@ -155,8 +143,13 @@ class _Registry:
     def is_resident(self, name: str) -> bool:
         return name in self.current
 
-    def resident_count(self) -> int:
-        return len(self.current)
+    def counts(self) -> RegistryCounts:
+        routed = len(self.current)
+        return RegistryCounts(routed=routed, resident=routed, loaded=routed, in_slots=0)
+
+    def held(self) -> dict[str, int]:
+        # Revision seqs are not kept: nothing is ever taken for a deleted generation.
+        return {}
 
 
 async def test_sync_watching_a_store_that_stops_advancing_moves_to_a_healthy_one(
@@ -178,10 +171,7 @@ async def test_sync_watching_a_store_that_stops_advancing_moves_to_a_healthy_one
         stack.push_async_callback(client.close)
         registry = _Registry()
         sync = Synchronizer(
-            client,
-            _Fetcher(tmp_path),
-            registry,
-            SyncSettings(initial_backoff_s=0.05, max_backoff_s=0.5),
+            client, registry, settings=SyncSettings(initial_backoff_s=0.05, max_backoff_s=0.5)
         )
         task = asyncio.create_task(sync.run())
         stack.push_async_callback(_cancelled, task)

@@ -9,6 +9,7 @@ import pytest
 
 from loraserve.adapterctl.adapter_dir import check_complete, hash_files, list_adapter_dir
 from loraserve.common.errors import InvalidArgument
+from loraserve.testing.badpushes import nested_json, weights_with_nested_header
 from loraserve.testing.ctl import write_adapter_dir
 
 WEIGHTS = "adapter_model.safetensors"
@@ -71,6 +72,20 @@ def test_half_written_config_is_incomplete(tmp_path: Path) -> None:
     config = tmp_path / CONFIG
     config.write_bytes(config.read_bytes()[:10])
     with pytest.raises(InvalidArgument, match=CONFIG):
+        check_complete(list_adapter_dir(tmp_path))
+
+
+def test_deeply_nested_config_is_refused_naming_the_file(tmp_path: Path) -> None:
+    write_adapter_dir(tmp_path)
+    (tmp_path / CONFIG).write_bytes(nested_json(100_000))
+    with pytest.raises(InvalidArgument, match=f"{CONFIG}: JSON nested more than 64 levels"):
+        check_complete(list_adapter_dir(tmp_path))
+
+
+def test_deeply_nested_safetensors_header_is_refused_naming_the_file(tmp_path: Path) -> None:
+    write_adapter_dir(tmp_path)
+    (tmp_path / WEIGHTS).write_bytes(weights_with_nested_header(50_000))
+    with pytest.raises(InvalidArgument, match=f"{WEIGHTS} header: JSON nested more than 64"):
         check_complete(list_adapter_dir(tmp_path))
 
 

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from loraserve.adapterctl.__main__ import build_parser, run
+from loraserve.adapterctl.cli import build_parser, run
 from loraserve.adapterctl.failures import EXIT_UNREACHABLE, EXIT_USAGE
 from loraserve.adapterctl.generate import sampling_params
 from loraserve.adapterctl.settings import (

@@ -15,7 +15,7 @@ from typing import Any
 import grpc
 import pytest
 
-from loraserve.adapterctl.__main__ import run
+from loraserve.adapterctl.cli import run
 from loraserve.adapterctl.failures import EXIT_FAILED, EXIT_NOT_ALLOWED
 from loraserve.common.errors import NotFound
 from loraserve.common.security import ServerSecurity, parse_tokens
@@ -72,7 +72,16 @@ async def test_generate_prints_the_streamed_text(
 ) -> None:
     _, env = inference
     result = await ctl("generate", "alpha", "Say hello", env=env)
-    assert (result.code, result.out, result.err) == (0, "Hello", "")
+    assert (result.code, result.out, result.err) == (0, "Hello\n", "")
+
+
+async def test_generate_output_ends_with_a_newline_when_piped(
+    inference: tuple[ScriptedInference, dict[str, str]],
+) -> None:
+    _, env = inference
+    result = await ctl("generate", "alpha", "Say hello", env=env, tty=False)
+    assert result.out.endswith("\n")
+    assert result.out.count("\n") == 1
 
 
 async def test_generate_passes_adapter_prompt_and_only_given_sampling_flags(
@@ -160,7 +169,7 @@ async def test_tokens_reach_stdout_before_the_stream_ends(
         task.cancel()
         with contextlib.suppress(asyncio.CancelledError):
             await task
-    assert output(console.stdout) == "Hello"
+    assert output(console.stdout) == "Hello\n"
 
 
 async def test_json_prints_one_object_per_message(
@@ -209,4 +218,4 @@ async def test_streaming_call_carries_the_token() -> None:
             "generate", "alpha", "Hi", env={**env, "ADAPTERCTL_TOKEN": "r-token"}
         )
     assert anonymous.code == EXIT_NOT_ALLOWED
-    assert with_token.out == "Hello"
+    assert with_token.out == "Hello\n"

@@ -10,7 +10,7 @@ import signal
 import sys
 from pathlib import Path
 
-from loraserve.adapterctl.__main__ import run
+from loraserve.adapterctl.cli import run
 from loraserve.adapterctl.failures import EXIT_INTERRUPTED
 from loraserve.testing.adapterfiles import tiny_adapter
 from loraserve.testing.ctl import buffers, ctl, output, write_adapter_dir

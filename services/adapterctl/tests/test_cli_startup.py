@@ -13,7 +13,7 @@ _NOT_FOR_PUSH = ("watchdog", "loraserve.inference", "google.protobuf.json_format
 def test_push_loads_neither_watchdog_nor_inference_protos() -> None:
     code = (
         "import sys\n"
-        "import loraserve.adapterctl.__main__\n"
+        "import loraserve.adapterctl.cli\n"
         "import loraserve.adapterctl.write_commands\n"
         f"print(sorted(m for m in sys.modules if m.startswith({_NOT_FOR_PUSH!r})))\n"
     )

@@ -6,17 +6,20 @@ import asyncio
 import contextlib
 import hashlib
 import json
+import struct
 from pathlib import Path
 
 import grpc
 
-from loraserve.adapterctl.__main__ import run
-from loraserve.adapterctl.failures import EXIT_FAILED, EXIT_NOT_ALLOWED
+from loraserve.adapterctl.cli import run
+from loraserve.adapterctl.failures import EXIT_FAILED, EXIT_NOT_ALLOWED, EXIT_USAGE
 from loraserve.adapterstore.v1 import adapterstore_pb2 as pb
 from loraserve.adapterstore.v1 import adapterstore_pb2_grpc as pb_grpc
 from loraserve.common.security import ServerSecurity, parse_tokens
+from loraserve.testing.badpushes import nested_json
 from loraserve.testing.ctl import buffers, ctl, output, write_adapter_dir
 from loraserve.testing.s3 import S3Bucket
+from loraserve.testing.statuses import MANY_REPLICAS, write_statuses
 from loraserve.testing.store import RunningStore, running_store
 from loraserve.testing.waiting import eventually
 
@@ -150,6 +153,35 @@ async def test_adapter_the_store_rejects_is_one_line_invalid_argument(
     assert result.err.count("\n") == 1
 
 
+async def test_adapter_with_a_nan_weight_is_refused_before_anything_is_sent(
+    store_server: RunningStore, tmp_path: Path
+) -> None:
+    adapter = write_adapter_dir(tmp_path)
+    weights = bytearray((adapter / WEIGHTS).read_bytes())
+    weights[-4:] = struct.pack("<f", float("nan"))  # the last value of the last tensor
+    (adapter / WEIGHTS).write_bytes(bytes(weights))
+    result = await ctl("push", "alpha", str(adapter), env=_env(store_server))
+    assert result.code == EXIT_USAGE
+    assert f"{adapter}: the store would refuse it: {WEIGHTS}: tensor " in result.err
+    assert "holds NaN at element 63 (shape [16, 4]); LoRA weights must be finite" in result.err
+    listed = await ctl("list", "--json", env=_env(store_server))
+    assert json.loads(listed.out).get("adapters", []) == []
+
+
+async def test_adapter_with_an_absurd_scale_is_refused_before_anything_is_sent(
+    store_server: RunningStore, tmp_path: Path
+) -> None:
+    adapter = write_adapter_dir(tmp_path)
+    config = json.loads((adapter / "adapter_config.json").read_text())
+    config["lora_alpha"] = 1e308
+    (adapter / "adapter_config.json").write_text(json.dumps(config))
+    result = await ctl("push", "alpha", str(adapter), env=_env(store_server))
+    assert result.code == EXIT_USAGE
+    assert "adapter_config.json: lora_alpha = 1e+308 with r = 4 gives a LoRA scale" in result.err
+    listed = await ctl("list", "--json", env=_env(store_server))
+    assert json.loads(listed.out).get("adapters", []) == []
+
+
 async def test_watch_prints_events_after_seq(store_server: RunningStore, tmp_path: Path) -> None:
     await _push(store_server, "alpha", write_adapter_dir(tmp_path / "a"))
     console = buffers()
@@ -229,3 +261,28 @@ async def test_watch_with_timeout_replays_the_log_and_exits_zero(
         (1, "EVENT_TYPE_REVISION_PUSHED"),
         (2, "EVENT_TYPE_ADAPTER_DELETED"),
     ]
+
+
+async def test_status_shows_every_page_of_statuses(
+    store_server: RunningStore, tmp_path: Path
+) -> None:
+    await _push(store_server, "alpha", write_adapter_dir(tmp_path))
+    write_statuses(store_server.bucket, "alpha")
+    result = await ctl("status", "alpha", "--json", env=_env(store_server))
+    table = await ctl("status", env=_env(store_server))
+    assert (result.code, result.err, table.code, table.err) == (0, "", 0, "")
+    statuses = json.loads(result.out)["statuses"]
+    assert [s["replica_id"] for s in statuses] == [
+        f"inference-{i:04d}" for i in range(MANY_REPLICAS)
+    ]
+    assert len(table.out.splitlines()) == MANY_REPLICAS + 1
+
+
+async def test_push_of_a_deeply_nested_config_is_refused_naming_the_file(
+    store_server: RunningStore, tmp_path: Path
+) -> None:
+    adapter = write_adapter_dir(tmp_path)
+    (adapter / "adapter_config.json").write_bytes(nested_json(100_000))
+    result = await ctl("push", "alpha", str(adapter), env=_env(store_server))
+    assert result.code == EXIT_FAILED
+    assert "INVALID_ARGUMENT: adapter_config.json: JSON nested more than 64" in result.err

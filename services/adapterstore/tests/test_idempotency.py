@@ -8,13 +8,13 @@ import statistics
 
 import pytest
 
-from loraserve.adapterstore.changelog import (
+from loraserve.adapterstore.logstorage import log_key
+from loraserve.adapterstore.logtypes import (
     CONFLICT_BACKOFF_FIRST_S,
     CONFLICT_BACKOFF_MAX_S,
     LogSettings,
     conflict_backoff,
 )
-from loraserve.adapterstore.logstorage import log_key
 from loraserve.adapterstore.model import REQUEST_KEY_WINDOW, Change, ChangeType, StoreState, now
 from loraserve.adapterstore.storageprobe import PROBE_KEY, check_conditional_put
 from loraserve.adapterstore.store import AdapterStore

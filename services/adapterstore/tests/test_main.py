@@ -50,19 +50,24 @@ def test_missing_bucket_is_refused() -> None:
         parse_settings(["serve"], {})
 
 
-@pytest.mark.slow
-async def test_serve_is_not_serving_until_bucket_exists_and_stops_on_sigterm(
-    s3_server: str,
-) -> None:
-    bucket = S3Bucket(s3_server, f"late-bucket-{os.getpid()}")
-    address = f"127.0.0.1:{free_port()}"
-    env = os.environ | {
+def _store_env(bucket: S3Bucket) -> dict[str, str]:
+    """The environment of an `adapterstore serve` on `bucket`, flags left to env."""
+    return os.environ | {
         "ADAPTERSTORE_S3_ENDPOINT": bucket.endpoint_url,
         "ADAPTERSTORE_BUCKET": bucket.bucket,
         "ADAPTERSTORE_REGION": bucket.region,
         "ADAPTERSTORE_ACCESS_KEY_ID": bucket.access_key_id,
         "ADAPTERSTORE_SECRET_ACCESS_KEY": bucket.secret_access_key,
     }
+
+
+@pytest.mark.slow
+async def test_serve_is_not_serving_until_bucket_exists_and_stops_on_sigterm(
+    s3_server: str,
+) -> None:
+    bucket = S3Bucket(s3_server, f"late-bucket-{os.getpid()}")
+    address = f"127.0.0.1:{free_port()}"
+    env = _store_env(bucket)
     process = await asyncio.create_subprocess_exec(
         sys.executable, "-m", "loraserve.adapterstore", "serve", "--listen", address, env=env
     )
@@ -77,3 +82,32 @@ async def test_serve_is_not_serving_until_bucket_exists_and_stops_on_sigterm(
         if process.returncode is None:
             process.kill()
             await process.wait()
+
+
+@pytest.mark.slow
+async def test_a_retry_at_start_up_is_logged_with_what_attempt_wait_and_error(
+    s3_server: str,
+) -> None:
+    bucket = S3Bucket(s3_server, f"missing-bucket-{os.getpid()}")
+    env = _store_env(bucket)
+    process = await asyncio.create_subprocess_exec(
+        sys.executable,
+        "-m",
+        "loraserve.adapterstore",
+        "serve",
+        "--listen",
+        f"127.0.0.1:{free_port()}",
+        env=env,
+        stderr=asyncio.subprocess.PIPE,
+    )
+    assert process.stderr is not None
+    try:
+        async with asyncio.timeout(GUARD_S):
+            while b"stamina.retry_scheduled" not in (line := await process.stderr.readline()):
+                assert line, "the store exited before retrying"
+    finally:
+        process.kill()
+        await process.wait()
+    text = line.decode()
+    assert "what=adapterstore.start attempt=1 wait_s=" in text
+    assert f"error=UNAVAILABLE: object storage: bucket '{bucket.bucket}' does not exist" in text

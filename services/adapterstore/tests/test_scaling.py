@@ -229,7 +229,7 @@ def _state_of(adapters: int) -> StoreState:
 
 def _comparisons_for_a_page(state: StoreState, after: str) -> int:
     _CountedName.comparisons = 0
-    page = adapter_page(state, 10, 1 << 20, state.seq, after, "", lambda _: 1)
+    page = adapter_page(state, 10, 1 << 20, state.seq, "i", after, "", lambda _: 1)
     assert len(page.adapters) == 10
     return _CountedName.comparisons
 

@@ -12,7 +12,8 @@ from loraserve.adapterstore.changelog import LogSettings
 from loraserve.adapterstore.logstorage import log_key
 from loraserve.adapterstore.model import Change, ChangeType
 from loraserve.adapterstore.push import Chunk
-from loraserve.adapterstore.store import AdapterStore, Heartbeat
+from loraserve.adapterstore.store import AdapterStore
+from loraserve.adapterstore.watching import Heartbeat
 from loraserve.common.errors import Aborted, DataLoss, InvalidArgument, NotFound, OutOfRange
 from loraserve.testing.adapterfiles import tiny_adapter
 from loraserve.testing.adapterstore import StoreFactory

@@ -12,6 +12,7 @@ from loraserve.common.errors import FailedPrecondition, ResourceExhausted
 from loraserve.inference.cache import AdapterCache
 from loraserve.inference.cache.index import INDEX_FILE
 from loraserve.testing.cache_fakes import FakeSource
+from loraserve.testing.waiting import eventually
 
 CONFIG = b'{"r": 8}'
 WEIGHTS = bytes(range(256)) * 40
@@ -19,7 +20,7 @@ SIZE = len(CONFIG) + len(WEIGHTS)
 NAMES = ("a", "b", "c", "d")
 
 
-class Evictor:
+class Holder:
     """The registry's side of an eviction: lets go of whatever it does not hold."""
 
     def __init__(self) -> None:
@@ -37,15 +38,22 @@ class Evictor:
 def source() -> FakeSource:
     source = FakeSource()
     for name in NAMES:
-        source.add(name, 1, {"adapter_config.json": CONFIG, "adapter_model.safetensors": WEIGHTS})
+        # The weights first: the cache finishes (flushes) a file when the next begins, so
+        # a download held after its last chunk has its weights whole on disk.
+        source.add(name, 1, {"adapter_model.safetensors": WEIGHTS, "adapter_config.json": CONFIG})
     return source
 
 
 async def bounded(
-    root: Path, source: FakeSource, revisions: float, evictor: Evictor | None = None
+    root: Path, source: FakeSource, revisions: float, room_wait_s: float = 30.0
 ) -> AdapterCache:
-    cache = AdapterCache(root, source, max_bytes=int(SIZE * revisions), persist_interval_s=0)
-    cache.set_evictor(evictor or Evictor())
+    cache = AdapterCache(
+        root,
+        source,
+        max_bytes=int(SIZE * revisions),
+        persist_interval_s=0,
+        room_wait_s=room_wait_s,
+    )
     await cache.prepare()
     return cache
 
@@ -54,6 +62,11 @@ def bytes_on_disk(root: Path) -> int:
     """Everything the cache keeps, its manifests and index included; not downloads
     in progress."""
     return sum(p.stat().st_size for p in root.rglob("*") if p.is_file() and ".tmp" not in p.parts)
+
+
+def bytes_taken(root: Path) -> int:
+    """Every byte under the cache's root: what it keeps and the downloads in progress."""
+    return sum(p.stat().st_size for p in root.rglob("*") if p.is_file())
 
 
 def on_disk(root: Path) -> set[str]:
@@ -77,33 +90,116 @@ async def test_download_evicts_the_least_recently_used_revision_to_stay_under_th
 
 
 async def test_revision_its_holder_keeps_is_not_evicted(tmp_path: Path, source: FakeSource) -> None:
-    evictor = Evictor()
-    evictor.held.add(("a", 1))
-    cache = await bounded(tmp_path / "cache", source, 2.5, evictor)
-    await cache.fetch("a", 1)
-    await cache.fetch("b", 1)
+    holder = Holder()
+    holder.held.add(("a", 1))
+    cache = await bounded(tmp_path / "cache", source, 2.5)
+    await cache.fetch("a", 1, holder=holder)
+    await cache.fetch("b", 1, holder=holder)
 
-    await cache.fetch("c", 1)
+    await cache.fetch("c", 1, holder=holder)
 
     assert on_disk(cache.root) == {"a", "c"}
-    assert evictor.released == [("b", 1)]
+    assert holder.released == [("b", 1)]
 
 
 async def test_download_that_cannot_get_room_is_resource_exhausted_and_keeps_the_bound(
     tmp_path: Path, source: FakeSource
 ) -> None:
-    evictor = Evictor()
-    evictor.held |= {("a", 1), ("b", 1)}
-    cache = await bounded(tmp_path / "cache", source, 2.5, evictor)
-    await cache.fetch("a", 1)
-    await cache.fetch("b", 1)
+    holder = Holder()
+    holder.held |= {("a", 1), ("b", 1)}
+    cache = await bounded(tmp_path / "cache", source, 2.5, room_wait_s=0.1)
+    await cache.fetch("a", 1, holder=holder)
+    await cache.fetch("b", 1, holder=holder)
 
     with pytest.raises(ResourceExhausted, match="adapter cache full"):
-        await cache.fetch("c", 1)
+        await cache.fetch("c", 1, holder=holder)
 
     assert on_disk(cache.root) == {"a", "b"}
     assert source.downloads == 2
     assert list((cache.root / ".tmp").iterdir()) == []
+
+
+async def test_downloads_that_together_pass_the_bound_wait_for_room_and_all_land(
+    tmp_path: Path, source: FakeSource
+) -> None:
+    cache = await bounded(tmp_path / "cache", source, 2.5)
+    source.hold = asyncio.Event()
+    fetches = [asyncio.create_task(cache.fetch(name, 1)) for name in ("a", "b", "c")]
+    try:
+        await eventually(lambda: source.holding >= 2, "two downloads on disk and not over")
+        # Sampled on disk while two transfers are there and the third waits for room.
+        peak = bytes_taken(cache.root)
+        started = source.downloads
+    finally:
+        source.hold.set()
+
+    fetched = await asyncio.gather(*fetches)
+
+    assert [rev.name for rev in fetched] == ["a", "b", "c"]
+    assert (started, source.downloads) == (2, 3)
+    assert 2 * len(WEIGHTS) <= peak <= SIZE * 2.5
+    await cache.close()
+    assert bytes_on_disk(cache.root) <= SIZE * 2.5
+
+
+async def test_download_waiting_for_room_goes_once_its_holder_lets_go(
+    tmp_path: Path, source: FakeSource
+) -> None:
+    holder = Holder()
+    holder.held |= {("a", 1), ("b", 1)}
+    cache = await bounded(tmp_path / "cache", source, 2.5)
+    await cache.fetch("a", 1, holder=holder)
+    await cache.fetch("b", 1, holder=holder)
+    waiting = asyncio.create_task(cache.fetch("c", 1, holder=holder))
+    await asyncio.sleep(0)
+    assert not waiting.done()
+
+    holder.held.discard(("a", 1))
+    cache.hold_ended()
+    await waiting
+
+    assert on_disk(cache.root) == {"b", "c"}
+    assert holder.released == [("a", 1)]
+
+
+async def test_downloads_waiting_for_room_go_first_come_first_served(
+    tmp_path: Path, source: FakeSource
+) -> None:
+    holder = Holder()
+    holder.held |= {("a", 1), ("b", 1)}
+    cache = await bounded(tmp_path / "cache", source, 2.5)
+    await cache.fetch("a", 1, holder=holder)
+    await cache.fetch("b", 1, holder=holder)
+    landed: list[str] = []
+
+    async def fetch(name: str) -> None:
+        await cache.fetch(name, 1, holder=holder)
+        landed.append(name)
+
+    waiting = [asyncio.create_task(fetch(name)) for name in ("c", "d")]
+    await asyncio.sleep(0)
+    holder.held.clear()
+    cache.hold_ended()
+    await asyncio.gather(*waiting)
+
+    assert landed == ["c", "d"]
+
+
+async def test_room_that_never_frees_names_what_holds_the_bytes(
+    tmp_path: Path, source: FakeSource
+) -> None:
+    cache = await bounded(tmp_path / "cache", source, 2.5, room_wait_s=0.1)
+    source.hold = asyncio.Event()
+    held = [asyncio.create_task(cache.fetch(name, 1)) for name in ("a", "b")]
+    await eventually(lambda: source.holding == 2, "two downloads in progress")
+
+    with pytest.raises(ResourceExhausted) as refused:
+        await cache.fetch("c", 1)
+
+    assert "reserved by 2 downloads in progress" in refused.value.message
+    assert "c@1 needs" in refused.value.message
+    source.hold.set()
+    await asyncio.gather(*held)
 
 
 async def test_revision_larger_than_the_bound_is_refused_before_downloading(
@@ -117,21 +213,25 @@ async def test_revision_larger_than_the_bound_is_refused_before_downloading(
     assert source.downloads == 0
 
 
-async def test_concurrent_downloads_together_stay_under_the_bound(
+async def test_concurrent_downloads_stay_under_the_bound_while_they_transfer(
     tmp_path: Path, source: FakeSource
 ) -> None:
     cache = await bounded(tmp_path / "cache", source, 2.5)
     await cache.fetch("a", 1)
-    source.gate = asyncio.Event()
+    source.hold = asyncio.Event()
     fetches = [asyncio.create_task(cache.fetch(name, 1)) for name in ("b", "c")]
-    await asyncio.sleep(0.05)
-    source.gate.set()
-
+    try:
+        await eventually(lambda: source.holding == 2, "both downloads on disk and not over")
+        during = bytes_taken(cache.root)
+    finally:
+        source.hold.set()
     await asyncio.gather(*fetches)
 
+    # Both transfers were seen on disk, and with what the cache kept they fit the bound.
+    assert 2 * len(WEIGHTS) <= during <= SIZE * 2.5
     assert on_disk(cache.root) == {"b", "c"}
     await cache.close()
-    assert bytes_on_disk(cache.root) <= SIZE * 2.5
+    assert bytes_taken(cache.root) <= SIZE * 2.5
 
 
 async def test_order_of_use_survives_a_restart(tmp_path: Path, source: FakeSource) -> None:

@@ -21,7 +21,7 @@ from loraserve.inference.serving.generation import (
     SamplingRequest,
     Usage,
 )
-from loraserve.testing.inference_fakes import FakeEngine, make_revision
+from loraserve.testing.inference_fakes import CacheDirectory, FakeEngine, make_revision
 
 
 @pytest.fixture
@@ -34,8 +34,8 @@ async def registry(engine: FakeEngine, tmp_path: Path) -> AdapterRegistry:
     compat = CompatibilityChecker(
         max_lora_rank=16, target_modules=LLAMA_TARGET_MODULES, served_model_name="fake-llama"
     )
-    registry = AdapterRegistry(engine, cache_dir=tmp_path, compat=compat)
-    await registry.install(make_revision(tmp_path, "alpha", 3), make_current=True)
+    registry = AdapterRegistry(engine, CacheDirectory(tmp_path), compat)
+    await registry.install(make_revision(tmp_path, "alpha", 3).manifest, make_current=True)
     return registry
 
 

@@ -9,40 +9,24 @@ from pathlib import Path
 import pytest
 
 from loraserve.common.errors import FailedPrecondition, NotFound
+from loraserve.common.manifest import RevisionKey
 from loraserve.common.names import AdapterRef, parse_adapter_ref
 from loraserve.inference.adapters import (
-    LLAMA_TARGET_MODULES,
     AdapterRegistry,
-    AdapterState,
-    CompatibilityChecker,
+    RevisionState,
     Tier,
 )
+from loraserve.inference.adapters.state import RevisionEntry
 from loraserve.testing.inference_fakes import FakeEngine, FakeFetcher, fake_manifest
 from loraserve.testing.waiting import eventually
 
 
 @pytest.fixture
-def fetcher(tmp_path: Path) -> FakeFetcher:
-    (tmp_path / "cache").mkdir()
-    fetcher = FakeFetcher(tmp_path / "cache")
+def fetcher(cache_dir: Path) -> FakeFetcher:
+    fetcher = FakeFetcher(cache_dir)
     for revision in (1, 2):
         fetcher.publish("alpha", revision)
     return fetcher
-
-
-@pytest.fixture
-def engine() -> FakeEngine:
-    return FakeEngine()
-
-
-@pytest.fixture
-def registry(engine: FakeEngine, fetcher: FakeFetcher) -> AdapterRegistry:
-    compat = CompatibilityChecker(
-        max_lora_rank=16, target_modules=LLAMA_TARGET_MODULES, served_model_name="fake-llama"
-    )
-    return AdapterRegistry(
-        engine, cache_dir=fetcher.cache_dir, compat=compat, fetcher=fetcher, max_pinned=2
-    )
 
 
 async def serve(registry: AdapterRegistry, ref: str) -> int:
@@ -91,7 +75,7 @@ async def test_request_that_gives_up_leaves_the_load_to_finish(
     with pytest.raises(asyncio.CancelledError):
         await request
     fetcher.gate.set()
-    await registry.settle()
+    await registry.wait_background()
 
     assert registry.current_revision("alpha") == 1
     assert await serve(registry, "alpha") == 1
@@ -110,7 +94,7 @@ async def test_delete_during_a_load_on_miss_fails_the_request_and_keeps_nothing(
 
     with pytest.raises(NotFound, match="deleted"):
         await request
-    await registry.settle()
+    await registry.wait_background()
     assert engine.loaded == {}
     assert registry.snapshot() == []
     assert not (fetcher.cache_dir / "alpha" / "1").exists()
@@ -127,7 +111,7 @@ async def test_newer_target_during_a_load_on_miss_serves_the_newer_revision(
     fetcher.gate.set()
 
     assert await request == 2
-    await registry.settle()
+    await registry.wait_background()
     assert registry.current_revision("alpha") == 2
     assert [h.lora_name for h in engine.loaded.values()] == ["alpha@2"]
     assert not (fetcher.cache_dir / "alpha" / "1").exists()
@@ -197,7 +181,7 @@ async def test_new_target_takes_the_route_from_a_loaded_older_revision(
     await serve(registry, "alpha")
 
     registry.set_target(fake_manifest("alpha", 2))
-    await registry.settle()
+    await registry.wait_background()
 
     assert registry.current_revision("alpha") is None
     assert engine.loaded == {}
@@ -212,7 +196,13 @@ async def test_snapshot_lists_a_target_not_loaded_as_available_in_its_tier(
     [status] = registry.snapshot()
 
     assert (status.state, status.current, status.tier) == (
-        AdapterState.AVAILABLE,
+        RevisionState.AVAILABLE,
         True,
         Tier.STORE,
     )
+
+
+def test_a_landed_revision_whose_requests_have_not_run_yet_is_not_released() -> None:
+    entry = RevisionEntry(RevisionKey("alpha", 1), RevisionState.READY, waiters=1)
+
+    assert not entry.releasable

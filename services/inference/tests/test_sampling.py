@@ -57,6 +57,7 @@ def test_defaulted_fields_are_vllm_servers() -> None:
         ({"top_k": 5}, "top_k", 5),
         ({"ignore_eos": True}, "ignore_eos", True),
         ({"stop": ("\n",)}, "stop", ["\n"]),
+        ({"stream_interval": 4}, "stream_interval", 4),
     ],
 )
 def test_each_option_reaches_vllms_sampling_params(
@@ -153,6 +154,7 @@ def test_every_grpc_sampling_field_maps_onto_the_request() -> None:
         logprobs=2,
         prompt_logprobs=1,
         structured_output=pb.StructuredOutput(choice=pb.Choices(values=["a", "b"])),
+        stream_interval=4,
     )
     mapped = sampling_request(message)
     # Every proto field has its SamplingRequest twin, so none can be dropped unnoticed.
@@ -182,7 +184,13 @@ def test_every_grpc_sampling_field_maps_onto_the_request() -> None:
         logprobs=2,
         prompt_logprobs=1,
         structured_output=StructuredOutput(choice=("a", "b")),
+        stream_interval=4,
     )
+
+
+def test_stream_interval_below_one_is_invalid_naming_the_field() -> None:
+    with pytest.raises(InvalidArgument, match=r"sampling\.stream_interval"):
+        vllm_sampling_params(SamplingRequest(stream_interval=0), 8, NO_DEFAULTS)
 
 
 @pytest.mark.parametrize(
@@ -225,6 +233,7 @@ def test_the_client_sends_every_option() -> None:
         logprobs=2,
         prompt_logprobs=1,
         regex="[ab]+",
+        stream_interval=3,
     )
     assert sampling_request(sampling.to_proto()) == SamplingRequest(
         n=2,
@@ -242,4 +251,5 @@ def test_the_client_sends_every_option() -> None:
         logprobs=2,
         prompt_logprobs=1,
         structured_output=StructuredOutput(regex="[ab]+"),
+        stream_interval=3,
     )

@@ -18,7 +18,7 @@ from loraserve.testing.waiting import eventually
 
 def slow_retries(h: Harness) -> None:
     h.sync = Synchronizer(
-        h.store, h.fetcher, h.registry, SyncSettings(initial_backoff_s=600, max_backoff_s=600)
+        h.store, h.registry, settings=SyncSettings(initial_backoff_s=600, max_backoff_s=600)
     )
 
 

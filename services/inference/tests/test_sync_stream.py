@@ -80,7 +80,7 @@ async def test_report_that_fails_is_sent_again_after_reconnecting() -> None:
 
 async def test_replica_reports_its_adapters_again_when_the_store_forgot_its_statuses() -> None:
     h = Harness(listing(1, ("a", 1), ("b", 2)))
-    h.sync = Synchronizer(h.store, h.fetcher, h.registry, replace(FAST, status_interval_s=0.001))
+    h.sync = Synchronizer(h.store, h.registry, settings=replace(FAST, status_interval_s=0.001))
     h.store.open_stream()
     async with running(h):
         await h.started()

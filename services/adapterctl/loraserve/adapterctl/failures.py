@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import grpc
 
+from loraserve.adapterctl import entry
 from loraserve.common.errors import LoraserveError
 
 EXIT_OK = 0
@@ -21,7 +22,7 @@ EXIT_FAILED = 1
 EXIT_USAGE = 2
 EXIT_UNREACHABLE = 3
 EXIT_NOT_ALLOWED = 4
-EXIT_INTERRUPTED = 130
+EXIT_INTERRUPTED = entry.EXIT_INTERRUPTED
 
 _UNREACHABLE_CODES = frozenset({grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED})
 _NOT_ALLOWED_CODES = frozenset({grpc.StatusCode.UNAUTHENTICATED, grpc.StatusCode.PERMISSION_DENIED})

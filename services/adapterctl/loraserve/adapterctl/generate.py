@@ -86,7 +86,8 @@ async def cmd_generate(args: argparse.Namespace, settings: CtlSettings, console:
                     ended_with_newline = response.text.endswith("\n")
     if settings.json:
         return EXIT_OK
-    if not ended_with_newline and console.stdout_is_tty:
+    if not ended_with_newline:
+        # Piped or not, output is lines: a file or `wc -l` gets the last one whole.
         console.out("")
     if first is not None and last is not None and console.stderr_is_tty:
         console.err(summary(first, last))

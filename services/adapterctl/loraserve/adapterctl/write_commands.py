@@ -53,7 +53,7 @@ async def cmd_push(args: argparse.Namespace, settings: CtlSettings, console: Con
                 idempotency_key=key,
                 progress=progress.advance,
                 on_retry=lambda exc: console.err(
-                    f"push of {name} failed: UNAVAILABLE: {exc.details()}; retrying"
+                    f"push of {name} failed: {exc.code().name}: {exc.details()}; retrying"
                 ),
             )
         finally:

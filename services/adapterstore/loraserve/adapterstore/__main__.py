@@ -15,8 +15,6 @@ import os
 import sys
 from collections.abc import Sequence
 
-import stamina
-
 from loraserve.adapterstore.changelog import ChangeLog
 from loraserve.adapterstore.health import follow_freshness
 from loraserve.adapterstore.metrics import StoreMetrics
@@ -31,7 +29,9 @@ from loraserve.adapterstore.servicer import (
 from loraserve.adapterstore.settings import AdapterStoreSettings, parse_settings
 from loraserve.adapterstore.status import ReplicaStatusStore
 from loraserve.adapterstore.store import AdapterStore
+from loraserve.common import retrylog
 from loraserve.common.errors import DataLoss, FailedPrecondition, LoraserveError, Unavailable
+from loraserve.common.metrics_http import serve_metrics
 from loraserve.common.server import install_stop_signals, start_server
 
 log = logging.getLogger("loraserve.adapterstore")
@@ -61,7 +61,8 @@ async def _start_when_reachable(
 
 
 async def _start_with_retries(blobs: S3BlobStore, store: AdapterStore) -> None:
-    async for attempt in stamina.retry_context(
+    async for attempt in retrylog.retry_context(
+        "adapterstore.start",
         on=(Unavailable, DataLoss),
         attempts=None,
         timeout=None,
@@ -98,9 +99,10 @@ async def serve(settings: AdapterStoreSettings) -> int:
         security=settings.security,
         write_methods=WRITE_METHODS,
         replica_methods=REPLICA_METHODS,
+        max_connection_age_s=settings.max_connection_age_s,
     )
-    if settings.metrics_port is not None:
-        StoreMetrics(store).serve(settings.metrics_port)
+    if settings.metrics_listen is not None:
+        serve_metrics(StoreMetrics(store).registry, settings.metrics_listen)
     stop = asyncio.Event()
     install_stop_signals(stop)
     log.info("store.starting bucket=%s prefix=%s", settings.s3.bucket, settings.s3.prefix)
@@ -135,6 +137,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     logging.basicConfig(
         level=settings.log_level, format="%(asctime)s %(levelname)s %(name)s %(message)s"
     )
+    retrylog.install()
     return asyncio.run(serve(settings))
 
 

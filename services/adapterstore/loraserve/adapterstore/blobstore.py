@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
+from datetime import datetime
 from typing import Protocol
 
 BLOB_PREFIX = "blobs/sha256/"
@@ -25,6 +26,15 @@ class BlobNotFound(Exception):
     def __init__(self, key: str) -> None:
         super().__init__(f"no object at key {key!r}")
         self.key = key
+
+
+@dataclass(frozen=True, slots=True)
+class StoredObject:
+    """A key as a listing names it, with its version tag: an ETag changes whenever
+    the object is written again, so a reader can keep what it read under it."""
+
+    key: str
+    etag: str
 
 
 @dataclass(frozen=True, slots=True)
@@ -61,6 +71,10 @@ class BlobStore(Protocol):
         bytes go straight towards their content address (and skips sending bytes a
         blob there already holds); `keep` then refuses any other content."""
 
+    async def sweep_stale_uploads(self, cutoff: datetime) -> int:
+        """Deletes what uploads started before `cutoff` left unfinished (a process
+        killed mid-push); returns how many it deleted."""
+
     async def put(self, key: str, data: bytes) -> None:
         """Writes a small object, replacing any object at `key`."""
 
@@ -75,6 +89,12 @@ class BlobStore(Protocol):
 
     async def list_keys(self, prefix: str, start_after: str = "", limit: int = 0) -> list[str]:
         """Keys under `prefix` after `start_after`, in order; all of them when limit is 0."""
+
+    async def list_objects(
+        self, prefix: str, start_after: str = "", limit: int = 0
+    ) -> list[StoredObject]:
+        """Keys under `prefix` after `start_after`, in order, each with its ETag; all
+        of them when limit is 0."""
 
     async def delete(self, keys: list[str]) -> None:
         """Deletes keys; missing keys are not an error."""

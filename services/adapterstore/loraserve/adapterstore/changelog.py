@@ -1,35 +1,15 @@
 """The change log: commits, catching up with other replicas, following, freshness.
 
-The objects it keeps in storage, and retention, are described in logstorage.py.
-
-A process folds the latest snapshot and the log after it into its `state`, then
-keeps following the log: it polls for the next seq, and a commit that loses the
-race (the key exists) re-reads the log and retries with the next seq, after a
-jittered backoff. One process also serialises its own commits with a lock: it
-must never race itself, and the embedded S3 emulator checks preconditions
-without one.
-
-Every entry carries a unique commit id. A put whose outcome is ambiguous (a 412,
-which the SDK's retry of our own put whose reply was lost also gets, or a put
-that failed after its retries) reads the entry back: our commit id there means
-the commit happened. A change made for a client's idempotency key records the
-key in its entry; the folded state remembers recent keys, so a retried request
-is answered with the change it made instead of a second one.
-
-Freshness: every catch-up that reads up to the log's head records when it did
-(`synced_time`). The poller survives any error (logged, retried with backoff),
-so a store replica that cannot reach storage, or whose poller has stopped, shows
-a growing `staleness_s`: health and watch heartbeats report it.
-
-Retention (see logstorage.py): a process that finds the entry it needs gone
-while a snapshot of a later seq exists reloads the latest snapshot; watchers that
-needed the deleted entries get OUT_OF_RANGE.
-
-Costs that do not grow with the store: a commit reads the next entry (missing at
-the head), the last entry of the block before it (see logstorage.is_gap) and
-writes its entry; every `snapshot_every` commits a snapshot is encoded from the
-adapters' cached encodings (only those changed since are encoded again) and
-written, with the pruning, in the background.
+Invariants (the story, and what each costs: docs/design.md, "Adapter store"):
+- every seq is written once, with a conditional put; a lost race re-reads the log
+  and retries with the next seq, and one process never races itself (a lock);
+- an ambiguous put is read back: the entry's commit id says whether it happened;
+- a change made for an idempotency key is made once, however often it is retried;
+- `state` is the latest snapshot folded with every entry after it, up to the head
+  last read; `synced_time` is when a catch-up last read up to the head, and the
+  poller never stops on an error;
+- a commit reads a bounded number of objects whatever the store holds; snapshots
+  and pruning run in the background. Storage layout and retention: logstorage.py.
 """
 
 from __future__ import annotations
@@ -42,19 +22,22 @@ import logging
 import time
 import uuid
 from collections import deque
-from collections.abc import Callable
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from datetime import datetime
 
 from loraserve.adapterstore.blobstore import BlobNotFound, BlobStore
+from loraserve.adapterstore.incarnation import current_incarnation, ensure_incarnation
 from loraserve.adapterstore.logstorage import (
     is_gap,
     latest_snapshot,
     log_key,
+    log_snapshot_bug,
     parse_change,
     read_entries,
     snapshot_and_prune,
 )
+from loraserve.adapterstore.logtypes import ChangeBuilder, RequestTag, conflict_backoff
+from loraserve.adapterstore.logtypes import LogSettings as LogSettings
 from loraserve.adapterstore.model import Change, RequestRecord, StoreState, now
 from loraserve.adapterstore.storageprobe import check_conditional_put
 from loraserve.common.backoff import Backoff
@@ -75,39 +58,6 @@ _GAP_CHECK_EVERY = 25
 _READ_BATCH = 256
 # Longest pause between polls while storage keeps failing.
 _MAX_POLL_BACKOFF_S = 10.0
-# Waits between lost races: replicas that keep colliding spread out instead of
-# retrying in lockstep.
-CONFLICT_BACKOFF_FIRST_S = 0.005
-CONFLICT_BACKOFF_MAX_S = 0.5
-
-
-def conflict_backoff() -> Backoff:
-    return Backoff(CONFLICT_BACKOFF_FIRST_S, CONFLICT_BACKOFF_MAX_S)
-
-
-@dataclass(frozen=True, slots=True)
-class LogSettings:
-    poll_interval: float = 0.25  # seconds between looks for other replicas' commits
-    snapshot_every: int = 100  # commits between snapshots
-    log_retention: int = 10_000  # newest entries always kept; 0 keeps the whole log
-    memory_events: int = 10_000  # newest changes kept in memory for watchers
-
-    def __post_init__(self) -> None:
-        if self.poll_interval <= 0 or self.snapshot_every < 1 or self.log_retention < 0:
-            raise ValueError(f"invalid log settings: {self}")
-
-
-# Builds the change to commit at `seq` from the freshest state; None means nothing to do.
-# It may raise a domain error (NotFound, Aborted...) that the state justifies.
-ChangeBuilder = Callable[[StoreState, int], Change | None]
-
-
-@dataclass(frozen=True, slots=True)
-class RequestTag:
-    """A client's idempotency key and a digest of what its request asks for."""
-
-    key: str
-    digest: str
 
 
 class ChangeLog:
@@ -115,6 +65,7 @@ class ChangeLog:
         self._blobs = blobs
         self._settings = settings
         self._state = StoreState()
+        self._incarnation = ""
         self._events: deque[Change] = deque(maxlen=settings.memory_events)
         self._lock = asyncio.Lock()
         self._changed = asyncio.Event()
@@ -132,6 +83,11 @@ class ChangeLog:
     @property
     def head_seq(self) -> int:
         return self._state.seq
+
+    @property
+    def incarnation(self) -> str:
+        """The bucket's incarnation id (see incarnation.py); "" before `start`."""
+        return self._incarnation
 
     @property
     def synced_time(self) -> datetime:
@@ -153,9 +109,15 @@ class ChangeLog:
         the log after it, then follows the log."""
         await check_conditional_put(self._blobs)
         async with self._lock:
+            self._incarnation = await ensure_incarnation(self._blobs)
             await self._load_snapshot()
             await self._catch_up(check_gaps=True)
-        log.info("log.loaded seq=%d adapters=%d", self._state.seq, len(self._state.adapters))
+        log.info(
+            "log.loaded seq=%d adapters=%d incarnation=%s",
+            self._state.seq,
+            len(self._state.adapters),
+            self._incarnation,
+        )
         self._poller = asyncio.create_task(self._poll_forever(), name="changelog-poller")
 
     async def close(self) -> None:
@@ -231,6 +193,16 @@ class ChangeLog:
         self._apply(stored)
         return False
 
+    async def committed(self, request: RequestTag | None) -> Change | None:
+        """The change `request`'s key already made, as `commit` would answer it
+        (InvalidArgument when the key came with another request); None when the key
+        is new here (or there is none), or when storage cannot be read now (`commit`
+        checks again)."""
+        if request is None or not await self.sync():
+            return None
+        record = self._state.requests.get(request.key)
+        return None if record is None else await self._replay(request, record)
+
     async def _replay(self, request: RequestTag, record: RequestRecord) -> Change:
         if record.digest != request.digest:
             raise InvalidArgument(
@@ -280,13 +252,15 @@ class ChangeLog:
         return await read_entries(self._blobs, first, min(head, first + _READ_BATCH - 1))
 
     async def wait_for_change(self, after_seq: int, timeout: float) -> bool:
-        """Waits until the head passes `after_seq`; False if `timeout` seconds pass first."""
-        while self._state.seq <= after_seq:
+        """Waits until the head passes `after_seq` or the incarnation changes; False if
+        `timeout` seconds pass first."""
+        incarnation = self._incarnation
+        while self._state.seq <= after_seq and self._incarnation == incarnation:
             changed = self._changed
             try:
                 await asyncio.wait_for(changed.wait(), timeout)
             except TimeoutError:
-                return self._state.seq > after_seq
+                return self._state.seq > after_seq or self._incarnation != incarnation
         return True
 
     def _snapshot(self) -> None:
@@ -309,11 +283,15 @@ class ChangeLog:
             ),
             name=f"changelog-snapshot-{self._state.seq}",
         )
-        self._snapshotting.add_done_callback(_log_snapshot_bug)
+        self._snapshotting.add_done_callback(log_snapshot_bug)
 
     def _apply(self, change: Change) -> None:
         self._state.apply(change)
         self._events.append(change)
+        self._wake()
+
+    def _wake(self) -> None:
+        """Wakes everyone waiting for a change."""
         changed, self._changed = self._changed, asyncio.Event()
         changed.set()
 
@@ -335,6 +313,23 @@ class ChangeLog:
                 continue
             self._apply(parse_change(data, self._state.seq + 1))
 
+    async def _check_incarnation(self) -> None:
+        """Starts over from the bucket's state when its incarnation is not the one
+        this replica loaded (see incarnation.py). Holds the lock."""
+        incarnation = await current_incarnation(self._blobs, self._incarnation)
+        if incarnation == self._incarnation:
+            return
+        log.warning(
+            "log.incarnation_changed old=%s new=%s old_seq=%d: reloading from storage",
+            self._incarnation,
+            incarnation,
+            self._state.seq,
+        )
+        self._incarnation, self._state = incarnation, StoreState()
+        self._events.clear()
+        await self._load_snapshot()
+        self._wake()  # watchers find the incarnation changed (see watching.py)
+
     async def _load_snapshot(self) -> bool:
         """Replaces the state with the latest snapshot if it is ahead; True if it was."""
         state = await latest_snapshot(self._blobs)
@@ -343,8 +338,7 @@ class ChangeLog:
         self._state = state
         # The in-memory history must stay contiguous with the state.
         self._events.clear()
-        changed, self._changed = self._changed, asyncio.Event()
-        changed.set()
+        self._wake()
         log.info("log.snapshot_loaded seq=%d", state.seq)
         return True
 
@@ -357,7 +351,10 @@ class ChangeLog:
             await asyncio.sleep(delay)
             try:
                 async with self._lock:
-                    await self._catch_up(check_gaps=polls % _GAP_CHECK_EVERY == 0)
+                    check_gaps = polls % _GAP_CHECK_EVERY == 0
+                    if check_gaps:
+                        await self._check_incarnation()
+                    await self._catch_up(check_gaps=check_gaps)
             except (Unavailable, DataLoss) as e:
                 delay = backoff.next_delay()
                 log.warning(
@@ -378,10 +375,3 @@ class ChangeLog:
             else:
                 backoff.reset()
                 delay = self._settings.poll_interval
-
-
-def _log_snapshot_bug(task: asyncio.Task[None]) -> None:
-    """A snapshot failing other than for storage being unavailable is a bug; nobody
-    awaits the task, so it is logged here. The next snapshot covers the skipped one."""
-    if not task.cancelled() and (exc := task.exception()) is not None:
-        log.error("log.snapshot_bug", exc_info=exc)

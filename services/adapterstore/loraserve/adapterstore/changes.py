@@ -8,7 +8,7 @@ commit.
 
 from __future__ import annotations
 
-from loraserve.adapterstore.changelog import ChangeBuilder
+from loraserve.adapterstore.logtypes import ChangeBuilder
 from loraserve.adapterstore.lookup import find_adapter, find_revision
 from loraserve.adapterstore.model import Change, ChangeType, StoreState, now
 from loraserve.adapterstore.push import PushHeader

@@ -12,8 +12,10 @@ import hashlib
 import json
 import re
 
-from loraserve.adapterstore.changelog import RequestTag
+from loraserve.adapterstore.logtypes import RequestTag
+from loraserve.adapterstore.push import PushHeader
 from loraserve.common.errors import InvalidArgument
+from loraserve.common.manifest import FileInfo
 
 # Clients send a UUID; the limit keeps keys small in every log entry and snapshot.
 _IDEMPOTENCY_KEY = re.compile(r"[A-Za-z0-9._:-]{1,128}")
@@ -34,3 +36,16 @@ def request_tag(key: str, *request: object) -> RequestTag | None:
         return None
     canonical = json.dumps(request, separators=(",", ":"), sort_keys=True)
     return RequestTag(key, hashlib.sha256(canonical.encode()).hexdigest())
+
+
+def push_request_tag(header: PushHeader, files: tuple[FileInfo, ...]) -> RequestTag | None:
+    """What a push asks for, as its idempotency key's digest covers it: the header's
+    name, flags and description with each file's name, size and sha256."""
+    return request_tag(
+        header.idempotency_key,
+        "push",
+        header.name,
+        [f.to_json() for f in files],
+        header.no_promote,
+        header.description,
+    )

@@ -24,6 +24,7 @@ class AdapterPage:
     adapters: list[Adapter]
     next_page_token: str
     seq: int
+    incarnation: str
 
 
 @dataclass(frozen=True, slots=True)
@@ -38,6 +39,7 @@ def adapter_page(
     size: int,
     max_page_bytes: int,
     seq: int,
+    incarnation: str,
     after: str,
     base_model: str,
     size_of: Callable[[Adapter], int],
@@ -56,24 +58,26 @@ def adapter_page(
         if base_model and (current is None or current.base_model != base_model):
             continue
         if not fill.room_for(size_of(adapter)):
-            next_token = pagetokens.encode_listing_token(seq, selected[-1].name)
+            next_token = pagetokens.encode_listing_token(seq, incarnation, selected[-1].name)
             break
         selected.append(detached(adapter))
-    return AdapterPage(selected, next_token, seq)
+    return AdapterPage(selected, next_token, seq, incarnation)
 
 
 def revision_page(
     adapter: Adapter,
     size: int,
     max_page_bytes: int,
-    token: str,
+    before: int,
     size_of: Callable[[Revision], int],
 ) -> RevisionPage:
-    """The adapter's revisions, newest first, older than the one `token` names."""
-    try:
-        before = int(token) if token else adapter.latest_revision + 1
-    except ValueError:
-        raise InvalidArgument("invalid page_token for ListRevisions") from None
+    """The adapter's revisions, newest first, older than `before` (0: from the newest)."""
+    if before > adapter.latest_revision:
+        raise InvalidArgument(
+            f"page_token names revision {before}, beyond {adapter.name}'s latest "
+            f"{adapter.latest_revision}; list from the first page"
+        )
+    before = before or adapter.latest_revision + 1
     numbers = sorted((n for n in adapter.revisions if n < before), reverse=True)
     fill = PageFill(size, max_page_bytes)
     page: list[int] = []
@@ -81,5 +85,9 @@ def revision_page(
         if not fill.room_for(size_of(adapter.revisions[number])):
             break
         page.append(number)
-    next_token = pagetokens.encode_token(str(page[-1])) if len(numbers) > len(page) else ""
+    next_token = (
+        pagetokens.encode_revisions_token(adapter.name, page[-1])
+        if len(numbers) > len(page)
+        else ""
+    )
     return RevisionPage([adapter.revisions[n] for n in page], next_token, adapter.current_revision)

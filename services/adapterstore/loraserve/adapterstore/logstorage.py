@@ -147,3 +147,10 @@ async def _prune(blobs: BlobStore, snapshot_seq: int, retention_floor: int) -> N
     await blobs.delete(snapshots[: -1 - _OLD_SNAPSHOTS_KEPT])
     if first <= cutoff:
         log.info("log.pruned through_seq=%d entries=%d", cutoff, cutoff - first + 1)
+
+
+def log_snapshot_bug(task: asyncio.Task[None]) -> None:
+    """A snapshot failing other than for storage being unavailable is a bug; nobody
+    awaits the task, so it is logged here. The next snapshot covers the skipped one."""
+    if not task.cancelled() and (exc := task.exception()) is not None:
+        log.error("log.snapshot_bug", exc_info=exc)

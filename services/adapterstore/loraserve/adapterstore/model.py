@@ -47,6 +47,14 @@ class Adapter:
     def current(self) -> Revision | None:
         return self.revisions.get(self.current_revision)
 
+    @property
+    def create_seq(self) -> int:
+        """The adapter's incarnation: the seq of the push that created it, its first
+        revision since the name was last deleted. Revisions are never removed one by
+        one (a delete removes them all) and are kept in the order they were pushed,
+        so that is the first one's seq."""
+        return next(iter(self.revisions.values())).seq
+
     def to_json(self) -> dict[str, Any]:
         return {
             "name": self.name,

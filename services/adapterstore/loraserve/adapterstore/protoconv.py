@@ -5,8 +5,8 @@ from __future__ import annotations
 from loraserve.adapterstore.model import Adapter, Change, ChangeType
 from loraserve.adapterstore.push import Chunk, PushHeader
 from loraserve.adapterstore.status import ReplicaError, ReplicaStatus, Report, ReportType
-from loraserve.adapterstore.store import Heartbeat
 from loraserve.adapterstore.v1 import adapterstore_pb2 as pb
+from loraserve.adapterstore.watching import Heartbeat
 from loraserve.common.errors import InvalidArgument
 from loraserve.common.manifest import FileInfo, Revision, revision_to_proto, timestamp
 
@@ -30,6 +30,7 @@ def adapter(value: Adapter) -> pb.Adapter:
         latest_revision=value.latest_revision,
         create_time=timestamp(value.create_time),
         update_time=timestamp(value.update_time),
+        create_seq=value.create_seq,
     )
     if value.current is not None:
         message.current.CopyFrom(revision_to_proto(value.current))
@@ -57,6 +58,7 @@ def watch_response(value: Change | Heartbeat) -> pb.WatchAdaptersResponse:
                 seq=value.seq,
                 time=timestamp(value.time),
                 synced_time=timestamp(value.synced_time),
+                incarnation=value.incarnation,
             )
         )
     return pb.WatchAdaptersResponse(event=event(value))

@@ -2,36 +2,43 @@
 
 Files arrive as chunks, file by file in header order, offsets sequential. Each
 file streams into its own upload, so memory stays bounded by the upload's parts
-in flight. The safetensors header is checked as soon as it has arrived, so a bad
-file is refused before gigabytes are uploaded. Uploads stay invisible until the
-whole push has validated and `keep_files` keeps them; on any failure before that,
-cancellation included, every upload is aborted before the error propagates.
+in flight. The safetensors header is checked as soon as it has arrived, and every
+weight value (finite: `loraserve.common.lora_values`) as its chunk arrives, before
+the chunk is uploaded, so a bad file is refused before gigabytes are uploaded.
+Uploads stay invisible until the whole push has validated and `keep_files` keeps
+them; on any failure before that, cancellation included, every upload is aborted
+before the error propagates. The abort runs in its own task, shielded: grpc cancels
+a cancelled call's handler again while it cleans up, and an abort cut short would
+leave an incomplete multipart upload behind (the store sweeps old ones at start-up,
+see s3sweep).
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Coroutine
 from dataclasses import dataclass
+from typing import Any, Protocol
 
-from loraserve.adapterstore.blobstore import BlobStore, BlobUpload, ReceivedBlob
+from loraserve.adapterstore.blobstore import BlobUpload, ReceivedBlob
 from loraserve.adapterstore.validation import (
     LoraConfig,
     check_tensors_match_config,
     parse_adapter_config,
 )
 from loraserve.common.errors import InvalidArgument
+from loraserve.common.lora_values import WeightsFileCheck
 from loraserve.common.manifest import FileInfo
-from loraserve.common.peft_format import (
-    CONFIG_FILE,
-    WEIGHTS_FILE,
-    TensorInfo,
-    parse_safetensors_header,
-    safetensors_header_length,
-)
+from loraserve.common.peft_format import CONFIG_FILE, WEIGHTS_FILE, TensorInfo
 
 log = logging.getLogger(__name__)
+
+
+class Uploads(Protocol):
+    """Where a push's files go: a BlobStore, or uploads that only hash (hashonly.py)."""
+
+    async def start_upload(self, sha256: str = "") -> BlobUpload: ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -63,16 +70,24 @@ class ReceivedAdapter:
     files: list[ReceivedFile]
     config: LoraConfig
 
+    @property
+    def infos(self) -> tuple[FileInfo, ...]:
+        """Each file's name, size and sha256, as received."""
+        return tuple(f.info for f in self.files)
+
 
 class _FileReceiver:
     def __init__(self, declared: FileInfo, upload: BlobUpload) -> None:
         self.declared = declared
         self.upload = upload
         self.received = 0
-        # The bytes checked in memory: the whole config, the safetensors header.
+        # The config is checked whole, in memory (its size is bounded at the header).
         self.captured = bytearray()
-        self.capture_limit = declared.size if declared.name == CONFIG_FILE else 8
-        self.tensors: list[TensorInfo] | None = None
+        self.weights = WeightsFileCheck(declared.size) if declared.name == WEIGHTS_FILE else None
+
+    @property
+    def tensors(self) -> list[TensorInfo] | None:
+        return self.weights.tensors if self.weights is not None else None
 
     async def write(self, chunk: Chunk) -> None:
         name = self.declared.name
@@ -85,28 +100,12 @@ class _FileReceiver:
                 f"file {name!r}: more than the declared {self.declared.size} bytes were sent"
             )
         self.received += len(chunk.data)
-        await self._capture(chunk.data)
+        if self.weights is not None:
+            # Parsing a header of up to 100 MiB and checking a chunk's values are CPU work.
+            await asyncio.to_thread(self.weights.update, chunk.data)
+        elif name == CONFIG_FILE:
+            self.captured += chunk.data
         await self.upload.write(chunk.data)
-
-    async def _capture(self, data: bytes) -> None:
-        position = 0
-        # Loops because reading the header length raises the capture limit mid-chunk.
-        while len(self.captured) < self.capture_limit and position < len(data):
-            taken = data[position : position + self.capture_limit - len(self.captured)]
-            self.captured += taken
-            position += len(taken)
-            if self.declared.name == WEIGHTS_FILE:
-                await self._check_weights_header()
-
-    async def _check_weights_header(self) -> None:
-        if self.capture_limit == 8 and len(self.captured) == 8:
-            length = safetensors_header_length(bytes(self.captured), self.declared.size)
-            self.capture_limit = 8 + length
-        if self.tensors is None and len(self.captured) == self.capture_limit > 8:
-            header = bytes(self.captured[8:])
-            self.tensors = await asyncio.to_thread(
-                parse_safetensors_header, header, self.declared.size
-            )
 
     async def finish(self) -> ReceivedBlob:
         name = self.declared.name
@@ -115,14 +114,13 @@ class _FileReceiver:
                 f"file {name!r}: received {self.received} of the "
                 f"declared {self.declared.size} bytes"
             )
-        if name == WEIGHTS_FILE and self.tensors is None:
-            # Only a file shorter than 8 bytes gets here: the header check never ran.
-            safetensors_header_length(bytes(self.captured), self.declared.size)
+        if self.weights is not None:
+            self.weights.finish()
         return await self.upload.finish()
 
 
 async def receive_adapter(
-    header: PushHeader, chunks: AsyncIterator[Chunk], blobs: BlobStore
+    header: PushHeader, chunks: AsyncIterator[Chunk], blobs: Uploads
 ) -> ReceivedAdapter:
     """Uploads and validates every declared file, keeping none of them. The header's
     names, sizes and sha256s must already have passed `validation.check_declared_files`."""
@@ -134,7 +132,7 @@ async def receive_adapter(
         config = parse_adapter_config(push.config_bytes)
         check_tensors_match_config(push.tensors, config)
     except BaseException:
-        await push.abort()
+        await shielded(push.abort())
         raise
     return ReceivedAdapter(push.received, config)
 
@@ -142,7 +140,7 @@ async def receive_adapter(
 class _PushReceiver:
     """The files of one push, received one after another in header order."""
 
-    def __init__(self, declared: list[FileInfo], blobs: BlobStore) -> None:
+    def __init__(self, declared: list[FileInfo], blobs: Uploads) -> None:
         self._blobs = blobs
         self._pending = list(declared)
         self._current: _FileReceiver | None = None
@@ -188,7 +186,7 @@ class _PushReceiver:
         try:
             blob = await current.finish()
         except BaseException:
-            await _abort(current.upload)
+            await shielded(_abort(current.upload))
             raise
         self.received.append(
             ReceivedFile(FileInfo(current.declared.name, blob.size, blob.sha256), current.upload)
@@ -214,7 +212,7 @@ async def keep_files(received: ReceivedAdapter) -> None:
         try:
             await file.upload.keep()
         except BaseException:
-            await abort_files(received.files[index:])
+            await shielded(abort_files(received.files[index:]))
             raise
 
 
@@ -223,7 +221,7 @@ async def abort_files(files: list[ReceivedFile]) -> None:
         await _abort(file.upload)
 
 
-async def _open(declared: FileInfo, blobs: BlobStore) -> _FileReceiver:
+async def _open(declared: FileInfo, blobs: Uploads) -> _FileReceiver:
     return _FileReceiver(declared, await blobs.start_upload(declared.sha256))
 
 
@@ -233,6 +231,20 @@ def _check_sha256(declared: FileInfo, blob: ReceivedBlob) -> None:
             f"file {declared.name!r}: sha256 {blob.sha256} of the received bytes does not "
             f"match the declared {declared.sha256}"
         )
+
+
+# Cleanups still running after their caller was cancelled: asyncio keeps only weak
+# references to tasks, and one collected mid-abort would leave its upload behind.
+_cleanups: set[asyncio.Task[None]] = set()
+
+
+async def shielded(cleanup: Coroutine[Any, Any, None]) -> None:
+    """Runs `cleanup` to its end even when the caller is cancelled meanwhile (the
+    caller's CancelledError still propagates at once)."""
+    task = asyncio.ensure_future(cleanup)
+    _cleanups.add(task)
+    task.add_done_callback(_cleanups.discard)
+    await asyncio.shield(task)
 
 
 async def _abort(upload: BlobUpload) -> None:

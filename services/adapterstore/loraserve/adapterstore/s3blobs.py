@@ -9,15 +9,17 @@ from __future__ import annotations
 import asyncio
 import logging
 import re
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Iterator
 from dataclasses import dataclass
+from datetime import datetime
 from typing import TYPE_CHECKING, Any, TypeVar
 
 import boto3
 import botocore.config
 from botocore.exceptions import BotoCoreError, ClientError
 
-from loraserve.adapterstore.blobstore import BlobNotFound, BlobUpload, blob_key
+from loraserve.adapterstore.blobstore import BlobNotFound, BlobUpload, StoredObject, blob_key
+from loraserve.adapterstore.s3sweep import sweep_stale_uploads
 from loraserve.adapterstore.s3upload import DirectUpload, StagedUpload
 from loraserve.common.errors import FailedPrecondition, Unavailable
 
@@ -130,6 +132,9 @@ class S3BlobStore:
             raise ValueError(f"not a sha256 hex digest: {sha256!r}")
         return DirectUpload(self, sha256, exists=await self.exists(blob_key(sha256)))
 
+    async def sweep_stale_uploads(self, cutoff: datetime) -> int:
+        return await sweep_stale_uploads(self, cutoff)
+
     async def exists(self, key: str) -> bool:
         try:
             await self.call(
@@ -208,19 +213,37 @@ class S3BlobStore:
         return await self.call("list_objects_v2", self._list_keys, prefix, start_after, limit)
 
     def _list_keys(self, prefix: str, start_after: str, limit: int) -> list[str]:
-        kwargs: dict[str, Any] = {"Bucket": self.bucket, "Prefix": self.full_key(prefix)}
-        if start_after:
-            kwargs["StartAfter"] = self.full_key(start_after)
-        if limit:
-            # Pages of the limit's size: a look for one key reads one key.
-            kwargs["PaginationConfig"] = {"PageSize": min(limit, 1000)}
         keys: list[str] = []
-        for page in self.client.get_paginator("list_objects_v2").paginate(**kwargs):
+        for page in self._pages(prefix, start_after, limit):
             for item in page.get("Contents", []):
                 keys.append(item["Key"][len(self._prefix) :])
                 if limit and len(keys) >= limit:
                     return keys
         return keys
+
+    async def list_objects(
+        self, prefix: str, start_after: str = "", limit: int = 0
+    ) -> list[StoredObject]:
+        return await self.call("list_objects_v2", self._list_objects, prefix, start_after, limit)
+
+    def _list_objects(self, prefix: str, start_after: str, limit: int) -> list[StoredObject]:
+        found: list[StoredObject] = []
+        for page in self._pages(prefix, start_after, limit):
+            for item in page.get("Contents", []):
+                found.append(StoredObject(item["Key"][len(self._prefix) :], item["ETag"]))
+                if limit and len(found) >= limit:
+                    return found
+        return found
+
+    def _pages(self, prefix: str, start_after: str, limit: int) -> Iterator[Any]:
+        """Pages of a listing under `prefix` after `start_after`, of at most `limit`
+        keys each (when set): a look for a few keys reads a few keys. Blocking."""
+        kwargs: dict[str, Any] = {"Bucket": self.bucket, "Prefix": self.full_key(prefix)}
+        if start_after:
+            kwargs["StartAfter"] = self.full_key(start_after)
+        if limit:
+            kwargs["PaginationConfig"] = {"PageSize": min(limit, 1000)}
+        return iter(self.client.get_paginator("list_objects_v2").paginate(**kwargs))
 
     async def delete(self, keys: list[str]) -> None:
         for start in range(0, len(keys), 1000):

@@ -15,6 +15,7 @@ import grpc
 from loraserve.adapterstore import protoconv
 from loraserve.adapterstore.model import Adapter
 from loraserve.adapterstore.push import Chunk
+from loraserve.adapterstore.status import ReplicaStatus
 from loraserve.adapterstore.store import AdapterStore
 from loraserve.adapterstore.v1 import adapterstore_pb2 as pb
 from loraserve.adapterstore.v1 import adapterstore_pb2_grpc as pb_grpc
@@ -81,6 +82,7 @@ class AdapterStoreServicer:
             adapters=[converted[a.name] for a in page.adapters],
             next_page_token=page.next_page_token,
             seq=page.seq,
+            incarnation=page.incarnation,
         )
 
     async def ListRevisions(
@@ -125,7 +127,7 @@ class AdapterStoreServicer:
     async def WatchAdapters(
         self, request: pb.WatchAdaptersRequest, context: Context
     ) -> AsyncIterator[pb.WatchAdaptersResponse]:
-        async for item in self._store.watch(request.after_seq):
+        async for item in self._store.watch(request.after_seq, request.incarnation):
             yield protoconv.watch_response(item)
 
     async def ReportStatus(
@@ -143,8 +145,20 @@ class AdapterStoreServicer:
     async def GetAdapterStatus(
         self, request: pb.GetAdapterStatusRequest, context: Context
     ) -> pb.GetAdapterStatusResponse:
-        statuses = await self._store.get_status(request.name)
-        return pb.GetAdapterStatusResponse(statuses=[protoconv.replica_status(s) for s in statuses])
+        converted: dict[tuple[str, str], pb.ReplicaAdapterStatus] = {}
+
+        def size_of(status: ReplicaStatus) -> int:
+            message = protoconv.replica_status(status)
+            converted[status.adapter_name, status.replica_id] = message
+            return message.ByteSize()
+
+        page = await self._store.get_status(
+            request.name, request.page_size, request.page_token, size_of
+        )
+        return pb.GetAdapterStatusResponse(
+            statuses=[converted[s.adapter_name, s.replica_id] for s in page.statuses],
+            next_page_token=page.next_page_token,
+        )
 
 
 def register(servicer: AdapterStoreServicer) -> Callable[[grpc.aio.Server], None]:

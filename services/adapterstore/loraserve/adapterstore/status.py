@@ -13,17 +13,17 @@ deleted. A REMOVED status (the replica confirming a delete or an unroute) is kep
 for the TTL on its own age only, so deleted adapters leave nothing behind even
 while their replicas live. A replica whose sign of life had expired is told so on its next one
 and reports all its adapters again, so a deletion racing its return costs at
-most one interval of missing statuses.
+most one interval of missing statuses. A NACK's reason is kept to its first
+MAX_KEPT_ERROR_MESSAGE_BYTES. Reading statuses, a page at a time: statusreads.py.
 """
 
 from __future__ import annotations
 
-import asyncio
 import enum
 import json
 import logging
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -31,7 +31,12 @@ from loraserve.adapterstore.blobstore import BlobNotFound, BlobStore
 from loraserve.adapterstore.model import now
 from loraserve.common.errors import DataLoss, InvalidArgument
 from loraserve.common.names import validate_adapter_name
-from loraserve.common.textlimits import MAX_ERROR_MESSAGE_BYTES, check_text
+from loraserve.common.textlimits import (
+    MAX_ERROR_MESSAGE_BYTES,
+    MAX_KEPT_ERROR_MESSAGE_BYTES,
+    check_text,
+    truncate_text,
+)
 
 log = logging.getLogger(__name__)
 
@@ -39,7 +44,6 @@ STATUS_PREFIX = "status/"
 REPLICA_PREFIX = "replicas/"
 DEFAULT_STATUS_TTL_S = 300.0
 _REPLICA_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:-]{0,127}")
-_READ_CONCURRENCY = 16
 _MAX_RPC_CODE = 16  # UNAUTHENTICATED, the highest google.rpc.Code
 
 
@@ -143,17 +147,34 @@ def check_report(report: Report) -> None:
         check_text("error.message", report.error.message, MAX_ERROR_MESSAGE_BYTES)
 
 
+async def read_status(blobs: BlobStore, key: str) -> ReplicaStatus | None:
+    """The status object at `key`; None if there is none."""
+    try:
+        data = await blobs.get(key)
+    except BlobNotFound:
+        return None
+    try:
+        return ReplicaStatus.from_json(json.loads(data))
+    except (ValueError, KeyError, TypeError) as e:
+        raise DataLoss(f"replica status {key} is corrupt: {e}") from e
+
+
 class ReplicaStatusStore:
     def __init__(self, blobs: BlobStore, ttl_s: float = DEFAULT_STATUS_TTL_S) -> None:
+        # Here, not at the top: statusreads builds on this module's types.
+        from loraserve.adapterstore.statusreads import StatusReader
+
         self._blobs = blobs
         self._ttl = timedelta(seconds=ttl_s)
+        # Pages of statuses for GetAdapterStatus (see statusreads).
+        self.reader = StatusReader(blobs, self._ttl)
 
     async def alive(self, replica_id: str) -> bool:
         """Records a sign of life; False when the replica was not live before it,
         so its statuses may be gone and it should report its adapters again."""
         check_replica_id(replica_id)
         key = replica_key(replica_id)
-        seen = await self._seen_time(key)
+        seen = await self.reader.seen_time(key)
         time = now()
         await self._blobs.put(
             key, json.dumps({"replica_id": replica_id, "seen_time": time.isoformat()}).encode()
@@ -163,10 +184,12 @@ class ReplicaStatusStore:
     async def report(self, report: Report) -> ReplicaStatus:
         check_report(report)
         key = status_key(report.adapter_name, report.replica_id)
-        previous = await self._read(key)
+        previous = await read_status(self._blobs, key)
         last_error = previous.last_error if previous else None
-        if report.type is ReportType.NACK:
-            last_error = report.error
+        if report.type is ReportType.NACK and report.error is not None:
+            # Kept short: a page of statuses carries one per replica and adapter.
+            message = truncate_text(report.error.message, MAX_KEPT_ERROR_MESSAGE_BYTES)
+            last_error = replace(report.error, message=message)
         elif (
             report.type is ReportType.ACK
             and last_error is not None
@@ -183,65 +206,5 @@ class ReplicaStatusStore:
             update_time=now(),
         )
         await self._blobs.put(key, json.dumps(status.to_json()).encode())
+        self.reader.forget(key)
         return status
-
-    async def get(self, adapter_name: str) -> list[ReplicaStatus]:
-        """Every replica's status for one adapter, or for all adapters when the name is ""."""
-        prefix = STATUS_PREFIX
-        if adapter_name:
-            prefix += validate_adapter_name(adapter_name) + "/"
-        keys = await self._blobs.list_keys(prefix)
-        limit = asyncio.Semaphore(_READ_CONCURRENCY)
-
-        async def read(key: str) -> ReplicaStatus | None:
-            async with limit:
-                return await self._read(key)
-
-        statuses = [s for s in await asyncio.gather(*(read(k) for k in keys)) if s is not None]
-        # Read after the statuses: a replica writes its sign of life before its first
-        # status, so every status listed above has its sign of life visible here.
-        replica_keys = await self._blobs.list_keys(REPLICA_PREFIX)
-
-        async def seen(key: str) -> datetime | None:
-            async with limit:
-                return await self._seen_time(key)
-
-        found = await asyncio.gather(*map(seen, replica_keys))
-        seen_times = dict(zip(replica_keys, found, strict=True))
-        oldest = now() - self._ttl
-        live = {key for key, time in seen_times.items() if time is not None and time >= oldest}
-        shown: list[ReplicaStatus] = []
-        expired = [key for key in replica_keys if key not in live]
-        for status in statuses:
-            fresh = status.update_time >= oldest
-            if fresh or (
-                status.type is not ReportType.REMOVED and replica_key(status.replica_id) in live
-            ):
-                shown.append(status)
-            else:
-                expired.append(status_key(status.adapter_name, status.replica_id))
-        if expired:
-            log.info("status.expired objects=%d", len(expired))
-            await self._blobs.delete(expired)
-        return sorted(shown, key=lambda s: (s.adapter_name, s.replica_id))
-
-    async def _seen_time(self, key: str) -> datetime | None:
-        try:
-            data = json.loads(await self._blobs.get(key))
-            return datetime.fromisoformat(str(data["seen_time"]))
-        except BlobNotFound:
-            return None
-        except (ValueError, KeyError, TypeError):
-            # Only ever a bookkeeping object: treat it as expired rather than fail reads.
-            log.warning("status.corrupt_sign_of_life key=%s", key)
-            return None
-
-    async def _read(self, key: str) -> ReplicaStatus | None:
-        try:
-            data = await self._blobs.get(key)
-        except BlobNotFound:
-            return None
-        try:
-            return ReplicaStatus.from_json(json.loads(data))
-        except (ValueError, KeyError, TypeError) as e:
-            raise DataLoss(f"replica status {key} is corrupt: {e}") from e

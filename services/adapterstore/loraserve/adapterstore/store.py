@@ -12,13 +12,18 @@ import asyncio
 import logging
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import datetime, timedelta
 
 from loraserve.adapterstore import pagetokens
 from loraserve.adapterstore.blobstore import BlobStore
 from loraserve.adapterstore.changelog import ChangeLog
 from loraserve.adapterstore.changes import adapter_deleted, current_set, revision_pushed
-from loraserve.adapterstore.idempotency import check_idempotency_key, request_tag
+from loraserve.adapterstore.hashonly import HashOnlyUploads
+from loraserve.adapterstore.idempotency import (
+    check_idempotency_key,
+    push_request_tag,
+    request_tag,
+)
 from loraserve.adapterstore.listing import AdapterPage, RevisionPage, adapter_page, revision_page
 from loraserve.adapterstore.lookup import detached, find_adapter, find_revision
 from loraserve.adapterstore.model import Adapter, Change, now
@@ -30,8 +35,10 @@ from loraserve.adapterstore.status import (
     ReportType,
     check_report,
 )
+from loraserve.adapterstore.statusreads import StatusPage
 from loraserve.adapterstore.validation import Limits, check_declared_files
 from loraserve.adapterstore.verified_read import read_verified
+from loraserve.adapterstore.watching import Heartbeat, Watches
 from loraserve.common.errors import InvalidArgument, NotFound, Unavailable
 from loraserve.common.manifest import Revision
 from loraserve.common.names import validate_adapter_name
@@ -50,6 +57,9 @@ class StoreSettings:
     # Seconds without reading the log's head from storage before this replica
     # counts as stale: health NOT_SERVING, heartbeats that send watchers elsewhere.
     max_staleness_s: float = 30.0
+    # Seconds after which an upload an interrupted push left is swept at start-up
+    # (see s3sweep); 0: never.
+    stale_upload_age_s: float = 86_400.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -57,13 +67,6 @@ class PushResult:
     revision: Revision
     promoted: bool
     seq: int
-
-
-@dataclass(frozen=True, slots=True)
-class Heartbeat:
-    seq: int
-    time: datetime
-    synced_time: datetime  # when `seq` was last confirmed against storage
 
 
 class AdapterStore:
@@ -79,18 +82,38 @@ class AdapterStore:
         self._statuses = statuses
         self._settings = settings
         self._started = False
-        self._stopping = asyncio.Event()
-        # Watch streams open on this replica.
-        self.watch_count = 0
+        self._watches = Watches(changelog, settings.heartbeat_interval)
+        self._sweeping: asyncio.Task[None] | None = None
+
+    @property
+    def watch_count(self) -> int:
+        """Watch streams open on this replica."""
+        return self._watches.count
 
     @property
     def head_seq(self) -> int:
         return self._log.head_seq
 
+    @property
+    def incarnation(self) -> str:
+        """The bucket's incarnation id (see incarnation.py)."""
+        return self._log.incarnation
+
     async def start(self) -> None:
         """Loads the state from storage and starts following the log."""
         await self._log.start()
         self._started = True
+        if self._settings.stale_upload_age_s > 0:
+            cutoff = now() - timedelta(seconds=self._settings.stale_upload_age_s)
+            self._sweeping = asyncio.create_task(self._sweep(cutoff), name="store-upload-sweep")
+
+    async def _sweep(self, cutoff: datetime) -> None:
+        """Deletes what pushes interrupted before `cutoff` left; in the background,
+        since serving does not depend on it. A failure waits for the next start."""
+        try:
+            await self._blobs.sweep_stale_uploads(cutoff)
+        except Unavailable as e:
+            log.warning("store.upload_sweep_failed error=%s", e.message)
 
     @property
     def adapter_count(self) -> int:
@@ -131,9 +154,12 @@ class AdapterStore:
         """Ends every watch stream with UNAVAILABLE, now and from now on. Called when a
         shutdown begins: a watch never finishes on its own, so it would otherwise hold
         the shutdown for the whole grace period instead of moving to another replica."""
-        self._stopping.set()
+        self._watches.stop()
 
     async def close(self) -> None:
+        if self._sweeping is not None:
+            self._sweeping.cancel()
+            await asyncio.gather(self._sweeping, return_exceptions=True)
         await self._log.close()
 
     async def push(
@@ -144,19 +170,13 @@ class AdapterStore:
         check_text("description", header.description, MAX_DESCRIPTION_BYTES)
         check_idempotency_key(header.idempotency_key)
         check_declared_files(header.files, self._settings.limits)
+        if header.idempotency_key and (done := await self._committed_push(header, chunks)):
+            return done
         received = await receive_adapter(header, chunks, self._blobs)
         await keep_files(received)
-        files = tuple(f.info for f in received.files)
-        request = request_tag(
-            header.idempotency_key,
-            "push",
-            header.name,
-            [f.to_json() for f in files],
-            header.no_promote,
-            header.description,
-        )
+        files = received.infos
         change = await self._log.commit(
-            revision_pushed(header, files, received.config, actor), request
+            revision_pushed(header, files, received.config, actor), push_request_tag(header, files)
         )
         assert change is not None
         assert change.revision is not None
@@ -167,8 +187,33 @@ class AdapterStore:
             change.seq,
             actor,
         )
-        promoted = change.current_revision == change.revision.revision
-        return PushResult(change.revision, promoted, change.seq)
+        return _push_result(change)
+
+    async def _committed_push(
+        self, header: PushHeader, chunks: AsyncIterator[Chunk]
+    ) -> PushResult | None:
+        """The answer to a retry of a push the log already holds, before any byte of
+        it is stored: from the header alone when it declares every file's sha256,
+        else from the files hashed as they arrive (hashonly.py); None for a key not
+        committed yet. The same key with other content is InvalidArgument."""
+        if all(f.sha256 for f in header.files):
+            change = await self._log.committed(push_request_tag(header, tuple(header.files)))
+        elif await self._log.sync() and header.idempotency_key in self._log.state.requests:
+            received = await receive_adapter(header, chunks, HashOnlyUploads())
+            change = await self._log.committed(push_request_tag(header, received.infos))
+            if change is None:
+                raise Unavailable("cannot read the store's log now; push again")
+        else:
+            return None
+        if change is None:
+            return None
+        log.info(
+            "adapter.push_replayed name=%s seq=%d key=%s",
+            header.name,
+            change.seq,
+            header.idempotency_key,
+        )
+        return _push_result(change)
 
     async def get(self, name: str, revision: int = 0) -> tuple[Adapter, Revision]:
         self._check_started()
@@ -194,9 +239,15 @@ class AdapterStore:
         replica) succeeds; ABORTED would wrongly tell the client to start over."""
         self._check_started()
         size = pagetokens.page_size(page_size)
-        listing_seq, after = pagetokens.decode_listing_token(page_token)
+        listing_seq, incarnation, after = pagetokens.decode_listing_token(page_token)
         caught_up = await self._log.sync()
         state = self._log.state
+        if incarnation and incarnation != self.incarnation:
+            raise InvalidArgument(
+                f"page_token was made by store incarnation {incarnation}, but the store is "
+                f"incarnation {self.incarnation} now (its bucket was started afresh); "
+                "list again from the first page"
+            )
         if state.seq < listing_seq and caught_up:
             raise InvalidArgument(
                 f"page_token names seq {listing_seq}, beyond the store's last commit "
@@ -209,7 +260,14 @@ class AdapterStore:
             )
         seq = listing_seq if page_token else state.seq
         return adapter_page(
-            state, size, self._settings.max_page_bytes, seq, after, base_model, size_of
+            state,
+            size,
+            self._settings.max_page_bytes,
+            seq,
+            self.incarnation,
+            after,
+            base_model,
+            size_of,
         )
 
     async def list_revisions(
@@ -221,10 +279,10 @@ class AdapterStore:
     ) -> RevisionPage:
         self._check_started()
         size = pagetokens.page_size(page_size)
-        token = pagetokens.decode_token(page_token, "ListRevisions")
+        before = pagetokens.decode_revisions_token(page_token, name)
         await self._log.sync()
         return revision_page(
-            self._adapter(name), size, self._settings.max_page_bytes, token, size_of
+            self._adapter(name), size, self._settings.max_page_bytes, before, size_of
         )
 
     async def set_current(
@@ -243,6 +301,11 @@ class AdapterStore:
         check_idempotency_key(idempotency_key)
         if revision < 1:
             raise InvalidArgument(f"revision must be >= 1, got {revision}")
+        if expected_current < 0:
+            raise InvalidArgument(
+                f"expected_current_revision must be >= 0 (0: no expectation), "
+                f"got {expected_current}"
+            )
         request = request_tag(idempotency_key, "set_current", name, revision, expected_current)
         change = await self._log.commit(
             current_set(name, revision, expected_current, actor), request
@@ -279,48 +342,10 @@ class AdapterStore:
             async for chunk in read_verified(self._blobs, info, self._settings.download_chunk_size):
                 yield chunk
 
-    async def watch(self, after_seq: int) -> AsyncIterator[Change | Heartbeat]:
-        """Every change after `after_seq` in order, and a heartbeat after each quiet
-        `heartbeat_interval`; ends only with the caller, with OutOfRange, or with
-        Unavailable once `stop_watches` is called."""
+    def watch(self, after_seq: int, incarnation: str = "") -> AsyncIterator[Change | Heartbeat]:
+        """See `Watches.watch`."""
         self._check_started()
-        if after_seq < 0:
-            raise InvalidArgument(f"after_seq must not be negative, got {after_seq}")
-        position = after_seq
-        self.watch_count += 1
-        try:
-            while True:
-                self._check_not_stopping()
-                changes = await self._log.events_after(position)
-                for change in changes:
-                    yield change
-                    position = change.seq
-                if changes:
-                    continue
-                if not await self._wait_for_change(position):
-                    yield Heartbeat(self._log.head_seq, now(), self._log.synced_time)
-        finally:
-            self.watch_count -= 1
-
-    async def _wait_for_change(self, after_seq: int) -> bool:
-        """ChangeLog.wait_for_change for one heartbeat interval, cut short by
-        `stop_watches`."""
-        changed = asyncio.ensure_future(
-            self._log.wait_for_change(after_seq, self._settings.heartbeat_interval)
-        )
-        stopping = asyncio.ensure_future(self._stopping.wait())
-        try:
-            await asyncio.wait({changed, stopping}, return_when=asyncio.FIRST_COMPLETED)
-        finally:
-            for waiter in (changed, stopping):
-                waiter.cancel()
-            await asyncio.gather(changed, stopping, return_exceptions=True)
-        self._check_not_stopping()
-        return changed.result()
-
-    def _check_not_stopping(self) -> None:
-        if self._stopping.is_set():
-            raise Unavailable("the adapter store is shutting down; watch again")
+        return self._watches.watch(after_seq, incarnation)
 
     async def report_status(self, report: Report) -> None:
         """Records a replica's report about an adapter and revision that exist (the
@@ -345,10 +370,26 @@ class AdapterStore:
         self._check_started()
         return await self._statuses.alive(replica_id)
 
-    async def get_status(self, name: str) -> list[ReplicaStatus]:
+    async def get_status(
+        self,
+        name: str,
+        page_size: int = 0,
+        page_token: str = "",
+        size_of: Callable[[ReplicaStatus], int] = lambda _: 0,
+    ) -> StatusPage:
+        """A page of live replicas' statuses, cut by `size_of` (the encoded size) at
+        `max_page_bytes`; see statusreads.py."""
         self._check_started()
-        return await self._statuses.get(name)
+        return await self._statuses.reader.page(
+            name, page_size, page_token, self._settings.max_page_bytes, size_of
+        )
 
     def _adapter(self, name: str) -> Adapter:
         validate_adapter_name(name)
         return find_adapter(self._log.state, name)
+
+
+def _push_result(change: Change) -> PushResult:
+    assert change.revision is not None
+    promoted = change.current_revision == change.revision.revision
+    return PushResult(change.revision, promoted, change.seq)

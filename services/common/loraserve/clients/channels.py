@@ -34,9 +34,13 @@ class Retry:
     max_attempts: int
     initial_backoff_s: float
     max_backoff_s: float
+    # The statuses retried: UNAVAILABLE, and for calls that are safe to send again
+    # whatever became of the first attempt, CANCELLED from the server (see
+    # `loraserve.clients.store`).
+    codes: tuple[str, ...] = ("UNAVAILABLE",)
 
     def method_config(self, service: str, methods: Iterable[str] = ()) -> dict[str, Any]:
-        """The methodConfig retrying UNAVAILABLE for `methods` of `service` (all if none)."""
+        """The methodConfig retrying `codes` for `methods` of `service` (all if none)."""
         names = [{"service": service, "method": method} for method in methods]
         return {
             "name": names or [{"service": service}],
@@ -45,7 +49,7 @@ class Retry:
                 "initialBackoff": f"{self.initial_backoff_s:g}s",
                 "maxBackoff": f"{self.max_backoff_s:g}s",
                 "backoffMultiplier": 2,
-                "retryableStatusCodes": ["UNAVAILABLE"],
+                "retryableStatusCodes": list(self.codes),
             },
         }
 

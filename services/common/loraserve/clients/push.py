@@ -8,7 +8,10 @@ a chunk at a time in a worker thread, so a 2 GiB adapter needs no 2 GiB of memor
 A push is a client-streaming call: gRPC's retry policy cannot resend what no longer
 fits its per-call buffer, so `push` retries UNAVAILABLE itself (with `stamina`),
 sending the same idempotency key each time: a push the store committed before the
-failure is answered with its original revision instead of being made twice.
+failure is answered with its original revision instead of being made twice. With a
+key it also retries CANCELLED from the store, which a store shutting down answers for
+a push it had received but not begun (grpc/grpc#41785); the key makes that safe even
+had it begun.
 """
 
 from __future__ import annotations
@@ -21,9 +24,9 @@ from pathlib import Path
 from typing import Any, BinaryIO, Protocol
 
 import grpc
-import stamina
 
 from loraserve.adapterstore.v1 import adapterstore_pb2 as pb
+from loraserve.common import retrylog
 from loraserve.common.clientstream import ClientStream
 
 CHUNK_SIZE = 1024 * 1024
@@ -58,8 +61,17 @@ def new_idempotency_key() -> str:
     return str(uuid.uuid4())
 
 
-def _is_unavailable(exc: Exception) -> bool:
-    return isinstance(exc, grpc.aio.AioRpcError) and exc.code() is grpc.StatusCode.UNAVAILABLE
+_RETRIED_WITH_KEY = frozenset({grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.CANCELLED})
+
+
+def _retried(idempotency_key: str) -> Callable[[Exception], bool]:
+    """stamina's `on`: UNAVAILABLE always, CANCELLED (from the store) with a key."""
+    codes = _RETRIED_WITH_KEY if idempotency_key else {grpc.StatusCode.UNAVAILABLE}
+
+    def retried(exc: Exception) -> bool:
+        return isinstance(exc, grpc.aio.AioRpcError) and exc.code() in codes
+
+    return retried
 
 
 async def push(
@@ -75,10 +87,13 @@ async def push(
     on_retry: Callable[[grpc.aio.AioRpcError], None] = lambda _: None,
     attempts: int = PUSH_ATTEMPTS,
 ) -> pb.PushAdapterResponse:
-    """`upload`, again after a jittered backoff while it fails UNAVAILABLE, at most
-    `attempts` times; `on_retry` hears of each failure that is retried."""
-    async for attempt in stamina.retry_context(
-        on=_is_unavailable,
+    """`upload`, again after a jittered backoff while it fails UNAVAILABLE (or, with
+    an idempotency key, CANCELLED by the store), at most `attempts` times; `on_retry`
+    hears of each failure that is retried."""
+    retried = _retried(idempotency_key)
+    async for attempt in retrylog.retry_context(
+        "adapterstore.push",
+        on=retried,
         attempts=attempts,
         timeout=None,
         wait_initial=_WAIT_INITIAL_S,
@@ -98,7 +113,7 @@ async def push(
                     progress=progress,
                 )
             except grpc.aio.AioRpcError as exc:
-                if _is_unavailable(exc) and attempt.num < attempts:
+                if retried(exc) and attempt.num < attempts:
                     on_retry(exc)
                 raise
     raise AssertionError("unreachable: the last attempt returns or raises")

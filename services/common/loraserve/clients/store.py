@@ -54,7 +54,16 @@ RETRIED_METHODS = (
     "SetCurrentRevision",
     "DeleteAdapter",
 )
-STORE_RETRY = Retry(max_attempts=3, initial_backoff_s=0.5, max_backoff_s=4.0)
+# CANCELLED too: a store shutting down ends the calls it received but had not handed
+# to a handler with it (grpc/grpc#41785). Each call here is safe to send again even had
+# it run (a read, a fact, a write with its idempotency key); the client's own cancel
+# is never retried.
+STORE_RETRY = Retry(
+    max_attempts=3,
+    initial_backoff_s=0.5,
+    max_backoff_s=4.0,
+    codes=("UNAVAILABLE", "CANCELLED"),
+)
 
 
 def store_channel(
@@ -108,18 +117,23 @@ def _store_error(exc: grpc.aio.AioRpcError, what: str) -> errors.LoraserveError:
 
 @dataclass(frozen=True, slots=True)
 class ListedAdapter:
-    """An adapter and its current revision (None while no revision is current)."""
+    """An adapter and its current revision (None while no revision is current).
+    `create_seq` is its incarnation: a revision committed before it belongs to an
+    earlier generation of the name, deleted since (0 from a store that does not say)."""
 
     name: str
     current: Revision | None
+    create_seq: int = 0
 
 
 @dataclass(frozen=True, slots=True)
 class Listing:
-    """Every adapter of the store, as of `seq`."""
+    """Every adapter of the store, as of `seq` of the store's `incarnation` ("" from
+    a store that does not say)."""
 
     adapters: tuple[ListedAdapter, ...]
     seq: int
+    incarnation: str = ""
 
 
 class EventKind(enum.Enum):
@@ -142,11 +156,13 @@ class StoreEvent:
 
 @dataclass(frozen=True, slots=True)
 class Heartbeat:
-    """The stream is alive; the store has committed up to `seq`, as confirmed
-    against object storage `stale_s` seconds before the heartbeat was sent."""
+    """The stream is alive; the store (of `incarnation`) has committed up to `seq`,
+    as confirmed against object storage `stale_s` seconds before the heartbeat was
+    sent."""
 
     seq: int
     stale_s: float = 0.0
+    incarnation: str = ""
 
 
 @dataclass(frozen=True, slots=True)
@@ -227,25 +243,29 @@ class StoreClient:
 
     async def list_adapters(self, base_model: str = "") -> Listing:
         """Every adapter, all pages; the seq is the first page's, so watching from
-        it sees every change made while the later pages were read."""
+        it sees every change made while the later pages were read. A store started
+        afresh between two pages refuses the second page's token (INVALID_ARGUMENT);
+        listing again from the first page is the answer."""
         adapters: list[ListedAdapter] = []
-        seq: int | None = None
+        first: pb.ListAdaptersResponse | None = None
         request = pb.ListAdaptersRequest(page_size=self._settings.page_size, base_model=base_model)
         try:
             async for page in pages(
                 self._stub.ListAdapters, request, self._settings.call_timeout_s
             ):
-                seq = page.seq if seq is None else seq
+                first = first or page
                 adapters.extend(
                     ListedAdapter(
-                        a.name, revision_from_proto(a.current) if a.current_revision else None
+                        a.name,
+                        revision_from_proto(a.current) if a.current_revision else None,
+                        a.create_seq,
                     )
                     for a in page.adapters
                 )
         except grpc.aio.AioRpcError as exc:
             raise _store_error(exc, "list adapters") from exc
-        assert seq is not None, "a listing has at least one page"
-        return Listing(tuple(adapters), seq)
+        assert first is not None, "a listing has at least one page"
+        return Listing(tuple(adapters), first.seq, first.incarnation)
 
     async def get_revision(self, name: str, revision: int) -> Revision:
         """The manifest of one revision; raises NotFound if it (or the adapter) is gone."""
@@ -256,10 +276,15 @@ class StoreClient:
         )
         return revision_from_proto(response.revision)
 
-    async def watch(self, after_seq: int) -> AsyncGenerator[StoreEvent | Heartbeat, None]:
+    async def watch(
+        self, after_seq: int, incarnation: str = ""
+    ) -> AsyncGenerator[StoreEvent | Heartbeat, None]:
         """Changes after `after_seq`, in order, and heartbeats. Raises OutOfRange
-        when `after_seq` is older than the store's kept log."""
-        call = self._stub.WatchAdapters(pb.WatchAdaptersRequest(after_seq=after_seq))
+        when `after_seq` is older than the store's kept log, or is not a seq of the
+        store's `incarnation` (given, it must be the store's)."""
+        call = self._stub.WatchAdapters(
+            pb.WatchAdaptersRequest(after_seq=after_seq, incarnation=incarnation)
+        )
         async with aclosing(self._stream(f"watch after seq {after_seq}", call)) as messages:
             async for message in messages:
                 if message.HasField("heartbeat"):
@@ -353,9 +378,9 @@ def _heartbeat_from_proto(heartbeat: pb.Heartbeat) -> Heartbeat:
     # Both times come from the store's clock, so clock skew between hosts cannot
     # make a store look stale. A store without `synced_time` says nothing of it.
     if not heartbeat.HasField("synced_time"):
-        return Heartbeat(heartbeat.seq)
+        return Heartbeat(heartbeat.seq, incarnation=heartbeat.incarnation)
     stale = heartbeat.time.ToDatetime() - heartbeat.synced_time.ToDatetime()
-    return Heartbeat(heartbeat.seq, max(0.0, stale.total_seconds()))
+    return Heartbeat(heartbeat.seq, max(0.0, stale.total_seconds()), heartbeat.incarnation)
 
 
 def _event_from_proto(event: pb.AdapterEvent) -> StoreEvent:

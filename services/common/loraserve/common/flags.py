@@ -80,6 +80,13 @@ def positive_float(text: str) -> float:
     return value
 
 
+def non_negative_float(text: str) -> float:
+    value = _number(float, "a number", text)
+    if not value >= 0 or value == float("inf"):
+        raise argparse.ArgumentTypeError(f"must be a finite number >= 0, got {value}")
+    return value
+
+
 def fraction(text: str) -> float:
     value = _number(float, "a number", text)
     if not 0.0 < value <= 1.0:

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, NamedTuple
 
 from google.protobuf.timestamp_pb2 import Timestamp
 
@@ -23,6 +23,16 @@ def time_to_json(value: datetime) -> str:
 
 def time_from_json(value: Any) -> datetime:
     return datetime.fromisoformat(str(value)).astimezone(UTC)
+
+
+class RevisionKey(NamedTuple):
+    """One revision of one adapter, `NAME@REVISION`: how every part names a revision."""
+
+    name: str
+    revision: int
+
+    def __str__(self) -> str:
+        return f"{self.name}@{self.revision}"
 
 
 @dataclass(frozen=True, slots=True)
@@ -56,6 +66,10 @@ class Revision:
     pushed_by: str
     description: str
     seq: int
+
+    @property
+    def key(self) -> RevisionKey:
+        return RevisionKey(self.adapter_name, self.revision)
 
     def to_json(self) -> dict[str, Any]:
         return {

@@ -101,6 +101,28 @@ def safetensors_header_length(prefix: bytes, file_size: int, name: str = WEIGHTS
     return int(length)
 
 
+# Deeper JSON than any PEFT config or safetensors header has (they nest 3 levels) is
+# refused before parsing: the parser and everything that walks its result recurse,
+# and a file nested 100,000 deep would otherwise end in a RecursionError.
+MAX_JSON_DEPTH = 64
+# A JSON string (skipped whole: brackets inside it do not nest), or a run of brackets.
+_JSON_NESTING = re.compile(rb'"[^"\\]*(?:\\.[^"\\]*)*"|[\[{]+|[\]}]+')
+
+
+def check_json_depth(data: bytes, file_name: str, max_depth: int = MAX_JSON_DEPTH) -> None:
+    """Raises InvalidArgument naming `file_name` when `data` nests arrays and objects
+    deeper than `max_depth`. Linear in the size of `data`; parses nothing."""
+    depth = 0
+    for match in _JSON_NESTING.finditer(data):
+        token = match.group()
+        if token[0] in b"[{":
+            depth += len(token)
+            if depth > max_depth:
+                raise InvalidArgument(f"{file_name}: JSON nested more than {max_depth} levels deep")
+        elif token[0] in b"]}":
+            depth -= len(token)
+
+
 def _no_duplicate_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
     result: dict[str, Any] = {}
     for key, value in pairs:
@@ -111,7 +133,10 @@ def _no_duplicate_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
 
 
 def load_json_object(data: bytes, file_name: str) -> dict[str, Any]:
-    """A JSON object, refusing duplicate keys (two readers could disagree on them)."""
+    """A JSON object, refusing duplicate keys (two readers could disagree on them) and
+    nesting deeper than MAX_JSON_DEPTH. Every reader of an adapter's JSON files (the
+    store, adapterctl, the inference service) parses them here."""
+    check_json_depth(data, file_name)
     try:
         value = json.loads(data.decode("utf-8"), object_pairs_hook=_no_duplicate_keys)
     except (UnicodeDecodeError, ValueError) as e:
@@ -190,9 +215,7 @@ def matrix_shapes(file: Path) -> dict[str, tuple[int, int]]:
         (length,) = struct.unpack("<Q", fh.read(8))
         if length > MAX_SAFETENSORS_HEADER:
             raise InvalidArgument(f"{file}: safetensors header of {length} bytes is too large")
-        header = json.loads(fh.read(length))
-    if not isinstance(header, dict):
-        raise InvalidArgument(f"{file}: safetensors header is not a JSON object")
+        header = load_json_object(fh.read(length), f"{file} safetensors header")
     header.pop("__metadata__", None)
     shapes: dict[str, tuple[int, int]] = {}
     for name, info in header.items():

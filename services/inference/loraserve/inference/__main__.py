@@ -10,6 +10,9 @@ import socket
 import sys
 from collections.abc import Sequence
 
+import uvloop
+
+from loraserve.common import retrylog
 from loraserve.common.errors import LoraserveError
 from loraserve.common.server import install_stop_signals
 from loraserve.inference.app import InferenceApp
@@ -61,8 +64,11 @@ def main(argv: Sequence[str] | None = None) -> None:
         level=settings.log_level,
         format="%(asctime)s %(levelname)s %(name)s %(message)s",
     )
+    retrylog.install()
     try:
-        asyncio.run(serve(settings))
+        # uvloop, as `vllm serve` runs: asyncio's own loop costs more per callback, and a
+        # streamed message is several (grpc's completion, the task's step, vLLM's wake-up).
+        uvloop.run(serve(settings))
     except LoraserveError as exc:
         log.error("server.failed error=%s", exc.message)
         raise SystemExit(1) from exc

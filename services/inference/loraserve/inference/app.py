@@ -19,7 +19,9 @@ from typing import TYPE_CHECKING
 import stamina
 
 from loraserve.clients.store import StoreClient, StoreClientSettings
+from loraserve.common import retrylog
 from loraserve.common.errors import TRANSIENT_ERRORS, LoraserveError
+from loraserve.common.metrics_http import serve_metrics
 from loraserve.common.server import RunningServer, start_server
 from loraserve.inference.adapters import (
     LLAMA_TARGET_MODULES,
@@ -39,7 +41,7 @@ from loraserve.inference.serving import (
     Admission,
     Generator,
     Runtime,
-    RuntimeSlot,
+    RuntimeRef,
     register,
 )
 from loraserve.inference.settings import EngineOptions, InferenceSettings
@@ -68,7 +70,7 @@ class InferenceApp:
         self._settings = settings
         self._start_engine = start_engine
         self.metrics = InferenceMetrics()
-        self.slot = RuntimeSlot()
+        self.runtime_ref = RuntimeRef()
         self.ready = asyncio.Event()
         self._server: RunningServer | None = None
         self._http: RunningHttpServer | None = None
@@ -93,13 +95,14 @@ class InferenceApp:
     async def start(self) -> None:
         """Starts listening (NOT_SERVING); `run_engine_and_sync` does the rest."""
         settings = self._settings
-        if settings.metrics_port is not None:
-            self.metrics_port = self.metrics.serve(settings.metrics_port)
+        if settings.metrics_listen is not None:
+            self.metrics_port = serve_metrics(self.metrics.registry, settings.metrics_listen)
         self._server = await start_server(
             address=settings.listen,
-            register=lambda server: register(server, self.slot),
+            register=lambda server: register(server, self.runtime_ref),
             service_names=[SERVICE_NAME],
             security=settings.security,
+            max_connection_age_s=settings.max_connection_age_s,
         )
         if settings.openai_listen is not None:
             self._http = await self._start_openai(settings.openai_listen)
@@ -132,25 +135,17 @@ class InferenceApp:
         )
         await cache.prepare()
         registry = AdapterRegistry(
-            engine,
-            cache_dir=cache.root,
-            compat=compat,
-            fetcher=cache,
-            max_pinned=info.max_cpu_loras,
-            observer=self.metrics,
+            engine, cache, compat, max_pinned=info.max_cpu_loras, observer=self.metrics
         )
-        cache.set_evictor(registry)
         synchronizer = Synchronizer(
             self._store,
-            cache,
             registry,
+            cache,
             SyncSettings(
                 status_interval_s=settings.status_interval_s,
                 prefetch_adapters=settings.prefetch_adapters,
             ),
             observe_swap=self.metrics.observe_swap_latency,
-            sweeper=cache,
-            recent_names=cache.recent_names,
         )
         tiers = TierView(
             registry,
@@ -163,21 +158,34 @@ class InferenceApp:
         self._background.append(
             asyncio.create_task(tiers.watch_host(_HOST_TIER_REFRESH_S), name="tiers:host")
         )
-        admission = Admission(settings.max_pending_requests)
-        self.slot.set(
+        self._publish_runtime(engine, registry, tiers, lambda: synchronizer.applied_seq)
+        await self._serve_after_first_sync(synchronizer)
+
+    def _publish_runtime(
+        self,
+        engine: VllmEngine,
+        registry: AdapterRegistry,
+        tiers: TierView,
+        store_seq: Callable[[], int],
+    ) -> None:
+        """Makes the started parts reachable from both fronts and the metrics."""
+        settings = self._settings
+        info = engine.info
+        admission = Admission(settings.max_pending_requests, settings.max_n)
+        self.runtime_ref.set(
             Runtime(
                 engine=engine,
                 registry=registry,
                 generator=Generator(engine, registry, admission, self.metrics),
                 admission=admission,
                 replica_id=settings.replica_id,
-                store_seq=lambda: synchronizer.applied_seq,
+                store_seq=store_seq,
                 tiers=tiers,
             )
         )
         self.metrics.watch_engine(
             lora_slots=info.max_loras,
-            loaded=registry.loaded_count,
+            loaded=lambda: registry.counts().loaded,
             kv_usage=lambda: engine.stats().kv_cache_usage,
             running=lambda: engine.stats().running,
             waiting=lambda: engine.stats().waiting,
@@ -185,7 +193,6 @@ class InferenceApp:
         )
         self.metrics.export_model_server_protocol(engine.stats, max_lora=info.max_loras)
         self.metrics.watch_tiers(tiers.usage)
-        await self._serve_after_first_sync(synchronizer)
 
     async def _compatibility(self, model: str, max_lora_rank: int) -> CompatibilityChecker:
         compat = self._settings.compat
@@ -228,7 +235,7 @@ class InferenceApp:
             await self._cache.close()
         if self._store is not None:
             await self._store.close()
-        self.slot.set(None)
+        self.runtime_ref.set(None)
         if self._engine is not None:
             self._engine.shutdown()
         log.info("server.stopped")
@@ -239,7 +246,7 @@ class InferenceApp:
 
         settings = self._settings
         app = create_openai_app(
-            self.slot,
+            self.runtime_ref,
             model_names=list(
                 dict.fromkeys([settings.compat.served_model_name, settings.engine.model])
             ),
@@ -247,6 +254,7 @@ class InferenceApp:
             is_ready=self.ready.is_set,
             max_body_bytes=settings.openai_max_body_bytes,
             metrics=self.metrics.registry,
+            public_metrics=settings.public_metrics,
         )
         return await start_http_server(
             app, address=address, security=settings.security, name="openai-http"
@@ -257,7 +265,8 @@ class InferenceApp:
         reached yet is waited for, as the sync does with a fixed rank: the replica
         stays NOT_SERVING and says why, rather than exiting into a crash loop."""
         attempts = 0
-        async for attempt in stamina.retry_context(
+        async for attempt in retrylog.retry_context(
+            "inference.auto_rank",
             on=TRANSIENT_ERRORS,
             attempts=None,
             timeout=None,
@@ -267,7 +276,7 @@ class InferenceApp:
             with attempt:
                 attempts = attempt.num
                 ranks = await self._store_adapter_ranks(attempt)
-        self.slot.set_waiting("")
+        self.runtime_ref.set_waiting("")
         rank = smallest_covering_rank(ranks, await asyncio.to_thread(supported_lora_ranks))
         log.info(
             "engine.auto_rank ranks=%s max_lora_rank=%d attempts=%d",
@@ -289,7 +298,7 @@ class InferenceApp:
                 require_base_model_match=compat.require_base_model_match,
             )
         except TRANSIENT_ERRORS as exc:
-            self.slot.set_waiting(
+            self.runtime_ref.set_waiting(
                 f"waiting for the adapter store at {self._settings.store_address} to size "
                 f"the engine (--max-lora-rank auto): {exc.message}"
             )

@@ -7,7 +7,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-from loraserve.adapterctl.__main__ import run
+from loraserve.adapterctl.cli import run
 from loraserve.adapterctl.console import Console
 from loraserve.testing.adapterfiles import tiny_adapter
 

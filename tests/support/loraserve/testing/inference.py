@@ -14,7 +14,7 @@ import json
 import shutil
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -25,7 +25,12 @@ from prometheus_client import CollectorRegistry
 from loraserve.common.errors import NotFound
 from loraserve.common.manifest import Revision
 from loraserve.common.security import ServerSecurity
-from loraserve.inference.adapters import AdapterRegistry, CompatibilityChecker, model_lora_targets
+from loraserve.inference.adapters import (
+    AdapterRegistry,
+    CompatibilityChecker,
+    RevisionCache,
+    model_lora_targets,
+)
 from loraserve.inference.cache import CachedRevision
 from loraserve.inference.engine import Engine, VllmEngine
 from loraserve.inference.metrics import InferenceMetrics
@@ -35,7 +40,7 @@ from loraserve.inference.serving import (
     Admission,
     Generator,
     Runtime,
-    RuntimeSlot,
+    RuntimeRef,
     register,
 )
 from loraserve.inference.v1 import inference_pb2_grpc as pb_grpc
@@ -78,33 +83,34 @@ def copy_revision(source: Path, cache_dir: Path, name: str, revision: int) -> Ca
 def tiny_registry(
     engine: Engine,
     model_dir: Path,
-    cache_dir: Path,
+    cache: RevisionCache,
     *,
     served_model_name: str | None = None,
     **options: Any,
 ) -> AdapterRegistry:
-    """A registry over `cache_dir` that admits what the engine on the tiny model can serve;
-    `options` (fetcher, observer) go to AdapterRegistry."""
+    """A registry over `cache` that admits what the engine on the tiny model can serve;
+    `options` (observer) go to AdapterRegistry."""
     compat = CompatibilityChecker(
         max_lora_rank=engine.info.max_lora_rank,
         target_modules=model_lora_targets(model_dir),
         served_model_name=served_model_name or str(model_dir),
     )
-    return AdapterRegistry(engine, cache_dir=cache_dir, compat=compat, **options)
+    return AdapterRegistry(engine, cache, compat, **options)
 
 
-def runtime_slot(
+def make_runtime_ref(
     engine: Engine,
     registry: AdapterRegistry,
     metrics: InferenceMetrics,
     *,
     max_pending: int = 16,
+    max_n: int | None = None,
     replica_id: str = REPLICA_ID,
     **runtime: Any,
-) -> RuntimeSlot:
+) -> RuntimeRef:
     """The generation path over `registry`, as the servicers and the HTTP front reach it."""
-    admission = Admission(max_pending)
-    return RuntimeSlot(
+    admission = Admission(max_pending, max_n)
+    return RuntimeRef(
         Runtime(
             engine=engine,
             registry=registry,
@@ -117,10 +123,16 @@ def runtime_slot(
 
 
 @asynccontextmanager
-async def openai_server(slot: RuntimeSlot, model_name: str) -> AsyncIterator[int]:
-    """The OpenAI-compatible front over `slot` on 127.0.0.1; yields its port."""
+async def openai_server(
+    runtime_ref: RuntimeRef, model_name: str, **options: Any
+) -> AsyncIterator[int]:
+    """The OpenAI-compatible front over `runtime_ref` on 127.0.0.1; yields its port. `options`
+    go to `create_openai_app` (security, metrics)."""
     app = create_openai_app(
-        slot, model_names=[model_name], security=ServerSecurity(), is_ready=lambda: True
+        runtime_ref,
+        model_names=[model_name],
+        is_ready=lambda: True,
+        **{"security": ServerSecurity(), **options},
     )
     server = await start_http_server(app, address="127.0.0.1:0", security=ServerSecurity())
     try:
@@ -129,22 +141,21 @@ async def openai_server(slot: RuntimeSlot, model_name: str) -> AsyncIterator[int
         await server.stop(grace=None)
 
 
-@dataclass
 class DirectoryFetcher(CacheDirectory):
     """Fetches revisions from built adapter directories: `sources[(name, rev)] = dir`."""
 
-    cache_dir: Path
-    sources: dict[tuple[str, int], Path] = field(default_factory=dict)
+    def __init__(self, cache_dir: Path) -> None:
+        super().__init__(cache_dir)
+        self.sources: dict[tuple[str, int], Path] = {}
 
-    async def fetch(
-        self, name: str, revision: int, manifest: Revision | None = None
-    ) -> CachedRevision:
+    async def download(self, name: str, revision: int, manifest: Revision | None) -> CachedRevision:
         source = self.sources.get((name, revision))
         if source is None:
             raise NotFound(f"adapter {name}@{revision} not found")
         return await asyncio.to_thread(copy_revision, source, self.cache_dir, name, revision)
 
     async def remove(self, name: str, revision: int) -> None:
+        await super().remove(name, revision)
         path = self.cache_dir / name / str(revision)
         await asyncio.to_thread(shutil.rmtree, path, True)
 
@@ -158,14 +169,14 @@ class Served:
     engine: VllmEngine
     registry: AdapterRegistry
     fetcher: DirectoryFetcher
-    slot: RuntimeSlot
+    runtime_ref: RuntimeRef
     cache_dir: Path
 
     async def install(self, name: str, revision: int, source: Path) -> None:
         """Copies `source` into the cache as name@revision and makes it current."""
         self.fetcher.sources[(name, revision)] = source
         rev = await asyncio.to_thread(copy_revision, source, self.cache_dir, name, revision)
-        await self.registry.install(rev, make_current=True)
+        await self.registry.install(rev.manifest, make_current=True)
 
 
 @pytest.fixture
@@ -181,12 +192,12 @@ def served_factory(
         cache_dir.mkdir(exist_ok=True)
         fetcher = DirectoryFetcher(cache_dir)
         metrics = InferenceMetrics(CollectorRegistry())
-        registry = tiny_registry(
-            engine, tiny_model_dir, cache_dir, fetcher=fetcher, observer=metrics
-        )
-        slot = runtime_slot(engine, registry, metrics, max_pending=max_pending)
+        registry = tiny_registry(engine, tiny_model_dir, fetcher, observer=metrics)
+        runtime_ref = make_runtime_ref(engine, registry, metrics, max_pending=max_pending)
         try:
-            async with serving(lambda server: register(server, slot), [SERVICE_NAME]) as running:
+            async with serving(
+                lambda server: register(server, runtime_ref), [SERVICE_NAME]
+            ) as running:
                 address = f"127.0.0.1:{running.port}"
                 async with grpc.aio.insecure_channel(address) as channel:
                     yield Served(
@@ -195,12 +206,12 @@ def served_factory(
                         engine,
                         registry,
                         fetcher,
-                        slot,
+                        runtime_ref,
                         cache_dir,
                     )
         finally:
             await wait_until_idle(engine)
-            await registry.settle()
+            await registry.wait_background()
             for lora_id in await engine.list_loras() - loaded_before:
                 await engine.remove_lora(lora_id)
 

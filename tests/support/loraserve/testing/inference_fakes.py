@@ -9,14 +9,16 @@ from __future__ import annotations
 import asyncio
 import itertools
 import shutil
-from collections.abc import AsyncGenerator, Callable, Sequence
+from collections.abc import AsyncGenerator, Callable, Mapping, Sequence
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+from safetensors.numpy import save
+
 from loraserve.common.errors import FailedPrecondition, NotFound
 from loraserve.common.manifest import FileInfo, Revision
-from loraserve.inference.cache import CachedRevision
+from loraserve.inference.cache import CachedRevision, CacheUsage, Holder
 from loraserve.inference.engine import (
     AdapterHandle,
     EngineDelta,
@@ -33,6 +35,8 @@ from loraserve.inference.engine.sampling import (
     resolve_max_tokens,
     vllm_sampling_params,
 )
+from loraserve.testing.adapterfiles import lora_config, lora_tensors
+from loraserve.testing.engine import plain_chat_prompt
 
 FAKE_INFO = EngineInfo(
     model="/models/fake-llama",
@@ -70,6 +74,7 @@ class FakeEngine:
         self.finish_with: EngineFinish = EngineFinish.LENGTH
         self.defaults = ServerDefaults()
         self.sampled: list[Any] = []
+        self.chat_template = True
 
     @property
     def info(self) -> EngineInfo:
@@ -80,6 +85,16 @@ class FakeEngine:
 
     def tokenize(self, text: str) -> list[int]:
         return [1, *(ord(c) % self._info.vocab_size for c in text)]
+
+    async def prompt_ids(self, text: str) -> list[int]:
+        return self.tokenize(text)
+
+    async def chat_prompt_ids(self, messages: Sequence[Mapping[str, str]]) -> list[int] | None:
+        """The prompt `PLAIN_CHAT_TEMPLATE` would render; None (as for a model without a
+        template) when `chat_template` is False."""
+        if not self.chat_template:
+            return None
+        return self.tokenize(plain_chat_prompt([dict(m) for m in messages]))
 
     def decode(self, token_ids: Sequence[int]) -> str:
         return "".join(f"<{i}>" for i in token_ids)
@@ -161,10 +176,13 @@ def make_revision(
     target_modules: tuple[str, ...] = ("q_proj", "v_proj"),
     base_model: str = "fake-llama",
 ) -> CachedRevision:
-    """A revision directory in `cache_dir` with a placeholder file, as the cache lays it out."""
+    """A revision directory in `cache_dir`, as the cache lays it out, holding a small
+    valid adapter of that rank and those modules (the replica reads its files before
+    the engine gets it)."""
     path = cache_dir / name / str(revision)
     path.mkdir(parents=True, exist_ok=True)
-    (path / "adapter_config.json").write_text("{}")
+    (path / "adapter_config.json").write_bytes(lora_config(rank, target_modules))
+    (path / "adapter_model.safetensors").write_bytes(save(lora_tensors(rank, target_modules)))
     return CachedRevision(fake_manifest(name, revision, rank, target_modules, base_model), path)
 
 
@@ -192,13 +210,37 @@ def fake_manifest(
 
 
 class CacheDirectory:
-    """The disk-tier calls of the registry's cache (`RevisionCache`), for fakes that
-    keep revisions at `<cache_dir>/<name>/<revision>/` and delete them in `remove`."""
+    """The registry's cache (`RevisionCache`) over revision directories laid out as the
+    cache lays them out, `<cache_dir>/<name>/<revision>/`: a revision whose directory
+    exists is served from it; any other is `download`ed. Files stay unless a subclass
+    deletes them in `remove`."""
 
-    cache_dir: Path
+    def __init__(self, cache_dir: Path) -> None:
+        self.cache_dir = cache_dir
+        self.removed: list[tuple[str, int]] = []
+
+    @property
+    def root(self) -> Path:
+        return self.cache_dir
+
+    async def fetch(
+        self,
+        name: str,
+        revision: int,
+        manifest: Revision | None = None,
+        *,
+        holder: Holder | None = None,
+    ) -> CachedRevision:
+        path = self.cache_dir / name / str(revision)
+        if manifest is not None and path.is_dir():
+            return CachedRevision(manifest, path)
+        return await self.download(name, revision, manifest)
+
+    async def download(self, name: str, revision: int, manifest: Revision | None) -> CachedRevision:
+        raise NotFound(f"adapter {name}@{revision} is not on this disk")
 
     async def remove(self, name: str, revision: int) -> None:
-        raise NotImplementedError
+        self.removed.append((name, revision))
 
     async def remove_unused(self, name: str, in_use: Callable[[str, int], bool]) -> None:
         adapter_dir = self.cache_dir / name
@@ -210,29 +252,32 @@ class CacheDirectory:
     def touch(self, name: str, revision: int) -> None:
         pass
 
+    def hold_ended(self) -> None:
+        pass
+
     def is_cached(self, name: str, revision: int) -> bool:
         return (self.cache_dir / name / str(revision)).is_dir()
 
+    def usage(self) -> CacheUsage:
+        return CacheUsage(0, None, 0, 0, 0)
+
 
 class FakeFetcher(CacheDirectory):
-    """A cache: fetches revisions listed in `available` into `cache_dir`, removes
+    """A cache: downloads revisions listed in `available` into `cache_dir`, removes
     them again; counts both."""
 
     def __init__(self, cache_dir: Path) -> None:
-        self.cache_dir = cache_dir
+        super().__init__(cache_dir)
         self.available: dict[tuple[str, int], int] = {}  # (name, revision) -> rank
         self.fetches: list[tuple[str, int]] = []
-        self.removed: list[tuple[str, int]] = []
-        # Cleared, fetches wait for it.
+        # Cleared, downloads wait for it.
         self.gate = asyncio.Event()
         self.gate.set()
 
     def publish(self, name: str, revision: int, rank: int = 8) -> None:
         self.available[(name, revision)] = rank
 
-    async def fetch(
-        self, name: str, revision: int, manifest: Revision | None = None
-    ) -> CachedRevision:
+    async def download(self, name: str, revision: int, manifest: Revision | None) -> CachedRevision:
         self.fetches.append((name, revision))
         await asyncio.sleep(0)
         await self.gate.wait()
@@ -242,5 +287,5 @@ class FakeFetcher(CacheDirectory):
         return make_revision(self.cache_dir, name, revision, rank=rank)
 
     async def remove(self, name: str, revision: int) -> None:
-        self.removed.append((name, revision))
+        await super().remove(name, revision)
         shutil.rmtree(self.cache_dir / name / str(revision), ignore_errors=True)

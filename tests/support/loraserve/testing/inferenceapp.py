@@ -56,6 +56,7 @@ class RunningInference:
     app: InferenceApp
     address: str
     stub: Any
+    engine: SharedEngine
     # lora_name ("<name>@<revision>") of every add_lora the app made, in order.
     add_calls: list[str] = field(default_factory=list)
 
@@ -107,9 +108,10 @@ async def inference_app(
     replica_id: str = "reliability-replica",
     extra: Sequence[str] = (),
     wait_ready: bool = True,
+    engine_type: type[SharedEngine] = SharedEngine,
 ) -> AsyncIterator[RunningInference]:
-    """Runs an InferenceApp on the shared engine until the block exits (then stops it
-    gracefully and removes the LoRAs it loaded from the engine)."""
+    """Runs an InferenceApp on the shared engine (wrapped in `engine_type`) until the
+    block exits (then stops it gracefully and removes the LoRAs it loaded)."""
     settings = parse_settings(
         inference_args(model_dir, store_address, cache_dir, "--shutdown-grace", "30", *extra),
         {},
@@ -118,9 +120,10 @@ async def inference_app(
     owner = VllmEngine(llm)
     loaded_before = await owner.list_loras()
     add_calls: list[str] = []
+    engine = engine_type(llm, add_calls)
 
     async def start_engine(options: EngineOptions) -> VllmEngine:
-        return SharedEngine(llm, add_calls)
+        return engine
 
     app = InferenceApp(settings, start_engine=start_engine)
     await app.start()
@@ -131,7 +134,8 @@ async def inference_app(
                 await app.ready.wait()
         address = f"127.0.0.1:{app.port}"
         async with grpc.aio.insecure_channel(address) as channel:
-            yield RunningInference(app, address, pb_grpc.InferenceServiceStub(channel), add_calls)
+            stub = pb_grpc.InferenceServiceStub(channel)
+            yield RunningInference(app, address, stub, engine, add_calls)
     finally:
         starting.cancel()
         await asyncio.gather(starting, return_exceptions=True)

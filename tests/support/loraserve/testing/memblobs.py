@@ -10,8 +10,9 @@ from __future__ import annotations
 import hashlib
 import uuid
 from collections.abc import AsyncIterator
+from datetime import datetime
 
-from loraserve.adapterstore.blobstore import BlobNotFound, ReceivedBlob, blob_key
+from loraserve.adapterstore.blobstore import BlobNotFound, ReceivedBlob, StoredObject, blob_key
 
 
 class MemoryBlobStore:
@@ -24,6 +25,10 @@ class MemoryBlobStore:
 
     async def start_upload(self, sha256: str = "") -> _MemoryUpload:
         return _MemoryUpload(self, sha256)
+
+    async def sweep_stale_uploads(self, cutoff: datetime) -> int:
+        # Uploads here live in memory: none outlive the process that started them.
+        return 0
 
     async def put(self, key: str, data: bytes) -> None:
         self.objects[key] = bytes(data)
@@ -48,6 +53,14 @@ class MemoryBlobStore:
     async def list_keys(self, prefix: str, start_after: str = "", limit: int = 0) -> list[str]:
         keys = sorted(k for k in self.objects if k.startswith(prefix) and k > start_after)
         return keys[:limit] if limit else keys
+
+    async def list_objects(
+        self, prefix: str, start_after: str = "", limit: int = 0
+    ) -> list[StoredObject]:
+        return [
+            StoredObject(key, hashlib.md5(self.objects[key]).hexdigest())
+            for key in await self.list_keys(prefix, start_after, limit)
+        ]
 
     async def delete(self, keys: list[str]) -> None:
         for key in keys:

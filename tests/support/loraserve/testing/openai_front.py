@@ -18,8 +18,8 @@ from loraserve.common.security import ServerSecurity
 from loraserve.inference.adapters import LLAMA_TARGET_MODULES, AdapterRegistry, CompatibilityChecker
 from loraserve.inference.metrics import InferenceMetrics
 from loraserve.inference.openai import RunningHttpServer, create_openai_app, start_http_server
-from loraserve.inference.serving import Admission, Generator, Runtime, RuntimeSlot
-from loraserve.testing.inference_fakes import FakeEngine, make_revision
+from loraserve.inference.serving import Admission, Generator, Runtime, RuntimeRef
+from loraserve.testing.inference_fakes import CacheDirectory, FakeEngine, make_revision
 
 MODEL = "fake-llama"
 MESSAGES: list[Any] = [{"role": "user", "content": "hi"}]
@@ -29,7 +29,7 @@ CHAT: dict[str, object] = {"messages": MESSAGES}
 @dataclass
 class Front:
     engine: FakeEngine
-    slot: RuntimeSlot
+    runtime_ref: RuntimeRef
     server: RunningHttpServer
     url: str
 
@@ -54,22 +54,22 @@ async def start_front(tmp_path: Path) -> AsyncIterator[StartFront]:
         compat = CompatibilityChecker(
             max_lora_rank=16, target_modules=LLAMA_TARGET_MODULES, served_model_name=MODEL
         )
-        registry = AdapterRegistry(engine, cache_dir=tmp_path, compat=compat)
-        await registry.install(make_revision(tmp_path, "alpha", 3), make_current=True)
+        registry = AdapterRegistry(engine, CacheDirectory(tmp_path), compat)
+        await registry.install(make_revision(tmp_path, "alpha", 3).manifest, make_current=True)
         admission = Admission(max_pending)
-        slot = RuntimeSlot()
+        runtime_ref = RuntimeRef()
         if runtime:
             generator = Generator(engine, registry, admission, InferenceMetrics())
-            slot.set(Runtime(engine, registry, generator, admission, replica_id="r"))
+            runtime_ref.set(Runtime(engine, registry, generator, admission, replica_id="r"))
         app = create_openai_app(
-            slot,
+            runtime_ref,
             model_names=[MODEL, f"/models/{MODEL}"],
             security=security or ServerSecurity(),
             is_ready=lambda: runtime,
         )
         server = await start_http_server(app, address="127.0.0.1:0", security=ServerSecurity())
         servers.append(server)
-        return Front(engine, slot, server, f"http://127.0.0.1:{server.port}")
+        return Front(engine, runtime_ref, server, f"http://127.0.0.1:{server.port}")
 
     yield start
     for server in servers:

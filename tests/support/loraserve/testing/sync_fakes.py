@@ -22,8 +22,9 @@ from loraserve.clients.store import (
     ReportKind,
     StoreEvent,
 )
-from loraserve.common.errors import LoraserveError
+from loraserve.common.errors import TRANSIENT_ERRORS, LoraserveError
 from loraserve.common.manifest import FileInfo, Revision
+from loraserve.inference.adapters import RegistryCounts
 from loraserve.inference.cache import CachedRevision
 from loraserve.inference.sync import Synchronizer, SyncSettings
 from loraserve.testing.waiting import eventually
@@ -32,7 +33,7 @@ FAST = SyncSettings(initial_backoff_s=0.001, max_backoff_s=0.01)
 _END = object()  # ends a fake watch stream normally
 
 
-def manifest(name: str, revision: int, rank: int = 8) -> Revision:
+def manifest(name: str, revision: int, rank: int = 8, seq: int = 0) -> Revision:
     return Revision(
         adapter_name=name,
         revision=revision,
@@ -44,7 +45,7 @@ def manifest(name: str, revision: int, rank: int = 8) -> Revision:
         create_time=datetime(2026, 1, 1, tzinfo=UTC),
         pushed_by="test",
         description="",
-        seq=0,
+        seq=seq,
     )
 
 
@@ -73,6 +74,7 @@ class FakeStore:
         self.listings = [listing]
         self.list_calls = 0
         self.watch_calls: list[int] = []
+        self.watch_incarnations: list[str] = []
         self.streams: asyncio.Queue[asyncio.Queue[object]] = asyncio.Queue()
         self.reports: list[Report] = []
         self.report_failures: list[LoraserveError] = []
@@ -87,11 +89,14 @@ class FakeStore:
             adapters = tuple(
                 a for a in listing.adapters if a.current and a.current.base_model == base_model
             )
-            return Listing(adapters, listing.seq)
+            return Listing(adapters, listing.seq, listing.incarnation)
         return listing
 
-    async def watch(self, after_seq: int) -> AsyncGenerator[StoreEvent | Heartbeat, None]:
+    async def watch(
+        self, after_seq: int, incarnation: str = ""
+    ) -> AsyncGenerator[StoreEvent | Heartbeat, None]:
         self.watch_calls.append(after_seq)
+        self.watch_incarnations.append(incarnation)
         stream = await self.streams.get()
         while True:
             item = await stream.get()
@@ -146,7 +151,11 @@ class FakeFetcher:
 
 
 class FakeRegistry:
+    """Records what sync asks of it; fetches through `fetcher` as the registry fetches
+    through the cache, listing a fetch that failed for good as the registry does."""
+
     def __init__(self) -> None:
+        self.fetcher = FakeFetcher()
         self.installed: set[tuple[str, int]] = set()
         self.current: dict[str, int] = {}
         self.installs: list[tuple[str, int, bool]] = []
@@ -156,15 +165,25 @@ class FakeRegistry:
         self.failures: dict[tuple[str, int], str] = {}
         # Names routed without loading (set_target).
         self.targets: dict[str, int] = {}
+        # The manifest of every revision installed or targeted, for `held`.
+        self.manifests: dict[tuple[str, int], Revision] = {}
 
-    async def install(self, rev: CachedRevision, *, make_current: bool) -> None:
-        key = (rev.name, rev.revision)
-        self.installs.append((rev.name, rev.revision, make_current))
+    async def install(self, manifest: Revision, *, make_current: bool) -> None:
+        key = manifest.key
+        try:
+            await self.fetcher.fetch(*key, manifest)
+        except TRANSIENT_ERRORS:
+            raise
+        except LoraserveError as exc:
+            self.failures[key] = exc.message
+            raise
+        self.installs.append((*key, make_current))
         if key in self.install_failures:
             raise self.install_failures[key]
         self.installed.add(key)
+        self.manifests[key] = manifest
         if make_current:
-            self._flip(rev.name, rev.revision)
+            self._flip(*key)
 
     async def set_current(self, name: str, revision: int) -> None:
         assert (name, revision) in self.installed
@@ -182,22 +201,27 @@ class FakeRegistry:
         self.deletes.append(name)
         self.targets.pop(name, None)
         self.installed = {key for key in self.installed if key[0] != name}
+        self.manifests = {key: m for key, m in self.manifests.items() if key[0] != name}
         self.current.pop(name, None)
+
+    def held(self) -> dict[str, int]:
+        oldest: dict[str, int] = {}
+        for (name, _), held in self.manifests.items():
+            oldest[name] = min(oldest.get(name, held.seq), held.seq)
+        return oldest
 
     def current_revision(self, name: str) -> int | None:
         return self.current.get(name)
 
-    def is_installed(self, name: str, revision: int) -> bool:
+    def is_loaded(self, name: str, revision: int) -> bool:
         return (name, revision) in self.installed
 
-    def holds(self, name: str, revision: int) -> bool:
+    def uses_files(self, name: str, revision: int) -> bool:
         return (name, revision) in self.installed
-
-    def record_failure(self, given: Revision, message: str) -> None:
-        self.failures[(given.adapter_name, given.revision)] = message
 
     def set_target(self, manifest: Revision) -> None:
         self.targets[manifest.adapter_name] = manifest.revision
+        self.manifests[(manifest.adapter_name, manifest.revision)] = manifest
 
     def target_revision(self, name: str) -> int | None:
         return self.targets.get(name, self.current.get(name))
@@ -205,8 +229,27 @@ class FakeRegistry:
     def is_resident(self, name: str) -> bool:
         return name in self.current
 
-    def resident_count(self) -> int:
-        return len(self.current)
+    def counts(self) -> RegistryCounts:
+        return RegistryCounts(
+            routed=len(self.targets | self.current),
+            resident=len(self.current),
+            loaded=len(self.installed),
+            in_slots=0,
+        )
+
+
+class FakeDiskCache:
+    """Sync's view of the disk cache: no files; `recent` names the adapters served most
+    recently."""
+
+    def __init__(self, recent: Callable[[], list[str]] | None = None) -> None:
+        self._recent = recent or list
+
+    async def sweep(self, keep: Callable[[str, int], bool]) -> None:
+        pass
+
+    def recent_names(self) -> list[str]:
+        return self._recent()
 
 
 def listing(seq: int, *revisions: tuple[str, int]) -> Listing:
@@ -221,16 +264,15 @@ class Harness:
         recent_names: Callable[[], list[str]] | None = None,
     ) -> None:
         self.store = FakeStore(initial)
-        self.fetcher = FakeFetcher()
         self.registry = FakeRegistry()
+        self.fetcher = self.registry.fetcher
         self.swaps: list[float] = []
         self.sync = Synchronizer(
             self.store,
-            self.fetcher,
             self.registry,
+            FakeDiskCache(recent_names),
             settings,
             observe_swap=self.swaps.append,
-            recent_names=recent_names,
         )
 
     async def started(self) -> None:

@@ -69,20 +69,22 @@ class Revision(_message.Message):
     def __init__(self, adapter_name: _Optional[str] = ..., revision: _Optional[int] = ..., files: _Optional[_Iterable[_Union[FileInfo, _Mapping]]] = ..., base_model: _Optional[str] = ..., rank: _Optional[int] = ..., alpha: _Optional[float] = ..., target_modules: _Optional[_Iterable[str]] = ..., create_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., pushed_by: _Optional[str] = ..., description: _Optional[str] = ..., seq: _Optional[int] = ...) -> None: ...
 
 class Adapter(_message.Message):
-    __slots__ = ("name", "current_revision", "latest_revision", "current", "create_time", "update_time")
+    __slots__ = ("name", "current_revision", "latest_revision", "current", "create_time", "update_time", "create_seq")
     NAME_FIELD_NUMBER: _ClassVar[int]
     CURRENT_REVISION_FIELD_NUMBER: _ClassVar[int]
     LATEST_REVISION_FIELD_NUMBER: _ClassVar[int]
     CURRENT_FIELD_NUMBER: _ClassVar[int]
     CREATE_TIME_FIELD_NUMBER: _ClassVar[int]
     UPDATE_TIME_FIELD_NUMBER: _ClassVar[int]
+    CREATE_SEQ_FIELD_NUMBER: _ClassVar[int]
     name: str
     current_revision: int
     latest_revision: int
     current: Revision
     create_time: _timestamp_pb2.Timestamp
     update_time: _timestamp_pb2.Timestamp
-    def __init__(self, name: _Optional[str] = ..., current_revision: _Optional[int] = ..., latest_revision: _Optional[int] = ..., current: _Optional[_Union[Revision, _Mapping]] = ..., create_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., update_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ...) -> None: ...
+    create_seq: int
+    def __init__(self, name: _Optional[str] = ..., current_revision: _Optional[int] = ..., latest_revision: _Optional[int] = ..., current: _Optional[_Union[Revision, _Mapping]] = ..., create_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., update_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., create_seq: _Optional[int] = ...) -> None: ...
 
 class PushHeader(_message.Message):
     __slots__ = ("name", "files", "no_promote", "description", "idempotency_key")
@@ -153,14 +155,16 @@ class ListAdaptersRequest(_message.Message):
     def __init__(self, page_size: _Optional[int] = ..., page_token: _Optional[str] = ..., base_model: _Optional[str] = ...) -> None: ...
 
 class ListAdaptersResponse(_message.Message):
-    __slots__ = ("adapters", "next_page_token", "seq")
+    __slots__ = ("adapters", "next_page_token", "seq", "incarnation")
     ADAPTERS_FIELD_NUMBER: _ClassVar[int]
     NEXT_PAGE_TOKEN_FIELD_NUMBER: _ClassVar[int]
     SEQ_FIELD_NUMBER: _ClassVar[int]
+    INCARNATION_FIELD_NUMBER: _ClassVar[int]
     adapters: _containers.RepeatedCompositeFieldContainer[Adapter]
     next_page_token: str
     seq: int
-    def __init__(self, adapters: _Optional[_Iterable[_Union[Adapter, _Mapping]]] = ..., next_page_token: _Optional[str] = ..., seq: _Optional[int] = ...) -> None: ...
+    incarnation: str
+    def __init__(self, adapters: _Optional[_Iterable[_Union[Adapter, _Mapping]]] = ..., next_page_token: _Optional[str] = ..., seq: _Optional[int] = ..., incarnation: _Optional[str] = ...) -> None: ...
 
 class ListRevisionsRequest(_message.Message):
     __slots__ = ("name", "page_size", "page_token")
@@ -233,10 +237,12 @@ class DownloadAdapterResponse(_message.Message):
     def __init__(self, manifest: _Optional[_Union[Revision, _Mapping]] = ..., chunk: _Optional[_Union[FileChunk, _Mapping]] = ...) -> None: ...
 
 class WatchAdaptersRequest(_message.Message):
-    __slots__ = ("after_seq",)
+    __slots__ = ("after_seq", "incarnation")
     AFTER_SEQ_FIELD_NUMBER: _ClassVar[int]
+    INCARNATION_FIELD_NUMBER: _ClassVar[int]
     after_seq: int
-    def __init__(self, after_seq: _Optional[int] = ...) -> None: ...
+    incarnation: str
+    def __init__(self, after_seq: _Optional[int] = ..., incarnation: _Optional[str] = ...) -> None: ...
 
 class AdapterEvent(_message.Message):
     __slots__ = ("seq", "type", "adapter_name", "revision", "current_revision", "time", "actor")
@@ -257,14 +263,16 @@ class AdapterEvent(_message.Message):
     def __init__(self, seq: _Optional[int] = ..., type: _Optional[_Union[EventType, str]] = ..., adapter_name: _Optional[str] = ..., revision: _Optional[_Union[Revision, _Mapping]] = ..., current_revision: _Optional[int] = ..., time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., actor: _Optional[str] = ...) -> None: ...
 
 class Heartbeat(_message.Message):
-    __slots__ = ("seq", "time", "synced_time")
+    __slots__ = ("seq", "time", "synced_time", "incarnation")
     SEQ_FIELD_NUMBER: _ClassVar[int]
     TIME_FIELD_NUMBER: _ClassVar[int]
     SYNCED_TIME_FIELD_NUMBER: _ClassVar[int]
+    INCARNATION_FIELD_NUMBER: _ClassVar[int]
     seq: int
     time: _timestamp_pb2.Timestamp
     synced_time: _timestamp_pb2.Timestamp
-    def __init__(self, seq: _Optional[int] = ..., time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., synced_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ...) -> None: ...
+    incarnation: str
+    def __init__(self, seq: _Optional[int] = ..., time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., synced_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., incarnation: _Optional[str] = ...) -> None: ...
 
 class WatchAdaptersResponse(_message.Message):
     __slots__ = ("event", "heartbeat")
@@ -315,10 +323,14 @@ class ReportReplicaAliveResponse(_message.Message):
     def __init__(self, known: _Optional[bool] = ...) -> None: ...
 
 class GetAdapterStatusRequest(_message.Message):
-    __slots__ = ("name",)
+    __slots__ = ("name", "page_size", "page_token")
     NAME_FIELD_NUMBER: _ClassVar[int]
+    PAGE_SIZE_FIELD_NUMBER: _ClassVar[int]
+    PAGE_TOKEN_FIELD_NUMBER: _ClassVar[int]
     name: str
-    def __init__(self, name: _Optional[str] = ...) -> None: ...
+    page_size: int
+    page_token: str
+    def __init__(self, name: _Optional[str] = ..., page_size: _Optional[int] = ..., page_token: _Optional[str] = ...) -> None: ...
 
 class ReplicaAdapterStatus(_message.Message):
     __slots__ = ("replica_id", "adapter_name", "serving_revision", "reported_revision", "type", "last_error", "update_time")
@@ -339,7 +351,9 @@ class ReplicaAdapterStatus(_message.Message):
     def __init__(self, replica_id: _Optional[str] = ..., adapter_name: _Optional[str] = ..., serving_revision: _Optional[int] = ..., reported_revision: _Optional[int] = ..., type: _Optional[_Union[ReportType, str]] = ..., last_error: _Optional[_Union[ErrorStatus, _Mapping]] = ..., update_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ...) -> None: ...
 
 class GetAdapterStatusResponse(_message.Message):
-    __slots__ = ("statuses",)
+    __slots__ = ("statuses", "next_page_token")
     STATUSES_FIELD_NUMBER: _ClassVar[int]
+    NEXT_PAGE_TOKEN_FIELD_NUMBER: _ClassVar[int]
     statuses: _containers.RepeatedCompositeFieldContainer[ReplicaAdapterStatus]
-    def __init__(self, statuses: _Optional[_Iterable[_Union[ReplicaAdapterStatus, _Mapping]]] = ...) -> None: ...
+    next_page_token: str
+    def __init__(self, statuses: _Optional[_Iterable[_Union[ReplicaAdapterStatus, _Mapping]]] = ..., next_page_token: _Optional[str] = ...) -> None: ...

@@ -179,7 +179,8 @@ class AdapterStoreServiceServicer:
         raise NotImplementedError('Method not implemented!')
 
     def GetAdapterStatus(self, request, context):
-        """Returns, per live inference replica, which revision it serves and its last error.
+        """Returns, per live inference replica, which revision it serves and its last
+        error, a page at a time.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')

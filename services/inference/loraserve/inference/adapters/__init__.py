@@ -12,17 +12,21 @@ from loraserve.inference.adapters.compat import (
     smallest_covering_rank,
     supported_lora_ranks,
 )
-from loraserve.inference.adapters.registry import AdapterRegistry, Lease
-from loraserve.inference.adapters.state import AdapterState, RevisionStatus, Tier
-from loraserve.inference.adapters.tiers import TierCounters, TierUsage, TierView
+from loraserve.inference.adapters.ports import RegistryObserver, RevisionCache
+from loraserve.inference.adapters.registry import AdapterRegistry, Lease, RegistryCounts
+from loraserve.inference.adapters.state import RevisionState, RevisionStatus
+from loraserve.inference.adapters.tiers import Tier, TierCounters, TierUsage, TierView
 
 __all__ = [
     "LLAMA_TARGET_MODULES",
     "AdapterFacts",
     "AdapterRegistry",
-    "AdapterState",
     "CompatibilityChecker",
     "Lease",
+    "RegistryCounts",
+    "RegistryObserver",
+    "RevisionCache",
+    "RevisionState",
     "RevisionStatus",
     "Tier",
     "TierCounters",

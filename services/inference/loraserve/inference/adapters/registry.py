@@ -1,97 +1,46 @@
-"""Which adapter revisions are loaded in the engine, and where each adapter name routes.
+"""Which adapter revisions are in the engine, and where each adapter name routes.
 
-Hot-swap is make-before-break. Every (name, revision) is its own engine adapter, named
-`"<name>@<revision>"` with a `lora_int_id` never used before on the engine, and never
-loaded in place. A new revision is loaded beside the old one; only after the engine
-accepted it does the name's route flip, in one synchronous step. The old revision
-then drains: requests already on it finish there, and once it has none in flight and
-is neither current nor pinned it is removed from the engine and its files handed back
-to the cache (vLLM may re-read an adapter's path until it is removed). Getting one
-revision into the engine and out again is `engine_adapters`; the files are the
-cache's alone (`AdapterCache.fetch`/`remove`); this module keeps the states and routes.
-
-Residency is lazy. Each name has a target, the manifest of the revision the store
-makes current (`set_target` records it without loading anything; `install` loads it
-too). A request for a name with no loaded revision loads its target on the spot
-(load on miss): from the cache's disk, or downloaded from the store. Every load runs
-in its own task that the requests wait on, so concurrent first requests share one
-load, and a request that gives up (deadline, cancel) does not abort it for the
-others. A load routes the name only if its revision is still the target when it
-lands; a request that finds a newer target (pushed meanwhile) loads that one. The
-cache evicts a revision only after `release` took it out of the engine, which it
-refuses while the revision runs requests, is pinned or is loading.
-
-`name@revision` requests pin that revision: it is fetched through the cache (which
-then asks the store for its manifest) and loaded on demand, and kept in a bounded
-LRU of pinned revisions.
-
-A delete wins over every load of that name still in flight: the load's result is
-discarded (never routed or pinned, its files removed) and its callers get NOT_FOUND,
-so a revision the store no longer has cannot become servable after the delete. A
-load that fails for any reason leaves no files behind either.
-
-One `RevisionEntry` per revision holds its whole state, moved through explicit
-phases (`revisionstate`); names route to READY revisions only.
-
-The seam with the sync side (inference-sync):
-
-    set_target(manifest)                route a name lazily: loaded on its first request
-    install(cached, make_current=...)   load a fetched revision; route it or pin it
-    record_failure(manifest, message)   a revision that could not even be fetched
-    set_current(name, revision)         rollback/promote (fetches if no longer loaded)
-    delete(name)                        unroute; every revision drains, then goes;
-                                        loads in flight are discarded
-    current_revision(name), is_installed(name, revision), holds(...), is_resident(name),
-    resident_count(), snapshot()
-    release(name, revision)             the cache's eviction: out of the engine if idle
-    settle()                            waits for loads and removals in progress
-
-Both sides never load a path that is not inside the adapter cache directory.
+Invariants (the story is docs/design.md, "Inference service"):
+- every (name, revision) is its own engine adapter, `NAME@REV` with a `lora_int_id`
+  never used before, never loaded in place;
+- a name routes only to a READY revision, and its route flips in one synchronous step,
+  only after the engine accepted the new revision (make-before-break);
+- a revision leaves the engine only when no request runs on it and it is neither
+  current nor pinned; its files go back to the cache only after that;
+- each name has a target (what the store makes current); a request for a name with no
+  loaded revision loads its target (load on miss), and a load routes its revision only
+  if it is still the target when it lands;
+- a delete wins over every load of that name in flight: nothing of it becomes servable;
+- nothing is loaded from outside the cache directory.
 """
 
 from __future__ import annotations
 
 import asyncio
-import functools
 import itertools
 import logging
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
-from pathlib import Path
-from typing import Protocol
 
-from loraserve.common.errors import LoraserveError, NotFound, Unavailable
-from loraserve.common.manifest import Revision
+from loraserve.common.errors import TRANSIENT_ERRORS, LoraserveError, NotFound, Unavailable
+from loraserve.common.manifest import Revision, RevisionKey
 from loraserve.common.names import AdapterRef
 from loraserve.inference.adapters.compat import CompatibilityChecker, manifest_facts
 from loraserve.inference.adapters.in_engine import EngineAdapters
-from loraserve.inference.adapters.loads import RevisionCache, RevisionLoads
+from loraserve.inference.adapters.loads import RevisionLoads
+from loraserve.inference.adapters.ports import RegistryObserver, RevisionCache
 from loraserve.inference.adapters.state import (
     IN_ENGINE,
-    Key,
-    Phase,
     RevisionEntry,
+    RevisionState,
     RevisionStatus,
     statuses,
 )
-from loraserve.inference.cache import CachedRevision
 from loraserve.inference.engine import AdapterHandle, Engine
 
 log = logging.getLogger(__name__)
-
-
-class RegistryObserver(Protocol):
-    """Counts what the engine tier does (`InferenceMetrics`)."""
-
-    def adapter_load_failed(self, name: str) -> None: ...
-
-    def adapter_missed(self, tier: str) -> None: ...
-
-    def adapter_load_waited(self, source: str, seconds: float) -> None: ...
-
-    def adapter_evicted(self, tier: str) -> None: ...
 
 
 @dataclass(frozen=True)
@@ -103,88 +52,93 @@ class Lease:
     adapter: AdapterHandle | None
 
 
-class AdapterRegistry:
-    """Routes adapter names to loaded revisions on the engine; make-before-break.
+@dataclass(frozen=True)
+class RegistryCounts:
+    """How many of each the registry has now."""
 
-    Invariant: `_routes[name] == r` only while entry (name, r) is READY.
-    """
+    # Names routed here, loaded or not.
+    routed: int
+    # Names routed to a revision in the engine or loading one.
+    resident: int
+    # Revisions in the engine (READY, DRAINING or leaving).
+    loaded: int
+    # Revisions running requests: each takes a LoRA slot while batched.
+    in_slots: int
+
+
+class AdapterRegistry:
+    """Routes adapter names to loaded revisions on the engine; see the module docstring."""
 
     def __init__(
         self,
         engine: Engine,
-        *,
-        cache_dir: Path,
+        cache: RevisionCache,
         compat: CompatibilityChecker,
-        fetcher: RevisionCache | None = None,
+        *,
         max_pinned: int = 8,
         observer: RegistryObserver | None = None,
     ) -> None:
         if max_pinned < 1:
             raise ValueError(f"max_pinned must be at least 1, got {max_pinned}")
-        self._adapters = EngineAdapters(engine, cache_dir, compat, self._spawn)
-        self._cache = fetcher
+        self._adapters = EngineAdapters(engine, cache.root, compat, self._spawn)
+        self._cache = cache
         self._max_pinned = max_pinned
         self._observer = observer
-        self._entries: dict[Key, RevisionEntry] = {}
+        self._entries: dict[RevisionKey, RevisionEntry] = {}
         self._routes: dict[str, int] = {}
         # What each name should route to: loaded now, or on its first request.
         self._targets: dict[str, Revision] = {}
         self._pin_clock = itertools.count(1)
         self._tasks: set[asyncio.Task[None]] = set()
         self._loads = RevisionLoads(
-            self._entries, self._adapters, fetcher, self._update, self._spawn
+            self._entries, self._adapters, cache, self, self._update, self._spawn
         )
 
-    # -- the sync side ---------------------------------------------------------------
+    # -- what the store asks for (sync) -------------------------------------------
 
-    async def install(self, cached: CachedRevision, *, make_current: bool) -> None:
-        """Loads `cached` (if not loaded yet), then routes its name to it or pins it.
-
-        Raises FailedPrecondition if the revision is incompatible or the engine
-        rejects it; whatever was serving before keeps serving.
-        """
-        key = (cached.name, cached.revision)
+    async def install(self, manifest: Revision, *, make_current: bool) -> None:
+        """Fetches and loads the revision (if not loaded yet), then routes its name to
+        it or pins it. Raises FailedPrecondition if the revision is incompatible or the
+        engine rejects it, DataLoss or NotFound (each then listed as FAILED), or a
+        transient error to be retried; whatever was serving keeps serving."""
         if make_current:
-            self._retarget(cached.manifest)
+            self._targets[manifest.adapter_name] = manifest
         claim = self._route_if_target if make_current else self._pin
         try:
-            await self._loads.ensure_loaded(
-                key, functools.partial(self._loads.obtain, key, cached), claim
-            )
+            await self._loads.ensure_loaded(manifest.key, manifest, claim)
+        except TRANSIENT_ERRORS:
+            raise
         except LoraserveError as exc:
-            self._fail(cached.manifest, exc.message)
+            self._fail(manifest, exc.message)
             raise
 
     def set_target(self, manifest: Revision) -> None:
         """Routes the name to `manifest` without loading it: its first request will.
-        A loaded older revision stops taking new requests at once."""
-        previous = self.target_revision(manifest.adapter_name)
+        A loaded older revision stops taking new requests at once. Raises
+        FailedPrecondition (and lists the revision as FAILED) if this server could not
+        serve it, judged from the manifest."""
+        name = manifest.adapter_name
+        previous = self.target_revision(name)
         if previous == manifest.revision:
             return
-        self._adapters.check_facts(manifest_facts(manifest))
-        self._retarget(manifest)
-        routed = self._routes.get(manifest.adapter_name)
+        try:
+            self._adapters.check_facts(manifest_facts(manifest))
+        except LoraserveError as exc:
+            self._fail(manifest, exc.message)
+            raise
+        self._targets[name] = manifest
+        routed = self._routes.get(name)
         if routed is not None and routed != manifest.revision:
-            del self._routes[manifest.adapter_name]
-            self._update(self._entries[(manifest.adapter_name, routed)])
+            del self._routes[name]
+            self._update(self._entries[RevisionKey(name, routed)])
         if previous is not None:
             # Only a name routed before can have a superseded revision on disk: the
             # start-up sweep left none, so routing thousands at start-up costs no task.
-            self._spawn(self._cache_remove_unused(manifest.adapter_name))
-
-    def record_failure(self, manifest: Revision, message: str) -> None:
-        """A revision that failed before it reached `install` (refused from its manifest,
-        corrupt download): listed as FAILED with the reason, like a failed load."""
-        entry = self._entries.get((manifest.adapter_name, manifest.revision))
-        if entry is None or entry.phase is Phase.FAILED:
-            self._fail(manifest, message)
+            self._spawn(self._cache_remove_unused(name))
 
     async def set_current(self, name: str, revision: int) -> None:
         """Routes `name` to `revision`, loading it again if it was already removed."""
-        key = (name, revision)
-        entry = await self._loads.ensure_loaded(
-            key, functools.partial(self._loads.obtain, key, None), self._promote
-        )
+        entry = await self._loads.ensure_loaded(RevisionKey(name, revision), None, self._promote)
         if entry is None:
             raise Unavailable(f"adapter {name}@{revision} left the engine as it loaded; retry")
 
@@ -193,9 +147,9 @@ class AdapterRegistry:
         self._routes.pop(name, None)
         self._targets.pop(name, None)
         for entry in [e for e in self._entries.values() if e.name == name]:
-            if entry.phase is Phase.FAILED:
+            if entry.state is RevisionState.FAILED:
                 del self._entries[entry.key]
-            elif entry.phase is Phase.LOADING:
+            elif entry.state is RevisionState.LOADING:
                 entry.discarded = True
             else:
                 entry.pinned_at = 0
@@ -204,53 +158,65 @@ class AdapterRegistry:
         log.info("adapter.unrouted name=%s", name)
 
     def current_revision(self, name: str) -> int | None:
+        """The revision `name` routes to in the engine; None when not loaded."""
         return self._routes.get(name)
 
-    def is_installed(self, name: str, revision: int) -> bool:
-        entry = self._entries.get((name, revision))
-        return entry is not None and entry.phase in (Phase.READY, Phase.DRAINING)
-
-    def holds(self, name: str, revision: int) -> bool:
-        """Whether the revision's files are in use: loaded, loading or being removed."""
-        entry = self._entries.get((name, revision))
-        return entry is not None and entry.phase is not Phase.FAILED
+    def held(self) -> dict[str, int]:
+        """Every name held here (routed, targeted, loaded, loading or pinned), with the
+        lowest store seq among the manifests of its revisions held: one committed
+        before the name's `create_seq` belongs to a deleted generation."""
+        oldest: dict[str, int] = {}
+        manifests = [e.manifest for e in self._entries.values()] + list(self._targets.values())
+        for manifest in manifests:
+            if manifest is not None:
+                name = manifest.adapter_name
+                oldest[name] = min(oldest.get(name, manifest.seq), manifest.seq)
+        return oldest
 
     def target_revision(self, name: str) -> int | None:
+        """The revision `name` should route to, loaded or not."""
         target = self._targets.get(name)
         return target.revision if target is not None else None
 
+    def is_loaded(self, name: str, revision: int) -> bool:
+        """Whether the revision is in the engine and may take requests (READY or
+        DRAINING)."""
+        entry = self._entries.get(RevisionKey(name, revision))
+        return entry is not None and entry.state in (RevisionState.READY, RevisionState.DRAINING)
+
+    def uses_files(self, name: str, revision: int) -> bool:
+        """Whether the revision's files are in use: loaded, loading or leaving."""
+        entry = self._entries.get(RevisionKey(name, revision))
+        return entry is not None and entry.state is not RevisionState.FAILED
+
     def is_resident(self, name: str) -> bool:
-        """Whether a revision of `name` is routed in the engine or loading for it."""
+        """Whether `name` routes to a revision in the engine or one is loading for it."""
         return name in self._routes or any(
-            e.name == name and e.phase is Phase.LOADING for e in self._entries.values()
+            e.name == name and e.state is RevisionState.LOADING for e in self._entries.values()
         )
 
-    def resident_count(self) -> int:
-        """Names routed to a revision in the engine."""
-        return len(self._routes)
-
-    def slots_in_use(self) -> int:
-        """Revisions running requests now: each takes a LoRA slot while batched."""
-        return sum(1 for e in self._entries.values() if e.in_flight)
-
-    def routed_count(self) -> int:
-        """Names this replica routes, loaded or not."""
-        return len(self._targets)
+    def counts(self) -> RegistryCounts:
+        entries = self._entries.values()
+        return RegistryCounts(
+            routed=len(self._targets),
+            resident=len(self._routes),
+            loaded=sum(1 for e in entries if e.state in IN_ENGINE),
+            in_slots=sum(1 for e in entries if e.in_flight),
+        )
 
     async def release(self, name: str, revision: int) -> bool:
-        """The cache wants the revision's files: takes it out of the engine if nothing
-        needs it there (no request on it, not pinned, not loading) and says whether
-        the files are free. A routed revision loses its route; its target stays, so
-        the next request loads it again."""
-        entry = self._entries.get((name, revision))
-        if entry is None or entry.phase is Phase.FAILED:
+        """The cache wants the revision's files (`Holder`): takes it out of the engine
+        if nothing needs it there and says whether the files are free. A routed
+        revision loses its route; its target stays, so the next request reloads it."""
+        entry = self._entries.get(RevisionKey(name, revision))
+        if entry is None or entry.state is RevisionState.FAILED:
             return True
-        if entry.phase is not Phase.READY or entry.in_flight or entry.pinned_at:
+        if not entry.releasable:
             return False
         assert entry.handle is not None
         if self._routes.get(name) == revision:
             del self._routes[name]
-        entry.phase, entry.done = Phase.REMOVING, asyncio.Event()
+        entry.state, entry.done = RevisionState.REMOVING, asyncio.Event()
         try:
             await self._adapters.remove(entry.handle)
         except Exception:
@@ -265,12 +231,12 @@ class AdapterRegistry:
         log.info("adapter.evicted name=%s rev=%d", name, revision)
         return True
 
-    async def settle(self) -> None:
+    async def wait_background(self) -> None:
         """Waits until every load and removal started so far has finished."""
         while self._tasks:
             await asyncio.gather(*self._tasks, return_exceptions=True)
 
-    # -- the request side ------------------------------------------------------------
+    # -- what requests ask for ----------------------------------------------------
 
     @asynccontextmanager
     async def acquire(self, ref: AdapterRef) -> AsyncIterator[Lease]:
@@ -281,41 +247,34 @@ class AdapterRegistry:
         if ref.revision is None:
             entry = self._routed_entry(ref.name) or await self._load_on_miss(ref.name)
         else:
-            key = (ref.name, ref.revision)
-            pinned = await self._loads.ensure_loaded(
-                key, functools.partial(self._loads.obtain, key, None), self._pin
-            )
+            key = RevisionKey(ref.name, ref.revision)
+            pinned = await self._loads.ensure_loaded(key, None, self._pin)
             if pinned is None:
-                raise Unavailable(f"adapter {ref.name}@{ref.revision} left as it loaded; retry")
+                raise Unavailable(f"adapter {key} left as it loaded; retry")
             entry = pinned
         entry.in_flight += 1
-        if self._cache is not None:
-            self._cache.touch(*entry.key)
+        self._cache.touch(*entry.key)
         try:
             yield Lease(name=entry.name, revision=entry.revision, adapter=entry.handle)
         finally:
             entry.in_flight -= 1
             self._update(entry)
 
-    def loaded_count(self) -> int:
-        return sum(1 for e in self._entries.values() if e.phase in IN_ENGINE)
-
     def snapshot(self, in_host_memory: Callable[[int], bool] | None = None) -> list[RevisionStatus]:
-        """Every revision this registry knows, loaded or only targeted, ordered by
-        name then revision, each with the tier it is in; `in_host_memory` tells the
+        """Every revision this registry knows, loaded or only routed, ordered by name
+        then revision, each with the tier it is in; `in_host_memory` tells the
         lora_int_ids the engine holds in host memory (else all loaded ones count)."""
-        cache = self._cache
         return statuses(
             self._entries,
             self._routes,
             self._targets,
-            on_disk=(lambda n, r: cache.is_cached(n, r)) if cache else (lambda n, r: False),
+            on_disk=lambda key: self._cache.is_cached(*key),
             in_host_memory=in_host_memory or (lambda lora_int_id: True),
         )
 
     def _routed_entry(self, name: str) -> RevisionEntry | None:
         revision = self._routes.get(name)
-        return None if revision is None else self._entries[(name, revision)]
+        return None if revision is None else self._entries[RevisionKey(name, revision)]
 
     async def _load_on_miss(self, name: str) -> RevisionEntry:
         """Loads the name's target for a request that found no loaded revision, and
@@ -328,10 +287,7 @@ class AdapterRegistry:
             target = self._targets.get(name)
             if target is None:
                 raise NotFound(f"adapter {name!r} is not served here")
-            key = (name, target.revision)
-            loaded = await self._loads.ensure_loaded(
-                key, functools.partial(self._loads.fetch, target), self._route_if_target
-            )
+            loaded = await self._loads.ensure_loaded(target.key, target, self._route_if_target)
             downloaded = downloaded or (loaded is not None and loaded.downloaded)
         if self._observer is not None:
             if downloaded:
@@ -341,13 +297,16 @@ class AdapterRegistry:
         return entry
 
     def _fail(self, manifest: Revision, message: str) -> None:
-        key = (manifest.adapter_name, manifest.revision)
-        self._entries[key] = RevisionEntry(*key, Phase.FAILED, manifest=manifest, error=message)
+        """Lists a revision whose load failed as FAILED with the reason, unless a load
+        of it is under way or it is in the engine."""
+        entry = self._entries.get(manifest.key)
+        if entry is not None and entry.state is not RevisionState.FAILED:
+            return
+        self._entries[manifest.key] = RevisionEntry(
+            manifest.key, RevisionState.FAILED, manifest=manifest, error=message
+        )
         if self._observer is not None:
             self._observer.adapter_load_failed(manifest.adapter_name)
-
-    def _retarget(self, manifest: Revision) -> None:
-        self._targets[manifest.adapter_name] = manifest
 
     def _route_if_target(self, entry: RevisionEntry) -> None:
         """Routes a loaded revision that is still its name's target; a stale one is
@@ -357,15 +316,15 @@ class AdapterRegistry:
 
     def _promote(self, entry: RevisionEntry) -> None:
         assert entry.manifest is not None
-        self._retarget(entry.manifest)
+        self._targets[entry.name] = entry.manifest
         self._route(entry)
 
     async def _cache_remove_unused(self, name: str) -> None:
-        """Files of the name's revisions that are neither held nor its target."""
-        if self._cache is None:
-            return
+        """Files of the name's revisions that are neither in use nor its target."""
         target = self.target_revision(name)
-        await self._cache.remove_unused(name, lambda n, rev: rev == target or self.holds(n, rev))
+        await self._cache.remove_unused(
+            name, lambda n, rev: rev == target or self.uses_files(n, rev)
+        )
 
     def _route(self, entry: RevisionEntry) -> None:
         previous = self._routes.get(entry.name)
@@ -379,7 +338,7 @@ class AdapterRegistry:
             entry.handle.lora_int_id,
             previous,
         )
-        replaced = self._entries.get((entry.name, previous or 0))
+        replaced = self._entries.get(RevisionKey(entry.name, previous or 0))
         if replaced is not None and replaced is not entry:
             self._update(replaced)
 
@@ -394,16 +353,18 @@ class AdapterRegistry:
             self._update(evicted)
 
     def _update(self, entry: RevisionEntry) -> None:
-        """Puts a revision in the engine into the phase its route, pin and requests
+        """Puts a revision in the engine into the state its route, pin and requests
         call for; one nothing needs any more starts leaving."""
-        if entry.phase not in (Phase.READY, Phase.DRAINING):
+        if entry.state not in (RevisionState.READY, RevisionState.DRAINING):
             return
         if self._routes.get(entry.name) == entry.revision or entry.pinned_at:
-            entry.phase = Phase.READY
+            entry.state = RevisionState.READY
+            if entry.releasable:
+                self._cache.hold_ended()
         elif entry.in_flight:
-            entry.phase = Phase.DRAINING
+            entry.state = RevisionState.DRAINING
         else:
-            entry.phase = Phase.REMOVING
+            entry.state = RevisionState.REMOVING
             entry.done = asyncio.Event()
             self._spawn(self._remove(entry))
 

@@ -1,49 +1,49 @@
-"""One revision's state in the registry, and how ListAdapters reports it.
+"""Each revision's state on this replica, and how ListAdapters shows it.
 
-Pure data, no I/O: `AdapterRegistry` moves each `RevisionEntry` through its phases
+Pure data, no I/O. A revision the registry knows is one `RevisionEntry`, moved by
+`AdapterRegistry` through
 
     (none) -> LOADING -> READY <-> DRAINING -> REMOVING -> (none)
                  |            (READY: current or pinned;
                  v             DRAINING: neither, requests still on it)
                FAILED -> LOADING (asked again) | (none) (deleted)
 
-and `status_of` shows an entry as the public `AdapterState`, where REMOVING is
-still DRAINING (the engine holds it until the removal ends).
+A routed revision that is not loaded has no entry: it is AVAILABLE. The story is in
+docs/design.md ("Residency is a hierarchy", "Hot swap").
 """
 
 from __future__ import annotations
 
 import asyncio
 import enum
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from loraserve.common.manifest import Revision
+from loraserve.common.manifest import Revision, RevisionKey
+from loraserve.inference.adapters.tiers import Tier
 from loraserve.inference.engine import AdapterHandle
 
-Key = tuple[str, int]
 
+class RevisionState(enum.Enum):
+    """Where a revision is in its life on this replica."""
 
-class AdapterState(enum.Enum):
-    """A revision's state as ListAdapters reports it."""
-
-    LOADING = "loading"
-    READY = "ready"
-    DRAINING = "draining"
-    FAILED = "failed"
     # Routed here but not loaded: its first request loads it.
     AVAILABLE = "available"
+    # Being fetched, checked and added to the engine; nothing routes to it yet.
+    LOADING = "loading"
+    # In the engine and current or pinned: new requests may use it.
+    READY = "ready"
+    # In the engine, neither current nor pinned: only requests already on it.
+    DRAINING = "draining"
+    # Leaving the engine, then its files go back to the cache. Shown as DRAINING.
+    REMOVING = "removing"
+    # Its last load failed; nothing of it is in the engine or the cache.
+    FAILED = "failed"
 
 
-class Tier(enum.Enum):
-    """Where a revision's weights are, nearest first: in a batch now, in the engine's
-    host memory, on this replica's disk, or only in the store."""
-
-    SLOT = "slot"
-    HOST = "host"
-    DISK = "disk"
-    STORE = "store"
+# The engine holds the revision (its `handle` is set) in exactly these states.
+IN_ENGINE = frozenset({RevisionState.READY, RevisionState.DRAINING, RevisionState.REMOVING})
 
 
 @dataclass(frozen=True)
@@ -52,44 +52,40 @@ class RevisionStatus:
 
     name: str
     revision: int
-    state: AdapterState
+    state: RevisionState
+    # Whether the name routes to this revision.
     current: bool
+    # Requests running on it now.
     in_flight: int = 0
+    # The engine's id for it; 0 when it is not in the engine.
     lora_int_id: int = 0
     rank: int = 0
+    # Why its last load failed (FAILED only).
     last_error: str = ""
     tier: Tier = Tier.STORE
 
 
-class Phase(enum.Enum):
-    """Where a revision is in its life in the registry; see the diagram above."""
-
-    LOADING = "loading"  # fetched, checked, added to the engine; nothing routes to it yet
-    READY = "ready"  # in the engine and current or pinned: new requests may use it
-    DRAINING = "draining"  # in the engine, neither: only requests already on it
-    REMOVING = "removing"  # leaving the engine, then its files go back to the cache
-    FAILED = "failed"  # its last load failed; nothing of it in the engine or the cache
-
-
 @dataclass(eq=False)
 class RevisionEntry:
-    """Everything this registry knows of one revision.
+    """Everything the registry knows of one revision.
 
-    Invariants: `handle` is set exactly in READY, DRAINING and REMOVING (the engine
-    holds it); READY means current or pinned (`pinned_at` > 0), DRAINING neither
-    with `in_flight` > 0, and an idle revision that is neither leaves at once
-    (REMOVING); `discarded` is only ever set in LOADING; `done` is set when a
-    LOADING or REMOVING step ends, so waiters look again.
+    Invariants: `handle` is set exactly in IN_ENGINE states; READY means current or
+    pinned (`pinned_at` > 0), DRAINING neither with `in_flight` > 0, and an idle
+    revision that is neither leaves at once (REMOVING); `discarded` is only ever set
+    in LOADING; `done` is set when a LOADING or REMOVING step ends, so waiters look
+    again.
     """
 
-    name: str
-    revision: int
-    phase: Phase
+    key: RevisionKey
+    state: RevisionState
     # None only while a pinned revision's manifest is being looked up.
     manifest: Revision | None = None
     path: Path | None = None
     handle: AdapterHandle | None = None
     in_flight: int = 0
+    # Requests waiting for its load (or its removal) to end: they are about to run on
+    # it, so it must not be evicted under them.
+    waiters: int = 0
     # LRU stamp of the last pin; 0 when not pinned.
     pinned_at: int = 0
     # The name was deleted while this loaded: the result is dropped.
@@ -102,84 +98,80 @@ class RevisionEntry:
     task: asyncio.Task[None] | None = None
 
     @property
-    def key(self) -> Key:
-        return (self.name, self.revision)
+    def name(self) -> str:
+        return self.key.name
+
+    @property
+    def revision(self) -> int:
+        return self.key.revision
 
     @property
     def rank(self) -> int:
         return self.manifest.rank if self.manifest is not None else 0
 
-
-IN_ENGINE = (Phase.READY, Phase.DRAINING, Phase.REMOVING)
-
-
-def status_of(entry: RevisionEntry, routes: dict[str, int], tier: Tier) -> RevisionStatus:
-    if entry.phase is Phase.LOADING:
-        return RevisionStatus(
-            entry.name,
-            entry.revision,
-            AdapterState.LOADING,
-            current=False,
-            rank=entry.rank,
-            tier=tier,
+    @property
+    def releasable(self) -> bool:
+        """In the engine and needed by no request (running or about to), and not
+        pinned; the caller decides about its route."""
+        return (
+            self.state is RevisionState.READY
+            and not self.in_flight
+            and not self.waiters
+            and not self.pinned_at
         )
-    if entry.phase is Phase.FAILED:
+
+
+def statuses(
+    entries: Mapping[RevisionKey, RevisionEntry],
+    routes: Mapping[str, int],
+    targets: Mapping[str, Revision],
+    *,
+    on_disk: Callable[[RevisionKey], bool],
+    in_host_memory: Callable[[int], bool],
+) -> list[RevisionStatus]:
+    """Every revision known, loaded or only routed, ordered by name then revision,
+    each in the tier its weights are: running requests (SLOT), in the engine's host
+    memory (HOST), on disk only (DISK) or in the store only (STORE)."""
+
+    def tier(entry: RevisionEntry) -> Tier:
+        if entry.in_flight:
+            return Tier.SLOT
+        if entry.handle is not None and entry.state in IN_ENGINE:
+            return Tier.HOST if in_host_memory(entry.handle.lora_int_id) else Tier.DISK
+        return Tier.DISK if on_disk(entry.key) else Tier.STORE
+
+    found = {key: _status(e, routes, tier(e)) for key, e in entries.items()}
+    for target in targets.values():
+        if target.key not in found:
+            found[target.key] = RevisionStatus(
+                target.adapter_name,
+                target.revision,
+                RevisionState.AVAILABLE,
+                current=True,
+                rank=target.rank,
+                tier=Tier.DISK if on_disk(target.key) else Tier.STORE,
+            )
+    return [found[key] for key in sorted(found)]
+
+
+def _status(entry: RevisionEntry, routes: Mapping[str, int], tier: Tier) -> RevisionStatus:
+    if entry.handle is None or entry.state not in IN_ENGINE:
         return RevisionStatus(
             entry.name,
             entry.revision,
-            AdapterState.FAILED,
+            entry.state,
             current=False,
             rank=entry.rank,
             last_error=entry.error,
             tier=tier,
         )
-    assert entry.handle is not None
     return RevisionStatus(
         entry.name,
         entry.revision,
-        AdapterState.READY if entry.phase is Phase.READY else AdapterState.DRAINING,
+        RevisionState.READY if entry.state is RevisionState.READY else RevisionState.DRAINING,
         current=routes.get(entry.name) == entry.revision,
         in_flight=entry.in_flight,
         lora_int_id=entry.handle.lora_int_id,
         rank=entry.rank,
-        tier=tier,
-    )
-
-
-def statuses(
-    entries: dict[Key, RevisionEntry],
-    routes: dict[str, int],
-    targets: dict[str, Revision],
-    *,
-    on_disk: Callable[[str, int], bool],
-    in_host_memory: Callable[[int], bool],
-) -> list[RevisionStatus]:
-    """Every revision known, loaded or only targeted, ordered by name then revision,
-    each in the tier its weights are: running requests (SLOT), loaded and in the
-    engine's host memory (HOST), on disk only (DISK) or in the store only (STORE)."""
-
-    def tier(entry: RevisionEntry) -> Tier:
-        if entry.in_flight:
-            return Tier.SLOT
-        if entry.handle is not None and entry.phase in IN_ENGINE:
-            return Tier.HOST if in_host_memory(entry.handle.lora_int_id) else Tier.DISK
-        return Tier.DISK if on_disk(*entry.key) else Tier.STORE
-
-    found = {key: status_of(e, routes, tier(e)) for key, e in entries.items()}
-    for name, target in targets.items():
-        key = (name, target.revision)
-        if key not in found:
-            found[key] = target_status(target, Tier.DISK if on_disk(*key) else Tier.STORE)
-    return [found[key] for key in sorted(found)]
-
-
-def target_status(target: Revision, tier: Tier) -> RevisionStatus:
-    """A routed revision that is not loaded (`tier` is DISK or STORE)."""
-    return RevisionStatus(
-        target.adapter_name,
-        target.revision,
-        AdapterState.AVAILABLE,
-        current=True,
-        rank=target.rank,
         tier=tier,
     )

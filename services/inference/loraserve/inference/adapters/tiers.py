@@ -11,18 +11,34 @@ interval, and on every GetServerInfo/ListAdapters).
 from __future__ import annotations
 
 import asyncio
+import enum
 import logging
 import statistics
 from collections import deque
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import TYPE_CHECKING
 
 from loraserve.inference.cache import CacheUsage
+from loraserve.inference.engine import Engine
+
+if TYPE_CHECKING:
+    from loraserve.inference.adapters.ports import RevisionCache
+    from loraserve.inference.adapters.registry import AdapterRegistry
 
 log = logging.getLogger(__name__)
 
 # Waits kept for GetServerInfo's percentiles; the metrics histogram keeps them all.
 _RECENT_WAITS = 1024
+
+
+class Tier(enum.Enum):
+    """Where a revision's weights are, nearest first: in a batch now, in the engine's
+    host memory, on this replica's disk, or only in the store."""
+
+    SLOT = "slot"
+    HOST = "host"
+    DISK = "disk"
+    STORE = "store"
 
 
 @dataclass
@@ -63,30 +79,14 @@ class TierUsage:
         return statistics.quantiles(waits, n=100, method="inclusive")[round(fraction * 100) - 1]
 
 
-class _Registry(Protocol):
-    def slots_in_use(self) -> int: ...
-
-    def loaded_count(self) -> int: ...
-
-    def routed_count(self) -> int: ...
-
-
-class _Cache(Protocol):
-    def usage(self) -> CacheUsage: ...
-
-
-class _Engine(Protocol):
-    async def list_loras(self) -> set[int]: ...
-
-
 class TierView:
     """Reads every tier's state from the part that owns it."""
 
     def __init__(
         self,
-        registry: _Registry,
-        cache: _Cache,
-        engine: _Engine,
+        registry: AdapterRegistry,
+        cache: RevisionCache,
+        engine: Engine,
         counters: TierCounters,
         *,
         max_loras: int,
@@ -115,13 +115,14 @@ class TierView:
             await asyncio.sleep(interval_s)
 
     def usage(self) -> TierUsage:
+        counts = self._registry.counts()
         return TierUsage(
-            slots_in_use=self._registry.slots_in_use(),
+            slots_in_use=counts.in_slots,
             slot_capacity=self._max_loras,
             host_adapters=len(self._host),
             host_capacity=self._max_cpu_loras,
-            engine_adapters=self._registry.loaded_count(),
+            engine_adapters=counts.loaded,
             disk=self._cache.usage(),
-            routed_adapters=self._registry.routed_count(),
+            routed_adapters=counts.routed,
             counters=self._counters,
         )

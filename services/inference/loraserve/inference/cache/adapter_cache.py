@@ -1,31 +1,11 @@
 """The local adapter cache: verified revisions on disk, at `<root>/<name>/<revision>/`.
 
-A revision is downloaded into a private temporary directory under the cache root,
-every file is checked against the manifest's size and SHA-256, and only then is the
-directory renamed into place, so the engine never sees a partial or corrupt
-revision. The manifest is kept beside the files (`.manifest.json`) so a revision
-found on disk after a restart is re-verified and reused without a download.
-
-Sync passes the manifest its watch event or listing carried, so a load costs one
-download stream and no lookup; the stream's own manifest must match it. Only a
-pinned `name@revision` request, which has no event, looks the manifest up (once).
-Before any byte is downloaded, the manifest (base model, rank, target modules) is
-checked against what this server can serve, so an incompatible adapter costs no
-download.
-
-The cache alone creates and removes directories under its root: the registry hands
-a revision back with `remove` once the engine let go of it, and `sweep` removes
-revision directories nothing needs (an earlier run's leftovers).
-
-It is the disk tier of the adapter hierarchy (LoRA slots -> host memory -> this disk
--> the store). With a byte bound (`--adapter-cache-size`) a download first makes room:
-the least recently used revisions (`cacheindex`) are evicted, each only once its
-`Evictor` (the registry) has taken it out of the engine, since vLLM reloads an
-adapter it dropped from host memory from its path; a revision being fetched, in
-use, pinned or loading is skipped. The bytes on disk plus the downloads in progress
-never exceed the bound: a download that cannot get room fails with
-RESOURCE_EXHAUSTED (retried by sync; the request's caller sees it) rather than
-overfill the disk.
+Invariants: the engine never sees a partial or corrupt revision (downloads land in a
+private directory under `.tmp/`, every file is checked against the manifest's size and
+SHA-256, then the directory is renamed into place); an incompatible revision costs no
+download (its manifest is checked first); the disk never holds more than the bound
+(`bound`); this class alone creates and deletes revision directories. Why, and how it
+fits the tiers: docs/design.md ("Residency is a hierarchy", "The disk is bounded").
 """
 
 from __future__ import annotations
@@ -41,18 +21,13 @@ from pathlib import Path
 from typing import Protocol
 
 from loraserve.clients.store import FileChunk
-from loraserve.common.errors import (
-    DataLoss,
-    FailedPrecondition,
-    InvalidArgument,
-    NotFound,
-    ResourceExhausted,
-)
-from loraserve.common.manifest import Revision
+from loraserve.common.errors import DataLoss, FailedPrecondition, InvalidArgument, NotFound
+from loraserve.common.manifest import Revision, RevisionKey
 from loraserve.common.names import validate_adapter_name
-from loraserve.inference.cache import files as cachefiles
+from loraserve.inference.cache import files
+from loraserve.inference.cache.bound import ByteBound
 from loraserve.inference.cache.download import check_manifest, receive_revision, same_files
-from loraserve.inference.cache.index import CacheIndex, Key
+from loraserve.inference.cache.index import CacheIndex
 
 log = logging.getLogger(__name__)
 
@@ -104,12 +79,13 @@ ManifestCheck = Callable[[Revision], None]
 (`CompatibilityChecker.check_manifest`)."""
 
 
-class Evictor(Protocol):
-    """Lets go of a revision so its files can be deleted (`AdapterRegistry.release`)."""
+class Holder(Protocol):
+    """Who may be using revisions' files (the registry): asked to let go of one before
+    the cache evicts it to make room."""
 
     async def release(self, name: str, revision: int) -> bool:
-        """True once the engine no longer uses the revision; False while it is in
-        use, pinned or loading (then it stays)."""
+        """True once nothing uses the revision's files; False while it is in use,
+        pinned or loading (then it stays)."""
         ...
 
 
@@ -139,11 +115,8 @@ class _KeyLock:
 
 
 class AdapterCache:
-    """Fetches revisions from a source into verified directories under `root`.
-
-    The registry's `RevisionCache`. Concurrent fetches of one revision share a
-    single download.
-    """
+    """Fetches revisions from a source into verified directories under `root`;
+    concurrent fetches of one revision share a single download."""
 
     def __init__(
         self,
@@ -154,26 +127,17 @@ class AdapterCache:
         max_bytes: int | None = None,
         observer: CacheObserver | None = None,
         persist_interval_s: float = 2.0,
+        room_wait_s: float = 30.0,
     ) -> None:
-        if max_bytes is not None and max_bytes < 1:
-            raise ValueError(f"max_bytes must be positive, got {max_bytes}")
         self._root = root.absolute()
         self._source = source
         self._check = check
-        self._max_bytes = max_bytes
         self._observer = observer
-        self._locks: dict[Key, _KeyLock] = {}
+        self._locks: dict[RevisionKey, _KeyLock] = {}
         self._index = CacheIndex(self._root, persist_interval_s)
-        # Bytes of downloads in progress, counted against the bound before they land.
-        self._reserved = 0
-        self._evictor: Evictor | None = None
+        self._bound = ByteBound(self._index, max_bytes, room_wait_s)
         self._downloads = 0
         self._evictions = 0
-
-    def set_evictor(self, evictor: Evictor) -> None:
-        """Who must let go of a revision before its files go (the registry, which is
-        built after the cache it fetches from)."""
-        self._evictor = evictor
 
     @property
     def root(self) -> Path:
@@ -183,21 +147,20 @@ class AdapterCache:
         """Creates the cache directory, removes downloads a crash left half-done, and
         indexes the revisions an earlier run left, in their saved order of use."""
         await asyncio.to_thread(self._prepare)
-        if self._max_bytes is not None:
-            # The bound may have shrunk since the last run.
-            await self._trim(self._max_bytes)
+        # The bound may have shrunk since the last run; nothing holds a revision yet.
+        await self._bound.trim(lambda key: self._evict(key, None))
         log.info(
             "cache.indexed revisions=%d bytes=%d bound=%s",
             len(self._index),
             self._index.disk_bytes,
-            self._max_bytes,
+            self._bound.max_bytes,
         )
 
     def _prepare(self) -> None:
         self._root.mkdir(parents=True, exist_ok=True)
-        shutil.rmtree(self._root / cachefiles.TEMP_DIR, ignore_errors=True)
-        (self._root / cachefiles.TEMP_DIR).mkdir()
-        self._index.rebuild(cachefiles.revisions_on_disk(self._root))
+        shutil.rmtree(self._root / files.TEMP_DIR, ignore_errors=True)
+        (self._root / files.TEMP_DIR).mkdir()
+        self._index.rebuild(files.revisions_on_disk(self._root))
 
     async def close(self) -> None:
         """Writes the index now (shutdown)."""
@@ -206,7 +169,7 @@ class AdapterCache:
     def usage(self) -> CacheUsage:
         return CacheUsage(
             self._index.disk_bytes,
-            self._max_bytes,
+            self._bound.max_bytes,
             len(self._index),
             self._downloads,
             self._evictions,
@@ -221,8 +184,12 @@ class AdapterCache:
 
     def touch(self, name: str, revision: int) -> None:
         """The revision served a request: the last to be evicted."""
-        self._index.touch((name, revision))
+        self._index.touch(RevisionKey(name, revision))
         self._index.save_soon()
+
+    def hold_ended(self) -> None:
+        """A holder stopped needing a revision: downloads waiting for room look again."""
+        self._bound.changed()
 
     def path_of(self, name: str, revision: int) -> Path:
         """Where a revision lives; refuses anything that would leave the cache."""
@@ -235,18 +202,25 @@ class AdapterCache:
         return path
 
     async def fetch(
-        self, name: str, revision: int, manifest: Revision | None = None
+        self,
+        name: str,
+        revision: int,
+        manifest: Revision | None = None,
+        *,
+        holder: Holder | None = None,
     ) -> CachedRevision:
         """A verified local copy of the revision, downloading it if needed.
 
         `manifest` is what the store said of the revision (a watch event, a listing);
-        without one (a pinned request) the store is asked. Raises NotFound for an
+        without one (a pinned request) the store is asked. To make room, `holder` is
+        asked to let go of least recently used revisions. Raises NotFound for an
         unknown revision, FailedPrecondition for one this server cannot serve,
         DataLoss when the bytes do not match the manifest twice in a row,
-        Unavailable when the store is down.
+        ResourceExhausted when no room freed in time, Unavailable when the store is
+        down.
         """
         final = self.path_of(name, revision)
-        key = (name, revision)
+        key = RevisionKey(name, revision)
         async with self._exclusive(name, revision):
             try:
                 manifest = await self._servable(name, revision, manifest)
@@ -263,8 +237,8 @@ class AdapterCache:
                     "cache.stale name=%s rev=%d: files differ from the store", name, revision
                 )
                 await self._delete(key, final)
-            size = cachefiles.revision_bytes(manifest)
-            await self._make_room(key, size)
+            size = files.revision_bytes(manifest)
+            await self._bound.reserve(key, size, lambda victim: self._evict(victim, holder))
             try:
                 try:
                     downloaded = await self._download(manifest, final)
@@ -274,70 +248,44 @@ class AdapterCache:
                         "cache.retry_download name=%s rev=%d reason=%s", name, revision, exc
                     )
                     downloaded = await self._download(manifest, final)
+                self._index.add(key, size)
+                self._index.save_soon()
             finally:
-                self._reserved -= size
-            self._index.add(key, size)
-            self._index.save_soon()
+                self._bound.release(size)
             return downloaded
 
-    async def _on_disk(self, key: Key, final: Path) -> Revision | None:
+    async def _on_disk(self, key: RevisionKey, final: Path) -> Revision | None:
         """The manifest of a complete, intact copy on disk (every file hashed: the
         engine will read these bytes), or None."""
-        manifest = await asyncio.to_thread(cachefiles.load_verified, final, *key)
+        manifest = await asyncio.to_thread(files.load_verified, final, *key)
         if manifest is None:
             self._forget(key)
         elif key not in self._index:
-            self._index.add(key, cachefiles.revision_bytes(manifest))
+            self._index.add(key, files.revision_bytes(manifest))
         return manifest
 
-    async def _make_room(self, key: Key, size: int) -> None:
-        """Reserves `size` bytes under the bound, evicting least recently used
-        revisions nobody holds; RESOURCE_EXHAUSTED when that cannot free enough."""
-        bound = self._max_bytes
-        if bound is None:
-            self._reserved += size
-            return
-        name, revision = key
-        if size > bound:
-            raise FailedPrecondition(
-                f"adapter {name}@{revision} is {size} bytes, more than the adapter cache "
-                f"holds ({bound} bytes, --adapter-cache-size)"
-            )
-        self._reserved += size
-        if not await self._trim(bound):
-            self._reserved -= size
-            raise ResourceExhausted(
-                f"adapter cache full: {self._index.disk_bytes} of {bound} bytes are held by "
-                f"revisions in use, pinned or loading; {name}@{revision} needs {size}"
-            )
-
-    async def _trim(self, bound: int) -> bool:
-        """Evicts least recently used revisions until the bytes on disk and those
-        reserved fit `bound`; False if what is left is all held."""
-        for victim in self._index.lru():
-            if self._index.disk_bytes + self._reserved <= bound:
-                return True
-            if victim not in self._locks:
-                await self._evict(victim)
-        return self._index.disk_bytes + self._reserved <= bound
-
-    async def _evict(self, key: Key) -> None:
+    async def _evict(self, key: RevisionKey, holder: Holder | None) -> bool:
+        """Deletes a revision nothing holds, to make room; False if it stays."""
+        if key in self._locks:
+            return False
         async with self._exclusive(*key):
             if key not in self._index:
-                return
-            if self._evictor is not None and not await self._evictor.release(*key):
-                return
+                return False
+            if holder is not None and not await holder.release(*key):
+                return False
             await self._delete(key, self.path_of(*key))
         self._evictions += 1
         if self._observer is not None:
             self._observer.adapter_evicted("disk")
         log.info("cache.evicted name=%s rev=%d bytes_now=%d", *key, self._index.disk_bytes)
+        return True
 
-    async def _delete(self, key: Key, path: Path) -> None:
-        await asyncio.to_thread(cachefiles.remove_revision_dir, path)
+    async def _delete(self, key: RevisionKey, path: Path) -> None:
+        await asyncio.to_thread(files.remove_revision_dir, path)
         self._forget(key)
+        self._bound.changed()
 
-    def _forget(self, key: Key) -> None:
+    def _forget(self, key: RevisionKey) -> None:
         if key in self._index:
             self._index.discard(key)
             self._index.save_soon()
@@ -359,7 +307,7 @@ class AdapterCache:
         the registry's call once the engine no longer reads them."""
         path = self.path_of(name, revision)
         async with self._exclusive(name, revision):
-            await self._delete((name, revision), path)
+            await self._delete(RevisionKey(name, revision), path)
         log.info("cache.removed name=%s rev=%d", name, revision)
 
     async def remove_unused(self, name: str, in_use: Callable[[str, int], bool]) -> None:
@@ -376,21 +324,21 @@ class AdapterCache:
         touched, so a cache pointed at a shared directory loses nothing else."""
         try:
             removed = await asyncio.to_thread(
-                cachefiles.sweep, self._root, lambda *key: keep(*key) or key in self._locks
+                files.sweep, self._root, lambda *key: keep(*key) or key in self._locks
             )
         except OSError as exc:
             # Leftovers cost disk, not correctness: serving must not wait on them.
             log.warning("cache.sweep_failed reason=%s", exc)
             return
         for path in removed:
-            self._forget((path.parent.name, int(path.name)))
+            self._forget(RevisionKey(path.parent.name, int(path.name)))
         log.info("cache.swept removed=%d", len(removed))
 
     @asynccontextmanager
     async def _exclusive(self, name: str, revision: int) -> AsyncIterator[None]:
         """One download or removal of a revision at a time; later callers wait and
         then find the result on disk."""
-        key = (name, revision)
+        key = RevisionKey(name, revision)
         entry = self._locks.setdefault(key, _KeyLock())
         entry.users += 1
         try:
@@ -403,12 +351,12 @@ class AdapterCache:
 
     async def _download(self, expected: Revision, final: Path) -> CachedRevision:
         name, revision = expected.adapter_name, expected.revision
-        staging = self._root / cachefiles.TEMP_DIR / f"{name}-{revision}-{uuid.uuid4().hex}"
+        staging = self._root / files.TEMP_DIR / f"{name}-{revision}-{uuid.uuid4().hex}"
         await asyncio.to_thread(staging.mkdir, parents=True)
         try:
             stream = self._source.download(name, revision)
             manifest = await receive_revision(stream, expected, staging)
-            await asyncio.to_thread(cachefiles.commit, staging, final, manifest)
+            await asyncio.to_thread(files.commit, staging, final, manifest)
         finally:
             await asyncio.to_thread(shutil.rmtree, staging, True)
         self._downloads += 1

@@ -16,10 +16,9 @@ from collections.abc import Callable
 from pathlib import Path
 
 from loraserve.common.errors import DataLoss, InvalidArgument
-from loraserve.common.manifest import Revision
+from loraserve.common.manifest import Revision, RevisionKey
 from loraserve.common.names import validate_adapter_name
 from loraserve.inference.cache.download import MANIFEST_FILE, check_manifest
-from loraserve.inference.cache.index import Key
 
 log = logging.getLogger(__name__)
 
@@ -104,7 +103,7 @@ def read_manifest(path: Path) -> Revision | None:
         return None
 
 
-def revisions_on_disk(root: Path) -> list[tuple[Key, int]]:
+def revisions_on_disk(root: Path) -> list[tuple[RevisionKey, int]]:
     """Every complete revision directory under `root` with its manifest's bytes; the
     files themselves are hashed when the revision is next fetched."""
     found = []
@@ -116,7 +115,7 @@ def revisions_on_disk(root: Path) -> list[tuple[Key, int]]:
                 manifest = read_manifest(entry)
                 if manifest is not None:
                     size = revision_bytes(manifest)
-                    found.append(((adapter_dir.name, int(entry.name)), size))
+                    found.append((RevisionKey(adapter_dir.name, int(entry.name)), size))
     return found
 
 

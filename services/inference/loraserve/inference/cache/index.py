@@ -23,6 +23,8 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
+from loraserve.common.manifest import RevisionKey
+
 log = logging.getLogger(__name__)
 
 INDEX_FILE = ".index.json"
@@ -31,8 +33,6 @@ _FORMAT = 1
 # plus the longest revision number, size and time JSON can write.
 _FILE_BYTES = 64
 _ENTRY_BYTES = 80
-
-Key = tuple[str, int]
 
 
 @dataclass
@@ -50,7 +50,7 @@ class CacheIndex:
         self._path = root / INDEX_FILE
         self._persist_interval_s = persist_interval_s
         self._save: asyncio.Task[None] | None = None
-        self._entries: OrderedDict[Key, IndexedRevision] = OrderedDict()
+        self._entries: OrderedDict[RevisionKey, IndexedRevision] = OrderedDict()
         self.bytes = 0
         self._entry_bytes = 0
         self._dirty = False
@@ -66,14 +66,14 @@ class CacheIndex:
     def __contains__(self, key: object) -> bool:
         return key in self._entries
 
-    def lru(self) -> Iterator[Key]:
+    def lru(self) -> Iterator[RevisionKey]:
         """Keys, least recently used first (a copy: callers may change the index)."""
         return iter(list(self._entries))
 
     def revisions_of(self, name: str) -> list[int]:
         return [rev for (n, rev) in self._entries if n == name]
 
-    def add(self, key: Key, size: int) -> None:
+    def add(self, key: RevisionKey, size: int) -> None:
         """A revision committed to disk: the most recently used one."""
         self.discard(key)
         self._entries[key] = IndexedRevision(size, time.time())
@@ -81,14 +81,14 @@ class CacheIndex:
         self._entry_bytes += len(key[0]) + _ENTRY_BYTES
         self._dirty = True
 
-    def touch(self, key: Key) -> None:
+    def touch(self, key: RevisionKey) -> None:
         entry = self._entries.get(key)
         if entry is not None:
             entry.last_used = time.time()
             self._entries.move_to_end(key)
             self._dirty = True
 
-    def discard(self, key: Key) -> None:
+    def discard(self, key: RevisionKey) -> None:
         entry = self._entries.pop(key, None)
         if entry is not None:
             self.bytes -= entry.size
@@ -102,7 +102,7 @@ class CacheIndex:
             seen.setdefault(name)
         return list(seen)
 
-    def rebuild(self, found: Iterable[tuple[Key, int]]) -> None:
+    def rebuild(self, found: Iterable[tuple[RevisionKey, int]]) -> None:
         """Indexes the revisions found on disk (key, bytes), ordered as the saved index
         last ordered them; revisions it did not know count as used longest ago."""
         saved = self._read()
@@ -151,13 +151,13 @@ class CacheIndex:
             self._dirty = True
             log.warning("cache.index_write_failed reason=%s", exc)
 
-    def _read(self) -> dict[Key, float]:
+    def _read(self) -> dict[RevisionKey, float]:
         try:
             document = json.loads(self._path.read_text("utf-8"))
             if document.get("format") != _FORMAT:
                 raise ValueError(f"unknown index format {document.get('format')!r}")
             return {
-                (str(name), int(revision)): float(last_used)
+                RevisionKey(str(name), int(revision)): float(last_used)
                 for name, revision, _size, last_used in document["revisions"]
             }
         except FileNotFoundError:

@@ -1,12 +1,10 @@
-"""Loading one revision into the registry, and reporting how it went.
+"""Applying one revision the store asked for to the registry, and reporting how it went.
 
-A revision served (loaded, routed if asked) is ACKed; a permanent failure is
-NACKed once with its reason and remembered as rejected, so it is not tried again
-until an event asks for it again; a transient failure (TRANSIENT_ERRORS)
-propagates for the caller to retry and reports nothing. Loads at once are
-bounded by `max_concurrent_loads`. The manifest the store sent with the event or
-listing travels with the load to the cache, so a load asks the store nothing
-more. What came of each load is kept in `syncstate`.
+Invariants: a revision served (loaded, routed if asked) is ACKed; a permanent failure
+is NACKed once with its reason and remembered as rejected, so it is not tried again
+until an event asks for it again; a transient failure (TRANSIENT_ERRORS) propagates
+for the caller to retry and reports nothing; at most `max_concurrent_loads` loads run
+at once. What came of each is kept in `state`.
 """
 
 from __future__ import annotations
@@ -21,36 +19,24 @@ from loraserve.clients.store import Report, ReportKind, rpc_code
 from loraserve.common import errors
 from loraserve.common.errors import TRANSIENT_ERRORS
 from loraserve.common.manifest import Revision
-from loraserve.inference.cache import CachedRevision
+from loraserve.inference.adapters import RegistryCounts
 from loraserve.inference.sync.reports import StatusReporter
 from loraserve.inference.sync.state import SyncState
 
 log = logging.getLogger(__name__)
 
 
-class Fetcher(Protocol):
-    """Makes a revision present in the local cache (`AdapterCache`, or a fake)."""
-
-    async def fetch(
-        self, name: str, revision: int, manifest: Revision | None = None
-    ) -> CachedRevision: ...
-
-
 class Registry(Protocol):
-    """The part of `AdapterRegistry` that sync drives."""
+    """What sync drives of the registry (`AdapterRegistry`, or a fake)."""
 
-    async def install(self, cached: CachedRevision, *, make_current: bool) -> None: ...
+    async def install(self, manifest: Revision, *, make_current: bool) -> None:
+        """Fetches and loads the revision, then routes its name to it or pins it."""
+        ...
 
     def set_target(self, manifest: Revision) -> None:
         """Routes the name to `manifest` without loading it; FailedPrecondition if this
         server could not serve it."""
         ...
-
-    def target_revision(self, name: str) -> int | None: ...
-
-    def is_resident(self, name: str) -> bool: ...
-
-    def resident_count(self) -> int: ...
 
     async def set_current(self, name: str, revision: int) -> None: ...
 
@@ -58,38 +44,47 @@ class Registry(Protocol):
 
     def current_revision(self, name: str) -> int | None: ...
 
-    def is_installed(self, name: str, revision: int) -> bool: ...
+    def target_revision(self, name: str) -> int | None: ...
 
-    def holds(self, name: str, revision: int) -> bool: ...
+    def is_loaded(self, name: str, revision: int) -> bool: ...
 
-    def record_failure(self, manifest: Revision, message: str) -> None: ...
+    def uses_files(self, name: str, revision: int) -> bool: ...
+
+    def is_resident(self, name: str) -> bool: ...
+
+    def counts(self) -> RegistryCounts: ...
+
+    def held(self) -> dict[str, int]:
+        """Every name it holds anything of (route, target, loaded or pinned
+        revision), with the lowest store seq among those revisions' manifests."""
+        ...
 
 
 SwapObserver = Callable[[float], None]
 """Called with the seconds from event received to route flipped (metrics' swap latency)."""
 
 
-class RevisionLoader:
+class RevisionApplier:
+    """Routes, loads and deletes what the store asks for, and reports the outcome."""
+
     def __init__(
         self,
-        fetcher: Fetcher,
         registry: Registry,
         state: SyncState,
         reports: StatusReporter,
         max_concurrent_loads: int,
         observe_swap: SwapObserver | None,
     ) -> None:
-        self._fetcher = fetcher
         self._registry = registry
         self._state = state
         self._reports = reports
         self._observe_swap = observe_swap
-        self._load_slots = asyncio.Semaphore(max_concurrent_loads)
+        self._load_limit = asyncio.Semaphore(max_concurrent_loads)
         # Names with a load in progress here (not yet in the registry while fetching).
         self.loading: set[str] = set()
 
     def wants(self, target: Revision) -> bool:
-        if (target.adapter_name, target.revision) in self._state.rejected:
+        if target.key in self._state.rejected:
             return False
         return self._registry.current_revision(target.adapter_name) != target.revision
 
@@ -102,8 +97,6 @@ class RevisionLoader:
         try:
             self._registry.set_target(manifest)
         except Exception as exc:
-            if isinstance(exc, errors.LoraserveError):
-                self._registry.record_failure(manifest, exc.message)
             await self._reject(manifest, exc)
             return
         self._state.served.add(name)
@@ -113,8 +106,8 @@ class RevisionLoader:
 
     async def preload(self, manifest: Revision) -> None:
         """Loads a non-current revision once, so promoting it later is quick."""
-        key = (manifest.adapter_name, manifest.revision)
-        if key in self._state.preloaded or self._registry.is_installed(*key):
+        key = manifest.key
+        if key in self._state.preloaded or self._registry.is_loaded(*key):
             return
         await self.serve(manifest, make_current=False, seen_at=None)
         self._state.preloaded.add(key)
@@ -125,13 +118,12 @@ class RevisionLoader:
         name, revision = manifest.adapter_name, manifest.revision
         self.loading.add(name)
         try:
-            async with self._load_slots:
-                if self._registry.is_installed(name, revision):
+            async with self._load_limit:
+                if self._registry.is_loaded(name, revision):
                     if make_current:
                         await self._registry.set_current(name, revision)
                 else:
-                    cached = await self._fetch(manifest)
-                    await self._registry.install(cached, make_current=make_current)
+                    await self._registry.install(manifest, make_current=make_current)
         except TRANSIENT_ERRORS:
             raise
         except Exception as exc:
@@ -158,19 +150,9 @@ class RevisionLoader:
         log.info("adapter.deleted name=%s rev=%d", name, served)
         await self._reports.report(Report(name, served, ReportKind.REMOVED, 0))
 
-    async def _fetch(self, manifest: Revision) -> CachedRevision:
-        try:
-            return await self._fetcher.fetch(manifest.adapter_name, manifest.revision, manifest)
-        except TRANSIENT_ERRORS:
-            raise
-        except errors.LoraserveError as exc:
-            # Never reached the registry: let it list the revision as FAILED anyway.
-            self._registry.record_failure(manifest, exc.message)
-            raise
-
     async def _reject(self, manifest: Revision, exc: Exception) -> None:
         name, revision = manifest.adapter_name, manifest.revision
-        self._state.rejected.add((name, revision))
+        self._state.rejected.add(manifest.key)
         if isinstance(exc, errors.LoraserveError):
             message = exc.message
             log.warning(

@@ -1,6 +1,6 @@
 """Delivering this replica's reports to the store about each adapter it serves.
 
-What is kept is `syncstate.ReportBook`: a report that could not be sent for a
+What is kept is `state.ReportBook`: a report that could not be sent for a
 transient reason is sent again on `resend_unsent`, and while `keep_alive` runs, a
 store that had let this replica's statuses expire gets every adapter's latest ACK
 or NACK again.

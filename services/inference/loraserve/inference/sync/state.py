@@ -2,8 +2,8 @@
 came of each load, and what the store has been told.
 
 Pure, no I/O: the synchronizer's watch loop records what the store says here, one
-worker per adapter reads the latest wish and applies it (`revisionloads`), and the
-reports go out through `statusreports`. Events that pile up for one adapter fold
+worker per adapter reads the latest wish and applies it (`apply`), and the
+reports go out through `reports`. Events that pile up for one adapter fold
 into one wish, so a burst of pushes loads only the revision that ends up current.
 The applied seq is the highest seq below which every event has been applied (or
 rejected for good).
@@ -14,9 +14,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from loraserve.clients.store import EventKind, Listing, Report, ReportKind, StoreEvent
-from loraserve.common.manifest import Revision
-
-Key = tuple[str, int]
+from loraserve.common.manifest import Revision, RevisionKey
 
 
 @dataclass
@@ -71,12 +69,15 @@ class SyncState:
         # Last event seq taken in (or the listing's seq): where a watch resumes.
         self.received_seq = 0
         # Revisions rejected for good: not tried again until an event asks for them.
-        self.rejected: set[Key] = set()
+        self.rejected: set[RevisionKey] = set()
         # Non-current revisions already loaded (or rejected) once.
-        self.preloaded: set[Key] = set()
+        self.preloaded: set[RevisionKey] = set()
         # Names some revision of which was served since their last delete.
         self.served: set[str] = set()
         self.reports = ReportBook()
+        # The store incarnation `received_seq` counts in; None before the first
+        # listing, "" from a store that names none.
+        self.incarnation: str | None = None
 
     def applied_seq(self) -> int:
         pending = [min(w.pending_seqs) for w in self.wishes.values() if w.pending_seqs]
@@ -95,7 +96,7 @@ class SyncState:
         revision = event.revision
         if revision is not None:
             # Asked for again: a revision rejected before gets one more try.
-            self.rejected.discard((event.name, revision.revision))
+            self.rejected.discard(revision.key)
         if event.kind is EventKind.ADAPTER_DELETED:
             wish.current = None
             wish.preload.clear()
@@ -112,16 +113,25 @@ class SyncState:
         return wish
 
     def record_listing(
-        self, listing: Listing, served_names: set[str], seen_at: float | None
+        self,
+        listing: Listing,
+        served_names: set[str],
+        seen_at: float | None,
+        forget: frozenset[str] = frozenset(),
     ) -> list[str]:
         """Makes the listing the wish: its current revision for every adapter that
         has one, a delete for every served name that has none (not listed, or listed
-        without a current revision, e.g. deleted and pushed again unpromoted).
+        without a current revision, e.g. deleted and pushed again unpromoted). The
+        names to `forget` get a delete first even when listed (see generations.py).
         Returns the adapters whose wish changed."""
         changed = []
         listed = {a.name: a.current for a in listing.adapters if a.current is not None}
         for name, current in listed.items():
             wish = self.wishes.setdefault(name, AdapterWish())
+            if name in forget:
+                wish.delete_seq = listing.seq
+                wish.preload.clear()
+                wish.current = None
             if wish.current is None or wish.current.revision != current.revision:
                 wish.current_seen_at = seen_at
             wish.current = current
@@ -129,18 +139,22 @@ class SyncState:
             wish.version += 1
             changed.append(name)
         wished = {n for n, w in self.wishes.items() if w.current is not None or w.preload}
-        for name in sorted((served_names | wished) - listed.keys()):
-            wish = self.wishes.setdefault(name, AdapterWish())
-            wish.current = None
-            wish.preload.clear()
-            wish.delete_seq = listing.seq
-            wish.pending_seqs.append(listing.seq)
-            wish.version += 1
+        for name in sorted((served_names | wished | forget) - listed.keys()):
+            self._wish_deleted(name, listing.seq)
             changed.append(name)
         self.received_seq = listing.seq
+        self.incarnation = listing.incarnation
         return changed
 
-    def settle(self, name: str, version: int) -> bool:
+    def _wish_deleted(self, name: str, seq: int) -> None:
+        wish = self.wishes.setdefault(name, AdapterWish())
+        wish.current = None
+        wish.preload.clear()
+        wish.delete_seq = seq
+        wish.pending_seqs.append(seq)
+        wish.version += 1
+
+    def mark_applied(self, name: str, version: int) -> bool:
         """Marks an adapter's wish at `version` applied; False if a newer one came."""
         wish = self.wishes[name]
         if wish.version != version:

@@ -1,31 +1,13 @@
 """Keeps the served adapters in step with the store: list, then watch.
 
-Start-up lists the store (a snapshot at seq S), routes every current revision,
-loads a prefetch set, sets `initial_sync_done`, and watches from S. Residency is
-lazy, so start-up does not grow with the number of adapters: the prefetch set is
-at most `prefetch_adapters` names, the ones this replica served most recently (the
-cache's index outlives restarts) and then others in listing order; every other
-adapter is only routed (`set_target`, its manifest checked for compatibility) and
-loads on its first request. At run time a new revision of a resident adapter is
-loaded before its route flips (a warm hot swap), a new adapter is loaded at once
-while fewer than `prefetch_adapters` are resident, and anything else only moves
-the route. Each event is applied by the adapter's own worker, so a slow download
-of one adapter never holds up another, and events that queue up for one adapter
-fold into one load (`syncstate`). A lost watch reconnects and resumes after the last event taken
-in; OUT_OF_RANGE (or a hole in the seqs) lists again and reconciles. Each event
-carries the revision's manifest, which travels with the load down to the cache.
-The first listing also decides which cached revisions an earlier run left behind
-are worth keeping: the listing's current ones; the rest are swept from disk.
-
-Failures follow the xDS model: a transient error (store or engine unavailable)
-is retried; a permanent one (incompatible adapter, corrupt data, revision gone) is
-NACKed once with its reason and the previous revision keeps serving. Every retry
-here (listing, watching, applying) runs on stamina's schedule: exponential from
-`initial_backoff_s` to `max_backoff_s`, with up to one initial step of jitter so
-replicas that lost the store together do not come back in lockstep; a watch that
-connected, and an adapter's newer wish, start it afresh. All bookkeeping is
-`syncstate`; loading and its ACK/NACK are `revisionloads`; delivering reports is
-`statusreports`.
+Invariants: start-up costs the listing plus at most `prefetch_adapters` loads,
+whatever the adapter count (everything else is only routed and loads on its first
+request); one adapter's slow load never holds up another's (a worker per adapter,
+events for one adapter fold into one load); every change is applied at most once and
+none is missed (a watch resumes after the last event taken in; OUT_OF_RANGE or a hole
+in the seqs lists again); a permanent failure is NACKed and the previous revision
+keeps serving, a transient one is retried on stamina's schedule. The story, and what
+is loaded when: docs/design.md ("Residency", "Hot swap", "Sync").
 """
 
 from __future__ import annotations
@@ -42,10 +24,10 @@ from typing import Protocol
 import stamina
 
 from loraserve.clients.store import Heartbeat, Listing, StoreEvent
-from loraserve.common import errors
+from loraserve.common import errors, retrylog
 from loraserve.common.errors import LoraserveError
-from loraserve.inference.adapters import serves_base_model
-from loraserve.inference.sync.apply import Fetcher, Registry, RevisionLoader, SwapObserver
+from loraserve.inference.sync.apply import Registry, RevisionApplier, SwapObserver
+from loraserve.inference.sync.generations import heartbeat_from_elsewhere, names_to_forget
 from loraserve.inference.sync.reports import StatusAPI, StatusReporter
 from loraserve.inference.sync.state import AdapterWish, SyncState
 from loraserve.inference.sync.worker import AdapterWorker, RetryHook
@@ -58,13 +40,22 @@ class StoreAPI(StatusAPI, Protocol):
 
     async def list_adapters(self, base_model: str = "") -> Listing: ...
 
-    def watch(self, after_seq: int) -> AsyncGenerator[StoreEvent | Heartbeat, None]: ...
+    def watch(
+        self, after_seq: int, incarnation: str = ""
+    ) -> AsyncGenerator[StoreEvent | Heartbeat, None]: ...
 
 
-class Sweeper(Protocol):
-    """Removes cached revisions nothing needs (`AdapterCache`)."""
+class DiskCache(Protocol):
+    """What sync needs of the disk cache (`AdapterCache`): its start-up sweep, and
+    which adapters this replica served most recently."""
 
-    async def sweep(self, keep: Callable[[str, int], bool]) -> None: ...
+    async def sweep(self, keep: Callable[[str, int], bool]) -> None:
+        """Removes every revision on disk that `keep` rejects."""
+        ...
+
+    def recent_names(self) -> list[str]:
+        """Adapters with a revision on disk, the most recently used first."""
+        ...
 
 
 @dataclass(frozen=True)
@@ -87,23 +78,19 @@ class Synchronizer:
     def __init__(
         self,
         store: StoreAPI,
-        fetcher: Fetcher,
         registry: Registry,
+        cache: DiskCache | None = None,
         settings: SyncSettings | None = None,
         observe_swap: SwapObserver | None = None,
-        sweeper: Sweeper | None = None,
-        recent_names: Callable[[], list[str]] | None = None,
     ) -> None:
         self._store = store
-        self._sweeper = sweeper
-        self._recent_names = recent_names
+        self._cache = cache
         self._registry = registry
         self._settings = settings or SyncSettings()
         self._state = SyncState()
         self._workers: dict[str, AdapterWorker] = {}
         self._reports = StatusReporter(store, self._state.reports, self._settings.status_interval_s)
-        self._loader = RevisionLoader(
-            fetcher,
+        self._applier = RevisionApplier(
             registry,
             self._state,
             self._reports,
@@ -133,7 +120,8 @@ class Synchronizer:
 
     def _retrying(self, on: RetryHook) -> AsyncIterator[stamina.Attempt]:
         """Retries without end (until cancelled) on the sync schedule."""
-        return stamina.retry_context(
+        return retrylog.retry_context(
+            "inference.sync",
             on=on,
             attempts=None,
             timeout=None,
@@ -164,13 +152,16 @@ class Synchronizer:
         log.info("sync.watch_started after_seq=%d", after)
         connected = False
         try:
-            async with aclosing(self._store.watch(after)) as stream:
+            incarnation = self._state.incarnation or ""
+            async with aclosing(self._store.watch(after, incarnation)) as stream:
                 async for item in stream:
                     if not connected:
                         connected = True
                         await self._reports.resend_unsent()
                     if isinstance(item, StoreEvent):
                         self._take_event(item)
+                    elif why := heartbeat_from_elsewhere(item, self._state):
+                        raise _MissedEvents(why)
             raise errors.Unavailable("the store ended the watch stream")
         except Exception as exc:
             if connected:
@@ -198,7 +189,15 @@ class Synchronizer:
             name for name in self._state.wishes if self._registry.current_revision(name)
         }
         seen_at = None if self._initial_seq is None else time.monotonic()
-        changed = self._state.record_listing(listing, served, seen_at)
+        held = self._registry.held()
+        forget = names_to_forget(
+            listing,
+            incarnation=self._state.incarnation,
+            received_seq=self._state.received_seq,
+            known=served | held.keys() | self._state.wishes.keys(),
+            holds_older_than=lambda name, seq: held.get(name, seq) < seq,
+        )
+        changed = self._state.record_listing(listing, served, seen_at, frozenset(forget))
         if self._initial_seq is None:
             self._initial_seq = listing.seq
             await self._sweep(listing)
@@ -226,7 +225,7 @@ class Synchronizer:
         (the cache's index), then the others in listing order."""
         listed = [a.name for a in listing.adapters if a.current is not None]
         known = set(listed)
-        recent = [n for n in (self._recent_names() if self._recent_names else []) if n in known]
+        recent = [n for n in (self._cache.recent_names() if self._cache else []) if n in known]
         ordered = dict.fromkeys([*recent, *listed])
         return set(list(ordered)[: self._settings.prefetch_adapters])
 
@@ -235,8 +234,8 @@ class Synchronizer:
         `prefetch_adapters` are resident, as if their events had been watched."""
         room = (
             self._settings.prefetch_adapters
-            - self._registry.resident_count()
-            - len(self._loader.loading)
+            - self._registry.counts().resident
+            - len(self._applier.loading)
         )
         warm = set()
         for name in changed:
@@ -263,7 +262,7 @@ class Synchronizer:
             or wish.delete_seq
             or wish.preload
             or self._registry.is_resident(name)
-            or name in self._loader.loading
+            or name in self._applier.loading
             or name in self._workers
         ):
             return False
@@ -272,7 +271,7 @@ class Synchronizer:
         except LoraserveError:
             return False
         self._state.served.add(name)
-        return self._state.settle(name, wish.version)
+        return self._state.mark_applied(name, wish.version)
 
     async def _list(self) -> Listing:
         listing: Listing | None = None
@@ -285,11 +284,11 @@ class Synchronizer:
     async def _sweep(self, listing: Listing) -> None:
         """Before any worker runs: keeps what the listing routes and what requests
         already hold; the rest of the cache is an earlier run's leftovers."""
-        if self._sweeper is None:
+        if self._cache is None:
             return
         current = {(a.name, a.current.revision) for a in listing.adapters if a.current is not None}
-        await self._sweeper.sweep(
-            lambda name, rev: (name, rev) in current or self._registry.holds(name, rev)
+        await self._cache.sweep(
+            lambda name, rev: (name, rev) in current or self._registry.uses_files(name, rev)
         )
 
     def _take_event(self, event: StoreEvent) -> None:
@@ -327,7 +326,7 @@ class Synchronizer:
                 applied = await worker.apply(
                     functools.partial(self._apply, name, wish), self._retrying
                 )
-                if applied and self._state.settle(name, version):
+                if applied and self._state.mark_applied(name, version):
                     self._note_progress()
                     return
         finally:
@@ -337,29 +336,29 @@ class Synchronizer:
     async def _apply(self, name: str, wish: AdapterWish) -> None:
         if wish.delete_seq:
             delete_seq = wish.delete_seq
-            await self._loader.delete(name)
+            await self._applier.delete(name)
             if wish.delete_seq == delete_seq:
                 wish.delete_seq = 0
         target = wish.current
-        if target is not None and self._loader.wants(target):
+        if target is not None and self._applier.wants(target):
             if self._keeps_warm(name):
-                await self._loader.serve(target, make_current=True, seen_at=wish.current_seen_at)
+                await self._applier.serve(target, make_current=True, seen_at=wish.current_seen_at)
             else:
-                await self._loader.route(target)
+                await self._applier.route(target)
         for revision, manifest in sorted(wish.preload.items()):
             # Loaded ahead only for an adapter in the engine: promoting it stays warm.
             if self._registry.is_resident(name):
-                await self._loader.preload(manifest)
+                await self._applier.preload(manifest)
             wish.preload.pop(revision, None)
 
     def _keeps_warm(self, name: str) -> bool:
         """Whether a new current revision is loaded before its route moves: for an
         adapter in the engine, or a new one while fewer than `prefetch_adapters` are."""
-        loading = self._loader.loading
+        loading = self._applier.loading
         return (
             self._registry.is_resident(name)
             or name in loading
-            or self._registry.resident_count() + len(loading) < self._settings.prefetch_adapters
+            or self._registry.counts().resident + len(loading) < self._settings.prefetch_adapters
         )
 
     def _note_progress(self) -> None:
@@ -381,21 +380,3 @@ def _on_list_failure(exc: BaseException) -> bool:
         return False
     log.warning("sync.list_failed reason=%s", exc)
     return True
-
-
-async def current_adapter_ranks(
-    store: StoreAPI, served_model_name: str, *, require_base_model_match: bool = True
-) -> list[int]:
-    """LoRA ranks of every current adapter this server would serve, for
-    `--max-lora-rank auto`. Filtered here, with the compatibility check's own rule:
-    adapters name their base model by path or hub id, which the store's exact-match
-    filter would miss."""
-    listing = await store.list_adapters()
-    return [
-        a.current.rank
-        for a in listing.adapters
-        if a.current is not None
-        and serves_base_model(
-            a.current.base_model, served_model_name, require_match=require_base_model_match
-        )
-    ]

@@ -1,0 +1,163 @@
+"""What a push leaves in the bucket when it does not go through, and what a retry of a
+committed push uploads (issue 29, items 6 and 18): real gRPC on 127.0.0.1, S3 over
+real HTTP (moto's server), through a proxy that sees every request."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from dataclasses import replace
+
+import grpc
+import pytest
+from safetensors.numpy import save
+
+from loraserve.adapterstore.v1 import adapterstore_pb2 as pb
+from loraserve.testing.adapterfiles import AdapterFiles, lora_config, lora_tensors, tiny_adapter
+from loraserve.testing.adapterstore import serve_store
+from loraserve.testing.pushes import push_requests
+from loraserve.testing.s3 import S3Bucket
+from loraserve.testing.s3faults import S3FaultProxy
+from loraserve.testing.storecalls import keys_under, push
+from loraserve.testing.waiting import eventually
+
+GUARD_S = 30
+KEY = "0b5e2c8e-7f52-4a4b-9a39-1f1d4f3c2a10"
+
+
+def _big_adapter() -> AdapterFiles:
+    """About 12 MiB of weights: more than two S3 parts of the test's 5 MiB."""
+    tensors = lora_tensors(rank=64, layers=6, hidden=2048)
+    return {"adapter_config.json": lora_config(64), "adapter_model.safetensors": save(tensors)}
+
+
+def _multipart_uploads(bucket: S3Bucket) -> list[str]:
+    uploads = bucket.client().list_multipart_uploads(Bucket=bucket.bucket)
+    return [u["Key"] for u in uploads.get("Uploads", [])]
+
+
+def _parts(bucket: S3Bucket) -> list[int]:
+    """Part numbers sent to the bucket's incomplete multipart uploads."""
+    client = bucket.client()
+    return [
+        part["PartNumber"]
+        for upload in client.list_multipart_uploads(Bucket=bucket.bucket).get("Uploads", [])
+        for part in client.list_parts(
+            Bucket=bucket.bucket, Key=upload["Key"], UploadId=upload["UploadId"]
+        ).get("Parts", [])
+    ]
+
+
+def _writes(proxy: S3FaultProxy) -> list[tuple[str, str]]:
+    """Requests that would store bytes of a push: uploads and staged objects."""
+    return [
+        (method, key)
+        for method, key in proxy.requests
+        if method in ("PUT", "POST") and key.startswith(("blobs/", "tmp/"))
+    ]
+
+
+@pytest.mark.parametrize("declare_sha256", [True, False], ids=["sha256-declared", "undeclared"])
+async def test_push_cancelled_after_its_first_part_leaves_no_multipart_upload(
+    s3_bucket: S3Bucket, caplog: pytest.LogCaptureFixture, declare_sha256: bool
+) -> None:
+    caplog.set_level(logging.INFO, logger="loraserve.adapterstore.s3upload")
+    files = _big_adapter()
+    requests = list(push_requests("big", files, declare_sha256=declare_sha256))
+    async with serve_store(s3_bucket) as server:
+        # Tries that cancel at different points: as soon as the upload exists, once a
+        # part has landed, with more or less of the next part received.
+        for attempt in range(6):
+            call = server.stub.PushAdapter(timeout=GUARD_S)
+            sent = 0
+            for request in requests:
+                await call.write(request)
+                sent += len(request.chunk.data)
+                if sent > (6 + attempt // 2) * 1024 * 1024:
+                    break
+            await eventually(lambda: bool(_multipart_uploads(s3_bucket)), "an upload started")
+            if attempt % 2:
+                await eventually(lambda: bool(_parts(s3_bucket)), "a part landed")
+            call.cancel()
+            await eventually(lambda: not _multipart_uploads(s3_bucket), "the upload was aborted")
+        listed = await server.stub.ListAdapters(pb.ListAdaptersRequest())
+    assert list(listed.adapters) == []
+    assert "blob.upload_aborted" in caplog.text
+    assert keys_under(s3_bucket.keys(), "tmp/") == keys_under(s3_bucket.keys(), "blobs/") == []
+
+
+def _start_upload(bucket: S3Bucket, key: str) -> None:
+    """An incomplete multipart upload with one part sent now."""
+    client = bucket.client()
+    upload = client.create_multipart_upload(Bucket=bucket.bucket, Key=key)
+    client.upload_part(
+        Bucket=bucket.bucket, Key=key, UploadId=upload["UploadId"], PartNumber=1, Body=b"part"
+    )
+
+
+async def test_start_up_sweeps_uploads_older_than_the_bound(s3_bucket: S3Bucket) -> None:
+    _start_upload(s3_bucket, "blobs/sha256/" + "a" * 64)
+    _start_upload(s3_bucket, "tmp/left-by-a-killed-push")
+    s3_bucket.client().put_object(Bucket=s3_bucket.bucket, Key="tmp/staged", Body=b"x")
+    # Older than the bound: the store starts after every part was sent.
+    await asyncio.sleep(0.01)
+    async with serve_store(s3_bucket, stale_upload_age_s=0.001) as server:
+        await eventually(lambda: not _multipart_uploads(s3_bucket), "the uploads were aborted")
+        await eventually(lambda: keys_under(s3_bucket.keys(), "tmp/") == [], "tmp/ was swept")
+        pushed = await push(server.stub, "a", tiny_adapter())
+    assert pushed.revision.revision == 1
+
+
+async def test_start_up_keeps_uploads_younger_than_the_bound(
+    s3_bucket: S3Bucket, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.INFO, logger="loraserve.adapterstore")
+    _start_upload(s3_bucket, "tmp/in-progress-elsewhere")
+    async with serve_store(s3_bucket, stale_upload_age_s=3600) as server:
+        # A push and its listing: the sweep (started before them) has long had its turn.
+        await push(server.stub, "a", tiny_adapter())
+        await server.stub.ListAdapters(pb.ListAdaptersRequest())
+    assert _multipart_uploads(s3_bucket) == ["tmp/in-progress-elsewhere"]
+    assert "blob.stale_upload_aborted" not in caplog.text
+
+
+async def test_retry_of_a_committed_push_is_answered_from_its_header(
+    s3_bucket: S3Bucket, proxy: S3FaultProxy
+) -> None:
+    files = _big_adapter()
+    header = next(push_requests("big", files, idempotency_key=KEY))
+    async with serve_store(replace(s3_bucket, endpoint_url=proxy.endpoint_url)) as server:
+        first = await push(server.stub, "big", files, idempotency_key=KEY)
+        proxy.requests.clear()
+        call = server.stub.PushAdapter(timeout=GUARD_S)
+        await call.write(header)
+        # Not one chunk sent, the stream still open: the answer needs none of them.
+        async with asyncio.timeout(GUARD_S):
+            retried = await call
+        listed = await server.stub.ListRevisions(pb.ListRevisionsRequest(name="big"))
+    assert (retried.revision, retried.seq) == (first.revision, first.seq)
+    assert [r.revision for r in listed.revisions] == [1]
+    assert _writes(proxy) == []
+
+
+async def test_retry_of_a_committed_push_without_sha256s_uploads_nothing(
+    s3_bucket: S3Bucket, proxy: S3FaultProxy
+) -> None:
+    files = _big_adapter()
+    async with serve_store(replace(s3_bucket, endpoint_url=proxy.endpoint_url)) as server:
+        first = await push(server.stub, "big", files, idempotency_key=KEY, declare_sha256=False)
+        proxy.requests.clear()
+        retried = await push(server.stub, "big", files, idempotency_key=KEY, declare_sha256=False)
+        other = tiny_adapter(seed=3)
+        reused = await _push_code(server.stub, other, declare_sha256=False)
+    assert (retried.revision, retried.seq) == (first.revision, first.seq)
+    assert reused == "INVALID_ARGUMENT"
+    assert _writes(proxy) == []
+
+
+async def _push_code(stub: object, files: AdapterFiles, **header: object) -> str:
+    try:
+        await push(stub, "big", files, idempotency_key=KEY, **header)
+    except grpc.aio.AioRpcError as e:
+        return e.code().name
+    return "OK"

@@ -1,0 +1,174 @@
+"""The adapter registry's pinned revisions (`NAME@REV`), rollbacks and deletes, on a fake
+engine."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+
+import pytest
+
+from loraserve.common.errors import NotFound
+from loraserve.common.manifest import Revision
+from loraserve.common.names import AdapterRef
+from loraserve.inference.adapters import AdapterRegistry, RevisionState
+from loraserve.inference.cache import CachedRevision, Holder
+from loraserve.testing.inference_fakes import (
+    CacheDirectory,
+    FakeEngine,
+    FakeFetcher,
+    make_revision,
+)
+from loraserve.testing.registries import fake_registry, state_of
+
+
+async def test_pinned_revision_is_fetched_on_demand_and_stays_loaded(
+    registry: AdapterRegistry, engine: FakeEngine, cache_dir: Path, fetcher: FakeFetcher
+) -> None:
+    await registry.install(make_revision(cache_dir, "alpha", 2).manifest, make_current=True)
+    fetcher.publish("alpha", 1)
+
+    async with registry.acquire(AdapterRef("alpha", 1)) as lease:
+        assert lease.revision == 1
+    await registry.wait_background()
+
+    assert registry.is_loaded("alpha", 1)
+    assert state_of(registry, "alpha", 1) is RevisionState.READY
+    async with registry.acquire(AdapterRef("alpha")) as lease:
+        assert lease.revision == 2
+
+
+async def test_pinned_revisions_beyond_the_lru_bound_are_removed(
+    registry: AdapterRegistry, engine: FakeEngine, fetcher: FakeFetcher
+) -> None:
+    for revision in (1, 2, 3):
+        fetcher.publish("alpha", revision)
+        async with registry.acquire(AdapterRef("alpha", revision)):
+            pass
+    await registry.wait_background()
+
+    assert not registry.is_loaded("alpha", 1)
+    assert registry.is_loaded("alpha", 2)
+    assert registry.is_loaded("alpha", 3)
+    assert sorted(h.lora_name for h in engine.loaded.values()) == ["alpha@2", "alpha@3"]
+
+
+async def test_concurrent_requests_for_one_pinned_revision_load_it_once(
+    registry: AdapterRegistry, engine: FakeEngine, fetcher: FakeFetcher
+) -> None:
+    fetcher.publish("alpha", 1)
+
+    async def use() -> int:
+        async with registry.acquire(AdapterRef("alpha", 1)) as lease:
+            assert lease.adapter is not None
+            return lease.adapter.lora_int_id
+
+    ids = await asyncio.gather(*(use() for _ in range(5)))
+
+    assert len(set(ids)) == 1
+    assert len(engine.add_calls) == 1
+    assert fetcher.fetches == [("alpha", 1)]
+
+
+async def test_pinning_a_draining_revision_keeps_it_without_reloading(
+    registry: AdapterRegistry, engine: FakeEngine, cache_dir: Path
+) -> None:
+    await registry.install(make_revision(cache_dir, "alpha", 1).manifest, make_current=True)
+    async with registry.acquire(AdapterRef("alpha")) as running:
+        await registry.install(make_revision(cache_dir, "alpha", 2).manifest, make_current=True)
+        async with registry.acquire(AdapterRef("alpha", 1)) as pinned:
+            assert pinned.adapter == running.adapter
+    await registry.wait_background()
+
+    assert registry.is_loaded("alpha", 1)
+    assert len(engine.add_calls) == 2
+
+
+async def test_pinned_revision_that_cannot_be_fetched_is_not_found(
+    engine: FakeEngine, cache_dir: Path
+) -> None:
+    registry = fake_registry(engine, CacheDirectory(cache_dir))
+    with pytest.raises(NotFound, match="alpha@3"):
+        async with registry.acquire(AdapterRef("alpha", 3)):
+            pass
+
+
+async def test_rollback_to_a_loaded_revision_does_not_reload_it(
+    registry: AdapterRegistry, engine: FakeEngine, cache_dir: Path
+) -> None:
+    await registry.install(make_revision(cache_dir, "alpha", 1).manifest, make_current=False)
+    await registry.install(make_revision(cache_dir, "alpha", 2).manifest, make_current=True)
+
+    await registry.set_current("alpha", 1)
+
+    assert registry.current_revision("alpha") == 1
+    assert len(engine.add_calls) == 2
+
+
+async def test_rollback_to_a_removed_revision_fetches_it_again(
+    registry: AdapterRegistry, engine: FakeEngine, cache_dir: Path, fetcher: FakeFetcher
+) -> None:
+    await registry.install(make_revision(cache_dir, "alpha", 1).manifest, make_current=True)
+    await registry.install(make_revision(cache_dir, "alpha", 2).manifest, make_current=True)
+    await registry.wait_background()
+    fetcher.publish("alpha", 1)
+
+    await registry.set_current("alpha", 1)
+
+    assert fetcher.fetches == [("alpha", 1)]
+    async with registry.acquire(AdapterRef("alpha")) as lease:
+        assert lease.revision == 1
+
+
+async def test_delete_unroutes_and_removes_after_in_flight_requests(
+    registry: AdapterRegistry, engine: FakeEngine, cache_dir: Path
+) -> None:
+    await registry.install(make_revision(cache_dir, "alpha", 1).manifest, make_current=True)
+
+    async with registry.acquire(AdapterRef("alpha")):
+        await registry.delete("alpha")
+        with pytest.raises(NotFound):
+            async with registry.acquire(AdapterRef("alpha")):
+                pass
+        assert engine.loaded
+    await registry.wait_background()
+
+    assert engine.loaded == {}
+    assert registry.snapshot() == []
+
+
+async def test_delete_while_a_pinned_revision_loads_discards_it_and_the_request_is_not_found(
+    registry: AdapterRegistry, engine: FakeEngine, cache_dir: Path, fetcher: FakeFetcher
+) -> None:
+    await registry.install(make_revision(cache_dir, "alpha", 2).manifest, make_current=True)
+    fetched = asyncio.Event()
+    go_on = asyncio.Event()
+    fetch = fetcher.fetch
+
+    async def held_fetch(
+        name: str, revision: int, manifest: Revision | None = None, *, holder: Holder | None = None
+    ) -> CachedRevision:
+        rev = await fetch(name, revision, manifest)
+        fetched.set()
+        await go_on.wait()
+        return rev
+
+    fetcher.fetch = held_fetch  # type: ignore[method-assign]
+    fetcher.publish("alpha", 1)
+
+    async def use_pinned() -> None:
+        async with registry.acquire(AdapterRef("alpha", 1)):
+            pass
+
+    request = asyncio.ensure_future(use_pinned())
+    await fetched.wait()
+    await registry.delete("alpha")
+    go_on.set()
+
+    with pytest.raises(NotFound, match="alpha@1 was deleted"):
+        await request
+    await registry.wait_background()
+    assert not registry.is_loaded("alpha", 1)
+    assert [h.lora_name for h in engine.add_calls] == ["alpha@2"]
+    assert not (cache_dir / "alpha" / "1").exists()
+    assert registry.snapshot() == []
