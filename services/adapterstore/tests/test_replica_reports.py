@@ -44,10 +44,10 @@ async def statuses(store: AdapterStore, name: str = "") -> list[tuple[str, str, 
             return found
 
 
-async def test_replicas_routing_300_adapters_keep_at_most_17_objects_each(
+async def test_replicas_routing_2000_adapters_keep_at_most_17_objects_each(
     memory_blobs: MemoryBlobStore, memory_store: AdapterStore
 ) -> None:
-    names = [f"a{i:04d}" for i in range(300)]
+    names = [f"a{i:04d}" for i in range(2000)]
     for name in names:
         await push(memory_store, name, tiny_adapter())
     for replica in ("r1", "r2", "r3"):
