@@ -24,6 +24,7 @@ from pathlib import Path
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
+from loraserve.adapterctl.failures import EXIT_UNREACHABLE
 from loraserve.clients.inference import InferenceClient, RetryPolicy, Sampling
 from loraserve.common.errors import LoraserveError
 from loraserve.inference.v1 import inference_pb2 as ipb
@@ -173,21 +174,20 @@ async def test_every_request_for_an_adapter_is_served_by_one_replica(fleet: Flee
     assert len(set().union(*served.values())) > 1, served
 
 
-async def test_a_push_to_either_store_reaches_every_replica_with_acks(
+async def test_a_push_wait_all_to_either_store_returns_once_every_replica_acked(
     fleet: Fleet, tiny_adapter: TinyAdapterFactory
 ) -> None:
     name = ADAPTERS[0]
     for store, revision, seed in ((fleet.stores[1], 2, 101), (fleet.stores[0], 3, 102)):
-        pushed = await ctl("push", "--store", store.address, name, str(tiny_adapter(seed=seed)))
+        directory = str(tiny_adapter(seed=seed))
+        wait = ("--wait", "all", "--timeout", str(FLEET_GUARD_S))
+        pushed = await ctl("push", "--store", store.address, name, directory, *wait)
         assert (pushed.code, pushed.out.strip()) == (0, f"{name}@{revision}"), pushed.err
+        # push --wait all returned: every replica has reported the revision already.
+        assert await acked(fleet, name, revision)
         await eventually(
             lambda: all_serve(fleet, {name: revision}),  # noqa: B023 - awaited in this turn
             f"every replica serves {name}@{revision}",
-            FLEET_GUARD_S,
-        )
-        await eventually(
-            lambda: acked(fleet, name, revision),  # noqa: B023 - awaited in this turn
-            f"`adapterctl status` shows every replica's ACK of {name}@{revision}",
             FLEET_GUARD_S,
         )
     for replica in fleet.replicas:
@@ -239,7 +239,9 @@ async def load(
             outcome.ok += 1
 
 
-async def test_an_adapters_requests_move_on_when_its_replica_is_killed(fleet: Fleet) -> None:
+async def test_an_adapters_requests_move_on_when_its_replica_is_killed(
+    fleet: Fleet, tiny_adapter: TinyAdapterFactory
+) -> None:
     adapter = ADAPTERS[1]
     before = await fleet.served()
     outcome, stop = LoadOutcome(), asyncio.Event()
@@ -258,6 +260,13 @@ async def test_an_adapters_requests_move_on_when_its_replica_is_killed(fleet: Fl
         finally:
             stop.set()
             await asyncio.gather(*workers)
+    # The killed replica is still live to the store (its reports stop only now): push
+    # --wait all names it once the timeout passes.
+    directory = str(tiny_adapter(seed=103))
+    store = fleet.stores[0].address
+    pushed = await ctl("push", "--store", store, adapter, directory, "--wait", "--timeout", "20")
+    assert pushed.code == EXIT_UNREACHABLE, pushed.err
+    assert f"replica {owner} did not report {adapter}@2 in time" in pushed.err
     moved_to = {
         r.name
         for r in fleet.replicas
