@@ -8,5 +8,6 @@ pytest_plugins = [
     "loraserve.testing.store",
     "loraserve.testing.inference",
     "loraserve.testing.openai_front",
+    "loraserve.testing.parity",
     "loraserve.testing.stack",
 ]

@@ -11,15 +11,13 @@ was applied, not ignored.
 from __future__ import annotations
 
 import uuid
-from collections.abc import AsyncIterator, Callable
+from collections.abc import Callable
 from dataclasses import dataclass
-from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import pytest
 
 from loraserve.inference.v1 import inference_pb2 as pb
-from loraserve.testing.models import TinyAdapterFactory
 from loraserve.testing.parity import (
     ADAPTER,
     EOS_TEXT,
@@ -28,36 +26,14 @@ from loraserve.testing.parity import (
     SEEDED,
     Fronts,
     direct,
-    greedy_tokens,
     openai_body,
-    parity_fronts,
     scored_logprob,
     through_chat,
     through_completions,
     through_grpc,
 )
 
-if TYPE_CHECKING:
-    from vllm.v1.engine.async_llm import AsyncLLM
-
 pytestmark = pytest.mark.engine
-
-
-@pytest.fixture(scope="module")
-async def fronts(
-    vllm_engine: AsyncLLM,
-    tiny_model_dir: Path,
-    tiny_adapter: TinyAdapterFactory,
-    tmp_path_factory: pytest.TempPathFactory,
-) -> AsyncIterator[Fronts]:
-    cache = tmp_path_factory.mktemp("parity-cache")
-    async with parity_fronts(vllm_engine, tiny_model_dir, tiny_adapter, cache) as fronts:
-        yield fronts
-
-
-@pytest.fixture(scope="module")
-async def greedy(fronts: Fronts) -> list[int]:
-    return await greedy_tokens(fronts)
 
 
 @dataclass(frozen=True)
@@ -120,27 +96,34 @@ CASES = {
 
 @pytest.mark.parametrize("option", list(CASES))
 async def test_option_answers_as_vllm_on_grpc_and_http(
-    fronts: Fronts, greedy: list[int], option: str
+    parity_fronts: Fronts, greedy: list[int], option: str
 ) -> None:
     case = CASES[option]
-    options = case.options(greedy, fronts.engine.decode)
-    expected = await direct(fronts, PROMPT, options)
+    options = case.options(greedy, parity_fronts.engine.decode)
+    expected = await direct(parity_fronts, PROMPT, options)
     if case.reference is not None:
-        reference = await direct(fronts, PROMPT, case.reference(greedy, fronts.engine.decode))
+        reference = await direct(
+            parity_fronts, PROMPT, case.reference(greedy, parity_fronts.engine.decode)
+        )
         assert expected != reference, f"{option} changes nothing here: pick a stronger value"
 
-    assert await through_grpc(fronts, options) == expected
-    assert await through_completions(fronts, options) == expected
-    assert await direct(fronts, fronts.chat_prompt, options) == await through_chat(fronts, options)
+    assert await through_grpc(parity_fronts, options) == expected
+    assert await through_completions(parity_fronts, options) == expected
+    assert await direct(parity_fronts, parity_fronts.chat_prompt, options) == await through_chat(
+        parity_fronts, options
+    )
 
 
-async def test_prompt_logprobs_answer_as_vllm_on_grpc_and_http(fronts: Fronts) -> None:
+async def test_prompt_logprobs_answer_as_vllm_on_grpc_and_http(parity_fronts: Fronts) -> None:
     from vllm import SamplingParams
     from vllm.inputs import TokensPrompt
 
     params = SamplingParams(temperature=0.0, max_tokens=1, prompt_logprobs=1)
-    async for output in fronts.llm.generate(
-        TokensPrompt(prompt_token_ids=PROMPT), params, uuid.uuid4().hex, lora_request=fronts.lora
+    async for output in parity_fronts.llm.generate(
+        TokensPrompt(prompt_token_ids=PROMPT),
+        params,
+        uuid.uuid4().hex,
+        lora_request=parity_fronts.lora,
     ):
         final = output
     assert final.prompt_logprobs is not None
@@ -154,11 +137,11 @@ async def test_prompt_logprobs_answer_as_vllm_on_grpc_and_http(fronts: Fronts) -
         token_ids=pb.TokenIds(ids=PROMPT),
         sampling=pb.SamplingParams(temperature=0.0, max_tokens=1, prompt_logprobs=1),
     )
-    messages = [m async for m in fronts.stub.Generate(request)]
+    messages = [m async for m in parity_fronts.stub.Generate(request)]
     scored = [p.token.logprob if p.HasField("token") else None for p in messages[0].prompt_logprobs]
     assert scored == expected
 
-    response = await fronts.http.post(
+    response = await parity_fronts.http.post(
         "/v1/completions",
         json=openai_body({"max_tokens": 1, "prompt_logprobs": 1}) | {"prompt": PROMPT},
     )
@@ -168,16 +151,18 @@ async def test_prompt_logprobs_answer_as_vllm_on_grpc_and_http(fronts: Fronts) -
     ] == expected
 
 
-async def test_echo_with_logprobs_scores_the_prompt_then_the_completion(fronts: Fronts) -> None:
+async def test_echo_with_logprobs_scores_the_prompt_then_the_completion(
+    parity_fronts: Fronts,
+) -> None:
     body = openai_body({"max_tokens": 2, "logprobs": 0}) | {"prompt": PROMPT, "echo": True}
-    response = await fronts.http.post("/v1/completions", json=body)
+    response = await parity_fronts.http.post("/v1/completions", json=body)
     choice = response.json()["choices"][0]
-    greedy = await direct(fronts, PROMPT, {"max_tokens": 2})
-    assert choice["text"] == fronts.engine.decode(PROMPT) + greedy[0].text
+    greedy = await direct(parity_fronts, PROMPT, {"max_tokens": 2})
+    assert choice["text"] == parity_fronts.engine.decode(PROMPT) + greedy[0].text
     logprobs = choice["logprobs"]["token_logprobs"]
     assert len(logprobs) == len(PROMPT) + 2
     assert logprobs[0] is None
     assert (
         tuple(logprobs[-2:])
-        == (await direct(fronts, PROMPT, {"max_tokens": 2, "logprobs": 0}))[0].logprobs
+        == (await direct(parity_fronts, PROMPT, {"max_tokens": 2, "logprobs": 0}))[0].logprobs
     )

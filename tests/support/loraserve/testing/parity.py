@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any
 
 import grpc
 import httpx
+import pytest
 from prometheus_client import CollectorRegistry
 
 from loraserve.common.names import parse_adapter_ref
@@ -69,7 +70,7 @@ class Fronts:
 
 
 @asynccontextmanager
-async def parity_fronts(
+async def open_parity_fronts(
     vllm_engine: AsyncLLM,
     tiny_model_dir: Path,
     tiny_adapter: TinyAdapterFactory,
@@ -112,9 +113,23 @@ async def parity_fronts(
         await registry.wait_background()
 
 
-async def greedy_tokens(fronts: Fronts) -> list[int]:
+@pytest.fixture(scope="module")
+async def parity_fronts(
+    vllm_engine: AsyncLLM,
+    tiny_model_dir: Path,
+    tiny_adapter: TinyAdapterFactory,
+    tmp_path_factory: pytest.TempPathFactory,
+) -> AsyncIterator[Fronts]:
+    """`open_parity_fronts` for one test module."""
+    cache = tmp_path_factory.mktemp("parity-cache")
+    async with open_parity_fronts(vllm_engine, tiny_model_dir, tiny_adapter, cache) as fronts:
+        yield fronts
+
+
+@pytest.fixture(scope="module")
+async def greedy(parity_fronts: Fronts) -> list[int]:
     """vLLM's own greedy answer to PROMPT, MAX_TOKENS long."""
-    answer = await direct(fronts, PROMPT, {"max_tokens": MAX_TOKENS})
+    answer = await direct(parity_fronts, PROMPT, {"max_tokens": MAX_TOKENS})
     return list(answer[0].token_ids)
 
 
