@@ -51,6 +51,7 @@ class PushHeader:
     no_promote: bool
     description: str
     idempotency_key: str = ""
+    signature: bytes = b""  # the model-signing bundle; b"" when unsigned
 
 
 @dataclass(frozen=True, slots=True)

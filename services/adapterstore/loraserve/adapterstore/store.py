@@ -11,7 +11,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import AsyncIterator, Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 
 from loraserve.adapterstore import pagetokens
@@ -42,7 +42,9 @@ from loraserve.adapterstore.watching import Heartbeat, Watches
 from loraserve.common.errors import InvalidArgument, NotFound, Unavailable
 from loraserve.common.manifest import Revision
 from loraserve.common.names import validate_adapter_name
+from loraserve.common.signing import Signed
 from loraserve.common.textlimits import MAX_DESCRIPTION_BYTES, MAX_PAGE_BYTES, check_text
+from loraserve.common.trust import RevisionTrust, TrustSettings
 
 log = logging.getLogger(__name__)
 
@@ -60,6 +62,8 @@ class StoreSettings:
     # Seconds after which an upload an interrupted push left is swept at start-up
     # (see s3sweep); 0: never.
     stale_upload_age_s: float = 86_400.0
+    # What a push's signature must be (loraserve.common.trust).
+    trust: TrustSettings = field(default_factory=TrustSettings)
 
 
 @dataclass(frozen=True, slots=True)
@@ -84,6 +88,7 @@ class AdapterStore:
         self._started = False
         self._watches = Watches(changelog, settings.heartbeat_interval)
         self._sweeping: asyncio.Task[None] | None = None
+        self._trust = RevisionTrust(settings.trust)
 
     @property
     def watch_count(self) -> int:
@@ -172,11 +177,13 @@ class AdapterStore:
         check_declared_files(header.files, self._settings.limits)
         if header.idempotency_key and (done := await self._committed_push(header, chunks)):
             return done
+        signed = self._check_signature(header)
         received = await receive_adapter(header, chunks, self._blobs)
         await keep_files(received)
         files = received.infos
         change = await self._log.commit(
-            revision_pushed(header, files, received.config, actor), push_request_tag(header, files)
+            revision_pushed(header, files, received.config, actor, signed),
+            push_request_tag(header, files),
         )
         assert change is not None
         assert change.revision is not None
@@ -188,6 +195,33 @@ class AdapterStore:
             actor,
         )
         return _push_result(change)
+
+    def _check_signature(self, header: PushHeader) -> Signed | None:
+        """The signature's check, from the header alone, before any byte is stored:
+        the files it covers are the header's declared digests, which the upload then
+        holds every byte to."""
+        if header.signature and not all(f.sha256 for f in header.files):
+            raise InvalidArgument(
+                "a signed push must declare every file's sha256 in its header (the "
+                "digests the signature covers)"
+            )
+        signed = self._trust.check(header.name, header.files, header.signature, now())
+        if signed is not None:
+            log.info(
+                "adapter.signature_verified name=%s rev=%d signer=%s",
+                header.name,
+                signed.revision,
+                signed.signer,
+            )
+        return signed
+
+    async def next_revision(self, name: str) -> int:
+        """The revision number the next push of `name` gets, unless another commits
+        first: what a signed push signs."""
+        self._check_started()
+        validate_adapter_name(name)
+        await self._log.sync()
+        return self._log.state.next_revision(name)
 
     async def _committed_push(
         self, header: PushHeader, chunks: AsyncIterator[Chunk]

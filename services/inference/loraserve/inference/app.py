@@ -21,7 +21,9 @@ import stamina
 from loraserve.clients.store import StoreClient, StoreClientSettings
 from loraserve.common import retrylog
 from loraserve.common.errors import TRANSIENT_ERRORS, LoraserveError
+from loraserve.common.manifest import Revision
 from loraserve.common.server import RunningServer, start_server
+from loraserve.common.trust import RevisionTrust
 from loraserve.inference.adapters import (
     LLAMA_TARGET_MODULES,
     AdapterRegistry,
@@ -124,16 +126,28 @@ class InferenceApp:
         engine = self._engine = await self._start_engine(options)
         info = engine.info
         compat = await self._compatibility(options.model, info.max_lora_rank)
+        trust = RevisionTrust(settings.trust)
+
+        def servable(manifest: Revision) -> None:
+            # Its signature first: nothing of an untrusted revision is looked at further.
+            trust.check_revision(manifest)
+            compat.check_manifest(manifest)
+
         cache = self._cache = AdapterCache(
             settings.adapter_cache,
             source=self._store,
-            check=compat.check_manifest,
+            check=servable,
             max_bytes=settings.adapter_cache_size,
             observer=self.metrics,
         )
         await cache.prepare()
         registry = AdapterRegistry(
-            engine, cache, compat, max_pinned=info.max_cpu_loras, observer=self.metrics
+            engine,
+            cache,
+            compat,
+            max_pinned=info.max_cpu_loras,
+            observer=self.metrics,
+            verify=trust.check_revision,
         )
         synchronizer = Synchronizer(
             self._store,

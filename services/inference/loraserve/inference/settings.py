@@ -7,6 +7,7 @@ so a container can be configured without a command line.
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -29,6 +30,7 @@ from loraserve.common.security import (
     server_security_from_args,
 )
 from loraserve.common.sizes import parse_size
+from loraserve.common.trust import TrustSettings, add_trust_flags, trust_settings_from_args
 
 ENV_PREFIX = "INFERENCE"
 STORE_FLAG_PREFIX = "store"
@@ -93,6 +95,8 @@ class InferenceSettings:
     adapter_cache_size: int | None = None
     # Adapters loaded before SERVING and kept warm on publish (see SyncSettings).
     prefetch_adapters: int = 32
+    # Which revisions' signatures this replica requires and trusts.
+    trust: TrustSettings = field(default_factory=TrustSettings)
 
 
 def _cache_size(text: str) -> int:
@@ -130,6 +134,7 @@ def build_parser(environ: Mapping[str, str]) -> argparse.ArgumentParser:
     env = flags.get
     _add_model_flags(serve, flags)
     _add_store_flags(serve, flags)
+    add_trust_flags(functools.partial(flags.add, serve))
     serve.add_argument(
         "--adapter-cache",
         type=Path,
@@ -315,4 +320,5 @@ def parse_settings(
         log_level=str(args.log_level).upper(),
         adapter_cache_size=args.adapter_cache_size,
         prefetch_adapters=int(args.prefetch_adapters),
+        trust=trust_settings_from_args(args),
     )
