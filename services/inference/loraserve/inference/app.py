@@ -40,12 +40,13 @@ from loraserve.inference.metrics import InferenceMetrics
 from loraserve.inference.serving import (
     SERVICE_NAME,
     Admission,
+    FairGate,
     Generator,
     Runtime,
     RuntimeSlot,
     register,
 )
-from loraserve.inference.settings import EngineOptions, InferenceSettings
+from loraserve.inference.settings import AdmissionOptions, EngineOptions, InferenceSettings
 from loraserve.inference.sync import Synchronizer, SyncSettings, current_adapter_ranks
 
 if TYPE_CHECKING:
@@ -184,15 +185,17 @@ class InferenceApp:
         settings = self._settings
         info = engine.info
         admission = Admission(settings.max_pending_requests)
+        gate = _fair_gate(settings.admission, info.max_num_seqs)
         self.slot.set(
             Runtime(
                 engine=engine,
                 registry=registry,
-                generator=Generator(engine, registry, admission, self.metrics),
+                generator=Generator(engine, registry, admission, self.metrics, gate),
                 admission=admission,
                 replica_id=settings.replica_id,
                 store_seq=store_seq,
                 tiers=tiers,
+                gate=gate,
             )
         )
         self.metrics.watch_engine(
@@ -200,7 +203,8 @@ class InferenceApp:
             loaded=lambda: registry.counts().loaded,
             kv_usage=lambda: engine.stats().kv_cache_usage,
             running=lambda: engine.stats().running,
-            waiting=lambda: engine.stats().waiting,
+            # Requests waiting for their turn wait for the engine as much as its own queue.
+            waiting=lambda: engine.stats().waiting + (gate.waiting if gate else 0),
             pending=lambda: admission.pending,
         )
         self.metrics.export_model_server_protocol(engine.stats, max_lora=info.max_loras)
@@ -335,3 +339,12 @@ def _lora_shapes(model: str) -> dict[str, tuple[int, int]]:
 def _lora_targets(model: str) -> frozenset[str]:
     path = Path(model)
     return model_lora_targets(path) if path.is_dir() else LLAMA_TARGET_MODULES
+
+
+def _fair_gate(options: AdmissionOptions, max_num_seqs: int) -> FairGate | None:
+    """The gate that admits requests into the engine in turn across adapters, at most
+    one batch's worth (or `--max-engine-requests`) at once; None for fifo."""
+    if not options.fair:
+        return None
+    weights = dict(options.weights)
+    return FairGate(options.max_engine_requests or max_num_seqs, lambda a: weights.get(a, 1.0))

@@ -68,6 +68,62 @@ class CompatOptions:
 
 
 @dataclass(frozen=True)
+class AdmissionOptions:
+    """How requests go into the engine once it is saturated (serving.fairness)."""
+
+    # Round-robin across adapters (weighted); False: first come first served (vLLM's).
+    fair: bool = True
+    # Requests in the engine at once; None: the engine's max_num_seqs (one batch).
+    max_engine_requests: int | None = None
+    # Adapter name -> its share of turns; an adapter not named has weight 1.
+    weights: Mapping[str, float] = field(default_factory=dict)
+
+
+def parse_weights(text: str) -> dict[str, float]:
+    """`NAME=WEIGHT,...` (weights positive numbers) for `--adapter-weights`."""
+    weights: dict[str, float] = {}
+    for item in (part.strip() for part in text.split(",")):
+        if not item:
+            continue
+        name, sep, value = item.partition("=")
+        try:
+            weight = float(value) if sep and name else 0.0
+        except ValueError:
+            weight = 0.0
+        if not weight > 0:
+            raise argparse.ArgumentTypeError(
+                f"adapter weight {item!r}: give NAME=WEIGHT with a positive number"
+            )
+        weights[name.strip()] = weight
+    return weights
+
+
+def _add_admission_flags(serve: argparse.ArgumentParser, flags: EnvFlags) -> None:
+    flags.add(
+        serve,
+        "admission-order",
+        "once the engine is saturated, admit waiting requests round-robin across "
+        "adapters (fair) or first come first served (fifo)",
+        "fair",
+        choices=("fair", "fifo"),
+    )
+    flags.add(
+        serve,
+        "max-engine-requests",
+        "requests in the engine at once, the rest wait for their turn (default: the "
+        "engine's max_num_seqs)",
+        type=positive_int,
+    )
+    flags.add(
+        serve,
+        "adapter-weights",
+        "fair admission's share of turns per adapter, NAME=WEIGHT comma-separated (others 1)",
+        "",
+        type=parse_weights,
+    )
+
+
+@dataclass(frozen=True)
 class InferenceSettings:
     """Everything `inference serve` runs with."""
 
@@ -97,6 +153,7 @@ class InferenceSettings:
     prefetch_adapters: int = 32
     # Which revisions' signatures this replica requires and trusts.
     trust: TrustSettings = field(default_factory=TrustSettings)
+    admission: AdmissionOptions = field(default_factory=AdmissionOptions)
 
 
 def _cache_size(text: str) -> int:
@@ -135,6 +192,7 @@ def build_parser(environ: Mapping[str, str]) -> argparse.ArgumentParser:
     _add_model_flags(serve, flags)
     _add_store_flags(serve, flags)
     add_trust_flags(functools.partial(flags.add, serve))
+    _add_admission_flags(serve, flags)
     serve.add_argument(
         "--adapter-cache",
         type=Path,
@@ -321,4 +379,9 @@ def parse_settings(
         adapter_cache_size=args.adapter_cache_size,
         prefetch_adapters=int(args.prefetch_adapters),
         trust=trust_settings_from_args(args),
+        admission=AdmissionOptions(
+            fair=args.admission_order == "fair",
+            max_engine_requests=args.max_engine_requests,
+            weights=args.adapter_weights,
+        ),
     )
