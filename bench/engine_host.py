@@ -26,7 +26,7 @@ from loraserve.inference.settings import parse_settings
 
 
 async def _command(app: InferenceApp, message: dict[str, Any]) -> dict[str, Any]:
-    runtime = app.slot.get()
+    runtime = app.runtime_ref.get()
     if message["op"] != "run":
         return {"error": f"unknown op {message['op']!r}"}
     workload = Workload.from_json(message["workload"])

@@ -87,8 +87,8 @@ class Window:
             "loop_cpu_ms_per_1k_tokens": self.loop_cpu_s * per_k * 1000,
             "engine_cpu_ms_per_1k_tokens": self.engine_cpu_s * per_k * 1000,
             "client_cpu_ms_per_1k_tokens": self.client_cpu_s * per_k * 1000,
-            "ttft_p50_ms": percentile(self.ttft_s, 0.5) * 1000 if self.ttft_s else 0.0,
-            "gap_p50_ms": percentile(self.gaps_s, 0.5) * 1000 if self.gaps_s else 0.0,
+            "ttft_p50_ms": percentile(self.ttft_s, 50) * 1000 if self.ttft_s else 0.0,
+            "gap_p50_ms": percentile(self.gaps_s, 50) * 1000 if self.gaps_s else 0.0,
             "errors": self.errors,
         }
 

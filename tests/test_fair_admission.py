@@ -56,7 +56,7 @@ async def saturated(
 
 
 def _gate(inference: RunningInference) -> FairGate:
-    gate = inference.app.slot.get().gate
+    gate = inference.app.runtime_ref.get().gate
     assert gate is not None, "fair admission is the default"
     return gate
 

@@ -27,7 +27,7 @@ from loraserve.adapterstore.idempotency import (
 from loraserve.adapterstore.listing import AdapterPage, RevisionPage, adapter_page, revision_page
 from loraserve.adapterstore.lookup import detached, find_adapter, find_revision
 from loraserve.adapterstore.model import Adapter, Change, now
-from loraserve.adapterstore.push import Chunk, PushHeader, keep_files, receive_adapter
+from loraserve.adapterstore.push import Chunk, PushHeader, PushResult, keep_files, receive_adapter
 from loraserve.adapterstore.status import (
     ReplicaStatus,
     ReplicaStatusStore,
@@ -42,7 +42,6 @@ from loraserve.adapterstore.watching import Heartbeat, Watches
 from loraserve.common.errors import InvalidArgument, NotFound, Unavailable
 from loraserve.common.manifest import Revision
 from loraserve.common.names import validate_adapter_name
-from loraserve.common.signing import Signed
 from loraserve.common.textlimits import MAX_DESCRIPTION_BYTES, MAX_PAGE_BYTES, check_text
 from loraserve.common.trust import RevisionTrust, TrustSettings
 
@@ -64,13 +63,6 @@ class StoreSettings:
     stale_upload_age_s: float = 86_400.0
     # What a push's signature must be (loraserve.common.trust).
     trust: TrustSettings = field(default_factory=TrustSettings)
-
-
-@dataclass(frozen=True, slots=True)
-class PushResult:
-    revision: Revision
-    promoted: bool
-    seq: int
 
 
 class AdapterStore:
@@ -177,7 +169,7 @@ class AdapterStore:
         check_declared_files(header.files, self._settings.limits)
         if header.idempotency_key and (done := await self._committed_push(header, chunks)):
             return done
-        signed = self._check_signature(header)
+        signed = self._trust.check_push(header.name, header.files, header.signature)
         received = await receive_adapter(header, chunks, self._blobs)
         await keep_files(received)
         files = received.infos
@@ -194,26 +186,7 @@ class AdapterStore:
             change.seq,
             actor,
         )
-        return _push_result(change)
-
-    def _check_signature(self, header: PushHeader) -> Signed | None:
-        """The signature's check, from the header alone, before any byte is stored:
-        the files it covers are the header's declared digests, which the upload then
-        holds every byte to."""
-        if header.signature and not all(f.sha256 for f in header.files):
-            raise InvalidArgument(
-                "a signed push must declare every file's sha256 in its header (the "
-                "digests the signature covers)"
-            )
-        signed = self._trust.check(header.name, header.files, header.signature, now())
-        if signed is not None:
-            log.info(
-                "adapter.signature_verified name=%s rev=%d signer=%s",
-                header.name,
-                signed.revision,
-                signed.signer,
-            )
-        return signed
+        return PushResult.of(change)
 
     async def next_revision(self, name: str) -> int:
         """The revision number the next push of `name` gets, unless another commits
@@ -247,7 +220,7 @@ class AdapterStore:
             change.seq,
             header.idempotency_key,
         )
-        return _push_result(change)
+        return PushResult.of(change)
 
     async def get(self, name: str, revision: int = 0) -> tuple[Adapter, Revision]:
         self._check_started()
@@ -421,9 +394,3 @@ class AdapterStore:
     def _adapter(self, name: str) -> Adapter:
         validate_adapter_name(name)
         return find_adapter(self._log.state, name)
-
-
-def _push_result(change: Change) -> PushResult:
-    assert change.revision is not None
-    promoted = change.current_revision == change.revision.revision
-    return PushResult(change.revision, promoted, change.seq)

@@ -7,9 +7,9 @@ from __future__ import annotations
 import argparse
 import enum
 import logging
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import UTC, datetime
 
 from loraserve.common.errors import FailedPrecondition, InvalidArgument, PermissionDenied
 from loraserve.common.manifest import FileInfo, Revision
@@ -110,6 +110,24 @@ class RevisionTrust:
         except (FailedPrecondition, InvalidArgument, PermissionDenied) as exc:
             self._refused(name, exc)
             return None
+
+    def check_push(self, name: str, files: Sequence[FileInfo], signature: bytes) -> Signed | None:
+        """`check` of a push's signature, now, against the digests its header declares
+        (which the upload then holds every byte to)."""
+        if signature and not all(f.sha256 for f in files):
+            raise InvalidArgument(
+                "a signed push must declare every file's sha256 in its header (the "
+                "digests the signature covers)"
+            )
+        signed = self.check(name, files, signature, datetime.now(UTC))
+        if signed is not None:
+            log.info(
+                "adapter.signature_verified name=%s rev=%d signer=%s",
+                name,
+                signed.revision,
+                signed.signer,
+            )
+        return signed
 
     def check_revision(self, revision: Revision) -> Signed | None:
         """`check` of a committed revision, against the time it was pushed: the

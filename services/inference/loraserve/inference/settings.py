@@ -13,14 +13,17 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from loraserve.common.admission import AdmissionOptions, add_admission_flags, admission_from_args
 from loraserve.common.errors import InvalidArgument
 from loraserve.common.flags import (
     EnvFlags,
     fraction,
+    non_negative_float,
     non_negative_int,
     positive_float,
     positive_int,
 )
+from loraserve.common.metrics_http import add_metrics_flags, metrics_address
 from loraserve.common.security import (
     ClientSecurity,
     ServerSecurity,
@@ -35,6 +38,9 @@ from loraserve.common.trust import TrustSettings, add_trust_flags, trust_setting
 ENV_PREFIX = "INFERENCE"
 STORE_FLAG_PREFIX = "store"
 
+
+# OpenAI's own limit on n.
+DEFAULT_MAX_N = 128
 
 # Room for a prompt as long as gRPC's message limit allows.
 DEFAULT_OPENAI_MAX_BODY_BYTES = 16 * 1024 * 1024
@@ -68,62 +74,6 @@ class CompatOptions:
 
 
 @dataclass(frozen=True)
-class AdmissionOptions:
-    """How requests go into the engine once it is saturated (serving.fairness)."""
-
-    # Round-robin across adapters (weighted); False: first come first served (vLLM's).
-    fair: bool = True
-    # Requests in the engine at once; None: the engine's max_num_seqs (one batch).
-    max_engine_requests: int | None = None
-    # Adapter name -> its share of turns; an adapter not named has weight 1.
-    weights: Mapping[str, float] = field(default_factory=dict)
-
-
-def parse_weights(text: str) -> dict[str, float]:
-    """`NAME=WEIGHT,...` (weights positive numbers) for `--adapter-weights`."""
-    weights: dict[str, float] = {}
-    for item in (part.strip() for part in text.split(",")):
-        if not item:
-            continue
-        name, sep, value = item.partition("=")
-        try:
-            weight = float(value) if sep and name else 0.0
-        except ValueError:
-            weight = 0.0
-        if not weight > 0:
-            raise argparse.ArgumentTypeError(
-                f"adapter weight {item!r}: give NAME=WEIGHT with a positive number"
-            )
-        weights[name.strip()] = weight
-    return weights
-
-
-def _add_admission_flags(serve: argparse.ArgumentParser, flags: EnvFlags) -> None:
-    flags.add(
-        serve,
-        "admission-order",
-        "once the engine is saturated, admit waiting requests round-robin across "
-        "adapters (fair) or first come first served (fifo)",
-        "fair",
-        choices=("fair", "fifo"),
-    )
-    flags.add(
-        serve,
-        "max-engine-requests",
-        "requests in the engine at once, the rest wait for their turn (default: the "
-        "engine's max_num_seqs)",
-        type=positive_int,
-    )
-    flags.add(
-        serve,
-        "adapter-weights",
-        "fair admission's share of turns per adapter, NAME=WEIGHT comma-separated (others 1)",
-        "",
-        type=parse_weights,
-    )
-
-
-@dataclass(frozen=True)
 class InferenceSettings:
     """Everything `inference serve` runs with."""
 
@@ -135,7 +85,10 @@ class InferenceSettings:
     replica_id: str
     listen: str
     security: ServerSecurity
+    # Sequences admitted at once (a request counts its n).
     max_pending_requests: int = 256
+    # Most choices (n) one request may ask for per prompt.
+    max_n: int = DEFAULT_MAX_N
     # HOST:PORT of the OpenAI-compatible HTTP front; None: off.
     openai_listen: str | None = None
     # Seconds between signs of life to the store (see SyncSettings.status_interval_s).
@@ -144,7 +97,12 @@ class InferenceSettings:
     store_max_staleness_s: float = 30.0
     # Largest HTTP request body the front reads; larger ones get 413 unread.
     openai_max_body_bytes: int = DEFAULT_OPENAI_MAX_BODY_BYTES
-    metrics_port: int | None = None
+    # HOST:PORT of the metrics endpoint; None: off.
+    metrics_listen: str | None = None
+    # /metrics on the OpenAI port without a token.
+    public_metrics: bool = False
+    # Seconds before a gRPC connection is asked to close; 0: never.
+    max_connection_age_s: float = 300.0
     shutdown_grace_seconds: float = 30.0
     log_level: str = "INFO"
     # Bytes the adapter cache may hold on disk; None: unbounded.
@@ -188,11 +146,23 @@ def build_parser(environ: Mapping[str, str]) -> argparse.ArgumentParser:
     commands = parser.add_subparsers(dest="command", required=True)
     serve = commands.add_parser("serve", help="run the inference server")
     flags = EnvFlags(environ, ENV_PREFIX)
-    env = flags.get
     _add_model_flags(serve, flags)
     _add_store_flags(serve, flags)
     add_trust_flags(functools.partial(flags.add, serve))
-    _add_admission_flags(serve, flags)
+    add_admission_flags(functools.partial(flags.add, serve))
+    _add_cache_flags(serve, flags)
+    _add_serving_flags(serve, flags)
+    add_metrics_flags(serve, flags)
+    _add_connection_flags(serve, flags)
+    _add_engine_flags(serve.add_argument_group("engine"), flags)
+    add_server_security_flags(serve, ENV_PREFIX, environ)
+    add_client_security_flags(serve, ENV_PREFIX, environ, flag_prefix=STORE_FLAG_PREFIX)
+    return parser
+
+
+def _add_cache_flags(serve: argparse.ArgumentParser, flags: EnvFlags) -> None:
+    """Where downloaded adapters live, how many bytes, what is loaded ahead."""
+    env = flags.get
     serve.add_argument(
         "--adapter-cache",
         type=Path,
@@ -216,6 +186,11 @@ def build_parser(environ: Mapping[str, str]) -> argparse.ArgumentParser:
         "served most recently first) and loaded as soon as they are published while fewer "
         "than N are loaded; every other adapter loads on its first request",
     )
+
+
+def _add_serving_flags(serve: argparse.ArgumentParser, flags: EnvFlags) -> None:
+    """Where requests arrive and how many are admitted."""
+    env = flags.get
     serve.add_argument("--replica-id", default=env("replica-id"), help="default: host name")
     serve.add_argument("--listen", default=env("listen", "0.0.0.0:50052"), help="gRPC address")
     serve.add_argument(
@@ -236,13 +211,38 @@ def build_parser(environ: Mapping[str, str]) -> argparse.ArgumentParser:
         "--max-pending-requests",
         type=positive_int,
         default=env("max-pending-requests", "256"),
-        help="requests admitted at once; more get RESOURCE_EXHAUSTED",
+        help="sequences admitted at once, a request counting its n (choices); more get "
+        "RESOURCE_EXHAUSTED",
     )
     serve.add_argument(
-        "--metrics-port",
-        type=int,
-        default=env("metrics-port"),
-        help="serve Prometheus metrics on this port (0: any free port; unset: off)",
+        "--max-n",
+        type=positive_int,
+        default=env("max-n"),
+        metavar="N",
+        help=f"most choices (n) a request may ask for per prompt; more is INVALID_ARGUMENT "
+        f"(default: {DEFAULT_MAX_N}, or --max-pending-requests if lower)",
+    )
+
+
+def _add_connection_flags(serve: argparse.ArgumentParser, flags: EnvFlags) -> None:
+    """How connections, metrics scrapers and shutdown are treated."""
+    env = flags.get
+    serve.add_argument(
+        "--public-metrics",
+        action="store_true",
+        default=flags.switch("public-metrics"),
+        help="serve /metrics on the OpenAI port without a token, for scrapers that send "
+        "none (an inference-gateway endpoint picker); otherwise it takes a token like "
+        "every other path there (env INFERENCE_PUBLIC_METRICS)",
+    )
+    serve.add_argument(
+        "--max-connection-age",
+        type=non_negative_float,
+        default=env("max-connection-age", "300"),
+        metavar="SECONDS",
+        help="ask each gRPC connection to close (GOAWAY) once this old; its calls finish, "
+        "and clients reconnect, resolving dns:/// targets again, so new replicas get "
+        "traffic (0: never)",
     )
     serve.add_argument(
         "--shutdown-grace",
@@ -251,10 +251,6 @@ def build_parser(environ: Mapping[str, str]) -> argparse.ArgumentParser:
         help="seconds running streams get to finish on SIGTERM",
     )
     serve.add_argument("--log-level", default=env("log-level", "INFO"))
-    _add_engine_flags(serve.add_argument_group("engine"), flags)
-    add_server_security_flags(serve, ENV_PREFIX, environ)
-    add_client_security_flags(serve, ENV_PREFIX, environ, flag_prefix=STORE_FLAG_PREFIX)
-    return parser
 
 
 def _add_model_flags(serve: argparse.ArgumentParser, flags: EnvFlags) -> None:
@@ -343,6 +339,13 @@ def parse_settings(
         raise InvalidArgument(
             f"--max-cpu-loras ({max_cpu_loras}) must be at least --max-loras ({max_loras})"
         )
+    max_pending = int(args.max_pending_requests)
+    max_n = int(args.max_n) if args.max_n is not None else min(DEFAULT_MAX_N, max_pending)
+    if max_n > max_pending:
+        raise InvalidArgument(
+            f"--max-n ({max_n}) must be at most --max-pending-requests ({max_pending}): "
+            "a request with more choices than that could never be admitted"
+        )
     model = str(args.model)
     engine = EngineOptions(
         model=model,
@@ -368,20 +371,19 @@ def parse_settings(
         replica_id=args.replica_id or hostname,
         listen=args.listen,
         security=server_security_from_args(args),
-        max_pending_requests=int(args.max_pending_requests),
+        max_pending_requests=max_pending,
+        max_n=max_n,
         openai_listen=args.openai_listen or None,
         status_interval_s=float(args.status_interval),
         store_max_staleness_s=float(args.store_max_staleness),
         openai_max_body_bytes=int(args.openai_max_body_size),
-        metrics_port=int(args.metrics_port) if args.metrics_port is not None else None,
+        metrics_listen=metrics_address(args, args.listen),
+        public_metrics=bool(args.public_metrics),
+        max_connection_age_s=float(args.max_connection_age),
         shutdown_grace_seconds=float(args.shutdown_grace),
         log_level=str(args.log_level).upper(),
         adapter_cache_size=args.adapter_cache_size,
         prefetch_adapters=int(args.prefetch_adapters),
         trust=trust_settings_from_args(args),
-        admission=AdmissionOptions(
-            fair=args.admission_order == "fair",
-            max_engine_requests=args.max_engine_requests,
-            weights=args.adapter_weights,
-        ),
+        admission=admission_from_args(args),
     )

@@ -77,7 +77,7 @@ class AdapterRegistry:
         *,
         max_pinned: int = 8,
         observer: RegistryObserver | None = None,
-        verify: Callable[[Revision], object] | None = None,
+        verify: Callable[[Revision], object] = lambda _: None,
     ) -> None:
         if max_pinned < 1:
             raise ValueError(f"max_pinned must be at least 1, got {max_pinned}")
@@ -85,9 +85,7 @@ class AdapterRegistry:
         self._cache = cache
         self._max_pinned = max_pinned
         self._observer = observer
-        # Whether a revision's signature lets it be served here (`RevisionTrust`):
-        # checked before a name is routed to it without a load (a load checks it in
-        # the cache's manifest check).
+        # The signature check (RevisionTrust) of a revision routed without a load.
         self._verify = verify
         self._entries: dict[RevisionKey, RevisionEntry] = {}
         self._routes: dict[str, int] = {}
@@ -127,8 +125,7 @@ class AdapterRegistry:
         if previous == manifest.revision:
             return
         try:
-            if self._verify is not None:
-                self._verify(manifest)
+            self._verify(manifest)
             self._adapters.check_facts(manifest_facts(manifest))
         except LoraserveError as exc:
             self._fail(manifest, exc.message)

@@ -10,7 +10,7 @@ from loraserve.inference.serving.generation import (
     Generator,
     Usage,
 )
-from loraserve.inference.serving.runtime import Runtime, RuntimeSlot
+from loraserve.inference.serving.runtime import Runtime, RuntimeRef
 from loraserve.inference.serving.servicer import SERVICE_NAME, register
 
 __all__ = [
@@ -22,7 +22,7 @@ __all__ = [
     "GenerationChunk",
     "Generator",
     "Runtime",
-    "RuntimeSlot",
+    "RuntimeRef",
     "Usage",
     "register",
 ]

@@ -32,7 +32,7 @@ class Runtime:
     gate: FairGate | None = None
 
 
-class RuntimeSlot:
+class RuntimeRef:
     """Holds the runtime once it exists."""
 
     def __init__(self, runtime: Runtime | None = None) -> None:
