@@ -45,7 +45,6 @@ import psutil
 
 from bench import baselines, procs, spy_summary
 from bench.calls import grpc_caller, openai_caller
-from bench.openai_front import _cpu as process_cpu
 from bench.stack import ENGINE_ENV, RANK, Stack, tenant
 from bench.stats import median, percentile
 from bench.workload import Caller
@@ -182,6 +181,18 @@ async def measure(
     seen.loop_cpu_s = loop1 - loop0
     seen.client_cpu_s = client1 - client0
     return seen
+
+
+def process_cpu(pid: int) -> tuple[float, float]:
+    """CPU seconds of the server's own process, and of its engine children."""
+    root = psutil.Process(pid)
+    times = root.cpu_times()
+    children = 0.0
+    for child in root.children(recursive=True):
+        with contextlib.suppress(psutil.Error):
+            child_times = child.cpu_times()
+            children += child_times.user + child_times.system
+    return times.user + times.system, children
 
 
 def _main_thread_cpu(pid: int) -> float:
