@@ -7,12 +7,14 @@ import json
 from pathlib import Path
 
 from loraserve.adapterctl.failures import EXIT_FAILED, EXIT_NOT_ALLOWED, EXIT_USAGE
+from loraserve.adapterstore.v1 import adapterstore_pb2 as pb
 from loraserve.common.signing import parse_trusted_signers
 from loraserve.common.trust import SignaturePolicy, TrustSettings
 from loraserve.testing.ctl import ctl, write_adapter_dir
 from loraserve.testing.s3 import S3Bucket
 from loraserve.testing.signers import KeyPair, write_certificate_signer, write_key_pair
 from loraserve.testing.store import RunningStore, running_store, stored_objects
+from loraserve.testing.storecalls import store_stub
 
 
 def _env(store: RunningStore) -> dict[str, str]:
@@ -168,3 +170,27 @@ async def test_signed_push_after_a_delete_signs_the_number_the_store_gives(
     assert (await ctl("delete", "alpha", "--yes", env=env)).code == 0
     again = await ctl("push", "alpha", str(adapter), *sign, env=env)
     assert (again.code, again.out.strip()) == (0, "alpha@3"), again.err
+
+
+async def test_status_shows_who_signed_the_revision_a_replica_serves(
+    strict_store: RunningStore, ci_key: KeyPair, tmp_path: Path
+) -> None:
+    adapter = write_adapter_dir(tmp_path / "a")
+    pushed = await ctl(
+        "push", "alpha", str(adapter), "--sign-key", str(ci_key.private), env=_env(strict_store)
+    )
+    assert pushed.code == 0, pushed.err
+    async with store_stub(strict_store.address) as stub:
+        await stub.ReportStatus(
+            pb.ReportStatusRequest(
+                replica_id="replica-1",
+                adapter_name="alpha",
+                revision=1,
+                type=pb.REPORT_TYPE_ACK,
+                serving_revision=1,
+            )
+        )
+    status = await ctl("status", "alpha", env=_env(strict_store))
+    header, row = status.out.splitlines()
+    assert "SIGNED BY" in header
+    assert row.split()[:4] == ["alpha", "replica-1", "1", "ci"]
