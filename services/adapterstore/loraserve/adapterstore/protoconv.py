@@ -82,6 +82,7 @@ def push_header(message: pb.PushAdapterRequest) -> PushHeader:
         no_promote=header.no_promote,
         description=header.description,
         idempotency_key=header.idempotency_key,
+        signature=header.signature,
     )
 
 

@@ -65,6 +65,11 @@ class AdapterStoreServicer:
             adapter=protoconv.adapter(adapter), revision=revision_to_proto(revision)
         )
 
+    async def GetNextRevision(
+        self, request: pb.GetNextRevisionRequest, context: Context
+    ) -> pb.GetNextRevisionResponse:
+        return pb.GetNextRevisionResponse(revision=await self._store.next_revision(request.name))
+
     async def ListAdapters(
         self, request: pb.ListAdaptersRequest, context: Context
     ) -> pb.ListAdaptersResponse:

@@ -39,6 +39,7 @@ from loraserve.common.security import (
     server_security_from_args,
 )
 from loraserve.common.sizes import parse_size
+from loraserve.common.trust import add_trust_flags, trust_settings_from_args
 
 ENV_PREFIX = "ADAPTERSTORE"
 
@@ -85,6 +86,7 @@ def build_parser(environ: Mapping[str, str]) -> argparse.ArgumentParser:
     )
     flag("shutdown-grace", "seconds in-flight calls get to finish on SIGTERM", "30", type=float)
     flag("log-level", "logging level", "INFO")
+    add_trust_flags(flag)
     add_server_security_flags(serve, ENV_PREFIX, environ, roles=("reader", "replica", "writer"))
     return parser
 
@@ -200,6 +202,7 @@ def parse_settings(argv: Sequence[str], environ: Mapping[str, str]) -> AdapterSt
             heartbeat_interval=float(args.heartbeat_interval),
             max_staleness_s=float(args.max_staleness),
             stale_upload_age_s=float(args.stale_upload_age),
+            trust=trust_settings_from_args(args),
         ),
         log=LogSettings(
             poll_interval=float(args.poll_interval),

@@ -7,11 +7,13 @@ so a container can be configured without a command line.
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from loraserve.common.admission import AdmissionOptions, add_admission_flags, admission_from_args
 from loraserve.common.errors import InvalidArgument
 from loraserve.common.flags import (
     EnvFlags,
@@ -31,6 +33,7 @@ from loraserve.common.security import (
     server_security_from_args,
 )
 from loraserve.common.sizes import parse_size
+from loraserve.common.trust import TrustSettings, add_trust_flags, trust_settings_from_args
 
 ENV_PREFIX = "INFERENCE"
 STORE_FLAG_PREFIX = "store"
@@ -106,6 +109,9 @@ class InferenceSettings:
     adapter_cache_size: int | None = None
     # Adapters loaded before SERVING and kept warm on publish (see SyncSettings).
     prefetch_adapters: int = 32
+    # Which revisions' signatures this replica requires and trusts.
+    trust: TrustSettings = field(default_factory=TrustSettings)
+    admission: AdmissionOptions = field(default_factory=AdmissionOptions)
 
 
 def _cache_size(text: str) -> int:
@@ -142,6 +148,8 @@ def build_parser(environ: Mapping[str, str]) -> argparse.ArgumentParser:
     flags = EnvFlags(environ, ENV_PREFIX)
     _add_model_flags(serve, flags)
     _add_store_flags(serve, flags)
+    add_trust_flags(functools.partial(flags.add, serve))
+    add_admission_flags(functools.partial(flags.add, serve))
     _add_cache_flags(serve, flags)
     _add_serving_flags(serve, flags)
     add_metrics_flags(serve, flags)
@@ -376,4 +384,6 @@ def parse_settings(
         log_level=str(args.log_level).upper(),
         adapter_cache_size=args.adapter_cache_size,
         prefetch_adapters=int(args.prefetch_adapters),
+        trust=trust_settings_from_args(args),
+        admission=admission_from_args(args),
     )

@@ -76,3 +76,15 @@ async def proxied_store(s3_bucket: S3Bucket, proxy: S3FaultProxy) -> AsyncIterat
     """A store server that reaches the test's bucket only through `proxy`."""
     async with running_store(replace(s3_bucket, endpoint_url=proxy.endpoint_url)) as store:
         yield store
+
+
+def stored_objects(store: RunningStore) -> list[str]:
+    """Every blob, log entry and upload in the store's bucket (what a refused push must
+    not leave)."""
+    client = store.bucket.client()
+    listing = client.list_objects_v2(Bucket=store.bucket.bucket)
+    return sorted(
+        o["Key"]
+        for o in listing.get("Contents", [])
+        if o["Key"].startswith(("blobs/", "log/", "tmp/"))
+    )

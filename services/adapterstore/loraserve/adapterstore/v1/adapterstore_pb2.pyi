@@ -43,7 +43,7 @@ class FileInfo(_message.Message):
     def __init__(self, name: _Optional[str] = ..., size: _Optional[int] = ..., sha256: _Optional[str] = ...) -> None: ...
 
 class Revision(_message.Message):
-    __slots__ = ("adapter_name", "revision", "files", "base_model", "rank", "alpha", "target_modules", "create_time", "pushed_by", "description", "seq")
+    __slots__ = ("adapter_name", "revision", "files", "base_model", "rank", "alpha", "target_modules", "create_time", "pushed_by", "description", "seq", "signature", "signed_by")
     ADAPTER_NAME_FIELD_NUMBER: _ClassVar[int]
     REVISION_FIELD_NUMBER: _ClassVar[int]
     FILES_FIELD_NUMBER: _ClassVar[int]
@@ -55,6 +55,8 @@ class Revision(_message.Message):
     PUSHED_BY_FIELD_NUMBER: _ClassVar[int]
     DESCRIPTION_FIELD_NUMBER: _ClassVar[int]
     SEQ_FIELD_NUMBER: _ClassVar[int]
+    SIGNATURE_FIELD_NUMBER: _ClassVar[int]
+    SIGNED_BY_FIELD_NUMBER: _ClassVar[int]
     adapter_name: str
     revision: int
     files: _containers.RepeatedCompositeFieldContainer[FileInfo]
@@ -66,7 +68,9 @@ class Revision(_message.Message):
     pushed_by: str
     description: str
     seq: int
-    def __init__(self, adapter_name: _Optional[str] = ..., revision: _Optional[int] = ..., files: _Optional[_Iterable[_Union[FileInfo, _Mapping]]] = ..., base_model: _Optional[str] = ..., rank: _Optional[int] = ..., alpha: _Optional[float] = ..., target_modules: _Optional[_Iterable[str]] = ..., create_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., pushed_by: _Optional[str] = ..., description: _Optional[str] = ..., seq: _Optional[int] = ...) -> None: ...
+    signature: bytes
+    signed_by: str
+    def __init__(self, adapter_name: _Optional[str] = ..., revision: _Optional[int] = ..., files: _Optional[_Iterable[_Union[FileInfo, _Mapping]]] = ..., base_model: _Optional[str] = ..., rank: _Optional[int] = ..., alpha: _Optional[float] = ..., target_modules: _Optional[_Iterable[str]] = ..., create_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., pushed_by: _Optional[str] = ..., description: _Optional[str] = ..., seq: _Optional[int] = ..., signature: _Optional[bytes] = ..., signed_by: _Optional[str] = ...) -> None: ...
 
 class Adapter(_message.Message):
     __slots__ = ("name", "current_revision", "latest_revision", "current", "create_time", "update_time", "create_seq")
@@ -87,18 +91,20 @@ class Adapter(_message.Message):
     def __init__(self, name: _Optional[str] = ..., current_revision: _Optional[int] = ..., latest_revision: _Optional[int] = ..., current: _Optional[_Union[Revision, _Mapping]] = ..., create_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., update_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., create_seq: _Optional[int] = ...) -> None: ...
 
 class PushHeader(_message.Message):
-    __slots__ = ("name", "files", "no_promote", "description", "idempotency_key")
+    __slots__ = ("name", "files", "no_promote", "description", "idempotency_key", "signature")
     NAME_FIELD_NUMBER: _ClassVar[int]
     FILES_FIELD_NUMBER: _ClassVar[int]
     NO_PROMOTE_FIELD_NUMBER: _ClassVar[int]
     DESCRIPTION_FIELD_NUMBER: _ClassVar[int]
     IDEMPOTENCY_KEY_FIELD_NUMBER: _ClassVar[int]
+    SIGNATURE_FIELD_NUMBER: _ClassVar[int]
     name: str
     files: _containers.RepeatedCompositeFieldContainer[FileInfo]
     no_promote: bool
     description: str
     idempotency_key: str
-    def __init__(self, name: _Optional[str] = ..., files: _Optional[_Iterable[_Union[FileInfo, _Mapping]]] = ..., no_promote: _Optional[bool] = ..., description: _Optional[str] = ..., idempotency_key: _Optional[str] = ...) -> None: ...
+    signature: bytes
+    def __init__(self, name: _Optional[str] = ..., files: _Optional[_Iterable[_Union[FileInfo, _Mapping]]] = ..., no_promote: _Optional[bool] = ..., description: _Optional[str] = ..., idempotency_key: _Optional[str] = ..., signature: _Optional[bytes] = ...) -> None: ...
 
 class FileChunk(_message.Message):
     __slots__ = ("file_name", "offset", "data")
@@ -143,6 +149,18 @@ class GetAdapterResponse(_message.Message):
     adapter: Adapter
     revision: Revision
     def __init__(self, adapter: _Optional[_Union[Adapter, _Mapping]] = ..., revision: _Optional[_Union[Revision, _Mapping]] = ...) -> None: ...
+
+class GetNextRevisionRequest(_message.Message):
+    __slots__ = ("name",)
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    def __init__(self, name: _Optional[str] = ...) -> None: ...
+
+class GetNextRevisionResponse(_message.Message):
+    __slots__ = ("revision",)
+    REVISION_FIELD_NUMBER: _ClassVar[int]
+    revision: int
+    def __init__(self, revision: _Optional[int] = ...) -> None: ...
 
 class ListAdaptersRequest(_message.Message):
     __slots__ = ("page_size", "page_token", "base_model")

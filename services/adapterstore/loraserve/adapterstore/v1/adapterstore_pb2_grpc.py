@@ -49,6 +49,11 @@ class AdapterStoreServiceStub:
                 request_serializer=loraserve_dot_adapterstore_dot_v1_dot_adapterstore__pb2.GetAdapterRequest.SerializeToString,
                 response_deserializer=loraserve_dot_adapterstore_dot_v1_dot_adapterstore__pb2.GetAdapterResponse.FromString,
                 _registered_method=True)
+        self.GetNextRevision = channel.unary_unary(
+                '/loraserve.adapterstore.v1.AdapterStoreService/GetNextRevision',
+                request_serializer=loraserve_dot_adapterstore_dot_v1_dot_adapterstore__pb2.GetNextRevisionRequest.SerializeToString,
+                response_deserializer=loraserve_dot_adapterstore_dot_v1_dot_adapterstore__pb2.GetNextRevisionResponse.FromString,
+                _registered_method=True)
         self.ListAdapters = channel.unary_unary(
                 '/loraserve.adapterstore.v1.AdapterStoreService/ListAdapters',
                 request_serializer=loraserve_dot_adapterstore_dot_v1_dot_adapterstore__pb2.ListAdaptersRequest.SerializeToString,
@@ -114,6 +119,15 @@ class AdapterStoreServiceServicer:
 
     def GetAdapter(self, request, context):
         """Returns one adapter and one of its revisions (the current one by default).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def GetNextRevision(self, request, context):
+        """Returns the revision number a push of a name would get now: what a signed
+        push signs (numbers continue across a delete, so this is not always
+        latest_revision + 1 of GetAdapter).
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -198,6 +212,11 @@ def add_AdapterStoreServiceServicer_to_server(servicer, server):
                     servicer.GetAdapter,
                     request_deserializer=loraserve_dot_adapterstore_dot_v1_dot_adapterstore__pb2.GetAdapterRequest.FromString,
                     response_serializer=loraserve_dot_adapterstore_dot_v1_dot_adapterstore__pb2.GetAdapterResponse.SerializeToString,
+            ),
+            'GetNextRevision': grpc.unary_unary_rpc_method_handler(
+                    servicer.GetNextRevision,
+                    request_deserializer=loraserve_dot_adapterstore_dot_v1_dot_adapterstore__pb2.GetNextRevisionRequest.FromString,
+                    response_serializer=loraserve_dot_adapterstore_dot_v1_dot_adapterstore__pb2.GetNextRevisionResponse.SerializeToString,
             ),
             'ListAdapters': grpc.unary_unary_rpc_method_handler(
                     servicer.ListAdapters,
@@ -304,6 +323,33 @@ class AdapterStoreService:
             '/loraserve.adapterstore.v1.AdapterStoreService/GetAdapter',
             loraserve_dot_adapterstore_dot_v1_dot_adapterstore__pb2.GetAdapterRequest.SerializeToString,
             loraserve_dot_adapterstore_dot_v1_dot_adapterstore__pb2.GetAdapterResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def GetNextRevision(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/loraserve.adapterstore.v1.AdapterStoreService/GetNextRevision',
+            loraserve_dot_adapterstore_dot_v1_dot_adapterstore__pb2.GetNextRevisionRequest.SerializeToString,
+            loraserve_dot_adapterstore_dot_v1_dot_adapterstore__pb2.GetNextRevisionResponse.FromString,
             options,
             channel_credentials,
             insecure,

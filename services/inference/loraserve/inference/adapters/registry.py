@@ -77,6 +77,7 @@ class AdapterRegistry:
         *,
         max_pinned: int = 8,
         observer: RegistryObserver | None = None,
+        verify: Callable[[Revision], object] = lambda _: None,
     ) -> None:
         if max_pinned < 1:
             raise ValueError(f"max_pinned must be at least 1, got {max_pinned}")
@@ -84,6 +85,8 @@ class AdapterRegistry:
         self._cache = cache
         self._max_pinned = max_pinned
         self._observer = observer
+        # The signature check (RevisionTrust) of a revision routed without a load.
+        self._verify = verify
         self._entries: dict[RevisionKey, RevisionEntry] = {}
         self._routes: dict[str, int] = {}
         # What each name should route to: loaded now, or on its first request.
@@ -122,6 +125,7 @@ class AdapterRegistry:
         if previous == manifest.revision:
             return
         try:
+            self._verify(manifest)
             self._adapters.check_facts(manifest_facts(manifest))
         except LoraserveError as exc:
             self._fail(manifest, exc.message)
