@@ -93,6 +93,11 @@ class InferenceSettings:
     adapter_cache_size: int | None = None
     # Adapters loaded before SERVING and kept warm on publish (see SyncSettings).
     prefetch_adapters: int = 32
+    # Whether downloads read object storage with the store's presigned URLs (falling
+    # back to the store's stream where they cannot), or always stream through the store.
+    direct_downloads: bool = True
+    # Files at least twice this long are read as parallel ranged GETs; 0: one GET a file.
+    download_range_size: int = 0
 
 
 def _cache_size(text: str) -> int:
@@ -153,6 +158,7 @@ def build_parser(environ: Mapping[str, str]) -> argparse.ArgumentParser:
         "served most recently first) and loaded as soon as they are published while fewer "
         "than N are loaded; every other adapter loads on its first request",
     )
+    _add_download_flags(serve, flags)
     serve.add_argument("--replica-id", default=env("replica-id"), help="default: host name")
     serve.add_argument("--listen", default=env("listen", "0.0.0.0:50052"), help="gRPC address")
     serve.add_argument(
@@ -192,6 +198,27 @@ def build_parser(environ: Mapping[str, str]) -> argparse.ArgumentParser:
     add_server_security_flags(serve, ENV_PREFIX, environ)
     add_client_security_flags(serve, ENV_PREFIX, environ, flag_prefix=STORE_FLAG_PREFIX)
     return parser
+
+
+def _add_download_flags(serve: argparse.ArgumentParser, flags: EnvFlags) -> None:
+    env = flags.get
+    serve.add_argument(
+        "--adapter-download",
+        choices=("direct", "stream"),
+        default=env("adapter-download", "direct"),
+        help="direct: read adapter files from object storage with the presigned URLs the "
+        "store hands out (no storage credentials here), streaming through the store only "
+        "where that fails; stream: always stream them through the store",
+    )
+    serve.add_argument(
+        "--download-range-size",
+        type=parse_size,
+        default=env("download-range-size", "0"),
+        metavar="BYTES",
+        help="read files at least twice this long from object storage as parallel ranged "
+        "GETs of this size (e.g. 16MiB; pays on AWS S3, not on a backend that reads the "
+        "whole object for every range); 0: one streamed GET per file",
+    )
 
 
 def _add_model_flags(serve: argparse.ArgumentParser, flags: EnvFlags) -> None:
@@ -315,4 +342,6 @@ def parse_settings(
         log_level=str(args.log_level).upper(),
         adapter_cache_size=args.adapter_cache_size,
         prefetch_adapters=int(args.prefetch_adapters),
+        direct_downloads=args.adapter_download == "direct",
+        download_range_size=int(args.download_range_size),
     )

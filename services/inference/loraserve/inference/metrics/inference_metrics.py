@@ -67,9 +67,14 @@ class InferenceMetrics:
         self.tier_counters = TierCounters()
         self._downloads = Counter(
             "loraserve_inference_adapter_downloads",
-            "Adapter revisions downloaded from the store into the disk cache.",
+            "Adapter revisions downloaded into the disk cache, by path (direct: from object "
+            "storage with the store's presigned URLs; stream: through the store).",
+            ["path"],
             registry=r,
         )
+        for path in ("direct", "stream"):
+            # Both exported from the start, at 0: a sum over them is never missing.
+            self._downloads.labels(path)
         self._misses = Counter(
             "loraserve_inference_adapter_misses",
             "Requests whose adapter was not in the tier (engine: not loaded, the request "
@@ -149,8 +154,8 @@ class InferenceMetrics:
     def adapter_load_failed(self, name: str) -> None:
         self._load_failures.labels(_label(name)).inc()
 
-    def adapter_downloaded(self) -> None:
-        self._downloads.inc()
+    def adapter_downloaded(self, path: str) -> None:
+        self._downloads.labels(path).inc()
 
     def adapter_missed(self, tier: str) -> None:
         self._misses.labels(tier).inc()
