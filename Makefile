@@ -26,7 +26,7 @@ LOCK ?= $(wildcard $(LOCK_FILE))
 # and text generation needs none of them.
 UNUSED := torchvision torchaudio torchcodec
 
-.PHONY: setup lock test test-quick lint proto bench bench-readme run clean
+.PHONY: setup lock test test-quick lint proto bench bench-gpu bench-readme run clean
 
 setup: $(STAMP)
 
@@ -63,12 +63,19 @@ test: lint
 test-quick: setup
 	$(VENV)/bin/pytest -m "not engine"
 
-# Every benchmark on the real vLLM engine (~30 min on 2 cores; ENGINE=gpu: CUDA vLLM,
-# fewer repeats, a few minutes): prints tables, writes bench/results/<UTC date-time>/
-# (results.json, report.md, PNG plots; commit them) and prints the README table they
-# make. BENCH_ARGS="--only 6,1 --quick" for less, "--dry-run" to see what would start.
+# Every benchmark of a profile on the real vLLM engine (default profile ~80 min on 2
+# cores, BENCH_ARGS="--profile real" ~30 min; bench/README.md): prints tables, writes
+# bench/results/<UTC date-time>/ (results.json, report.md, PNG plots; commit them) and
+# prints the README table they make. BENCH_ARGS="--only 6,1 --quick" for less,
+# "--dry-run" to see what would start.
 bench: setup
 	$(PY) -m bench --engine $(ENGINE) $(BENCH_ARGS)
+
+# On a CUDA machine: every benchmark whose figures depend on the engine's speed, each
+# within its budget, in one 15-minute window (bench/gpu.py says which and why).
+bench-gpu:
+	$(MAKE) setup ENGINE=gpu
+	$(PY) -m bench --engine gpu --gpu-run $(BENCH_ARGS)
 
 # The README's performance table from the newest run under bench/results/.
 bench-readme: setup

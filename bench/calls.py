@@ -1,25 +1,24 @@
-"""The ways a benchmark calls the engine: over gRPC with the client library, through
-the service's Generator in-process, vLLM (VllmEngine) directly in-process, and the
-competitors' protocols: OpenAI `/v1/completions` streaming (vllm serve and loraserve's
-front) and vLLM's own gRPC Generate."""
+"""The ways a load generator calls a server: over gRPC with the client library or the
+raw generated stub, OpenAI `/v1/completions` streaming with aiohttp or the `openai` SDK
+(vllm serve and loraserve's front), and vLLM's own gRPC Generate. (Callers that run
+inside a server process are bench.engine_callers'.)"""
 
 from __future__ import annotations
 
 import json
 import uuid
 from collections.abc import AsyncIterator, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import aiohttp
 import grpc
 
-from bench.raw_engine import greedy_params
 from bench.workload import Caller
 from loraserve.clients.inference import InferenceClient, RetryPolicy, Sampling
-from loraserve.common.names import parse_adapter_ref
-from loraserve.inference.adapters import AdapterRegistry
-from loraserve.inference.engine import AdapterHandle, SamplingSpec, VllmEngine
-from loraserve.inference.serving.generation import GenerateCommand, Generator, SamplingRequest
+from loraserve.common.sizes import MESSAGE_LIMIT_OPTIONS
+from loraserve.inference.v1 import inference_pb2 as pb
+from loraserve.inference.v1 import inference_pb2_grpc as pb_grpc
 
 
 def grpc_caller(client: InferenceClient) -> Caller:
@@ -38,64 +37,90 @@ def no_retry_client(address: str) -> InferenceClient:
     return InferenceClient(address, retry=RetryPolicy(max_attempts=1))
 
 
-def generator_caller(generator: Generator) -> Caller:
+def routed_caller(callers: dict[str, Caller]) -> Caller:
+    """Each adapter's requests to its own server (two tenants on two engines)."""
+
+    def call(
+        adapter: str, prompt: Sequence[int], max_tokens: int
+    ) -> AsyncIterator[tuple[int, int]]:
+        return callers[adapter](adapter, prompt, max_tokens)
+
+    return call
+
+
+def grpc_stub_caller(channel: grpc.aio.Channel) -> Caller:
+    """Generate through the raw generated stub, no client library: what the server
+    costs per streamed message, with the least client work on top."""
+    stub = pb_grpc.InferenceServiceStub(channel)
+
     async def call(
         adapter: str, prompt: Sequence[int], max_tokens: int
     ) -> AsyncIterator[tuple[int, int]]:
-        command = GenerateCommand(
+        request = pb.GenerateRequest(
             adapter=adapter,
-            prompt_token_ids=tuple(prompt),
-            sampling=SamplingRequest(max_tokens=max_tokens, temperature=0.0, ignore_eos=True),
+            token_ids=pb.TokenIds(ids=list(prompt)),
+            sampling=pb.SamplingParams(max_tokens=max_tokens, temperature=0.0, ignore_eos=True),
         )
-        async for chunk in generator.generate(command):
-            yield len(chunk.token_ids), chunk.revision
+        stream = stub.Generate(request)
+        try:
+            async for message in stream:
+                yield len(message.token_ids), message.revision
+        finally:
+            stream.cancel()
 
     return call
 
 
-async def resolve_handles(
-    registry: AdapterRegistry, adapters: Sequence[str]
-) -> dict[str, AdapterHandle | None]:
-    """The engine handle each adapter name routes to now (None: the base model)."""
-    handles: dict[str, AdapterHandle | None] = {}
-    for name in set(adapters):
-        async with registry.acquire(parse_adapter_ref(name)) as lease:
-            handles[name] = lease.adapter
-    return handles
+def stub_channel(address: str) -> grpc.aio.Channel:
+    return grpc.aio.insecure_channel(address, options=MESSAGE_LIMIT_OPTIONS)
 
 
-def direct_caller(engine: VllmEngine, handles: dict[str, AdapterHandle | None]) -> Caller:
-    async def call(
-        adapter: str, prompt: Sequence[int], max_tokens: int
-    ) -> AsyncIterator[tuple[int, int]]:
-        # vLLM's own params, built here: the baseline pays nothing of loraserve's mapping.
-        spec = SamplingSpec(max_tokens=max_tokens, n=1, params=greedy_params(max_tokens))
-        async for delta in engine.generate(uuid.uuid4().hex, prompt, spec, handles[adapter]):
-            yield len(delta.token_ids), 0
+@dataclass
+class Reconnects:
+    """Requests sent again because the server closed a pooled keep-alive connection
+    just before its reuse (uvicorn's 5 s keep-alive; both HTTP servers do it)."""
 
-    return call
+    count: int = 0
 
 
-def openai_caller(http: aiohttp.ClientSession, base_url: str, base_model: str) -> Caller:
+def _completion_body(
+    adapter: str, base_model: str, prompt: Sequence[int], max_tokens: int
+) -> dict[str, Any]:
+    return {
+        "model": adapter or base_model,
+        "prompt": list(prompt),
+        "max_tokens": max_tokens,
+        "temperature": 0.0,
+        "ignore_eos": True,
+        "stream": True,
+        "return_token_ids": True,
+    }
+
+
+def openai_caller(
+    http: aiohttp.ClientSession,
+    base_url: str,
+    base_model: str,
+    reconnects: Reconnects | None = None,
+) -> Caller:
     """Streams `/v1/completions` (greedy, ignore_eos, token-id prompt, `return_token_ids`)
     from `vllm serve` or loraserve's OpenAI front: the same request for both. Tokens are
     counted by the ids each event carries (an event may carry none, or several); an
-    error sent inside the stream fails the request."""
+    error sent inside the stream fails the request. A connection the server closed
+    before answering is retried once and counted in `reconnects`."""
     url = base_url + "/v1/completions"
+    counted = reconnects or Reconnects()
 
     async def call(
         adapter: str, prompt: Sequence[int], max_tokens: int
     ) -> AsyncIterator[tuple[int, int]]:
-        body = {
-            "model": adapter or base_model,
-            "prompt": list(prompt),
-            "max_tokens": max_tokens,
-            "temperature": 0.0,
-            "ignore_eos": True,
-            "stream": True,
-            "return_token_ids": True,
-        }
-        async with http.post(url, json=body) as response:
+        body = _completion_body(adapter, base_model, prompt, max_tokens)
+        try:
+            response = await http.post(url, json=body)
+        except aiohttp.ServerDisconnectedError:
+            counted.count += 1
+            response = await http.post(url, json=body)
+        async with response:
             if response.status != 200:
                 detail = (await response.read()).decode(errors="replace")[:300]
                 raise RuntimeError(f"HTTP {response.status}: {detail}")
@@ -106,6 +131,33 @@ def openai_caller(http: aiohttp.ClientSession, base_url: str, base_model: str) -
                 if "error" in event:
                     raise RuntimeError(f"stream error: {event['error']}")
                 tokens = sum(len(c.get("token_ids") or ()) for c in event.get("choices", ()))
+                if tokens:
+                    yield tokens, 0
+
+    return call
+
+
+def openai_sdk_caller(client: Any, base_model: str) -> Caller:
+    """Streams completions with `openai.AsyncOpenAI`, as an application would: the
+    client CPU per token of the OpenAI SDK (issue 28's comparison)."""
+
+    async def call(
+        adapter: str, prompt: Sequence[int], max_tokens: int
+    ) -> AsyncIterator[tuple[int, int]]:
+        stream = await client.completions.create(
+            model=adapter or base_model,
+            prompt=list(prompt),
+            max_tokens=max_tokens,
+            temperature=0.0,
+            stream=True,
+            extra_body={"ignore_eos": True, "return_token_ids": True},
+        )
+        async with stream:
+            async for chunk in stream:
+                tokens = 0
+                for choice in chunk.choices:
+                    ids = (choice.model_extra or {}).get("token_ids")
+                    tokens += len(ids) if ids is not None else int(bool(choice.text))
                 if tokens:
                     yield tokens, 0
 

@@ -1,9 +1,12 @@
 """`python -m bench.engine_host --control-fd FD serve ...`: the real inference server
-(InferenceApp, same flags as `inference serve`) plus a control channel, so the same
-engine can also be driven in-process. Commands arrive as JSON lines on stdin, replies
-leave as JSON lines on FD (stdout stays free for vLLM's own output).
+(InferenceApp, same flags as `inference serve`) that also serves its engine through
+bench.thin, so a load generator in another process can drive the same engine without
+the service (arm "direct": VllmEngine.generate) or through the service's Generator
+without gRPC (arm "generator"). It writes one JSON line on FD once SERVING:
 
-    {"op": "run", "arm": "direct" | "generator", "workload": {...}} -> {"records": [...]}
+    {"ready": true, "port": GRPC_PORT, "thin": {"direct": PORT, "generator": PORT}}
+
+and serves until its stdin closes (stdout stays free for vLLM's own output).
 """
 
 from __future__ import annotations
@@ -17,27 +20,12 @@ import socket
 import sys
 from typing import IO, Any
 
-from bench.calls import direct_caller, generator_caller, resolve_handles
-from bench.workload import Workload, run_closed_loop
+from bench import thin
+from bench.engine_callers import direct_caller, generator_caller
 from loraserve.inference.__main__ import freeze_startup_heap
 from loraserve.inference.app import InferenceApp
 from loraserve.inference.engine import VllmEngine
 from loraserve.inference.settings import parse_settings
-
-
-async def _command(app: InferenceApp, message: dict[str, Any]) -> dict[str, Any]:
-    runtime = app.slot.get()
-    if message["op"] != "run":
-        return {"error": f"unknown op {message['op']!r}"}
-    workload = Workload.from_json(message["workload"])
-    if message["arm"] == "generator":
-        caller = generator_caller(runtime.generator)
-    else:
-        engine = runtime.engine
-        assert isinstance(engine, VllmEngine)
-        caller = direct_caller(engine, await resolve_handles(runtime.registry, workload.adapters))
-    result = await run_closed_loop(workload, caller)
-    return {"records": result.to_json()}
 
 
 def _reply(control: IO[str], message: dict[str, Any]) -> None:
@@ -52,13 +40,26 @@ async def _serve(argv: list[str], control: IO[str]) -> None:
     )
     app = InferenceApp(settings)
     await app.start()
+    servers: list[asyncio.Server] = []
     try:
         await app.run_engine_and_sync()
+        runtime = app.runtime_ref.get()
+        engine = runtime.engine
+        assert isinstance(engine, VllmEngine)
+        ports: dict[str, int] = {}
+        for arm, caller in (
+            ("direct", direct_caller(engine, runtime.registry)),
+            ("generator", generator_caller(runtime.generator)),
+        ):
+            server, ports[arm] = await thin.serve(caller)
+            servers.append(server)
         freeze_startup_heap()  # as `inference serve` does
-        _reply(control, {"ready": True, "port": app.port})
-        while line := await asyncio.to_thread(sys.stdin.readline):
-            _reply(control, await _command(app, json.loads(line)))
+        _reply(control, {"ready": True, "port": app.port, "thin": ports})
+        while await asyncio.to_thread(sys.stdin.readline):
+            pass
     finally:
+        for server in servers:
+            server.close()
         await app.stop()
 
 

@@ -1,26 +1,47 @@
-"""Benchmarks 1-5, 7 and 8 on one shared stack, ordered so each engine start serves as
-many benchmarks as it can: engines A and B start together; 1, 2 and 7's two-engine
-part run while both are up; B stops; 8 starts vLLM's own servers beside A and stops
-them; then 24 more adapters for 7's per-adapter memory and for 3 (with engine C,
-max_loras 32, up for 3 alone); then 4 and 5, whose pushes disturb nothing after them."""
+"""Benchmarks 1-5, 7, 8 and 13 on one shared stack, ordered so each engine start serves
+as many benchmarks as it can: engine A starts with B and vLLM alone on B's flags when 2
+or 7 need them; 1, 2 and 7's two-engine part run while they are up; they stop; 8 and 13
+start vLLM's own servers beside A and stop them; then 24 more adapters for 7's
+per-adapter memory and for 3 (with engine C, max_loras 32, up for 3 alone); then 4 and
+5, whose pushes disturb nothing after them. Every measured load comes from one load
+generator process (bench.loadgen)."""
 
 from __future__ import annotations
 
+import asyncio
 import tempfile
 import time
 from pathlib import Path
 
-from bench import bench_memory, bench_swap, bench_throughput, bench_vllm, procs
+from bench import (
+    baselines,
+    bench_cold,
+    bench_memory,
+    bench_stream,
+    bench_swap,
+    bench_throughput,
+    bench_vllm,
+    procs,
+    storeops,
+)
+from bench.gpu import Budget, Limit
+from bench.loadclient import LoadGenerator
 from bench.report import Report
-from bench.runs import Scale, grpc_arm
-from bench.stack import PROFILES, Stack, tenant, wait_routed
-from bench.workload import Workload
+from bench.runs import Scale, warm_up
+from bench.stack import (
+    ENGINE_A,
+    ENGINE_B,
+    ENGINE_START_S,
+    PROFILES,
+    Host,
+    Stack,
+    tenant,
+    wait_routed,
+)
+from loraserve.adapterctl.adapter_dir import AdapterFiles
+from loraserve.testing.processes import free_port
 
-
-async def _warm_up(address: str, adapters: tuple[str, ...]) -> None:
-    """One short pass over every adapter, so first-use costs land outside the arms."""
-    workload = Workload(adapters=adapters, concurrency=16, requests=2 * len(adapters), max_tokens=4)
-    await grpc_arm(address)(workload)
+EIGHT = tuple(tenant(i) for i in range(8))
 
 
 async def _more_adapters(
@@ -39,62 +60,168 @@ async def _more_adapters(
         pushed = {tenant(i): await stack.push(tenant(i)) for i in range(8, 32)}
         await wait_routed(stack.host.child.address, pushed)
     engine_c = stack.start_c() if with_c else None
-    await _warm_up(stack.host.child.address, everyone)
+    await warm_up(stack.host.child.address, everyone)
     if engine_c is not None:
-        await procs.wait_serving(engine_c, stack.logs, 300)
+        await procs.wait_serving(engine_c, stack.logs, ENGINE_START_S)
         await wait_routed(engine_c.address, dict.fromkeys(everyone, 1))
-        await _warm_up(engine_c.address, everyone)
+        await warm_up(engine_c.address, everyone)
     return growth
 
 
-async def run(report: Report, wanted: set[int], scale: Scale, engine: str = "cpu") -> None:
+async def _raw_b(stack: Stack, report: Report) -> Host | None:
+    """vLLM's AsyncLLM alone with engine B's flags (benchmark 2's vLLM max_loras 1)."""
+    argv_b = stack.argv("raw-b", free_port(), ENGINE_B)
+    adapters = {name: stack.adapters[name] for name in EIGHT}
+    try:
+        return await baselines.start_raw(stack.logs, argv_b, adapters, stack.profile.env, "raw-b")
+    except Exception as exc:
+        report.sections[-1].notes.append(f"vLLM alone with max_loras 1 did not start: {exc}")
+        return None
+
+
+async def _set_up(report: Report, stack: Stack, wanted: set[int]) -> Host | None:
+    setup = report.section(0, "Set-up of the inference benchmarks")
+    started = time.monotonic()
+    stack.build_models()
+    await stack.start_store()
+    for name in EIGHT:
+        await stack.push(name)
+    need_b = bool(wanted & {2, 7})
+    engines = stack.start_engines(with_b=need_b)
+    raw_b: Host | None = None
+    if 2 in wanted:
+        engines_s, raw_b = await asyncio.gather(engines, _raw_b(stack, report))
+    else:
+        engines_s = await engines
+    setup.notes.append(f"engines {'A and B' if need_b else 'A'} SERVING after {engines_s:.0f} s")
+    assert stack.host is not None
+    await warm_up(stack.host.child.address, (*EIGHT, ""))
+    if stack.engine_b is not None:
+        await warm_up(stack.engine_b.address, EIGHT)
+    setup.seconds = time.monotonic() - started
+    report.print_section(setup)
+    return raw_b
+
+
+async def _against_vllm(
+    report: Report, stack: Stack, gen: LoadGenerator, scale: Scale, wanted: set[int], limit: Limit
+) -> None:
+    """Benchmarks 8 and 13, with vLLM's own servers up beside engine A."""
+    serve_port, grpc_port = free_port(), free_port()
+    cmds = bench_vllm.baseline_commands(stack, serve_port, grpc_port)
+    first = 8 if 8 in wanted else 13
+    found: baselines.Baselines | None = None
+    async with limit(report, first, phase="vLLM's servers"):
+        found = await baselines.start(
+            stack.logs, cmds, stack.profile.env, serve_port=serve_port, grpc_port=grpc_port
+        )
+    if found is None:
+        return
+    try:
+        if found.serve_url:
+            await _warm_http(found.serve_url, str(stack.model_dir))
+        await _warm_http(stack.openai_url, stack.base_model_name)
+        if 8 in wanted:
+            async with limit(report, 8):
+                await bench_vllm.against_vllm(report, stack, gen, scale, found)
+        if 13 in wanted:
+            async with limit(report, 13):
+                await bench_stream.stream_speed(report, stack, gen, scale, found)
+    finally:
+        found.stop()
+
+
+async def _warm_http(url: str, base_model: str) -> None:
+    from bench.calls import http_session, openai_caller
+    from bench.workload import Workload, run_closed_loop
+
+    async with http_session() as http:
+        call = openai_caller(http, url, base_model)
+        await run_closed_loop(Workload(EIGHT, 8, 16, 4), call)
+
+
+async def _cold(report: Report, stack: Stack, scale: Scale) -> None:
+    """Benchmark 5 on engine A."""
+    assert stack.host is not None
+    assert stack.store_channel is not None
+    stub = storeops.store_stub(stack.store_channel)
+
+    async def variant(_: int) -> AdapterFiles:
+        return await storeops.hashed((await bench_swap.fresh_variants(stack, 1))[0])
+
+    async def push(name: str, files: AdapterFiles) -> int:
+        return await storeops.push(stub, name, files)
+
+    engine = bench_throughput.engine_line(stack, "A", ENGINE_A)
+    await bench_cold.cold_start(
+        report, stack.host.child.address, scale.cold_pairs, variant, push, [engine]
+    )
+
+
+async def run(
+    report: Report,
+    wanted: set[int],
+    scale: Scale,
+    engine: str = "cpu",
+    budget: Budget | None = None,
+) -> None:
     stack = Stack(
         report.results_dir, Path(tempfile.mkdtemp(prefix="bench-inference-")), PROFILES[engine]
     )
-    setup = report.section(0, "Set-up of the inference benchmarks")
-    started = time.monotonic()
+    gen = LoadGenerator(stack.logs)
+    limit = (budget or Budget(enabled=False)).limit
+    raw_b: Host | None = None
     try:
-        stack.build_models()
-        await stack.start_store()
-        for i in range(8):
-            await stack.push(tenant(i))
-        need_b = bool(wanted & {2, 7})
-        engines_s = await stack.start_engines(with_b=need_b)
-        setup.notes.append(
-            f"engines {'A and B' if need_b else 'A'} SERVING after {engines_s:.0f} s"
-        )
-        assert stack.host is not None
-        first8 = tuple(tenant(i) for i in range(8))
-        await _warm_up(stack.host.child.address, (*first8, ""))
-        if stack.engine_b is not None:
-            await _warm_up(stack.engine_b.address, first8)
-        setup.seconds = time.monotonic() - started
-        report.print_section(setup)
+        await gen.start()
+        async with limit(report, 0, phase="set-up", fatal=True):
+            raw_b = await _set_up(report, stack, wanted)
         if 1 in wanted:
-            await bench_throughput.overhead(report, stack, scale)
+            async with limit(report, 1):
+                await bench_throughput.overhead(report, stack, gen, scale)
         if 2 in wanted:
-            await bench_throughput.batching(report, stack, scale)
-        memory = None
-        if 7 in wanted:
-            memory = await bench_memory.engines(stack, scale)
+            async with limit(report, 2):
+                await bench_throughput.batching(report, stack, gen, scale, raw_b)
+        memory = await bench_memory.engines(stack, gen, scale) if 7 in wanted else None
+        if raw_b is not None:
+            raw_b.stop()
+            raw_b = None
         stack.stop_b()
-        if 8 in wanted:
-            await bench_vllm.against_vllm(report, stack, scale)
-        if wanted & {3, 7}:
-            growth = await _more_adapters(stack, with_c=3 in wanted, measure=7 in wanted)
-            if memory is not None and growth is not None:
-                await bench_memory.report_memory(report, stack, memory, growth)
-        if 3 in wanted:
-            await bench_throughput.slots(report, stack, scale)
-            stack.stop_c()
-        if 4 in wanted:
-            await bench_swap.hot_swap(report, stack, scale)
-        if 5 in wanted:
-            await bench_swap.cold_start(report, stack, scale)
+        if wanted & {8, 13}:
+            await _against_vllm(report, stack, gen, scale, wanted, limit)
+        await _slots_and_swaps(report, stack, gen, scale, wanted, memory, limit)
     except Exception as exc:
         failed = report.sections[-1]
         failed.error = failed.error or f"{type(exc).__name__}: {exc}"
         report.print_section(failed)
         raise
     finally:
+        if raw_b is not None:
+            raw_b.stop()
+        await gen.close()
         await stack.close()
+
+
+async def _slots_and_swaps(
+    report: Report,
+    stack: Stack,
+    gen: LoadGenerator,
+    scale: Scale,
+    wanted: set[int],
+    memory: bench_memory.EngineMemory | None,
+    limit: Limit,
+) -> None:
+    """7's per-adapter memory, 3 (engine C beside A), 4 and 5."""
+    if wanted & {3, 7}:
+        growth = await _more_adapters(stack, with_c=3 in wanted, measure=7 in wanted)
+        if memory is not None and growth is not None:
+            await bench_memory.report_memory(report, stack, memory, growth)
+    if 3 in wanted:
+        async with limit(report, 3):
+            await bench_throughput.slots(report, stack, gen, scale)
+        stack.stop_c()
+    if 4 in wanted:
+        async with limit(report, 4):
+            await bench_swap.hot_swap(report, stack, gen, scale)
+    if 5 in wanted:
+        async with limit(report, 5):
+            await _cold(report, stack, scale)

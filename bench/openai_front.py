@@ -1,33 +1,35 @@
-"""loraserve's OpenAI front vs `vllm serve`, side by side in one run.
+"""loraserve's OpenAI front vs `vllm serve`, side by side in one run: a tool for the
+engineer working on a front (benchmark 13 is the committed comparison).
 
-    python -m bench.openai_front [--repeats 3] [--requests 128] [--concurrency 32]
-                                 [--max-tokens 64] [--profile out.txt]
+    python -m bench.openai_front [--repeats 5] [--concurrency 32] [--max-tokens 64]
+                                 [--window 10] [--profile out.txt]
+                                 [--baseline-pythonpath OTHER_CHECKOUT]
 
 Both servers run the same tiny model, the same 8 adapters and the same engine settings
 (max_loras 8, rank 8, fp32, eager, KV cache 1 GiB); the same streaming /v1/completions
-closed loop (greedy, ignore_eos, prompts as token ids) drives each in turn, the order
-rotating every repeat. With --profile, py-spy samples loraserve's server process during
-one more run of the workload and writes collapsed stacks there.
+closed loop (greedy, ignore_eos, prompts as token ids) drives each in turn from the load
+generator's own process, the order rotating every repeat, and each window records the
+server process's CPU per 1,000 tokens. With --profile, py-spy samples loraserve's server
+process during one more window and writes collapsed stacks there.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
-import contextlib
 import json
 import signal
 import tempfile
 import time
 from pathlib import Path
 
-import psutil
-
-from bench import baselines, procs
-from bench.runs import no_failures, openai_arm
+from bench import baselines, paired, procs
+from bench.drive import Timing
+from bench.loadclient import Arm, LoadGenerator
+from bench.runs import closed
 from bench.stack import ENGINE_ENV, RANK, Stack, tenant
-from bench.stats import median, ratio
-from bench.workload import RunResult, Workload
+from bench.targets import Target
+from bench.workload import Workload
 from loraserve.testing.processes import free_port
 
 ENGINE = procs.EngineConfig(max_loras=8, max_cpu_loras=8, max_lora_rank=RANK)
@@ -47,24 +49,7 @@ async def start_loraserve_front(
     return child, f"http://127.0.0.1:{http_port}"
 
 
-async def _drive(url: str, workload: Workload) -> RunResult:
-    # Every workload here names adapters: no request goes to the base model.
-    return no_failures(url, await openai_arm(url, base_model="")(workload))
-
-
-def _cpu(pid: int) -> tuple[float, float]:
-    """CPU seconds of the HTTP server's own process, and of its engine children."""
-    root = psutil.Process(pid)
-    times = root.cpu_times()
-    children = 0.0
-    for child in root.children(recursive=True):
-        with contextlib.suppress(psutil.Error):
-            child_times = child.cpu_times()
-            children += child_times.user + child_times.system
-    return times.user + times.system, children
-
-
-async def _profile(pid: int, out: Path, url: str, workload: Workload) -> None:
+async def _profile(pid: int, out: Path, gen: LoadGenerator, arm: Arm, timing: Timing) -> None:
     spy = await asyncio.create_subprocess_exec(
         *(str(procs.BIN / "py-spy"), "record", "--format", "raw", "-r", "100"),
         *("-o", str(out), "-p", str(pid)),
@@ -73,7 +58,7 @@ async def _profile(pid: int, out: Path, url: str, workload: Workload) -> None:
     )
     try:
         await asyncio.sleep(1.0)
-        await _drive(url, workload)
+        await gen.run(arm, timing)
     finally:
         spy.send_signal(signal.SIGINT)
         await asyncio.wait_for(spy.wait(), 30)
@@ -109,81 +94,50 @@ async def _start(stack: Stack, baseline_pythonpath: str) -> Servers:
     return servers
 
 
-async def _measure(
-    servers: Servers, workload: Workload, repeats: int
-) -> tuple[dict[str, list[float]], dict[str, list[float]], dict[str, list[float]]]:
-    """Each server in turn, order rotated every repeat: tokens/s, and CPU seconds per
-    1000 tokens of its server process and of its engine processes, by server."""
-    names = list(servers)
-    tps: dict[str, list[float]] = {name: [] for name in names}
-    cpu: dict[str, list[float]] = {name: [] for name in names}
-    engine_cpu: dict[str, list[float]] = {name: [] for name in names}
-    for rep in range(repeats):
-        shift = rep % len(names)
-        for name in names[shift:] + names[:shift]:
-            child, url = servers[name]
-            before = _cpu(child.process.pid)
-            result = await _drive(url, workload)
-            after = _cpu(child.process.pid)
-            tokens = sum(r.tokens for r in result.ok) / 1000
-            tps[name].append(result.tokens_per_s)
-            cpu[name].append((after[0] - before[0]) / tokens)
-            engine_cpu[name].append((after[1] - before[1]) / tokens)
-            print(
-                f"rep {rep + 1} {name}: {result.tokens_per_s:.0f} tok/s, "
-                f"TTFT p50 {result.ttft_median() * 1000:.0f} ms, CPU s / 1000 tokens: "
-                f"server process {cpu[name][-1]:.3f}, engine {engine_cpu[name][-1]:.3f}",
-                flush=True,
-            )
-    return tps, cpu, engine_cpu
-
-
 async def main(args: argparse.Namespace) -> dict[str, object]:
     results = Path(args.results)
     stack = Stack(results, Path(tempfile.mkdtemp(prefix="bench-front-")))
+    gen = LoadGenerator(stack.logs)
     try:
+        await gen.start()
         stack.build_models()
         servers = await _start(stack, args.baseline_pythonpath)
-        workload = Workload(
-            adapters=ADAPTERS,
-            concurrency=args.concurrency,
-            requests=args.requests,
-            max_tokens=args.max_tokens,
-        )
-        warm = Workload(ADAPTERS, 16, 32, 4)
-        for _, url in servers.values():
-            await _drive(url, warm)
-        tps, cpu, engine_cpu = await _measure(servers, workload, args.repeats)
-        base = median(tps["vllm serve"])
+        workload = Workload(ADAPTERS, args.concurrency, 256, args.max_tokens)
+        arms = [
+            closed(name, Target("openai", url), workload, args.concurrency, child.process.pid)
+            for name, (child, url) in servers.items()
+        ]
+        timing = Timing(args.warmup, args.window)
+        runs = await paired.paired(gen, arms, timing, args.repeats)
         summary: dict[str, object] = {
-            "workload": workload.describe(),
-            "tokens_per_s": tps,
-            "server_process_cpu_s_per_1000_tokens": cpu,
-            "engine_processes_cpu_s_per_1000_tokens": engine_cpu,
-            "medians": {name: median(v) for name, v in tps.items()},
-            "tok/s / vllm serve's (medians)": {
-                name: ratio(median(v), base) for name, v in tps.items()
+            "workload": arms[0].describe(),
+            "tokens_per_s": {a: runs.estimate(a, "tokens_per_s").text(".0f") for a in runs.windows},
+            "server_process_cpu_ms_per_1000_tokens": {
+                a: runs.estimate(a, "front_cpu_ms_per_1k").text(".0f") for a in runs.windows
             },
-            "server process CPU / vllm serve's (medians)": {
-                name: ratio(median(v), median(cpu["vllm serve"])) for name, v in cpu.items()
+            "server process CPU / vllm serve's": {
+                a: runs.ratio(a, "vllm serve", "front_cpu_ms_per_1k").text(".2f")
+                for a in runs.windows
             },
         }
         print(json.dumps(summary, indent=1), flush=True)
         if args.profile:
-            lora, lora_url = servers["loraserve OpenAI front"]
-            await _profile(lora.process.pid, Path(args.profile), lora_url, workload)
+            lora = servers["loraserve OpenAI front"][0]
+            await _profile(lora.process.pid, Path(args.profile), gen, arms[0], timing)
             print(f"profile: {args.profile}", flush=True)
         return summary
     finally:
+        await gen.close()
         await stack.close()
 
 
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m bench.openai_front", description=__doc__)
-    parser.add_argument("--repeats", type=int, default=3)
-    parser.add_argument("--requests", type=int, default=128)
+    parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--concurrency", type=int, default=32)
     parser.add_argument("--max-tokens", type=int, default=64)
+    parser.add_argument("--warmup", type=float, default=3.0, help="seconds discarded per run")
+    parser.add_argument("--window", type=float, default=10.0, help="seconds measured per run")
     parser.add_argument("--profile", default="", help="py-spy collapsed stacks file")
     parser.add_argument(
         "--baseline-pythonpath",

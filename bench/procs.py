@@ -95,10 +95,14 @@ def _check_alive(child: Child, log_dir: Path) -> None:
         raise RuntimeError(f"{child.name} exited with {child.process.returncode}:\n{tail}")
 
 
+def moto_argv(port: int) -> list[str]:
+    return [str(BIN / "moto_server"), "-H", "127.0.0.1", "-p", str(port)]
+
+
 def start_moto(log_dir: Path, bucket: str) -> tuple[Child, str]:
     """moto's S3 server in its own process (so it never shares a GIL with the store)."""
     port = free_port()
-    child = _spawn("moto", [str(BIN / "moto_server"), "-H", "127.0.0.1", "-p", str(port)], log_dir)
+    child = _spawn("moto", moto_argv(port), log_dir)
     endpoint = f"http://127.0.0.1:{port}"
     client = s3_client(endpoint)
     deadline = time.monotonic() + 30
@@ -139,16 +143,8 @@ async def wait_serving(child: Child, log_dir: Path, timeout: float) -> None:
         await asyncio.sleep(0.3)
 
 
-async def start_store(
-    log_dir: Path,
-    endpoint: str,
-    bucket: str,
-    log_level: str = "WARNING",
-    name: str = "adapterstore",
-) -> Child:
-    """`adapterstore serve` on the bucket, SERVING; its log is `name`.log."""
-    port = free_port()
-    argv = [
+def store_argv(port: int, endpoint: str, bucket: str, log_level: str = "WARNING") -> list[str]:
+    return [
         str(BIN / "adapterstore"),
         "serve",
         f"--listen=127.0.0.1:{port}",
@@ -159,7 +155,18 @@ async def start_store(
         f"--secret-access-key={S3_KEY}",
         f"--log-level={log_level}",
     ]
-    child = _spawn(name, argv, log_dir)
+
+
+async def start_store(
+    log_dir: Path,
+    endpoint: str,
+    bucket: str,
+    log_level: str = "WARNING",
+    name: str = "adapterstore",
+) -> Child:
+    """`adapterstore serve` on the bucket, SERVING; its log is `name`.log."""
+    port = free_port()
+    child = _spawn(name, store_argv(port, endpoint, bucket, log_level), log_dir)
     child.address = f"127.0.0.1:{port}"
     await wait_serving(child, log_dir, 60)
     return child

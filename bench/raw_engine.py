@@ -1,10 +1,11 @@
 """`python -m bench.raw_engine --control-fd FD [--lora NAME=DIR ...] VLLM_FLAGS...`: vLLM's
 `AsyncLLM` used directly, in its own process, built from vLLM's own flags (the same ones
-`vllm serve` gets), with the adapters loaded up front. None of loraserve runs here: this
-is the engine alone, the limit any server in front of it can reach.
+`vllm serve` gets), with the adapters loaded up front, served through bench.thin (the
+thinnest path from a load generator in another process). None of loraserve runs here:
+this is the engine alone, the limit any server in front of it can reach.
 
-Same control protocol as bench.engine_host: a JSON line {"ready": true} on FD, then
-{"op": "run", "arm": "raw", "workload": {...}} on stdin -> {"records": [...]} on FD.
+Like bench.engine_host it writes {"ready": true, "thin": {"raw": PORT}} on FD once
+ready, and serves until its stdin closes.
 """
 
 from __future__ import annotations
@@ -17,7 +18,8 @@ import uuid
 from collections.abc import AsyncIterator, Sequence
 from typing import IO, Any
 
-from bench.workload import Caller, Workload, run_closed_loop
+from bench import thin
+from bench.workload import Caller
 
 
 def greedy_params(max_tokens: int) -> Any:
@@ -65,15 +67,11 @@ async def _serve(loras: list[str], flags: list[str], control: IO[str]) -> None:
             name, _, path = item.partition("=")
             requests[name] = LoRARequest(lora_name=name, lora_int_id=lora_id, lora_path=path)
             await llm.add_lora(requests[name])
-        _reply(control, {"ready": True})
-        caller = _caller(llm, requests)
-        while line := await asyncio.to_thread(sys.stdin.readline):
-            message = json.loads(line)
-            if message.get("op") != "run" or message.get("arm") != "raw":
-                _reply(control, {"error": f"unknown command {message!r}"})
-                continue
-            result = await run_closed_loop(Workload.from_json(message["workload"]), caller)
-            _reply(control, {"records": result.to_json()})
+        server, port = await thin.serve(_caller(llm, requests))
+        _reply(control, {"ready": True, "thin": {"raw": port}})
+        while await asyncio.to_thread(sys.stdin.readline):
+            pass
+        server.close()
     finally:
         llm.shutdown()
         # Dropped while the interpreter still runs: AsyncLLM.__del__ shuts down again,

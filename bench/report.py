@@ -17,6 +17,8 @@ from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from bench.stats import Estimate, Op, noise_width, resolution, verdict
+
 if TYPE_CHECKING:
     from matplotlib.figure import Figure
 
@@ -24,16 +26,41 @@ if TYPE_CHECKING:
 
 Cell = str | int | float
 _REPO = Path(__file__).resolve().parent.parent
+# Verdicts of goals; "reported" figures have none (no goal, or fewer than 5 repeats).
+JUDGED = ("met", "missed", "inconclusive")
 
 
 @dataclass(frozen=True)
 class Goal:
-    """One figure against its goal; `met` is None for figures reported without a goal."""
+    """One figure against its goal. `verdict`: met / missed / inconclusive (from the
+    interval of `estimate`), reported (no goal, or fewer than 5 repeats: never judged).
+    `metric` names the measured quantity whose noise the goal depends on, and
+    `resolution` the relative difference the goal must tell apart."""
 
     figure: str
     value: str
     target: str
-    met: bool | None
+    verdict: str
+    estimate: Estimate | None = None
+    metric: str = ""
+    resolution: float | None = None
+
+    @property
+    def met(self) -> bool | None:
+        """True / False for met / missed, None for anything else."""
+        return {"met": True, "missed": False}.get(self.verdict)
+
+
+@dataclass(frozen=True)
+class Noise:
+    """The same arm measured twice in one run: the interval of its ratio to itself
+    (`metric`: which quantity), and the widest the goals on that quantity allow."""
+
+    figure: str
+    metric: str
+    estimate: Estimate
+    limit: float | None = None
+    verdict: str = "no goal on it"
 
 
 @dataclass
@@ -50,6 +77,7 @@ class Section:
     workload: list[str] = field(default_factory=list)
     tables: list[Table] = field(default_factory=list)
     goals: list[Goal] = field(default_factory=list)
+    noises: list[Noise] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
     figures: list[str] = field(default_factory=list)
     # arm -> one summary per repeat, in the order they ran
@@ -73,8 +101,88 @@ class Section:
     def table(self, title: str, headers: list[str], rows: list[list[Cell]]) -> None:
         self.tables.append(Table(title, headers, rows))
 
-    def goal(self, figure: str, value: float, target: str, met: bool | None, fmt: str) -> None:
-        self.goals.append(Goal(figure, _fmt(value, fmt), target, met))
+    def goal(
+        self,
+        figure: str,
+        estimate: Estimate | float,
+        op: Op,
+        threshold: float,
+        fmt: str,
+        *,
+        clear: float | None = None,
+        target: str = "",
+        metric: str = "",
+    ) -> str:
+        """`figure OP threshold` judged on the interval of `estimate` (a plain float is
+        one sample: reported). `metric`: the quantity the noise check compares this
+        goal's resolution with (ratio goals on measured arms). Returns the verdict."""
+        if not isinstance(estimate, Estimate):
+            estimate = Estimate(estimate, estimate, estimate, 1)
+        judged = verdict(estimate, op, threshold, clear)
+        text = target or f"{op} {format(threshold, fmt)}" + (
+            f", the interval clearing {format(clear, fmt)}" if clear is not None else ""
+        )
+        self.goals.append(
+            Goal(
+                figure,
+                estimate.text(fmt),
+                text,
+                judged,
+                estimate,
+                metric,
+                resolution(op, threshold, clear) if metric else None,
+            )
+        )
+        return judged
+
+    def reported(
+        self, figure: str, value: Estimate | float | str, fmt: str = "", note: str = "reported"
+    ) -> None:
+        """A figure shown without a verdict."""
+        if isinstance(value, Estimate):
+            self.goals.append(Goal(figure, value.text(fmt), note, "reported", value))
+        elif isinstance(value, str):
+            self.goals.append(Goal(figure, value, note, "reported"))
+        else:
+            self.goals.append(Goal(figure, _fmt(value, fmt), note, "reported"))
+
+    def check(self, figure: str, value: float, target: str, ok: bool, fmt: str = "d") -> None:
+        """An invariant counted over every request or event of the benchmark (failed
+        requests = 0): met or missed, no interval (a count, not a noisy sample)."""
+        self.goals.append(Goal(figure, _fmt(value, fmt), target, "met" if ok else "missed"))
+
+    def noise(self, figure: str, estimate: Estimate, metric: str) -> None:
+        """Records the ratio of an arm to itself measured twice in this run; judged
+        against the goals on `metric` when the section finishes."""
+        self.noises.append(Noise(figure, metric, estimate))
+
+    def finish(self) -> None:
+        """Judges every noise figure against the resolution of the goals on its
+        metric; noise wider than a goal can resolve fails the benchmark."""
+        judged: list[Noise] = []
+        for noise in self.noises:
+            limits = [
+                g.resolution
+                for g in self.goals
+                if g.metric == noise.metric and g.resolution is not None
+            ]
+            if not limits or noise.estimate.n < 2:
+                judged.append(noise)
+                continue
+            limit = min(limits)
+            width = noise_width(noise.estimate)
+            ok = width <= limit
+            judged.append(
+                Noise(
+                    noise.figure, noise.metric, noise.estimate, limit, "ok" if ok else "too noisy"
+                )
+            )
+            if not ok and noise.estimate.n >= 5 and not self.error:
+                self.error = (
+                    f"too noisy: {noise.figure} differs from itself by up to {width:.1%}, "
+                    f"more than the {limit:.0%} its goals on {noise.metric} must resolve"
+                )
+        self.noises = judged
 
 
 def _fmt(value: float, fmt: str) -> str:
@@ -103,8 +211,17 @@ def text_table(headers: list[str], rows: list[list[Cell]]) -> str:
     return "\n".join(lines)
 
 
-def _verdict(met: bool | None) -> str:
-    return {True: "met", False: "MISSED", None: "reported"}[met]
+def _verdict(verdict: str) -> str:
+    return "MISSED" if verdict == "missed" else verdict
+
+
+def _noise_row(noise: Noise) -> list[Cell]:
+    limit = (
+        f"within ±{noise.limit:.0%} (what its goals resolve)"
+        if noise.limit is not None
+        else "recorded"
+    )
+    return [f"noise: {noise.figure}", noise.estimate.text(".3f"), limit, noise.verdict]
 
 
 def _version(*distributions: str) -> str:
@@ -132,6 +249,26 @@ def _git_commit() -> str:
     except (OSError, subprocess.CalledProcessError):
         return "unknown"
     return head + (" (with uncommitted changes)" if dirty else "")
+
+
+# The code the figures describe: a run is stale once these differ from its commit.
+CODE_PATHS = ("services", "proto")
+
+
+def _uncommitted_code() -> str:
+    """Paths under CODE_PATHS with uncommitted changes when the run started ("" for
+    none): a run made from such a tree describes no commit."""
+    try:
+        out = subprocess.run(
+            ["git", "status", "--porcelain", "--", *CODE_PATHS],
+            cwd=_REPO,
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout
+    except (OSError, subprocess.CalledProcessError):
+        return "unknown"
+    return " ".join(sorted(line[3:] for line in out.splitlines() if line.strip()))
 
 
 def machine() -> dict[str, str]:
@@ -163,6 +300,7 @@ def machine() -> dict[str, str]:
         "grpcio": _version("grpcio"),
         "smg-grpc-servicer": _version("smg-grpc-servicer"),
         "git commit": _git_commit(),
+        "uncommitted code": _uncommitted_code(),
     }
 
 
@@ -195,14 +333,16 @@ class Report:
         section.figures.append(name)
 
     def print_section(self, section: Section) -> None:
+        section.finish()
         out = [f"\n=== {section.number}. {section.title} ({section.seconds:.0f} s) ==="]
         out += [f"  workload: {line}" for line in section.workload]
         for table in section.tables:
             out += ["", table.title, text_table(table.headers, table.rows)]
         if section.goals:
             rows: list[list[Cell]] = [
-                [g.figure, g.value, g.target, _verdict(g.met)] for g in section.goals
+                [g.figure, g.value, g.target, _verdict(g.verdict)] for g in section.goals
             ]
+            rows += [_noise_row(n) for n in section.noises]
             out += ["", text_table(["figure", "value", "goal", "verdict"], rows)]
         out += [f"  note: {note}" for note in section.notes]
         if section.error:
@@ -212,15 +352,17 @@ class Report:
     def write(self) -> Path:
         lines = ["# loraserve benchmark report", ""]
         if self.run.get("quick"):
-            lines += ["**Smoke run (--quick): one repeat, short workloads; not figures to quote.**"]
+            lines += ["**Smoke run (--quick): two repeats; reported figures, no verdicts.**"]
             lines.append("")
         lines += [f"- {key}: {value}" for key, value in {**self.run, **self.machine}.items()]
         lines += [f"- total run time: {self.total_seconds:.0f} s", "", "## Goals", ""]
-        goal_rows: list[list[Cell]] = [
-            [f"{s.number}. {g.figure}", g.value, g.target, _verdict(g.met)]
-            for s in self.sections
-            for g in s.goals
-        ]
+        goal_rows: list[list[Cell]] = []
+        for s in self.sections:
+            s.finish()
+            goal_rows += [
+                [f"{s.number}. {g.figure}", g.value, g.target, _verdict(g.verdict)] for g in s.goals
+            ]
+            goal_rows += [[f"{s.number}. {r[0]}", *r[1:]] for r in map(_noise_row, s.noises)]
         lines += [markdown_table(["figure", "value", "goal", "verdict"], goal_rows), ""]
         for section in sorted(self.sections, key=lambda s: s.number):
             lines += [f"## {section.number}. {section.title}", ""]

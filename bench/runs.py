@@ -1,45 +1,46 @@
-"""Running workloads from the benchmark driver (over gRPC) and in engine A's host
-(in-process), interleaved so that drift in the machine's load hits every arm."""
+"""How much work each benchmark does (`Scale`; --quick and the gpu profile shrink it)
+and the arms the inference benchmarks build from the shared stack."""
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable, Sequence
-from contextlib import AbstractAsyncContextManager, nullcontext
+import dataclasses
 from dataclasses import dataclass
 
-import grpc
+from bench.drive import Load, Windows
+from bench.loadclient import Arm
+from bench.targets import Target
+from bench.workload import Workload, run_closed_loop
 
-from bench.calls import (
-    grpc_caller,
-    http_session,
-    no_retry_client,
-    openai_caller,
-    vllm_grpc_caller,
-)
-from bench.stack import Host
-from bench.workload import RunResult, Workload, run_closed_loop
-
-Arm = Callable[[Workload], Awaitable[RunResult]]
+# Prompt and output lengths of the throughput arms, and their streams.
+CLOSED_STREAMS = 32
 
 
 @dataclass(frozen=True)
-class Scale:
-    """How much work each benchmark does; --quick shrinks it for a smoke run."""
+class Scale(Windows):
+    """How much work the inference benchmarks do (the windows: bench.drive.Windows)."""
 
-    repeats: int = 3
-    concurrency: int = 64
+    concurrency: int = CLOSED_STREAMS
     max_tokens: int = 64
-    slot_requests: int = 128
+    slot_concurrency: int = 64
     slot_tokens: int = 32
     storm_swaps: int = 20
     steady_s: float = 8.0
     cold_pairs: int = 10
+    # Issue 28's loops: many clients, and few for latency.
+    wide_concurrency: int = 128
+    narrow_concurrency: int = 8
+    # The open-loop arms' arrival rate (requests/s): about half of what the tiny model's
+    # engine serves at 32 streams of 64 tokens (~400 tokens/s on two cores).
+    poisson_rate: float = 3.0
 
 
-QUICK = Scale(repeats=1, slot_requests=64, storm_swaps=4, steady_s=3.0, cold_pairs=3)
-# On a GPU (`--engine gpu`): the same workloads with fewer repeats, so that every
-# benchmark, engine starts included, fits in a few minutes.
-GPU = Scale(repeats=2, storm_swaps=10, steady_s=4.0, cold_pairs=5)
+# A smoke run: verdicts need 5 repeats, so a quick run reports figures only.
+QUICK = Scale(repeats=2, storm_swaps=4, steady_s=4.0, cold_pairs=5)
+# On a GPU (`--engine gpu`): 5 repeats (a verdict needs them), short windows: the
+# engine is fast, so one second holds hundreds of steps (bench.gpu: the budgets).
+GPU = Scale(
+    warmup_s=0.5, window_s=1.0, storm_swaps=10, steady_s=4.0, cold_pairs=5, poisson_rate=50.0
+)
 
 
 def scale_for(engine: str, quick: bool) -> Scale:
@@ -48,68 +49,40 @@ def scale_for(engine: str, quick: bool) -> Scale:
     return GPU if engine == "gpu" else Scale()
 
 
-def grpc_arm(address: str, until: float | None = None) -> Arm:
-    async def run(workload: Workload) -> RunResult:
-        async with no_retry_client(address) as client:
-            return await run_closed_loop(workload, grpc_caller(client), until)
-
-    return run
-
-
-def openai_arm(base_url: str, base_model: str) -> Arm:
-    """Streaming `/v1/completions` over HTTP (vllm serve, loraserve's OpenAI front)."""
-
-    async def run(workload: Workload) -> RunResult:
-        async with http_session() as http:
-            return await run_closed_loop(workload, openai_caller(http, base_url, base_model))
-
-    return run
+def closed(
+    name: str, target: Target, workload: Workload, concurrency: int, front_pid: int | None
+) -> Arm:
+    """A closed-loop arm whose server front process is `front_pid` (None: not a server)."""
+    watch = (("front", front_pid),) if front_pid is not None else ()
+    return Arm(name, target, workload, Load("closed", concurrency=concurrency), watch)
 
 
-def vllm_grpc_arm(address: str) -> Arm:
-    """vLLM's own gRPC Generate (base model only)."""
-
-    async def run(workload: Workload) -> RunResult:
-        async with grpc.aio.insecure_channel(address) as channel:
-            return await run_closed_loop(workload, vllm_grpc_caller(channel))
-
-    return run
+def poisson(
+    name: str, target: Target, workload: Workload, rate: float, front_pid: int | None
+) -> Arm:
+    watch = (("front", front_pid),) if front_pid is not None else ()
+    return Arm(name, target, workload, Load("poisson", rate=rate), watch)
 
 
-def host_arm(host: Host, arm: str) -> Arm:
-    async def run(workload: Workload) -> RunResult:
-        return await host.run(arm, workload)
-
-    return run
-
-
-Around = Callable[[str], AbstractAsyncContextManager[None]]
-
-
-def _nothing(_: str) -> AbstractAsyncContextManager[None]:
-    return nullcontext()
+def schedule_for(adapters: tuple[str, ...], scale: Scale, **changes: object) -> Workload:
+    """The throughput arms' schedule over `adapters`: repeated as long as a window needs."""
+    base = Workload(
+        adapters=adapters,
+        concurrency=scale.concurrency,
+        requests=max(256, 8 * len(adapters)),
+        max_tokens=scale.max_tokens,
+    )
+    return dataclasses.replace(base, **changes)  # type: ignore[arg-type]
 
 
-async def interleaved(
-    arms: dict[str, tuple[Arm, Workload]], repeats: int, around: Around = _nothing
-) -> dict[str, list[RunResult]]:
-    """Runs every arm once per repeat, rotating the order each repeat; `around(arm)`
-    wraps each run (probes that gather evidence while it runs)."""
-    names: Sequence[str] = list(arms)
-    results: dict[str, list[RunResult]] = {name: [] for name in names}
-    for rep in range(repeats):
-        shift = rep % len(names)
-        for name in [*names[shift:], *names[:shift]]:
-            arm, workload = arms[name]
-            async with around(name):
-                result = await arm(workload)
-            results[name].append(no_failures(name, result))
-    return results
+async def warm_up(target_address: str, adapters: tuple[str, ...]) -> None:
+    """One short pass over every adapter over gRPC, so first-use costs land outside
+    the measured arms (not measured: run from the driver process)."""
+    from bench.calls import grpc_caller, no_retry_client
 
-
-def no_failures(name: str, result: RunResult) -> RunResult:
-    """`result`, or an error naming the first of its failed requests."""
+    workload = Workload(adapters=adapters, concurrency=16, requests=2 * len(adapters), max_tokens=4)
+    async with no_retry_client(target_address) as client:
+        result = await run_closed_loop(workload, grpc_caller(client))
     if result.failures:
         first = next(r.error for r in result.records if r.error)
-        raise RuntimeError(f"{name}: {result.failures} failed requests, e.g. {first}")
-    return result
+        raise RuntimeError(f"warm-up of {target_address} failed: {first}")

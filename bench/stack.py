@@ -12,12 +12,11 @@ import shutil
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import IO, Any
+from typing import IO
 
 import grpc
 
 from bench import procs, storeops
-from bench.workload import RunResult, Workload
 from loraserve.adapterctl.adapter_dir import AdapterFiles
 from loraserve.inference.v1 import inference_pb2 as pb
 from loraserve.inference.v1 import inference_pb2_grpc as pb_grpc
@@ -40,6 +39,8 @@ MODEL_SPEC = TinyModelSpec(
 RANK = 8
 TENANTS = 32
 SWAP_VARIANTS = 4
+# The longest an engine may take to start: minutes when the machine is busy.
+ENGINE_START_S = 600.0
 ENGINE_A = procs.EngineConfig(max_loras=8, max_cpu_loras=32, max_lora_rank=RANK)
 ENGINE_B = procs.EngineConfig(max_loras=1, max_cpu_loras=8, max_lora_rank=RANK)
 # The user's question in benchmark 3: what if I just raise the slots to the adapters?
@@ -82,29 +83,29 @@ def model_description() -> str:
 
 @dataclass
 class Host:
-    """Engine A: the real server in bench.engine_host, plus its control channel."""
+    """A process serving an engine through bench.thin (engine A in bench.engine_host, or
+    bench.raw_engine), with the control pipe it reports readiness on."""
 
     child: procs.Child
     control: IO[str]
     log_dir: Path
+    thin_ports: dict[str, int] = field(default_factory=dict)
+
+    @property
+    def pid(self) -> int:
+        """The serving process (its engine core is a child)."""
+        return self.child.process.pid
+
+    def thin(self, arm: str) -> str:
+        """The address of the thin server of `arm` ("direct", "generator", "raw")."""
+        return f"127.0.0.1:{self.thin_ports[arm]}"
 
     async def ready(self, timeout: float) -> None:
         line = await asyncio.wait_for(asyncio.to_thread(self.control.readline), timeout)
         if not line:
             tail = (self.log_dir / f"{self.child.name}.log").read_text(errors="replace")[-3000:]
             raise RuntimeError(f"{self.child.name} ended before it was ready:\n{tail}")
-
-    async def run(self, arm: str, workload: Workload) -> RunResult:
-        """Runs the workload inside the host: arm "direct" (VllmEngine) or "generator"."""
-        assert self.child.process.stdin is not None
-        message = {"op": "run", "arm": arm, "workload": workload.to_json()}
-        self.child.process.stdin.write((json.dumps(message) + "\n").encode())
-        self.child.process.stdin.flush()
-        line = await asyncio.to_thread(self.control.readline)
-        reply: dict[str, Any] = json.loads(line)
-        if "error" in reply:
-            raise RuntimeError(reply["error"])
-        return RunResult.from_json(reply["records"])
+        self.thin_ports = {k: int(v) for k, v in json.loads(line).get("thin", {}).items()}
 
     def stop(self) -> None:
         if self.child.process.stdin is not None:
@@ -126,6 +127,7 @@ class Stack:
     files: dict[Path, AdapterFiles] = field(default_factory=dict)
     children: list[procs.Child] = field(default_factory=list)
     store: procs.Child | None = None
+    store_endpoint: str = ""
     store_channel: grpc.aio.Channel | None = None
     host: Host | None = None
     # Engine A's `inference serve` flags and its OpenAI front (the baselines copy them).
@@ -158,6 +160,7 @@ class Stack:
     async def start_store(self, log_level: str = "WARNING") -> None:
         moto, endpoint = await asyncio.to_thread(procs.start_moto, self.logs, BUCKET)
         self.children.append(moto)
+        self.store_endpoint = endpoint
         self.store = await procs.start_store(self.logs, endpoint, BUCKET, log_level)
         self.children.append(self.store)
         self.store_channel = grpc.aio.insecure_channel(self.store.address)
@@ -210,10 +213,10 @@ class Stack:
         )
         self.children.append(child)
         self.host = Host(child, os.fdopen(read_fd), self.logs)
-        waits = [self.host.ready(300)]
+        waits = [self.host.ready(ENGINE_START_S)]
         if with_b:
             self.engine_b = self._start_plain("engine-b", ENGINE_B)
-            waits.append(procs.wait_serving(self.engine_b, self.logs, 300))
+            waits.append(procs.wait_serving(self.engine_b, self.logs, ENGINE_START_S))
         await asyncio.gather(*waits)
         return time.monotonic() - started
 
@@ -251,23 +254,25 @@ class Stack:
         shutil.rmtree(self.work, ignore_errors=True)
 
 
-async def current_revisions(address: str) -> dict[str, int]:
-    """name -> the revision a server routes it to (READY and current), by ListAdapters."""
+async def current_revisions(address: str, *, loaded: bool = True) -> dict[str, int]:
+    """name -> the revision a server routes it to (current and READY; with `loaded`
+    False also AVAILABLE: routed, loaded by its first request), by ListAdapters."""
     async with grpc.aio.insecure_channel(address) as channel:
         response = await pb_grpc.InferenceServiceStub(channel).ListAdapters(
             pb.ListAdaptersRequest()
         )
-    return {
-        a.name: a.revision
-        for a in response.adapters
-        if a.current and a.state == pb.ADAPTER_STATE_READY
-    }
+    states = {pb.ADAPTER_STATE_READY} | (set() if loaded else {pb.ADAPTER_STATE_AVAILABLE})
+    return {a.name: a.revision for a in response.adapters if a.current and a.state in states}
 
 
-async def wait_routed(address: str, wanted: dict[str, int], timeout: float = 120) -> None:
+async def wait_routed(
+    address: str, wanted: dict[str, int], timeout: float = 120, *, loaded: bool = True
+) -> None:
+    """Until `address` routes every name of `wanted` to its revision or a newer one
+    (`loaded` False: also lazily, before its first request loads it)."""
     deadline = time.monotonic() + timeout
     while True:
-        routed = await current_revisions(address)
+        routed = await current_revisions(address, loaded=loaded)
         if all(routed.get(name, 0) >= rev for name, rev in wanted.items()):
             return
         if time.monotonic() > deadline:

@@ -1,30 +1,27 @@
 """Benchmark 6: the adapter store. Push and download of a 200 MB adapter through
-`adapterstore serve` (real gRPC; moto's S3 server over HTTP in its own process) vs raw
-boto3 upload_file/download_file on the same endpoint, the store's peak RSS during the
-push, and event delivery latency to 50 concurrent watchers."""
+`adapterstore serve` (real gRPC; moto's S3 server over HTTP in its own process) vs plain
+boto3 on the same endpoint (bench.transfers: arms paired per repeat, the store's CPU
+per GB read and its RSS during a push), and event delivery latency to 50 concurrent
+watchers."""
 
 from __future__ import annotations
 
 import asyncio
 import shutil
 import tempfile
-import threading
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import grpc
 from safetensors.numpy import save_file
 
-from bench import procs, storeops
+from bench import procs, storeops, transfers
 from bench.report import Report, Section
-from bench.stats import median, percentile, ratio
+from bench.stats import median, percentile, unpaired_ratio
 from loraserve.adapterstore.v1 import adapterstore_pb2 as store_pb
 from loraserve.clients.push import new_idempotency_key
-from loraserve.clients.store import StoreClient, StoreClientSettings
-from loraserve.common.security import ClientSecurity
-from loraserve.inference.cache import AdapterCache
 from loraserve.testing.adapterfiles import lora_config, lora_tensors
 
 BUCKET = "bench-store"
@@ -32,7 +29,7 @@ BUCKET = "bench-store"
 # the size of a rank-64 adapter of a 7B model's attention.
 BIG_SHAPE = {"layers": 24, "rank": 64, "hidden": 4096}
 BIG_MODULES = ("k_proj", "o_proj", "q_proj", "v_proj")
-REPEATS = 3
+REPEATS = 5
 WATCHERS = 50
 EVENTS = 20
 EVENT_GAP_S = 0.15
@@ -61,273 +58,31 @@ def write_big_adapter(directory: Path, variant: int = 0) -> int:
     return weights.stat().st_size
 
 
-class PeakRss:
-    """Samples a process tree's RSS every 20 ms in a thread, keeping the peak."""
-
-    def __init__(self, child: procs.Child) -> None:
-        self._child = child
-        self.peak_mib = 0.0
-        self.before_mib = child.memory()[0]
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, daemon=True)
-
-    def _run(self) -> None:
-        while not self._stop.is_set():
-            self.peak_mib = max(self.peak_mib, self._child.memory()[0])
-            self._stop.wait(0.02)
-
-    def __enter__(self) -> PeakRss:
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self._stop.set()
-        self._thread.join()
-
-
-async def _timed(coro: Any) -> float:
-    started = time.perf_counter()
-    await coro
-    return time.perf_counter() - started
-
-
-async def _grpc_download(store_address: str, name: str, revision: int) -> float:
-    cache_root = Path(tempfile.mkdtemp(prefix="bench-cache-"))
-    client = StoreClient.connect(
-        StoreClientSettings(address=store_address, security=ClientSecurity(), replica_id="bench")
-    )
-    try:
-        cache = AdapterCache(cache_root, client)
-        await cache.prepare()
-        return await _timed(cache.fetch(name, revision))
-    finally:
-        await client.close()
-        shutil.rmtree(cache_root, ignore_errors=True)
-
-
-def _boto_upload(s3: Any, directory: Path, prefix: str) -> None:
-    for path in sorted(directory.iterdir()):
-        s3.upload_file(str(path), BUCKET, f"{prefix}/{path.name}")
-
-
-def _diagnose_push(s3: Any, adapter: Path) -> Any:
-    """Times, with plain boto3, the S3 upload a store push makes (its part size and
-    parts in flight), next to the boto3 arm's default upload_file."""
-    from boto3.s3.transfer import TransferConfig
-
-    from loraserve.adapterstore.s3blobs import DEFAULT_PART_SIZE, DEFAULT_PARTS_IN_FLIGHT
-
-    weights = adapter / "adapter_model.safetensors"
-
-    def run() -> dict[str, float]:
-        out: dict[str, float] = {}
-        started = time.perf_counter()
-        s3.upload_file(
-            str(weights),
-            BUCKET,
-            "diag/store-like",
-            Config=TransferConfig(
-                max_concurrency=DEFAULT_PARTS_IN_FLIGHT, multipart_chunksize=DEFAULT_PART_SIZE
-            ),
-        )
-        label = (
-            f"upload, {DEFAULT_PARTS_IN_FLIGHT} parts of {DEFAULT_PART_SIZE // 2**20} MiB "
-            "in flight (the store's upload)"
-        )
-        out[label] = time.perf_counter() - started
-        started = time.perf_counter()
-        s3.upload_file(str(weights), BUCKET, "diag/adapter_model.safetensors")
-        out["upload_file, default 10 threads (boto3 arm)"] = time.perf_counter() - started
-        label = "download_file, default 10 threads of ranged GETs (not an arm)"
-        out[label] = _boto_download_file(s3, "diag")
-        return out
-
-    return asyncio.to_thread(run)
-
-
-# The store reads each blob with one streamed GET in chunks of this size.
-STREAM_CHUNK = 1024 * 1024
-
-
-def _boto_download(s3: Any, prefix: str) -> None:
-    """What the store does per file, with plain boto3: one streamed `get_object` on one
-    connection, written to disk chunk by chunk."""
-    target = Path(tempfile.mkdtemp(prefix="bench-boto-"))
-    try:
-        for name in ("adapter_config.json", "adapter_model.safetensors"):
-            body = s3.get_object(Bucket=BUCKET, Key=f"{prefix}/{name}")["Body"]
-            with (target / name).open("wb") as out:
-                for chunk in body.iter_chunks(STREAM_CHUNK):
-                    out.write(chunk)
-    finally:
-        shutil.rmtree(target, ignore_errors=True)
-
-
-def _boto_download_file(s3: Any, prefix: str) -> float:
-    """boto3's download_file with its default TransferConfig (10 threads of 8 MiB
-    ranged GETs), timed: the old comparison, kept to show what the emulator distorts."""
-    target = Path(tempfile.mkdtemp(prefix="bench-boto-"))
-    started = time.perf_counter()
-    try:
-        s3.download_file(BUCKET, f"{prefix}/adapter_model.safetensors", str(target / "w"))
-        return time.perf_counter() - started
-    finally:
-        shutil.rmtree(target, ignore_errors=True)
-
-
-@dataclass
-class Transfers:
-    """Every repeat of the transfer arms: seconds by arm, the push's hashing, and the
-    store's RSS before and at its peak during each push."""
-
-    times: dict[str, list[float]] = field(
-        default_factory=lambda: {k: [] for k in ("push", "upload", "download", "boto_down")}
-    )
-    hash_s: list[float] = field(default_factory=list)
-    peaks: list[float] = field(default_factory=list)
-    base_rss: list[float] = field(default_factory=list)
-
-
 async def _transfers(
     section: Section, settings: StoreSettings, store: procs.Child, s3: Any, work: Path
 ) -> None:
-    adapter = work / "big"
-    size = await asyncio.to_thread(write_big_adapter, adapter)
-    total = sum(p.stat().st_size for p in adapter.iterdir())
+    async def write(rep: int, directory: Path) -> Path:
+        await asyncio.to_thread(write_big_adapter, directory, rep + 1)
+        return directory
+
+    rig = transfers.Rig(store, s3, BUCKET, work)
+    measured = await transfers.measure(rig, settings.repeats, write)
     section.workload.append(
-        f"transfer: one adapter of {total / 1e6:.0f} MB ({size / 1e6:.0f} MB safetensors: "
-        f"{BIG_SHAPE['layers']} layers x {len(BIG_MODULES)} projections, rank "
-        f"{BIG_SHAPE['rank']}, hidden {BIG_SHAPE['hidden']}, fp32), new bytes every repeat, "
-        f"{settings.repeats} repeats, arms alternated; push = what adapterctl push does "
-        "(sha256 of the files, then the streaming upload), download = the inference "
-        "service's AdapterCache.fetch (stream, sha256, fsync, rename); boto3 upload = "
-        "upload_file, default TransferConfig; boto3 download = one streamed get_object "
-        "per file, as the store reads S3 (like with like: one connection, one GET)"
+        f"transfer: one adapter of {measured.megabytes:.0f} MB ({BIG_SHAPE['layers']} layers "
+        f"x {len(BIG_MODULES)} projections, rank {BIG_SHAPE['rank']}, hidden "
+        f"{BIG_SHAPE['hidden']}, fp32), new bytes every repeat, {settings.repeats} repeats, "
+        "arms rotated; " + TRANSFER_ARMS
     )
-    measured = Transfers()
-    async with grpc.aio.insecure_channel(store.address) as channel:
-        stub = storeops.store_stub(channel)
-        for rep in range(settings.repeats):
-            await _transfer_repeat(measured, rep, stub, store, s3, adapter)
-    diagnosis = await _diagnose_push(s3, adapter)
-    _transfer_report(section, settings, measured, total / 1e6)
-    for arm, values in measured.times.items():
-        section.record_values(arm, "seconds", values)
-    section.record_values("push: adapterctl's hashing", "seconds", measured.hash_s)
-    section.table(
-        "Where a push's time goes: the store's S3 upload replayed with boto3, and boto3's "
-        "download_file on the emulator (seconds)",
-        ["phase", "seconds"],
-        [[k, v] for k, v in diagnosis.items()],
-    )
-    _transfer_notes(section, measured, total / 1e6)
+    transfers.figures(section, measured)
 
 
-async def _transfer_repeat(
-    measured: Transfers, rep: int, stub: Any, store: procs.Child, s3: Any, adapter: Path
-) -> None:
-    """One repeat of the four transfer arms on new bytes, pairs alternated by `rep`."""
-    times = measured.times
-    name = f"big-{rep}"
-    await asyncio.to_thread(write_big_adapter, adapter, rep + 1)
-
-    async def grpc_push() -> int:
-        with PeakRss(store) as peak:
-            # adapterctl push hashes the files, then uploads them: both count.
-            started = time.perf_counter()
-            files = await storeops.hashed(adapter)
-            measured.hash_s.append(time.perf_counter() - started)
-            revision = await storeops.push(stub, name, files)
-            times["push"].append(time.perf_counter() - started)
-        measured.peaks.append(peak.peak_mib)
-        measured.base_rss.append(peak.before_mib)
-        return revision
-
-    async def boto_up() -> None:
-        times["upload"].append(
-            await _timed(asyncio.to_thread(_boto_upload, s3, adapter, f"raw/{rep}"))
-        )
-
-    # Alternate which arm goes first, so drift in the machine's load hits both.
-    if rep % 2 == 0:
-        revision = await grpc_push()
-        await boto_up()
-    else:
-        await boto_up()
-        revision = await grpc_push()
-    down = _grpc_download(store.address, name, revision)
-    boto_down = asyncio.to_thread(_boto_download, s3, f"raw/{rep}")
-    if rep % 2 == 0:
-        times["download"].append(await down)
-        times["boto_down"].append(await _timed(boto_down))
-    else:
-        times["boto_down"].append(await _timed(boto_down))
-        times["download"].append(await down)
-
-
-def _transfer_report(
-    section: Section, settings: StoreSettings, measured: Transfers, mb: float
-) -> None:
-    times = measured.times
-    rows: list[list[str | int | float]] = []
-    for label, ours, raw in (
-        ("push / upload", "push", "upload"),
-        ("download", "download", "boto_down"),
-    ):
-        ours_s, raw_s = median(times[ours]), median(times[raw])
-        rows.append([label, ours_s, mb / ours_s, raw_s, mb / raw_s, ratio(raw_s, ours_s)])
-    section.table(
-        "Transfer of one 200 MB adapter (medians; ratio = boto3 time / loraserve time)",
-        ["operation", "loraserve s", "loraserve MB/s", "boto3 s", "boto3 MB/s", "ratio"],
-        rows,
-    )
-    section.table(
-        "Every repeat (seconds)",
-        ["arm"] + [f"rep {i + 1}" for i in range(settings.repeats)],
-        [[k, *v] for k, v in times.items()],
-    )
-    push_ratio = ratio(median(times["upload"]), median(times["push"]))
-    down_ratio = ratio(median(times["boto_down"]), median(times["download"]))
-    section.goal(
-        "push throughput vs boto3 upload_file", push_ratio, ">= 0.8", push_ratio >= 0.8, ".2f"
-    )
-    section.goal(
-        "download throughput vs boto3 streamed get_object",
-        down_ratio,
-        ">= 0.8",
-        down_ratio >= 0.8,
-        ".2f",
-    )
-    peak = max(measured.peaks)
-    section.goal(
-        "store peak RSS during a 200 MB push",
-        peak,
-        f"bounded (idle {median(measured.base_rss):.0f} MiB)",
-        peak - median(measured.base_rss) < mb / 2,
-        ".0f",
-    )
-
-
-def _transfer_notes(section: Section, measured: Transfers, mb: float) -> None:
-    section.notes.append(
-        "A push with declared sha256s (adapterctl always declares them) streams each file "
-        "as a multipart upload straight to blobs/sha256/<hex>, several parts in flight while "
-        "the next ones arrive, and completes it only once the whole push has validated; "
-        "the bytes cross S3 once. What a push adds over the replay above is the gRPC hop "
-        "through the store process (see bench/README.md)."
-    )
-    section.notes.append(
-        f"The push time includes adapterctl's hashing: {median(measured.hash_s):.2f} s for "
-        f"{mb:.0f} MB (boto3's upload_file computes its own checksums inline)."
-    )
-    section.notes.append(
-        "moto (the S3 emulator) re-reads the whole object for every ranged GET, so "
-        "download_file's 10 threads of 8 MiB ranges cost it about 25 whole-object reads "
-        "for 200 MB; on real S3 ranged GETs are cheap and parallel ranges are faster than "
-        "one stream. The download ratio therefore compares one streamed GET with one "
-        "streamed GET; download_file's time on the emulator is in the table above, for "
-        "reference only."
-    )
+TRANSFER_ARMS = (
+    "push = what adapterctl push does (sha256 of the files, then the streaming upload) vs "
+    "boto3 upload_file (default TransferConfig), twice (noise); replica download = the "
+    "inference service's AdapterCache.fetch (stream, sha256, fsync, rename) vs one "
+    "streamed get_object per file, as the store reads S3 (moto re-reads a whole object "
+    "for every ranged GET, so boto3's parallel download_file is no baseline on it)"
+)
 
 
 async def _watch(
@@ -407,6 +162,7 @@ def _events_report(
         "log object is written, so it includes the S3 commit)"
     )
     p50, p99 = percentile(latencies, 50), percentile(latencies, 99)
+    per_event = [percentile([a[seq] * 1000 for a in arrivals if seq in a], 99) for seq in seqs]
     section.table(
         "Event delivery to 50 watchers (ms)",
         ["deliveries", "missing", "p50", "p90", "p99", "max", "writer commit p50"],
@@ -437,8 +193,17 @@ def _events_report(
             for seq, commit in zip(seqs, commit_s, strict=True)
         ],
     )
-    section.goal(
-        "event delivery p99, 50 watchers (ms)", p99, "< 100", p99 < 100 and not missing, ".1f"
+    section.check(
+        f"event delivery p99 over {len(latencies)} deliveries to 50 watchers (ms), none missing",
+        p99,
+        "< 100",
+        p99 < 100 and not missing,
+        ".1f",
+    )
+    section.noise(
+        "per-event delivery p99, odd / even events",
+        unpaired_ratio(per_event[1::2], per_event[::2]),
+        "delivery_ms",
     )
 
 

@@ -45,7 +45,6 @@ import psutil
 
 from bench import baselines, procs, spy_summary
 from bench.calls import grpc_caller, openai_caller
-from bench.openai_front import _cpu as process_cpu
 from bench.stack import ENGINE_ENV, RANK, Stack, tenant
 from bench.stats import median, percentile
 from bench.workload import Caller
@@ -87,8 +86,8 @@ class Window:
             "loop_cpu_ms_per_1k_tokens": self.loop_cpu_s * per_k * 1000,
             "engine_cpu_ms_per_1k_tokens": self.engine_cpu_s * per_k * 1000,
             "client_cpu_ms_per_1k_tokens": self.client_cpu_s * per_k * 1000,
-            "ttft_p50_ms": percentile(self.ttft_s, 0.5) * 1000 if self.ttft_s else 0.0,
-            "gap_p50_ms": percentile(self.gaps_s, 0.5) * 1000 if self.gaps_s else 0.0,
+            "ttft_p50_ms": percentile(self.ttft_s, 50) * 1000 if self.ttft_s else 0.0,
+            "gap_p50_ms": percentile(self.gaps_s, 50) * 1000 if self.gaps_s else 0.0,
             "errors": self.errors,
         }
 
@@ -182,6 +181,18 @@ async def measure(
     seen.loop_cpu_s = loop1 - loop0
     seen.client_cpu_s = client1 - client0
     return seen
+
+
+def process_cpu(pid: int) -> tuple[float, float]:
+    """CPU seconds of the server's own process, and of its engine children."""
+    root = psutil.Process(pid)
+    times = root.cpu_times()
+    children = 0.0
+    for child in root.children(recursive=True):
+        with contextlib.suppress(psutil.Error):
+            child_times = child.cpu_times()
+            children += child_times.user + child_times.system
+    return times.user + times.system, children
 
 
 def _main_thread_cpu(pid: int) -> float:

@@ -18,7 +18,7 @@ import grpc
 from prometheus_client.parser import text_string_to_metric_families
 
 from bench import procs, storeops
-from bench.stack import ENGINE_ENV, RANK, Stack
+from bench.stack import RANK, Stack
 from loraserve.adapterctl.adapter_dir import AdapterFiles
 from loraserve.testing.processes import free_port
 
@@ -173,26 +173,31 @@ class Rig:
             grpc.aio.insecure_channel(self.many_store),
         )
 
-    def start(self, name: str, store: str) -> Replica:
-        """A replica on `store` with an empty adapter cache; wait_serving() it."""
-        cache_dir = self.stack.work / f"cache-{name}"
-        shutil.rmtree(cache_dir, ignore_errors=True)
-        port, metrics_port = free_port(), free_port()
-        argv = [
+    def argv(self, name: str, store: str, port: int, metrics_port: int) -> list[str]:
+        """`inference serve` flags of a replica on `store` (the stack's engine profile)."""
+        return [
             *procs.serve_argv(
                 name,
                 port,
                 model=self.stack.model_dir,
                 store=store,
-                cache_dir=cache_dir,
-                engine=ENGINE,
+                cache_dir=self.stack.work / f"cache-{name}",
+                engine=self.stack.profile.engine(ENGINE),
             ),
             f"--metrics-port={metrics_port}",
             f"--adapter-cache-size={self.cache_size}",
             f"--prefetch-adapters={self.prefetch}",
         ]
+
+    def start(self, name: str, store: str) -> Replica:
+        """A replica on `store` with an empty adapter cache; wait_serving() it."""
+        cache_dir = self.stack.work / f"cache-{name}"
+        shutil.rmtree(cache_dir, ignore_errors=True)
+        port, metrics_port = free_port(), free_port()
+        argv = self.argv(name, store, port, metrics_port)
         started = time.monotonic()
-        child = procs.start_inference(self.stack.logs, name, argv, f"127.0.0.1:{port}", ENGINE_ENV)
+        env = self.stack.profile.env
+        child = procs.start_inference(self.stack.logs, name, argv, f"127.0.0.1:{port}", env)
         self.stack.children.append(child)
         return Replica(child, metrics_port, cache_dir, started)
 

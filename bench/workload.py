@@ -32,13 +32,16 @@ class Workload:
     vocab_size: int = 512
 
     def describe(self) -> str:
+        return f"{self.mix()}; {self.concurrency} concurrent streams, {self.requests} requests"
+
+    def mix(self) -> str:
+        """The requests, without how many or how concurrently (arms with a load say that)."""
         names = [a or "<base>" for a in self.adapters]
         shown = ", ".join(names) if len(names) <= 8 else f"{names[0]} .. {names[-1]}"
         return (
             f"{len(self.adapters)} adapter(s) [{shown}], {self.popularity} popularity, "
-            f"{self.concurrency} concurrent streams, {self.requests} requests, "
-            f"{self.prompt_tokens} prompt + {self.max_tokens} output tokens each "
-            f"(greedy, ignore_eos), seed {self.seed}"
+            f"{self.prompt_tokens} prompt + {self.max_tokens} output tokens each (greedy, "
+            f"ignore_eos), seed {self.seed}"
         )
 
     def weights(self) -> list[float]:

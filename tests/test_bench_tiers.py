@@ -12,6 +12,8 @@ import grpc
 import pytest
 
 from bench import storeops
+from bench.loadclient import Window
+from bench.paired import Runs
 from bench.report import Section
 from bench.tiers_figures import (
     FirstRequest,
@@ -19,6 +21,7 @@ from bench.tiers_figures import (
     cold_ttft_figures,
     disk_figures,
     rotated,
+    rss_after_figures,
     rss_goal,
     singleflight_figures,
     start_order,
@@ -37,7 +40,7 @@ from bench.tiers_rig import (
     parse_metrics,
     seed,
 )
-from bench.workload import Record, RunResult, Workload
+from bench.workload import Record, Workload
 from loraserve.adapterstore.v1 import adapterstore_pb2 as store_pb
 from loraserve.testing.models import TinyAdapterFactory
 from loraserve.testing.store import RunningStore
@@ -142,22 +145,49 @@ def _goal(section: Section) -> tuple[str, bool | None]:
     return goal.value, goal.met
 
 
-def test_startup_and_rss_ratios_are_of_the_medians() -> None:
+def _starts(seconds: list[float], rss: list[float]) -> list[Start]:
+    return [Start(s, r) for s, r in zip(seconds, rss, strict=True)]
+
+
+def test_startup_and_rss_ratios_pair_the_starts() -> None:
     section = Section(11, "tiers")
-    few = ("20 adapters", [Start(20.0, 1000.0), Start(30.0, 1010.0), Start(21.0, 990.0)])
-    many = ("2,000 adapters", [Start(24.0, 1200.0), Start(25.0, 1000.0), Start(90.0, 1090.0)])
+    few = (
+        "20 adapters",
+        _starts([20.0, 30.0, 21.0, 20.0, 22.0], [1000.0, 1010.0, 990.0, 1000.0, 1000.0]),
+    )
+    many = (
+        "2,000 adapters",
+        _starts([21.0, 31.0, 22.0, 21.0, 23.0], [1010.0, 1020.0, 1000.0, 1010.0, 1010.0]),
+    )
 
     startup_figures(section, few, many)
-    assert _goal(section) == ("1.19", True)
+    assert section.goals[-1].verdict == "met"
+    assert section.goals[-1].value.startswith("1.05 [")
     rss_goal(section, few, many)
-    assert _goal(section) == ("1.09", True)
-    assert [r["seconds"] for r in section.repeats["2,000 adapters"]] == [24.0, 25.0, 90.0]
+    assert section.goals[-1].verdict == "met"
+    assert [r["seconds"] for r in section.repeats["2,000 adapters"]] == [
+        21.0,
+        31.0,
+        22.0,
+        21.0,
+        23.0,
+    ]
 
-    slow = ("2,000 adapters", [Start(26.0, 1300.0)])
+    slow = ("2,000 adapters", _starts([30.0, 40.0, 30.0, 30.0, 31.0], [1300.0] * 5))
     startup_figures(section, few, slow)
-    assert _goal(section) == ("1.24", False)
+    assert section.goals[-1].verdict == "missed"
     rss_goal(section, few, slow)
-    assert _goal(section) == ("1.30", False)
+    assert section.goals[-1].verdict == "missed"
+
+
+def test_rss_after_the_traffic_is_compared_with_rss_once_serving() -> None:
+    section = Section(11, "tiers")
+    rss_after_figures(section, 1000.0, [1050.0, 1060.0, 1040.0, 1055.0, 1050.0], 198.0)
+    goal = section.goals[-1]
+    assert "host tier: 198 adapters" in goal.figure
+    assert (goal.value.split(" [")[0], goal.verdict) == ("1.05", "met")
+    rss_after_figures(section, 1000.0, [1300.0] * 5, 198.0)
+    assert section.goals[-1].verdict == "missed"
 
 
 def _request(adapter: str, ttft_s: float, error: str = "") -> Record:
@@ -166,34 +196,34 @@ def _request(adapter: str, ttft_s: float, error: str = "") -> Record:
 
 def test_cold_ttft_counts_only_adapters_their_first_request_downloaded() -> None:
     section = Section(11, "tiers")
-    cold = [
-        FirstRequest(_request("a", 0.30), 1),
-        FirstRequest(_request("b", 0.32), 1),
-        FirstRequest(_request("c", 0.05), 0),  # prefetched: no download
-    ]
-    warm = [FirstRequest(_request(a, 0.2), 0) for a in "abc"]
+    cold = [FirstRequest(_request(a, 0.30 + i * 0.01), 1) for i, a in enumerate("abcde")]
+    cold.append(FirstRequest(_request("f", 0.05), 0))  # prefetched: no download
+    warm = [FirstRequest(_request(a, 0.2), 0) for a in "abcdef"]
 
     cold_ttft_figures(section, cold, warm)
 
-    p50 = section.goals[-2]
-    assert (p50.value, p50.met) == ("310", True)
-    assert "(= 350)" in p50.target
-    assert any("1 of the 3 adapters" in note for note in section.notes)
+    added = next(g for g in section.goals if g.figure.startswith("first request"))
+    assert added.value.startswith("120 [")
+    assert added.estimate is not None
+    assert added.estimate.n == 5
+    assert added.verdict == "met"
+    assert any("1 of the 6 adapters" in note for note in section.notes)
 
 
-def test_cold_ttft_misses_its_goal_when_loading_is_slow_or_a_request_fails() -> None:
-    warm = [FirstRequest(_request("a", 0.2), 0)]
+def test_cold_ttft_misses_its_goal_when_loading_is_slow_and_counts_failures() -> None:
+    warm = [FirstRequest(_request(a, 0.2), 0) for a in "abcde"]
     slow = Section(11, "tiers")
-    cold_ttft_figures(slow, [FirstRequest(_request("a", 0.36), 1)], warm)
-    assert slow.goals[-2].met is False
+    cold_ttft_figures(slow, [FirstRequest(_request(a, 0.40), 1) for a in "abcde"], warm)
+    assert next(g for g in slow.goals if g.figure.startswith("first request")).verdict == "missed"
 
     failed = Section(11, "tiers")
     cold = [
         FirstRequest(_request("a", 0.3), 1),
         FirstRequest(_request("b", 0.0, "AioRpcError: DEADLINE_EXCEEDED"), 0),
     ]
-    cold_ttft_figures(failed, cold, warm)
-    assert failed.goals[-2].met is False
+    cold_ttft_figures(failed, cold, warm[:2])
+    check = next(g for g in failed.goals if g.figure.startswith("failed single"))
+    assert (check.value, check.verdict) == ("1", "missed")
     assert any("DEADLINE_EXCEEDED" in note for note in failed.notes)
 
 
@@ -223,25 +253,34 @@ def test_disk_is_compared_with_the_bound() -> None:
     assert section.tables[-1].rows[0][2:4] == ["30,815", "n/a"]
 
 
-def _run(tokens_per_s: float, failures: int = 0) -> RunResult:
-    records = [Record("x", 0.0, 0.1, 1.0, int(tokens_per_s))]
-    records += [Record("x", 0.0, 0.0, 0.5, 0, 0, "UNAVAILABLE") for _ in range(failures)]
-    return RunResult(records)
+def _window(tokens_per_s: float, failures: int = 0) -> Window:
+    records = [Record("x", 0.0, 0.1, 1.0, 10, 0, "UNAVAILABLE") for _ in range(failures)]
+    itl = {"p50": 0.02, "p90": 0.03, "p99": 0.05, "max": 0.05, "n": 10}
+    return Window(1.0, int(tokens_per_s), records, itl, {"front": 0.1, "client": 0.1})
 
 
-def test_throughput_ratio_is_of_the_medians_and_wants_no_failures() -> None:
+def test_throughput_ratio_pairs_the_repeats_and_counts_failures() -> None:
     section = Section(11, "tiers")
-    results = {"many": [_run(850), _run(700), _run(900)], "few": [_run(1000)] * 3}
-    downloads = {"many": [40.0, 52.0, 47.0], "few": [0.0] * 3}
+    runs = Runs(
+        {
+            "many": [_window(t) for t in (850, 700, 900, 860, 840)],
+            "few": [_window(1000) for _ in range(5)],
+            "few (again)": [_window(1000) for _ in range(5)],
+        },
+        "few",
+    )
+    downloads = {"many": [40.0, 52.0, 47.0, 45.0, 50.0], "few": [0.0] * 5}
 
-    throughput_figures(section, results, downloads, "many", "few")
-    assert _goal(section) == ("0.85", True)
-    assert [r["downloads"] for r in section.repeats["many"]] == [40.0, 52.0, 47.0]
-    assert section.tables[-1].rows[0][6] == 47.0
+    throughput_figures(section, runs, downloads, "many", "few")
+    ratio = next(g for g in section.goals if g.figure.startswith("tokens/s"))
+    assert (ratio.value.split(" [")[0], ratio.verdict) == ("0.850", "inconclusive")
+    assert [r["downloads"] for r in section.repeats["many"]] == [40.0, 52.0, 47.0, 45.0, 50.0]
+    assert section.goals[-1].verdict == "met"  # no failed request
 
-    results["many"][0] = _run(850, failures=1)
-    throughput_figures(section, results, downloads, "many", "few")
-    assert _goal(section) == ("0.85", False)
+    runs.windows["many"][0] = _window(850, failures=1)
+    failing = Section(11, "tiers")
+    throughput_figures(failing, runs, downloads, "many", "few")
+    assert failing.goals[-1].verdict == "missed"
 
 
 def test_tier_table_shows_what_the_replica_does_not_export_as_missing() -> None:

@@ -16,6 +16,7 @@ from loraserve.clients.inference import (
     SyncInferenceClient,
 )
 from loraserve.common.errors import DeadlineExceeded, InvalidArgument, NotFound, Unavailable
+from loraserve.testing.enginework import engine_work
 from loraserve.testing.inference import wait_until_idle
 from loraserve.testing.models import TinyAdapterFactory
 from loraserve.tiny.oracle import greedy_tokens
@@ -71,13 +72,13 @@ async def test_unavailable_is_retried_until_the_server_is_ready(
     served_factory: Callable[..., Any],
 ) -> None:
     async for served in served_factory():
-        runtime = served.slot.get()
-        served.slot.set(None)
+        runtime = served.runtime_ref.get()
+        served.runtime_ref.set(None)
         async with InferenceClient(served.address, retry=FAST_RETRY) as client:
             pending = asyncio.create_task(client.generate("", PROMPT, GREEDY))
             await asyncio.sleep(0.3)
             assert not pending.done()
-            served.slot.set(runtime)
+            served.runtime_ref.set(runtime)
             completion = await pending
     assert len(completion.token_ids) == 12
 
@@ -86,22 +87,27 @@ async def test_unavailable_past_the_retry_budget_raises_unavailable(
     served_factory: Callable[..., Any],
 ) -> None:
     async for served in served_factory():
-        served.slot.set(None)
+        served.runtime_ref.set(None)
         policy = RetryPolicy(max_attempts=3, initial_backoff=0.01, max_backoff=0.02)
         async with InferenceClient(served.address, retry=policy) as client:
             with pytest.raises(Unavailable):
                 await client.generate("", PROMPT, GREEDY)
 
 
-async def test_deadline_ends_the_stream_and_frees_the_engine(
+async def test_deadline_ends_the_stream_and_aborts_the_engine_request(
     served_factory: Callable[..., Any],
 ) -> None:
     long = Sampling(max_tokens=400, temperature=0.0, ignore_eos=True)
     async for served in served_factory():
+        before = engine_work()
         async with InferenceClient(served.address) as client:
             with pytest.raises(DeadlineExceeded):
                 await client.generate("", PROMPT, long, timeout=0.5)
         assert await wait_until_idle(served.engine) == 0
+        work = engine_work() - before
+        # Aborted: neither run to its end nor its 400 tokens made (vLLM's own count).
+        assert work.finished_requests == 0
+        assert work.generated_tokens < 400
 
 
 async def test_sync_client_streams_the_same_tokens_from_a_plain_thread(

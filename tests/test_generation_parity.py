@@ -25,13 +25,17 @@ from prometheus_client import CollectorRegistry
 from loraserve.common.names import parse_adapter_ref
 from loraserve.inference.engine import VllmEngine
 from loraserve.inference.metrics import InferenceMetrics
-from loraserve.inference.openai.protocol import fallback_chat_prompt
 from loraserve.inference.serving import SERVICE_NAME, register
 from loraserve.inference.v1 import inference_pb2 as pb
 from loraserve.inference.v1 import inference_pb2_grpc as pb_grpc
-from loraserve.testing.engine import MAX_MODEL_LEN
+from loraserve.testing.engine import MAX_MODEL_LEN, PLAIN_CHAT_TEMPLATE, chat_template
 from loraserve.testing.grpc import serving
-from loraserve.testing.inference import copy_revision, openai_server, runtime_slot, tiny_registry
+from loraserve.testing.inference import (
+    copy_revision,
+    make_runtime_ref,
+    openai_server,
+    tiny_registry,
+)
 from loraserve.testing.inference_fakes import CacheDirectory
 from loraserve.testing.models import TinyAdapterFactory
 
@@ -92,22 +96,25 @@ async def fronts(
     async with registry.acquire(parse_adapter_ref(ADAPTER)) as lease:
         assert lease.adapter is not None
         lora = LoRARequest(lease.adapter.lora_name, lease.adapter.lora_int_id, lease.adapter.path)
-    slot = runtime_slot(engine, registry, InferenceMetrics(CollectorRegistry()), replica_id="p")
+    runtime_ref = make_runtime_ref(
+        engine, registry, InferenceMetrics(CollectorRegistry()), replica_id="p"
+    )
     try:
-        async with (
-            openai_server(slot, tiny_model_dir.name) as http_port,
-            serving(lambda server: register(server, slot), [SERVICE_NAME]) as running,
-            grpc.aio.insecure_channel(f"127.0.0.1:{running.port}") as channel,
-            httpx.AsyncClient(base_url=f"http://127.0.0.1:{http_port}", timeout=300) as http,
-        ):
-            yield Fronts(
-                pb_grpc.InferenceServiceStub(channel),
-                http,
-                vllm_engine,
-                lora,
-                engine,
-                engine.tokenize(fallback_chat_prompt(MESSAGES)),
-            )
+        with chat_template(vllm_engine, PLAIN_CHAT_TEMPLATE):
+            async with (
+                openai_server(runtime_ref, tiny_model_dir.name) as http_port,
+                serving(lambda server: register(server, runtime_ref), [SERVICE_NAME]) as running,
+                grpc.aio.insecure_channel(f"127.0.0.1:{running.port}") as channel,
+                httpx.AsyncClient(base_url=f"http://127.0.0.1:{http_port}", timeout=300) as http,
+            ):
+                yield Fronts(
+                    pb_grpc.InferenceServiceStub(channel),
+                    http,
+                    vllm_engine,
+                    lora,
+                    engine,
+                    await engine.chat_prompt_ids(MESSAGES) or [],
+                )
     finally:
         # The engine is shared by the session: leave the adapter out of it.
         await registry.delete(ADAPTER)
@@ -401,11 +408,23 @@ async def test_a_prompt_that_nearly_fills_the_context_gets_the_tokens_that_fit(
     assert messages[-1].finish_reason == pb.FINISH_REASON_LENGTH
 
 
-async def test_without_max_tokens_generation_runs_to_the_context_end(fronts: Fronts) -> None:
+async def test_without_max_tokens_grpc_runs_to_the_context_end(fronts: Fronts) -> None:
     prompt = [1] + [40] * (MAX_MODEL_LEN - 25)
-    body = {"model": ADAPTER, "prompt": prompt, "ignore_eos": True, "temperature": 0.0}
-    usage = (await fronts.http.post("/v1/completions", json=body)).json()["usage"]
-    assert usage["total_tokens"] == MAX_MODEL_LEN
+    request = pb.GenerateRequest(
+        adapter=ADAPTER,
+        token_ids=pb.TokenIds(ids=prompt),
+        sampling=pb.SamplingParams(ignore_eos=True, temperature=0.0),
+    )
+    messages = [m async for m in fronts.stub.Generate(request)]
+    assert messages[-1].usage.completion_tokens == MAX_MODEL_LEN - len(prompt)
+
+
+async def test_without_max_tokens_completions_stop_at_16_as_vllm_serve(fronts: Fronts) -> None:
+    prompt = [1] + [40] * (MAX_MODEL_LEN - 25)
+    for unset in ({}, {"max_tokens": None}):
+        body = {"model": ADAPTER, "prompt": prompt, "ignore_eos": True} | unset
+        usage = (await fronts.http.post("/v1/completions", json=body)).json()["usage"]
+        assert usage["completion_tokens"] == 16
 
 
 async def test_chat_without_max_tokens_does_not_stop_at_16(fronts: Fronts) -> None:

@@ -12,6 +12,7 @@ import grpc
 import pytest
 
 from loraserve.inference.v1 import inference_pb2 as pb
+from loraserve.testing.enginework import engine_work
 from loraserve.testing.inference import wait_until_idle
 from loraserve.testing.models import TinyAdapterFactory
 from loraserve.tiny.oracle import greedy_tokens
@@ -164,11 +165,12 @@ async def test_prompt_longer_than_the_context_is_invalid_argument(
         assert "prompt" in (raised.value.details() or "")
 
 
-async def test_cancelling_a_stream_frees_the_engine(
+async def test_cancelling_a_stream_aborts_the_engine_request(
     served_factory: Callable[..., Any], tiny_adapter: TinyAdapterFactory
 ) -> None:
     async for served in served_factory():
         await served.install("alpha", 1, tiny_adapter(seed=1))
+        before = engine_work()
         call = served.stub.Generate(_greedy(400, "alpha"))
         await anext(aiter(call))
         assert served.engine.stats().running + served.engine.stats().waiting == 1
@@ -176,6 +178,10 @@ async def test_cancelling_a_stream_frees_the_engine(
         call.cancel()
 
         assert await wait_until_idle(served.engine) == 0
+        work = engine_work() - before
+        # Aborted: neither run to its end nor its 400 tokens made (vLLM's own count).
+        assert work.finished_requests == 0
+        assert 1 <= work.generated_tokens < 400
         assert [s.in_flight for s in served.registry.snapshot()] == [0]
 
 

@@ -213,9 +213,10 @@ def test_inference_finds_every_store_replica_through_the_headless_store_service(
     assert grpc_port == _port(store.listen)
 
 
-def _ports_agree(deployment: str, listen: str, metrics_port: int | None) -> None:
+def _ports_agree(deployment: str, listen: str, metrics_listen: str | None) -> None:
     assert _container_port(deployment, "grpc") == _port(listen)
-    assert _container_port(deployment, "metrics") == metrics_port
+    assert metrics_listen is not None
+    assert _container_port(deployment, "metrics") == _port(metrics_listen)
     for port in _named("Service", deployment)["spec"]["ports"]:
         assert port["targetPort"] in {p["name"] for p in _container(deployment)["ports"]}
         assert port["port"] == _container_port(deployment, port["targetPort"])
@@ -223,13 +224,13 @@ def _ports_agree(deployment: str, listen: str, metrics_port: int | None) -> None
 
 def test_store_ports_agree_between_flags_container_and_service(tmp_path: Path) -> None:
     settings = parse_store_settings(_args(STORE, tmp_path), _environment(STORE))
-    _ports_agree(STORE, settings.listen, settings.metrics_port)
+    _ports_agree(STORE, settings.listen, settings.metrics_listen)
 
 
 def test_inference_ports_agree_between_flags_container_service_and_pool(tmp_path: Path) -> None:
     settings = parse_inference_settings(_args(INFERENCE, tmp_path), _environment(INFERENCE), "h")
     assert settings.openai_listen is not None
-    _ports_agree(INFERENCE, settings.listen, settings.metrics_port)
+    _ports_agree(INFERENCE, settings.listen, settings.metrics_listen)
     (pool,) = _kind("InferencePool")
 
     assert [p["number"] for p in pool["spec"]["targetPorts"]] == [_port(settings.openai_listen)]

@@ -7,7 +7,7 @@ greedy tokens it returns for an adapter equal transformers + PEFT's (the oracle)
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -19,9 +19,15 @@ import pytest
 from loraserve.inference.app import InferenceApp
 from loraserve.inference.engine import VllmEngine
 from loraserve.inference.metrics import InferenceMetrics
-from loraserve.inference.openai.protocol import fallback_chat_prompt
 from loraserve.inference.settings import EngineOptions, parse_settings
-from loraserve.testing.inference import copy_revision, openai_server, runtime_slot, tiny_registry
+from loraserve.testing.engine import PLAIN_CHAT_TEMPLATE, chat_template, plain_chat_prompt
+from loraserve.testing.enginework import engine_work
+from loraserve.testing.inference import (
+    copy_revision,
+    make_runtime_ref,
+    openai_server,
+    tiny_registry,
+)
 from loraserve.testing.inference_fakes import CacheDirectory
 from loraserve.testing.models import TinyAdapterFactory
 from loraserve.testing.store import RunningStore
@@ -57,7 +63,8 @@ async def front(
     tiny_adapter: TinyAdapterFactory,
     tmp_path_factory: pytest.TempPathFactory,
 ) -> AsyncIterator[Front]:
-    """The front on 127.0.0.1:0 with adapters alpha@1 and beta@1 installed."""
+    """The front on 127.0.0.1:0 with adapters alpha@1 and beta@1 installed, the model
+    given `PLAIN_CHAT_TEMPLATE`."""
     engine = VllmEngine(vllm_engine)
     cache = tmp_path_factory.mktemp("openai-cache")
     registry = tiny_registry(
@@ -67,16 +74,17 @@ async def front(
     for name, source in adapters.items():
         await registry.install(copy_revision(source, cache, name, 1).manifest, make_current=True)
     metrics = InferenceMetrics()
-    slot = runtime_slot(engine, registry, metrics, replica_id="r")
+    runtime_ref = make_runtime_ref(engine, registry, metrics, replica_id="r")
     try:
-        async with openai_server(slot, tiny_model_dir.name) as port:
-            client = openai.AsyncOpenAI(
-                base_url=f"http://127.0.0.1:{port}/v1", api_key="unused", max_retries=0
-            )
-            try:
-                yield Front(client, tiny_model_dir.name, adapters, metrics, vllm_engine)
-            finally:
-                await client.close()
+        with chat_template(vllm_engine, PLAIN_CHAT_TEMPLATE):
+            async with openai_server(runtime_ref, tiny_model_dir.name) as port:
+                client = openai.AsyncOpenAI(
+                    base_url=f"http://127.0.0.1:{port}/v1", api_key="unused", max_retries=0
+                )
+                try:
+                    yield Front(client, tiny_model_dir.name, adapters, metrics, vllm_engine)
+                finally:
+                    await client.close()
     finally:
         # The engine is shared by the session: leave none of these adapters in it.
         for name in adapters:
@@ -148,10 +156,10 @@ async def test_streamed_text_equals_the_non_streamed_text_with_usage_last(front:
     assert chunks[-1].usage == whole.usage
 
 
-async def test_chat_answers_as_the_assistant_from_the_fallback_prompt(front: Front) -> None:
+async def test_chat_answers_as_the_assistant_from_the_models_template(front: Front) -> None:
     chat = await front.client.chat.completions.create(model="alpha", messages=MESSAGES, **GREEDY)
     completion = await front.client.completions.create(
-        model="alpha", prompt=fallback_chat_prompt(MESSAGES), **GREEDY
+        model="alpha", prompt=plain_chat_prompt(MESSAGES), **GREEDY
     )
     assert chat.choices[0].message.role == "assistant"
     assert chat.choices[0].message.content == completion.choices[0].text
@@ -194,7 +202,7 @@ async def test_a_prompt_longer_than_the_context_is_a_bad_request(front: Front) -
 
 async def test_closing_a_stream_aborts_the_engine_request(front: Front) -> None:
     registry = front.metrics.registry
-    generated_before = _generated(front, "beta")
+    before = engine_work()
     stream = await front.client.completions.create(
         model="beta", prompt=PROMPT, max_tokens=480, stream=True, extra_body={"ignore_eos": True}
     )
@@ -210,13 +218,11 @@ async def test_closing_a_stream_aborts_the_engine_request(front: Front) -> None:
         lambda: cancelled() == 1.0 and not front.llm.get_num_unfinished_requests(),
         "the cancelled request counted and gone from the engine",
     )
-    assert _generated(front, "beta") - generated_before < 480
-
-
-def _generated(front: Front, adapter: str) -> float:
-    labels = {"adapter": adapter}
-    name = "loraserve_inference_generated_tokens_total"
-    return front.metrics.registry.get_sample_value(name, labels) or 0.0
+    # vLLM's own count, not the server's: a server that stops reading without aborting
+    # passes on as few tokens as one that aborts, while the engine makes all 480.
+    work = engine_work() - before
+    assert work.finished_requests == 0
+    assert 1 <= work.generated_tokens < 480
 
 
 TEMPLATE = (
@@ -225,40 +231,45 @@ TEMPLATE = (
 )
 
 
-@pytest.fixture
-def chat_template(vllm_engine: AsyncLLM) -> Iterator[Callable[[str], None]]:
-    """Gives the session engine's tokenizer a chat template until the test ends."""
-    tokenizer: Any = vllm_engine.get_tokenizer()
-    before = getattr(tokenizer, "chat_template", None)
-
-    def use(template: str) -> None:
-        tokenizer.chat_template = template
-
-    try:
-        yield use
-    finally:
-        tokenizer.chat_template = before
-
-
-async def test_chat_uses_the_models_chat_template_without_a_second_bos(
-    front: Front, chat_template: Callable[[str], None]
-) -> None:
-    chat_template(TEMPLATE)
+async def test_chat_uses_the_models_chat_template_without_a_second_bos(front: Front) -> None:
     tokenizer: Any = front.llm.get_tokenizer()
     rendered = "<s><|user|>tell me a story\n<|assistant|>".replace("<s>", tokenizer.bos_token)
     expected = tokenizer.encode(rendered, add_special_tokens=False)
-    chat = await front.client.chat.completions.create(model="alpha", messages=MESSAGES, **GREEDY)
+    with chat_template(front.llm, TEMPLATE):
+        chat = await front.client.chat.completions.create(
+            model="alpha", messages=MESSAGES, **GREEDY
+        )
     assert expected.count(tokenizer.bos_token_id) == 1
     assert chat.usage is not None
     assert chat.usage.prompt_tokens == len(expected)
 
 
-async def test_messages_a_chat_template_rejects_are_a_bad_request(
-    front: Front, chat_template: Callable[[str], None]
-) -> None:
-    chat_template("{{ raise_exception('roles must alternate') }}")
-    with pytest.raises(openai.BadRequestError, match="roles must alternate"):
+async def test_messages_a_chat_template_rejects_are_a_bad_request(front: Front) -> None:
+    with (
+        chat_template(front.llm, "{{ raise_exception('roles must alternate') }}"),
+        pytest.raises(openai.BadRequestError, match="roles must alternate"),
+    ):
         await front.client.chat.completions.create(model="alpha", messages=MESSAGES)
+
+
+async def test_chat_with_a_model_without_a_chat_template_is_a_bad_request(front: Front) -> None:
+    with (
+        chat_template(front.llm, None),
+        pytest.raises(openai.BadRequestError, match="provide a chat template"),
+    ):
+        await front.client.chat.completions.create(model="alpha", messages=MESSAGES)
+    assert not front.llm.get_num_unfinished_requests()
+
+
+async def test_completion_without_max_tokens_generates_16_tokens_as_vllm_serve(
+    front: Front,
+) -> None:
+    completion = await front.client.completions.create(
+        model="alpha", prompt=PROMPT, extra_body={"ignore_eos": True}
+    )
+    assert completion.usage is not None
+    assert completion.usage.completion_tokens == 16
+    assert completion.choices[0].finish_reason == "length"
 
 
 class SharedEngine(VllmEngine):

@@ -29,7 +29,7 @@ from loraserve.inference.serving import (
     Admission,
     Generator,
     Runtime,
-    RuntimeSlot,
+    RuntimeRef,
     register,
 )
 from loraserve.inference.v1 import inference_pb2 as pb
@@ -80,14 +80,16 @@ async def inference(store_server: RunningStore, tmp_path: Path) -> AsyncIterator
     cache = AdapterCache(tmp_path / "cache", store)
     registry = AdapterRegistry(engine, cache, compat)
     admission = Admission(4)
-    slot = RuntimeSlot()
+    runtime_ref = RuntimeRef()
     generator = Generator(engine, registry, admission, InferenceMetrics())
-    slot.set(Runtime(engine, registry, generator, admission, replica_id="r"))
-    app = create_openai_app(slot, model_names=[MODEL], security=_no_auth(), is_ready=lambda: True)
+    runtime_ref.set(Runtime(engine, registry, generator, admission, replica_id="r"))
+    app = create_openai_app(
+        runtime_ref, model_names=[MODEL], security=_no_auth(), is_ready=lambda: True
+    )
     http = await start_http_server(app, address="127.0.0.1:0", security=_no_auth())
     try:
         async with (
-            serving(lambda server: register(server, slot), [SERVICE_NAME]) as grpc_server,
+            serving(lambda server: register(server, runtime_ref), [SERVICE_NAME]) as grpc_server,
             grpc.aio.insecure_channel(f"127.0.0.1:{grpc_server.port}") as channel,
         ):
             yield Inference(pb_grpc.InferenceServiceStub(channel), http)

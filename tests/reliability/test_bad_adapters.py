@@ -1,8 +1,9 @@
 """Row 6, store side: bad adapters and bad names pushed over the real gRPC API.
 
 Each push gets INVALID_ARGUMENT with a message naming the problem (or, for a gRPC
-message over the server's limit, RESOURCE_EXHAUSTED from gRPC itself); the bucket
-is byte-for-byte unchanged and the server still answers SERVING.
+message over the server's limit, RESOURCE_EXHAUSTED from gRPC itself); once the push
+has ended the bucket is byte-for-byte unchanged, with no multipart upload left, and
+the server still answers SERVING.
 """
 
 from __future__ import annotations
@@ -14,11 +15,13 @@ import struct
 import zipfile
 from collections.abc import Iterator
 from dataclasses import dataclass
+from typing import Any
 
 import grpc
 import pytest
 from grpc_health.v1 import health_pb2
 
+from loraserve.adapterstore.store import PushResult
 from loraserve.adapterstore.v1 import adapterstore_pb2 as pb
 from loraserve.common.clientstream import stream_unary
 from loraserve.testing.adapterfiles import AdapterFiles, lora_config, raw_safetensors, tiny_adapter
@@ -140,16 +143,32 @@ def _pb_requests(case: Bad) -> Iterator[pb.PushAdapterRequest]:
     return push_requests(case.name, case.files)
 
 
+@dataclass
+class StorePushes:
+    """The store's pushes as the servicer calls them: running now, and ended (returned
+    or raised; a refused push has aborted every upload it started by then)."""
+
+    running: int = 0
+    ended: int = 0
+
+
 async def _expect_refused(
-    store: RunningStore, bucket: S3Bucket, requests: Iterator[pb.PushAdapterRequest]
+    store: RunningStore,
+    bucket: S3Bucket,
+    pushes: StorePushes,
+    requests: Iterator[pb.PushAdapterRequest],
 ) -> grpc.aio.AioRpcError:
     before = bucket.keys()
     async with store_stub(store.address) as stub:
         with pytest.raises(grpc.aio.AioRpcError) as caught:
             await stream_unary(stub.PushAdapter, requests, timeout=60)
-    # A refused push cleans up after its status is sent (a gRPC-level refusal cancels
-    # the handler), so the bucket is checked once it has settled.
-    await eventually(lambda: bucket.keys() == before, "bucket unchanged")
+    # A refused push may still be cleaning up when its status arrives (a gRPC-level
+    # refusal cancels the handler), so the bucket is read once the push has ended.
+    # Anything it wrote is visible then: as an object, or as a multipart upload, where
+    # a push's bytes sit until it is completed or aborted.
+    await eventually(lambda: (pushes.ended, pushes.running) == (1, 0), "the push ended")
+    assert bucket.keys() == before
+    assert bucket.multipart_uploads() == []
     assert await health_status(store.address) == health_pb2.HealthCheckResponse.SERVING
     return caught.value
 
@@ -162,22 +181,50 @@ async def seeded_store(store_server: RunningStore) -> RunningStore:
     return store_server
 
 
+@pytest.fixture
+def pushes(seeded_store: RunningStore, monkeypatch: pytest.MonkeyPatch) -> StorePushes:
+    """Counts the seeded store's pushes from here on; each still runs the real push."""
+    counted = StorePushes()
+    real = seeded_store.store.push
+
+    async def push(*args: Any, **kwargs: Any) -> PushResult:
+        counted.running += 1
+        try:
+            return await real(*args, **kwargs)
+        finally:
+            counted.running -= 1
+            counted.ended += 1
+
+    monkeypatch.setattr(seeded_store.store, "push", push)
+    return counted
+
+
 @pytest.mark.parametrize("case", BAD_ADAPTERS, ids=lambda c: c.id)
 async def test_bad_adapter_is_invalid_argument_and_writes_nothing(
-    case: Bad, seeded_store: RunningStore, s3_bucket: S3Bucket, pytestconfig: pytest.Config
+    case: Bad,
+    seeded_store: RunningStore,
+    s3_bucket: S3Bucket,
+    pushes: StorePushes,
+    pytestconfig: pytest.Config,
 ) -> None:
     add_figure(pytestconfig, "bad_inputs.adapters_pushed")
-    error = await _expect_refused(seeded_store, s3_bucket, _pb_requests(case))
+    error = await _expect_refused(seeded_store, s3_bucket, pushes, _pb_requests(case))
     assert error.code() == grpc.StatusCode.INVALID_ARGUMENT
     assert case.message in (error.details() or "")
 
 
 @pytest.mark.parametrize("name", BAD_NAMES.values(), ids=BAD_NAMES.keys())
 async def test_bad_name_push_is_invalid_argument_and_writes_nothing(
-    name: str, seeded_store: RunningStore, s3_bucket: S3Bucket, pytestconfig: pytest.Config
+    name: str,
+    seeded_store: RunningStore,
+    s3_bucket: S3Bucket,
+    pushes: StorePushes,
+    pytestconfig: pytest.Config,
 ) -> None:
     add_figure(pytestconfig, "bad_inputs.names")
-    error = await _expect_refused(seeded_store, s3_bucket, push_requests(name, tiny_adapter()))
+    error = await _expect_refused(
+        seeded_store, s3_bucket, pushes, push_requests(name, tiny_adapter())
+    )
     assert error.code() == grpc.StatusCode.INVALID_ARGUMENT
     assert "invalid adapter name" in (error.details() or "")
 
@@ -206,7 +253,7 @@ async def test_bad_name_in_every_read_and_write_call_is_invalid_argument(
 
 
 async def test_file_declared_over_the_size_limit_is_refused_before_any_byte(
-    seeded_store: RunningStore, s3_bucket: S3Bucket
+    seeded_store: RunningStore, s3_bucket: S3Bucket, pushes: StorePushes
 ) -> None:
     files = tiny_adapter()
     header = pb.PushAdapterRequest(
@@ -218,13 +265,13 @@ async def test_file_declared_over_the_size_limit_is_refused_before_any_byte(
             ],
         )
     )
-    error = await _expect_refused(seeded_store, s3_bucket, iter([header]))
+    error = await _expect_refused(seeded_store, s3_bucket, pushes, iter([header]))
     assert error.code() == grpc.StatusCode.INVALID_ARGUMENT
     assert "exceeds the limit" in (error.details() or "")
 
 
 async def test_more_bytes_than_declared_is_refused(
-    seeded_store: RunningStore, s3_bucket: S3Bucket
+    seeded_store: RunningStore, s3_bucket: S3Bucket, pushes: StorePushes
 ) -> None:
     files = tiny_adapter()
     requests = list(push_requests("overflow", files))
@@ -233,13 +280,13 @@ async def test_more_bytes_than_declared_is_refused(
             chunk=pb.FileChunk(file_name=WEIGHTS, offset=len(files[WEIGHTS]), data=b"\0" * 1024)
         )
     )
-    error = await _expect_refused(seeded_store, s3_bucket, iter(requests))
+    error = await _expect_refused(seeded_store, s3_bucket, pushes, iter(requests))
     assert error.code() == grpc.StatusCode.INVALID_ARGUMENT
     assert "more than the declared" in (error.details() or "")
 
 
 async def test_message_over_the_grpc_limit_is_resource_exhausted(
-    seeded_store: RunningStore, s3_bucket: S3Bucket
+    seeded_store: RunningStore, s3_bucket: S3Bucket, pushes: StorePushes
 ) -> None:
     big = 17 * 1024 * 1024
     files = tiny_adapter()
@@ -258,5 +305,5 @@ async def test_message_over_the_grpc_limit_is_resource_exhausted(
     oversized = pb.PushAdapterRequest(
         chunk=pb.FileChunk(file_name=WEIGHTS, offset=0, data=b"\0" * big)
     )
-    error = await _expect_refused(seeded_store, s3_bucket, iter([header, chunk, oversized]))
+    error = await _expect_refused(seeded_store, s3_bucket, pushes, iter([header, chunk, oversized]))
     assert error.code() == grpc.StatusCode.RESOURCE_EXHAUSTED

@@ -49,8 +49,9 @@ async def _revisions(store: RunningStore, name: str) -> list[int]:
 async def test_push_whose_log_reply_is_lost_makes_exactly_one_revision(
     proxied_store: RunningStore, proxy: S3FaultProxy, s3_bucket: S3Bucket, tmp_path: Path
 ) -> None:
-    _lose_next_log_reply(proxy)
+    lost = _lose_next_log_reply(proxy)
     result = await ctl("push", "alpha", str(write_adapter_dir(tmp_path)), env=_env(proxied_store))
+    assert lost.hits == 1
     assert (result.code, result.out) == (0, "alpha@1\n"), result.err
     assert await _revisions(proxied_store, "alpha") == [1]
     assert len(keys_under(s3_bucket.keys(), "log/")) == 1
@@ -62,8 +63,9 @@ async def test_rollback_whose_log_reply_is_lost_reports_success(
     env = _env(proxied_store)
     await ctl("push", "alpha", str(write_adapter_dir(tmp_path / "a")), env=env)
     await ctl("push", "alpha", str(write_adapter_dir(tmp_path / "b", seed=1)), env=env)
-    _lose_next_log_reply(proxy)
+    lost = _lose_next_log_reply(proxy)
     result = await ctl("rollback", "alpha", "1", "--expect-current", "2", env=env)
+    assert lost.hits == 1
     assert (result.code, result.out, result.err) == (0, "alpha@1\n", "")
     assert len(keys_under(s3_bucket.keys(), "log/")) == 3
 
@@ -73,8 +75,9 @@ async def test_delete_whose_log_reply_is_lost_reports_success(
 ) -> None:
     env = _env(proxied_store)
     await ctl("push", "alpha", str(write_adapter_dir(tmp_path)), env=env)
-    _lose_next_log_reply(proxy)
+    lost = _lose_next_log_reply(proxy)
     result = await ctl("delete", "alpha", "--yes", env=env)
+    assert lost.hits == 1
     assert (result.code, result.out, result.err) == (0, "deleted alpha\n", "")
     assert len(keys_under(s3_bucket.keys(), "log/")) == 2
 

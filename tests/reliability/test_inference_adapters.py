@@ -3,8 +3,9 @@ or its download is.
 
 A revision the server cannot serve (corrupt blob, rank above the engine's
 max_lora_rank, modules the model lacks, tensor shapes that do not fit the model's
-layers, another base model) is NACKed to the store
-with its reason, and the previous revision keeps serving. A download cut mid-way
+layers, another base model, NaN or infinite weights or an absurd scale written into
+the bucket around the store) is NACKed to the store with its reason, and the previous
+revision keeps serving. A download cut mid-way
 is retried; the engine only ever loads a complete, verified directory.
 """
 
@@ -26,6 +27,7 @@ from safetensors.numpy import load, save
 from loraserve.adapterstore.blobstore import blob_key
 from loraserve.adapterstore.v1 import adapterstore_pb2 as store_pb
 from loraserve.testing.adapterfiles import AdapterFiles
+from loraserve.testing.aroundstore import commit_around_the_store
 from loraserve.testing.figures import add_figure
 from loraserve.testing.inferenceapp import (
     PROMPT,
@@ -167,4 +169,46 @@ async def test_adapter_incompatible_with_the_model_is_nacked_and_the_old_revisio
     assert report.last_error.code == FAILED_PRECONDITION
     assert reason in report.last_error.message
     assert "alpha@2" not in stack.inference.add_calls
+    await _still_serves_revision_one(stack)
+
+
+def _filled(part: str, value: float) -> Callable[[dict[str, Any]], dict[str, Any]]:
+    def change(tensors: dict[str, Any]) -> dict[str, Any]:
+        return {k: np.full_like(v, value) if part in k else v for k, v in tensors.items()}
+
+    return change
+
+
+# Revisions the store would refuse at push, written into its bucket around it, and what
+# the replica's NACK must say.
+POISONED: dict[str, tuple[Callable[[AdapterFiles], AdapterFiles], str]] = {
+    "nan-lora-b": (
+        lambda files: _with_weights(files, _filled(".lora_B.", np.nan)),
+        "lora_B.weight' holds NaN at element 0",
+    ),
+    "inf-lora-a": (
+        lambda files: _with_weights(files, _filled(".lora_A.", np.inf)),
+        "lora_A.weight' holds an infinity at element 0",
+    ),
+    "alpha-1e308": (
+        lambda files: _with_config(files, lora_alpha=1e308),
+        "lora_alpha = 1e+308 with r = 8 gives a LoRA scale (lora_alpha / r) of 1.25e+307",
+    ),
+}
+
+
+@pytest.mark.parametrize("case", POISONED, ids=list(POISONED))
+async def test_poisoned_revision_written_around_the_store_is_nacked_and_the_old_one_serves(
+    case: str, stack: Stack, tiny_adapter: TinyAdapterFactory, s3_bucket: S3Bucket
+) -> None:
+    poison, reason = POISONED[case]
+    revision = await asyncio.to_thread(
+        commit_around_the_store, s3_bucket, "alpha", poison(adapter_files(tiny_adapter(seed=2)))
+    )
+    report = await stack.report("alpha", revision)
+    assert report.type == store_pb.REPORT_TYPE_NACK
+    assert report.last_error.code == FAILED_PRECONDITION
+    assert f"adapter alpha@{revision}: " in report.last_error.message
+    assert reason in report.last_error.message
+    assert f"alpha@{revision}" not in stack.inference.add_calls
     await _still_serves_revision_one(stack)

@@ -2,7 +2,9 @@
 at every point of a stream, against the whole inference server on the real engine.
 
 Each bad request ends with its status code and leaves the engine serving; every
-cancel or deadline aborts the engine request, so nothing stays running.
+cancel or deadline aborts the engine request, so nothing stays running: the engine
+(by vLLM's own counters) generated fewer tokens than the request asked for and never
+finished it, which a request left to run to its end cannot fake.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ import grpc
 import pytest
 
 from loraserve.inference.v1 import inference_pb2 as pb
+from loraserve.testing.enginework import EngineWork, engine_work
 from loraserve.testing.figures import add_figure
 from loraserve.testing.inferenceapp import (
     RunningInference,
@@ -26,6 +29,7 @@ from loraserve.testing.inferenceapp import (
 from loraserve.testing.models import TinyAdapterFactory
 from loraserve.testing.store import RunningStore
 from loraserve.testing.storecalls import push, store_stub
+from loraserve.testing.waiting import eventually
 
 if TYPE_CHECKING:
     from vllm.v1.engine.async_llm import AsyncLLM
@@ -34,6 +38,10 @@ pytestmark = [pytest.mark.faults, pytest.mark.engine]
 
 GUARD_S = 60
 MAX_MODEL_LEN = 512  # the session engine's
+# Tokens a cancelled request asks for: far more than the engine makes before any cancel
+# here reaches it, so vLLM's own count tells an aborted request (fewer tokens, never
+# finished) from one left to run (all of them, finished).
+LONG = 450
 
 
 @pytest.fixture
@@ -155,7 +163,7 @@ async def test_bad_request_gets_its_status_and_the_engine_keeps_serving(
 
 
 async def _cancel_after(served: RunningInference, messages: int) -> None:
-    call = served.stub.Generate(greedy("alpha", 200))
+    call = served.stub.Generate(greedy("alpha", LONG))
     received = 0
     async for _ in call:
         received += 1
@@ -164,51 +172,87 @@ async def _cancel_after(served: RunningInference, messages: int) -> None:
     call.cancel()
 
 
+async def _work_once_idle(served: RunningInference, before: EngineWork) -> EngineWork:
+    """What the engine did since `before`, read once it holds no request."""
+    assert await _idle(served) == 0
+    return engine_work() - before
+
+
+def _cancelled(served: RunningInference) -> float:
+    labels = {"adapter": "alpha", "code": "CANCELLED"}
+    registry = served.app.metrics.registry
+    return registry.get_sample_value("loraserve_inference_requests_total", labels) or 0.0
+
+
 @pytest.mark.parametrize("messages", [1, 2, 50, 199], ids=lambda n: f"after-{n}-messages")
 async def test_client_cancel_mid_stream_aborts_the_engine_request(
     messages: int, served: RunningInference, pytestconfig: pytest.Config
 ) -> None:
+    before = engine_work()
     await _cancel_after(served, messages)
     add_figure(pytestconfig, "faults.client_cancels")
-    assert await _idle(served) == 0
+    work = await _work_once_idle(served, before)
+
+    assert work.finished_requests == 0
+    assert messages <= work.generated_tokens < LONG
+    await eventually(lambda: _cancelled(served) == 1, "the request counted as CANCELLED")
     assert [s.in_flight for s in (await served.statuses("alpha")).values()] == [0]
 
 
 async def test_client_cancel_before_the_first_message_aborts_the_engine_request(
     served: RunningInference, pytestconfig: pytest.Config
 ) -> None:
-    call = served.stub.Generate(greedy("alpha", 200))
+    before = engine_work()
+    call = served.stub.Generate(greedy("alpha", LONG))
     await call.initial_metadata()
     call.cancel()
     add_figure(pytestconfig, "faults.client_cancels")
-    assert await _idle(served) == 0
+    work = await _work_once_idle(served, before)
+
+    assert work.finished_requests == 0
+    assert work.generated_tokens < LONG
+    await eventually(lambda: _cancelled(served) == 1, "the request counted as CANCELLED")
 
 
 async def test_client_cancel_right_after_sending_aborts_the_engine_request(
     served: RunningInference, pytestconfig: pytest.Config
 ) -> None:
-    call = served.stub.Generate(greedy("alpha", 200))
+    before = engine_work()
+    call = served.stub.Generate(greedy("alpha", LONG))
     await asyncio.sleep(0)
     call.cancel()
     add_figure(pytestconfig, "faults.client_cancels")
-    assert await _idle(served) == 0
+    # The cancel may reach the server before the request does: then the engine never
+    # had it, which counts the same.
+    work = await _work_once_idle(served, before)
+
+    assert work.finished_requests == 0
+    assert work.generated_tokens < LONG
 
 
 @pytest.mark.parametrize("deadline_s", [0.001, 0.05, 0.3, 1.0])
 async def test_deadline_at_any_point_ends_deadline_exceeded_and_aborts_the_engine_request(
     deadline_s: float, served: RunningInference, pytestconfig: pytest.Config
 ) -> None:
-    code = await _code(served, greedy("alpha", 450, prompt=[7] * 8), timeout=deadline_s)
+    before = engine_work()
+    code = await _code(served, greedy("alpha", LONG, prompt=[7] * 8), timeout=deadline_s)
     add_figure(pytestconfig, "faults.client_deadlines")
+    work = await _work_once_idle(served, before)
+
     assert code == grpc.StatusCode.DEADLINE_EXCEEDED
-    assert await _idle(served) == 0
+    assert work.finished_requests == 0
+    assert work.generated_tokens < LONG
 
 
 async def test_many_clients_cancelling_at_once_leave_nothing_running(
     served: RunningInference, pytestconfig: pytest.Config
 ) -> None:
+    before = engine_work()
     await asyncio.gather(*(_cancel_after(served, 1 + i % 7) for i in range(32)))
     add_figure(pytestconfig, "faults.client_cancels", 32)
-    assert await _idle(served) == 0
+    work = await _work_once_idle(served, before)
+
+    assert work.finished_requests == 0
+    await eventually(lambda: _cancelled(served) == 32, "every request counted as CANCELLED")
     revision, tokens = await served.generate("alpha", 4)
     assert (revision, len(tokens)) == (1, 4)

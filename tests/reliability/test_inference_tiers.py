@@ -130,6 +130,12 @@ def bytes_on_disk(cache: Path) -> int:
     return sum(p.stat().st_size for p in cache.rglob("*") if p.is_file() and ".tmp" not in p.parts)
 
 
+def downloads(cache: Path) -> list[Path]:
+    """The downloads in progress: each is staged in `.tmp/` and renamed into place once
+    complete, so one cut short must remove its folder there."""
+    return sorted((cache / ".tmp").iterdir())
+
+
 async def generate_all(inference: RunningInference, names: Sequence[str]) -> list[int]:
     return [(await inference.generate(name, 4))[0] for name in names]
 
@@ -251,10 +257,14 @@ async def test_delete_during_a_load_on_miss_is_not_found_and_leaves_no_files(
         before = await _applied_seq(inference)
         await tiers.delete("b")
         await eventually(lambda: _applied_seq_above(inference, before), "the delete applied")
+        assert len(downloads(tiers.cache)) == 1
         tiers.proxy.release()
 
         assert await code_of(request) == grpc.StatusCode.NOT_FOUND
-        await eventually(lambda: not (tiers.cache / "b").exists(), "b's files removed")
+        await eventually(
+            lambda: not (tiers.cache / "b").exists() and not downloads(tiers.cache),
+            "b's files and its download removed",
+        )
         assert inference.add_calls == []
 
 
@@ -275,7 +285,10 @@ async def test_revision_pushed_during_a_load_on_miss_is_the_one_served(
 
         assert revision == 2
         assert tokens == tuple(greedy_tokens(tiers.model_dir, newer, PROMPT, 8))
-        await eventually(lambda: not (tiers.cache / "b" / "1").exists(), "b@1 files removed")
+        await eventually(
+            lambda: not (tiers.cache / "b" / "1").exists() and not downloads(tiers.cache),
+            "b@1's files and its download removed",
+        )
 
 
 async def test_disk_stays_under_its_bound_while_every_adapter_keeps_serving(

@@ -1,7 +1,10 @@
 """Row 6, fuzzing: random and mutated safetensors files and PEFT configs pushed through
 the store's push path. No input may end any other way than success or
 INVALID_ARGUMENT, and nothing is stored unless the input was a valid adapter, as
-judged by the safetensors library itself (an independent parser).
+judged by the safetensors library itself (an independent parser). The other direction
+too: every valid adapter is committed, whole, however it is cut into chunks; valid
+ones are built as PEFT saves them (safetensors' own writer), varied in everything
+the format allows.
 
 Most examples run against the in-memory blob store for speed; a smaller number go
 through real gRPC and S3 over HTTP. The number of inputs tried is written to the
@@ -10,17 +13,19 @@ terminal and recorded as a test property.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import struct
 from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 import grpc
+import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from safetensors import SafetensorError
-from safetensors.numpy import load
+from safetensors.numpy import load, save
 
 from loraserve.adapterstore.push import Chunk
 from loraserve.common.clientstream import stream_unary
@@ -40,6 +45,29 @@ WEIGHTS = "adapter_model.safetensors"
 CONFIG = "adapter_config.json"
 MEMORY_EXAMPLES = 1500
 GRPC_EXAMPLES = 40
+VALID_MEMORY_EXAMPLES = 300
+VALID_GRPC_EXAMPLES = 20
+# Where PEFT puts each LoRA target of a Llama decoder layer.
+PROJECTIONS = {
+    "q_proj": "self_attn",
+    "k_proj": "self_attn",
+    "v_proj": "self_attn",
+    "o_proj": "self_attn",
+    "gate_proj": "mlp",
+    "up_proj": "mlp",
+    "down_proj": "mlp",
+}
+# Fields PEFT writes beside the required ones, with values it writes.
+OPTIONAL_CONFIG = {
+    "task_type": st.sampled_from(["CAUSAL_LM", None]),
+    "lora_dropout": st.floats(0.0, 0.5),
+    "bias": st.just("none"),
+    "fan_in_fan_out": st.just(False),
+    "inference_mode": st.booleans(),
+    "use_rslora": st.just(False),
+    "revision": st.none(),
+}
+OPTIONAL_FILES = ["README.md", "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json"]
 
 
 @pytest.fixture(scope="module")
@@ -157,6 +185,45 @@ def _is_valid_adapter(files: AdapterFiles) -> bool:
     )
 
 
+@st.composite
+def valid_adapters(draw: st.DrawFn) -> AdapterFiles:
+    """A PEFT LoRA adapter as PEFT saves one: any rank, projections, layers, sizes and
+    float dtype; optional config fields and header metadata; optional tokenizer and
+    README files of any content; the files in either order."""
+    rank = draw(st.integers(1, 8))
+    modules = draw(st.lists(st.sampled_from(sorted(PROJECTIONS)), min_size=1, unique=True))
+    dtype = draw(st.sampled_from([np.float16, np.float32, np.float64]))
+    rng = np.random.default_rng(draw(st.integers(0, 2**32 - 1)))
+    tensors = {}
+    for layer in range(draw(st.integers(1, 3))):
+        for module in modules:
+            prefix = f"base_model.model.model.layers.{layer}.{PROJECTIONS[module]}.{module}"
+            fan_in, fan_out = draw(st.integers(1, 24)), draw(st.integers(1, 24))
+            tensors[f"{prefix}.lora_A.weight"] = rng.standard_normal((rank, fan_in)).astype(dtype)
+            tensors[f"{prefix}.lora_B.weight"] = rng.standard_normal((fan_out, rank)).astype(dtype)
+    config: dict[str, Any] = {
+        "peft_type": "LORA",
+        "r": rank,
+        "lora_alpha": draw(st.integers(1, 4 * rank) | st.floats(rank / 4, 4.0 * rank)),
+        "target_modules": draw(st.permutations(modules)),
+        "base_model_name_or_path": draw(
+            st.from_regex(r"[A-Za-z0-9][A-Za-z0-9_./-]{0,40}", fullmatch=True)
+        ),
+    }
+    for field, values in OPTIONAL_CONFIG.items():
+        if draw(st.booleans()):
+            config[field] = draw(values)
+    metadata = draw(st.none() | st.just({"format": "pt"}))
+    files = {CONFIG: json.dumps(config).encode(), WEIGHTS: save(tensors, metadata=metadata)}
+    for name in draw(st.lists(st.sampled_from(OPTIONAL_FILES), unique=True, max_size=2)):
+        files[name] = draw(st.binary(max_size=64))
+    return dict(reversed(files.items())) if draw(st.booleans()) else files
+
+
+def _manifest_of(files: AdapterFiles) -> set[tuple[str, int, str]]:
+    return {(name, len(data), hashlib.sha256(data).hexdigest()) for name, data in files.items()}
+
+
 async def _chunks(files: AdapterFiles, size: int) -> AsyncIterator[Chunk]:
     for name, data in files.items():
         for offset in range(0, len(data), size):
@@ -184,6 +251,41 @@ async def test_fuzzed_push_is_committed_only_if_valid_and_otherwise_invalid_argu
     count("memory", "committed")
     assert _is_valid_adapter(files), f"committed an invalid adapter: {result.revision}"
     assert {f.name for f in result.revision.files} == set(files)
+
+
+@settings(
+    max_examples=VALID_MEMORY_EXAMPLES, deadline=None, suppress_health_check=list(HealthCheck)
+)
+@given(files=valid_adapters(), chunk_size=st.integers(1, 4096))
+async def test_fuzzed_valid_adapter_is_committed_whole(
+    files: AdapterFiles, chunk_size: int, count: Callable[[str, str], None]
+) -> None:
+    assert _is_valid_adapter(files)
+    store = make_store(MemoryBlobStore())
+    await store.start()
+    try:
+        result = await push(store, "fuzz", files, chunks=_chunks(files, chunk_size))
+    finally:
+        await store.close()
+    count("valid_memory", "committed")
+    assert {(f.name, f.size, f.sha256) for f in result.revision.files} == _manifest_of(files)
+
+
+@settings(max_examples=VALID_GRPC_EXAMPLES, deadline=None, suppress_health_check=list(HealthCheck))
+@given(files=valid_adapters(), chunk_size=st.integers(1, 4096))
+async def test_fuzzed_valid_adapter_over_grpc_and_s3_is_committed_whole(
+    files: AdapterFiles,
+    chunk_size: int,
+    store_server: RunningStore,
+    count: Callable[[str, str], None],
+) -> None:
+    async with store_stub(store_server.address) as stub:
+        response = await stream_unary(
+            stub.PushAdapter, push_requests("fuzz", files, chunk_size), timeout=30
+        )
+    count("valid_grpc_s3", "committed")
+    stored = {(f.name, f.size, f.sha256) for f in response.revision.files}
+    assert stored == _manifest_of(files)
 
 
 @settings(max_examples=GRPC_EXAMPLES, deadline=None, suppress_health_check=list(HealthCheck))

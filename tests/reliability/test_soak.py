@@ -2,8 +2,8 @@
 revisions are pushed every few seconds, through the whole inference server on the
 real engine and a real store.
 
-Every stream completes or ends with a clean status (admission answers
-RESOURCE_EXHAUSTED beyond its bound instead of queueing without limit), the
+Every stream completes or is refused at admission (RESOURCE_EXHAUSTED beyond its
+bound instead of queueing without limit; no other status), the
 engine never holds more than the admission bound, memory stays flat, and at the
 end the server serves exactly what the store says is current.
 
@@ -46,8 +46,11 @@ CLIENTS = 160
 ADAPTERS = 16
 MAX_PENDING = 128
 PUSH_EVERY_S = 3.0
-# Statuses a stream may end with besides OK: refused at admission, or retryable.
-CLEAN = {grpc.StatusCode.RESOURCE_EXHAUSTED, grpc.StatusCode.UNAVAILABLE}
+# The one status a stream may end with besides OK: refused at admission, beyond its
+# bound. Nothing else here may fail a stream: the engine keeps running, the store stays
+# up, and a push swaps revisions without cutting the streams on the old one, so an
+# UNAVAILABLE would be a stream lost to a swap, not a clean end.
+CLEAN = {grpc.StatusCode.RESOURCE_EXHAUSTED}
 # RSS growth allowed between the warm-up and the end of the soak: allocator noise,
 # not a leak proportional to the streams served.
 RSS_SLACK = 1.15

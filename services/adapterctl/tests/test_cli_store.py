@@ -6,12 +6,13 @@ import asyncio
 import contextlib
 import hashlib
 import json
+import struct
 from pathlib import Path
 
 import grpc
 
 from loraserve.adapterctl.cli import run
-from loraserve.adapterctl.failures import EXIT_FAILED, EXIT_NOT_ALLOWED
+from loraserve.adapterctl.failures import EXIT_FAILED, EXIT_NOT_ALLOWED, EXIT_USAGE
 from loraserve.adapterstore.v1 import adapterstore_pb2 as pb
 from loraserve.adapterstore.v1 import adapterstore_pb2_grpc as pb_grpc
 from loraserve.common.security import ServerSecurity, parse_tokens
@@ -150,6 +151,35 @@ async def test_adapter_the_store_rejects_is_one_line_invalid_argument(
     assert result.err.startswith("adapterctl: error: INVALID_ARGUMENT: ")
     assert "rank r=8" in result.err
     assert result.err.count("\n") == 1
+
+
+async def test_adapter_with_a_nan_weight_is_refused_before_anything_is_sent(
+    store_server: RunningStore, tmp_path: Path
+) -> None:
+    adapter = write_adapter_dir(tmp_path)
+    weights = bytearray((adapter / WEIGHTS).read_bytes())
+    weights[-4:] = struct.pack("<f", float("nan"))  # the last value of the last tensor
+    (adapter / WEIGHTS).write_bytes(bytes(weights))
+    result = await ctl("push", "alpha", str(adapter), env=_env(store_server))
+    assert result.code == EXIT_USAGE
+    assert f"{adapter}: the store would refuse it: {WEIGHTS}: tensor " in result.err
+    assert "holds NaN at element 63 (shape [16, 4]); LoRA weights must be finite" in result.err
+    listed = await ctl("list", "--json", env=_env(store_server))
+    assert json.loads(listed.out).get("adapters", []) == []
+
+
+async def test_adapter_with_an_absurd_scale_is_refused_before_anything_is_sent(
+    store_server: RunningStore, tmp_path: Path
+) -> None:
+    adapter = write_adapter_dir(tmp_path)
+    config = json.loads((adapter / "adapter_config.json").read_text())
+    config["lora_alpha"] = 1e308
+    (adapter / "adapter_config.json").write_text(json.dumps(config))
+    result = await ctl("push", "alpha", str(adapter), env=_env(store_server))
+    assert result.code == EXIT_USAGE
+    assert "adapter_config.json: lora_alpha = 1e+308 with r = 4 gives a LoRA scale" in result.err
+    listed = await ctl("list", "--json", env=_env(store_server))
+    assert json.loads(listed.out).get("adapters", []) == []
 
 
 async def test_watch_prints_events_after_seq(store_server: RunningStore, tmp_path: Path) -> None:

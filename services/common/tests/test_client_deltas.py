@@ -6,16 +6,16 @@ import dataclasses
 
 import pytest
 
-from loraserve.clients.inference import Delta, _delta
+from loraserve.clients.generation import Delta, delta_from
 from loraserve.inference.v1 import inference_pb2 as pb
 
 
 def test_a_plain_message_reads_as_the_delta_the_constructor_makes() -> None:
-    delta = _delta(pb.GenerateResponse(text="ab", token_ids=[5, 6]))
+    delta = delta_from(pb.GenerateResponse(text="ab", token_ids=[5, 6]))
 
     assert delta == Delta("ab", (5, 6))
     assert repr(delta) == repr(Delta("ab", (5, 6)))
-    assert _delta(pb.GenerateResponse()) == Delta("", ())
+    assert delta_from(pb.GenerateResponse()) == Delta("", ())
     with pytest.raises(dataclasses.FrozenInstanceError):
         delta.text = "x"  # type: ignore[misc]
 
@@ -38,4 +38,4 @@ def test_a_plain_message_reads_as_the_delta_the_constructor_makes() -> None:
 def test_a_message_with_more_than_the_delta_keeps_every_field(
     message: pb.GenerateResponse, expected: Delta
 ) -> None:
-    assert _delta(message) == expected
+    assert delta_from(message) == expected

@@ -21,6 +21,7 @@ from loraserve.common.manifest import Revision
 from loraserve.inference.cache import AdapterCache
 from loraserve.inference.cache.download import MANIFEST_FILE
 from loraserve.testing.cache_fakes import FakeSource, file_info
+from loraserve.testing.waiting import eventually
 
 CONFIG = b'{"r": 8}'
 WEIGHTS = bytes(range(256)) * 40
@@ -115,10 +116,10 @@ async def test_copy_of_a_deleted_revision_is_refused_and_removed(
 async def test_concurrent_fetches_of_one_revision_share_one_download(
     cache: AdapterCache, source: FakeSource
 ) -> None:
-    source.gate = asyncio.Event()
+    source.hold = asyncio.Event()
     fetches = [asyncio.create_task(cache.fetch("alpha", 1)) for _ in range(3)]
-    await asyncio.sleep(0.01)
-    source.gate.set()
+    await eventually(lambda: source.holding == 1, "the download in progress")
+    source.hold.set()
     results = await asyncio.gather(*fetches)
     assert source.downloads == 1
     assert {r.path for r in results} == {cache.root / "alpha" / "1"}

@@ -38,7 +38,9 @@ class Holder:
 def source() -> FakeSource:
     source = FakeSource()
     for name in NAMES:
-        source.add(name, 1, {"adapter_config.json": CONFIG, "adapter_model.safetensors": WEIGHTS})
+        # The weights first: the cache finishes (flushes) a file when the next begins, so
+        # a download held after its last chunk has its weights whole on disk.
+        source.add(name, 1, {"adapter_model.safetensors": WEIGHTS, "adapter_config.json": CONFIG})
     return source
 
 
@@ -60,6 +62,11 @@ def bytes_on_disk(root: Path) -> int:
     """Everything the cache keeps, its manifests and index included; not downloads
     in progress."""
     return sum(p.stat().st_size for p in root.rglob("*") if p.is_file() and ".tmp" not in p.parts)
+
+
+def bytes_taken(root: Path) -> int:
+    """Every byte under the cache's root: what it keeps and the downloads in progress."""
+    return sum(p.stat().st_size for p in root.rglob("*") if p.is_file())
 
 
 def on_disk(root: Path) -> set[str]:
@@ -116,17 +123,21 @@ async def test_downloads_that_together_pass_the_bound_wait_for_room_and_all_land
     tmp_path: Path, source: FakeSource
 ) -> None:
     cache = await bounded(tmp_path / "cache", source, 2.5)
-    source.gate = asyncio.Event()
+    source.hold = asyncio.Event()
     fetches = [asyncio.create_task(cache.fetch(name, 1)) for name in ("a", "b", "c")]
-    await eventually(lambda: source.downloads == 2, "two downloads reserved their bytes")
-    peak = cache.usage().bytes
-    source.gate.set()
+    try:
+        await eventually(lambda: source.holding >= 2, "two downloads on disk and not over")
+        # Sampled on disk while two transfers are there and the third waits for room.
+        peak = bytes_taken(cache.root)
+        started = source.downloads
+    finally:
+        source.hold.set()
 
     fetched = await asyncio.gather(*fetches)
 
     assert [rev.name for rev in fetched] == ["a", "b", "c"]
-    assert source.downloads == 3
-    assert peak <= SIZE * 2.5
+    assert (started, source.downloads) == (2, 3)
+    assert 2 * len(WEIGHTS) <= peak <= SIZE * 2.5
     await cache.close()
     assert bytes_on_disk(cache.root) <= SIZE * 2.5
 
@@ -178,16 +189,16 @@ async def test_room_that_never_frees_names_what_holds_the_bytes(
     tmp_path: Path, source: FakeSource
 ) -> None:
     cache = await bounded(tmp_path / "cache", source, 2.5, room_wait_s=0.1)
-    source.gate = asyncio.Event()
+    source.hold = asyncio.Event()
     held = [asyncio.create_task(cache.fetch(name, 1)) for name in ("a", "b")]
-    await eventually(lambda: source.downloads == 2, "two downloads reserved their bytes")
+    await eventually(lambda: source.holding == 2, "two downloads in progress")
 
     with pytest.raises(ResourceExhausted) as refused:
         await cache.fetch("c", 1)
 
     assert "reserved by 2 downloads in progress" in refused.value.message
     assert "c@1 needs" in refused.value.message
-    source.gate.set()
+    source.hold.set()
     await asyncio.gather(*held)
 
 
@@ -202,21 +213,25 @@ async def test_revision_larger_than_the_bound_is_refused_before_downloading(
     assert source.downloads == 0
 
 
-async def test_concurrent_downloads_together_stay_under_the_bound(
+async def test_concurrent_downloads_stay_under_the_bound_while_they_transfer(
     tmp_path: Path, source: FakeSource
 ) -> None:
     cache = await bounded(tmp_path / "cache", source, 2.5)
     await cache.fetch("a", 1)
-    source.gate = asyncio.Event()
+    source.hold = asyncio.Event()
     fetches = [asyncio.create_task(cache.fetch(name, 1)) for name in ("b", "c")]
-    await asyncio.sleep(0.05)
-    source.gate.set()
-
+    try:
+        await eventually(lambda: source.holding == 2, "both downloads on disk and not over")
+        during = bytes_taken(cache.root)
+    finally:
+        source.hold.set()
     await asyncio.gather(*fetches)
 
+    # Both transfers were seen on disk, and with what the cache kept they fit the bound.
+    assert 2 * len(WEIGHTS) <= during <= SIZE * 2.5
     assert on_disk(cache.root) == {"b", "c"}
     await cache.close()
-    assert bytes_on_disk(cache.root) <= SIZE * 2.5
+    assert bytes_taken(cache.root) <= SIZE * 2.5
 
 
 async def test_order_of_use_survives_a_restart(tmp_path: Path, source: FakeSource) -> None:

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import json
+import math
+import shutil
 from pathlib import Path
 
 import pytest
@@ -116,3 +119,33 @@ def test_lora_tensor_narrower_than_its_layer_is_refused_naming_it(
     save_file(tensors, tmp_path / "adapter_model.safetensors")
     with pytest.raises(FailedPrecondition, match=r"q_proj\.lora_A\.weight has shape \[8, 64\]"):
         _shape_checker(tiny_model_dir).check_weights("alpha", 1, tmp_path)
+
+
+def _copy_with(source: Path, target: Path, **config: object) -> Path:
+    shutil.copytree(source, target)
+    path = target / "adapter_config.json"
+    path.write_text(json.dumps(json.loads(path.read_text()) | config))
+    return target
+
+
+@pytest.mark.parametrize(("value", "kind"), [(math.nan, "NaN"), (-math.inf, "an infinity")])
+def test_non_finite_weight_is_refused_naming_revision_and_tensor_without_model_shapes(
+    tiny_adapter: TinyAdapterFactory, tmp_path: Path, value: float, kind: str
+) -> None:
+    adapter = _copy_with(tiny_adapter(seed=1), tmp_path / "a")
+    tensors = load_file(adapter / "adapter_model.safetensors")
+    name = "base_model.model.model.layers.1.mlp.down_proj.lora_B.weight"
+    tensors[name][2, 3] = value
+    save_file(tensors, adapter / "adapter_model.safetensors")
+    with pytest.raises(FailedPrecondition) as caught:
+        _checker().check_weights("alpha", 3, adapter)
+    assert caught.value.message.startswith("adapter alpha@3: adapter_model.safetensors: ")
+    assert f"tensor {name!r} holds {kind} at element 19 " in caught.value.message
+
+
+def test_absurd_scale_is_refused_naming_the_config_field(
+    tiny_model_dir: Path, tiny_adapter: TinyAdapterFactory, tmp_path: Path
+) -> None:
+    adapter = _copy_with(tiny_adapter(seed=1), tmp_path / "a", lora_alpha=1e308)
+    with pytest.raises(FailedPrecondition, match=r"adapter alpha@3: adapter_config\.json: "):
+        _shape_checker(tiny_model_dir).check_weights("alpha", 3, adapter)

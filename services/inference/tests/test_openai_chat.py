@@ -7,41 +7,37 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 
+import openai
+import pytest
+
 from loraserve.inference.engine.sampling import ServerDefaults
-from loraserve.inference.openai.protocol import fallback_chat_prompt
 from loraserve.testing.inference_fakes import FAKE_INFO, FakeEngine
 from loraserve.testing.openai_front import MESSAGES, MODEL, StartFront
 
 
 class TemplatingEngine(FakeEngine):
-    """A fake engine whose model has a chat template."""
+    """A fake engine that records what its chat template got."""
 
     def __init__(self) -> None:
         super().__init__()
         self.templated: list[list[dict[str, str]]] = []
 
-    def chat_prompt_ids(self, messages: Sequence[Mapping[str, str]]) -> list[int] | None:
+    async def chat_prompt_ids(self, messages: Sequence[Mapping[str, str]]) -> list[int] | None:
         self.templated.append([dict(m) for m in messages])
         return [1, 7, 7, 7]
 
 
-async def test_chat_without_a_template_uses_the_fallback_prompt(
+async def test_chat_with_a_model_without_a_chat_template_is_a_bad_request(
     start_front: StartFront,
 ) -> None:
-    front = await start_front()
-    messages = [{"role": "system", "content": "be brief"}, {"role": "user", "content": "hi"}]
+    engine = FakeEngine()
+    engine.chat_template = False
+    front = await start_front(engine)
     async with front.client() as client:
-        chat = await client.chat.completions.create(
-            model=MODEL,
-            messages=messages,  # type: ignore[arg-type]
-            max_tokens=2,
-        )
-    prompt = fallback_chat_prompt(messages)
-    assert prompt == "system: be brief\nuser: hi\nassistant:"
-    assert chat.usage is not None
-    assert chat.usage.prompt_tokens == len(front.engine.tokenize(prompt))
-    assert chat.choices[0].message.role == "assistant"
-    assert chat.choices[0].message.content == "<0><1>"
+        with pytest.raises(openai.BadRequestError, match="no longer allowed") as refused:
+            await client.chat.completions.create(model=MODEL, messages=MESSAGES, max_tokens=2)
+    assert "provide a chat template" in refused.value.message
+    assert engine.sampled == []
 
 
 async def test_chat_with_a_template_sends_the_templated_token_ids(

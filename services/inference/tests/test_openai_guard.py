@@ -20,7 +20,7 @@ from loraserve.common.security import ServerSecurity, Token
 from loraserve.inference.adapters import LLAMA_TARGET_MODULES, AdapterRegistry, CompatibilityChecker
 from loraserve.inference.metrics import InferenceMetrics
 from loraserve.inference.openai import RunningHttpServer, create_openai_app, start_http_server
-from loraserve.inference.serving import Admission, Generator, Runtime, RuntimeSlot
+from loraserve.inference.serving import Admission, Generator, Runtime, RuntimeRef
 from loraserve.testing.inference_fakes import CacheDirectory, FakeEngine, make_revision
 
 MODEL = "fake-llama"
@@ -42,8 +42,8 @@ async def front_port(tmp_path: Path) -> AsyncIterator[int]:
     registry = AdapterRegistry(engine, CacheDirectory(tmp_path), compat)
     await registry.install(make_revision(tmp_path, "alpha", 3).manifest, make_current=True)
     admission = Admission(4)
-    slot = RuntimeSlot()
-    slot.set(
+    runtime_ref = RuntimeRef()
+    runtime_ref.set(
         Runtime(
             engine,
             registry,
@@ -53,7 +53,7 @@ async def front_port(tmp_path: Path) -> AsyncIterator[int]:
         )
     )
     app = create_openai_app(
-        slot,
+        runtime_ref,
         model_names=[MODEL],
         security=ServerSecurity(reader_tokens=(Token("client", READER),)),
         is_ready=lambda: True,
@@ -103,7 +103,7 @@ async def test_request_without_a_token_gets_401_before_its_body_is_read(
         front_port, _head(f"content-length: {DECLARED}"), b"x" * SENT
     )
     assert status == 401
-    assert body["error"]["message"] == "missing 'authorization: Bearer <token>' metadata"
+    assert body["error"]["message"] == "missing 'authorization: Bearer <token>' header"
 
 
 async def test_wrong_token_gets_401_before_a_chunked_body_is_read(front_port: int) -> None:

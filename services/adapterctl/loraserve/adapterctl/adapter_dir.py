@@ -2,21 +2,31 @@
 complete, and their SHA-256 digests.
 
 The file rules are the store's own (`loraserve.adapterstore.validation`), so what
-adapterctl sends is what the store accepts; the store still checks everything.
+adapterctl sends is what the store accepts; the store still checks everything. The
+one read that hashes a file also runs the store's checks of its values (every weight
+finite, the config's LoRA scale bounded: `loraserve.common.lora_values`), so a push
+the store would refuse for them is never sent.
 """
 
 from __future__ import annotations
 
 import hashlib
+import os
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, BinaryIO
+from typing import BinaryIO
 
 from loraserve.adapterctl.failures import UsageError
-from loraserve.adapterstore.validation import ALLOWED_FILES, PICKLE_SUFFIXES, REQUIRED_FILES
+from loraserve.adapterstore.validation import (
+    ALLOWED_FILES,
+    MAX_CONFIG_SIZE,
+    PICKLE_SUFFIXES,
+    REQUIRED_FILES,
+)
 from loraserve.clients.push import CHUNK_SIZE, LocalFile
 from loraserve.common.errors import InvalidArgument
+from loraserve.common.lora_values import WeightsFileCheck, check_config_scale
 from loraserve.common.peft_format import (
     CONFIG_FILE,
     WEIGHTS_FILE,
@@ -108,6 +118,45 @@ def check_complete(listing: DirectoryListing) -> None:
     parse_safetensors_header(header, size)
 
 
+class FileReading:
+    """One read of a file, chunk by chunk: its SHA-256 and, for the config and the
+    weights, the store's checks of their values. `finish` raises UsageError naming
+    the file and the problem."""
+
+    def __init__(self, path: Path, size: int) -> None:
+        self.path = path
+        self.size = 0
+        self._digest = hashlib.sha256()
+        self._weights = WeightsFileCheck(size) if path.name == WEIGHTS_FILE else None
+        # A larger config is the store's to refuse by its size; it is not read twice here.
+        self._config = bytearray() if path.name == CONFIG_FILE and size <= MAX_CONFIG_SIZE else None
+
+    def update(self, chunk: bytes) -> None:
+        self.size += len(chunk)
+        self._digest.update(chunk)
+        try:
+            if self._weights is not None:
+                self._weights.update(chunk)
+        except InvalidArgument as exc:
+            raise _refused(self.path, exc) from None
+        if self._config is not None:
+            self._config += chunk
+
+    def finish(self) -> LocalFile:
+        try:
+            if self._weights is not None:
+                self._weights.finish()
+            if self._config is not None:
+                check_config_scale(bytes(self._config))
+        except InvalidArgument as exc:
+            raise _refused(self.path, exc) from None
+        return LocalFile(self.path.name, self.path, self.size, self._digest.hexdigest())
+
+
+def _refused(path: Path, exc: InvalidArgument) -> UsageError:
+    return UsageError(f"{path.parent}: the store would refuse it: {exc.message}")
+
+
 def hash_files(
     listing: DirectoryListing, progress: Callable[[int], None] | None = None
 ) -> AdapterFiles:
@@ -116,24 +165,22 @@ def hash_files(
     `progress` gets the byte count of each chunk read."""
     files = []
     for path in listing.selected:
-        digest = hashlib.sha256()
-        size = 0
         try:
             with path.open("rb") as f:
-                while read := read_into(f, digest):
-                    size += read
+                reading = FileReading(path, os.fstat(f.fileno()).st_size)
+                while read := read_into(f, reading):
                     if progress is not None:
                         progress(read)
         except OSError as exc:
             raise UsageError(f"{path}: cannot read: {exc.strerror}") from None
-        files.append(LocalFile(path.name, path, size, digest.hexdigest()))
+        files.append(reading.finish())
     return AdapterFiles(listing.directory, tuple(files), listing.ignored)
 
 
-def read_into(f: BinaryIO, digest: Any) -> int:
-    """Reads the next chunk of `f` into `digest`; how many bytes (0 at the end)."""
+def read_into(f: BinaryIO, reading: FileReading) -> int:
+    """Reads the next chunk of `f` into `reading`; how many bytes (0 at the end)."""
     chunk = f.read(CHUNK_SIZE)
-    digest.update(chunk)
+    reading.update(chunk)
     return len(chunk)
 
 

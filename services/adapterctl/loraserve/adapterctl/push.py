@@ -4,7 +4,7 @@ to stream to the store as one revision."""
 from __future__ import annotations
 
 import asyncio
-import hashlib
+import os
 from collections.abc import Callable
 from pathlib import Path
 from typing import BinaryIO
@@ -12,6 +12,7 @@ from typing import BinaryIO
 from loraserve.adapterctl.adapter_dir import (
     AdapterFiles,
     DirectoryListing,
+    FileReading,
     list_adapter_dir,
     listing_size,
     read_into,
@@ -23,7 +24,6 @@ from loraserve.adapterctl.progress import MIN_BYTES_FOR_BAR, Progress
 from loraserve.adapterctl.settings import CtlSettings
 from loraserve.adapterstore.v1 import adapterstore_pb2 as pb
 from loraserve.adapterstore.validation import PICKLE_SUFFIXES
-from loraserve.clients.push import LocalFile
 from loraserve.common.errors import InvalidArgument
 from loraserve.common.names import validate_adapter_name
 
@@ -68,19 +68,18 @@ async def hash_in_steps(listing: DirectoryListing, progress: Callable[[int], Non
     """
     files = []
     for path in listing.selected:
-        digest = hashlib.sha256()
-        size = 0
         try:
             f: BinaryIO = await asyncio.to_thread(path.open, "rb")
             try:
-                while read := await asyncio.to_thread(read_into, f, digest):
-                    size += read
+                size = await asyncio.to_thread(os.fstat, f.fileno())
+                reading = FileReading(path, size.st_size)
+                while read := await asyncio.to_thread(read_into, f, reading):
                     progress(read)
             finally:
                 await asyncio.to_thread(f.close)
         except OSError as exc:
             raise UsageError(f"{path}: cannot read: {exc.strerror}") from None
-        files.append(LocalFile(path.name, path, size, digest.hexdigest()))
+        files.append(reading.finish())
     return AdapterFiles(listing.directory, tuple(files), listing.ignored)
 
 

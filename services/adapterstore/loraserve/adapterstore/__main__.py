@@ -33,6 +33,7 @@ from loraserve.adapterstore.status import ReplicaStatusStore
 from loraserve.adapterstore.store import AdapterStore
 from loraserve.common import retrylog
 from loraserve.common.errors import DataLoss, FailedPrecondition, LoraserveError, Unavailable
+from loraserve.common.metrics_http import serve_metrics
 from loraserve.common.server import install_stop_signals, start_server
 
 log = logging.getLogger("loraserve.adapterstore")
@@ -105,9 +106,10 @@ async def serve(settings: AdapterStoreSettings) -> int:
         security=settings.security,
         write_methods=WRITE_METHODS,
         replica_methods=REPLICA_METHODS,
+        max_connection_age_s=settings.max_connection_age_s,
     )
-    if settings.metrics_port is not None:
-        StoreMetrics(store).serve(settings.metrics_port)
+    if settings.metrics_listen is not None:
+        serve_metrics(StoreMetrics(store).registry, settings.metrics_listen)
     stop = asyncio.Event()
     install_stop_signals(stop)
     log.info("store.starting bucket=%s prefix=%s", settings.s3.bucket, settings.s3.prefix)

@@ -1,36 +1,15 @@
 """The change log: commits, catching up with other replicas, following, freshness.
 
-The objects it keeps in storage, and retention, are described in logstorage.py.
-
-A process folds the latest snapshot and the log after it into its `state`, then
-keeps following the log: it polls for the next seq, and a commit that loses the
-race (the key exists) re-reads the log and retries with the next seq, after a
-jittered backoff. One process also serialises its own commits with a lock: it
-must never race itself, and the embedded S3 emulator checks preconditions
-without one.
-
-Every entry carries a unique commit id. A put whose outcome is ambiguous (a 412,
-which the SDK's retry of our own put whose reply was lost also gets, or a put
-that failed after its retries) reads the entry back: our commit id there means
-the commit happened. A change made for a client's idempotency key records the
-key in its entry; the folded state remembers recent keys, so a retried request
-is answered with the change it made instead of a second one.
-
-Freshness: every catch-up that reads up to the log's head records when it did
-(`synced_time`). The poller survives any error (logged, retried with backoff),
-so a store replica that cannot reach storage, or whose poller has stopped, shows
-a growing `staleness_s`: health and watch heartbeats report it.
-
-Retention (see logstorage.py): a process that finds the entry it needs gone
-while a later snapshot exists reloads the latest one (watchers that needed the
-deleted entries get OUT_OF_RANGE). The poller's gap check also reads the bucket's
-incarnation (incarnation.py): a bucket emptied under this replica starts it over.
-
-Costs that do not grow with the store: a commit reads the next entry (missing at
-the head), the last entry of the block before it (see logstorage.is_gap) and
-writes its entry; every `snapshot_every` commits a snapshot is encoded from the
-adapters' cached encodings (only those changed since are encoded again) and
-written, with the pruning, in the background.
+Invariants (the story, and what each costs: docs/design.md, "Adapter store"):
+- every seq is written once, with a conditional put; a lost race re-reads the log
+  and retries with the next seq, and one process never races itself (a lock);
+- an ambiguous put is read back: the entry's commit id says whether it happened;
+- a change made for an idempotency key is made once, however often it is retried;
+- `state` is the latest snapshot folded with every entry after it, up to the head
+  last read; `synced_time` is when a catch-up last read up to the head, and the
+  poller never stops on an error;
+- a commit reads a bounded number of objects whatever the store holds; snapshots
+  and pruning run in the background. Storage layout and retention: logstorage.py.
 """
 
 from __future__ import annotations

@@ -6,13 +6,9 @@ scrapes and can never drift from the state they describe.
 
 from __future__ import annotations
 
-import logging
-
-from prometheus_client import CollectorRegistry, Gauge, start_http_server
+from prometheus_client import CollectorRegistry, Gauge
 
 from loraserve.adapterstore.store import AdapterStore
-
-log = logging.getLogger(__name__)
 
 
 class StoreMetrics:
@@ -42,10 +38,3 @@ class StoreMetrics:
             registry=self.registry,
         )
         stale.set_function(lambda: store.staleness_s)
-
-    def serve(self, port: int) -> int:
-        """Serves /metrics on `port` (0: any free port); returns the bound port."""
-        server, _ = start_http_server(port, registry=self.registry)
-        bound = int(server.server_port)
-        log.info("metrics.serving port=%d", bound)
-        return bound

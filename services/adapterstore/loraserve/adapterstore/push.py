@@ -2,13 +2,15 @@
 
 Files arrive as chunks, file by file in header order, offsets sequential. Each
 file streams into its own upload, so memory stays bounded by the upload's parts
-in flight. The safetensors header is checked as soon as it has arrived, so a bad
-file is refused before gigabytes are uploaded. Uploads stay invisible until the
-whole push has validated and `keep_files` keeps them; on any failure before that,
-cancellation included, every upload is aborted before the error propagates. The
-abort runs in its own task, shielded: grpc cancels a cancelled call's handler
-again while it cleans up, and an abort cut short would leave an incomplete
-multipart upload behind (the store sweeps old ones at start-up, see s3sweep).
+in flight. The safetensors header is checked as soon as it has arrived, and every
+weight value (finite: `loraserve.common.lora_values`) as its chunk arrives, before
+the chunk is uploaded, so a bad file is refused before gigabytes are uploaded.
+Uploads stay invisible until the whole push has validated and `keep_files` keeps
+them; on any failure before that, cancellation included, every upload is aborted
+before the error propagates. The abort runs in its own task, shielded: grpc cancels
+a cancelled call's handler again while it cleans up, and an abort cut short would
+leave an incomplete multipart upload behind (the store sweeps old ones at start-up,
+see s3sweep).
 """
 
 from __future__ import annotations
@@ -26,14 +28,9 @@ from loraserve.adapterstore.validation import (
     parse_adapter_config,
 )
 from loraserve.common.errors import InvalidArgument
+from loraserve.common.lora_values import WeightsFileCheck
 from loraserve.common.manifest import FileInfo
-from loraserve.common.peft_format import (
-    CONFIG_FILE,
-    WEIGHTS_FILE,
-    TensorInfo,
-    parse_safetensors_header,
-    safetensors_header_length,
-)
+from loraserve.common.peft_format import CONFIG_FILE, WEIGHTS_FILE, TensorInfo
 
 log = logging.getLogger(__name__)
 
@@ -84,10 +81,13 @@ class _FileReceiver:
         self.declared = declared
         self.upload = upload
         self.received = 0
-        # The bytes checked in memory: the whole config, the safetensors header.
+        # The config is checked whole, in memory (its size is bounded at the header).
         self.captured = bytearray()
-        self.capture_limit = declared.size if declared.name == CONFIG_FILE else 8
-        self.tensors: list[TensorInfo] | None = None
+        self.weights = WeightsFileCheck(declared.size) if declared.name == WEIGHTS_FILE else None
+
+    @property
+    def tensors(self) -> list[TensorInfo] | None:
+        return self.weights.tensors if self.weights is not None else None
 
     async def write(self, chunk: Chunk) -> None:
         name = self.declared.name
@@ -100,28 +100,12 @@ class _FileReceiver:
                 f"file {name!r}: more than the declared {self.declared.size} bytes were sent"
             )
         self.received += len(chunk.data)
-        await self._capture(chunk.data)
+        if self.weights is not None:
+            # Parsing a header of up to 100 MiB and checking a chunk's values are CPU work.
+            await asyncio.to_thread(self.weights.update, chunk.data)
+        elif name == CONFIG_FILE:
+            self.captured += chunk.data
         await self.upload.write(chunk.data)
-
-    async def _capture(self, data: bytes) -> None:
-        position = 0
-        # Loops because reading the header length raises the capture limit mid-chunk.
-        while len(self.captured) < self.capture_limit and position < len(data):
-            taken = data[position : position + self.capture_limit - len(self.captured)]
-            self.captured += taken
-            position += len(taken)
-            if self.declared.name == WEIGHTS_FILE:
-                await self._check_weights_header()
-
-    async def _check_weights_header(self) -> None:
-        if self.capture_limit == 8 and len(self.captured) == 8:
-            length = safetensors_header_length(bytes(self.captured), self.declared.size)
-            self.capture_limit = 8 + length
-        if self.tensors is None and len(self.captured) == self.capture_limit > 8:
-            header = bytes(self.captured[8:])
-            self.tensors = await asyncio.to_thread(
-                parse_safetensors_header, header, self.declared.size
-            )
 
     async def finish(self) -> ReceivedBlob:
         name = self.declared.name
@@ -130,9 +114,8 @@ class _FileReceiver:
                 f"file {name!r}: received {self.received} of the "
                 f"declared {self.declared.size} bytes"
             )
-        if name == WEIGHTS_FILE and self.tensors is None:
-            # Only a file shorter than 8 bytes gets here: the header check never ran.
-            safetensors_header_length(bytes(self.captured), self.declared.size)
+        if self.weights is not None:
+            self.weights.finish()
         return await self.upload.finish()
 
 

@@ -33,6 +33,7 @@ from loraserve.common.flags import (
     positive_float,
     positive_int,
 )
+from loraserve.common.metrics_http import add_metrics_flags, metrics_address
 from loraserve.common.security import (
     ServerSecurity,
     add_server_security_flags,
@@ -60,7 +61,10 @@ class AdapterStoreSettings:
     download_url_ttl_s: int = DEFAULT_URL_TTL_S
     # The object storage endpoint as replicas reach it; None: --s3-endpoint.
     download_url_endpoint: str | None = None
-    metrics_port: int | None = None
+    # HOST:PORT of the metrics endpoint; None: off.
+    metrics_listen: str | None = None
+    # Seconds before a gRPC connection is asked to close; 0: never.
+    max_connection_age_s: float = 300.0
     shutdown_grace_seconds: float = 30.0
     log_level: str = "INFO"
 
@@ -70,9 +74,29 @@ def build_parser(environ: Mapping[str, str]) -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="adapterstore", description=__doc__)
     commands = parser.add_subparsers(dest="command", required=True)
     serve = commands.add_parser("serve", help="run the adapter store server")
-    flag = functools.partial(EnvFlags(environ, ENV_PREFIX).add, serve)
+    flags = EnvFlags(environ, ENV_PREFIX)
+    flag = functools.partial(flags.add, serve)
     flag("listen", "gRPC address HOST:PORT", "0.0.0.0:50051")
     _add_storage_flags(flag)
+    _add_limit_flags(flag)
+    _add_log_flags(flag)
+    add_metrics_flags(serve, flags)
+    flag(
+        "max-connection-age",
+        "ask each gRPC connection to close (GOAWAY) once this many seconds old: its calls "
+        "finish, clients reconnect and resolve dns:/// targets again, so new store replicas "
+        "get calls (0: never)",
+        "300",
+        type=non_negative_float,
+    )
+    flag("shutdown-grace", "seconds in-flight calls get to finish on SIGTERM", "30", type=float)
+    flag("log-level", "logging level", "INFO")
+    add_server_security_flags(serve, ENV_PREFIX, environ, roles=("reader", "replica", "writer"))
+    return parser
+
+
+def _add_limit_flags(flag: Callable[..., None]) -> None:
+    """Sizes a push may have and the clocks of watches, statuses and uploads."""
     flag("max-file-size", "largest file accepted in a push", "4GiB", type=parse_size)
     flag("max-adapter-size", "largest total of one push's files", "8GiB", type=parse_size)
     flag(
@@ -108,6 +132,10 @@ def build_parser(environ: Mapping[str, str]) -> argparse.ArgumentParser:
         "86400",
         type=non_negative_float,
     )
+
+
+def _add_log_flags(flag: Callable[..., None]) -> None:
+    """How often the change log is snapshotted and how much of it is kept."""
     flag("snapshot-every", "commits between state snapshots", "100", type=positive_int)
     flag(
         "log-retention",
@@ -116,15 +144,6 @@ def build_parser(environ: Mapping[str, str]) -> argparse.ArgumentParser:
         "10000",
         type=non_negative_int,
     )
-    flag(
-        "metrics-port",
-        "serve Prometheus metrics on this port (0: any free port; unset: off)",
-        type=int,
-    )
-    flag("shutdown-grace", "seconds in-flight calls get to finish on SIGTERM", "30", type=float)
-    flag("log-level", "logging level", "INFO")
-    add_server_security_flags(serve, ENV_PREFIX, environ, roles=("reader", "replica", "writer"))
-    return parser
 
 
 def _add_storage_flags(flag: Callable[..., None]) -> None:
@@ -211,7 +230,8 @@ def parse_settings(argv: Sequence[str], environ: Mapping[str, str]) -> AdapterSt
         status_ttl_s=float(args.status_ttl),
         download_url_ttl_s=int(args.download_url_ttl),
         download_url_endpoint=args.download_url_endpoint or None,
-        metrics_port=int(args.metrics_port) if args.metrics_port is not None else None,
+        metrics_listen=metrics_address(args, args.listen),
+        max_connection_age_s=float(args.max_connection_age),
         shutdown_grace_seconds=float(args.shutdown_grace),
         log_level=str(args.log_level).upper(),
     )

@@ -1,4 +1,5 @@
-"""What the store accepts at push: file names, sizes, the safetensors header, the PEFT config.
+"""What the store accepts at push: file names, sizes, the safetensors header, the PEFT config
+(its LoRA scale included). The weights' values are checked as they stream, in `push`.
 
 Every rejection is an InvalidArgument naming the file and the problem. The rules
 are deliberately narrow: a file the inference service would refuse to load, or
@@ -12,6 +13,7 @@ import re
 from dataclasses import dataclass
 
 from loraserve.common.errors import InvalidArgument
+from loraserve.common.lora_values import check_lora_scale
 from loraserve.common.manifest import FileInfo
 from loraserve.common.peft_format import (
     CONFIG_FILE,
@@ -129,6 +131,7 @@ def parse_adapter_config(data: bytes) -> LoraConfig:
     alpha = config.get("lora_alpha")
     if not isinstance(alpha, int | float) or isinstance(alpha, bool) or not math.isfinite(alpha):
         raise InvalidArgument(f"{name}: lora_alpha must be a finite number, got {alpha!r}")
+    check_lora_scale(config)
     base_model = config.get("base_model_name_or_path")
     if not isinstance(base_model, str) or not base_model:
         raise InvalidArgument(f"{name}: base_model_name_or_path must be a non-empty string")

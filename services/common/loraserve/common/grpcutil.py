@@ -15,9 +15,11 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 import grpc
+from google.protobuf.message import DecodeError
 from grpc.aio import AbortError
 
-from loraserve.common.errors import LoraserveError
+from loraserve.common.errors import InvalidArgument, LoraserveError
+from loraserve.common.textlimits import capped_message
 
 log = logging.getLogger(__name__)
 
@@ -29,15 +31,47 @@ async def _abort_for(
     exc: BaseException, context: grpc.aio.ServicerContext[Any, Any], method: str
 ) -> None:
     if isinstance(exc, LoraserveError):
-        log.info("rpc.error method=%s code=%s message=%s", method, exc.code.name, exc.message)
-        await context.abort(exc.code, exc.message)
+        # Capped: a status message longer than the client's metadata limit would replace
+        # the status itself with RESOURCE_EXHAUSTED.
+        message = capped_message(exc.message)
+        log.info("rpc.error method=%s code=%s message=%s", method, exc.code.name, message)
+        await context.abort(exc.code, message)
     log.error("rpc.internal_error method=%s", method, exc_info=exc)
     await context.abort(grpc.StatusCode.INTERNAL, f"internal error in {method}")
+
+
+class _Undecodable:
+    """A request message that did not parse, standing in for it so that the handler's
+    wrapper can answer INVALID_ARGUMENT (a failing deserializer makes grpc answer
+    INTERNAL, which says "our bug" to the client)."""
+
+    def __init__(self, reason: str) -> None:
+        self.reason = reason
+
+
+def _tolerant(deserializer: Callable[[bytes], Any] | None) -> Callable[[bytes], Any] | None:
+    if deserializer is None:
+        return None
+
+    def deserialize(data: bytes) -> Any:
+        try:
+            return deserializer(data)
+        except DecodeError as exc:
+            # E.g. a string field that is not UTF-8 (a lone surrogate's bytes).
+            return _Undecodable(str(exc))
+
+    return deserialize
+
+
+def _check_decoded(request: Any) -> None:
+    if isinstance(request, _Undecodable):
+        raise InvalidArgument(f"the request message does not parse: {request.reason}")
 
 
 def _wrap_unary_response(behavior: Behavior, guard: Guard | None, method: str) -> Behavior:
     async def wrapper(request: Any, context: grpc.aio.ServicerContext[Any, Any]) -> Any:
         try:
+            _check_decoded(request)
             if guard is not None:
                 await guard(context)
             return await behavior(request, context)
@@ -54,6 +88,7 @@ def _wrap_stream_response(behavior: Behavior, guard: Guard | None, method: str) 
     # then passes one async generator fewer (the handler's own) on its way to the wire.
     async def wrapper(request: Any, context: grpc.aio.ServicerContext[Any, Any]) -> None:
         try:
+            _check_decoded(request)
             if guard is not None:
                 await guard(context)
             result = behavior(request, context)
@@ -86,6 +121,9 @@ def wrap_handler(
         "request_deserializer": handler.request_deserializer,
         "response_serializer": handler.response_serializer,
     }
+    if handler.unary_unary or handler.unary_stream:
+        # One request message: one that does not parse is the caller's error.
+        kwargs["request_deserializer"] = _tolerant(handler.request_deserializer)
     if handler.unary_unary:
         return grpc.unary_unary_rpc_method_handler(
             _wrap_unary_response(handler.unary_unary, guard, method), **kwargs

@@ -104,7 +104,12 @@ class TokenAuth:
         security: ServerSecurity,
         write_methods: Iterable[str],
         replica_methods: Iterable[str] = (),
+        *,
+        carrier: str = "metadata",
     ) -> None:
+        """`carrier` names where the token travels in refusals: gRPC metadata, or the
+        HTTP front's header."""
+        self._carrier = carrier
         self._tokens = (
             [(t, Role.READER) for t in security.reader_tokens]
             + [(t, Role.WRITER) for t in security.writer_tokens]
@@ -142,10 +147,10 @@ class TokenAuth:
         """The principal per role the presented token has; raises Unauthenticated."""
         header = next((value for key, value in metadata if key == "authorization"), None)
         if header is None:
-            raise Unauthenticated("missing 'authorization: Bearer <token>' metadata")
+            raise Unauthenticated(f"missing 'authorization: Bearer <token>' {self._carrier}")
         scheme, _, presented = str(header).partition(" ")
         if scheme.lower() != "bearer" or not presented:
-            raise Unauthenticated("authorization metadata must be 'Bearer <token>'")
+            raise Unauthenticated(f"authorization {self._carrier} must be 'Bearer <token>'")
         matches: dict[Role, str] = {}
         # Compare against every token, so timing does not reveal which one matched.
         for token, role in self._tokens:

@@ -55,18 +55,28 @@ async def start_server(
     write_methods: Iterable[str] = (),
     replica_methods: Iterable[str] = (),
     options: Sequence[tuple[str, Any]] = (),
+    max_connection_age_s: float | None = None,
 ) -> RunningServer:
     """Starts a server on `address` (port 0 picks a free one), NOT_SERVING until told.
 
     `register` adds the service's servicers; `service_names` are their full names
-    for health and reflection.
+    for health and reflection. With `max_connection_age_s`, each connection is asked
+    to close (GOAWAY; gRPC jitters the age by 10 %) once that old: its calls finish on
+    it, new ones go to a new connection, for which a client resolves its target again
+    (`dns:///` clients re-resolve only when a connection ends, so without this they
+    never see replicas added after they connected).
     """
     if not security.auth_enabled:
         log.warning("server.auth_disabled address=%s: no tokens configured", address)
     auth = TokenAuth(security, write_methods, replica_methods)
+    age = (
+        [("grpc.max_connection_age_ms", max(1, round(max_connection_age_s * 1000)))]
+        if max_connection_age_s
+        else []
+    )
     server = grpc.aio.server(
         interceptors=[ErrorMappingInterceptor(auth.guard_for)],
-        options=[*MESSAGE_LIMIT_OPTIONS, *options],
+        options=[*MESSAGE_LIMIT_OPTIONS, *age, *options],
     )
     register(server)
     health_servicer = health.aio.HealthServicer()

@@ -8,6 +8,8 @@ field; a value over it is refused with INVALID_ARGUMENT naming the field.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+
 from loraserve.common.errors import InvalidArgument
 
 KIB = 1024
@@ -20,6 +22,14 @@ MAX_TARGET_MODULES_BYTES = 64 * KIB
 MAX_TARGET_MODULE_BYTES = 256
 # ReportStatusRequest.error.message: the NACK reason shown by `adapterctl status`.
 MAX_ERROR_MESSAGE_BYTES = 4 * KIB
+# Any error message a server sends: a gRPC status message travels in the trailers, whose
+# size clients cap (grpcio's default hard limit is 16 KiB for all metadata; past it the
+# client sees RESOURCE_EXHAUSTED and the real status is lost), and an HTTP error body
+# should stay readable. Messages that list what was wrong name a few (`few`).
+MAX_STATUS_MESSAGE_BYTES = 2 * KIB
+# How many offending items an error message names before it only counts the rest.
+SHOWN_ITEMS = 5
+MAX_ITEM_BYTES = 80
 # What the store keeps of one: a GetAdapterStatus page holds one per replica and adapter.
 MAX_KEPT_ERROR_MESSAGE_BYTES = 1 * KIB
 # A listing page's adapters/revisions, encoded: below gRPC's default 4 MiB receive
@@ -39,11 +49,37 @@ def check_text(field: str, value: str, limit: int) -> None:
 
 
 def truncate_text(value: str, limit: int) -> str:
-    """`value` cut to at most `limit` UTF-8 bytes, on a character boundary."""
-    data = value.encode()
+    """`value` cut to at most `limit` UTF-8 bytes, on a character boundary; what is not
+    text (a lone surrogate) is shown escaped."""
+    data = value.encode(errors="backslashreplace")
     if len(data) <= limit:
-        return value
+        return data.decode()
     return data[: max(0, limit - 3)].decode(errors="ignore") + "..."
+
+
+def few(items: Iterable[object], shown: int = SHOWN_ITEMS) -> str:
+    """The items for an error message: all of a few, else the first `shown` and a count
+    (`1, 2, 3, 4, 5 and 4995 more`); each item's text cut short too."""
+    listed: list[str] = []
+    rest = 0
+    for item in items:
+        if len(listed) < shown:
+            listed.append(truncate_text(str(item), MAX_ITEM_BYTES))
+        else:
+            rest += 1
+    text = ", ".join(listed)
+    return f"{text} and {rest} more" if rest else text
+
+
+def capped_message(message: str) -> str:
+    """`message` cut to `MAX_STATUS_MESSAGE_BYTES`, saying how much was cut: what every
+    error status or HTTP error body carries, whoever wrote the message."""
+    data = message.encode(errors="backslashreplace")
+    if len(data) <= MAX_STATUS_MESSAGE_BYTES:
+        return data.decode()
+    note = f" ... ({len(data)} bytes, cut)"
+    keep = MAX_STATUS_MESSAGE_BYTES - len(note)
+    return data[:keep].decode(errors="ignore") + note
 
 
 class PageFill:

@@ -21,6 +21,7 @@ import stamina
 from loraserve.clients.store import StoreClient, StoreClientSettings
 from loraserve.common import retrylog
 from loraserve.common.errors import TRANSIENT_ERRORS, LoraserveError
+from loraserve.common.metrics_http import serve_metrics
 from loraserve.common.server import RunningServer, start_server
 from loraserve.inference.adapters import (
     LLAMA_TARGET_MODULES,
@@ -40,7 +41,7 @@ from loraserve.inference.serving import (
     Admission,
     Generator,
     Runtime,
-    RuntimeSlot,
+    RuntimeRef,
     register,
 )
 from loraserve.inference.settings import EngineOptions, InferenceSettings
@@ -69,7 +70,7 @@ class InferenceApp:
         self._settings = settings
         self._start_engine = start_engine
         self.metrics = InferenceMetrics()
-        self.slot = RuntimeSlot()
+        self.runtime_ref = RuntimeRef()
         self.ready = asyncio.Event()
         self._server: RunningServer | None = None
         self._http: RunningHttpServer | None = None
@@ -94,13 +95,14 @@ class InferenceApp:
     async def start(self) -> None:
         """Starts listening (NOT_SERVING); `run_engine_and_sync` does the rest."""
         settings = self._settings
-        if settings.metrics_port is not None:
-            self.metrics_port = self.metrics.serve(settings.metrics_port)
+        if settings.metrics_listen is not None:
+            self.metrics_port = serve_metrics(self.metrics.registry, settings.metrics_listen)
         self._server = await start_server(
             address=settings.listen,
-            register=lambda server: register(server, self.slot),
+            register=lambda server: register(server, self.runtime_ref),
             service_names=[SERVICE_NAME],
             security=settings.security,
+            max_connection_age_s=settings.max_connection_age_s,
         )
         if settings.openai_listen is not None:
             self._http = await self._start_openai(settings.openai_listen)
@@ -173,8 +175,8 @@ class InferenceApp:
         """Makes the started parts reachable from both fronts and the metrics."""
         settings = self._settings
         info = engine.info
-        admission = Admission(settings.max_pending_requests)
-        self.slot.set(
+        admission = Admission(settings.max_pending_requests, settings.max_n)
+        self.runtime_ref.set(
             Runtime(
                 engine=engine,
                 registry=registry,
@@ -237,7 +239,7 @@ class InferenceApp:
             await self._cache.close()
         if self._store is not None:
             await self._store.close()
-        self.slot.set(None)
+        self.runtime_ref.set(None)
         if self._engine is not None:
             self._engine.shutdown()
         log.info("server.stopped")
@@ -248,7 +250,7 @@ class InferenceApp:
 
         settings = self._settings
         app = create_openai_app(
-            self.slot,
+            self.runtime_ref,
             model_names=list(
                 dict.fromkeys([settings.compat.served_model_name, settings.engine.model])
             ),
@@ -256,6 +258,7 @@ class InferenceApp:
             is_ready=self.ready.is_set,
             max_body_bytes=settings.openai_max_body_bytes,
             metrics=self.metrics.registry,
+            public_metrics=settings.public_metrics,
         )
         return await start_http_server(
             app, address=address, security=settings.security, name="openai-http"
@@ -277,7 +280,7 @@ class InferenceApp:
             with attempt:
                 attempts = attempt.num
                 ranks = await self._store_adapter_ranks(attempt)
-        self.slot.set_waiting("")
+        self.runtime_ref.set_waiting("")
         rank = smallest_covering_rank(ranks, await asyncio.to_thread(supported_lora_ranks))
         log.info(
             "engine.auto_rank ranks=%s max_lora_rank=%d attempts=%d",
@@ -299,7 +302,7 @@ class InferenceApp:
                 require_base_model_match=compat.require_base_model_match,
             )
         except TRANSIENT_ERRORS as exc:
-            self.slot.set_waiting(
+            self.runtime_ref.set_waiting(
                 f"waiting for the adapter store at {self._settings.store_address} to size "
                 f"the engine (--max-lora-rank auto): {exc.message}"
             )

@@ -16,10 +16,12 @@ from loraserve.common.errors import InvalidArgument
 from loraserve.common.flags import (
     EnvFlags,
     fraction,
+    non_negative_float,
     non_negative_int,
     positive_float,
     positive_int,
 )
+from loraserve.common.metrics_http import add_metrics_flags, metrics_address
 from loraserve.common.security import (
     ClientSecurity,
     ServerSecurity,
@@ -33,6 +35,9 @@ from loraserve.common.sizes import parse_size
 ENV_PREFIX = "INFERENCE"
 STORE_FLAG_PREFIX = "store"
 
+
+# OpenAI's own limit on n.
+DEFAULT_MAX_N = 128
 
 # Room for a prompt as long as gRPC's message limit allows.
 DEFAULT_OPENAI_MAX_BODY_BYTES = 16 * 1024 * 1024
@@ -77,7 +82,10 @@ class InferenceSettings:
     replica_id: str
     listen: str
     security: ServerSecurity
+    # Sequences admitted at once (a request counts its n).
     max_pending_requests: int = 256
+    # Most choices (n) one request may ask for per prompt.
+    max_n: int = DEFAULT_MAX_N
     # HOST:PORT of the OpenAI-compatible HTTP front; None: off.
     openai_listen: str | None = None
     # Seconds between signs of life to the store (see SyncSettings.status_interval_s).
@@ -86,17 +94,21 @@ class InferenceSettings:
     store_max_staleness_s: float = 30.0
     # Largest HTTP request body the front reads; larger ones get 413 unread.
     openai_max_body_bytes: int = DEFAULT_OPENAI_MAX_BODY_BYTES
-    metrics_port: int | None = None
+    # HOST:PORT of the metrics endpoint; None: off.
+    metrics_listen: str | None = None
+    # /metrics on the OpenAI port without a token.
+    public_metrics: bool = False
+    # Seconds before a gRPC connection is asked to close; 0: never.
+    max_connection_age_s: float = 300.0
     shutdown_grace_seconds: float = 30.0
     log_level: str = "INFO"
     # Bytes the adapter cache may hold on disk; None: unbounded.
     adapter_cache_size: int | None = None
     # Adapters loaded before SERVING and kept warm on publish (see SyncSettings).
     prefetch_adapters: int = 32
-    # Whether downloads read object storage with the store's presigned URLs (falling
-    # back to the store's stream where they cannot), or always stream through the store.
+    # Downloads read object storage with presigned URLs (else the store's stream).
     direct_downloads: bool = True
-    # Files at least twice this long are read as parallel ranged GETs; 0: one GET a file.
+    # Files at least twice this long are read in parallel ranges; 0: one GET a file.
     download_range_size: int = 0
 
 
@@ -132,9 +144,21 @@ def build_parser(environ: Mapping[str, str]) -> argparse.ArgumentParser:
     commands = parser.add_subparsers(dest="command", required=True)
     serve = commands.add_parser("serve", help="run the inference server")
     flags = EnvFlags(environ, ENV_PREFIX)
-    env = flags.get
     _add_model_flags(serve, flags)
     _add_store_flags(serve, flags)
+    _add_cache_flags(serve, flags)
+    _add_serving_flags(serve, flags)
+    add_metrics_flags(serve, flags)
+    _add_connection_flags(serve, flags)
+    _add_engine_flags(serve.add_argument_group("engine"), flags)
+    add_server_security_flags(serve, ENV_PREFIX, environ)
+    add_client_security_flags(serve, ENV_PREFIX, environ, flag_prefix=STORE_FLAG_PREFIX)
+    return parser
+
+
+def _add_cache_flags(serve: argparse.ArgumentParser, flags: EnvFlags) -> None:
+    """Where downloaded adapters live, how many bytes, what is loaded ahead, how read."""
+    env = flags.get
     serve.add_argument(
         "--adapter-cache",
         type=Path,
@@ -158,7 +182,26 @@ def build_parser(environ: Mapping[str, str]) -> argparse.ArgumentParser:
         "served most recently first) and loaded as soon as they are published while fewer "
         "than N are loaded; every other adapter loads on its first request",
     )
-    _add_download_flags(serve, flags)
+    serve.add_argument(
+        "--adapter-download",
+        choices=("direct", "stream"),
+        default=env("adapter-download", "direct"),
+        help="direct: read adapter files from object storage with the store's presigned "
+        "URLs, else through the store's stream; stream: always through the store's stream",
+    )
+    serve.add_argument(
+        "--download-range-size",
+        type=parse_size,
+        default=env("download-range-size", "0"),
+        metavar="BYTES",
+        help="read files at least twice this long from object storage as parallel ranged "
+        "GETs of this size (e.g. 16MiB; pays on AWS S3); 0: one streamed GET per file",
+    )
+
+
+def _add_serving_flags(serve: argparse.ArgumentParser, flags: EnvFlags) -> None:
+    """Where requests arrive and how many are admitted."""
+    env = flags.get
     serve.add_argument("--replica-id", default=env("replica-id"), help="default: host name")
     serve.add_argument("--listen", default=env("listen", "0.0.0.0:50052"), help="gRPC address")
     serve.add_argument(
@@ -179,13 +222,38 @@ def build_parser(environ: Mapping[str, str]) -> argparse.ArgumentParser:
         "--max-pending-requests",
         type=positive_int,
         default=env("max-pending-requests", "256"),
-        help="requests admitted at once; more get RESOURCE_EXHAUSTED",
+        help="sequences admitted at once, a request counting its n (choices); more get "
+        "RESOURCE_EXHAUSTED",
     )
     serve.add_argument(
-        "--metrics-port",
-        type=int,
-        default=env("metrics-port"),
-        help="serve Prometheus metrics on this port (0: any free port; unset: off)",
+        "--max-n",
+        type=positive_int,
+        default=env("max-n"),
+        metavar="N",
+        help=f"most choices (n) a request may ask for per prompt; more is INVALID_ARGUMENT "
+        f"(default: {DEFAULT_MAX_N}, or --max-pending-requests if lower)",
+    )
+
+
+def _add_connection_flags(serve: argparse.ArgumentParser, flags: EnvFlags) -> None:
+    """How connections, metrics scrapers and shutdown are treated."""
+    env = flags.get
+    serve.add_argument(
+        "--public-metrics",
+        action="store_true",
+        default=flags.switch("public-metrics"),
+        help="serve /metrics on the OpenAI port without a token, for scrapers that send "
+        "none (an inference-gateway endpoint picker); otherwise it takes a token like "
+        "every other path there (env INFERENCE_PUBLIC_METRICS)",
+    )
+    serve.add_argument(
+        "--max-connection-age",
+        type=non_negative_float,
+        default=env("max-connection-age", "300"),
+        metavar="SECONDS",
+        help="ask each gRPC connection to close (GOAWAY) once this old; its calls finish, "
+        "and clients reconnect, resolving dns:/// targets again, so new replicas get "
+        "traffic (0: never)",
     )
     serve.add_argument(
         "--shutdown-grace",
@@ -194,31 +262,6 @@ def build_parser(environ: Mapping[str, str]) -> argparse.ArgumentParser:
         help="seconds running streams get to finish on SIGTERM",
     )
     serve.add_argument("--log-level", default=env("log-level", "INFO"))
-    _add_engine_flags(serve.add_argument_group("engine"), flags)
-    add_server_security_flags(serve, ENV_PREFIX, environ)
-    add_client_security_flags(serve, ENV_PREFIX, environ, flag_prefix=STORE_FLAG_PREFIX)
-    return parser
-
-
-def _add_download_flags(serve: argparse.ArgumentParser, flags: EnvFlags) -> None:
-    env = flags.get
-    serve.add_argument(
-        "--adapter-download",
-        choices=("direct", "stream"),
-        default=env("adapter-download", "direct"),
-        help="direct: read adapter files from object storage with the presigned URLs the "
-        "store hands out (no storage credentials here), streaming through the store only "
-        "where that fails; stream: always stream them through the store",
-    )
-    serve.add_argument(
-        "--download-range-size",
-        type=parse_size,
-        default=env("download-range-size", "0"),
-        metavar="BYTES",
-        help="read files at least twice this long from object storage as parallel ranged "
-        "GETs of this size (e.g. 16MiB; pays on AWS S3, not on a backend that reads the "
-        "whole object for every range); 0: one streamed GET per file",
-    )
 
 
 def _add_model_flags(serve: argparse.ArgumentParser, flags: EnvFlags) -> None:
@@ -307,6 +350,13 @@ def parse_settings(
         raise InvalidArgument(
             f"--max-cpu-loras ({max_cpu_loras}) must be at least --max-loras ({max_loras})"
         )
+    max_pending = int(args.max_pending_requests)
+    max_n = int(args.max_n) if args.max_n is not None else min(DEFAULT_MAX_N, max_pending)
+    if max_n > max_pending:
+        raise InvalidArgument(
+            f"--max-n ({max_n}) must be at most --max-pending-requests ({max_pending}): "
+            "a request with more choices than that could never be admitted"
+        )
     model = str(args.model)
     engine = EngineOptions(
         model=model,
@@ -332,12 +382,15 @@ def parse_settings(
         replica_id=args.replica_id or hostname,
         listen=args.listen,
         security=server_security_from_args(args),
-        max_pending_requests=int(args.max_pending_requests),
+        max_pending_requests=max_pending,
+        max_n=max_n,
         openai_listen=args.openai_listen or None,
         status_interval_s=float(args.status_interval),
         store_max_staleness_s=float(args.store_max_staleness),
         openai_max_body_bytes=int(args.openai_max_body_size),
-        metrics_port=int(args.metrics_port) if args.metrics_port is not None else None,
+        metrics_listen=metrics_address(args, args.listen),
+        public_metrics=bool(args.public_metrics),
+        max_connection_age_s=float(args.max_connection_age),
         shutdown_grace_seconds=float(args.shutdown_grace),
         log_level=str(args.log_level).upper(),
         adapter_cache_size=args.adapter_cache_size,

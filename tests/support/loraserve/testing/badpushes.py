@@ -72,6 +72,43 @@ def _weights_with_data(extra: int) -> bytes:
     return raw_safetensors(header, data + b"\0" * extra if extra > 0 else data[:extra])
 
 
+# The tensor whose element [3, 1] the value tests change.
+_POISONED = "base_model.model.model.layers.1.self_attn.v_proj.lora_B.weight"
+
+
+def _weights_holding(value: float, dtype: str) -> bytes:
+    """The tiny adapter's weights in `dtype` (F16, BF16, F32 or F64), one entry `value`."""
+    tensors = lora_tensors()
+    tensors[_POISONED][3, 1] = value
+    if dtype == "BF16":  # numpy has no bfloat16: the upper halves of the float32 values
+        header: dict[str, Any] = {}
+        data = b""
+        for name, array in sorted(tensors.items()):
+            raw = (array.view(np.uint32) >> 16).astype("<u2").tobytes()
+            header[name] = {
+                "dtype": "BF16",
+                "shape": list(array.shape),
+                "data_offsets": [len(data), len(data) + len(raw)],
+            }
+            data += raw
+        return raw_safetensors(header, data)
+    numpy_type = {"F16": np.float16, "F32": np.float32, "F64": np.float64}[dtype]
+    return save({name: array.astype(numpy_type) for name, array in tensors.items()})
+
+
+def _nan_then_cut() -> list[Chunk]:
+    """The config, then the weights only up to a NaN in the first tensor's data: a
+    store that checks values as they stream refuses it before the rest is sent."""
+    weights = bytearray(tiny_adapter()[WEIGHTS])
+    (length,) = struct.unpack("<Q", weights[:8])
+    nan_at = 8 + length + 4 * 5  # element 5 of the first tensor (F32)
+    weights[nan_at : nan_at + 4] = struct.pack("<f", float("nan"))
+    return [
+        Chunk(CONFIG, 0, tiny_adapter()[CONFIG]),
+        Chunk(WEIGHTS, 0, bytes(weights[: nan_at + 4])),
+    ]
+
+
 def _declared_with(name: str, **changes: Any) -> list[FileInfo]:
     return [
         FileInfo(**{"name": f.name, "size": f.size, "sha256": f.sha256, **changes})
@@ -91,6 +128,7 @@ def weights_with_nested_header(depth: int) -> bytes:
     return struct.pack("<Q", len(header)) + header
 
 
+NAN, INF = float("nan"), float("inf")
 WEIGHTS = "adapter_model.safetensors"
 CONFIG = "adapter_config.json"
 BAD_PUSHES = [
@@ -218,5 +256,51 @@ BAD_PUSHES = [
         "header-nested-50k",
         _with(adapter_model__safetensors=weights_with_nested_header(50_000)),
         "adapter_model.safetensors header: JSON nested more than 64 levels deep",
+    ),
+    BadPush(
+        "nan-f32",
+        _with(adapter_model__safetensors=_weights_holding(NAN, "F32")),
+        f"tensor {_POISONED!r} holds NaN at element 13",
+    ),
+    BadPush(
+        "inf-f16",
+        _with(adapter_model__safetensors=_weights_holding(INF, "F16")),
+        f"tensor {_POISONED!r} holds an infinity at element 13",
+    ),
+    BadPush(
+        "minus-inf-bf16",
+        _with(adapter_model__safetensors=_weights_holding(-INF, "BF16")),
+        f"tensor {_POISONED!r} holds an infinity at element 13",
+    ),
+    BadPush(
+        "nan-f64",
+        _with(adapter_model__safetensors=_weights_holding(NAN, "F64")),
+        f"tensor {_POISONED!r} holds NaN at element 13",
+    ),
+    BadPush(
+        "unchecked-float-dtype",
+        _with(adapter_model__safetensors=_one_tensor("F8_E4M3", [2], [0, 2], b"\x7f\x7f")),
+        "dtype F8_E4M3, whose values cannot be checked for NaN and infinity",
+    ),
+    BadPush("nan-before-the-rest-is-sent", tiny_adapter(), "holds NaN", chunks=_nan_then_cut()),
+    BadPush(
+        "alpha-1e308",
+        _with(adapter_config__json=lora_config(lora_alpha=1e308)),
+        "lora_alpha = 1e+308 with r = 4 gives a LoRA scale (lora_alpha / r) of 2.5e+307",
+    ),
+    BadPush(
+        "alpha-absurd",
+        _with(adapter_config__json=lora_config(lora_alpha=4100)),
+        "lora_alpha = 4100 with r = 4 gives a LoRA scale (lora_alpha / r) of 1025",
+    ),
+    BadPush(
+        "alpha-absurd-rslora",
+        _with(adapter_config__json=lora_config(lora_alpha=2050, use_rslora=True)),
+        "scale (lora_alpha / sqrt(r)) of 1025",
+    ),
+    BadPush(
+        "alpha-pattern-absurd",
+        _with(adapter_config__json=lora_config(alpha_pattern={"v_proj": 1e300})),
+        "alpha_pattern['v_proj'] = 1e+300",
     ),
 ]

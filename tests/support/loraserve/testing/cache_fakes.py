@@ -28,7 +28,11 @@ class FakeSource:
         self.lookups = 0
         self.corrupt_downloads = 0
         self.chunk_size = chunk_size
-        self.gate: asyncio.Event | None = None
+        # With `hold` set, each download sends everything and then waits for it before
+        # its stream ends: the transfer is on the cache's disk and not over yet.
+        # `holding` counts the downloads waiting there.
+        self.hold: asyncio.Event | None = None
+        self.holding = 0
 
     def add(self, name: str, revision: int, files: dict[str, bytes]) -> Revision:
         manifest = Revision(
@@ -66,8 +70,6 @@ class FakeSource:
         self, name: str, revision: int
     ) -> AsyncGenerator[Revision | FileChunk, None]:
         self.downloads += 1
-        if self.gate is not None:
-            await self.gate.wait()
         yield self._manifest(name, revision)
         corrupt = self.corrupt_downloads > 0
         self.corrupt_downloads -= 1
@@ -76,3 +78,9 @@ class FakeSource:
                 data = b"\xff" + data[1:]
             for offset in range(0, len(data), self.chunk_size):
                 yield FileChunk(file_name, offset, data[offset : offset + self.chunk_size])
+        if self.hold is not None:
+            self.holding += 1
+            try:
+                await self.hold.wait()
+            finally:
+                self.holding -= 1

@@ -15,9 +15,10 @@ from __future__ import annotations
 import logging
 import os
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
+from contextlib import contextmanager
 from pathlib import Path
-from typing import TYPE_CHECKING, Final
+from typing import TYPE_CHECKING, Any, Final
 
 import pytest
 
@@ -71,3 +72,29 @@ async def vllm_engine(tiny_model_dir: Path) -> AsyncIterator[AsyncLLM]:
         # AsyncLLM.__del__ would shut down again among half-unloaded modules and print
         # a TypeError; dropping the reference lets the engine go now.
         del engine
+
+
+# A chat template for the tiny model, which has none: role-prefixed lines after BOS, so a
+# chat's prompt is the completion prompt `PLAIN_CHAT_TEMPLATE` renders.
+PLAIN_CHAT_TEMPLATE = (
+    "{{ bos_token }}{% for m in messages %}{{ m.role }}: {{ m.content }}\n{% endfor %}"
+    "{% if add_generation_prompt %}assistant:{% endif %}"
+)
+
+
+def plain_chat_prompt(messages: list[dict[str, str]]) -> str:
+    """What `PLAIN_CHAT_TEMPLATE` renders for `messages`, less the BOS it starts with."""
+    return "".join(f"{m['role']}: {m['content']}\n" for m in messages) + "assistant:"
+
+
+@contextmanager
+def chat_template(engine: AsyncLLM, template: str | None) -> Iterator[None]:
+    """The session engine's tokenizer with `template` as its chat template until the
+    block ends (the engine is shared: the tiny model's own, none, comes back)."""
+    tokenizer: Any = engine.get_tokenizer()
+    before = getattr(tokenizer, "chat_template", None)
+    tokenizer.chat_template = template
+    try:
+        yield
+    finally:
+        tokenizer.chat_template = before

@@ -40,7 +40,7 @@ from loraserve.inference.serving import (
     Admission,
     Generator,
     Runtime,
-    RuntimeSlot,
+    RuntimeRef,
     register,
 )
 from loraserve.inference.v1 import inference_pb2_grpc as pb_grpc
@@ -98,18 +98,19 @@ def tiny_registry(
     return AdapterRegistry(engine, cache, compat, **options)
 
 
-def runtime_slot(
+def make_runtime_ref(
     engine: Engine,
     registry: AdapterRegistry,
     metrics: InferenceMetrics,
     *,
     max_pending: int = 16,
+    max_n: int | None = None,
     replica_id: str = REPLICA_ID,
     **runtime: Any,
-) -> RuntimeSlot:
+) -> RuntimeRef:
     """The generation path over `registry`, as the servicers and the HTTP front reach it."""
-    admission = Admission(max_pending)
-    return RuntimeSlot(
+    admission = Admission(max_pending, max_n)
+    return RuntimeRef(
         Runtime(
             engine=engine,
             registry=registry,
@@ -122,10 +123,16 @@ def runtime_slot(
 
 
 @asynccontextmanager
-async def openai_server(slot: RuntimeSlot, model_name: str) -> AsyncIterator[int]:
-    """The OpenAI-compatible front over `slot` on 127.0.0.1; yields its port."""
+async def openai_server(
+    runtime_ref: RuntimeRef, model_name: str, **options: Any
+) -> AsyncIterator[int]:
+    """The OpenAI-compatible front over `runtime_ref` on 127.0.0.1; yields its port. `options`
+    go to `create_openai_app` (security, metrics)."""
     app = create_openai_app(
-        slot, model_names=[model_name], security=ServerSecurity(), is_ready=lambda: True
+        runtime_ref,
+        model_names=[model_name],
+        is_ready=lambda: True,
+        **{"security": ServerSecurity(), **options},
     )
     server = await start_http_server(app, address="127.0.0.1:0", security=ServerSecurity())
     try:
@@ -162,7 +169,7 @@ class Served:
     engine: VllmEngine
     registry: AdapterRegistry
     fetcher: DirectoryFetcher
-    slot: RuntimeSlot
+    runtime_ref: RuntimeRef
     cache_dir: Path
 
     async def install(self, name: str, revision: int, source: Path) -> None:
@@ -186,9 +193,11 @@ def served_factory(
         fetcher = DirectoryFetcher(cache_dir)
         metrics = InferenceMetrics(CollectorRegistry())
         registry = tiny_registry(engine, tiny_model_dir, fetcher, observer=metrics)
-        slot = runtime_slot(engine, registry, metrics, max_pending=max_pending)
+        runtime_ref = make_runtime_ref(engine, registry, metrics, max_pending=max_pending)
         try:
-            async with serving(lambda server: register(server, slot), [SERVICE_NAME]) as running:
+            async with serving(
+                lambda server: register(server, runtime_ref), [SERVICE_NAME]
+            ) as running:
                 address = f"127.0.0.1:{running.port}"
                 async with grpc.aio.insecure_channel(address) as channel:
                     yield Served(
@@ -197,7 +206,7 @@ def served_factory(
                         engine,
                         registry,
                         fetcher,
-                        slot,
+                        runtime_ref,
                         cache_dir,
                     )
         finally:

@@ -9,10 +9,12 @@ from __future__ import annotations
 import asyncio
 import itertools
 import shutil
-from collections.abc import AsyncGenerator, Callable, Sequence
+from collections.abc import AsyncGenerator, Callable, Mapping, Sequence
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
+
+from safetensors.numpy import save
 
 from loraserve.common.errors import FailedPrecondition, NotFound
 from loraserve.common.manifest import FileInfo, Revision
@@ -33,6 +35,8 @@ from loraserve.inference.engine.sampling import (
     resolve_max_tokens,
     vllm_sampling_params,
 )
+from loraserve.testing.adapterfiles import lora_config, lora_tensors
+from loraserve.testing.engine import plain_chat_prompt
 
 FAKE_INFO = EngineInfo(
     model="/models/fake-llama",
@@ -70,6 +74,7 @@ class FakeEngine:
         self.finish_with: EngineFinish = EngineFinish.LENGTH
         self.defaults = ServerDefaults()
         self.sampled: list[Any] = []
+        self.chat_template = True
 
     @property
     def info(self) -> EngineInfo:
@@ -80,6 +85,16 @@ class FakeEngine:
 
     def tokenize(self, text: str) -> list[int]:
         return [1, *(ord(c) % self._info.vocab_size for c in text)]
+
+    async def prompt_ids(self, text: str) -> list[int]:
+        return self.tokenize(text)
+
+    async def chat_prompt_ids(self, messages: Sequence[Mapping[str, str]]) -> list[int] | None:
+        """The prompt `PLAIN_CHAT_TEMPLATE` would render; None (as for a model without a
+        template) when `chat_template` is False."""
+        if not self.chat_template:
+            return None
+        return self.tokenize(plain_chat_prompt([dict(m) for m in messages]))
 
     def decode(self, token_ids: Sequence[int]) -> str:
         return "".join(f"<{i}>" for i in token_ids)
@@ -161,10 +176,13 @@ def make_revision(
     target_modules: tuple[str, ...] = ("q_proj", "v_proj"),
     base_model: str = "fake-llama",
 ) -> CachedRevision:
-    """A revision directory in `cache_dir` with a placeholder file, as the cache lays it out."""
+    """A revision directory in `cache_dir`, as the cache lays it out, holding a small
+    valid adapter of that rank and those modules (the replica reads its files before
+    the engine gets it)."""
     path = cache_dir / name / str(revision)
     path.mkdir(parents=True, exist_ok=True)
-    (path / "adapter_config.json").write_text("{}")
+    (path / "adapter_config.json").write_bytes(lora_config(rank, target_modules))
+    (path / "adapter_model.safetensors").write_bytes(save(lora_tensors(rank, target_modules)))
     return CachedRevision(fake_manifest(name, revision, rank, target_modules, base_model), path)
 
 

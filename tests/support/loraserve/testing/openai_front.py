@@ -18,7 +18,7 @@ from loraserve.common.security import ServerSecurity
 from loraserve.inference.adapters import LLAMA_TARGET_MODULES, AdapterRegistry, CompatibilityChecker
 from loraserve.inference.metrics import InferenceMetrics
 from loraserve.inference.openai import RunningHttpServer, create_openai_app, start_http_server
-from loraserve.inference.serving import Admission, Generator, Runtime, RuntimeSlot
+from loraserve.inference.serving import Admission, Generator, Runtime, RuntimeRef
 from loraserve.testing.inference_fakes import CacheDirectory, FakeEngine, make_revision
 
 MODEL = "fake-llama"
@@ -29,7 +29,7 @@ CHAT: dict[str, object] = {"messages": MESSAGES}
 @dataclass
 class Front:
     engine: FakeEngine
-    slot: RuntimeSlot
+    runtime_ref: RuntimeRef
     server: RunningHttpServer
     url: str
 
@@ -57,19 +57,19 @@ async def start_front(tmp_path: Path) -> AsyncIterator[StartFront]:
         registry = AdapterRegistry(engine, CacheDirectory(tmp_path), compat)
         await registry.install(make_revision(tmp_path, "alpha", 3).manifest, make_current=True)
         admission = Admission(max_pending)
-        slot = RuntimeSlot()
+        runtime_ref = RuntimeRef()
         if runtime:
             generator = Generator(engine, registry, admission, InferenceMetrics())
-            slot.set(Runtime(engine, registry, generator, admission, replica_id="r"))
+            runtime_ref.set(Runtime(engine, registry, generator, admission, replica_id="r"))
         app = create_openai_app(
-            slot,
+            runtime_ref,
             model_names=[MODEL, f"/models/{MODEL}"],
             security=security or ServerSecurity(),
             is_ready=lambda: runtime,
         )
         server = await start_http_server(app, address="127.0.0.1:0", security=ServerSecurity())
         servers.append(server)
-        return Front(engine, slot, server, f"http://127.0.0.1:{server.port}")
+        return Front(engine, runtime_ref, server, f"http://127.0.0.1:{server.port}")
 
     yield start
     for server in servers:

@@ -49,6 +49,16 @@ class S3Bucket:
             for obj in page.get("Contents", [])
         )
 
+    def multipart_uploads(self) -> list[str]:
+        """The key of every multipart upload started and neither completed nor aborted,
+        sorted: bytes the bucket holds that no listing of its keys shows."""
+        paginator = self.client().get_paginator("list_multipart_uploads")
+        return sorted(
+            upload["Key"]
+            for page in paginator.paginate(Bucket=self.bucket)
+            for upload in page.get("Uploads", [])
+        )
+
 
 def _new_bucket(endpoint_url: str) -> S3Bucket:
     bucket = S3Bucket(endpoint_url, f"loraserve-test-{next(_bucket_ids)}")

@@ -13,8 +13,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from loraserve.common.errors import FailedPrecondition, InvalidArgument
+from loraserve.common.lora_values import check_config_scale, check_weights_file
 from loraserve.common.manifest import Revision
 from loraserve.common.peft_format import (
+    CONFIG_FILE,
     RANK_AXIS,
     WEIGHTS_FILE,
     linear_weight_shapes,
@@ -139,10 +141,22 @@ class CompatibilityChecker:
 
     def check_weights(self, name: str, revision: int, adapter_dir: Path) -> None:
         """Raises FailedPrecondition if a LoRA tensor's shape does not fit the layer it
-        adapts. vLLM copies LoRA weights into fixed-size slots without checking, so a
-        narrower tensor would load and silently compute garbage. Blocking: reads a file.
+        adapts, a weight is NaN or infinite, or the LoRA scale is out of bounds.
+        Blocking: reads both files whole.
 
-        Layers the model's checkpoint does not name are left to vLLM to judge."""
+        vLLM copies LoRA weights into fixed-size slots without checking, so a narrower
+        tensor would load and silently compute garbage; layers the model's checkpoint
+        does not name are left to vLLM to judge. The store refuses the values at push,
+        but files can reach a bucket around it, so they are checked again here, on the
+        bytes vLLM is about to read (`loraserve.common.lora_values`)."""
+        self._check_shapes(name, revision, adapter_dir)
+        try:
+            check_config_scale((adapter_dir / CONFIG_FILE).read_bytes())
+            check_weights_file(adapter_dir / WEIGHTS_FILE)
+        except InvalidArgument as exc:
+            raise FailedPrecondition(f"adapter {name}@{revision}: {exc.message}") from None
+
+    def _check_shapes(self, name: str, revision: int, adapter_dir: Path) -> None:
         if not self._module_shapes:
             return
         shapes = matrix_shapes(adapter_dir / WEIGHTS_FILE)

@@ -39,7 +39,8 @@ class EngineAdapters:
 
     async def check(self, facts: AdapterFacts, path: Path) -> None:
         """Raises FailedPrecondition for a path outside the cache or an adapter the
-        server cannot serve."""
+        server cannot serve: its manifest, then its files (tensor shapes, finite
+        weights, the LoRA scale), read in a worker thread."""
         if not self._inside_cache(path):
             raise FailedPrecondition(
                 f"adapter {facts.name}@{facts.revision}: refusing to load {path}, "

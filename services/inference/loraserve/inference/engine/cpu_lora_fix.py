@@ -1,4 +1,4 @@
-"""A vLLM plugin that fixes base-model requests batched with LoRA requests on the CPU build.
+"""A vLLM plugin that keeps tokens without an adapter away from every LoRA slot on the CPU build.
 
 vLLM marks tokens of requests without an adapter with LoRA index -1. The Triton
 kernels of the GPU build skip them; the plain-PyTorch ops of the CPU build gather
@@ -6,10 +6,17 @@ kernels of the GPU build skip them; the plain-PyTorch ops of the CPU build gathe
 base-model tokens. Once every slot is in use, base-model answers silently change
 (upstream: vllm-project/vllm pull request 48421, open as of vLLM 0.32).
 
+Zeroing those tokens' inputs and pointing them at a real slot is not enough: a slot
+holding a NaN or an infinity turns 0 x weight into NaN, and every base-model request
+batched with it answers garbage. So the fixed ops never multiply a -1 token by any
+slot's weights: the op runs on the other tokens' rows alone, and the -1 tokens' rows
+get what the op gives for a slot of zeros (`_zero_slot`), with zero inputs.
+
 vLLM loads `vllm.general_plugins` entry points in every one of its processes, the
 engine core included, which is where these ops run. `register` probes the installed
 ops and patches them only if they still apply slot -1, so a vLLM release with the fix
-is left alone.
+is left alone; it also runs the CPU build's other tenant-isolation fix,
+`cpu_kv_fix` (a non-finite value left in a freed KV block reaches the next owner).
 """
 
 from __future__ import annotations
@@ -19,6 +26,8 @@ import logging
 from collections.abc import Callable
 from typing import Any
 
+from loraserve.inference.engine import cpu_kv_fix
+
 log = logging.getLogger(__name__)
 
 _OPS = ("bgmv_shrink", "bgmv_expand", "bgmv_expand_slice")
@@ -26,21 +35,71 @@ _PATCHED = "_loraserve_skips_no_lora"
 
 
 def skipping_no_lora(op: Callable[..., Any]) -> Callable[..., Any]:
-    """Wraps a `bgmv_*` op so tokens with LoRA index -1 get no LoRA delta: their input
-    rows are zeroed (so the delta is exactly zero) and the index clamped to a real slot."""
+    """Wraps a `bgmv_*` op so tokens with LoRA index -1 get the delta of a slot of zeros
+    (none), whatever the slots hold: no slot's weights meet a row that does not use it."""
 
     @functools.wraps(op)
     def fixed(
         inputs: Any, weights: Any, output: Any, indices: Any, *args: Any, **kwargs: Any
     ) -> Any:
         no_lora = indices < 0
-        if inputs.shape[0] == indices.shape[0] and bool(no_lora.any()):
-            inputs = inputs.masked_fill(no_lora.view(-1, 1), 0)
-            indices = indices.clamp(min=0)
-        return op(inputs, weights, output, indices, *args, **kwargs)
+        if not bool(no_lora.any()):
+            return op(inputs, weights, output, indices, *args, **kwargs)
+        import torch
+
+        zero = _zero_slot(weights)
+        if not inputs.shape[0] == output.shape[0] == indices.shape[0]:
+            # Rows are not one per token: a copy of the slots with a zero slot at the end.
+            zero_index = torch.full_like(indices, weights.shape[0])
+            return op(
+                inputs,
+                torch.cat((weights, zero)),
+                output,
+                torch.where(no_lora, zero_index, indices),
+                *args,
+                **kwargs,
+            )
+        lora_rows = torch.nonzero(~no_lora).squeeze(1)
+        if lora_rows.numel():
+            row_inputs, row_indices = inputs.index_select(0, lora_rows), indices[lora_rows]
+            _on_rows(op, lora_rows, row_inputs, weights, output, row_indices, *args, **kwargs)
+        base_rows = torch.nonzero(no_lora).squeeze(1)
+        base_inputs = inputs.new_zeros((base_rows.shape[0], *inputs.shape[1:]))
+        at_zero = indices.new_zeros(base_rows.shape)
+        _on_rows(op, base_rows, base_inputs, zero, output, at_zero, *args, **kwargs)
+        return None
 
     setattr(fixed, _PATCHED, True)
     return fixed
+
+
+def _on_rows(
+    op: Callable[..., Any],
+    rows: Any,
+    inputs: Any,
+    weights: Any,
+    output: Any,
+    indices: Any,
+    *args: Any,
+    **kwargs: Any,
+) -> None:
+    """`op` for `rows` of the batch alone (`inputs` and `indices` are already those
+    rows'); it writes into a copy of their output rows, copied back after."""
+    part = output.index_select(0, rows)
+    op(inputs, weights, part, indices, *args, **kwargs)
+    output.index_copy_(0, rows, part)
+
+
+# One slot of zeros per weight shape, dtype and device: made once, never written.
+_ZERO_SLOTS: dict[tuple[Any, ...], Any] = {}
+
+
+def _zero_slot(weights: Any) -> Any:
+    key = (tuple(weights.shape[1:]), weights.dtype, weights.device)
+    zero = _ZERO_SLOTS.get(key)
+    if zero is None:
+        zero = _ZERO_SLOTS[key] = weights.new_zeros((1, *weights.shape[1:]))
+    return zero
 
 
 def applies_last_slot_to_base_tokens(bgmv_shrink: Callable[..., Any]) -> bool:
@@ -55,7 +114,12 @@ def applies_last_slot_to_base_tokens(bgmv_shrink: Callable[..., Any]) -> bool:
 
 
 def register() -> None:
-    """Entry point of the `vllm.general_plugins` group."""
+    """Entry point of the `vllm.general_plugins` group: the CPU build's fixes."""
+    _patch_lora_ops()
+    cpu_kv_fix.register()
+
+
+def _patch_lora_ops() -> None:
     from vllm.lora.ops import torch_ops
     from vllm.lora.ops.torch_ops import lora_ops
 

@@ -96,8 +96,10 @@ class Engine(Protocol):
         """A lora_int_id never handed out before on this engine."""
         ...
 
-    def tokenize(self, text: str) -> list[int]:
-        """The prompt token ids the engine would feed the model for `text`."""
+    async def prompt_ids(self, text: str) -> list[int]:
+        """The prompt token ids the engine would feed the model for `text`; raises
+        InvalidArgument for a prompt longer than the context, without tokenizing more of
+        it than the context holds."""
         ...
 
     def decode(self, token_ids: Sequence[int]) -> str:

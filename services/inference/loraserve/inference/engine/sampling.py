@@ -10,11 +10,13 @@ value; `max_tokens` unset runs to the end of the context (vLLM's `get_max_tokens
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 from loraserve.common.errors import InvalidArgument
+from loraserve.common.textlimits import SHOWN_ITEMS, few
 
 # loraserve's own abuse limits (vLLM has none): stop strings are matched on every step.
 MAX_STOP_STRINGS = 16
@@ -76,6 +78,13 @@ class SamplingRequest:
 
 def check_limits(sampling: SamplingRequest) -> None:
     """loraserve's own limits, which vLLM does not have; vLLM checks the rest."""
+    # vLLM clamps each bias into [-100, 100], and NaN passes a clamp unchanged.
+    not_numbers = [token for token, bias in sampling.logit_bias.items() if math.isnan(bias)]
+    if not_numbers:
+        raise InvalidArgument(
+            f"sampling.logit_bias: the bias of {len(not_numbers)} token ids is NaN "
+            f"({few(not_numbers)}); give numbers (vLLM clamps them to [-100, 100])"
+        )
     if len(sampling.stop) > MAX_STOP_STRINGS:
         raise InvalidArgument(
             f"sampling.stop has {len(sampling.stop)} strings; at most {MAX_STOP_STRINGS} allowed"
@@ -184,9 +193,9 @@ def vllm_sampling_params(
         )
     except VLLMValidationError as exc:
         field_name = f"sampling.{exc.parameter}" if exc.parameter else "sampling"
-        raise InvalidArgument(f"{field_name}: {exc}") from exc
+        raise InvalidArgument(f"{field_name}: {_vllm_message(exc, sampling)}") from exc
     except ValueError as exc:
-        raise InvalidArgument(f"sampling: {exc}") from exc
+        raise InvalidArgument(f"sampling: {_vllm_message(exc, sampling)}") from exc
 
 
 def verify_for_model(params: Any, vllm_config: Any, tokenizer: Any) -> None:
@@ -203,10 +212,29 @@ def verify_for_model(params: Any, vllm_config: Any, tokenizer: Any) -> None:
         )
     except VLLMValidationError as exc:
         if exc.parameter:
-            raise InvalidArgument(f"sampling.{exc.parameter}: {exc}") from exc
-        raise InvalidArgument(f"{_suspect(params)}: {exc}") from exc
+            # vLLM reports -1 ("the whole vocabulary") as the vocabulary's size.
+            whole = getattr(params, exc.parameter, None) == -1
+            note = f"{exc.parameter}=-1 asks for the whole vocabulary: " if whole else ""
+            message = _vllm_message(exc, params)
+            raise InvalidArgument(f"sampling.{exc.parameter}: {note}{message}") from exc
+        raise InvalidArgument(f"{_suspect(params)}: {_vllm_message(exc, params)}") from exc
     except ValueError as exc:
-        raise InvalidArgument(f"{_suspect(params)}: {exc}") from exc
+        raise InvalidArgument(f"{_suspect(params)}: {_vllm_message(exc, params)}") from exc
+
+
+def _vllm_message(exc: Exception, request: Any) -> str:
+    """vLLM's message with each list it quotes whole (every out-of-vocabulary id, every
+    bad word) cut to a few items and a count: a status message must stay small."""
+    text = str(exc)
+    quoted = (getattr(exc, "value", None), *(getattr(request, name, None) for name in _LISTS))
+    for items in quoted:
+        if isinstance(items, list | tuple) and len(items) > SHOWN_ITEMS:
+            text = text.replace(str(list(items)), f"[{few(items)}]")
+    return text
+
+
+# The request's lists vLLM quotes in its messages.
+_LISTS = ("bad_words", "stop", "stop_token_ids")
 
 
 def _suspect(params: Any) -> str:

@@ -9,8 +9,9 @@ import itertools
 import logging
 import threading
 import weakref
-from collections.abc import AsyncGenerator, Mapping, Sequence
-from typing import TYPE_CHECKING, Any
+from collections.abc import AsyncGenerator, Callable, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from loraserve.common.errors import FailedPrecondition, InvalidArgument, Unavailable
 
@@ -40,6 +41,11 @@ from loraserve.inference.engine.stats import SchedulerTap
 
 log = logging.getLogger(__name__)
 
+_T = TypeVar("_T")
+
+# Texts this long are tokenized on the tokenizer thread, so the event loop keeps serving.
+_INLINE_TOKENIZE_CHARS = 2048
+
 
 # vLLM leaves lora_int_id uniqueness to the caller. One allocator per AsyncLLM, not per
 # wrapper, so that every wrapper of a shared engine (tests share one) draws distinct ids.
@@ -51,6 +57,19 @@ def _next_lora_id(llm: object) -> int:
     with _id_lock:
         counter = _id_counters.setdefault(llm, itertools.count(1))
         return next(counter)
+
+
+# One tokenizer thread per AsyncLLM too: every wrapper of a shared engine queues there.
+_tokenizer_threads: weakref.WeakKeyDictionary[object, ThreadPoolExecutor] = (
+    weakref.WeakKeyDictionary()
+)
+
+
+def _tokenizer_thread(llm: object) -> ThreadPoolExecutor:
+    with _id_lock:
+        return _tokenizer_threads.setdefault(
+            llm, ThreadPoolExecutor(1, thread_name_prefix="tokenizer")
+        )
 
 
 _FINISH = {"stop": EngineFinish.STOP, "length": EngineFinish.LENGTH, "abort": EngineFinish.ABORT}
@@ -84,6 +103,17 @@ class VllmEngine:
             gpu_memory_utilization=cache.gpu_memory_utilization,
         )
         self._defaults = ServerDefaults.of_model(model)
+        from vllm.renderers.params import TokenizeParams
+
+        self._prompt_limits = TokenizeParams(
+            max_total_tokens=model.max_model_len, max_total_tokens_param="max_model_len"
+        )
+        self._template_limits = TokenizeParams(
+            max_total_tokens=model.max_model_len,
+            max_total_tokens_param="max_model_len",
+            add_special_tokens=False,
+        )
+        self._tokenizer_thread = _tokenizer_thread(llm)
         self._tap = SchedulerTap()
         # vLLM has no public hook to read scheduler stats from an engine that already
         # exists; its stat-logger manager is where they arrive, so listen there.
@@ -115,8 +145,32 @@ class VllmEngine:
     def new_lora_id(self) -> int:
         return _next_lora_id(self._llm)
 
-    def tokenize(self, text: str) -> list[int]:
-        return list(self._tokenizer.encode(text))
+    async def prompt_ids(self, text: str) -> list[int]:
+        if len(text) > _INLINE_TOKENIZE_CHARS:
+            return await self._on_tokenizer_thread(self._encode, text, self._prompt_limits)
+        return self._encode(text, self._prompt_limits)
+
+    async def _on_tokenizer_thread(self, work: Callable[..., _T], *args: Any) -> _T:
+        """`work` on the engine's one tokenizer thread: off the event loop, and one long
+        text at a time, so concurrent long prompts never hold several tokenizations'
+        buffers at once (nor spread them over a thread pool's malloc arenas)."""
+        loop = asyncio.get_running_loop()
+        return await loop.run_in_executor(self._tokenizer_thread, work, *args)
+
+    def _encode(self, text: str, limits: Any) -> list[int]:
+        """vLLM's own bounds for a text prompt (`TokenizeParams`, as its OpenAI server):
+        a text longer than the context's tokens times the longest token in the vocabulary
+        cannot fit and is refused unread; any other is tokenized up to one token past the
+        context, so an overlong prompt costs no more than a full one."""
+        from vllm.exceptions import VLLMValidationError
+
+        try:
+            limits.apply_pre_tokenization(self._tokenizer, {"prompt": text})
+            ids = self._tokenizer.encode(text, **limits.get_encode_kwargs())
+            limits.apply_post_tokenization(self._tokenizer, {"prompt_token_ids": ids})
+        except VLLMValidationError as exc:
+            raise InvalidArgument(f"prompt: {exc}") from exc
+        return list(ids)
 
     def decode(self, token_ids: Sequence[int]) -> str:
         return str(self._tokenizer.decode(list(token_ids)))
@@ -129,12 +183,18 @@ class VllmEngine:
         verify_for_model(params, self._llm.vllm_config, self._tokenizer)
         return SamplingSpec(max_tokens=max_tokens, n=params.n, params=params)
 
-    def chat_prompt_ids(self, messages: Sequence[Mapping[str, str]]) -> list[int] | None:
+    async def chat_prompt_ids(self, messages: Sequence[Mapping[str, str]]) -> list[int] | None:
         """The model's chat template over `messages`, assistant turn opened; None if none."""
-        template = getattr(self._tokenizer, "chat_template", None)
-        if not template:
+        if not getattr(self._tokenizer, "chat_template", None):
             return None
+        if sum(len(m["content"]) for m in messages) > _INLINE_TOKENIZE_CHARS:
+            return await self._on_tokenizer_thread(self._chat_prompt_ids, messages)
+        return self._chat_prompt_ids(messages)
+
+    def _chat_prompt_ids(self, messages: Sequence[Mapping[str, str]]) -> list[int]:
         from jinja2 import TemplateError
+
+        template = getattr(self._tokenizer, "chat_template", None)
 
         try:
             text = self._tokenizer.apply_chat_template(
@@ -146,7 +206,7 @@ class VllmEngine:
         except TemplateError as exc:
             raise InvalidArgument(f"the model's chat template rejects the messages: {exc}") from exc
         # The template writes the special tokens (BOS) itself; encoding must not add more.
-        return list(self._tokenizer.encode(str(text), add_special_tokens=False))
+        return self._encode(str(text), self._template_limits)
 
     async def generate(
         self,
@@ -181,6 +241,8 @@ class VllmEngine:
                     finished = output.finished
                     # A loop here, not a helper generator: this runs once per token.
                     for completion in output.outputs:
+                        if completion.finish_reason == "error":
+                            raise _failed(request_id, params)
                         yield _delta(completion, params.logprobs, prompt_logprobs)
                         prompt_logprobs = ()
         except EngineDeadError as exc:
@@ -238,7 +300,23 @@ class VllmEngine:
         )
 
     def shutdown(self) -> None:
+        self._tokenizer_thread.shutdown(wait=False, cancel_futures=True)
         self._llm.shutdown()
+
+
+def _failed(request_id: str, params: Any) -> InvalidArgument | Unavailable:
+    """What vLLM's "error" finish means for a request. With a structured output it is the
+    grammar: one that passed vLLM's checks but that the engine could not compile or whose
+    constraint no token can meet (`{"$ref": "#"}`, a regex matching nothing); asking again
+    fails again, so it is the request's fault. Otherwise vLLM calls it a retryable
+    internal error (a lost KV transfer, say)."""
+    if params.structured_outputs is not None:
+        return InvalidArgument(
+            "sampling.structured_output: the engine could not generate under this "
+            "constraint (it compiled, but the engine failed to compile or follow it, e.g. "
+            "a schema that only refers to itself or a pattern no text matches)"
+        )
+    return Unavailable(f"the engine failed request {request_id} (vLLM finish 'error'); retry")
 
 
 def _delta(

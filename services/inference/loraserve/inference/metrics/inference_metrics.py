@@ -9,7 +9,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 from loraserve.inference.adapters import TierCounters, TierUsage
 from loraserve.inference.engine import EngineStats
@@ -28,6 +28,13 @@ class InferenceMetrics:
     def __init__(self, registry: CollectorRegistry | None = None) -> None:
         self.registry = registry or CollectorRegistry()
         r = self.registry
+        self._add_request_metrics(r)
+        self._add_adapter_metrics(r)
+        self._add_download_metrics(r)
+        self._add_engine_metrics(r)
+
+    def _add_request_metrics(self, r: CollectorRegistry) -> None:
+        """Per request: status, tokens, time to first token."""
         self._requests = Counter(
             "loraserve_inference_requests",
             "Generate calls by adapter and gRPC status code.",
@@ -52,6 +59,9 @@ class InferenceMetrics:
             buckets=_LATENCY_BUCKETS,
             registry=r,
         )
+
+    def _add_adapter_metrics(self, r: CollectorRegistry) -> None:
+        """Per adapter revision: swaps, loads and the tiers that hold them."""
         self._swap = Histogram(
             "loraserve_inference_adapter_swap_seconds",
             "From a new revision's event seen to its route flipped.",
@@ -65,16 +75,6 @@ class InferenceMetrics:
             registry=r,
         )
         self.tier_counters = TierCounters()
-        self._downloads = Counter(
-            "loraserve_inference_adapter_downloads",
-            "Adapter revisions downloaded into the disk cache, by path (direct: from object "
-            "storage with the store's presigned URLs; stream: through the store).",
-            ["path"],
-            registry=r,
-        )
-        for path in ("direct", "stream"):
-            # Both exported from the start, at 0: a sum over them is never missing.
-            self._downloads.labels(path)
         self._misses = Counter(
             "loraserve_inference_adapter_misses",
             "Requests whose adapter was not in the tier (engine: not loaded, the request "
@@ -112,6 +112,22 @@ class InferenceMetrics:
             "The disk cache's bound (--adapter-cache-size); 0 when unbounded.",
             registry=r,
         )
+
+    def _add_download_metrics(self, r: CollectorRegistry) -> None:
+        """How the disk cache got its revisions."""
+        self._downloads = Counter(
+            "loraserve_inference_adapter_downloads",
+            "Adapter revisions downloaded into the disk cache, by path (direct: from object "
+            "storage with the store's presigned URLs; stream: through the store).",
+            ["path"],
+            registry=r,
+        )
+        for path in ("direct", "stream"):
+            # Both exported from the start, at 0: a sum over them is never missing.
+            self._downloads.labels(path)
+
+    def _add_engine_metrics(self, r: CollectorRegistry) -> None:
+        """What the engine runs and holds now."""
         self._lora_slots = Gauge(
             "loraserve_inference_lora_slots", "Adapters the engine batches at once.", registry=r
         )
@@ -131,7 +147,7 @@ class InferenceMetrics:
         )
         self._pending = Gauge(
             "loraserve_inference_pending_requests",
-            "Requests admitted and not finished.",
+            "Sequences admitted and not finished (a request counts its n).",
             registry=r,
         )
 
@@ -212,13 +228,6 @@ class InferenceMetrics:
     ) -> None:
         """Adds the gauges an inference-extension endpoint picker routes on (msp_metrics)."""
         self.registry.register(ModelServerProtocolCollector(stats, max_lora=max_lora))
-
-    def serve(self, port: int, address: str = "0.0.0.0") -> int:
-        """Serves /metrics over HTTP in a daemon thread; returns the bound port."""
-        server, _ = start_http_server(port, addr=address, registry=self.registry)
-        bound = int(server.server_port)
-        log.info("metrics.serving port=%d", bound)
-        return bound
 
 
 def _label(adapter: str) -> str:

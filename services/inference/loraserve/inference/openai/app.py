@@ -30,8 +30,10 @@ from starlette.types import Receive, Scope, Send
 
 from loraserve.common.errors import InvalidArgument, LoraserveError, Unavailable
 from loraserve.common.security import ServerSecurity, TokenAuth
+from loraserve.common.textlimits import capped_message
 from loraserve.inference.openai.guard import RequestGuard
 from loraserve.inference.openai.protocol import (
+    NO_CHAT_TEMPLATE,
     ChatTemplating,
     ErrorType,
     adapter_for_model,
@@ -39,21 +41,18 @@ from loraserve.inference.openai.protocol import (
     chat_messages,
     completion_commands,
     error_body,
-    fallback_chat_prompt,
     model_list,
 )
 from loraserve.inference.openai.reply import Echo, Reply, served_model
 from loraserve.inference.openai.requests import ChatRequest, CompletionRequest
 from loraserve.inference.openai.streams import close_all, firsts, merged, resumed
-from loraserve.inference.serving import GenerateCommand, GenerationChunk, RuntimeSlot
+from loraserve.inference.serving import GenerateCommand, GenerationChunk, RuntimeRef
 from loraserve.inference.settings import DEFAULT_OPENAI_MAX_BODY_BYTES
 
 log = logging.getLogger(__name__)
 
 T = TypeVar("T")
 
-# Chats this long are templated and tokenized in a worker thread (as in generation.py).
-_INLINE_TEMPLATE_CHARS = 2048
 # HTTP 499: the client closed the request; nobody reads this response.
 _CLIENT_GONE = 499
 
@@ -81,28 +80,30 @@ def http_error(exc: LoraserveError) -> JSONResponse:
     """The one mapping from a domain error to an OpenAI-shaped HTTP error."""
     status, error_type = _STATUS.get(exc.code, _INTERNAL)
     headers = {"retry-after": _RETRY_AFTER_S[status]} if status in _RETRY_AFTER_S else None
-    body = error_body(exc.message, error_type, exc.code.name.lower())
+    body = error_body(capped_message(exc.message), error_type, exc.code.name.lower())
     return JSONResponse(body, status_code=status, headers=headers)
 
 
 def create_openai_app(
-    slot: RuntimeSlot,
+    runtime_ref: RuntimeRef,
     *,
     model_names: Sequence[str],
     security: ServerSecurity,
     is_ready: Callable[[], bool],
     max_body_bytes: int = DEFAULT_OPENAI_MAX_BODY_BYTES,
     metrics: CollectorRegistry | None = None,
+    public_metrics: bool = False,
 ) -> FastAPI:
     """The HTTP app; `model_names[0]` is the base model's listed name, all of them name it.
 
     Tokens and body sizes are checked by `RequestGuard` before a body is read. With
     `metrics`, GET /metrics serves them on this port too: an inference-extension endpoint
-    picker scrapes the port it routes to, as it does vLLM's.
+    picker scrapes the port it routes to, as it does vLLM's. They name every adapter and
+    its traffic, so they take a token like the API unless `public_metrics`.
     """
     if not model_names:
         raise ValueError("model_names needs the served model's name")
-    auth = TokenAuth(security, ()) if security.auth_enabled else None
+    auth = TokenAuth(security, (), carrier="header") if security.auth_enabled else None
     app = FastAPI(
         title="loraserve OpenAI-compatible API", docs_url=None, redoc_url=None, openapi_url=None
     )
@@ -110,13 +111,13 @@ def create_openai_app(
         RequestGuard,
         auth=auth,
         max_body_bytes=max_body_bytes,
-        # Open like gRPC health, for load balancers.
-        open_paths=("/health", "/metrics") if metrics is not None else ("/health",),
+        # /health is open like gRPC health, for load balancers.
+        open_paths=("/health", "/metrics") if public_metrics else ("/health",),
         error_response=http_error,
     )
 
     _add_probes(app, is_ready, metrics)
-    _add_generation(app, slot, model_names)
+    _add_generation(app, runtime_ref, model_names)
     _add_error_handlers(app)
     return app
 
@@ -137,18 +138,18 @@ def _add_probes(
             return Response(body, media_type=CONTENT_TYPE_LATEST)
 
 
-def _add_generation(app: FastAPI, slot: RuntimeSlot, model_names: Sequence[str]) -> None:
+def _add_generation(app: FastAPI, runtime_ref: RuntimeRef, model_names: Sequence[str]) -> None:
     base_name = model_names[0]
     created = int(time.time())
 
     @app.get("/v1/models")
     async def models() -> JSONResponse:
-        statuses = slot.get().registry.snapshot()
+        statuses = runtime_ref.get().registry.snapshot()
         return JSONResponse(model_list(base_name, statuses, created))
 
     @app.post("/v1/completions")
     async def completions(body: CompletionRequest, request: Request) -> Response:
-        runtime = slot.get()
+        runtime = runtime_ref.get()
         adapter = adapter_for_model(body.model, model_names)
         commands = completion_commands(body, adapter, _request_id(request))
         streams = [runtime.generator.generate(command) for command in commands]
@@ -157,17 +158,11 @@ def _add_generation(app: FastAPI, slot: RuntimeSlot, model_names: Sequence[str])
 
     @app.post("/v1/chat/completions")
     async def chat_completions(body: ChatRequest, request: Request) -> Response:
-        runtime = slot.get()
+        runtime = runtime_ref.get()
         messages = chat_messages(body)
         adapter = adapter_for_model(body.model, model_names)
         ids = await _chat_prompt_ids(runtime.engine, messages)
-        command = chat_command(
-            body,
-            adapter,
-            _request_id(request),
-            prompt_text=fallback_chat_prompt(messages) if ids is None else None,
-            prompt_token_ids=ids,
-        )
+        command = chat_command(body, adapter, _request_id(request), prompt_token_ids=ids)
         streams = [runtime.generator.generate(command)]
         return await _respond(request, streams, body, base_name)
 
@@ -201,12 +196,12 @@ def _request_id(request: Request) -> str:
     return request.headers.get("x-request-id", "")
 
 
-async def _chat_prompt_ids(engine: object, messages: list[dict[str, str]]) -> list[int] | None:
-    if not isinstance(engine, ChatTemplating):
-        return None
-    if sum(len(m["content"]) for m in messages) > _INLINE_TEMPLATE_CHARS:
-        return await asyncio.to_thread(engine.chat_prompt_ids, messages)
-    return engine.chat_prompt_ids(messages)
+async def _chat_prompt_ids(engine: object, messages: list[dict[str, str]]) -> list[int]:
+    ids = await engine.chat_prompt_ids(messages) if isinstance(engine, ChatTemplating) else None
+    if ids is None:
+        # As vLLM's server: no template is made up for a model that has none.
+        raise InvalidArgument(NO_CHAT_TEMPLATE)
+    return ids
 
 
 @dataclass(frozen=True)
@@ -297,10 +292,9 @@ async def _events(
     except LoraserveError as exc:
         # Headers are out already: the error can only travel as an event. No [DONE]
         # follows, so clients that wait for it see the stream as cut short.
-        log.info("openai.stream_failed request_id=%s error=%s", reply.first.request_id, exc.message)
-        yield _sse(
-            error_body(exc.message, _STATUS.get(exc.code, _INTERNAL)[1], exc.code.name.lower())
-        )
+        message = capped_message(exc.message)
+        log.info("openai.stream_failed request_id=%s error=%s", reply.first.request_id, message)
+        yield _sse(error_body(message, _STATUS.get(exc.code, _INTERNAL)[1], exc.code.name.lower()))
         return
     if include_usage:
         yield _sse(reply.usage_chunk())

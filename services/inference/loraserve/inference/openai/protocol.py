@@ -14,8 +14,8 @@ The request bodies themselves are `openai_requests`.
 current revision) or `name@revision`. Responses name the revision that actually
 served in `model`, the way OpenAI names the dated model behind an alias.
 
-Chat without a chat template: models without one (the tiny test model, most base
-models) get the messages as `<role>: <content>` lines followed by `assistant:`.
+Chat needs the model's chat template, as in vLLM's server: a model whose tokenizer has
+none (most base models) is refused with vLLM's message, not served with a made-up one.
 """
 
 from __future__ import annotations
@@ -30,6 +30,14 @@ from loraserve.inference.adapters import RevisionState, RevisionStatus
 from loraserve.inference.openai.requests import ChatRequest, CompletionRequest, ContentPart
 from loraserve.inference.serving import GenerateCommand
 
+# vLLM's refusal for a model without a chat template (its server answers 400), and how
+# to serve chat anyway.
+NO_CHAT_TEMPLATE = (
+    "As of transformers v4.44, default chat template is no longer allowed, so you must "
+    "provide a chat template if the tokenizer does not define one. This model's tokenizer "
+    "defines none: give it one (tokenizer_config.json's chat_template), or use "
+    "/v1/completions"
+)
 CHAT_ROLES = frozenset({"system", "developer", "user", "assistant"})
 OWNER = "loraserve"
 
@@ -38,8 +46,9 @@ OWNER = "loraserve"
 class ChatTemplating(Protocol):
     """An engine that can apply its model's chat template."""
 
-    def chat_prompt_ids(self, messages: Sequence[Mapping[str, str]]) -> list[int] | None:
-        """The prompt for `messages` with the assistant's turn opened; None: no template."""
+    async def chat_prompt_ids(self, messages: Sequence[Mapping[str, str]]) -> list[int] | None:
+        """The prompt for `messages` with the assistant's turn opened; None: no template.
+        Raises InvalidArgument for a prompt longer than the context."""
         ...
 
 
@@ -126,18 +135,12 @@ def _text(content: str | list[ContentPart] | None, index: int) -> str:
     return "\n".join(texts)
 
 
-def fallback_chat_prompt(messages: Sequence[Mapping[str, str]]) -> str:
-    """The documented prompt for models without a chat template."""
-    return "".join(f"{m['role']}: {m['content']}\n" for m in messages) + "assistant:"
-
-
 def chat_command(
     request: ChatRequest,
     adapter: str,
     request_id: str,
     *,
-    prompt_text: str | None = None,
-    prompt_token_ids: Sequence[int] | None = None,
+    prompt_token_ids: Sequence[int],
 ) -> GenerateCommand:
     max_tokens = (
         request.max_completion_tokens
@@ -146,8 +149,7 @@ def chat_command(
     )
     return GenerateCommand(
         adapter=adapter,
-        prompt_text=prompt_text,
-        prompt_token_ids=tuple(prompt_token_ids) if prompt_token_ids is not None else None,
+        prompt_token_ids=tuple(prompt_token_ids),
         sampling=request.sampling(max_tokens, request.sampled_logprobs),
         request_id=request_id,
     )

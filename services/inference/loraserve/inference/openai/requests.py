@@ -9,17 +9,43 @@ honour (`check_supported`) and maps its sampling fields onto the one
 from __future__ import annotations
 
 import json
+import re
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from loraserve.common.errors import InvalidArgument
 from loraserve.inference.engine import SamplingRequest, StructuredOutput
+
+# /v1/completions' max_tokens when the request has none.
+COMPLETION_MAX_TOKENS = 16
 
 
 class _Strict(BaseModel):
     # Unknown fields are refused by name: a silently dropped option changes the answer.
     model_config = ConfigDict(extra="forbid")
+
+
+def _unicode_text(value: Any, where: str) -> None:
+    """Raises ValueError naming the first string in `value` that is not Unicode text:
+    JSON may escape a lone surrogate (`"\\ud800"`), which no tokenizer or grammar takes."""
+    if isinstance(value, str):
+        found = _LONE_SURROGATE.search(value)
+        if found is not None:
+            raise ValueError(
+                f"{where} is not valid Unicode text: a lone surrogate "
+                f"(U+{ord(found.group()):04X}) at character {found.start()}"
+            )
+    elif isinstance(value, dict):
+        for key, item in value.items():
+            _unicode_text(key, where)
+            _unicode_text(item, f"{where}.{key}")
+    elif isinstance(value, list):
+        for i, item in enumerate(value):
+            _unicode_text(item, f"{where}[{i}]")
+
+
+_LONE_SURROGATE = re.compile("[\ud800-\udfff]")
 
 
 class StreamOptions(_Strict):
@@ -102,6 +128,14 @@ class _SamplingFields(_Strict):
     structured_outputs: StructuredOutputs | None = None
     return_token_ids: bool = False
 
+    @model_validator(mode="before")
+    @classmethod
+    def _text_is_unicode(cls, data: Any) -> Any:
+        if isinstance(data, dict):
+            for key, value in data.items():
+                _unicode_text(value, str(key))
+        return data
+
     @property
     def include_usage(self) -> bool:
         return self.stream_options is not None and self.stream_options.include_usage
@@ -164,10 +198,20 @@ def _logit_bias(bias: dict[str, float] | None) -> dict[int, float]:
 
 class CompletionRequest(_SamplingFields):
     prompt: str | list[int] | list[str] | list[list[int]]
+    # As OpenAI's API and vLLM's server: 16 tokens unless asked otherwise (chat has no
+    # such default), also when the request sends null.
+    max_tokens: int | None = COMPLETION_MAX_TOKENS
     echo: bool = False
     logprobs: int | None = None
     best_of: int | None = None
     suffix: str | None = None
+
+    @model_validator(mode="before")
+    @classmethod
+    def _null_max_tokens_is_the_default(cls, data: Any) -> Any:
+        if isinstance(data, dict) and data.get("max_tokens", 0) is None:
+            data = data | {"max_tokens": COMPLETION_MAX_TOKENS}
+        return data
 
     def check_supported(self) -> None:
         super().check_supported()

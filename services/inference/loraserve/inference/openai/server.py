@@ -19,7 +19,8 @@ from typing import Any
 
 import uvicorn
 
-from loraserve.common.errors import InvalidArgument, Unavailable
+from loraserve.common.errors import Unavailable
+from loraserve.common.metrics_http import split_address
 from loraserve.common.security import ServerSecurity
 
 log = logging.getLogger(__name__)
@@ -45,14 +46,6 @@ class RunningHttpServer:
         self.server.should_exit = True
         await asyncio.gather(self.task, return_exceptions=True)
         log.info("http.stopped port=%d", self.port)
-
-
-def split_address(address: str) -> tuple[str, int]:
-    """`HOST:PORT` or `[V6HOST]:PORT` into its parts; raises InvalidArgument."""
-    host, sep, port = address.rpartition(":")
-    if not sep or not port.isdigit() or int(port) > 65535:
-        raise InvalidArgument(f"address {address!r} must be HOST:PORT")
-    return host.removeprefix("[").removesuffix("]"), int(port)
 
 
 async def start_http_server(

@@ -9,7 +9,7 @@ from loraserve.inference.serving.generation import (
     Generator,
     Usage,
 )
-from loraserve.inference.serving.runtime import Runtime, RuntimeSlot
+from loraserve.inference.serving.runtime import Runtime, RuntimeRef
 from loraserve.inference.serving.servicer import SERVICE_NAME, register
 
 __all__ = [
@@ -20,7 +20,7 @@ __all__ = [
     "GenerationChunk",
     "Generator",
     "Runtime",
-    "RuntimeSlot",
+    "RuntimeRef",
     "Usage",
     "register",
 ]

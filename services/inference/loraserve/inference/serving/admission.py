@@ -1,8 +1,11 @@
-"""Bounded admission: a fixed number of requests in the server at once, the rest refused.
+"""Bounded admission: a fixed number of sequences in the server at once, the rest refused.
 
-Refusing at the door (RESOURCE_EXHAUSTED, which clients retry elsewhere or later)
-keeps memory bounded; queueing without a bound would only move the overload into
-this process.
+A request counts as its `n` sequences (choices), since that is what the engine runs:
+one request with a large `n` fills the engine as much as that many requests. Refusing
+at the door (RESOURCE_EXHAUSTED, which clients retry elsewhere or later) keeps memory
+and the engine's batch bounded; queueing without a bound would only move the overload
+into this process. `n` itself is capped (`max_n`): a request over it could never run
+well, so it is INVALID_ARGUMENT rather than a retry.
 """
 
 from __future__ import annotations
@@ -10,16 +13,20 @@ from __future__ import annotations
 from collections.abc import Iterator
 from contextlib import contextmanager
 
-from loraserve.common.errors import ResourceExhausted
+from loraserve.common.errors import InvalidArgument, ResourceExhausted
 
 
 class Admission:
-    """Counts admitted requests against `max_pending`."""
+    """Counts admitted sequences against `max_pending`; each request's n against `max_n`."""
 
-    def __init__(self, max_pending: int) -> None:
+    def __init__(self, max_pending: int, max_n: int | None = None) -> None:
         if max_pending < 1:
             raise ValueError(f"max_pending must be at least 1, got {max_pending}")
+        max_n = max_pending if max_n is None else max_n
+        if not 1 <= max_n <= max_pending:
+            raise ValueError(f"max_n must be in [1, max_pending={max_pending}], got {max_n}")
         self._max_pending = max_pending
+        self._max_n = max_n
         self._pending = 0
 
     @property
@@ -27,18 +34,30 @@ class Admission:
         return self._max_pending
 
     @property
+    def max_n(self) -> int:
+        return self._max_n
+
+    @property
     def pending(self) -> int:
+        """Sequences admitted and not finished."""
         return self._pending
 
     @contextmanager
-    def admit(self) -> Iterator[None]:
-        """Holds one admission slot; raises ResourceExhausted when none is free."""
-        if self._pending >= self._max_pending:
-            raise ResourceExhausted(
-                f"server is at its limit of {self._max_pending} pending requests; retry later"
+    def admit(self, sequences: int = 1) -> Iterator[None]:
+        """Holds `sequences` units of admission (a request's n); raises InvalidArgument for
+        an n over `max_n`, ResourceExhausted when that many are not free."""
+        if sequences > self._max_n:
+            raise InvalidArgument(
+                f"sampling.n={sequences} is over this server's limit of {self._max_n} "
+                "choices per prompt (--max-n)"
             )
-        self._pending += 1
+        if self._pending + sequences > self._max_pending:
+            raise ResourceExhausted(
+                f"server is at its limit of {self._max_pending} pending sequences "
+                f"({self._pending} admitted, this request needs {sequences}); retry later"
+            )
+        self._pending += sequences
         try:
             yield
         finally:
-            self._pending -= 1
+            self._pending -= sequences

@@ -35,8 +35,6 @@ __all__ = ["GenerateCommand", "GenerationChunk", "Generator", "SamplingRequest",
 log = logging.getLogger(__name__)
 
 MAX_REQUEST_ID_CHARS = 128
-# Texts this long are tokenized in a worker thread so the event loop keeps serving.
-_INLINE_TOKENIZE_CHARS = 2048
 _UNRESOLVED_ADAPTER = "_unresolved"
 
 
@@ -119,7 +117,8 @@ class Generator:
         adapter_label = _UNRESOLVED_ADAPTER
         code = "OK"
         try:
-            with self._admission.admit():
+            # The engine runs n sequences for the request: admit it as that many.
+            with self._admission.admit(command.sampling.n or 1):
                 admitted = time.monotonic()
                 prompt_ids = await self._prompt_ids(command)
                 spec = self._engine.sampling(command.sampling, len(prompt_ids))
@@ -145,6 +144,10 @@ class Generator:
             code = "CANCELLED"
             log.info("generate.cancelled request_id=%s", request_id)
             raise
+        except Exception:
+            # A bug: the fronts answer INTERNAL, and so must the count.
+            code = "INTERNAL"
+            raise
         finally:
             self._metrics.request_finished(adapter_label, code)
 
@@ -158,11 +161,7 @@ class Generator:
                         f"prompt token_ids[{i}] = {token} is outside the vocabulary [0, {vocab})"
                     )
         elif command.prompt_text:
-            text = command.prompt_text
-            if len(text) > _INLINE_TOKENIZE_CHARS:
-                ids = tuple(await asyncio.to_thread(self._engine.tokenize, text))
-            else:
-                ids = tuple(self._engine.tokenize(text))
+            ids = tuple(await self._engine.prompt_ids(command.prompt_text))
         else:
             ids = ()
         if not ids:

@@ -29,7 +29,7 @@ class Runtime:
     tiers: TierView | None = None
 
 
-class RuntimeSlot:
+class RuntimeRef:
     """Holds the runtime once it exists."""
 
     def __init__(self, runtime: Runtime | None = None) -> None:

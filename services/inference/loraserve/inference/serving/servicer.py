@@ -17,7 +17,7 @@ from loraserve.inference.engine import (
     TokenLogprob,
 )
 from loraserve.inference.serving.generation import FinishReason, GenerateCommand, GenerationChunk
-from loraserve.inference.serving.runtime import RuntimeSlot
+from loraserve.inference.serving.runtime import RuntimeRef
 from loraserve.inference.v1 import inference_pb2 as pb
 from loraserve.inference.v1 import inference_pb2_grpc as pb_grpc
 
@@ -46,13 +46,13 @@ _TIER = {
 
 
 class InferenceServicer(pb_grpc.InferenceServiceServicer):  # type: ignore[misc]
-    def __init__(self, slot: RuntimeSlot) -> None:
-        self._slot = slot
+    def __init__(self, runtime_ref: RuntimeRef) -> None:
+        self._runtime_ref = runtime_ref
 
     async def Generate(
         self, request: pb.GenerateRequest, context: Context
     ) -> AsyncIterator[pb.GenerateResponse]:
-        runtime = self._slot.get()
+        runtime = self._runtime_ref.get()
         chunks = runtime.generator.generate(_command(request))
         async with contextlib.aclosing(chunks):
             async for chunk in chunks:
@@ -61,7 +61,7 @@ class InferenceServicer(pb_grpc.InferenceServiceServicer):  # type: ignore[misc]
     async def ListAdapters(
         self, request: pb.ListAdaptersRequest, context: Context
     ) -> pb.ListAdaptersResponse:
-        runtime = self._slot.get()
+        runtime = self._runtime_ref.get()
         host = await runtime.tiers.host_ids() if runtime.tiers is not None else None
         statuses = runtime.registry.snapshot(host.__contains__ if host is not None else None)
         return pb.ListAdaptersResponse(
@@ -72,7 +72,7 @@ class InferenceServicer(pb_grpc.InferenceServiceServicer):  # type: ignore[misc]
     async def GetServerInfo(
         self, request: pb.GetServerInfoRequest, context: Context
     ) -> pb.GetServerInfoResponse:
-        runtime = self._slot.get()
+        runtime = self._runtime_ref.get()
         info = runtime.engine.info
         stats = runtime.engine.stats()
         tiers = None
@@ -103,8 +103,8 @@ class InferenceServicer(pb_grpc.InferenceServiceServicer):  # type: ignore[misc]
         )
 
 
-def register(server: grpc.aio.Server, slot: RuntimeSlot) -> None:
-    pb_grpc.add_InferenceServiceServicer_to_server(InferenceServicer(slot), server)
+def register(server: grpc.aio.Server, runtime_ref: RuntimeRef) -> None:
+    pb_grpc.add_InferenceServiceServicer_to_server(InferenceServicer(runtime_ref), server)
 
 
 def _command(request: pb.GenerateRequest) -> GenerateCommand:

@@ -1,0 +1,121 @@
+"""Where metrics are served and who may read them: the metrics port on the service's own
+host (or the address given), and /metrics on the OpenAI port behind the API's token.
+
+Real servers on loopback addresses; 127.0.0.2 is another local address, so a port bound
+to 127.0.0.1 alone refuses connections made to it there.
+"""
+
+from __future__ import annotations
+
+import socket
+import urllib.request
+from collections.abc import AsyncIterator, Awaitable, Callable
+from pathlib import Path
+
+import httpx
+import pytest
+from prometheus_client import CollectorRegistry
+
+from loraserve.adapterstore.settings import parse_settings as parse_store_settings
+from loraserve.common.security import ServerSecurity, Token
+from loraserve.inference.app import InferenceApp
+from loraserve.inference.metrics import InferenceMetrics
+from loraserve.inference.openai import RunningHttpServer, create_openai_app, start_http_server
+from loraserve.inference.serving import RuntimeRef
+from loraserve.inference.settings import parse_settings
+
+TOKEN = "metrics-test-token"
+# Nothing listens here: the app's store client connects lazily and these tests never sync.
+NO_STORE = "127.0.0.1:1"
+
+
+def reachable(host: str, port: int) -> bool:
+    try:
+        with socket.create_connection((host, port), timeout=5):
+            return True
+    except ConnectionRefusedError:
+        return False
+
+
+def scrape(host: str, port: int) -> bytes:
+    with urllib.request.urlopen(f"http://{host}:{port}/metrics", timeout=10) as response:
+        body: bytes = response.read()
+        return body
+
+
+StartApp = Callable[..., Awaitable[InferenceApp]]
+
+
+@pytest.fixture
+async def started_app(tmp_path: Path) -> AsyncIterator[StartApp]:
+    apps: list[InferenceApp] = []
+
+    async def start(*flags: str) -> InferenceApp:
+        argv = ["serve", "--model", str(tmp_path / "model"), "--store", NO_STORE]
+        argv += ["--adapter-cache", str(tmp_path / "cache"), *flags]
+        app = InferenceApp(parse_settings(argv, {}, "replica"))
+        await app.start()
+        apps.append(app)
+        return app
+
+    yield start
+    for app in apps:
+        await app.stop()
+
+
+async def test_metrics_port_listens_on_the_grpc_listen_host_only(started_app: StartApp) -> None:
+    app = await started_app("--listen", "127.0.0.1:0", "--metrics-port", "0")
+    assert app.metrics_port is not None
+    assert b"loraserve_inference_requests" in scrape("127.0.0.1", app.metrics_port)
+    assert not reachable("127.0.0.2", app.metrics_port)
+
+
+async def test_metrics_listen_binds_the_address_given(started_app: StartApp) -> None:
+    app = await started_app("--listen", "127.0.0.1:0", "--metrics-listen", "127.0.0.2:0")
+    assert app.metrics_port is not None
+    assert b"loraserve_inference_requests" in scrape("127.0.0.2", app.metrics_port)
+    assert not reachable("127.0.0.1", app.metrics_port)
+
+
+def test_store_metrics_port_takes_the_store_listen_host() -> None:
+    base = ["serve", "--bucket", "b", "--listen", "127.0.0.1:50051"]
+    settings = parse_store_settings([*base, "--metrics-port", "9101"], {})
+    assert settings.metrics_listen == "127.0.0.1:9101"
+    settings = parse_store_settings([*base, "--metrics-listen", "0.0.0.0:9101"], {})
+    assert settings.metrics_listen == "0.0.0.0:9101"
+
+
+async def http_front(public_metrics: bool) -> RunningHttpServer:
+    security = ServerSecurity(reader_tokens=(Token("reader", TOKEN),))
+    app = create_openai_app(
+        RuntimeRef(),
+        model_names=["m"],
+        security=security,
+        is_ready=lambda: True,
+        metrics=InferenceMetrics(CollectorRegistry()).registry,
+        # Closed is the default.
+        **({"public_metrics": True} if public_metrics else {}),
+    )
+    return await start_http_server(app, address="127.0.0.1:0", security=ServerSecurity())
+
+
+async def test_metrics_on_the_openai_port_take_the_token() -> None:
+    server = await http_front(public_metrics=False)
+    try:
+        async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{server.port}") as http:
+            assert (await http.get("/metrics")).status_code == 401
+            authorized = await http.get("/metrics", headers={"authorization": f"Bearer {TOKEN}"})
+            assert authorized.status_code == 200
+            assert "loraserve_inference_requests" in authorized.text
+    finally:
+        await server.stop(grace=None)
+
+
+async def test_public_metrics_opens_them_on_the_openai_port() -> None:
+    server = await http_front(public_metrics=True)
+    try:
+        async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{server.port}") as http:
+            assert (await http.get("/metrics")).status_code == 200
+            assert (await http.get("/v1/models")).status_code == 401
+    finally:
+        await server.stop(grace=None)
