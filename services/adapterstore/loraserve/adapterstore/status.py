@@ -1,20 +1,10 @@
 """What inference replicas report about the adapters they serve, kept in object storage.
 
-One object per (adapter, replica) at `status/<adapter>/<replica>.json`, so every
-store replica answers the same. A replica reports its own adapters one at a
-time, so a report is a read-merge-write without a lock: the only writer of an
-object is the replica it describes.
-
-Replicas come and go (a rollout renames every host), so statuses expire: each
-replica also keeps `replicas/<replica>.json` fresh with periodic signs of life.
-A status is shown while its replica's sign of life or the status itself is
-younger than the TTL; once both are older, the status and the sign of life are
-deleted. A REMOVED status (the replica confirming a delete or an unroute) is kept
-for the TTL on its own age only, so deleted adapters leave nothing behind even
-while their replicas live. A replica whose sign of life had expired is told so on its next one
-and reports all its adapters again, so a deletion racing its return costs at
-most one interval of missing statuses. A NACK's reason is kept to its first
-MAX_KEPT_ERROR_MESSAGE_BYTES. Reading statuses, a page at a time: statusreads.py.
+One object per (adapter, replica) at `status/<adapter>/<replica>.json`, written only
+by the replica it describes (so a read-merge-write needs no lock), and a sign of
+life per replica at `replicas/<replica>.json`. Statuses expire with their replica
+(docs/design.md, "Statuses expire"); a NACK's reason is kept to its first
+MAX_KEPT_ERROR_MESSAGE_BYTES. Reading statuses a page at a time: statusreads.py.
 """
 
 from __future__ import annotations
