@@ -12,9 +12,9 @@ import pytest
 
 from loraserve.adapterstore.v1 import adapterstore_pb2 as pb
 from loraserve.adapterstore.v1 import adapterstore_pb2_grpc as pb_grpc
+from loraserve.clients.downloads import FileChunk
 from loraserve.clients.store import (
     EventKind,
-    FileChunk,
     Report,
     ReportKind,
     StoreClient,

@@ -9,6 +9,7 @@ from loraserve.adapterstore.v1 import adapterstore_pb2 as pb
 from loraserve.adapterstore.watching import Heartbeat
 from loraserve.common.errors import InvalidArgument
 from loraserve.common.manifest import FileInfo, Revision, revision_to_proto, timestamp
+from loraserve.common.presigned import RevisionUrls
 
 _EVENT_TYPES = {
     ChangeType.REVISION_PUSHED: pb.EVENT_TYPE_REVISION_PUSHED,
@@ -69,6 +70,14 @@ def download_response(value: Revision | Chunk) -> pb.DownloadAdapterResponse:
         return pb.DownloadAdapterResponse(manifest=revision_to_proto(value))
     return pb.DownloadAdapterResponse(
         chunk=pb.FileChunk(file_name=value.file_name, offset=value.offset, data=value.data)
+    )
+
+
+def download_urls(value: RevisionUrls) -> pb.GetDownloadUrlsResponse:
+    return pb.GetDownloadUrlsResponse(
+        manifest=revision_to_proto(value.manifest),
+        urls=[pb.FileUrl(file_name=u.name, url=u.url) for u in value.urls],
+        expire_time=timestamp(value.expire_time),
     )
 
 

@@ -31,8 +31,10 @@ import grpc
 from loraserve.adapterstore.v1 import adapterstore_pb2 as pb
 from loraserve.adapterstore.v1 import adapterstore_pb2_grpc as pb_grpc
 from loraserve.clients.channels import Retry, open_channel
+from loraserve.clients.downloads import FileChunk, revision_urls_from_proto
 from loraserve.common import errors
 from loraserve.common.manifest import Revision, revision_from_proto
+from loraserve.common.presigned import RevisionUrls
 from loraserve.common.security import ClientSecurity
 from loraserve.common.textlimits import MAX_ERROR_MESSAGE_BYTES, truncate_text
 
@@ -49,6 +51,7 @@ RETRIED_METHODS = (
     "ListRevisions",
     "GetAdapterStatus",
     "DownloadAdapter",
+    "GetDownloadUrls",
     "ReportStatus",
     "ReportReplicaAlive",
     "SetCurrentRevision",
@@ -163,15 +166,6 @@ class Heartbeat:
     seq: int
     stale_s: float = 0.0
     incarnation: str = ""
-
-
-@dataclass(frozen=True, slots=True)
-class FileChunk:
-    """Bytes of one file of a download, at `offset`."""
-
-    file_name: str
-    offset: int
-    data: bytes
 
 
 _KNOWN_EVENT_TYPES = frozenset(kind.value for kind in EventKind)
@@ -320,6 +314,15 @@ class StoreClient:
                     chunk = message.chunk
                     yield FileChunk(chunk.file_name, chunk.offset, chunk.data)
 
+    async def download_urls(self, name: str, revision: int) -> RevisionUrls:
+        """The manifest and presigned URLs of the revision's files; Unimplemented from
+        a store that hands out none (an older one, or `--download-url-ttl 0`)."""
+        request = pb.GetDownloadUrlsRequest(name=name, revision=revision)
+        response = await self._unary(
+            f"download URLs of {name}@{revision}", self._stub.GetDownloadUrls, request
+        )
+        return revision_urls_from_proto(response)
+
     async def report(self, report: Report) -> None:
         request = pb.ReportStatusRequest(
             replica_id=self._settings.replica_id,
@@ -391,10 +394,3 @@ def _event_from_proto(event: pb.AdapterEvent) -> StoreEvent:
         revision=revision_from_proto(event.revision) if event.HasField("revision") else None,
         current_revision=event.current_revision,
     )
-
-
-def rpc_code(error: BaseException) -> int:
-    """The google.rpc code number to report for an error (13 INTERNAL for bugs)."""
-    code = error.code if isinstance(error, errors.LoraserveError) else grpc.StatusCode.INTERNAL
-    number: int = code.value[0]
-    return number

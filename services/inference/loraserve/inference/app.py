@@ -36,7 +36,7 @@ from loraserve.inference.adapters import (
     smallest_covering_rank,
     supported_lora_ranks,
 )
-from loraserve.inference.cache import AdapterCache
+from loraserve.inference.cache import AdapterCache, FetchSettings, ReadSettings
 from loraserve.inference.engine import VllmEngine
 from loraserve.inference.metrics import InferenceMetrics
 from loraserve.inference.serving import (
@@ -143,6 +143,10 @@ class InferenceApp:
             check=servable,
             max_bytes=settings.adapter_cache_size,
             observer=self.metrics,
+            fetch=FetchSettings(
+                direct=settings.direct_downloads,
+                read=ReadSettings(range_size=settings.download_range_size),
+            ),
         )
         await cache.prepare()
         registry = AdapterRegistry(

@@ -112,6 +112,10 @@ class InferenceSettings:
     # Which revisions' signatures this replica requires and trusts.
     trust: TrustSettings = field(default_factory=TrustSettings)
     admission: AdmissionOptions = field(default_factory=AdmissionOptions)
+    # Downloads read object storage with presigned URLs (else the store's stream).
+    direct_downloads: bool = True
+    # Files at least twice this long are read in parallel ranges; 0: one GET a file.
+    download_range_size: int = 0
 
 
 def _cache_size(text: str) -> int:
@@ -161,7 +165,7 @@ def build_parser(environ: Mapping[str, str]) -> argparse.ArgumentParser:
 
 
 def _add_cache_flags(serve: argparse.ArgumentParser, flags: EnvFlags) -> None:
-    """Where downloaded adapters live, how many bytes, what is loaded ahead."""
+    """Where downloaded adapters live, how many bytes, what is loaded ahead, how read."""
     env = flags.get
     serve.add_argument(
         "--adapter-cache",
@@ -185,6 +189,21 @@ def _add_cache_flags(serve: argparse.ArgumentParser, flags: EnvFlags) -> None:
         help="adapters loaded before the server reports SERVING (the ones this replica "
         "served most recently first) and loaded as soon as they are published while fewer "
         "than N are loaded; every other adapter loads on its first request",
+    )
+    serve.add_argument(
+        "--adapter-download",
+        choices=("direct", "stream"),
+        default=env("adapter-download", "direct"),
+        help="direct: read adapter files from object storage with the store's presigned "
+        "URLs, else through the store's stream; stream: always through the store's stream",
+    )
+    serve.add_argument(
+        "--download-range-size",
+        type=parse_size,
+        default=env("download-range-size", "0"),
+        metavar="BYTES",
+        help="read files at least twice this long from object storage as parallel ranged "
+        "GETs of this size (e.g. 16MiB; pays on AWS S3); 0: one streamed GET per file",
     )
 
 
@@ -386,4 +405,6 @@ def parse_settings(
         prefetch_adapters=int(args.prefetch_adapters),
         trust=trust_settings_from_args(args),
         admission=admission_from_args(args),
+        direct_downloads=args.adapter_download == "direct",
+        download_range_size=int(args.download_range_size),
     )

@@ -254,6 +254,32 @@ class DownloadAdapterResponse(_message.Message):
     chunk: FileChunk
     def __init__(self, manifest: _Optional[_Union[Revision, _Mapping]] = ..., chunk: _Optional[_Union[FileChunk, _Mapping]] = ...) -> None: ...
 
+class GetDownloadUrlsRequest(_message.Message):
+    __slots__ = ("name", "revision")
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    REVISION_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    revision: int
+    def __init__(self, name: _Optional[str] = ..., revision: _Optional[int] = ...) -> None: ...
+
+class FileUrl(_message.Message):
+    __slots__ = ("file_name", "url")
+    FILE_NAME_FIELD_NUMBER: _ClassVar[int]
+    URL_FIELD_NUMBER: _ClassVar[int]
+    file_name: str
+    url: str
+    def __init__(self, file_name: _Optional[str] = ..., url: _Optional[str] = ...) -> None: ...
+
+class GetDownloadUrlsResponse(_message.Message):
+    __slots__ = ("manifest", "urls", "expire_time")
+    MANIFEST_FIELD_NUMBER: _ClassVar[int]
+    URLS_FIELD_NUMBER: _ClassVar[int]
+    EXPIRE_TIME_FIELD_NUMBER: _ClassVar[int]
+    manifest: Revision
+    urls: _containers.RepeatedCompositeFieldContainer[FileUrl]
+    expire_time: _timestamp_pb2.Timestamp
+    def __init__(self, manifest: _Optional[_Union[Revision, _Mapping]] = ..., urls: _Optional[_Iterable[_Union[FileUrl, _Mapping]]] = ..., expire_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ...) -> None: ...
+
 class WatchAdaptersRequest(_message.Message):
     __slots__ = ("after_seq", "incarnation")
     AFTER_SEQ_FIELD_NUMBER: _ClassVar[int]

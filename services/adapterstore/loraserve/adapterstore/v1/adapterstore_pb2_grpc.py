@@ -79,6 +79,11 @@ class AdapterStoreServiceStub:
                 request_serializer=loraserve_dot_adapterstore_dot_v1_dot_adapterstore__pb2.DownloadAdapterRequest.SerializeToString,
                 response_deserializer=loraserve_dot_adapterstore_dot_v1_dot_adapterstore__pb2.DownloadAdapterResponse.FromString,
                 _registered_method=True)
+        self.GetDownloadUrls = channel.unary_unary(
+                '/loraserve.adapterstore.v1.AdapterStoreService/GetDownloadUrls',
+                request_serializer=loraserve_dot_adapterstore_dot_v1_dot_adapterstore__pb2.GetDownloadUrlsRequest.SerializeToString,
+                response_deserializer=loraserve_dot_adapterstore_dot_v1_dot_adapterstore__pb2.GetDownloadUrlsResponse.FromString,
+                _registered_method=True)
         self.WatchAdapters = channel.unary_stream(
                 '/loraserve.adapterstore.v1.AdapterStoreService/WatchAdapters',
                 request_serializer=loraserve_dot_adapterstore_dot_v1_dot_adapterstore__pb2.WatchAdaptersRequest.SerializeToString,
@@ -168,6 +173,16 @@ class AdapterStoreServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def GetDownloadUrls(self, request, context):
+        """Returns a revision's manifest with short-lived presigned GET URLs of its
+        files, so a replica reads the bytes from object storage itself (the store
+        still decides who may read: a reader token or better). UNIMPLEMENTED when
+        this store hands out no URLs: use DownloadAdapter.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
     def WatchAdapters(self, request, context):
         """Streams every change after `after_seq`, in order, with heartbeats.
         """
@@ -242,6 +257,11 @@ def add_AdapterStoreServiceServicer_to_server(servicer, server):
                     servicer.DownloadAdapter,
                     request_deserializer=loraserve_dot_adapterstore_dot_v1_dot_adapterstore__pb2.DownloadAdapterRequest.FromString,
                     response_serializer=loraserve_dot_adapterstore_dot_v1_dot_adapterstore__pb2.DownloadAdapterResponse.SerializeToString,
+            ),
+            'GetDownloadUrls': grpc.unary_unary_rpc_method_handler(
+                    servicer.GetDownloadUrls,
+                    request_deserializer=loraserve_dot_adapterstore_dot_v1_dot_adapterstore__pb2.GetDownloadUrlsRequest.FromString,
+                    response_serializer=loraserve_dot_adapterstore_dot_v1_dot_adapterstore__pb2.GetDownloadUrlsResponse.SerializeToString,
             ),
             'WatchAdapters': grpc.unary_stream_rpc_method_handler(
                     servicer.WatchAdapters,
@@ -485,6 +505,33 @@ class AdapterStoreService:
             '/loraserve.adapterstore.v1.AdapterStoreService/DownloadAdapter',
             loraserve_dot_adapterstore_dot_v1_dot_adapterstore__pb2.DownloadAdapterRequest.SerializeToString,
             loraserve_dot_adapterstore_dot_v1_dot_adapterstore__pb2.DownloadAdapterResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def GetDownloadUrls(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/loraserve.adapterstore.v1.AdapterStoreService/GetDownloadUrls',
+            loraserve_dot_adapterstore_dot_v1_dot_adapterstore__pb2.GetDownloadUrlsRequest.SerializeToString,
+            loraserve_dot_adapterstore_dot_v1_dot_adapterstore__pb2.GetDownloadUrlsResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -15,9 +15,9 @@ import time
 from collections.abc import Callable
 from typing import Protocol
 
-from loraserve.clients.store import Report, ReportKind, rpc_code
+from loraserve.clients.store import Report, ReportKind
 from loraserve.common import errors
-from loraserve.common.errors import TRANSIENT_ERRORS
+from loraserve.common.errors import TRANSIENT_ERRORS, rpc_code
 from loraserve.common.manifest import Revision
 from loraserve.inference.adapters import RegistryCounts
 from loraserve.inference.sync.reports import StatusReporter
