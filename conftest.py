@@ -6,7 +6,9 @@ pytest_plugins = [
     "loraserve.testing.s3",
     "loraserve.testing.s3faults",
     "loraserve.testing.store",
+    "loraserve.testing.signers",
     "loraserve.testing.inference",
     "loraserve.testing.openai_front",
+    "loraserve.testing.parity",
     "loraserve.testing.stack",
 ]

@@ -113,6 +113,16 @@ async def test_writer_token_may_write_and_reader_token_may_read(stub_for: StubFa
     assert [r.pushed_by for r in revisions.revisions] == ["ci"]
 
 
+async def test_download_urls_need_a_reader_token(stub_for: StubFactory) -> None:
+    await _seed(stub_for)
+    request = pb.GetDownloadUrlsRequest(name="seeded")
+    anonymous = await _code(stub_for(None).GetDownloadUrls(request))
+    answer = await stub_for(READER).GetDownloadUrls(request)
+    assert anonymous == grpc.StatusCode.UNAUTHENTICATED
+    assert [u.file_name for u in answer.urls] == [f.name for f in answer.manifest.files]
+    assert all(u.url.startswith("http") for u in answer.urls)
+
+
 async def test_health_needs_no_token(secured_store: RunningStore) -> None:
     assert await health_status(secured_store.address) == health_pb2.HealthCheckResponse.SERVING
 

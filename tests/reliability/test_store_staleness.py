@@ -38,7 +38,7 @@ pytestmark = pytest.mark.faults
 SERVING = health_pb2.HealthCheckResponse.SERVING
 NOT_SERVING = health_pb2.HealthCheckResponse.NOT_SERVING
 # Small enough that a stalled store turns stale within the test's patience.
-FAST_STALENESS = {"max_staleness_s": 2.0, "heartbeat_interval": 0.2}
+FAST_STALENESS: dict[str, Any] = {"max_staleness_s": 2.0, "heartbeat_interval": 0.2}
 GUARD_S = 30.0
 
 

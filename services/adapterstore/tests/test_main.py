@@ -50,6 +50,21 @@ def test_missing_bucket_is_refused() -> None:
         parse_settings(["serve"], {})
 
 
+def test_a_malformed_trusted_signer_key_is_refused_at_start(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    bad = tmp_path / "ci.pub"
+    bad.write_text("-----BEGIN PUBLIC KEY-----\nnot a key\n-----END PUBLIC KEY-----\n")
+    with pytest.raises(SystemExit):
+        parse_settings(["serve", "--bucket", "adapters", "--trusted-signers", f"ci={bad}"], {})
+    assert f"trusted signer {bad}: not an EC public key" in capsys.readouterr().err
+
+
+def test_require_without_trusted_signers_is_refused() -> None:
+    with pytest.raises(InvalidArgument, match="--trusted-signers"):
+        parse_settings(["serve", "--bucket", "adapters", "--signature-policy", "require"], {})
+
+
 def _store_env(bucket: S3Bucket) -> dict[str, str]:
     """The environment of an `adapterstore serve` on `bucket`, flags left to env."""
     return os.environ | {

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from loraserve.clients.store import FileChunk
+from loraserve.clients.downloads import FileChunk
 from loraserve.common.errors import (
     DataLoss,
     FailedPrecondition,

@@ -79,3 +79,24 @@ def test_passthrough_refuses_managed_and_unknown_keys(item: str, message: str) -
     settings = parse_settings([*BASE, "--engine-arg", item], {}, "h")
     with pytest.raises(InvalidArgument, match=message):
         engine_args(settings.engine)
+
+
+def test_admission_flags_fall_back_to_env_and_default_to_fair() -> None:
+    assert parse_settings(BASE, {}, "h").admission.fair
+    environ = {
+        "INFERENCE_ADMISSION_ORDER": "fifo",
+        "INFERENCE_MAX_ENGINE_REQUESTS": "4",
+        "INFERENCE_ADAPTER_WEIGHTS": "gold=3, bronze=0.5",
+    }
+    admission = parse_settings(BASE, environ, "h").admission
+    assert (admission.fair, admission.max_engine_requests) == (False, 4)
+    assert dict(admission.weights) == {"gold": 3.0, "bronze": 0.5}
+
+
+@pytest.mark.parametrize("weights", ["gold", "gold=0", "gold=-1", "gold=lots", "=2"])
+def test_an_adapter_weight_that_is_not_a_positive_number_is_a_usage_error(
+    weights: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    with pytest.raises(SystemExit):
+        parse_settings([*BASE, "--adapter-weights", weights], {}, "h")
+    assert "NAME=WEIGHT with a positive number" in capsys.readouterr().err

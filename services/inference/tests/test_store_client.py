@@ -12,6 +12,7 @@ import pytest
 
 from loraserve.adapterstore.v1 import adapterstore_pb2 as pb
 from loraserve.adapterstore.v1 import adapterstore_pb2_grpc as pb_grpc
+from loraserve.clients.downloads import FileChunk
 from loraserve.clients.replicareport import (
     AdapterReport,
     RevisionReport,
@@ -20,7 +21,6 @@ from loraserve.clients.replicareport import (
 )
 from loraserve.clients.store import (
     EventKind,
-    FileChunk,
     StoreClient,
     StoreClientSettings,
     StoreEvent,

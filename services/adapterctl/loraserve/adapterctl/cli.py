@@ -157,6 +157,17 @@ def _add_push(command: Command) -> None:
     )
     push.add_argument("--description", default="", help="note kept with the revision")
     push.add_argument(
+        "--sign-key",
+        metavar="KEY",
+        help="sign the revision with this EC private key (PEM), OpenSSF model signing",
+    )
+    push.add_argument(
+        "--sign-cert",
+        metavar="CERT",
+        help="with --sign-key: sign as this certificate's holder (PEM), for stores that "
+        "trust its CA",
+    )
+    push.add_argument(
         "--watch",
         action="store_true",
         help="keep running; publish a revision each time DIR settles after a change",

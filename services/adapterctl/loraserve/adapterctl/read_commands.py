@@ -79,14 +79,33 @@ async def cmd_revisions(args: argparse.Namespace, settings: CtlSettings, console
             f"{r.revision}{' *' if r.revision == current else ''}",
             format_time(r.create_time),
             r.pushed_by,
+            signer_text(r),
             format_size(sum(f.size for f in r.files)),
             r.rank,
             r.description,
         )
         for r in revisions
     ]
-    console.out(table(("REVISION", "CREATED", "PUSHED BY", "SIZE", "RANK", "DESCRIPTION"), rows))
+    headers = ("REVISION", "CREATED", "PUSHED BY", "SIGNED BY", "SIZE", "RANK", "DESCRIPTION")
+    console.out(table(headers, rows))
     return EXIT_OK
+
+
+def signer_text(revision: pb.Revision) -> str:
+    """Who the store verified had signed the revision; `unverified` for a signature
+    it did not check (signature policy off, or warn and it failed)."""
+    if revision.signed_by:
+        return revision.signed_by
+    return "unverified" if revision.signature else "unsigned"
+
+
+async def _signers(stub: Any, name: str, settings: CtlSettings) -> dict[int, str]:
+    """Each revision's `signer_text`, for `status NAME`."""
+    signers: dict[int, str] = {}
+    request = pb.ListRevisionsRequest(name=name, page_size=_PAGE_SIZE)
+    async for page in pages(stub.ListRevisions, request, settings.unary_timeout_s):
+        signers.update((r.revision, signer_text(r)) for r in page.revisions)
+    return signers
 
 
 async def cmd_status(args: argparse.Namespace, settings: CtlSettings, console: Console) -> int:
@@ -95,9 +114,12 @@ async def cmd_status(args: argparse.Namespace, settings: CtlSettings, console: C
     # The store's default page (100): a page read cold costs a storage read per status
     # shard it needs, so small pages keep each call well inside its deadline.
     request = pb.GetAdapterStatusRequest(name=name)
+    signers: dict[int, str] = {}
     async with connect_store(settings) as stub:
         async for page in pages(stub.GetAdapterStatus, request, settings.unary_timeout_s):
             statuses.extend(page.statuses)
+        if name and statuses and not settings.json:
+            signers = await _signers(stub, name, settings)
     if settings.json:
         console.out(dumps({"statuses": [message_to_json(s) for s in statuses]}))
         return EXIT_OK
@@ -111,6 +133,7 @@ async def cmd_status(args: argparse.Namespace, settings: CtlSettings, console: C
             _liveness(s.liveness),
             s.applied_seq,
             s.serving_revision or "-",
+            signers.get(s.serving_revision, "-"),
             ", ".join(_revision_text(r) for r in s.revisions) or "not reported",
             format_time(s.seen_time),
             "; ".join(
@@ -119,8 +142,8 @@ async def cmd_status(args: argparse.Namespace, settings: CtlSettings, console: C
         )
         for s in statuses
     ]
-    headers = ("ADAPTER", "REPLICA", "LIVENESS", "APPLIED SEQ", "SERVING", "REVISIONS")
-    console.out(table((*headers, "LAST SEEN", "ERROR"), rows))
+    headers = ("ADAPTER", "REPLICA", "LIVENESS", "APPLIED SEQ", "SERVING", "SIGNED BY")
+    console.out(table((*headers, "REVISIONS", "LAST SEEN", "ERROR"), rows))
     return EXIT_OK
 
 

@@ -8,6 +8,7 @@ rollback and delete (`loraserve.clients.store`), a push retries itself
 from __future__ import annotations
 
 import argparse
+from collections.abc import Awaitable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -36,6 +37,15 @@ async def cmd_push(args: argparse.Namespace, settings: CtlSettings, console: Con
             "--wait waits for replicas to serve the new revision: it cannot go with "
             f"--{'watch' if args.watch else 'no-promote'}"
         )
+    signing = None
+    if args.sign_key or args.sign_cert:
+        # Here, not at the top: cryptography's import is start-up time a plain push
+        # need not pay.
+        from loraserve.adapterctl.signed_push import SigningKey, push_signed
+
+        signing = SigningKey.from_args(args.sign_key, args.sign_cert)
+    if signing is not None and args.watch:
+        raise UsageError("--sign-key signs one push; it does not go with --watch")
     if args.watch:
         # Here, not at the top: watchdog's import is start-up time every plain push pays.
         from loraserve.adapterctl.watch_dir import watch_directory
@@ -46,22 +56,31 @@ async def cmd_push(args: argparse.Namespace, settings: CtlSettings, console: Con
         return EXIT_OK
     files = await prepare_push(directory, console)
     progress = progress_for(console, f"uploading {name}", files.total_size)
-    key = new_idempotency_key()
     async with connect_store(settings) as stub:
-        try:
-            response = await push(
+
+        def send(signature: bytes, idempotency_key: str) -> Awaitable[pb.PushAdapterResponse]:
+            return push(
                 stub,
                 name,
                 files,
                 no_promote=args.no_promote,
                 description=args.description,
                 timeout_s=settings.stream_timeout_s,
-                idempotency_key=key,
+                idempotency_key=idempotency_key,
                 progress=progress.advance,
                 on_retry=lambda exc: console.err(
                     f"push of {name} failed: {exc.code().name}: {exc.details()}; retrying"
                 ),
+                signature=signature,
             )
+
+        try:
+            if signing is not None:
+                response = await push_signed(
+                    stub, name, files, signing, send, console, settings.unary_timeout_s
+                )
+            else:
+                response = await send(b"", new_idempotency_key())
         finally:
             progress.finish()
         if args.wait is not None:

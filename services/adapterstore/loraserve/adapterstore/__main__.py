@@ -16,8 +16,10 @@ import sys
 from collections.abc import Sequence
 
 from loraserve.adapterstore.changelog import ChangeLog
+from loraserve.adapterstore.download_urls import DownloadUrls
 from loraserve.adapterstore.health import follow_freshness
 from loraserve.adapterstore.metrics import StoreMetrics
+from loraserve.adapterstore.presign import S3Presigner
 from loraserve.adapterstore.replicas.writes import ReplicaStatusStore
 from loraserve.adapterstore.s3blobs import S3BlobStore
 from loraserve.adapterstore.servicer import (
@@ -92,9 +94,14 @@ async def serve(settings: AdapterStoreSettings) -> int:
         ReplicaStatusStore(blobs, settings.status_ttl_s),
         settings.store,
     )
+    urls = DownloadUrls(
+        store,
+        S3Presigner(settings.s3, settings.download_url_endpoint),
+        settings.download_url_ttl_s,
+    )
     running = await start_server(
         address=settings.listen,
-        register=register(AdapterStoreServicer(store)),
+        register=register(AdapterStoreServicer(store, urls=urls)),
         service_names=[SERVICE_NAME],
         security=settings.security,
         write_methods=WRITE_METHODS,

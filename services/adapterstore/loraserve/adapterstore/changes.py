@@ -15,21 +15,34 @@ from loraserve.adapterstore.push import PushHeader
 from loraserve.adapterstore.validation import LoraConfig
 from loraserve.common.errors import Aborted
 from loraserve.common.manifest import FileInfo, Revision
+from loraserve.common.signing import Signed
 
 
 def revision_pushed(
-    header: PushHeader, files: tuple[FileInfo, ...], config: LoraConfig, actor: str
+    header: PushHeader,
+    files: tuple[FileInfo, ...],
+    config: LoraConfig,
+    actor: str,
+    signed: Signed | None = None,
 ) -> ChangeBuilder:
-    """A new revision numbered after every earlier one, current unless `no_promote`."""
+    """A new revision numbered after every earlier one, current unless `no_promote`.
+    A verified signature names the number the revision must get: another number
+    (another push committed first) is Aborted, to be signed again."""
 
     def build(state: StoreState, seq: int) -> Change:
         adapter = state.adapters.get(header.name)
         if adapter is not None and not header.no_promote:
             refuse_during_rollout(adapter, "promote or abort it first, or push with --no-promote")
         time = now()
+        number = state.next_revision(header.name)
+        if signed is not None and signed.revision != number:
+            raise Aborted(
+                f"the signature is for {header.name}@{signed.revision}, but this push would "
+                f"be {header.name}@{number}: sign it again for the next revision"
+            )
         revision = Revision(
             adapter_name=header.name,
-            revision=state.next_revision(header.name),
+            revision=number,
             files=files,
             base_model=config.base_model,
             rank=config.rank,
@@ -39,6 +52,8 @@ def revision_pushed(
             pushed_by=actor,
             description=header.description,
             seq=seq,
+            signature=header.signature,
+            signed_by=signed.signer if signed is not None else "",
         )
         current = revision.revision
         if header.no_promote:

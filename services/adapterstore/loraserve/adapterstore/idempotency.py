@@ -40,12 +40,15 @@ def request_tag(key: str, *request: object) -> RequestTag | None:
 
 def push_request_tag(header: PushHeader, files: tuple[FileInfo, ...]) -> RequestTag | None:
     """What a push asks for, as its idempotency key's digest covers it: the header's
-    name, flags and description with each file's name, size and sha256."""
-    return request_tag(
-        header.idempotency_key,
+    name, flags and description with each file's name, size and sha256 (and the
+    signature's digest, for a signed push)."""
+    request: list[object] = [
         "push",
         header.name,
         [f.to_json() for f in files],
         header.no_promote,
         header.description,
-    )
+    ]
+    if header.signature:
+        request.append(hashlib.sha256(header.signature).hexdigest())
+    return request_tag(header.idempotency_key, *request)

@@ -1,20 +1,12 @@
 """The change log's objects in storage: keys, parsing, reading entries, snapshots.
 
-Layout (keys relative to the store's prefix):
-
-    log/<seq:020d>.json        one Change per object; the put with If-None-Match: *
-                               *is* the commit, so two store replicas never both
-                               commit the same seq
+    log/<seq:020d>.json        one Change; the put with If-None-Match: * is the commit
     snapshots/<seq:020d>.json  the StoreState folded up to seq
 
-Nothing here keeps state between calls. An entry read is checked to claim its
-own seq and a corrupt one raises DataLoss, never a half-parsed Change.
-Retention: after a snapshot at S, entries at or below both S and
-`head - log_retention` are deleted, and all but the newest snapshots. Entries go
-in blocks of PRUNE_BLOCK seqs, oldest block first, one batch never spanning two
-blocks: so every block before one being deleted is gone, and the last entry of the
-block before an entry's own still existing proves the entry was never deleted
-(see `is_gap`).
+Nothing here keeps state between calls. An entry read claims its own seq, and a
+corrupt one raises DataLoss, never a half-parsed Change. Entries are deleted in
+blocks, oldest first, so `is_gap` can tell a deleted entry from one never written
+(docs/design.md, "Log retention is a count").
 """
 
 from __future__ import annotations

@@ -21,6 +21,7 @@ from loraserve.adapterstore.v1 import adapterstore_pb2 as pb
 from loraserve.adapterstore.watching import Heartbeat
 from loraserve.common.errors import InvalidArgument
 from loraserve.common.manifest import FileInfo, Revision, revision_to_proto, timestamp
+from loraserve.common.presigned import RevisionUrls
 
 _EVENT_TYPES = {
     ChangeType.REVISION_PUSHED: pb.EVENT_TYPE_REVISION_PUSHED,
@@ -92,6 +93,14 @@ def download_response(value: Revision | Chunk) -> pb.DownloadAdapterResponse:
     )
 
 
+def download_urls(value: RevisionUrls) -> pb.GetDownloadUrlsResponse:
+    return pb.GetDownloadUrlsResponse(
+        manifest=revision_to_proto(value.manifest),
+        urls=[pb.FileUrl(file_name=u.name, url=u.url) for u in value.urls],
+        expire_time=timestamp(value.expire_time),
+    )
+
+
 def push_header(message: pb.PushAdapterRequest) -> PushHeader:
     if message.WhichOneof("message") != "header":
         raise InvalidArgument("the first message of a push must be its header")
@@ -102,6 +111,7 @@ def push_header(message: pb.PushAdapterRequest) -> PushHeader:
         no_promote=header.no_promote,
         description=header.description,
         idempotency_key=header.idempotency_key,
+        signature=header.signature,
     )
 
 

@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from loraserve.adapterstore.blobstore import BlobUpload, ReceivedBlob
+from loraserve.adapterstore.model import Change
 from loraserve.adapterstore.validation import (
     LoraConfig,
     check_tensors_match_config,
@@ -29,7 +30,7 @@ from loraserve.adapterstore.validation import (
 )
 from loraserve.common.errors import InvalidArgument
 from loraserve.common.lora_values import WeightsFileCheck
-from loraserve.common.manifest import FileInfo
+from loraserve.common.manifest import FileInfo, Revision
 from loraserve.common.peft_format import CONFIG_FILE, WEIGHTS_FILE, TensorInfo
 
 log = logging.getLogger(__name__)
@@ -48,6 +49,23 @@ class PushHeader:
     no_promote: bool
     description: str
     idempotency_key: str = ""
+    signature: bytes = b""  # the model-signing bundle; b"" when unsigned
+
+
+@dataclass(frozen=True, slots=True)
+class PushResult:
+    """What a committed push made: the revision, whether it became current, its seq."""
+
+    revision: Revision
+    promoted: bool
+    seq: int
+
+    @classmethod
+    def of(cls, change: Change) -> PushResult:
+        """The result of the push `change` committed."""
+        assert change.revision is not None
+        promoted = change.current_revision == change.revision.revision
+        return cls(change.revision, promoted, change.seq)
 
 
 @dataclass(frozen=True, slots=True)

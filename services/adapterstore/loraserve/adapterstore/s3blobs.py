@@ -62,9 +62,10 @@ class S3Location:
         )
 
 
-def make_client(location: S3Location) -> S3Client:
+def make_client(location: S3Location, signature_version: str | None = None) -> S3Client:
     config = botocore.config.Config(
         retries={"max_attempts": 5, "mode": "standard"},
+        signature_version=signature_version,
         max_pool_connections=32,
         # Path-style addressing: MinIO and emulators do not serve virtual-host buckets.
         s3={"addressing_style": "path"} if location.endpoint_url else {},

@@ -1,21 +1,11 @@
-"""Streaming uploads of S3BlobStore.
-
-A file is cut into parts of `part_size` bytes, hashed in order and sent as one
-multipart upload with up to `parts_in_flight` parts being hashed or sent at once,
-so receiving the next part overlaps both. Memory per upload is about
+"""Streaming uploads of S3BlobStore: a file is hashed in order and sent as one multipart
+upload with at most `parts_in_flight` parts in flight, so memory per upload is about
 (parts_in_flight + 1) x part_size, whatever the file's size.
 
-A file reaches its content address in one of two ways:
-- `DirectUpload`, when the sender declared the sha256: the multipart upload targets
-  blobs/sha256/<declared> and stays incomplete, so invisible, until `keep` completes
-  it, which it does only for bytes that hashed to the declared sha256. Bytes a blob
-  there already holds are hashed but not sent again. The bytes cross S3 once.
-- `StagedUpload`, when it did not: the file is written to tmp/<uuid>, and `keep`
-  copies it server-side to its content address and deletes the staged object.
-
-A process killed mid-push leaves incomplete multipart uploads and tmp/ objects
-behind, so production buckets should have a lifecycle rule expiring `tmp/` objects
-and incomplete multipart uploads after a day.
+`DirectUpload` (sha256 declared) targets blobs/sha256/<declared> and completes only
+for bytes that hashed to it; `StagedUpload` writes tmp/<uuid> and copies it to its
+content address. Either way nothing is visible at a content address unless its bytes
+hash to it (docs/design.md, "Uploads").
 """
 
 from __future__ import annotations

@@ -13,6 +13,7 @@ from typing import Any
 import grpc
 
 from loraserve.adapterstore import protoconv
+from loraserve.adapterstore.download_urls import DownloadUrls
 from loraserve.adapterstore.model import Adapter
 from loraserve.adapterstore.push import Chunk
 from loraserve.adapterstore.replicas.model import ReplicaStatus
@@ -50,10 +51,14 @@ Context = grpc.aio.ServicerContext[Any, Any]
 
 class AdapterStoreServicer:
     def __init__(
-        self, store: AdapterStore, principal: Callable[[], str] = current_principal.get
+        self,
+        store: AdapterStore,
+        principal: Callable[[], str] = current_principal.get,
+        urls: DownloadUrls | None = None,
     ) -> None:
         self._store = store
         self._principal = principal
+        self._urls = urls if urls is not None else DownloadUrls(store, None, 0)
 
     async def PushAdapter(
         self, request_iterator: AsyncIterator[pb.PushAdapterRequest], context: Context
@@ -77,6 +82,11 @@ class AdapterStoreServicer:
         return pb.GetAdapterResponse(
             adapter=protoconv.adapter(adapter), revision=revision_to_proto(revision)
         )
+
+    async def GetNextRevision(
+        self, request: pb.GetNextRevisionRequest, context: Context
+    ) -> pb.GetNextRevisionResponse:
+        return pb.GetNextRevisionResponse(revision=await self._store.next_revision(request.name))
 
     async def ListAdapters(
         self, request: pb.ListAdaptersRequest, context: Context
@@ -136,6 +146,12 @@ class AdapterStoreServicer:
     ) -> AsyncIterator[pb.DownloadAdapterResponse]:
         async for item in self._store.download(request.name, request.revision):
             yield protoconv.download_response(item)
+
+    async def GetDownloadUrls(
+        self, request: pb.GetDownloadUrlsRequest, context: Context
+    ) -> pb.GetDownloadUrlsResponse:
+        urls = await self._urls.revision_urls(request.name, request.revision)
+        return protoconv.download_urls(urls)
 
     async def WatchAdapters(
         self, request: pb.WatchAdaptersRequest, context: Context

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from loraserve.adapterstore.changelog import LogSettings
+from loraserve.adapterstore.presign import MAX_URL_TTL_S
 from loraserve.adapterstore.replicas.model import DEFAULT_STATUS_TTL_S
 from loraserve.adapterstore.s3blobs import (
     DEFAULT_PART_SIZE,
@@ -39,8 +40,10 @@ from loraserve.common.security import (
     server_security_from_args,
 )
 from loraserve.common.sizes import parse_size
+from loraserve.common.trust import add_trust_flags, trust_settings_from_args
 
 ENV_PREFIX = "ADAPTERSTORE"
+DEFAULT_URL_TTL_S = 300
 
 
 @dataclass(frozen=True)
@@ -55,6 +58,10 @@ class AdapterStoreSettings:
     log: LogSettings
     security: ServerSecurity
     status_ttl_s: float = DEFAULT_STATUS_TTL_S
+    # Seconds a presigned download URL stays valid; 0: hand out none (replicas stream).
+    download_url_ttl_s: int = DEFAULT_URL_TTL_S
+    # The object storage endpoint as replicas reach it; None: --s3-endpoint.
+    download_url_endpoint: str | None = None
     # HOST:PORT of the metrics endpoint; None: off.
     metrics_listen: str | None = None
     # Seconds before a gRPC connection is asked to close; 0: never.
@@ -85,6 +92,7 @@ def build_parser(environ: Mapping[str, str]) -> argparse.ArgumentParser:
     )
     flag("shutdown-grace", "seconds in-flight calls get to finish on SIGTERM", "30", type=float)
     flag("log-level", "logging level", "INFO")
+    add_trust_flags(flag)
     add_server_security_flags(serve, ENV_PREFIX, environ, roles=("reader", "replica", "writer"))
     return parser
 
@@ -159,6 +167,18 @@ def _add_storage_flags(flag: Callable[..., None]) -> None:
     flag("secret-access-key-file", f"{s3}: file holding the secret access key")
     flag("part-size", f"{s3}: multipart upload part size", "8MiB", type=parse_size)
     flag(
+        "download-url-ttl",
+        f"{s3}: seconds a presigned download URL handed to replicas stays valid (at most "
+        f"{MAX_URL_TTL_S}); 0: hand out none, replicas read through the store",
+        str(DEFAULT_URL_TTL_S),
+        type=non_negative_int,
+    )
+    flag(
+        "download-url-endpoint",
+        f"{s3}: endpoint URL replicas reach object storage at, for the URLs they are "
+        "handed; unset: --s3-endpoint",
+    )
+    flag(
         "parts-in-flight",
         f"{s3}: parts of one upload sent at once (memory per push: about this + 1 parts)",
         str(DEFAULT_PARTS_IN_FLIGHT),
@@ -188,6 +208,8 @@ def parse_settings(argv: Sequence[str], environ: Mapping[str, str]) -> AdapterSt
         raise InvalidArgument("the access key id and secret access key must be given together")
     if args.part_size < MIN_PART_SIZE:
         raise InvalidArgument(f"--part-size must be at least {MIN_PART_SIZE} bytes (5MiB)")
+    if args.download_url_ttl > MAX_URL_TTL_S:
+        raise InvalidArgument(f"--download-url-ttl must be at most {MAX_URL_TTL_S} seconds")
     if args.max_file_size > args.max_adapter_size:
         raise InvalidArgument("--max-file-size must not exceed --max-adapter-size")
     return AdapterStoreSettings(
@@ -208,6 +230,7 @@ def parse_settings(argv: Sequence[str], environ: Mapping[str, str]) -> AdapterSt
             max_staleness_s=float(args.max_staleness),
             stale_upload_age_s=float(args.stale_upload_age),
             rollout_check_interval_s=float(args.rollout_check_interval),
+            trust=trust_settings_from_args(args),
         ),
         log=LogSettings(
             poll_interval=float(args.poll_interval),
@@ -216,6 +239,8 @@ def parse_settings(argv: Sequence[str], environ: Mapping[str, str]) -> AdapterSt
         ),
         security=server_security_from_args(args),
         status_ttl_s=float(args.status_ttl),
+        download_url_ttl_s=int(args.download_url_ttl),
+        download_url_endpoint=args.download_url_endpoint or None,
         metrics_listen=metrics_address(args, args.listen),
         max_connection_age_s=float(args.max_connection_age),
         shutdown_grace_seconds=float(args.shutdown_grace),

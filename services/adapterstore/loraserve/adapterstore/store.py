@@ -11,7 +11,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import AsyncIterator, Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 
 from loraserve.adapterstore import pagetokens
@@ -27,7 +27,7 @@ from loraserve.adapterstore.idempotency import (
 from loraserve.adapterstore.listing import AdapterPage, RevisionPage, adapter_page, revision_page
 from loraserve.adapterstore.lookup import detached, find_adapter, find_revision
 from loraserve.adapterstore.model import Adapter, Change, now
-from loraserve.adapterstore.push import Chunk, PushHeader, keep_files, receive_adapter
+from loraserve.adapterstore.push import Chunk, PushHeader, PushResult, keep_files, receive_adapter
 from loraserve.adapterstore.replicas.ops import ReplicaOps
 from loraserve.adapterstore.replicas.writes import ReplicaStatusStore
 from loraserve.adapterstore.rollout.guard import RolloutGuard
@@ -39,6 +39,7 @@ from loraserve.common.errors import InvalidArgument, Unavailable
 from loraserve.common.manifest import Revision
 from loraserve.common.names import validate_adapter_name
 from loraserve.common.textlimits import MAX_DESCRIPTION_BYTES, MAX_PAGE_BYTES, check_text
+from loraserve.common.trust import RevisionTrust, TrustSettings
 
 log = logging.getLogger(__name__)
 
@@ -58,13 +59,8 @@ class StoreSettings:
     stale_upload_age_s: float = 86_400.0
     # Seconds between checks of active rollouts' figures and guards (rollout/guard.py).
     rollout_check_interval_s: float = 5.0
-
-
-@dataclass(frozen=True, slots=True)
-class PushResult:
-    revision: Revision
-    promoted: bool
-    seq: int
+    # What a push's signature must be (loraserve.common.trust).
+    trust: TrustSettings = field(default_factory=TrustSettings)
 
 
 class AdapterStore:
@@ -88,6 +84,7 @@ class AdapterStore:
             changelog, statuses, self._check_started, settings.max_page_bytes
         )
         self.rollouts = RolloutOps(changelog, self._guard, self._check_started)
+        self._trust = RevisionTrust(settings.trust)
 
     @property
     def watch_count(self) -> int:
@@ -178,11 +175,13 @@ class AdapterStore:
         check_declared_files(header.files, self._settings.limits)
         if header.idempotency_key and (done := await self._committed_push(header, chunks)):
             return done
+        signed = self._trust.check_push(header.name, header.files, header.signature)
         received = await receive_adapter(header, chunks, self._blobs)
         await keep_files(received)
         files = received.infos
         change = await self._log.commit(
-            revision_pushed(header, files, received.config, actor), push_request_tag(header, files)
+            revision_pushed(header, files, received.config, actor, signed),
+            push_request_tag(header, files),
         )
         assert change is not None
         assert change.revision is not None
@@ -193,7 +192,15 @@ class AdapterStore:
             change.seq,
             actor,
         )
-        return _push_result(change)
+        return PushResult.of(change)
+
+    async def next_revision(self, name: str) -> int:
+        """The revision number the next push of `name` gets, unless another commits
+        first: what a signed push signs."""
+        self._check_started()
+        validate_adapter_name(name)
+        await self._log.sync()
+        return self._log.state.next_revision(name)
 
     async def _committed_push(
         self, header: PushHeader, chunks: AsyncIterator[Chunk]
@@ -219,7 +226,7 @@ class AdapterStore:
             change.seq,
             header.idempotency_key,
         )
-        return _push_result(change)
+        return PushResult.of(change)
 
     async def get(self, name: str, revision: int = 0) -> tuple[Adapter, Revision]:
         self._check_started()
@@ -356,9 +363,3 @@ class AdapterStore:
     def _adapter(self, name: str) -> Adapter:
         validate_adapter_name(name)
         return find_adapter(self._log.state, name)
-
-
-def _push_result(change: Change) -> PushResult:
-    assert change.revision is not None
-    promoted = change.current_revision == change.revision.revision
-    return PushResult(change.revision, promoted, change.seq)

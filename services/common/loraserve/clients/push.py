@@ -86,6 +86,7 @@ async def push(
     progress: Callable[[int], None] = lambda _: None,
     on_retry: Callable[[grpc.aio.AioRpcError], None] = lambda _: None,
     attempts: int = PUSH_ATTEMPTS,
+    signature: bytes = b"",
 ) -> pb.PushAdapterResponse:
     """`upload`, again after a jittered backoff while it fails UNAVAILABLE (or, with
     an idempotency key, CANCELLED by the store), at most `attempts` times; `on_retry`
@@ -111,6 +112,7 @@ async def push(
                     timeout_s=timeout_s,
                     idempotency_key=idempotency_key,
                     progress=progress,
+                    signature=signature,
                 )
             except grpc.aio.AioRpcError as exc:
                 if retried(exc) and attempt.num < attempts:
@@ -120,7 +122,13 @@ async def push(
 
 
 def push_header(
-    name: str, files: HashedFiles, *, no_promote: bool, description: str, idempotency_key: str
+    name: str,
+    files: HashedFiles,
+    *,
+    no_promote: bool,
+    description: str,
+    idempotency_key: str,
+    signature: bytes = b"",
 ) -> pb.PushAdapterRequest:
     return pb.PushAdapterRequest(
         header=pb.PushHeader(
@@ -129,6 +137,7 @@ def push_header(
             no_promote=no_promote,
             description=description,
             idempotency_key=idempotency_key,
+            signature=signature,
         )
     )
 
@@ -143,9 +152,11 @@ async def upload(
     timeout_s: float | None,
     idempotency_key: str,
     progress: Callable[[int], None] = lambda _: None,
+    signature: bytes = b"",
 ) -> pb.PushAdapterResponse:
     """Streams one push; a rejected push raises the call's AioRpcError. A retry of
-    the push must pass the same `idempotency_key` (`push` does).
+    the push must pass the same `idempotency_key` (`push` does), and the same
+    `signature` (a signed push's, see loraserve.common.signing).
 
     The store may refuse the push before it has all been sent (no token, a file over
     its limits, a bad file): writing stops then, and the store's status is raised.
@@ -159,6 +170,7 @@ async def upload(
         no_promote=no_promote,
         description=description,
         idempotency_key=idempotency_key,
+        signature=signature,
     )
     try:
         if await stream.write(header):

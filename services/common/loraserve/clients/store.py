@@ -31,9 +31,11 @@ import grpc
 from loraserve.adapterstore.v1 import adapterstore_pb2 as pb
 from loraserve.adapterstore.v1 import adapterstore_pb2_grpc as pb_grpc
 from loraserve.clients.channels import Retry, open_channel
+from loraserve.clients.downloads import FileChunk, revision_urls_from_proto
 from loraserve.clients.replicareport import StatusBatch, report_requests
 from loraserve.common import errors
 from loraserve.common.manifest import Revision, revision_from_proto
+from loraserve.common.presigned import RevisionUrls
 from loraserve.common.security import ClientSecurity
 
 log = logging.getLogger(__name__)
@@ -49,6 +51,7 @@ RETRIED_METHODS = (
     "ListRevisions",
     "GetAdapterStatus",
     "DownloadAdapter",
+    "GetDownloadUrls",
     "ReportReplicaAlive",
     "ReportReplicaStatus",
     "GetRollout",
@@ -183,15 +186,6 @@ class Heartbeat:
     seq: int
     stale_s: float = 0.0
     incarnation: str = ""
-
-
-@dataclass(frozen=True, slots=True)
-class FileChunk:
-    """Bytes of one file of a download, at `offset`."""
-
-    file_name: str
-    offset: int
-    data: bytes
 
 
 _KNOWN_EVENT_TYPES = frozenset(kind.value for kind in EventKind)
@@ -335,6 +329,15 @@ class StoreClient:
             known = known and response.known
         return known
 
+    async def download_urls(self, name: str, revision: int) -> RevisionUrls:
+        """The manifest and presigned URLs of the revision's files; Unimplemented from
+        a store that hands out none (an older one, or `--download-url-ttl 0`)."""
+        request = pb.GetDownloadUrlsRequest(name=name, revision=revision)
+        response = await self._unary(
+            f"download URLs of {name}@{revision}", self._stub.GetDownloadUrls, request
+        )
+        return revision_urls_from_proto(response)
+
     async def _unary(self, what: str, method: Callable[..., Any], request: Any) -> Any:
         try:
             return await method(request, timeout=self._settings.call_timeout_s)
@@ -387,10 +390,3 @@ def _split(rollout: pb.Rollout) -> RolloutSplit | None:
     if rollout.state != pb.ROLLOUT_STATE_ACTIVE:
         return None
     return RolloutSplit(revision_from_proto(rollout.candidate), rollout.weight, rollout.start_seq)
-
-
-def rpc_code(error: BaseException) -> int:
-    """The google.rpc code number to report for an error (13 INTERNAL for bugs)."""
-    code = error.code if isinstance(error, errors.LoraserveError) else grpc.StatusCode.INTERNAL
-    number: int = code.value[0]
-    return number

@@ -93,6 +93,12 @@ class DeadlineExceeded(LoraserveError):
     code = grpc.StatusCode.DEADLINE_EXCEEDED
 
 
+class Unimplemented(LoraserveError):
+    """The server does not offer this call (an older version, or switched off)."""
+
+    code = grpc.StatusCode.UNIMPLEMENTED
+
+
 class Internal(LoraserveError):
     """A bug on the server side."""
 
@@ -123,6 +129,7 @@ _BY_CODE: dict[grpc.StatusCode, type[LoraserveError]] = {
         PermissionDenied,
         Cancelled,
         DeadlineExceeded,
+        Unimplemented,
         Internal,
     )
 }
@@ -134,3 +141,10 @@ def error_from_rpc(error: grpc.aio.AioRpcError | grpc.RpcError) -> LoraserveErro
     code = error.code() if hasattr(error, "code") else grpc.StatusCode.UNKNOWN
     details = (error.details() if hasattr(error, "details") else None) or str(code)
     return _BY_CODE.get(code, Internal)(details)
+
+
+def rpc_code(error: BaseException) -> int:
+    """The google.rpc code number to report for an error (13 INTERNAL for bugs)."""
+    code = error.code if isinstance(error, LoraserveError) else grpc.StatusCode.INTERNAL
+    number: int = code.value[0]
+    return number

@@ -8,6 +8,7 @@ same type through the same two codecs here.
 
 from __future__ import annotations
 
+import base64
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any, NamedTuple
@@ -66,13 +67,18 @@ class Revision:
     pushed_by: str
     description: str
     seq: int
+    # The push's model-signing bundle (loraserve.common.signing); empty when unsigned.
+    signature: bytes = b""
+    # Who the store found had signed it at push ("" when it did not check); shown to
+    # people, never trusted by a replica, which verifies `signature` itself.
+    signed_by: str = ""
 
     @property
     def key(self) -> RevisionKey:
         return RevisionKey(self.adapter_name, self.revision)
 
     def to_json(self) -> dict[str, Any]:
-        return {
+        data: dict[str, Any] = {
             "adapter_name": self.adapter_name,
             "revision": self.revision,
             "files": [f.to_json() for f in self.files],
@@ -85,6 +91,11 @@ class Revision:
             "description": self.description,
             "seq": self.seq,
         }
+        # Only when present, so unsigned revisions encode as they did before signing.
+        if self.signature:
+            data["signature"] = base64.b64encode(self.signature).decode()
+            data["signed_by"] = self.signed_by
+        return data
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> Revision:
@@ -100,6 +111,8 @@ class Revision:
             pushed_by=str(data["pushed_by"]),
             description=str(data["description"]),
             seq=int(data["seq"]),
+            signature=base64.b64decode(str(data.get("signature", ""))),
+            signed_by=str(data.get("signed_by", "")),
         )
 
 
@@ -126,6 +139,8 @@ def revision_to_proto(value: Revision) -> pb.Revision:
         pushed_by=value.pushed_by,
         description=value.description,
         seq=value.seq,
+        signature=value.signature,
+        signed_by=value.signed_by,
     )
 
 
@@ -142,4 +157,6 @@ def revision_from_proto(message: pb.Revision) -> Revision:
         pushed_by=message.pushed_by,
         description=message.description,
         seq=message.seq,
+        signature=message.signature,
+        signed_by=message.signed_by,
     )

@@ -20,9 +20,12 @@ import stamina
 
 from loraserve.clients.store import StoreClient, StoreClientSettings
 from loraserve.common import retrylog
+from loraserve.common.admission import AdmissionOptions
 from loraserve.common.errors import TRANSIENT_ERRORS, LoraserveError
+from loraserve.common.manifest import Revision
 from loraserve.common.metrics_http import serve_metrics
 from loraserve.common.server import RunningServer, start_server
+from loraserve.common.trust import RevisionTrust
 from loraserve.inference.adapters import (
     LLAMA_TARGET_MODULES,
     AdapterRegistry,
@@ -33,12 +36,13 @@ from loraserve.inference.adapters import (
     smallest_covering_rank,
     supported_lora_ranks,
 )
-from loraserve.inference.cache import AdapterCache
+from loraserve.inference.cache import AdapterCache, FetchSettings, ReadSettings
 from loraserve.inference.engine import VllmEngine
 from loraserve.inference.metrics import TTFT_BOUNDS_S, InferenceMetrics
 from loraserve.inference.serving import (
     SERVICE_NAME,
     Admission,
+    FairGate,
     Generator,
     Runtime,
     RuntimeRef,
@@ -131,12 +135,23 @@ class InferenceApp:
         engine = self._engine = await self._start_engine(options)
         info = engine.info
         compat = await self._compatibility(options.model, info.max_lora_rank)
+        trust = RevisionTrust(settings.trust)
+
+        def servable(manifest: Revision) -> None:
+            # Its signature first: nothing of an untrusted revision is looked at further.
+            trust.check_revision(manifest)
+            compat.check_manifest(manifest)
+
         cache = self._cache = AdapterCache(
             settings.adapter_cache,
             source=self._store,
-            check=compat.check_manifest,
+            check=servable,
             max_bytes=settings.adapter_cache_size,
             observer=self.metrics,
+            fetch=FetchSettings(
+                direct=settings.direct_downloads,
+                read=ReadSettings(range_size=settings.download_range_size),
+            ),
         )
         await cache.prepare()
         # Names whose report to the store may have changed: the registry adds, sync reads.
@@ -148,6 +163,7 @@ class InferenceApp:
             max_pinned=info.max_cpu_loras,
             observer=self.metrics,
             on_change=changed.add,
+            verify=trust.check_revision,
         )
         synchronizer = Synchronizer(
             self._store,
@@ -191,15 +207,17 @@ class InferenceApp:
         settings = self._settings
         info = engine.info
         admission = Admission(settings.max_pending_requests, settings.max_n)
+        gate = _fair_gate(settings.admission, info.max_num_seqs)
         self.runtime_ref.set(
             Runtime(
                 engine=engine,
                 registry=registry,
-                generator=Generator(engine, registry, admission, self.metrics),
+                generator=Generator(engine, registry, admission, self.metrics, gate),
                 admission=admission,
                 replica_id=settings.replica_id,
                 store_seq=store_seq,
                 tiers=tiers,
+                gate=gate,
             )
         )
         self.metrics.watch_engine(
@@ -207,7 +225,8 @@ class InferenceApp:
             loaded=lambda: registry.counts().loaded,
             kv_usage=lambda: engine.stats().kv_cache_usage,
             running=lambda: engine.stats().running,
-            waiting=lambda: engine.stats().waiting,
+            # Requests waiting for their turn wait for the engine as much as its own queue.
+            waiting=lambda: engine.stats().waiting + (gate.waiting if gate else 0),
             pending=lambda: admission.pending,
         )
         self.metrics.export_model_server_protocol(engine.stats, max_lora=info.max_loras)
@@ -343,3 +362,12 @@ def _lora_shapes(model: str) -> dict[str, tuple[int, int]]:
 def _lora_targets(model: str) -> frozenset[str]:
     path = Path(model)
     return model_lora_targets(path) if path.is_dir() else LLAMA_TARGET_MODULES
+
+
+def _fair_gate(options: AdmissionOptions, max_num_seqs: int) -> FairGate | None:
+    """The gate that admits requests into the engine in turn across adapters, at most
+    one batch's worth (or `--max-engine-requests`) at once; None for fifo."""
+    if not options.fair:
+        return None
+    weights = dict(options.weights)
+    return FairGate(options.max_engine_requests or max_num_seqs, lambda a: weights.get(a, 1.0))

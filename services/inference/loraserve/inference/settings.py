@@ -7,11 +7,13 @@ so a container can be configured without a command line.
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from loraserve.common.admission import AdmissionOptions, add_admission_flags, admission_from_args
 from loraserve.common.errors import InvalidArgument
 from loraserve.common.flags import (
     EnvFlags,
@@ -31,6 +33,7 @@ from loraserve.common.security import (
     server_security_from_args,
 )
 from loraserve.common.sizes import parse_size
+from loraserve.common.trust import TrustSettings, add_trust_flags, trust_settings_from_args
 
 ENV_PREFIX = "INFERENCE"
 STORE_FLAG_PREFIX = "store"
@@ -110,6 +113,13 @@ class InferenceSettings:
     adapter_cache_size: int | None = None
     # Adapters loaded before SERVING and kept warm on publish (see SyncSettings).
     prefetch_adapters: int = 32
+    # Which revisions' signatures this replica requires and trusts.
+    trust: TrustSettings = field(default_factory=TrustSettings)
+    admission: AdmissionOptions = field(default_factory=AdmissionOptions)
+    # Downloads read object storage with presigned URLs (else the store's stream).
+    direct_downloads: bool = True
+    # Files at least twice this long are read in parallel ranges; 0: one GET a file.
+    download_range_size: int = 0
 
 
 def _cache_size(text: str) -> int:
@@ -146,6 +156,8 @@ def build_parser(environ: Mapping[str, str]) -> argparse.ArgumentParser:
     flags = EnvFlags(environ, ENV_PREFIX)
     _add_model_flags(serve, flags)
     _add_store_flags(serve, flags)
+    add_trust_flags(functools.partial(flags.add, serve))
+    add_admission_flags(functools.partial(flags.add, serve))
     _add_cache_flags(serve, flags)
     _add_serving_flags(serve, flags)
     add_metrics_flags(serve, flags)
@@ -157,7 +169,7 @@ def build_parser(environ: Mapping[str, str]) -> argparse.ArgumentParser:
 
 
 def _add_cache_flags(serve: argparse.ArgumentParser, flags: EnvFlags) -> None:
-    """Where downloaded adapters live, how many bytes, what is loaded ahead."""
+    """Where downloaded adapters live, how many bytes, what is loaded ahead, how read."""
     env = flags.get
     serve.add_argument(
         "--adapter-cache",
@@ -181,6 +193,21 @@ def _add_cache_flags(serve: argparse.ArgumentParser, flags: EnvFlags) -> None:
         help="adapters loaded before the server reports SERVING (the ones this replica "
         "served most recently first) and loaded as soon as they are published while fewer "
         "than N are loaded; every other adapter loads on its first request",
+    )
+    serve.add_argument(
+        "--adapter-download",
+        choices=("direct", "stream"),
+        default=env("adapter-download", "direct"),
+        help="direct: read adapter files from object storage with the store's presigned "
+        "URLs, else through the store's stream; stream: always through the store's stream",
+    )
+    serve.add_argument(
+        "--download-range-size",
+        type=parse_size,
+        default=env("download-range-size", "0"),
+        metavar="BYTES",
+        help="read files at least twice this long from object storage as parallel ranged "
+        "GETs of this size (e.g. 16MiB; pays on AWS S3); 0: one streamed GET per file",
     )
 
 
@@ -396,4 +423,8 @@ def parse_settings(
         log_level=str(args.log_level).upper(),
         adapter_cache_size=args.adapter_cache_size,
         prefetch_adapters=int(args.prefetch_adapters),
+        trust=trust_settings_from_args(args),
+        admission=admission_from_args(args),
+        direct_downloads=args.adapter_download == "direct",
+        download_range_size=int(args.download_range_size),
     )

@@ -12,6 +12,8 @@ import pytest
 
 from loraserve.adapterstore.blobstore import BlobStore
 from loraserve.adapterstore.changelog import ChangeLog, LogSettings
+from loraserve.adapterstore.download_urls import DownloadUrls
+from loraserve.adapterstore.presign import S3Presigner
 from loraserve.adapterstore.replicas.model import DEFAULT_STATUS_TTL_S
 from loraserve.adapterstore.replicas.writes import ReplicaStatusStore
 from loraserve.adapterstore.s3blobs import MIN_PART_SIZE, S3BlobStore, S3Location
@@ -97,15 +99,21 @@ async def serve_store(
     bucket: S3Bucket,
     log_settings: LogSettings = FAST_LOG,
     principal: Callable[[], str] = lambda: "tester",
+    *,
+    download_url_ttl_s: int = 300,
+    download_url_endpoint: str | None = None,
     **kwargs: Any,
 ) -> AsyncIterator[StoreServer]:
-    """Runs a store on the bucket over real S3 HTTP and real gRPC, until the block exits."""
-    store = make_store(
-        S3BlobStore(s3_location(bucket), part_size=MIN_PART_SIZE), log_settings, **kwargs
-    )
+    """Runs a store on the bucket over real S3 HTTP and real gRPC, until the block exits.
+    It hands out presigned download URLs for `download_url_endpoint` (None: the
+    bucket's own endpoint) valid for `download_url_ttl_s` seconds (0: none)."""
+    location = s3_location(bucket)
+    store = make_store(S3BlobStore(location, part_size=MIN_PART_SIZE), log_settings, **kwargs)
     await store.start()
     try:
-        servicer = AdapterStoreServicer(store, principal)
+        signer = S3Presigner(location, download_url_endpoint)
+        urls = DownloadUrls(store, signer, download_url_ttl_s)
+        servicer = AdapterStoreServicer(store, principal, urls)
         async with serving(
             register(servicer),
             [SERVICE_NAME],

@@ -7,9 +7,10 @@ import hashlib
 from collections.abc import AsyncGenerator
 from datetime import UTC, datetime
 
-from loraserve.clients.store import FileChunk
-from loraserve.common.errors import NotFound
+from loraserve.clients.downloads import FileChunk
+from loraserve.common.errors import NotFound, Unimplemented
 from loraserve.common.manifest import FileInfo, Revision
+from loraserve.common.presigned import RevisionUrls
 
 
 def file_info(name: str, data: bytes) -> FileInfo:
@@ -23,6 +24,7 @@ class FakeSource:
         self.revisions: dict[tuple[str, int], dict[str, bytes]] = {}
         self.manifests: dict[tuple[str, int], Revision] = {}
         self.downloads = 0
+        self.url_requests = 0
         self.lookups = 0
         self.corrupt_downloads = 0
         self.chunk_size = chunk_size
@@ -58,6 +60,11 @@ class FakeSource:
         if (name, revision) not in self.manifests:
             raise NotFound(f"no revision {name}@{revision}")
         return self.manifests[(name, revision)]
+
+    async def download_urls(self, name: str, revision: int) -> RevisionUrls:
+        # Revisions in memory have no object storage to read directly: the stream it is.
+        self.url_requests += 1
+        raise Unimplemented("the fake source hands out no download URLs")
 
     async def download(
         self, name: str, revision: int

@@ -50,6 +50,7 @@ FAKE_INFO = EngineInfo(
     dtype="float32",
     lora_dtype="float32",
     gpu_memory_utilization=0.9,
+    max_num_seqs=8,
 )
 
 

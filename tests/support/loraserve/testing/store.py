@@ -11,7 +11,9 @@ from typing import Any
 
 import pytest
 
+from loraserve.adapterstore.download_urls import DownloadUrls
 from loraserve.adapterstore.health import follow_freshness
+from loraserve.adapterstore.presign import S3Presigner
 from loraserve.adapterstore.s3blobs import S3BlobStore
 from loraserve.adapterstore.servicer import (
     REPLICA_METHODS,
@@ -40,15 +42,25 @@ class RunningStore:
 
 @asynccontextmanager
 async def running_store(
-    bucket: S3Bucket, security: ServerSecurity | None = None, **settings: Any
+    bucket: S3Bucket,
+    security: ServerSecurity | None = None,
+    *,
+    download_url_ttl_s: int = 300,
+    download_url_endpoint: str | None = None,
+    **settings: Any,
 ) -> AsyncIterator[RunningStore]:
     """Runs a store server on `bucket` until the block exits, its health following the
-    store's freshness as `adapterstore serve` does; `settings` go to StoreSettings."""
-    store = make_store(S3BlobStore(s3_location(bucket)), FAST_LOG, **settings)
+    store's freshness as `adapterstore serve` does; `settings` go to StoreSettings. It
+    hands out presigned download URLs for `download_url_endpoint` (None: the bucket's
+    own endpoint) valid for `download_url_ttl_s` seconds (0: none), as
+    `adapterstore serve` does by default."""
+    location = s3_location(bucket)
+    store = make_store(S3BlobStore(location), FAST_LOG, **settings)
     await store.start()
+    urls = DownloadUrls(store, S3Presigner(location, download_url_endpoint), download_url_ttl_s)
     try:
         async with serving(
-            register(AdapterStoreServicer(store)),
+            register(AdapterStoreServicer(store, urls=urls)),
             [SERVICE_NAME],
             security=security,
             write_methods=WRITE_METHODS,
@@ -76,3 +88,15 @@ async def proxied_store(s3_bucket: S3Bucket, proxy: S3FaultProxy) -> AsyncIterat
     """A store server that reaches the test's bucket only through `proxy`."""
     async with running_store(replace(s3_bucket, endpoint_url=proxy.endpoint_url)) as store:
         yield store
+
+
+def stored_objects(store: RunningStore) -> list[str]:
+    """Every blob, log entry and upload in the store's bucket (what a refused push must
+    not leave)."""
+    client = store.bucket.client()
+    listing = client.list_objects_v2(Bucket=store.bucket.bucket)
+    return sorted(
+        o["Key"]
+        for o in listing.get("Contents", [])
+        if o["Key"].startswith(("blobs/", "log/", "tmp/"))
+    )

@@ -20,9 +20,13 @@ from loraserve.clients.replicareport import (
 from loraserve.clients.store import (
     Listing,
     RolloutSplit,
+)
+from loraserve.common.errors import (
+    TRANSIENT_ERRORS,
+    FailedPrecondition,
+    LoraserveError,
     rpc_code,
 )
-from loraserve.common.errors import TRANSIENT_ERRORS, FailedPrecondition, LoraserveError
 from loraserve.common.manifest import Revision
 from loraserve.inference.adapters import RegistryCounts
 from loraserve.inference.cache import CachedRevision

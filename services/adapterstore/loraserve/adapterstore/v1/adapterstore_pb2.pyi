@@ -78,7 +78,7 @@ class FileInfo(_message.Message):
     def __init__(self, name: _Optional[str] = ..., size: _Optional[int] = ..., sha256: _Optional[str] = ...) -> None: ...
 
 class Revision(_message.Message):
-    __slots__ = ("adapter_name", "revision", "files", "base_model", "rank", "alpha", "target_modules", "create_time", "pushed_by", "description", "seq")
+    __slots__ = ("adapter_name", "revision", "files", "base_model", "rank", "alpha", "target_modules", "create_time", "pushed_by", "description", "seq", "signature", "signed_by")
     ADAPTER_NAME_FIELD_NUMBER: _ClassVar[int]
     REVISION_FIELD_NUMBER: _ClassVar[int]
     FILES_FIELD_NUMBER: _ClassVar[int]
@@ -90,6 +90,8 @@ class Revision(_message.Message):
     PUSHED_BY_FIELD_NUMBER: _ClassVar[int]
     DESCRIPTION_FIELD_NUMBER: _ClassVar[int]
     SEQ_FIELD_NUMBER: _ClassVar[int]
+    SIGNATURE_FIELD_NUMBER: _ClassVar[int]
+    SIGNED_BY_FIELD_NUMBER: _ClassVar[int]
     adapter_name: str
     revision: int
     files: _containers.RepeatedCompositeFieldContainer[FileInfo]
@@ -101,7 +103,9 @@ class Revision(_message.Message):
     pushed_by: str
     description: str
     seq: int
-    def __init__(self, adapter_name: _Optional[str] = ..., revision: _Optional[int] = ..., files: _Optional[_Iterable[_Union[FileInfo, _Mapping]]] = ..., base_model: _Optional[str] = ..., rank: _Optional[int] = ..., alpha: _Optional[float] = ..., target_modules: _Optional[_Iterable[str]] = ..., create_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., pushed_by: _Optional[str] = ..., description: _Optional[str] = ..., seq: _Optional[int] = ...) -> None: ...
+    signature: bytes
+    signed_by: str
+    def __init__(self, adapter_name: _Optional[str] = ..., revision: _Optional[int] = ..., files: _Optional[_Iterable[_Union[FileInfo, _Mapping]]] = ..., base_model: _Optional[str] = ..., rank: _Optional[int] = ..., alpha: _Optional[float] = ..., target_modules: _Optional[_Iterable[str]] = ..., create_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., pushed_by: _Optional[str] = ..., description: _Optional[str] = ..., seq: _Optional[int] = ..., signature: _Optional[bytes] = ..., signed_by: _Optional[str] = ...) -> None: ...
 
 class Adapter(_message.Message):
     __slots__ = ("name", "current_revision", "latest_revision", "current", "create_time", "update_time", "create_seq", "rollout")
@@ -124,18 +128,20 @@ class Adapter(_message.Message):
     def __init__(self, name: _Optional[str] = ..., current_revision: _Optional[int] = ..., latest_revision: _Optional[int] = ..., current: _Optional[_Union[Revision, _Mapping]] = ..., create_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., update_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., create_seq: _Optional[int] = ..., rollout: _Optional[_Union[Rollout, _Mapping]] = ...) -> None: ...
 
 class PushHeader(_message.Message):
-    __slots__ = ("name", "files", "no_promote", "description", "idempotency_key")
+    __slots__ = ("name", "files", "no_promote", "description", "idempotency_key", "signature")
     NAME_FIELD_NUMBER: _ClassVar[int]
     FILES_FIELD_NUMBER: _ClassVar[int]
     NO_PROMOTE_FIELD_NUMBER: _ClassVar[int]
     DESCRIPTION_FIELD_NUMBER: _ClassVar[int]
     IDEMPOTENCY_KEY_FIELD_NUMBER: _ClassVar[int]
+    SIGNATURE_FIELD_NUMBER: _ClassVar[int]
     name: str
     files: _containers.RepeatedCompositeFieldContainer[FileInfo]
     no_promote: bool
     description: str
     idempotency_key: str
-    def __init__(self, name: _Optional[str] = ..., files: _Optional[_Iterable[_Union[FileInfo, _Mapping]]] = ..., no_promote: _Optional[bool] = ..., description: _Optional[str] = ..., idempotency_key: _Optional[str] = ...) -> None: ...
+    signature: bytes
+    def __init__(self, name: _Optional[str] = ..., files: _Optional[_Iterable[_Union[FileInfo, _Mapping]]] = ..., no_promote: _Optional[bool] = ..., description: _Optional[str] = ..., idempotency_key: _Optional[str] = ..., signature: _Optional[bytes] = ...) -> None: ...
 
 class FileChunk(_message.Message):
     __slots__ = ("file_name", "offset", "data")
@@ -180,6 +186,18 @@ class GetAdapterResponse(_message.Message):
     adapter: Adapter
     revision: Revision
     def __init__(self, adapter: _Optional[_Union[Adapter, _Mapping]] = ..., revision: _Optional[_Union[Revision, _Mapping]] = ...) -> None: ...
+
+class GetNextRevisionRequest(_message.Message):
+    __slots__ = ("name",)
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    def __init__(self, name: _Optional[str] = ...) -> None: ...
+
+class GetNextRevisionResponse(_message.Message):
+    __slots__ = ("revision",)
+    REVISION_FIELD_NUMBER: _ClassVar[int]
+    revision: int
+    def __init__(self, revision: _Optional[int] = ...) -> None: ...
 
 class ListAdaptersRequest(_message.Message):
     __slots__ = ("page_size", "page_token", "base_model")
@@ -272,6 +290,32 @@ class DownloadAdapterResponse(_message.Message):
     manifest: Revision
     chunk: FileChunk
     def __init__(self, manifest: _Optional[_Union[Revision, _Mapping]] = ..., chunk: _Optional[_Union[FileChunk, _Mapping]] = ...) -> None: ...
+
+class GetDownloadUrlsRequest(_message.Message):
+    __slots__ = ("name", "revision")
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    REVISION_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    revision: int
+    def __init__(self, name: _Optional[str] = ..., revision: _Optional[int] = ...) -> None: ...
+
+class FileUrl(_message.Message):
+    __slots__ = ("file_name", "url")
+    FILE_NAME_FIELD_NUMBER: _ClassVar[int]
+    URL_FIELD_NUMBER: _ClassVar[int]
+    file_name: str
+    url: str
+    def __init__(self, file_name: _Optional[str] = ..., url: _Optional[str] = ...) -> None: ...
+
+class GetDownloadUrlsResponse(_message.Message):
+    __slots__ = ("manifest", "urls", "expire_time")
+    MANIFEST_FIELD_NUMBER: _ClassVar[int]
+    URLS_FIELD_NUMBER: _ClassVar[int]
+    EXPIRE_TIME_FIELD_NUMBER: _ClassVar[int]
+    manifest: Revision
+    urls: _containers.RepeatedCompositeFieldContainer[FileUrl]
+    expire_time: _timestamp_pb2.Timestamp
+    def __init__(self, manifest: _Optional[_Union[Revision, _Mapping]] = ..., urls: _Optional[_Iterable[_Union[FileUrl, _Mapping]]] = ..., expire_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ...) -> None: ...
 
 class WatchAdaptersRequest(_message.Message):
     __slots__ = ("after_seq", "incarnation")

@@ -49,6 +49,11 @@ class AdapterStoreServiceStub:
                 request_serializer=loraserve_dot_adapterstore_dot_v1_dot_adapterstore__pb2.GetAdapterRequest.SerializeToString,
                 response_deserializer=loraserve_dot_adapterstore_dot_v1_dot_adapterstore__pb2.GetAdapterResponse.FromString,
                 _registered_method=True)
+        self.GetNextRevision = channel.unary_unary(
+                '/loraserve.adapterstore.v1.AdapterStoreService/GetNextRevision',
+                request_serializer=loraserve_dot_adapterstore_dot_v1_dot_adapterstore__pb2.GetNextRevisionRequest.SerializeToString,
+                response_deserializer=loraserve_dot_adapterstore_dot_v1_dot_adapterstore__pb2.GetNextRevisionResponse.FromString,
+                _registered_method=True)
         self.ListAdapters = channel.unary_unary(
                 '/loraserve.adapterstore.v1.AdapterStoreService/ListAdapters',
                 request_serializer=loraserve_dot_adapterstore_dot_v1_dot_adapterstore__pb2.ListAdaptersRequest.SerializeToString,
@@ -73,6 +78,11 @@ class AdapterStoreServiceStub:
                 '/loraserve.adapterstore.v1.AdapterStoreService/DownloadAdapter',
                 request_serializer=loraserve_dot_adapterstore_dot_v1_dot_adapterstore__pb2.DownloadAdapterRequest.SerializeToString,
                 response_deserializer=loraserve_dot_adapterstore_dot_v1_dot_adapterstore__pb2.DownloadAdapterResponse.FromString,
+                _registered_method=True)
+        self.GetDownloadUrls = channel.unary_unary(
+                '/loraserve.adapterstore.v1.AdapterStoreService/GetDownloadUrls',
+                request_serializer=loraserve_dot_adapterstore_dot_v1_dot_adapterstore__pb2.GetDownloadUrlsRequest.SerializeToString,
+                response_deserializer=loraserve_dot_adapterstore_dot_v1_dot_adapterstore__pb2.GetDownloadUrlsResponse.FromString,
                 _registered_method=True)
         self.WatchAdapters = channel.unary_stream(
                 '/loraserve.adapterstore.v1.AdapterStoreService/WatchAdapters',
@@ -149,6 +159,15 @@ class AdapterStoreServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def GetNextRevision(self, request, context):
+        """Returns the revision number a push of a name would get now: what a signed
+        push signs (numbers continue across a delete, so this is not always
+        latest_revision + 1 of GetAdapter).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
     def ListAdapters(self, request, context):
         """Lists adapters by name, a page at a time, with the seq the listing reflects.
         """
@@ -179,6 +198,16 @@ class AdapterStoreServiceServicer:
 
     def DownloadAdapter(self, request, context):
         """Streams a revision's manifest, then the contents of each of its files.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def GetDownloadUrls(self, request, context):
+        """Returns a revision's manifest with short-lived presigned GET URLs of its
+        files, so a replica reads the bytes from object storage itself (the store
+        still decides who may read: a reader token or better). UNIMPLEMENTED when
+        this store hands out no URLs: use DownloadAdapter.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -277,6 +306,11 @@ def add_AdapterStoreServiceServicer_to_server(servicer, server):
                     request_deserializer=loraserve_dot_adapterstore_dot_v1_dot_adapterstore__pb2.GetAdapterRequest.FromString,
                     response_serializer=loraserve_dot_adapterstore_dot_v1_dot_adapterstore__pb2.GetAdapterResponse.SerializeToString,
             ),
+            'GetNextRevision': grpc.unary_unary_rpc_method_handler(
+                    servicer.GetNextRevision,
+                    request_deserializer=loraserve_dot_adapterstore_dot_v1_dot_adapterstore__pb2.GetNextRevisionRequest.FromString,
+                    response_serializer=loraserve_dot_adapterstore_dot_v1_dot_adapterstore__pb2.GetNextRevisionResponse.SerializeToString,
+            ),
             'ListAdapters': grpc.unary_unary_rpc_method_handler(
                     servicer.ListAdapters,
                     request_deserializer=loraserve_dot_adapterstore_dot_v1_dot_adapterstore__pb2.ListAdaptersRequest.FromString,
@@ -301,6 +335,11 @@ def add_AdapterStoreServiceServicer_to_server(servicer, server):
                     servicer.DownloadAdapter,
                     request_deserializer=loraserve_dot_adapterstore_dot_v1_dot_adapterstore__pb2.DownloadAdapterRequest.FromString,
                     response_serializer=loraserve_dot_adapterstore_dot_v1_dot_adapterstore__pb2.DownloadAdapterResponse.SerializeToString,
+            ),
+            'GetDownloadUrls': grpc.unary_unary_rpc_method_handler(
+                    servicer.GetDownloadUrls,
+                    request_deserializer=loraserve_dot_adapterstore_dot_v1_dot_adapterstore__pb2.GetDownloadUrlsRequest.FromString,
+                    response_serializer=loraserve_dot_adapterstore_dot_v1_dot_adapterstore__pb2.GetDownloadUrlsResponse.SerializeToString,
             ),
             'WatchAdapters': grpc.unary_stream_rpc_method_handler(
                     servicer.WatchAdapters,
@@ -412,6 +451,33 @@ class AdapterStoreService:
             '/loraserve.adapterstore.v1.AdapterStoreService/GetAdapter',
             loraserve_dot_adapterstore_dot_v1_dot_adapterstore__pb2.GetAdapterRequest.SerializeToString,
             loraserve_dot_adapterstore_dot_v1_dot_adapterstore__pb2.GetAdapterResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def GetNextRevision(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/loraserve.adapterstore.v1.AdapterStoreService/GetNextRevision',
+            loraserve_dot_adapterstore_dot_v1_dot_adapterstore__pb2.GetNextRevisionRequest.SerializeToString,
+            loraserve_dot_adapterstore_dot_v1_dot_adapterstore__pb2.GetNextRevisionResponse.FromString,
             options,
             channel_credentials,
             insecure,
@@ -547,6 +613,33 @@ class AdapterStoreService:
             '/loraserve.adapterstore.v1.AdapterStoreService/DownloadAdapter',
             loraserve_dot_adapterstore_dot_v1_dot_adapterstore__pb2.DownloadAdapterRequest.SerializeToString,
             loraserve_dot_adapterstore_dot_v1_dot_adapterstore__pb2.DownloadAdapterResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def GetDownloadUrls(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/loraserve.adapterstore.v1.AdapterStoreService/GetDownloadUrls',
+            loraserve_dot_adapterstore_dot_v1_dot_adapterstore__pb2.GetDownloadUrlsRequest.SerializeToString,
+            loraserve_dot_adapterstore_dot_v1_dot_adapterstore__pb2.GetDownloadUrlsResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -24,8 +24,14 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 
-from loraserve.clients.store import RolloutSplit, rpc_code
-from loraserve.common.errors import TRANSIENT_ERRORS, LoraserveError, NotFound, Unavailable
+from loraserve.clients.store import RolloutSplit
+from loraserve.common.errors import (
+    TRANSIENT_ERRORS,
+    LoraserveError,
+    NotFound,
+    Unavailable,
+    rpc_code,
+)
 from loraserve.common.manifest import Revision, RevisionKey
 from loraserve.common.names import AdapterRef
 from loraserve.inference.adapters.arms import CandidateArms
@@ -65,6 +71,7 @@ class AdapterRegistry(RegistryReads):
         max_pinned: int = 8,
         observer: RegistryObserver | None = None,
         on_change: Callable[[str], None] = lambda name: None,
+        verify: Callable[[Revision], object] = lambda _: None,
     ) -> None:
         if max_pinned < 1:
             raise ValueError(f"max_pinned must be at least 1, got {max_pinned}")
@@ -72,6 +79,8 @@ class AdapterRegistry(RegistryReads):
         self._cache = cache
         self._max_pinned = max_pinned
         self._observer = observer
+        # The signature check (RevisionTrust) of a revision routed without a load.
+        self._verify = verify
         self._entries: dict[RevisionKey, RevisionEntry] = {}
         self._routes: dict[str, int] = {}
         # What each name should route to: loaded now, or on its first request.
@@ -121,6 +130,7 @@ class AdapterRegistry(RegistryReads):
         if previous == manifest.revision:
             return
         try:
+            self._verify(manifest)
             self._adapters.check_facts(manifest_facts(manifest))
         except LoraserveError as exc:
             self.mark_failed(manifest, exc)

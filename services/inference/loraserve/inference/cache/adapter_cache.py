@@ -14,19 +14,19 @@ import asyncio
 import logging
 import shutil
 import uuid
-from collections.abc import AsyncGenerator, AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
 
-from loraserve.clients.store import FileChunk
 from loraserve.common.errors import DataLoss, FailedPrecondition, InvalidArgument, NotFound
 from loraserve.common.manifest import Revision, RevisionKey
 from loraserve.common.names import validate_adapter_name
 from loraserve.inference.cache import files
 from loraserve.inference.cache.bound import ByteBound
-from loraserve.inference.cache.download import check_manifest, receive_revision, same_files
+from loraserve.inference.cache.download import check_manifest, same_files
+from loraserve.inference.cache.fetching import DownloadSource, Fetcher, FetchSettings
 from loraserve.inference.cache.index import CacheIndex
 
 log = logging.getLogger(__name__)
@@ -63,15 +63,12 @@ class CachedRevision:
         return self.manifest.target_modules
 
 
-class RevisionSource(Protocol):
+class RevisionSource(DownloadSource, Protocol):
     """Where revisions come from: the store client, or a fake in tests."""
 
     async def get_revision(self, name: str, revision: int) -> Revision:
         """The revision's manifest; raises NotFound once it is deleted."""
         ...
-
-    def download(self, name: str, revision: int) -> AsyncGenerator[Revision | FileChunk, None]:
-        """The manifest first, then each file's chunks in manifest order."""
 
 
 ManifestCheck = Callable[[Revision], None]
@@ -92,7 +89,8 @@ class Holder(Protocol):
 class CacheObserver(Protocol):
     """Counts what the disk tier does (`InferenceMetrics`)."""
 
-    def adapter_downloaded(self) -> None: ...
+    def adapter_downloaded(self, path: str) -> None:
+        """A revision was downloaded, `direct` from object storage or by `stream`."""
 
     def adapter_evicted(self, tier: str) -> None: ...
 
@@ -128,6 +126,7 @@ class AdapterCache:
         observer: CacheObserver | None = None,
         persist_interval_s: float = 2.0,
         room_wait_s: float = 30.0,
+        fetch: FetchSettings | None = None,
     ) -> None:
         self._root = root.absolute()
         self._source = source
@@ -136,6 +135,7 @@ class AdapterCache:
         self._locks: dict[RevisionKey, _KeyLock] = {}
         self._index = CacheIndex(self._root, persist_interval_s)
         self._bound = ByteBound(self._index, max_bytes, room_wait_s)
+        self._fetcher = Fetcher(source, fetch or FetchSettings())
         self._downloads = 0
         self._evictions = 0
 
@@ -163,8 +163,9 @@ class AdapterCache:
         self._index.rebuild(files.revisions_on_disk(self._root))
 
     async def close(self) -> None:
-        """Writes the index now (shutdown)."""
+        """Writes the index now and closes the connections to object storage (shutdown)."""
         await self._index.close()
+        await self._fetcher.close()
 
     def usage(self) -> CacheUsage:
         return CacheUsage(
@@ -354,19 +355,19 @@ class AdapterCache:
         staging = self._root / files.TEMP_DIR / f"{name}-{revision}-{uuid.uuid4().hex}"
         await asyncio.to_thread(staging.mkdir, parents=True)
         try:
-            stream = self._source.download(name, revision)
-            manifest = await receive_revision(stream, expected, staging)
+            manifest, path = await self._fetcher.fetch(expected, staging)
             await asyncio.to_thread(files.commit, staging, final, manifest)
         finally:
             await asyncio.to_thread(shutil.rmtree, staging, True)
         self._downloads += 1
         if self._observer is not None:
-            self._observer.adapter_downloaded()
+            self._observer.adapter_downloaded(path)
         log.info(
-            "cache.downloaded name=%s rev=%d files=%d bytes=%d",
+            "cache.downloaded name=%s rev=%d files=%d bytes=%d path=%s",
             name,
             revision,
             len(manifest.files),
             sum(f.size for f in manifest.files),
+            path,
         )
         return CachedRevision(manifest, final, downloaded=True)

@@ -16,7 +16,7 @@ from contextlib import aclosing
 from pathlib import Path
 from typing import BinaryIO
 
-from loraserve.clients.store import FileChunk
+from loraserve.clients.downloads import FileChunk
 from loraserve.common.errors import DataLoss
 from loraserve.common.manifest import FileInfo, Revision
 
@@ -34,7 +34,7 @@ class Receiver:
         self._staging = staging
         self._manifest: Revision | None = None
         self._pending: list[FileInfo] = []
-        self._writer: _FileWriter | None = None
+        self._writer: FileWriter | None = None
 
     def take_manifest(self, manifest: Revision) -> None:
         if self._manifest is not None:
@@ -54,17 +54,17 @@ class Receiver:
         await self._finish_writer()
         # Empty files send no chunk at all.
         while self._pending and self._pending[0].size == 0 and self._pending[0].name != file_name:
-            await asyncio.to_thread(_write_empty, self._staging, self._pending.pop(0))
+            await asyncio.to_thread(write_empty, self._staging, self._pending.pop(0))
         if not self._pending or self._pending[0].name != file_name:
             raise DataLoss(f"{self._what}: unexpected file {file_name!r}, not next in the manifest")
-        self._writer = await asyncio.to_thread(_FileWriter, self._staging, self._pending.pop(0))
+        self._writer = await asyncio.to_thread(FileWriter, self._staging, self._pending.pop(0))
 
     async def finish(self) -> Revision:
         if self._manifest is None:
             raise DataLoss(f"{self._what}: the stream ended without a manifest")
         await self._finish_writer()
         for remaining in self._pending:
-            await asyncio.to_thread(_write_empty, self._staging, remaining)
+            await asyncio.to_thread(write_empty, self._staging, remaining)
         return self._manifest
 
     async def _finish_writer(self) -> None:
@@ -77,7 +77,7 @@ class Receiver:
             await asyncio.to_thread(self._writer.close)
 
 
-class _FileWriter:
+class FileWriter:
     """Writes one file sequentially, hashing as it goes. Runs in worker threads."""
 
     def __init__(self, directory: Path, file: FileInfo) -> None:
@@ -121,9 +121,9 @@ class _FileWriter:
         self._out.close()
 
 
-def _write_empty(directory: Path, file: FileInfo) -> None:
+def write_empty(directory: Path, file: FileInfo) -> None:
     # finish() rejects a non-empty manifest entry that received no data.
-    _FileWriter(directory, file).finish()
+    FileWriter(directory, file).finish()
 
 
 def check_manifest(manifest: Revision, name: str, revision: int) -> Revision:

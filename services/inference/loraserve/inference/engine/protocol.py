@@ -84,6 +84,8 @@ class EngineInfo:
     dtype: str
     lora_dtype: str
     gpu_memory_utilization: float
+    # Most requests the scheduler runs in one batch (vLLM's max_num_seqs).
+    max_num_seqs: int
 
 
 class Engine(Protocol):

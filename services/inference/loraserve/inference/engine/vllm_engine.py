@@ -101,6 +101,7 @@ class VllmEngine:
             dtype=str(model.dtype).removeprefix("torch."),
             lora_dtype=str(lora.lora_dtype).removeprefix("torch."),
             gpu_memory_utilization=cache.gpu_memory_utilization,
+            max_num_seqs=llm.vllm_config.scheduler_config.max_num_seqs,
         )
         self._defaults = ServerDefaults.of_model(model)
         from vllm.renderers.params import TokenizeParams

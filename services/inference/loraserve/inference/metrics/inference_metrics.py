@@ -31,6 +31,7 @@ class InferenceMetrics:
         r = self.registry
         self._add_request_metrics(r)
         self._add_adapter_metrics(r)
+        self._add_download_metrics(r)
         self._add_engine_metrics(r)
 
     def _add_request_metrics(self, r: CollectorRegistry) -> None:
@@ -61,7 +62,7 @@ class InferenceMetrics:
         )
 
     def _add_adapter_metrics(self, r: CollectorRegistry) -> None:
-        """Per adapter revision: swaps, loads, downloads and the tiers that hold them."""
+        """Per adapter revision: swaps, loads and the tiers that hold them."""
         self._swap = Histogram(
             "loraserve_inference_adapter_swap_seconds",
             "From a new revision's event seen to its route flipped.",
@@ -120,6 +121,19 @@ class InferenceMetrics:
             registry=r,
         )
 
+    def _add_download_metrics(self, r: CollectorRegistry) -> None:
+        """How the disk cache got its revisions."""
+        self._downloads = Counter(
+            "loraserve_inference_adapter_downloads",
+            "Adapter revisions downloaded into the disk cache, by path (direct: from object "
+            "storage with the store's presigned URLs; stream: through the store).",
+            ["path"],
+            registry=r,
+        )
+        for path in ("direct", "stream"):
+            # Both exported from the start, at 0: a sum over them is never missing.
+            self._downloads.labels(path)
+
     def _add_engine_metrics(self, r: CollectorRegistry) -> None:
         """What the engine runs and holds now."""
         self._lora_slots = Gauge(
@@ -176,8 +190,8 @@ class InferenceMetrics:
     def adapter_load_failed(self, name: str) -> None:
         self._load_failures.labels(_label(name)).inc()
 
-    def adapter_downloaded(self) -> None:
-        self._downloads.inc()
+    def adapter_downloaded(self, path: str) -> None:
+        self._downloads.labels(path).inc()
 
     def adapter_missed(self, tier: str) -> None:
         self._misses.labels(tier).inc()

@@ -2,6 +2,7 @@
 over the engine with an adapter lease, and the gRPC servicer (proto <-> domain only)."""
 
 from loraserve.inference.serving.admission import Admission
+from loraserve.inference.serving.fairness import FairGate
 from loraserve.inference.serving.generation import (
     FinishReason,
     GenerateCommand,
@@ -15,6 +16,7 @@ from loraserve.inference.serving.servicer import SERVICE_NAME, register
 __all__ = [
     "SERVICE_NAME",
     "Admission",
+    "FairGate",
     "FinishReason",
     "GenerateCommand",
     "GenerationChunk",

@@ -29,6 +29,7 @@ from loraserve.inference.engine import (
 )
 from loraserve.inference.metrics import InferenceMetrics
 from loraserve.inference.serving.admission import Admission
+from loraserve.inference.serving.fairness import FairGate
 
 __all__ = ["GenerateCommand", "GenerationChunk", "Generator", "SamplingRequest", "Usage"]
 
@@ -114,11 +115,14 @@ class Generator:
         registry: AdapterRegistry,
         admission: Admission,
         metrics: InferenceMetrics,
+        gate: FairGate | None = None,
     ) -> None:
         self._engine = engine
         self._registry = registry
         self._admission = admission
         self._metrics = metrics
+        # Fair admission into the engine; None: every admitted request goes straight in.
+        self._gate = gate
 
     async def generate(self, command: GenerateCommand) -> AsyncGenerator[GenerationChunk, None]:
         """Streams the generation; raises domain errors before or during the stream."""
@@ -134,7 +138,12 @@ class Generator:
                 admitted = time.monotonic()
                 prompt_ids = await self._prompt_ids(command)
                 spec = self._engine.sampling(command.sampling, len(prompt_ids))
-                async with self._registry.acquire(ref, command.rollout_key) as lease:
+                # The turn before the lease: a request waiting for its turn pins no
+                # adapter in the engine.
+                async with (
+                    self._turn(ref.name),
+                    self._registry.acquire(ref, command.rollout_key) as lease,
+                ):
                     adapter_label, outcome.revision = lease.name, lease.revision
                     log.info(
                         "generate.started request_id=%s adapter=%s rev=%d prompt_tokens=%d",
@@ -166,6 +175,11 @@ class Generator:
                 self._metrics.revision_finished(
                     adapter_label, outcome.revision, code, outcome.ttft_s, outcome.generated
                 )
+
+    def _turn(self, adapter: str) -> contextlib.AbstractAsyncContextManager[None]:
+        if self._gate is None:
+            return contextlib.nullcontext()
+        return self._gate.turn(adapter)
 
     async def _prompt_ids(self, command: GenerateCommand) -> tuple[int, ...]:
         if command.prompt_token_ids is not None:

@@ -13,6 +13,7 @@ from loraserve.common.errors import Unavailable
 from loraserve.inference.adapters import AdapterRegistry, TierView
 from loraserve.inference.engine import Engine
 from loraserve.inference.serving.admission import Admission
+from loraserve.inference.serving.fairness import FairGate
 from loraserve.inference.serving.generation import Generator
 
 
@@ -27,6 +28,8 @@ class Runtime:
     store_seq: Callable[[], int] = lambda: 0
     # The adapter tiers' occupancy; None where no cache backs the registry (tests).
     tiers: TierView | None = None
+    # Fair admission into the engine; None where it is off (--admission-order fifo).
+    gate: FairGate | None = None
 
 
 class RuntimeRef:

@@ -1,0 +1,73 @@
+"""Fair admission's settings (inference `serve`): the order requests go into a
+saturated engine, how many go in at once and each adapter's weight. The gate itself
+is loraserve.inference.serving.fairness."""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+
+from loraserve.common.flags import positive_int
+
+
+@dataclass(frozen=True)
+class AdmissionOptions:
+    """How requests go into the engine once it is saturated (serving.fairness)."""
+
+    # Round-robin across adapters (weighted); False: first come first served (vLLM's).
+    fair: bool = True
+    # Requests in the engine at once; None: the engine's max_num_seqs (one batch).
+    max_engine_requests: int | None = None
+    # Adapter name -> its share of turns; an adapter not named has weight 1.
+    weights: Mapping[str, float] = field(default_factory=dict)
+
+
+def parse_weights(text: str) -> dict[str, float]:
+    """`NAME=WEIGHT,...` (weights positive numbers) for `--adapter-weights`."""
+    weights: dict[str, float] = {}
+    for item in (part.strip() for part in text.split(",")):
+        if not item:
+            continue
+        name, sep, value = item.partition("=")
+        try:
+            weight = float(value) if sep and name else 0.0
+        except ValueError:
+            weight = 0.0
+        if not weight > 0:
+            raise argparse.ArgumentTypeError(
+                f"adapter weight {item!r}: give NAME=WEIGHT with a positive number"
+            )
+        weights[name.strip()] = weight
+    return weights
+
+
+def add_admission_flags(flag: Callable[..., None]) -> None:
+    """The fair admission flags, for a service's parser (`EnvFlags.add` bound to it)."""
+    flag(
+        "admission-order",
+        "once the engine is saturated, admit waiting requests round-robin across "
+        "adapters (fair) or first come first served (fifo)",
+        "fair",
+        choices=("fair", "fifo"),
+    )
+    flag(
+        "max-engine-requests",
+        "requests in the engine at once, the rest wait for their turn (default: the "
+        "engine's max_num_seqs)",
+        type=positive_int,
+    )
+    flag(
+        "adapter-weights",
+        "fair admission's share of turns per adapter, NAME=WEIGHT comma-separated (others 1)",
+        "",
+        type=parse_weights,
+    )
+
+
+def admission_from_args(args: argparse.Namespace) -> AdmissionOptions:
+    return AdmissionOptions(
+        fair=args.admission_order == "fair",
+        max_engine_requests=args.max_engine_requests,
+        weights=args.adapter_weights,
+    )
