@@ -16,6 +16,7 @@ import grpc
 
 from bench.workload import Caller
 from loraserve.clients.inference import InferenceClient, RetryPolicy, Sampling
+from loraserve.clients.routing import ADAPTER_HASH_HEADER, affinity_key
 from loraserve.common.sizes import MESSAGE_LIMIT_OPTIONS
 from loraserve.inference.v1 import inference_pb2 as pb
 from loraserve.inference.v1 import inference_pb2_grpc as pb_grpc
@@ -48,9 +49,12 @@ def routed_caller(callers: dict[str, Caller]) -> Caller:
     return call
 
 
-def grpc_stub_caller(channel: grpc.aio.Channel) -> Caller:
+def grpc_stub_caller(
+    channel: grpc.aio.Channel, *, affinity: bool = False, timeout: float | None = None
+) -> Caller:
     """Generate through the raw generated stub, no client library: what the server
-    costs per streamed message, with the least client work on top."""
+    costs per streamed message, with the least client work on top. With `affinity`,
+    each call carries the adapter's ring_hash header, as the client library sends it."""
     stub = pb_grpc.InferenceServiceStub(channel)
 
     async def call(
@@ -61,7 +65,8 @@ def grpc_stub_caller(channel: grpc.aio.Channel) -> Caller:
             token_ids=pb.TokenIds(ids=list(prompt)),
             sampling=pb.SamplingParams(max_tokens=max_tokens, temperature=0.0, ignore_eos=True),
         )
-        stream = stub.Generate(request)
+        metadata = ((ADAPTER_HASH_HEADER, affinity_key(adapter)),) if affinity else None
+        stream = stub.Generate(request, metadata=metadata, timeout=timeout)
         try:
             async for message in stream:
                 yield len(message.token_ids), message.revision

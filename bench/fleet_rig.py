@@ -10,7 +10,7 @@ import json
 import signal
 import urllib.request
 from collections import Counter
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Literal
 
@@ -19,16 +19,15 @@ import psutil
 from prometheus_client.parser import text_string_to_metric_families
 
 from bench import procs
+from bench.calls import grpc_stub_caller
 from bench.stack import RANK, Stack
 from bench.stack import wait_routed as wait_routed_on
 from bench.stats import ratio
 from bench.workload import Caller
 from loraserve.clients.channels import Retry
-from loraserve.clients.routing import ADAPTER_HASH_HEADER, affinity_key, ring_hash_config
+from loraserve.clients.routing import ring_hash_config
 from loraserve.common.sizes import MESSAGE_LIMIT_OPTIONS
 from loraserve.inference.serving import SERVICE_NAME
-from loraserve.inference.v1 import inference_pb2 as pb
-from loraserve.inference.v1 import inference_pb2_grpc as pb_grpc
 from loraserve.testing.processes import free_port
 
 ENGINE = procs.EngineConfig(max_loras=4, max_cpu_loras=32, max_lora_rank=RANK)
@@ -52,25 +51,8 @@ def fleet_channel(addresses: Sequence[str], policy: Policy) -> grpc.aio.Channel:
 
 
 def fleet_caller(channel: grpc.aio.Channel) -> Caller:
-    stub = pb_grpc.InferenceServiceStub(channel)
-
-    async def call(
-        adapter: str, prompt: Sequence[int], max_tokens: int
-    ) -> AsyncIterator[tuple[int, int]]:
-        request = pb.GenerateRequest(
-            adapter=adapter,
-            token_ids=pb.TokenIds(ids=list(prompt)),
-            sampling=pb.SamplingParams(max_tokens=max_tokens, temperature=0.0, ignore_eos=True),
-        )
-        metadata = ((ADAPTER_HASH_HEADER, affinity_key(adapter)),)
-        call = stub.Generate(request, metadata=metadata, timeout=CALL_TIMEOUT_S)
-        try:
-            async for message in call:
-                yield len(message.token_ids), message.revision
-        finally:
-            call.cancel()
-
-    return call
+    """The raw stub over the fleet's channel, each call with its adapter's ring_hash key."""
+    return grpc_stub_caller(channel, affinity=True, timeout=CALL_TIMEOUT_S)
 
 
 @dataclass

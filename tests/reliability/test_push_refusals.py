@@ -18,7 +18,7 @@ from pathlib import Path
 import grpc
 import pytest
 
-from loraserve.adapterctl.failures import EXIT_FAILED, EXIT_NOT_ALLOWED
+from loraserve.adapterctl.failures import EXIT_FAILED, EXIT_NOT_ALLOWED, EXIT_USAGE
 from loraserve.adapterstore.v1 import adapterstore_pb2_grpc as pb_grpc
 from loraserve.adapterstore.validation import Limits
 from loraserve.common.security import ClientSecurity, ServerSecurity, Token, secure_channel
@@ -52,12 +52,6 @@ def _large(directory: Path, weights: bytes | None = None) -> Path:
     return directory
 
 
-def _small_bad(directory: Path) -> Path:
-    write_adapter_dir(directory)
-    (directory / "adapter_model.safetensors").write_bytes(BAD_HEADER + b"\0" * 64)
-    return directory
-
-
 def _over_limit(directory: Path, size: int) -> Path:
     write_adapter_dir(directory)
     (directory / "README.md").write_bytes(b"r" * size)
@@ -78,7 +72,7 @@ _DENIED = (
     " needs a writer token"
 )
 _BAD_HEADER = (
-    "INVALID_ARGUMENT: adapter_model.safetensors header: not valid JSON: Expecting property"
+    "adapter_model.safetensors header: not valid JSON: Expecting property"
     " name enclosed in double quotes: line 1 column 2 (char 1)"
 )
 
@@ -99,10 +93,18 @@ REFUSALS = {
         "INVALID_ARGUMENT: file 'README.md': size 7340032 exceeds the limit of 2097152 bytes",
         EXIT_FAILED,
     ),
-    "bad-file-small": Refusal(WRITER, _small_bad, _BAD_HEADER, EXIT_FAILED),
-    "bad-file-large": Refusal(
-        WRITER, lambda d: _large(d, BAD_HEADER + b"\0" * (2 * MiB - 200)), _BAD_HEADER, EXIT_FAILED
-    ),
+}
+
+# Bad files as the store receives them from any client: adapterctl itself refuses them
+# before sending (`adapter_dir`), so the store's mid-stream refusal is driven directly.
+BAD_FILES = {
+    "bad-file-small": {**tiny_adapter(), "adapter_model.safetensors": BAD_HEADER + b"\0" * 64},
+    "bad-file-large": {
+        **tiny_adapter(),
+        "adapter_model.safetensors": BAD_HEADER + b"\0" * (2 * MiB - 200),
+        "README.md": b"r" * (2 * MiB - 100),
+        "tokenizer.json": b"t" * (2 * MiB - 100),
+    },
 }
 
 
@@ -147,4 +149,33 @@ async def test_refused_push_through_the_client_library_reports_the_stores_status
         codes
         == [(grpc.StatusCode.UNAUTHENTICATED, "missing 'authorization: Bearer <token>' metadata")]
         * RUNS
+    )
+
+
+@pytest.mark.parametrize("case", list(BAD_FILES))
+async def test_bad_file_refused_mid_stream_reaches_the_client_as_invalid_argument_every_time(
+    case: str, guarded_store: RunningStore
+) -> None:
+    codes = []
+    security = ClientSecurity(token=WRITER)
+    async with secure_channel(guarded_store.address, security) as channel:
+        stub = pb_grpc.AdapterStoreServiceStub(channel)
+        for _ in range(RUNS):
+            try:
+                await push(stub, "refused", BAD_FILES[case])
+            except grpc.aio.AioRpcError as exc:
+                codes.append((exc.code(), exc.details()))
+    assert codes == [(grpc.StatusCode.INVALID_ARGUMENT, _BAD_HEADER)] * RUNS
+
+
+async def test_adapterctl_refuses_a_bad_file_before_sending_it(
+    guarded_store: RunningStore, tmp_path: Path
+) -> None:
+    directory = write_adapter_dir(tmp_path / "bad")
+    (directory / "adapter_model.safetensors").write_bytes(BAD_HEADER + b"\0" * 64)
+    env = {"ADAPTERSTORE_ADDR": guarded_store.address, "ADAPTERCTL_TOKEN": WRITER}
+    result = await ctl("push", "refused", str(directory), env=env)
+    assert (result.code, result.err.strip()) == (
+        EXIT_USAGE,
+        f"adapterctl: error: {directory}: the store would refuse it: {_BAD_HEADER}",
     )

@@ -170,19 +170,22 @@ async def test_downloads_waiting_for_room_go_first_come_first_served(
     cache = await bounded(tmp_path / "cache", source, 2.5)
     await cache.fetch("a", 1, holder=holder)
     await cache.fetch("b", 1, holder=holder)
-    landed: list[str] = []
+    source.hold = asyncio.Event()
+    first = asyncio.create_task(cache.fetch("c", 1, holder=holder))
+    await eventually(lambda: cache.waiting_for_room == 1, "c waiting for room")
+    second = asyncio.create_task(cache.fetch("d", 1, holder=holder))
+    await eventually(lambda: cache.waiting_for_room == 2, "c and d waiting for room")
 
-    async def fetch(name: str) -> None:
-        await cache.fetch(name, 1, holder=holder)
-        landed.append(name)
+    holder.held.discard(("a", 1))  # room for one of them
+    cache.hold_ended()
+    await eventually(lambda: source.holding == 1, "one download in progress")
 
-    waiting = [asyncio.create_task(fetch(name)) for name in ("c", "d")]
-    await asyncio.sleep(0)
+    assert (source.started[2:], cache.waiting_for_room) == (["c"], 1)
     holder.held.clear()
     cache.hold_ended()
-    await asyncio.gather(*waiting)
-
-    assert landed == ["c", "d"]
+    source.hold.set()
+    await asyncio.gather(first, second)
+    assert source.started[2:] == ["c", "d"]
 
 
 async def test_room_that_never_frees_names_what_holds_the_bytes(

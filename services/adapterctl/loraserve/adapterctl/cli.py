@@ -23,7 +23,7 @@ from loraserve.adapterctl.failures import (
     ServerError,
     UsageError,
 )
-from loraserve.adapterctl.fleet_wait_args import parse_wanted
+from loraserve.adapterctl.fleet_wait_args import add_wait_flag
 from loraserve.adapterctl.settings import (
     CtlSettings,
     add_connection_flags,
@@ -122,28 +122,6 @@ def build_parser(environ: Mapping[str, str]) -> argparse.ArgumentParser:
     return parser
 
 
-def _wanted(text: str) -> str:
-    """`--wait`'s value: all, or a number of replicas."""
-    try:
-        parse_wanted(text)
-    except ValueError as exc:
-        raise argparse.ArgumentTypeError(str(exc)) from None
-    return text
-
-
-def _add_wait(parser: argparse.ArgumentParser, what: str) -> None:
-    parser.add_argument(
-        "--wait",
-        nargs="?",
-        const="all",
-        type=_wanted,
-        metavar="all|N",
-        help=f"then wait until every live inference replica (or N of them) {what}; "
-        "exit 1 naming each that refused it, 3 naming each that did not answer within "
-        "--timeout (default 120 s)",
-    )
-
-
 def _add_push(command: Command) -> None:
     push = command("push", cmd_push, "publish a directory as a new revision; prints NAME@REV")
     push.add_argument("name", metavar="NAME", help="adapter name")
@@ -172,7 +150,7 @@ def _add_push(command: Command) -> None:
         action="store_true",
         help="keep running; publish a revision each time DIR settles after a change",
     )
-    _add_wait(push, "reports the revision routed or loaded")
+    add_wait_flag(push, "reports the revision routed or loaded")
     push.add_argument(
         "--settle",
         type=positive_float,
@@ -202,7 +180,7 @@ def _add_store_commands(command: Command) -> None:
         metavar="REV",
         help="only if REV is still the current revision (else ABORTED)",
     )
-    _add_wait(rollback, "reports the revision routed or loaded")
+    add_wait_flag(rollback, "reports the revision routed or loaded")
 
     delete = command("delete", cmd_delete, "delete an adapter and all its revisions")
     delete.add_argument("name", metavar="NAME", help="adapter name")
@@ -247,7 +225,7 @@ def _add_rollout(commands: Any, common: argparse.ArgumentParser) -> None:
         sub.set_defaults(handler=handler)
         sub.add_argument("name", metavar="NAME", help="adapter name")
         if wait:
-            _add_wait(sub, wait)
+            add_wait_flag(sub, wait)
         return sub
 
     start = step(

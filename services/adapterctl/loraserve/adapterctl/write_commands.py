@@ -26,26 +26,31 @@ from loraserve.adapterstore.v1 import adapterstore_pb2 as pb
 from loraserve.clients.push import new_idempotency_key, push, upload
 
 if TYPE_CHECKING:
+    from loraserve.adapterctl.signed_push import SigningKey
     from loraserve.adapterctl.watch_dir import Fingerprint
 
 
-async def cmd_push(args: argparse.Namespace, settings: CtlSettings, console: Console) -> int:
-    name = validated_name(args.name)
-    directory = Path(args.directory)
+def _push_signing(args: argparse.Namespace) -> SigningKey | None:
+    """The key a push signs with, after refusing flags that do not go together."""
     if args.wait is not None and (args.watch or args.no_promote):
         raise UsageError(
             "--wait waits for replicas to serve the new revision: it cannot go with "
             f"--{'watch' if args.watch else 'no-promote'}"
         )
-    signing = None
-    if args.sign_key or args.sign_cert:
-        # Here, not at the top: cryptography's import is start-up time a plain push
-        # need not pay.
-        from loraserve.adapterctl.signed_push import SigningKey, push_signed
-
-        signing = SigningKey.from_args(args.sign_key, args.sign_cert)
-    if signing is not None and args.watch:
+    if not (args.sign_key or args.sign_cert):
+        return None
+    if args.watch:
         raise UsageError("--sign-key signs one push; it does not go with --watch")
+    # Here, not at the top: cryptography's import is start-up time a plain push need not pay.
+    from loraserve.adapterctl.signed_push import SigningKey
+
+    return SigningKey.from_args(args.sign_key, args.sign_cert)
+
+
+async def cmd_push(args: argparse.Namespace, settings: CtlSettings, console: Console) -> int:
+    name = validated_name(args.name)
+    directory = Path(args.directory)
+    signing = _push_signing(args)
     if args.watch:
         # Here, not at the top: watchdog's import is start-up time every plain push pays.
         from loraserve.adapterctl.watch_dir import watch_directory
@@ -76,6 +81,8 @@ async def cmd_push(args: argparse.Namespace, settings: CtlSettings, console: Con
 
         try:
             if signing is not None:
+                from loraserve.adapterctl.signed_push import push_signed
+
                 response = await push_signed(
                     stub, name, files, signing, send, console, settings.unary_timeout_s
                 )

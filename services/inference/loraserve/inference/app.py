@@ -142,18 +142,7 @@ class InferenceApp:
             trust.check_revision(manifest)
             compat.check_manifest(manifest)
 
-        cache = self._cache = AdapterCache(
-            settings.adapter_cache,
-            source=self._store,
-            check=servable,
-            max_bytes=settings.adapter_cache_size,
-            observer=self.metrics,
-            fetch=FetchSettings(
-                direct=settings.direct_downloads,
-                read=ReadSettings(range_size=settings.download_range_size),
-            ),
-        )
-        await cache.prepare()
+        cache = self._cache = await self._open_cache(servable)
         # Names whose report to the store may have changed: the registry adds, sync reads.
         changed: set[str] = set()
         registry = AdapterRegistry(
@@ -195,6 +184,24 @@ class InferenceApp:
         )
         self._publish_runtime(engine, registry, tiers, lambda: synchronizer.applied_seq)
         await self._serve_after_first_sync(synchronizer)
+
+    async def _open_cache(self, servable: Callable[[Revision], None]) -> AdapterCache:
+        """The disk cache, its leftovers swept, checking each revision with `servable`."""
+        assert self._store is not None
+        settings = self._settings
+        cache = AdapterCache(
+            settings.adapter_cache,
+            source=self._store,
+            check=servable,
+            max_bytes=settings.adapter_cache_size,
+            observer=self.metrics,
+            fetch=FetchSettings(
+                direct=settings.direct_downloads,
+                read=ReadSettings(range_size=settings.download_range_size),
+            ),
+        )
+        await cache.prepare()
+        return cache
 
     def _publish_runtime(
         self,

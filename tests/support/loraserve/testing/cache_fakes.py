@@ -24,6 +24,8 @@ class FakeSource:
         self.revisions: dict[tuple[str, int], dict[str, bytes]] = {}
         self.manifests: dict[tuple[str, int], Revision] = {}
         self.downloads = 0
+        # Names of the revisions downloaded, in the order their downloads began.
+        self.started: list[str] = []
         self.url_requests = 0
         self.lookups = 0
         self.corrupt_downloads = 0
@@ -70,6 +72,7 @@ class FakeSource:
         self, name: str, revision: int
     ) -> AsyncGenerator[Revision | FileChunk, None]:
         self.downloads += 1
+        self.started.append(name)
         yield self._manifest(name, revision)
         corrupt = self.corrupt_downloads > 0
         self.corrupt_downloads -= 1

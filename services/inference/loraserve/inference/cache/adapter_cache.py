@@ -188,6 +188,11 @@ class AdapterCache:
         self._index.touch(RevisionKey(name, revision))
         self._index.save_soon()
 
+    @property
+    def waiting_for_room(self) -> int:
+        """Downloads waiting, first come first served, for the bound to have room."""
+        return self._bound.waiting
+
     def hold_ended(self) -> None:
         """A holder stopped needing a revision: downloads waiting for room look again."""
         self._bound.changed()

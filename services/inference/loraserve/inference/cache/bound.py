@@ -39,6 +39,11 @@ class ByteBound:
         self._queue: deque[object] = deque()
         self._changed = asyncio.Event()
 
+    @property
+    def waiting(self) -> int:
+        """Downloads waiting for room, in turn."""
+        return len(self._queue)
+
     def changed(self) -> None:
         """Bytes may have freed: waiting downloads look again."""
         if self._queue:

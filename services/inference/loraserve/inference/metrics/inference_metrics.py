@@ -78,11 +78,6 @@ class InferenceMetrics:
         self.tier_counters = TierCounters()
         # Per revision, the adapters in a rollout (both arms).
         self.rollouts = RolloutMeter(r)
-        self._downloads = Counter(
-            "loraserve_inference_adapter_downloads",
-            "Adapter revisions downloaded from the store into the disk cache.",
-            registry=r,
-        )
         self._misses = Counter(
             "loraserve_inference_adapter_misses",
             "Requests whose adapter was not in the tier (engine: not loaded, the request "

@@ -1,8 +1,5 @@
-"""The inference service's one settings object, parsed once from flags with env fallbacks.
-
-Every flag falls back to `INFERENCE_<FLAG>` in the environment (dashes as underscores),
-so a container can be configured without a command line.
-"""
+"""The `inference` command line: flags with `INFERENCE_<FLAG>` env fallbacks, parsed
+once into `InferenceSettings`."""
 
 from __future__ import annotations
 
@@ -10,10 +7,9 @@ import argparse
 import functools
 import json
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
 from pathlib import Path
 
-from loraserve.common.admission import AdmissionOptions, add_admission_flags, admission_from_args
+from loraserve.common.admission import add_admission_flags, admission_from_args
 from loraserve.common.errors import InvalidArgument
 from loraserve.common.flags import (
     EnvFlags,
@@ -25,101 +21,21 @@ from loraserve.common.flags import (
 )
 from loraserve.common.metrics_http import add_metrics_flags, metrics_address
 from loraserve.common.security import (
-    ClientSecurity,
-    ServerSecurity,
     add_client_security_flags,
     add_server_security_flags,
     client_security_from_args,
     server_security_from_args,
 )
 from loraserve.common.sizes import parse_size
-from loraserve.common.trust import TrustSettings, add_trust_flags, trust_settings_from_args
-
-ENV_PREFIX = "INFERENCE"
-STORE_FLAG_PREFIX = "store"
-
-
-# OpenAI's own limit on n.
-DEFAULT_MAX_N = 128
-
-# Room for a prompt as long as gRPC's message limit allows.
-DEFAULT_OPENAI_MAX_BODY_BYTES = 16 * 1024 * 1024
-
-
-@dataclass(frozen=True)
-class EngineOptions:
-    """What the vLLM engine is started with."""
-
-    model: str
-    max_loras: int = 4
-    # None means "auto": resolved from the store's adapters before the engine starts.
-    max_lora_rank: int | None = 16
-    max_cpu_loras: int | None = None
-    gpu_memory_utilization: float = 0.9
-    max_model_len: int | None = None
-    dtype: str = "auto"
-    lora_dtype: str = "auto"
-    cpu_offload_gb: float = 0.0
-    # Passthrough `--engine-arg KEY=VALUE`, values JSON-decoded.
-    extra: Mapping[str, object] = field(default_factory=dict)
-
-
-@dataclass(frozen=True)
-class CompatOptions:
-    """How strictly adapters are checked against the served model."""
-
-    # Compared with each adapter's base_model_name_or_path basename.
-    served_model_name: str
-    require_base_model_match: bool = True
-
-
-@dataclass(frozen=True)
-class InferenceSettings:
-    """Everything `inference serve` runs with."""
-
-    engine: EngineOptions
-    compat: CompatOptions
-    store_address: str
-    store_security: ClientSecurity
-    adapter_cache: Path
-    replica_id: str
-    listen: str
-    security: ServerSecurity
-    # Sequences admitted at once (a request counts its n).
-    max_pending_requests: int = 256
-    # Most choices (n) one request may ask for per prompt.
-    max_n: int = DEFAULT_MAX_N
-    # HOST:PORT of the OpenAI-compatible HTTP front; None: off.
-    openai_listen: str | None = None
-    # Longest time between reports to the store (see sync.ReportSettings).
-    status_interval_s: float = 60.0
-    # A change of what this replica routes reaches the store within about this.
-    status_flush_s: float = 1.0
-    # How often a rollout's counters go to the store while it is active.
-    rollout_report_interval_s: float = 10.0
-    # See StoreClientSettings.max_staleness_s.
-    store_max_staleness_s: float = 30.0
-    # Largest HTTP request body the front reads; larger ones get 413 unread.
-    openai_max_body_bytes: int = DEFAULT_OPENAI_MAX_BODY_BYTES
-    # HOST:PORT of the metrics endpoint; None: off.
-    metrics_listen: str | None = None
-    # /metrics on the OpenAI port without a token.
-    public_metrics: bool = False
-    # Seconds before a gRPC connection is asked to close; 0: never.
-    max_connection_age_s: float = 300.0
-    shutdown_grace_seconds: float = 30.0
-    log_level: str = "INFO"
-    # Bytes the adapter cache may hold on disk; None: unbounded.
-    adapter_cache_size: int | None = None
-    # Adapters loaded before SERVING and kept warm on publish (see SyncSettings).
-    prefetch_adapters: int = 32
-    # Which revisions' signatures this replica requires and trusts.
-    trust: TrustSettings = field(default_factory=TrustSettings)
-    admission: AdmissionOptions = field(default_factory=AdmissionOptions)
-    # Downloads read object storage with presigned URLs (else the store's stream).
-    direct_downloads: bool = True
-    # Files at least twice this long are read in parallel ranges; 0: one GET a file.
-    download_range_size: int = 0
+from loraserve.common.trust import add_trust_flags, trust_settings_from_args
+from loraserve.inference.settings.options import (
+    DEFAULT_MAX_N,
+    ENV_PREFIX,
+    STORE_FLAG_PREFIX,
+    CompatOptions,
+    EngineOptions,
+    InferenceSettings,
+)
 
 
 def _cache_size(text: str) -> int:
@@ -369,13 +285,6 @@ def parse_settings(
 ) -> InferenceSettings:
     """Parses `inference serve ...`; raises InvalidArgument for inconsistent flags."""
     args = build_parser(environ).parse_args(list(argv))
-    extra = dict(parse_engine_arg(item) for item in args.engine_arg)
-    max_loras = int(args.max_loras)
-    max_cpu_loras = int(args.max_cpu_loras) if args.max_cpu_loras is not None else None
-    if max_cpu_loras is not None and max_cpu_loras < max_loras:
-        raise InvalidArgument(
-            f"--max-cpu-loras ({max_cpu_loras}) must be at least --max-loras ({max_loras})"
-        )
     max_pending = int(args.max_pending_requests)
     max_n = int(args.max_n) if args.max_n is not None else min(DEFAULT_MAX_N, max_pending)
     if max_n > max_pending:
@@ -383,19 +292,8 @@ def parse_settings(
             f"--max-n ({max_n}) must be at most --max-pending-requests ({max_pending}): "
             "a request with more choices than that could never be admitted"
         )
-    model = str(args.model)
-    engine = EngineOptions(
-        model=model,
-        max_loras=max_loras,
-        max_lora_rank=args.max_lora_rank,
-        max_cpu_loras=max_cpu_loras,
-        gpu_memory_utilization=float(args.gpu_memory_utilization),
-        max_model_len=int(args.max_model_len) if args.max_model_len is not None else None,
-        dtype=args.dtype,
-        lora_dtype=args.lora_dtype,
-        cpu_offload_gb=float(args.cpu_offload_gb),
-        extra=extra,
-    )
+    engine = _engine_options(args)
+    model = engine.model
     return InferenceSettings(
         engine=engine,
         compat=CompatOptions(
@@ -428,3 +326,28 @@ def parse_settings(
         direct_downloads=args.adapter_download == "direct",
         download_range_size=int(args.download_range_size),
     )
+
+
+def _engine_options(args: argparse.Namespace) -> EngineOptions:
+    """The engine's part of the command line; raises InvalidArgument for inconsistent flags."""
+    extra = dict(parse_engine_arg(item) for item in args.engine_arg)
+    max_loras = int(args.max_loras)
+    max_cpu_loras = int(args.max_cpu_loras) if args.max_cpu_loras is not None else None
+    if max_cpu_loras is not None and max_cpu_loras < max_loras:
+        raise InvalidArgument(
+            f"--max-cpu-loras ({max_cpu_loras}) must be at least --max-loras ({max_loras})"
+        )
+    model = str(args.model)
+    engine = EngineOptions(
+        model=model,
+        max_loras=max_loras,
+        max_lora_rank=args.max_lora_rank,
+        max_cpu_loras=max_cpu_loras,
+        gpu_memory_utilization=float(args.gpu_memory_utilization),
+        max_model_len=int(args.max_model_len) if args.max_model_len is not None else None,
+        dtype=args.dtype,
+        lora_dtype=args.lora_dtype,
+        cpu_offload_gb=float(args.cpu_offload_gb),
+        extra=extra,
+    )
+    return engine
