@@ -1,12 +1,15 @@
 """A fleet of real processes: two `adapterstore serve` and three `inference serve` (each
-its own vLLM CPU engine on the tiny model) on one bucket (moto over HTTP).
+its own vLLM CPU engine on the tiny model) on one bucket (moto over HTTP); the fleet
+and what tests ask of it are in `loraserve.testing.fleet`. One fleet serves every test
+here (module scope): its start-up is most of the module's time.
 
 Which replica served a request is read from each replica's own Prometheus counter of
 Generate calls by adapter (`loraserve_inference_requests_total`), scraped before and
 after. Three engines share this machine's cores, so every wait is a bounded `eventually`
 and nothing measures time.
 
-The failover test SIGKILLs a replica and therefore runs last in this module.
+The canary rollouts on the fleet (issue 25) are in the middle; the failover test
+SIGKILLs a replica and therefore runs last in this module.
 """
 
 from __future__ import annotations
@@ -14,85 +17,44 @@ from __future__ import annotations
 import asyncio
 import itertools
 import json
-import urllib.request
 from collections import Counter
 from collections.abc import AsyncIterator
-from contextlib import AsyncExitStack
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pytest
-from prometheus_client.parser import text_string_to_metric_families
 
 from loraserve.adapterctl.failures import EXIT_UNREACHABLE
+from loraserve.adapterstore.v1 import adapterstore_pb2 as store_pb
 from loraserve.clients.inference import InferenceClient, RetryPolicy, Sampling
 from loraserve.common.errors import LoraserveError
-from loraserve.inference.v1 import inference_pb2 as ipb
 from loraserve.testing.ctl import ctl
+from loraserve.testing.fleet import (
+    ADAPTERS,
+    FAILING_REVISION,
+    FLEET_GUARD_S,
+    SMALL_MAX_RANK,
+    Fleet,
+    all_serve,
+    grpc_codes,
+    grpc_revisions,
+    http_revisions,
+    owners,
+    running_fleet,
+)
 from loraserve.testing.inferenceapp import adapter_files
 from loraserve.testing.models import TinyAdapterFactory
-from loraserve.testing.processes import (
-    InferenceProcess,
-    StoreProcess,
-    free_port,
-    inference_process,
-    store_process,
-)
-from loraserve.testing.s3 import S3Bucket
 from loraserve.testing.storecalls import push, store_stub
 from loraserve.testing.waiting import eventually
 
 pytestmark = [pytest.mark.engine, pytest.mark.slow]
 
-# Three engines starting and loading adapters on two loaded cores: generous guards,
-# which only stop a hung test.
-FLEET_GUARD_S = 600.0
-ADAPTERS = [f"fleet-{i}" for i in range(6)]
 PROMPT = [1, 40, 41, 42, 43, 44, 45]
 SHORT = Sampling(max_tokens=4, temperature=0.0, ignore_eos=True)
 LOAD = Sampling(max_tokens=24, temperature=0.0, ignore_eos=True)
 RETRY = RetryPolicy(max_attempts=20, initial_backoff=0.05, max_backoff=0.5)
-REQUESTS_METRIC = "loraserve_inference_requests"
 _buckets = itertools.count(1)
-
-
-@dataclass
-class Replica:
-    name: str
-    process: InferenceProcess
-    metrics_port: int
-
-    def served(self) -> Counter[str]:
-        """Generate calls this replica finished OK, by adapter, since it started."""
-        url = f"http://127.0.0.1:{self.metrics_port}/metrics"
-        with urllib.request.urlopen(url, timeout=10) as reply:
-            text = reply.read().decode()
-        counts: Counter[str] = Counter()
-        for family in text_string_to_metric_families(text):
-            if family.name != REQUESTS_METRIC:
-                continue
-            for sample in family.samples:
-                if sample.name.endswith("_total") and sample.labels["code"] == "OK":
-                    counts[sample.labels["adapter"]] += int(sample.value)
-        return counts
-
-
-@dataclass
-class Fleet:
-    stores: list[StoreProcess]
-    replicas: list[Replica]
-
-    @property
-    def addresses(self) -> str:
-        return ",".join(replica.process.address for replica in self.replicas)
-
-    async def served(self) -> dict[str, Counter[str]]:
-        return {r.name: await asyncio.to_thread(r.served) for r in self.replicas}
-
-    async def served_by_live(self) -> dict[str, Counter[str]]:
-        """`served`, of the replicas still running."""
-        live = [r for r in self.replicas if r.process.process.returncode is None]
-        return {r.name: await asyncio.to_thread(r.served) for r in live}
 
 
 @pytest.fixture(scope="module")
@@ -102,65 +64,10 @@ async def fleet(
     tiny_adapter: TinyAdapterFactory,
     tmp_path_factory: pytest.TempPathFactory,
 ) -> AsyncIterator[Fleet]:
-    """Two stores and three replicas (two on the first store, one on the second), every
-    replica serving ADAPTERS at revision 1."""
-    bucket = S3Bucket(s3_server, f"fleet-{next(_buckets)}")
-    bucket.client().create_bucket(Bucket=bucket.bucket)
     directory = tmp_path_factory.mktemp("fleet")
-    async with AsyncExitStack() as stack:
-        stores = [
-            await stack.enter_async_context(store_process(bucket, directory / f"store-{i}.log"))
-            for i in range(2)
-        ]
-        async with store_stub(stores[0].address) as stub:
-            for seed, name in enumerate(ADAPTERS, start=1):
-                await push(stub, name, adapter_files(tiny_adapter(seed=seed)))
-        replicas = []
-        for i in range(3):
-            name, port = f"replica-{i}", free_port()
-            process = await stack.enter_async_context(
-                inference_process(
-                    tiny_model_dir,
-                    stores[0 if i < 2 else 1].address,
-                    directory / f"cache-{i}",
-                    directory / f"{name}.log",
-                    extra=["--replica-id", name, "--metrics-port", str(port)],
-                    guard_s=FLEET_GUARD_S,
-                )
-            )
-            replicas.append(Replica(name, process, port))
-        running = Fleet(stores, replicas)
-        await eventually(
-            lambda: all_serve(running, {name: 1 for name in ADAPTERS}),
-            "every replica serves every adapter at revision 1",
-            FLEET_GUARD_S,
-        )
+    bucket = f"fleet-{next(_buckets)}"
+    async with running_fleet(s3_server, tiny_model_dir, tiny_adapter, directory, bucket) as running:
         yield running
-
-
-async def all_serve(fleet: Fleet, revisions: dict[str, int]) -> bool:
-    """Every replica lists each adapter READY at the given current revision."""
-    for replica in fleet.replicas:
-        async with InferenceClient(replica.process.address) as client:
-            listing = await client.list_adapters()
-        ready = {
-            a.name: a.revision
-            for a in listing.adapters
-            if a.current and a.state == ipb.ADAPTER_STATE_READY
-        }
-        if any(ready.get(name) != revision for name, revision in revisions.items()):
-            return False
-    return True
-
-
-def owners(before: dict[str, Counter[str]], after: dict[str, Counter[str]]) -> dict[str, set[str]]:
-    """Per adapter, the replicas that served it between two scrapes."""
-    served: dict[str, set[str]] = {}
-    for replica, counts in after.items():
-        for adapter, count in counts.items():
-            if count > before[replica][adapter]:
-                served.setdefault(adapter, set()).add(replica)
-    return served
 
 
 async def test_every_request_for_an_adapter_is_served_by_one_replica(fleet: Fleet) -> None:
@@ -212,6 +119,179 @@ async def acked(fleet: Fleet, name: str, revision: int) -> bool:
         if acks != {replica.name for replica in fleet.replicas}:
             return False
     return True
+
+
+# -- canary rollouts on every replica (issue 25) ------------------------------------
+
+ROLLOUT_REQUESTS = 1000
+
+
+async def _two_revisions(
+    fleet: Fleet, tiny_adapter: TinyAdapterFactory, name: str, seed: int, rank: int = 8
+) -> None:
+    """NAME@1 current on every replica, NAME@2 (of `rank`) pushed without promoting."""
+    async with store_stub(fleet.stores[0].address) as stub:
+        await push(stub, name, adapter_files(tiny_adapter(seed=seed)))
+        candidate = tiny_adapter(rank=rank, seed=seed + 1)
+        await push(stub, name, adapter_files(candidate), no_promote=True)
+    await eventually(
+        lambda: all_serve(fleet, {name: 1}), f"every replica serves {name}@1", FLEET_GUARD_S
+    )
+
+
+async def _rollout(fleet: Fleet, call: str, request: Any) -> store_pb.RolloutResponse:
+    """A rollout call through the second store: two replicas follow the first one."""
+    async with store_stub(fleet.stores[1].address) as stub:
+        response: store_pb.RolloutResponse = await getattr(stub, call)(request, timeout=60)
+    return response
+
+
+async def _start(
+    fleet: Fleet, name: str, weight: float, guards: store_pb.RolloutGuards | None = None
+) -> None:
+    """Starts the rollout of NAME@2 and waits until every replica splits at `weight`."""
+    guards = guards or store_pb.RolloutGuards(abort_on_nack=True)
+    request = store_pb.StartRolloutRequest(name=name, revision=2, weight=weight, guards=guards)
+    await _rollout(fleet, "StartRollout", request)
+    await eventually(
+        lambda: fleet.splits(name, 2, weight),
+        f"every replica splits {name} at {weight} %",
+        FLEET_GUARD_S,
+    )
+
+
+async def _every_front(fleet: Fleet, name: str, keys: list[str]) -> list[list[int]]:
+    """The revisions that served `keys` on every replica, over gRPC then over HTTP."""
+    return list(
+        await asyncio.gather(
+            *(grpc_revisions(replica, name, keys) for replica in fleet.replicas),
+            *(http_revisions(replica, name, keys) for replica in fleet.replicas),
+        )
+    )
+
+
+async def test_weight_20_sends_20_percent_of_1000_requests_to_the_candidate_on_every_replica(
+    fleet: Fleet, tiny_adapter: TinyAdapterFactory
+) -> None:
+    await _two_revisions(fleet, tiny_adapter, "canary-share", seed=201)
+    await _start(fleet, "canary-share", 20)
+    keys = [""] * ROLLOUT_REQUESTS
+    replicas = fleet.replicas
+    served = await asyncio.gather(*(grpc_revisions(r, "canary-share", keys) for r in replicas))
+    shares = {
+        r.name: Counter(s)[2] / ROLLOUT_REQUESTS for r, s in zip(replicas, served, strict=True)
+    }
+    assert all(set(revisions) == {1, 2} for revisions in served)
+    assert all(abs(share - 0.20) <= 0.03 for share in shares.values()), shares
+
+
+async def test_one_caller_key_gets_one_revision_on_every_replica_and_both_fronts(
+    fleet: Fleet, tiny_adapter: TinyAdapterFactory
+) -> None:
+    await _two_revisions(fleet, tiny_adapter, "canary-keys", seed=203)
+    await _start(fleet, "canary-keys", 50)
+    keys = [f"user-{i}" for i in range(20)] * 2
+    by_key: dict[str, set[int]] = {}
+    for revisions in await _every_front(fleet, "canary-keys", keys):
+        for key, revision in zip(keys, revisions, strict=True):
+            by_key.setdefault(key, set()).add(revision)
+    assert all(len(revisions) == 1 for revisions in by_key.values()), by_key
+    assert set().union(*by_key.values()) == {1, 2}
+
+
+@pytest.mark.parametrize(("change", "revision"), [("promote", 2), ("abort", 1)])
+async def test_once_a_promote_or_abort_is_applied_every_replica_serves_one_revision(
+    fleet: Fleet, tiny_adapter: TinyAdapterFactory, change: str, revision: int
+) -> None:
+    """Promote: every request, with a key or without, goes to the candidate on every
+    replica and front as soon as the replica has applied the promote's seq; abort: to
+    the current revision."""
+    name = f"canary-{change}"
+    await _two_revisions(fleet, tiny_adapter, name, seed=205 if change == "promote" else 207)
+    await _start(fleet, name, 50)
+    if change == "promote":
+        ended = await _rollout(fleet, "PromoteRollout", store_pb.PromoteRolloutRequest(name=name))
+    else:
+        ended = await _rollout(fleet, "AbortRollout", store_pb.AbortRolloutRequest(name=name))
+    await eventually(lambda: fleet.applied(ended.seq), f"seq {ended.seq} applied", FLEET_GUARD_S)
+    keys = [""] * 50 + [f"user-{i}" for i in range(50)]
+    served = await _every_front(fleet, name, keys)
+    assert all(set(revisions) == {revision} for revisions in served), served
+
+
+async def _ended_by_guard(fleet: Fleet, name: str) -> store_pb.Rollout | None:
+    async with store_stub(fleet.stores[0].address) as stub:
+        response = await stub.GetRollout(store_pb.GetRolloutRequest(name=name), timeout=60)
+    rollout: store_pb.Rollout = response.rollout
+    return rollout if rollout.state == store_pb.ROLLOUT_STATE_ABORTED else None
+
+
+async def _status(fleet: Fleet, name: str) -> str:
+    env = {"ADAPTERSTORE_ADDR": fleet.stores[0].address}
+    result = await ctl("rollout", "status", name, env=env)
+    assert result.code == 0, result.err
+    return result.out
+
+
+async def _all_current_after(fleet: Fleet, rollout: store_pb.Rollout) -> None:
+    """Once every replica applied the abort, every request goes to @1."""
+    await eventually(lambda: fleet.applied(rollout.update_seq), "abort applied", FLEET_GUARD_S)
+    served = await asyncio.gather(
+        *(grpc_revisions(r, rollout.adapter_name, [""] * 20) for r in fleet.replicas)
+    )
+    assert all(set(revisions) == {1} for revisions in served), served
+
+
+async def test_a_candidate_one_replica_refuses_aborts_the_rollout_and_status_says_why(
+    fleet: Fleet, tiny_adapter: TinyAdapterFactory
+) -> None:
+    name = "canary-rank"
+    await _two_revisions(fleet, tiny_adapter, name, seed=209, rank=SMALL_MAX_RANK * 2)
+    guards = store_pb.RolloutGuards(abort_on_nack=True)
+    request = store_pb.StartRolloutRequest(name=name, revision=2, weight=20, guards=guards)
+    await _rollout(fleet, "StartRollout", request)
+    aborted: list[store_pb.Rollout] = []
+
+    async def ended() -> bool:
+        aborted[:] = [r for r in [await _ended_by_guard(fleet, name)] if r is not None]
+        return bool(aborted)
+
+    await eventually(ended, "the guard aborted the rollout", FLEET_GUARD_S)
+    status = await _status(fleet, name)
+    assert "aborted" in status
+    assert f"replica replica-2 refused {name}@2" in status
+    refusal = f"rank {SMALL_MAX_RANK * 2}, above this engine's max_lora_rank {SMALL_MAX_RANK}"
+    assert refusal in status
+    await _all_current_after(fleet, aborted[0])
+
+
+async def test_a_candidate_erring_above_the_margin_aborts_the_rollout_and_status_says_why(
+    fleet: Fleet, tiny_adapter: TinyAdapterFactory
+) -> None:
+    """Every replica's engine fails each request of FAILING_REVISION (the fleet's
+    injected fault); the current revision serves."""
+    name = FAILING_REVISION.split("@")[0]
+    await _two_revisions(fleet, tiny_adapter, name, seed=211)
+    guards = store_pb.RolloutGuards(abort_on_nack=True, max_error_rate_margin=10, min_requests=10)
+    await _start(fleet, name, 50, guards)
+    codes: Counter[str] = Counter()
+    aborted: list[store_pb.Rollout] = []
+
+    async def ended() -> bool:
+        aborted[:] = [r for r in [await _ended_by_guard(fleet, name)] if r is not None]
+        if not aborted:
+            for replica_codes in await asyncio.gather(
+                *(grpc_codes(r, name, 20) for r in fleet.replicas)
+            ):
+                codes.update(replica_codes)
+        return bool(aborted)
+
+    await eventually(ended, "the guard aborted the rollout", FLEET_GUARD_S)
+    assert set(codes) == {"OK", "UNAVAILABLE"}, codes
+    status = await _status(fleet, name)
+    assert "rollout-guard" in status
+    assert "guard max_error_rate_margin: the candidate's error rate 100.0 %" in status
+    await _all_current_after(fleet, aborted[0])
 
 
 @dataclass

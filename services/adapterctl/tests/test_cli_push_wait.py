@@ -1,7 +1,8 @@
-"""`adapterctl push --wait` against a real store over gRPC and S3 (moto): it returns once
-every live replica reports the revision, names each that refused it (exit 1) or did
-not answer in time (exit 3). The replicas here are their batched reports, sent over
-gRPC as inference replicas send them; tests/test_fleet.py runs real replicas."""
+"""`adapterctl push --wait` and `rollback --wait` against a real store over gRPC and S3
+(moto): each returns once every live replica reports the revision, names each that
+refused it (exit 1) or did not answer in time (exit 3). The replicas here are their
+batched reports, sent over gRPC as inference replicas send them; tests/test_fleet.py
+runs real replicas."""
 
 from __future__ import annotations
 
@@ -112,3 +113,50 @@ async def test_push_wait_n_returns_once_n_replicas_serve_it(
         await stub.ReportReplicaStatus(report_request(replica, {"alpha": routed(2)}))
     result = await asyncio.wait_for(waiting, 60)
     assert result.code == EXIT_OK, result.err
+
+
+async def _fleet_serving_revision_two(
+    store: RunningStore, stub: pb_grpc.AdapterStoreServiceStub, tmp_path: Path
+) -> None:
+    """alpha@1 and alpha@2 pushed, every replica reporting alpha@2."""
+    await _fleet_serving_revision_one(store, stub, tmp_path)
+    env = {"ADAPTERSTORE_ADDR": store.address}
+    directory = str(write_adapter_dir(tmp_path / "v2", seed=2))
+    result = await ctl("push", "alpha", directory, env=env)
+    assert result.code == EXIT_OK, result.err
+    for replica in REPLICAS:
+        await stub.ReportReplicaStatus(report_request(replica, {"alpha": routed(2)}))
+
+
+async def _rollback_wait(store: RunningStore, *flags: str) -> asyncio.Task[CtlResult]:
+    env = {"ADAPTERSTORE_ADDR": store.address}
+    return asyncio.create_task(ctl("rollback", "alpha", "1", "--wait", *flags, env=env))
+
+
+async def test_rollback_wait_all_returns_once_every_live_replica_reports_the_revision(
+    store_server: RunningStore, stub: pb_grpc.AdapterStoreServiceStub, tmp_path: Path
+) -> None:
+    await _fleet_serving_revision_two(store_server, stub, tmp_path)
+    waiting = await _rollback_wait(store_server, "all", "--timeout", "60")
+    await _when_pushed(stub, 1)
+    for replica in REPLICAS[:2]:
+        await stub.ReportReplicaStatus(report_request(replica, {"alpha": routed(1)}))
+    await asyncio.sleep(0.5)
+    assert not waiting.done(), "rollback --wait all returned before r3 reported"
+    await stub.ReportReplicaStatus(report_request("r3", {"alpha": routed(1)}))
+    result = await asyncio.wait_for(waiting, 60)
+    assert result.code == EXIT_OK, result.err
+    assert "3 replica(s) serve alpha@1" in result.err
+
+
+async def test_rollback_wait_names_the_replica_that_did_not_answer_and_exits_3(
+    store_server: RunningStore, stub: pb_grpc.AdapterStoreServiceStub, tmp_path: Path
+) -> None:
+    await _fleet_serving_revision_two(store_server, stub, tmp_path)
+    waiting = await _rollback_wait(store_server, "all", "--timeout", "3")
+    await _when_pushed(stub, 1)
+    for replica in REPLICAS[:2]:
+        await stub.ReportReplicaStatus(report_request(replica, {"alpha": routed(1)}))
+    result = await asyncio.wait_for(waiting, 60)
+    assert result.code == EXIT_UNREACHABLE
+    assert "replica r3 did not report alpha@1 in time" in result.err

@@ -19,7 +19,7 @@ import os
 import signal
 import socket
 import sys
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -173,14 +173,17 @@ async def inference_process(
     *,
     extra: Sequence[str] = (),
     guard_s: float = 300.0,
+    module: str = "loraserve.inference",
+    env: Mapping[str, str] | None = None,
 ) -> AsyncIterator[InferenceProcess]:
     """Starts `inference serve` on the tiny model (SERVING before the block runs) and
-    kills it when the block exits, if it still runs."""
+    kills it when the block exits, if it still runs. `module` runs instead of
+    `loraserve.inference` (a launcher of it), with `env` added to the environment."""
     address = f"127.0.0.1:{free_port()}"
     args = [
         sys.executable,
         "-m",
-        "loraserve.inference",
+        module,
         *inference_args(model_dir, store_address, cache_dir, listen=address),
         "--dtype",
         "float32",
@@ -194,10 +197,10 @@ async def inference_process(
         "enforce_eager=true",
         *extra,
     ]
-    env = os.environ | {"VLLM_CPU_KVCACHE_SPACE": "1"}
+    environment = os.environ | {"VLLM_CPU_KVCACHE_SPACE": "1"} | dict(env or {})
     with log_path.open("ab") as log_file:
         process = await asyncio.create_subprocess_exec(
-            *args, stdout=log_file, stderr=log_file, env=env, start_new_session=True
+            *args, stdout=log_file, stderr=log_file, env=environment, start_new_session=True
         )
     running = InferenceProcess(process, log_path, address)
     try:
