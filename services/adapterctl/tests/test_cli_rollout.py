@@ -95,6 +95,7 @@ async def test_abort_keeps_the_current_revision_and_status_says_why(
         (("start", "alpha", "7", "--weight", "20"), "NOT_FOUND"),
         (("start", "ghost", "2", "--weight", "20"), "NOT_FOUND"),
         (("start", "alpha", "2", "--weight", "150"), "INVALID_ARGUMENT"),
+        (("start", "alpha", "2", "--weight=-1"), "INVALID_ARGUMENT"),
         (("start", "alpha", "1", "--weight", "20"), "FAILED_PRECONDITION"),
         (("set", "alpha", "--weight", "30"), "FAILED_PRECONDITION"),
         (("promote", "alpha"), "FAILED_PRECONDITION"),
@@ -125,6 +126,19 @@ async def test_changes_that_would_break_an_active_rollout_are_refused(
     result = await run(store, *argv)
     assert result.code == EXIT_FAILED
     assert "FAILED_PRECONDITION" in result.err
+    assert store.store.head_seq == 3
+
+
+@pytest.mark.usefixtures("two_revisions")
+async def test_rollout_of_a_deleted_adapter_is_refused_naming_the_delete(
+    store: RunningStore,
+) -> None:
+    deleted = await run(store, "delete", "alpha", "--yes")
+    assert deleted.code == EXIT_OK, deleted.err
+    result = await run(store, "rollout", "start", "alpha", "2", "--weight", "20")
+    assert result.code == EXIT_FAILED
+    assert "NOT_FOUND" in result.err
+    assert "deleted" in result.err
     assert store.store.head_seq == 3
 
 
