@@ -24,7 +24,7 @@ from bench.stack import PROFILES
 RESULTS = Path(__file__).resolve().parent / "results"
 # Each profile's benchmarks, in the order a run makes them.
 PROFILE_BENCHMARKS = {
-    "default": (6, 1, 2, 7, 8, 13, 3, 4, 5, 9, 10, 11, 12),
+    "default": (6, 1, 2, 7, 8, 13, 3, 4, 5, 9, 10, 19, 11, 12),
     "real": (14, 15, 16, 17, 18),
 }
 INFERENCE = frozenset({1, 2, 3, 4, 5, 7, 8, 13})
@@ -121,6 +121,10 @@ async def _main(args: argparse.Namespace, results: Path) -> Report:
             await swap_vs_vllm.run(report, quick=args.quick, engine=args.engine)
         if 10 in wanted:
             await bench_fleet.run(report, quick=args.quick, engine=args.engine)
+        if 19 in wanted:
+            from bench import bench_rollout
+
+            await bench_rollout.run(report, quick=args.quick, engine=args.engine)
         if 11 in wanted:
             from bench import bench_tiers
 

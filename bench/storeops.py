@@ -27,13 +27,13 @@ async def hashed(directory: Path) -> AdapterFiles:
     return await asyncio.to_thread(hash_files, listing)
 
 
-async def push(stub: Any, name: str, files: AdapterFiles) -> int:
-    """Pushes one revision (made current); returns its number."""
+async def push(stub: Any, name: str, files: AdapterFiles, *, no_promote: bool = False) -> int:
+    """Pushes one revision (made current unless `no_promote`); returns its number."""
     response = await pushes.push(
         stub,
         name,
         files,
-        no_promote=False,
+        no_promote=no_promote,
         description="bench",
         timeout_s=PUSH_TIMEOUT_S,
         idempotency_key=pushes.new_idempotency_key(),
