@@ -162,6 +162,21 @@ async def _until_applied(address: str, seq: int) -> float:
         await asyncio.sleep(POLL_S)
 
 
+async def _settle(
+    addresses: Sequence[str], records: list[Served], seq: int, scale: RolloutScale
+) -> float:
+    """Waits until every replica applied `seq` (returns when the last one had), then
+    `after_s` more and until every replica finished a request sent after that moment:
+    the figure needs one on each."""
+    async with asyncio.timeout(GUARD_S):
+        applied = max(await asyncio.gather(*(_until_applied(a, seq) for a in addresses)))
+        await asyncio.sleep(scale.after_s)
+        while True:
+            if rollout_figures.covered(records, len(addresses), applied):
+                return applied
+            await asyncio.sleep(POLL_S)
+
+
 async def _repeat(
     fleet: Fleet, store: Any, scale: RolloutScale, change: str, directory: Path
 ) -> Repeat:
@@ -189,17 +204,13 @@ async def _repeat(
             ended = await store.AbortRollout(
                 store_pb.AbortRolloutRequest(name=ADAPTER, reason="bench"), timeout=GUARD_S
             )
-        async with asyncio.timeout(GUARD_S):
-            applied = await asyncio.gather(
-                *(_until_applied(a, int(ended.seq)) for a in fleet.addresses)
-            )
-        await asyncio.sleep(scale.after_s)
+        applied = await _settle(fleet.addresses, records, int(ended.seq), scale)
     target = candidate if change == "promote" else current
     shares = rollout_figures.candidate_shares(records, candidate, held_from, changed_at)
     return Repeat(
         change,
         rollout_figures.time_to_all(records, target, changed_at),
-        max(applied) - changed_at,
+        applied - changed_at,
         len(records),
         rollout_figures.failures(records),
         tuple(shares.values()),

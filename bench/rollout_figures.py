@@ -4,6 +4,7 @@ the answers, not off what the replicas say of themselves."""
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -22,21 +23,31 @@ class Served:
 
 def time_to_all(records: Sequence[Served], target: int, changed_at: float) -> float:
     """Seconds from `changed_at` (a promote or an abort sent) until every request sent to
-    any replica went to `target`: the last request sent after `changed_at` that another
-    revision served (or that failed), relative to `changed_at`; 0 when there was none.
-    Raises ValueError when some replica served no request after that moment (the load
-    did not cover the change there, so the figure would say nothing)."""
-    after = [r for r in records if r.submitted >= changed_at]
-    late = [r.submitted - changed_at for r in after if r.revision != target]
-    seconds = max([0.0, *late])
-    replicas = {r.replica for r in records}
-    covered = {
-        r.replica for r in after if r.revision == target and r.submitted >= changed_at + seconds
-    }
-    if covered != replicas:
-        missing = sorted(replicas - covered)
-        raise ValueError(f"replicas {missing} served no request after the change settled")
-    return seconds
+    any replica went to `target`: per replica, the last request sent after `changed_at`
+    that another revision served (or that failed), relative to `changed_at` (0 when there
+    was none); the slowest replica's. Raises ValueError when a replica served no request
+    by `target` sent after its last other one (the load did not cover the change there,
+    so its figure would say nothing)."""
+    seconds: dict[int, float] = {}
+    for replica in sorted({r.replica for r in records}):
+        after = [r for r in records if r.replica == replica and r.submitted >= changed_at]
+        late = max([0.0, *(r.submitted - changed_at for r in after if r.revision != target)])
+        if any(r.revision == target and r.submitted - changed_at >= late for r in after):
+            seconds[replica] = late
+        else:
+            seconds[replica] = math.nan
+    missing = [replica for replica, value in seconds.items() if math.isnan(value)]
+    if missing:
+        raise ValueError(
+            f"replicas {missing} served no request by @{target} sent after their last "
+            f"other one (per replica, s after the change: {seconds})"
+        )
+    return max(seconds.values(), default=0.0)
+
+
+def covered(records: Sequence[Served], replicas: int, since: float) -> bool:
+    """Whether every replica has finished a request sent at `since` or later."""
+    return len({r.replica for r in records if r.submitted >= since}) == replicas
 
 
 def candidate_shares(

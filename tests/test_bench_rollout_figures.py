@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from bench.rollout_figures import Served, candidate_shares, failures, time_to_all
+from bench.rollout_figures import Served, candidate_shares, covered, failures, time_to_all
 
 
 def _after_change(late: dict[int, float]) -> list[Served]:
@@ -39,6 +39,13 @@ def test_a_replica_with_no_request_after_the_change_settled_has_no_figure() -> N
     records = [r for r in _after_change({}) if r.replica != 2 or r.submitted < 10.0]
     with pytest.raises(ValueError, match=r"replicas \[2\]"):
         time_to_all(records, target=2, changed_at=10.0)
+    assert not covered(records, replicas=3, since=10.0)
+
+
+def test_each_replica_is_covered_after_its_own_last_late_request() -> None:
+    """Replica 0 moved late; the others sent nothing after that moment but moved early."""
+    records = [r for r in _after_change({0: 0.85}) if r.replica == 0 or r.submitted < 10.5]
+    assert time_to_all(records, target=2, changed_at=10.0) == pytest.approx(0.8)
 
 
 def test_the_candidate_share_is_taken_per_replica_over_the_window_and_skips_failures() -> None:
