@@ -11,9 +11,11 @@ Timed from the moment the promote or abort is sent: until every request any repl
 was sent from then on was served by the revision the change names (the candidate, or
 the current revision), read from the answers, which name the revision that served
 them; and until every replica has applied the change's seq (its ListAdapters
-`store_seq`, polled every 10 ms). Counted: requests failed from the rollout's start to
-the end of its promote or abort (goal 0), and the candidate's share of each replica's
-requests while the split held.
+`store_seq`, polled every 10 ms), after which a replica sends every request to that
+revision (tests/test_fleet.py checks it). The goal is on the later of the two: the
+answers show a switch only between two requests, the poll adds its round trip.
+Counted: requests failed from the rollout's start to the end of its promote or abort
+(goal 0), and the candidate's share of each replica's requests while the split held.
 """
 
 from __future__ import annotations
@@ -234,20 +236,24 @@ def _change_figures(section: Section, change: str, done: list[Repeat]) -> list[C
         ],
     )
     to_all = [r.to_all_s for r in done]
+    # The answers can only show a switch between two requests, so with few requests a
+    # second they may place it early; the seq's poll places it late (the poll's own
+    # round trip). The later of the two bounds the time from above.
+    bound = [max(r.to_all_s, r.applied_s) for r in done]
     shares = [s for r in done for s in r.shares]
     failed = sum(r.failed for r in done)
     section.goal(
-        f"{change} -> 100 % of requests on every replica to its revision (s)",
-        median_interval(to_all),
+        f"{change} -> 100 % of requests on every replica to its revision (s, upper bound)",
+        median_interval(bound),
         "<",
         1.0,
         ".3f",
     )
     section.check(
-        f"{change} -> 100 % on every replica, slowest of {len(done)} (s)",
-        max(to_all),
+        f"{change} -> 100 % on every replica, slowest of {len(done)} (s, upper bound)",
+        max(bound),
         "< 1 s",
-        max(to_all) < 1.0,
+        max(bound) < 1.0,
         ".3f",
     )
     section.check(f"requests failed from start to {change}, under load", failed, "0", failed == 0)
@@ -257,8 +263,8 @@ def _change_figures(section: Section, change: str, done: list[Repeat]) -> list[C
         sum(r.requests for r in done),
         failed,
         median_interval(to_all).text(".3f"),
-        max(to_all),
         median_interval([r.applied_s for r in done]).text(".3f"),
+        max(bound),
         f"{100 * min(shares):.1f}-{100 * max(shares):.1f}" if shares else "n/a",
     ]
 
@@ -272,9 +278,9 @@ def _figures(section: Section, scale: RolloutScale, repeats: list[Repeat]) -> No
             "repeats",
             "requests",
             "failed",
-            "-> 100 % median [interval] s",
-            "max s",
-            "seq applied median s",
+            "last other revision served, median [interval] s",
+            "seq applied on all, median [interval] s",
+            "slowest, upper bound s",
             f"candidate share at {WEIGHT:g} % (%, min-max)",
         ],
         rows,
