@@ -38,7 +38,8 @@ from loraserve.adapterstore.logstorage import (
 )
 from loraserve.adapterstore.logtypes import ChangeBuilder, RequestTag, conflict_backoff
 from loraserve.adapterstore.logtypes import LogSettings as LogSettings
-from loraserve.adapterstore.model import Change, RequestRecord, StoreState, now
+from loraserve.adapterstore.model import Change, StoreState, now
+from loraserve.adapterstore.requestrecord import RequestRecord
 from loraserve.adapterstore.storageprobe import check_conditional_put
 from loraserve.common.backoff import Backoff
 from loraserve.common.errors import (

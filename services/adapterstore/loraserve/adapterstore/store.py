@@ -28,6 +28,7 @@ from loraserve.adapterstore.listing import AdapterPage, RevisionPage, adapter_pa
 from loraserve.adapterstore.lookup import detached, find_adapter, find_revision
 from loraserve.adapterstore.model import Adapter, Change, now
 from loraserve.adapterstore.push import Chunk, PushHeader, PushResult, keep_files, receive_adapter
+from loraserve.adapterstore.quotas import QuotaOps
 from loraserve.adapterstore.replicas.ops import ReplicaOps
 from loraserve.adapterstore.replicas.writes import ReplicaStatusStore
 from loraserve.adapterstore.rollout.guard import RolloutGuard
@@ -84,6 +85,7 @@ class AdapterStore:
             changelog, statuses, self._check_started, settings.max_page_bytes
         )
         self.rollouts = RolloutOps(changelog, self._guard, self._check_started)
+        self.quotas = QuotaOps(changelog, self._check_started)
         self._trust = RevisionTrust(settings.trust)
 
     @property
