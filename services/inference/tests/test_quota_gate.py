@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from loraserve.common.errors import InvalidArgument
-from loraserve.common.quota import DEFAULT_QUOTA_NAME, Quota
-from loraserve.inference.serving.quotas import QuotaExceeded, QuotaGate
+from loraserve.common.errors import InvalidArgument, QuotaExceeded
+from loraserve.common.quota import Quota
+from loraserve.inference.serving.quotas import DEFAULT_QUOTA, QuotaGate
 
 
 class Clock:
@@ -28,7 +28,7 @@ class Throttles:
 def test_an_adapter_at_its_in_flight_limit_is_refused_until_one_ends() -> None:
     throttles = Throttles()
     gate = QuotaGate(Clock(), throttles)
-    gate.set("alpha", Quota(max_in_flight=2))
+    gate.set_quota("alpha", Quota(max_in_flight=2))
     with gate.admit("alpha", "alpha"), gate.admit("alpha", "alpha"):
         with pytest.raises(QuotaExceeded) as refused, gate.admit("alpha", "alpha"):
             pass
@@ -44,7 +44,7 @@ def test_an_adapter_at_its_in_flight_limit_is_refused_until_one_ends() -> None:
 def test_tokens_per_second_refuse_after_the_bucket_is_spent_and_say_when_to_retry() -> None:
     clock = Clock()
     gate = QuotaGate(clock)
-    gate.set("alpha", Quota(tokens_per_second=100))
+    gate.set_quota("alpha", Quota(tokens_per_second=100))
     with gate.admit("alpha", "alpha") as charge:
         charge(150)  # a running request finishes whatever it costs
     with pytest.raises(QuotaExceeded) as refused, gate.admit("alpha", "alpha"):
@@ -58,7 +58,7 @@ def test_tokens_per_second_refuse_after_the_bucket_is_spent_and_say_when_to_retr
 def test_tokens_per_minute_refill_at_a_sixtieth_per_second() -> None:
     clock = Clock()
     gate = QuotaGate(clock)
-    gate.set("alpha", Quota(tokens_per_minute=600))
+    gate.set_quota("alpha", Quota(tokens_per_minute=600))
     with gate.admit("alpha", "alpha") as charge:
         charge(600)
     with pytest.raises(QuotaExceeded) as refused, gate.admit("alpha", "alpha"):
@@ -71,25 +71,40 @@ def test_tokens_per_minute_refill_at_a_sixtieth_per_second() -> None:
 
 def test_the_default_quota_applies_to_adapters_without_their_own() -> None:
     gate = QuotaGate(Clock())
-    gate.set(DEFAULT_QUOTA_NAME, Quota(max_in_flight=1))
-    gate.set("vip", Quota(max_in_flight=3))
+    gate.set_quota(DEFAULT_QUOTA, Quota(max_in_flight=1))
+    gate.set_quota("vip", Quota(max_in_flight=3))
     with gate.admit("alpha", "alpha"):
         with pytest.raises(QuotaExceeded), gate.admit("alpha", "alpha"):
             pass
         with gate.admit("vip", "vip"), gate.admit("vip", "vip"):
             pass
-    gate.set(DEFAULT_QUOTA_NAME, None)
+    gate.set_quota(DEFAULT_QUOTA, None)
     with gate.admit("alpha", "alpha"), gate.admit("alpha", "alpha"):
         pass
 
 
 def test_a_quota_change_applies_at_once_to_requests_after_it() -> None:
     gate = QuotaGate(Clock())
-    gate.set("alpha", Quota(max_in_flight=5))
+    gate.set_quota("alpha", Quota(max_in_flight=5))
     with gate.admit("alpha", "alpha"), gate.admit("alpha", "alpha"):
-        gate.set("alpha", Quota(max_in_flight=2))
+        gate.set_quota("alpha", Quota(max_in_flight=2))
         with pytest.raises(QuotaExceeded), gate.admit("alpha", "alpha"):
             pass
+
+
+def test_a_listing_replaces_every_quota_including_the_default() -> None:
+    gate = QuotaGate(Clock())
+    gate.set_quota("alpha", Quota(max_in_flight=1))
+    gate.replace_quotas(Quota(max_in_flight=2), {"beta": Quota(max_in_flight=1)})
+    with (
+        gate.admit("alpha", "alpha"),
+        gate.admit("alpha", "alpha"),
+        pytest.raises(QuotaExceeded),
+        gate.admit("alpha", "alpha"),
+    ):
+        pass
+    with gate.admit("beta", "beta"), pytest.raises(QuotaExceeded), gate.admit("beta", "beta"):
+        pass
 
 
 @pytest.mark.parametrize(
@@ -98,7 +113,7 @@ def test_a_quota_change_applies_at_once_to_requests_after_it() -> None:
         {"max_in_flight": 0},
         {"tokens_per_second": -1.0},
         {"tokens_per_minute": float("inf")},
-        {"weight": 0.0},
+        {},
     ],
 )
 def test_a_quota_out_of_range_is_invalid_argument(fields: dict[str, float]) -> None:

@@ -5,8 +5,9 @@ A request is admitted only while its adapter is under every limit; otherwise it 
 refused with RESOURCE_EXHAUSTED and a retry-after (gRPC trailing metadata, HTTP 429's
 Retry-After). Tokens are charged as they stream, so a request already running always
 finishes: a long one can take the buckets below zero, and the adapter's next requests
-wait until they have refilled. The limits come from the store's quota records
-(`QuotaGate.set`), the same on every replica.
+wait until they have refilled. The limits come from the store's quota records (sync
+calls `set_quota` and `replace_quotas`), the same on every replica; each replica
+counts only its own requests.
 """
 
 from __future__ import annotations
@@ -18,19 +19,14 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from loraserve.common.errors import ResourceExhausted
-from loraserve.common.quota import DEFAULT_QUOTA_NAME, Quota
+from loraserve.common.errors import QuotaExceeded
+from loraserve.common.quota import Quota
+
+# The name of the default quota, as the store's events and listings say it.
+DEFAULT_QUOTA = ""
 
 # An in-flight limit frees when one of the adapter's requests ends; no rate says when.
 _IN_FLIGHT_RETRY_S = 1.0
-
-
-class QuotaExceeded(ResourceExhausted):
-    """RESOURCE_EXHAUSTED with the seconds after which a retry may be admitted."""
-
-    def __init__(self, message: str, retry_after_s: float) -> None:
-        super().__init__(message)
-        self.retry_after_s = retry_after_s
 
 
 class ThrottleObserver(Protocol):
@@ -76,22 +72,28 @@ class QuotaGate:
         self._quotas: dict[str, Quota] = {}
         self._usage: dict[str, _Usage] = {}
 
-    def set(self, name: str, quota: Quota | None) -> None:
-        """Sets (None: clears) the quota of `name`, or the default (DEFAULT_QUOTA_NAME).
+    def set_quota(self, name: str, quota: Quota | None) -> None:
+        """Sets (None: clears) the quota of `name`, or the default (DEFAULT_QUOTA).
         Usage so far is kept; buckets are resized to the new rates."""
         if quota is None:
             self._quotas.pop(name, None)
         else:
             self._quotas[name] = quota
         for adapter, usage in self._usage.items():
-            if name in (adapter, DEFAULT_QUOTA_NAME):
+            if name in (adapter, DEFAULT_QUOTA):
                 self._resize(usage, self.quota_of(adapter))
 
-    def quota_of(self, name: str) -> Quota:
-        return self._quotas.get(name) or self._quotas.get(DEFAULT_QUOTA_NAME) or Quota()
+    def replace_quotas(self, default: Quota | None, own: dict[str, Quota]) -> None:
+        """Every quota at once, as a listing of the store has them."""
+        self._quotas = dict(own)
+        if default is not None:
+            self._quotas[DEFAULT_QUOTA] = default
+        for adapter, usage in self._usage.items():
+            self._resize(usage, self.quota_of(adapter))
 
-    def weight(self, name: str) -> float:
-        return self.quota_of(name).weight
+    def quota_of(self, name: str) -> Quota | None:
+        """The quota `name` follows: its own, else the default; None is no limit."""
+        return self._quotas.get(name) or self._quotas.get(DEFAULT_QUOTA)
 
     @contextmanager
     def admit(self, name: str, label: str) -> Iterator[Callable[[int], None]]:
@@ -101,8 +103,8 @@ class QuotaGate:
         shared label for names that are not (they are NOT_FOUND next), so names a
         client makes up cannot grow this table."""
         quota = self.quota_of(name)
-        if quota.unlimited:
-            yield _no_charge
+        if quota is None:
+            yield no_charge
             return
         usage = self._usage_of(label, quota)
         self._check(name, label, quota, usage)
@@ -147,21 +149,20 @@ class QuotaGate:
             bucket.refill(now)
             bucket.level -= tokens
 
-    def _usage_of(self, name: str, quota: Quota) -> _Usage:
+    def _usage_of(self, name: str, quota: Quota | None) -> _Usage:
         usage = self._usage.get(name)
         if usage is None:
             usage = self._usage[name] = _Usage()
             self._resize(usage, quota)
         return usage
 
-    def _resize(self, usage: _Usage, quota: Quota) -> None:
+    def _resize(self, usage: _Usage, quota: Quota | None) -> None:
         now = self._clock()
+        per_s = quota.tokens_per_second if quota is not None else None
+        per_min = quota.tokens_per_minute if quota is not None else None
         rates = {
-            "tokens_per_second": (quota.tokens_per_second, quota.tokens_per_second),
-            "tokens_per_minute": (
-                quota.tokens_per_minute,
-                quota.tokens_per_minute / 60 if quota.tokens_per_minute else None,
-            ),
+            "tokens_per_second": (per_s, per_s),
+            "tokens_per_minute": (per_min, per_min / 60 if per_min else None),
         }
         for limit, (capacity, rate) in rates.items():
             if capacity is None or rate is None:
@@ -176,5 +177,5 @@ class QuotaGate:
                 bucket.level = min(bucket.level, capacity)
 
 
-def _no_charge(tokens: int) -> None:
+def no_charge(tokens: int) -> None:
     """Charges nothing: the adapter has no token limit."""
