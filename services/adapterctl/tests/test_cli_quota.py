@@ -41,9 +41,9 @@ async def run(store: RunningStore, *argv: str) -> CtlResult:
 
 async def _quotas(address: str) -> pb.ListQuotasResponse:
     async with grpc.aio.insecure_channel(address) as channel:
-        response: pb.ListQuotasResponse = await pb_grpc.AdapterStoreServiceStub(
-            channel
-        ).ListQuotas(pb.ListQuotasRequest())
+        response: pb.ListQuotasResponse = await pb_grpc.AdapterStoreServiceStub(channel).ListQuotas(
+            pb.ListQuotasRequest()
+        )
         return response
 
 

@@ -95,6 +95,11 @@ class QuotaGate:
         """The quota `name` follows: its own, else the default; None is no limit."""
         return self._quotas.get(name) or self._quotas.get(DEFAULT_QUOTA)
 
+    def in_flight(self, label: str) -> int:
+        """Requests counted under `label` running now (while it has a quota)."""
+        usage = self._usage.get(label)
+        return usage.in_flight if usage is not None else 0
+
     @contextmanager
     def admit(self, name: str, label: str) -> Iterator[Callable[[int], None]]:
         """Holds one of `name`'s in-flight requests; yields the function that charges
