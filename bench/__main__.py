@@ -26,9 +26,11 @@ RESULTS = Path(__file__).resolve().parent / "results"
 PROFILE_BENCHMARKS = {
     "default": (6, 1, 2, 7, 8, 13, 3, 4, 5, 9, 10, 11, 12),
     "real": (14, 15, 16, 17, 18),
+    "trust": (19, 20),
 }
 INFERENCE = frozenset({1, 2, 3, 4, 5, 7, 8, 13})
 REAL = frozenset(PROFILE_BENCHMARKS["real"])
+TRUST = frozenset(PROFILE_BENCHMARKS["trust"])
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -38,7 +40,8 @@ def _parser() -> argparse.ArgumentParser:
         choices=tuple(PROFILE_BENCHMARKS),
         default="default",
         help="default: the wider tiny model and its adapters; real: a locally built "
-        "Llama-shaped base (hidden 2048, 8 layers, vocab 32k) with rank-64 adapters",
+        "Llama-shaped base (hidden 2048, 8 layers, vocab 32k) with rank-64 adapters; "
+        "trust: fair admission under a flood, and signature verification's cost (issue 26)",
     )
     parser.add_argument(
         "--only",
@@ -129,6 +132,10 @@ async def _main(args: argparse.Namespace, results: Path) -> Report:
             from bench import bench_store_scale
 
             await bench_store_scale.run(report, quick=args.quick)
+        if wanted & TRUST:
+            from bench import bench_trust
+
+            await bench_trust.run(report, set(wanted), quick=args.quick, engine=args.engine)
         if wanted & REAL:
             from bench import real_bench
 

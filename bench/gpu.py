@@ -56,6 +56,8 @@ LEFT_OUT = {
     9: "the tiny model's swap; 16 and 17 measure it with real-size adapters",
     10: "three replicas on one device share it: routing, not engine speed",
     11: "ten replica starts for start-up and disk figures, not engine speed",
+    19: "its open-loop windows at 10x flood need minutes; run it on its own",
+    20: "two replica pairs and an 80 MB model build; the check's cost is CPU, not GPU",
 }
 
 

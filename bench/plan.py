@@ -177,9 +177,29 @@ def _real(engine: str) -> dict[int, BenchPlan]:
     }
 
 
+def _trust(engine: str) -> dict[int, BenchPlan]:
+    """Benchmarks 19 and 20: one replica under a flood; two store and replica pairs."""
+    from bench.bench_trust import ENGINE
+
+    ports = _ports()
+    stack = _stack(engine, "trust")
+    store = _store(ports)
+    flood = [*stack.argv("flood-replica", next(ports), ENGINE), "--max-engine-requests=16"]
+    trust = ["--signature-policy=require", "--trusted-signers=bench=KEY.pub"]
+    verify = {
+        "adapterstore serve (require)": [*_store(ports)["adapterstore serve"], *trust],
+        "inference serve (off)": stack.argv("verify-off", next(ports), ENGINE),
+        "inference serve (require)": [*stack.argv("verify-require", next(ports), ENGINE), *trust],
+    }
+    return {
+        19: BenchPlan(19, {**store, "inference serve (replica)": flood}, 1),
+        20: BenchPlan(20, {**store, **verify}, 2),
+    }
+
+
 def plans(engine: str) -> dict[int, BenchPlan]:
     """Every benchmark's plan for `--engine ENGINE`."""
-    return {**_inference(engine), **_others(engine), **_real(engine)}
+    return {**_inference(engine), **_others(engine), **_real(engine), **_trust(engine)}
 
 
 def check_gpu(all_plans: dict[int, BenchPlan]) -> list[str]:

@@ -163,10 +163,12 @@ async def start_store(
     bucket: str,
     log_level: str = "WARNING",
     name: str = "adapterstore",
+    extra: tuple[str, ...] = (),
 ) -> Child:
-    """`adapterstore serve` on the bucket, SERVING; its log is `name`.log."""
+    """`adapterstore serve` on the bucket (with `extra` flags), SERVING; its log is
+    `name`.log."""
     port = free_port()
-    child = _spawn(name, store_argv(port, endpoint, bucket, log_level), log_dir)
+    child = _spawn(name, [*store_argv(port, endpoint, bucket, log_level), *extra], log_dir)
     child.address = f"127.0.0.1:{port}"
     await wait_serving(child, log_dir, 60)
     return child
