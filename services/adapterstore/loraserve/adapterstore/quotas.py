@@ -10,12 +10,21 @@ import logging
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from loraserve.adapterstore.changelog import ChangeLog
-from loraserve.adapterstore.idempotency import check_idempotency_key, request_tag
-from loraserve.adapterstore.logtypes import ChangeBuilder
-from loraserve.adapterstore.lookup import find_adapter
-from loraserve.adapterstore.model import Change, ChangeType, StoreState, now
-from loraserve.adapterstore.quota_record import DEFAULT_QUOTA, QuotaChange
+from loraserve.adapterstore.catalog import (
+    DEFAULT_QUOTA,
+    Change,
+    ChangeType,
+    QuotaChange,
+    StoreState,
+    find_adapter,
+    now,
+)
+from loraserve.adapterstore.changelog import (
+    ChangeBuilder,
+    ChangeLog,
+    check_idempotency_key,
+    request_tag,
+)
 from loraserve.common.names import validate_adapter_name
 from loraserve.common.quota import Quota
 

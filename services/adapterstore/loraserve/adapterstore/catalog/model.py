@@ -16,8 +16,8 @@ from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from typing import Any
 
-from loraserve.adapterstore.quota_record import DEFAULT_QUOTA, QuotaChange
-from loraserve.adapterstore.requestrecord import RequestRecord
+from loraserve.adapterstore.catalog.quota_record import DEFAULT_QUOTA, QuotaChange
+from loraserve.adapterstore.catalog.requestrecord import RequestRecord
 from loraserve.adapterstore.rollout.records import Rollout, RolloutState
 from loraserve.common.errors import DataLoss
 from loraserve.common.manifest import Revision, time_from_json, time_to_json
