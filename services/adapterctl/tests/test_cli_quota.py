@@ -168,3 +168,18 @@ async def test_quota_show_json_names_the_adapter_and_its_limits(store: RunningSt
             "quota": {"max_in_flight": 0, "tokens_per_second": 20.0, "tokens_per_minute": 0.0},
         }
     ]
+
+
+def test_watch_prints_a_quota_change_with_its_limits() -> None:
+    from loraserve.adapterctl.read_commands import describe_event
+
+    event = pb.AdapterEvent(
+        seq=9,
+        type=pb.EVENT_TYPE_QUOTA_CHANGED,
+        adapter_name="",
+        quota=pb.AdapterQuota(max_in_flight=4),
+        actor="ops",
+    )
+    cleared = pb.AdapterEvent(seq=10, type=pb.EVENT_TYPE_QUOTA_CHANGED, adapter_name="alpha")
+    assert describe_event(event).endswith("quota (default) in-flight 4 by ops")
+    assert describe_event(cleared).endswith("quota alpha cleared")
