@@ -1,4 +1,4 @@
-"""Benchmark 19: the S3 client library on both data paths (issue 24, item 3), against
+"""Benchmark 21: the S3 client library on both data paths (issue 24, item 3), against
 moto's S3 server over HTTP in its own process, on one object of 128 MiB (64 quick),
 new bytes for every arm of every repeat, arms paired and rotated per repeat.
 
@@ -244,7 +244,7 @@ def figures(section: Section, seconds: dict[str, list[float]], mb: float) -> Non
 
 async def run(report: Report, quick: bool = False) -> None:
     settings = LibSettings(megabytes=64, repeats=2) if quick else LibSettings()
-    section = report.section(19, "S3 client libraries: boto3 + threads vs obstore")
+    section = report.section(21, "S3 client libraries: boto3 + threads vs obstore")
     async with procs.moto_section(report, section, BUCKET, "bench-s3-libs-") as (endpoint, work):
         location = S3Location(BUCKET, "", endpoint, procs.REGION, procs.S3_KEY, procs.S3_KEY)
         rig = Rig(endpoint, procs.s3_client(endpoint), location, work)

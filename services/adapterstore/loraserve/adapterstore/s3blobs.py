@@ -40,7 +40,7 @@ MIN_PART_SIZE = 5 * 1024 * 1024
 DEFAULT_PART_SIZE = 8 * 1024 * 1024
 # Enough parts on the wire to hide one part's round trip behind the others; more
 # (boto3's transfer manager sends 10) measured slower on a 2-core emulator (benchmark
-# 19, docs/design.md "Writes at the speed of S3").
+# 21, docs/design.md "Writes at the speed of S3").
 DEFAULT_PARTS_IN_FLIGHT = 4
 # boto3's connections to S3, and the threads that use them.
 CONNECTIONS = 32
