@@ -7,7 +7,9 @@ new bytes for every arm of every repeat, arms paired and rotated per repeat.
   out, K parts in flight; the whole push path minus gRPC) at K = 4 and K = 10 vs
   obstore's multipart put (Rust, async, K = 10 in flight, the bytes hashed as they
   go) vs boto3 `upload_file` (the transfer manager: 8 MiB parts, 10 threads; the
-  baseline, measured twice for the noise);
+  baseline, measured twice for the noise); and the design not built, estimated: the
+  client's upload_file to a staging key, then the store's read-back (streamed, hashed)
+  and copy to the content address;
 - reads, what a replica does: the inference cache's `HttpReader` on a presigned URL
   (aiohttp, one streamed GET, written and hashed) vs obstore's get (with credentials,
   streamed to a file and hashed) vs one streamed boto3 `get_object` to a file (the
@@ -53,6 +55,7 @@ WRITE_ARMS = (
     "store upload (boto3 threads, 4 parts in flight)",
     f"store upload (boto3 threads, {WIDE} parts in flight)",
     f"obstore put ({WIDE} parts in flight)",
+    "client upload_file to tmp/ + store read-back (sha256) + copy",
 )
 READ_ARMS = (
     READ_BASE,
@@ -179,6 +182,24 @@ async def _obstore_get(rig: Rig, key: str, work: Path) -> float:
         out.unlink(missing_ok=True)
 
 
+async def _uploaded_then_verified(rig: Rig, source: Path) -> float:
+    """The other design (issue 24, item 2): the client uploads the parts itself (as fast
+    as boto3's transfer manager at best) to a staging key, then the store reads every
+    byte back to check it and copies it to its content address."""
+    info = await asyncio.to_thread(_fresh, source)
+    store = S3BlobStore(rig.location, part_size=PART)
+    staged = f"tmp/{uuid.uuid4().hex}"
+    started = time.perf_counter()
+    await asyncio.to_thread(rig.s3.upload_file, str(source), BUCKET, staged)
+    digest = hashlib.sha256()
+    async for block in store.stream(staged, CHUNK):
+        await asyncio.to_thread(digest.update, block)
+    if digest.hexdigest() != info.sha256:
+        raise RuntimeError("the read-back does not match the file")
+    await store.copy(staged, f"blobs/{info.sha256}")
+    return time.perf_counter() - started
+
+
 def _write_arms(rig: Rig, source: Path) -> dict[str, Callable[[], Awaitable[float]]]:
     return {
         WRITE_ARMS[0]: lambda: _upload_file(rig, source),
@@ -186,6 +207,7 @@ def _write_arms(rig: Rig, source: Path) -> dict[str, Callable[[], Awaitable[floa
         WRITE_ARMS[2]: lambda: _store_upload(rig, source, 4),
         WRITE_ARMS[3]: lambda: _store_upload(rig, source, WIDE),
         WRITE_ARMS[4]: lambda: _obstore_put(rig, source),
+        WRITE_ARMS[5]: lambda: _uploaded_then_verified(rig, source),
     }
 
 
