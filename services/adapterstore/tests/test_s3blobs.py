@@ -7,8 +7,8 @@ import os
 
 import pytest
 
-from loraserve.adapterstore.blobstore import BlobNotFound, BlobUpload, blob_key
-from loraserve.adapterstore.s3blobs import MIN_PART_SIZE, S3BlobStore
+from loraserve.adapterstore.blobs.blobstore import BlobNotFound, BlobUpload, blob_key
+from loraserve.adapterstore.blobs.s3blobs import MIN_PART_SIZE, S3BlobStore
 from loraserve.testing.adapterstore import s3_location
 from loraserve.testing.partcount import PartsOnTheWire
 from loraserve.testing.s3 import S3Bucket

@@ -23,9 +23,9 @@ import boto3
 import botocore.config
 from botocore.exceptions import BotoCoreError, ClientError
 
-from loraserve.adapterstore.blobstore import BlobNotFound, BlobUpload, StoredObject, blob_key
-from loraserve.adapterstore.s3sweep import sweep_stale_uploads
-from loraserve.adapterstore.s3upload import DirectUpload, StagedUpload
+from loraserve.adapterstore.blobs.blobstore import BlobNotFound, BlobUpload, StoredObject, blob_key
+from loraserve.adapterstore.blobs.s3sweep import sweep_stale_uploads
+from loraserve.adapterstore.blobs.s3upload import DirectUpload, StagedUpload
 from loraserve.common.errors import FailedPrecondition, Unavailable
 
 if TYPE_CHECKING:
