@@ -38,8 +38,7 @@ from bench import procs, transfers
 from bench.paired import rotated
 from bench.report import Cell, Report, Section
 from bench.stats import median, median_interval, paired_ratio
-from loraserve.adapterstore.presign import S3Presigner
-from loraserve.adapterstore.s3blobs import S3BlobStore, S3Location
+from loraserve.adapterstore.blobs import S3BlobStore, S3Location, S3Presigner
 from loraserve.common.manifest import FileInfo
 from loraserve.inference.cache.http_read import HttpReader, ReadSettings
 

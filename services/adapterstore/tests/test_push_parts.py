@@ -15,8 +15,7 @@ import grpc
 import pytest
 from safetensors.numpy import save
 
-from loraserve.adapterstore.blobstore import blob_key
-from loraserve.adapterstore.s3blobs import MIN_PART_SIZE, S3BlobStore
+from loraserve.adapterstore.blobs import MIN_PART_SIZE, S3BlobStore, blob_key
 from loraserve.adapterstore.v1 import adapterstore_pb2 as pb
 from loraserve.testing.adapterfiles import AdapterFiles, lora_config, lora_tensors
 from loraserve.testing.adapterstore import s3_location, serve_store

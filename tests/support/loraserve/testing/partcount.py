@@ -6,7 +6,7 @@ import threading
 import time
 from typing import Any
 
-from loraserve.adapterstore.s3blobs import S3BlobStore
+from loraserve.adapterstore.blobs import S3BlobStore
 
 
 class PartsOnTheWire:
