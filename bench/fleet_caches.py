@@ -22,7 +22,7 @@ from bench.paired import AGAIN, rotated
 from bench.report import Cell, Section
 from bench.stats import median_interval, paired_ratio
 from bench.transfers import PeakRss
-from loraserve.adapterstore.blobstore import blob_key
+from loraserve.adapterstore.blobs.blobstore import blob_key
 
 CACHES = "replica caches (from the store)"
 BOTO = "boto3 get_object (straight from S3)"

@@ -18,7 +18,7 @@ from typing import Any
 import pytest
 import yaml
 
-from loraserve.adapterstore.servicer import SERVICE_NAME as STORE_SERVICE
+from loraserve.adapterstore.api.servicer import SERVICE_NAME as STORE_SERVICE
 from loraserve.adapterstore.settings import build_parser as build_store_parser
 from loraserve.adapterstore.settings import parse_settings as parse_store_settings
 from loraserve.inference.serving.servicer import SERVICE_NAME as INFERENCE_SERVICE

@@ -21,7 +21,7 @@ import grpc
 import pytest
 from grpc_health.v1 import health_pb2
 
-from loraserve.adapterstore.push import PushResult
+from loraserve.adapterstore.files.push import PushResult
 from loraserve.adapterstore.v1 import adapterstore_pb2 as pb
 from loraserve.common.clientstream import stream_unary
 from loraserve.testing.adapterfiles import AdapterFiles, lora_config, raw_safetensors, tiny_adapter

@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 from prometheus_client import generate_latest
 
-from loraserve.adapterstore.blobstore import blob_key
+from loraserve.adapterstore.blobs.blobstore import blob_key
 from loraserve.clients.store import StoreClient, StoreClientSettings
 from loraserve.common.errors import DataLoss
 from loraserve.common.presigned import RevisionUrls

@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING
 import pytest
 from prometheus_client import generate_latest
 
-from loraserve.adapterstore.blobstore import blob_key
+from loraserve.adapterstore.blobs.blobstore import blob_key
 from loraserve.testing.inferenceapp import adapter_files, inference_app
 from loraserve.testing.models import TinyAdapterFactory
 from loraserve.testing.s3 import S3Bucket

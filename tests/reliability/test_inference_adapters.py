@@ -24,7 +24,7 @@ import pytest
 from grpc_health.v1 import health_pb2
 from safetensors.numpy import load, save
 
-from loraserve.adapterstore.blobstore import blob_key
+from loraserve.adapterstore.blobs.blobstore import blob_key
 from loraserve.adapterstore.v1 import adapterstore_pb2 as store_pb
 from loraserve.testing.adapterfiles import AdapterFiles
 from loraserve.testing.aroundstore import commit_around_the_store

@@ -28,7 +28,7 @@ import numpy as np
 import pytest
 from safetensors.numpy import load, save
 
-from loraserve.adapterstore.blobstore import blob_key
+from loraserve.adapterstore.blobs.blobstore import blob_key
 from loraserve.adapterstore.v1 import adapterstore_pb2 as store_pb
 from loraserve.inference.v1 import inference_pb2 as inference_pb
 from loraserve.testing.adapterfiles import AdapterFiles

@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any
 import grpc
 import pytest
 
-from loraserve.adapterstore.blobstore import blob_key
+from loraserve.adapterstore.blobs.blobstore import blob_key
 from loraserve.adapterstore.v1 import adapterstore_pb2 as store_pb
 from loraserve.inference.v1 import inference_pb2 as pb
 from loraserve.testing.adapterfiles import AdapterFiles

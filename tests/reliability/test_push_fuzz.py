@@ -27,7 +27,7 @@ from hypothesis import strategies as st
 from safetensors import SafetensorError
 from safetensors.numpy import load, save
 
-from loraserve.adapterstore.push import Chunk
+from loraserve.adapterstore.files.push import Chunk
 from loraserve.common.clientstream import stream_unary
 from loraserve.common.errors import InvalidArgument
 from loraserve.testing.adapterfiles import AdapterFiles, lora_config, tiny_adapter

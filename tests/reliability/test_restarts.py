@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 import pytest
 
-from loraserve.adapterstore.blobstore import blob_key
+from loraserve.adapterstore.blobs.blobstore import blob_key
 from loraserve.adapterstore.v1 import adapterstore_pb2 as store_pb
 from loraserve.testing.figures import add_figure
 from loraserve.testing.inferenceapp import PROMPT, RunningInference, adapter_files, inference_app

@@ -14,7 +14,7 @@ import grpc
 import pytest
 from grpc_health.v1 import health_pb2
 
-from loraserve.adapterstore.blobstore import blob_key
+from loraserve.adapterstore.blobs.blobstore import blob_key
 from loraserve.adapterstore.v1 import adapterstore_pb2 as pb
 from loraserve.testing.adapterfiles import tiny_adapter
 from loraserve.testing.figures import add_figure

@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from loraserve.adapterstore.s3blobs import S3BlobStore
-from loraserve.adapterstore.storageprobe import PROBE_KEY, PROBE_PREFIX, check_conditional_put
+from loraserve.adapterstore.blobs.s3blobs import S3BlobStore
+from loraserve.adapterstore.blobs.storageprobe import PROBE_KEY, PROBE_PREFIX, check_conditional_put
 from loraserve.testing.adapterstore import s3_location
 from loraserve.testing.processes import store_process
 from loraserve.testing.s3 import S3Bucket

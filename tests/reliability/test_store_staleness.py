@@ -18,7 +18,7 @@ from urllib.parse import urlsplit
 import pytest
 from grpc_health.v1 import health_pb2
 
-from loraserve.adapterstore.s3blobs import S3BlobStore
+from loraserve.adapterstore.blobs.s3blobs import S3BlobStore
 from loraserve.clients.replicareport import AdapterReport, RevisionReport, RevisionState
 from loraserve.clients.store import RolloutSplit, StoreClient, StoreClientSettings
 from loraserve.common.manifest import Revision

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING
 import grpc
 import pytest
 
-from loraserve.adapterstore.logstorage import log_key
+from loraserve.adapterstore.changelog.logstorage import log_key
 from loraserve.adapterstore.v1 import adapterstore_pb2 as store_pb
 from loraserve.testing.inferenceapp import PROMPT, RunningInference, adapter_files, inference_app
 from loraserve.testing.models import TinyAdapterFactory

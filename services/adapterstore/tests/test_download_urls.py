@@ -7,10 +7,10 @@ from urllib.parse import parse_qs, urlsplit
 
 import pytest
 
-from loraserve.adapterstore.download_urls import DownloadUrls
-from loraserve.adapterstore.model import Adapter
-from loraserve.adapterstore.presign import MAX_URL_TTL_S, S3Presigner
-from loraserve.adapterstore.s3blobs import S3Location
+from loraserve.adapterstore.blobs.presign import MAX_URL_TTL_S, S3Presigner
+from loraserve.adapterstore.blobs.s3blobs import S3Location
+from loraserve.adapterstore.catalog.model import Adapter
+from loraserve.adapterstore.files.download_urls import DownloadUrls
 from loraserve.adapterstore.settings import parse_settings
 from loraserve.common.errors import InvalidArgument, Unimplemented
 from loraserve.common.manifest import FileInfo, Revision

@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from loraserve.adapterstore.model import Change, ChangeType, StoreState, now
+from loraserve.adapterstore.catalog.model import Change, ChangeType, StoreState, now
 from loraserve.common.errors import DataLoss
 from loraserve.common.manifest import FileInfo, Revision
 

@@ -8,15 +8,21 @@ import statistics
 
 import pytest
 
-from loraserve.adapterstore.logstorage import log_key
-from loraserve.adapterstore.logtypes import (
+from loraserve.adapterstore.blobs.storageprobe import PROBE_KEY, check_conditional_put
+from loraserve.adapterstore.catalog.model import (
+    REQUEST_KEY_WINDOW,
+    Change,
+    ChangeType,
+    StoreState,
+    now,
+)
+from loraserve.adapterstore.changelog.logstorage import log_key
+from loraserve.adapterstore.changelog.logtypes import (
     CONFLICT_BACKOFF_FIRST_S,
     CONFLICT_BACKOFF_MAX_S,
     LogSettings,
     conflict_backoff,
 )
-from loraserve.adapterstore.model import REQUEST_KEY_WINDOW, Change, ChangeType, StoreState, now
-from loraserve.adapterstore.storageprobe import PROBE_KEY, check_conditional_put
 from loraserve.adapterstore.store import AdapterStore
 from loraserve.common.errors import FailedPrecondition, InvalidArgument, Unavailable
 from loraserve.common.manifest import Revision

@@ -9,7 +9,7 @@ from typing import Any
 import grpc
 import pytest
 
-from loraserve.adapterstore.s3blobs import S3BlobStore
+from loraserve.adapterstore.blobs.s3blobs import S3BlobStore
 from loraserve.adapterstore.v1 import adapterstore_pb2 as pb
 from loraserve.testing.adapterfiles import tiny_adapter
 from loraserve.testing.adapterstore import s3_location, serve_store
@@ -84,7 +84,7 @@ async def test_store_replicas_starting_together_agree_on_one_incarnation(
     serial_s3_bucket: S3Bucket,
 ) -> None:
     # Imported here: the rest of this file runs (and fails) against a store without it.
-    from loraserve.adapterstore.incarnation import ensure_incarnation
+    from loraserve.adapterstore.changelog.incarnation import ensure_incarnation
 
     stores = [S3BlobStore(s3_location(serial_s3_bucket)) for _ in range(8)]
     made = await asyncio.gather(*(ensure_incarnation(store) for store in stores))

@@ -61,7 +61,7 @@ def _writes(proxy: S3FaultProxy) -> list[tuple[str, str]]:
 async def test_push_cancelled_after_its_first_part_leaves_no_multipart_upload(
     s3_bucket: S3Bucket, caplog: pytest.LogCaptureFixture, declare_sha256: bool
 ) -> None:
-    caplog.set_level(logging.INFO, logger="loraserve.adapterstore.s3upload")
+    caplog.set_level(logging.INFO, logger="loraserve.adapterstore.blobs.s3upload")
     files = _big_adapter()
     requests = list(push_requests("big", files, declare_sha256=declare_sha256))
     async with serve_store(s3_bucket) as server:

@@ -6,13 +6,13 @@ import json
 
 import pytest
 
-from loraserve.adapterstore.push import Chunk
-from loraserve.adapterstore.store import AdapterStore
-from loraserve.adapterstore.validation import (
+from loraserve.adapterstore.files.push import Chunk
+from loraserve.adapterstore.files.validation import (
     LoraConfig,
     check_tensors_match_config,
     parse_adapter_config,
 )
+from loraserve.adapterstore.store import AdapterStore
 from loraserve.common.errors import InvalidArgument
 from loraserve.common.peft_format import parse_safetensors_header
 from loraserve.testing.adapterfiles import lora_tensors, tiny_adapter

@@ -8,8 +8,8 @@ from collections.abc import Awaitable, Callable
 
 import pytest
 
-from loraserve.adapterstore.changelog import ChangeLog
-from loraserve.adapterstore.model import ChangeType, StoreState
+from loraserve.adapterstore.catalog.model import ChangeType, StoreState
+from loraserve.adapterstore.changelog.log import ChangeLog
 from loraserve.adapterstore.rollout.changes import rollout_aborted
 from loraserve.adapterstore.rollout.records import GUARD_ACTOR, Guards, RolloutState
 from loraserve.adapterstore.store import AdapterStore

@@ -11,12 +11,12 @@ from typing import Any
 
 import pytest
 
-from loraserve.adapterstore import logstorage
-from loraserve.adapterstore.changelog import LogSettings
-from loraserve.adapterstore.listing import adapter_page
-from loraserve.adapterstore.logstorage import log_key, snapshot_key
-from loraserve.adapterstore.model import Adapter, Change, ChangeType, StoreState, now
-from loraserve.adapterstore.s3blobs import S3BlobStore
+from loraserve.adapterstore.blobs.s3blobs import S3BlobStore
+from loraserve.adapterstore.catalog.listing import adapter_page
+from loraserve.adapterstore.catalog.model import Adapter, Change, ChangeType, StoreState, now
+from loraserve.adapterstore.changelog import logstorage
+from loraserve.adapterstore.changelog.log import LogSettings
+from loraserve.adapterstore.changelog.logstorage import log_key, snapshot_key
 from loraserve.adapterstore.store import AdapterStore
 from loraserve.common.manifest import FileInfo, Revision
 from loraserve.testing.adapterfiles import tiny_adapter

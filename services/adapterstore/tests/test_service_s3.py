@@ -10,7 +10,7 @@ import grpc
 import pytest
 from safetensors.numpy import save
 
-from loraserve.adapterstore.changelog import LogSettings
+from loraserve.adapterstore.changelog.log import LogSettings
 from loraserve.adapterstore.v1 import adapterstore_pb2 as pb
 from loraserve.adapterstore.v1 import adapterstore_pb2_grpc as pb_grpc
 from loraserve.common.clientstream import stream_unary

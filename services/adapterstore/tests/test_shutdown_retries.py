@@ -16,14 +16,14 @@ from typing import Any
 import grpc
 import pytest
 
-from loraserve.adapterstore.s3blobs import S3BlobStore
-from loraserve.adapterstore.servicer import (
+from loraserve.adapterstore.api.servicer import (
     REPLICA_METHODS,
     SERVICE_NAME,
     WRITE_METHODS,
     AdapterStoreServicer,
     register,
 )
+from loraserve.adapterstore.blobs.s3blobs import S3BlobStore
 from loraserve.adapterstore.v1 import adapterstore_pb2 as pb
 from loraserve.adapterstore.v1 import adapterstore_pb2_grpc as pb_grpc
 from loraserve.clients.push import LocalFile, push

@@ -7,13 +7,13 @@ import hashlib
 
 import pytest
 
-from loraserve.adapterstore import logstorage
-from loraserve.adapterstore.changelog import LogSettings
-from loraserve.adapterstore.logstorage import log_key
-from loraserve.adapterstore.model import Change, ChangeType
-from loraserve.adapterstore.push import Chunk
+from loraserve.adapterstore.catalog.model import Change, ChangeType
+from loraserve.adapterstore.changelog import logstorage
+from loraserve.adapterstore.changelog.log import LogSettings
+from loraserve.adapterstore.changelog.logstorage import log_key
+from loraserve.adapterstore.changelog.watching import Heartbeat
+from loraserve.adapterstore.files.push import Chunk
 from loraserve.adapterstore.store import AdapterStore
-from loraserve.adapterstore.watching import Heartbeat
 from loraserve.common.errors import Aborted, DataLoss, InvalidArgument, NotFound, OutOfRange
 from loraserve.testing.adapterfiles import tiny_adapter
 from loraserve.testing.adapterstore import StoreFactory

@@ -1,7 +1,7 @@
 """Reading a local adapter directory: which files to publish, whether they are
 complete, and their SHA-256 digests.
 
-The file rules are the store's own (`loraserve.adapterstore.validation`), so what
+The file rules are the store's own (`loraserve.adapterstore.files.validation`), so what
 adapterctl sends is what the store accepts; the store still checks everything. The
 one read that hashes a file also runs the store's checks of its values (every weight
 finite, the config's LoRA scale bounded: `loraserve.common.lora_values`), so a push
@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import BinaryIO
 
 from loraserve.adapterctl.failures import UsageError
-from loraserve.adapterstore.validation import (
+from loraserve.adapterstore.files import (
     ALLOWED_FILES,
     MAX_CONFIG_SIZE,
     PICKLE_SUFFIXES,

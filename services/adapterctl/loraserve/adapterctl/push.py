@@ -22,8 +22,8 @@ from loraserve.adapterctl.failures import UsageError
 from loraserve.adapterctl.output import dumps, message_to_json
 from loraserve.adapterctl.progress import MIN_BYTES_FOR_BAR, Progress
 from loraserve.adapterctl.settings import CtlSettings
+from loraserve.adapterstore.files import PICKLE_SUFFIXES
 from loraserve.adapterstore.v1 import adapterstore_pb2 as pb
-from loraserve.adapterstore.validation import PICKLE_SUFFIXES
 from loraserve.common.errors import InvalidArgument
 from loraserve.common.names import validate_adapter_name
 

@@ -15,20 +15,19 @@ import os
 import sys
 from collections.abc import Sequence
 
-from loraserve.adapterstore.changelog import ChangeLog
-from loraserve.adapterstore.download_urls import DownloadUrls
-from loraserve.adapterstore.health import follow_freshness
-from loraserve.adapterstore.metrics import StoreMetrics
-from loraserve.adapterstore.presign import S3Presigner
-from loraserve.adapterstore.replicas.writes import ReplicaStatusStore
-from loraserve.adapterstore.s3blobs import S3BlobStore
-from loraserve.adapterstore.servicer import (
+from loraserve.adapterstore.api import (
     REPLICA_METHODS,
     SERVICE_NAME,
     WRITE_METHODS,
     AdapterStoreServicer,
+    StoreMetrics,
+    follow_freshness,
     register,
 )
+from loraserve.adapterstore.blobs import S3BlobStore, S3Presigner
+from loraserve.adapterstore.changelog import ChangeLog
+from loraserve.adapterstore.files import DownloadUrls
+from loraserve.adapterstore.replicas.writes import ReplicaStatusStore
 from loraserve.adapterstore.settings import AdapterStoreSettings, parse_settings
 from loraserve.adapterstore.store import AdapterStore
 from loraserve.common import retrylog

@@ -14,17 +14,17 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from loraserve.adapterstore.changelog import LogSettings
-from loraserve.adapterstore.presign import MAX_URL_TTL_S
-from loraserve.adapterstore.replicas.model import DEFAULT_STATUS_TTL_S
-from loraserve.adapterstore.s3blobs import (
+from loraserve.adapterstore.blobs import (
     DEFAULT_PART_SIZE,
     DEFAULT_PARTS_IN_FLIGHT,
+    MAX_URL_TTL_S,
     MIN_PART_SIZE,
     S3Location,
 )
+from loraserve.adapterstore.changelog import LogSettings
+from loraserve.adapterstore.files import Limits
+from loraserve.adapterstore.replicas.model import DEFAULT_STATUS_TTL_S
 from loraserve.adapterstore.store import StoreSettings
-from loraserve.adapterstore.validation import Limits
 from loraserve.common.errors import InvalidArgument
 from loraserve.common.flags import (
     EnvFlags,

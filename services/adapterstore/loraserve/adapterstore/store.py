@@ -14,27 +14,46 @@ from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 
-from loraserve.adapterstore import pagetokens
-from loraserve.adapterstore.blobstore import BlobStore
-from loraserve.adapterstore.changelog import ChangeLog
-from loraserve.adapterstore.changes import adapter_deleted, current_set, revision_pushed
-from loraserve.adapterstore.hashonly import HashOnlyUploads
-from loraserve.adapterstore.idempotency import (
+from loraserve.adapterstore.blobs import BlobStore
+from loraserve.adapterstore.catalog import (
+    Adapter,
+    AdapterPage,
+    Change,
+    RevisionPage,
+    adapter_page,
+    detached,
+    find_adapter,
+    find_revision,
+    now,
+    pagetokens,
+    revision_page,
+)
+from loraserve.adapterstore.changelog import (
+    ChangeLog,
+    Heartbeat,
+    Watches,
+    adapter_deleted,
     check_idempotency_key,
+    current_set,
     push_request_tag,
     request_tag,
+    revision_pushed,
 )
-from loraserve.adapterstore.listing import AdapterPage, RevisionPage, adapter_page, revision_page
-from loraserve.adapterstore.lookup import detached, find_adapter, find_revision
-from loraserve.adapterstore.model import Adapter, Change, now
-from loraserve.adapterstore.push import Chunk, PushHeader, PushResult, keep_files, receive_adapter
+from loraserve.adapterstore.files import (
+    Chunk,
+    HashOnlyUploads,
+    Limits,
+    PushHeader,
+    PushResult,
+    check_declared_files,
+    keep_files,
+    read_verified,
+    receive_adapter,
+)
 from loraserve.adapterstore.replicas.ops import ReplicaOps
 from loraserve.adapterstore.replicas.writes import ReplicaStatusStore
 from loraserve.adapterstore.rollout.guard import RolloutGuard
 from loraserve.adapterstore.rollout.ops import RolloutOps
-from loraserve.adapterstore.validation import Limits, check_declared_files
-from loraserve.adapterstore.verified_read import read_verified
-from loraserve.adapterstore.watching import Heartbeat, Watches
 from loraserve.common.errors import InvalidArgument, Unavailable
 from loraserve.common.manifest import Revision
 from loraserve.common.names import validate_adapter_name

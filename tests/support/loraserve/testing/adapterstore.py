@@ -10,23 +10,23 @@ from typing import Any
 import grpc
 import pytest
 
-from loraserve.adapterstore.blobstore import BlobStore
-from loraserve.adapterstore.changelog import ChangeLog, LogSettings
-from loraserve.adapterstore.download_urls import DownloadUrls
-from loraserve.adapterstore.presign import S3Presigner
-from loraserve.adapterstore.replicas.model import DEFAULT_STATUS_TTL_S
-from loraserve.adapterstore.replicas.writes import ReplicaStatusStore
-from loraserve.adapterstore.s3blobs import MIN_PART_SIZE, S3BlobStore, S3Location
-from loraserve.adapterstore.servicer import (
+from loraserve.adapterstore.api.servicer import (
     REPLICA_METHODS,
     SERVICE_NAME,
     WRITE_METHODS,
     AdapterStoreServicer,
     register,
 )
+from loraserve.adapterstore.blobs.blobstore import BlobStore
+from loraserve.adapterstore.blobs.presign import S3Presigner
+from loraserve.adapterstore.blobs.s3blobs import MIN_PART_SIZE, S3BlobStore, S3Location
+from loraserve.adapterstore.changelog.log import ChangeLog, LogSettings
+from loraserve.adapterstore.files.download_urls import DownloadUrls
+from loraserve.adapterstore.files.validation import Limits
+from loraserve.adapterstore.replicas.model import DEFAULT_STATUS_TTL_S
+from loraserve.adapterstore.replicas.writes import ReplicaStatusStore
 from loraserve.adapterstore.store import AdapterStore, StoreSettings
 from loraserve.adapterstore.v1 import adapterstore_pb2_grpc as pb_grpc
-from loraserve.adapterstore.validation import Limits
 from loraserve.testing.grpc import serving
 from loraserve.testing.memblobs import MemoryBlobStore
 from loraserve.testing.s3 import S3Bucket

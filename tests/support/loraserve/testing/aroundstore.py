@@ -11,9 +11,9 @@ import hashlib
 import json
 import uuid
 
-from loraserve.adapterstore.blobstore import blob_key
-from loraserve.adapterstore.logstorage import LOG_PREFIX, log_key
-from loraserve.adapterstore.model import Change, ChangeType, now
+from loraserve.adapterstore.blobs.blobstore import blob_key
+from loraserve.adapterstore.catalog.model import Change, ChangeType, now
+from loraserve.adapterstore.changelog.logstorage import LOG_PREFIX, log_key
 from loraserve.common.manifest import FileInfo, Revision
 from loraserve.common.peft_format import CONFIG_FILE
 from loraserve.testing.adapterfiles import AdapterFiles

@@ -10,7 +10,7 @@ from typing import Any
 import numpy as np
 from safetensors.numpy import save
 
-from loraserve.adapterstore.push import Chunk
+from loraserve.adapterstore.files.push import Chunk
 from loraserve.common.manifest import FileInfo
 from loraserve.testing.adapterfiles import (
     AdapterFiles,

@@ -12,7 +12,12 @@ import uuid
 from collections.abc import AsyncIterator
 from datetime import datetime
 
-from loraserve.adapterstore.blobstore import BlobNotFound, ReceivedBlob, StoredObject, blob_key
+from loraserve.adapterstore.blobs.blobstore import (
+    BlobNotFound,
+    ReceivedBlob,
+    StoredObject,
+    blob_key,
+)
 
 
 class MemoryBlobStore:

@@ -6,7 +6,7 @@ import hashlib
 from collections.abc import AsyncIterator, Iterator
 from typing import Any
 
-from loraserve.adapterstore.push import Chunk, PushHeader, PushResult
+from loraserve.adapterstore.files.push import Chunk, PushHeader, PushResult
 from loraserve.adapterstore.store import AdapterStore
 from loraserve.adapterstore.v1 import adapterstore_pb2 as pb
 from loraserve.common.manifest import FileInfo

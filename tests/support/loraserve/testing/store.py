@@ -11,17 +11,17 @@ from typing import Any
 
 import pytest
 
-from loraserve.adapterstore.download_urls import DownloadUrls
-from loraserve.adapterstore.health import follow_freshness
-from loraserve.adapterstore.presign import S3Presigner
-from loraserve.adapterstore.s3blobs import S3BlobStore
-from loraserve.adapterstore.servicer import (
+from loraserve.adapterstore.api.health import follow_freshness
+from loraserve.adapterstore.api.servicer import (
     REPLICA_METHODS,
     SERVICE_NAME,
     WRITE_METHODS,
     AdapterStoreServicer,
     register,
 )
+from loraserve.adapterstore.blobs.presign import S3Presigner
+from loraserve.adapterstore.blobs.s3blobs import S3BlobStore
+from loraserve.adapterstore.files.download_urls import DownloadUrls
 from loraserve.adapterstore.store import AdapterStore
 from loraserve.common.security import ServerSecurity
 from loraserve.testing.adapterstore import FAST_LOG, make_store, s3_location

@@ -8,9 +8,9 @@ import bisect
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from loraserve.adapterstore.catalog import find_adapter
+from loraserve.adapterstore.catalog import page_size as checked_page_size
 from loraserve.adapterstore.changelog import ChangeLog
-from loraserve.adapterstore.lookup import find_adapter
-from loraserve.adapterstore.pagetokens import page_size as checked_page_size
 from loraserve.adapterstore.replicas.model import ReplicaReport, ReplicaStatus, check_report
 from loraserve.adapterstore.replicas.reads import decode_token, encode_token
 from loraserve.adapterstore.replicas.writes import ReplicaStatusStore

@@ -23,9 +23,8 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any, TypeVar
 
-from loraserve.adapterstore import pagetokens
-from loraserve.adapterstore.blobstore import BlobNotFound, BlobStore, StoredObject
-from loraserve.adapterstore.model import now
+from loraserve.adapterstore.blobs import BlobNotFound, BlobStore, StoredObject
+from loraserve.adapterstore.catalog import now, pagetokens
 from loraserve.adapterstore.replicas.model import (
     COUNTERS_PREFIX,
     REPLICA_PREFIX,

@@ -19,8 +19,8 @@ from dataclasses import replace
 from datetime import timedelta
 from typing import Any
 
-from loraserve.adapterstore.blobstore import BlobStore
-from loraserve.adapterstore.model import now
+from loraserve.adapterstore.blobs import BlobStore
+from loraserve.adapterstore.catalog import now
 from loraserve.adapterstore.replicas.model import (
     DEFAULT_STATUS_TTL_S,
     AdapterReport,

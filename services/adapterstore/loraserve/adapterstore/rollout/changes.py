@@ -9,9 +9,16 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from loraserve.adapterstore.logtypes import ChangeBuilder
-from loraserve.adapterstore.lookup import find_adapter, find_revision
-from loraserve.adapterstore.model import Adapter, Change, ChangeType, StoreState, now
+from loraserve.adapterstore.catalog import (
+    Adapter,
+    Change,
+    ChangeType,
+    StoreState,
+    find_adapter,
+    find_revision,
+    now,
+)
+from loraserve.adapterstore.changelog import ChangeBuilder
 from loraserve.adapterstore.rollout.records import ArmFigures, Guards, Rollout, RolloutState
 from loraserve.common.errors import FailedPrecondition
 

@@ -16,8 +16,8 @@ import time
 from dataclasses import dataclass
 from datetime import datetime
 
+from loraserve.adapterstore.catalog import now
 from loraserve.adapterstore.changelog import ChangeLog
-from loraserve.adapterstore.model import now
 from loraserve.adapterstore.replicas.model import RevisionReport, ServingState
 from loraserve.adapterstore.replicas.writes import ReplicaStatusStore
 from loraserve.adapterstore.rollout.changes import rollout_aborted

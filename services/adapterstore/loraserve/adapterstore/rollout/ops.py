@@ -10,10 +10,14 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime
 
-from loraserve.adapterstore.changelog import ChangeLog
-from loraserve.adapterstore.idempotency import check_idempotency_key, request_tag
-from loraserve.adapterstore.logtypes import ChangeBuilder, RequestTag
-from loraserve.adapterstore.lookup import find_adapter
+from loraserve.adapterstore.catalog import find_adapter
+from loraserve.adapterstore.changelog import (
+    ChangeBuilder,
+    ChangeLog,
+    RequestTag,
+    check_idempotency_key,
+    request_tag,
+)
 from loraserve.adapterstore.rollout.changes import (
     rollout_aborted,
     rollout_promoted,

@@ -12,7 +12,7 @@ import logging
 from dataclasses import replace
 from typing import TYPE_CHECKING, Protocol
 
-from loraserve.adapterstore.s3blobs import S3Location, make_client
+from loraserve.adapterstore.blobs.s3blobs import S3Location, make_client
 
 if TYPE_CHECKING:
     from mypy_boto3_s3 import S3Client

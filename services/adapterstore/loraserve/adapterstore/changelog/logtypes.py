@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from loraserve.adapterstore.model import Change, StoreState
+from loraserve.adapterstore.catalog import Change, StoreState
 from loraserve.common.backoff import Backoff
 
 # Waits between lost races: replicas that keep colliding spread out instead of

@@ -21,9 +21,9 @@ from collections.abc import AsyncIterator, Coroutine
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from loraserve.adapterstore.blobstore import BlobUpload, ReceivedBlob
-from loraserve.adapterstore.model import Change
-from loraserve.adapterstore.validation import (
+from loraserve.adapterstore.blobs import BlobUpload, ReceivedBlob
+from loraserve.adapterstore.catalog import Change
+from loraserve.adapterstore.files.validation import (
     LoraConfig,
     check_tensors_match_config,
     parse_adapter_config,

@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
-from loraserve.adapterstore.model import Adapter, Change, ChangeType
-from loraserve.adapterstore.push import Chunk, PushHeader
+from loraserve.adapterstore.catalog import Adapter, Change, ChangeType
+from loraserve.adapterstore.changelog import Heartbeat
+from loraserve.adapterstore.files import Chunk, PushHeader
 from loraserve.adapterstore.replicas.model import (
     AdapterReport,
     Liveness,
@@ -18,7 +19,6 @@ from loraserve.adapterstore.replicas.model import (
 )
 from loraserve.adapterstore.rollout.protoconv import rollout
 from loraserve.adapterstore.v1 import adapterstore_pb2 as pb
-from loraserve.adapterstore.watching import Heartbeat
 from loraserve.common.errors import InvalidArgument
 from loraserve.common.manifest import FileInfo, Revision, revision_to_proto, timestamp
 from loraserve.common.presigned import RevisionUrls

@@ -15,7 +15,7 @@ from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from loraserve.adapterstore.s3blobs import S3BlobStore
+    from loraserve.adapterstore.blobs.s3blobs import S3BlobStore
 
 log = logging.getLogger(__name__)
 

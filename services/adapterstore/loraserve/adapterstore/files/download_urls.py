@@ -12,9 +12,8 @@ from __future__ import annotations
 from datetime import timedelta
 from typing import Protocol
 
-from loraserve.adapterstore.blobstore import blob_key
-from loraserve.adapterstore.model import Adapter, now
-from loraserve.adapterstore.presign import BlobSigner
+from loraserve.adapterstore.blobs import BlobSigner, blob_key
+from loraserve.adapterstore.catalog import Adapter, now
 from loraserve.common.errors import Unimplemented
 from loraserve.common.manifest import Revision
 from loraserve.common.presigned import FileUrl, RevisionUrls

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from loraserve.adapterstore.model import Adapter, StoreState
+from loraserve.adapterstore.catalog.model import Adapter, StoreState
 from loraserve.common.errors import FailedPrecondition, InvalidArgument, NotFound
 from loraserve.common.manifest import Revision
 

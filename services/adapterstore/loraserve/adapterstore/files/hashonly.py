@@ -12,7 +12,7 @@ from __future__ import annotations
 import asyncio
 import hashlib
 
-from loraserve.adapterstore.blobstore import ReceivedBlob
+from loraserve.adapterstore.blobs import ReceivedBlob
 
 # Chunks at least this large are hashed in a worker thread (hashlib releases the
 # GIL), so receiving the next one overlaps.

@@ -15,8 +15,8 @@ import asyncio
 import json
 import logging
 
-from loraserve.adapterstore.blobstore import BlobNotFound, BlobStore
-from loraserve.adapterstore.model import Change, StoreState
+from loraserve.adapterstore.blobs import BlobNotFound, BlobStore
+from loraserve.adapterstore.catalog import Change, StoreState
 from loraserve.common.errors import DataLoss, OutOfRange, Unavailable
 
 log = logging.getLogger(__name__)

@@ -25,9 +25,10 @@ from collections import deque
 from dataclasses import replace
 from datetime import datetime
 
-from loraserve.adapterstore.blobstore import BlobNotFound, BlobStore
-from loraserve.adapterstore.incarnation import current_incarnation, ensure_incarnation
-from loraserve.adapterstore.logstorage import (
+from loraserve.adapterstore.blobs import BlobNotFound, BlobStore, check_conditional_put
+from loraserve.adapterstore.catalog import Change, RequestRecord, StoreState, now
+from loraserve.adapterstore.changelog.incarnation import current_incarnation, ensure_incarnation
+from loraserve.adapterstore.changelog.logstorage import (
     is_gap,
     latest_snapshot,
     log_key,
@@ -36,10 +37,8 @@ from loraserve.adapterstore.logstorage import (
     read_entries,
     snapshot_and_prune,
 )
-from loraserve.adapterstore.logtypes import ChangeBuilder, RequestTag, conflict_backoff
-from loraserve.adapterstore.logtypes import LogSettings as LogSettings
-from loraserve.adapterstore.model import Change, RequestRecord, StoreState, now
-from loraserve.adapterstore.storageprobe import check_conditional_put
+from loraserve.adapterstore.changelog.logtypes import ChangeBuilder, RequestTag, conflict_backoff
+from loraserve.adapterstore.changelog.logtypes import LogSettings as LogSettings
 from loraserve.common.backoff import Backoff
 from loraserve.common.errors import (
     DataLoss,

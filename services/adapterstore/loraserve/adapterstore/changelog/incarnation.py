@@ -15,8 +15,8 @@ import json
 import logging
 import uuid
 
-from loraserve.adapterstore.blobstore import BlobNotFound, BlobStore
-from loraserve.adapterstore.model import now
+from loraserve.adapterstore.blobs import BlobNotFound, BlobStore
+from loraserve.adapterstore.catalog import now
 from loraserve.common.errors import DataLoss
 
 log = logging.getLogger(__name__)

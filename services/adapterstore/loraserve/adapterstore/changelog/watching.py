@@ -14,8 +14,8 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from datetime import datetime
 
-from loraserve.adapterstore.changelog import ChangeLog
-from loraserve.adapterstore.model import Change, now
+from loraserve.adapterstore.catalog import Change, now
+from loraserve.adapterstore.changelog.log import ChangeLog
 from loraserve.common.errors import InvalidArgument, OutOfRange, Unavailable
 
 

@@ -12,8 +12,8 @@ import hashlib
 import json
 import re
 
-from loraserve.adapterstore.logtypes import RequestTag
-from loraserve.adapterstore.push import PushHeader
+from loraserve.adapterstore.changelog.logtypes import RequestTag
+from loraserve.adapterstore.files import PushHeader
 from loraserve.common.errors import InvalidArgument
 from loraserve.common.manifest import FileInfo
 

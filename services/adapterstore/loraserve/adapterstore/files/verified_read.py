@@ -11,8 +11,8 @@ import hashlib
 import logging
 from collections.abc import AsyncIterator
 
-from loraserve.adapterstore.blobstore import BlobNotFound, BlobStore, blob_key
-from loraserve.adapterstore.push import Chunk
+from loraserve.adapterstore.blobs import BlobNotFound, BlobStore, blob_key
+from loraserve.adapterstore.files.push import Chunk
 from loraserve.common.errors import DataLoss
 from loraserve.common.manifest import FileInfo
 

@@ -12,10 +12,9 @@ from typing import Any
 
 import grpc
 
-from loraserve.adapterstore import protoconv
-from loraserve.adapterstore.download_urls import DownloadUrls
-from loraserve.adapterstore.model import Adapter
-from loraserve.adapterstore.push import Chunk
+from loraserve.adapterstore.api import protoconv
+from loraserve.adapterstore.catalog import Adapter
+from loraserve.adapterstore.files import Chunk, DownloadUrls
 from loraserve.adapterstore.replicas.model import ReplicaStatus
 from loraserve.adapterstore.rollout import protoconv as rolloutconv
 from loraserve.adapterstore.rollout.ops import RolloutResult

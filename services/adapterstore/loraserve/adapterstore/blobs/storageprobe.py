@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import logging
 
-from loraserve.adapterstore.blobstore import BlobStore
+from loraserve.adapterstore.blobs.blobstore import BlobStore
 from loraserve.common.errors import FailedPrecondition
 
 log = logging.getLogger(__name__)

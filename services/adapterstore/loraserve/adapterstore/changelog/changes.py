@@ -8,11 +8,17 @@ commit.
 
 from __future__ import annotations
 
-from loraserve.adapterstore.logtypes import ChangeBuilder
-from loraserve.adapterstore.lookup import find_adapter, find_revision, refuse_during_rollout
-from loraserve.adapterstore.model import Change, ChangeType, StoreState, now
-from loraserve.adapterstore.push import PushHeader
-from loraserve.adapterstore.validation import LoraConfig
+from loraserve.adapterstore.catalog import (
+    Change,
+    ChangeType,
+    StoreState,
+    find_adapter,
+    find_revision,
+    now,
+    refuse_during_rollout,
+)
+from loraserve.adapterstore.changelog.logtypes import ChangeBuilder
+from loraserve.adapterstore.files import LoraConfig, PushHeader
 from loraserve.common.errors import Aborted
 from loraserve.common.manifest import FileInfo, Revision
 from loraserve.common.signing import Signed

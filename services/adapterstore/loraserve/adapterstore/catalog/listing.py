@@ -11,9 +11,9 @@ import bisect
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from loraserve.adapterstore import pagetokens
-from loraserve.adapterstore.lookup import detached
-from loraserve.adapterstore.model import Adapter, StoreState
+from loraserve.adapterstore.catalog import pagetokens
+from loraserve.adapterstore.catalog.lookup import detached
+from loraserve.adapterstore.catalog.model import Adapter, StoreState
 from loraserve.common.errors import InvalidArgument
 from loraserve.common.manifest import Revision
 from loraserve.common.textlimits import PageFill

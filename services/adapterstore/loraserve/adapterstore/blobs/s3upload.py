@@ -17,12 +17,12 @@ import uuid
 from collections.abc import Awaitable
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from loraserve.adapterstore.blobstore import ReceivedBlob, blob_key
+from loraserve.adapterstore.blobs.blobstore import ReceivedBlob, blob_key
 
 if TYPE_CHECKING:
     from mypy_boto3_s3.type_defs import CompletedPartTypeDef
 
-    from loraserve.adapterstore.s3blobs import S3BlobStore
+    from loraserve.adapterstore.blobs.s3blobs import S3BlobStore
 
 log = logging.getLogger(__name__)
 

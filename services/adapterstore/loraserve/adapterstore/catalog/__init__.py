@@ -1,0 +1,42 @@
+"""The store's domain model (adapters, revisions, the state folded from the log) and
+the reads cut from it: lookups, listing pages and their page tokens."""
+
+from loraserve.adapterstore.catalog.listing import (
+    AdapterPage,
+    RevisionPage,
+    adapter_page,
+    revision_page,
+)
+from loraserve.adapterstore.catalog.lookup import (
+    detached,
+    find_adapter,
+    find_revision,
+    refuse_during_rollout,
+)
+from loraserve.adapterstore.catalog.model import (
+    Adapter,
+    Change,
+    ChangeType,
+    RequestRecord,
+    StoreState,
+    now,
+)
+from loraserve.adapterstore.catalog.pagetokens import page_size
+
+__all__ = [
+    "Adapter",
+    "AdapterPage",
+    "Change",
+    "ChangeType",
+    "RequestRecord",
+    "RevisionPage",
+    "StoreState",
+    "adapter_page",
+    "detached",
+    "find_adapter",
+    "find_revision",
+    "now",
+    "page_size",
+    "refuse_during_rollout",
+    "revision_page",
+]
