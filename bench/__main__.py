@@ -16,7 +16,7 @@ import sys
 import time
 from pathlib import Path
 
-from bench import bench_fleet, gpu, readme_table, store_bench
+from bench import bench_fleet, gpu, readme_table, s3_libs, store_bench
 from bench.report import Report
 from bench.runs import scale_for
 from bench.stack import PROFILES
@@ -24,7 +24,7 @@ from bench.stack import PROFILES
 RESULTS = Path(__file__).resolve().parent / "results"
 # Each profile's benchmarks, in the order a run makes them.
 PROFILE_BENCHMARKS = {
-    "default": (6, 1, 2, 7, 8, 13, 3, 4, 5, 9, 10, 11, 12),
+    "default": (6, 21, 1, 2, 7, 8, 13, 3, 4, 5, 9, 10, 11, 12),
     "real": (14, 15, 16, 17, 18),
     "trust": (19, 20),
 }
@@ -112,6 +112,8 @@ async def _main(args: argparse.Namespace, results: Path) -> Report:
         if 6 in wanted:
             settings = store_bench.StoreSettings(repeats=2, events=6) if args.quick else None
             await store_bench.run(report, settings or store_bench.StoreSettings())
+        if 21 in wanted:
+            await s3_libs.run(report, quick=args.quick)
         inference = wanted & INFERENCE
         if inference:
             from bench import inference_bench

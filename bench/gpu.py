@@ -50,6 +50,7 @@ PHASES_S = {"set-up": 90, "vLLM's servers": 60, "real servers": 60}
 LEFT_OUT = {
     6: "starts no engine",
     12: "starts no engine",
+    21: "starts no engine",
     14: "starts no engine",
     15: "starts no engine",
     7: "host memory by RSS: not the GPU's; its engine B alone costs a start",

@@ -122,7 +122,7 @@ def _swap_servers(stack: Stack, engine_config: procs.EngineConfig) -> dict[str, 
 
 
 def _others(engine: str) -> dict[int, BenchPlan]:
-    """Benchmarks 6, 9, 10, 11 and 12."""
+    """Benchmarks 6, 9, 10, 11, 12 and 21."""
     from bench.tiers_rig import Rig
 
     ports = _ports()
@@ -146,6 +146,7 @@ def _others(engine: str) -> dict[int, BenchPlan]:
         ),
         11: BenchPlan(11, {**_store(ports), **tiers, "load generator": LOADGEN}, 1),
         12: BenchPlan(12, _store(ports), 0),
+        21: BenchPlan(21, {"moto": procs.moto_argv(next(ports))}, 0),
     }
 
 
