@@ -11,4 +11,5 @@ pytest_plugins = [
     "loraserve.testing.openai_front",
     "loraserve.testing.parity",
     "loraserve.testing.stack",
+    "loraserve.testing.demo_warmup",
 ]

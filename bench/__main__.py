@@ -16,7 +16,7 @@ import sys
 import time
 from pathlib import Path
 
-from bench import bench_fleet, gpu, readme_table, store_bench
+from bench import bench_fleet, gpu, readme_table, s3_libs, store_bench
 from bench.report import Report
 from bench.runs import scale_for
 from bench.stack import PROFILES
@@ -24,11 +24,13 @@ from bench.stack import PROFILES
 RESULTS = Path(__file__).resolve().parent / "results"
 # Each profile's benchmarks, in the order a run makes them.
 PROFILE_BENCHMARKS = {
-    "default": (6, 1, 2, 7, 8, 13, 3, 4, 5, 9, 10, 19, 11, 12),
+    "default": (6, 21, 1, 2, 7, 8, 13, 3, 4, 5, 9, 10, 22, 11, 12),
     "real": (14, 15, 16, 17, 18),
+    "trust": (19, 20),
 }
 INFERENCE = frozenset({1, 2, 3, 4, 5, 7, 8, 13})
 REAL = frozenset(PROFILE_BENCHMARKS["real"])
+TRUST = frozenset(PROFILE_BENCHMARKS["trust"])
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -38,7 +40,8 @@ def _parser() -> argparse.ArgumentParser:
         choices=tuple(PROFILE_BENCHMARKS),
         default="default",
         help="default: the wider tiny model and its adapters; real: a locally built "
-        "Llama-shaped base (hidden 2048, 8 layers, vocab 32k) with rank-64 adapters",
+        "Llama-shaped base (hidden 2048, 8 layers, vocab 32k) with rank-64 adapters; "
+        "trust: fair admission under a flood, and signature verification's cost (issue 26)",
     )
     parser.add_argument(
         "--only",
@@ -109,6 +112,8 @@ async def _main(args: argparse.Namespace, results: Path) -> Report:
         if 6 in wanted:
             settings = store_bench.StoreSettings(repeats=2, events=6) if args.quick else None
             await store_bench.run(report, settings or store_bench.StoreSettings())
+        if 21 in wanted:
+            await s3_libs.run(report, quick=args.quick)
         inference = wanted & INFERENCE
         if inference:
             from bench import inference_bench
@@ -121,7 +126,7 @@ async def _main(args: argparse.Namespace, results: Path) -> Report:
             await swap_vs_vllm.run(report, quick=args.quick, engine=args.engine)
         if 10 in wanted:
             await bench_fleet.run(report, quick=args.quick, engine=args.engine)
-        if 19 in wanted:
+        if 22 in wanted:
             from bench import bench_rollout
 
             await bench_rollout.run(report, quick=args.quick, engine=args.engine)
@@ -133,6 +138,10 @@ async def _main(args: argparse.Namespace, results: Path) -> Report:
             from bench import bench_store_scale
 
             await bench_store_scale.run(report, quick=args.quick)
+        if wanted & TRUST:
+            from bench import bench_trust
+
+            await bench_trust.run(report, set(wanted), quick=args.quick, engine=args.engine)
         if wanted & REAL:
             from bench import real_bench
 

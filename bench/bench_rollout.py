@@ -1,4 +1,4 @@
-"""Benchmark 19: canary rollouts on three replicas under load (issue 25).
+"""Benchmark 22: canary rollouts on three replicas under load (issue 25).
 
 Three plain `inference serve` replicas (bench.fleet_rig, max_loras 4 each) on one
 store, each under its own closed loop of requests for one adapter, half of them with a
@@ -43,7 +43,7 @@ from loraserve.inference.adapters import ROLLOUT_KEY_HEADER
 from loraserve.inference.v1 import inference_pb2 as pb
 from loraserve.inference.v1 import inference_pb2_grpc as pb_grpc
 
-NUMBER = 19
+NUMBER = 22
 ADAPTER = "canary"
 WEIGHT = 20.0
 POLL_S = 0.01
@@ -290,7 +290,7 @@ def _figures(section: Section, scale: RolloutScale, repeats: list[Repeat]) -> No
 async def run(
     report: Report, *, quick: bool, engine: str = "cpu", scale: RolloutScale | None = None
 ) -> None:
-    """Benchmark 19."""
+    """Benchmark 22."""
     scale = scale or (QUICK if quick else RolloutScale())
     section = report.section(NUMBER, f"Canary rollouts: {scale.replicas} replicas under load")
     work = Path(tempfile.mkdtemp(prefix="bench-rollout-"))

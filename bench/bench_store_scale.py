@@ -17,8 +17,6 @@ Side by side in one run:
 from __future__ import annotations
 
 import asyncio
-import shutil
-import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -257,18 +255,10 @@ async def run(report: Report, *, quick: bool, settings: ScaleSettings | None = N
         "each store (SIGTERM, then process start → SERVING)"
         + (" — quick run: fewer adapters than the goal's 10,000" if quick else "")
     )
-    started = time.monotonic()
     logs = report.results_dir / "logs"
-    work = Path(tempfile.mkdtemp(prefix="bench-scale-"))
-    moto, endpoint = await asyncio.to_thread(procs.start_moto, logs, LARGE_BUCKET)
-    try:
+    async with procs.moto_section(report, section, LARGE_BUCKET, "bench-scale-") as (
+        endpoint,
+        work,
+    ):
         await asyncio.to_thread(procs.s3_client(endpoint).create_bucket, Bucket=SMALL_BUCKET)
         await _measure(section, settings, logs, work, endpoint)
-    except Exception as exc:
-        section.error = f"{type(exc).__name__}: {exc}"
-        raise
-    finally:
-        moto.stop()
-        shutil.rmtree(work, ignore_errors=True)
-        section.seconds = time.monotonic() - started
-        report.print_section(section)

@@ -8,7 +8,7 @@ built ones, nothing is downloaded.
 Left out, each with the reason: benchmarks that start no engine (6, 12, 14, 15), and
 those whose figures do not depend on the engine's speed and whose engine starts alone
 would take minutes of the window (7: host memory by RSS, which is not the GPU's; 10
-and 19: routing among three replicas, which on one device share it; 11: start-up and disk of
+and 22: routing among three replicas, which on one device share it; 11: start-up and disk of
 the adapter tiers, ten replica starts; 9: the tiny model's swap, which 16 and 17
 measure with real-size adapters).
 """
@@ -50,13 +50,16 @@ PHASES_S = {"set-up": 90, "vLLM's servers": 60, "real servers": 60}
 LEFT_OUT = {
     6: "starts no engine",
     12: "starts no engine",
+    21: "starts no engine",
     14: "starts no engine",
     15: "starts no engine",
     7: "host memory by RSS: not the GPU's; its engine B alone costs a start",
     9: "the tiny model's swap; 16 and 17 measure it with real-size adapters",
     10: "three replicas on one device share it: routing, not engine speed",
-    19: "three replicas on one device share it: a rollout's routing, not engine speed",
+    22: "three replicas on one device share it: a rollout's routing, not engine speed",
     11: "ten replica starts for start-up and disk figures, not engine speed",
+    19: "its open-loop windows at 10x flood need minutes; run it on its own",
+    20: "two replica pairs and an 80 MB model build; the check's cost is CPU, not GPU",
 }
 
 

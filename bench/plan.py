@@ -122,7 +122,7 @@ def _swap_servers(stack: Stack, engine_config: procs.EngineConfig) -> dict[str, 
 
 
 def _others(engine: str) -> dict[int, BenchPlan]:
-    """Benchmarks 6, 9, 10, 11, 12 and 19."""
+    """Benchmarks 6, 9, 10, 11, 12, 21 and 22."""
     from bench.tiers_rig import Rig
 
     ports = _ports()
@@ -146,8 +146,9 @@ def _others(engine: str) -> dict[int, BenchPlan]:
         ),
         11: BenchPlan(11, {**_store(ports), **tiers, "load generator": LOADGEN}, 1),
         12: BenchPlan(12, _store(ports), 0),
-        # 19 runs its load in the benchmark's own process.
-        19: BenchPlan(19, {**_store(ports), **fleet}, FleetScale().replicas),
+        21: BenchPlan(21, {"moto": procs.moto_argv(next(ports))}, 0),
+        # 22 runs its load in the benchmark's own process.
+        22: BenchPlan(22, {**_store(ports), **fleet}, FleetScale().replicas),
     }
 
 
@@ -179,9 +180,29 @@ def _real(engine: str) -> dict[int, BenchPlan]:
     }
 
 
+def _trust(engine: str) -> dict[int, BenchPlan]:
+    """Benchmarks 19 and 20: one replica under a flood; two store and replica pairs."""
+    from bench.bench_trust import ENGINE
+
+    ports = _ports()
+    stack = _stack(engine, "trust")
+    store = _store(ports)
+    flood = [*stack.argv("flood-replica", next(ports), ENGINE), "--max-engine-requests=16"]
+    trust = ["--signature-policy=require", "--trusted-signers=bench=KEY.pub"]
+    verify = {
+        "adapterstore serve (require)": [*_store(ports)["adapterstore serve"], *trust],
+        "inference serve (off)": stack.argv("verify-off", next(ports), ENGINE),
+        "inference serve (require)": [*stack.argv("verify-require", next(ports), ENGINE), *trust],
+    }
+    return {
+        19: BenchPlan(19, {**store, "inference serve (replica)": flood}, 1),
+        20: BenchPlan(20, {**store, **verify}, 2),
+    }
+
+
 def plans(engine: str) -> dict[int, BenchPlan]:
     """Every benchmark's plan for `--engine ENGINE`."""
-    return {**_inference(engine), **_others(engine), **_real(engine)}
+    return {**_inference(engine), **_others(engine), **_real(engine), **_trust(engine)}
 
 
 def check_gpu(all_plans: dict[int, BenchPlan]) -> list[str]:

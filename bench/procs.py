@@ -4,20 +4,27 @@ serve`, `inference serve`; started on free loopback ports, logs under results/lo
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import time
+from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import boto3
 import psutil
 
 from loraserve.common.healthcheck import is_serving
 from loraserve.testing.processes import free_port
+
+if TYPE_CHECKING:
+    from bench.report import Report, Section
 
 REGION = "us-east-1"
 S3_KEY = "testing"  # moto accepts any credentials
@@ -163,10 +170,12 @@ async def start_store(
     bucket: str,
     log_level: str = "WARNING",
     name: str = "adapterstore",
+    extra: tuple[str, ...] = (),
 ) -> Child:
-    """`adapterstore serve` on the bucket, SERVING; its log is `name`.log."""
+    """`adapterstore serve` on the bucket (with `extra` flags), SERVING; its log is
+    `name`.log."""
     port = free_port()
-    child = _spawn(name, store_argv(port, endpoint, bucket, log_level), log_dir)
+    child = _spawn(name, [*store_argv(port, endpoint, bucket, log_level), *extra], log_dir)
     child.address = f"127.0.0.1:{port}"
     await wait_serving(child, log_dir, 60)
     return child
@@ -249,3 +258,24 @@ def start_engine_host(
     os.close(write_fd)
     child.address = address
     return child, read_fd
+
+
+@contextlib.asynccontextmanager
+async def moto_section(
+    report: Report, section: Section, bucket: str, prefix: str
+) -> AsyncIterator[tuple[str, Path]]:
+    """moto's server (its endpoint) and a scratch directory for one benchmark section;
+    on the way out both go, and the section gets its error, its time and its print."""
+    started = time.monotonic()
+    work = Path(tempfile.mkdtemp(prefix=prefix))
+    moto, endpoint = await asyncio.to_thread(start_moto, report.results_dir / "logs", bucket)
+    try:
+        yield endpoint, work
+    except Exception as exc:
+        section.error = f"{type(exc).__name__}: {exc}"
+        raise
+    finally:
+        moto.stop()
+        shutil.rmtree(work, ignore_errors=True)
+        section.seconds = time.monotonic() - started
+        report.print_section(section)

@@ -1,4 +1,4 @@
-"""Benchmark 19's figures, from the requests themselves: each answer names the revision
+"""Benchmark 22's figures, from the requests themselves: each answer names the revision
 that served it, so when every replica sends every request to one revision is read off
 the answers, not off what the replicas say of themselves."""
 

@@ -96,13 +96,14 @@ async def replica_download(store_address: str, name: str, revision: int) -> floa
     client = StoreClient.connect(
         StoreClientSettings(address=store_address, security=ClientSecurity(), replica_id="bench")
     )
+    cache = AdapterCache(cache_root, client)
     try:
-        cache = AdapterCache(cache_root, client)
         await cache.prepare()
         started = time.perf_counter()
         await cache.fetch(name, revision)
         return time.perf_counter() - started
     finally:
+        await cache.close()
         await client.close()
         shutil.rmtree(cache_root, ignore_errors=True)
 

@@ -1,4 +1,4 @@
-"""Benchmark 19's figures from the answers: when every replica sends every request to
+"""Benchmark 22's figures from the answers: when every replica sends every request to
 the revision a promote or an abort names, the split's share, the failures."""
 
 from __future__ import annotations

@@ -4,9 +4,8 @@ and the inference gRPC server, checked against the transformers + PEFT oracle.""
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
-from collections.abc import AsyncGenerator, AsyncIterator, Sequence
+from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from functools import cache
@@ -18,9 +17,10 @@ import pytest
 
 from loraserve.adapterstore.v1 import adapterstore_pb2 as store_pb
 from loraserve.adapterstore.v1 import adapterstore_pb2_grpc as store_grpc
-from loraserve.inference.engine import AdapterHandle, EngineDelta, SamplingSpec, VllmEngine
+from loraserve.inference.engine import VllmEngine
 from loraserve.inference.v1 import inference_pb2 as pb
-from loraserve.testing.inferenceapp import RunningInference, SharedEngine, inference_app
+from loraserve.testing.holding import HoldingEngine
+from loraserve.testing.inferenceapp import RunningInference, inference_app
 from loraserve.testing.models import TinyAdapterFactory
 from loraserve.testing.pushes import push_requests
 from loraserve.testing.store import RunningStore
@@ -104,32 +104,6 @@ def _request(adapter: str, max_tokens: int) -> pb.GenerateRequest:
         token_ids=pb.TokenIds(ids=PROMPT),
         sampling=pb.SamplingParams(max_tokens=max_tokens, temperature=0.0, ignore_eos=True),
     )
-
-
-class HoldingEngine(SharedEngine):
-    """The session's engine, able to hold back the last delta of one adapter revision's
-    requests until released: a test then keeps a request in flight for as long as it
-    needs, whatever the speed of a loaded machine."""
-
-    def __init__(self, llm: AsyncLLM, add_calls: list[str]) -> None:
-        super().__init__(llm, add_calls)
-        self.held_lora_name = ""
-        self.release = asyncio.Event()
-
-    async def generate(
-        self,
-        request_id: str,
-        prompt_token_ids: Sequence[int],
-        sampling: SamplingSpec,
-        adapter: AdapterHandle | None,
-    ) -> AsyncGenerator[EngineDelta, None]:
-        held = adapter is not None and adapter.lora_name == self.held_lora_name
-        deltas = super().generate(request_id, prompt_token_ids, sampling, adapter)
-        async with contextlib.aclosing(deltas):
-            async for delta in deltas:
-                if held and delta.finish is not None:
-                    await self.release.wait()
-                yield delta
 
 
 @asynccontextmanager

@@ -12,6 +12,7 @@ import threading
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import psutil
 import pytest
@@ -52,7 +53,7 @@ class RunCommand:
 
 @pytest.fixture(scope="module")
 def run_command(
-    pytestconfig: pytest.Config, tmp_path_factory: pytest.TempPathFactory
+    pytestconfig: pytest.Config, tmp_path_factory: pytest.TempPathFactory, demo_trained: Path
 ) -> Iterator[RunCommand]:
     root = pytestconfig.rootpath
     store_port, inference_port = free_port(), free_port()
@@ -62,7 +63,7 @@ def run_command(
         "loraserve.demo",
         f"--store-port={store_port}",
         f"--inference-port={inference_port}",
-        f"--cache-dir={root / '.cache' / 'demo'}",
+        f"--cache-dir={demo_trained}",
         f"--state-dir={tmp_path_factory.mktemp('run')}",
         "--stop-timeout=30",
     ]
@@ -143,10 +144,8 @@ def test_two_demo_adapters_answer_one_prompt_differently(run_command: RunCommand
     assert shout.text.strip().isupper(), shout.text
 
 
-def test_push_changes_what_an_adapter_answers(
-    run_command: RunCommand, pytestconfig: pytest.Config
-) -> None:
-    shout_dir = build_demo(pytestconfig.rootpath / ".cache" / "demo").adapters["shout"]
+def test_push_changes_what_an_adapter_answers(run_command: RunCommand, demo_trained: Path) -> None:
+    shout_dir = build_demo(demo_trained).adapters["shout"]
     result = _adapterctl(run_command, "push", "pirate", str(shout_dir))
     assert result.returncode == 0, result.stderr
     assert result.stdout.strip() == "pirate@2"

@@ -4,15 +4,13 @@ from __future__ import annotations
 
 import hashlib
 import os
-import threading
-import time
-from typing import Any
 
 import pytest
 
 from loraserve.adapterstore.blobs.blobstore import BlobNotFound, BlobUpload, blob_key
 from loraserve.adapterstore.blobs.s3blobs import MIN_PART_SIZE, S3BlobStore
 from loraserve.testing.adapterstore import s3_location
+from loraserve.testing.partcount import PartsOnTheWire
 from loraserve.testing.s3 import S3Bucket
 
 
@@ -151,30 +149,13 @@ async def test_declared_file_smaller_than_a_part_is_kept(s3_bucket: S3Bucket, si
 
 async def test_upload_sends_at_most_parts_in_flight_parts_at_once(s3_bucket: S3Bucket) -> None:
     store = S3BlobStore(s3_location(s3_bucket), part_size=MIN_PART_SIZE, parts_in_flight=2)
-    sending = 0
-    most = 0
-    upload_part = store.client.upload_part
-
-    def counting_upload_part(**kwargs: Any) -> Any:
-        nonlocal sending, most
-        with lock:
-            sending += 1
-            most = max(most, sending)
-        try:
-            time.sleep(0.05)  # keeps each part on the wire long enough to overlap the next
-            return upload_part(**kwargs)
-        finally:
-            with lock:
-                sending -= 1
-
-    lock = threading.Lock()
-    store.client.upload_part = counting_upload_part  # type: ignore[method-assign]
+    on_the_wire = PartsOnTheWire(store, hold_s=0.05)
     data = os.urandom(6 * MIN_PART_SIZE)
     upload = await store.start_upload(_sha256(data))
     await _write(upload, data)
     await upload.finish()
     key = await upload.keep()
-    assert 1 <= most <= 2
+    assert 1 <= on_the_wire.most <= 2
     assert await store.get(key) == data
 
 

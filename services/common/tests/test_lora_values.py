@@ -152,3 +152,13 @@ def test_config_bytes_without_a_valid_rank_are_left_to_the_full_check() -> None:
     check_config_scale(b"not json")
     with pytest.raises(InvalidArgument, match="lora_alpha = 1e"):
         check_config_scale(b'{"r": 8, "lora_alpha": 1e308}')
+
+
+def test_cost_of_bytes_that_complete_a_known_header_includes_the_header() -> None:
+    data = save({A: np.zeros((4, 16), dtype=np.float32)})
+    header_end = 8 + int.from_bytes(data[:8], "little")
+    check = WeightsFileCheck(len(data))
+    check.update(data[:8])
+    assert (check.cost(1), check.cost(header_end - 8)) == (1, header_end - 8 + header_end)
+    check.update(data[8:header_end])
+    assert check.cost(16) == 16

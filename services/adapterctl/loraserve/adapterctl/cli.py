@@ -24,6 +24,7 @@ from loraserve.adapterctl.failures import (
     UsageError,
 )
 from loraserve.adapterctl.fleet_wait_args import add_wait_flag
+from loraserve.adapterctl.quota_args import add_quota
 from loraserve.adapterctl.settings import (
     CtlSettings,
     add_connection_flags,
@@ -118,6 +119,7 @@ def build_parser(environ: Mapping[str, str]) -> argparse.ArgumentParser:
     _add_push(command)
     _add_store_commands(command)
     _add_rollout(commands, common)
+    add_quota(commands, common, lambda name: _lazy("quota_commands", name))
     _add_generate(command)
     return parser
 

@@ -23,6 +23,7 @@ from loraserve.adapterctl.push import validated_name
 from loraserve.adapterctl.settings import CtlSettings
 from loraserve.adapterstore.v1 import adapterstore_pb2 as pb
 from loraserve.clients.store import pages
+from loraserve.common.quota import quota_from_proto
 
 _PAGE_SIZE = 1000
 
@@ -205,6 +206,8 @@ def describe_event(event: pb.AdapterEvent) -> str:
     if event.type == pb.EVENT_TYPE_ROLLOUT_CHANGED:
         state = pb.RolloutState.Name(event.rollout.state).removeprefix("ROLLOUT_STATE_").lower()
         what = f"rollout-{state} weight={event.rollout.weight:g}"
+    if event.type == pb.EVENT_TYPE_QUOTA_CHANGED:
+        return _describe_quota(event)
     ref = event.adapter_name
     if event.HasField("revision"):
         ref = f"{ref}@{event.revision.revision}"
@@ -214,3 +217,13 @@ def describe_event(event: pb.AdapterEvent) -> str:
     if event.actor:
         parts.append(f"by {event.actor}")
     return " ".join(p for p in parts if p)
+
+
+def _describe_quota(event: pb.AdapterEvent) -> str:
+    """E.g. `seq=9 2026-01-02 03:04:05Z quota alpha in-flight 4 by ops`."""
+    limits = quota_from_proto(event.quota).describe() if event.HasField("quota") else "cleared"
+    parts = [f"seq={event.seq}", format_time(event.time), "quota"]
+    parts += [event.adapter_name or "(default)", limits]
+    if event.actor:
+        parts.append(f"by {event.actor}")
+    return " ".join(parts)

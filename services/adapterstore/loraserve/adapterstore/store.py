@@ -50,6 +50,7 @@ from loraserve.adapterstore.files import (
     read_verified,
     receive_adapter,
 )
+from loraserve.adapterstore.quotas import QuotaOps
 from loraserve.adapterstore.replicas.ops import ReplicaOps
 from loraserve.adapterstore.replicas.writes import ReplicaStatusStore
 from loraserve.adapterstore.rollout.guard import RolloutGuard
@@ -103,6 +104,7 @@ class AdapterStore:
             changelog, statuses, self._check_started, settings.max_page_bytes
         )
         self.rollouts = RolloutOps(changelog, self._guard, self._check_started)
+        self.quotas = QuotaOps(changelog, self._check_started)
         self._trust = RevisionTrust(settings.trust)
 
     @property

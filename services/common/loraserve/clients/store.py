@@ -19,7 +19,6 @@ for `max_staleness_s`, and the synchronizer's reconnect lands on a healthy one.
 from __future__ import annotations
 
 import asyncio
-import enum
 import logging
 from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable
 from contextlib import aclosing
@@ -33,6 +32,18 @@ from loraserve.adapterstore.v1 import adapterstore_pb2_grpc as pb_grpc
 from loraserve.clients.channels import Retry, open_channel
 from loraserve.clients.downloads import FileChunk, revision_urls_from_proto
 from loraserve.clients.replicareport import StatusBatch, report_requests
+from loraserve.clients.storetypes import EventKind as EventKind
+from loraserve.clients.storetypes import Heartbeat as Heartbeat
+from loraserve.clients.storetypes import ListedAdapter as ListedAdapter
+from loraserve.clients.storetypes import Listing as Listing
+from loraserve.clients.storetypes import RolloutSplit as RolloutSplit
+from loraserve.clients.storetypes import StoreEvent as StoreEvent
+from loraserve.clients.storetypes import (
+    event_from_proto,
+    heartbeat_from_proto,
+    listed_adapter_from_proto,
+    listing_from_proto,
+)
 from loraserve.common import errors
 from loraserve.common.manifest import Revision, revision_from_proto
 from loraserve.common.presigned import RevisionUrls
@@ -123,71 +134,6 @@ def _store_error(exc: grpc.aio.AioRpcError, what: str) -> errors.LoraserveError:
     return type(error)(f"adapter store {what}: {error.message}")
 
 
-@dataclass(frozen=True, slots=True)
-class RolloutSplit:
-    """An active rollout: `weight` percent of the adapter's requests go to `candidate`.
-    `start_seq` names the rollout."""
-
-    candidate: Revision
-    weight: float
-    start_seq: int
-
-
-@dataclass(frozen=True, slots=True)
-class ListedAdapter:
-    """An adapter and its current revision (None while no revision is current).
-    `create_seq` is its incarnation: a revision committed before it belongs to an
-    earlier generation of the name, deleted since (0 from a store that does not say).
-    `rollout` is its active rollout, if any."""
-
-    name: str
-    current: Revision | None
-    create_seq: int = 0
-    rollout: RolloutSplit | None = None
-
-
-@dataclass(frozen=True, slots=True)
-class Listing:
-    """Every adapter of the store, as of `seq` of the store's `incarnation` ("" from
-    a store that does not say)."""
-
-    adapters: tuple[ListedAdapter, ...]
-    seq: int
-    incarnation: str = ""
-
-
-class EventKind(enum.Enum):
-    REVISION_PUSHED = pb.EVENT_TYPE_REVISION_PUSHED
-    CURRENT_REVISION_SET = pb.EVENT_TYPE_CURRENT_REVISION_SET
-    ADAPTER_DELETED = pb.EVENT_TYPE_ADAPTER_DELETED
-    ROLLOUT_CHANGED = pb.EVENT_TYPE_ROLLOUT_CHANGED
-
-
-@dataclass(frozen=True, slots=True)
-class StoreEvent:
-    """One committed change. `revision` is unset on delete; `current_revision` is
-    the adapter's current revision after the change (0 after a delete). A
-    ROLLOUT_CHANGED event's `rollout` is the split after it, None once it ended."""
-
-    seq: int
-    kind: EventKind
-    name: str
-    revision: Revision | None
-    current_revision: int
-    rollout: RolloutSplit | None = None
-
-
-@dataclass(frozen=True, slots=True)
-class Heartbeat:
-    """The stream is alive; the store (of `incarnation`) has committed up to `seq`,
-    as confirmed against object storage `stale_s` seconds before the heartbeat was
-    sent."""
-
-    seq: int
-    stale_s: float = 0.0
-    incarnation: str = ""
-
-
 _KNOWN_EVENT_TYPES = frozenset(kind.value for kind in EventKind)
 
 
@@ -250,19 +196,11 @@ class StoreClient:
                 self._stub.ListAdapters, request, self._settings.call_timeout_s
             ):
                 first = first or page
-                adapters.extend(
-                    ListedAdapter(
-                        a.name,
-                        revision_from_proto(a.current) if a.current_revision else None,
-                        a.create_seq,
-                        _split(a.rollout) if a.HasField("rollout") else None,
-                    )
-                    for a in page.adapters
-                )
+                adapters.extend(listed_adapter_from_proto(a) for a in page.adapters)
         except grpc.aio.AioRpcError as exc:
             raise _store_error(exc, "list adapters") from exc
         assert first is not None, "a listing has at least one page"
-        return Listing(tuple(adapters), first.seq, first.incarnation)
+        return listing_from_proto(first, adapters)
 
     async def get_revision(self, name: str, revision: int) -> Revision:
         """The manifest of one revision; raises NotFound if it (or the adapter) is gone."""
@@ -285,7 +223,7 @@ class StoreClient:
         async with aclosing(self._stream(f"watch after seq {after_seq}", call)) as messages:
             async for message in messages:
                 if message.HasField("heartbeat"):
-                    heartbeat = _heartbeat_from_proto(message.heartbeat)
+                    heartbeat = heartbeat_from_proto(message.heartbeat)
                     if heartbeat.stale_s > self._settings.max_staleness_s:
                         raise errors.Unavailable(
                             f"adapter store replica has not confirmed seq {heartbeat.seq} "
@@ -302,7 +240,7 @@ class StoreClient:
                             message.event.type,
                         )
                         continue
-                    yield _event_from_proto(message.event)
+                    yield event_from_proto(message.event)
 
     async def download(
         self, name: str, revision: int
@@ -363,30 +301,3 @@ class StoreClient:
                 yield message
         finally:
             call.cancel()
-
-
-def _heartbeat_from_proto(heartbeat: pb.Heartbeat) -> Heartbeat:
-    # Both times come from the store's clock, so clock skew between hosts cannot
-    # make a store look stale. A store without `synced_time` says nothing of it.
-    if not heartbeat.HasField("synced_time"):
-        return Heartbeat(heartbeat.seq, incarnation=heartbeat.incarnation)
-    stale = heartbeat.time.ToDatetime() - heartbeat.synced_time.ToDatetime()
-    return Heartbeat(heartbeat.seq, max(0.0, stale.total_seconds()), heartbeat.incarnation)
-
-
-def _event_from_proto(event: pb.AdapterEvent) -> StoreEvent:
-    return StoreEvent(
-        seq=event.seq,
-        kind=EventKind(event.type),
-        name=event.adapter_name,
-        revision=revision_from_proto(event.revision) if event.HasField("revision") else None,
-        current_revision=event.current_revision,
-        rollout=_split(event.rollout) if event.HasField("rollout") else None,
-    )
-
-
-def _split(rollout: pb.Rollout) -> RolloutSplit | None:
-    """The split an active rollout asks for; None for one that has ended."""
-    if rollout.state != pb.ROLLOUT_STATE_ACTIVE:
-        return None
-    return RolloutSplit(revision_from_proto(rollout.candidate), rollout.weight, rollout.start_seq)

@@ -63,6 +63,15 @@ class ResourceExhausted(LoraserveError):
     code = grpc.StatusCode.RESOURCE_EXHAUSTED
 
 
+class QuotaExceeded(ResourceExhausted):
+    """An adapter's quota refuses the request now; it may be admitted after
+    `retry_after_s` (gRPC trailing metadata `retry-after`, HTTP's Retry-After)."""
+
+    def __init__(self, message: str, retry_after_s: float) -> None:
+        super().__init__(message)
+        self.retry_after_s = retry_after_s
+
+
 class DataLoss(LoraserveError):
     """Stored data is corrupt, e.g. a blob whose SHA-256 does not match."""
 

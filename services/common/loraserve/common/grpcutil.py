@@ -11,6 +11,7 @@ import asyncio
 import contextlib
 import inspect
 import logging
+import math
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -18,7 +19,7 @@ import grpc
 from google.protobuf.message import DecodeError
 from grpc.aio import AbortError
 
-from loraserve.common.errors import InvalidArgument, LoraserveError
+from loraserve.common.errors import InvalidArgument, LoraserveError, QuotaExceeded
 from loraserve.common.textlimits import capped_message
 
 log = logging.getLogger(__name__)
@@ -35,9 +36,16 @@ async def _abort_for(
         # the status itself with RESOURCE_EXHAUSTED.
         message = capped_message(exc.message)
         log.info("rpc.error method=%s code=%s message=%s", method, exc.code.name, message)
+        if isinstance(exc, QuotaExceeded):
+            context.set_trailing_metadata((("retry-after", retry_after(exc.retry_after_s)),))
         await context.abort(exc.code, message)
     log.error("rpc.internal_error method=%s", method, exc_info=exc)
     await context.abort(grpc.StatusCode.INTERNAL, f"internal error in {method}")
+
+
+def retry_after(seconds: float) -> str:
+    """Whole seconds, at least 1, as HTTP's Retry-After and the gRPC metadata say it."""
+    return str(max(1, math.ceil(seconds)))
 
 
 class _Undecodable:

@@ -233,6 +233,13 @@ class WeightsFileCheck:
         if self._data is not None and view:
             self._data.update(view)
 
+    def cost(self, size: int) -> int:
+        """Bytes an `update` with `size` more bytes would check or parse: `size`, plus the
+        header's length when they complete a header whose length is known."""
+        if self._data is None and len(self._header) + size >= self._header_end > 8:
+            return size + self._header_end
+        return size
+
     def finish(self) -> None:
         """Raises InvalidArgument unless the whole file was seen and checked."""
         if self._data is None:

@@ -44,6 +44,7 @@ from loraserve.inference.serving import (
     Admission,
     FairGate,
     Generator,
+    QuotaGate,
     Runtime,
     RuntimeRef,
     register,
@@ -79,6 +80,8 @@ class InferenceApp:
         self._settings = settings
         self._start_engine = start_engine
         self.metrics = InferenceMetrics()
+        # The store's quotas: sync sets them, generation enforces them.
+        self.quotas = QuotaGate(observer=self.metrics)
         self.runtime_ref = RuntimeRef()
         self.ready = asyncio.Event()
         self._server: RunningServer | None = None
@@ -158,18 +161,12 @@ class InferenceApp:
             self._store,
             registry,
             cache,
-            SyncSettings(
-                prefetch_adapters=settings.prefetch_adapters,
-                reports=ReportSettings(
-                    interval_s=settings.status_interval_s,
-                    flush_s=settings.status_flush_s,
-                    counters_interval_s=settings.rollout_report_interval_s,
-                ),
-            ),
+            _sync_settings(settings),
             observe_swap=self.metrics.observe_swap_latency,
             changed=changed,
             counters=self.metrics.rollouts,
             ttft_bounds=TTFT_BOUNDS_S,
+            quotas=self.quotas,
         )
         tiers = TierView(
             registry,
@@ -219,7 +216,7 @@ class InferenceApp:
             Runtime(
                 engine=engine,
                 registry=registry,
-                generator=Generator(engine, registry, admission, self.metrics, gate),
+                generator=Generator(engine, registry, admission, self.metrics, gate, self.quotas),
                 admission=admission,
                 replica_id=settings.replica_id,
                 store_seq=store_seq,
@@ -369,6 +366,17 @@ def _lora_shapes(model: str) -> dict[str, tuple[int, int]]:
 def _lora_targets(model: str) -> frozenset[str]:
     path = Path(model)
     return model_lora_targets(path) if path.is_dir() else LLAMA_TARGET_MODULES
+
+
+def _sync_settings(settings: InferenceSettings) -> SyncSettings:
+    return SyncSettings(
+        prefetch_adapters=settings.prefetch_adapters,
+        reports=ReportSettings(
+            interval_s=settings.status_interval_s,
+            flush_s=settings.status_flush_s,
+            counters_interval_s=settings.rollout_report_interval_s,
+        ),
+    )
 
 
 def _fair_gate(options: AdmissionOptions, max_num_seqs: int) -> FairGate | None:

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import itertools
+import subprocess
+import sys
 import threading
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -10,7 +12,6 @@ from typing import Any
 
 import boto3
 import pytest
-from moto.moto_server.threaded_moto_server import ThreadedMotoServer
 from moto.moto_server.werkzeug_app import DomainDispatcherApplication, create_backend_app
 from werkzeug.serving import BaseWSGIServer, make_server
 
@@ -68,12 +69,29 @@ def _new_bucket(endpoint_url: str) -> S3Bucket:
 
 @pytest.fixture(scope="session")
 def s3_server() -> Iterator[str]:
-    """A threaded moto S3 server; yields its endpoint URL."""
-    server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
-    server.start()
-    host, port = server.get_host_and_port()
-    yield f"http://{host}:{port}"
-    server.stop()
+    """A threaded moto S3 server in a child process (see s3process); yields its
+    endpoint URL."""
+    process = subprocess.Popen(
+        [sys.executable, "-m", "loraserve.testing.s3process"],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    assert process.stdin is not None
+    assert process.stdout is not None
+    endpoint = process.stdout.readline().strip()
+    if not endpoint:
+        process.kill()
+        pytest.fail(f"the S3 server exited with code {process.wait()} before serving")
+    try:
+        yield endpoint
+    finally:
+        process.stdin.close()
+        try:
+            process.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()
 
 
 @pytest.fixture(scope="session")

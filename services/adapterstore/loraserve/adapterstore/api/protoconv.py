@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from loraserve.adapterstore.catalog import Adapter, Change, ChangeType
+from loraserve.adapterstore.catalog import Adapter, Change, ChangeType, QuotaChange
 from loraserve.adapterstore.changelog import Heartbeat
 from loraserve.adapterstore.files import Chunk, PushHeader
 from loraserve.adapterstore.replicas.model import (
@@ -18,16 +18,19 @@ from loraserve.adapterstore.replicas.model import (
     Shard,
 )
 from loraserve.adapterstore.rollout.protoconv import rollout
+from loraserve.adapterstore.rollout.records import Rollout
 from loraserve.adapterstore.v1 import adapterstore_pb2 as pb
 from loraserve.common.errors import InvalidArgument
 from loraserve.common.manifest import FileInfo, Revision, revision_to_proto, timestamp
 from loraserve.common.presigned import RevisionUrls
+from loraserve.common.quota import quota_to_proto
 
 _EVENT_TYPES = {
     ChangeType.REVISION_PUSHED: pb.EVENT_TYPE_REVISION_PUSHED,
     ChangeType.CURRENT_REVISION_SET: pb.EVENT_TYPE_CURRENT_REVISION_SET,
     ChangeType.ADAPTER_DELETED: pb.EVENT_TYPE_ADAPTER_DELETED,
     ChangeType.ROLLOUT_CHANGED: pb.EVENT_TYPE_ROLLOUT_CHANGED,
+    ChangeType.QUOTA_SET: pb.EVENT_TYPE_QUOTA_CHANGED,
 }
 _SERVING_STATES = {
     ServingState.ROUTED: pb.REVISION_SERVING_STATE_ROUTED,
@@ -53,6 +56,8 @@ def adapter(value: Adapter) -> pb.Adapter:
     if value.rollout is not None:
         candidate = value.revisions[value.rollout.candidate_revision]
         message.rollout.CopyFrom(rollout(value.rollout, candidate))
+    if value.quota is not None:
+        message.quota.CopyFrom(quota_to_proto(value.quota))
     return message
 
 
@@ -67,8 +72,10 @@ def event(value: Change) -> pb.AdapterEvent:
     )
     if value.revision is not None:
         message.revision.CopyFrom(revision_to_proto(value.revision))
-    if value.record is not None and value.revision is not None:
+    if isinstance(value.record, Rollout) and value.revision is not None:
         message.rollout.CopyFrom(rollout(value.record, value.revision))
+    if isinstance(value.record, QuotaChange) and value.record.quota is not None:
+        message.quota.CopyFrom(quota_to_proto(value.record.quota))
     return message
 
 

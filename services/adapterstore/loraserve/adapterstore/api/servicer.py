@@ -22,6 +22,7 @@ from loraserve.adapterstore.store import AdapterStore
 from loraserve.adapterstore.v1 import adapterstore_pb2 as pb
 from loraserve.adapterstore.v1 import adapterstore_pb2_grpc as pb_grpc
 from loraserve.common.manifest import revision_to_proto, timestamp
+from loraserve.common.quota import quota_from_proto, quota_to_proto
 from loraserve.common.security import current_principal
 
 SERVICE_NAME = pb.DESCRIPTOR.services_by_name["AdapterStoreService"].full_name
@@ -37,6 +38,7 @@ WRITE_METHODS = frozenset(
         "SetRolloutWeight",
         "PromoteRollout",
         "AbortRollout",
+        "SetQuota",
     )
 )
 # What inference replicas say about themselves needs a replica token: neither a
@@ -100,12 +102,15 @@ class AdapterStoreServicer:
         page = await self._store.list_adapters(
             request.page_size, request.page_token, request.base_model, size_of=size_of
         )
-        return pb.ListAdaptersResponse(
+        response = pb.ListAdaptersResponse(
             adapters=[converted[a.name] for a in page.adapters],
             next_page_token=page.next_page_token,
             seq=page.seq,
             incarnation=page.incarnation,
         )
+        if page.default_quota is not None:
+            response.default_quota.CopyFrom(quota_to_proto(page.default_quota))
+        return response
 
     async def ListRevisions(
         self, request: pb.ListRevisionsRequest, context: Context
@@ -245,6 +250,28 @@ class AdapterStoreServicer:
         )
         if view.figures_time is not None:
             response.figures_time.CopyFrom(timestamp(view.figures_time))
+        return response
+
+    async def SetQuota(self, request: pb.SetQuotaRequest, context: Context) -> pb.SetQuotaResponse:
+        quota = quota_from_proto(request.quota) if request.HasField("quota") else None
+        seq = await self._store.quotas.set(
+            request.adapter_name, quota, self._principal(), request.idempotency_key
+        )
+        return pb.SetQuotaResponse(seq=seq)
+
+    async def ListQuotas(
+        self, request: pb.ListQuotasRequest, context: Context
+    ) -> pb.ListQuotasResponse:
+        listed = await self._store.quotas.list()
+        response = pb.ListQuotasResponse(
+            quotas=[
+                pb.NamedQuota(adapter_name=name, quota=quota_to_proto(quota))
+                for name, quota in listed.quotas
+            ],
+            seq=listed.seq,
+        )
+        if listed.default is not None:
+            response.default_quota.CopyFrom(quota_to_proto(listed.default))
         return response
 
 

@@ -1,15 +1,20 @@
 """BlobStore on any S3-compatible endpoint (AWS, MinIO, the moto emulator) with boto3.
 
-boto3 blocks, so every call runs in a worker thread. Uploads (see s3upload) are
-multipart with parts of `part_size` bytes, `parts_in_flight` of them sent at once.
+boto3 blocks, so every call runs in a worker thread of the store's own pool, one
+thread per pooled connection: asyncio's default pool (cores + 4 threads, 6 on two
+cores) would cap the parts in flight below `parts_in_flight` and queue them behind
+the push's hashing and value checks. Uploads (see s3upload) are multipart with parts
+of `part_size` bytes, `parts_in_flight` of them sent at once.
 """
 
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import re
 from collections.abc import AsyncIterator, Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from datetime import datetime
 from typing import TYPE_CHECKING, Any, TypeVar
@@ -33,8 +38,12 @@ T = TypeVar("T")
 # S3 refuses parts under 5 MiB (except the last one).
 MIN_PART_SIZE = 5 * 1024 * 1024
 DEFAULT_PART_SIZE = 8 * 1024 * 1024
-# Enough parts on the wire to hide one part's round trip behind the others.
+# Enough parts on the wire to hide one part's round trip behind the others; more
+# (boto3's transfer manager sends 10) measured slower on a 2-core emulator (benchmark
+# 21, docs/design.md "Writes at the speed of S3").
 DEFAULT_PARTS_IN_FLIGHT = 4
+# boto3's connections to S3, and the threads that use them.
+CONNECTIONS = 32
 _SHA256 = re.compile(r"[0-9a-f]{64}")
 _NOT_FOUND_CODES = frozenset({"NoSuchKey", "404", "NotFound"})
 # 409 ConditionalRequestConflict: AWS's answer when a concurrent conditional write
@@ -66,7 +75,7 @@ def make_client(location: S3Location, signature_version: str | None = None) -> S
     config = botocore.config.Config(
         retries={"max_attempts": 5, "mode": "standard"},
         signature_version=signature_version,
-        max_pool_connections=32,
+        max_pool_connections=CONNECTIONS,
         # Path-style addressing: MinIO and emulators do not serve virtual-host buckets.
         s3={"addressing_style": "path"} if location.endpoint_url else {},
     )
@@ -103,6 +112,7 @@ class S3BlobStore:
         self.part_size = part_size
         self.parts_in_flight = parts_in_flight
         self.client = make_client(location)
+        self._threads = ThreadPoolExecutor(CONNECTIONS, thread_name_prefix="s3")
 
     def full_key(self, key: str) -> str:
         """The bucket key of a store key."""
@@ -111,7 +121,7 @@ class S3BlobStore:
     async def call(self, what: str, fn: Callable[..., T], /, *args: Any, **kwargs: Any) -> T:
         """Runs a boto3 call in a worker thread, with its errors as the seam's."""
         try:
-            return await asyncio.to_thread(fn, *args, **kwargs)
+            return await self.run(fn, *args, **kwargs)
         except ClientError as e:
             code = _error_code(e)
             if code in _NOT_FOUND_CODES:
@@ -119,6 +129,11 @@ class S3BlobStore:
             raise Unavailable(f"object storage: {what} failed: {code or e}") from e
         except BotoCoreError as e:
             raise Unavailable(f"object storage: {what} failed: {e}") from e
+
+    async def run(self, fn: Callable[..., T], /, *args: Any, **kwargs: Any) -> T:
+        """Runs a blocking call in the store's S3 threads."""
+        loop = asyncio.get_running_loop()
+        return await loop.run_in_executor(self._threads, functools.partial(fn, *args, **kwargs))
 
     async def check(self) -> None:
         try:
@@ -167,7 +182,7 @@ class S3BlobStore:
 
     async def put_if_absent(self, key: str, data: bytes) -> bool:
         try:
-            await asyncio.to_thread(
+            await self.run(
                 self.client.put_object,
                 Bucket=self.bucket,
                 Key=self.full_key(key),

@@ -17,17 +17,20 @@ from loraserve.adapterstore.catalog.model import (
     Adapter,
     Change,
     ChangeType,
-    RequestRecord,
     StoreState,
     now,
 )
 from loraserve.adapterstore.catalog.pagetokens import page_size
+from loraserve.adapterstore.catalog.quota_record import DEFAULT_QUOTA, QuotaChange
+from loraserve.adapterstore.catalog.requestrecord import RequestRecord
 
 __all__ = [
+    "DEFAULT_QUOTA",
     "Adapter",
     "AdapterPage",
     "Change",
     "ChangeType",
+    "QuotaChange",
     "RequestRecord",
     "RevisionPage",
     "StoreState",

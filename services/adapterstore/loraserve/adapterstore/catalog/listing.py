@@ -16,6 +16,7 @@ from loraserve.adapterstore.catalog.lookup import detached
 from loraserve.adapterstore.catalog.model import Adapter, StoreState
 from loraserve.common.errors import InvalidArgument
 from loraserve.common.manifest import Revision
+from loraserve.common.quota import Quota
 from loraserve.common.textlimits import PageFill
 
 
@@ -25,6 +26,8 @@ class AdapterPage:
     next_page_token: str
     seq: int
     incarnation: str
+    # The default quota as of the page's state (adapters carry their own).
+    default_quota: Quota | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -61,7 +64,7 @@ def adapter_page(
             next_token = pagetokens.encode_listing_token(seq, incarnation, selected[-1].name)
             break
         selected.append(detached(adapter))
-    return AdapterPage(selected, next_token, seq, incarnation)
+    return AdapterPage(selected, next_token, seq, incarnation, state.default_quota)
 
 
 def revision_page(

@@ -16,9 +16,12 @@ from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from typing import Any
 
+from loraserve.adapterstore.catalog.quota_record import DEFAULT_QUOTA, QuotaChange
+from loraserve.adapterstore.catalog.requestrecord import RequestRecord
 from loraserve.adapterstore.rollout.records import Rollout, RolloutState
 from loraserve.common.errors import DataLoss
 from loraserve.common.manifest import Revision, time_from_json, time_to_json
+from loraserve.common.quota import Quota
 
 # Version of the JSON written to log entries and snapshots; readers reject others
 # rather than misread them. Fields added later (commit ids, request keys) are
@@ -46,6 +49,8 @@ class Adapter:
     update_time: datetime
     # The active rollout, or the last one that ended (until the next starts).
     rollout: Rollout | None = None
+    # Its own quota (QUOTA_SET), None when it follows the default.
+    quota: Quota | None = None
 
     @property
     def current(self) -> Revision | None:
@@ -53,10 +58,8 @@ class Adapter:
 
     @property
     def create_seq(self) -> int:
-        """The adapter's incarnation: the seq of the push that created it, its first
-        revision since the name was last deleted. Revisions are never removed one by
-        one (a delete removes them all) and are kept in the order they were pushed,
-        so that is the first one's seq."""
+        """The adapter's incarnation: the seq of the push that created it since the
+        name was last deleted (revisions, kept in push order, go only all at once)."""
         return next(iter(self.revisions.values())).seq
 
     @property
@@ -74,6 +77,8 @@ class Adapter:
         }
         if self.rollout is not None:
             data["rollout"] = self.rollout.to_json()
+        if self.quota is not None:
+            data["quota"] = self.quota.to_json()
         return data
 
     @classmethod
@@ -87,6 +92,7 @@ class Adapter:
             create_time=time_from_json(data["create_time"]),
             update_time=time_from_json(data["update_time"]),
             rollout=Rollout.from_json(data["rollout"]) if data.get("rollout") else None,
+            quota=Quota.from_json(data["quota"]) if data.get("quota") else None,
         )
 
 
@@ -98,11 +104,15 @@ class ChangeType(enum.Enum):
     CURRENT_REVISION_SET = "current_revision_set"
     ADAPTER_DELETED = "adapter_deleted"
     ROLLOUT_CHANGED = "rollout_changed"
+    QUOTA_SET = "quota_set"
 
 
 # What a change's `record` holds, by the kinds that have one.
-Record = Rollout
-RECORD_TYPES: dict[ChangeType, type[Record]] = {ChangeType.ROLLOUT_CHANGED: Rollout}
+Record = Rollout | QuotaChange
+RECORD_TYPES: dict[ChangeType, type[Record]] = {
+    ChangeType.ROLLOUT_CHANGED: Rollout,
+    ChangeType.QUOTA_SET: QuotaChange,
+}
 
 
 @dataclass(frozen=True, slots=True)
@@ -124,8 +134,7 @@ class Change:
     # request it came with, so a retry is answered with this change.
     request_key: str = ""
     request_digest: str = ""
-    # What a kind in RECORD_TYPES carries besides the revision: the rollout after
-    # the change.
+    # What a RECORD_TYPES kind carries: the rollout or the quota after the change.
     record: Record | None = None
 
     def to_json(self) -> dict[str, Any]:
@@ -169,22 +178,6 @@ class Change:
         )
 
 
-@dataclass(frozen=True, slots=True)
-class RequestRecord:
-    """Where the change made for an idempotency key was committed, and a digest of
-    the request that made it."""
-
-    seq: int
-    digest: str
-
-    def to_json(self) -> dict[str, Any]:
-        return {"seq": self.seq, "digest": self.digest}
-
-    @classmethod
-    def from_json(cls, data: dict[str, Any]) -> RequestRecord:
-        return cls(seq=int(data["seq"]), digest=str(data["digest"]))
-
-
 def _check_format(data: dict[str, Any], what: str) -> None:
     if data.get("format") != FORMAT_VERSION:
         raise DataLoss(f"{what} has unknown format {data.get('format')!r}")
@@ -194,23 +187,21 @@ def _check_format(data: dict[str, Any], what: str) -> None:
 class StoreState:
     """Every adapter as of `seq`, folded from the log.
 
-    `deleted_latest` remembers the highest revision of each deleted name, so a
-    name pushed again after a delete continues its numbering: NAME@N never names
-    two different contents.
-
-    `requests` maps the idempotency keys of the changes of the last
-    REQUEST_KEY_WINDOW seqs to where they were committed, oldest first.
-
-    Two derived indexes keep reads from costing the whole state: `names`, every
-    adapter's name in order (a listing page is a bisect and a slice, not a sort),
-    and each adapter's encoded snapshot JSON, kept until a change touches the
-    adapter (a snapshot re-encodes only what changed since the previous one).
+    `deleted_latest` keeps the highest revision of each deleted name, so a name
+    pushed again continues its numbering: NAME@N never names two contents.
+    `requests` maps the idempotency keys of the last REQUEST_KEY_WINDOW seqs'
+    changes to where they were committed, oldest first. Two derived indexes keep
+    reads from costing the whole state: `names`, in order (a listing page is a
+    bisect and a slice), and each adapter's encoded snapshot JSON, kept until a
+    change touches it (a snapshot re-encodes only what changed since the last).
     """
 
     seq: int = 0
     adapters: dict[str, Adapter] = field(default_factory=dict)
     deleted_latest: dict[str, int] = field(default_factory=dict)
     requests: dict[str, RequestRecord] = field(default_factory=dict)
+    # The quota of every adapter without its own (QUOTA_SET with no name).
+    default_quota: Quota | None = None
     names: list[str] = field(default_factory=list, compare=False, repr=False)
     _encoded: dict[str, bytes] = field(default_factory=dict, compare=False, repr=False)
 
@@ -246,8 +237,7 @@ class StoreState:
             del self.requests[oldest]
 
     def copy(self) -> StoreState:
-        """A copy that later `apply` calls on this state do not change (a rollout
-        is immutable: a change replaces it)."""
+        """A copy later `apply` calls leave alone (rollouts and quotas are immutable)."""
         return StoreState(
             seq=self.seq,
             adapters={
@@ -255,6 +245,7 @@ class StoreState:
             },
             deleted_latest=dict(self.deleted_latest),
             requests=dict(self.requests),
+            default_quota=self.default_quota,
             names=list(self.names),
             _encoded=dict(self._encoded),
         )
@@ -269,22 +260,25 @@ class StoreState:
                 encoded = _compact(self.adapters[name].to_json())
                 self._encoded[name] = encoded
             adapters.append(encoded)
-        rest = _compact(
-            {
-                "deleted_latest": dict(sorted(self.deleted_latest.items())),
-                "requests": [{"key": k, **r.to_json()} for k, r in self.requests.items()],
-            }
-        )
+        rest = _compact(self._rest_json())
         head = _compact({"format": FORMAT_VERSION, "seq": self.seq})
         return b"".join((head[:-1], b',"adapters":[', b",".join(adapters), b"],", rest[1:]))
+
+    def _rest_json(self) -> dict[str, Any]:
+        rest: dict[str, Any] = {
+            "deleted_latest": dict(sorted(self.deleted_latest.items())),
+            "requests": [{"key": k, **r.to_json()} for k, r in self.requests.items()],
+        }
+        if self.default_quota is not None:
+            rest["default_quota"] = self.default_quota.to_json()
+        return rest
 
     def to_json(self) -> dict[str, Any]:
         return {
             "format": FORMAT_VERSION,
             "seq": self.seq,
             "adapters": [a.to_json() for _, a in sorted(self.adapters.items())],
-            "deleted_latest": dict(sorted(self.deleted_latest.items())),
-            "requests": [{"key": k, **r.to_json()} for k, r in self.requests.items()],
+            **self._rest_json(),
         }
 
     @classmethod
@@ -296,6 +290,9 @@ class StoreState:
             adapters={a.name: a for a in adapters},
             deleted_latest={str(k): int(v) for k, v in data["deleted_latest"].items()},
             requests={str(r["key"]): RequestRecord.from_json(r) for r in data.get("requests", [])},
+            default_quota=Quota.from_json(data["default_quota"])
+            if "default_quota" in data
+            else None,
         )
 
 
@@ -359,7 +356,7 @@ def _fold_rollout(state: StoreState, change: Change) -> None:
     name = change.adapter_name
     adapter = state.adapters.get(name)
     rollout = change.record
-    if adapter is None or rollout is None:
+    if adapter is None or not isinstance(rollout, Rollout):
         raise DataLoss(f"log entry {change.seq} changes a rollout of unknown adapter {name}")
     if rollout.candidate_revision not in adapter.revisions:
         raise DataLoss(
@@ -379,10 +376,25 @@ def _fold_rollout(state: StoreState, change: Change) -> None:
     adapter.update_time = change.time
 
 
+def _fold_quota(state: StoreState, change: Change) -> None:
+    """The quota after the change replaces the default (no name) or the adapter's."""
+    record = change.record
+    if not isinstance(record, QuotaChange):
+        raise DataLoss(f"log entry {change.seq} sets a quota without one")
+    if change.adapter_name == DEFAULT_QUOTA:
+        state.default_quota = record.quota
+        return
+    adapter = state.adapters.get(change.adapter_name)
+    if adapter is None:
+        raise DataLoss(f"log entry {change.seq} sets a quota of unknown {change.adapter_name}")
+    adapter.quota = record.quota
+
+
 # How each kind of change folds into the state.
 _FOLDS: dict[ChangeType, Callable[[StoreState, Change], None]] = {
     ChangeType.REVISION_PUSHED: _fold_push,
     ChangeType.CURRENT_REVISION_SET: _fold_current_set,
     ChangeType.ADAPTER_DELETED: _fold_delete,
     ChangeType.ROLLOUT_CHANGED: _fold_rollout,
+    ChangeType.QUOTA_SET: _fold_quota,
 }

@@ -33,6 +33,9 @@ from loraserve.common.lora_values import WeightsFileCheck
 from loraserve.common.manifest import FileInfo, Revision
 from loraserve.common.peft_format import CONFIG_FILE, WEIGHTS_FILE, TensorInfo
 
+# Checks of at most this many bytes run on the event loop (well under a millisecond).
+INLINE_CHECK_BYTES = 64 * 1024
+
 log = logging.getLogger(__name__)
 
 
@@ -119,8 +122,13 @@ class _FileReceiver:
             )
         self.received += len(chunk.data)
         if self.weights is not None:
-            # Parsing a header of up to 100 MiB and checking a chunk's values are CPU work.
-            await asyncio.to_thread(self.weights.update, chunk.data)
+            if self.weights.cost(len(chunk.data)) <= INLINE_CHECK_BYTES:
+                # A thread hop costs more than checking a few KiB, and a client sending
+                # tiny chunks must not cost the store one hop per chunk.
+                self.weights.update(chunk.data)
+            else:
+                # Parsing a header of up to 100 MiB and checking a chunk's values are CPU work.
+                await asyncio.to_thread(self.weights.update, chunk.data)
         elif name == CONFIG_FILE:
             self.captured += chunk.data
         await self.upload.write(chunk.data)

@@ -133,7 +133,7 @@ class RolloutOps:
             assert adapter.rollout is not None
             candidate = adapter.revisions[adapter.rollout.candidate_revision]
             return RolloutResult(adapter.rollout, candidate, self._log.head_seq)
-        assert change.record is not None
+        assert isinstance(change.record, Rollout)
         assert change.revision is not None
         rollout = change.record
         log.info(

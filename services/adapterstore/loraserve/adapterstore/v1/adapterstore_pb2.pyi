@@ -17,6 +17,7 @@ class EventType(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     EVENT_TYPE_CURRENT_REVISION_SET: _ClassVar[EventType]
     EVENT_TYPE_ADAPTER_DELETED: _ClassVar[EventType]
     EVENT_TYPE_ROLLOUT_CHANGED: _ClassVar[EventType]
+    EVENT_TYPE_QUOTA_CHANGED: _ClassVar[EventType]
 
 class ReportType(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     __slots__ = ()
@@ -50,6 +51,7 @@ EVENT_TYPE_REVISION_PUSHED: EventType
 EVENT_TYPE_CURRENT_REVISION_SET: EventType
 EVENT_TYPE_ADAPTER_DELETED: EventType
 EVENT_TYPE_ROLLOUT_CHANGED: EventType
+EVENT_TYPE_QUOTA_CHANGED: EventType
 REPORT_TYPE_UNSPECIFIED: ReportType
 REPORT_TYPE_ACK: ReportType
 REPORT_TYPE_NACK: ReportType
@@ -108,7 +110,7 @@ class Revision(_message.Message):
     def __init__(self, adapter_name: _Optional[str] = ..., revision: _Optional[int] = ..., files: _Optional[_Iterable[_Union[FileInfo, _Mapping]]] = ..., base_model: _Optional[str] = ..., rank: _Optional[int] = ..., alpha: _Optional[float] = ..., target_modules: _Optional[_Iterable[str]] = ..., create_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., pushed_by: _Optional[str] = ..., description: _Optional[str] = ..., seq: _Optional[int] = ..., signature: _Optional[bytes] = ..., signed_by: _Optional[str] = ...) -> None: ...
 
 class Adapter(_message.Message):
-    __slots__ = ("name", "current_revision", "latest_revision", "current", "create_time", "update_time", "create_seq", "rollout")
+    __slots__ = ("name", "current_revision", "latest_revision", "current", "create_time", "update_time", "create_seq", "rollout", "quota")
     NAME_FIELD_NUMBER: _ClassVar[int]
     CURRENT_REVISION_FIELD_NUMBER: _ClassVar[int]
     LATEST_REVISION_FIELD_NUMBER: _ClassVar[int]
@@ -117,6 +119,7 @@ class Adapter(_message.Message):
     UPDATE_TIME_FIELD_NUMBER: _ClassVar[int]
     CREATE_SEQ_FIELD_NUMBER: _ClassVar[int]
     ROLLOUT_FIELD_NUMBER: _ClassVar[int]
+    QUOTA_FIELD_NUMBER: _ClassVar[int]
     name: str
     current_revision: int
     latest_revision: int
@@ -125,7 +128,8 @@ class Adapter(_message.Message):
     update_time: _timestamp_pb2.Timestamp
     create_seq: int
     rollout: Rollout
-    def __init__(self, name: _Optional[str] = ..., current_revision: _Optional[int] = ..., latest_revision: _Optional[int] = ..., current: _Optional[_Union[Revision, _Mapping]] = ..., create_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., update_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., create_seq: _Optional[int] = ..., rollout: _Optional[_Union[Rollout, _Mapping]] = ...) -> None: ...
+    quota: AdapterQuota
+    def __init__(self, name: _Optional[str] = ..., current_revision: _Optional[int] = ..., latest_revision: _Optional[int] = ..., current: _Optional[_Union[Revision, _Mapping]] = ..., create_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., update_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., create_seq: _Optional[int] = ..., rollout: _Optional[_Union[Rollout, _Mapping]] = ..., quota: _Optional[_Union[AdapterQuota, _Mapping]] = ...) -> None: ...
 
 class PushHeader(_message.Message):
     __slots__ = ("name", "files", "no_promote", "description", "idempotency_key", "signature")
@@ -210,16 +214,18 @@ class ListAdaptersRequest(_message.Message):
     def __init__(self, page_size: _Optional[int] = ..., page_token: _Optional[str] = ..., base_model: _Optional[str] = ...) -> None: ...
 
 class ListAdaptersResponse(_message.Message):
-    __slots__ = ("adapters", "next_page_token", "seq", "incarnation")
+    __slots__ = ("adapters", "next_page_token", "seq", "incarnation", "default_quota")
     ADAPTERS_FIELD_NUMBER: _ClassVar[int]
     NEXT_PAGE_TOKEN_FIELD_NUMBER: _ClassVar[int]
     SEQ_FIELD_NUMBER: _ClassVar[int]
     INCARNATION_FIELD_NUMBER: _ClassVar[int]
+    DEFAULT_QUOTA_FIELD_NUMBER: _ClassVar[int]
     adapters: _containers.RepeatedCompositeFieldContainer[Adapter]
     next_page_token: str
     seq: int
     incarnation: str
-    def __init__(self, adapters: _Optional[_Iterable[_Union[Adapter, _Mapping]]] = ..., next_page_token: _Optional[str] = ..., seq: _Optional[int] = ..., incarnation: _Optional[str] = ...) -> None: ...
+    default_quota: AdapterQuota
+    def __init__(self, adapters: _Optional[_Iterable[_Union[Adapter, _Mapping]]] = ..., next_page_token: _Optional[str] = ..., seq: _Optional[int] = ..., incarnation: _Optional[str] = ..., default_quota: _Optional[_Union[AdapterQuota, _Mapping]] = ...) -> None: ...
 
 class ListRevisionsRequest(_message.Message):
     __slots__ = ("name", "page_size", "page_token")
@@ -326,7 +332,7 @@ class WatchAdaptersRequest(_message.Message):
     def __init__(self, after_seq: _Optional[int] = ..., incarnation: _Optional[str] = ...) -> None: ...
 
 class AdapterEvent(_message.Message):
-    __slots__ = ("seq", "type", "adapter_name", "revision", "current_revision", "time", "actor", "rollout")
+    __slots__ = ("seq", "type", "adapter_name", "revision", "current_revision", "time", "actor", "rollout", "quota")
     SEQ_FIELD_NUMBER: _ClassVar[int]
     TYPE_FIELD_NUMBER: _ClassVar[int]
     ADAPTER_NAME_FIELD_NUMBER: _ClassVar[int]
@@ -335,6 +341,7 @@ class AdapterEvent(_message.Message):
     TIME_FIELD_NUMBER: _ClassVar[int]
     ACTOR_FIELD_NUMBER: _ClassVar[int]
     ROLLOUT_FIELD_NUMBER: _ClassVar[int]
+    QUOTA_FIELD_NUMBER: _ClassVar[int]
     seq: int
     type: EventType
     adapter_name: str
@@ -343,7 +350,8 @@ class AdapterEvent(_message.Message):
     time: _timestamp_pb2.Timestamp
     actor: str
     rollout: Rollout
-    def __init__(self, seq: _Optional[int] = ..., type: _Optional[_Union[EventType, str]] = ..., adapter_name: _Optional[str] = ..., revision: _Optional[_Union[Revision, _Mapping]] = ..., current_revision: _Optional[int] = ..., time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., actor: _Optional[str] = ..., rollout: _Optional[_Union[Rollout, _Mapping]] = ...) -> None: ...
+    quota: AdapterQuota
+    def __init__(self, seq: _Optional[int] = ..., type: _Optional[_Union[EventType, str]] = ..., adapter_name: _Optional[str] = ..., revision: _Optional[_Union[Revision, _Mapping]] = ..., current_revision: _Optional[int] = ..., time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., actor: _Optional[str] = ..., rollout: _Optional[_Union[Rollout, _Mapping]] = ..., quota: _Optional[_Union[AdapterQuota, _Mapping]] = ...) -> None: ...
 
 class Heartbeat(_message.Message):
     __slots__ = ("seq", "time", "synced_time", "incarnation")
@@ -660,3 +668,51 @@ class GetRolloutResponse(_message.Message):
     candidate_by_replica: _containers.RepeatedCompositeFieldContainer[ReplicaArmFigures]
     figures_time: _timestamp_pb2.Timestamp
     def __init__(self, rollout: _Optional[_Union[Rollout, _Mapping]] = ..., figures: _Optional[_Iterable[_Union[ArmFigures, _Mapping]]] = ..., candidate_by_replica: _Optional[_Iterable[_Union[ReplicaArmFigures, _Mapping]]] = ..., figures_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ...) -> None: ...
+
+class AdapterQuota(_message.Message):
+    __slots__ = ("max_in_flight", "tokens_per_second", "tokens_per_minute")
+    MAX_IN_FLIGHT_FIELD_NUMBER: _ClassVar[int]
+    TOKENS_PER_SECOND_FIELD_NUMBER: _ClassVar[int]
+    TOKENS_PER_MINUTE_FIELD_NUMBER: _ClassVar[int]
+    max_in_flight: int
+    tokens_per_second: float
+    tokens_per_minute: float
+    def __init__(self, max_in_flight: _Optional[int] = ..., tokens_per_second: _Optional[float] = ..., tokens_per_minute: _Optional[float] = ...) -> None: ...
+
+class SetQuotaRequest(_message.Message):
+    __slots__ = ("adapter_name", "quota", "idempotency_key")
+    ADAPTER_NAME_FIELD_NUMBER: _ClassVar[int]
+    QUOTA_FIELD_NUMBER: _ClassVar[int]
+    IDEMPOTENCY_KEY_FIELD_NUMBER: _ClassVar[int]
+    adapter_name: str
+    quota: AdapterQuota
+    idempotency_key: str
+    def __init__(self, adapter_name: _Optional[str] = ..., quota: _Optional[_Union[AdapterQuota, _Mapping]] = ..., idempotency_key: _Optional[str] = ...) -> None: ...
+
+class SetQuotaResponse(_message.Message):
+    __slots__ = ("seq",)
+    SEQ_FIELD_NUMBER: _ClassVar[int]
+    seq: int
+    def __init__(self, seq: _Optional[int] = ...) -> None: ...
+
+class ListQuotasRequest(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class NamedQuota(_message.Message):
+    __slots__ = ("adapter_name", "quota")
+    ADAPTER_NAME_FIELD_NUMBER: _ClassVar[int]
+    QUOTA_FIELD_NUMBER: _ClassVar[int]
+    adapter_name: str
+    quota: AdapterQuota
+    def __init__(self, adapter_name: _Optional[str] = ..., quota: _Optional[_Union[AdapterQuota, _Mapping]] = ...) -> None: ...
+
+class ListQuotasResponse(_message.Message):
+    __slots__ = ("default_quota", "quotas", "seq")
+    DEFAULT_QUOTA_FIELD_NUMBER: _ClassVar[int]
+    QUOTAS_FIELD_NUMBER: _ClassVar[int]
+    SEQ_FIELD_NUMBER: _ClassVar[int]
+    default_quota: AdapterQuota
+    quotas: _containers.RepeatedCompositeFieldContainer[NamedQuota]
+    seq: int
+    def __init__(self, default_quota: _Optional[_Union[AdapterQuota, _Mapping]] = ..., quotas: _Optional[_Iterable[_Union[NamedQuota, _Mapping]]] = ..., seq: _Optional[int] = ...) -> None: ...

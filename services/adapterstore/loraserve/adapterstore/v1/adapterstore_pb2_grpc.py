@@ -134,6 +134,16 @@ class AdapterStoreServiceStub:
                 request_serializer=loraserve_dot_adapterstore_dot_v1_dot_adapterstore__pb2.GetRolloutRequest.SerializeToString,
                 response_deserializer=loraserve_dot_adapterstore_dot_v1_dot_adapterstore__pb2.GetRolloutResponse.FromString,
                 _registered_method=True)
+        self.SetQuota = channel.unary_unary(
+                '/loraserve.adapterstore.v1.AdapterStoreService/SetQuota',
+                request_serializer=loraserve_dot_adapterstore_dot_v1_dot_adapterstore__pb2.SetQuotaRequest.SerializeToString,
+                response_deserializer=loraserve_dot_adapterstore_dot_v1_dot_adapterstore__pb2.SetQuotaResponse.FromString,
+                _registered_method=True)
+        self.ListQuotas = channel.unary_unary(
+                '/loraserve.adapterstore.v1.AdapterStoreService/ListQuotas',
+                request_serializer=loraserve_dot_adapterstore_dot_v1_dot_adapterstore__pb2.ListQuotasRequest.SerializeToString,
+                response_deserializer=loraserve_dot_adapterstore_dot_v1_dot_adapterstore__pb2.ListQuotasResponse.FromString,
+                _registered_method=True)
 
 
 class AdapterStoreServiceServicer:
@@ -293,6 +303,22 @@ class AdapterStoreServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def SetQuota(self, request, context):
+        """Sets or clears an adapter's quota, or the default quota of every adapter
+        without its own, as one log entry: every inference replica enforces it from
+        that seq on. Needs a writer token.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ListQuotas(self, request, context):
+        """Returns the default quota and every adapter's own quota.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_AdapterStoreServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -390,6 +416,16 @@ def add_AdapterStoreServiceServicer_to_server(servicer, server):
                     servicer.GetRollout,
                     request_deserializer=loraserve_dot_adapterstore_dot_v1_dot_adapterstore__pb2.GetRolloutRequest.FromString,
                     response_serializer=loraserve_dot_adapterstore_dot_v1_dot_adapterstore__pb2.GetRolloutResponse.SerializeToString,
+            ),
+            'SetQuota': grpc.unary_unary_rpc_method_handler(
+                    servicer.SetQuota,
+                    request_deserializer=loraserve_dot_adapterstore_dot_v1_dot_adapterstore__pb2.SetQuotaRequest.FromString,
+                    response_serializer=loraserve_dot_adapterstore_dot_v1_dot_adapterstore__pb2.SetQuotaResponse.SerializeToString,
+            ),
+            'ListQuotas': grpc.unary_unary_rpc_method_handler(
+                    servicer.ListQuotas,
+                    request_deserializer=loraserve_dot_adapterstore_dot_v1_dot_adapterstore__pb2.ListQuotasRequest.FromString,
+                    response_serializer=loraserve_dot_adapterstore_dot_v1_dot_adapterstore__pb2.ListQuotasResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -910,6 +946,60 @@ class AdapterStoreService:
             '/loraserve.adapterstore.v1.AdapterStoreService/GetRollout',
             loraserve_dot_adapterstore_dot_v1_dot_adapterstore__pb2.GetRolloutRequest.SerializeToString,
             loraserve_dot_adapterstore_dot_v1_dot_adapterstore__pb2.GetRolloutResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def SetQuota(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/loraserve.adapterstore.v1.AdapterStoreService/SetQuota',
+            loraserve_dot_adapterstore_dot_v1_dot_adapterstore__pb2.SetQuotaRequest.SerializeToString,
+            loraserve_dot_adapterstore_dot_v1_dot_adapterstore__pb2.SetQuotaResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ListQuotas(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/loraserve.adapterstore.v1.AdapterStoreService/ListQuotas',
+            loraserve_dot_adapterstore_dot_v1_dot_adapterstore__pb2.ListQuotasRequest.SerializeToString,
+            loraserve_dot_adapterstore_dot_v1_dot_adapterstore__pb2.ListQuotasResponse.FromString,
             options,
             channel_credentials,
             insecure,

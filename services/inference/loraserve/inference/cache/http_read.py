@@ -109,6 +109,8 @@ class HttpReader:
 
     async def _read_stream(self, url: URL, file: FileInfo, staging: Path) -> None:
         writer = await asyncio.to_thread(FileWriter, staging, file)
+        # One chunk is written and hashed in a thread while the next is received.
+        writing: asyncio.Future[None] | None = None
         try:
             async with self._client().get(url, allow_redirects=False) as response:
                 _check_status(response, file, url)
@@ -116,14 +118,23 @@ class HttpReader:
                 offset = 0
                 while offset < file.size:
                     data = await response.content.readexactly(min(CHUNK, file.size - offset))
-                    await asyncio.to_thread(writer.write, offset, data)
+                    if writing is not None:
+                        await writing
+                    writing = asyncio.ensure_future(asyncio.to_thread(writer.write, offset, data))
                     offset += len(data)
                 if await response.content.read(1):
                     raise DataLoss(
                         f"file {file.name!r}: more than the manifest's {file.size} bytes"
                     )
+            if writing is not None:
+                await writing
             await asyncio.to_thread(writer.finish)
         finally:
+            if writing is not None:
+                # The thread may still be writing: the file closes after it.
+                await asyncio.wait([writing])
+                if not writing.cancelled():
+                    writing.exception()
             await asyncio.to_thread(writer.close)
 
     async def _read_ranges(self, url: URL, file: FileInfo, staging: Path) -> None:

@@ -42,6 +42,13 @@ class InferenceMetrics:
             ["adapter", "code"],
             registry=r,
         )
+        self._throttled = Counter(
+            "loraserve_inference_throttled_requests",
+            "Requests refused by their adapter's quota on this replica, by adapter and the "
+            "limit reached (in_flight, tokens_per_second, tokens_per_minute).",
+            ["adapter", "limit"],
+            registry=r,
+        )
         self._prompt_tokens = Counter(
             "loraserve_inference_prompt_tokens",
             "Prompt tokens of Generate calls, by adapter.",
@@ -158,6 +165,9 @@ class InferenceMetrics:
 
     def request_finished(self, adapter: str, code: str) -> None:
         self._requests.labels(_label(adapter), code).inc()
+
+    def request_throttled(self, adapter: str, limit: str) -> None:
+        self._throttled.labels(_label(adapter), limit).inc()
 
     def tokens(self, adapter: str, *, prompt: int, generated: int) -> None:
         self._prompt_tokens.labels(_label(adapter)).inc(prompt)

@@ -29,7 +29,8 @@ from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_l
 from starlette.exceptions import HTTPException
 from starlette.types import Receive, Scope, Send
 
-from loraserve.common.errors import InvalidArgument, LoraserveError, Unavailable
+from loraserve.common.errors import InvalidArgument, LoraserveError, QuotaExceeded, Unavailable
+from loraserve.common.grpcutil import retry_after
 from loraserve.common.security import ServerSecurity, TokenAuth
 from loraserve.common.textlimits import capped_message
 from loraserve.inference.adapters import ROLLOUT_KEY_HEADER
@@ -82,6 +83,8 @@ def http_error(exc: LoraserveError) -> JSONResponse:
     """The one mapping from a domain error to an OpenAI-shaped HTTP error."""
     status, error_type = _STATUS.get(exc.code, _INTERNAL)
     headers = {"retry-after": _RETRY_AFTER_S[status]} if status in _RETRY_AFTER_S else None
+    if isinstance(exc, QuotaExceeded):
+        headers = {"retry-after": retry_after(exc.retry_after_s)}
     body = error_body(capped_message(exc.message), error_type, exc.code.name.lower())
     return JSONResponse(body, status_code=status, headers=headers)
 

@@ -1,5 +1,6 @@
-"""Serving requests: the runtime a started server is made of, admission, generation
-over the engine with an adapter lease, and the gRPC servicer (proto <-> domain only)."""
+"""Serving requests: the runtime a started server is made of, admission, per-adapter
+quotas, generation over the engine with an adapter lease, and the gRPC servicer (proto
+<-> domain only)."""
 
 from loraserve.inference.serving.admission import Admission
 from loraserve.inference.serving.fairness import FairGate
@@ -10,6 +11,7 @@ from loraserve.inference.serving.generation import (
     Generator,
     Usage,
 )
+from loraserve.inference.serving.quotas import QuotaGate
 from loraserve.inference.serving.runtime import Runtime, RuntimeRef
 from loraserve.inference.serving.servicer import SERVICE_NAME, register
 
@@ -21,6 +23,7 @@ __all__ = [
     "GenerateCommand",
     "GenerationChunk",
     "Generator",
+    "QuotaGate",
     "Runtime",
     "RuntimeRef",
     "Usage",

@@ -13,7 +13,7 @@ import enum
 import logging
 import time
 import uuid
-from collections.abc import AsyncGenerator
+from collections.abc import AsyncGenerator, Callable
 from dataclasses import dataclass, field
 
 from loraserve.common.errors import InvalidArgument, LoraserveError, Unavailable
@@ -30,6 +30,7 @@ from loraserve.inference.engine import (
 from loraserve.inference.metrics import InferenceMetrics
 from loraserve.inference.serving.admission import Admission
 from loraserve.inference.serving.fairness import FairGate
+from loraserve.inference.serving.quotas import QuotaGate, no_charge
 
 __all__ = ["GenerateCommand", "GenerationChunk", "Generator", "SamplingRequest", "Usage"]
 
@@ -93,6 +94,8 @@ class _Outcome:
     revision: int = 0
     ttft_s: float | None = None
     generated: int = 0
+    # Charges generated tokens to the adapter's quota as they stream.
+    charge: Callable[[int], None] = no_charge
 
 
 def server_request_id(client_id: str) -> str:
@@ -116,6 +119,7 @@ class Generator:
         admission: Admission,
         metrics: InferenceMetrics,
         gate: FairGate | None = None,
+        quotas: QuotaGate | None = None,
     ) -> None:
         self._engine = engine
         self._registry = registry
@@ -123,6 +127,8 @@ class Generator:
         self._metrics = metrics
         # Fair admission into the engine; None: every admitted request goes straight in.
         self._gate = gate
+        # Per-adapter quotas, checked before anything else is admitted.
+        self._quotas = quotas if quotas is not None else QuotaGate()
 
     async def generate(self, command: GenerateCommand) -> AsyncGenerator[GenerationChunk, None]:
         """Streams the generation; raises domain errors before or during the stream."""
@@ -134,7 +140,11 @@ class Generator:
         outcome = _Outcome()
         try:
             # The engine runs n sequences for the request: admit it as that many.
-            with self._admission.admit(command.sampling.n or 1):
+            with (
+                self._quotas.admit(ref.name, self._quota_label(ref.name)) as charge,
+                self._admission.admit(command.sampling.n or 1),
+            ):
+                outcome.charge = charge
                 admitted = time.monotonic()
                 prompt_ids = await self._prompt_ids(command)
                 spec = self._engine.sampling(command.sampling, len(prompt_ids))
@@ -175,6 +185,12 @@ class Generator:
                 self._metrics.revision_finished(
                     adapter_label, outcome.revision, code, outcome.ttft_s, outcome.generated
                 )
+
+    def _quota_label(self, name: str) -> str:
+        """The name when this replica routes it, else one label for every other name
+        (NOT_FOUND next), so names a client makes up cannot grow the quota's table."""
+        routed = self._registry.target_revision(name) or self._registry.current_revision(name)
+        return name if routed else _UNRESOLVED_ADAPTER
 
     def _turn(self, adapter: str) -> contextlib.AbstractAsyncContextManager[None]:
         if self._gate is None:
@@ -220,6 +236,7 @@ class Generator:
                         outcome.ttft_s = time.monotonic() - admitted
                         self._metrics.observe_time_to_first_token(outcome.ttft_s)
                     generated += len(token_ids)
+                    outcome.charge(len(token_ids))
                     # Runs once per token: the plain middle of a stream takes the short path.
                     if delta.finish is None and not first and not delta.logprobs:
                         yield GenerationChunk(delta.text, token_ids, index=delta.index)

@@ -4,6 +4,7 @@ what this replica routes."""
 
 from loraserve.inference.sync.ranks import current_adapter_ranks
 from loraserve.inference.sync.reports import ReportSettings
-from loraserve.inference.sync.synchronizer import Synchronizer, SyncSettings
+from loraserve.inference.sync.seams import SyncSettings
+from loraserve.inference.sync.synchronizer import Synchronizer
 
 __all__ = ["ReportSettings", "SyncSettings", "Synchronizer", "current_adapter_ranks"]

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from loraserve.inference.adapters import serves_base_model
-from loraserve.inference.sync.synchronizer import StoreAPI
+from loraserve.inference.sync.seams import StoreAPI
 
 
 async def current_adapter_ranks(

@@ -16,64 +16,23 @@ import asyncio
 import functools
 import logging
 import time
-from collections.abc import AsyncGenerator, AsyncIterator, Callable
+from collections.abc import AsyncIterator
 from contextlib import aclosing
-from dataclasses import dataclass, field
-from typing import Protocol
 
 import stamina
 
-from loraserve.clients.store import Heartbeat, Listing, StoreEvent
+from loraserve.clients.store import Listing, StoreEvent
 from loraserve.common import errors, retrylog
 from loraserve.common.errors import LoraserveError
 from loraserve.inference.sync.apply import Registry, RevisionApplier, SwapObserver
 from loraserve.inference.sync.generations import heartbeat_from_elsewhere, names_to_forget
-from loraserve.inference.sync.reports import (
-    CountersSource,
-    ReportSettings,
-    StatusAPI,
-    StatusReporter,
-)
+from loraserve.inference.sync.quotas import QuotaFollower, QuotaSink
+from loraserve.inference.sync.reports import CountersSource, StatusReporter
+from loraserve.inference.sync.seams import DiskCache, StoreAPI, SyncSettings
 from loraserve.inference.sync.state import AdapterWish, SyncState
 from loraserve.inference.sync.worker import AdapterWorker, RetryHook
 
 log = logging.getLogger(__name__)
-
-
-class StoreAPI(StatusAPI, Protocol):
-    """The calls the synchronizer makes to the store (`StoreClient`, or a fake)."""
-
-    async def list_adapters(self, base_model: str = "") -> Listing: ...
-
-    def watch(
-        self, after_seq: int, incarnation: str = ""
-    ) -> AsyncGenerator[StoreEvent | Heartbeat, None]: ...
-
-
-class DiskCache(Protocol):
-    """What sync needs of the disk cache (`AdapterCache`): its start-up sweep, and
-    which adapters this replica served most recently."""
-
-    async def sweep(self, keep: Callable[[str, int], bool]) -> None:
-        """Removes every revision on disk that `keep` rejects."""
-        ...
-
-    def recent_names(self) -> list[str]:
-        """Adapters with a revision on disk, the most recently used first."""
-        ...
-
-
-@dataclass(frozen=True)
-class SyncSettings:
-    # Waits between retries: the first, and the most (stamina's wait_initial, wait_max).
-    initial_backoff_s: float = 0.5
-    max_backoff_s: float = 30.0
-    # Downloads and loads at once, so a start-up with many adapters stays bounded.
-    max_concurrent_loads: int = 4
-    # Adapters loaded before SERVING, and loaded on publish while fewer are resident.
-    prefetch_adapters: int = 32
-    # How often what this replica routes is reported to the store (reports.py).
-    reports: ReportSettings = field(default_factory=ReportSettings)
 
 
 class Synchronizer:
@@ -89,8 +48,10 @@ class Synchronizer:
         changed: set[str] | None = None,
         counters: CountersSource | None = None,
         ttft_bounds: tuple[float, ...] = (),
+        quotas: QuotaSink | None = None,
     ) -> None:
-        """`changed`: what the registry adds changed names to (its `on_change`)."""
+        """`changed`: what the registry adds changed names to (its `on_change`);
+        `quotas`: what enforces the store's quotas (the serving QuotaGate)."""
         self._store = store
         self._cache = cache
         self._registry = registry
@@ -113,6 +74,7 @@ class Synchronizer:
             self._settings.max_concurrent_loads,
             observe_swap,
         )
+        self._quotas = QuotaFollower(quotas)
         self._initial_seq: int | None = None
         # The watch fell behind the store's log: list again before watching.
         self._behind = False
@@ -212,6 +174,7 @@ class Synchronizer:
             holds_older_than=lambda name, seq: held.get(name, seq) < seq,
         )
         changed = self._state.record_listing(listing, served, seen_at, frozenset(forget))
+        self._quotas.take_listing(listing)
         if self._initial_seq is None:
             self._initial_seq = listing.seq
             await self._sweep(listing)
@@ -323,6 +286,10 @@ class Synchronizer:
             event.revision.revision if event.revision else 0,
             event.current_revision,
         )
+        if self._quotas.take_event(event):
+            # Applied at once, whatever the adapter's worker is doing.
+            self._state.received_seq = event.seq
+            return
         self._state.record_event(event, time.monotonic())
         self._wake(event.name)
 

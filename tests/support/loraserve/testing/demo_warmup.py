@@ -1,0 +1,69 @@
+"""Trains the demo model in the background from the start of a session that runs
+`tests/test_run_command.py`. On a fresh clone that training is minutes of one core which
+the run command's fixture would otherwise spend alone at its setup; started at collection,
+it overlaps the tests before it. The run command still finds the demo through its own
+check (`is_demo_built`), so what it runs is unchanged."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+RUN_COMMAND_TESTS = "test_run_command.py"
+# Longer than the training on a busy 2-core machine.
+TRAIN_TIMEOUT_S = 1200.0
+
+_trainer = pytest.StashKey[tuple[subprocess.Popen[bytes], Path]]()
+
+
+def demo_cache_dir(config: pytest.Config) -> Path:
+    """Where the run command, and this warm-up, keep the demo."""
+    return config.rootpath / ".cache" / "demo"
+
+
+def pytest_collection_finish(session: pytest.Session) -> None:
+    if not any(item.path.name == RUN_COMMAND_TESTS for item in session.items):
+        return
+    # Here, not at the top: torch's import is seconds every other session need not pay.
+    from loraserve.tiny.demo_model import is_demo_built
+
+    cache_dir = demo_cache_dir(session.config)
+    if is_demo_built(cache_dir):
+        return
+    cache_dir.mkdir(parents=True, exist_ok=True)
+    log_path = cache_dir / "warmup-train.log"
+    with log_path.open("wb") as log:
+        process = subprocess.Popen(
+            [sys.executable, "-m", "loraserve.tiny", "demo", str(cache_dir)],
+            stdout=log,
+            stderr=subprocess.STDOUT,
+        )
+    session.config.stash[_trainer] = (process, log_path)
+
+
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    started = session.config.stash.get(_trainer, None)
+    if started is not None and started[0].poll() is None:
+        started[0].kill()
+        started[0].wait()
+
+
+@pytest.fixture(scope="session")
+def demo_trained(pytestconfig: pytest.Config) -> Path:
+    """The demo cache directory, once the warm-up's training (if it started one) ended."""
+    started = pytestconfig.stash.get(_trainer, None)
+    if started is not None:
+        process, log_path = started
+        try:
+            code = process.wait(TRAIN_TIMEOUT_S)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()
+            pytest.fail(f"training the demo took over {TRAIN_TIMEOUT_S:.0f} s; see {log_path}")
+        if code != 0:
+            tail = log_path.read_text("utf-8", "replace")[-2000:]
+            pytest.fail(f"training the demo failed (exit status {code}):\n{tail}")
+    return demo_cache_dir(pytestconfig)

@@ -1,0 +1,200 @@
+"""Per-adapter quotas on real parts: moto over HTTP, the store's gRPC server, the inference
+app (both fronts) on the session's vLLM engine. A quota set in the store is enforced by
+the replica from its seq on: RESOURCE_EXHAUSTED with `retry-after` over gRPC, 429 with
+Retry-After over HTTP, each refusal counted per adapter; a replica started after the
+quota was set follows it from its listing. Requests are held in flight by the engine
+wrapper, never by timing."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import grpc
+import httpx
+import pytest
+
+from loraserve.adapterstore.v1 import adapterstore_pb2 as store_pb
+from loraserve.adapterstore.v1 import adapterstore_pb2_grpc as store_grpc
+from loraserve.testing.holding import HoldingEngine
+from loraserve.testing.inferenceapp import RunningInference, adapter_files, greedy, inference_app
+from loraserve.testing.models import TinyAdapterFactory
+from loraserve.testing.s3 import S3Bucket
+from loraserve.testing.store import RunningStore, running_store
+from loraserve.testing.storecalls import push
+from loraserve.testing.waiting import eventually
+
+if TYPE_CHECKING:
+    from vllm.v1.engine.async_llm import AsyncLLM
+
+pytestmark = pytest.mark.engine
+
+ADAPTERS = ("alpha", "beta", "gamma", "delta")
+# Guards against a hang only; nothing here measures time.
+GUARD_S = 120
+
+
+@dataclass
+class Stack:
+    store: RunningStore
+    store_stub: Any
+    inference: RunningInference
+    http: httpx.AsyncClient
+
+
+@pytest.fixture(scope="module")
+async def stack(
+    s3_server: str,
+    vllm_engine: AsyncLLM,
+    tiny_model_dir: Path,
+    tiny_adapter: TinyAdapterFactory,
+    tmp_path_factory: pytest.TempPathFactory,
+) -> AsyncIterator[Stack]:
+    """One store holding ADAPTERS and one replica, with its HTTP front, for the module."""
+    bucket = S3Bucket(s3_server, "loraserve-test-quotas")
+    bucket.client().create_bucket(Bucket=bucket.bucket)
+    async with (
+        running_store(bucket) as store,
+        grpc.aio.insecure_channel(store.address) as channel,
+    ):
+        stub = store_grpc.AdapterStoreServiceStub(channel)
+        for seed, name in enumerate(ADAPTERS, start=1):
+            await push(stub, name, adapter_files(tiny_adapter(seed=seed)))
+        async with (
+            inference_app(
+                vllm_engine,
+                model_dir=tiny_model_dir,
+                store_address=store.address,
+                cache_dir=tmp_path_factory.mktemp("quota-cache"),
+                replica_id="quota-replica",
+                extra=("--openai-listen", "127.0.0.1:0"),
+                engine_type=HoldingEngine,
+            ) as inference,
+            httpx.AsyncClient(
+                base_url=f"http://127.0.0.1:{inference.app.openai_port}", timeout=GUARD_S
+            ) as http,
+        ):
+            yield Stack(store, stub, inference, http)
+
+
+async def set_quota(stack: Stack, name: str, **limits: Any) -> None:
+    """Sets the quota (none: clears it) and waits until the replica has applied its seq."""
+    request = store_pb.SetQuotaRequest(adapter_name=name)
+    if limits:
+        request.quota.CopyFrom(store_pb.AdapterQuota(**limits))
+    response = await stack.store_stub.SetQuota(request)
+    runtime = stack.inference.app.runtime_ref.get()
+    await eventually(lambda: runtime.store_seq() >= response.seq, f"seq {response.seq} applied")
+
+
+async def grpc_code(stack: Stack, adapter: str) -> tuple[grpc.StatusCode, str]:
+    """The status of one short generation, and its `retry-after` trailing metadata."""
+    call = stack.inference.stub.Generate(greedy(adapter, 4), timeout=GUARD_S)
+    try:
+        async for _ in call:
+            pass
+    except grpc.aio.AioRpcError as exc:
+        retry = dict(exc.trailing_metadata() or ()).get("retry-after", "")
+        return exc.code(), str(retry)
+    return grpc.StatusCode.OK, ""
+
+
+async def completion(stack: Stack, adapter: str) -> httpx.Response:
+    body = {"model": adapter, "prompt": [5, 17, 42], "max_tokens": 4, "temperature": 0.0}
+    return await stack.http.post("/v1/completions", json=body)
+
+
+def throttled(stack: Stack, adapter: str, limit: str) -> float:
+    value = stack.inference.app.metrics.registry.get_sample_value(
+        "loraserve_inference_throttled_requests_total", {"adapter": adapter, "limit": limit}
+    )
+    return value or 0.0
+
+
+async def test_an_adapter_at_its_in_flight_quota_is_refused_over_both_fronts(
+    stack: Stack,
+) -> None:
+    await set_quota(stack, "alpha", max_in_flight=1)
+    engine = stack.inference.engine
+    assert isinstance(engine, HoldingEngine)
+    engine.held_lora_name, engine.release = "alpha@1", asyncio.Event()
+    held = asyncio.create_task(grpc_code(stack, "alpha"))
+    await eventually(
+        lambda: stack.inference.app.quotas.in_flight("alpha") == 1, "alpha's request in flight"
+    )
+    refused_grpc = await grpc_code(stack, "alpha")
+    refused_http = await completion(stack, "alpha")
+    other = await grpc_code(stack, "beta")
+    engine.release.set()
+    assert (await held)[0] == grpc.StatusCode.OK
+    assert refused_grpc == (grpc.StatusCode.RESOURCE_EXHAUSTED, "1")
+    assert refused_http.status_code == 429
+    assert refused_http.headers["retry-after"] == "1"
+    assert "alpha" in refused_http.json()["error"]["message"]
+    assert other[0] == grpc.StatusCode.OK
+    assert (await grpc_code(stack, "alpha"))[0] == grpc.StatusCode.OK
+    assert throttled(stack, "alpha", "in_flight") == 2
+    await set_quota(stack, "alpha")
+
+
+async def test_spent_tokens_per_minute_are_refused_with_the_seconds_to_wait(
+    stack: Stack,
+) -> None:
+    # One token a minute: the first request (4 tokens) spends it and more, so the next
+    # ones wait minutes, however slow the machine.
+    await set_quota(stack, "gamma", tokens_per_minute=1)
+    first = await grpc_code(stack, "gamma")
+    refused_grpc = await grpc_code(stack, "gamma")
+    refused_http = await completion(stack, "gamma")
+    assert first[0] == grpc.StatusCode.OK
+    assert refused_grpc[0] == grpc.StatusCode.RESOURCE_EXHAUSTED
+    assert int(refused_grpc[1]) > 60
+    assert refused_http.status_code == 429
+    assert int(refused_http.headers["retry-after"]) > 60
+    assert "tokens per minute" in refused_http.json()["error"]["message"]
+    assert throttled(stack, "gamma", "tokens_per_minute") == 2
+    await set_quota(stack, "gamma")
+    assert (await grpc_code(stack, "gamma"))[0] == grpc.StatusCode.OK
+
+
+async def test_the_default_quota_binds_adapters_without_their_own_until_cleared(
+    stack: Stack,
+) -> None:
+    await set_quota(stack, "beta", tokens_per_second=1_000_000)
+    await set_quota(stack, "", tokens_per_minute=1)
+    spent = [await grpc_code(stack, "delta") for _ in range(2)]
+    own = [await grpc_code(stack, "beta") for _ in range(2)]
+    await set_quota(stack, "")
+    lifted = await grpc_code(stack, "delta")
+    await set_quota(stack, "beta")
+    assert [code for code, _ in spent] == [grpc.StatusCode.OK, grpc.StatusCode.RESOURCE_EXHAUSTED]
+    assert [code for code, _ in own] == [grpc.StatusCode.OK] * 2
+    assert lifted[0] == grpc.StatusCode.OK
+
+
+async def test_a_replica_started_after_a_quota_was_set_enforces_it_from_the_listing(
+    stack: Stack,
+    vllm_engine: AsyncLLM,
+    tiny_model_dir: Path,
+    tmp_path: Path,
+) -> None:
+    await set_quota(stack, "delta", tokens_per_minute=1)
+    async with inference_app(
+        vllm_engine,
+        model_dir=tiny_model_dir,
+        store_address=stack.store.address,
+        cache_dir=tmp_path / "cache",
+        replica_id="quota-replica-2",
+    ) as restarted:
+        codes = []
+        for _ in range(2):
+            try:
+                await restarted.generate("delta", 4, timeout=GUARD_S)
+                codes.append(grpc.StatusCode.OK)
+            except grpc.aio.AioRpcError as exc:
+                codes.append(exc.code())
+    await set_quota(stack, "delta")
+    assert codes == [grpc.StatusCode.OK, grpc.StatusCode.RESOURCE_EXHAUSTED]
