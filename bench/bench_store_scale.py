@@ -30,7 +30,7 @@ from bench.report import Report, Section
 from bench.stats import median, median_interval, paired_ratio
 from loraserve.adapterctl.adapter_dir import AdapterFiles
 from loraserve.clients.store import StoreClient, StoreClientSettings
-from loraserve.common.security import ClientSecurity
+from loraserve.common.rpc.security import ClientSecurity
 from loraserve.testing.adapterfiles import lora_config, lora_tensors
 
 NUMBER = 12

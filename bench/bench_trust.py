@@ -38,8 +38,8 @@ from bench.report import Report, Section
 from bench.stack import CACHE, ENGINE_START_S, PROFILES, Stack, tenant
 from bench.stats import median_interval, paired_ratio, percentile
 from loraserve.adapterstore.v1 import adapterstore_pb2 as store_pb
-from loraserve.common.manifest import FileInfo, RevisionKey
-from loraserve.common.signing import sign_revision
+from loraserve.common.revisions.manifest import FileInfo, RevisionKey
+from loraserve.common.trust.signing import sign_revision
 from loraserve.inference.v1 import inference_pb2 as pb
 from loraserve.inference.v1 import inference_pb2_grpc as pb_grpc
 from loraserve.testing.inferenceapp import adapter_files

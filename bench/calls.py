@@ -17,7 +17,7 @@ import grpc
 from bench.workload import Caller
 from loraserve.clients.inference import InferenceClient, RetryPolicy, Sampling
 from loraserve.clients.routing import ADAPTER_HASH_HEADER, affinity_key
-from loraserve.common.sizes import MESSAGE_LIMIT_OPTIONS
+from loraserve.common.config.sizes import MESSAGE_LIMIT_OPTIONS
 from loraserve.inference.v1 import inference_pb2 as pb
 from loraserve.inference.v1 import inference_pb2_grpc as pb_grpc
 

@@ -9,7 +9,7 @@ from collections.abc import AsyncIterator, Sequence
 
 from bench.raw_engine import greedy_params
 from bench.workload import Caller
-from loraserve.common.names import parse_adapter_ref
+from loraserve.common.revisions.names import parse_adapter_ref
 from loraserve.inference.adapters import AdapterRegistry
 from loraserve.inference.engine import AdapterHandle, SamplingSpec, VllmEngine
 from loraserve.inference.serving.generation import GenerateCommand, Generator, SamplingRequest

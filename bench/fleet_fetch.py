@@ -22,7 +22,7 @@ from pathlib import Path
 from bench import procs
 from bench.transfers import STREAM_CHUNK
 from loraserve.clients.store import StoreClient, StoreClientSettings
-from loraserve.common.security import ClientSecurity
+from loraserve.common.rpc.security import ClientSecurity
 from loraserve.inference.cache import AdapterCache
 
 

@@ -26,7 +26,7 @@ from bench.stats import ratio
 from bench.workload import Caller
 from loraserve.clients.channels import Retry
 from loraserve.clients.routing import ring_hash_config
-from loraserve.common.sizes import MESSAGE_LIMIT_OPTIONS
+from loraserve.common.config.sizes import MESSAGE_LIMIT_OPTIONS
 from loraserve.inference.serving import SERVICE_NAME
 from loraserve.testing.processes import free_port
 

@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any
 import boto3
 import psutil
 
-from loraserve.common.healthcheck import is_serving
+from loraserve.common.rpc.healthcheck import is_serving
 from loraserve.testing.processes import free_port
 
 if TYPE_CHECKING:

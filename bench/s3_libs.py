@@ -39,7 +39,7 @@ from bench.paired import rotated
 from bench.report import Cell, Report, Section
 from bench.stats import median, median_interval, paired_ratio
 from loraserve.adapterstore.blobs import S3BlobStore, S3Location, S3Presigner
-from loraserve.common.manifest import FileInfo
+from loraserve.common.revisions.manifest import FileInfo
 from loraserve.inference.cache.http_read import HttpReader, ReadSettings
 
 BUCKET = "bench-s3-libs"

@@ -33,7 +33,7 @@ from bench.paired import rotated
 from bench.report import Cell, Section
 from bench.stats import median, median_interval, paired_ratio
 from loraserve.clients.store import StoreClient, StoreClientSettings
-from loraserve.common.security import ClientSecurity
+from loraserve.common.rpc.security import ClientSecurity
 from loraserve.inference.cache import AdapterCache
 
 GOAL = 0.9

@@ -17,7 +17,7 @@ import pytest
 from prometheus_client import CollectorRegistry
 
 from loraserve.adapterstore.settings import parse_settings as parse_store_settings
-from loraserve.common.security import ServerSecurity, Token
+from loraserve.common.rpc.security import ServerSecurity, Token
 from loraserve.inference.app import InferenceApp
 from loraserve.inference.metrics import InferenceMetrics
 from loraserve.inference.openai import RunningHttpServer, create_openai_app, start_http_server

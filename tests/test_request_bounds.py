@@ -18,7 +18,7 @@ import httpx
 import pytest
 from prometheus_client import CollectorRegistry
 
-from loraserve.common.textlimits import MAX_STATUS_MESSAGE_BYTES
+from loraserve.common.config.textlimits import MAX_STATUS_MESSAGE_BYTES
 from loraserve.inference.engine import VllmEngine
 from loraserve.inference.metrics import InferenceMetrics
 from loraserve.inference.serving import SERVICE_NAME, register

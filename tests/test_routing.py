@@ -26,7 +26,7 @@ from loraserve.clients.routing import (
     parse_target,
 )
 from loraserve.common.errors import InvalidArgument
-from loraserve.common.security import ClientSecurity
+from loraserve.common.rpc.security import ClientSecurity
 from loraserve.inference.v1 import inference_pb2 as pb
 from loraserve.inference.v1 import inference_pb2_grpc as pb_grpc
 from loraserve.testing.certs import CertFiles, make_certs

@@ -18,8 +18,8 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from loraserve.clients.inference import InferenceClient, RetryPolicy, Sampling
 from loraserve.common.errors import NotFound
-from loraserve.common.security import ClientSecurity, ServerSecurity
-from loraserve.common.server import start_server
+from loraserve.common.rpc.security import ClientSecurity, ServerSecurity
+from loraserve.common.rpc.server import start_server
 from loraserve.inference.app import InferenceApp
 from loraserve.inference.serving import SERVICE_NAME, RuntimeRef, register
 from loraserve.inference.settings import parse_settings

@@ -18,8 +18,8 @@ import pytest
 
 from loraserve.adapterstore.v1 import adapterstore_pb2 as store_pb
 from loraserve.clients.store import StoreClient, StoreClientSettings
-from loraserve.common.clientstream import stream_unary
-from loraserve.common.security import ClientSecurity, ServerSecurity
+from loraserve.common.rpc.clientstream import stream_unary
+from loraserve.common.rpc.security import ClientSecurity, ServerSecurity
 from loraserve.inference.adapters import LLAMA_TARGET_MODULES, AdapterRegistry, CompatibilityChecker
 from loraserve.inference.cache import AdapterCache
 from loraserve.inference.metrics import InferenceMetrics

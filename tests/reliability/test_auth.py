@@ -18,8 +18,8 @@ from grpc_health.v1 import health_pb2
 
 from loraserve.adapterstore.v1 import adapterstore_pb2 as pb
 from loraserve.adapterstore.v1 import adapterstore_pb2_grpc as pb_grpc
-from loraserve.common.clientstream import stream_unary
-from loraserve.common.security import ClientSecurity, ServerSecurity, Token, secure_channel
+from loraserve.common.rpc.clientstream import stream_unary
+from loraserve.common.rpc.security import ClientSecurity, ServerSecurity, Token, secure_channel
 from loraserve.testing.adapterfiles import tiny_adapter
 from loraserve.testing.certs import CertFiles, make_certs
 from loraserve.testing.processes import health_status, store_process

@@ -12,7 +12,7 @@ import grpc
 import pytest
 
 from loraserve.adapterstore.v1 import adapterstore_pb2_grpc as store_grpc
-from loraserve.common.security import ClientSecurity, ServerSecurity, Token, secure_channel
+from loraserve.common.rpc.security import ClientSecurity, ServerSecurity, Token, secure_channel
 from loraserve.inference.v1 import inference_pb2_grpc as pb_grpc
 from loraserve.testing.certs import CertFiles, make_certs
 from loraserve.testing.inferenceapp import (

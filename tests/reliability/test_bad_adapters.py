@@ -23,7 +23,7 @@ from grpc_health.v1 import health_pb2
 
 from loraserve.adapterstore.files.push import PushResult
 from loraserve.adapterstore.v1 import adapterstore_pb2 as pb
-from loraserve.common.clientstream import stream_unary
+from loraserve.common.rpc.clientstream import stream_unary
 from loraserve.testing.adapterfiles import AdapterFiles, lora_config, raw_safetensors, tiny_adapter
 from loraserve.testing.adapterstore import TEST_LIMITS
 from loraserve.testing.figures import add_figure

@@ -22,8 +22,8 @@ from prometheus_client import generate_latest
 from loraserve.adapterstore.blobs.blobstore import blob_key
 from loraserve.clients.store import StoreClient, StoreClientSettings
 from loraserve.common.errors import DataLoss
-from loraserve.common.presigned import RevisionUrls
-from loraserve.common.security import ClientSecurity
+from loraserve.common.revisions.presigned import RevisionUrls
+from loraserve.common.rpc.security import ClientSecurity
 from loraserve.inference.cache import AdapterCache, FetchSettings, ReadSettings
 from loraserve.inference.metrics import InferenceMetrics
 from loraserve.testing.adapterfiles import AdapterFiles, tiny_adapter

@@ -28,8 +28,8 @@ from safetensors import SafetensorError
 from safetensors.numpy import load, save
 
 from loraserve.adapterstore.files.push import Chunk
-from loraserve.common.clientstream import stream_unary
 from loraserve.common.errors import InvalidArgument
+from loraserve.common.rpc.clientstream import stream_unary
 from loraserve.testing.adapterfiles import AdapterFiles, lora_config, tiny_adapter
 from loraserve.testing.adapterstore import make_store
 from loraserve.testing.figures import add_figure

@@ -21,7 +21,7 @@ import pytest
 from loraserve.adapterctl.failures import EXIT_FAILED, EXIT_NOT_ALLOWED, EXIT_USAGE
 from loraserve.adapterstore.files.validation import Limits
 from loraserve.adapterstore.v1 import adapterstore_pb2_grpc as pb_grpc
-from loraserve.common.security import ClientSecurity, ServerSecurity, Token, secure_channel
+from loraserve.common.rpc.security import ClientSecurity, ServerSecurity, Token, secure_channel
 from loraserve.testing.adapterfiles import tiny_adapter
 from loraserve.testing.ctl import ctl, write_adapter_dir
 from loraserve.testing.s3 import S3Bucket

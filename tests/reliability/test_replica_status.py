@@ -17,7 +17,7 @@ import pytest
 from loraserve.adapterstore.replicas.model import shard_key
 from loraserve.adapterstore.v1 import adapterstore_pb2 as pb
 from loraserve.adapterstore.v1 import adapterstore_pb2_grpc as pb_grpc
-from loraserve.common.security import ClientSecurity, ServerSecurity, Token, secure_channel
+from loraserve.common.rpc.security import ClientSecurity, ServerSecurity, Token, secure_channel
 from loraserve.common.statusshards import shard_of
 from loraserve.testing.adapterfiles import tiny_adapter
 from loraserve.testing.pushes import push_requests

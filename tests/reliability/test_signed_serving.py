@@ -22,8 +22,8 @@ import grpc
 import pytest
 
 from loraserve.adapterstore.v1 import adapterstore_pb2 as store_pb
-from loraserve.common.manifest import FileInfo, RevisionKey
-from loraserve.common.signing import sign_revision
+from loraserve.common.revisions.manifest import FileInfo, RevisionKey
+from loraserve.common.trust.signing import sign_revision
 from loraserve.testing.adapterfiles import AdapterFiles
 from loraserve.testing.forgery import forge_push, log_entry, put_blobs, replace_blob
 from loraserve.testing.inferenceapp import RunningInference, adapter_files, inference_app

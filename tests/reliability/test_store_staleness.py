@@ -21,8 +21,8 @@ from grpc_health.v1 import health_pb2
 from loraserve.adapterstore.blobs.s3blobs import S3BlobStore
 from loraserve.clients.replicareport import AdapterReport, RevisionReport, RevisionState
 from loraserve.clients.store import RolloutSplit, StoreClient, StoreClientSettings
-from loraserve.common.manifest import Revision
-from loraserve.common.security import ClientSecurity
+from loraserve.common.revisions.manifest import Revision
+from loraserve.common.rpc.security import ClientSecurity
 from loraserve.inference.adapters import RegistryCounts
 from loraserve.inference.sync import Synchronizer, SyncSettings
 from loraserve.testing.adapterfiles import tiny_adapter

@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 
 from loraserve.adapterctl.cli import build_parser, run
+from loraserve.adapterctl.commands.generate import sampling_params
 from loraserve.adapterctl.failures import EXIT_UNREACHABLE, EXIT_USAGE
-from loraserve.adapterctl.generate import sampling_params
 from loraserve.adapterctl.settings import (
     DEFAULT_INFERENCE_ADDRESS,
     DEFAULT_STORE_ADDRESS,

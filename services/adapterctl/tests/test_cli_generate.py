@@ -18,7 +18,7 @@ import pytest
 from loraserve.adapterctl.cli import run
 from loraserve.adapterctl.failures import EXIT_FAILED, EXIT_NOT_ALLOWED
 from loraserve.common.errors import NotFound
-from loraserve.common.security import ServerSecurity, parse_tokens
+from loraserve.common.rpc.security import ServerSecurity, parse_tokens
 from loraserve.inference.v1 import inference_pb2 as pb
 from loraserve.inference.v1 import inference_pb2_grpc as pb_grpc
 from loraserve.testing.ctl import buffers, ctl, output

@@ -6,8 +6,8 @@ import json
 
 from google.protobuf.timestamp_pb2 import Timestamp
 
-from loraserve.adapterctl.output import format_size, message_to_json, table
-from loraserve.adapterctl.read_commands import describe_event
+from loraserve.adapterctl.commands.read import describe_event
+from loraserve.adapterctl.terminal.output import format_size, message_to_json, table
 from loraserve.adapterstore.v1 import adapterstore_pb2 as pb
 
 

@@ -13,12 +13,12 @@ import grpc
 import pytest
 
 from loraserve.adapterctl.adapter_dir import hash_files, list_adapter_dir
-from loraserve.adapterctl.progress import Progress
+from loraserve.adapterctl.commands.write import StorePublisher
 from loraserve.adapterctl.settings import CtlSettings
-from loraserve.adapterctl.write_commands import StorePublisher
+from loraserve.adapterctl.terminal.progress import Progress
 from loraserve.adapterstore.v1 import adapterstore_pb2 as pb
 from loraserve.clients.push import CHUNK_SIZE, upload
-from loraserve.common.security import ClientSecurity
+from loraserve.common.rpc.security import ClientSecurity
 from loraserve.testing.ctl import TtyBuffer, write_adapter_dir
 
 README_SIZE = 2 * CHUNK_SIZE + 123

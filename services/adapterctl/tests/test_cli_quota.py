@@ -171,7 +171,7 @@ async def test_quota_show_json_names_the_adapter_and_its_limits(store: RunningSt
 
 
 def test_watch_prints_a_quota_change_with_its_limits() -> None:
-    from loraserve.adapterctl.read_commands import describe_event
+    from loraserve.adapterctl.commands.read import describe_event
 
     event = pb.AdapterEvent(
         seq=9,

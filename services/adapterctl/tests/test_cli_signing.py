@@ -7,8 +7,8 @@ import json
 from pathlib import Path
 
 from loraserve.adapterctl.failures import EXIT_FAILED, EXIT_NOT_ALLOWED, EXIT_USAGE
-from loraserve.common.signing import parse_trusted_signers
-from loraserve.common.trust import SignaturePolicy, TrustSettings
+from loraserve.common.trust.policy import SignaturePolicy, TrustSettings
+from loraserve.common.trust.signing import parse_trusted_signers
 from loraserve.testing.ctl import ctl, write_adapter_dir
 from loraserve.testing.s3 import S3Bucket
 from loraserve.testing.signers import KeyPair, write_certificate_signer, write_key_pair

@@ -14,7 +14,7 @@ def test_push_loads_neither_watchdog_nor_inference_protos() -> None:
     code = (
         "import sys\n"
         "import loraserve.adapterctl.cli\n"
-        "import loraserve.adapterctl.write_commands\n"
+        "import loraserve.adapterctl.commands.write\n"
         f"print(sorted(m for m in sys.modules if m.startswith({_NOT_FOR_PUSH!r})))\n"
     )
     out = subprocess.run(

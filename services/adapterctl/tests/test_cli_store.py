@@ -14,7 +14,7 @@ import grpc
 from loraserve.adapterctl.cli import run
 from loraserve.adapterctl.failures import EXIT_FAILED, EXIT_NOT_ALLOWED, EXIT_USAGE
 from loraserve.adapterstore.v1 import adapterstore_pb2_grpc as pb_grpc
-from loraserve.common.security import ServerSecurity, parse_tokens
+from loraserve.common.rpc.security import ServerSecurity, parse_tokens
 from loraserve.testing.badpushes import nested_json
 from loraserve.testing.ctl import buffers, ctl, output, write_adapter_dir
 from loraserve.testing.s3 import S3Bucket

@@ -11,9 +11,9 @@ from pathlib import Path
 import pytest
 
 from loraserve.adapterctl.adapter_dir import AdapterFiles, hash_files, list_adapter_dir
-from loraserve.adapterctl.console import Console
+from loraserve.adapterctl.commands.watch_dir import ChangeSignal, Fingerprint, watch_directory
 from loraserve.adapterctl.failures import UsageError
-from loraserve.adapterctl.watch_dir import ChangeSignal, Fingerprint, watch_directory
+from loraserve.adapterctl.terminal.console import Console
 from loraserve.testing.adapterfiles import tiny_adapter
 from loraserve.testing.ctl import buffers, output, write_adapter_dir
 from loraserve.testing.waiting import eventually

@@ -13,8 +13,8 @@ from loraserve.adapterstore.catalog.model import Adapter
 from loraserve.adapterstore.files.download_urls import DownloadUrls
 from loraserve.adapterstore.settings import parse_settings
 from loraserve.common.errors import InvalidArgument, Unimplemented
-from loraserve.common.manifest import FileInfo, Revision
-from loraserve.common.presigned import FileUrl
+from loraserve.common.revisions.manifest import FileInfo, Revision
+from loraserve.common.revisions.presigned import FileUrl
 
 LOCATION = S3Location(
     bucket="adapters",

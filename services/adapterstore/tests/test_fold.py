@@ -8,7 +8,7 @@ import pytest
 
 from loraserve.adapterstore.catalog.model import Change, ChangeType, StoreState, now
 from loraserve.common.errors import DataLoss
-from loraserve.common.manifest import FileInfo, Revision
+from loraserve.common.revisions.manifest import FileInfo, Revision
 
 
 def _revision(name: str, number: int, seq: int) -> Revision:

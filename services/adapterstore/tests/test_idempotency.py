@@ -25,7 +25,7 @@ from loraserve.adapterstore.changelog.logtypes import (
 )
 from loraserve.adapterstore.store import AdapterStore
 from loraserve.common.errors import FailedPrecondition, InvalidArgument, Unavailable
-from loraserve.common.manifest import Revision
+from loraserve.common.revisions.manifest import Revision
 from loraserve.testing.adapterfiles import tiny_adapter
 from loraserve.testing.adapterstore import StoreFactory
 from loraserve.testing.memblobs import MemoryBlobStore

@@ -12,8 +12,8 @@ import pytest
 from grpc_health.v1 import health_pb2
 
 from loraserve.adapterstore.settings import parse_settings
+from loraserve.common.config.sizes import parse_size
 from loraserve.common.errors import InvalidArgument
-from loraserve.common.sizes import parse_size
 from loraserve.testing.processes import free_port, wait_for_health
 from loraserve.testing.s3 import S3Bucket
 

@@ -14,7 +14,7 @@ from loraserve.adapterstore.files.validation import (
 )
 from loraserve.adapterstore.store import AdapterStore
 from loraserve.common.errors import InvalidArgument
-from loraserve.common.peft_format import parse_safetensors_header
+from loraserve.common.revisions.peft_format import parse_safetensors_header
 from loraserve.testing.adapterfiles import lora_tensors, tiny_adapter
 from loraserve.testing.badpushes import BAD_PUSHES, BadPush
 from loraserve.testing.memblobs import MemoryBlobStore

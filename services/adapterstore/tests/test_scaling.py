@@ -18,7 +18,7 @@ from loraserve.adapterstore.changelog import logstorage
 from loraserve.adapterstore.changelog.log import LogSettings
 from loraserve.adapterstore.changelog.logstorage import log_key, snapshot_key
 from loraserve.adapterstore.store import AdapterStore
-from loraserve.common.manifest import FileInfo, Revision
+from loraserve.common.revisions.manifest import FileInfo, Revision
 from loraserve.testing.adapterfiles import tiny_adapter
 from loraserve.testing.adapterstore import StoreFactory, s3_location
 from loraserve.testing.memblobs import MemoryBlobStore

@@ -13,7 +13,7 @@ from safetensors.numpy import save
 from loraserve.adapterstore.changelog.log import LogSettings
 from loraserve.adapterstore.v1 import adapterstore_pb2 as pb
 from loraserve.adapterstore.v1 import adapterstore_pb2_grpc as pb_grpc
-from loraserve.common.clientstream import stream_unary
+from loraserve.common.rpc.clientstream import stream_unary
 from loraserve.testing.adapterfiles import AdapterFiles, lora_config, lora_tensors, tiny_adapter
 from loraserve.testing.adapterstore import StoreServer, serve_store
 from loraserve.testing.badpushes import BAD_PUSHES, BadPush

@@ -28,8 +28,8 @@ from loraserve.adapterstore.v1 import adapterstore_pb2 as pb
 from loraserve.adapterstore.v1 import adapterstore_pb2_grpc as pb_grpc
 from loraserve.clients.push import LocalFile, push
 from loraserve.clients.store import store_channel
-from loraserve.common.security import ClientSecurity
-from loraserve.common.server import RunningServer
+from loraserve.common.rpc.security import ClientSecurity
+from loraserve.common.rpc.server import RunningServer
 from loraserve.testing.adapterfiles import tiny_adapter
 from loraserve.testing.adapterstore import make_store, s3_location
 from loraserve.testing.grpc import serving

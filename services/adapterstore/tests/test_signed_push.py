@@ -11,9 +11,9 @@ from typing import Any
 import grpc
 import pytest
 
-from loraserve.common.manifest import FileInfo, RevisionKey
-from loraserve.common.signing import MAX_SIGNATURE_BYTES, parse_trusted_signers, sign_revision
-from loraserve.common.trust import SignaturePolicy, TrustSettings
+from loraserve.common.revisions.manifest import FileInfo, RevisionKey
+from loraserve.common.trust.policy import SignaturePolicy, TrustSettings
+from loraserve.common.trust.signing import MAX_SIGNATURE_BYTES, parse_trusted_signers, sign_revision
 from loraserve.testing.adapterfiles import AdapterFiles, tiny_adapter
 from loraserve.testing.s3 import S3Bucket
 from loraserve.testing.signers import KeyPair, write_certificate_signer
@@ -107,7 +107,7 @@ async def test_a_signature_by_an_expired_certificate_is_refused_with_permission_
     from model_signing._signing import sign_certificate
     from model_signing._signing.signing import Payload
 
-    from loraserve.common.signing import signing_manifest
+    from loraserve.common.trust.signing import signing_manifest
 
     bundle: Any = sign_certificate.Signer(
         signer.private, signer.certificate, [signer.certificate]

@@ -10,7 +10,7 @@ import pytest
 
 from loraserve.adapterstore.v1 import adapterstore_pb2 as pb
 from loraserve.adapterstore.v1 import adapterstore_pb2_grpc as pb_grpc
-from loraserve.common.textlimits import MAX_DESCRIPTION_BYTES, MAX_ERROR_MESSAGE_BYTES
+from loraserve.common.config.textlimits import MAX_DESCRIPTION_BYTES, MAX_ERROR_MESSAGE_BYTES
 from loraserve.testing.adapterfiles import AdapterFiles, lora_config, tiny_adapter
 from loraserve.testing.adapterstore import StoreServer, serve_store
 from loraserve.testing.pushes import push_requests

@@ -8,7 +8,7 @@ from collections.abc import Callable
 
 import pytest
 
-from loraserve.common.flags import EnvFlags, fraction, non_negative_int, port, positive_int
+from loraserve.common.config.flags import EnvFlags, fraction, non_negative_int, port, positive_int
 
 
 def test_a_flag_falls_back_to_its_prefixed_variable_and_names_it_in_its_help() -> None:

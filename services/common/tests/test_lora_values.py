@@ -11,7 +11,7 @@ import pytest
 from safetensors.numpy import save
 
 from loraserve.common.errors import InvalidArgument
-from loraserve.common.lora_values import (
+from loraserve.common.revisions.lora_values import (
     MAX_LORA_SCALE,
     WeightsFileCheck,
     check_config_scale,

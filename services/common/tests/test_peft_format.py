@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from loraserve.common.errors import InvalidArgument
-from loraserve.common.peft_format import check_json_depth, load_json_object, matrix_shapes
+from loraserve.common.revisions.peft_format import check_json_depth, load_json_object, matrix_shapes
 from loraserve.testing.badpushes import nested_json, weights_with_nested_header
 
 

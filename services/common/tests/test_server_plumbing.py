@@ -10,7 +10,7 @@ import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from loraserve.common.errors import FailedPrecondition, NotFound
-from loraserve.common.security import ServerSecurity, current_principal, parse_tokens
+from loraserve.common.rpc.security import ServerSecurity, current_principal, parse_tokens
 from loraserve.inference.v1 import inference_pb2 as pb
 from loraserve.inference.v1 import inference_pb2_grpc as pb_grpc
 from loraserve.testing.grpc import serving

@@ -17,7 +17,7 @@ from loraserve.common.errors import (
     NotFound,
     Unavailable,
 )
-from loraserve.common.manifest import Revision
+from loraserve.common.revisions.manifest import Revision
 from loraserve.inference.cache import AdapterCache
 from loraserve.inference.cache.download import MANIFEST_FILE
 from loraserve.testing.cache_fakes import FakeSource, file_info

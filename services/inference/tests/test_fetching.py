@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from loraserve.common.errors import DataLoss
-from loraserve.common.presigned import FileUrl, RevisionUrls, redacted
+from loraserve.common.revisions.presigned import FileUrl, RevisionUrls, redacted
 from loraserve.inference.cache import AdapterCache, FetchSettings
 from loraserve.inference.settings import parse_settings
 from loraserve.testing.cache_fakes import FakeSource

@@ -11,8 +11,8 @@ import httpx
 import openai
 import pytest
 
-from loraserve.common.metrics_http import split_address
-from loraserve.common.security import ServerSecurity, Token
+from loraserve.common.rpc.metrics_http import split_address
+from loraserve.common.rpc.security import ServerSecurity, Token
 from loraserve.testing.inference_fakes import FakeEngine
 from loraserve.testing.openai_front import CHAT, MODEL, StartFront, _post
 from loraserve.testing.waiting import eventually

@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 
-from loraserve.common.security import ServerSecurity, Token
+from loraserve.common.rpc.security import ServerSecurity, Token
 from loraserve.inference.adapters import LLAMA_TARGET_MODULES, AdapterRegistry, CompatibilityChecker
 from loraserve.inference.metrics import InferenceMetrics
 from loraserve.inference.openai import RunningHttpServer, create_openai_app, start_http_server

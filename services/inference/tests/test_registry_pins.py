@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 
 from loraserve.common.errors import NotFound
-from loraserve.common.manifest import Revision
-from loraserve.common.names import AdapterRef
+from loraserve.common.revisions.manifest import Revision
+from loraserve.common.revisions.names import AdapterRef
 from loraserve.inference.adapters import AdapterRegistry, RevisionState
 from loraserve.inference.cache import CachedRevision, Holder
 from loraserve.testing.inference_fakes import (

@@ -8,7 +8,7 @@ import asyncio
 import pytest
 
 from loraserve.clients.store import RolloutSplit
-from loraserve.common.names import AdapterRef
+from loraserve.common.revisions.names import AdapterRef
 from loraserve.inference.adapters import AdapterRegistry
 from loraserve.testing.inference_fakes import FakeEngine, FakeFetcher, fake_manifest
 from loraserve.testing.waiting import eventually

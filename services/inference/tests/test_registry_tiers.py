@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 
 from loraserve.common.errors import FailedPrecondition, NotFound
-from loraserve.common.manifest import RevisionKey
-from loraserve.common.names import AdapterRef, parse_adapter_ref
+from loraserve.common.revisions.manifest import RevisionKey
+from loraserve.common.revisions.names import AdapterRef, parse_adapter_ref
 from loraserve.inference.adapters import (
     AdapterRegistry,
     RevisionState,

@@ -26,8 +26,8 @@ from loraserve.clients.store import (
     StoreEvent,
 )
 from loraserve.common.errors import NotFound, Unavailable
-from loraserve.common.manifest import Revision
-from loraserve.common.security import ClientSecurity
+from loraserve.common.revisions.manifest import Revision
+from loraserve.common.rpc.security import ClientSecurity
 from loraserve.common.statusshards import shard_of
 from loraserve.testing.adapterfiles import tiny_adapter
 from loraserve.testing.pushes import push_requests

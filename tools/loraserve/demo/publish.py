@@ -19,7 +19,7 @@ from loraserve.clients.inference import InferenceClient
 from loraserve.clients.push import new_idempotency_key, push
 from loraserve.clients.store import store_channel, store_stub
 from loraserve.common.errors import DeadlineExceeded, error_from_rpc
-from loraserve.common.security import ClientSecurity, secure_channel
+from loraserve.common.rpc.security import ClientSecurity, secure_channel
 from loraserve.inference.v1 import inference_pb2 as inference_pb
 
 log = logging.getLogger(__name__)

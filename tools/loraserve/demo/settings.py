@@ -12,9 +12,9 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from loraserve.common.config.flags import EnvFlags, port, positive_float
 from loraserve.common.errors import InvalidArgument
-from loraserve.common.flags import EnvFlags, port, positive_float
-from loraserve.common.security import (
+from loraserve.common.rpc.security import (
     ClientSecurity,
     add_client_security_flags,
     client_security_from_args,

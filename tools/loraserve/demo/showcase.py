@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from loraserve.clients.inference import Delta, InferenceClient, Sampling
-from loraserve.common.security import ClientSecurity
+from loraserve.common.rpc.security import ClientSecurity
 from loraserve.demo.publish import push_directory, wait_until_routed
 
 log = logging.getLogger(__name__)

@@ -4,7 +4,7 @@ complete, and their SHA-256 digests.
 The file rules are the store's own (`loraserve.adapterstore.files.validation`), so what
 adapterctl sends is what the store accepts; the store still checks everything. The
 one read that hashes a file also runs the store's checks of its values (every weight
-finite, the config's LoRA scale bounded: `loraserve.common.lora_values`), so a push
+finite, the config's LoRA scale bounded: `loraserve.common.revisions.lora_values`), so a push
 the store would refuse for them is never sent.
 """
 
@@ -26,8 +26,8 @@ from loraserve.adapterstore.files import (
 )
 from loraserve.clients.push import CHUNK_SIZE, LocalFile
 from loraserve.common.errors import InvalidArgument
-from loraserve.common.lora_values import WeightsFileCheck, check_config_scale
-from loraserve.common.peft_format import (
+from loraserve.common.revisions.lora_values import WeightsFileCheck, check_config_scale
+from loraserve.common.revisions.peft_format import (
     CONFIG_FILE,
     WEIGHTS_FILE,
     load_json_object,

@@ -15,7 +15,6 @@ from typing import Any, NoReturn
 import grpc
 import stamina.instrumentation
 
-from loraserve.adapterctl.console import Console
 from loraserve.adapterctl.failures import (
     EXIT_INTERRUPTED,
     EXIT_USAGE,
@@ -30,9 +29,10 @@ from loraserve.adapterctl.settings import (
     add_connection_flags,
     settings_from_args,
 )
+from loraserve.adapterctl.terminal.console import Console
 from loraserve.clients.push import LocalFileError
+from loraserve.common.config.flags import non_negative_int, positive_float, positive_int
 from loraserve.common.errors import error_from_rpc
-from loraserve.common.flags import non_negative_int, positive_float, positive_int
 
 Handler = Callable[[argparse.Namespace, CtlSettings, Console], Awaitable[int]]
 # Adds one subcommand: name, handler, help text, add_parser's other arguments.
@@ -45,25 +45,27 @@ def _lazy(module: str, name: str) -> Handler:
     protos."""
 
     async def handler(args: argparse.Namespace, settings: CtlSettings, console: Console) -> int:
-        command: Handler = getattr(importlib.import_module(f"loraserve.adapterctl.{module}"), name)
+        command: Handler = getattr(
+            importlib.import_module(f"loraserve.adapterctl.commands.{module}"), name
+        )
         return await command(args, settings, console)
 
     return handler
 
 
-cmd_push = _lazy("write_commands", "cmd_push")
-cmd_rollback = _lazy("write_commands", "cmd_rollback")
-cmd_delete = _lazy("write_commands", "cmd_delete")
-cmd_list = _lazy("read_commands", "cmd_list")
-cmd_revisions = _lazy("read_commands", "cmd_revisions")
-cmd_watch = _lazy("read_commands", "cmd_watch")
-cmd_status = _lazy("read_commands", "cmd_status")
+cmd_push = _lazy("write", "cmd_push")
+cmd_rollback = _lazy("write", "cmd_rollback")
+cmd_delete = _lazy("write", "cmd_delete")
+cmd_list = _lazy("read", "cmd_list")
+cmd_revisions = _lazy("read", "cmd_revisions")
+cmd_watch = _lazy("read", "cmd_watch")
+cmd_status = _lazy("read", "cmd_status")
 cmd_generate = _lazy("generate", "cmd_generate")
-cmd_rollout_start = _lazy("rollout_commands", "cmd_rollout_start")
-cmd_rollout_set = _lazy("rollout_commands", "cmd_rollout_set")
-cmd_rollout_status = _lazy("rollout_commands", "cmd_rollout_status")
-cmd_rollout_promote = _lazy("rollout_commands", "cmd_rollout_promote")
-cmd_rollout_abort = _lazy("rollout_commands", "cmd_rollout_abort")
+cmd_rollout_start = _lazy("rollout", "cmd_rollout_start")
+cmd_rollout_set = _lazy("rollout", "cmd_rollout_set")
+cmd_rollout_status = _lazy("rollout", "cmd_rollout_status")
+cmd_rollout_promote = _lazy("rollout", "cmd_rollout_promote")
+cmd_rollout_abort = _lazy("rollout", "cmd_rollout_abort")
 
 EPILOG = """\
 environment:
@@ -119,7 +121,7 @@ def build_parser(environ: Mapping[str, str]) -> argparse.ArgumentParser:
     _add_push(command)
     _add_store_commands(command)
     _add_rollout(commands, common)
-    add_quota(commands, common, lambda name: _lazy("quota_commands", name))
+    add_quota(commands, common, lambda name: _lazy("quota", name))
     _add_generate(command)
     return parser
 

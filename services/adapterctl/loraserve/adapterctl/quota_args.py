@@ -1,5 +1,5 @@
 """`adapterctl quota`'s command line, parsed where the rest is (the commands themselves,
-in quota_commands.py, load the store's protos only when they run)."""
+in commands/quota.py, load the store's protos only when they run)."""
 
 from __future__ import annotations
 

@@ -11,9 +11,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from loraserve.adapterctl.failures import UsageError
+from loraserve.common.config.flags import positive_float
 from loraserve.common.errors import InvalidArgument
-from loraserve.common.flags import positive_float
-from loraserve.common.security import (
+from loraserve.common.rpc.security import (
     ClientSecurity,
     add_client_security_flags,
     client_security_from_args,

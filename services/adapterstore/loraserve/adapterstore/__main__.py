@@ -30,10 +30,10 @@ from loraserve.adapterstore.files import DownloadUrls
 from loraserve.adapterstore.replicas.writes import ReplicaStatusStore
 from loraserve.adapterstore.settings import AdapterStoreSettings, parse_settings
 from loraserve.adapterstore.store import AdapterStore
-from loraserve.common import retrylog
 from loraserve.common.errors import DataLoss, FailedPrecondition, LoraserveError, Unavailable
-from loraserve.common.metrics_http import serve_metrics
-from loraserve.common.server import install_stop_signals, start_server
+from loraserve.common.rpc import retrylog
+from loraserve.common.rpc.metrics_http import serve_metrics
+from loraserve.common.rpc.server import install_stop_signals, start_server
 
 log = logging.getLogger("loraserve.adapterstore")
 

@@ -25,8 +25,8 @@ from loraserve.adapterstore.changelog import (
     check_idempotency_key,
     request_tag,
 )
-from loraserve.common.names import validate_adapter_name
 from loraserve.common.quota import Quota
+from loraserve.common.revisions.names import validate_adapter_name
 
 log = logging.getLogger(__name__)
 

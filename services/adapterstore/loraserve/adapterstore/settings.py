@@ -25,22 +25,22 @@ from loraserve.adapterstore.changelog import LogSettings
 from loraserve.adapterstore.files import Limits
 from loraserve.adapterstore.replicas.model import DEFAULT_STATUS_TTL_S
 from loraserve.adapterstore.store import StoreSettings
-from loraserve.common.errors import InvalidArgument
-from loraserve.common.flags import (
+from loraserve.common.config.flags import (
     EnvFlags,
     non_negative_float,
     non_negative_int,
     positive_float,
     positive_int,
 )
-from loraserve.common.metrics_http import add_metrics_flags, metrics_address
-from loraserve.common.security import (
+from loraserve.common.config.sizes import parse_size
+from loraserve.common.errors import InvalidArgument
+from loraserve.common.rpc.metrics_http import add_metrics_flags, metrics_address
+from loraserve.common.rpc.security import (
     ServerSecurity,
     add_server_security_flags,
     server_security_from_args,
 )
-from loraserve.common.sizes import parse_size
-from loraserve.common.trust import add_trust_flags, trust_settings_from_args
+from loraserve.common.trust.policy import add_trust_flags, trust_settings_from_args
 
 ENV_PREFIX = "ADAPTERSTORE"
 DEFAULT_URL_TTL_S = 300

@@ -55,11 +55,11 @@ from loraserve.adapterstore.replicas.ops import ReplicaOps
 from loraserve.adapterstore.replicas.writes import ReplicaStatusStore
 from loraserve.adapterstore.rollout.guard import RolloutGuard
 from loraserve.adapterstore.rollout.ops import RolloutOps
+from loraserve.common.config.textlimits import MAX_DESCRIPTION_BYTES, MAX_PAGE_BYTES, check_text
 from loraserve.common.errors import InvalidArgument, Unavailable
-from loraserve.common.manifest import Revision
-from loraserve.common.names import validate_adapter_name
-from loraserve.common.textlimits import MAX_DESCRIPTION_BYTES, MAX_PAGE_BYTES, check_text
-from loraserve.common.trust import RevisionTrust, TrustSettings
+from loraserve.common.revisions.manifest import Revision
+from loraserve.common.revisions.names import validate_adapter_name
+from loraserve.common.trust.policy import RevisionTrust, TrustSettings
 
 log = logging.getLogger(__name__)
 
@@ -79,7 +79,7 @@ class StoreSettings:
     stale_upload_age_s: float = 86_400.0
     # Seconds between checks of active rollouts' figures and guards (rollout/guard.py).
     rollout_check_interval_s: float = 5.0
-    # What a push's signature must be (loraserve.common.trust).
+    # What a push's signature must be (loraserve.common.trust.policy).
     trust: TrustSettings = field(default_factory=TrustSettings)
 
 

@@ -1,5 +1,5 @@
 """How every loraserve client opens its channel: TLS and the bearer token
-(`loraserve.common.security`), the shared message limit, and a service config that
+(`loraserve.common.rpc.security`), the shared message limit, and a service config that
 carries gRPC's own retry policy for the calls that are safe to send again.
 
 gRPC retries a call that failed UNAVAILABLE before the server answered anything,
@@ -19,8 +19,8 @@ from typing import Any
 
 import grpc
 
-from loraserve.common.security import ClientSecurity, secure_channel
-from loraserve.common.sizes import MESSAGE_LIMIT_OPTIONS
+from loraserve.common.config.sizes import MESSAGE_LIMIT_OPTIONS
+from loraserve.common.rpc.security import ClientSecurity, secure_channel
 
 # gRPC clamps a retry policy's maxAttempts at 5 (and logs it).
 MAX_GRPC_ATTEMPTS = 5

@@ -1,6 +1,6 @@
 """What a download delivers to the inference service: the chunks of a
 `DownloadAdapter` stream, or a revision's presigned URLs (`GetDownloadUrls`,
-`loraserve.common.presigned`)."""
+`loraserve.common.revisions.presigned`)."""
 
 from __future__ import annotations
 
@@ -8,8 +8,8 @@ from dataclasses import dataclass
 from datetime import UTC
 
 from loraserve.adapterstore.v1 import adapterstore_pb2 as pb
-from loraserve.common.manifest import revision_from_proto
-from loraserve.common.presigned import FileUrl, RevisionUrls
+from loraserve.common.revisions.manifest import revision_from_proto
+from loraserve.common.revisions.presigned import FileUrl, RevisionUrls
 
 
 @dataclass(frozen=True, slots=True)

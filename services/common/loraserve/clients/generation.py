@@ -7,7 +7,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
-from loraserve.common.sampling_fields import OPTIONAL_SAMPLING_FIELDS
+from loraserve.common.rpc.sampling_fields import OPTIONAL_SAMPLING_FIELDS
 from loraserve.inference.v1 import inference_pb2 as pb
 
 _FINISH_REASONS = {pb.FINISH_REASON_STOP: "stop", pb.FINISH_REASON_LENGTH: "length"}

@@ -27,9 +27,9 @@ import grpc
 from loraserve.clients.channels import Retry, open_channel
 from loraserve.clients.generation import Completion, Delta, Sampling, build_request, delta_from
 from loraserve.clients.routing import ADAPTER_HASH_HEADER, affinity_key, channel_for, routed_error
-from loraserve.common import retrylog
 from loraserve.common.errors import DeadlineExceeded, error_from_rpc
-from loraserve.common.security import ClientSecurity
+from loraserve.common.rpc import retrylog
+from loraserve.common.rpc.security import ClientSecurity
 from loraserve.inference.v1 import inference_pb2 as pb
 from loraserve.inference.v1 import inference_pb2_grpc as pb_grpc
 

@@ -26,8 +26,8 @@ from typing import Any, BinaryIO, Protocol
 import grpc
 
 from loraserve.adapterstore.v1 import adapterstore_pb2 as pb
-from loraserve.common import retrylog
-from loraserve.common.clientstream import ClientStream
+from loraserve.common.rpc import retrylog
+from loraserve.common.rpc.clientstream import ClientStream
 
 CHUNK_SIZE = 1024 * 1024
 PUSH_ATTEMPTS = 3
@@ -156,7 +156,7 @@ async def upload(
 ) -> pb.PushAdapterResponse:
     """Streams one push; a rejected push raises the call's AioRpcError. A retry of
     the push must pass the same `idempotency_key` (`push` does), and the same
-    `signature` (a signed push's, see loraserve.common.signing).
+    `signature` (a signed push's, see loraserve.common.trust.signing).
 
     The store may refuse the push before it has all been sent (no token, a file over
     its limits, a bad file): writing stops then, and the store's status is raised.

@@ -14,7 +14,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from loraserve.adapterstore.v1 import adapterstore_pb2 as pb
-from loraserve.common.textlimits import MAX_ERROR_MESSAGE_BYTES, truncate_text
+from loraserve.common.config.textlimits import MAX_ERROR_MESSAGE_BYTES, truncate_text
 
 # Well under gRPC's default 4 MiB receive limit.
 MAX_REQUEST_BYTES = 1024 * 1024

@@ -34,7 +34,7 @@ from loraserve.common.errors import (
     LoraserveError,
     error_from_rpc,
 )
-from loraserve.common.names import parse_adapter_ref, shown
+from loraserve.common.revisions.names import parse_adapter_ref, shown
 
 log = logging.getLogger(__name__)
 

@@ -45,9 +45,9 @@ from loraserve.clients.storetypes import (
     listing_from_proto,
 )
 from loraserve.common import errors
-from loraserve.common.manifest import Revision, revision_from_proto
-from loraserve.common.presigned import RevisionUrls
-from loraserve.common.security import ClientSecurity
+from loraserve.common.revisions.manifest import Revision, revision_from_proto
+from loraserve.common.revisions.presigned import RevisionUrls
+from loraserve.common.rpc.security import ClientSecurity
 
 log = logging.getLogger(__name__)
 

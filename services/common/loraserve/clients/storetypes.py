@@ -8,8 +8,8 @@ import enum
 from dataclasses import dataclass
 
 from loraserve.adapterstore.v1 import adapterstore_pb2 as pb
-from loraserve.common.manifest import Revision, revision_from_proto
 from loraserve.common.quota import Quota, quota_from_proto
+from loraserve.common.revisions.manifest import Revision, revision_from_proto
 
 
 @dataclass(frozen=True, slots=True)

@@ -1,6 +1,6 @@
 """Domain errors shared by both services, and their one mapping to gRPC status codes.
 
-Library code raises these; only `loraserve.common.grpcutil` turns them into gRPC
+Library code raises these; only `loraserve.common.rpc.grpcutil` turns them into gRPC
 statuses, for unary and streaming calls alike. Anything else that escapes a
 servicer is a bug and becomes INTERNAL.
 """

@@ -12,9 +12,9 @@ from collections.abc import Sequence
 
 import uvloop
 
-from loraserve.common import retrylog
 from loraserve.common.errors import LoraserveError
-from loraserve.common.server import install_stop_signals
+from loraserve.common.rpc import retrylog
+from loraserve.common.rpc.server import install_stop_signals
 from loraserve.inference.app import InferenceApp
 from loraserve.inference.settings import InferenceSettings, parse_settings
 

@@ -19,13 +19,13 @@ from typing import TYPE_CHECKING
 import stamina
 
 from loraserve.clients.store import StoreClient, StoreClientSettings
-from loraserve.common import retrylog
-from loraserve.common.admission import AdmissionOptions
+from loraserve.common.config.admission import AdmissionOptions
 from loraserve.common.errors import TRANSIENT_ERRORS, LoraserveError
-from loraserve.common.manifest import Revision
-from loraserve.common.metrics_http import serve_metrics
-from loraserve.common.server import RunningServer, start_server
-from loraserve.common.trust import RevisionTrust
+from loraserve.common.revisions.manifest import Revision
+from loraserve.common.rpc import retrylog
+from loraserve.common.rpc.metrics_http import serve_metrics
+from loraserve.common.rpc.server import RunningServer, start_server
+from loraserve.common.trust.policy import RevisionTrust
 from loraserve.inference.adapters import (
     LLAMA_TARGET_MODULES,
     AdapterRegistry,

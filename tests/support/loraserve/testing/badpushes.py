@@ -11,7 +11,7 @@ import numpy as np
 from safetensors.numpy import save
 
 from loraserve.adapterstore.files.push import Chunk
-from loraserve.common.manifest import FileInfo
+from loraserve.common.revisions.manifest import FileInfo
 from loraserve.testing.adapterfiles import (
     AdapterFiles,
     lora_config,

@@ -9,8 +9,8 @@ from datetime import UTC, datetime
 
 from loraserve.clients.downloads import FileChunk
 from loraserve.common.errors import NotFound, Unimplemented
-from loraserve.common.manifest import FileInfo, Revision
-from loraserve.common.presigned import RevisionUrls
+from loraserve.common.revisions.manifest import FileInfo, Revision
+from loraserve.common.revisions.presigned import RevisionUrls
 
 
 def file_info(name: str, data: bytes) -> FileInfo:

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from loraserve.adapterctl.cli import run
-from loraserve.adapterctl.console import Console
+from loraserve.adapterctl.terminal.console import Console
 from loraserve.testing.adapterfiles import tiny_adapter
 
 

@@ -10,7 +10,7 @@ from dataclasses import replace
 from loraserve.adapterstore.blobs.blobstore import blob_key
 from loraserve.adapterstore.catalog.model import Change, ChangeType, now
 from loraserve.adapterstore.changelog.logstorage import LOG_PREFIX, log_key
-from loraserve.common.manifest import FileInfo, Revision
+from loraserve.common.revisions.manifest import FileInfo, Revision
 from loraserve.testing.adapterfiles import AdapterFiles
 from loraserve.testing.s3 import S3Bucket
 

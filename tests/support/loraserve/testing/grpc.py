@@ -7,8 +7,8 @@ from contextlib import asynccontextmanager
 
 import grpc
 
-from loraserve.common.security import ServerSecurity
-from loraserve.common.server import RunningServer, start_server
+from loraserve.common.rpc.security import ServerSecurity
+from loraserve.common.rpc.server import RunningServer, start_server
 
 
 @asynccontextmanager

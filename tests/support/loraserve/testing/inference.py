@@ -23,8 +23,8 @@ import pytest
 from prometheus_client import CollectorRegistry
 
 from loraserve.common.errors import NotFound
-from loraserve.common.manifest import Revision
-from loraserve.common.security import ServerSecurity
+from loraserve.common.revisions.manifest import Revision
+from loraserve.common.rpc.security import ServerSecurity
 from loraserve.inference.adapters import (
     AdapterRegistry,
     CompatibilityChecker,

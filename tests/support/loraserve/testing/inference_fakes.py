@@ -17,7 +17,7 @@ from typing import Any
 from safetensors.numpy import save
 
 from loraserve.common.errors import FailedPrecondition, NotFound
-from loraserve.common.manifest import FileInfo, Revision
+from loraserve.common.revisions.manifest import FileInfo, Revision
 from loraserve.inference.cache import CachedRevision, CacheUsage, Holder
 from loraserve.inference.engine import (
     AdapterHandle,

@@ -14,7 +14,7 @@ import httpx
 import openai
 import pytest
 
-from loraserve.common.security import ServerSecurity
+from loraserve.common.rpc.security import ServerSecurity
 from loraserve.inference.adapters import LLAMA_TARGET_MODULES, AdapterRegistry, CompatibilityChecker
 from loraserve.inference.metrics import InferenceMetrics
 from loraserve.inference.openai import RunningHttpServer, create_openai_app, start_http_server

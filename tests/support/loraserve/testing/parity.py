@@ -17,7 +17,7 @@ import httpx
 import pytest
 from prometheus_client import CollectorRegistry
 
-from loraserve.common.names import parse_adapter_ref
+from loraserve.common.revisions.names import parse_adapter_ref
 from loraserve.inference.engine import VllmEngine
 from loraserve.inference.metrics import InferenceMetrics
 from loraserve.inference.serving import SERVICE_NAME, register

@@ -9,7 +9,7 @@ from typing import Any
 from loraserve.adapterstore.files.push import Chunk, PushHeader, PushResult
 from loraserve.adapterstore.store import AdapterStore
 from loraserve.adapterstore.v1 import adapterstore_pb2 as pb
-from loraserve.common.manifest import FileInfo
+from loraserve.common.revisions.manifest import FileInfo
 from loraserve.testing.adapterfiles import AdapterFiles
 
 

@@ -15,8 +15,8 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import NameOID
 
-from loraserve.common.signing import parse_trusted_signers
-from loraserve.common.trust import SignaturePolicy, TrustSettings
+from loraserve.common.trust.policy import SignaturePolicy, TrustSettings
+from loraserve.common.trust.signing import parse_trusted_signers
 from loraserve.testing.s3 import S3Bucket
 from loraserve.testing.store import RunningStore, running_store
 

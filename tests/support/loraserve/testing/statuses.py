@@ -18,8 +18,8 @@ from loraserve.adapterstore.replicas.model import (
     shard_key,
 )
 from loraserve.adapterstore.v1 import adapterstore_pb2 as pb
+from loraserve.common.config.textlimits import MAX_ERROR_MESSAGE_BYTES
 from loraserve.common.statusshards import shard_of
-from loraserve.common.textlimits import MAX_ERROR_MESSAGE_BYTES
 from loraserve.testing.s3 import S3Bucket
 
 # The case: 1,100 NACKs, each with a reason of the full 4 KiB allowed.

@@ -23,7 +23,7 @@ from loraserve.adapterstore.blobs.presign import S3Presigner
 from loraserve.adapterstore.blobs.s3blobs import S3BlobStore
 from loraserve.adapterstore.files.download_urls import DownloadUrls
 from loraserve.adapterstore.store import AdapterStore
-from loraserve.common.security import ServerSecurity
+from loraserve.common.rpc.security import ServerSecurity
 from loraserve.testing.adapterstore import FAST_LOG, make_store, s3_location
 from loraserve.testing.grpc import serving
 from loraserve.testing.s3 import S3Bucket

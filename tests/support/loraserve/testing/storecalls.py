@@ -10,7 +10,7 @@ import grpc
 
 from loraserve.adapterstore.v1 import adapterstore_pb2 as pb
 from loraserve.adapterstore.v1 import adapterstore_pb2_grpc as pb_grpc
-from loraserve.common.clientstream import stream_unary
+from loraserve.common.rpc.clientstream import stream_unary
 from loraserve.testing.adapterfiles import AdapterFiles
 from loraserve.testing.pushes import push_requests
 

@@ -27,7 +27,7 @@ from loraserve.common.errors import (
     LoraserveError,
     rpc_code,
 )
-from loraserve.common.manifest import Revision
+from loraserve.common.revisions.manifest import Revision
 from loraserve.inference.adapters import RegistryCounts
 from loraserve.inference.cache import CachedRevision
 from loraserve.inference.sync import ReportSettings, Synchronizer, SyncSettings

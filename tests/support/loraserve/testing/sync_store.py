@@ -17,7 +17,7 @@ from loraserve.clients.store import (
     StoreEvent,
 )
 from loraserve.common.errors import LoraserveError
-from loraserve.common.manifest import FileInfo, Revision
+from loraserve.common.revisions.manifest import FileInfo, Revision
 from loraserve.common.statusshards import shard_of
 
 _END = object()  # ends a fake watch stream normally

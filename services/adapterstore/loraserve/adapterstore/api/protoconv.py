@@ -21,9 +21,9 @@ from loraserve.adapterstore.rollout.protoconv import rollout
 from loraserve.adapterstore.rollout.records import Rollout
 from loraserve.adapterstore.v1 import adapterstore_pb2 as pb
 from loraserve.common.errors import InvalidArgument
-from loraserve.common.manifest import FileInfo, Revision, revision_to_proto, timestamp
-from loraserve.common.presigned import RevisionUrls
 from loraserve.common.quota import quota_to_proto
+from loraserve.common.revisions.manifest import FileInfo, Revision, revision_to_proto, timestamp
+from loraserve.common.revisions.presigned import RevisionUrls
 
 _EVENT_TYPES = {
     ChangeType.REVISION_PUSHED: pb.EVENT_TYPE_REVISION_PUSHED,

@@ -21,9 +21,9 @@ from loraserve.adapterstore.rollout.ops import RolloutResult
 from loraserve.adapterstore.store import AdapterStore
 from loraserve.adapterstore.v1 import adapterstore_pb2 as pb
 from loraserve.adapterstore.v1 import adapterstore_pb2_grpc as pb_grpc
-from loraserve.common.manifest import revision_to_proto, timestamp
 from loraserve.common.quota import quota_from_proto, quota_to_proto
-from loraserve.common.security import current_principal
+from loraserve.common.revisions.manifest import revision_to_proto, timestamp
+from loraserve.common.rpc.security import current_principal
 
 SERVICE_NAME = pb.DESCRIPTOR.services_by_name["AdapterStoreService"].full_name
 _PREFIX = f"/{SERVICE_NAME}/"
@@ -282,7 +282,7 @@ def _rollout_response(result: RolloutResult) -> pb.RolloutResponse:
 
 
 def register(servicer: AdapterStoreServicer) -> Callable[[grpc.aio.Server], None]:
-    """The `register` callback for `loraserve.common.server.start_server`."""
+    """The `register` callback for `loraserve.common.rpc.server.start_server`."""
 
     def add(server: grpc.aio.Server) -> None:
         pb_grpc.add_AdapterStoreServiceServicer_to_server(servicer, server)

@@ -14,10 +14,10 @@ from dataclasses import dataclass
 from loraserve.adapterstore.catalog import pagetokens
 from loraserve.adapterstore.catalog.lookup import detached
 from loraserve.adapterstore.catalog.model import Adapter, StoreState
+from loraserve.common.config.textlimits import PageFill
 from loraserve.common.errors import InvalidArgument
-from loraserve.common.manifest import Revision
 from loraserve.common.quota import Quota
-from loraserve.common.textlimits import PageFill
+from loraserve.common.revisions.manifest import Revision
 
 
 @dataclass(frozen=True, slots=True)

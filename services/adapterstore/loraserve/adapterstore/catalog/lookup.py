@@ -11,7 +11,7 @@ from dataclasses import replace
 
 from loraserve.adapterstore.catalog.model import Adapter, StoreState
 from loraserve.common.errors import FailedPrecondition, InvalidArgument, NotFound
-from loraserve.common.manifest import Revision
+from loraserve.common.revisions.manifest import Revision
 
 
 def find_adapter(state: StoreState, name: str) -> Adapter:

@@ -20,8 +20,8 @@ from loraserve.adapterstore.catalog.quota_record import DEFAULT_QUOTA, QuotaChan
 from loraserve.adapterstore.catalog.requestrecord import RequestRecord
 from loraserve.adapterstore.rollout.records import Rollout, RolloutState
 from loraserve.common.errors import DataLoss
-from loraserve.common.manifest import Revision, time_from_json, time_to_json
 from loraserve.common.quota import Quota
+from loraserve.common.revisions.manifest import Revision, time_from_json, time_to_json
 
 # Version of the JSON written to log entries and snapshots; readers reject others
 # rather than misread them. Fields added later (commit ids, request keys) are

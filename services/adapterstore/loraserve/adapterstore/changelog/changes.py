@@ -20,8 +20,8 @@ from loraserve.adapterstore.catalog import (
 from loraserve.adapterstore.changelog.logtypes import ChangeBuilder
 from loraserve.adapterstore.files import LoraConfig, PushHeader
 from loraserve.common.errors import Aborted
-from loraserve.common.manifest import FileInfo, Revision
-from loraserve.common.signing import Signed
+from loraserve.common.revisions.manifest import FileInfo, Revision
+from loraserve.common.trust.signing import Signed
 
 
 def revision_pushed(

@@ -15,7 +15,7 @@ import re
 from loraserve.adapterstore.changelog.logtypes import RequestTag
 from loraserve.adapterstore.files import PushHeader
 from loraserve.common.errors import InvalidArgument
-from loraserve.common.manifest import FileInfo
+from loraserve.common.revisions.manifest import FileInfo
 
 # Clients send a UUID; the limit keeps keys small in every log entry and snapshot.
 _IDEMPOTENCY_KEY = re.compile(r"[A-Za-z0-9._:-]{1,128}")

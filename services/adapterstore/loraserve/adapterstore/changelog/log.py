@@ -39,7 +39,6 @@ from loraserve.adapterstore.changelog.logstorage import (
 )
 from loraserve.adapterstore.changelog.logtypes import ChangeBuilder, RequestTag, conflict_backoff
 from loraserve.adapterstore.changelog.logtypes import LogSettings as LogSettings
-from loraserve.common.backoff import Backoff
 from loraserve.common.errors import (
     DataLoss,
     FailedPrecondition,
@@ -47,6 +46,7 @@ from loraserve.common.errors import (
     OutOfRange,
     Unavailable,
 )
+from loraserve.common.rpc.backoff import Backoff
 
 log = logging.getLogger(__name__)
 

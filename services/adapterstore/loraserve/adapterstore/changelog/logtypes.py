@@ -11,7 +11,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from loraserve.adapterstore.catalog import Change, StoreState
-from loraserve.common.backoff import Backoff
+from loraserve.common.rpc.backoff import Backoff
 
 # Waits between lost races: replicas that keep colliding spread out instead of
 # retrying in lockstep.

@@ -15,8 +15,8 @@ from typing import Protocol
 from loraserve.adapterstore.blobs import BlobSigner, blob_key
 from loraserve.adapterstore.catalog import Adapter, now
 from loraserve.common.errors import Unimplemented
-from loraserve.common.manifest import Revision
-from loraserve.common.presigned import FileUrl, RevisionUrls
+from loraserve.common.revisions.manifest import Revision
+from loraserve.common.revisions.presigned import FileUrl, RevisionUrls
 
 
 class RevisionLookup(Protocol):

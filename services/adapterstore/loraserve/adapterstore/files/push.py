@@ -3,7 +3,7 @@
 Files arrive as chunks, file by file in header order, offsets sequential. Each
 file streams into its own upload, so memory stays bounded by the upload's parts
 in flight. The safetensors header is checked as soon as it has arrived, and every
-weight value (finite: `loraserve.common.lora_values`) as its chunk arrives, before
+weight value (finite: `loraserve.common.revisions.lora_values`) as its chunk arrives, before
 the chunk is uploaded, so a bad file is refused before gigabytes are uploaded.
 Uploads stay invisible until the whole push has validated and `keep_files` keeps
 them; on any failure before that, cancellation included, every upload is aborted
@@ -29,9 +29,9 @@ from loraserve.adapterstore.files.validation import (
     parse_adapter_config,
 )
 from loraserve.common.errors import InvalidArgument
-from loraserve.common.lora_values import WeightsFileCheck
-from loraserve.common.manifest import FileInfo, Revision
-from loraserve.common.peft_format import CONFIG_FILE, WEIGHTS_FILE, TensorInfo
+from loraserve.common.revisions.lora_values import WeightsFileCheck
+from loraserve.common.revisions.manifest import FileInfo, Revision
+from loraserve.common.revisions.peft_format import CONFIG_FILE, WEIGHTS_FILE, TensorInfo
 
 # Checks of at most this many bytes run on the event loop (well under a millisecond).
 INLINE_CHECK_BYTES = 64 * 1024

@@ -12,10 +12,16 @@ import math
 import re
 from dataclasses import dataclass
 
+from loraserve.common.config.textlimits import (
+    MAX_BASE_MODEL_BYTES,
+    MAX_TARGET_MODULE_BYTES,
+    MAX_TARGET_MODULES_BYTES,
+    check_text,
+)
 from loraserve.common.errors import InvalidArgument
-from loraserve.common.lora_values import check_lora_scale
-from loraserve.common.manifest import FileInfo
-from loraserve.common.peft_format import (
+from loraserve.common.revisions.lora_values import check_lora_scale
+from loraserve.common.revisions.manifest import FileInfo
+from loraserve.common.revisions.peft_format import (
     CONFIG_FILE,
     LORA_DTYPES,
     LORA_TENSOR_NAMES,
@@ -24,12 +30,6 @@ from loraserve.common.peft_format import (
     TensorInfo,
     load_json_object,
     lora_tensor_name,
-)
-from loraserve.common.textlimits import (
-    MAX_BASE_MODEL_BYTES,
-    MAX_TARGET_MODULE_BYTES,
-    MAX_TARGET_MODULES_BYTES,
-    check_text,
 )
 
 REQUIRED_FILES = frozenset({CONFIG_FILE, WEIGHTS_FILE})

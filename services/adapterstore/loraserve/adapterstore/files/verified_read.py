@@ -14,7 +14,7 @@ from collections.abc import AsyncIterator
 from loraserve.adapterstore.blobs import BlobNotFound, BlobStore, blob_key
 from loraserve.adapterstore.files.push import Chunk
 from loraserve.common.errors import DataLoss
-from loraserve.common.manifest import FileInfo
+from loraserve.common.revisions.manifest import FileInfo
 
 log = logging.getLogger(__name__)
 

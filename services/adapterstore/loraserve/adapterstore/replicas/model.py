@@ -27,10 +27,10 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
+from loraserve.common.config.textlimits import MAX_ERROR_MESSAGE_BYTES, check_text
 from loraserve.common.errors import InvalidArgument
-from loraserve.common.names import validate_adapter_name
+from loraserve.common.revisions.names import validate_adapter_name
 from loraserve.common.statusshards import STATUS_SHARDS, shard_of
-from loraserve.common.textlimits import MAX_ERROR_MESSAGE_BYTES, check_text
 
 REPLICA_PREFIX = "replicas/"
 SHARD_PREFIX = "fleet/"

@@ -15,7 +15,7 @@ from loraserve.adapterstore.replicas.model import ReplicaReport, ReplicaStatus, 
 from loraserve.adapterstore.replicas.reads import decode_token, encode_token
 from loraserve.adapterstore.replicas.writes import ReplicaStatusStore
 from loraserve.common.errors import FailedPrecondition
-from loraserve.common.names import validate_adapter_name
+from loraserve.common.revisions.names import validate_adapter_name
 
 
 @dataclass(frozen=True, slots=True)

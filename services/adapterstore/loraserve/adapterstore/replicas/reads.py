@@ -41,9 +41,9 @@ from loraserve.adapterstore.replicas.model import (
     replica_of,
     shard_key,
 )
+from loraserve.common.config.textlimits import PageFill
 from loraserve.common.errors import InvalidArgument
 from loraserve.common.statusshards import STATUS_SHARDS, shard_of
-from loraserve.common.textlimits import PageFill
 
 log = logging.getLogger(__name__)
 

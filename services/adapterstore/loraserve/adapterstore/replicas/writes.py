@@ -35,7 +35,7 @@ from loraserve.adapterstore.replicas.model import (
     shard_key,
 )
 from loraserve.adapterstore.replicas.reads import StatusReader
-from loraserve.common.textlimits import MAX_KEPT_ERROR_MESSAGE_BYTES, truncate_text
+from loraserve.common.config.textlimits import MAX_KEPT_ERROR_MESSAGE_BYTES, truncate_text
 
 log = logging.getLogger(__name__)
 

@@ -23,9 +23,9 @@ from loraserve.adapterstore.replicas.writes import ReplicaStatusStore
 from loraserve.adapterstore.rollout.changes import rollout_aborted
 from loraserve.adapterstore.rollout.figures import CounterHistory, arm_figures, verdict
 from loraserve.adapterstore.rollout.records import GUARD_ACTOR, ArmFigures, Rollout
-from loraserve.common.backoff import Backoff
+from loraserve.common.config.textlimits import MAX_ERROR_MESSAGE_BYTES, truncate_text
 from loraserve.common.errors import LoraserveError
-from loraserve.common.textlimits import MAX_ERROR_MESSAGE_BYTES, truncate_text
+from loraserve.common.rpc.backoff import Backoff
 
 log = logging.getLogger(__name__)
 

@@ -26,10 +26,10 @@ from loraserve.adapterstore.rollout.changes import (
 )
 from loraserve.adapterstore.rollout.guard import RolloutGuard
 from loraserve.adapterstore.rollout.records import ArmFigures, Guards, Rollout, check_weight
+from loraserve.common.config.textlimits import MAX_ERROR_MESSAGE_BYTES, check_text
 from loraserve.common.errors import InvalidArgument, NotFound
-from loraserve.common.manifest import Revision
-from loraserve.common.names import validate_adapter_name
-from loraserve.common.textlimits import MAX_ERROR_MESSAGE_BYTES, check_text
+from loraserve.common.revisions.manifest import Revision
+from loraserve.common.revisions.names import validate_adapter_name
 
 log = logging.getLogger(__name__)
 

@@ -11,7 +11,7 @@ from loraserve.adapterstore.rollout.records import (
     RolloutState,
 )
 from loraserve.adapterstore.v1 import adapterstore_pb2 as pb
-from loraserve.common.manifest import Revision, revision_to_proto, timestamp
+from loraserve.common.revisions.manifest import Revision, revision_to_proto, timestamp
 
 _STATES = {
     RolloutState.ACTIVE: pb.ROLLOUT_STATE_ACTIVE,

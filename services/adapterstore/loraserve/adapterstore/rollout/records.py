@@ -21,7 +21,7 @@ from datetime import datetime
 from typing import Any
 
 from loraserve.common.errors import InvalidArgument
-from loraserve.common.manifest import time_from_json, time_to_json
+from loraserve.common.revisions.manifest import time_from_json, time_to_json
 
 DEFAULT_WINDOW_S = 60.0
 DEFAULT_MIN_REQUESTS = 20

@@ -16,7 +16,7 @@ from collections.abc import Callable
 
 from loraserve.clients.store import RolloutSplit
 from loraserve.common.errors import TRANSIENT_ERRORS, LoraserveError
-from loraserve.common.manifest import Revision, RevisionKey
+from loraserve.common.revisions.manifest import Revision, RevisionKey
 from loraserve.inference.adapters.compat import AdapterFacts, manifest_facts
 from loraserve.inference.adapters.loads import RevisionLoads
 from loraserve.inference.adapters.ports import RegistryObserver

@@ -13,9 +13,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from loraserve.common.errors import FailedPrecondition, InvalidArgument
-from loraserve.common.lora_values import check_config_scale, check_weights_file
-from loraserve.common.manifest import Revision
-from loraserve.common.peft_format import (
+from loraserve.common.revisions.lora_values import check_config_scale, check_weights_file
+from loraserve.common.revisions.manifest import Revision
+from loraserve.common.revisions.peft_format import (
     CONFIG_FILE,
     RANK_AXIS,
     WEIGHTS_FILE,
@@ -148,7 +148,7 @@ class CompatibilityChecker:
         tensor would load and silently compute garbage; layers the model's checkpoint
         does not name are left to vLLM to judge. The store refuses the values at push,
         but files can reach a bucket around it, so they are checked again here, on the
-        bytes vLLM is about to read (`loraserve.common.lora_values`)."""
+        bytes vLLM is about to read (`loraserve.common.revisions.lora_values`)."""
         self._check_shapes(name, revision, adapter_dir)
         try:
             check_config_scale((adapter_dir / CONFIG_FILE).read_bytes())

@@ -15,7 +15,7 @@ import logging
 from collections.abc import Awaitable, Callable
 
 from loraserve.common.errors import NotFound
-from loraserve.common.manifest import Revision, RevisionKey
+from loraserve.common.revisions.manifest import Revision, RevisionKey
 from loraserve.inference.adapters.compat import manifest_facts
 from loraserve.inference.adapters.in_engine import EngineAdapters
 from loraserve.inference.adapters.ports import RevisionCache

@@ -7,7 +7,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Protocol
 
-from loraserve.common.manifest import Revision
+from loraserve.common.revisions.manifest import Revision
 from loraserve.inference.cache import CachedRevision, CacheUsage, Holder
 
 

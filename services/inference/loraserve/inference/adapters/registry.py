@@ -32,8 +32,8 @@ from loraserve.common.errors import (
     Unavailable,
     rpc_code,
 )
-from loraserve.common.manifest import Revision, RevisionKey
-from loraserve.common.names import AdapterRef
+from loraserve.common.revisions.manifest import Revision, RevisionKey
+from loraserve.common.revisions.names import AdapterRef
 from loraserve.inference.adapters.arms import CandidateArms
 from loraserve.inference.adapters.compat import CompatibilityChecker, manifest_facts
 from loraserve.inference.adapters.in_engine import EngineAdapters

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 
 from loraserve.clients.replicareport import AdapterReport
 from loraserve.clients.store import RolloutSplit
-from loraserve.common.manifest import Revision, RevisionKey
+from loraserve.common.revisions.manifest import Revision, RevisionKey
 from loraserve.inference.adapters.arms import CandidateArms
 from loraserve.inference.adapters.ports import RevisionCache
 from loraserve.inference.adapters.reporting import adapter_report

@@ -7,7 +7,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 from loraserve.clients.replicareport import AdapterReport, RevisionReport, RevisionState
-from loraserve.common.manifest import Revision, RevisionKey
+from loraserve.common.revisions.manifest import Revision, RevisionKey
 from loraserve.inference.adapters.rollouts import Splits
 from loraserve.inference.adapters.state import IN_ENGINE, RevisionEntry
 from loraserve.inference.adapters.state import RevisionState as Life

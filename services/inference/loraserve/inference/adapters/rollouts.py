@@ -18,7 +18,7 @@ import hashlib
 import random
 
 from loraserve.clients.store import RolloutSplit
-from loraserve.common.manifest import Revision
+from loraserve.common.revisions.manifest import Revision
 
 ROLLOUT_KEY_HEADER = "x-rollout-key"
 # The golden ratio's fractional part: the most evenly spread stride there is.

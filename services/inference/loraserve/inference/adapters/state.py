@@ -20,7 +20,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
-from loraserve.common.manifest import Revision, RevisionKey
+from loraserve.common.revisions.manifest import Revision, RevisionKey
 from loraserve.inference.adapters.tiers import Tier
 from loraserve.inference.engine import AdapterHandle
 

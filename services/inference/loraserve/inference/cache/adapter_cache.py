@@ -21,8 +21,8 @@ from pathlib import Path
 from typing import Protocol
 
 from loraserve.common.errors import DataLoss, FailedPrecondition, InvalidArgument, NotFound
-from loraserve.common.manifest import Revision, RevisionKey
-from loraserve.common.names import validate_adapter_name
+from loraserve.common.revisions.manifest import Revision, RevisionKey
+from loraserve.common.revisions.names import validate_adapter_name
 from loraserve.inference.cache import files
 from loraserve.inference.cache.bound import ByteBound
 from loraserve.inference.cache.download import check_manifest, same_files

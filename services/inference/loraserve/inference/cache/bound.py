@@ -17,7 +17,7 @@ from collections import deque
 from collections.abc import Awaitable, Callable
 
 from loraserve.common.errors import FailedPrecondition, ResourceExhausted
-from loraserve.common.manifest import RevisionKey
+from loraserve.common.revisions.manifest import RevisionKey
 from loraserve.inference.cache.index import CacheIndex
 
 Evict = Callable[[RevisionKey], Awaitable[bool]]

@@ -18,7 +18,7 @@ from typing import BinaryIO
 
 from loraserve.clients.downloads import FileChunk
 from loraserve.common.errors import DataLoss
-from loraserve.common.manifest import FileInfo, Revision
+from loraserve.common.revisions.manifest import FileInfo, Revision
 
 # Kept beside a revision's files in the cache; never a name a download may use.
 MANIFEST_FILE = ".manifest.json"

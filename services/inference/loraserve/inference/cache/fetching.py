@@ -30,8 +30,8 @@ from typing import Protocol
 
 from loraserve.clients.downloads import FileChunk
 from loraserve.common.errors import DataLoss, Unimplemented
-from loraserve.common.manifest import Revision
-from loraserve.common.presigned import RevisionUrls
+from loraserve.common.revisions.manifest import Revision
+from loraserve.common.revisions.presigned import RevisionUrls
 from loraserve.inference.cache.download import (
     check_manifest,
     receive_revision,

@@ -16,8 +16,8 @@ from collections.abc import Callable
 from pathlib import Path
 
 from loraserve.common.errors import DataLoss, InvalidArgument
-from loraserve.common.manifest import Revision, RevisionKey
-from loraserve.common.names import validate_adapter_name
+from loraserve.common.revisions.manifest import Revision, RevisionKey
+from loraserve.common.revisions.names import validate_adapter_name
 from loraserve.inference.cache.download import MANIFEST_FILE, check_manifest
 
 log = logging.getLogger(__name__)

@@ -26,8 +26,8 @@ import aiohttp
 from yarl import URL
 
 from loraserve.common.errors import DataLoss
-from loraserve.common.manifest import FileInfo
-from loraserve.common.presigned import redacted
+from loraserve.common.revisions.manifest import FileInfo
+from loraserve.common.revisions.presigned import redacted
 from loraserve.inference.cache.download import FileWriter
 
 CHUNK = 1024 * 1024

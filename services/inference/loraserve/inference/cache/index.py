@@ -23,7 +23,7 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-from loraserve.common.manifest import RevisionKey
+from loraserve.common.revisions.manifest import RevisionKey
 
 log = logging.getLogger(__name__)
 

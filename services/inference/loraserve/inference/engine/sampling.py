@@ -15,8 +15,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from loraserve.common.config.textlimits import SHOWN_ITEMS, few
 from loraserve.common.errors import InvalidArgument
-from loraserve.common.textlimits import SHOWN_ITEMS, few
 
 # loraserve's own abuse limits (vLLM has none): stop strings are matched on every step.
 MAX_STOP_STRINGS = 16

@@ -29,10 +29,10 @@ from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_l
 from starlette.exceptions import HTTPException
 from starlette.types import Receive, Scope, Send
 
+from loraserve.common.config.textlimits import capped_message
 from loraserve.common.errors import InvalidArgument, LoraserveError, QuotaExceeded, Unavailable
-from loraserve.common.grpcutil import retry_after
-from loraserve.common.security import ServerSecurity, TokenAuth
-from loraserve.common.textlimits import capped_message
+from loraserve.common.rpc.grpcutil import retry_after
+from loraserve.common.rpc.security import ServerSecurity, TokenAuth
 from loraserve.inference.adapters import ROLLOUT_KEY_HEADER
 from loraserve.inference.openai.guard import RequestGuard
 from loraserve.inference.openai.protocol import (

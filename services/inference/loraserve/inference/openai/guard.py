@@ -19,7 +19,7 @@ from starlette.responses import JSONResponse, Response
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from loraserve.common.errors import LoraserveError
-from loraserve.common.security import TokenAuth, current_principal
+from loraserve.common.rpc.security import TokenAuth, current_principal
 from loraserve.inference.openai.protocol import error_body
 
 log = logging.getLogger(__name__)

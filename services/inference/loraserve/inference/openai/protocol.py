@@ -26,7 +26,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any, Literal, Protocol, runtime_checkable
 
 from loraserve.common.errors import InvalidArgument, NotFound
-from loraserve.common.names import parse_adapter_ref, shown, validate_adapter_name
+from loraserve.common.revisions.names import parse_adapter_ref, shown, validate_adapter_name
 from loraserve.inference.adapters import RevisionState, RevisionStatus
 from loraserve.inference.openai.requests import ChatRequest, CompletionRequest, ContentPart
 from loraserve.inference.serving import GenerateCommand

@@ -20,8 +20,8 @@ from typing import Any
 import uvicorn
 
 from loraserve.common.errors import Unavailable
-from loraserve.common.metrics_http import split_address
-from loraserve.common.security import ServerSecurity
+from loraserve.common.rpc.metrics_http import split_address
+from loraserve.common.rpc.security import ServerSecurity
 
 log = logging.getLogger(__name__)
 

@@ -17,7 +17,7 @@ from collections.abc import AsyncGenerator, Callable
 from dataclasses import dataclass, field
 
 from loraserve.common.errors import InvalidArgument, LoraserveError, Unavailable
-from loraserve.common.names import parse_adapter_ref
+from loraserve.common.revisions.names import parse_adapter_ref
 from loraserve.inference.adapters import AdapterRegistry, Lease
 from loraserve.inference.engine import (
     Engine,

@@ -8,7 +8,7 @@ from typing import Any
 
 import grpc
 
-from loraserve.common.sampling_fields import OPTIONAL_SAMPLING_FIELDS
+from loraserve.common.rpc.sampling_fields import OPTIONAL_SAMPLING_FIELDS
 from loraserve.inference.adapters import (
     ROLLOUT_KEY_HEADER,
     RevisionState,

@@ -9,9 +9,8 @@ import json
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
-from loraserve.common.admission import add_admission_flags, admission_from_args
-from loraserve.common.errors import InvalidArgument
-from loraserve.common.flags import (
+from loraserve.common.config.admission import add_admission_flags, admission_from_args
+from loraserve.common.config.flags import (
     EnvFlags,
     fraction,
     non_negative_float,
@@ -19,15 +18,16 @@ from loraserve.common.flags import (
     positive_float,
     positive_int,
 )
-from loraserve.common.metrics_http import add_metrics_flags, metrics_address
-from loraserve.common.security import (
+from loraserve.common.config.sizes import parse_size
+from loraserve.common.errors import InvalidArgument
+from loraserve.common.rpc.metrics_http import add_metrics_flags, metrics_address
+from loraserve.common.rpc.security import (
     add_client_security_flags,
     add_server_security_flags,
     client_security_from_args,
     server_security_from_args,
 )
-from loraserve.common.sizes import parse_size
-from loraserve.common.trust import add_trust_flags, trust_settings_from_args
+from loraserve.common.trust.policy import add_trust_flags, trust_settings_from_args
 from loraserve.inference.settings.options import (
     DEFAULT_MAX_N,
     ENV_PREFIX,

@@ -6,12 +6,12 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from loraserve.common.admission import AdmissionOptions
-from loraserve.common.security import (
+from loraserve.common.config.admission import AdmissionOptions
+from loraserve.common.rpc.security import (
     ClientSecurity,
     ServerSecurity,
 )
-from loraserve.common.trust import TrustSettings
+from loraserve.common.trust.policy import TrustSettings
 
 ENV_PREFIX = "INFERENCE"
 STORE_FLAG_PREFIX = "store"

@@ -21,7 +21,7 @@ from loraserve.clients.replicareport import AdapterReport
 from loraserve.clients.store import RolloutSplit
 from loraserve.common import errors
 from loraserve.common.errors import TRANSIENT_ERRORS
-from loraserve.common.manifest import Revision
+from loraserve.common.revisions.manifest import Revision
 from loraserve.inference.adapters import RegistryCounts
 from loraserve.inference.sync.state import SyncState
 

@@ -15,7 +15,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from loraserve.clients.store import EventKind, Listing, RolloutSplit, StoreEvent
-from loraserve.common.manifest import Revision, RevisionKey
+from loraserve.common.revisions.manifest import Revision, RevisionKey
 
 
 @dataclass

@@ -22,8 +22,9 @@ from contextlib import aclosing
 import stamina
 
 from loraserve.clients.store import Listing, StoreEvent
-from loraserve.common import errors, retrylog
+from loraserve.common import errors
 from loraserve.common.errors import LoraserveError
+from loraserve.common.rpc import retrylog
 from loraserve.inference.sync.apply import Registry, RevisionApplier, SwapObserver
 from loraserve.inference.sync.generations import heartbeat_from_elsewhere, names_to_forget
 from loraserve.inference.sync.quotas import QuotaFollower, QuotaSink

@@ -19,8 +19,8 @@ import grpc
 from google.protobuf.message import DecodeError
 from grpc.aio import AbortError
 
+from loraserve.common.config.textlimits import capped_message
 from loraserve.common.errors import InvalidArgument, LoraserveError, QuotaExceeded
-from loraserve.common.textlimits import capped_message
 
 log = logging.getLogger(__name__)
 

@@ -9,13 +9,13 @@ from contextlib import aclosing
 from google.protobuf import json_format
 
 from loraserve.adapterctl.connection import connect_inference
-from loraserve.adapterctl.console import Console
 from loraserve.adapterctl.failures import EXIT_OK, UsageError
-from loraserve.adapterctl.output import dumps, message_to_json
 from loraserve.adapterctl.settings import CtlSettings
+from loraserve.adapterctl.terminal.console import Console
+from loraserve.adapterctl.terminal.output import dumps, message_to_json
 from loraserve.clients.inference import Sampling
 from loraserve.common.errors import InvalidArgument
-from loraserve.common.names import AdapterRef, parse_adapter_ref
+from loraserve.common.revisions.names import AdapterRef, parse_adapter_ref
 from loraserve.inference.v1 import inference_pb2 as pb
 
 

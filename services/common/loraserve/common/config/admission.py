@@ -8,7 +8,7 @@ import argparse
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
-from loraserve.common.flags import positive_int
+from loraserve.common.config.flags import positive_int
 
 
 @dataclass(frozen=True)

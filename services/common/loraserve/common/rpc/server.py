@@ -14,10 +14,10 @@ import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
+from loraserve.common.config.sizes import MESSAGE_LIMIT_OPTIONS
 from loraserve.common.errors import Unavailable
-from loraserve.common.grpcutil import ErrorMappingInterceptor
-from loraserve.common.security import ServerSecurity, TokenAuth
-from loraserve.common.sizes import MESSAGE_LIMIT_OPTIONS
+from loraserve.common.rpc.grpcutil import ErrorMappingInterceptor
+from loraserve.common.rpc.security import ServerSecurity, TokenAuth
 
 log = logging.getLogger(__name__)
 

@@ -67,7 +67,7 @@ class Revision:
     pushed_by: str
     description: str
     seq: int
-    # The push's model-signing bundle (loraserve.common.signing); empty when unsigned.
+    # The push's model-signing bundle (loraserve.common.trust.signing); empty when unsigned.
     signature: bytes = b""
     # Who the store found had signed it at push ("" when it did not check); shown to
     # people, never trusted by a replica, which verifies `signature` itself.

@@ -1,6 +1,6 @@
 """A deployment's signature policy: `--signature-policy` and `--trusted-signers`, and
 their application to revisions (what the store checks at push, and a replica before it
-routes a revision). The cryptography is loraserve.common.signing's."""
+routes a revision). The cryptography is loraserve.common.trust.signing's."""
 
 from __future__ import annotations
 
@@ -12,8 +12,8 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 
 from loraserve.common.errors import FailedPrecondition, InvalidArgument, PermissionDenied
-from loraserve.common.manifest import FileInfo, Revision
-from loraserve.common.signing import Signed, TrustedSigner, Verifier, parse_trusted_signers
+from loraserve.common.revisions.manifest import FileInfo, Revision
+from loraserve.common.trust.signing import Signed, TrustedSigner, Verifier, parse_trusted_signers
 
 log = logging.getLogger(__name__)
 

@@ -15,19 +15,24 @@ from typing import TYPE_CHECKING, Any
 import grpc
 
 from loraserve.adapterctl.adapter_dir import AdapterFiles
+from loraserve.adapterctl.commands.fleet_wait import wait_and_report
+from loraserve.adapterctl.commands.push import (
+    prepare_push,
+    print_pushed,
+    progress_for,
+    validated_name,
+)
 from loraserve.adapterctl.connection import connect_store
-from loraserve.adapterctl.console import Console
 from loraserve.adapterctl.failures import EXIT_FAILED, EXIT_OK, UsageError
-from loraserve.adapterctl.fleet_wait import wait_and_report
-from loraserve.adapterctl.output import dumps, message_to_json
-from loraserve.adapterctl.push import prepare_push, print_pushed, progress_for, validated_name
 from loraserve.adapterctl.settings import CtlSettings
+from loraserve.adapterctl.terminal.console import Console
+from loraserve.adapterctl.terminal.output import dumps, message_to_json
 from loraserve.adapterstore.v1 import adapterstore_pb2 as pb
 from loraserve.clients.push import new_idempotency_key, push, upload
 
 if TYPE_CHECKING:
-    from loraserve.adapterctl.signed_push import SigningKey
-    from loraserve.adapterctl.watch_dir import Fingerprint
+    from loraserve.adapterctl.commands.signed_push import SigningKey
+    from loraserve.adapterctl.commands.watch_dir import Fingerprint
 
 
 def _push_signing(args: argparse.Namespace) -> SigningKey | None:
@@ -42,7 +47,7 @@ def _push_signing(args: argparse.Namespace) -> SigningKey | None:
     if args.watch:
         raise UsageError("--sign-key signs one push; it does not go with --watch")
     # Here, not at the top: cryptography's import is start-up time a plain push need not pay.
-    from loraserve.adapterctl.signed_push import SigningKey
+    from loraserve.adapterctl.commands.signed_push import SigningKey
 
     return SigningKey.from_args(args.sign_key, args.sign_cert)
 
@@ -53,7 +58,7 @@ async def cmd_push(args: argparse.Namespace, settings: CtlSettings, console: Con
     signing = _push_signing(args)
     if args.watch:
         # Here, not at the top: watchdog's import is start-up time every plain push pays.
-        from loraserve.adapterctl.watch_dir import watch_directory
+        from loraserve.adapterctl.commands.watch_dir import watch_directory
 
         async with connect_store(settings) as stub:
             publisher = StorePublisher(stub, name, settings, args.no_promote, args.description)
@@ -81,7 +86,7 @@ async def cmd_push(args: argparse.Namespace, settings: CtlSettings, console: Con
 
         try:
             if signing is not None:
-                from loraserve.adapterctl.signed_push import push_signed
+                from loraserve.adapterctl.commands.signed_push import push_signed
 
                 response = await push_signed(
                     stub, name, files, signing, send, console, settings.unary_timeout_s

@@ -1,6 +1,6 @@
 """`adapterctl push --sign-key`: sign the revision the push will create, then push it.
 
-A signature names `NAME@REV` (loraserve.common.signing), and the store numbers
+A signature names `NAME@REV` (loraserve.common.trust.signing), and the store numbers
 revisions, so the push asks the store for the number first (`GetNextRevision`) and
 signs the digests it already computed. Another push committing in between takes the
 number: the store answers ABORTED, and the push signs the next number and tries again
@@ -18,13 +18,13 @@ from typing import Any
 import grpc
 
 from loraserve.adapterctl.adapter_dir import AdapterFiles
-from loraserve.adapterctl.console import Console
 from loraserve.adapterctl.failures import UsageError
+from loraserve.adapterctl.terminal.console import Console
 from loraserve.adapterstore.v1 import adapterstore_pb2 as pb
 from loraserve.clients.push import new_idempotency_key
 from loraserve.common.errors import InvalidArgument, LoraserveError
-from loraserve.common.manifest import FileInfo, RevisionKey
-from loraserve.common.signing import check_signing_key, sign_revision
+from loraserve.common.revisions.manifest import FileInfo, RevisionKey
+from loraserve.common.trust.signing import check_signing_key, sign_revision
 
 # Pushes racing this one for the adapter's next number: each lost race signs again.
 SIGN_ATTEMPTS = 3

@@ -13,7 +13,7 @@ from datetime import datetime
 from urllib.parse import urlsplit
 
 from loraserve.common.errors import DataLoss
-from loraserve.common.manifest import Revision
+from loraserve.common.revisions.manifest import Revision
 
 
 @dataclass(frozen=True, slots=True)

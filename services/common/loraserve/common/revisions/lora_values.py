@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from loraserve.common.errors import InvalidArgument
-from loraserve.common.peft_format import (
+from loraserve.common.revisions.peft_format import (
     CONFIG_FILE,
     WEIGHTS_FILE,
     TensorInfo,

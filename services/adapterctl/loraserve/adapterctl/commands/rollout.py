@@ -12,13 +12,13 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
+from loraserve.adapterctl.commands.fleet_wait import wait_and_report
+from loraserve.adapterctl.commands.push import validated_name
 from loraserve.adapterctl.connection import connect_store
-from loraserve.adapterctl.console import Console
 from loraserve.adapterctl.failures import EXIT_OK
-from loraserve.adapterctl.fleet_wait import wait_and_report
-from loraserve.adapterctl.output import dumps, format_time, message_to_json, table
-from loraserve.adapterctl.push import validated_name
 from loraserve.adapterctl.settings import CtlSettings
+from loraserve.adapterctl.terminal.console import Console
+from loraserve.adapterctl.terminal.output import dumps, format_time, message_to_json, table
 from loraserve.adapterstore.v1 import adapterstore_pb2 as pb
 from loraserve.clients.push import new_idempotency_key
 

@@ -22,8 +22,8 @@ from typing import Any
 
 import grpc
 
+from loraserve.common.config.flags import EnvFlags
 from loraserve.common.errors import InvalidArgument, PermissionDenied, Unauthenticated
-from loraserve.common.flags import EnvFlags
 
 # Set for the duration of an authenticated call; read by servicers for audit fields.
 current_principal: contextvars.ContextVar[str] = contextvars.ContextVar(

@@ -8,10 +8,12 @@ from typing import Any
 
 import grpc
 
+from loraserve.adapterctl.commands.push import validated_name
 from loraserve.adapterctl.connection import connect_store
-from loraserve.adapterctl.console import Console
 from loraserve.adapterctl.failures import EXIT_OK
-from loraserve.adapterctl.output import (
+from loraserve.adapterctl.settings import CtlSettings
+from loraserve.adapterctl.terminal.console import Console
+from loraserve.adapterctl.terminal.output import (
     dumps,
     format_size,
     format_time,
@@ -19,8 +21,6 @@ from loraserve.adapterctl.output import (
     status_code_name,
     table,
 )
-from loraserve.adapterctl.push import validated_name
-from loraserve.adapterctl.settings import CtlSettings
 from loraserve.adapterstore.v1 import adapterstore_pb2 as pb
 from loraserve.clients.store import pages
 from loraserve.common.quota import quota_from_proto

@@ -6,7 +6,7 @@ import threading
 import time
 from typing import TextIO
 
-from loraserve.adapterctl.output import format_size
+from loraserve.adapterctl.terminal.output import format_size
 
 # Below this a push takes well under a second on any link worth using: no bar.
 MIN_BYTES_FOR_BAR = 16 * 1024 * 1024

@@ -34,7 +34,7 @@ from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 
 from loraserve.common.errors import InvalidArgument, PermissionDenied
-from loraserve.common.manifest import FileInfo, RevisionKey
+from loraserve.common.revisions.manifest import FileInfo, RevisionKey
 
 # A key-signed bundle of a few files is under 2 KiB; a certificate chain adds a few
 # KiB. Anything far larger is no signature of ours and would bloat every log entry,

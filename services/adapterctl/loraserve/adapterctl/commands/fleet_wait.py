@@ -17,11 +17,11 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from loraserve.adapterctl.console import Console
 from loraserve.adapterctl.failures import EXIT_FAILED, EXIT_OK, EXIT_UNREACHABLE
 from loraserve.adapterctl.fleet_wait_args import parse_wanted
-from loraserve.adapterctl.output import dumps, status_code_name
 from loraserve.adapterctl.settings import CtlSettings
+from loraserve.adapterctl.terminal.console import Console
+from loraserve.adapterctl.terminal.output import dumps, status_code_name
 from loraserve.adapterstore.v1 import adapterstore_pb2 as pb
 from loraserve.clients.store import pages
 

@@ -13,8 +13,8 @@ import logging
 
 from prometheus_client import CollectorRegistry, start_http_server
 
+from loraserve.common.config.flags import EnvFlags, port
 from loraserve.common.errors import InvalidArgument
-from loraserve.common.flags import EnvFlags, port
 
 log = logging.getLogger(__name__)
 

@@ -11,12 +11,12 @@ from __future__ import annotations
 import argparse
 import math
 
+from loraserve.adapterctl.commands.push import validated_name
 from loraserve.adapterctl.connection import connect_store
-from loraserve.adapterctl.console import Console
 from loraserve.adapterctl.failures import EXIT_OK, UsageError
-from loraserve.adapterctl.output import dumps, message_to_json, table
-from loraserve.adapterctl.push import validated_name
 from loraserve.adapterctl.settings import CtlSettings
+from loraserve.adapterctl.terminal.console import Console
+from loraserve.adapterctl.terminal.output import dumps, message_to_json, table
 from loraserve.adapterstore.v1 import adapterstore_pb2 as pb
 from loraserve.clients.push import new_idempotency_key
 from loraserve.common.quota import Quota, quota_from_proto, quota_to_proto

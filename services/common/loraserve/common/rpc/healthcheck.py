@@ -1,4 +1,4 @@
-"""`python -m loraserve.common.healthcheck HOST:PORT`: exit 0 when the server's
+"""`python -m loraserve.common.rpc.healthcheck HOST:PORT`: exit 0 when the server's
 overall gRPC health is SERVING, 1 otherwise. For container health checks."""
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ def is_serving(address: str, timeout: float = 3.0) -> bool:
 
 def main() -> int:
     if len(sys.argv) != 2:
-        sys.stderr.write("usage: python -m loraserve.common.healthcheck HOST:PORT\n")
+        sys.stderr.write("usage: python -m loraserve.common.rpc.healthcheck HOST:PORT\n")
         return 2
     return 0 if is_serving(sys.argv[1]) else 1
 

@@ -32,9 +32,9 @@ from loraserve.adapterctl.adapter_dir import (
     check_complete,
     list_adapter_dir,
 )
-from loraserve.adapterctl.console import Console
+from loraserve.adapterctl.commands.push import prepare_push
 from loraserve.adapterctl.failures import UsageError
-from loraserve.adapterctl.push import prepare_push
+from loraserve.adapterctl.terminal.console import Console
 from loraserve.common.errors import InvalidArgument, error_from_rpc
 
 Fingerprint = tuple[tuple[str, int, str], ...]

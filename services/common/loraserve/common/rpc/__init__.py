@@ -1,0 +1,16 @@
+"""What both servers and their clients share on the wire: the servers' start and stop,
+tokens and TLS, the one mapping of domain errors to statuses, client streams that report
+the server's status, health checks, retries and backoff, the metrics endpoint and the
+sampling fields the contract marks optional."""
+
+__all__ = [
+    "backoff",
+    "clientstream",
+    "grpcutil",
+    "healthcheck",
+    "metrics_http",
+    "retrylog",
+    "sampling_fields",
+    "security",
+    "server",
+]
