@@ -29,6 +29,7 @@ from loraserve.adapterctl.failures import EXIT_UNREACHABLE
 from loraserve.adapterstore.v1 import adapterstore_pb2 as store_pb
 from loraserve.clients.inference import InferenceClient, RetryPolicy, Sampling
 from loraserve.common.errors import LoraserveError
+from loraserve.common.statusshards import STATUS_SHARDS
 from loraserve.testing.ctl import ctl
 from loraserve.testing.fleet import (
     ADAPTERS,
@@ -55,6 +56,9 @@ SHORT = Sampling(max_tokens=4, temperature=0.0, ignore_eos=True)
 LOAD = Sampling(max_tokens=24, temperature=0.0, ignore_eos=True)
 RETRY = RetryPolicy(max_attempts=20, initial_backoff=0.05, max_backoff=0.5)
 _buckets = itertools.count(1)
+# Issue 25's count: status stays a handful of objects per replica, not one per adapter.
+MANY_ADAPTERS = 2000
+PUSHERS = 16
 
 
 @pytest.fixture(scope="module")
@@ -317,6 +321,36 @@ async def load(
                 outcome.failed_before_first_token += 1
         else:
             outcome.ok += 1
+
+
+async def test_with_2000_adapters_status_of_any_lists_every_replica_from_few_objects(
+    fleet: Fleet, tiny_adapter: TinyAdapterFactory
+) -> None:
+    names = [f"many-{i:04d}" for i in range(MANY_ADAPTERS)]
+    files = adapter_files(tiny_adapter(seed=104))
+    async with store_stub(fleet.stores[1].address) as stub:
+        pending = iter(names)
+
+        async def pusher() -> None:
+            for name in pending:
+                await push(stub, name, files)
+
+        async with asyncio.TaskGroup() as group:
+            for _ in range(PUSHERS):
+                group.create_task(pusher())
+    store = fleet.stores[0].address
+
+    async def listed(name: str) -> bool:
+        result = await ctl("status", "--store", store, name, "--json")
+        assert result.code == 0, result.err
+        statuses = json.loads(result.out).get("statuses", [])
+        return sorted(s["replica_id"] for s in statuses) == [r.name for r in fleet.replicas]
+
+    for name in (names[0], names[1234], names[-1]):
+        await eventually(lambda name=name: listed(name), f"{name} lists all three", FLEET_GUARD_S)
+    objects = fleet.bucket.client().list_objects_v2(Bucket=fleet.bucket.bucket, Prefix="fleet/")
+    shards = objects.get("KeyCount", 0)
+    assert shards <= len(fleet.replicas) * STATUS_SHARDS, shards
 
 
 async def test_an_adapters_requests_move_on_when_its_replica_is_killed(

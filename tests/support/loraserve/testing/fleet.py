@@ -93,6 +93,7 @@ class Replica:
 class Fleet:
     stores: list[StoreProcess]
     replicas: list[Replica]
+    bucket: S3Bucket
 
     @property
     def addresses(self) -> str:
@@ -167,7 +168,7 @@ async def running_fleet(
         async with asyncio.TaskGroup() as group:
             for i in range(REPLICAS):
                 group.create_task(start(i))
-        running = Fleet(stores, [r for r in replicas if r is not None])
+        running = Fleet(stores, [r for r in replicas if r is not None], bucket)
         await eventually(
             lambda: all_serve(running, {name: 1 for name in ADAPTERS}),
             "every replica serves every adapter at revision 1",
