@@ -273,3 +273,25 @@ async def test_store_whose_block_fence_was_pruned_reloads_the_snapshot(
     await eventually(lambda: log_key(5) not in memory_blobs.objects, "entries 1-5 pruned")
     result = await push(lagging, "alpha", tiny_adapter(seed=9))
     assert (result.revision.revision, result.seq) == (7, 7)
+
+
+async def test_snapshot_due_while_one_is_being_written_is_written_after_it(
+    memory_blobs: MemoryBlobStore, open_store: StoreFactory, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    store = await open_store(memory_blobs, LogSettings(poll_interval=60, snapshot_every=1))
+    written = asyncio.Event()
+    put_if_absent = memory_blobs.put_if_absent
+
+    async def held_snapshot(key: str, data: bytes) -> bool:
+        if key.startswith(logstorage.SNAPSHOT_PREFIX):
+            await written.wait()
+        return await put_if_absent(key, data)
+
+    monkeypatch.setattr(memory_blobs, "put_if_absent", held_snapshot)
+    await push(store, "alpha", tiny_adapter())
+    await push(store, "beta", tiny_adapter())
+    written.set()
+    # No commit follows the second: its snapshot must not wait for one.
+    await eventually(
+        lambda: logstorage.snapshot_key(2) in memory_blobs.objects, "snapshot at seq 2 written"
+    )

@@ -8,7 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from loraserve.common.errors import FailedPrecondition, NotFound
+from loraserve.clients.replicareport import RevisionState as ReportedState
+from loraserve.common.errors import FailedPrecondition, NotFound, Unavailable
 from loraserve.common.revisions.manifest import Revision
 from loraserve.common.revisions.names import AdapterRef
 from loraserve.inference.adapters import AdapterRegistry, RevisionState
@@ -248,3 +249,27 @@ async def test_failed_load_leaves_no_files(
         await registry.install(rev.manifest, make_current=True)
 
     assert not rev.path.exists()
+
+
+async def test_revision_whose_load_failed_for_now_is_reported_loading_while_the_old_one_serves(
+    registry: AdapterRegistry, fetcher: FakeFetcher, cache_dir: Path
+) -> None:
+    await registry.install(make_revision(cache_dir, "alpha", 1).manifest, make_current=True)
+    # Not published, and the fetch is cut: sync retries it later.
+    fetcher.download = _unavailable  # type: ignore[method-assign]
+    with pytest.raises(Unavailable):
+        await registry.install(fake_manifest("alpha", 2), make_current=True)
+
+    report = registry.report("alpha")
+    assert report is not None
+    assert report.serving_revision == 1
+    assert {r.revision: r.state for r in report.revisions} == {
+        1: ReportedState.LOADED,
+        2: ReportedState.LOADING,
+    }
+    async with registry.acquire(AdapterRef("alpha")) as lease:
+        assert lease.revision == 1
+
+
+async def _unavailable(name: str, revision: int, manifest: Revision | None) -> CachedRevision:
+    raise Unavailable(f"download of {name}@{revision} was cut")

@@ -73,6 +73,8 @@ class ChangeLog:
         self._synced_time = now()
         # The snapshot being written, off the commit path; at most one at a time.
         self._snapshotting: asyncio.Task[None] | None = None
+        # A snapshot was due while one was being written: one more follows it.
+        self._snapshot_due = False
 
     @property
     def state(self) -> StoreState:
@@ -263,26 +265,32 @@ class ChangeLog:
         return True
 
     def _snapshot(self) -> None:
-        """Writes a snapshot of the state as it is now, and prunes, in the background:
-        the commit that triggered it returns at once. The encoding is taken here,
-        consistent with `state.seq`, and reuses every unchanged adapter's. While one
-        snapshot is still being written the next is skipped: a later one covers it."""
+        """Writes a snapshot of the state, and prunes, in the background: the commit
+        that triggered it returns at once. While one snapshot is still being written,
+        the next waits for it and then covers the state as it is by then, so the
+        newest commits are never left without one."""
         if self._snapshotting is not None and not self._snapshotting.done():
+            self._snapshot_due = True
             log.info(
-                "log.snapshot_skipped seq=%d: the previous one is still being written",
+                "log.snapshot_deferred seq=%d: the previous one is still being written",
                 self._state.seq,
             )
             return
         self._snapshotting = asyncio.create_task(
-            snapshot_and_prune(
-                self._blobs,
-                self._state.seq,
-                self._state.encode(),
-                self._settings.log_retention,
-            ),
-            name=f"changelog-snapshot-{self._state.seq}",
+            self._write_snapshots(), name=f"changelog-snapshot-{self._state.seq}"
         )
         self._snapshotting.add_done_callback(log_snapshot_bug)
+
+    async def _write_snapshots(self) -> None:
+        """Writes snapshots until none is due. Each encoding is taken with the seq it
+        belongs to, in one step, and reuses every unchanged adapter's."""
+        while True:
+            self._snapshot_due = False
+            await snapshot_and_prune(
+                self._blobs, self._state.seq, self._state.encode(), self._settings.log_retention
+            )
+            if not self._snapshot_due:
+                return
 
     def _apply(self, change: Change) -> None:
         self._state.apply(change)

@@ -50,14 +50,15 @@ def adapter_report(
 def _revision(
     entry: RevisionEntry | None, number: int, route: int | None, candidate: bool
 ) -> RevisionReport:
-    """A revision loading while its name routes to another one is not routed yet
+    """A revision on its way in (loading, or waiting to retry a load that failed
+    for now) while its name routes to another one is not routed yet
     (make-before-break); one loading for the requests that wait on it is."""
     if entry is not None and entry.state is Life.FAILED:
         return RevisionReport(
             number, RevisionState.FAILED, candidate, entry.error_code, entry.error
         )
-    loading = entry is not None and entry.state is Life.LOADING
-    if loading and route not in (None, number) and not candidate:
+    pending = entry is None or entry.state is Life.LOADING
+    if pending and route not in (None, number) and not candidate:
         return RevisionReport(number, RevisionState.LOADING, candidate)
     if entry is not None and entry.state in IN_ENGINE and entry.state is not Life.REMOVING:
         return RevisionReport(number, RevisionState.LOADED, candidate)
