@@ -92,7 +92,10 @@ def test_fixed_expand_adds_nothing_from_a_poisoned_slot_to_base_tokens(
 
 
 def _unpatched_write() -> Callable[..., Any]:
-    return getattr(ops.cpu_attn_reshape_and_cache, "__wrapped__", ops.cpu_attn_reshape_and_cache)
+    write: Callable[..., Any] = getattr(
+        ops.cpu_attn_reshape_and_cache, "__wrapped__", ops.cpu_attn_reshape_and_cache
+    )
+    return write
 
 
 def test_unpatched_attention_multiplies_positions_past_the_sequence_end() -> None:

@@ -165,7 +165,7 @@ def _write_model(out_dir: Path, spec: DemoSpec) -> None:
     rng = random.Random(spec.seed)
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(spec.seed)
-        model = LlamaForCausalLM(llama_config(spec.model, tokenizer))  # type: ignore[no-untyped-call]
+        model = LlamaForCausalLM(llama_config(spec.model, tokenizer))
         examples = _base_examples(tokenizer, rng)
         _train(model, model.parameters(), examples, spec.base_training, "base")
     model.save_pretrained(out_dir, safe_serialization=True)

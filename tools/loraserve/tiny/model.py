@@ -83,7 +83,7 @@ def _write_model(out_dir: Path, spec: TinyModelSpec) -> None:
     config = llama_config(spec, tokenizer)
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(spec.seed)
-        model = LlamaForCausalLM(config)  # type: ignore[no-untyped-call]
+        model = LlamaForCausalLM(config)
     model.save_pretrained(out_dir, safe_serialization=True)
     tokenizer.save_pretrained(out_dir)
 
@@ -134,7 +134,7 @@ def train_tokenizer(
         pair=f"{BOS_TOKEN} $A {BOS_TOKEN} $B",
         special_tokens=[(BOS_TOKEN, bos_id)],
     )
-    return PreTrainedTokenizerFast(  # type: ignore[no-untyped-call]
+    return PreTrainedTokenizerFast(
         tokenizer_object=tokenizer,
         bos_token=BOS_TOKEN,
         eos_token=EOS_TOKEN,

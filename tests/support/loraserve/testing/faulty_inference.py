@@ -33,7 +33,7 @@ def fail_loras(failing: frozenset[str]) -> None:
                     completion.finish_reason = "error"
             yield output
 
-    AsyncLLM.generate = failing_generate  # type: ignore[method-assign]
+    AsyncLLM.generate = failing_generate
 
 
 def main() -> None:
