@@ -82,14 +82,16 @@ def test_passthrough_refuses_managed_and_unknown_keys(item: str, message: str) -
 
 
 def test_admission_flags_fall_back_to_env_and_default_to_fair() -> None:
-    assert parse_settings(BASE, {}, "h").admission.fair
+    default = parse_settings(BASE, {}, "h").admission
+    assert (default.fair, default.headroom) == (True, 2)
     environ = {
         "INFERENCE_ADMISSION_ORDER": "fifo",
         "INFERENCE_MAX_ENGINE_REQUESTS": "4",
+        "INFERENCE_FAIR_HEADROOM": "0",
         "INFERENCE_ADAPTER_WEIGHTS": "gold=3, bronze=0.5",
     }
     admission = parse_settings(BASE, environ, "h").admission
-    assert (admission.fair, admission.max_engine_requests) == (False, 4)
+    assert (admission.fair, admission.max_engine_requests, admission.headroom) == (False, 4, 0)
     assert dict(admission.weights) == {"gold": 3.0, "bronze": 0.5}
 
 
@@ -100,3 +102,9 @@ def test_an_adapter_weight_that_is_not_a_positive_number_is_a_usage_error(
     with pytest.raises(SystemExit):
         parse_settings([*BASE, "--adapter-weights", weights], {}, "h")
     assert "NAME=WEIGHT with a positive number" in capsys.readouterr().err
+
+
+def test_a_negative_fair_headroom_is_a_usage_error(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit):
+        parse_settings([*BASE, "--fair-headroom", "-1"], {}, "h")
+    assert "--fair-headroom" in capsys.readouterr().err

@@ -381,8 +381,10 @@ def _sync_settings(settings: InferenceSettings) -> SyncSettings:
 
 def _fair_gate(options: AdmissionOptions, max_num_seqs: int) -> FairGate | None:
     """The gate that admits requests into the engine in turn across adapters, at most
-    one batch's worth (or `--max-engine-requests`) at once; None for fifo."""
+    one batch's worth (or `--max-engine-requests`) at once, keeping `--fair-headroom`
+    slots for adapters below their share; None for fifo."""
     if not options.fair:
         return None
     weights = dict(options.weights)
-    return FairGate(options.max_engine_requests or max_num_seqs, lambda a: weights.get(a, 1.0))
+    capacity = options.max_engine_requests or max_num_seqs
+    return FairGate(capacity, lambda a: weights.get(a, 1.0), options.headroom)

@@ -1,6 +1,7 @@
 """Fair admission's settings (inference `serve`): the order requests go into a
-saturated engine, how many go in at once and each adapter's weight. The gate itself
-is loraserve.inference.serving.fairness."""
+saturated engine, how many go in at once, the headroom kept for adapters below their
+share and each adapter's weight. The gate itself is
+loraserve.inference.serving.fairness."""
 
 from __future__ import annotations
 
@@ -8,7 +9,12 @@ import argparse
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
-from loraserve.common.config.flags import positive_int
+from loraserve.common.config.flags import non_negative_int, positive_int
+
+# Two slots: a request of an adapter below its share then waits only when two more such
+# requests arrived since the last one left; under a flood that alone saturates the engine
+# it costs 2 / capacity of the slots (under 1 % at vLLM's GPU default of 256, 1/8 at 16).
+DEFAULT_HEADROOM = 2
 
 
 @dataclass(frozen=True)
@@ -19,6 +25,8 @@ class AdmissionOptions:
     fair: bool = True
     # Requests in the engine at once; None: the engine's max_num_seqs (one batch).
     max_engine_requests: int | None = None
+    # Engine slots that only adapters below their fair share may take; 0: none kept.
+    headroom: int = DEFAULT_HEADROOM
     # Adapter name -> its share of turns; an adapter not named has weight 1.
     weights: Mapping[str, float] = field(default_factory=dict)
 
@@ -58,6 +66,14 @@ def add_admission_flags(flag: Callable[..., None]) -> None:
         type=positive_int,
     )
     flag(
+        "fair-headroom",
+        "engine slots kept for adapters below their fair share: an adapter holding at "
+        "least its share goes in only while more than this many are free (0: plain "
+        "round-robin; at most max-engine-requests - 1)",
+        str(DEFAULT_HEADROOM),
+        type=non_negative_int,
+    )
+    flag(
         "adapter-weights",
         "fair admission's share of turns per adapter, NAME=WEIGHT comma-separated (others 1)",
         "",
@@ -69,5 +85,6 @@ def admission_from_args(args: argparse.Namespace) -> AdmissionOptions:
     return AdmissionOptions(
         fair=args.admission_order == "fair",
         max_engine_requests=args.max_engine_requests,
+        headroom=args.fair_headroom,
         weights=args.adapter_weights,
     )
