@@ -221,7 +221,9 @@ async def test_a_waiter_cancelled_while_the_engine_is_full_leaves_the_shares() -
     await holders.close()
 
 
-async def test_a_request_admitted_into_the_headroom_as_it_is_cancelled_gives_its_place_on() -> None:
+async def test_a_request_admitted_into_the_headroom_as_it_is_cancelled_passes_its_place_on() -> (
+    None
+):
     gate = FairGate(2, lambda _: 1.0, headroom=1)
     holders = _Holders(gate)
     await holders.send("a")
