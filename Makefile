@@ -72,14 +72,14 @@ bench: setup
 	$(PY) -m bench --engine $(ENGINE) $(BENCH_ARGS)
 
 # On a CUDA machine: every benchmark whose figures depend on the engine's speed, each
-# within its budget, in one 15-minute window (bench/gpu.py says which and why).
+# within its budget, in one 15-minute window (bench/method/gpu.py says which and why).
 bench-gpu:
 	$(MAKE) setup ENGINE=gpu
 	$(PY) -m bench --engine gpu --gpu-run $(BENCH_ARGS)
 
 # The README's performance table from the newest run under bench/results/.
 bench-readme: setup
-	$(PY) -m bench.readme_table --write README.md
+	$(PY) -m bench.method.readme_table --write README.md
 
 # The whole stack on this machine until Ctrl-C: embedded S3, the adapter store, the
 # inference service on the demo model (trained on the CPU on first run, then cached),

@@ -16,10 +16,12 @@ import sys
 import time
 from pathlib import Path
 
-from bench import bench_fleet, gpu, readme_table, s3_libs, store_bench
-from bench.report import Report
-from bench.runs import scale_for
-from bench.stack import PROFILES
+from bench.fleet import routing
+from bench.method import gpu, readme_table
+from bench.method.report import Report
+from bench.method.runs import scale_for
+from bench.rig.stack import PROFILES
+from bench.store import s3_libs, transfers_events
 
 RESULTS = Path(__file__).resolve().parent / "results"
 # Each profile's benchmarks, in the order a run makes them.
@@ -60,7 +62,8 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--gpu-run",
         action="store_true",
-        help="the benchmarks of the 15-minute GPU run (bench/gpu.py), each within its budget",
+        help="the benchmarks of the 15-minute GPU run (bench/method/gpu.py), each within its "
+        "budget",
     )
     parser.add_argument(
         "--stand-in",
@@ -110,42 +113,42 @@ async def _main(args: argparse.Namespace, results: Path) -> Report:
     started = time.monotonic()
     try:
         if 6 in wanted:
-            settings = store_bench.StoreSettings(repeats=2, events=6) if args.quick else None
-            await store_bench.run(report, settings or store_bench.StoreSettings())
+            settings = transfers_events.StoreSettings(repeats=2, events=6) if args.quick else None
+            await transfers_events.run(report, settings or transfers_events.StoreSettings())
         if 21 in wanted:
             await s3_libs.run(report, quick=args.quick)
         inference = wanted & INFERENCE
         if inference:
-            from bench import inference_bench
+            from bench.inference import suite as inference_suite
 
             scale = scale_for(args.engine, args.quick)
-            await inference_bench.run(report, inference, scale, args.engine, budget)
+            await inference_suite.run(report, inference, scale, args.engine, budget)
         if 9 in wanted:
-            from bench import swap_vs_vllm
+            from bench.swap import vs_vllm
 
-            await swap_vs_vllm.run(report, quick=args.quick, engine=args.engine)
+            await vs_vllm.run(report, quick=args.quick, engine=args.engine)
         if 10 in wanted:
-            await bench_fleet.run(report, quick=args.quick, engine=args.engine)
+            await routing.run(report, quick=args.quick, engine=args.engine)
         if 22 in wanted:
-            from bench import bench_rollout
+            from bench.fleet import rollout
 
-            await bench_rollout.run(report, quick=args.quick, engine=args.engine)
+            await rollout.run(report, quick=args.quick, engine=args.engine)
         if 11 in wanted:
-            from bench import bench_tiers
+            from bench.tiers import thousands as tiers_thousands
 
-            await bench_tiers.run(report, quick=args.quick, engine=args.engine)
+            await tiers_thousands.run(report, quick=args.quick, engine=args.engine)
         if 12 in wanted:
-            from bench import bench_store_scale
+            from bench.store import thousands as store_thousands
 
-            await bench_store_scale.run(report, quick=args.quick)
+            await store_thousands.run(report, quick=args.quick)
         if wanted & TRUST:
-            from bench import bench_trust
+            from bench.trust import suite as trust_suite
 
-            await bench_trust.run(report, set(wanted), quick=args.quick, engine=args.engine)
+            await trust_suite.run(report, set(wanted), quick=args.quick, engine=args.engine)
         if wanted & REAL:
-            from bench import real_bench
+            from bench.real import suite as real_suite
 
-            await real_bench.run(
+            await real_suite.run(
                 report, wanted & REAL, quick=args.quick, engine=args.engine, budget=budget
             )
     finally:
@@ -164,8 +167,8 @@ def _show_table(results: Path, update_readme: bool) -> None:
         print(f"\nREADME table updated with {results}/:\n\n{table}")
     else:
         print(
-            f"\nThe README table with this run (`python -m bench.readme_table --write README.md`"
-            f" or `make bench-readme` puts it there):\n\n{table}"
+            "\nThe README table with this run (`python -m bench.method.readme_table --write "
+            f"README.md` or `make bench-readme` puts it there):\n\n{table}"
         )
 
 

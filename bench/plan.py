@@ -2,7 +2,7 @@
 start, started by nobody. Each server's command line comes from the same function the
 run uses (placeholder ports and a scratch directory), the baselines' flags are checked
 to parse back into engine A's exact engine arguments, and with `--engine gpu` every
-benchmark's engines up at once must fit the device together (bench.gpu.MEMORY_LIMIT),
+benchmark's engines up at once must fit the device together (bench.method.gpu.MEMORY_LIMIT),
 so the GPU path is exercised on a machine without a GPU."""
 
 from __future__ import annotations
@@ -14,15 +14,17 @@ from collections.abc import Iterator
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from bench import baselines, gpu, procs, real_models
-from bench.bench_fleet import FleetScale
-from bench.bench_vllm import baseline_commands
-from bench.fleet_rig import replica_argv
-from bench.runs import Scale
-from bench.stack import ENGINE_A, ENGINE_B, ENGINE_C, PROFILES, Stack, tenant
-from bench.vllm_args import differences, loraserve_engine_args, parse_vllm_flags
+from bench.fleet.rig import replica_argv
+from bench.fleet.routing import FleetScale
+from bench.inference.against_vllm import baseline_commands
+from bench.method import gpu
+from bench.method.runs import Scale
+from bench.real import models
+from bench.rig import baselines, procs
+from bench.rig.stack import ENGINE_A, ENGINE_B, ENGINE_C, PROFILES, Stack, tenant
+from bench.rig.vllm_args import differences, loraserve_engine_args, parse_vllm_flags
 
-LOADGEN = [sys.executable, "-m", "bench.loadgen"]
+LOADGEN = [sys.executable, "-m", "bench.load.loadgen"]
 
 
 @dataclass
@@ -64,7 +66,7 @@ def _inference(engine: str) -> dict[int, BenchPlan]:
     stack = _stack(engine, "inference")
     store = _store(ports)
     stack.argv_a = stack.argv("engine-a", next(ports), ENGINE_A, next(ports))
-    a = {"inference serve (engine A, bench.engine_host)": stack.argv_a, **store}
+    a = {"inference serve (engine A, bench.rig.engine_host)": stack.argv_a, **store}
     b = stack.argv("engine-b", next(ports), ENGINE_B)
     eight = {tenant(i): stack.adapters[tenant(i)] for i in range(8)}
     raw_b = baselines.commands(b, eight, 0, 0).raw
@@ -103,8 +105,8 @@ def _defaults(model: str) -> object:
 
 
 def _swap_servers(stack: Stack, engine_config: procs.EngineConfig) -> dict[str, list[str]]:
-    from bench.swap_arms import SWAP
-    from bench.swap_vs_vllm import loraserve_argv
+    from bench.swap.arms import SWAP
+    from bench.swap.vs_vllm import loraserve_argv
 
     ports = _ports()
     servers = _store(ports)
@@ -123,7 +125,7 @@ def _swap_servers(stack: Stack, engine_config: procs.EngineConfig) -> dict[str, 
 
 def _others(engine: str) -> dict[int, BenchPlan]:
     """Benchmarks 6, 9, 10, 11, 12, 21 and 22."""
-    from bench.tiers_rig import Rig
+    from bench.tiers.rig import Rig
 
     ports = _ports()
     stack = _stack(engine, "others")
@@ -154,17 +156,17 @@ def _others(engine: str) -> dict[int, BenchPlan]:
 
 def _real(engine: str) -> dict[int, BenchPlan]:
     """The real profile's benchmarks 14-18."""
-    from bench.fleet_caches import BOTO, CACHES, fetch_argv
-    from bench.real_bench import ENGINE, stall_argv
+    from bench.real.fleet_caches import BOTO, CACHES, fetch_argv
+    from bench.real.suite import ENGINE, stall_argv
 
     ports = _ports()
     stack = _stack(engine, "real")
-    stack.model_dir = real_models.model_dir()
-    stack.adapters["swap-v0"] = real_models.adapter_dir(0)
+    stack.model_dir = models.model_dir()
+    stack.adapters["swap-v0"] = models.adapter_dir(0)
     store = _store(ports)
     endpoint = store["adapterstore serve"][3].partition("=")[2]
     fetchers = {
-        f"bench.fleet_fetch, {arm} (one of 16 processes)": fetch_argv(
+        f"bench.real.fleet_fetch, {arm} (one of 16 processes)": fetch_argv(
             arm, "127.0.0.1:1", ["fleet-0@1"], endpoint, "bench", ["blobs/sha256/HEX"]
         )
         for arm in (CACHES, BOTO)
@@ -182,7 +184,7 @@ def _real(engine: str) -> dict[int, BenchPlan]:
 
 def _trust(engine: str) -> dict[int, BenchPlan]:
     """Benchmarks 19 and 20: one replica under a flood; two store and replica pairs."""
-    from bench.bench_trust import ENGINE
+    from bench.trust.suite import ENGINE
 
     ports = _ports()
     stack = _stack(engine, "trust")

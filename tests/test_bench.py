@@ -10,9 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from bench import readme_table
-from bench.report import Report
-from bench.stats import Estimate
+from bench.method import readme_table
+from bench.method.report import Report
+from bench.method.stats import Estimate
 
 
 def test_readme_table_is_the_newest_results() -> None:
@@ -102,7 +102,7 @@ def test_update_replaces_only_the_marked_block() -> None:
 
 
 def test_results_keep_every_repeat_of_every_arm(tmp_path: Path) -> None:
-    from bench.workload import Record, RunResult
+    from bench.load.workload import Record, RunResult
 
     report = Report(tmp_path, {})
     runs = [RunResult([Record("t00", 0.0, 0.1, 1.0, 10)]) for _ in range(3)]
@@ -124,7 +124,7 @@ def test_baselines_get_engine_a_settings(engine: str) -> None:
     assert serve[serve.index("--max-loras") + 1] == "8"
     assert "--enable-lora" in commands["vLLM gRPC"]
     gpu_share = "--gpu-memory-utilization=0.15"
-    assert (gpu_share in commands["inference serve (engine A, bench.engine_host)"]) == (
+    assert (gpu_share in commands["inference serve (engine A, bench.rig.engine_host)"]) == (
         engine == "gpu"
     )
     engine_c = plans(engine)[3].servers["inference serve (engine C)"]
@@ -135,8 +135,8 @@ def test_the_gpu_dry_run_covers_every_benchmark_and_fits_the_device_and_window()
     """Every benchmark of either profile has command lines in the gpu dry run; every
     engine they start gets its share of the device, the shares up at once sum to at
     most 0.9, and the GPU run's budgets fit 15 minutes."""
-    from bench import gpu
     from bench.__main__ import PROFILE_BENCHMARKS
+    from bench.method import gpu
     from bench.plan import check_gpu, plans
 
     every = {n for numbers in PROFILE_BENCHMARKS.values() for n in numbers}
@@ -169,7 +169,7 @@ async def _stream_from_stub(
     returns what the caller yielded (or the exception it raised) and the request body."""
     from aiohttp import web
 
-    from bench.calls import http_session, openai_caller
+    from bench.load.calls import http_session, openai_caller
 
     seen: list[dict[str, object]] = []
 
@@ -242,7 +242,7 @@ def test_results_keep_every_repeat_of_single_figure_arms(tmp_path: Path) -> None
 
 
 def test_store_scale_goals_come_from_every_repeat(tmp_path: Path) -> None:
-    from bench.bench_store_scale import Measured, report_goals
+    from bench.store.thousands import Measured, report_goals
 
     measured = Measured(
         pushes_per_s={
@@ -264,7 +264,7 @@ def test_store_scale_goals_come_from_every_repeat(tmp_path: Path) -> None:
 
 
 def test_a_quick_store_scale_run_names_its_smaller_store(tmp_path: Path) -> None:
-    from bench.bench_store_scale import QUICK, Measured, report_goals
+    from bench.store.thousands import QUICK, Measured, report_goals
 
     measured = Measured(
         {"small": [10.0], "large": [8.0], "small again": []},
@@ -357,7 +357,7 @@ async def test_a_benchmark_over_its_gpu_budget_fails_itself_and_the_run_goes_on(
 ) -> None:
     import asyncio
 
-    from bench import gpu
+    from bench.method import gpu
 
     monkeypatch.setitem(gpu.BUDGETS_S, 99, 0.01)
     report = Report(tmp_path, {})

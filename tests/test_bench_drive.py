@@ -1,6 +1,6 @@
 """The steady-state load: what a window counts, how failures and the requests cut at the
 end are told apart, the thin path to an engine, and the load generator in its own
-process (driving a stub engine behind bench.thin: no vLLM needed)."""
+process (driving a stub engine behind bench.load.thin: no vLLM needed)."""
 
 from __future__ import annotations
 
@@ -11,11 +11,11 @@ from pathlib import Path
 
 import pytest
 
-from bench import thin
-from bench.drive import Load, Timing, drive
-from bench.loadclient import Arm, LoadGenerator, Window
-from bench.targets import Target
-from bench.workload import Record, Workload
+from bench.load import thin
+from bench.load.drive import Load, Timing, drive
+from bench.load.loadclient import Arm, LoadGenerator, Window
+from bench.load.targets import Target
+from bench.load.workload import Record, Workload
 
 TOKEN_S = 0.005
 

@@ -4,9 +4,9 @@ held."""
 
 from __future__ import annotations
 
-from bench.bench_fleet import failover_figures
-from bench.report import Section
-from bench.workload import Record, RunResult
+from bench.fleet.routing import failover_figures
+from bench.load.workload import Record, RunResult
+from bench.method.report import Section
 
 
 def _result(mid_stream: int, before_first: int) -> RunResult:

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from bench.rollout_figures import Served, candidate_shares, covered, failures, time_to_all
+from bench.fleet.rollout_figures import Served, candidate_shares, covered, failures, time_to_all
 
 
 def _after_change(late: dict[int, float]) -> list[Served]:

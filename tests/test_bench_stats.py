@@ -8,8 +8,8 @@ import math
 
 import pytest
 
-from bench.report import Section
-from bench.stats import (
+from bench.method.report import Section
+from bench.method.stats import (
     Estimate,
     median_interval,
     noise_width,

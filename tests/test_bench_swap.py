@@ -7,9 +7,9 @@ from pathlib import Path
 import numpy as np
 from safetensors.numpy import load_file, save_file
 
-from bench.bench_swap import Push, swap_latencies
-from bench.variants import CONFIG, WEIGHTS, write_variant
-from bench.workload import Record
+from bench.load.workload import Record
+from bench.rig.variants import CONFIG, WEIGHTS, write_variant
+from bench.swap.hot import Push, swap_latencies
 
 
 def _probe(revision: int, first_token: float) -> Record:

@@ -11,11 +11,12 @@ from pathlib import Path
 import grpc
 import pytest
 
-from bench import storeops
-from bench.loadclient import Window
-from bench.paired import Runs
-from bench.report import Section
-from bench.tiers_figures import (
+from bench.load.loadclient import Window
+from bench.load.workload import Record, Workload
+from bench.method.paired import Runs
+from bench.method.report import Section
+from bench.rig import storeops
+from bench.tiers.figures import (
     FirstRequest,
     Start,
     cold_ttft_figures,
@@ -29,7 +30,7 @@ from bench.tiers_figures import (
     throughput_figures,
     tier_table,
 )
-from bench.tiers_rig import (
+from bench.tiers.rig import (
     DOWNLOADS,
     DiskUse,
     MissingMetric,
@@ -40,7 +41,6 @@ from bench.tiers_rig import (
     parse_metrics,
     seed,
 )
-from bench.workload import Record, Workload
 from loraserve.adapterstore.v1 import adapterstore_pb2 as store_pb
 from loraserve.testing.models import TinyAdapterFactory
 from loraserve.testing.store import RunningStore

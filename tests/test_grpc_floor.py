@@ -1,4 +1,4 @@
-"""bench/grpc_floor.py compares like with like: every server variant, whatever it is built
+"""bench/front/grpc_floor.py compares like with like: every server variant, whatever it is built
 on, streams the same valid gRPC messages to the generated grpc.aio stub and ends the
 call OK (no engine: each variant is its own server process on 127.0.0.1)."""
 
@@ -11,8 +11,8 @@ from pathlib import Path
 import grpc
 import pytest
 
-from bench.grpc_floor import Run, build_parser, served, table_of
-from bench.grpc_floor_servers import VARIANTS, Shape
+from bench.front.grpc_floor import Run, build_parser, served, table_of
+from bench.front.grpc_floor_servers import VARIANTS, Shape
 from loraserve.inference.v1 import inference_pb2 as pb
 from loraserve.inference.v1 import inference_pb2_grpc as pb_grpc
 

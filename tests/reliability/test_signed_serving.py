@@ -11,7 +11,6 @@ inference app on the session's vLLM engine.
 
 from __future__ import annotations
 
-import asyncio
 import hashlib
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, replace
@@ -30,6 +29,7 @@ from loraserve.testing.inferenceapp import RunningInference, adapter_files, infe
 from loraserve.testing.models import TinyAdapterFactory
 from loraserve.testing.s3 import S3Bucket
 from loraserve.testing.signers import KeyPair, write_key_pair
+from loraserve.testing.stack import replica_answer
 from loraserve.testing.store import RunningStore
 from loraserve.testing.storecalls import push, store_stub
 
@@ -40,8 +40,6 @@ pytestmark = [pytest.mark.faults, pytest.mark.engine]
 
 REPLICA = "signed-replica"
 WEIGHTS = "adapter_model.safetensors"
-# Guards against a hang only; nothing here measures time.
-GUARD_S = 60
 NACK = store_pb.REPORT_TYPE_NACK
 
 
@@ -68,15 +66,7 @@ class SignedStack:
         return int(response.revision.revision)
 
     async def report(self, name: str, revision: int) -> store_pb.ReplicaAdapterStatus:
-        """The replica's report about `name`@`revision`, once it has made one."""
-        async with store_stub(self.store.address) as stub, asyncio.timeout(GUARD_S):
-            while True:
-                response = await stub.GetAdapterStatus(store_pb.GetAdapterStatusRequest(name=name))
-                for status in response.statuses:
-                    if status.replica_id == REPLICA and status.reported_revision == revision:
-                        found: store_pb.ReplicaAdapterStatus = status
-                        return found
-                await asyncio.sleep(0.05)
+        return await replica_answer(self.store.address, REPLICA, name, revision)
 
     async def still_serves_revision_one(self) -> None:
         revision, tokens = await self.inference.generate("alpha", 4)

@@ -52,19 +52,30 @@ class Stack:
             await stub.DeleteAdapter(store_pb.DeleteAdapterRequest(name=name))
 
     async def report(self, name: str, revision: int) -> store_pb.ReplicaAdapterStatus:
-        """The replica's report about `name`@`revision`, once it has made one."""
-        async with store_stub(self.store.address) as stub, asyncio.timeout(GUARD_S):
-            while True:
-                response = await stub.GetAdapterStatus(store_pb.GetAdapterStatusRequest(name=name))
-                for status in response.statuses:
-                    if status.replica_id == REPLICA and status.reported_revision == revision:
-                        found: store_pb.ReplicaAdapterStatus = status
-                        return found
-                await asyncio.sleep(0.05)
+        return await replica_answer(self.store.address, REPLICA, name, revision)
 
     def blob_gets(self, key: str) -> int:
         """How many times the store has read blob `key` from S3."""
         return self.proxy.requests.count(("GET", key))
+
+
+async def replica_answer(
+    store_address: str, replica_id: str, name: str, revision: int
+) -> store_pb.ReplicaAdapterStatus:
+    """The replica's answer about `name`@`revision` (an ACK or a NACK) as the store shows
+    it, once it has made one; a revision still on its way in is no answer yet."""
+    async with store_stub(store_address) as stub, asyncio.timeout(GUARD_S):
+        while True:
+            response = await stub.GetAdapterStatus(store_pb.GetAdapterStatusRequest(name=name))
+            for status in response.statuses:
+                if (
+                    status.replica_id == replica_id
+                    and status.reported_revision == revision
+                    and status.type != store_pb.REPORT_TYPE_UNSPECIFIED
+                ):
+                    found: store_pb.ReplicaAdapterStatus = status
+                    return found
+            await asyncio.sleep(0.05)
 
 
 @pytest.fixture

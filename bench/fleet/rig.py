@@ -1,0 +1,135 @@
+"""Benchmark 10's fleet: N `inference serve` replicas with metrics on one store, a
+gRPC channel over all of them balanced by ring_hash on the adapter header (as the
+client library does, `loraserve.clients.routing`) or round robin, the replicas' own
+per-adapter request counters, and a crash (SIGKILL) of one."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import signal
+import urllib.request
+from collections import Counter
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Literal
+
+import grpc
+import psutil
+from prometheus_client.parser import text_string_to_metric_families
+
+from bench.load.calls import grpc_stub_caller
+from bench.load.workload import Caller
+from bench.method.stats import ratio
+from bench.rig import procs
+from bench.rig.stack import RANK, Stack
+from bench.rig.stack import wait_routed as wait_routed_on
+from loraserve.clients.channels import Retry
+from loraserve.clients.routing import ring_hash_config
+from loraserve.common.config.sizes import MESSAGE_LIMIT_OPTIONS
+from loraserve.inference.serving import SERVICE_NAME
+from loraserve.testing.processes import free_port
+
+ENGINE = procs.EngineConfig(max_loras=4, max_cpu_loras=32, max_lora_rank=RANK)
+# Retries UNAVAILABLE before the first response, as the client library does: a call
+# to a replica that just died moves to the next one on the ring.
+RETRY = Retry(max_attempts=5, initial_backoff_s=0.1, max_backoff_s=1.0)
+CALL_TIMEOUT_S = 300.0
+Policy = Literal["ring_hash", "round_robin"]
+
+
+def fleet_channel(addresses: Sequence[str], policy: Policy) -> grpc.aio.Channel:
+    """One channel over every replica; ring_hash sends all calls carrying one adapter
+    header value to one replica."""
+    balancing = ring_hash_config() if policy == "ring_hash" else {"round_robin": {}}
+    config = {
+        "loadBalancingConfig": [balancing],
+        "methodConfig": [RETRY.method_config(SERVICE_NAME)],
+    }
+    options = [*MESSAGE_LIMIT_OPTIONS, ("grpc.service_config", json.dumps(config))]
+    return grpc.aio.insecure_channel("ipv4:" + ",".join(addresses), options=options)
+
+
+def fleet_caller(channel: grpc.aio.Channel) -> Caller:
+    """The raw stub over the fleet's channel, each call with its adapter's ring_hash key."""
+    return grpc_stub_caller(channel, affinity=True, timeout=CALL_TIMEOUT_S)
+
+
+@dataclass
+class Replica:
+    child: procs.Child
+    metrics_port: int
+
+
+def replica_argv(stack: Stack, i: int, port: int, metrics_port: int) -> list[str]:
+    """`inference serve` flags of the fleet's replica `i` (the stack's engine profile)."""
+    return [*stack.argv(f"fleet-{i}", port, ENGINE), f"--metrics-port={metrics_port}"]
+
+
+class Fleet:
+    """The store stack plus `replicas` inference servers with metrics."""
+
+    def __init__(self, stack: Stack, count: int) -> None:
+        self.stack = stack
+        self.count = count
+        self.replicas: list[Replica] = []
+
+    @property
+    def addresses(self) -> list[str]:
+        return [r.child.address for r in self.replicas]
+
+    async def start(self) -> None:
+        for i in range(self.count):
+            port, metrics_port = free_port(), free_port()
+            child = procs.start_inference(
+                self.stack.logs,
+                f"fleet-{i}",
+                replica_argv(self.stack, i, port, metrics_port),
+                f"127.0.0.1:{port}",
+                self.stack.profile.env,
+            )
+            self.stack.children.append(child)
+            self.replicas.append(Replica(child, metrics_port))
+        await asyncio.gather(
+            *(procs.wait_serving(r.child, self.stack.logs, 600) for r in self.replicas)
+        )
+
+    async def wait_routed(self, wanted: dict[str, int]) -> None:
+        await asyncio.gather(*(wait_routed_on(address, wanted) for address in self.addresses))
+
+    async def served(self) -> list[Counter[str]]:
+        """Per replica: requests finished OK, by adapter (its own counter)."""
+        return await asyncio.gather(
+            *(asyncio.to_thread(_served, r.metrics_port) for r in self.replicas)
+        )
+
+    def kill(self, index: int) -> None:
+        """SIGKILL, as a crash; the engine process it leaves behind is killed too."""
+        process = self.replicas[index].child.process
+        orphans = psutil.Process(process.pid).children(recursive=True)
+        process.send_signal(signal.SIGKILL)
+        process.wait()
+        for orphan in orphans:
+            orphan.kill()
+
+
+def _served(metrics_port: int) -> Counter[str]:
+    with urllib.request.urlopen(f"http://127.0.0.1:{metrics_port}/metrics", timeout=30) as r:
+        text = r.read().decode()
+    counts: Counter[str] = Counter()
+    for family in text_string_to_metric_families(text):
+        if family.name == "loraserve_inference_requests":
+            for sample in family.samples:
+                if sample.name.endswith("_total") and sample.labels["code"] == "OK":
+                    counts[sample.labels["adapter"]] += int(sample.value)
+    return counts
+
+
+def affinity(before: list[Counter[str]], after: list[Counter[str]]) -> tuple[float, float]:
+    """(overall, worst adapter's) share of requests served by the adapter's top replica."""
+    per_replica = [a - b for a, b in zip(after, before, strict=True)]
+    adapters = set().union(*per_replica)
+    top = {a: max(c[a] for c in per_replica) for a in adapters}
+    total = {a: sum(c[a] for c in per_replica) for a in adapters}
+    worst = min((top[a] / total[a] for a in adapters if total[a]), default=float("nan"))
+    return ratio(sum(top.values()), sum(total.values())), worst

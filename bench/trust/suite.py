@@ -1,0 +1,347 @@
+"""Benchmarks 19 and 20 (issue 26): fair admission under a flood, and what signature
+verification costs from push to serving.
+
+19. Eight adapters on one replica whose engine admits `max_engine_requests` at once
+(fair admission on, the default). Its capacity is probed first (requests/s of a closed
+loop at that concurrency); then each repeat runs two open-loop arms of Poisson arrivals
+for one window each, order rotated: `no flood` (every adapter at r = capacity / 10, 0.8
+of capacity in all) and `flood` (one adapter at 10 r, the other 7 at r: 1.7 of capacity,
+saturated). Figures: the 7 others' TTFT p99 under the flood over their p99 without it
+(per repeat, paired; goal <= 1.5), and the flooded adapter's generated tokens/s over
+1/8 of the replica's (goal >= 0.8). `no flood` runs twice per repeat: the noise.
+
+20. Push -> serving: from the start of `adapterctl push`'s work (signing included) to
+the replica answering a request with the new revision, for a signed push to a store and
+replica with `--signature-policy require` over an unsigned push to a pair with `off`.
+Both pairs run side by side; each repeat pushes to each once, order rotated (`off`
+twice: the noise). The full run pushes an 80 MB adapter (rank 128 on every projection
+of a 9-layer, hidden-1024 model); --quick the stack's tiny adapter. Goal <= 1.1.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+import tempfile
+import time
+from collections.abc import AsyncIterator, Sequence
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import grpc
+
+from bench.method.paired import AGAIN, rotated
+from bench.method.report import Report, Section
+from bench.method.stats import median_interval, paired_ratio, percentile
+from bench.rig import procs
+from bench.rig.stack import CACHE, ENGINE_START_S, PROFILES, Stack, tenant
+from loraserve.adapterstore.v1 import adapterstore_pb2 as store_pb
+from loraserve.common.revisions.manifest import FileInfo, RevisionKey
+from loraserve.common.trust.signing import sign_revision
+from loraserve.inference.v1 import inference_pb2 as pb
+from loraserve.inference.v1 import inference_pb2_grpc as pb_grpc
+from loraserve.testing.inferenceapp import adapter_files
+from loraserve.testing.processes import free_port
+from loraserve.testing.signers import KeyPair, write_key_pair
+from loraserve.testing.storecalls import push, store_stub
+from loraserve.tiny.adapters import TinyAdapterSpec, build_tiny_adapter
+from loraserve.tiny.model import TinyModelSpec, build_tiny_model
+
+FLOOD, VERIFY = 19, 20
+ADAPTERS = tuple(tenant(i) for i in range(8))
+FLOODED = ADAPTERS[0]
+PROMPT = (5, 17, 42, 99, 3, 250, 7, 64)
+ENGINE = procs.EngineConfig(max_loras=8, max_cpu_loras=8)
+# The 80 MB adapter's model: rank 128 on all 7 projections of 9 layers at hidden 1024.
+BIG_MODEL = TinyModelSpec(
+    hidden_size=1024,
+    intermediate_size=2048,
+    num_hidden_layers=9,
+    num_attention_heads=16,
+    num_key_value_heads=16,
+)
+BIG_RANK = 128
+
+
+@dataclass(frozen=True)
+class FloodScale:
+    repeats: int = 5
+    window_s: float = 40.0
+    probe_s: float = 15.0
+    max_engine_requests: int = 16
+    max_tokens: int = 32
+    pushes: int = 5
+
+
+QUICK = FloodScale(repeats=2, window_s=8.0, probe_s=5.0, pushes=2)
+
+
+@dataclass
+class Sent:
+    adapter: str
+    at: float
+    ttft: float | None = None
+    tokens: int = 0
+    error: str = ""
+
+
+async def _generate(stub: Any, adapter: str, max_tokens: int, sent: Sent) -> int:
+    """Streams one greedy generation into `sent`; returns the revision that served it."""
+    request = pb.GenerateRequest(
+        adapter=adapter,
+        token_ids=pb.TokenIds(ids=list(PROMPT)),
+        sampling=pb.SamplingParams(max_tokens=max_tokens, temperature=0.0, ignore_eos=True),
+    )
+    revision = 0
+    try:
+        async for message in stub.Generate(request, timeout=600):
+            revision = revision or message.revision
+            if message.token_ids and sent.ttft is None:
+                sent.ttft = time.monotonic() - sent.at
+            sent.tokens += len(message.token_ids)
+    except grpc.aio.AioRpcError as exc:
+        sent.error = f"{exc.code().name}: {exc.details()}"
+    return revision
+
+
+async def _capacity(stub: Any, scale: FloodScale) -> float:
+    """Requests/s the replica completes with `max_engine_requests` streams over every adapter."""
+    done = 0
+    end = time.monotonic() + scale.probe_s
+
+    async def loop(i: int) -> None:
+        nonlocal done
+        while time.monotonic() < end:
+            adapter = ADAPTERS[i % len(ADAPTERS)]
+            await _generate(stub, adapter, scale.max_tokens, Sent(adapter, time.monotonic()))
+            done += 1
+
+    start = time.monotonic()
+    await asyncio.gather(*(loop(i) for i in range(scale.max_engine_requests)))
+    return done / (time.monotonic() - start)
+
+
+async def _open_loop(
+    stub: Any, rates: dict[str, float], scale: FloodScale, seed: int
+) -> dict[str, float]:
+    """Poisson arrivals per adapter over one window; every request then runs to its end.
+    Returns the arm's figures."""
+    rng = random.Random(seed)
+    arrivals = []
+    for adapter, rate in rates.items():
+        t = rng.expovariate(rate)
+        while t < scale.window_s:
+            arrivals.append((t, adapter))
+            t += rng.expovariate(rate)
+    sent: list[Sent] = []
+    tasks = []
+    start = time.monotonic()
+    for offset, adapter in sorted(arrivals):
+        await asyncio.sleep(max(0.0, start + offset - time.monotonic()))
+        sent.append(Sent(adapter, time.monotonic()))
+        tasks.append(asyncio.create_task(_generate(stub, adapter, scale.max_tokens, sent[-1])))
+    await asyncio.gather(*tasks)
+    elapsed = time.monotonic() - start
+    others = [s.ttft for s in sent if s.adapter != FLOODED and s.ttft is not None]
+    tokens = {a: sum(s.tokens for s in sent if s.adapter == a) for a in ADAPTERS}
+    total = sum(tokens.values())
+    return {
+        "others_ttft_p99_ms": 1000 * percentile(others, 99) if others else float("nan"),
+        "flooded_share_of_fair": tokens[FLOODED] / (total / len(ADAPTERS)) if total else 0.0,
+        "tokens_per_s": total / elapsed,
+        "requests": len(sent),
+        "failed": sum(1 for s in sent if s.error),
+    }
+
+
+@asynccontextmanager
+async def _replica(stack: Stack, name: str, extra: Sequence[str]) -> AsyncIterator[Any]:
+    port = free_port()
+    child = procs.start_inference(
+        stack.logs,
+        name,
+        [*stack.argv(name, port, ENGINE), *extra],
+        f"127.0.0.1:{port}",
+        stack.profile.env,
+    )
+    try:
+        await procs.wait_serving(child, stack.logs, ENGINE_START_S)
+        async with grpc.aio.insecure_channel(child.address) as channel:
+            yield pb_grpc.InferenceServiceStub(channel)
+    finally:
+        child.stop()
+
+
+async def _flood(section: Section, stack: Stack, scale: FloodScale) -> None:
+    for name in ADAPTERS:
+        await stack.push(name)
+    extra = [f"--max-engine-requests={scale.max_engine_requests}"]
+    async with _replica(stack, "flood-replica", extra) as stub:
+        capacity = await _capacity(stub, scale)
+        r = capacity / 10
+        rates = {
+            "no flood": {a: r for a in ADAPTERS},
+            "flood": {a: 10 * r if a == FLOODED else r for a in ADAPTERS},
+        }
+        names = ["no flood", "flood", "no flood" + AGAIN]
+        runs: dict[str, list[dict[str, float]]] = {name: [] for name in names}
+        for repeat in range(scale.repeats):
+            for name in rotated(names, repeat):
+                arm_rates = rates[name.removesuffix(AGAIN)]
+                runs[name].append(await _open_loop(stub, arm_rates, scale, seed=repeat))
+    section.notes.append(
+        f"capacity {capacity:.2f} requests/s at {scale.max_engine_requests} streams; "
+        f"r = {r:.3f} requests/s per adapter, {FLOODED} at 10 r"
+    )
+    for arm, figures in runs.items():
+        section.record(arm, figures)
+
+    def values(arm: str, metric: str) -> list[float]:
+        return [f[metric] for f in runs[arm]]
+
+    p99 = "others_ttft_p99_ms"
+    section.goal(
+        "others' TTFT p99, flood / no flood",
+        paired_ratio(values("flood", p99), values("no flood", p99)),
+        "<=",
+        1.5,
+        ".2f",
+        metric=p99,
+    )
+    section.goal(
+        f"{FLOODED}'s tokens/s / (total / 8), flood",
+        median_interval(values("flood", "flooded_share_of_fair")),
+        ">=",
+        0.8,
+        ".2f",
+    )
+    section.noise(
+        "no flood, others' TTFT p99, measured twice",
+        paired_ratio(values("no flood", p99), values("no flood" + AGAIN, p99)),
+        p99,
+    )
+    failed = sum(f["failed"] for figures in runs.values() for f in figures)
+    section.check("failed requests, every arm and repeat", failed, "0", failed == 0)
+
+
+def _adapter(quick: bool, stack: Stack) -> tuple[Path, Path, int]:
+    """The model, the adapter pushed and its rank: the stack's for --quick, else 80 MB."""
+    if quick:
+        return stack.model_dir, stack.adapters[tenant(0)], 8
+    model = build_tiny_model(CACHE / "model-h1024-l9", BIG_MODEL)
+    spec = TinyAdapterSpec(rank=BIG_RANK, seed=0)
+    return model, build_tiny_adapter(model, CACHE / f"big-r{BIG_RANK}", spec), BIG_RANK
+
+
+def _infos(files: dict[str, bytes]) -> list[FileInfo]:
+    import hashlib
+
+    return [FileInfo(n, len(d), hashlib.sha256(d).hexdigest()) for n, d in files.items()]
+
+
+async def _push_to_serving(
+    store: str, replica: Any, name: str, files: dict[str, bytes], key: KeyPair | None
+) -> float:
+    """Seconds from the push's start (signing included) to the replica answering with
+    the new revision."""
+    start = time.monotonic()
+    async with store_stub(store) as stub:
+        signature = b""
+        if key is not None:
+            request = store_pb.GetNextRevisionRequest(name=name)
+            number = (await stub.GetNextRevision(request)).revision
+            signature = sign_revision(RevisionKey(name, number), _infos(files), key.private)
+        wanted = (await push(stub, name, files, signature=signature)).revision.revision
+    while True:
+        # A request answered by the previous revision: the new one is not routed yet.
+        if await _generate(replica, name, 1, Sent(name, time.monotonic())) == wanted:
+            return time.monotonic() - start
+        await asyncio.sleep(0.01)
+
+
+async def _verify(section: Section, stack: Stack, scale: FloodScale, quick: bool) -> None:
+    model, directory, rank = _adapter(quick, stack)
+    stack.model_dir = model
+    files = adapter_files(directory)
+    key = write_key_pair(stack.work / "keys", "bench")
+    trust = ("--signature-policy=require", f"--trusted-signers=bench={key.public}")
+    engine = [f"--max-lora-rank={rank}", "--prefetch-adapters=8"]
+    assert stack.store is not None
+    await asyncio.to_thread(
+        procs.s3_client(stack.store_endpoint).create_bucket, Bucket="bench-signed"
+    )
+    signed = await procs.start_store(
+        stack.logs, stack.store_endpoint, "bench-signed", name="adapterstore-require", extra=trust
+    )
+    stack.children.append(signed)
+    pairs = {"off": (stack.store.address, None), "require": (signed.address, key)}
+    names = ["off", "require", "off" + AGAIN]
+    seconds: dict[str, list[float]] = {name: [] for name in names}
+    async with (
+        _replica_on(stack, "verify-off", stack.store.address, engine) as off,
+        _replica_on(stack, "verify-require", signed.address, [*engine, *trust]) as require,
+    ):
+        replicas = {"off": off, "require": require}
+        for policy, (store, signer) in pairs.items():  # creates the adapter: not timed
+            await _push_to_serving(store, replicas[policy], "verify", files, signer)
+        for repeat in range(scale.pushes):
+            for name in rotated(names, repeat):
+                policy = name.removesuffix(AGAIN)
+                store, signer = pairs[policy]
+                took = await _push_to_serving(store, replicas[policy], "verify", files, signer)
+                seconds[name].append(took)
+    for name, values in seconds.items():
+        section.record_values(name, "push_to_serving_s", values)
+    size = sum(len(d) for d in files.values())
+    section.notes.append(f"adapter {size / 1e6:.1f} MB (rank {rank}), {len(files)} files")
+    for name in ("off", "require"):
+        section.reported(f"push -> serving, {name} (s)", median_interval(seconds[name]), ".3f")
+    section.goal(
+        "push -> serving, require / off",
+        paired_ratio(seconds["require"], seconds["off"]),
+        "<=",
+        1.1,
+        ".3f",
+        metric="push_to_serving_s",
+    )
+    section.noise(
+        "off, push -> serving, measured twice",
+        paired_ratio(seconds["off"], seconds["off" + AGAIN]),
+        "push_to_serving_s",
+    )
+
+
+@asynccontextmanager
+async def _replica_on(
+    stack: Stack, name: str, store: str, extra: Sequence[str]
+) -> AsyncIterator[Any]:
+    async with _replica(stack, name, [f"--store={store}", *extra]) as stub:
+        yield stub
+
+
+async def run(report: Report, wanted: set[int], *, quick: bool, engine: str = "cpu") -> None:
+    """Benchmarks 19 and 20, each on a stack of its own."""
+    scale = QUICK if quick else FloodScale()
+    parts = {FLOOD: "Fair admission under a 10x flood", VERIFY: "Verification cost"}
+    for number in sorted(wanted & set(parts)):
+        section = report.section(number, parts[number])
+        stack = Stack(
+            report.results_dir, Path(tempfile.mkdtemp(prefix="bench-trust-")), PROFILES[engine]
+        )
+        started = time.monotonic()
+        try:
+            stack.build_models()
+            await stack.start_store()
+            if number == FLOOD:
+                await _flood(section, stack, scale)
+            else:
+                await _verify(section, stack, scale, quick)
+        except Exception as exc:
+            section.error = f"{type(exc).__name__}: {exc}"
+            raise
+        finally:
+            section.seconds = time.monotonic() - started
+            report.print_section(section)
+            await stack.close()
