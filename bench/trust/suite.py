@@ -7,8 +7,10 @@ loop at that concurrency); then each repeat runs two open-loop arms of Poisson a
 for one window each, order rotated: `no flood` (every adapter at r = capacity / 10, 0.8
 of capacity in all) and `flood` (one adapter at 10 r, the other 7 at r: 1.7 of capacity,
 saturated). Figures: the 7 others' TTFT p99 under the flood over their p99 without it
-(per repeat, paired; goal <= 1.5), and the flooded adapter's generated tokens/s over
-1/8 of the replica's (goal >= 0.8). `no flood` runs twice per repeat: the noise.
+(per repeat, paired; goal <= 1.5), and the flooded adapter's tokens generated inside
+the window over 1/8 of all adapters' (goal >= 0.8; the drain after the window is left
+out, else the share is set by the arrival counts alone). `no flood` runs twice per
+repeat: the noise.
 
 20. Push -> serving: from the start of `adapterctl push`'s work (signing included) to
 the replica answering a request with the new revision, for a signed push to a store and
@@ -26,7 +28,7 @@ import tempfile
 import time
 from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -83,8 +85,13 @@ class Sent:
     adapter: str
     at: float
     ttft: float | None = None
-    tokens: int = 0
+    # (time received, tokens) of each streamed message that carried tokens.
+    received: list[tuple[float, int]] = field(default_factory=list)
     error: str = ""
+
+    def tokens_before(self, end: float) -> int:
+        """Tokens received before `end` (monotonic time)."""
+        return sum(n for at, n in self.received if at < end)
 
 
 async def _generate(stub: Any, adapter: str, max_tokens: int, sent: Sent) -> int:
@@ -98,9 +105,11 @@ async def _generate(stub: Any, adapter: str, max_tokens: int, sent: Sent) -> int
     try:
         async for message in stub.Generate(request, timeout=600):
             revision = revision or message.revision
-            if message.token_ids and sent.ttft is None:
-                sent.ttft = time.monotonic() - sent.at
-            sent.tokens += len(message.token_ids)
+            if message.token_ids:
+                now = time.monotonic()
+                if sent.ttft is None:
+                    sent.ttft = now - sent.at
+                sent.received.append((now, len(message.token_ids)))
     except grpc.aio.AioRpcError as exc:
         sent.error = f"{exc.code().name}: {exc.details()}"
     return revision
@@ -145,11 +154,14 @@ async def _open_loop(
     await asyncio.gather(*tasks)
     elapsed = time.monotonic() - start
     others = [s.ttft for s in sent if s.adapter != FLOODED and s.ttft is not None]
-    tokens = {a: sum(s.tokens for s in sent if s.adapter == a) for a in ADAPTERS}
-    total = sum(tokens.values())
+    end = start + scale.window_s
+    windowed = {a: sum(s.tokens_before(end) for s in sent if s.adapter == a) for a in ADAPTERS}
+    in_window = sum(windowed.values())
+    share = windowed[FLOODED] / (in_window / len(ADAPTERS)) if in_window else 0.0
+    total = sum(n for s in sent for _, n in s.received)
     return {
         "others_ttft_p99_ms": 1000 * percentile(others, 99) if others else float("nan"),
-        "flooded_share_of_fair": tokens[FLOODED] / (total / len(ADAPTERS)) if total else 0.0,
+        "flooded_share_of_fair": share,
         "tokens_per_s": total / elapsed,
         "requests": len(sent),
         "failed": sum(1 for s in sent if s.error),

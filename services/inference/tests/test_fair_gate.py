@@ -78,8 +78,11 @@ async def test_weights_give_adapters_turns_in_proportion() -> None:
     assert order[:6].count("light") == 2
 
 
-async def test_a_cancelled_waiter_leaves_the_queue_and_its_turn_goes_to_the_next() -> None:
-    gate = FairGate(1, lambda _: 1.0)
+async def _a_holds_while_b_and_c_wait(
+    gate: FairGate,
+) -> tuple[list[str], asyncio.Event, tuple[asyncio.Task[None], ...]]:
+    """a takes the one place of `gate`, then b and c wait for it. Returns the order they
+    get in, the event that lets a and c go, and the tasks of a, b and c."""
     release = asyncio.Event()
     order: list[str] = []
     holder = asyncio.create_task(_queue(gate, order, "a", release))
@@ -87,10 +90,28 @@ async def test_a_cancelled_waiter_leaves_the_queue_and_its_turn_goes_to_the_next
     gone = asyncio.create_task(_queue(gate, order, "b", asyncio.Event()))
     after = asyncio.create_task(_queue(gate, order, "c", release))
     await asyncio.sleep(0)
+    return order, release, (holder, gone, after)
+
+
+async def test_a_cancelled_waiter_leaves_the_queue_and_its_turn_goes_to_the_next() -> None:
+    gate = FairGate(1, lambda _: 1.0)
+    order, release, (holder, gone, after) = await _a_holds_while_b_and_c_wait(gate)
     gone.cancel()
     await asyncio.gather(gone, return_exceptions=True)
     assert gate.waiting == 1
     release.set()
+    await asyncio.gather(holder, after)
+    assert order == ["a", "c"]
+    assert (gate.inside, gate.waiting) == (0, 0)
+
+
+async def test_a_waiter_cancelled_as_a_place_frees_is_passed_over() -> None:
+    gate = FairGate(1, lambda _: 1.0)
+    order, release, (holder, gone, after) = await _a_holds_while_b_and_c_wait(gate)
+    # a leaves before b's task has run to see its cancellation.
+    release.set()
+    gone.cancel()
+    await asyncio.gather(gone, return_exceptions=True)
     await asyncio.gather(holder, after)
     assert order == ["a", "c"]
     assert (gate.inside, gate.waiting) == (0, 0)
@@ -135,6 +156,11 @@ class _Holders:
                 return
         raise AssertionError(f"no request of {adapter} inside")
 
+    async def send_all(self, adapters: list[str]) -> None:
+        """Sends one request of each of `adapters`, in order."""
+        for adapter in adapters:
+            await self.send(adapter)
+
     def task(self, index: int) -> asyncio.Task[None]:
         """The task of the `index`-th request sent."""
         return self._tasks[index][1]
@@ -146,97 +172,152 @@ class _Holders:
         await asyncio.gather(*(t for _, t, _ in self._tasks), return_exceptions=True)
 
 
-async def test_an_adapter_below_its_share_is_admitted_at_once_while_another_floods() -> None:
-    holders = _Holders(FairGate(4, lambda _: 1.0, headroom=1))
-    for _ in range(6):
-        await holders.send("flood")
-    await holders.send("b")
-    # Work-conserving round-robin gave the flood all four places and b waited.
-    assert sorted(holders.inside) == ["b", "flood", "flood", "flood"]
-    assert holders.gate.waiting == 3
+class _Clock:
+    """A monotonic clock the test moves by hand."""
+
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+async def _history(gate: FairGate, clock: _Clock, rates: dict[str, float], seconds: float) -> None:
+    """Each adapter's requests go through the (empty) gate at `rates` per second, evenly
+    spaced, for `seconds`; the clock ends `seconds` later."""
+    start = clock.now
+    times = sorted(
+        (start + (k + 0.5) / rate, adapter)
+        for adapter, rate in rates.items()
+        for k in range(int(rate * seconds))
+    )
+    for at, adapter in times:
+        clock.now = at
+        async with gate.turn(adapter):
+            pass
+    clock.now = start + seconds
+
+
+# A flood: `flood` admitted at 10 requests/s, b and c at 1/s.
+FLOOD = {"flood": 10.0, "b": 1.0, "c": 1.0}
+
+
+async def _after(
+    *phases: tuple[dict[str, float], float],
+    capacity: int = 4,
+    headroom: int = 2,
+    weights: dict[str, float] | None = None,
+) -> _Holders:
+    """Holders over a fresh gate whose history is `phases`: (rates, seconds) each."""
+    clock = _Clock()
+    known = weights or {}
+    gate = FairGate(capacity, lambda a: known.get(a, 1.0), headroom, clock)
+    for rates, seconds in phases:
+        await _history(gate, clock, rates, seconds)
+    return _Holders(gate)
+
+
+async def test_adapters_at_their_fair_rate_share_the_whole_engine() -> None:
+    holders = await _after(({"a": 1.0, "b": 1.0}, 20.0))
+    await holders.send_all(["a", "a", "b", "a"])
+    # No one is over its rate: a's third request takes a place in the headroom.
+    assert sorted(holders.inside) == ["a", "a", "a", "b"]
+    assert holders.gate.waiting == 0
     await holders.close()
 
 
-async def test_the_headroom_is_never_taken_by_an_adapter_at_its_share() -> None:
-    holders = _Holders(FairGate(4, lambda _: 1.0, headroom=2))
-    for adapter in ["a", "a", "b", "a"]:
-        await holders.send(adapter)
-    # a holds its share (2 of 4 between a and b): its third waits beside a free place.
-    assert sorted(holders.inside) == ["a", "a", "b"]
+async def test_an_adapter_admitted_above_its_fair_rate_is_kept_out_of_the_headroom() -> None:
+    holders = await _after((FLOOD, 20.0))
+    await holders.send_all(["flood"] * 4)
+    assert (holders.gate.inside, holders.gate.waiting) == (2, 2)
+    await holders.close()
+
+
+async def test_another_adapters_request_finds_a_free_place_during_a_flood() -> None:
+    holders = await _after((FLOOD, 20.0))
+    await holders.send_all(["flood"] * 4 + ["b", "d"])
+    assert sorted(holders.inside) == ["b", "d", "flood", "flood"]
+    assert holders.gate.waiting == 2
+    await holders.close()
+
+
+async def test_a_lone_adapter_is_never_over_its_share() -> None:
+    holders = await _after(({"a": 50.0}, 20.0))
+    await holders.send_all(["a"] * 5)
+    assert (holders.gate.inside, holders.gate.waiting) == (4, 1)
+    await holders.close()
+
+
+async def test_an_adapter_that_stops_flooding_gets_the_headroom_back_as_its_rate_decays() -> None:
+    # After the flood every adapter at the same rate: flood's decays towards theirs.
+    holders = await _after((FLOOD, 20.0), ({"flood": 1.0, "b": 1.0, "c": 1.0}, 30.0))
+    await holders.send_all(["flood"] * 4)
+    assert (holders.gate.inside, holders.gate.waiting) == (4, 0)
+    await holders.close()
+
+
+async def test_an_adapter_quiet_for_a_while_no_longer_shares_the_fair_rate() -> None:
+    # b and c stop: a, alone since, is the only adapter sharing the total.
+    holders = await _after(({"a": 2.0, "b": 1.0, "c": 1.0}, 20.0), ({"a": 2.0}, 12.0))
+    await holders.send_all(["a"] * 4)
+    assert (holders.gate.inside, holders.gate.waiting) == (4, 0)
+    await holders.close()
+
+
+async def test_weights_set_the_fair_rate_above_which_the_headroom_is_kept() -> None:
+    # heavy at 5 of every 6 admissions: over 1.5x an equal share, at its weighted one.
+    rates = {"heavy": 5.0, "light": 1.0}
+    holders = await _after((rates, 20.0), weights=rates)
+    await holders.send_all(["heavy"] * 4)
+    assert (holders.gate.inside, holders.gate.waiting) == (4, 0)
+    await holders.close()
+
+
+async def test_an_over_adapters_waiter_goes_in_when_a_place_below_the_headroom_frees() -> None:
+    holders = await _after((FLOOD, 20.0), headroom=1)
+    await holders.send_all(["flood"] * 4)
     assert (holders.gate.inside, holders.gate.waiting) == (3, 1)
-    await holders.close()
-
-
-async def test_a_lone_adapter_uses_all_but_the_headroom() -> None:
-    holders = _Holders(FairGate(4, lambda _: 1.0, headroom=1))
-    for _ in range(5):
-        await holders.send("a")
-    assert (holders.gate.inside, holders.gate.waiting) == (3, 2)
-    await holders.close()
-
-
-async def test_a_waiter_at_its_share_goes_in_when_a_place_below_the_headroom_frees() -> None:
-    holders = _Holders(FairGate(4, lambda _: 1.0, headroom=1))
-    for _ in range(4):
-        await holders.send("a")
-    await holders.let_go("a")
+    await holders.let_go("flood")
     assert (holders.gate.inside, holders.gate.waiting) == (3, 0)
     await holders.close()
 
 
-async def test_weights_set_the_share_below_which_the_headroom_may_be_taken() -> None:
-    weights = {"heavy": 3.0, "light": 1.0}
-    holders = _Holders(FairGate(6, lambda a: weights[a], headroom=2))
-    for adapter in ["heavy", "heavy", "heavy", "light", "heavy", "heavy"]:
-        await holders.send(adapter)
-    # heavy's share is 4.5 of 6 (equal weights: 3), kept to 6 - 2 so the headroom
-    # stays for another adapter: its fourth request goes in, its fifth waits.
-    assert sorted(holders.inside) == ["heavy"] * 4 + ["light"]
-    assert holders.gate.waiting == 1
-    await holders.close()
-
-
-async def test_headroom_of_the_whole_capacity_still_lets_one_request_in() -> None:
-    holders = _Holders(FairGate(2, lambda _: 1.0, headroom=5))
-    await holders.send("a")
-    await holders.send("a")
+async def test_headroom_of_the_whole_capacity_still_lets_an_over_adapter_in() -> None:
+    holders = await _after((FLOOD, 20.0), capacity=2, headroom=5)
+    await holders.send_all(["flood"] * 2)
     assert (holders.gate.inside, holders.gate.waiting) == (1, 1)
     await holders.close()
 
 
-async def test_a_waiter_cancelled_while_the_engine_is_full_leaves_the_shares() -> None:
-    holders = _Holders(FairGate(6, lambda _: 1.0, headroom=2))
-    for adapter in ["a", "a", "b", "b", "c", "c", "x", "a"]:
-        await holders.send(adapter)
-    gone = holders.task(6)
+async def test_a_cancelled_waiter_of_an_over_adapter_leaves_the_free_place_to_others() -> None:
+    holders = await _after((FLOOD, 20.0))
+    await holders.send_all(["flood"] * 4)
+    gone = holders.task(3)
     gone.cancel()
     await asyncio.gather(gone, return_exceptions=True)
-    assert (holders.gate.inside, holders.gate.waiting) == (6, 1)
-    await holders.let_go("c")
-    await holders.let_go("c")
-    # Between a and b alone a's share is 3 of 6: its third request takes a place in
-    # the headroom (had x stayed in the shares, a's would be 2 and it would wait).
-    assert sorted(holders.inside) == ["a", "a", "a", "b", "b"]
-    assert holders.gate.waiting == 0
+    assert (holders.gate.inside, holders.gate.waiting) == (2, 1)
+    await holders.send_all(["b", "c"])
+    assert sorted(holders.inside) == ["b", "c", "flood", "flood"]
+    assert holders.gate.waiting == 1
     await holders.close()
 
 
 async def test_a_request_admitted_into_the_headroom_as_it_is_cancelled_passes_its_place_on() -> (
     None
 ):
-    gate = FairGate(2, lambda _: 1.0, headroom=1)
-    holders = _Holders(gate)
-    await holders.send("a")
+    holders = await _after((FLOOD, 20.0), capacity=2, headroom=1)
+    gate = holders.gate
+    await holders.send("flood")
     async with gate.turn("b"):
-        await holders.send("a")
+        await holders.send("flood")
         cancelled = await holders.send("c")
         after = await holders.send("d")
-    # b's place went to c (below its share; a holds its own): c is cancelled before it
-    # runs, and the place goes to d, not to a beyond its share.
+    # b's place is headroom: it went to c (flood is over its rate); c is cancelled
+    # before it runs, and the place goes to d, not to flood.
     cancelled.cancel()
     await asyncio.gather(cancelled, return_exceptions=True)
     await asyncio.sleep(0)
     assert not after.done()
-    assert sorted(holders.inside) == ["a", "d"]
+    assert sorted(holders.inside) == ["d", "flood"]
     assert (gate.inside, gate.waiting) == (2, 1)
     await holders.close()

@@ -1,6 +1,6 @@
 """Fair admission's settings (inference `serve`): the order requests go into a
-saturated engine, how many go in at once, the headroom kept for adapters below their
-share and each adapter's weight. The gate itself is
+saturated engine, how many go in at once, the headroom kept from adapters admitted
+above their fair rate and each adapter's weight. The gate itself is
 loraserve.inference.serving.fairness."""
 
 from __future__ import annotations
@@ -11,9 +11,10 @@ from dataclasses import dataclass, field
 
 from loraserve.common.config.flags import non_negative_int, positive_int
 
-# Two slots: a request of an adapter below its share then waits only when two more such
-# requests arrived since the last one left; under a flood that alone saturates the engine
-# it costs 2 / capacity of the slots (under 1 % at vLLM's GPU default of 256, 1/8 at 16).
+# Two slots: under a flood another adapter's request then waits only when two more such
+# requests arrived since the last one left. It binds only adapters admitted above their
+# fair rate, so it costs nothing without a flood and at most 2 / capacity of the slots
+# during one (under 1 % at vLLM's GPU default of 256, 1/8 at 16).
 DEFAULT_HEADROOM = 2
 
 
@@ -25,7 +26,7 @@ class AdmissionOptions:
     fair: bool = True
     # Requests in the engine at once; None: the engine's max_num_seqs (one batch).
     max_engine_requests: int | None = None
-    # Engine slots that only adapters below their fair share may take; 0: none kept.
+    # Engine slots that adapters admitted above their fair rate may not take; 0: none kept.
     headroom: int = DEFAULT_HEADROOM
     # Adapter name -> its share of turns; an adapter not named has weight 1.
     weights: Mapping[str, float] = field(default_factory=dict)
@@ -67,9 +68,9 @@ def add_admission_flags(flag: Callable[..., None]) -> None:
     )
     flag(
         "fair-headroom",
-        "engine slots kept for adapters below their fair share: an adapter holding at "
-        "least its share goes in only while more than this many are free (0: plain "
-        "round-robin; at most max-engine-requests - 1)",
+        "engine slots kept from adapters admitted above 1.5x their fair rate over the "
+        "last seconds (a flood): such an adapter goes in only while more than this many "
+        "are free (0: plain round-robin; at most max-engine-requests - 1)",
         str(DEFAULT_HEADROOM),
         type=non_negative_int,
     )

@@ -1,5 +1,5 @@
 """Fair admission into the engine: round-robin across adapters once it is saturated,
-with headroom kept for adapters below their fair share.
+with headroom kept from adapters admitted above their fair rate.
 
 vLLM schedules first come first served, so a flood of requests on one adapter fills its
 waiting queue and every other adapter's request waits behind the whole flood. Here at
@@ -12,40 +12,65 @@ batch's worth of requests.
 
 Round-robin alone is work-conserving: under a flood the engine is always full of the
 flooded adapter's requests, and a request of any other adapter waits for one to
-finish. So the last `headroom` slots are kept for adapters below their fair share: an
-adapter's share is `capacity` x its weight / the sum of the weights of the adapters
-with requests inside or waiting, and never more than `capacity - headroom`. An adapter
-holding at least its share goes in only while fewer than `capacity - headroom`
-requests are inside; one holding less goes in while any slot is free, so it finds one
-at once unless more than `headroom` such requests arrived since the last one left.
-Waiters allowed in go by weighted round-robin, as without headroom.
+finish. So the last `headroom` slots are kept from adapters over their fair share,
+judged by the rate each has been admitted at recently (serving.recentrate, time
+constant TAU_S), not by the requests it holds now: an adapter is over when its recent
+rate exceeds MARGIN x its fair rate (the total recent rate x its weight / the sum of
+the weights of the adapters admitted within TAU_S). An adapter that is over goes in
+only while fewer than `capacity - headroom` requests are inside; every other adapter
+goes in while any slot is free, so under a flood the flooded adapter stops at
+`capacity - headroom` and another adapter's request finds a free place at once.
+Without a flood no adapter is over (adapters near their fair rate stay well below
+MARGIN x it), and the gate admits exactly as plain round-robin. A lone adapter's fair
+rate is the total, so it is never over and has the whole engine. Waiters allowed in go
+by weighted round-robin.
 
-The cost: while every adapter with demand holds at least its share (one adapter alone,
-or all of them saturating), `headroom` slots stay empty, so the engine runs
-`capacity - headroom` requests instead of `capacity` (at most headroom / capacity of
-its tokens/s, less where a smaller batch runs each step faster). Those slots are never
-idle forever: the requests inside finish, and whoever waits goes in then. Headroom
-0 is plain round-robin, and it is at most `capacity - 1`, so any adapter can always
-have a request inside.
+The cost: while an adapter is over and the others do not fill the headroom, those
+`headroom` slots stay empty, at most headroom / capacity of the engine's tokens/s for
+as long as the flood lasts (less where a smaller batch runs each step faster). The
+slots are never idle for good: an over adapter's waiter goes in as soon as the
+requests inside drop below `capacity - headroom`, and its rate decays back under the
+margin within about TAU_S of the flood's end. Being over is checked when a request
+arrives or leaves, not on a timer, so an adapter that falls back under the margin
+while it waits goes in at the next arrival or departure. Headroom 0 is plain
+round-robin, and it is at most `capacity - 1`, so any adapter can always have a
+request inside.
 
-Turns and shares count requests, not tokens: adapters whose requests are of similar
+Turns and rates count requests, not tokens: adapters whose requests are of similar
 length get similar shares of the engine's tokens.
 """
 
 from __future__ import annotations
 
 import asyncio
+import time
 from collections import deque
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Collection
 from contextlib import asynccontextmanager
+
+from loraserve.inference.serving.recentrate import RecentRates
+
+# Ten seconds: long enough that Poisson noise at a few requests/s per adapter seldom
+# looks like 1.5x the fair rate (the estimate's spread is 1 / sqrt(2 x tau x rate), a
+# quarter at 0.8 requests/s), short enough that a flood is caught within a few seconds.
+TAU_S = 10.0
+# 1.5x the fair rate: adapters near their share (what weighted round-robin gives them
+# under saturation) are never held back, a flood of several times the share is.
+MARGIN = 1.5
 
 
 class FairGate:
     """At most `capacity` requests in the engine; waiters admitted by weighted
-    round-robin over their adapters; the last `headroom` slots only for adapters
-    below their fair share."""
+    round-robin over their adapters; the last `headroom` slots kept from adapters
+    admitted above their fair rate recently."""
 
-    def __init__(self, capacity: int, weight: Callable[[str], float], headroom: int = 0) -> None:
+    def __init__(
+        self,
+        capacity: int,
+        weight: Callable[[str], float],
+        headroom: int = 0,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
         if capacity < 1:
             raise ValueError(f"capacity must be at least 1, got {capacity}")
         if headroom < 0:
@@ -53,11 +78,8 @@ class FairGate:
         self._capacity = capacity
         self._headroom = min(headroom, capacity - 1)
         self._weight = weight
+        self._rates = RecentRates(TAU_S, weight, clock)
         self._inside = 0
-        # Adapters with requests inside or waiting: their weight and requests inside.
-        self._active: dict[str, float] = {}
-        self._held: dict[str, int] = {}
-        self._total_weight = 0.0
         self._waiting: dict[str, deque[asyncio.Future[None]]] = {}
         # Adapters with waiting requests, in turn order; the first is the one whose turn it is.
         self._ring: deque[str] = deque()
@@ -76,19 +98,19 @@ class FairGate:
     @asynccontextmanager
     async def turn(self, adapter: str) -> AsyncIterator[None]:
         """Holds a place in the engine for one request of `adapter`, waiting for it
-        when the engine is saturated (or only headroom is left and `adapter` holds its
-        share)."""
-        self._activate(adapter)
-        # Every waiter still waiting may not go in now (each dispatch admits all that
-        # may), so a request allowed in passes no one who could take its place.
-        if self._allowed(adapter):
+        when the engine is saturated (or only headroom is left and `adapter` is over
+        its fair rate)."""
+        # A waiter may have fallen under the margin since the last dispatch: it goes
+        # first, so a request let in at once passes no one who could take its place.
+        self._dispatch()
+        if self._inside < self._capacity and adapter not in self._barred():
             self._admit(adapter)
         else:
             await self._wait(adapter)
         try:
             yield
         finally:
-            self._leave(adapter)
+            self._leave()
 
     async def _wait(self, adapter: str) -> None:
         waiter: asyncio.Future[None] = asyncio.get_running_loop().create_future()
@@ -103,44 +125,24 @@ class FairGate:
         except asyncio.CancelledError:
             if waiter.done() and not waiter.cancelled():
                 # Admitted just as it was cancelled: give the place to the next one.
-                self._leave(adapter)
+                self._leave()
             else:
                 self._forget(adapter, waiter)
             raise
 
-    def _activate(self, adapter: str) -> None:
-        if adapter not in self._active:
-            self._active[adapter] = self._weight(adapter)
-            self._held[adapter] = 0
-            self._total_weight = sum(self._active.values())
-
-    def _deactivate_if_idle(self, adapter: str) -> None:
-        """An adapter with nothing inside or waiting leaves the shares, which grow."""
-        if self._held.get(adapter) == 0 and adapter not in self._waiting:
-            del self._active[adapter]
-            del self._held[adapter]
-            # Summed afresh, not decremented, so equal shares stay exactly equal.
-            self._total_weight = sum(self._active.values())
-
-    def _allowed(self, adapter: str) -> bool:
-        """Whether a request of `adapter` may go in now: any free slot if the adapter
-        holds less than its share, else only one below the headroom."""
+    def _barred(self) -> Collection[str]:
+        """The adapters that may not take a free place now: none below the headroom,
+        in it those over their fair rate. O(adapters)."""
         if self._inside < self._capacity - self._headroom:
-            return True
-        if self._inside >= self._capacity:
-            return False
-        held = self._held[adapter]
-        below_share = held * self._total_weight < self._capacity * self._active[adapter]
-        return below_share and held < self._capacity - self._headroom
+            return ()
+        return self._rates.over(MARGIN)
 
     def _admit(self, adapter: str) -> None:
         self._inside += 1
-        self._held[adapter] += 1
+        self._rates.admitted(adapter)
 
-    def _leave(self, adapter: str) -> None:
+    def _leave(self) -> None:
         self._inside -= 1
-        self._held[adapter] -= 1
-        self._deactivate_if_idle(adapter)
         self._dispatch()
 
     def _forget(self, adapter: str, waiter: asyncio.Future[None]) -> None:
@@ -153,9 +155,6 @@ class FairGate:
             return
         if not queue:
             self._drop(adapter)
-            # Its leaving the shares lets no one in: an adapter with nothing inside
-            # waits only while the engine is full.
-            self._deactivate_if_idle(adapter)
 
     def _drop(self, adapter: str) -> None:
         del self._waiting[adapter]
@@ -165,21 +164,23 @@ class FairGate:
     def _dispatch(self) -> None:
         """Admits waiters while any may go in: of those, the adapter whose turn it is
         takes one request per unit of deficit, and gains its weight when its turn comes
-        round."""
+        round. O(adapters) per request admitted."""
         while self._ring and self._inside < self._capacity:
-            allowed = {adapter for adapter in self._ring if self._allowed(adapter)}
-            if not allowed:
+            barred = self._barred()
+            if all(adapter in barred for adapter in self._ring):
                 return
             adapter = self._ring[0]
-            while adapter not in allowed or self._deficit[adapter] < 1.0:
-                if adapter in allowed:
-                    self._deficit[adapter] += self._active[adapter]
+            while adapter in barred or self._deficit[adapter] < 1.0:
+                if adapter not in barred:
+                    self._deficit[adapter] += self._weight(adapter)
                 self._ring.rotate(-1)
                 adapter = self._ring[0]
             queue = self._waiting[adapter]
             waiter = queue.popleft()
-            self._deficit[adapter] -= 1.0
+            # A waiter cancelled whose task has yet to run to forget it takes no place.
+            if not waiter.cancelled():
+                self._deficit[adapter] -= 1.0
+                self._admit(adapter)
+                waiter.set_result(None)
             if not queue:
                 self._drop(adapter)
-            self._admit(adapter)
-            waiter.set_result(None)
