@@ -19,8 +19,8 @@ import pytest
 from grpc_health.v1 import health_pb2
 
 from loraserve.adapterstore.blobs.s3blobs import S3BlobStore
-from loraserve.clients.replicareport import AdapterReport, RevisionReport, RevisionState
 from loraserve.clients.store import RolloutSplit, StoreClient, StoreClientSettings
+from loraserve.common.fleet.reports import AdapterReport, RevisionReport, ServingState
 from loraserve.common.revisions.manifest import Revision
 from loraserve.common.rpc.security import ClientSecurity
 from loraserve.inference.adapters import RegistryCounts
@@ -171,7 +171,7 @@ class _Registry:
         revision = self.current.get(name)
         if revision is None:
             return None
-        return AdapterReport(name, revision, (RevisionReport(revision, RevisionState.LOADED),))
+        return AdapterReport(name, revision, (RevisionReport(revision, ServingState.LOADED),))
 
     def names(self) -> set[str]:
         return set(self.current)

@@ -4,16 +4,10 @@ expired replicas told apart; on the in-memory blob store."""
 
 from __future__ import annotations
 
-from loraserve.adapterstore.replicas.model import (
-    AdapterReport,
-    Liveness,
-    ReplicaReport,
-    RevisionReport,
-    ServingState,
-    Shard,
-)
+from loraserve.adapterstore.replicas.model import Liveness, ReplicaReport, Shard
 from loraserve.adapterstore.replicas.ops import StatusPage
 from loraserve.adapterstore.store import AdapterStore
+from loraserve.common.fleet.reports import AdapterReport, RevisionReport, ServingState
 from loraserve.common.statusshards import STATUS_SHARDS, shard_of
 from loraserve.testing.adapterfiles import tiny_adapter
 from loraserve.testing.adapterstore import StoreFactory

@@ -6,17 +6,16 @@ from __future__ import annotations
 
 from datetime import UTC, datetime
 
-from loraserve.adapterstore.replicas.model import (
-    ReplicaCounters,
+from loraserve.adapterstore.replicas.model import ReplicaCounters, ReplicaReport
+from loraserve.adapterstore.rollout.figures import CounterHistory, arm_figures, quantile, verdict
+from loraserve.adapterstore.rollout.records import ArmFigures, Guards, Rollout, RolloutState
+from loraserve.adapterstore.store import AdapterStore
+from loraserve.common.fleet.reports import (
     ReplicaError,
-    ReplicaReport,
     RevisionCounters,
     RevisionReport,
     ServingState,
 )
-from loraserve.adapterstore.rollout.figures import CounterHistory, arm_figures, quantile, verdict
-from loraserve.adapterstore.rollout.records import ArmFigures, Guards, Rollout, RolloutState
-from loraserve.adapterstore.store import AdapterStore
 from loraserve.testing.adapterfiles import tiny_adapter
 from loraserve.testing.pushes import push
 

@@ -8,11 +8,11 @@ from pathlib import Path
 
 import pytest
 
-from loraserve.clients.replicareport import RevisionState as ReportedState
 from loraserve.common.errors import FailedPrecondition, NotFound, Unavailable
+from loraserve.common.fleet.reports import ServingState
 from loraserve.common.revisions.manifest import Revision
 from loraserve.common.revisions.names import AdapterRef
-from loraserve.inference.adapters import AdapterRegistry, RevisionState
+from loraserve.inference.adapters import AdapterRegistry, RevisionLife
 from loraserve.inference.cache import CachedRevision, Holder
 from loraserve.testing.inference_fakes import (
     CacheDirectory,
@@ -75,7 +75,7 @@ async def test_new_revision_is_loaded_before_the_route_flips(
 
     async with registry.acquire(AdapterRef("alpha")) as lease:
         assert lease.revision == 1
-    assert state_of(registry, "alpha", 2) is RevisionState.LOADING
+    assert state_of(registry, "alpha", 2) is RevisionLife.LOADING
 
     engine.adding.set()
     await installing
@@ -93,7 +93,7 @@ async def test_old_revision_drains_until_its_last_request_ends(
         assert lease.adapter is not None
         await registry.install(make_revision(cache_dir, "alpha", 2).manifest, make_current=True)
         await registry.wait_background()
-        assert state_of(registry, "alpha", 1) is RevisionState.DRAINING
+        assert state_of(registry, "alpha", 1) is RevisionLife.DRAINING
         assert lease.adapter.lora_int_id in engine.loaded
         assert old.path.is_dir()
     await registry.wait_background()
@@ -135,7 +135,7 @@ async def test_rejected_revision_leaves_the_old_one_serving(
 
     async with registry.acquire(AdapterRef("alpha")) as lease:
         assert lease.revision == 1
-    failed = [s for s in registry.snapshot() if s.state is RevisionState.FAILED]
+    failed = [s for s in registry.snapshot() if s.state is RevisionLife.FAILED]
     assert [(s.revision, "rejects" in s.last_error) for s in failed] == [(2, True)]
 
 
@@ -232,8 +232,8 @@ async def test_snapshot_reports_current_in_flight_and_ids(
         statuses = registry.snapshot()
 
     assert [(s.name, s.revision, s.state, s.current) for s in statuses] == [
-        ("alpha", 1, RevisionState.READY, True),
-        ("beta", 1, RevisionState.READY, True),
+        ("alpha", 1, RevisionLife.READY, True),
+        ("beta", 1, RevisionLife.READY, True),
     ]
     assert lease.adapter is not None
     assert (statuses[1].in_flight, statuses[1].rank) == (1, 4)
@@ -264,8 +264,8 @@ async def test_revision_whose_load_failed_for_now_is_reported_loading_while_the_
     assert report is not None
     assert report.serving_revision == 1
     assert {r.revision: r.state for r in report.revisions} == {
-        1: ReportedState.LOADED,
-        2: ReportedState.LOADING,
+        1: ServingState.LOADED,
+        2: ServingState.LOADING,
     }
     async with registry.acquire(AdapterRef("alpha")) as lease:
         assert lease.revision == 1

@@ -11,7 +11,7 @@ import pytest
 from loraserve.common.errors import NotFound
 from loraserve.common.revisions.manifest import Revision
 from loraserve.common.revisions.names import AdapterRef
-from loraserve.inference.adapters import AdapterRegistry, RevisionState
+from loraserve.inference.adapters import AdapterRegistry, RevisionLife
 from loraserve.inference.cache import CachedRevision, Holder
 from loraserve.testing.inference_fakes import (
     CacheDirectory,
@@ -33,7 +33,7 @@ async def test_pinned_revision_is_fetched_on_demand_and_stays_loaded(
     await registry.wait_background()
 
     assert registry.is_loaded("alpha", 1)
-    assert state_of(registry, "alpha", 1) is RevisionState.READY
+    assert state_of(registry, "alpha", 1) is RevisionLife.READY
     async with registry.acquire(AdapterRef("alpha")) as lease:
         assert lease.revision == 2
 

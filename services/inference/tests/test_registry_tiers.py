@@ -13,7 +13,7 @@ from loraserve.common.revisions.manifest import RevisionKey
 from loraserve.common.revisions.names import AdapterRef, parse_adapter_ref
 from loraserve.inference.adapters import (
     AdapterRegistry,
-    RevisionState,
+    RevisionLife,
     Tier,
 )
 from loraserve.inference.adapters.state import RevisionEntry
@@ -196,13 +196,13 @@ async def test_snapshot_lists_a_target_not_loaded_as_available_in_its_tier(
     [status] = registry.snapshot()
 
     assert (status.state, status.current, status.tier) == (
-        RevisionState.AVAILABLE,
+        RevisionLife.AVAILABLE,
         True,
         Tier.STORE,
     )
 
 
 def test_a_landed_revision_whose_requests_have_not_run_yet_is_not_released() -> None:
-    entry = RevisionEntry(RevisionKey("alpha", 1), RevisionState.READY, waiters=1)
+    entry = RevisionEntry(RevisionKey("alpha", 1), RevisionLife.READY, waiters=1)
 
     assert not entry.releasable

@@ -13,12 +13,7 @@ import pytest
 from loraserve.adapterstore.v1 import adapterstore_pb2 as pb
 from loraserve.adapterstore.v1 import adapterstore_pb2_grpc as pb_grpc
 from loraserve.clients.downloads import FileChunk
-from loraserve.clients.replicareport import (
-    AdapterReport,
-    RevisionReport,
-    RevisionState,
-    StatusBatch,
-)
+from loraserve.clients.replicareport import StatusBatch
 from loraserve.clients.store import (
     EventKind,
     StoreClient,
@@ -26,6 +21,12 @@ from loraserve.clients.store import (
     StoreEvent,
 )
 from loraserve.common.errors import NotFound, Unavailable
+from loraserve.common.fleet.reports import (
+    AdapterReport,
+    ReplicaError,
+    RevisionReport,
+    ServingState,
+)
 from loraserve.common.revisions.manifest import Revision
 from loraserve.common.rpc.security import ClientSecurity
 from loraserve.common.statusshards import shard_of
@@ -116,7 +117,7 @@ async def test_nack_reaches_the_stores_status_with_code_and_reason(
     client: StoreClient, store_stub: pb_grpc.AdapterStoreServiceStub
 ) -> None:
     await push(store_stub, "a")
-    failed = RevisionReport(1, RevisionState.FAILED, error_code=9, error_message="rank 64 > 16")
+    failed = RevisionReport(1, ServingState.FAILED, ReplicaError(9, "rank 64 > 16"))
     batch = StatusBatch(0, "", 60.0, {shard_of("a"): (AdapterReport("a", 0, (failed,)),)})
     assert await client.report_status(batch) is False
     response = await store_stub.GetAdapterStatus(pb.GetAdapterStatusRequest(name="a"))

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import asyncio
 
-from loraserve.clients.replicareport import RevisionState
+from loraserve.common.fleet.reports import ServingState
 from loraserve.testing.sync_fakes import Harness, running
 from loraserve.testing.sync_store import current_set, deleted, listing, manifest, pushed
 from loraserve.testing.waiting import eventually
@@ -22,7 +22,7 @@ async def test_pushed_current_revision_is_installed_routed_acked_and_timed() -> 
         await h.settled(2)
         assert h.registry.installs[-1] == ("a", 2, True)
         assert h.registry.current["a"] == 2
-        await h.reported("a", (2, {2: RevisionState.LOADED}))
+        await h.reported("a", (2, {2: ServingState.LOADED}))
         assert len(h.swaps) == 1
 
 
@@ -45,7 +45,7 @@ async def test_pushed_revision_not_promoted_is_loaded_without_routing() -> None:
         await h.settled(2)
         assert h.registry.installs[-1] == ("a", 2, False)
         assert h.registry.current["a"] == 1
-        await h.reported("a", (1, {1: RevisionState.LOADED}))
+        await h.reported("a", (1, {1: ServingState.LOADED}))
 
 
 async def test_rollback_to_an_installed_revision_only_moves_the_route() -> None:
@@ -59,7 +59,7 @@ async def test_rollback_to_an_installed_revision_only_moves_the_route() -> None:
         await h.settled(3)
         assert h.registry.set_currents == [("a", 2)]
         assert h.fetcher.calls == [("a", 1), ("a", 2)]
-        await h.reported("a", (2, {2: RevisionState.LOADED}))
+        await h.reported("a", (2, {2: ServingState.LOADED}))
 
 
 async def test_rollback_to_a_retired_revision_fetches_and_installs_it_again() -> None:
@@ -80,7 +80,7 @@ async def test_delete_unroutes_the_adapter_and_drops_it_from_the_report() -> Non
     stream = h.store.open_stream()
     async with running(h):
         await h.started()
-        await h.reported("a", (1, {1: RevisionState.LOADED}))
+        await h.reported("a", (1, {1: ServingState.LOADED}))
         h.feed(stream, deleted(2, "a"))
         await h.settled(2)
         assert h.registry.deletes == ["a"]

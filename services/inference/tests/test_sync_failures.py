@@ -9,9 +9,9 @@ import asyncio
 
 import pytest
 
-from loraserve.clients.replicareport import RevisionState
 from loraserve.clients.store import Heartbeat
 from loraserve.common.errors import DataLoss, FailedPrecondition, NotFound, Unavailable
+from loraserve.common.fleet.reports import ServingState
 from loraserve.inference.sync import Synchronizer, SyncSettings
 from loraserve.testing.sync_fakes import Harness, running
 from loraserve.testing.sync_store import listing, pushed
@@ -65,7 +65,7 @@ async def test_incompatible_revision_is_nacked_once_with_its_reason_and_old_keep
         await h.started()
         h.feed(stream, pushed(2, "a", 2), Heartbeat(2))
         await h.settled(2)
-        await h.reported("a", (1, {1: RevisionState.LOADED, 2: RevisionState.FAILED}))
+        await h.reported("a", (1, {1: ServingState.LOADED, 2: ServingState.FAILED}))
         assert h.store.failure_of("a", 2) == (9, "rank 64 above max_lora_rank 16")
         assert h.registry.current["a"] == 1
         assert h.registry.installs.count(("a", 2, True)) == 1
@@ -96,7 +96,7 @@ async def test_unexpected_load_error_is_nacked_as_internal_and_sync_goes_on() ->
             13,
             "internal error loading the revision: RuntimeError",
         )
-        await h.reported("b", (1, {1: RevisionState.LOADED}))
+        await h.reported("b", (1, {1: ServingState.LOADED}))
         assert h.registry.current == {"a": 1, "b": 1}
 
 
@@ -110,7 +110,7 @@ async def test_transient_fetch_failure_is_retried_until_it_loads() -> None:
         await h.settled(2)
         assert h.fetcher.calls.count(("a", 2)) == 3
         assert h.registry.installs.count(("a", 2, True)) == 1
-        await h.reported("a", (2, {2: RevisionState.LOADED}))
+        await h.reported("a", (2, {2: ServingState.LOADED}))
 
 
 async def test_revision_refused_before_the_registry_saw_it_is_listed_as_failed() -> None:

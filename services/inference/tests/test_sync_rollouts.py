@@ -8,8 +8,8 @@ The end to end behaviour (real store, real engine) is in tests/test_rollout.py.
 
 from __future__ import annotations
 
-from loraserve.clients.replicareport import RevisionState
 from loraserve.clients.store import EventKind, RolloutSplit, StoreEvent
+from loraserve.common.fleet.reports import ServingState
 from loraserve.testing.sync_fakes import Harness, running
 from loraserve.testing.sync_store import deleted, listing, manifest, pushed, rollout
 
@@ -23,7 +23,7 @@ async def test_rollout_start_splits_loads_the_candidate_and_reports_it() -> None
         await h.settled(3)
         assert h.registry.split_of("a") == RolloutSplit(manifest("a", 2), 20.0, 3)
         assert h.registry.candidates_installed == [("a", 2)]
-        await h.reported("a", (1, {1: RevisionState.LOADED, 2: RevisionState.LOADED}))
+        await h.reported("a", (1, {1: ServingState.LOADED, 2: ServingState.LOADED}))
         report = h.store.reported("a")
         assert report is not None
         assert [r.candidate for r in report.revisions] == [False, True]
@@ -38,7 +38,7 @@ async def test_candidate_that_cannot_run_here_is_reported_failed_and_its_seq_app
         await h.started()
         h.feed(stream, pushed(2, "a", 2, promote=False), start)
         await h.settled(3)
-        await h.reported("a", (1, {1: RevisionState.LOADED, 2: RevisionState.FAILED}))
+        await h.reported("a", (1, {1: ServingState.LOADED, 2: ServingState.FAILED}))
         assert h.store.failure_of("a", 2) == (9, "rank 64 exceeds --max-lora-rank 16")
         assert h.registry.current["a"] == 1
 
@@ -53,7 +53,7 @@ async def test_abort_ends_the_split_and_the_candidate_leaves_the_report() -> Non
         h.feed(stream, rollout(4, "a", 2, 1, None, start_seq=3))
         await h.settled(4)
         assert h.registry.split_of("a") is None
-        await h.reported("a", (1, {1: RevisionState.LOADED}))
+        await h.reported("a", (1, {1: ServingState.LOADED}))
 
 
 async def test_delete_during_a_rollout_drops_the_split() -> None:

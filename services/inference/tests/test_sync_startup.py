@@ -8,9 +8,9 @@ from __future__ import annotations
 import asyncio
 from dataclasses import replace
 
-from loraserve.clients.replicareport import RevisionState
 from loraserve.clients.store import ListedAdapter, Listing
 from loraserve.common.errors import Unavailable
+from loraserve.common.fleet.reports import ServingState
 from loraserve.inference.sync import current_adapter_ranks
 from loraserve.testing.sync_fakes import Harness, running
 from loraserve.testing.sync_store import FakeStore, listing, manifest
@@ -23,8 +23,8 @@ async def test_start_up_installs_each_current_revision_acks_and_watches_from_lis
     async with running(h):
         await asyncio.wait_for(h.sync.initial_sync_done.wait(), 5)
         assert h.registry.current == {"a": 2, "b": 1}
-        await h.reported("a", (2, {2: RevisionState.LOADED}))
-        await h.reported("b", (1, {1: RevisionState.LOADED}))
+        await h.reported("a", (2, {2: ServingState.LOADED}))
+        await h.reported("b", (1, {1: ServingState.LOADED}))
         await eventually(lambda: h.store.watch_calls == [7], "watch from 7")
         assert h.sync.applied_seq == 7
 

@@ -7,9 +7,9 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from loraserve.clients.replicareport import RevisionState
 from loraserve.clients.store import ListedAdapter, Listing
 from loraserve.common.errors import OutOfRange, Unavailable
+from loraserve.common.fleet.reports import ServingState
 from loraserve.inference.sync import Synchronizer
 from loraserve.testing.sync_fakes import FAST, Harness, running
 from loraserve.testing.sync_store import listing, manifest, pushed
@@ -75,7 +75,7 @@ async def test_report_that_fails_is_sent_again_at_the_next_flush() -> None:
         h.store.report_failures.append(Unavailable("store down"))
         h.feed(stream, pushed(2, "a", 1))
         await h.settled(2)
-        await h.reported("a", (1, {1: RevisionState.LOADED}))
+        await h.reported("a", (1, {1: ServingState.LOADED}))
         assert h.store.report_failures == []
 
 
@@ -86,9 +86,9 @@ async def test_replica_reports_its_adapters_again_when_the_store_forgot_its_stat
     h.store.open_stream()
     async with running(h):
         await h.started()
-        await h.reported("a", (1, {1: RevisionState.LOADED}))
-        await h.reported("b", (2, {2: RevisionState.LOADED}))
+        await h.reported("a", (1, {1: ServingState.LOADED}))
+        await h.reported("b", (2, {2: ServingState.LOADED}))
         h.store.shards.clear()
         h.store.known = [False]
-        await h.reported("a", (1, {1: RevisionState.LOADED}))
-        await h.reported("b", (2, {2: RevisionState.LOADED}))
+        await h.reported("a", (1, {1: ServingState.LOADED}))
+        await h.reported("b", (2, {2: ServingState.LOADED}))

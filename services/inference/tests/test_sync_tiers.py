@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from loraserve.clients.replicareport import RevisionState
+from loraserve.common.fleet.reports import ServingState
 from loraserve.testing.sync_fakes import FAST, Harness, running
 from loraserve.testing.sync_store import listing, pushed
 
@@ -47,7 +47,7 @@ async def test_new_revision_of_an_adapter_not_loaded_only_moves_its_route() -> N
         await h.settled(2)
         assert ("c", 2) not in h.fetcher.calls
         assert h.registry.targets["c"] == 2
-        await h.reported("c", (2, {2: RevisionState.ROUTED}))
+        await h.reported("c", (2, {2: ServingState.ROUTED}))
 
 
 async def test_new_revision_of_a_loaded_adapter_is_loaded_before_its_route_moves() -> None:
@@ -58,7 +58,7 @@ async def test_new_revision_of_a_loaded_adapter_is_loaded_before_its_route_moves
         h.feed(stream, pushed(2, "a", 2))
         await h.settled(2)
         assert h.registry.installs[-1] == ("a", 2, True)
-        await h.reported("a", (2, {2: RevisionState.LOADED}))
+        await h.reported("a", (2, {2: ServingState.LOADED}))
 
 
 async def test_new_adapter_is_loaded_at_once_while_fewer_than_the_prefetch_count_are() -> None:

@@ -1,62 +1,24 @@
-"""What an inference replica reports to the store, as typed values, and their protos.
+"""What an inference replica reports to the store, as requests.
 
 A replica reports in batches (`StatusBatch`): the seq it has applied, the status
 shards that changed (each whole: every adapter of the shard it routes), and the
-counters of the revisions in a rollout. `report_requests` cuts a batch into
+counters of the revisions in a rollout; the values are the fleet's report types
+(loraserve.common.fleet.reports). `report_requests` cuts a batch into
 requests of at most MAX_REQUEST_BYTES, so a replica routing any number of adapters
 stays under gRPC's message limit.
 """
 
 from __future__ import annotations
 
-import enum
 from collections.abc import Mapping
 from dataclasses import dataclass
 
 from loraserve.adapterstore.v1 import adapterstore_pb2 as pb
 from loraserve.common.config.textlimits import MAX_ERROR_MESSAGE_BYTES, truncate_text
+from loraserve.common.fleet.reports import SERVING_STATES_PB, AdapterReport, RevisionCounters
 
 # Well under gRPC's default 4 MiB receive limit.
 MAX_REQUEST_BYTES = 1024 * 1024
-
-
-class RevisionState(enum.Enum):
-    ROUTED = pb.REVISION_SERVING_STATE_ROUTED
-    LOADING = pb.REVISION_SERVING_STATE_LOADING
-    LOADED = pb.REVISION_SERVING_STATE_LOADED
-    FAILED = pb.REVISION_SERVING_STATE_FAILED
-
-
-@dataclass(frozen=True, slots=True)
-class RevisionReport:
-    revision: int
-    state: RevisionState
-    candidate: bool = False
-    # A google.rpc code and the reason; FAILED only.
-    error_code: int = 0
-    error_message: str = ""
-
-
-@dataclass(frozen=True, slots=True)
-class AdapterReport:
-    """What the replica routes of one adapter: the revision its requests go to, and
-    every revision it routes or refused."""
-
-    name: str
-    serving_revision: int
-    revisions: tuple[RevisionReport, ...]
-
-
-@dataclass(frozen=True, slots=True)
-class RevisionCounts:
-    """Cumulative counts of one revision's requests since `StatusBatch.counters_epoch`."""
-
-    name: str
-    revision: int
-    requests: int
-    errors: int
-    generated_tokens: int
-    ttft_buckets: tuple[int, ...]
 
 
 @dataclass(frozen=True, slots=True)
@@ -66,7 +28,7 @@ class StatusBatch:
     interval_s: float
     # Shard index -> every adapter of it the replica routes (empty: none).
     shards: Mapping[int, tuple[AdapterReport, ...]]
-    counters: tuple[RevisionCounts, ...] = ()
+    counters: tuple[RevisionCounters, ...] = ()
     counters_epoch: str = ""
     ttft_bounds: tuple[float, ...] = ()
 
@@ -105,15 +67,15 @@ def _adapter(report: AdapterReport) -> pb.AdapterReport:
     message = pb.AdapterReport(adapter_name=report.name, serving_revision=report.serving_revision)
     for r in report.revisions:
         status = message.revisions.add(
-            revision=r.revision, state=r.state.value, candidate=r.candidate
+            revision=r.revision, state=SERVING_STATES_PB[r.state], candidate=r.candidate
         )
-        if r.state is RevisionState.FAILED:
-            status.error.code = r.error_code
-            status.error.message = truncate_text(r.error_message, MAX_ERROR_MESSAGE_BYTES)
+        if r.error is not None:
+            status.error.code = r.error.code
+            status.error.message = truncate_text(r.error.message, MAX_ERROR_MESSAGE_BYTES)
     return message
 
 
-def _counters(counts: RevisionCounts) -> pb.RevisionCounters:
+def _counters(counts: RevisionCounters) -> pb.RevisionCounters:
     return pb.RevisionCounters(
         adapter_name=counts.name,
         revision=counts.revision,

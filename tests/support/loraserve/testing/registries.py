@@ -11,7 +11,7 @@ from loraserve.inference.adapters import (
     AdapterRegistry,
     CompatibilityChecker,
     RevisionCache,
-    RevisionState,
+    RevisionLife,
 )
 from loraserve.testing.inference_fakes import FakeEngine, FakeFetcher
 
@@ -24,7 +24,7 @@ def fake_registry(engine: FakeEngine, cache: RevisionCache, max_pinned: int = 2)
     return AdapterRegistry(engine, cache, compat, max_pinned=max_pinned)
 
 
-def state_of(registry: AdapterRegistry, name: str, revision: int) -> RevisionState | None:
+def state_of(registry: AdapterRegistry, name: str, revision: int) -> RevisionLife | None:
     """The state ListAdapters would show for name@revision; None if it is not listed."""
     for status in registry.snapshot():
         if (status.name, status.revision) == (name, revision):

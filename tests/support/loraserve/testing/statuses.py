@@ -8,17 +8,10 @@ from concurrent.futures import ThreadPoolExecutor
 from datetime import UTC, datetime
 from typing import Any
 
-from loraserve.adapterstore.replicas.model import (
-    AdapterReport,
-    ReplicaError,
-    RevisionReport,
-    ServingState,
-    SignOfLife,
-    replica_key,
-    shard_key,
-)
+from loraserve.adapterstore.replicas.model import SignOfLife, replica_key, shard_key
 from loraserve.adapterstore.v1 import adapterstore_pb2 as pb
 from loraserve.common.config.textlimits import MAX_ERROR_MESSAGE_BYTES
+from loraserve.common.fleet.reports import AdapterReport, ReplicaError, RevisionReport, ServingState
 from loraserve.common.statusshards import shard_of
 from loraserve.testing.s3 import S3Bucket
 

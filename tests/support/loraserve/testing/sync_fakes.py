@@ -12,11 +12,6 @@ from pathlib import Path
 
 import pytest
 
-from loraserve.clients.replicareport import (
-    AdapterReport,
-    RevisionReport,
-    RevisionState,
-)
 from loraserve.clients.store import (
     Listing,
     RolloutSplit,
@@ -26,6 +21,12 @@ from loraserve.common.errors import (
     FailedPrecondition,
     LoraserveError,
     rpc_code,
+)
+from loraserve.common.fleet.reports import (
+    AdapterReport,
+    ReplicaError,
+    RevisionReport,
+    ServingState,
 )
 from loraserve.common.revisions.manifest import Revision
 from loraserve.inference.adapters import RegistryCounts
@@ -201,20 +202,19 @@ class FakeRegistry:
         serving = self.current.get(name) or self.targets.get(name, 0)
         if serving:
             loaded = (name, serving) in self.installed
-            state = RevisionState.LOADED if loaded else RevisionState.ROUTED
+            state = ServingState.LOADED if loaded else ServingState.ROUTED
             revisions[serving] = RevisionReport(serving, state)
         split = self.splits.get(name)
         if split is not None:
             number = split.candidate.revision
             loaded = (name, number) in self.installed
-            state = RevisionState.LOADED if loaded else RevisionState.ROUTED
+            state = ServingState.LOADED if loaded else ServingState.ROUTED
             revisions[number] = RevisionReport(number, state, candidate=True)
         for (failed_name, number), (code, message) in self.failures.items():
             if failed_name == name:
                 candidate = split is not None and split.candidate.revision == number
-                revisions[number] = RevisionReport(
-                    number, RevisionState.FAILED, candidate, code, message
-                )
+                error = ReplicaError(code, message)
+                revisions[number] = RevisionReport(number, ServingState.FAILED, error, candidate)
         if not revisions:
             return None
         return AdapterReport(name, serving, tuple(revisions[n] for n in sorted(revisions)))
@@ -265,7 +265,7 @@ class Harness:
         await eventually(lambda: self.sync.applied_seq >= seq, f"applied seq {seq}")
 
     async def reported(
-        self, name: str, expected: tuple[int, dict[int, RevisionState]] | None
+        self, name: str, expected: tuple[int, dict[int, ServingState]] | None
     ) -> None:
         """Waits until the store holds `expected` (see FakeStore.routes) of `name`."""
         await eventually(

@@ -7,7 +7,7 @@ import asyncio
 from collections.abc import AsyncGenerator
 from datetime import UTC, datetime
 
-from loraserve.clients.replicareport import AdapterReport, RevisionState, StatusBatch
+from loraserve.clients.replicareport import StatusBatch
 from loraserve.clients.store import (
     EventKind,
     Heartbeat,
@@ -17,6 +17,7 @@ from loraserve.clients.store import (
     StoreEvent,
 )
 from loraserve.common.errors import LoraserveError
+from loraserve.common.fleet.reports import AdapterReport, ServingState
 from loraserve.common.revisions.manifest import FileInfo, Revision
 from loraserve.common.statusshards import shard_of
 
@@ -129,7 +130,7 @@ class FakeStore:
         """What the store holds of the adapter from this replica."""
         return next((a for a in self.shards.get(shard_of(name), ()) if a.name == name), None)
 
-    def routes(self, name: str) -> tuple[int, dict[int, RevisionState]] | None:
+    def routes(self, name: str) -> tuple[int, dict[int, ServingState]] | None:
         """What the store holds of the adapter from this replica: its serving revision
         and each revision's state; None when the replica reports none of it."""
         report = self.reported(name)
@@ -137,7 +138,7 @@ class FakeStore:
             return None
         return report.serving_revision, {r.revision: r.state for r in report.revisions}
 
-    def state_of(self, name: str, revision: int) -> RevisionState | None:
+    def state_of(self, name: str, revision: int) -> ServingState | None:
         report = self.reported(name)
         found = (
             next((r for r in report.revisions if r.revision == revision), None) if report else None
@@ -148,8 +149,8 @@ class FakeStore:
         """The code and reason of a revision reported FAILED; None when it is not."""
         report = self.reported(name)
         for r in report.revisions if report else ():
-            if r.revision == revision and r.state is RevisionState.FAILED:
-                return r.error_code, r.error_message
+            if r.revision == revision and r.state is ServingState.FAILED and r.error is not None:
+                return r.error.code, r.error.message
         return None
 
 

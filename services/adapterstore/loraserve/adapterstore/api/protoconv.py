@@ -6,21 +6,24 @@ from loraserve.adapterstore.catalog import Adapter, Change, ChangeType, QuotaCha
 from loraserve.adapterstore.changelog import Heartbeat
 from loraserve.adapterstore.files import Chunk, PushHeader
 from loraserve.adapterstore.replicas.model import (
-    AdapterReport,
     Liveness,
     ReplicaCounters,
-    ReplicaError,
     ReplicaReport,
     ReplicaStatus,
-    RevisionCounters,
-    RevisionReport,
-    ServingState,
     Shard,
 )
 from loraserve.adapterstore.rollout.protoconv import rollout
 from loraserve.adapterstore.rollout.records import Rollout
 from loraserve.adapterstore.v1 import adapterstore_pb2 as pb
 from loraserve.common.errors import InvalidArgument
+from loraserve.common.fleet.reports import (
+    SERVING_STATES_PB,
+    AdapterReport,
+    ReplicaError,
+    RevisionCounters,
+    RevisionReport,
+    ServingState,
+)
 from loraserve.common.quota import quota_to_proto
 from loraserve.common.revisions.manifest import FileInfo, Revision, revision_to_proto, timestamp
 from loraserve.common.revisions.presigned import RevisionUrls
@@ -32,13 +35,7 @@ _EVENT_TYPES = {
     ChangeType.ROLLOUT_CHANGED: pb.EVENT_TYPE_ROLLOUT_CHANGED,
     ChangeType.QUOTA_SET: pb.EVENT_TYPE_QUOTA_CHANGED,
 }
-_SERVING_STATES = {
-    ServingState.ROUTED: pb.REVISION_SERVING_STATE_ROUTED,
-    ServingState.LOADING: pb.REVISION_SERVING_STATE_LOADING,
-    ServingState.LOADED: pb.REVISION_SERVING_STATE_LOADED,
-    ServingState.FAILED: pb.REVISION_SERVING_STATE_FAILED,
-}
-_SERVING_STATES_FROM_PB = {v: k for k, v in _SERVING_STATES.items()}
+_SERVING_STATES_FROM_PB = {v: k for k, v in SERVING_STATES_PB.items()}
 _LIVENESS = {Liveness.LIVE: pb.REPLICA_LIVENESS_LIVE, Liveness.STALE: pb.REPLICA_LIVENESS_STALE}
 
 
@@ -192,7 +189,7 @@ def replica_status(value: ReplicaStatus) -> pb.ReplicaAdapterStatus:
         return message
     message.serving_revision = report.serving_revision
     for r in report.revisions:
-        status = message.revisions.add(revision=r.revision, state=_SERVING_STATES[r.state])
+        status = message.revisions.add(revision=r.revision, state=SERVING_STATES_PB[r.state])
         status.candidate = r.candidate
         if r.error is not None:
             status.error.CopyFrom(pb.ErrorStatus(code=r.error.code, message=r.error.message))

@@ -1,5 +1,6 @@
-"""What inference replicas report about the adapters they route: the types, their
-JSON form in object storage, and the checks a report must pass.
+"""What the store makes of inference replicas' reports: a report as received, where
+its parts are kept in object storage, and the checks it must pass. The report's parts
+and their JSON form are the fleet's (loraserve.common.fleet.reports).
 
 A replica reports in batches (`ReplicaReport`): its sign of life, the status shards
 that changed (every adapter it routes falls in one of STATUS_SHARDS shards, by a CRC
@@ -29,6 +30,7 @@ from typing import Any
 
 from loraserve.common.config.textlimits import MAX_ERROR_MESSAGE_BYTES, check_text
 from loraserve.common.errors import InvalidArgument
+from loraserve.common.fleet.reports import AdapterReport, RevisionCounters, ServingState
 from loraserve.common.revisions.names import validate_adapter_name
 from loraserve.common.statusshards import STATUS_SHARDS, shard_of
 
@@ -63,117 +65,10 @@ def replica_of(key: str) -> str:
     return key.rsplit("/", 1)[-1].removesuffix(".json")
 
 
-class ServingState(enum.Enum):
-    """What a replica does with a revision; the values are what storage keeps."""
-
-    ROUTED = "routed"
-    LOADING = "loading"
-    LOADED = "loaded"
-    FAILED = "failed"
-
-
-@dataclass(frozen=True, slots=True)
-class ReplicaError:
-    code: int  # a google.rpc.Code value
-    message: str
-
-
-@dataclass(frozen=True, slots=True)
-class RevisionReport:
-    revision: int
-    state: ServingState
-    error: ReplicaError | None = None
-    candidate: bool = False
-
-    @property
-    def answered(self) -> bool:
-        """Routed or loaded: the replica serves it (a push --wait ACK)."""
-        return self.state in (ServingState.ROUTED, ServingState.LOADED)
-
-    def to_json(self) -> dict[str, Any]:
-        data: dict[str, Any] = {"revision": self.revision, "state": self.state.value}
-        if self.error is not None:
-            data["error"] = {"code": self.error.code, "message": self.error.message}
-        if self.candidate:
-            data["candidate"] = True
-        return data
-
-    @classmethod
-    def from_json(cls, data: dict[str, Any]) -> RevisionReport:
-        error = data.get("error")
-        return cls(
-            revision=int(data["revision"]),
-            state=ServingState(data["state"]),
-            error=ReplicaError(int(error["code"]), str(error["message"])) if error else None,
-            candidate=bool(data.get("candidate", False)),
-        )
-
-
-@dataclass(frozen=True, slots=True)
-class AdapterReport:
-    """What one replica routes of one adapter."""
-
-    name: str
-    serving_revision: int
-    revisions: tuple[RevisionReport, ...]
-
-    def revision(self, number: int) -> RevisionReport | None:
-        return next((r for r in self.revisions if r.revision == number), None)
-
-    def to_json(self) -> dict[str, Any]:
-        return {
-            "name": self.name,
-            "serving_revision": self.serving_revision,
-            "revisions": [r.to_json() for r in self.revisions],
-        }
-
-    @classmethod
-    def from_json(cls, data: dict[str, Any]) -> AdapterReport:
-        return cls(
-            name=str(data["name"]),
-            serving_revision=int(data["serving_revision"]),
-            revisions=tuple(RevisionReport.from_json(r) for r in data["revisions"]),
-        )
-
-
 @dataclass(frozen=True, slots=True)
 class Shard:
     index: int
     adapters: tuple[AdapterReport, ...]
-
-
-@dataclass(frozen=True, slots=True)
-class RevisionCounters:
-    """Cumulative counts of one revision's requests on one replica."""
-
-    name: str
-    revision: int
-    requests: int
-    errors: int
-    generated_tokens: int
-    # Cumulative per TTFT bound, then every request with a first token.
-    ttft_buckets: tuple[int, ...]
-
-    def to_json(self) -> dict[str, Any]:
-        return {
-            "name": self.name,
-            "revision": self.revision,
-            "requests": self.requests,
-            "errors": self.errors,
-            "generated_tokens": self.generated_tokens,
-            "ttft_buckets": list(self.ttft_buckets),
-        }
-
-    @classmethod
-    def from_json(cls, data: dict[str, Any]) -> RevisionCounters:
-        return cls(
-            name=str(data["name"]),
-            revision=int(data["revision"]),
-            requests=int(data["requests"]),
-            errors=int(data["errors"]),
-            generated_tokens=int(data["generated_tokens"]),
-            ttft_buckets=tuple(int(n) for n in data["ttft_buckets"]),
-        )
 
 
 @dataclass(frozen=True, slots=True)

@@ -30,11 +30,9 @@ from loraserve.adapterstore.replicas.model import (
     REPLICA_PREFIX,
     SHARD_PREFIX,
     STALE_AFTER_INTERVALS,
-    AdapterReport,
     Liveness,
     ReplicaCounters,
     ReplicaStatus,
-    RevisionCounters,
     SignOfLife,
     counters_key,
     replica_key,
@@ -43,6 +41,7 @@ from loraserve.adapterstore.replicas.model import (
 )
 from loraserve.common.config.textlimits import PageFill
 from loraserve.common.errors import InvalidArgument
+from loraserve.common.fleet.reports import AdapterReport, RevisionCounters
 from loraserve.common.statusshards import STATUS_SHARDS, shard_of
 
 log = logging.getLogger(__name__)

@@ -23,7 +23,6 @@ from loraserve.adapterstore.blobs import BlobStore
 from loraserve.adapterstore.catalog import now
 from loraserve.adapterstore.replicas.model import (
     DEFAULT_STATUS_TTL_S,
-    AdapterReport,
     ReplicaCounters,
     ReplicaReport,
     Shard,
@@ -36,6 +35,7 @@ from loraserve.adapterstore.replicas.model import (
 )
 from loraserve.adapterstore.replicas.reads import StatusReader
 from loraserve.common.config.textlimits import MAX_KEPT_ERROR_MESSAGE_BYTES, truncate_text
+from loraserve.common.fleet.reports import AdapterReport
 
 log = logging.getLogger(__name__)
 

@@ -14,8 +14,9 @@ from __future__ import annotations
 from collections import deque
 from dataclasses import dataclass
 
-from loraserve.adapterstore.replicas.model import ReplicaCounters, RevisionCounters, RevisionReport
+from loraserve.adapterstore.replicas.model import ReplicaCounters
 from loraserve.adapterstore.rollout.records import ArmFigures, Rollout
+from loraserve.common.fleet.reports import RevisionCounters, RevisionReport
 
 # Samples kept per replica, whatever the windows: a bound on memory.
 _MAX_SAMPLES = 2048

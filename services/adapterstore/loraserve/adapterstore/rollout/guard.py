@@ -18,13 +18,13 @@ from datetime import datetime
 
 from loraserve.adapterstore.catalog import now
 from loraserve.adapterstore.changelog import ChangeLog
-from loraserve.adapterstore.replicas.model import RevisionReport, ServingState
 from loraserve.adapterstore.replicas.writes import ReplicaStatusStore
 from loraserve.adapterstore.rollout.changes import rollout_aborted
 from loraserve.adapterstore.rollout.figures import CounterHistory, arm_figures, verdict
 from loraserve.adapterstore.rollout.records import GUARD_ACTOR, ArmFigures, Rollout
 from loraserve.common.config.textlimits import MAX_ERROR_MESSAGE_BYTES, truncate_text
 from loraserve.common.errors import LoraserveError
+from loraserve.common.fleet.reports import RevisionReport, ServingState
 from loraserve.common.rpc.backoff import Backoff
 
 log = logging.getLogger(__name__)

@@ -16,7 +16,7 @@ from loraserve.inference.adapters.ports import RegistryObserver, RevisionCache
 from loraserve.inference.adapters.registry import AdapterRegistry, Lease
 from loraserve.inference.adapters.registry_reads import RegistryCounts
 from loraserve.inference.adapters.rollouts import ROLLOUT_KEY_HEADER
-from loraserve.inference.adapters.state import RevisionState, RevisionStatus
+from loraserve.inference.adapters.state import RevisionLife, RevisionStatus
 from loraserve.inference.adapters.tiers import Tier, TierCounters, TierUsage, TierView
 
 __all__ = [
@@ -29,7 +29,7 @@ __all__ = [
     "RegistryCounts",
     "RegistryObserver",
     "RevisionCache",
-    "RevisionState",
+    "RevisionLife",
     "RevisionStatus",
     "Tier",
     "TierCounters",

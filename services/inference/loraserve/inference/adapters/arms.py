@@ -21,7 +21,7 @@ from loraserve.inference.adapters.compat import AdapterFacts, manifest_facts
 from loraserve.inference.adapters.loads import RevisionLoads
 from loraserve.inference.adapters.ports import RegistryObserver
 from loraserve.inference.adapters.rollouts import Splits
-from loraserve.inference.adapters.state import RevisionEntry, RevisionState
+from loraserve.inference.adapters.state import RevisionEntry, RevisionLife
 
 log = logging.getLogger(__name__)
 
@@ -107,7 +107,7 @@ class CandidateArms:
         if candidate is None:
             return None
         entry = self._entries.get(candidate.key)
-        if entry is not None and entry.state is RevisionState.FAILED:
+        if entry is not None and entry.state is RevisionLife.FAILED:
             return None
         try:
             return await self._loads.ensure_loaded(candidate.key, candidate, self._claim)

@@ -19,7 +19,7 @@ from loraserve.common.revisions.manifest import Revision, RevisionKey
 from loraserve.inference.adapters.compat import manifest_facts
 from loraserve.inference.adapters.in_engine import EngineAdapters
 from loraserve.inference.adapters.ports import RevisionCache
-from loraserve.inference.adapters.state import RevisionEntry, RevisionState
+from loraserve.inference.adapters.state import RevisionEntry, RevisionLife
 from loraserve.inference.cache import CachedRevision, Holder
 from loraserve.inference.engine import AdapterHandle
 
@@ -57,15 +57,15 @@ class RevisionLoads:
         landed but `claim` did not keep it (its name moved on to a newer target)."""
         while True:
             entry = self._entries.get(key)
-            if entry is not None and entry.state in (RevisionState.READY, RevisionState.DRAINING):
+            if entry is not None and entry.state in (RevisionLife.READY, RevisionLife.DRAINING):
                 claim(entry)
                 return entry
-            if entry is not None and entry.state is RevisionState.REMOVING:
+            if entry is not None and entry.state is RevisionLife.REMOVING:
                 await entry.done.wait()
                 continue
-            own = entry is None or entry.state is RevisionState.FAILED
+            own = entry is None or entry.state is RevisionLife.FAILED
             if own:
-                loading = RevisionEntry(key, RevisionState.LOADING)
+                loading = RevisionEntry(key, RevisionLife.LOADING)
                 self._entries[key] = loading
                 loading.task = self._spawn(self._load(loading, manifest, entry, claim))
                 entry = loading
@@ -73,7 +73,7 @@ class RevisionLoads:
             assert entry.task is not None
             await self._wait_for(entry, entry.task)
             if own:
-                kept = self._entries.get(key) is entry and entry.state is RevisionState.READY
+                kept = self._entries.get(key) is entry and entry.state is RevisionLife.READY
                 return entry if kept else None
 
     async def _wait_for(self, entry: RevisionEntry, load: asyncio.Task[None]) -> None:
@@ -115,7 +115,7 @@ class RevisionLoads:
             await self._adapters.add(handle)
             added = handle
             self._check_not_deleted(entry)
-            entry.handle, entry.state = handle, RevisionState.READY
+            entry.handle, entry.state = handle, RevisionLife.READY
             log.info("adapter.loaded name=%s rev=%d lora_int_id=%d", *key, handle.lora_int_id)
             claim(entry)
             self._update(entry)
@@ -125,7 +125,7 @@ class RevisionLoads:
                 await self.release_files(key)
             raise
         finally:
-            if entry.state is RevisionState.LOADING and self._entries.get(key) is entry:
+            if entry.state is RevisionLife.LOADING and self._entries.get(key) is entry:
                 # Did not load: what was known before (a failure) comes back, unless
                 # the name was deleted meanwhile.
                 if failed is None or entry.discarded:

@@ -42,7 +42,7 @@ from loraserve.inference.adapters.ports import RegistryObserver, RevisionCache
 from loraserve.inference.adapters.registry_reads import RegistryReads
 from loraserve.inference.adapters.state import (
     RevisionEntry,
-    RevisionState,
+    RevisionLife,
 )
 from loraserve.inference.engine import AdapterHandle, Engine
 
@@ -170,9 +170,9 @@ class AdapterRegistry(RegistryReads):
         self._routes.pop(name, None)
         self._targets.pop(name, None)
         for entry in [e for e in self._entries.values() if e.name == name]:
-            if entry.state is RevisionState.FAILED:
+            if entry.state is RevisionLife.FAILED:
                 del self._entries[entry.key]
-            elif entry.state is RevisionState.LOADING:
+            elif entry.state is RevisionLife.LOADING:
                 entry.discarded = True
             else:
                 entry.pinned_at = 0
@@ -186,14 +186,14 @@ class AdapterRegistry(RegistryReads):
         if nothing needs it there and says whether the files are free. A routed
         revision loses its route; its target stays, so the next request reloads it."""
         entry = self._entries.get(RevisionKey(name, revision))
-        if entry is None or entry.state is RevisionState.FAILED:
+        if entry is None or entry.state is RevisionLife.FAILED:
             return True
         if not entry.releasable:
             return False
         assert entry.handle is not None
         if self._routes.get(name) == revision:
             del self._routes[name]
-        entry.state, entry.done = RevisionState.REMOVING, asyncio.Event()
+        entry.state, entry.done = RevisionLife.REMOVING, asyncio.Event()
         try:
             await self._adapters.remove(entry.handle)
         except Exception:
@@ -271,12 +271,12 @@ class AdapterRegistry(RegistryReads):
         """Lists a revision that cannot run here as FAILED with the reason (a NACK to
         the store), unless a load of it is under way or it is in the engine."""
         entry = self._entries.get(manifest.key)
-        if entry is not None and entry.state is not RevisionState.FAILED:
+        if entry is not None and entry.state is not RevisionLife.FAILED:
             return
         message = error.message if isinstance(error, LoraserveError) else type(error).__name__
         self._entries[manifest.key] = RevisionEntry(
             manifest.key,
-            RevisionState.FAILED,
+            RevisionLife.FAILED,
             manifest=manifest,
             error=message,
             error_code=rpc_code(error),
@@ -333,20 +333,20 @@ class AdapterRegistry(RegistryReads):
     def _update(self, entry: RevisionEntry) -> None:
         """Puts a revision in the engine into the state its route, pin and requests
         call for; one nothing needs any more starts leaving."""
-        if entry.state not in (RevisionState.READY, RevisionState.DRAINING):
+        if entry.state not in (RevisionLife.READY, RevisionLife.DRAINING):
             return
         if (
             self._routes.get(entry.name) == entry.revision
             or entry.pinned_at
             or self._arms.holds(entry)
         ):
-            entry.state = RevisionState.READY
+            entry.state = RevisionLife.READY
             if entry.releasable:
                 self._cache.hold_ended()
         elif entry.in_flight:
-            entry.state = RevisionState.DRAINING
+            entry.state = RevisionLife.DRAINING
         else:
-            entry.state = RevisionState.REMOVING
+            entry.state = RevisionLife.REMOVING
             entry.done = asyncio.Event()
             self._spawn(self._remove(entry))
 

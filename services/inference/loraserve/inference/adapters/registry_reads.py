@@ -7,8 +7,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from loraserve.clients.replicareport import AdapterReport
 from loraserve.clients.store import RolloutSplit
+from loraserve.common.fleet.reports import AdapterReport
 from loraserve.common.revisions.manifest import Revision, RevisionKey
 from loraserve.inference.adapters.arms import CandidateArms
 from loraserve.inference.adapters.ports import RevisionCache
@@ -16,7 +16,7 @@ from loraserve.inference.adapters.reporting import adapter_report
 from loraserve.inference.adapters.state import (
     IN_ENGINE,
     RevisionEntry,
-    RevisionState,
+    RevisionLife,
     RevisionStatus,
     statuses,
 )
@@ -83,17 +83,17 @@ class RegistryReads:
         """Whether the revision is in the engine and may take requests (READY or
         DRAINING)."""
         entry = self._entries.get(RevisionKey(name, revision))
-        return entry is not None and entry.state in (RevisionState.READY, RevisionState.DRAINING)
+        return entry is not None and entry.state in (RevisionLife.READY, RevisionLife.DRAINING)
 
     def uses_files(self, name: str, revision: int) -> bool:
         """Whether the revision's files are in use: loaded, loading or leaving."""
         entry = self._entries.get(RevisionKey(name, revision))
-        return entry is not None and entry.state is not RevisionState.FAILED
+        return entry is not None and entry.state is not RevisionLife.FAILED
 
     def is_resident(self, name: str) -> bool:
         """Whether `name` routes to a revision in the engine or one is loading for it."""
         return name in self._routes or any(
-            e.name == name and e.state is RevisionState.LOADING for e in self._entries.values()
+            e.name == name and e.state is RevisionLife.LOADING for e in self._entries.values()
         )
 
     def counts(self) -> RegistryCounts:

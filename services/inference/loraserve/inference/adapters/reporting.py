@@ -1,16 +1,20 @@
 """What this replica tells the store of one adapter: the revision its requests go
-to, and every revision it routes or refused, each with its state (the store's
-`AdapterReport`). Pure: read from the registry's maps."""
+to, and every revision it routes or refused, each with its state (an
+`AdapterReport`, as the store keeps it). Pure: read from the registry's maps."""
 
 from __future__ import annotations
 
 from collections.abc import Mapping
 
-from loraserve.clients.replicareport import AdapterReport, RevisionReport, RevisionState
+from loraserve.common.fleet.reports import (
+    AdapterReport,
+    ReplicaError,
+    RevisionReport,
+    ServingState,
+)
 from loraserve.common.revisions.manifest import Revision, RevisionKey
 from loraserve.inference.adapters.rollouts import Splits
-from loraserve.inference.adapters.state import IN_ENGINE, RevisionEntry
-from loraserve.inference.adapters.state import RevisionState as Life
+from loraserve.inference.adapters.state import IN_ENGINE, RevisionEntry, RevisionLife
 
 # The store keeps at most this many revisions per adapter and replica.
 MAX_REPORTED_REVISIONS = 4
@@ -34,7 +38,9 @@ def adapter_report(
     if candidate:
         wanted.add(candidate)
     floor = min(wanted, default=0)
-    failed = {e.revision for e in entries.values() if e.name == name and e.state is Life.FAILED}
+    failed = {
+        e.revision for e in entries.values() if e.name == name and e.state is RevisionLife.FAILED
+    }
     numbers = wanted | {r for r in failed if r >= floor}
     if not numbers:
         return None
@@ -53,13 +59,12 @@ def _revision(
     """A revision on its way in (loading, or waiting to retry a load that failed
     for now) while its name routes to another one is not routed yet
     (make-before-break); one loading for the requests that wait on it is."""
-    if entry is not None and entry.state is Life.FAILED:
-        return RevisionReport(
-            number, RevisionState.FAILED, candidate, entry.error_code, entry.error
-        )
-    pending = entry is None or entry.state is Life.LOADING
+    if entry is not None and entry.state is RevisionLife.FAILED:
+        error = ReplicaError(entry.error_code, entry.error)
+        return RevisionReport(number, ServingState.FAILED, error, candidate)
+    pending = entry is None or entry.state is RevisionLife.LOADING
     if pending and route not in (None, number) and not candidate:
-        return RevisionReport(number, RevisionState.LOADING, candidate)
-    if entry is not None and entry.state in IN_ENGINE and entry.state is not Life.REMOVING:
-        return RevisionReport(number, RevisionState.LOADED, candidate)
-    return RevisionReport(number, RevisionState.ROUTED, candidate)
+        return RevisionReport(number, ServingState.LOADING, candidate=candidate)
+    if entry is not None and entry.state in IN_ENGINE and entry.state is not RevisionLife.REMOVING:
+        return RevisionReport(number, ServingState.LOADED, candidate=candidate)
+    return RevisionReport(number, ServingState.ROUTED, candidate=candidate)

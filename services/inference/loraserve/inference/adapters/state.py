@@ -25,7 +25,7 @@ from loraserve.inference.adapters.tiers import Tier
 from loraserve.inference.engine import AdapterHandle
 
 
-class RevisionState(enum.Enum):
+class RevisionLife(enum.Enum):
     """Where a revision is in its life on this replica."""
 
     # Routed here but not loaded: its first request loads it.
@@ -43,7 +43,7 @@ class RevisionState(enum.Enum):
 
 
 # The engine holds the revision (its `handle` is set) in exactly these states.
-IN_ENGINE = frozenset({RevisionState.READY, RevisionState.DRAINING, RevisionState.REMOVING})
+IN_ENGINE = frozenset({RevisionLife.READY, RevisionLife.DRAINING, RevisionLife.REMOVING})
 
 
 @dataclass(frozen=True)
@@ -52,7 +52,7 @@ class RevisionStatus:
 
     name: str
     revision: int
-    state: RevisionState
+    state: RevisionLife
     # Whether the name routes to this revision.
     current: bool
     # Requests running on it now.
@@ -81,7 +81,7 @@ class RevisionEntry:
     """
 
     key: RevisionKey
-    state: RevisionState
+    state: RevisionLife
     # None only while a pinned revision's manifest is being looked up.
     manifest: Revision | None = None
     path: Path | None = None
@@ -120,7 +120,7 @@ class RevisionEntry:
         """In the engine and needed by no request (running or about to), and not
         pinned; the caller decides about its route."""
         return (
-            self.state is RevisionState.READY
+            self.state is RevisionLife.READY
             and not self.in_flight
             and not self.waiters
             and not self.pinned_at
@@ -156,7 +156,7 @@ def statuses(
             found[target.key] = RevisionStatus(
                 target.adapter_name,
                 target.revision,
-                RevisionState.AVAILABLE,
+                RevisionLife.AVAILABLE,
                 current=current,
                 rank=target.rank,
                 tier=Tier.DISK if on_disk(target.key) else Tier.STORE,
@@ -180,7 +180,7 @@ def _status(entry: RevisionEntry, routes: Mapping[str, int], tier: Tier) -> Revi
     return RevisionStatus(
         entry.name,
         entry.revision,
-        RevisionState.READY if entry.state is RevisionState.READY else RevisionState.DRAINING,
+        RevisionLife.READY if entry.state is RevisionLife.READY else RevisionLife.DRAINING,
         current=routes.get(entry.name) == entry.revision,
         in_flight=entry.in_flight,
         lora_int_id=entry.handle.lora_int_id,

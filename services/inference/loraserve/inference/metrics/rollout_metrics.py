@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 
 from prometheus_client import CollectorRegistry, Counter, Histogram
 
-from loraserve.clients.replicareport import RevisionCounts
+from loraserve.common.fleet.reports import RevisionCounters
 
 TTFT_BOUNDS_S = (0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
 # What counts against a revision: errors of the server, not a client's own mistake,
@@ -108,7 +108,7 @@ class RolloutMeter:
             counts.buckets[bisect.bisect_left(TTFT_BOUNDS_S, ttft_s)] += 1
             self._ttft.labels(*labels).observe(ttft_s)
 
-    def counters(self) -> list[RevisionCounts]:
+    def counters(self) -> list[RevisionCounters]:
         """Every counted revision's cumulative counts (TTFT buckets cumulative)."""
         result = []
         for (name, revision), counts in sorted(self._counts.items()):
@@ -117,7 +117,7 @@ class RolloutMeter:
                 total += n
                 cumulative.append(total)
             result.append(
-                RevisionCounts(
+                RevisionCounters(
                     name,
                     revision,
                     counts.requests,

@@ -27,7 +27,7 @@ from typing import Any, Literal, Protocol, runtime_checkable
 
 from loraserve.common.errors import InvalidArgument, NotFound
 from loraserve.common.revisions.names import parse_adapter_ref, shown, validate_adapter_name
-from loraserve.inference.adapters import RevisionState, RevisionStatus
+from loraserve.inference.adapters import RevisionLife, RevisionStatus
 from loraserve.inference.openai.requests import ChatRequest, CompletionRequest, ContentPart
 from loraserve.inference.serving import GenerateCommand
 
@@ -172,8 +172,8 @@ def model_list(base_name: str, statuses: Sequence[RevisionStatus], created: int)
 
     data = [entry(base_name, None, base_name)]
     # Draining revisions are on their way out; listing them would invite new requests.
-    serving = [s for s in statuses if s.state is RevisionState.READY]
-    routed = [s for s in statuses if s.state in (RevisionState.READY, RevisionState.AVAILABLE)]
+    serving = [s for s in statuses if s.state is RevisionLife.READY]
+    routed = [s for s in statuses if s.state in (RevisionLife.READY, RevisionLife.AVAILABLE)]
     for status in routed:
         if status.current:
             data.append(entry(status.name, base_name, f"{status.name}@{status.revision}"))

@@ -11,7 +11,7 @@ import grpc
 from loraserve.common.rpc.sampling_fields import OPTIONAL_SAMPLING_FIELDS
 from loraserve.inference.adapters import (
     ROLLOUT_KEY_HEADER,
-    RevisionState,
+    RevisionLife,
     RevisionStatus,
     Tier,
     TierUsage,
@@ -37,11 +37,11 @@ _FINISH = {
     FinishReason.LENGTH: pb.FINISH_REASON_LENGTH,
 }
 _STATE = {
-    RevisionState.LOADING: pb.ADAPTER_STATE_LOADING,
-    RevisionState.READY: pb.ADAPTER_STATE_READY,
-    RevisionState.DRAINING: pb.ADAPTER_STATE_DRAINING,
-    RevisionState.FAILED: pb.ADAPTER_STATE_FAILED,
-    RevisionState.AVAILABLE: pb.ADAPTER_STATE_AVAILABLE,
+    RevisionLife.LOADING: pb.ADAPTER_STATE_LOADING,
+    RevisionLife.READY: pb.ADAPTER_STATE_READY,
+    RevisionLife.DRAINING: pb.ADAPTER_STATE_DRAINING,
+    RevisionLife.FAILED: pb.ADAPTER_STATE_FAILED,
+    RevisionLife.AVAILABLE: pb.ADAPTER_STATE_AVAILABLE,
 }
 _TIER = {
     Tier.SLOT: pb.ADAPTER_TIER_SLOT,

@@ -17,10 +17,10 @@ import time
 from collections.abc import Callable
 from typing import Protocol
 
-from loraserve.clients.replicareport import AdapterReport
 from loraserve.clients.store import RolloutSplit
 from loraserve.common import errors
 from loraserve.common.errors import TRANSIENT_ERRORS
+from loraserve.common.fleet.reports import AdapterReport
 from loraserve.common.revisions.manifest import Revision
 from loraserve.inference.adapters import RegistryCounts
 from loraserve.inference.sync.state import SyncState

@@ -23,8 +23,9 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import Protocol
 
-from loraserve.clients.replicareport import AdapterReport, RevisionCounts, StatusBatch
+from loraserve.clients.replicareport import StatusBatch
 from loraserve.common.errors import LoraserveError
+from loraserve.common.fleet.reports import AdapterReport, RevisionCounters
 from loraserve.common.statusshards import STATUS_SHARDS, shard_of
 
 log = logging.getLogger(__name__)
@@ -53,7 +54,7 @@ class CountersSource(Protocol):
     @property
     def active(self) -> bool: ...
 
-    def counters(self) -> list[RevisionCounts]: ...
+    def counters(self) -> list[RevisionCounters]: ...
 
 
 @dataclass(frozen=True)
