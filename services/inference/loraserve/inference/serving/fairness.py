@@ -55,7 +55,7 @@ from loraserve.inference.serving.recentrate import RecentRates
 # quarter at 0.8 requests/s), short enough that a flood is caught within a few seconds.
 TAU_S = 10.0
 # 1.5x the fair rate: adapters near their share (what weighted round-robin gives them
-# under saturation) are never held back, a flood of several times the share is.
+# under saturation) are seldom held back, a flood of several times the share is.
 MARGIN = 1.5
 
 
