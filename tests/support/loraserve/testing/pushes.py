@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import hashlib
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Iterator, Mapping
 from typing import Any
 
 from loraserve.adapterstore.files.push import Chunk, PushHeader, PushResult
@@ -45,20 +45,21 @@ def push_requests(
     files: AdapterFiles,
     chunk_size: int = 256 * 1024,
     declare_sha256: bool = True,
+    digests: Mapping[str, str] | None = None,
     **header: Any,
 ) -> Iterator[pb.PushAdapterRequest]:
-    """A push as adapterctl sends it: each file's sha256 declared unless told not to."""
+    """A push as adapterctl sends it: each file's sha256 declared unless told not to
+    (taken from `digests`, file name -> sha256, when the caller hashed them already)."""
+
+    def sha256(file_name: str, data: bytes) -> str:
+        if not declare_sha256:
+            return ""
+        return digests[file_name] if digests is not None else hashlib.sha256(data).hexdigest()
+
     yield pb.PushAdapterRequest(
         header=pb.PushHeader(
             name=name,
-            files=[
-                pb.FileInfo(
-                    name=n,
-                    size=len(d),
-                    sha256=hashlib.sha256(d).hexdigest() if declare_sha256 else "",
-                )
-                for n, d in files.items()
-            ],
+            files=[pb.FileInfo(name=n, size=len(d), sha256=sha256(n, d)) for n, d in files.items()],
             **header,
         )
     )
