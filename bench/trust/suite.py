@@ -43,12 +43,13 @@ from bench.method.stats import median_interval, paired_ratio, percentile
 from bench.rig import procs
 from bench.rig.stack import CACHE, ENGINE_START_S, PROFILES, Stack, tenant
 from loraserve.adapterstore.v1 import adapterstore_pb2 as store_pb
-from loraserve.common.revisions.manifest import FileInfo, RevisionKey
+from loraserve.common.revisions.manifest import RevisionKey
 from loraserve.common.trust.signing import sign_revision
 from loraserve.inference.v1 import inference_pb2 as pb
 from loraserve.inference.v1 import inference_pb2_grpc as pb_grpc
 from loraserve.testing.inferenceapp import adapter_files
 from loraserve.testing.processes import free_port
+from loraserve.testing.pushes import hashed
 from loraserve.testing.signers import KeyPair, write_key_pair
 from loraserve.testing.storecalls import push, store_stub
 from loraserve.tiny.adapters import TinyAdapterSpec, build_tiny_adapter
@@ -261,12 +262,6 @@ def _adapter(quick: bool, stack: Stack) -> tuple[Path, Path, int]:
     return model, build_tiny_adapter(model, CACHE / f"big-r{BIG_RANK}", spec), BIG_RANK
 
 
-def _infos(files: dict[str, bytes]) -> list[FileInfo]:
-    import hashlib
-
-    return [FileInfo(n, len(d), hashlib.sha256(d).hexdigest()) for n, d in files.items()]
-
-
 async def _push_to_serving(
     store: str, replica: Any, name: str, files: dict[str, bytes], key: KeyPair | None
 ) -> float:
@@ -274,14 +269,13 @@ async def _push_to_serving(
     the new revision. Both arms hash the files once, as adapterctl does, signed or not."""
     start = time.monotonic()
     async with store_stub(store) as stub:
-        infos = _infos(files)
+        infos = hashed(files)
         signature = b""
         if key is not None:
             request = store_pb.GetNextRevisionRequest(name=name)
             number = (await stub.GetNextRevision(request)).revision
             signature = sign_revision(RevisionKey(name, number), infos, key.private)
-        digests = {info.name: info.sha256 for info in infos}
-        pushed = await push(stub, name, files, signature=signature, digests=digests)
+        pushed = await push(stub, name, files, signature=signature, infos=infos)
         wanted = pushed.revision.revision
     while True:
         # A request answered by the previous revision: the new one is not routed yet.

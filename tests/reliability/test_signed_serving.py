@@ -21,12 +21,13 @@ import grpc
 import pytest
 
 from loraserve.adapterstore.v1 import adapterstore_pb2 as store_pb
-from loraserve.common.revisions.manifest import FileInfo, RevisionKey
+from loraserve.common.revisions.manifest import RevisionKey
 from loraserve.common.trust.signing import sign_revision
 from loraserve.testing.adapterfiles import AdapterFiles
 from loraserve.testing.forgery import forge_push, log_entry, put_blobs, replace_blob
 from loraserve.testing.inferenceapp import RunningInference, adapter_files, inference_app
 from loraserve.testing.models import TinyAdapterFactory
+from loraserve.testing.pushes import hashed
 from loraserve.testing.s3 import S3Bucket
 from loraserve.testing.signers import KeyPair, write_key_pair
 from loraserve.testing.stack import replica_answer
@@ -43,10 +44,6 @@ WEIGHTS = "adapter_model.safetensors"
 NACK = store_pb.REPORT_TYPE_NACK
 
 
-def _infos(files: AdapterFiles) -> list[FileInfo]:
-    return [FileInfo(n, len(d), hashlib.sha256(d).hexdigest()) for n, d in files.items()]
-
-
 @dataclass
 class SignedStack:
     store: RunningStore
@@ -60,7 +57,7 @@ class SignedStack:
         """Pushes through the store, signed for `name`@`revision` (None: unsigned)."""
         signature = b""
         if revision is not None:
-            signature = sign_revision(RevisionKey(name, revision), _infos(files), self.key.private)
+            signature = sign_revision(RevisionKey(name, revision), hashed(files), self.key.private)
         async with store_stub(self.store.address) as stub:
             response = await push(stub, name, files, signature=signature, **header)
         return int(response.revision.revision)
@@ -86,7 +83,7 @@ async def signed(
     """`alpha`@1 signed by the `ci` key and served by a replica that requires it."""
     key = write_key_pair(tmp_path / "keys", "ci")
     files = adapter_files(tiny_adapter(seed=1))
-    signature = sign_revision(RevisionKey("alpha", 1), _infos(files), key.private)
+    signature = sign_revision(RevisionKey("alpha", 1), hashed(files), key.private)
     async with store_stub(store_server.address) as stub:
         await push(stub, "alpha", files, signature=signature)
     async with inference_app(

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import hashlib
-from collections.abc import AsyncIterator, Iterator, Mapping
+from collections.abc import AsyncIterator, Iterator, Sequence
 from typing import Any
 
 from loraserve.adapterstore.files.push import Chunk, PushHeader, PushResult
@@ -15,6 +15,13 @@ from loraserve.testing.adapterfiles import AdapterFiles
 
 def declared(files: AdapterFiles) -> list[FileInfo]:
     return [FileInfo(name, len(data), "") for name, data in files.items()]
+
+
+def hashed(files: AdapterFiles) -> list[FileInfo]:
+    """Each file with its sha256, as adapterctl declares (and signs) them."""
+    return [
+        FileInfo(name, len(data), hashlib.sha256(data).hexdigest()) for name, data in files.items()
+    ]
 
 
 async def chunks_of(files: AdapterFiles, chunk_size: int = 1000) -> AsyncIterator[Chunk]:
@@ -45,21 +52,17 @@ def push_requests(
     files: AdapterFiles,
     chunk_size: int = 256 * 1024,
     declare_sha256: bool = True,
-    digests: Mapping[str, str] | None = None,
+    infos: Sequence[FileInfo] | None = None,
     **header: Any,
 ) -> Iterator[pb.PushAdapterRequest]:
     """A push as adapterctl sends it: each file's sha256 declared unless told not to
-    (taken from `digests`, file name -> sha256, when the caller hashed them already)."""
-
-    def sha256(file_name: str, data: bytes) -> str:
-        if not declare_sha256:
-            return ""
-        return digests[file_name] if digests is not None else hashlib.sha256(data).hexdigest()
-
+    (`infos`: the header's files, when the caller hashed them already)."""
+    if infos is None:
+        infos = hashed(files) if declare_sha256 else declared(files)
     yield pb.PushAdapterRequest(
         header=pb.PushHeader(
             name=name,
-            files=[pb.FileInfo(name=n, size=len(d), sha256=sha256(n, d)) for n, d in files.items()],
+            files=[pb.FileInfo(name=f.name, size=f.size, sha256=f.sha256) for f in infos],
             **header,
         )
     )
