@@ -4,6 +4,8 @@ weighted round-robin over adapters, not first come first served."""
 from __future__ import annotations
 
 import asyncio
+import heapq
+import itertools
 
 from loraserve.inference.serving.fairness import FairGate
 
@@ -165,6 +167,10 @@ class _Holders:
         """The task of the `index`-th request sent."""
         return self._tasks[index][1]
 
+    def release(self, index: int) -> asyncio.Event:
+        """The event that lets the `index`-th request sent go."""
+        return self._tasks[index][2]
+
     async def close(self) -> None:
         for _, task, release in self._tasks:
             release.set()
@@ -182,19 +188,33 @@ class _Clock:
         return self.now
 
 
-async def _history(gate: FairGate, clock: _Clock, rates: dict[str, float], seconds: float) -> None:
-    """Each adapter's requests go through the (empty) gate at `rates` per second, evenly
-    spaced, for `seconds`; the clock ends `seconds` later."""
+async def _history(
+    gate: FairGate, clock: _Clock, rates: dict[str, float], seconds: float, hold_s: float = 0.0
+) -> None:
+    """Each adapter's requests come to the gate at `rates` per second, evenly spaced,
+    for `seconds`, each leaving `hold_s` after it came (a request that had to wait
+    leaves as soon as it is in); the clock ends `seconds` later."""
     start = clock.now
-    times = sorted(
-        (start + (k + 0.5) / rate, adapter)
+    # (time, 0 for a departure so that it goes first, sequence, adapter or its release)
+    events: list[tuple[float, int, int, str | asyncio.Event]] = [
+        (start + (k + 0.5) / rate, 1, 0, adapter)
         for adapter, rate in rates.items()
         for k in range(int(rate * seconds))
-    )
-    for at, adapter in times:
-        clock.now = at
-        async with gate.turn(adapter):
-            pass
+    ]
+    heapq.heapify(events)
+    holders = _Holders(gate)
+    sequence = itertools.count()
+    while events:
+        clock.now, _, _, what = heapq.heappop(events)
+        if isinstance(what, asyncio.Event):
+            what.set()
+        else:
+            await holders.send(what)
+            release = holders.release(-1)
+            heapq.heappush(events, (clock.now + hold_s, 0, next(sequence), release))
+        await asyncio.sleep(0)
+        await asyncio.sleep(0)
+    await holders.close()
     clock.now = start + seconds
 
 
@@ -203,17 +223,18 @@ FLOOD = {"flood": 10.0, "b": 1.0, "c": 1.0}
 
 
 async def _after(
-    *phases: tuple[dict[str, float], float],
+    *phases: tuple[dict[str, float], float] | tuple[dict[str, float], float, float],
     capacity: int = 4,
     headroom: int = 2,
     weights: dict[str, float] | None = None,
 ) -> _Holders:
-    """Holders over a fresh gate whose history is `phases`: (rates, seconds) each."""
+    """Holders over a fresh gate whose history is `phases`: (rates, seconds) each, or
+    (rates, seconds, seconds each request holds its place)."""
     clock = _Clock()
     known = weights or {}
     gate = FairGate(capacity, lambda a: known.get(a, 1.0), headroom, clock)
-    for rates, seconds in phases:
-        await _history(gate, clock, rates, seconds)
+    for rates, seconds, *hold in phases:
+        await _history(gate, clock, rates, seconds, *hold)
     return _Holders(gate)
 
 
@@ -320,4 +341,28 @@ async def test_a_request_admitted_into_the_headroom_as_it_is_cancelled_passes_it
     assert not after.done()
     assert sorted(holders.inside) == ["d", "flood"]
     assert (gate.inside, gate.waiting) == (2, 1)
+    await holders.close()
+
+
+# Seven adapters each holding about one place (2 requests/s of 0.5 s), and `flood` at
+# twice their rate: over its fair rate, though it holds no more than its share.
+BUSY = {"flood": 4.0, **{name: 2.0 for name in "abcdefg"}}
+
+
+async def test_places_the_other_adapters_are_expected_to_need_are_kept_from_a_flood() -> None:
+    holders = await _after((BUSY, 60.0, 0.5), capacity=16)
+    await holders.send_all(["flood"] * 12)
+    # Headroom alone would let it hold 14; the others' 7 places and their bursts are kept.
+    assert 2 <= holders.gate.inside <= 4
+    await holders.send_all(list("abcdefg"))
+    assert holders.gate.waiting == 12 - holders.inside.count("flood")
+    await holders.close()
+
+
+async def test_a_flood_keeps_its_fair_share_of_places_whatever_the_others_need() -> None:
+    # The others are expected to need more than every place: flood still holds 16 / 8.
+    busy = {name: rate * 2 for name, rate in BUSY.items()}
+    holders = await _after((busy, 60.0, 0.5), capacity=16)
+    await holders.send_all(["flood"] * 12)
+    assert (holders.gate.inside, holders.gate.waiting) == (2, 10)
     await holders.close()

@@ -11,10 +11,9 @@ from dataclasses import dataclass, field
 
 from loraserve.common.config.flags import non_negative_int, positive_int
 
-# Two slots: under a flood another adapter's request then waits only when two more such
-# requests arrived since the last one left. It binds only adapters admitted above their
-# fair rate, so it costs nothing without a flood and at most 2 / capacity of the slots
-# during one (under 1 % at vLLM's GPU default of 256, 1/8 at 16).
+# At least two places: even when the other adapters are expected to need none, two of
+# their requests may come at once during a flood without waiting. It binds only adapters
+# sending above their fair rate, so it costs nothing without a flood.
 DEFAULT_HEADROOM = 2
 
 
@@ -26,7 +25,8 @@ class AdmissionOptions:
     fair: bool = True
     # Requests in the engine at once; None: the engine's max_num_seqs (one batch).
     max_engine_requests: int | None = None
-    # Engine slots that adapters admitted above their fair rate may not take; 0: none kept.
+    # The least number of engine places kept from adapters sending above their fair rate
+    # (more when the others are expected to need more); 0: none kept.
     headroom: int = DEFAULT_HEADROOM
     # Adapter name -> its share of turns; an adapter not named has weight 1.
     weights: Mapping[str, float] = field(default_factory=dict)
@@ -68,9 +68,10 @@ def add_admission_flags(flag: Callable[..., None]) -> None:
     )
     flag(
         "fair-headroom",
-        "engine slots kept from adapters admitted above 1.5x their fair rate over the "
-        "last seconds (a flood): such an adapter goes in only while more than this many "
-        "are free (0: plain round-robin; at most max-engine-requests - 1)",
+        "the least number of engine places kept from an adapter sending above 1.5x its "
+        "fair rate over the last seconds (a flood); more are kept when the other "
+        "adapters are expected to need more, but never its fair share (0: none kept, "
+        "plain round-robin; at most max-engine-requests - 1)",
         str(DEFAULT_HEADROOM),
         type=non_negative_int,
     )

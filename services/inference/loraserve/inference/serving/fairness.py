@@ -12,29 +12,31 @@ batch's worth of requests.
 
 Round-robin alone is work-conserving: under a flood the engine is always full of the
 flooded adapter's requests, and a request of any other adapter waits for one to
-finish. So the last `headroom` slots are kept from adapters over their fair share,
-judged by the rate each has been admitted at recently (serving.recentrate, time
-constant TAU_S), not by the requests it holds now: an adapter is over when its recent
-rate exceeds MARGIN x its fair rate (the total recent rate x its weight / the sum of
-the weights of the adapters admitted within TAU_S). An adapter that is over goes in
-only while fewer than `capacity - headroom` requests are inside; every other adapter
-goes in while any slot is free, so under a flood the flooded adapter stops at
-`capacity - headroom` and another adapter's request finds a free place at once.
-Without a flood no adapter is over (adapters near their fair rate stay well below
-MARGIN x it), and the gate admits exactly as plain round-robin. A lone adapter's fair
-rate is the total, so it is never over and has the whole engine. Waiters allowed in go
-by weighted round-robin.
+finish. So places are kept from adapters asking for more than their fair share,
+judged by the rate each has sent requests at recently (serving.recentrate, time
+constant TAU_S), not by the requests it holds now nor by the rate the gate let it in
+at (which the gate itself sets): an adapter is over when its recent rate exceeds
+MARGIN x its fair rate (the total recent rate x its weight / the sum of the weights of
+the adapters seen within TAU_S). Places kept from over adapters: the `headroom` last
+ones, and as many as the other adapters are expected to hold -- their recent rates x
+the mean time a request holds its place (Little's law) plus BURST_SIGMAS standard
+deviations of that Poisson count, so that another adapter's request finds a free
+place at once nearly always, not just on average. Over adapters still always get
+their fair share of the places (capacity x weight / the sum of the weights seen),
+whatever the others are expected to need: a flood is held to its share, never shut
+out.
 
-The cost: while an adapter is over and the others do not fill the headroom, those
-`headroom` slots stay empty, at most headroom / capacity of the engine's tokens/s for
-as long as the flood lasts (less where a smaller batch runs each step faster). The
-slots are never idle for good: an over adapter's waiter goes in as soon as the
-requests inside drop below `capacity - headroom`, and its rate decays back under the
-margin within about TAU_S of the flood's end. Being over is checked when a request
-arrives or leaves, not on a timer, so an adapter that falls back under the margin
-while it waits goes in at the next arrival or departure. Headroom 0 is plain
-round-robin, and it is at most `capacity - 1`, so any adapter can always have a
-request inside.
+The cost: while an adapter is over, the places kept for the others stay empty when
+they do not use them, at most what their expected need and its bursts add up to; a
+flood that the others leave room for still fills the engine. Kept places never stay
+idle for good: an over adapter's waiter goes in as soon as a place it may take frees,
+and its rate decays back under the margin within about TAU_S of the flood's end.
+Being over is checked when a request arrives or leaves, not on a timer. Headroom 0
+keeps nothing (plain round-robin); headroom is at most `capacity - 1`. A lone
+adapter's fair rate is the total, so it is never over and has the whole engine;
+without a flood no adapter is over (adapters near their fair rate stay well below
+MARGIN x it), and the gate admits exactly as plain round-robin. Waiters allowed in go
+by weighted round-robin.
 
 Turns and rates count requests, not tokens: adapters whose requests are of similar
 length get similar shares of the engine's tokens.
@@ -43,12 +45,13 @@ length get similar shares of the engine's tokens.
 from __future__ import annotations
 
 import asyncio
+import math
 import time
 from collections import deque
 from collections.abc import AsyncIterator, Callable, Collection
 from contextlib import asynccontextmanager
 
-from loraserve.inference.serving.recentrate import RecentRates
+from loraserve.inference.serving.recentrate import MeanHold, RecentRates
 
 # Ten seconds: long enough that Poisson noise at a few requests/s per adapter seldom
 # looks like 1.5x the fair rate (the estimate's spread is 1 / sqrt(2 x tau x rate), a
@@ -57,12 +60,18 @@ TAU_S = 10.0
 # 1.5x the fair rate: adapters near their share (what weighted round-robin gives them
 # under saturation) are seldom held back, a flood of several times the share is.
 MARGIN = 1.5
+# Places kept for the adapters that are not over: their expected number inside plus two
+# standard deviations of it (a Poisson count's is its square root), as square-root
+# staffing sizes a pool so that arrivals seldom wait.
+BURST_SIGMAS = 2.0
+# The mean hold follows about the last 64 requests: a few seconds of traffic.
+HOLD_SPAN = 64
 
 
 class FairGate:
     """At most `capacity` requests in the engine; waiters admitted by weighted
-    round-robin over their adapters; the last `headroom` slots kept from adapters
-    admitted above their fair rate recently."""
+    round-robin over their adapters; places kept from adapters sending above their fair
+    rate recently: the last `headroom`, and what the others are expected to need."""
 
     def __init__(
         self,
@@ -78,8 +87,12 @@ class FairGate:
         self._capacity = capacity
         self._headroom = min(headroom, capacity - 1)
         self._weight = weight
+        self._clock = clock
         self._rates = RecentRates(TAU_S, weight, clock)
+        self._hold = MeanHold(HOLD_SPAN)
         self._inside = 0
+        # Requests inside per adapter (adapters with none are left out).
+        self._held: dict[str, int] = {}
         self._waiting: dict[str, deque[asyncio.Future[None]]] = {}
         # Adapters with waiting requests, in turn order; the first is the one whose turn it is.
         self._ring: deque[str] = deque()
@@ -98,8 +111,9 @@ class FairGate:
     @asynccontextmanager
     async def turn(self, adapter: str) -> AsyncIterator[None]:
         """Holds a place in the engine for one request of `adapter`, waiting for it
-        when the engine is saturated (or only headroom is left and `adapter` is over
-        its fair rate)."""
+        when the engine is saturated (or only places kept from it are free while
+        `adapter` is over its fair rate)."""
+        self._rates.arrived(adapter)
         # A waiter may have fallen under the margin since the last dispatch: it goes
         # first, so a request let in at once passes no one who could take its place.
         self._dispatch()
@@ -107,10 +121,12 @@ class FairGate:
             self._admit(adapter)
         else:
             await self._wait(adapter)
+        admitted_at = self._clock()
         try:
             yield
         finally:
-            self._leave()
+            self._hold.left(self._clock() - admitted_at)
+            self._leave(adapter)
 
     async def _wait(self, adapter: str) -> None:
         waiter: asyncio.Future[None] = asyncio.get_running_loop().create_future()
@@ -125,24 +141,45 @@ class FairGate:
         except asyncio.CancelledError:
             if waiter.done() and not waiter.cancelled():
                 # Admitted just as it was cancelled: give the place to the next one.
-                self._leave()
+                self._leave(adapter)
             else:
                 self._forget(adapter, waiter)
             raise
 
     def _barred(self) -> Collection[str]:
-        """The adapters that may not take a free place now: none below the headroom,
-        in it those over their fair rate. O(adapters)."""
-        if self._inside < self._capacity - self._headroom:
+        """The adapters that may not take a free place now: of those over their fair
+        rate, the ones holding their fair share of places already, while the places
+        left are kept -- the headroom, or what the others are expected to need.
+        O(adapters)."""
+        if not self._headroom:
             return ()
-        return self._rates.over(MARGIN)
+        rates = self._rates.rates()
+        over = self._rates.over(rates, MARGIN)
+        if not over:
+            return ()
+        expected = self._hold.seconds * sum(r for a, r in rates.items() if a not in over)
+        kept = max(self._headroom, math.ceil(expected + BURST_SIGMAS * math.sqrt(expected)))
+        held_by_over = sum(self._held.get(a, 0) for a in over)
+        if self._inside < self._capacity - self._headroom and held_by_over < self._capacity - kept:
+            return ()
+        weights = sum(self._weight(a) for a in rates)
+        return {a for a in over if self._held.get(a, 0) >= self._fair_places(a, weights)}
+
+    def _fair_places(self, adapter: str, weights: float) -> int:
+        """`adapter`'s share of the places by weight, at least one."""
+        return max(1, int(self._capacity * self._weight(adapter) / weights))
 
     def _admit(self, adapter: str) -> None:
         self._inside += 1
-        self._rates.admitted(adapter)
+        self._held[adapter] = self._held.get(adapter, 0) + 1
 
-    def _leave(self) -> None:
+    def _leave(self, adapter: str) -> None:
         self._inside -= 1
+        held = self._held[adapter] - 1
+        if held:
+            self._held[adapter] = held
+        else:
+            del self._held[adapter]
         self._dispatch()
 
     def _forget(self, adapter: str, waiter: asyncio.Future[None]) -> None:
