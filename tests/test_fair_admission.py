@@ -6,10 +6,11 @@ inference app on the session's vLLM engine."""
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Coroutine
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
+import grpc
 import pytest
 
 from loraserve.inference.serving import FairGate
@@ -78,22 +79,51 @@ async def _first_token(inference: RunningInference, adapter: str, order: list[st
             first = False
 
 
+async def _queued_behind_a_flood(
+    inference: RunningInference, queue: list[Coroutine[Any, Any, None]]
+) -> None:
+    """The flood's first request holds the engine's one place while each of `queue`
+    comes to wait in order; then it ends, and they all run."""
+    gate = _gate(inference)
+    async with asyncio.timeout(GUARD_S):
+        blocker = inference.stub.Generate(greedy("flood", 32), timeout=GUARD_S)
+        await anext(aiter(blocker))
+        tasks = []
+        for count, request in enumerate(queue, start=1):
+            tasks.append(asyncio.create_task(request))
+            await _until_waiting(gate, count)
+        async for _ in blocker:
+            pass
+        await asyncio.gather(*tasks)
+    assert (gate.inside, gate.waiting) == (0, 0)
+
+
 async def test_another_adapters_request_goes_in_before_a_floods_backlog(
     saturated: RunningInference,
 ) -> None:
-    gate = _gate(saturated)
     order: list[str] = []
-    async with asyncio.timeout(GUARD_S):
-        # The flood's first request holds the engine's one place; three more queue.
-        blocker = saturated.stub.Generate(greedy("flood", 32), timeout=GUARD_S)
-        await anext(aiter(blocker))
-        flood = [asyncio.create_task(_first_token(saturated, "flood", order)) for _ in range(3)]
-        await _until_waiting(gate, 3)
-        other = asyncio.create_task(_first_token(saturated, "other", order))
-        await _until_waiting(gate, 4)
-        async for _ in blocker:
-            pass
-        await asyncio.gather(*flood, other)
+    flood = [_first_token(saturated, "flood", order) for _ in range(3)]
+    await _queued_behind_a_flood(saturated, [*flood, _first_token(saturated, "other", order)])
     # First come first served would have run `other` after the whole backlog.
     assert order == ["flood", "other", "flood", "flood"]
-    assert (gate.inside, gate.waiting) == (0, 0)
+
+
+async def _refused(inference: RunningInference, adapter: str, order: list[str]) -> None:
+    """Sends one generation for a name no adapter has, noting "made-up" in `order` when
+    it is refused."""
+    with pytest.raises(grpc.aio.AioRpcError) as refused:
+        async for _ in inference.stub.Generate(greedy(adapter, 8), timeout=GUARD_S):
+            pass
+    assert refused.value.code() == grpc.StatusCode.NOT_FOUND
+    order.append("made-up")
+
+
+async def test_names_no_adapter_has_take_turns_as_one_adapter(
+    saturated: RunningInference,
+) -> None:
+    order: list[str] = []
+    made_up = [_refused(saturated, f"made-up-{i}", order) for i in range(3)]
+    queue = [_first_token(saturated, "flood", order), *made_up]
+    await _queued_behind_a_flood(saturated, [*queue, _first_token(saturated, "other", order)])
+    # Each made-up name its own adapter would put all three before `other`.
+    assert order == ["flood", "made-up", "other", "made-up", "made-up"]

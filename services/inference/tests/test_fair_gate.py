@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import asyncio
 import heapq
-import itertools
 
 from loraserve.inference.serving.fairness import FairGate
 
@@ -163,6 +162,15 @@ class _Holders:
         for adapter in adapters:
             await self.send(adapter)
 
+    def adapter(self, index: int) -> str:
+        """The adapter of the `index`-th request sent."""
+        return self._tasks[index][0]
+
+    @property
+    def entered(self) -> set[int]:
+        """The indexes of the requests inside."""
+        return set(self._entered)
+
     def task(self, index: int) -> asyncio.Task[None]:
         """The task of the `index`-th request sent."""
         return self._tasks[index][1]
@@ -189,41 +197,50 @@ class _Clock:
 
 
 async def _history(
-    gate: FairGate, clock: _Clock, rates: dict[str, float], seconds: float, hold_s: float = 0.0
+    gate: FairGate,
+    clock: _Clock,
+    rates: dict[str, float],
+    seconds: float,
+    hold_s: float | dict[str, float] = 0.0,
 ) -> None:
     """Each adapter's requests come to the gate at `rates` per second, evenly spaced,
-    for `seconds`, each leaving `hold_s` after it came (a request that had to wait
-    leaves as soon as it is in); the clock ends `seconds` later."""
+    for `seconds`, each leaving `hold_s` (or its adapter's there) after it got in; what
+    is still inside or waiting at the end is cancelled, and the clock ends `seconds`
+    later."""
     start = clock.now
-    # (time, 0 for a departure so that it goes first, sequence, adapter or its release)
-    events: list[tuple[float, int, int, str | asyncio.Event]] = [
+    end = start + seconds
+    # (time, 0 for a departure so that it goes first, index sent, adapter)
+    events: list[tuple[float, int, int, str]] = [
         (start + (k + 0.5) / rate, 1, 0, adapter)
         for adapter, rate in rates.items()
         for k in range(int(rate * seconds))
     ]
     heapq.heapify(events)
     holders = _Holders(gate)
-    sequence = itertools.count()
-    while events:
-        clock.now, _, _, what = heapq.heappop(events)
-        if isinstance(what, asyncio.Event):
-            what.set()
+    leaving: set[int] = set()
+    while events and events[0][0] <= end:
+        clock.now, kind, index, adapter = heapq.heappop(events)
+        if kind:
+            await holders.send(adapter)
         else:
-            await holders.send(what)
-            release = holders.release(-1)
-            heapq.heappush(events, (clock.now + hold_s, 0, next(sequence), release))
+            holders.release(index).set()
         await asyncio.sleep(0)
         await asyncio.sleep(0)
+        for entered in holders.entered - leaving:
+            leaving.add(entered)
+            held = hold_s if isinstance(hold_s, float) else hold_s[holders.adapter(entered)]
+            heapq.heappush(events, (clock.now + held, 0, entered, ""))
+    clock.now = end
     await holders.close()
-    clock.now = start + seconds
 
 
-# A flood: `flood` admitted at 10 requests/s, b and c at 1/s.
+# A flood: `flood` at 10 requests/s, b and c at 1/s.
 FLOOD = {"flood": 10.0, "b": 1.0, "c": 1.0}
 
 
 async def _after(
-    *phases: tuple[dict[str, float], float] | tuple[dict[str, float], float, float],
+    *phases: tuple[dict[str, float], float]
+    | tuple[dict[str, float], float, float | dict[str, float]],
     capacity: int = 4,
     headroom: int = 2,
     weights: dict[str, float] | None = None,
@@ -345,8 +362,8 @@ async def test_a_request_admitted_into_the_headroom_as_it_is_cancelled_passes_it
 
 
 # Seven adapters each holding about one place (2 requests/s of 0.5 s), and `flood` at
-# twice their rate: over its fair rate, though it holds no more than its share.
-BUSY = {"flood": 4.0, **{name: 2.0 for name in "abcdefg"}}
+# 10x their rate: over its fair rate, and with it they ask for more than 16 places.
+BUSY = {"flood": 20.0, **{name: 2.0 for name in "abcdefg"}}
 
 
 async def test_places_the_other_adapters_are_expected_to_need_are_kept_from_a_flood() -> None:
@@ -365,4 +382,33 @@ async def test_a_flood_keeps_its_fair_share_of_places_whatever_the_others_need()
     holders = await _after((busy, 60.0, 0.5), capacity=16)
     await holders.send_all(["flood"] * 12)
     assert (holders.gate.inside, holders.gate.waiting) == (2, 10)
+    await holders.close()
+
+
+async def test_a_popular_adapter_is_kept_only_from_the_headroom_while_all_fit() -> None:
+    # popular needs 4 places and the seven others 3.5: 7.5 of 16, nothing is saturated.
+    calm = {"popular": 8.0, **{name: 1.0 for name in "abcdefg"}}
+    holders = await _after((calm, 60.0, 0.5), capacity=16)
+    await holders.send_all(["popular"] * 16)
+    assert (holders.gate.inside, holders.gate.waiting) == (14, 2)
+    await holders.close()
+
+
+async def test_the_others_need_is_sized_by_their_own_holds_not_the_floods() -> None:
+    # flood asks for 20 places (10/s of 2 s); the others' 0.1 s requests need about 1.4.
+    rates = {"flood": 10.0, **{name: 2.0 for name in "abcdefg"}}
+    holds = {"flood": 2.0, **{name: 0.1 for name in "abcdefg"}}
+    holders = await _after((rates, 60.0, holds), capacity=16)
+    await holders.send_all(["flood"] * 16)
+    # Sized by a mean over everyone's holds (mostly flood's), the others would keep 16.
+    assert holders.gate.inside == 12
+    await holders.close()
+
+
+async def test_places_are_kept_within_seconds_of_a_floods_start() -> None:
+    others = {name: 2.0 for name in "abcdefg"}
+    # Four seconds in, flood's 10 s rate says it asks for 5 places, its 2 s rate for 13.
+    holders = await _after((others, 60.0, 0.5), ({"flood": 30.0, **others}, 4.0, 0.5), capacity=16)
+    await holders.send_all(["flood"] * 12)
+    assert 2 <= holders.gate.inside <= 4
     await holders.close()

@@ -381,8 +381,8 @@ def _sync_settings(settings: InferenceSettings) -> SyncSettings:
 
 def _fair_gate(options: AdmissionOptions, max_num_seqs: int) -> FairGate | None:
     """The gate that admits requests into the engine in turn across adapters, at most
-    one batch's worth (or `--max-engine-requests`) at once, keeping `--fair-headroom`
-    slots from adapters admitted above their fair rate; None for fifo."""
+    one batch's worth (or `--max-engine-requests`) at once, keeping places (at least
+    `--fair-headroom`) from adapters sending above their fair rate; None for fifo."""
     if not options.fair:
         return None
     weights = dict(options.weights)

@@ -1,6 +1,6 @@
 """Fair admission's settings (inference `serve`): the order requests go into a
-saturated engine, how many go in at once, the headroom kept from adapters admitted
-above their fair rate and each adapter's weight. The gate itself is
+saturated engine, how many go in at once, the least number of places kept from
+adapters sending above their fair rate and each adapter's weight. The gate itself is
 loraserve.inference.serving.fairness."""
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from loraserve.common.config.flags import non_negative_int, positive_int
 
 # At least two places: even when the other adapters are expected to need none, two of
 # their requests may come at once during a flood without waiting. It binds only adapters
-# sending above their fair rate, so it costs nothing without a flood.
+# sending above 1.5x their fair rate, so it costs nothing while no adapter does.
 DEFAULT_HEADROOM = 2
 
 

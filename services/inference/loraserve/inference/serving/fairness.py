@@ -1,5 +1,5 @@
 """Fair admission into the engine: round-robin across adapters once it is saturated,
-with headroom kept from adapters admitted above their fair rate.
+with places kept from adapters sending above their fair rate.
 
 vLLM schedules first come first served, so a flood of requests on one adapter fills its
 waiting queue and every other adapter's request waits behind the whole flood. Here at
@@ -17,26 +17,26 @@ judged by the rate each has sent requests at recently (serving.recentrate, time
 constant TAU_S), not by the requests it holds now nor by the rate the gate let it in
 at (which the gate itself sets): an adapter is over when its recent rate exceeds
 MARGIN x its fair rate (the total recent rate x its weight / the sum of the weights of
-the adapters seen within TAU_S). Places kept from over adapters: the `headroom` last
-ones, and as many as the other adapters are expected to hold -- their recent rates x
-the mean time a request holds its place (Little's law) plus BURST_SIGMAS standard
-deviations of that Poisson count, so that another adapter's request finds a free
-place at once nearly always, not just on average. Over adapters still always get
-their fair share of the places (capacity x weight / the sum of the weights seen),
-whatever the others are expected to need: a flood is held to its share, never shut
-out.
+the adapters seen within TAU_S). Places kept from over adapters: the last `headroom`,
+and, while the adapters together ask for more places than there are (their rates over
+the last FAST_TAU_S x their mean holds, Little's law), as many as the adapters that
+are not over are
+expected to hold plus BURST_SIGMAS standard deviations of that Poisson count, so that
+their requests find a free place at once nearly always, not just on average. Over
+adapters still always get their fair share of the places (capacity x weight / the sum
+of the weights seen): a flood is held to the room the others leave, never below its
+share.
 
-The cost: while an adapter is over, the places kept for the others stay empty when
-they do not use them, at most what their expected need and its bursts add up to; a
-flood that the others leave room for still fills the engine. Kept places never stay
-idle for good: an over adapter's waiter goes in as soon as a place it may take frees,
-and its rate decays back under the margin within about TAU_S of the flood's end.
-Being over is checked when a request arrives or leaves, not on a timer. Headroom 0
-keeps nothing (plain round-robin); headroom is at most `capacity - 1`. A lone
-adapter's fair rate is the total, so it is never over and has the whole engine;
-without a flood no adapter is over (adapters near their fair rate stay well below
-MARGIN x it), and the gate admits exactly as plain round-robin. Waiters allowed in go
-by weighted round-robin.
+The cost: while an adapter is over, the kept places the others do not use stay empty,
+for as long as the flood lasts. They never stay idle for good: an over adapter's
+waiter goes in as soon as a place it may take frees, and its rate decays back under
+the margin within about TAU_S of the flood's end. Being over is checked when a request
+arrives or leaves, not on a timer. Headroom 0 keeps nothing (plain round-robin);
+headroom is at most `capacity - 1`. A lone adapter's fair rate is the total, so it is
+never over and has the whole engine; without a flood no adapter is over (adapters near
+their fair rate stay well below MARGIN x it), and an adapter merely more popular than
+the rest, while everyone fits, is kept only from the last `headroom` places. Waiters
+allowed in go by weighted round-robin.
 
 Turns and rates count requests, not tokens: adapters whose requests are of similar
 length get similar shares of the engine's tokens.
@@ -51,12 +51,18 @@ from collections import deque
 from collections.abc import AsyncIterator, Callable, Collection
 from contextlib import asynccontextmanager
 
-from loraserve.inference.serving.recentrate import MeanHold, RecentRates
+from loraserve.inference.serving.recentrate import RecentDemand
 
 # Ten seconds: long enough that Poisson noise at a few requests/s per adapter seldom
 # looks like 1.5x the fair rate (the estimate's spread is 1 / sqrt(2 x tau x rate), a
 # quarter at 0.8 requests/s), short enough that a flood is caught within a few seconds.
 TAU_S = 10.0
+# Two seconds: whether the adapters together ask for more places than there are is
+# judged on rates this quick, so that places are kept within a second or two of a
+# flood's start rather than once its 10 s rate has built up. A wrong guess costs little:
+# rates of requests sent do not depend on the gate, so one that says "saturated" by
+# chance says otherwise again seconds later.
+FAST_TAU_S = 2.0
 # 1.5x the fair rate: adapters near their share (what weighted round-robin gives them
 # under saturation) are seldom held back, a flood of several times the share is.
 MARGIN = 1.5
@@ -64,7 +70,7 @@ MARGIN = 1.5
 # standard deviations of it (a Poisson count's is its square root), as square-root
 # staffing sizes a pool so that arrivals seldom wait.
 BURST_SIGMAS = 2.0
-# The mean hold follows about the last 64 requests: a few seconds of traffic.
+# An adapter's mean hold follows about its last 64 requests.
 HOLD_SPAN = 64
 
 
@@ -88,8 +94,7 @@ class FairGate:
         self._headroom = min(headroom, capacity - 1)
         self._weight = weight
         self._clock = clock
-        self._rates = RecentRates(TAU_S, weight, clock)
-        self._hold = MeanHold(HOLD_SPAN)
+        self._demand = RecentDemand(TAU_S, FAST_TAU_S, HOLD_SPAN, weight, clock)
         self._inside = 0
         # Requests inside per adapter (adapters with none are left out).
         self._held: dict[str, int] = {}
@@ -113,7 +118,8 @@ class FairGate:
         """Holds a place in the engine for one request of `adapter`, waiting for it
         when the engine is saturated (or only places kept from it are free while
         `adapter` is over its fair rate)."""
-        self._rates.arrived(adapter)
+        if self._headroom:
+            self._demand.arrived(adapter)
         # A waiter may have fallen under the margin since the last dispatch: it goes
         # first, so a request let in at once passes no one who could take its place.
         self._dispatch()
@@ -125,7 +131,8 @@ class FairGate:
         try:
             yield
         finally:
-            self._hold.left(self._clock() - admitted_at)
+            if self._headroom:
+                self._demand.left(adapter, self._clock() - admitted_at)
             self._leave(adapter)
 
     async def _wait(self, adapter: str) -> None:
@@ -149,16 +156,20 @@ class FairGate:
     def _barred(self) -> Collection[str]:
         """The adapters that may not take a free place now: of those over their fair
         rate, the ones holding their fair share of places already, while the places
-        left are kept -- the headroom, or what the others are expected to need.
-        O(adapters)."""
+        left are kept: the last `headroom`, or, while the adapters together ask for
+        more than all of them, what the others are expected to need. O(adapters)."""
         if not self._headroom:
             return ()
-        rates = self._rates.rates()
-        over = self._rates.over(rates, MARGIN)
+        rates = self._demand.rates()
+        over = self._demand.over(rates, MARGIN)
         if not over:
             return ()
-        expected = self._hold.seconds * sum(r for a, r in rates.items() if a not in over)
-        kept = max(self._headroom, math.ceil(expected + BURST_SIGMAS * math.sqrt(expected)))
+        kept = self._headroom
+        others = {a: r for a, r in rates.items() if a not in over}
+        expected = self._demand.places(others)
+        if self._demand.places(self._demand.fast_rates(rates)) > self._capacity:
+            sized = math.ceil(expected + BURST_SIGMAS * math.sqrt(expected))
+            kept = max(kept, sized)
         held_by_over = sum(self._held.get(a, 0) for a in over)
         if self._inside < self._capacity - self._headroom and held_by_over < self._capacity - kept:
             return ()

@@ -141,7 +141,7 @@ class Generator:
         try:
             # The engine runs n sequences for the request: admit it as that many.
             with (
-                self._quotas.admit(ref.name, self._quota_label(ref.name)) as charge,
+                self._quotas.admit(ref.name, self._routed_label(ref.name)) as charge,
                 self._admission.admit(command.sampling.n or 1),
             ):
                 outcome.charge = charge
@@ -149,9 +149,10 @@ class Generator:
                 prompt_ids = await self._prompt_ids(command)
                 spec = self._engine.sampling(command.sampling, len(prompt_ids))
                 # The turn before the lease: a request waiting for its turn pins no
-                # adapter in the engine.
+                # adapter in the engine. Names made up by a client take turns as one,
+                # so they cannot dilute every real adapter's fair share.
                 async with (
-                    self._turn(ref.name),
+                    self._turn(ref.name if ref.is_base else self._routed_label(ref.name)),
                     self._registry.acquire(ref, command.rollout_key) as lease,
                 ):
                     adapter_label, outcome.revision = lease.name, lease.revision
@@ -186,9 +187,10 @@ class Generator:
                     adapter_label, outcome.revision, code, outcome.ttft_s, outcome.generated
                 )
 
-    def _quota_label(self, name: str) -> str:
+    def _routed_label(self, name: str) -> str:
         """The name when this replica routes it, else one label for every other name
-        (NOT_FOUND next), so names a client makes up cannot grow the quota's table."""
+        (NOT_FOUND next), so names a client makes up cannot grow the quotas' table or
+        the fair gate's."""
         routed = self._registry.target_revision(name) or self._registry.current_revision(name)
         return name if routed else _UNRESOLVED_ADAPTER
 

@@ -1,12 +1,15 @@
-"""Each adapter's recent rate of requests and how long a request holds its place in
-the engine, for fair admission: who asks for more than its share, judged over the last
-seconds rather than by the requests it holds at this instant, and how many places the
-others will need (their rates x the mean hold, Little's law).
+"""Each adapter's recent demand on the engine, for fair admission: the rate it sends
+requests at, judged over the last seconds rather than by the requests it holds at this
+instant, and how long its requests hold their place, so that the places an adapter
+will need are its rate x its mean hold (Little's law).
 
 A rate is exponentially decayed (time constant `tau_s`): every request adds 1 / tau,
 and the sum decays by e^(-dt / tau), so it estimates requests per second over about
-the last tau seconds. Decay is computed on access from the time of the last request;
-nothing runs in the background.
+the last tau seconds. Each adapter has two: one over `tau_s`, steady enough to judge
+who is over its share, and one over `fast_tau_s`, quick to show a flood that has just
+begun. Decay is computed on access from the time of the last request; nothing runs in
+the background. A hold is an exponentially weighted mean over about the last `span`
+requests of that adapter.
 """
 
 from __future__ import annotations
@@ -18,7 +21,7 @@ from dataclasses import dataclass
 
 @dataclass
 class _Level:
-    """A decayed rate: `value` admissions/s as of `at`, decaying since."""
+    """A decayed rate: `value` requests/s as of `at`, decaying since."""
 
     value: float = 0.0
     at: float = 0.0
@@ -31,36 +34,94 @@ class _Level:
         self.at = now
 
 
-class RecentRates:
-    """Recent requests/s per adapter and in all; which adapters are over their share."""
+class MeanHold:
+    """The mean seconds a request holds its place, over about the last `span` requests
+    (an exponentially weighted mean; None until the first one left)."""
 
-    def __init__(self, tau_s: float, weight: Callable[[str], float], clock: Callable[[], float]):
-        if tau_s <= 0:
-            raise ValueError(f"tau must be positive, got {tau_s}")
+    def __init__(self, span: int) -> None:
+        if span < 1:
+            raise ValueError(f"span must be at least 1, got {span}")
+        self._alpha = 1.0 / span
+        self.seconds: float | None = None
+
+    def left(self, held_s: float) -> None:
+        """Counts one request that held its place for `held_s` seconds."""
+        if self.seconds is None:
+            self.seconds = held_s
+        else:
+            self.seconds += self._alpha * (held_s - self.seconds)
+
+
+@dataclass
+class _Adapter:
+    """One adapter's recent rates and mean hold."""
+
+    level: _Level
+    fast: _Level
+    hold: MeanHold
+
+
+class RecentDemand:
+    """Recent requests/s per adapter and in all, and each adapter's mean hold; which
+    adapters are over their share, and how many places the others will need."""
+
+    def __init__(
+        self,
+        tau_s: float,
+        fast_tau_s: float,
+        span: int,
+        weight: Callable[[str], float],
+        clock: Callable[[], float],
+    ) -> None:
+        if not 0 < fast_tau_s <= tau_s:
+            raise ValueError(
+                f"taus must be positive, the fast one the shorter: {tau_s}, {fast_tau_s}"
+            )
         self._tau_s = tau_s
+        self._fast_tau_s = fast_tau_s
+        self._span = span
         self._weight = weight
         self._clock = clock
         self._total = _Level()
-        # Adapters admitted within the last tau: the ones that share the total.
-        self._adapters: dict[str, _Level] = {}
+        # Every adapter's requests, for one whose own have not left yet.
+        self._hold = MeanHold(span)
+        # Adapters that sent within the last tau: the ones that share the total.
+        self._adapters: dict[str, _Adapter] = {}
 
     def arrived(self, adapter: str) -> None:
         """Counts one request of `adapter` now."""
         now = self._clock()
         self._total.add(now, self._tau_s)
-        self._adapters.setdefault(adapter, _Level(at=now)).add(now, self._tau_s)
+        state = self._adapters.get(adapter)
+        if state is None:
+            state = _Adapter(_Level(at=now), _Level(at=now), MeanHold(self._span))
+            self._adapters[adapter] = state
+        state.level.add(now, self._tau_s)
+        state.fast.add(now, self._fast_tau_s)
+
+    def left(self, adapter: str, held_s: float) -> None:
+        """Counts one request of `adapter` that held its place for `held_s` seconds."""
+        self._hold.left(held_s)
+        state = self._adapters.get(adapter)
+        if state is not None:
+            state.hold.left(held_s)
 
     def rates(self) -> dict[str, float]:
         """Each adapter's recent rate, of those seen within the last tau (forgetting the
         others: their rate stays in the total as it decays). O(adapters)."""
         now = self._clock()
         rates: dict[str, float] = {}
-        for adapter, level in list(self._adapters.items()):
-            if now - level.at > self._tau_s:
+        for adapter, state in list(self._adapters.items()):
+            if now - state.level.at > self._tau_s:
                 del self._adapters[adapter]
                 continue
-            rates[adapter] = level.now(now, self._tau_s)
+            rates[adapter] = state.level.now(now, self._tau_s)
         return rates
+
+    def fast_rates(self, adapters: dict[str, float]) -> dict[str, float]:
+        """The rate over the fast time constant of each of `adapters` (from `rates()`)."""
+        now = self._clock()
+        return {a: self._adapters[a].fast.now(now, self._fast_tau_s) for a in adapters}
 
     def over(self, rates: dict[str, float], margin: float) -> set[str]:
         """Of `rates` (from `rates()`), the adapters above `margin` x their fair rate:
@@ -71,24 +132,13 @@ class RecentRates:
         total = self._total.now(self._clock(), self._tau_s)
         return {a for a, rate in rates.items() if rate * weights > margin * total * self._weight(a)}
 
-
-class MeanHold:
-    """The mean seconds a request holds its place, over about the last `span` requests
-    (an exponentially weighted mean; 0 until the first one left)."""
-
-    def __init__(self, span: int) -> None:
-        if span < 1:
-            raise ValueError(f"span must be at least 1, got {span}")
-        self._alpha = 1.0 / span
-        self._mean: float | None = None
-
-    @property
-    def seconds(self) -> float:
-        return self._mean or 0.0
-
-    def left(self, held_s: float) -> None:
-        """Counts one request that held its place for `held_s` seconds."""
-        if self._mean is None:
-            self._mean = held_s
-        else:
-            self._mean += self._alpha * (held_s - self._mean)
+    def places(self, rates: dict[str, float]) -> float:
+        """The places the adapters of `rates` are expected to hold: each one's rate x
+        its mean hold (every adapter's until one of its own requests left)."""
+        overall = self._hold.seconds or 0.0
+        total = 0.0
+        for adapter, rate in rates.items():
+            state = self._adapters.get(adapter)
+            own = state.hold.seconds if state is not None else None
+            total += rate * (overall if own is None else own)
+        return total
