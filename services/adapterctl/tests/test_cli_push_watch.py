@@ -76,6 +76,12 @@ async def test_push_watch_publishes_one_revision_per_settled_change(
     }
 
 
+def _interruptible() -> None:
+    # A suite launched in the background starts with SIGINT ignored, and a child
+    # inherits that: the Ctrl-C tests would then test how they were launched.
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 async def _cli_process(*argv: str, store: RunningStore) -> asyncio.subprocess.Process:
     return await asyncio.create_subprocess_exec(
         sys.executable,
@@ -87,6 +93,7 @@ async def _cli_process(*argv: str, store: RunningStore) -> asyncio.subprocess.Pr
         stdout=asyncio.subprocess.PIPE,
         stderr=asyncio.subprocess.PIPE,
         stdin=asyncio.subprocess.DEVNULL,
+        preexec_fn=_interruptible,
     )
 
 
