@@ -13,7 +13,7 @@ batch's worth of requests.
 Round-robin alone is work-conserving: under a flood the engine is always full of the
 flooded adapter's requests, and a request of any other adapter waits for one to
 finish. So places are kept from adapters asking for more than their fair share,
-judged by the rate each has sent requests at recently (serving.recentrate, time
+judged by the rate each has sent requests at recently (serving.demand, time
 constant TAU_S), not by the requests it holds now nor by the rate the gate let it in
 at (which the gate itself sets): an adapter is over when its recent rate exceeds
 MARGIN x its fair rate (the total recent rate x its weight / the sum of the weights of
@@ -51,7 +51,7 @@ from collections import deque
 from collections.abc import AsyncIterator, Callable, Collection
 from contextlib import asynccontextmanager
 
-from loraserve.inference.serving.recentrate import RecentDemand
+from loraserve.inference.serving.demand import RecentDemand
 
 # Ten seconds: long enough that Poisson noise at a few requests/s per adapter seldom
 # looks like 1.5x the fair rate (the estimate's spread is 1 / sqrt(2 x tau x rate), a
