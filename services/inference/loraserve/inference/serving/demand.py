@@ -9,7 +9,10 @@ the last tau seconds. Each adapter has two: one over `tau_s`, steady enough to j
 who is over its share, and one over `fast_tau_s`, quick to show a flood that has just
 begun. Decay is computed on access from the time of the last request; nothing runs in
 the background. A hold is an exponentially weighted mean over about the last `span`
-requests of that adapter.
+requests of that adapter; so is its hold in a full engine, over the requests that left
+while every place was taken: on an engine whose step time grows with the batch (a CPU
+one) a request holds its place longer in a full batch, and what the adapters would ask
+for if let in is judged with those.
 """
 
 from __future__ import annotations
@@ -54,11 +57,12 @@ class MeanHold:
 
 @dataclass
 class _Adapter:
-    """One adapter's recent rates and mean hold."""
+    """One adapter's recent rates, mean hold and mean hold in a full engine."""
 
     level: _Level
     fast: _Level
     hold: MeanHold
+    full: MeanHold
 
 
 class RecentDemand:
@@ -94,17 +98,22 @@ class RecentDemand:
         self._total.add(now, self._tau_s)
         state = self._adapters.get(adapter)
         if state is None:
-            state = _Adapter(_Level(at=now), _Level(at=now), MeanHold(self._span))
+            state = _Adapter(
+                _Level(at=now), _Level(at=now), MeanHold(self._span), MeanHold(self._span)
+            )
             self._adapters[adapter] = state
         state.level.add(now, self._tau_s)
         state.fast.add(now, self._fast_tau_s)
 
-    def left(self, adapter: str, held_s: float) -> None:
-        """Counts one request of `adapter` that held its place for `held_s` seconds."""
+    def left(self, adapter: str, held_s: float, full: bool = False) -> None:
+        """Counts one request of `adapter` that held its place for `held_s` seconds,
+        leaving an engine with every place taken if `full`."""
         self._hold.left(held_s)
         state = self._adapters.get(adapter)
         if state is not None:
             state.hold.left(held_s)
+            if full:
+                state.full.left(held_s)
 
     def rates(self) -> dict[str, float]:
         """Each adapter's recent rate, of those seen within the last tau (forgetting the
@@ -132,13 +141,18 @@ class RecentDemand:
         total = self._total.now(self._clock(), self._tau_s)
         return {a for a, rate in rates.items() if rate * weights > margin * total * self._weight(a)}
 
-    def places(self, rates: dict[str, float]) -> float:
+    def places(self, rates: dict[str, float], full: bool = False) -> float:
         """The places the adapters of `rates` are expected to hold: each one's rate x
-        its mean hold (every adapter's until one of its own requests left)."""
+        its mean hold (every adapter's until one of its own requests left); with
+        `full`, in a full engine: its mean hold there where longer (as of the last
+        time the engine was full, which a flood held back leaves it seldom)."""
         overall = self._hold.seconds or 0.0
         total = 0.0
         for adapter, rate in rates.items():
             state = self._adapters.get(adapter)
             own = state.hold.seconds if state is not None else None
-            total += rate * (overall if own is None else own)
+            hold = overall if own is None else own
+            if full and state is not None and state.full.seconds is not None:
+                hold = max(hold, state.full.seconds)
+            total += rate * hold
         return total

@@ -18,11 +18,16 @@ constant TAU_S), not by the requests it holds now nor by the rate the gate let i
 at (which the gate itself sets): an adapter is over when its recent rate exceeds
 MARGIN x its fair rate (the total recent rate x its weight / the sum of the weights of
 the adapters seen within TAU_S). Places kept from over adapters: the last `headroom`,
-and, while the adapters together ask for more places than there are (their rates over
-the last FAST_TAU_S x their mean holds, Little's law), as many as the adapters that
-are not over are
+and, while the engine is saturated, as many as the adapters that are not over are
 expected to hold plus BURST_SIGMAS standard deviations of that Poisson count, so that
-their requests find a free place at once nearly always, not just on average. Over
+their requests find a free place at once nearly always, not just on average. The
+engine turns saturated when the adapters together ask for more places than there are
+(their rates over the last FAST_TAU_S x their mean holds in a full engine, Little's
+law), and stays so until they ask for fewer than EASED x the places. Holds in a full
+engine, because a flood held back leaves a smaller batch, where each step is quicker
+(on a CPU engine) and requests hold their places for less: judged by those, what the
+adapters ask for would read below the places as soon as the flood is held, and it
+would be let in again. Over
 adapters still always get their fair share of the places (capacity x weight / the sum
 of the weights seen): a flood is held to the room the others leave, never below its
 share.
@@ -66,10 +71,16 @@ FAST_TAU_S = 2.0
 # 1.5x the fair rate: adapters near their share (what weighted round-robin gives them
 # under saturation) are seldom held back, a flood of several times the share is.
 MARGIN = 1.5
-# Places kept for the adapters that are not over: their expected number inside plus two
+# Places kept for the adapters that are not over: their expected number inside plus three
 # standard deviations of it (a Poisson count's is its square root), as square-root
-# staffing sizes a pool so that arrivals seldom wait.
-BURST_SIGMAS = 2.0
+# staffing sizes a pool so that arrivals seldom wait: at the sizes of one batch (E of
+# 4-10) the count passes E + 3 sqrt(E) under 1 % of the time, so a TTFT p99 is not set
+# by waits for a place (two deviations left it at 2-3 %).
+BURST_SIGMAS = 3.0
+# Saturated until the adapters ask for fewer than 0.8 x the places: rates over 2 s of a
+# few dozen requests/s move by about a tenth, and a flood let in and held again every
+# few seconds would be felt by every request in the batch.
+EASED = 0.8
 # An adapter's mean hold follows about its last 64 requests.
 HOLD_SPAN = 64
 
@@ -96,6 +107,7 @@ class FairGate:
         self._clock = clock
         self._demand = RecentDemand(TAU_S, FAST_TAU_S, HOLD_SPAN, weight, clock)
         self._inside = 0
+        self._saturated = False
         # Requests inside per adapter (adapters with none are left out).
         self._held: dict[str, int] = {}
         self._waiting: dict[str, deque[asyncio.Future[None]]] = {}
@@ -132,7 +144,8 @@ class FairGate:
             yield
         finally:
             if self._headroom:
-                self._demand.left(adapter, self._clock() - admitted_at)
+                full = self._inside >= self._capacity
+                self._demand.left(adapter, self._clock() - admitted_at, full)
             self._leave(adapter)
 
     async def _wait(self, adapter: str) -> None:
@@ -163,18 +176,28 @@ class FairGate:
         rates = self._demand.rates()
         over = self._demand.over(rates, MARGIN)
         if not over:
+            # Saturation is judged afresh at the next flood, not left over from the last.
+            self._saturated = False
             return ()
         kept = self._headroom
-        others = {a: r for a, r in rates.items() if a not in over}
-        expected = self._demand.places(others)
-        if self._demand.places(self._demand.fast_rates(rates)) > self._capacity:
-            sized = math.ceil(expected + BURST_SIGMAS * math.sqrt(expected))
-            kept = max(kept, sized)
+        if self._saturated_now(rates):
+            expected = self._demand.places({a: r for a, r in rates.items() if a not in over})
+            kept = max(kept, math.ceil(expected + BURST_SIGMAS * math.sqrt(expected)))
         held_by_over = sum(self._held.get(a, 0) for a in over)
         if self._inside < self._capacity - self._headroom and held_by_over < self._capacity - kept:
             return ()
         weights = sum(self._weight(a) for a in rates)
         return {a for a in over if self._held.get(a, 0) >= self._fair_places(a, weights)}
+
+    def _saturated_now(self, rates: dict[str, float]) -> bool:
+        """Whether the adapters of `rates` ask for more places than there are, with
+        hysteresis: saturated above the capacity, eased below EASED x it."""
+        asked = self._demand.places(self._demand.fast_rates(rates), full=True)
+        if asked > self._capacity:
+            self._saturated = True
+        elif asked < EASED * self._capacity:
+            self._saturated = False
+        return self._saturated
 
     def _fair_places(self, adapter: str, weights: float) -> int:
         """`adapter`'s share of the places by weight, at least one."""
