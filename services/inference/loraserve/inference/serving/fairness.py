@@ -71,12 +71,16 @@ FAST_TAU_S = 2.0
 # 1.5x the fair rate: adapters near their share (what weighted round-robin gives them
 # under saturation) are seldom held back, a flood of several times the share is.
 MARGIN = 1.5
-# Places kept for the adapters that are not over: their expected number inside plus three
+# Places kept for the adapters that are not over: their expected number inside plus five
 # standard deviations of it (a Poisson count's is its square root), as square-root
-# staffing sizes a pool so that arrivals seldom wait: at the sizes of one batch (E of
-# 4-10) the count passes E + 3 sqrt(E) under 1 % of the time, so a TTFT p99 is not set
-# by waits for a place (two deviations left it at 2-3 %).
-BURST_SIGMAS = 3.0
+# staffing sizes a pool so that arrivals seldom wait. Three would do for that (at E of
+# 4-10 the count passes E + 3 sqrt(E) under 1 % of the time), but every place a flood
+# takes slows each step of the others' requests on an engine whose step time grows with
+# the batch: with three, benchmark 19's flood held 5 of 16 places, the engine ran 1.9x
+# the tokens/s of the no-flood arm and the others' TTFT p99 was 1.32x (up to 3.5x). With
+# five a flood holds about its fair share while the others are busy (E of 4.5: 16 kept)
+# and most of the engine while they are light (E of 1: 6 kept).
+BURST_SIGMAS = 5.0
 # Saturated until the adapters ask for fewer than 0.8 x the places: rates over 2 s of a
 # few dozen requests/s move by about a tenth, and a flood let in and held again every
 # few seconds would be felt by every request in the batch.
