@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import asyncio
 import heapq
+from collections import Counter
+from collections.abc import Callable
 
 from loraserve.inference.serving.fairness import FairGate
 
@@ -186,6 +188,11 @@ class _Holders:
         await asyncio.gather(*(t for _, t, _ in self._tasks), return_exceptions=True)
 
 
+# Seconds a request holds its place: one for all, one per adapter, or one of the number
+# of requests inside as it got in (an engine whose steps slow as the batch grows).
+Hold = float | dict[str, float] | Callable[[int], float]
+
+
 class _Clock:
     """A monotonic clock the test moves by hand."""
 
@@ -201,12 +208,13 @@ async def _history(
     clock: _Clock,
     rates: dict[str, float],
     seconds: float,
-    hold_s: float | dict[str, float] = 0.0,
-) -> None:
+    hold_s: Hold = 0.0,
+) -> dict[str, int]:
     """Each adapter's requests come to the gate at `rates` per second, evenly spaced,
-    for `seconds`, each leaving `hold_s` (or its adapter's there) after it got in; what
-    is still inside or waiting at the end is cancelled, and the clock ends `seconds`
-    later."""
+    for `seconds`, each leaving `hold_s` (its adapter's there, or `hold_s` of the
+    requests inside as it got in) after it got in; what is still inside or waiting at
+    the end is cancelled, and the clock ends `seconds` later. Returns the most requests
+    each adapter held inside at once."""
     start = clock.now
     end = start + seconds
     # (time, 0 for a departure so that it goes first, index sent, adapter)
@@ -218,6 +226,7 @@ async def _history(
     heapq.heapify(events)
     holders = _Holders(gate)
     leaving: set[int] = set()
+    peaks: dict[str, int] = {}
     while events and events[0][0] <= end:
         clock.now, kind, index, adapter = heapq.heappop(events)
         if kind:
@@ -228,10 +237,18 @@ async def _history(
         await asyncio.sleep(0)
         for entered in holders.entered - leaving:
             leaving.add(entered)
-            held = hold_s if isinstance(hold_s, float) else hold_s[holders.adapter(entered)]
+            if isinstance(hold_s, float):
+                held = hold_s
+            elif isinstance(hold_s, dict):
+                held = hold_s[holders.adapter(entered)]
+            else:
+                held = hold_s(gate.inside)
             heapq.heappush(events, (clock.now + held, 0, entered, ""))
+        for adapter, count in Counter(map(holders.adapter, holders.entered)).items():
+            peaks[adapter] = max(peaks.get(adapter, 0), count)
     clock.now = end
     await holders.close()
+    return peaks
 
 
 # A flood: `flood` at 10 requests/s, b and c at 1/s.
@@ -239,8 +256,7 @@ FLOOD = {"flood": 10.0, "b": 1.0, "c": 1.0}
 
 
 async def _after(
-    *phases: tuple[dict[str, float], float]
-    | tuple[dict[str, float], float, float | dict[str, float]],
+    *phases: tuple[dict[str, float], float] | tuple[dict[str, float], float, Hold],
     capacity: int = 4,
     headroom: int = 2,
     weights: dict[str, float] | None = None,
@@ -462,3 +478,23 @@ async def test_what_a_held_flood_asks_for_is_judged_by_its_holds_in_a_full_engin
     # The others' 3.5 places and their bursts (13) are kept.
     assert holders.gate.inside == 3
     await holders.close()
+
+
+async def test_a_burst_of_the_others_filling_the_engine_does_not_let_a_held_flood_in() -> None:
+    # Every step slows with the batch: a request holds its place 0.5 s in a full engine,
+    # 0.25 s beside 5 others. Twelve adapters send together every two seconds, and each
+    # burst fills the engine for a moment while the flood is held back: the flood's
+    # quick requests then leave a full engine, though they spent most of their time in
+    # a small batch. Counted as holds in a full engine, they would make the flood seem
+    # to ask for fewer places than there are, and it would be let in again.
+    def hold(inside: int) -> float:
+        return 0.1 + 0.025 * inside
+
+    clock = _Clock()
+    gate = FairGate(16, lambda _: 1.0, 2, clock)
+    rates = {"flood": 30.0, **{name: 0.5 for name in "abcdefghijkl"}}
+    await _history(gate, clock, {"flood": 40.0}, 10.0, hold)
+    await _history(gate, clock, rates, 30.0, hold)
+    peaks = await _history(gate, clock, rates, 60.0, hold)
+    # The others' 3 places and their bursts (11) are kept.
+    assert peaks["flood"] == 5

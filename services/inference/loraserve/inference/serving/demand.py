@@ -9,10 +9,10 @@ the last tau seconds. Each adapter has two: one over `tau_s`, steady enough to j
 who is over its share, and one over `fast_tau_s`, quick to show a flood that has just
 begun. Decay is computed on access from the time of the last request; nothing runs in
 the background. A hold is an exponentially weighted mean over about the last `span`
-requests of that adapter; so is its hold in a full engine, over the requests that left
-while every place was taken: on an engine whose step time grows with the batch (a CPU
-one) a request holds its place longer in a full batch, and what the adapters would ask
-for if let in is judged with those.
+requests of that adapter; so is its hold in a full engine, over the requests that held
+their place while (on average) every place was taken: on an engine whose step time
+grows with the batch (a CPU one) a request holds its place longer in a full batch, and
+what the adapters would ask for if let in is judged with those.
 """
 
 from __future__ import annotations
@@ -107,7 +107,7 @@ class RecentDemand:
 
     def left(self, adapter: str, held_s: float, full: bool = False) -> None:
         """Counts one request of `adapter` that held its place for `held_s` seconds,
-        leaving an engine with every place taken if `full`."""
+        in an engine with every place taken if `full`."""
         self._hold.left(held_s)
         state = self._adapters.get(adapter)
         if state is not None:

@@ -27,10 +27,10 @@ law), and stays so until they ask for fewer than EASED x the places. Holds in a 
 engine, because a flood held back leaves a smaller batch, where each step is quicker
 (on a CPU engine) and requests hold their places for less: judged by those, what the
 adapters ask for would read below the places as soon as the flood is held, and it
-would be let in again. Over
-adapters still always get their fair share of the places (capacity x weight / the sum
-of the weights seen): a flood is held to the room the others leave, never below its
-share.
+would be let in again. A request's hold counts as one in a full engine when the engine
+held `capacity - 1` requests or more on average while it was inside. Over adapters still
+always get their fair share of the places (capacity x weight / the sum of the weights
+seen): a flood is held to the room the others leave, never below its share.
 
 The cost: while an adapter is over, the kept places the others do not use stay empty,
 for as long as the flood lasts. They never stay idle for good: an over adapter's
@@ -111,6 +111,10 @@ class FairGate:
         self._clock = clock
         self._demand = RecentDemand(TAU_S, FAST_TAU_S, HOLD_SPAN, weight, clock)
         self._inside = 0
+        # The integral of `inside` over time up to `_area_at`: a request's mean batch is
+        # its growth over the request's time inside.
+        self._area = 0.0
+        self._area_at = clock()
         self._saturated = False
         # Requests inside per adapter (adapters with none are left out).
         self._held: dict[str, int] = {}
@@ -144,12 +148,18 @@ class FairGate:
         else:
             await self._wait(adapter)
         admitted_at = self._clock()
+        area_then = self._area_now(admitted_at)
         try:
             yield
         finally:
             if self._headroom:
-                full = self._inside >= self._capacity
-                self._demand.left(adapter, self._clock() - admitted_at, full)
+                now = self._clock()
+                held = now - admitted_at
+                # Full if the engine was full on average while this request was inside,
+                # not merely as it left: a burst of the others filling the places for a
+                # moment must not pass a held flood's quick holds off as full-engine ones.
+                full = held > 0 and (self._area_now(now) - area_then) / held >= self._capacity - 1
+                self._demand.left(adapter, held, full)
             self._leave(adapter)
 
     async def _wait(self, adapter: str) -> None:
@@ -207,11 +217,19 @@ class FairGate:
         """`adapter`'s share of the places by weight, at least one."""
         return max(1, int(self._capacity * self._weight(adapter) / weights))
 
+    def _area_now(self, now: float) -> float:
+        """The integral of `inside` up to `now`, brought up to date."""
+        self._area += self._inside * (now - self._area_at)
+        self._area_at = now
+        return self._area
+
     def _admit(self, adapter: str) -> None:
+        self._area_now(self._clock())
         self._inside += 1
         self._held[adapter] = self._held.get(adapter, 0) + 1
 
     def _leave(self, adapter: str) -> None:
+        self._area_now(self._clock())
         self._inside -= 1
         held = self._held[adapter] - 1
         if held:
