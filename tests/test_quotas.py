@@ -107,6 +107,29 @@ async def completion(stack: Stack, adapter: str) -> httpx.Response:
     return await stack.http.post("/v1/completions", json=body)
 
 
+async def held_in_flight(
+    stack: Stack, adapter: str, lora_name: str
+) -> asyncio.Task[tuple[grpc.StatusCode, str]]:
+    """One request of `adapter` (whose engine name is `lora_name`) kept in flight until
+    `stack.inference.engine.release` is set."""
+    engine = stack.inference.engine
+    assert isinstance(engine, HoldingEngine)
+    engine.held_lora_name, engine.release = lora_name, asyncio.Event()
+    held = asyncio.create_task(grpc_code(stack, adapter))
+    await eventually(
+        lambda: stack.inference.app.quotas.in_flight(adapter) == 1,
+        f"{adapter or 'the base model'}'s request in flight",
+    )
+    return held
+
+
+def release(stack: Stack) -> None:
+    engine = stack.inference.engine
+    assert isinstance(engine, HoldingEngine)
+    engine.held_lora_name = None
+    engine.release.set()
+
+
 def throttled(stack: Stack, adapter: str, limit: str) -> float:
     value = stack.inference.app.metrics.registry.get_sample_value(
         "loraserve_inference_throttled_requests_total", {"adapter": adapter, "limit": limit}
@@ -118,17 +141,11 @@ async def test_an_adapter_at_its_in_flight_quota_is_refused_over_both_fronts(
     stack: Stack,
 ) -> None:
     await set_quota(stack, "alpha", max_in_flight=1)
-    engine = stack.inference.engine
-    assert isinstance(engine, HoldingEngine)
-    engine.held_lora_name, engine.release = "alpha@1", asyncio.Event()
-    held = asyncio.create_task(grpc_code(stack, "alpha"))
-    await eventually(
-        lambda: stack.inference.app.quotas.in_flight("alpha") == 1, "alpha's request in flight"
-    )
+    held = await held_in_flight(stack, "alpha", "alpha@1")
     refused_grpc = await grpc_code(stack, "alpha")
     refused_http = await completion(stack, "alpha")
     other = await grpc_code(stack, "beta")
-    engine.release.set()
+    release(stack)
     assert (await held)[0] == grpc.StatusCode.OK
     assert refused_grpc == (grpc.StatusCode.RESOURCE_EXHAUSTED, "1")
     assert refused_http.status_code == 429
@@ -198,3 +215,15 @@ async def test_a_replica_started_after_a_quota_was_set_enforces_it_from_the_list
                 codes.append(exc.code())
     await set_quota(stack, "delta")
     assert codes == [grpc.StatusCode.OK, grpc.StatusCode.RESOURCE_EXHAUSTED]
+
+
+async def test_base_model_requests_are_not_counted_with_names_the_replica_does_not_route(
+    stack: Stack,
+) -> None:
+    await set_quota(stack, "", max_in_flight=1)
+    held = await held_in_flight(stack, "", "")
+    unknown = await grpc_code(stack, "nosuch")
+    release(stack)
+    await set_quota(stack, "")
+    assert (await held)[0] == grpc.StatusCode.OK
+    assert unknown[0] == grpc.StatusCode.NOT_FOUND

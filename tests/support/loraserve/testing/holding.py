@@ -16,12 +16,13 @@ if TYPE_CHECKING:
 
 class HoldingEngine(SharedEngine):
     """The session's engine, able to hold back the last delta of one adapter revision's
-    requests until released: a test then keeps a request in flight for as long as it
-    needs, whatever the speed of a loaded machine."""
+    requests (or the base model's: "") until released: a test then keeps a request in
+    flight for as long as it needs, whatever the speed of a loaded machine."""
 
     def __init__(self, llm: AsyncLLM, add_calls: list[str]) -> None:
         super().__init__(llm, add_calls)
-        self.held_lora_name = ""
+        # None: nothing is held.
+        self.held_lora_name: str | None = None
         self.release = asyncio.Event()
 
     async def generate(
@@ -31,7 +32,7 @@ class HoldingEngine(SharedEngine):
         sampling: SamplingSpec,
         adapter: AdapterHandle | None,
     ) -> AsyncGenerator[EngineDelta, None]:
-        held = adapter is not None and adapter.lora_name == self.held_lora_name
+        held = (adapter.lora_name if adapter is not None else "") == self.held_lora_name
         deltas = super().generate(request_id, prompt_token_ids, sampling, adapter)
         async with contextlib.aclosing(deltas):
             async for delta in deltas:

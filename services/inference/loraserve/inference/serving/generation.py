@@ -17,7 +17,7 @@ from collections.abc import AsyncGenerator, Callable
 from dataclasses import dataclass, field
 
 from loraserve.common.errors import InvalidArgument, LoraserveError, Unavailable
-from loraserve.common.revisions.names import parse_adapter_ref
+from loraserve.common.revisions.names import AdapterRef, parse_adapter_ref
 from loraserve.inference.adapters import AdapterRegistry, Lease
 from loraserve.inference.engine import (
     Engine,
@@ -141,7 +141,7 @@ class Generator:
         try:
             # The engine runs n sequences for the request: admit it as that many.
             with (
-                self._quotas.admit(ref.name, self._routed_label(ref.name)) as charge,
+                self._quotas.admit(ref.name, self._routed_label(ref)) as charge,
                 self._admission.admit(command.sampling.n or 1),
             ):
                 outcome.charge = charge
@@ -152,7 +152,7 @@ class Generator:
                 # adapter in the engine. Names made up by a client take turns as one,
                 # so they cannot dilute every real adapter's fair share.
                 async with (
-                    self._turn(ref.name if ref.is_base else self._routed_label(ref.name)),
+                    self._turn(self._routed_label(ref)),
                     self._registry.acquire(ref, command.rollout_key) as lease,
                 ):
                     adapter_label, outcome.revision = lease.name, lease.revision
@@ -187,10 +187,13 @@ class Generator:
                     adapter_label, outcome.revision, code, outcome.ttft_s, outcome.generated
                 )
 
-    def _routed_label(self, name: str) -> str:
-        """The name when this replica routes it, else one label for every other name
-        (NOT_FOUND next), so names a client makes up cannot grow the quotas' table or
-        the fair gate's."""
+    def _routed_label(self, ref: AdapterRef) -> str:
+        """The name when this replica routes it ("" for the base model), else one label
+        for every other name (NOT_FOUND next), so names a client makes up cannot grow
+        the quotas' table or the fair gate's, nor share the base model's count."""
+        name = ref.name
+        if ref.is_base:
+            return name
         routed = self._registry.target_revision(name) or self._registry.current_revision(name)
         return name if routed else _UNRESOLVED_ADAPTER
 
