@@ -70,8 +70,9 @@ def add_admission_flags(flag: Callable[..., None]) -> None:
         "fair-headroom",
         "the least number of engine places kept from an adapter sending above 1.5x its "
         "fair rate over the last seconds (a flood); more are kept when the other "
-        "adapters are expected to need more, but never its fair share (0: none kept, "
-        "plain round-robin; at most max-engine-requests - 1)",
+        "adapters are expected to need more, but never its share: as many as the busiest "
+        "other adapter holds, at least one (0: none kept, plain round-robin; at most "
+        "max-engine-requests - 1)",
         str(DEFAULT_HEADROOM),
         type=non_negative_int,
     )

@@ -29,8 +29,12 @@ engine, because a flood held back leaves a smaller batch, where each step is qui
 adapters ask for would read below the places as soon as the flood is held, and it
 would be let in again. A request's hold counts as one in a full engine when the engine
 held `capacity - 1` requests or more on average while it was inside. Over adapters still
-always get their fair share of the places (capacity x weight / the sum of the weights
-seen): a flood is held to the room the others leave, never below its share.
+always get their share: as many places as the busiest of the others is expected to hold
+(by weight), never more than capacity x weight / the sum of the weights seen, and at
+least one. A flood is held to the room the others leave, never below that share. Not
+capacity / the adapters alone: on an engine whose steps slow as the batch grows, the
+places the others leave unused are not free, and a flood holding them takes more than
+its share of the engine's tokens, slowing every other request.
 
 The cost: while an adapter is over, the kept places the others do not use stay empty,
 for as long as the flood lasts. They never stay idle for good: an over adapter's
@@ -182,7 +186,7 @@ class FairGate:
 
     def _barred(self) -> Collection[str]:
         """The adapters that may not take a free place now: of those over their fair
-        rate, the ones holding their fair share of places already, while the places
+        rate, the ones holding their share of places already, while the places
         left are kept: the last `headroom`, or, while the adapters together ask for
         more than all of them, what the others are expected to need. O(adapters)."""
         if not self._headroom:
@@ -194,14 +198,20 @@ class FairGate:
             self._saturated = False
             return ()
         kept = self._headroom
+        busiest: float | None = None
         if self._saturated_now(rates):
-            expected = self._demand.places({a: r for a, r in rates.items() if a not in over})
+            others = {a: r for a, r in rates.items() if a not in over}
+            expected = self._demand.places(others)
             kept = max(kept, math.ceil(expected + BURST_SIGMAS * math.sqrt(expected)))
+            busiest = max(
+                (self._demand.places({a: r}) / self._weight(a) for a, r in others.items()),
+                default=0.0,
+            )
         held_by_over = sum(self._held.get(a, 0) for a in over)
         if self._inside < self._capacity - self._headroom and held_by_over < self._capacity - kept:
             return ()
         weights = sum(self._weight(a) for a in rates)
-        return {a for a in over if self._held.get(a, 0) >= self._fair_places(a, weights)}
+        return {a for a in over if self._held.get(a, 0) >= self._share(a, weights, busiest)}
 
     def _saturated_now(self, rates: dict[str, float]) -> bool:
         """Whether the adapters of `rates` ask for more places than there are, with
@@ -213,9 +223,15 @@ class FairGate:
             self._saturated = False
         return self._saturated
 
-    def _fair_places(self, adapter: str, weights: float) -> int:
-        """`adapter`'s share of the places by weight, at least one."""
-        return max(1, int(self._capacity * self._weight(adapter) / weights))
+    def _share(self, adapter: str, weights: float, busiest: float | None) -> int:
+        """The places `adapter` may always hold, though over its fair rate: its share
+        of the places by weight, and, while saturated (`busiest` the most places any of
+        the others is expected to hold, per unit of weight), no more than the busiest of
+        the others holds, to the nearest place. At least one."""
+        share = self._capacity * self._weight(adapter) / weights
+        if busiest is not None:
+            share = min(share, round(busiest * self._weight(adapter)))
+        return max(1, int(share))
 
     def _area_now(self, now: float) -> float:
         """The integral of `inside` up to `now`, brought up to date."""
