@@ -14,6 +14,9 @@ from typing import Any
 # Chosen by vLLM from the hardware, or the engine's own identity: the same on both
 # sides without being passed.
 _SKIPPED = frozenset({"model"})
+# loraserve's own additions to the engine (its adapter preloader): plain vLLM, the
+# baseline, runs without them.
+_OURS_ONLY = frozenset({"worker_extension_cls"})
 
 
 def loraserve_engine_args(serve_argv: Sequence[str]) -> Any:
@@ -42,7 +45,7 @@ def vllm_flags(engine_args: Any) -> list[str]:
     flags = [_flag("model"), str(engine_args.model)]
     for field in dataclasses.fields(AsyncEngineArgs):
         value = getattr(engine_args, field.name)
-        if field.name in _SKIPPED or value == getattr(defaults, field.name):
+        if field.name in _SKIPPED | _OURS_ONLY or value == getattr(defaults, field.name):
             continue
         if isinstance(value, bool):
             flags.append(_flag(field.name) if value else "--no-" + field.name.replace("_", "-"))
@@ -62,9 +65,10 @@ def parse_vllm_flags(flags: Sequence[str]) -> Any:
 
 
 def differences(ours: Any, theirs: Any) -> dict[str, tuple[object, object]]:
-    """Engine arguments that differ between two `AsyncEngineArgs`: name -> (ours, theirs)."""
+    """Engine arguments that differ between two `AsyncEngineArgs`: name -> (ours, theirs),
+    leaving out loraserve's own additions."""
     return {
         f.name: (getattr(ours, f.name), getattr(theirs, f.name))
         for f in dataclasses.fields(ours)
-        if getattr(ours, f.name) != getattr(theirs, f.name)
+        if f.name not in _OURS_ONLY and getattr(ours, f.name) != getattr(theirs, f.name)
     }

@@ -69,11 +69,16 @@ def test_passthrough_builds_vllm_engine_args() -> None:
     settings = parse_settings([*BASE, "--engine-arg", "enforce_eager=true"], {}, "h")
     args = engine_args(settings.engine)
     assert (args.enable_lora, args.enforce_eager, args.model) == (True, True, "/models/Llama-3-8B")
+    assert args.worker_extension_cls == "loraserve.inference.engine.lora_preload.LoraPreloader"
 
 
 @pytest.mark.parametrize(
     ("item", "message"),
-    [("max_loras=2", "--max-loras"), ("no_such_thing=1", "no engine argument")],
+    [
+        ("max_loras=2", "--max-loras"),
+        ("no_such_thing=1", "no engine argument"),
+        ("worker_extension_cls=my.Extension", "set by loraserve"),
+    ],
 )
 def test_passthrough_refuses_managed_and_unknown_keys(item: str, message: str) -> None:
     settings = parse_settings([*BASE, "--engine-arg", item], {}, "h")

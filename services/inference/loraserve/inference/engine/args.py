@@ -11,6 +11,7 @@ from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 from loraserve.common.errors import InvalidArgument
+from loraserve.inference.engine.lora_preload import WORKER_EXTENSION
 
 if TYPE_CHECKING:
     from vllm.v1.engine.async_llm import AsyncLLM
@@ -33,6 +34,9 @@ MANAGED_ENGINE_ARGS = frozenset(
         "disable_log_stats",
     }
 )
+# Set by loraserve itself, with no flag: the worker extension that reads adapters off the
+# engine's step loop (lora_preload).
+INTERNAL_ENGINE_ARGS = frozenset({"worker_extension_cls"})
 
 
 def build_async_llm(options: EngineOptions) -> AsyncLLM:
@@ -59,6 +63,7 @@ def engine_args(options: EngineOptions) -> Any:
         "cpu_offload_gb": options.cpu_offload_gb,
         # Scheduler stats (running/waiting, KV-cache use) only flow with stats on.
         "disable_log_stats": False,
+        "worker_extension_cls": WORKER_EXTENSION,
     }
     if options.max_model_len is not None:
         kwargs["max_model_len"] = options.max_model_len
@@ -74,6 +79,11 @@ def check_passthrough(extra: Mapping[str, object]) -> None:
 
     known = {f.name for f in dataclasses.fields(AsyncEngineArgs)}
     for key in extra:
+        if key in INTERNAL_ENGINE_ARGS:
+            raise InvalidArgument(
+                f"--engine-arg {key} is set by loraserve (its adapter preloader) and cannot "
+                "be changed"
+            )
         if key in MANAGED_ENGINE_ARGS:
             raise InvalidArgument(
                 f"--engine-arg {key} is set by its own flag (--{key.replace('_', '-')})"

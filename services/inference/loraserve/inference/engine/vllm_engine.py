@@ -20,6 +20,7 @@ if TYPE_CHECKING:
 
     from loraserve.inference.settings import EngineOptions
 
+from loraserve.inference.engine import lora_preload
 from loraserve.inference.engine.args import build_async_llm
 from loraserve.inference.engine.logprobs import PositionLogprobs, vllm_logprobs
 from loraserve.inference.engine.protocol import (
@@ -45,6 +46,9 @@ _T = TypeVar("_T")
 
 # Texts this long are tokenized on the tokenizer thread, so the event loop keeps serving.
 _INLINE_TOKENIZE_CHARS = 2048
+# How often an adapter load asks whether the workers have read its weights: each ask
+# waits for the engine's current step to end, so this only bounds the idle case.
+_PRELOAD_POLL_S = 0.01
 
 
 # vLLM leaves lora_int_id uniqueness to the caller. One allocator per AsyncLLM, not per
@@ -266,14 +270,39 @@ class VllmEngine:
         await self._llm.abort(request_id)
 
     async def add_lora(self, adapter: AdapterHandle) -> None:
+        request = _lora_request(adapter)
         try:
-            loaded = await self._llm.add_lora(_lora_request(adapter))
+            await self._preload(request)
+            loaded = await self._llm.add_lora(request)
         except Exception as exc:
             raise FailedPrecondition(
                 f"the engine could not load adapter {adapter.lora_name}: {exc}"
             ) from exc
         if not loaded:
             raise FailedPrecondition(f"the engine did not load adapter {adapter.lora_name}")
+
+    async def _preload(self, request: Any) -> None:
+        """Has every worker read the adapter's weights off its step loop, so that
+        `add_lora` finds them in memory (see lora_preload)."""
+        await self._llm.collective_rpc(
+            lora_preload.PRELOAD, args=(request.lora_name, request.lora_int_id, request.lora_path)
+        )
+        while True:
+            ended = await self._llm.collective_rpc(
+                lora_preload.PRELOADED, args=(request.lora_int_id,)
+            )
+            if all(ended):
+                return
+            await asyncio.sleep(_PRELOAD_POLL_S)
+
+    async def preload_counts(self) -> dict[str, int]:
+        """Adapter loads the workers served from a preload, and those vLLM did on its
+        step loop, summed over the workers."""
+        counts: dict[str, int] = {}
+        for worker in await self._llm.collective_rpc(lora_preload.COUNTS):
+            for key, value in worker.items():
+                counts[key] = counts.get(key, 0) + value
+        return counts
 
     async def remove_lora(self, lora_int_id: int) -> None:
         await self._llm.remove_lora(lora_int_id)
