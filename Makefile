@@ -55,9 +55,13 @@ lint: setup
 	$(VENV)/bin/ruff format --check .
 	$(VENV)/bin/mypy
 
-# The whole suite on real parts: S3 over HTTP, gRPC servers, the vLLM CPU engine.
+# The whole suite on real parts: S3 over HTTP, gRPC servers, the vLLM CPU engine. Two
+# workers: much of the suite waits on other processes (replicas starting, S3, the engine's
+# worker), so a second one fills the cores; each test module stays on one worker, with
+# its module fixtures. TEST_WORKERS=0 runs it in this process.
+TEST_WORKERS ?= 2
 test: lint
-	$(VENV)/bin/pytest
+	$(VENV)/bin/pytest -n $(TEST_WORKERS) --dist loadfile
 
 # Everything that does not need the engine.
 test-quick: setup

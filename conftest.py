@@ -12,4 +12,5 @@ pytest_plugins = [
     "loraserve.testing.parity",
     "loraserve.testing.stack",
     "loraserve.testing.demo_warmup",
+    "loraserve.testing.figures",
 ]

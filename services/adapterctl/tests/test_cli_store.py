@@ -13,16 +13,20 @@ import grpc
 
 from loraserve.adapterctl.cli import run
 from loraserve.adapterctl.failures import EXIT_FAILED, EXIT_NOT_ALLOWED, EXIT_USAGE
+from loraserve.adapterstore.catalog.pagetokens import DEFAULT_PAGE_SIZE
 from loraserve.adapterstore.v1 import adapterstore_pb2_grpc as pb_grpc
 from loraserve.common.rpc.security import ServerSecurity, parse_tokens
 from loraserve.testing.badpushes import nested_json
 from loraserve.testing.ctl import buffers, ctl, output, write_adapter_dir
 from loraserve.testing.s3 import S3Bucket
-from loraserve.testing.statuses import MANY_REPLICAS, refused, report_request, write_statuses
+from loraserve.testing.statuses import refused, report_request, write_statuses
 from loraserve.testing.store import RunningStore, running_store
 from loraserve.testing.waiting import eventually
 
 WEIGHTS = "adapter_model.safetensors"
+# Replicas whose statuses fill three pages at the store's default page size: enough to
+# show `status` follows every page.
+PAGED_REPLICAS = 250
 
 
 def _env(store: RunningStore) -> dict[str, str]:
@@ -259,15 +263,16 @@ async def test_status_shows_every_page_of_statuses(
     store_server: RunningStore, tmp_path: Path
 ) -> None:
     await _push(store_server, "alpha", write_adapter_dir(tmp_path))
-    write_statuses(store_server.bucket, "alpha")
+    assert PAGED_REPLICAS > 2 * DEFAULT_PAGE_SIZE
+    write_statuses(store_server.bucket, "alpha", replicas=PAGED_REPLICAS)
     result = await ctl("status", "alpha", "--json", env=_env(store_server))
     table = await ctl("status", env=_env(store_server))
     assert (result.code, result.err, table.code, table.err) == (0, "", 0, "")
     statuses = json.loads(result.out)["statuses"]
     assert [s["replica_id"] for s in statuses] == [
-        f"inference-{i:04d}" for i in range(MANY_REPLICAS)
+        f"inference-{i:04d}" for i in range(PAGED_REPLICAS)
     ]
-    assert len(table.out.splitlines()) == MANY_REPLICAS + 1
+    assert len(table.out.splitlines()) == PAGED_REPLICAS + 1
 
 
 async def test_push_of_a_deeply_nested_config_is_refused_naming_the_file(

@@ -2,12 +2,16 @@
 `tests/test_run_command.py`. On a fresh clone that training is minutes of one core which
 the run command's fixture would otherwise spend alone at its setup; started at collection,
 it overlaps the tests before it. The run command still finds the demo through its own
-check (`is_demo_built`), so what it runs is unchanged."""
+check (`is_demo_built`), so what it runs is unchanged. On several workers (pytest-xdist)
+every worker collects every test, so only the first starts the training, and the others
+wait for it while its process lives (its pid is in the cache directory)."""
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -15,6 +19,7 @@ import pytest
 RUN_COMMAND_TESTS = "test_run_command.py"
 # Longer than the training on a busy 2-core machine.
 TRAIN_TIMEOUT_S = 1200.0
+_PID_FILE = "warmup-train.pid"
 
 _trainer = pytest.StashKey[tuple[subprocess.Popen[bytes], Path]]()
 
@@ -25,6 +30,8 @@ def demo_cache_dir(config: pytest.Config) -> Path:
 
 
 def pytest_collection_finish(session: pytest.Session) -> None:
+    if os.environ.get("PYTEST_XDIST_WORKER", "gw0") != "gw0":
+        return
     if not any(item.path.name == RUN_COMMAND_TESTS for item in session.items):
         return
     # Here, not at the top: torch's import is seconds every other session need not pay.
@@ -41,6 +48,7 @@ def pytest_collection_finish(session: pytest.Session) -> None:
             stdout=log,
             stderr=subprocess.STDOUT,
         )
+    (cache_dir / _PID_FILE).write_text(str(process.pid))
     session.config.stash[_trainer] = (process, log_path)
 
 
@@ -66,4 +74,30 @@ def demo_trained(pytestconfig: pytest.Config) -> Path:
         if code != 0:
             tail = log_path.read_text("utf-8", "replace")[-2000:]
             pytest.fail(f"training the demo failed (exit status {code}):\n{tail}")
+    else:
+        _wait_for_another_workers_training(demo_cache_dir(pytestconfig))
     return demo_cache_dir(pytestconfig)
+
+
+def _wait_for_another_workers_training(cache_dir: Path) -> None:
+    """Waits while a training another worker started still runs; the run command's own
+    check then finds the demo built, or builds it if that training failed."""
+    from loraserve.tiny.demo_model import is_demo_built
+
+    deadline = time.monotonic() + TRAIN_TIMEOUT_S
+    while (
+        not is_demo_built(cache_dir)
+        and _running(cache_dir / _PID_FILE)
+        and time.monotonic() < deadline
+    ):
+        time.sleep(1.0)
+
+
+def _running(pid_file: Path) -> bool:
+    """Whether the process whose pid `pid_file` holds still runs (not exited, not a zombie)."""
+    try:
+        stat = Path(f"/proc/{int(pid_file.read_text())}/stat").read_text()
+    except (OSError, ValueError):
+        return False
+    # The state follows the command name, which is in parentheses and may hold spaces.
+    return stat.rpartition(")")[2].split()[0] != "Z"
