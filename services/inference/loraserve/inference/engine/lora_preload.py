@@ -7,15 +7,15 @@ copies every page of the mapping on write. Measured on a rank-64 adapter of 71 M
 on all projections of a 2048-wide base, that fold is 0.31 s of the 0.35 s
 `add_lora` takes.
 
-`LoraPreloader` is a vLLM worker extension (`worker_extension_cls`): its RPCs
-start that work on a thread of the worker's own and ask whether it is done.
-When `add_lora` follows, the worker's loader hands back the weights already in
-memory with the scale folded in, so the step loop is left with vLLM's
-bookkeeping and the copy into the adapter's slot. The fold is the one vLLM makes
-(`LoRALayerWeights.optimize`: `lora_B` times the scale, which then becomes 1),
-out of place, so the weights are the same bits either way. A preload that fails
-is dropped: `add_lora` then loads on the step loop as vLLM always does, and
-reports the failure its way.
+`LoraPreloader` is a vLLM worker extension (`worker_extension_cls`): one RPC
+starts that work on a thread of the worker's own; another, asked between steps
+until the preload is done, then runs the worker's own `add_lora`, whose loader
+hands back the weights already in memory with the scale folded in. The step
+loop is left with vLLM's bookkeeping and the copy into the adapter's slot. The
+fold is the one vLLM makes (`LoRALayerWeights.optimize`: `lora_B` times the
+scale, which then becomes 1), out of place, so the weights are the same bits
+either way. A preload that fails is dropped: `add_lora` then loads on the step
+loop as vLLM always does, and reports the failure its way.
 """
 
 from __future__ import annotations
@@ -33,7 +33,7 @@ WORKER_EXTENSION = f"{__name__}.LoraPreloader"
 
 # The extension's RPCs, as AsyncLLM.collective_rpc names them.
 PRELOAD = "loraserve_preload_lora"
-PRELOADED = "loraserve_lora_preloaded"
+ADD_PRELOADED = "loraserve_add_preloaded_lora"
 COUNTS = "loraserve_preload_counts"
 
 
@@ -44,18 +44,32 @@ class LoraPreloader:
     def loraserve_preload_lora(self, lora_name: str, lora_int_id: int, lora_path: str) -> None:
         """Starts reading the adapter's weights on the preload thread; returns at once.
         Plain arguments: the RPC's encoding does not rebuild a `LoRARequest`."""
-        from vllm.lora.request import LoRARequest
+        _state(self).start(_request(lora_name, lora_int_id, lora_path))
 
-        _state(self).start(LoRARequest(lora_name, lora_int_id, lora_path))
-
-    def loraserve_lora_preloaded(self, lora_int_id: int) -> bool:
-        """Whether the preload of `lora_int_id` has ended (ready, or failed and dropped)."""
-        return _state(self).ended(lora_int_id)
+    def loraserve_add_preloaded_lora(
+        self, lora_name: str, lora_int_id: int, lora_path: str
+    ) -> bool | None:
+        """None while the preload still runs; else the worker's own `add_lora` (what
+        vLLM's `add_lora` calls), which takes the preloaded weights. Asking again after
+        it was added answers True, so every worker of a parallel engine can be asked
+        until all have added it."""
+        if not _state(self).ended(lora_int_id):
+            return None
+        added: bool = self.add_lora(  # type: ignore[attr-defined]
+            _request(lora_name, lora_int_id, lora_path)
+        )
+        return added
 
     def loraserve_preload_counts(self) -> dict[str, int]:
         """Loads served from a preload, and loads vLLM did on its step loop."""
         state = _state(self)
         return {"preloaded": state.served, "on_step_loop": state.on_step_loop}
+
+
+def _request(lora_name: str, lora_int_id: int, lora_path: str) -> Any:
+    from vllm.lora.request import LoRARequest
+
+    return LoRARequest(lora_name, lora_int_id, lora_path)
 
 
 def _state(worker: Any) -> _Preloads:

@@ -46,8 +46,8 @@ _T = TypeVar("_T")
 
 # Texts this long are tokenized on the tokenizer thread, so the event loop keeps serving.
 _INLINE_TOKENIZE_CHARS = 2048
-# How often an adapter load asks whether the workers have read its weights: each ask
-# waits for the engine's current step to end, so this only bounds the idle case.
+# How often an adapter load asks the workers to add it once they have read its weights:
+# each ask waits for the engine's current step to end, so this only bounds the idle case.
 _PRELOAD_POLL_S = 0.01
 
 
@@ -270,29 +270,24 @@ class VllmEngine:
         await self._llm.abort(request_id)
 
     async def add_lora(self, adapter: AdapterHandle) -> None:
-        request = _lora_request(adapter)
+        # Not vLLM's add_lora: the workers first read the weights off their step loop,
+        # then add them (see lora_preload).
         try:
-            await self._preload(request)
-            loaded = await self._llm.add_lora(request)
+            added = await self._add_preloaded(adapter)
         except Exception as exc:
             raise FailedPrecondition(
                 f"the engine could not load adapter {adapter.lora_name}: {exc}"
             ) from exc
-        if not loaded:
+        if not all(added):
             raise FailedPrecondition(f"the engine did not load adapter {adapter.lora_name}")
 
-    async def _preload(self, request: Any) -> None:
-        """Has every worker read the adapter's weights off its step loop, so that
-        `add_lora` finds them in memory (see lora_preload)."""
-        await self._llm.collective_rpc(
-            lora_preload.PRELOAD, args=(request.lora_name, request.lora_int_id, request.lora_path)
-        )
+    async def _add_preloaded(self, adapter: AdapterHandle) -> list[bool]:
+        args = (adapter.lora_name, adapter.lora_int_id, adapter.path)
+        await self._llm.collective_rpc(lora_preload.PRELOAD, args=args)
         while True:
-            ended = await self._llm.collective_rpc(
-                lora_preload.PRELOADED, args=(request.lora_int_id,)
-            )
-            if all(ended):
-                return
+            added = await self._llm.collective_rpc(lora_preload.ADD_PRELOADED, args=args)
+            if None not in added:
+                return list(added)
             await asyncio.sleep(_PRELOAD_POLL_S)
 
     async def preload_counts(self) -> dict[str, int]:
