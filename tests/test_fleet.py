@@ -56,8 +56,11 @@ SHORT = Sampling(max_tokens=4, temperature=0.0, ignore_eos=True)
 LOAD = Sampling(max_tokens=24, temperature=0.0, ignore_eos=True)
 RETRY = RetryPolicy(max_attempts=20, initial_backoff=0.05, max_backoff=0.5)
 _buckets = itertools.count(1)
-# Issue 25's count: status stays a handful of objects per replica, not one per adapter.
-MANY_ADAPTERS = 2000
+# Status stays a handful of objects per replica, not one per adapter: with this many, one
+# object per adapter would be 25 times the bound. Issue 25's count, 2,000, is checked
+# on the store alone (services/adapterstore/tests/test_replica_reports.py); pushing that
+# many through a fleet of processes costs minutes of CI for what both already show.
+MANY_ADAPTERS = 400
 PUSHERS = 16
 
 
@@ -323,7 +326,7 @@ async def load(
             outcome.ok += 1
 
 
-async def test_with_2000_adapters_status_of_any_lists_every_replica_from_few_objects(
+async def test_with_400_adapters_status_of_any_lists_every_replica_from_few_objects(
     fleet: Fleet, tiny_adapter: TinyAdapterFactory
 ) -> None:
     names = [f"many-{i:04d}" for i in range(MANY_ADAPTERS)]
@@ -346,7 +349,7 @@ async def test_with_2000_adapters_status_of_any_lists_every_replica_from_few_obj
         statuses = json.loads(result.out).get("statuses", [])
         return sorted(s["replica_id"] for s in statuses) == [r.name for r in fleet.replicas]
 
-    for name in (names[0], names[1234], names[-1]):
+    for name in (names[0], names[MANY_ADAPTERS // 2], names[-1]):
         await eventually(lambda name=name: listed(name), f"{name} lists all three", FLEET_GUARD_S)
     objects = fleet.bucket.client().list_objects_v2(Bucket=fleet.bucket.bucket, Prefix="fleet/")
     shards = objects.get("KeyCount", 0)
