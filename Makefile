@@ -58,10 +58,11 @@ lint: setup
 # The whole suite on real parts: S3 over HTTP, gRPC servers, the vLLM CPU engine. Two
 # workers: much of the suite waits on other processes (replicas starting, S3, the engine's
 # worker), so a second one fills the cores; each test module stays on one worker, with
-# its module fixtures. TEST_WORKERS=0 runs it in this process.
+# its module fixtures, the slow modules first (loraserve.testing.scheduling).
+# TEST_WORKERS=0 runs it in this process.
 TEST_WORKERS ?= 2
 test: lint
-	$(VENV)/bin/pytest -n $(TEST_WORKERS) --dist loadfile
+	$(VENV)/bin/pytest -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder
 
 # Everything that does not need the engine.
 test-quick: setup

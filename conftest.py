@@ -13,4 +13,5 @@ pytest_plugins = [
     "loraserve.testing.stack",
     "loraserve.testing.demo_warmup",
     "loraserve.testing.figures",
+    "loraserve.testing.scheduling",
 ]

@@ -1,0 +1,20 @@
+"""The order modules reach pytest-xdist's workers in (`make test` runs two).
+
+xdist hands out whole modules (`--dist loadfile`) in collection order once
+`--no-loadscope-reorder` is given; its default puts the modules with the fewest tests
+last, and those are the ones that start replicas of their own, so one worker was left
+with minutes of them while the other idled. Here, on a worker, the modules with a test
+marked `slow` come first, in their collection order; the many short tests after them
+fill both workers to the end. A run in one process keeps the collection order.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    if not hasattr(config, "workerinput"):
+        return
+    slow = {item.path for item in items if item.get_closest_marker("slow") is not None}
+    items.sort(key=lambda item: item.path not in slow)
