@@ -54,9 +54,14 @@ def pytest_collection_finish(session: pytest.Session) -> None:
 
 def pytest_sessionfinish(session: pytest.Session) -> None:
     started = session.config.stash.get(_trainer, None)
-    if started is not None and started[0].poll() is None:
+    if started is None:
+        return
+    if started[0].poll() is None:
         started[0].kill()
         started[0].wait()
+    # A pid left behind could name an unrelated process by the next session, whose
+    # workers would then wait on it.
+    (demo_cache_dir(session.config) / _PID_FILE).unlink(missing_ok=True)
 
 
 @pytest.fixture(scope="session")
