@@ -9,7 +9,6 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import grpc
@@ -67,18 +66,20 @@ class Inference:
     http: RunningHttpServer
 
 
-@pytest.fixture
-async def inference(store_server: RunningStore, tmp_path: Path) -> AsyncIterator[Inference]:
+@pytest.fixture(scope="module")
+async def inference(
+    module_store_server: RunningStore, tmp_path_factory: pytest.TempPathFactory
+) -> AsyncIterator[Inference]:
     """The inference gRPC service and OpenAI front on a fake engine, fetching pinned
-    revisions from a real store."""
+    revisions from a real store; every test here is refused, so they share it."""
     engine = FakeEngine()
     compat = CompatibilityChecker(
         max_lora_rank=16, target_modules=LLAMA_TARGET_MODULES, served_model_name=MODEL
     )
     store = StoreClient.connect(
-        StoreClientSettings(store_server.address, ClientSecurity(), replica_id="r")
+        StoreClientSettings(module_store_server.address, ClientSecurity(), replica_id="r")
     )
-    cache = AdapterCache(tmp_path / "cache", store)
+    cache = AdapterCache(tmp_path_factory.mktemp("refs") / "cache", store)
     registry = AdapterRegistry(engine, cache, compat)
     admission = Admission(4)
     runtime_ref = RuntimeRef()
@@ -175,9 +176,9 @@ STORE_CALLS: dict[str, StoreCall] = {
 
 @pytest.mark.parametrize("method", list(STORE_CALLS))
 async def test_store_methods_refuse_malformed_names_with_invalid_argument(
-    method: str, store_server: RunningStore
+    method: str, module_store_server: RunningStore
 ) -> None:
-    async with store_stub(store_server.address) as stub:
+    async with store_stub(module_store_server.address) as stub:
         statuses = [
             await _status(STORE_CALLS[method](stub, ref)) for ref in [*BAD_REFS, "a" * 100_000]
         ]

@@ -9,7 +9,6 @@ the handshake (UNAVAILABLE), one with such a certificate is served.
 from __future__ import annotations
 
 from collections.abc import AsyncIterator, Callable
-from pathlib import Path
 from typing import Any
 
 import grpc
@@ -36,12 +35,14 @@ WRITER = "writer-secret"
 StubFactory = Callable[[str | None], Any]
 
 
-@pytest.fixture
-async def secured_store(s3_bucket: S3Bucket) -> AsyncIterator[RunningStore]:
+@pytest.fixture(scope="module")
+async def secured_store(module_s3_bucket: S3Bucket) -> AsyncIterator[RunningStore]:
+    """A store that wants tokens, shared: each test here is refused, reads, or writes
+    only adapter `seeded`."""
     security = ServerSecurity(
         reader_tokens=(Token("inference", READER),), writer_tokens=(Token("ci", WRITER),)
     )
-    async with running_store(s3_bucket, security=security) as store:
+    async with running_store(module_s3_bucket, security=security) as store:
         yield store
 
 
@@ -96,13 +97,13 @@ async def test_store_streaming_calls_without_a_token_are_unauthenticated(
 
 @pytest.mark.parametrize("call", ["push", "set-current", "delete"])
 async def test_reader_token_on_a_write_call_is_permission_denied_and_writes_nothing(
-    call: str, stub_for: StubFactory, s3_bucket: S3Bucket
+    call: str, stub_for: StubFactory, secured_store: RunningStore
 ) -> None:
     await _seed(stub_for)
-    before = s3_bucket.keys()
+    before = secured_store.bucket.keys()
     code = await _code(_write_call(stub_for(READER), call))
     assert code == grpc.StatusCode.PERMISSION_DENIED
-    assert s3_bucket.keys() == before
+    assert secured_store.bucket.keys() == before
 
 
 async def test_writer_token_may_write_and_reader_token_may_read(stub_for: StubFactory) -> None:
@@ -110,7 +111,7 @@ async def test_writer_token_may_write_and_reader_token_may_read(stub_for: StubFa
     listed = await stub_for(READER).ListAdapters(pb.ListAdaptersRequest())
     revisions = await stub_for(READER).ListRevisions(pb.ListRevisionsRequest(name="seeded"))
     assert [a.name for a in listed.adapters] == ["seeded"]
-    assert [r.pushed_by for r in revisions.revisions] == ["ci"]
+    assert {r.pushed_by for r in revisions.revisions} == {"ci"}
 
 
 async def test_download_urls_need_a_reader_token(stub_for: StubFactory) -> None:
@@ -146,11 +147,14 @@ def _tls_channel(certs: CertFiles, client: CertFiles | None) -> Callable[[str], 
     return lambda address: secure_channel(address, security)
 
 
-@pytest.fixture
-async def mtls_store(s3_bucket: S3Bucket, certs: CertFiles, tmp_path: Path) -> AsyncIterator[str]:
-    flags = certs.mtls_flags()
+@pytest.fixture(scope="module")
+async def mtls_store(
+    module_s3_bucket: S3Bucket, certs: CertFiles, tmp_path_factory: pytest.TempPathFactory
+) -> AsyncIterator[str]:
+    """A store process that wants client certificates; the tests here only connect."""
+    log = tmp_path_factory.mktemp("mtls") / "store-mtls.log"
     async with store_process(
-        s3_bucket, tmp_path / "store-mtls.log", extra=flags, channel=_tls_channel(certs, certs)
+        module_s3_bucket, log, extra=certs.mtls_flags(), channel=_tls_channel(certs, certs)
     ) as store:
         yield store.address
 

@@ -29,7 +29,6 @@ from loraserve.testing.adapterstore import TEST_LIMITS
 from loraserve.testing.figures import add_figure
 from loraserve.testing.processes import health_status
 from loraserve.testing.pushes import push_requests
-from loraserve.testing.s3 import S3Bucket
 from loraserve.testing.store import RunningStore
 from loraserve.testing.storecalls import push, store_stub
 from loraserve.testing.waiting import eventually
@@ -154,10 +153,10 @@ class StorePushes:
 
 async def _expect_refused(
     store: RunningStore,
-    bucket: S3Bucket,
     pushes: StorePushes,
     requests: Iterator[pb.PushAdapterRequest],
 ) -> grpc.aio.AioRpcError:
+    bucket = store.bucket
     before = bucket.keys()
     async with store_stub(store.address) as stub:
         with pytest.raises(grpc.aio.AioRpcError) as caught:
@@ -173,12 +172,14 @@ async def _expect_refused(
     return caught.value
 
 
-@pytest.fixture
-async def seeded_store(store_server: RunningStore) -> RunningStore:
-    """A store with one good adapter in it, so 'nothing written' has something to keep."""
-    async with store_stub(store_server.address) as stub:
+@pytest.fixture(scope="module")
+async def seeded_store(module_store_server: RunningStore) -> RunningStore:
+    """A store with one good adapter in it, so 'nothing written' has something to keep;
+    every test here is refused, and each checks the bucket against what it held before,
+    so they share it."""
+    async with store_stub(module_store_server.address) as stub:
         await push(stub, "good", tiny_adapter(seed=9))
-    return store_server
+    return module_store_server
 
 
 @pytest.fixture
@@ -203,12 +204,11 @@ def pushes(seeded_store: RunningStore, monkeypatch: pytest.MonkeyPatch) -> Store
 async def test_bad_adapter_is_invalid_argument_and_writes_nothing(
     case: Bad,
     seeded_store: RunningStore,
-    s3_bucket: S3Bucket,
     pushes: StorePushes,
     pytestconfig: pytest.Config,
 ) -> None:
     add_figure(pytestconfig, "bad_inputs.adapters_pushed")
-    error = await _expect_refused(seeded_store, s3_bucket, pushes, _pb_requests(case))
+    error = await _expect_refused(seeded_store, pushes, _pb_requests(case))
     assert error.code() == grpc.StatusCode.INVALID_ARGUMENT
     assert case.message in (error.details() or "")
 
@@ -217,14 +217,11 @@ async def test_bad_adapter_is_invalid_argument_and_writes_nothing(
 async def test_bad_name_push_is_invalid_argument_and_writes_nothing(
     name: str,
     seeded_store: RunningStore,
-    s3_bucket: S3Bucket,
     pushes: StorePushes,
     pytestconfig: pytest.Config,
 ) -> None:
     add_figure(pytestconfig, "bad_inputs.names")
-    error = await _expect_refused(
-        seeded_store, s3_bucket, pushes, push_requests(name, tiny_adapter())
-    )
+    error = await _expect_refused(seeded_store, pushes, push_requests(name, tiny_adapter()))
     assert error.code() == grpc.StatusCode.INVALID_ARGUMENT
     assert "invalid adapter name" in (error.details() or "")
 
@@ -253,7 +250,7 @@ async def test_bad_name_in_every_read_and_write_call_is_invalid_argument(
 
 
 async def test_file_declared_over_the_size_limit_is_refused_before_any_byte(
-    seeded_store: RunningStore, s3_bucket: S3Bucket, pushes: StorePushes
+    seeded_store: RunningStore, pushes: StorePushes
 ) -> None:
     files = tiny_adapter()
     header = pb.PushAdapterRequest(
@@ -265,13 +262,13 @@ async def test_file_declared_over_the_size_limit_is_refused_before_any_byte(
             ],
         )
     )
-    error = await _expect_refused(seeded_store, s3_bucket, pushes, iter([header]))
+    error = await _expect_refused(seeded_store, pushes, iter([header]))
     assert error.code() == grpc.StatusCode.INVALID_ARGUMENT
     assert "exceeds the limit" in (error.details() or "")
 
 
 async def test_more_bytes_than_declared_is_refused(
-    seeded_store: RunningStore, s3_bucket: S3Bucket, pushes: StorePushes
+    seeded_store: RunningStore, pushes: StorePushes
 ) -> None:
     files = tiny_adapter()
     requests = list(push_requests("overflow", files))
@@ -280,13 +277,13 @@ async def test_more_bytes_than_declared_is_refused(
             chunk=pb.FileChunk(file_name=WEIGHTS, offset=len(files[WEIGHTS]), data=b"\0" * 1024)
         )
     )
-    error = await _expect_refused(seeded_store, s3_bucket, pushes, iter(requests))
+    error = await _expect_refused(seeded_store, pushes, iter(requests))
     assert error.code() == grpc.StatusCode.INVALID_ARGUMENT
     assert "more than the declared" in (error.details() or "")
 
 
 async def test_message_over_the_grpc_limit_is_resource_exhausted(
-    seeded_store: RunningStore, s3_bucket: S3Bucket, pushes: StorePushes
+    seeded_store: RunningStore, pushes: StorePushes
 ) -> None:
     big = 17 * 1024 * 1024
     files = tiny_adapter()
@@ -305,5 +302,5 @@ async def test_message_over_the_grpc_limit_is_resource_exhausted(
     oversized = pb.PushAdapterRequest(
         chunk=pb.FileChunk(file_name=WEIGHTS, offset=0, data=b"\0" * big)
     )
-    error = await _expect_refused(seeded_store, s3_bucket, pushes, iter([header, chunk, oversized]))
+    error = await _expect_refused(seeded_store, pushes, iter([header, chunk, oversized]))
     assert error.code() == grpc.StatusCode.RESOURCE_EXHAUSTED

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -44,6 +45,22 @@ MAX_MODEL_LEN = 512  # the session engine's
 LONG = 450
 
 
+@asynccontextmanager
+async def _serving_alpha(
+    engine: AsyncLLM,
+    model_dir: Path,
+    tiny_adapter: TinyAdapterFactory,
+    store: RunningStore,
+    cache_dir: Path,
+) -> AsyncIterator[RunningInference]:
+    async with store_stub(store.address) as stub:
+        await push(stub, "alpha", adapter_files(tiny_adapter(seed=1)))
+    async with inference_app(
+        engine, model_dir=model_dir, store_address=store.address, cache_dir=cache_dir
+    ) as running:
+        yield running
+
+
 @pytest.fixture
 async def served(
     vllm_engine: AsyncLLM,
@@ -52,14 +69,28 @@ async def served(
     store_server: RunningStore,
     tmp_path: Path,
 ) -> AsyncIterator[RunningInference]:
-    """An inference server synced with a store that holds adapter `alpha` (revision 1)."""
-    async with store_stub(store_server.address) as store:
-        await push(store, "alpha", adapter_files(tiny_adapter(seed=1)))
-    async with inference_app(
-        vllm_engine,
-        model_dir=tiny_model_dir,
-        store_address=store_server.address,
-        cache_dir=tmp_path / "cache",
+    """An inference server synced with a store that holds adapter `alpha` (revision 1),
+    for tests that count what happened on it."""
+    async with _serving_alpha(
+        vllm_engine, tiny_model_dir, tiny_adapter, store_server, tmp_path / "cache"
+    ) as running:
+        yield running
+
+
+@pytest.fixture(scope="module")
+async def served_to_bad_requests(
+    vllm_engine: AsyncLLM,
+    tiny_model_dir: Path,
+    tiny_adapter: TinyAdapterFactory,
+    module_store_server: RunningStore,
+    tmp_path_factory: pytest.TempPathFactory,
+) -> AsyncIterator[RunningInference]:
+    """The same server, shared by the bad requests: each test checks that its request
+    left the server serving and the engine empty, which is what lets the next one share
+    it."""
+    cache_dir = tmp_path_factory.mktemp("bad-requests") / "cache"
+    async with _serving_alpha(
+        vllm_engine, tiny_model_dir, tiny_adapter, module_store_server, cache_dir
     ) as running:
         yield running
 
@@ -152,8 +183,9 @@ BAD_REQUESTS: dict[str, tuple[pb.GenerateRequest, grpc.StatusCode]] = {
 
 @pytest.mark.parametrize("case", BAD_REQUESTS, ids=list(BAD_REQUESTS))
 async def test_bad_request_gets_its_status_and_the_engine_keeps_serving(
-    case: str, served: RunningInference, pytestconfig: pytest.Config
+    case: str, served_to_bad_requests: RunningInference, pytestconfig: pytest.Config
 ) -> None:
+    served = served_to_bad_requests
     request, expected = BAD_REQUESTS[case]
     add_figure(pytestconfig, "bad_inputs.generate_requests")
     assert await _code(served, request) == expected

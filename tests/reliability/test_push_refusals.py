@@ -108,12 +108,13 @@ BAD_FILES = {
 }
 
 
-@pytest.fixture
-async def guarded_store(s3_bucket: S3Bucket) -> AsyncIterator[RunningStore]:
+@pytest.fixture(scope="module")
+async def guarded_store(module_s3_bucket: S3Bucket) -> AsyncIterator[RunningStore]:
+    """A store with tokens and size limits; every push here is refused, so they share it."""
     security = ServerSecurity(
         reader_tokens=(Token("inference", READER),), writer_tokens=(Token("ci", WRITER),)
     )
-    async with running_store(s3_bucket, security=security, limits=LIMITS) as store:
+    async with running_store(module_s3_bucket, security=security, limits=LIMITS) as store:
         yield store
 
 

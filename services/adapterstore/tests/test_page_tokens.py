@@ -19,9 +19,11 @@ from loraserve.testing.storecalls import push, rpc_code
 FORGED_REVISIONS = ["+7", " 5 ", "1_0", "\u0663", "-1", "0", "07"]
 
 
-@pytest.fixture
-async def server(s3_bucket: S3Bucket) -> AsyncIterator[StoreServer]:
-    async with serve_store(s3_bucket) as running:
+@pytest.fixture(scope="module")
+async def server(module_s3_bucket: S3Bucket) -> AsyncIterator[StoreServer]:
+    """Adapters `a` (revisions 1-3) and `b`; every call here is refused or reads, so
+    the tests share it."""
+    async with serve_store(module_s3_bucket) as running:
         for seed in range(3):
             await push(running.stub, "a", tiny_adapter(seed=seed))
         await push(running.stub, "b", tiny_adapter())

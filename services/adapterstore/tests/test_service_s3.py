@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
+from collections.abc import AsyncIterator
 from typing import Any
 
 import grpc
@@ -69,6 +70,15 @@ async def _events(
 @pytest.fixture
 async def server(s3_bucket: S3Bucket):  # type: ignore[no-untyped-def]
     async with serve_store(s3_bucket) as running:
+        yield running
+
+
+@pytest.fixture(scope="module")
+async def seeded_server(module_s3_bucket: S3Bucket) -> AsyncIterator[StoreServer]:
+    """A store holding adapter `good`, shared by the bad pushes: each is refused and
+    checks the bucket against what it held before."""
+    async with serve_store(module_s3_bucket) as running:
+        await _push(running.stub, "good", tiny_adapter())
         yield running
 
 
@@ -139,10 +149,9 @@ async def test_ten_concurrent_pushes_through_two_stores_number_revisions_one_to_
 @pytest.mark.parametrize("declare_sha256", [True, False], ids=["sha256-declared", "undeclared"])
 @pytest.mark.parametrize("case", BAD_PUSHES, ids=lambda c: c.id)
 async def test_bad_push_is_invalid_argument_and_leaves_bucket_unchanged(
-    case: BadPush, declare_sha256: bool, server: StoreServer, s3_bucket: S3Bucket
+    case: BadPush, declare_sha256: bool, seeded_server: StoreServer, module_s3_bucket: S3Bucket
 ) -> None:
-    await _push(server.stub, "good", tiny_adapter())
-    before = s3_bucket.keys()
+    before = module_s3_bucket.keys()
     header = pb.PushAdapterRequest(
         header=pb.PushHeader(
             name="bad",
@@ -170,11 +179,11 @@ async def test_bad_push_is_invalid_argument_and_leaves_bucket_unchanged(
     else:
         requests = [header, *list(push_requests("bad", case.files))[1:]]
     with pytest.raises(grpc.aio.AioRpcError) as caught:
-        await stream_unary(server.stub.PushAdapter, requests)
+        await stream_unary(seeded_server.stub.PushAdapter, requests)
     assert caught.value.code() == grpc.StatusCode.INVALID_ARGUMENT
     assert case.message in (caught.value.details() or "")
-    assert s3_bucket.keys() == before
-    assert _multipart_uploads(s3_bucket) == []
+    assert module_s3_bucket.keys() == before
+    assert _multipart_uploads(module_s3_bucket) == []
 
 
 async def test_watch_resumed_from_last_seq_gets_each_missed_change_once_in_order(

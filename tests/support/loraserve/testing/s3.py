@@ -115,6 +115,13 @@ def s3_bucket(s3_server: str) -> S3Bucket:
     return _new_bucket(s3_server)
 
 
+@pytest.fixture(scope="module")
+def module_s3_bucket(s3_server: str) -> S3Bucket:
+    """A fresh, empty bucket shared by one module's tests, on the threaded S3 server:
+    for tests that are refused or only read, or that check just what they changed."""
+    return _new_bucket(s3_server)
+
+
 @pytest.fixture
 def serial_s3_bucket(serial_s3_server: str) -> S3Bucket:
     """A fresh, empty bucket on the single-threaded S3 server."""

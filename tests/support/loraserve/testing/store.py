@@ -83,6 +83,14 @@ async def store_server(s3_bucket: S3Bucket) -> AsyncIterator[RunningStore]:
         yield running
 
 
+@pytest.fixture(scope="module")
+async def module_store_server(module_s3_bucket: S3Bucket) -> AsyncIterator[RunningStore]:
+    """A store server with authentication off, shared by one module's tests (see
+    `module_s3_bucket`): one start-up instead of one per test."""
+    async with running_store(module_s3_bucket) as running:
+        yield running
+
+
 @pytest.fixture
 async def proxied_store(s3_bucket: S3Bucket, proxy: S3FaultProxy) -> AsyncIterator[RunningStore]:
     """A store server that reaches the test's bucket only through `proxy`."""
