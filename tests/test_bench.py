@@ -319,6 +319,16 @@ def test_a_run_stays_fresh_when_only_other_paths_change(tmp_path: Path) -> None:
     assert readme_table.stale(_made_at(commit), repo) == ""
 
 
+def test_a_run_stays_fresh_when_only_the_services_tests_change(tmp_path: Path) -> None:
+    repo, commit = _repo_with_code(tmp_path)
+    tests = repo / "services" / "inference" / "tests"
+    tests.mkdir(parents=True)
+    (tests / "test_server.py").write_text("one\n")
+    _git(repo, "add", ".")
+    _git(repo, "commit", "-q", "-m", "a test")
+    assert readme_table.stale(_made_at(commit), repo) == ""
+
+
 def test_a_run_is_stale_once_services_change_after_its_commit(tmp_path: Path) -> None:
     repo, commit = _repo_with_code(tmp_path)
     (repo / "services" / "server.py").write_text("two\n")

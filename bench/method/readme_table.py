@@ -5,8 +5,8 @@ benchmark's figures from the newest run that has that benchmark (a run of `--onl
 replaces benchmark 11's figures, the others stay). Prints the table; --write puts it
 between the README's `<!-- bench:table -->` markers. tests/test_bench.py fails when the
 README and the committed results disagree, and while any row is stale: taken from a run
-whose commit differs from HEAD in services/ or proto/ (`git diff --stat COMMIT HEAD --
-services proto` is not empty), or made with uncommitted changes there."""
+whose commit differs from HEAD in services/ (their tests aside) or proto/ (`git diff
+--stat COMMIT HEAD -- CODE_PATHS` is not empty), or made with uncommitted changes there."""
 
 from __future__ import annotations
 
@@ -18,6 +18,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from bench.method.report import CODE_PATHS
+
 RESULTS = Path(__file__).resolve().parents[1] / "results"
 README = Path(__file__).resolve().parents[2] / "README.md"
 BEGIN = "<!-- bench:table -->"
@@ -25,7 +27,6 @@ END = "<!-- /bench:table -->"
 # The markers and what lies between them (nothing, in a README never generated).
 _BLOCK = rf"{re.escape(BEGIN)}\n(?:(.*?)\n)?{re.escape(END)}"
 _SHOWN = {"missed": "**missed**", "too noisy": "**too noisy**"}
-_CODE = ("services", "proto")
 # Verdicts of results written before intervals (a `met` flag instead of a verdict).
 _OLD_VERDICT = {True: "met", False: "missed", None: "reported"}
 NO_RUNS = (
@@ -73,11 +74,11 @@ def stale(data: dict[str, Any], repo: Path = README.parent) -> str:
     if not re.fullmatch(r"[0-9a-f]{40}", commit):
         return f"its commit is unknown ({commit!r})"
     try:
-        diff = _git(repo, "diff", "--stat", commit, "HEAD", "--", *_CODE).strip()
+        diff = _git(repo, "diff", "--stat", commit, "HEAD", "--", *CODE_PATHS).strip()
     except (OSError, subprocess.CalledProcessError):
         return f"its commit {commit[:12]} is not in this repository"
     if diff:
-        return f"{'/, '.join(_CODE)}/ changed since {commit[:12]}: {diff.splitlines()[-1].strip()}"
+        return f"services/, proto/ changed since {commit[:12]}: {diff.splitlines()[-1].strip()}"
     return ""
 
 

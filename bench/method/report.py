@@ -251,8 +251,9 @@ def _git_commit() -> str:
     return head + (" (with uncommitted changes)" if dirty else "")
 
 
-# The code the figures describe: a run is stale once these differ from its commit.
-CODE_PATHS = ("services", "proto")
+# The code the figures describe, as git pathspecs: a run is stale once these differ
+# from its commit. The services' own tests run in no benchmark.
+CODE_PATHS = ("services", "proto", ":(exclude)services/*/tests/*")
 
 
 def _uncommitted_code() -> str:
