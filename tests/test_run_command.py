@@ -19,6 +19,7 @@ import pytest
 
 from loraserve.clients.inference import Sampling, SyncInferenceClient
 from loraserve.demo.showcase import SWAP_ADAPTER
+from loraserve.testing.engine import ENGINE_ENV
 from loraserve.testing.processes import free_port
 from loraserve.tiny.demo_model import build_demo
 
@@ -73,7 +74,7 @@ def run_command(
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         text=True,
-        env={**os.environ, "VLLM_CPU_KVCACHE_SPACE": "1"},
+        env={**os.environ, **ENGINE_ENV},
     )
     run = RunCommand(process, f"127.0.0.1:{store_port}", f"127.0.0.1:{inference_port}")
     threading.Thread(target=run.read_output, daemon=True).start()

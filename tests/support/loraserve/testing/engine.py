@@ -33,8 +33,17 @@ MAX_LORA_RANK: Final = 16
 MAX_CPU_LORAS: Final = 8
 MAX_MODEL_LEN: Final = 512
 
-# GiB of KV cache; vLLM's CPU default takes a large share of the machine's memory.
-_TEST_KV_CACHE_GIB = "1"
+# The environment of every engine a test starts, here or in a server process:
+# - GiB of KV cache: vLLM's CPU default takes a large share of the machine's memory.
+# - Threads left unpinned, one per engine: vLLM's CPU build pins each engine worker to
+#   one core and keeps the rest for other work (`auto`), the same core for every engine
+#   on the machine. A test session runs up to six engines at once on two cores; pinned,
+#   they all queued on that one core while the other waited.
+ENGINE_ENV: Final = {
+    "VLLM_CPU_KVCACHE_SPACE": "1",
+    "VLLM_CPU_OMP_THREADS_BIND": "nobind",
+    "OMP_NUM_THREADS": "1",
+}
 
 
 @pytest.fixture(scope="session")
@@ -45,7 +54,8 @@ async def vllm_engine(tiny_model_dir: Path) -> AsyncIterator[AsyncLLM]:
     from loraserve.inference.engine import engine_args
     from loraserve.inference.settings import EngineOptions
 
-    os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", _TEST_KV_CACHE_GIB)
+    for name, value in ENGINE_ENV.items():
+        os.environ.setdefault(name, value)
     # Built with the server's own engine-argument code, so the tests exercise it.
     args = engine_args(
         EngineOptions(

@@ -27,6 +27,7 @@ from pathlib import Path
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
+from loraserve.testing.engine import ENGINE_ENV
 from loraserve.testing.s3 import S3Bucket
 
 # Guards against a hang only; nothing here measures time.
@@ -197,7 +198,7 @@ async def inference_process(
         "enforce_eager=true",
         *extra,
     ]
-    environment = os.environ | {"VLLM_CPU_KVCACHE_SPACE": "1"} | dict(env or {})
+    environment = os.environ | ENGINE_ENV | dict(env or {})
     with log_path.open("ab") as log_file:
         process = await asyncio.create_subprocess_exec(
             *args, stdout=log_file, stderr=log_file, env=environment, start_new_session=True
