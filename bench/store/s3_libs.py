@@ -11,9 +11,11 @@ new bytes for every arm of every repeat, arms paired and rotated per repeat.
   client's upload_file to a staging key, then the store's read-back (streamed, hashed)
   and copy to the content address;
 - reads, what a replica does: the inference cache's `HttpReader` on a presigned URL
-  (aiohttp, one streamed GET, written and hashed) vs obstore's get (with credentials,
-  streamed to a file and hashed) vs one streamed boto3 `get_object` to a file (the
-  baseline, twice).
+  (aiohttp, one streamed GET, written, hashed and fsynced) vs obstore's get (with
+  credentials, streamed to a file and hashed) vs one streamed boto3 `get_object` to a
+  file (the baseline, twice); and, to say where HttpReader's time goes, the same
+  presigned GET with aiohttp alone (written, neither hashed nor fsynced: the transport)
+  and boto3's `get_object` doing the replica's checks (hashed as it arrives, fsynced).
 
 Every figure is a paired ratio of throughputs (the baseline's seconds over the arm's)
 with its 95 % bootstrap interval; no goal (the goals on the product's paths are
@@ -33,6 +35,9 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+import aiohttp
+from yarl import URL
 
 from bench.method.paired import rotated
 from bench.method.report import Cell, Report, Section
@@ -57,11 +62,14 @@ WRITE_ARMS = (
     f"obstore put ({WIDE} parts in flight)",
     "client upload_file to tmp/ + store read-back (sha256) + copy",
 )
+READ_CHECKED = f"{READ_BASE} + sha256 + fsync"
 READ_ARMS = (
     READ_BASE,
     f"{READ_BASE} (again)",
     "replica presigned GET (HttpReader, aiohttp)",
     "obstore get",
+    "presigned GET, aiohttp alone (no sha256, no fsync)",
+    READ_CHECKED,
 )
 
 
@@ -160,6 +168,42 @@ async def _http_read(url: str, info: FileInfo, work: Path) -> float:
         shutil.rmtree(staging, ignore_errors=True)
 
 
+async def _aiohttp_get(url: str, work: Path) -> float:
+    out = work / f"raw-{uuid.uuid4().hex}"
+    try:
+        async with aiohttp.ClientSession(auto_decompress=False) as session:
+            started = time.perf_counter()
+            async with session.get(URL(url, encoded=True)) as response:
+                response.raise_for_status()
+                with out.open("wb") as f:
+                    async for block in response.content.iter_chunked(CHUNK):
+                        f.write(block)
+            return time.perf_counter() - started
+    finally:
+        out.unlink(missing_ok=True)
+
+
+def _boto_checked(rig: Rig, key: str, info: FileInfo) -> float:
+    """`get_object` streamed to a file with what a replica adds: SHA-256 as the bytes
+    arrive, checked, and fsync before the file counts as there."""
+    out = rig.work / f"checked-{uuid.uuid4().hex}"
+    try:
+        started = time.perf_counter()
+        body = rig.s3.get_object(Bucket=BUCKET, Key=key)["Body"]
+        digest = hashlib.sha256()
+        with out.open("wb") as f:
+            for block in body.iter_chunks(CHUNK):
+                f.write(block)
+                digest.update(block)
+            f.flush()
+            os.fsync(f.fileno())
+        if digest.hexdigest() != info.sha256:
+            raise RuntimeError("get_object's bytes do not match the file")
+        return time.perf_counter() - started
+    finally:
+        out.unlink(missing_ok=True)
+
+
 async def _obstore_get(rig: Rig, key: str, work: Path) -> float:
     import obstore
 
@@ -225,6 +269,8 @@ async def _read_arms(rig: Rig, source: Path) -> dict[str, Callable[[], Awaitable
         ),
         READ_ARMS[2]: lambda: _http_read(url, info, rig.work),
         READ_ARMS[3]: lambda: _obstore_get(rig, key, rig.work),
+        READ_ARMS[4]: lambda: _aiohttp_get(url, rig.work),
+        READ_ARMS[5]: lambda: asyncio.to_thread(_boto_checked, rig, key, info),
     }
 
 
@@ -255,6 +301,12 @@ def figures(section: Section, seconds: dict[str, list[float]], mb: float) -> Non
             section.reported(
                 f"{arm} throughput / {base}",
                 paired_ratio(seconds[base], seconds[arm]),
+                ".2f",
+            )
+        if group is READ_ARMS:
+            section.reported(
+                f"{READ_ARMS[2]} throughput / {READ_CHECKED}",
+                paired_ratio(seconds[READ_CHECKED], seconds[READ_ARMS[2]]),
                 ".2f",
             )
         section.noise(
