@@ -8,7 +8,6 @@ already running finish within the grace period, and the process exits cleanly.
 from __future__ import annotations
 
 import asyncio
-import itertools
 from collections.abc import AsyncIterator
 from pathlib import Path
 
@@ -22,38 +21,28 @@ from loraserve.testing.figures import add_figure
 from loraserve.testing.inferenceapp import adapter_files, greedy
 from loraserve.testing.models import TinyAdapterFactory
 from loraserve.testing.processes import InferenceProcess, inference_process
-from loraserve.testing.s3 import S3Bucket
-from loraserve.testing.store import RunningStore, running_store
+from loraserve.testing.store import RunningStore
 from loraserve.testing.storecalls import push, store_stub
 
 pytestmark = [pytest.mark.faults, pytest.mark.engine, pytest.mark.slow]
 
 GUARD_S = 60
-_buckets = itertools.count(1)
-
-
-@pytest.fixture(scope="module")
-async def module_store(s3_server: str) -> AsyncIterator[RunningStore]:
-    bucket = S3Bucket(s3_server, f"inference-process-{next(_buckets)}")
-    bucket.client().create_bucket(Bucket=bucket.bucket)
-    async with running_store(bucket) as store:
-        yield store
 
 
 @pytest.fixture(scope="module")
 async def server(
-    module_store: RunningStore,
+    module_store_server: RunningStore,
     tiny_model_dir: Path,
     tiny_adapter: TinyAdapterFactory,
     tmp_path_factory: pytest.TempPathFactory,
 ) -> AsyncIterator[InferenceProcess]:
     """`inference serve` synced to a store holding `alpha` revision 1."""
-    async with store_stub(module_store.address) as stub:
+    async with store_stub(module_store_server.address) as stub:
         await push(stub, "alpha", adapter_files(tiny_adapter(seed=1)))
     directory = tmp_path_factory.mktemp("inference-process")
     async with inference_process(
         tiny_model_dir,
-        module_store.address,
+        module_store_server.address,
         directory / "cache",
         directory / "inference.log",
         extra=["--shutdown-grace", "60", "--replica-id", "process-replica"],
