@@ -58,7 +58,7 @@ lint: setup
 # The whole suite on real parts: S3 over HTTP, gRPC servers, the vLLM CPU engine. Two
 # workers: much of the suite waits on other processes (replicas starting, S3, the engine's
 # worker), so a second one fills the cores; each test module stays on one worker, with
-# its module fixtures, the slow modules first (loraserve.testing.scheduling).
+# its module fixtures, the slow modules first (loraserve.testing.plugins.scheduling).
 # TEST_WORKERS=0 runs it in this process.
 TEST_WORKERS ?= 2
 test: lint

@@ -42,8 +42,8 @@ from bench.tiers.rig import (
     seed,
 )
 from loraserve.adapterstore.v1 import adapterstore_pb2 as store_pb
-from loraserve.testing.models import TinyAdapterFactory
-from loraserve.testing.store import RunningStore
+from loraserve.testing.adapters.models import TinyAdapterFactory
+from loraserve.testing.store.server import RunningStore
 
 EXPOSITION = """\
 # HELP loraserve_inference_adapter_downloads_total Revisions fetched from the store.

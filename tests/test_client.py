@@ -16,9 +16,9 @@ from loraserve.clients.inference import (
     SyncInferenceClient,
 )
 from loraserve.common.errors import DeadlineExceeded, InvalidArgument, NotFound, Unavailable
-from loraserve.testing.enginework import engine_work
-from loraserve.testing.inference import wait_until_idle
-from loraserve.testing.models import TinyAdapterFactory
+from loraserve.testing.adapters.models import TinyAdapterFactory
+from loraserve.testing.engine.work import engine_work
+from loraserve.testing.inference.service import wait_until_idle
 from loraserve.tiny.oracle import greedy_tokens
 
 pytestmark = pytest.mark.engine

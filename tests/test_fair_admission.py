@@ -14,15 +14,15 @@ import grpc
 import pytest
 
 from loraserve.inference.serving import FairGate
-from loraserve.testing.inferenceapp import (
+from loraserve.testing.adapters.models import TinyAdapterFactory
+from loraserve.testing.inference.app import (
     RunningInference,
     adapter_files,
     greedy,
     inference_app,
 )
-from loraserve.testing.models import TinyAdapterFactory
-from loraserve.testing.store import RunningStore
-from loraserve.testing.storecalls import push, store_stub
+from loraserve.testing.store.calls import push, store_stub
+from loraserve.testing.store.server import RunningStore
 
 if TYPE_CHECKING:
     from vllm.v1.engine.async_llm import AsyncLLM

@@ -1,6 +1,6 @@
 """A fleet of real processes: two `adapterstore serve` and three `inference serve` (each
 its own vLLM CPU engine on the tiny model) on one bucket (moto over HTTP); the fleet
-and what tests ask of it are in `loraserve.testing.fleet`. One fleet serves every test
+and what tests ask of it are in `loraserve.testing.processes.fleet`. One fleet serves every test
 here (module scope): its start-up is most of the module's time.
 
 Which replica served a request is read from each replica's own Prometheus counter of
@@ -30,8 +30,10 @@ from loraserve.adapterstore.v1 import adapterstore_pb2 as store_pb
 from loraserve.clients.inference import InferenceClient, RetryPolicy, Sampling
 from loraserve.common.errors import LoraserveError
 from loraserve.common.statusshards import STATUS_SHARDS
-from loraserve.testing.ctl import ctl
-from loraserve.testing.fleet import (
+from loraserve.testing.adapters.ctl import ctl
+from loraserve.testing.adapters.models import TinyAdapterFactory
+from loraserve.testing.inference.app import adapter_files
+from loraserve.testing.processes.fleet import (
     ADAPTERS,
     FAILING_REVISION,
     FLEET_GUARD_S,
@@ -44,9 +46,7 @@ from loraserve.testing.fleet import (
     owners,
     running_fleet,
 )
-from loraserve.testing.inferenceapp import adapter_files
-from loraserve.testing.models import TinyAdapterFactory
-from loraserve.testing.storecalls import push, store_stub
+from loraserve.testing.store.calls import push, store_stub
 from loraserve.testing.waiting import eventually
 
 pytestmark = [pytest.mark.engine, pytest.mark.slow]

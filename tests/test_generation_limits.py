@@ -11,8 +11,7 @@ import grpc
 import pytest
 
 from loraserve.inference.v1 import inference_pb2 as pb
-from loraserve.testing.engine import MAX_MODEL_LEN
-from loraserve.testing.parity import (
+from loraserve.testing.engine.parity import (
     ADAPTER,
     PROMPT,
     SEEDED,
@@ -22,6 +21,7 @@ from loraserve.testing.parity import (
     through_completions,
     through_grpc,
 )
+from loraserve.testing.engine.session import MAX_MODEL_LEN
 
 pytestmark = pytest.mark.engine
 

@@ -18,7 +18,7 @@ from typing import Any
 import pytest
 
 from loraserve.inference.v1 import inference_pb2 as pb
-from loraserve.testing.parity import (
+from loraserve.testing.engine.parity import (
     ADAPTER,
     EOS_TEXT,
     LONG,

@@ -19,12 +19,12 @@ from loraserve.adapterstore.v1 import adapterstore_pb2 as store_pb
 from loraserve.adapterstore.v1 import adapterstore_pb2_grpc as store_grpc
 from loraserve.inference.engine import VllmEngine
 from loraserve.inference.v1 import inference_pb2 as pb
-from loraserve.testing.holding import HoldingEngine
-from loraserve.testing.inferenceapp import RunningInference, inference_app
-from loraserve.testing.models import TinyAdapterFactory
-from loraserve.testing.pushes import push_requests
-from loraserve.testing.store import RunningStore
-from loraserve.testing.tcpproxy import TcpProxy, tcp_proxy
+from loraserve.testing.adapters.models import TinyAdapterFactory
+from loraserve.testing.adapters.pushes import push_requests
+from loraserve.testing.engine.holding import HoldingEngine
+from loraserve.testing.inference.app import RunningInference, inference_app
+from loraserve.testing.processes.tcpproxy import TcpProxy, tcp_proxy
+from loraserve.testing.store.server import RunningStore
 from loraserve.testing.waiting import eventually
 from loraserve.tiny.oracle import greedy_tokens
 

@@ -18,8 +18,8 @@ from loraserve.inference.engine import VllmEngine
 from loraserve.inference.settings import EngineOptions, parse_settings
 from loraserve.inference.v1 import inference_pb2 as pb
 from loraserve.inference.v1 import inference_pb2_grpc as pb_grpc
-from loraserve.testing.processes import inference_args
-from loraserve.testing.store import RunningStore
+from loraserve.testing.processes.services import inference_args
+from loraserve.testing.store.server import RunningStore
 
 pytestmark = pytest.mark.engine
 

@@ -13,9 +13,9 @@ import grpc
 import pytest
 
 from loraserve.inference.v1 import inference_pb2 as pb
-from loraserve.testing.enginework import engine_work
-from loraserve.testing.inference import wait_until_idle
-from loraserve.testing.models import TinyAdapterFactory
+from loraserve.testing.adapters.models import TinyAdapterFactory
+from loraserve.testing.engine.work import engine_work
+from loraserve.testing.inference.service import wait_until_idle
 from loraserve.tiny.oracle import greedy_tokens
 
 pytestmark = pytest.mark.engine

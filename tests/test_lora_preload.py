@@ -13,7 +13,7 @@ import pytest
 
 from loraserve.common.errors import FailedPrecondition
 from loraserve.inference.engine import AdapterHandle, VllmEngine
-from loraserve.testing.models import TinyAdapterFactory
+from loraserve.testing.adapters.models import TinyAdapterFactory
 
 if TYPE_CHECKING:
     from vllm.v1.engine.async_llm import AsyncLLM

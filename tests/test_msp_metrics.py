@@ -20,11 +20,11 @@ from prometheus_client.samples import Sample
 from loraserve.inference.engine import EngineStats
 from loraserve.inference.engine.stats import SchedulerTap
 from loraserve.inference.metrics.model_server import ModelServerProtocolCollector
-from loraserve.testing.engine import MAX_LORAS
-from loraserve.testing.inferenceapp import RunningInference, adapter_files, greedy, inference_app
-from loraserve.testing.models import TinyAdapterFactory
-from loraserve.testing.store import RunningStore
-from loraserve.testing.storecalls import push, store_stub
+from loraserve.testing.adapters.models import TinyAdapterFactory
+from loraserve.testing.engine.session import MAX_LORAS
+from loraserve.testing.inference.app import RunningInference, adapter_files, greedy, inference_app
+from loraserve.testing.store.calls import push, store_stub
+from loraserve.testing.store.server import RunningStore
 from loraserve.testing.waiting import eventually
 
 if TYPE_CHECKING:

@@ -20,17 +20,17 @@ from loraserve.inference.app import InferenceApp
 from loraserve.inference.engine import VllmEngine
 from loraserve.inference.metrics import InferenceMetrics
 from loraserve.inference.settings import EngineOptions, parse_settings
-from loraserve.testing.engine import PLAIN_CHAT_TEMPLATE, chat_template, plain_chat_prompt
-from loraserve.testing.enginework import engine_work
-from loraserve.testing.inference import (
+from loraserve.testing.adapters.models import TinyAdapterFactory
+from loraserve.testing.engine.session import PLAIN_CHAT_TEMPLATE, chat_template, plain_chat_prompt
+from loraserve.testing.engine.work import engine_work
+from loraserve.testing.fakes.engine import CacheDirectory
+from loraserve.testing.inference.service import (
     copy_revision,
     make_runtime_ref,
     openai_server,
     tiny_registry,
 )
-from loraserve.testing.inference_fakes import CacheDirectory
-from loraserve.testing.models import TinyAdapterFactory
-from loraserve.testing.store import RunningStore
+from loraserve.testing.store.server import RunningStore
 from loraserve.testing.waiting import eventually
 from loraserve.tiny.oracle import greedy_tokens
 

@@ -14,9 +14,8 @@ from typing import TYPE_CHECKING
 
 import pytest
 
-from loraserve.testing.engine import MAX_LORAS
-from loraserve.testing.models import TinyAdapterFactory
-from loraserve.testing.oracle import (
+from loraserve.testing.adapters.models import TinyAdapterFactory
+from loraserve.testing.engine.oracle import (
     PROMPTS,
     Tokens,
     Variant,
@@ -24,6 +23,7 @@ from loraserve.testing.oracle import (
     remove_adapters,
     served_tokens,
 )
+from loraserve.testing.engine.session import MAX_LORAS
 
 if TYPE_CHECKING:
     from vllm.v1.engine.async_llm import AsyncLLM

@@ -19,12 +19,12 @@ import pytest
 
 from loraserve.adapterstore.v1 import adapterstore_pb2 as store_pb
 from loraserve.adapterstore.v1 import adapterstore_pb2_grpc as store_grpc
-from loraserve.testing.holding import HoldingEngine
-from loraserve.testing.inferenceapp import RunningInference, adapter_files, greedy, inference_app
-from loraserve.testing.models import TinyAdapterFactory
-from loraserve.testing.s3 import S3Bucket
-from loraserve.testing.store import RunningStore, running_store
-from loraserve.testing.storecalls import push
+from loraserve.testing.adapters.models import TinyAdapterFactory
+from loraserve.testing.engine.holding import HoldingEngine
+from loraserve.testing.inference.app import RunningInference, adapter_files, greedy, inference_app
+from loraserve.testing.s3.endpoint import S3Bucket
+from loraserve.testing.store.calls import push
+from loraserve.testing.store.server import RunningStore, running_store
 from loraserve.testing.waiting import eventually
 
 if TYPE_CHECKING:

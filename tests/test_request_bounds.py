@@ -24,16 +24,16 @@ from loraserve.inference.metrics import InferenceMetrics
 from loraserve.inference.serving import SERVICE_NAME, register
 from loraserve.inference.v1 import inference_pb2 as pb
 from loraserve.inference.v1 import inference_pb2_grpc as pb_grpc
-from loraserve.testing.engine import MAX_MODEL_LEN
+from loraserve.testing.adapters.models import TinyAdapterFactory
+from loraserve.testing.engine.session import MAX_MODEL_LEN
+from loraserve.testing.fakes.engine import CacheDirectory
 from loraserve.testing.grpc import serving
-from loraserve.testing.inference import (
+from loraserve.testing.inference.service import (
     copy_revision,
     make_runtime_ref,
     openai_server,
     tiny_registry,
 )
-from loraserve.testing.inference_fakes import CacheDirectory
-from loraserve.testing.models import TinyAdapterFactory
 
 if TYPE_CHECKING:
     from vllm.v1.engine.async_llm import AsyncLLM

@@ -17,10 +17,10 @@ import pytest
 from loraserve.adapterstore.v1 import adapterstore_pb2 as store_pb
 from loraserve.adapterstore.v1 import adapterstore_pb2_grpc as store_grpc
 from loraserve.inference.adapters.rollouts import ROLLOUT_KEY_HEADER
-from loraserve.testing.inferenceapp import RunningInference, adapter_files, greedy, inference_app
-from loraserve.testing.models import TinyAdapterFactory
-from loraserve.testing.store import RunningStore
-from loraserve.testing.storecalls import push
+from loraserve.testing.adapters.models import TinyAdapterFactory
+from loraserve.testing.inference.app import RunningInference, adapter_files, greedy, inference_app
+from loraserve.testing.store.calls import push
+from loraserve.testing.store.server import RunningStore
 from loraserve.testing.waiting import eventually
 
 if TYPE_CHECKING:

@@ -29,8 +29,8 @@ from loraserve.common.errors import InvalidArgument
 from loraserve.common.rpc.security import ClientSecurity
 from loraserve.inference.v1 import inference_pb2 as pb
 from loraserve.inference.v1 import inference_pb2_grpc as pb_grpc
+from loraserve.testing.adapters.ctl import ctl
 from loraserve.testing.certs import CertFiles, make_certs
-from loraserve.testing.ctl import ctl
 
 ADAPTERS = [f"adapter-{i}" for i in range(12)]
 FAST_RETRY = RetryPolicy(max_attempts=20, initial_backoff=0.05, max_backoff=0.2)

@@ -25,7 +25,7 @@ from loraserve.inference.serving import SERVICE_NAME, RuntimeRef, register
 from loraserve.inference.settings import parse_settings
 from loraserve.testing.certs import make_certs
 from loraserve.testing.grpc import serving
-from loraserve.testing.inference import Served
+from loraserve.testing.inference.service import Served
 
 # Guards against a hang only; nothing here measures time.
 GUARD_S = 60.0

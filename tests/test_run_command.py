@@ -19,8 +19,8 @@ import pytest
 
 from loraserve.clients.inference import Sampling, SyncInferenceClient
 from loraserve.demo.showcase import SWAP_ADAPTER
-from loraserve.testing.engine import ENGINE_ENV
-from loraserve.testing.processes import free_port
+from loraserve.testing.engine.session import ENGINE_ENV
+from loraserve.testing.processes.services import free_port
 from loraserve.tiny.demo_model import build_demo
 
 pytestmark = [pytest.mark.engine, pytest.mark.slow, pytest.mark.timeout(1200)]

@@ -18,8 +18,8 @@ from typing import TYPE_CHECKING
 
 import pytest
 
-from loraserve.testing.models import TinyAdapterFactory
-from loraserve.testing.oracle import (
+from loraserve.testing.adapters.models import TinyAdapterFactory
+from loraserve.testing.engine.oracle import (
     PROMPTS,
     Tokens,
     Variant,

@@ -28,7 +28,7 @@ from loraserve.clients.channels import Retry
 from loraserve.clients.routing import ring_hash_config
 from loraserve.common.config.sizes import MESSAGE_LIMIT_OPTIONS
 from loraserve.inference.serving import SERVICE_NAME
-from loraserve.testing.processes import free_port
+from loraserve.testing.processes.services import free_port
 
 ENGINE = procs.EngineConfig(max_loras=4, max_cpu_loras=32, max_lora_rank=RANK)
 # Retries UNAVAILABLE before the first response, as the client library does: a call

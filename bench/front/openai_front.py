@@ -31,7 +31,7 @@ from bench.method import paired
 from bench.method.runs import closed
 from bench.rig import baselines, procs
 from bench.rig.stack import ENGINE_ENV, RANK, Stack, tenant
-from loraserve.testing.processes import free_port
+from loraserve.testing.processes.services import free_port
 
 ENGINE = procs.EngineConfig(max_loras=8, max_cpu_loras=8, max_lora_rank=RANK)
 ADAPTERS = tuple(tenant(i) for i in range(8))

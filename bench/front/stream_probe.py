@@ -52,7 +52,7 @@ from bench.rig.stack import ENGINE_ENV, RANK, Stack, tenant
 from loraserve.clients.inference import InferenceClient, RetryPolicy
 from loraserve.inference.v1 import inference_pb2 as pb
 from loraserve.inference.v1 import inference_pb2_grpc as pb_grpc
-from loraserve.testing.processes import free_port
+from loraserve.testing.processes.services import free_port
 
 ENGINE = procs.EngineConfig(max_loras=8, max_cpu_loras=8, max_lora_rank=RANK)
 ADAPTERS = tuple(tenant(i) for i in range(8))

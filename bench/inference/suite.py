@@ -31,7 +31,7 @@ from bench.rig.stack import (
 )
 from bench.swap import cold, hot
 from loraserve.adapterctl.adapter_dir import AdapterFiles
-from loraserve.testing.processes import free_port
+from loraserve.testing.processes.services import free_port
 
 EIGHT = tuple(tenant(i) for i in range(8))
 

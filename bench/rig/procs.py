@@ -21,7 +21,7 @@ import boto3
 import psutil
 
 from loraserve.common.rpc.healthcheck import is_serving
-from loraserve.testing.processes import free_port
+from loraserve.testing.processes.services import free_port
 
 if TYPE_CHECKING:
     from bench.method.report import Report, Section

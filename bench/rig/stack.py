@@ -20,7 +20,7 @@ from bench.rig import procs, storeops
 from loraserve.adapterctl.adapter_dir import AdapterFiles
 from loraserve.inference.v1 import inference_pb2 as pb
 from loraserve.inference.v1 import inference_pb2_grpc as pb_grpc
-from loraserve.testing.processes import free_port
+from loraserve.testing.processes.services import free_port
 from loraserve.tiny.adapters import TinyAdapterSpec, build_tiny_adapter
 from loraserve.tiny.model import TinyModelSpec, build_tiny_model
 

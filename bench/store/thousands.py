@@ -31,7 +31,7 @@ from bench.rig import procs, storeops
 from loraserve.adapterctl.adapter_dir import AdapterFiles
 from loraserve.clients.store import StoreClient, StoreClientSettings
 from loraserve.common.rpc.security import ClientSecurity
-from loraserve.testing.adapterfiles import lora_config, lora_tensors
+from loraserve.testing.adapters.files import lora_config, lora_tensors
 
 NUMBER = 12
 SMALL_BUCKET = "bench-scale-small"

@@ -23,7 +23,7 @@ from bench.rig import procs, storeops
 from bench.store import transfers
 from loraserve.adapterstore.v1 import adapterstore_pb2 as store_pb
 from loraserve.clients.push import new_idempotency_key
-from loraserve.testing.adapterfiles import lora_config, lora_tensors
+from loraserve.testing.adapters.files import lora_config, lora_tensors
 
 BUCKET = "bench-store"
 # 24 layers x 4 projections x rank 64 x hidden 4096, fp32: 192 MiB of LoRA weights,

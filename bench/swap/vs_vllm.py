@@ -26,7 +26,7 @@ from bench.rig.procs import EngineConfig
 from bench.rig.stack import ENGINE_A, PROFILES, Stack
 from bench.swap.arms import ARMS, SWAP, Servers, Swap, rounds
 from bench.swap.probe import PROBE_TIMEOUT_S, STAGES
-from loraserve.testing.processes import free_port
+from loraserve.testing.processes.services import free_port
 
 GOAL_S = 0.2
 

@@ -20,7 +20,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from bench.rig import procs, storeops
 from bench.rig.stack import RANK, Stack
 from loraserve.adapterctl.adapter_dir import AdapterFiles
-from loraserve.testing.processes import free_port
+from loraserve.testing.processes.services import free_port
 
 # Slots as engine A's; host memory sized to what the disk bound holds (about 200 of these
 # adapters), as the README's tuning advice says: with 32, vLLM re-reads from disk every

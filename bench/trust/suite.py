@@ -51,11 +51,11 @@ from loraserve.common.revisions.manifest import RevisionKey
 from loraserve.common.trust.signing import sign_revision
 from loraserve.inference.v1 import inference_pb2 as pb
 from loraserve.inference.v1 import inference_pb2_grpc as pb_grpc
-from loraserve.testing.inferenceapp import adapter_files
-from loraserve.testing.processes import free_port
-from loraserve.testing.pushes import hashed
-from loraserve.testing.signers import KeyPair, write_key_pair
-from loraserve.testing.storecalls import push, store_stub
+from loraserve.testing.adapters.pushes import hashed
+from loraserve.testing.adapters.signers import KeyPair, write_key_pair
+from loraserve.testing.inference.app import adapter_files
+from loraserve.testing.processes.services import free_port
+from loraserve.testing.store.calls import push, store_stub
 from loraserve.tiny.adapters import TinyAdapterSpec, build_tiny_adapter
 from loraserve.tiny.model import TinyModelSpec, build_tiny_model
 

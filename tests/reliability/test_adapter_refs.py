@@ -33,13 +33,13 @@ from loraserve.inference.serving import (
 )
 from loraserve.inference.v1 import inference_pb2 as pb
 from loraserve.inference.v1 import inference_pb2_grpc as pb_grpc
-from loraserve.testing.adapterfiles import tiny_adapter
+from loraserve.testing.adapters.files import tiny_adapter
+from loraserve.testing.adapters.pushes import push_requests
+from loraserve.testing.fakes.engine import FakeEngine
 from loraserve.testing.grpc import serving
-from loraserve.testing.inference_fakes import FakeEngine
-from loraserve.testing.pushes import push_requests
-from loraserve.testing.statuses import report_request, routed
-from loraserve.testing.store import RunningStore
-from loraserve.testing.storecalls import store_stub
+from loraserve.testing.store.calls import store_stub
+from loraserve.testing.store.server import RunningStore
+from loraserve.testing.store.statuses import report_request, routed
 
 MODEL = "fake-llama"
 TWENTY_DIGITS = "9" * 20

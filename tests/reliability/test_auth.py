@@ -19,13 +19,13 @@ from loraserve.adapterstore.v1 import adapterstore_pb2 as pb
 from loraserve.adapterstore.v1 import adapterstore_pb2_grpc as pb_grpc
 from loraserve.common.rpc.clientstream import stream_unary
 from loraserve.common.rpc.security import ClientSecurity, ServerSecurity, Token, secure_channel
-from loraserve.testing.adapterfiles import tiny_adapter
+from loraserve.testing.adapters.files import tiny_adapter
+from loraserve.testing.adapters.pushes import push_requests
 from loraserve.testing.certs import CertFiles, make_certs
-from loraserve.testing.processes import health_status, store_process
-from loraserve.testing.pushes import push_requests
-from loraserve.testing.s3 import S3Bucket
-from loraserve.testing.store import RunningStore, running_store
-from loraserve.testing.storecalls import rpc_code as _code
+from loraserve.testing.processes.services import health_status, store_process
+from loraserve.testing.s3.endpoint import S3Bucket
+from loraserve.testing.store.calls import rpc_code as _code
+from loraserve.testing.store.server import RunningStore, running_store
 
 pytestmark = pytest.mark.faults
 

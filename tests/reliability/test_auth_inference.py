@@ -14,17 +14,17 @@ import pytest
 from loraserve.adapterstore.v1 import adapterstore_pb2_grpc as store_grpc
 from loraserve.common.rpc.security import ClientSecurity, ServerSecurity, Token, secure_channel
 from loraserve.inference.v1 import inference_pb2_grpc as pb_grpc
+from loraserve.testing.adapters.models import TinyAdapterFactory
 from loraserve.testing.certs import CertFiles, make_certs
-from loraserve.testing.inferenceapp import (
+from loraserve.testing.inference.app import (
     RunningInference,
     adapter_files,
     greedy,
     inference_app,
 )
-from loraserve.testing.models import TinyAdapterFactory
-from loraserve.testing.s3 import S3Bucket
-from loraserve.testing.store import RunningStore, running_store
-from loraserve.testing.storecalls import push
+from loraserve.testing.s3.endpoint import S3Bucket
+from loraserve.testing.store.calls import push
+from loraserve.testing.store.server import RunningStore, running_store
 
 if TYPE_CHECKING:
     from vllm.v1.engine.async_llm import AsyncLLM

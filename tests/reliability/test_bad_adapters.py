@@ -24,13 +24,18 @@ from grpc_health.v1 import health_pb2
 from loraserve.adapterstore.files.push import PushResult
 from loraserve.adapterstore.v1 import adapterstore_pb2 as pb
 from loraserve.common.rpc.clientstream import stream_unary
-from loraserve.testing.adapterfiles import AdapterFiles, lora_config, raw_safetensors, tiny_adapter
-from loraserve.testing.adapterstore import TEST_LIMITS
-from loraserve.testing.figures import add_figure
-from loraserve.testing.processes import health_status
-from loraserve.testing.pushes import push_requests
-from loraserve.testing.store import RunningStore
-from loraserve.testing.storecalls import push, store_stub
+from loraserve.testing.adapters.files import (
+    AdapterFiles,
+    lora_config,
+    raw_safetensors,
+    tiny_adapter,
+)
+from loraserve.testing.adapters.pushes import push_requests
+from loraserve.testing.plugins.figures import add_figure
+from loraserve.testing.processes.services import health_status
+from loraserve.testing.store.calls import push, store_stub
+from loraserve.testing.store.server import RunningStore
+from loraserve.testing.store.stores import TEST_LIMITS
 from loraserve.testing.waiting import eventually
 
 pytestmark = pytest.mark.faults

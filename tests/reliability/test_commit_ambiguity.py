@@ -18,13 +18,13 @@ import grpc
 import pytest
 
 from loraserve.adapterstore.v1 import adapterstore_pb2 as pb
-from loraserve.testing.adapterfiles import tiny_adapter
-from loraserve.testing.ctl import ctl, write_adapter_dir
-from loraserve.testing.processes import free_port, store_process
-from loraserve.testing.s3 import S3Bucket
-from loraserve.testing.s3faults import Fault, Rule, S3FaultProxy, s3_fault_proxy
-from loraserve.testing.store import RunningStore
-from loraserve.testing.storecalls import keys_under, push, revision_numbers, store_stub
+from loraserve.testing.adapters.ctl import ctl, write_adapter_dir
+from loraserve.testing.adapters.files import tiny_adapter
+from loraserve.testing.processes.services import free_port, store_process
+from loraserve.testing.s3.endpoint import S3Bucket
+from loraserve.testing.s3.faults import Fault, Rule, S3FaultProxy, s3_fault_proxy
+from loraserve.testing.store.calls import keys_under, push, revision_numbers, store_stub
+from loraserve.testing.store.server import RunningStore
 
 pytestmark = pytest.mark.faults
 

@@ -26,11 +26,11 @@ from loraserve.common.revisions.presigned import RevisionUrls
 from loraserve.common.rpc.security import ClientSecurity
 from loraserve.inference.cache import AdapterCache, FetchSettings, ReadSettings
 from loraserve.inference.metrics import InferenceMetrics
-from loraserve.testing.adapterfiles import AdapterFiles, tiny_adapter
-from loraserve.testing.s3 import S3Bucket
-from loraserve.testing.s3faults import Fault, S3FaultProxy
-from loraserve.testing.store import RunningStore, running_store
-from loraserve.testing.storecalls import push, store_stub
+from loraserve.testing.adapters.files import AdapterFiles, tiny_adapter
+from loraserve.testing.s3.endpoint import S3Bucket
+from loraserve.testing.s3.faults import Fault, S3FaultProxy
+from loraserve.testing.store.calls import push, store_stub
+from loraserve.testing.store.server import RunningStore, running_store
 
 pytestmark = pytest.mark.faults
 

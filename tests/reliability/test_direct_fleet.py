@@ -18,12 +18,12 @@ import pytest
 from prometheus_client import generate_latest
 
 from loraserve.adapterstore.blobs.blobstore import blob_key
-from loraserve.testing.inferenceapp import adapter_files, inference_app
-from loraserve.testing.models import TinyAdapterFactory
-from loraserve.testing.s3 import S3Bucket
-from loraserve.testing.s3faults import S3FaultProxy
-from loraserve.testing.store import RunningStore, running_store
-from loraserve.testing.storecalls import push, store_stub
+from loraserve.testing.adapters.models import TinyAdapterFactory
+from loraserve.testing.inference.app import adapter_files, inference_app
+from loraserve.testing.s3.endpoint import S3Bucket
+from loraserve.testing.s3.faults import S3FaultProxy
+from loraserve.testing.store.calls import push, store_stub
+from loraserve.testing.store.server import RunningStore, running_store
 
 if TYPE_CHECKING:
     from vllm.v1.engine.async_llm import AsyncLLM

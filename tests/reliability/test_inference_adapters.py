@@ -26,18 +26,18 @@ from safetensors.numpy import load, save
 
 from loraserve.adapterstore.blobs.blobstore import blob_key
 from loraserve.adapterstore.v1 import adapterstore_pb2 as store_pb
-from loraserve.testing.adapterfiles import AdapterFiles
-from loraserve.testing.aroundstore import commit_around_the_store
-from loraserve.testing.figures import add_figure
-from loraserve.testing.inferenceapp import (
+from loraserve.testing.adapters.files import AdapterFiles
+from loraserve.testing.adapters.models import TinyAdapterFactory
+from loraserve.testing.inference.app import (
     PROMPT,
     adapter_files,
 )
-from loraserve.testing.models import TinyAdapterFactory
-from loraserve.testing.processes import health_status
-from loraserve.testing.s3 import S3Bucket
-from loraserve.testing.s3faults import Fault
-from loraserve.testing.stack import Stack
+from loraserve.testing.inference.stack import Stack
+from loraserve.testing.plugins.figures import add_figure
+from loraserve.testing.processes.services import health_status
+from loraserve.testing.s3.aroundstore import commit_around_the_store
+from loraserve.testing.s3.endpoint import S3Bucket
+from loraserve.testing.s3.faults import Fault
 from loraserve.tiny.oracle import greedy_tokens
 
 if TYPE_CHECKING:

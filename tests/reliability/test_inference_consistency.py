@@ -31,16 +31,16 @@ from safetensors.numpy import load, save
 from loraserve.adapterstore.blobs.blobstore import blob_key
 from loraserve.adapterstore.v1 import adapterstore_pb2 as store_pb
 from loraserve.inference.v1 import inference_pb2 as inference_pb
-from loraserve.testing.adapterfiles import AdapterFiles
-from loraserve.testing.inferenceapp import RunningInference, adapter_files, inference_app
-from loraserve.testing.models import TinyAdapterFactory
-from loraserve.testing.processes import free_port, store_process
-from loraserve.testing.s3 import S3Bucket
-from loraserve.testing.s3faults import Fault
-from loraserve.testing.stack import Stack
-from loraserve.testing.storecalls import push, store_stub
-from loraserve.testing.storecalls import rpc_code as code_of
-from loraserve.testing.tcpproxy import tcp_proxy
+from loraserve.testing.adapters.files import AdapterFiles
+from loraserve.testing.adapters.models import TinyAdapterFactory
+from loraserve.testing.inference.app import RunningInference, adapter_files, inference_app
+from loraserve.testing.inference.stack import Stack
+from loraserve.testing.processes.services import free_port, store_process
+from loraserve.testing.processes.tcpproxy import tcp_proxy
+from loraserve.testing.s3.endpoint import S3Bucket
+from loraserve.testing.s3.faults import Fault
+from loraserve.testing.store.calls import push, store_stub
+from loraserve.testing.store.calls import rpc_code as code_of
 from loraserve.testing.waiting import eventually
 
 if TYPE_CHECKING:

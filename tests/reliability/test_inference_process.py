@@ -17,12 +17,12 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from loraserve.inference.v1 import inference_pb2 as pb
 from loraserve.inference.v1 import inference_pb2_grpc as pb_grpc
-from loraserve.testing.figures import add_figure
-from loraserve.testing.inferenceapp import adapter_files, greedy
-from loraserve.testing.models import TinyAdapterFactory
-from loraserve.testing.processes import InferenceProcess, inference_process
-from loraserve.testing.store import RunningStore
-from loraserve.testing.storecalls import push, store_stub
+from loraserve.testing.adapters.models import TinyAdapterFactory
+from loraserve.testing.inference.app import adapter_files, greedy
+from loraserve.testing.plugins.figures import add_figure
+from loraserve.testing.processes.services import InferenceProcess, inference_process
+from loraserve.testing.store.calls import push, store_stub
+from loraserve.testing.store.server import RunningStore
 
 pytestmark = [pytest.mark.faults, pytest.mark.engine, pytest.mark.slow]
 

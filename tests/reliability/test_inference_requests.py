@@ -19,17 +19,17 @@ import grpc
 import pytest
 
 from loraserve.inference.v1 import inference_pb2 as pb
-from loraserve.testing.enginework import EngineWork, engine_work
-from loraserve.testing.figures import add_figure
-from loraserve.testing.inferenceapp import (
+from loraserve.testing.adapters.models import TinyAdapterFactory
+from loraserve.testing.engine.work import EngineWork, engine_work
+from loraserve.testing.inference.app import (
     RunningInference,
     adapter_files,
     greedy,
     inference_app,
 )
-from loraserve.testing.models import TinyAdapterFactory
-from loraserve.testing.store import RunningStore
-from loraserve.testing.storecalls import push, store_stub
+from loraserve.testing.plugins.figures import add_figure
+from loraserve.testing.store.calls import push, store_stub
+from loraserve.testing.store.server import RunningStore
 from loraserve.testing.waiting import eventually
 
 if TYPE_CHECKING:

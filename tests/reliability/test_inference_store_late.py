@@ -18,17 +18,17 @@ import pytest
 
 from loraserve.inference.v1 import inference_pb2 as pb
 from loraserve.inference.v1 import inference_pb2_grpc as pb_grpc
-from loraserve.testing.inferenceapp import adapter_files, greedy
-from loraserve.testing.models import TinyAdapterFactory
-from loraserve.testing.processes import (
+from loraserve.testing.adapters.models import TinyAdapterFactory
+from loraserve.testing.inference.app import adapter_files, greedy
+from loraserve.testing.processes.services import (
     StoreProcess,
     free_port,
     inference_process,
     store_process,
 )
-from loraserve.testing.s3 import S3Bucket
-from loraserve.testing.store import running_store
-from loraserve.testing.storecalls import push, store_stub
+from loraserve.testing.s3.endpoint import S3Bucket
+from loraserve.testing.store.calls import push, store_stub
+from loraserve.testing.store.server import running_store
 from loraserve.testing.waiting import eventually
 
 pytestmark = [pytest.mark.faults, pytest.mark.engine, pytest.mark.slow]

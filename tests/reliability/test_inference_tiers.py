@@ -24,13 +24,13 @@ import pytest
 from loraserve.adapterstore.blobs.blobstore import blob_key
 from loraserve.adapterstore.v1 import adapterstore_pb2 as store_pb
 from loraserve.inference.v1 import inference_pb2 as pb
-from loraserve.testing.adapterfiles import AdapterFiles
-from loraserve.testing.inferenceapp import RunningInference, adapter_files, greedy, inference_app
-from loraserve.testing.models import TinyAdapterFactory
-from loraserve.testing.s3faults import Fault, S3FaultProxy
-from loraserve.testing.store import RunningStore
-from loraserve.testing.storecalls import push, store_stub
-from loraserve.testing.storecalls import rpc_code as code_of
+from loraserve.testing.adapters.files import AdapterFiles
+from loraserve.testing.adapters.models import TinyAdapterFactory
+from loraserve.testing.inference.app import RunningInference, adapter_files, greedy, inference_app
+from loraserve.testing.s3.faults import Fault, S3FaultProxy
+from loraserve.testing.store.calls import push, store_stub
+from loraserve.testing.store.calls import rpc_code as code_of
+from loraserve.testing.store.server import RunningStore
 from loraserve.testing.waiting import eventually
 from loraserve.tiny.oracle import greedy_tokens
 

@@ -13,10 +13,10 @@ import grpc
 import pytest
 
 from loraserve.adapterstore.v1 import adapterstore_pb2 as pb
-from loraserve.testing.adapterfiles import tiny_adapter
-from loraserve.testing.s3faults import Fault, S3FaultProxy
-from loraserve.testing.store import RunningStore
-from loraserve.testing.storecalls import push, store_stub
+from loraserve.testing.adapters.files import tiny_adapter
+from loraserve.testing.s3.faults import Fault, S3FaultProxy
+from loraserve.testing.store.calls import push, store_stub
+from loraserve.testing.store.server import RunningStore
 
 pytestmark = pytest.mark.faults
 

@@ -30,14 +30,14 @@ from safetensors.numpy import load, save
 from loraserve.adapterstore.files.push import Chunk
 from loraserve.common.errors import InvalidArgument
 from loraserve.common.rpc.clientstream import stream_unary
-from loraserve.testing.adapterfiles import AdapterFiles, lora_config, tiny_adapter
-from loraserve.testing.adapterstore import make_store
-from loraserve.testing.figures import add_figure
-from loraserve.testing.memblobs import MemoryBlobStore
-from loraserve.testing.pushes import push, push_requests
-from loraserve.testing.s3 import S3Bucket
-from loraserve.testing.store import RunningStore
-from loraserve.testing.storecalls import store_stub
+from loraserve.testing.adapters.files import AdapterFiles, lora_config, tiny_adapter
+from loraserve.testing.adapters.pushes import push, push_requests
+from loraserve.testing.fakes.blobs import MemoryBlobStore
+from loraserve.testing.plugins.figures import add_figure
+from loraserve.testing.s3.endpoint import S3Bucket
+from loraserve.testing.store.calls import store_stub
+from loraserve.testing.store.server import RunningStore
+from loraserve.testing.store.stores import make_store
 
 pytestmark = [pytest.mark.faults, pytest.mark.slow]
 

@@ -22,11 +22,11 @@ from loraserve.adapterctl.failures import EXIT_FAILED, EXIT_NOT_ALLOWED, EXIT_US
 from loraserve.adapterstore.files.validation import Limits
 from loraserve.adapterstore.v1 import adapterstore_pb2_grpc as pb_grpc
 from loraserve.common.rpc.security import ClientSecurity, ServerSecurity, Token, secure_channel
-from loraserve.testing.adapterfiles import tiny_adapter
-from loraserve.testing.ctl import ctl, write_adapter_dir
-from loraserve.testing.s3 import S3Bucket
-from loraserve.testing.store import RunningStore, running_store
-from loraserve.testing.storecalls import push
+from loraserve.testing.adapters.ctl import ctl, write_adapter_dir
+from loraserve.testing.adapters.files import tiny_adapter
+from loraserve.testing.s3.endpoint import S3Bucket
+from loraserve.testing.store.calls import push
+from loraserve.testing.store.server import RunningStore, running_store
 
 pytestmark = [pytest.mark.faults, pytest.mark.slow]
 

@@ -19,12 +19,12 @@ from loraserve.adapterstore.v1 import adapterstore_pb2 as pb
 from loraserve.adapterstore.v1 import adapterstore_pb2_grpc as pb_grpc
 from loraserve.common.rpc.security import ClientSecurity, ServerSecurity, Token, secure_channel
 from loraserve.common.statusshards import shard_of
-from loraserve.testing.adapterfiles import tiny_adapter
-from loraserve.testing.pushes import push_requests
-from loraserve.testing.s3 import S3Bucket
-from loraserve.testing.statuses import report_request, routed
-from loraserve.testing.store import RunningStore, running_store
-from loraserve.testing.storecalls import push, rpc_code, store_stub
+from loraserve.testing.adapters.files import tiny_adapter
+from loraserve.testing.adapters.pushes import push_requests
+from loraserve.testing.s3.endpoint import S3Bucket
+from loraserve.testing.store.calls import push, rpc_code, store_stub
+from loraserve.testing.store.server import RunningStore, running_store
+from loraserve.testing.store.statuses import report_request, routed
 
 pytestmark = pytest.mark.faults
 

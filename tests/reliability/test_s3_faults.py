@@ -16,13 +16,13 @@ from grpc_health.v1 import health_pb2
 
 from loraserve.adapterstore.blobs.blobstore import blob_key
 from loraserve.adapterstore.v1 import adapterstore_pb2 as pb
-from loraserve.testing.adapterfiles import tiny_adapter
-from loraserve.testing.figures import add_figure
-from loraserve.testing.processes import health_status
-from loraserve.testing.s3 import S3Bucket
-from loraserve.testing.s3faults import Fault, S3FaultProxy
-from loraserve.testing.store import RunningStore
-from loraserve.testing.storecalls import keys_under, push, store_stub
+from loraserve.testing.adapters.files import tiny_adapter
+from loraserve.testing.plugins.figures import add_figure
+from loraserve.testing.processes.services import health_status
+from loraserve.testing.s3.endpoint import S3Bucket
+from loraserve.testing.s3.faults import Fault, S3FaultProxy
+from loraserve.testing.store.calls import keys_under, push, store_stub
+from loraserve.testing.store.server import RunningStore
 
 pytestmark = pytest.mark.faults
 

@@ -23,16 +23,16 @@ import pytest
 from loraserve.adapterstore.v1 import adapterstore_pb2 as store_pb
 from loraserve.common.revisions.manifest import RevisionKey
 from loraserve.common.trust.signing import sign_revision
-from loraserve.testing.adapterfiles import AdapterFiles
-from loraserve.testing.forgery import forge_push, log_entry, put_blobs, replace_blob
-from loraserve.testing.inferenceapp import RunningInference, adapter_files, inference_app
-from loraserve.testing.models import TinyAdapterFactory
-from loraserve.testing.pushes import hashed
-from loraserve.testing.s3 import S3Bucket
-from loraserve.testing.signers import KeyPair, write_key_pair
-from loraserve.testing.stack import replica_answer
-from loraserve.testing.store import RunningStore
-from loraserve.testing.storecalls import push, store_stub
+from loraserve.testing.adapters.files import AdapterFiles
+from loraserve.testing.adapters.models import TinyAdapterFactory
+from loraserve.testing.adapters.pushes import hashed
+from loraserve.testing.adapters.signers import KeyPair, write_key_pair
+from loraserve.testing.inference.app import RunningInference, adapter_files, inference_app
+from loraserve.testing.inference.stack import replica_answer
+from loraserve.testing.s3.endpoint import S3Bucket
+from loraserve.testing.s3.forgery import forge_push, log_entry, put_blobs, replace_blob
+from loraserve.testing.store.calls import push, store_stub
+from loraserve.testing.store.server import RunningStore
 
 if TYPE_CHECKING:
     from vllm.v1.engine.async_llm import AsyncLLM

@@ -28,12 +28,12 @@ import pytest
 from safetensors.numpy import load, save
 
 from loraserve.adapterstore.v1 import adapterstore_pb2 as store_pb
-from loraserve.testing.adapterfiles import AdapterFiles
-from loraserve.testing.figures import add_figure
-from loraserve.testing.inferenceapp import RunningInference, adapter_files, greedy, inference_app
-from loraserve.testing.models import TinyAdapterFactory
-from loraserve.testing.store import RunningStore
-from loraserve.testing.storecalls import push, store_stub
+from loraserve.testing.adapters.files import AdapterFiles
+from loraserve.testing.adapters.models import TinyAdapterFactory
+from loraserve.testing.inference.app import RunningInference, adapter_files, greedy, inference_app
+from loraserve.testing.plugins.figures import add_figure
+from loraserve.testing.store.calls import push, store_stub
+from loraserve.testing.store.server import RunningStore
 
 if TYPE_CHECKING:
     from vllm.v1.engine.async_llm import AsyncLLM

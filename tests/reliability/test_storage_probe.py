@@ -13,10 +13,10 @@ import pytest
 
 from loraserve.adapterstore.blobs.s3blobs import S3BlobStore
 from loraserve.adapterstore.blobs.storageprobe import PROBE_KEY, PROBE_PREFIX, check_conditional_put
-from loraserve.testing.adapterstore import s3_location
-from loraserve.testing.processes import store_process
-from loraserve.testing.s3 import S3Bucket
-from loraserve.testing.s3faults import Fault, S3FaultProxy
+from loraserve.testing.processes.services import store_process
+from loraserve.testing.s3.endpoint import S3Bucket
+from loraserve.testing.s3.faults import Fault, S3FaultProxy
+from loraserve.testing.store.stores import s3_location
 
 pytestmark = pytest.mark.faults
 

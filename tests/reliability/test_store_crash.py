@@ -15,12 +15,12 @@ import grpc
 import pytest
 
 from loraserve.adapterstore.v1 import adapterstore_pb2 as pb
-from loraserve.testing.adapterfiles import tiny_adapter
-from loraserve.testing.figures import add_figure
-from loraserve.testing.processes import free_port, store_process
-from loraserve.testing.s3 import S3Bucket
-from loraserve.testing.s3faults import Fault, s3_fault_proxy
-from loraserve.testing.storecalls import (
+from loraserve.testing.adapters.files import tiny_adapter
+from loraserve.testing.plugins.figures import add_figure
+from loraserve.testing.processes.services import free_port, store_process
+from loraserve.testing.s3.endpoint import S3Bucket
+from loraserve.testing.s3.faults import Fault, s3_fault_proxy
+from loraserve.testing.store.calls import (
     first_watch_messages,
     keys_under,
     push,

@@ -19,12 +19,12 @@ import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from loraserve.adapterstore.v1 import adapterstore_pb2 as pb
-from loraserve.testing.adapterfiles import AdapterFiles, tiny_adapter
-from loraserve.testing.figures import add_figure
-from loraserve.testing.processes import StoreProcess, free_port, store_process
-from loraserve.testing.pushes import push_requests
-from loraserve.testing.s3 import S3Bucket
-from loraserve.testing.storecalls import push, store_stub
+from loraserve.testing.adapters.files import AdapterFiles, tiny_adapter
+from loraserve.testing.adapters.pushes import push_requests
+from loraserve.testing.plugins.figures import add_figure
+from loraserve.testing.processes.services import StoreProcess, free_port, store_process
+from loraserve.testing.s3.endpoint import S3Bucket
+from loraserve.testing.store.calls import push, store_stub
 
 pytestmark = [pytest.mark.faults, pytest.mark.slow]
 

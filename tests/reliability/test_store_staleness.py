@@ -25,12 +25,12 @@ from loraserve.common.revisions.manifest import Revision
 from loraserve.common.rpc.security import ClientSecurity
 from loraserve.inference.adapters import RegistryCounts
 from loraserve.inference.sync import Synchronizer, SyncSettings
-from loraserve.testing.adapterfiles import tiny_adapter
-from loraserve.testing.processes import health_status, wait_for_health
-from loraserve.testing.s3 import S3Bucket
-from loraserve.testing.s3faults import Fault, S3FaultProxy, s3_fault_proxy
-from loraserve.testing.store import RunningStore, running_store
-from loraserve.testing.storecalls import push, store_stub
+from loraserve.testing.adapters.files import tiny_adapter
+from loraserve.testing.processes.services import health_status, wait_for_health
+from loraserve.testing.s3.endpoint import S3Bucket
+from loraserve.testing.s3.faults import Fault, S3FaultProxy, s3_fault_proxy
+from loraserve.testing.store.calls import push, store_stub
+from loraserve.testing.store.server import RunningStore, running_store
 from loraserve.testing.waiting import eventually
 
 pytestmark = pytest.mark.faults

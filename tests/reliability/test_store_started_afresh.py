@@ -17,12 +17,12 @@ import pytest
 
 from loraserve.adapterstore.changelog.logstorage import log_key
 from loraserve.adapterstore.v1 import adapterstore_pb2 as store_pb
-from loraserve.testing.inferenceapp import PROMPT, RunningInference, adapter_files, inference_app
-from loraserve.testing.models import TinyAdapterFactory
-from loraserve.testing.processes import free_port, store_process
-from loraserve.testing.s3 import S3Bucket
-from loraserve.testing.storecalls import push, store_stub
-from loraserve.testing.tcpproxy import tcp_proxy
+from loraserve.testing.adapters.models import TinyAdapterFactory
+from loraserve.testing.inference.app import PROMPT, RunningInference, adapter_files, inference_app
+from loraserve.testing.processes.services import free_port, store_process
+from loraserve.testing.processes.tcpproxy import tcp_proxy
+from loraserve.testing.s3.endpoint import S3Bucket
+from loraserve.testing.store.calls import push, store_stub
 from loraserve.testing.waiting import eventually
 from loraserve.tiny.oracle import greedy_tokens
 

@@ -9,8 +9,8 @@ import pytest
 
 from loraserve.adapterctl.adapter_dir import check_complete, hash_files, list_adapter_dir
 from loraserve.common.errors import InvalidArgument
-from loraserve.testing.badpushes import nested_json, weights_with_nested_header
-from loraserve.testing.ctl import write_adapter_dir
+from loraserve.testing.adapters.badpushes import nested_json, weights_with_nested_header
+from loraserve.testing.adapters.ctl import write_adapter_dir
 
 WEIGHTS = "adapter_model.safetensors"
 CONFIG = "adapter_config.json"

@@ -17,7 +17,7 @@ from loraserve.adapterctl.settings import (
     CtlSettings,
     settings_from_args,
 )
-from loraserve.testing.ctl import buffers, ctl, write_adapter_dir
+from loraserve.testing.adapters.ctl import buffers, ctl, write_adapter_dir
 
 
 def _settings(argv: list[str], env: dict[str, str] | None = None) -> CtlSettings:

@@ -21,7 +21,7 @@ from loraserve.common.errors import NotFound
 from loraserve.common.rpc.security import ServerSecurity, parse_tokens
 from loraserve.inference.v1 import inference_pb2 as pb
 from loraserve.inference.v1 import inference_pb2_grpc as pb_grpc
-from loraserve.testing.ctl import buffers, ctl, output
+from loraserve.testing.adapters.ctl import buffers, ctl, output
 from loraserve.testing.grpc import serving
 from loraserve.testing.waiting import eventually
 

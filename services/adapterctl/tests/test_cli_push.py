@@ -19,7 +19,7 @@ from loraserve.adapterctl.terminal.progress import Progress
 from loraserve.adapterstore.v1 import adapterstore_pb2 as pb
 from loraserve.clients.push import CHUNK_SIZE, upload
 from loraserve.common.rpc.security import ClientSecurity
-from loraserve.testing.ctl import TtyBuffer, write_adapter_dir
+from loraserve.testing.adapters.ctl import TtyBuffer, write_adapter_dir
 
 README_SIZE = 2 * CHUNK_SIZE + 123
 

@@ -16,9 +16,9 @@ import pytest
 from loraserve.adapterctl.failures import EXIT_FAILED, EXIT_OK, EXIT_UNREACHABLE
 from loraserve.adapterstore.v1 import adapterstore_pb2 as pb
 from loraserve.adapterstore.v1 import adapterstore_pb2_grpc as pb_grpc
-from loraserve.testing.ctl import CtlResult, ctl, write_adapter_dir
-from loraserve.testing.statuses import refused, report_request, routed
-from loraserve.testing.store import RunningStore
+from loraserve.testing.adapters.ctl import CtlResult, ctl, write_adapter_dir
+from loraserve.testing.store.server import RunningStore
+from loraserve.testing.store.statuses import refused, report_request, routed
 from loraserve.testing.waiting import eventually
 
 REPLICAS = ("r1", "r2", "r3")

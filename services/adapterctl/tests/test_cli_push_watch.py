@@ -12,9 +12,9 @@ from pathlib import Path
 
 from loraserve.adapterctl.cli import run
 from loraserve.adapterctl.failures import EXIT_INTERRUPTED
-from loraserve.testing.adapterfiles import tiny_adapter
-from loraserve.testing.ctl import buffers, ctl, output, write_adapter_dir
-from loraserve.testing.store import RunningStore
+from loraserve.testing.adapters.ctl import buffers, ctl, output, write_adapter_dir
+from loraserve.testing.adapters.files import tiny_adapter
+from loraserve.testing.store.server import RunningStore
 from loraserve.testing.waiting import eventually
 
 WEIGHTS = "adapter_model.safetensors"

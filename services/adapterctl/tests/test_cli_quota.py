@@ -15,9 +15,9 @@ import pytest
 from loraserve.adapterctl.failures import EXIT_FAILED, EXIT_OK, EXIT_USAGE
 from loraserve.adapterstore.v1 import adapterstore_pb2 as pb
 from loraserve.adapterstore.v1 import adapterstore_pb2_grpc as pb_grpc
-from loraserve.testing.ctl import CtlResult, ctl, write_adapter_dir
-from loraserve.testing.s3 import S3Bucket
-from loraserve.testing.store import RunningStore, running_store
+from loraserve.testing.adapters.ctl import CtlResult, ctl, write_adapter_dir
+from loraserve.testing.s3.endpoint import S3Bucket
+from loraserve.testing.store.server import RunningStore, running_store
 
 
 @pytest.fixture

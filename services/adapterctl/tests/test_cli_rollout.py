@@ -16,10 +16,10 @@ import pytest
 from loraserve.adapterctl.failures import EXIT_FAILED, EXIT_OK
 from loraserve.adapterstore.v1 import adapterstore_pb2 as pb
 from loraserve.adapterstore.v1 import adapterstore_pb2_grpc as pb_grpc
-from loraserve.testing.ctl import CtlResult, ctl, write_adapter_dir
-from loraserve.testing.s3 import S3Bucket
-from loraserve.testing.statuses import refused, report_request, routed
-from loraserve.testing.store import RunningStore, running_store
+from loraserve.testing.adapters.ctl import CtlResult, ctl, write_adapter_dir
+from loraserve.testing.s3.endpoint import S3Bucket
+from loraserve.testing.store.server import RunningStore, running_store
+from loraserve.testing.store.statuses import refused, report_request, routed
 from loraserve.testing.waiting import eventually
 
 BOUNDS = (0.1, 0.5, 1.0)

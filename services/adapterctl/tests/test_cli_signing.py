@@ -9,12 +9,12 @@ from pathlib import Path
 from loraserve.adapterctl.failures import EXIT_FAILED, EXIT_NOT_ALLOWED, EXIT_USAGE
 from loraserve.common.trust.policy import SignaturePolicy, TrustSettings
 from loraserve.common.trust.signing import parse_trusted_signers
-from loraserve.testing.ctl import ctl, write_adapter_dir
-from loraserve.testing.s3 import S3Bucket
-from loraserve.testing.signers import KeyPair, write_certificate_signer, write_key_pair
-from loraserve.testing.statuses import report_request, routed
-from loraserve.testing.store import RunningStore, running_store, stored_objects
-from loraserve.testing.storecalls import store_stub
+from loraserve.testing.adapters.ctl import ctl, write_adapter_dir
+from loraserve.testing.adapters.signers import KeyPair, write_certificate_signer, write_key_pair
+from loraserve.testing.s3.endpoint import S3Bucket
+from loraserve.testing.store.calls import store_stub
+from loraserve.testing.store.server import RunningStore, running_store, stored_objects
+from loraserve.testing.store.statuses import report_request, routed
 
 
 def _env(store: RunningStore) -> dict[str, str]:

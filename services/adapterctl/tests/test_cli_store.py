@@ -16,11 +16,11 @@ from loraserve.adapterctl.failures import EXIT_FAILED, EXIT_NOT_ALLOWED, EXIT_US
 from loraserve.adapterstore.catalog.pagetokens import DEFAULT_PAGE_SIZE
 from loraserve.adapterstore.v1 import adapterstore_pb2_grpc as pb_grpc
 from loraserve.common.rpc.security import ServerSecurity, parse_tokens
-from loraserve.testing.badpushes import nested_json
-from loraserve.testing.ctl import buffers, ctl, output, write_adapter_dir
-from loraserve.testing.s3 import S3Bucket
-from loraserve.testing.statuses import refused, report_request, write_statuses
-from loraserve.testing.store import RunningStore, running_store
+from loraserve.testing.adapters.badpushes import nested_json
+from loraserve.testing.adapters.ctl import buffers, ctl, output, write_adapter_dir
+from loraserve.testing.s3.endpoint import S3Bucket
+from loraserve.testing.store.server import RunningStore, running_store
+from loraserve.testing.store.statuses import refused, report_request, write_statuses
 from loraserve.testing.waiting import eventually
 
 WEIGHTS = "adapter_model.safetensors"

@@ -14,8 +14,8 @@ from loraserve.adapterctl.adapter_dir import AdapterFiles, hash_files, list_adap
 from loraserve.adapterctl.commands.watch_dir import ChangeSignal, Fingerprint, watch_directory
 from loraserve.adapterctl.failures import UsageError
 from loraserve.adapterctl.terminal.console import Console
-from loraserve.testing.adapterfiles import tiny_adapter
-from loraserve.testing.ctl import buffers, output, write_adapter_dir
+from loraserve.testing.adapters.ctl import buffers, output, write_adapter_dir
+from loraserve.testing.adapters.files import tiny_adapter
 from loraserve.testing.waiting import eventually
 
 WEIGHTS = "adapter_model.safetensors"

@@ -1,5 +1,5 @@
 """Store fixtures for this folder (a non-root conftest cannot use pytest_plugins)."""
 
-from loraserve.testing.adapterstore import memory_blobs, memory_store, open_store
+from loraserve.testing.store.stores import memory_blobs, memory_store, open_store
 
 __all__ = ["memory_blobs", "memory_store", "open_store"]

@@ -26,10 +26,10 @@ from loraserve.adapterstore.changelog.logtypes import (
 from loraserve.adapterstore.store import AdapterStore
 from loraserve.common.errors import FailedPrecondition, InvalidArgument, Unavailable
 from loraserve.common.revisions.manifest import Revision
-from loraserve.testing.adapterfiles import tiny_adapter
-from loraserve.testing.adapterstore import StoreFactory
-from loraserve.testing.memblobs import MemoryBlobStore
-from loraserve.testing.pushes import push
+from loraserve.testing.adapters.files import tiny_adapter
+from loraserve.testing.adapters.pushes import push
+from loraserve.testing.fakes.blobs import MemoryBlobStore
+from loraserve.testing.store.stores import StoreFactory
 from loraserve.testing.waiting import eventually
 
 

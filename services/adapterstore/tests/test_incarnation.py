@@ -11,10 +11,11 @@ import pytest
 
 from loraserve.adapterstore.blobs.s3blobs import S3BlobStore
 from loraserve.adapterstore.v1 import adapterstore_pb2 as pb
-from loraserve.testing.adapterfiles import tiny_adapter
-from loraserve.testing.adapterstore import s3_location, serve_store
-from loraserve.testing.s3 import S3Bucket
-from loraserve.testing.storecalls import push
+from loraserve.testing.adapters.files import tiny_adapter
+from loraserve.testing.s3.endpoint import S3Bucket
+from loraserve.testing.store.calls import push
+from loraserve.testing.store.server import serve_store
+from loraserve.testing.store.stores import s3_location
 
 GUARD_S = 30
 # Heartbeats this often: a watch that is wrongly accepted shows it at once.

@@ -14,8 +14,8 @@ from grpc_health.v1 import health_pb2
 from loraserve.adapterstore.settings import parse_settings
 from loraserve.common.config.sizes import parse_size
 from loraserve.common.errors import InvalidArgument
-from loraserve.testing.processes import free_port, wait_for_health
-from loraserve.testing.s3 import S3Bucket
+from loraserve.testing.processes.services import free_port, wait_for_health
+from loraserve.testing.s3.endpoint import S3Bucket
 
 GUARD_S = 60
 

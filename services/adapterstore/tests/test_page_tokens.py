@@ -10,10 +10,10 @@ import grpc
 import pytest
 
 from loraserve.adapterstore.v1 import adapterstore_pb2 as pb
-from loraserve.testing.adapterfiles import tiny_adapter
-from loraserve.testing.adapterstore import StoreServer, serve_store
-from loraserve.testing.s3 import S3Bucket
-from loraserve.testing.storecalls import push, rpc_code
+from loraserve.testing.adapters.files import tiny_adapter
+from loraserve.testing.s3.endpoint import S3Bucket
+from loraserve.testing.store.calls import push, rpc_code
+from loraserve.testing.store.server import StoreServer, serve_store
 
 # What int() accepts and no store ever writes, and numbers no page ends before.
 FORGED_REVISIONS = ["+7", " 5 ", "1_0", "\u0663", "-1", "0", "07"]

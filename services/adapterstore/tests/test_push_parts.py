@@ -17,12 +17,13 @@ from safetensors.numpy import save
 
 from loraserve.adapterstore.blobs import MIN_PART_SIZE, S3BlobStore, blob_key
 from loraserve.adapterstore.v1 import adapterstore_pb2 as pb
-from loraserve.testing.adapterfiles import AdapterFiles, lora_config, lora_tensors
-from loraserve.testing.adapterstore import s3_location, serve_store
-from loraserve.testing.partcount import PartsOnTheWire
-from loraserve.testing.s3 import S3Bucket
-from loraserve.testing.s3faults import S3FaultProxy
-from loraserve.testing.storecalls import keys_under, push
+from loraserve.testing.adapters.files import AdapterFiles, lora_config, lora_tensors
+from loraserve.testing.s3.endpoint import S3Bucket
+from loraserve.testing.s3.faults import S3FaultProxy
+from loraserve.testing.s3.partcount import PartsOnTheWire
+from loraserve.testing.store.calls import keys_under, push
+from loraserve.testing.store.server import serve_store
+from loraserve.testing.store.stores import s3_location
 
 WEIGHTS = "adapter_model.safetensors"
 

@@ -13,12 +13,12 @@ import pytest
 from safetensors.numpy import save
 
 from loraserve.adapterstore.v1 import adapterstore_pb2 as pb
-from loraserve.testing.adapterfiles import AdapterFiles, lora_config, lora_tensors, tiny_adapter
-from loraserve.testing.adapterstore import serve_store
-from loraserve.testing.pushes import push_requests
-from loraserve.testing.s3 import S3Bucket
-from loraserve.testing.s3faults import S3FaultProxy
-from loraserve.testing.storecalls import keys_under, push
+from loraserve.testing.adapters.files import AdapterFiles, lora_config, lora_tensors, tiny_adapter
+from loraserve.testing.adapters.pushes import push_requests
+from loraserve.testing.s3.endpoint import S3Bucket
+from loraserve.testing.s3.faults import S3FaultProxy
+from loraserve.testing.store.calls import keys_under, push
+from loraserve.testing.store.server import serve_store
 from loraserve.testing.waiting import eventually
 
 GUARD_S = 30

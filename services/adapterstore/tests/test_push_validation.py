@@ -15,10 +15,10 @@ from loraserve.adapterstore.files.validation import (
 from loraserve.adapterstore.store import AdapterStore
 from loraserve.common.errors import InvalidArgument
 from loraserve.common.revisions.peft_format import parse_safetensors_header
-from loraserve.testing.adapterfiles import lora_tensors, tiny_adapter
-from loraserve.testing.badpushes import BAD_PUSHES, BadPush
-from loraserve.testing.memblobs import MemoryBlobStore
-from loraserve.testing.pushes import push
+from loraserve.testing.adapters.badpushes import BAD_PUSHES, BadPush
+from loraserve.testing.adapters.files import lora_tensors, tiny_adapter
+from loraserve.testing.adapters.pushes import push
+from loraserve.testing.fakes.blobs import MemoryBlobStore
 
 
 async def _chunks(chunks: list[Chunk]):  # type: ignore[no-untyped-def]

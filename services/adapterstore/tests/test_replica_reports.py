@@ -9,10 +9,10 @@ from loraserve.adapterstore.replicas.ops import StatusPage
 from loraserve.adapterstore.store import AdapterStore
 from loraserve.common.fleet.reports import AdapterReport, RevisionReport, ServingState
 from loraserve.common.statusshards import STATUS_SHARDS, shard_of
-from loraserve.testing.adapterfiles import tiny_adapter
-from loraserve.testing.adapterstore import StoreFactory
-from loraserve.testing.memblobs import MemoryBlobStore
-from loraserve.testing.pushes import push
+from loraserve.testing.adapters.files import tiny_adapter
+from loraserve.testing.adapters.pushes import push
+from loraserve.testing.fakes.blobs import MemoryBlobStore
+from loraserve.testing.store.stores import StoreFactory
 from loraserve.testing.waiting import eventually
 
 

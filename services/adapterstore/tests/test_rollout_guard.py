@@ -16,8 +16,8 @@ from loraserve.common.fleet.reports import (
     RevisionReport,
     ServingState,
 )
-from loraserve.testing.adapterfiles import tiny_adapter
-from loraserve.testing.pushes import push
+from loraserve.testing.adapters.files import tiny_adapter
+from loraserve.testing.adapters.pushes import push
 
 BOUNDS = (0.1, 0.5, 1.0)
 NOW = datetime(2026, 1, 1, tzinfo=UTC)

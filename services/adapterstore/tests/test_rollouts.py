@@ -14,10 +14,10 @@ from loraserve.adapterstore.rollout.changes import rollout_aborted
 from loraserve.adapterstore.rollout.records import GUARD_ACTOR, Guards, RolloutState
 from loraserve.adapterstore.store import AdapterStore
 from loraserve.common.errors import FailedPrecondition, InvalidArgument, NotFound
-from loraserve.testing.adapterfiles import tiny_adapter
-from loraserve.testing.adapterstore import FAST_LOG, StoreFactory
-from loraserve.testing.memblobs import MemoryBlobStore
-from loraserve.testing.pushes import push
+from loraserve.testing.adapters.files import tiny_adapter
+from loraserve.testing.adapters.pushes import push
+from loraserve.testing.fakes.blobs import MemoryBlobStore
+from loraserve.testing.store.stores import FAST_LOG, StoreFactory
 
 GUARDS = Guards(max_error_rate_margin=5.0)
 

@@ -9,9 +9,9 @@ import pytest
 
 from loraserve.adapterstore.blobs.blobstore import BlobNotFound, BlobUpload, blob_key
 from loraserve.adapterstore.blobs.s3blobs import MIN_PART_SIZE, S3BlobStore
-from loraserve.testing.adapterstore import s3_location
-from loraserve.testing.partcount import PartsOnTheWire
-from loraserve.testing.s3 import S3Bucket
+from loraserve.testing.s3.endpoint import S3Bucket
+from loraserve.testing.s3.partcount import PartsOnTheWire
+from loraserve.testing.store.stores import s3_location
 
 
 def _store(bucket: S3Bucket, prefix: str = "store") -> S3BlobStore:

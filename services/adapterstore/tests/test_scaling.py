@@ -19,12 +19,12 @@ from loraserve.adapterstore.changelog.log import LogSettings
 from loraserve.adapterstore.changelog.logstorage import log_key, snapshot_key
 from loraserve.adapterstore.store import AdapterStore
 from loraserve.common.revisions.manifest import FileInfo, Revision
-from loraserve.testing.adapterfiles import tiny_adapter
-from loraserve.testing.adapterstore import StoreFactory, s3_location
-from loraserve.testing.memblobs import MemoryBlobStore
-from loraserve.testing.pushes import push
-from loraserve.testing.s3 import S3Bucket
-from loraserve.testing.s3faults import Fault, S3FaultProxy
+from loraserve.testing.adapters.files import tiny_adapter
+from loraserve.testing.adapters.pushes import push
+from loraserve.testing.fakes.blobs import MemoryBlobStore
+from loraserve.testing.s3.endpoint import S3Bucket
+from loraserve.testing.s3.faults import Fault, S3FaultProxy
+from loraserve.testing.store.stores import StoreFactory, s3_location
 from loraserve.testing.waiting import eventually
 
 SMALL, LARGE = 20, 40

@@ -15,13 +15,13 @@ from loraserve.adapterstore.changelog.log import LogSettings
 from loraserve.adapterstore.v1 import adapterstore_pb2 as pb
 from loraserve.adapterstore.v1 import adapterstore_pb2_grpc as pb_grpc
 from loraserve.common.rpc.clientstream import stream_unary
-from loraserve.testing.adapterfiles import AdapterFiles, lora_config, lora_tensors, tiny_adapter
-from loraserve.testing.adapterstore import StoreServer, serve_store
-from loraserve.testing.badpushes import BAD_PUSHES, BadPush
-from loraserve.testing.pushes import push_requests
-from loraserve.testing.s3 import S3Bucket
-from loraserve.testing.statuses import report_request
-from loraserve.testing.storecalls import keys_under
+from loraserve.testing.adapters.badpushes import BAD_PUSHES, BadPush
+from loraserve.testing.adapters.files import AdapterFiles, lora_config, lora_tensors, tiny_adapter
+from loraserve.testing.adapters.pushes import push_requests
+from loraserve.testing.s3.endpoint import S3Bucket
+from loraserve.testing.store.calls import keys_under
+from loraserve.testing.store.server import StoreServer, serve_store
+from loraserve.testing.store.statuses import report_request
 
 GUARD_S = 30
 

@@ -30,10 +30,10 @@ from loraserve.clients.push import LocalFile, push
 from loraserve.clients.store import store_channel
 from loraserve.common.rpc.security import ClientSecurity
 from loraserve.common.rpc.server import RunningServer
-from loraserve.testing.adapterfiles import tiny_adapter
-from loraserve.testing.adapterstore import make_store, s3_location
+from loraserve.testing.adapters.files import tiny_adapter
 from loraserve.testing.grpc import serving
-from loraserve.testing.s3 import S3Bucket
+from loraserve.testing.s3.endpoint import S3Bucket
+from loraserve.testing.store.stores import make_store, s3_location
 
 CALLS = 12
 # Long enough for the calls to cross the loopback into the first replica's gRPC core

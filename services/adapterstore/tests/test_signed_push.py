@@ -14,11 +14,11 @@ import pytest
 from loraserve.common.revisions.manifest import FileInfo, RevisionKey
 from loraserve.common.trust.policy import SignaturePolicy, TrustSettings
 from loraserve.common.trust.signing import MAX_SIGNATURE_BYTES, parse_trusted_signers, sign_revision
-from loraserve.testing.adapterfiles import AdapterFiles, tiny_adapter
-from loraserve.testing.s3 import S3Bucket
-from loraserve.testing.signers import KeyPair, write_certificate_signer
-from loraserve.testing.store import RunningStore, running_store, stored_objects
-from loraserve.testing.storecalls import push, store_stub
+from loraserve.testing.adapters.files import AdapterFiles, tiny_adapter
+from loraserve.testing.adapters.signers import KeyPair, write_certificate_signer
+from loraserve.testing.s3.endpoint import S3Bucket
+from loraserve.testing.store.calls import push, store_stub
+from loraserve.testing.store.server import RunningStore, running_store, stored_objects
 
 
 def _infos(files: AdapterFiles) -> list[FileInfo]:

@@ -11,12 +11,12 @@ import pytest
 
 from loraserve.adapterstore.v1 import adapterstore_pb2 as pb
 from loraserve.adapterstore.v1 import adapterstore_pb2_grpc as pb_grpc
-from loraserve.testing.adapterfiles import tiny_adapter
-from loraserve.testing.adapterstore import serve_store
-from loraserve.testing.s3 import S3Bucket
-from loraserve.testing.s3faults import S3FaultProxy
-from loraserve.testing.statuses import MANY_REPLICAS, all_status_pages, report_nacks
-from loraserve.testing.storecalls import push
+from loraserve.testing.adapters.files import tiny_adapter
+from loraserve.testing.s3.endpoint import S3Bucket
+from loraserve.testing.s3.faults import S3FaultProxy
+from loraserve.testing.store.calls import push
+from loraserve.testing.store.server import serve_store
+from loraserve.testing.store.statuses import MANY_REPLICAS, all_status_pages, report_nacks
 
 
 @pytest.mark.slow

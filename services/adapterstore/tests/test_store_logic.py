@@ -15,10 +15,10 @@ from loraserve.adapterstore.changelog.watching import Heartbeat
 from loraserve.adapterstore.files.push import Chunk
 from loraserve.adapterstore.store import AdapterStore
 from loraserve.common.errors import Aborted, DataLoss, InvalidArgument, NotFound, OutOfRange
-from loraserve.testing.adapterfiles import tiny_adapter
-from loraserve.testing.adapterstore import StoreFactory
-from loraserve.testing.memblobs import MemoryBlobStore
-from loraserve.testing.pushes import push
+from loraserve.testing.adapters.files import tiny_adapter
+from loraserve.testing.adapters.pushes import push
+from loraserve.testing.fakes.blobs import MemoryBlobStore
+from loraserve.testing.store.stores import StoreFactory
 from loraserve.testing.waiting import eventually
 
 # Generous guard so a hang fails the test instead of the session; never an assertion on time.

@@ -11,11 +11,11 @@ import pytest
 from loraserve.adapterstore.v1 import adapterstore_pb2 as pb
 from loraserve.adapterstore.v1 import adapterstore_pb2_grpc as pb_grpc
 from loraserve.common.config.textlimits import MAX_DESCRIPTION_BYTES, MAX_ERROR_MESSAGE_BYTES
-from loraserve.testing.adapterfiles import AdapterFiles, lora_config, tiny_adapter
-from loraserve.testing.adapterstore import StoreServer, serve_store
-from loraserve.testing.pushes import push_requests
-from loraserve.testing.s3 import S3Bucket
-from loraserve.testing.statuses import refused, report_request
+from loraserve.testing.adapters.files import AdapterFiles, lora_config, tiny_adapter
+from loraserve.testing.adapters.pushes import push_requests
+from loraserve.testing.s3.endpoint import S3Bucket
+from loraserve.testing.store.server import StoreServer, serve_store
+from loraserve.testing.store.statuses import refused, report_request
 
 # gRPC's default receive limit, which the test channel keeps: every page must fit it.
 DEFAULT_RECEIVE_LIMIT = 4 * 1024 * 1024

@@ -9,7 +9,7 @@ import pytest
 
 from loraserve.common.errors import InvalidArgument
 from loraserve.common.revisions.peft_format import check_json_depth, load_json_object, matrix_shapes
-from loraserve.testing.badpushes import nested_json, weights_with_nested_header
+from loraserve.testing.adapters.badpushes import nested_json, weights_with_nested_header
 
 
 def test_matrix_shapes_refuses_a_deeply_nested_header_naming_the_file(tmp_path: Path) -> None:

@@ -1,5 +1,5 @@
 """Registry fixtures for this folder (a non-root conftest cannot use pytest_plugins)."""
 
-from loraserve.testing.registries import cache_dir, engine, fetcher, registry
+from loraserve.testing.fakes.registry import cache_dir, engine, fetcher, registry
 
 __all__ = ["cache_dir", "engine", "fetcher", "registry"]

@@ -17,7 +17,7 @@ from loraserve.inference.engine import VllmEngine
 from loraserve.inference.settings import EngineOptions, parse_settings
 from loraserve.inference.v1 import inference_pb2 as pb
 from loraserve.inference.v1 import inference_pb2_grpc as pb_grpc
-from loraserve.testing.processes import free_port, inference_args
+from loraserve.testing.processes.services import free_port, inference_args
 from loraserve.testing.waiting import eventually
 
 WAITING = "engine.auto_rank_waiting"

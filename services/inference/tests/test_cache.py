@@ -20,7 +20,7 @@ from loraserve.common.errors import (
 from loraserve.common.revisions.manifest import Revision
 from loraserve.inference.cache import AdapterCache
 from loraserve.inference.cache.download import MANIFEST_FILE
-from loraserve.testing.cache_fakes import FakeSource, file_info
+from loraserve.testing.fakes.revisions import FakeSource, file_info
 from loraserve.testing.waiting import eventually
 
 CONFIG = b'{"r": 8}'

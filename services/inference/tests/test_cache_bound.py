@@ -11,7 +11,7 @@ import pytest
 from loraserve.common.errors import FailedPrecondition, ResourceExhausted
 from loraserve.inference.cache import AdapterCache
 from loraserve.inference.cache.index import INDEX_FILE
-from loraserve.testing.cache_fakes import FakeSource
+from loraserve.testing.fakes.revisions import FakeSource
 from loraserve.testing.waiting import eventually
 
 CONFIG = b'{"r": 8}'

@@ -20,7 +20,7 @@ from loraserve.inference.adapters import (
     smallest_covering_rank,
     supported_lora_ranks,
 )
-from loraserve.testing.models import TinyAdapterFactory
+from loraserve.testing.adapters.models import TinyAdapterFactory
 
 VLLM_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)
 

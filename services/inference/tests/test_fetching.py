@@ -14,7 +14,7 @@ from loraserve.common.errors import DataLoss
 from loraserve.common.revisions.presigned import FileUrl, RevisionUrls, redacted
 from loraserve.inference.cache import AdapterCache, FetchSettings
 from loraserve.inference.settings import parse_settings
-from loraserve.testing.cache_fakes import FakeSource
+from loraserve.testing.fakes.revisions import FakeSource
 
 BASE = ["serve", "--model", "/models/tiny", "--store", "store:50051"]
 EXPIRE = datetime(2026, 1, 1, tzinfo=UTC)

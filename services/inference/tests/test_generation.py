@@ -21,7 +21,7 @@ from loraserve.inference.serving.generation import (
     SamplingRequest,
     Usage,
 )
-from loraserve.testing.inference_fakes import CacheDirectory, FakeEngine, make_revision
+from loraserve.testing.fakes.engine import CacheDirectory, FakeEngine, make_revision
 
 
 @pytest.fixture

@@ -11,8 +11,8 @@ import openai
 import pytest
 
 from loraserve.inference.engine.sampling import ServerDefaults
-from loraserve.testing.inference_fakes import FAKE_INFO, FakeEngine
-from loraserve.testing.openai_front import MESSAGES, MODEL, StartFront
+from loraserve.testing.fakes.engine import FAKE_INFO, FakeEngine
+from loraserve.testing.inference.openai_front import MESSAGES, MODEL, StartFront
 
 
 class TemplatingEngine(FakeEngine):

@@ -7,8 +7,8 @@ from __future__ import annotations
 
 import pytest
 
-from loraserve.testing.inference_fakes import FAKE_INFO
-from loraserve.testing.openai_front import CHAT, MODEL, StartFront, _post
+from loraserve.testing.fakes.engine import FAKE_INFO
+from loraserve.testing.inference.openai_front import CHAT, MODEL, StartFront, _post
 
 
 async def test_completion_returns_text_usage_and_the_served_revision(

@@ -13,8 +13,8 @@ import pytest
 
 from loraserve.common.rpc.metrics_http import split_address
 from loraserve.common.rpc.security import ServerSecurity, Token
-from loraserve.testing.inference_fakes import FakeEngine
-from loraserve.testing.openai_front import CHAT, MODEL, StartFront, _post
+from loraserve.testing.fakes.engine import FakeEngine
+from loraserve.testing.inference.openai_front import CHAT, MODEL, StartFront, _post
 from loraserve.testing.waiting import eventually
 
 READER = "reader-secret"

@@ -21,7 +21,7 @@ from loraserve.inference.adapters import LLAMA_TARGET_MODULES, AdapterRegistry, 
 from loraserve.inference.metrics import InferenceMetrics
 from loraserve.inference.openai import RunningHttpServer, create_openai_app, start_http_server
 from loraserve.inference.serving import Admission, Generator, Runtime, RuntimeRef
-from loraserve.testing.inference_fakes import CacheDirectory, FakeEngine, make_revision
+from loraserve.testing.fakes.engine import CacheDirectory, FakeEngine, make_revision
 
 MODEL = "fake-llama"
 READER = "reader-secret"

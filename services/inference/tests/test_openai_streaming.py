@@ -11,8 +11,8 @@ from collections.abc import AsyncGenerator, Sequence
 import httpx
 
 from loraserve.inference.engine import AdapterHandle, EngineDelta, SamplingSpec
-from loraserve.testing.inference_fakes import FakeEngine
-from loraserve.testing.openai_front import MODEL, StartFront
+from loraserve.testing.fakes.engine import FakeEngine
+from loraserve.testing.inference.openai_front import MODEL, StartFront
 from loraserve.testing.waiting import eventually
 
 

@@ -13,13 +13,13 @@ from loraserve.common.revisions.manifest import Revision
 from loraserve.common.revisions.names import AdapterRef
 from loraserve.inference.adapters import AdapterRegistry, RevisionLife
 from loraserve.inference.cache import CachedRevision, Holder
-from loraserve.testing.inference_fakes import (
+from loraserve.testing.fakes.engine import (
     CacheDirectory,
     FakeEngine,
     FakeFetcher,
     make_revision,
 )
-from loraserve.testing.registries import fake_registry, state_of
+from loraserve.testing.fakes.registry import fake_registry, state_of
 
 
 async def test_pinned_revision_is_fetched_on_demand_and_stays_loaded(

@@ -10,7 +10,7 @@ import pytest
 from loraserve.clients.store import RolloutSplit
 from loraserve.common.revisions.names import AdapterRef
 from loraserve.inference.adapters import AdapterRegistry
-from loraserve.testing.inference_fakes import FakeEngine, FakeFetcher, fake_manifest
+from loraserve.testing.fakes.engine import FakeEngine, FakeFetcher, fake_manifest
 from loraserve.testing.waiting import eventually
 
 

@@ -17,7 +17,7 @@ from loraserve.inference.adapters import (
     Tier,
 )
 from loraserve.inference.adapters.state import RevisionEntry
-from loraserve.testing.inference_fakes import FakeEngine, FakeFetcher, fake_manifest
+from loraserve.testing.fakes.engine import FakeEngine, FakeFetcher, fake_manifest
 from loraserve.testing.waiting import eventually
 
 

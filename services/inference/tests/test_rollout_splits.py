@@ -8,7 +8,7 @@ import random
 
 from loraserve.clients.store import RolloutSplit
 from loraserve.inference.adapters.rollouts import Splits
-from loraserve.testing.sync_store import manifest
+from loraserve.testing.fakes.sync_store import manifest
 
 
 def split(weight: float, candidate: int = 2) -> RolloutSplit:

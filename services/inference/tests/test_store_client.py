@@ -30,9 +30,9 @@ from loraserve.common.fleet.reports import (
 from loraserve.common.revisions.manifest import Revision
 from loraserve.common.rpc.security import ClientSecurity
 from loraserve.common.statusshards import shard_of
-from loraserve.testing.adapterfiles import tiny_adapter
-from loraserve.testing.pushes import push_requests
-from loraserve.testing.store import RunningStore
+from loraserve.testing.adapters.files import tiny_adapter
+from loraserve.testing.adapters.pushes import push_requests
+from loraserve.testing.store.server import RunningStore
 
 
 def settings(address: str, **overrides: Any) -> StoreClientSettings:

@@ -8,8 +8,8 @@ from __future__ import annotations
 import asyncio
 
 from loraserve.common.fleet.reports import ServingState
-from loraserve.testing.sync_fakes import Harness, running
-from loraserve.testing.sync_store import current_set, deleted, listing, manifest, pushed
+from loraserve.testing.fakes.sync import Harness, running
+from loraserve.testing.fakes.sync_store import current_set, deleted, listing, manifest, pushed
 from loraserve.testing.waiting import eventually
 
 

@@ -13,8 +13,8 @@ from loraserve.clients.store import Heartbeat
 from loraserve.common.errors import DataLoss, FailedPrecondition, NotFound, Unavailable
 from loraserve.common.fleet.reports import ServingState
 from loraserve.inference.sync import Synchronizer, SyncSettings
-from loraserve.testing.sync_fakes import Harness, running
-from loraserve.testing.sync_store import listing, pushed
+from loraserve.testing.fakes.sync import Harness, running
+from loraserve.testing.fakes.sync_store import listing, pushed
 from loraserve.testing.waiting import eventually
 
 

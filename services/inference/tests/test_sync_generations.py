@@ -7,8 +7,8 @@ from __future__ import annotations
 
 from loraserve.clients.store import Heartbeat, ListedAdapter, Listing
 from loraserve.common.errors import OutOfRange
-from loraserve.testing.sync_fakes import Harness, running
-from loraserve.testing.sync_store import manifest
+from loraserve.testing.fakes.sync import Harness, running
+from loraserve.testing.fakes.sync_store import manifest
 
 
 def _listed(seq: int, incarnation: str, *adapters: tuple[str, int, int]) -> Listing:

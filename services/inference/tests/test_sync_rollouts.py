@@ -10,8 +10,8 @@ from __future__ import annotations
 
 from loraserve.clients.store import EventKind, RolloutSplit, StoreEvent
 from loraserve.common.fleet.reports import ServingState
-from loraserve.testing.sync_fakes import Harness, running
-from loraserve.testing.sync_store import deleted, listing, manifest, pushed, rollout
+from loraserve.testing.fakes.sync import Harness, running
+from loraserve.testing.fakes.sync_store import deleted, listing, manifest, pushed, rollout
 
 
 async def test_rollout_start_splits_loads_the_candidate_and_reports_it() -> None:

@@ -12,8 +12,8 @@ from loraserve.clients.store import ListedAdapter, Listing
 from loraserve.common.errors import Unavailable
 from loraserve.common.fleet.reports import ServingState
 from loraserve.inference.sync import current_adapter_ranks
-from loraserve.testing.sync_fakes import Harness, running
-from loraserve.testing.sync_store import FakeStore, listing, manifest
+from loraserve.testing.fakes.sync import Harness, running
+from loraserve.testing.fakes.sync_store import FakeStore, listing, manifest
 from loraserve.testing.waiting import eventually
 
 

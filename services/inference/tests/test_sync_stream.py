@@ -11,8 +11,8 @@ from loraserve.clients.store import ListedAdapter, Listing
 from loraserve.common.errors import OutOfRange, Unavailable
 from loraserve.common.fleet.reports import ServingState
 from loraserve.inference.sync import Synchronizer
-from loraserve.testing.sync_fakes import FAST, Harness, running
-from loraserve.testing.sync_store import listing, manifest, pushed
+from loraserve.testing.fakes.sync import FAST, Harness, running
+from loraserve.testing.fakes.sync_store import listing, manifest, pushed
 from loraserve.testing.waiting import eventually
 
 

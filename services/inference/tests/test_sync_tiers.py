@@ -7,8 +7,8 @@ from __future__ import annotations
 from dataclasses import replace
 
 from loraserve.common.fleet.reports import ServingState
-from loraserve.testing.sync_fakes import FAST, Harness, running
-from loraserve.testing.sync_store import listing, pushed
+from loraserve.testing.fakes.sync import FAST, Harness, running
+from loraserve.testing.fakes.sync_store import listing, pushed
 
 NAMES = ("a", "b", "c", "d", "e")
 
