@@ -88,9 +88,12 @@ async def all_status_pages(stub: Any, name: str = "", page_size: int = 0) -> lis
         request.page_token = page.next_page_token
 
 
-def write_statuses(bucket: S3Bucket, adapter: str, replicas: int = MANY_REPLICAS) -> None:
-    """Signs of life and status shards of `replicas` replicas NACKing `adapter`@1,
-    written straight into the bucket (as store replicas would have, over time):
+def write_statuses(
+    bucket: S3Bucket, adapter: str, replicas: int = MANY_REPLICAS, first: int = 0
+) -> None:
+    """Signs of life and status shards of replicas `first` to `replicas` - 1 NACKing
+    `adapter`@1 with reasons of about 1 KiB (what the store keeps of a longer one),
+    written straight into the bucket (as store replicas would have, over time): far
     quicker than reporting them."""
     client = bucket.client()
 
@@ -120,4 +123,4 @@ def write_statuses(bucket: S3Bucket, adapter: str, replicas: int = MANY_REPLICAS
             client.put_object(Bucket=bucket.bucket, Key=key, Body=json.dumps(data))
 
     with ThreadPoolExecutor(8) as pool:
-        list(pool.map(write, range(replicas)))
+        list(pool.map(write, range(first, replicas)))
