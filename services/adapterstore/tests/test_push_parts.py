@@ -47,11 +47,6 @@ def _stored_last(weights: bytes) -> str:
     return last
 
 
-def _multipart_uploads(bucket: S3Bucket) -> list[str]:
-    uploads = bucket.client().list_multipart_uploads(Bucket=bucket.bucket)
-    return [u["Key"] for u in uploads.get("Uploads", [])]
-
-
 async def test_store_sends_every_part_in_flight_at_once_beyond_asyncios_thread_pool(
     s3_bucket: S3Bucket,
 ) -> None:
@@ -105,5 +100,5 @@ async def test_push_refused_after_parts_landed_leaves_no_upload_and_no_blob(
     assert "NaN" in (refused.value.details() or "")
     assert len(parts_sent) >= 2
     assert list(listed.adapters) == []
-    assert _multipart_uploads(s3_bucket) == []
+    assert s3_bucket.multipart_uploads() == []
     assert keys_under(s3_bucket.keys(), "blobs/") == keys_under(s3_bucket.keys(), "tmp/") == []

@@ -31,11 +31,6 @@ def _big_adapter() -> AdapterFiles:
     return {"adapter_config.json": lora_config(64), "adapter_model.safetensors": save(tensors)}
 
 
-def _multipart_uploads(bucket: S3Bucket) -> list[str]:
-    uploads = bucket.client().list_multipart_uploads(Bucket=bucket.bucket)
-    return [u["Key"] for u in uploads.get("Uploads", [])]
-
-
 def _parts(bucket: S3Bucket) -> list[int]:
     """Part numbers sent to the bucket's incomplete multipart uploads."""
     client = bucket.client()
@@ -75,11 +70,11 @@ async def test_push_cancelled_after_its_first_part_leaves_no_multipart_upload(
                 sent += len(request.chunk.data)
                 if sent > (6 + attempt // 2) * 1024 * 1024:
                     break
-            await eventually(lambda: bool(_multipart_uploads(s3_bucket)), "an upload started")
+            await eventually(lambda: bool(s3_bucket.multipart_uploads()), "an upload started")
             if attempt % 2:
                 await eventually(lambda: bool(_parts(s3_bucket)), "a part landed")
             call.cancel()
-            await eventually(lambda: not _multipart_uploads(s3_bucket), "the upload was aborted")
+            await eventually(lambda: not s3_bucket.multipart_uploads(), "the upload was aborted")
         listed = await server.stub.ListAdapters(pb.ListAdaptersRequest())
     assert list(listed.adapters) == []
     assert "blob.upload_aborted" in caplog.text
@@ -102,7 +97,7 @@ async def test_start_up_sweeps_uploads_older_than_the_bound(s3_bucket: S3Bucket)
     # Older than the bound: the store starts after every part was sent.
     await asyncio.sleep(0.01)
     async with serve_store(s3_bucket, stale_upload_age_s=0.001) as server:
-        await eventually(lambda: not _multipart_uploads(s3_bucket), "the uploads were aborted")
+        await eventually(lambda: not s3_bucket.multipart_uploads(), "the uploads were aborted")
         await eventually(lambda: keys_under(s3_bucket.keys(), "tmp/") == [], "tmp/ was swept")
         pushed = await push(server.stub, "a", tiny_adapter())
     assert pushed.revision.revision == 1
@@ -117,7 +112,7 @@ async def test_start_up_keeps_uploads_younger_than_the_bound(
         # A push and its listing: the sweep (started before them) has long had its turn.
         await push(server.stub, "a", tiny_adapter())
         await server.stub.ListAdapters(pb.ListAdaptersRequest())
-    assert _multipart_uploads(s3_bucket) == ["tmp/in-progress-elsewhere"]
+    assert s3_bucket.multipart_uploads() == ["tmp/in-progress-elsewhere"]
     assert "blob.stale_upload_aborted" not in caplog.text
 
 

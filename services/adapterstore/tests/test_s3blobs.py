@@ -18,11 +18,6 @@ def _store(bucket: S3Bucket, prefix: str = "store") -> S3BlobStore:
     return S3BlobStore(s3_location(bucket, prefix), part_size=MIN_PART_SIZE)
 
 
-def _multipart_uploads(bucket: S3Bucket) -> list[str]:
-    uploads = bucket.client().list_multipart_uploads(Bucket=bucket.bucket)
-    return [u["Key"] for u in uploads.get("Uploads", [])]
-
-
 async def _write(upload: BlobUpload, data: bytes) -> None:
     for start in range(0, len(data), 1024 * 1024):
         await upload.write(data[start : start + 1024 * 1024])
@@ -62,7 +57,7 @@ async def test_aborted_upload_leaves_no_object_and_no_multipart_upload(
     await upload.write(os.urandom(MIN_PART_SIZE + 1))
     await upload.abort()
     assert s3_bucket.keys() == []
-    assert _multipart_uploads(s3_bucket) == []
+    assert s3_bucket.multipart_uploads() == []
 
 
 async def test_declared_upload_is_invisible_until_kept_at_its_sha256(
@@ -83,7 +78,7 @@ async def test_declared_upload_is_invisible_until_kept_at_its_sha256(
     )
     assert await store.get(key) == data
     assert s3_bucket.keys() == [f"store/{key}"]
-    assert _multipart_uploads(s3_bucket) == []
+    assert s3_bucket.multipart_uploads() == []
 
 
 async def test_declared_upload_of_other_bytes_is_never_kept(s3_bucket: S3Bucket) -> None:
@@ -97,7 +92,7 @@ async def test_declared_upload_of_other_bytes_is_never_kept(s3_bucket: S3Bucket)
     await upload.abort()
     assert received.sha256 == _sha256(data)
     assert s3_bucket.keys() == []
-    assert _multipart_uploads(s3_bucket) == []
+    assert s3_bucket.multipart_uploads() == []
 
 
 async def test_aborted_declared_upload_leaves_no_object_and_no_multipart_upload(
@@ -110,7 +105,7 @@ async def test_aborted_declared_upload_leaves_no_object_and_no_multipart_upload(
     await upload.finish()
     await upload.abort()
     assert s3_bucket.keys() == []
-    assert _multipart_uploads(s3_bucket) == []
+    assert s3_bucket.multipart_uploads() == []
 
 
 async def test_declared_upload_of_a_stored_blob_sends_no_bytes_but_hashes_them(
@@ -125,7 +120,7 @@ async def test_declared_upload_of_a_stored_blob_sends_no_bytes_but_hashes_them(
     second = await store.start_upload(_sha256(data))
     await _write(second, data[:-1] + b"?")
     received = await second.finish()
-    uploads_while_receiving = _multipart_uploads(s3_bucket)
+    uploads_while_receiving = s3_bucket.multipart_uploads()
     with pytest.raises(RuntimeError, match="refusing to keep"):
         await second.keep()
     await second.abort()

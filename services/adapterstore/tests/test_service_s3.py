@@ -82,11 +82,6 @@ async def seeded_server(module_s3_bucket: S3Bucket) -> AsyncIterator[StoreServer
         yield running
 
 
-def _multipart_uploads(bucket: S3Bucket) -> list[str]:
-    uploads = bucket.client().list_multipart_uploads(Bucket=bucket.bucket)
-    return [u["Key"] for u in uploads.get("Uploads", [])]
-
-
 def _big_adapter() -> AdapterFiles:
     """About 12 MiB of weights: more than two S3 parts of the test's 5 MiB."""
     tensors = lora_tensors(rank=64, layers=6, hidden=2048)
@@ -116,7 +111,7 @@ async def test_push_then_list_get_and_download_byte_identical(
         assert info.sha256 == hashlib.sha256(files[info.name]).hexdigest()
         assert info.size == len(files[info.name])
     assert keys_under(s3_bucket.keys(), "tmp/") == []
-    assert _multipart_uploads(s3_bucket) == []
+    assert s3_bucket.multipart_uploads() == []
 
 
 async def test_push_of_stored_content_adds_no_blob(
@@ -130,7 +125,7 @@ async def test_push_of_stored_content_adds_no_blob(
     assert pushed.revision.revision == 1
     assert downloaded == files
     assert keys_under(s3_bucket.keys(), "blobs/") == blobs
-    assert _multipart_uploads(s3_bucket) == []
+    assert s3_bucket.multipart_uploads() == []
 
 
 async def test_ten_concurrent_pushes_through_two_stores_number_revisions_one_to_ten(
@@ -183,7 +178,7 @@ async def test_bad_push_is_invalid_argument_and_leaves_bucket_unchanged(
     assert caught.value.code() == grpc.StatusCode.INVALID_ARGUMENT
     assert case.message in (caught.value.details() or "")
     assert module_s3_bucket.keys() == before
-    assert _multipart_uploads(module_s3_bucket) == []
+    assert module_s3_bucket.multipart_uploads() == []
 
 
 async def test_watch_resumed_from_last_seq_gets_each_missed_change_once_in_order(
