@@ -76,24 +76,31 @@ async def test_push_watch_publishes_one_revision_per_settled_change(
     }
 
 
-def _interruptible() -> None:
-    # A suite launched in the background starts with SIGINT ignored, and a child
-    # inherits that: the Ctrl-C tests would then test how they were launched.
-    signal.signal(signal.SIGINT, signal.SIG_DFL)
+# Runs adapterctl with SIGINT at its default. A suite launched in the background starts
+# with SIGINT ignored, and a child inherits that: the Ctrl-C tests would then test how
+# they were launched. A launcher does it, not `preexec_fn`: that makes Python fork this
+# test process, where grpc runs, instead of vfork-ing it, and grpc's fork handlers then
+# restart its poller in the child, which aborts ("epoll_wait error: Bad file
+# descriptor") once the inherited descriptors are closed before exec: a third of the
+# runs on a loaded machine.
+_LAUNCHER = (
+    "import os, signal, sys; "
+    "signal.signal(signal.SIGINT, signal.SIG_DFL); "
+    "os.execv(sys.executable, [sys.executable, '-m', 'loraserve.adapterctl', *sys.argv[1:]])"
+)
 
 
 async def _cli_process(*argv: str, store: RunningStore) -> asyncio.subprocess.Process:
     return await asyncio.create_subprocess_exec(
         sys.executable,
-        "-m",
-        "loraserve.adapterctl",
+        "-c",
+        _LAUNCHER,
         *argv,
         "--store",
         store.address,
         stdout=asyncio.subprocess.PIPE,
         stderr=asyncio.subprocess.PIPE,
         stdin=asyncio.subprocess.DEVNULL,
-        preexec_fn=_interruptible,
     )
 
 
