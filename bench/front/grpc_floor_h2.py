@@ -50,14 +50,19 @@ class CoalescingTransport:
         return getattr(self._transport, name)
 
 
-def _coalesce_grpclib_writes() -> None:
+def coalesce_grpclib_writes() -> None:
+    """Makes every grpclib connection of this process write through a CoalescingTransport
+    (once: a second call changes nothing)."""
     from grpclib.protocol import H2Protocol
 
     made = H2Protocol.connection_made
+    if getattr(made, "coalesces", False):
+        return
 
     def connection_made(self: Any, transport: Any) -> None:
         made(self, cast(asyncio.BaseTransport, CoalescingTransport(transport)))
 
+    connection_made.coalesces = True  # type: ignore[attr-defined]
     H2Protocol.connection_made = connection_made  # type: ignore[method-assign]
 
 
@@ -161,7 +166,7 @@ async def serve(kind: str, shape: Shape, ticker: LoopTicker, ready: Callable[[in
         port = server.sockets[0].getsockname()[1]
     else:
         if kind == "grpclib-coalesce":
-            _coalesce_grpclib_writes()
+            coalesce_grpclib_writes()
         server, port = await _serve_grpclib(messages)
     if shape.paced:
         ticker.start()

@@ -1,6 +1,6 @@
 """The streaming front's cost per token, steady state: a closed loop over each front.
 
-    python -m bench.front.stream_probe [--arms grpc,client,openai,vllm,sdk,grpc@8,...]
+    python -m bench.front.stream_probe [--arms grpc,grpclib,client,openai,vllm,sdk,grpc@8,...]
         [--clients 32] [--max-tokens 64] [--warmup 4] [--window 15] [--rounds 1]
         [--stream-interval N] [--profile DIR] [--loraserve NAME=PYTHONPATH ...] [--json OUT]
     python -m bench.front.stream_probe summarize PROFILE.txt     # a py-spy raw profile, by frame
@@ -16,7 +16,9 @@ this is the front alone), of its main thread (the event loop) and of this proces
 client), per 1,000 tokens; TTFT and inter-message gap p50 of requests inside it.
 
 Arms: `grpc` the raw generated stub (one message per token: the tokens/message column
-says so), `client` loraserve.clients.InferenceClient.stream, `openai` loraserve's OpenAI
+says so), `grpclib` the same stub against the same server's Generate over grpclib with
+coalesced writes (bench/front/grpclib_front.py; the server is started through it when this
+arm runs), `client` loraserve.clients.InferenceClient.stream, `openai` loraserve's OpenAI
 front with aiohttp (SSE), `vllm` `vllm serve` with the same aiohttp client, `sdk`
 `openai.AsyncOpenAI` streaming from `vllm serve`. Arms alternate, their order rotating
 every round. With --profile, one more round runs with py-spy recording each arm's server
@@ -57,7 +59,8 @@ from loraserve.testing.processes.services import free_port
 ENGINE = procs.EngineConfig(max_loras=8, max_cpu_loras=8, max_lora_rank=RANK)
 ADAPTERS = tuple(tenant(i) for i in range(8))
 PROMPT = [3 + (7 * i) % 500 for i in range(16)]
-ARMS = ("grpc", "client", "openai", "vllm", "sdk")
+ARMS = ("grpc", "grpclib", "client", "openai", "vllm", "sdk")
+LORASERVE_ARMS = ("grpc", "grpclib", "client", "openai")
 
 
 @dataclass
@@ -229,13 +232,16 @@ class Loraserve:
     name: str
     child: procs.Child
     openai_url: str
+    # bench/front/grpclib_front.py's second Generate, when the grpclib arm runs.
+    grpclib_address: str = ""
 
 
 async def start_servers(
-    stack: Stack, variants: dict[str, str], need_vllm: bool
+    stack: Stack, variants: dict[str, str], need_vllm: bool, grpclib: bool = False
 ) -> tuple[list[Loraserve], procs.Child | None]:
     """Each variant's `inference serve` (gRPC + OpenAI front; its code from the variant's
-    PYTHONPATH, "" for this checkout) and, if asked, `vllm serve`; all ready."""
+    PYTHONPATH, "" for this checkout; with `grpclib`, through bench/front/grpclib_front.py)
+    and, if asked, `vllm serve`; all ready."""
     await stack.start_store()
     for name in ADAPTERS:
         await stack.push(name)
@@ -244,9 +250,18 @@ async def start_servers(
         grpc_port, http_port = free_port(), free_port()
         argv = stack._argv(name, grpc_port, ENGINE, http_port)
         env = {**ENGINE_ENV, **({"PYTHONPATH": pythonpath} if pythonpath else {})}
-        child = procs.start_inference(stack.logs, name, argv, f"127.0.0.1:{grpc_port}", env)
+        grpclib_port = free_port() if grpclib else 0
+        command = (
+            [sys.executable, "-m", "bench.front.grpclib_front", f"--grpclib-port={grpclib_port}"]
+            if grpclib
+            else []
+        )
+        child = procs.start_inference(
+            stack.logs, name, argv, f"127.0.0.1:{grpc_port}", env, command
+        )
         stack.children.append(child)
-        servers.append(Loraserve(name, child, f"http://127.0.0.1:{http_port}"))
+        grpclib_address = f"127.0.0.1:{grpclib_port}" if grpclib else ""
+        servers.append(Loraserve(name, child, f"http://127.0.0.1:{http_port}", grpclib_address))
         waits.append(procs.wait_serving(child, stack.logs, 600))
     vllm = None
     if need_vllm:
@@ -285,6 +300,12 @@ async def open_arms(
         )
         stub = pb_grpc.InferenceServiceStub(channel)
         arms["grpc" + suffix] = (raw_grpc_caller(stub, stream_interval), pid)
+        if server.grpclib_address:
+            grpclib = await exits.enter_async_context(
+                grpc.aio.insecure_channel(server.grpclib_address)
+            )
+            stub = pb_grpc.InferenceServiceStub(grpclib)
+            arms["grpclib" + suffix] = (raw_grpc_caller(stub, stream_interval), pid)
         arms["client" + suffix] = (grpc_caller(client), pid)
         arms["openai" + suffix] = (openai_caller(http, server.openai_url, ""), pid)
     if vllm is not None:
@@ -330,12 +351,14 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
     chosen = [
         f"{kind}{suffix}@{clients or args.clients}"
         for kind, _, clients in specs
-        for suffix in (suffixes if kind in ("grpc", "client", "openai") else [""])
+        for suffix in (suffixes if kind in LORASERVE_ARMS else [""])
     ]
     stack = Stack(Path(args.results), Path(tempfile.mkdtemp(prefix="stream-probe-")))
     try:
         stack.build_models()
-        servers, vllm = await start_servers(stack, variants, bool({"vllm", "sdk"} & kinds))
+        servers, vllm = await start_servers(
+            stack, variants, bool({"vllm", "sdk"} & kinds), "grpclib" in kinds
+        )
         async with contextlib.AsyncExitStack() as exits:
             arms = await open_arms(exits, servers, vllm, args.stream_interval)
             windows = await run_rounds(args, arms, chosen)

@@ -12,7 +12,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -233,10 +233,16 @@ def serve_argv(
 
 
 def start_inference(
-    log_dir: Path, name: str, argv: list[str], address: str, env: dict[str, str]
+    log_dir: Path,
+    name: str,
+    argv: list[str],
+    address: str,
+    env: dict[str, str],
+    command: Sequence[str] = (),
 ) -> Child:
-    """`inference serve ARGV`, the product's own entry point; wait_serving() it before use."""
-    child = _spawn(name, [str(BIN / "inference"), *argv], log_dir, env)
+    """`inference serve ARGV`, the product's own entry point (or `command` taking the same
+    flags); wait_serving() it before use."""
+    child = _spawn(name, [*(command or [str(BIN / "inference")]), *argv], log_dir, env)
     child.address = address
     return child
 

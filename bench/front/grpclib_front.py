@@ -1,0 +1,97 @@
+"""`python -m bench.front.grpclib_front --grpclib-port N INFERENCE-SERVE-FLAGS...`: the real
+`inference serve`, plus Generate served a second time over grpclib with its writes coalesced
+per event-loop pass (bench/front/grpc_floor_h2.py), on port N.
+
+Step (1) of issue 28's path in docs/design.md, measured on the real generation path rather
+than the floor's synthetic tokens: the same engine, registry, generator and proto
+translation as the grpc.aio servicer, only the transport differs. bench/front/stream_probe.py's
+`grpclib` arm streams from it, so the `grpc` and `grpclib` arms measure one process. A probe,
+not a server to ship: it has no auth, no health service of its own and no metrics on this
+port.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+from typing import Any
+
+from bench.front.grpc_floor_h2 import coalesce_grpclib_writes
+from bench.front.grpc_floor_servers import GENERATE
+from loraserve.common.errors import LoraserveError
+from loraserve.inference import __main__ as inference_main
+from loraserve.inference.adapters import ROLLOUT_KEY_HEADER
+from loraserve.inference.app import InferenceApp
+from loraserve.inference.serving.runtime import RuntimeRef
+from loraserve.inference.serving.servicer import _command, _response
+from loraserve.inference.v1 import inference_pb2 as pb
+
+
+class GrpclibGenerate:
+    """Generate over grpclib: the grpc.aio servicer's translation, another transport."""
+
+    def __init__(self, runtime_ref: RuntimeRef) -> None:
+        self._runtime_ref = runtime_ref
+
+    def __mapping__(self) -> dict[str, Any]:
+        from grpclib.const import Cardinality, Handler
+
+        return {
+            GENERATE: Handler(
+                self.generate, Cardinality.UNARY_STREAM, pb.GenerateRequest, pb.GenerateResponse
+            )
+        }
+
+    async def generate(self, stream: Any) -> None:
+        from grpclib.const import Status
+        from grpclib.exceptions import GRPCError
+
+        request = await stream.recv_message()
+        key = stream.metadata.get(ROLLOUT_KEY_HEADER, "") if stream.metadata else ""
+        try:
+            chunks = self._runtime_ref.get().generator.generate(_command(request, key))
+            async with contextlib.aclosing(chunks):
+                async for chunk in chunks:
+                    await stream.send_message(_response(chunk))
+        except LoraserveError as exc:
+            raise GRPCError(Status(exc.code.value[0]), exc.message) from exc
+
+
+async def serve_generate(runtime_ref: RuntimeRef, port: int = 0) -> tuple[Any, int]:
+    """A started grpclib server with GrpclibGenerate on 127.0.0.1, and its port."""
+    from grpclib.server import Server
+
+    coalesce_grpclib_writes()
+    server = Server([GrpclibGenerate(runtime_ref)])
+    await server.start("127.0.0.1", port)
+    return server, server._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+
+
+def _app_class(port: int) -> type[InferenceApp]:
+    class GrpclibApp(InferenceApp):
+        """The inference app with a grpclib Generate listening beside its own server."""
+
+        async def start(self) -> None:
+            await super().start()
+            self._grpclib, _ = await serve_generate(self.runtime_ref, port)
+
+        async def stop(self) -> None:
+            self._grpclib.close()
+            await self._grpclib.wait_closed()
+            await super().stop()
+
+    return GrpclibApp
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(prog="python -m bench.front.grpclib_front", allow_abbrev=False)
+    parser.add_argument("--grpclib-port", type=int, required=True)
+    args, serve_argv = parser.parse_known_args()
+    # `serve` builds its app by this module-level name; the rest of start-up is the product's.
+    inference_main.InferenceApp = _app_class(args.grpclib_port)  # type: ignore[attr-defined]
+    inference_main.main(serve_argv)
+
+
+# vLLM's engine process is started with `spawn`, which re-imports this module.
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,90 @@
+"""bench/front/grpclib_front.py measures a transport, not a different server: over grpclib,
+Generate streams what the grpc.aio servicer streams for the same request, and refuses
+what it refuses with the same status, on the session's real engine."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import grpc
+import pytest
+
+from bench.front.grpclib_front import serve_generate
+from loraserve.inference.v1 import inference_pb2 as pb
+from loraserve.inference.v1 import inference_pb2_grpc as pb_grpc
+from loraserve.testing.adapters.models import TinyAdapterFactory
+from loraserve.testing.inference.app import (
+    RunningInference,
+    adapter_files,
+    greedy,
+    inference_app,
+)
+from loraserve.testing.store.calls import push, store_stub
+from loraserve.testing.store.server import RunningStore
+
+if TYPE_CHECKING:
+    from vllm.v1.engine.async_llm import AsyncLLM
+
+pytestmark = pytest.mark.engine
+
+
+@pytest.fixture
+async def served(
+    vllm_engine: AsyncLLM,
+    tiny_model_dir: Path,
+    tiny_adapter: TinyAdapterFactory,
+    store_server: RunningStore,
+    tmp_path: Path,
+) -> AsyncIterator[tuple[RunningInference, Any]]:
+    """An inference server serving `alpha`, and a stub on its grpclib Generate."""
+    async with store_stub(store_server.address) as stub:
+        await push(stub, "alpha", adapter_files(tiny_adapter(seed=1)))
+    async with inference_app(
+        vllm_engine,
+        model_dir=tiny_model_dir,
+        store_address=store_server.address,
+        cache_dir=tmp_path / "cache",
+    ) as running:
+        server, port = await serve_generate(running.app.runtime_ref)
+        try:
+            async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as channel:
+                yield running, pb_grpc.InferenceServiceStub(channel)
+        finally:
+            server.close()
+            await server.wait_closed()
+
+
+def _without_request_id(responses: list[pb.GenerateResponse]) -> list[pb.GenerateResponse]:
+    for response in responses:
+        response.ClearField("request_id")
+    return responses
+
+
+@pytest.mark.parametrize("adapter", ["alpha", ""])
+async def test_grpclib_generate_streams_what_the_servicer_streams(
+    served: tuple[RunningInference, Any], adapter: str
+) -> None:
+    running, grpclib_stub = served
+    request = greedy(adapter, 12)
+    over_aio = [r async for r in running.stub.Generate(request, timeout=60)]
+    over_grpclib = [r async for r in grpclib_stub.Generate(request, timeout=60)]
+    assert len(over_aio) == 12
+    assert over_aio[0].request_id
+    assert over_grpclib[0].request_id
+    assert _without_request_id(over_grpclib) == _without_request_id(over_aio)
+
+
+async def test_grpclib_generate_refuses_with_the_servicers_status(
+    served: tuple[RunningInference, Any],
+) -> None:
+    running, grpclib_stub = served
+    request = greedy("nosuch", 4)
+    with pytest.raises(grpc.aio.AioRpcError) as over_aio:
+        _ = [r async for r in running.stub.Generate(request, timeout=60)]
+    with pytest.raises(grpc.aio.AioRpcError) as over_grpclib:
+        _ = [r async for r in grpclib_stub.Generate(request, timeout=60)]
+    assert over_aio.value.code() == grpc.StatusCode.NOT_FOUND
+    assert over_grpclib.value.code() == over_aio.value.code()
+    assert over_grpclib.value.details() == over_aio.value.details()
