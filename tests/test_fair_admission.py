@@ -21,7 +21,6 @@ from loraserve.testing.inference.app import (
     greedy,
     inference_app,
 )
-from loraserve.testing.store.calls import push, store_stub
 from loraserve.testing.store.server import RunningStore
 
 if TYPE_CHECKING:
@@ -42,9 +41,6 @@ async def saturated(
     tmp_path: Path,
 ) -> AsyncIterator[RunningInference]:
     """A replica serving `flood` and `other` that lets one request into the engine."""
-    async with store_stub(store_server.address) as stub:
-        for seed, name in enumerate(("flood", "other"), start=1):
-            await push(stub, name, adapter_files(tiny_adapter(seed=seed)))
     async with inference_app(
         vllm_engine,
         model_dir=tiny_model_dir,
@@ -52,6 +48,10 @@ async def saturated(
         cache_dir=tmp_path / "cache",
         replica_id="fair-replica",
         extra=("--max-engine-requests", "1"),
+        pushed={
+            name: adapter_files(tiny_adapter(seed=seed))
+            for seed, name in enumerate(("flood", "other"), start=1)
+        },
     ) as inference:
         yield inference
 

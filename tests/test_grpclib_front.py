@@ -21,7 +21,6 @@ from loraserve.testing.inference.app import (
     greedy,
     inference_app,
 )
-from loraserve.testing.store.calls import push, store_stub
 from loraserve.testing.store.server import RunningStore
 
 if TYPE_CHECKING:
@@ -39,13 +38,12 @@ async def served(
     tmp_path: Path,
 ) -> AsyncIterator[tuple[RunningInference, Any]]:
     """An inference server serving `alpha`, and a stub on its grpclib Generate."""
-    async with store_stub(store_server.address) as stub:
-        await push(stub, "alpha", adapter_files(tiny_adapter(seed=1)))
     async with inference_app(
         vllm_engine,
         model_dir=tiny_model_dir,
         store_address=store_server.address,
         cache_dir=tmp_path / "cache",
+        pushed={"alpha": adapter_files(tiny_adapter(seed=1))},
     ) as running:
         server, port = await serve_generate(running.app.runtime_ref)
         try:

@@ -23,7 +23,6 @@ from loraserve.inference.metrics.model_server import ModelServerProtocolCollecto
 from loraserve.testing.adapters.models import TinyAdapterFactory
 from loraserve.testing.engine.session import MAX_LORAS
 from loraserve.testing.inference.app import RunningInference, adapter_files, greedy, inference_app
-from loraserve.testing.store.calls import push, store_stub
 from loraserve.testing.store.server import RunningStore
 from loraserve.testing.waiting import eventually
 
@@ -136,8 +135,6 @@ async def served(
     tmp_path: Path,
 ) -> AsyncIterator[RunningInference]:
     """An inference server with metrics, synced with a store that holds adapter `alpha`."""
-    async with store_stub(store_server.address) as store:
-        await push(store, "alpha", adapter_files(tiny_adapter(seed=1)))
     flags = ("--metrics-port", "0", "--openai-listen", "127.0.0.1:0", "--max-loras", str(MAX_LORAS))
     async with inference_app(
         vllm_engine,
@@ -145,6 +142,7 @@ async def served(
         store_address=store_server.address,
         cache_dir=tmp_path / "cache",
         extra=flags,
+        pushed={"alpha": adapter_files(tiny_adapter(seed=1))},
     ) as running:
         yield running
 

@@ -28,7 +28,6 @@ from loraserve.testing.inference.app import (
     inference_app,
 )
 from loraserve.testing.plugins.figures import add_figure
-from loraserve.testing.store.calls import push, store_stub
 from loraserve.testing.store.server import RunningStore
 from loraserve.testing.waiting import eventually
 
@@ -53,10 +52,12 @@ async def _serving_alpha(
     store: RunningStore,
     cache_dir: Path,
 ) -> AsyncIterator[RunningInference]:
-    async with store_stub(store.address) as stub:
-        await push(stub, "alpha", adapter_files(tiny_adapter(seed=1)))
     async with inference_app(
-        engine, model_dir=model_dir, store_address=store.address, cache_dir=cache_dir
+        engine,
+        model_dir=model_dir,
+        store_address=store.address,
+        cache_dir=cache_dir,
+        pushed={"alpha": adapter_files(tiny_adapter(seed=1))},
     ) as running:
         yield running
 

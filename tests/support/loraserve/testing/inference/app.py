@@ -9,7 +9,7 @@ it was. `add_calls` records every adapter handed to the engine, in order.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Mapping, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -24,6 +24,7 @@ from loraserve.inference.v1 import inference_pb2 as pb
 from loraserve.inference.v1 import inference_pb2_grpc as pb_grpc
 from loraserve.testing.adapters.files import AdapterFiles
 from loraserve.testing.processes.services import inference_args
+from loraserve.testing.store.calls import push, store_stub
 
 if TYPE_CHECKING:
     from vllm.v1.engine.async_llm import AsyncLLM
@@ -109,9 +110,15 @@ async def inference_app(
     extra: Sequence[str] = (),
     wait_ready: bool = True,
     engine_type: type[SharedEngine] = SharedEngine,
+    pushed: Mapping[str, AdapterFiles] | None = None,
 ) -> AsyncIterator[RunningInference]:
     """Runs an InferenceApp on the shared engine (wrapped in `engine_type`) until the
-    block exits (then stops it gracefully and removes the LoRAs it loaded)."""
+    block exits (then stops it gracefully and removes the LoRAs it loaded); `pushed`
+    (name -> files) goes to the store first, so the app's first sync serves it."""
+    if pushed:
+        async with store_stub(store_address) as store:
+            for name, files in pushed.items():
+                await push(store, name, files)
     settings = parse_settings(
         inference_args(model_dir, store_address, cache_dir, "--shutdown-grace", "30", *extra),
         {},

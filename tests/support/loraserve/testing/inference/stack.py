@@ -89,13 +89,12 @@ async def stack(
 ) -> AsyncIterator[Stack]:
     """Adapter `alpha` revision 1 (tiny adapter seed 1) pushed and served."""
     cache = tmp_path / "cache"
-    async with store_stub(proxied_store.address) as stub:
-        await push(stub, "alpha", adapter_files(tiny_adapter(seed=1)))
     async with inference_app(
         vllm_engine,
         model_dir=tiny_model_dir,
         store_address=proxied_store.address,
         cache_dir=cache,
         replica_id=REPLICA,
+        pushed={"alpha": adapter_files(tiny_adapter(seed=1))},
     ) as inference:
         yield Stack(proxied_store, proxy, inference, cache)
