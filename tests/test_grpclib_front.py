@@ -77,8 +77,9 @@ async def test_grpclib_generate_streams_what_the_servicer_streams(
     over_grpclib = [r async for r in grpclib_stub.Generate(request, timeout=60)]
     assert over_aio[0].request_id
     assert over_grpclib[0].request_id
-    assert len(_folded(over_aio).token_ids) == 12
-    assert _folded(over_grpclib) == _folded(over_aio)
+    folded = _folded(over_aio)
+    assert len(folded.token_ids) == 12
+    assert _folded(over_grpclib) == folded
 
 
 async def test_grpclib_generate_refuses_with_the_servicers_status(
