@@ -17,7 +17,7 @@ from safetensors.numpy import save
 
 from loraserve.adapterstore.blobs import MIN_PART_SIZE, S3BlobStore, blob_key
 from loraserve.adapterstore.v1 import adapterstore_pb2 as pb
-from loraserve.testing.adapters.files import AdapterFiles, lora_config, lora_tensors
+from loraserve.testing.adapters.files import AdapterFiles, lora_config, lora_tensors, tiny_adapter
 from loraserve.testing.s3.endpoint import S3Bucket
 from loraserve.testing.s3.faults import S3FaultProxy
 from loraserve.testing.s3.partcount import PartsOnTheWire
@@ -102,3 +102,16 @@ async def test_push_refused_after_parts_landed_leaves_no_upload_and_no_blob(
     assert list(listed.adapters) == []
     assert s3_bucket.multipart_uploads() == []
     assert keys_under(s3_bucket.keys(), "blobs/") == keys_under(s3_bucket.keys(), "tmp/") == []
+
+
+async def test_push_of_a_small_adapter_puts_each_new_file_once_without_multipart(
+    s3_bucket: S3Bucket, proxy: S3FaultProxy
+) -> None:
+    files = tiny_adapter()
+    async with serve_store(replace(s3_bucket, endpoint_url=proxy.endpoint_url)) as server:
+        proxy.requests.clear()
+        await push(server.stub, "small", files)
+    to_blobs = [(method, key) for method, key in proxy.requests if key.startswith("blobs/")]
+    new_files = sorted(blob_key(hashlib.sha256(data).hexdigest()) for data in files.values())
+    assert sorted(key for method, key in to_blobs if method == "PUT") == new_files
+    assert [method for method, _ in to_blobs if method not in {"HEAD", "PUT"}] == []

@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import hashlib
 import os
+from typing import Any
 
 import pytest
 
 from loraserve.adapterstore.blobs.blobstore import BlobNotFound, BlobUpload, blob_key
-from loraserve.adapterstore.blobs.s3blobs import MIN_PART_SIZE, S3BlobStore
+from loraserve.adapterstore.blobs.s3blobs import DEFAULT_HELD_BYTES, MIN_PART_SIZE, S3BlobStore
 from loraserve.testing.s3.endpoint import S3Bucket
 from loraserve.testing.s3.partcount import PartsOnTheWire
 from loraserve.testing.store.stores import s3_location
@@ -140,6 +141,64 @@ async def test_declared_file_smaller_than_a_part_is_kept(s3_bucket: S3Bucket, si
     key = await upload.keep()
     assert keys_before_keep == []
     assert await store.get(key) == data
+
+
+def _operations(store: S3BlobStore) -> list[str]:
+    """The S3 operations the store's client makes from now on, in order."""
+    made: list[str] = []
+
+    def record(model: Any, **_: Any) -> None:
+        made.append(model.name)
+
+    store.client.meta.events.register("before-call.s3.*", record)
+    return made
+
+
+async def test_declared_file_smaller_than_a_part_is_one_put_at_keep(s3_bucket: S3Bucket) -> None:
+    store = _store(s3_bucket)
+    data = os.urandom(MIN_PART_SIZE - 1)
+    upload = await store.start_upload(_sha256(data))
+    made = _operations(store)
+    await _write(upload, data)
+    await upload.finish()
+    before_keep = list(made)
+    await upload.keep()
+    assert before_keep == []
+    assert made == ["PutObject"]
+    assert store.held.left == DEFAULT_HELD_BYTES
+
+
+async def test_small_files_past_the_held_budget_go_multipart(s3_bucket: S3Bucket) -> None:
+    store = S3BlobStore(s3_location(s3_bucket), part_size=MIN_PART_SIZE, held_bytes=150)
+    files = [os.urandom(100), os.urandom(100)]
+    uploads = []
+    for data in files:
+        upload = await store.start_upload(_sha256(data))
+        await upload.write(data)
+        await upload.finish()
+        uploads.append(upload)
+    made = _operations(store)
+    keys = [await upload.keep() for upload in uploads]
+    assert made == ["PutObject", "CompleteMultipartUpload"]
+    assert [await store.get(key) for key in keys] == files
+    assert s3_bucket.multipart_uploads() == []
+    assert store.held.left == 150
+
+
+async def test_aborted_held_upload_gives_its_bytes_back_and_leaves_nothing(
+    s3_bucket: S3Bucket,
+) -> None:
+    store = _store(s3_bucket)
+    data = os.urandom(1000)
+    upload = await store.start_upload(_sha256(data))
+    await upload.write(data)
+    await upload.finish()
+    held = DEFAULT_HELD_BYTES - store.held.left
+    await upload.abort()
+    assert held == len(data)
+    assert store.held.left == DEFAULT_HELD_BYTES
+    assert s3_bucket.keys() == []
+    assert s3_bucket.multipart_uploads() == []
 
 
 async def test_upload_sends_at_most_parts_in_flight_parts_at_once(s3_bucket: S3Bucket) -> None:

@@ -4,7 +4,8 @@ boto3 blocks, so every call runs in a worker thread of the store's own pool, one
 thread per pooled connection: asyncio's default pool (cores + 4 threads, 6 on two
 cores) would cap the parts in flight below `parts_in_flight` and queue them behind
 the push's hashing and value checks. Uploads (see s3upload) are multipart with parts
-of `part_size` bytes, `parts_in_flight` of them sent at once.
+of `part_size` bytes, `parts_in_flight` of them sent at once; a declared file smaller
+than one part is one PUT at commit, within `held_bytes` held at once.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ import asyncio
 import functools
 import logging
 import re
+import threading
 from collections.abc import AsyncIterator, Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -25,7 +27,7 @@ from botocore.exceptions import BotoCoreError, ClientError
 
 from loraserve.adapterstore.blobs.blobstore import BlobNotFound, BlobUpload, StoredObject, blob_key
 from loraserve.adapterstore.blobs.s3sweep import sweep_stale_uploads
-from loraserve.adapterstore.blobs.s3upload import DirectUpload, StagedUpload
+from loraserve.adapterstore.blobs.s3upload import DirectUpload, HeldBytes, StagedUpload
 from loraserve.common.errors import FailedPrecondition, Unavailable
 
 if TYPE_CHECKING:
@@ -44,6 +46,8 @@ DEFAULT_PART_SIZE = 8 * 1024 * 1024
 DEFAULT_PARTS_IN_FLIGHT = 4
 # boto3's connections to S3, and the threads that use them.
 CONNECTIONS = 32
+# Bytes of small declared files held for one PUT each at commit (s3upload.HeldBytes).
+DEFAULT_HELD_BYTES = 64 * 1024 * 1024
 _SHA256 = re.compile(r"[0-9a-f]{64}")
 _NOT_FOUND_CODES = frozenset({"NoSuchKey", "404", "NotFound"})
 # 409 ConditionalRequestConflict: AWS's answer when a concurrent conditional write
@@ -71,6 +75,17 @@ class S3Location:
         )
 
 
+@functools.cache
+def _session() -> boto3.session.Session:
+    """One boto3 session per process: each new one parses botocore's service models
+    again (about a quarter of a CPU-second), and the store makes several clients."""
+    return boto3.session.Session()
+
+
+# boto3 sessions are not thread-safe; the clients they make are.
+_session_lock = threading.Lock()
+
+
 def make_client(location: S3Location, signature_version: str | None = None) -> S3Client:
     config = botocore.config.Config(
         retries={"max_attempts": 5, "mode": "standard"},
@@ -79,15 +94,15 @@ def make_client(location: S3Location, signature_version: str | None = None) -> S
         # Path-style addressing: MinIO and emulators do not serve virtual-host buckets.
         s3={"addressing_style": "path"} if location.endpoint_url else {},
     )
-    session = boto3.session.Session()
-    return session.client(
-        "s3",
-        endpoint_url=location.endpoint_url,
-        region_name=location.region,
-        aws_access_key_id=location.access_key_id,
-        aws_secret_access_key=location.secret_access_key,
-        config=config,
-    )
+    with _session_lock:
+        return _session().client(
+            "s3",
+            endpoint_url=location.endpoint_url,
+            region_name=location.region,
+            aws_access_key_id=location.access_key_id,
+            aws_secret_access_key=location.secret_access_key,
+            config=config,
+        )
 
 
 def _error_code(error: ClientError) -> str:
@@ -100,6 +115,7 @@ class S3BlobStore:
         location: S3Location,
         part_size: int = DEFAULT_PART_SIZE,
         parts_in_flight: int = DEFAULT_PARTS_IN_FLIGHT,
+        held_bytes: int = DEFAULT_HELD_BYTES,
     ) -> None:
         if part_size < MIN_PART_SIZE:
             raise ValueError(f"part_size must be at least {MIN_PART_SIZE} bytes")
@@ -111,6 +127,7 @@ class S3BlobStore:
         self._prefix = f"{prefix}/" if prefix else ""
         self.part_size = part_size
         self.parts_in_flight = parts_in_flight
+        self.held = HeldBytes(held_bytes)
         self.client = make_client(location)
         self._threads = ThreadPoolExecutor(CONNECTIONS, thread_name_prefix="s3")
 

@@ -5,7 +5,9 @@ upload with at most `parts_in_flight` parts in flight, so memory per upload is a
 `DirectUpload` (sha256 declared) targets blobs/sha256/<declared> and completes only
 for bytes that hashed to it; `StagedUpload` writes tmp/<uuid> and copies it to its
 content address. Either way nothing is visible at a content address unless its bytes
-hash to it (docs/design.md, "Uploads").
+hash to it (docs/design.md, "Uploads"). A declared file smaller than one part is held
+in memory until `keep` and sent as one PUT (boto3's transfer manager does the same
+below its multipart threshold), while the store's `HeldBytes` budget allows.
 """
 
 from __future__ import annotations
@@ -208,6 +210,25 @@ class _Parts:
         return created["UploadId"]
 
 
+class HeldBytes:
+    """How many bytes of small files a store may hold between a push's end of file
+    and its commit. A multipart upload costs three requests (create, part, complete)
+    where a held file costs one PUT at `keep`; the budget keeps memory bounded
+    however many files and pushes are in flight (past it, files go multipart)."""
+
+    def __init__(self, limit: int) -> None:
+        self.left = limit
+
+    def take(self, size: int) -> bool:
+        if size > self.left:
+            return False
+        self.left -= size
+        return True
+
+    def give_back(self, size: int) -> None:
+        self.left += size
+
+
 class DirectUpload:
     """A file with a declared sha256, uploaded straight to its content address."""
 
@@ -218,14 +239,29 @@ class DirectUpload:
         self._exists = exists
         self._parts = _Parts(store, self._key, send=not exists)
         self._finished = False
+        # A file under one part, kept in memory until `keep` sends it in one PUT.
+        self._held: bytes | None = None
+        self._putting: asyncio.Future[None] | None = None
 
     async def write(self, data: bytes) -> None:
         await self._parts.write(data)
 
     async def finish(self) -> ReceivedBlob:
-        # Only an empty file skips the multipart upload: holding small files back
-        # until `keep` would make memory grow with the number of files.
-        await self._parts.finish(one_request_below=1)
+        size = self._parts.size
+        hold = (
+            not self._exists
+            and not self._parts.multipart
+            and size < self._store.part_size
+            and self._store.held.take(size)
+        )
+        try:
+            rest = await self._parts.finish(one_request_below=size + 1 if hold else 1)
+        except BaseException:
+            if hold:
+                self._store.held.give_back(size)
+            raise
+        if hold:
+            self._held = rest
         self._finished = True
         return ReceivedBlob(self._parts.sha256, self._parts.size)
 
@@ -237,16 +273,30 @@ class DirectUpload:
             )
         if self._exists:
             return self._key
-        if self._parts.multipart:
-            await self._parts.complete()
+        if self._held is not None:
+            self._putting = _remembered(self._store.put(self._key, self._held))
+            try:
+                await asyncio.shield(self._putting)
+            finally:
+                self._release()
         else:
-            await self._store.put(self._key, b"")
+            # Not held (so at least a byte, as an empty file always fits): multipart.
+            await self._parts.complete()
         return self._key
 
     async def abort(self) -> None:
         # Never deletes the key: an object there holds the declared bytes (only
-        # a matching hash completes an upload), and committed revisions may share it.
+        # a matching hash completes an upload or is put), and committed revisions may
+        # share it.
+        if self._putting is not None:
+            await _settle([self._putting])
+        self._release()
         await self._parts.abort()
+
+    def _release(self) -> None:
+        if self._held is not None:
+            self._store.held.give_back(len(self._held))
+            self._held = None
 
 
 class StagedUpload:
