@@ -18,17 +18,15 @@ from pathlib import Path
 from typing import BinaryIO
 
 from loraserve.adapterctl.failures import UsageError
-from loraserve.adapterstore.files import (
-    ALLOWED_FILES,
-    MAX_CONFIG_SIZE,
-    PICKLE_SUFFIXES,
-    REQUIRED_FILES,
-)
 from loraserve.clients.push import CHUNK_SIZE, LocalFile
 from loraserve.common.errors import InvalidArgument
 from loraserve.common.revisions.lora_values import WeightsFileCheck, check_config_scale
 from loraserve.common.revisions.peft_format import (
+    ALLOWED_FILES,
     CONFIG_FILE,
+    MAX_CONFIG_SIZE,
+    PICKLE_SUFFIXES,
+    REQUIRED_FILES,
     WEIGHTS_FILE,
     load_json_object,
     parse_safetensors_header,

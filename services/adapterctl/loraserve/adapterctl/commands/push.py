@@ -22,10 +22,10 @@ from loraserve.adapterctl.settings import CtlSettings
 from loraserve.adapterctl.terminal.console import Console
 from loraserve.adapterctl.terminal.output import dumps, message_to_json
 from loraserve.adapterctl.terminal.progress import MIN_BYTES_FOR_BAR, Progress
-from loraserve.adapterstore.files import PICKLE_SUFFIXES
 from loraserve.adapterstore.v1 import adapterstore_pb2 as pb
 from loraserve.common.errors import InvalidArgument
 from loraserve.common.revisions.names import validate_adapter_name
+from loraserve.common.revisions.peft_format import PICKLE_SUFFIXES
 
 
 def validated_name(name: str) -> str:

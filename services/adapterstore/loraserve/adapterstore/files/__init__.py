@@ -11,10 +11,6 @@ from loraserve.adapterstore.files.push import (
     receive_adapter,
 )
 from loraserve.adapterstore.files.validation import (
-    ALLOWED_FILES,
-    MAX_CONFIG_SIZE,
-    PICKLE_SUFFIXES,
-    REQUIRED_FILES,
     Limits,
     LoraConfig,
     check_declared_files,
@@ -22,10 +18,6 @@ from loraserve.adapterstore.files.validation import (
 from loraserve.adapterstore.files.verified_read import read_verified
 
 __all__ = [
-    "ALLOWED_FILES",
-    "MAX_CONFIG_SIZE",
-    "PICKLE_SUFFIXES",
-    "REQUIRED_FILES",
     "Chunk",
     "DownloadUrls",
     "HashOnlyUploads",

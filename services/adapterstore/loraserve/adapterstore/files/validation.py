@@ -22,34 +22,20 @@ from loraserve.common.errors import InvalidArgument
 from loraserve.common.revisions.lora_values import check_lora_scale
 from loraserve.common.revisions.manifest import FileInfo
 from loraserve.common.revisions.peft_format import (
+    ALLOWED_FILES,
     CONFIG_FILE,
     LORA_DTYPES,
     LORA_TENSOR_NAMES,
+    MAX_CONFIG_SIZE,
+    PICKLE_SUFFIXES,
     RANK_AXIS,
+    REQUIRED_FILES,
     WEIGHTS_FILE,
     TensorInfo,
     load_json_object,
     lora_tensor_name,
 )
 
-REQUIRED_FILES = frozenset({CONFIG_FILE, WEIGHTS_FILE})
-OPTIONAL_FILES = frozenset(
-    {
-        "README.md",
-        "tokenizer.json",
-        "tokenizer_config.json",
-        "special_tokens_map.json",
-        "tokenizer.model",
-        "vocab.json",
-        "merges.txt",
-        "added_tokens.json",
-    }
-)
-ALLOWED_FILES = REQUIRED_FILES | OPTIONAL_FILES
-# Formats that unpickle (and so may run code) when loaded.
-PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".pkl", ".pickle", ".ckpt")
-# A PEFT config is a few hundred bytes; the bound only keeps it out of the way of memory.
-MAX_CONFIG_SIZE = 1024 * 1024
 _SHA256 = re.compile(r"[0-9a-f]{64}")
 
 

@@ -21,6 +21,24 @@ from loraserve.common.errors import InvalidArgument
 
 CONFIG_FILE = "adapter_config.json"
 WEIGHTS_FILE = "adapter_model.safetensors"
+REQUIRED_FILES = frozenset({CONFIG_FILE, WEIGHTS_FILE})
+OPTIONAL_FILES = frozenset(
+    {
+        "README.md",
+        "tokenizer.json",
+        "tokenizer_config.json",
+        "special_tokens_map.json",
+        "tokenizer.model",
+        "vocab.json",
+        "merges.txt",
+        "added_tokens.json",
+    }
+)
+ALLOWED_FILES = REQUIRED_FILES | OPTIONAL_FILES
+# Formats that unpickle (and so may run code) when loaded.
+PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".pkl", ".pickle", ".ckpt")
+# A PEFT config is a few hundred bytes; the bound only keeps it out of the way of memory.
+MAX_CONFIG_SIZE = 1024 * 1024
 # The same bound the safetensors library applies to its JSON header.
 MAX_SAFETENSORS_HEADER = 100 * 1024 * 1024
 DTYPE_SIZES = {
