@@ -12,7 +12,11 @@ and 24 adapters:
 
 The ring_hash arm balances as `loraserve.clients.inference.InferenceClient` does over
 several replicas (the same service config entry and header, `loraserve.clients.routing`);
-the round-robin arm differs in the balancing policy alone.
+the round-robin arm differs in the balancing policy alone. The failover runs through
+`InferenceClient` itself: gRPC's own retry policy ends at a call's response headers, so
+a replica killed after it sent a stream's first message, before the caller read it,
+fails that call UNAVAILABLE with no token and gRPC never sends it again (one request
+in 480 did so at e21d4ae); the client retries until a message reaches its caller.
 """
 
 from __future__ import annotations
@@ -27,7 +31,8 @@ from pathlib import Path
 
 import grpc
 
-from bench.fleet.rig import ENGINE, Fleet, affinity, fleet_caller, fleet_channel
+from bench.fleet.rig import CALL_TIMEOUT_S, ENGINE, Fleet, affinity, fleet_caller, fleet_channel
+from bench.load.calls import grpc_caller
 from bench.load.drive import Load, Windows
 from bench.load.loadclient import Arm, LoadGenerator
 from bench.load.targets import Target
@@ -37,6 +42,7 @@ from bench.method.report import Report, Section
 from bench.method.stats import median_interval, percentile
 from bench.rig.stack import PROFILES, Stack, current_revisions, tenant
 from bench.swap.hot import fresh_variants, push_fresh
+from loraserve.clients.inference import InferenceClient
 from loraserve.clients.routing import (
     enable_ring_hash,
 )
@@ -202,8 +208,8 @@ async def _routed(address: str, revision: int) -> None:
 async def _failover(
     section: Section, fleet: Fleet, scale: FleetScale, adapters: tuple[str, ...]
 ) -> None:
-    """Uniform load with ring_hash; the last replica is SIGKILLed once it has served a
-    few of it. A call it held fails mid-stream; one it had not answered moves on."""
+    """Uniform load through `InferenceClient`; the last replica is SIGKILLed once it has
+    served a few of it. A call it held fails mid-stream; one it had not answered moves on."""
     workload = Workload(
         adapters=adapters,
         concurrency=scale.concurrency,
@@ -212,9 +218,9 @@ async def _failover(
         seed=1,
     )
     victim = len(fleet.replicas) - 1
-    async with fleet_channel(fleet.addresses, "ring_hash") as channel:
+    async with InferenceClient(",".join(fleet.addresses), timeout=CALL_TIMEOUT_S) as client:
         before = (await fleet.served())[victim]
-        load = asyncio.create_task(run_closed_loop(workload, fleet_caller(channel)))
+        load = asyncio.create_task(run_closed_loop(workload, grpc_caller(client)))
         while not load.done():
             served = (await fleet.served())[victim] - before
             if served.total() >= max(1, scale.concurrency // (2 * scale.replicas)):
@@ -246,8 +252,8 @@ def failover_figures(
     }
     section.record("failover", [counts])
     section.table(
-        f"one of {replicas} replicas SIGKILLed mid-load (ring_hash, retried before the first "
-        "token)",
+        f"one of {replicas} replicas SIGKILLed mid-load (InferenceClient: ring_hash, retried "
+        "before the first token)",
         list(counts),
         [list(counts.values())],
     )
