@@ -7,8 +7,10 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import grpc
 import pytest
 
+from loraserve.clients.channels import Retry, open_channel
 from loraserve.clients.inference import (
     InferenceClient,
     RetryPolicy,
@@ -16,9 +18,13 @@ from loraserve.clients.inference import (
     SyncInferenceClient,
 )
 from loraserve.common.errors import DeadlineExceeded, InvalidArgument, NotFound, Unavailable
+from loraserve.common.rpc.security import ClientSecurity
+from loraserve.inference.v1 import inference_pb2 as pb
+from loraserve.inference.v1 import inference_pb2_grpc as pb_grpc
 from loraserve.testing.adapters.models import TinyAdapterFactory
 from loraserve.testing.engine.work import engine_work
 from loraserve.testing.inference.service import wait_until_idle
+from loraserve.testing.processes.tcpproxy import tcp_proxy
 from loraserve.tiny.oracle import greedy_tokens
 
 pytestmark = pytest.mark.engine
@@ -92,6 +98,44 @@ async def test_unavailable_past_the_retry_budget_raises_unavailable(
         async with InferenceClient(served.address, retry=policy) as client:
             with pytest.raises(Unavailable):
                 await client.generate("", PROMPT, GREEDY)
+
+
+async def test_a_stream_cut_after_its_headers_before_its_first_message_is_sent_again(
+    served_factory: Callable[..., Any],
+) -> None:
+    async for served in served_factory():
+        async with tcp_proxy(int(served.address.rsplit(":", 1)[1])) as proxy:
+            proxy.cut_at_first_message()
+            async with InferenceClient(proxy.address, retry=FAST_RETRY) as client:
+                completion = await client.generate("", PROMPT, GREEDY)
+            assert proxy.cut_at_message == 1
+    assert len(completion.token_ids) == 12
+
+
+async def test_grpcs_own_retry_policy_does_not_resend_a_stream_cut_after_its_headers(
+    served_factory: Callable[..., Any],
+) -> None:
+    # Why the client retries Generate itself (docs/clients.md): gRPC commits a call
+    # once its response headers arrive.
+    service = pb.DESCRIPTOR.services_by_name["InferenceService"].full_name
+    retry = Retry(max_attempts=5, initial_backoff_s=0.05, max_backoff_s=0.2)
+    request = pb.GenerateRequest(
+        token_ids=pb.TokenIds(ids=PROMPT),
+        sampling=pb.SamplingParams(max_tokens=12, temperature=0.0, ignore_eos=True),
+    )
+    async for served in served_factory():
+        async with tcp_proxy(int(served.address.rsplit(":", 1)[1])) as proxy:
+            proxy.cut_at_first_message()
+            channel = open_channel(
+                proxy.address, ClientSecurity(), method_configs=[retry.method_config(service)]
+            )
+            async with channel:
+                stub = pb_grpc.InferenceServiceStub(channel)
+                with pytest.raises(grpc.aio.AioRpcError) as failed:
+                    async for _ in stub.Generate(request, timeout=30):
+                        pass
+            assert proxy.cut_at_message == 1
+    assert failed.value.code() == grpc.StatusCode.UNAVAILABLE
 
 
 async def test_deadline_ends_the_stream_and_aborts_the_engine_request(

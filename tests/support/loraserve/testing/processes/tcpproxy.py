@@ -2,7 +2,9 @@
 
 Put it between a client and a server to simulate a network failure: `cut()` drops
 every open connection and refuses new ones until `restore()`, while the server
-itself keeps running.
+itself keeps running. `cut_at_first_message()` drops the connection that carries a
+gRPC response's first message just before that message, after its headers: what a
+client sees when a server dies the moment it answers.
 """
 
 from __future__ import annotations
@@ -16,6 +18,9 @@ from contextlib import asynccontextmanager
 log = logging.getLogger(__name__)
 
 _BUFFER = 64 * 1024
+# HTTP/2 (RFC 9113 4.1): a 9-byte frame header, its type in byte 3; DATA is type 0.
+_FRAME_HEADER = 9
+_DATA = 0
 
 
 class TcpProxy:
@@ -30,6 +35,9 @@ class TcpProxy:
         self.port = 0
         # Connections accepted and forwarded so far.
         self.connections = 0
+        self._cut_at_message = False
+        # Connections dropped by `cut_at_first_message`.
+        self.cut_at_message = 0
 
     async def start(self) -> None:
         self._server = await asyncio.start_server(self._accept, "127.0.0.1", 0)
@@ -45,6 +53,11 @@ class TcpProxy:
         for writer in list(self._writers):
             writer.transport.abort()
         log.info("tcpproxy.cut port=%d", self.port)
+
+    def cut_at_first_message(self) -> None:
+        """Once: of the connections opened from now on, drops the first to carry a DATA
+        frame from the server, just before that frame (its stream's headers went through)."""
+        self._cut_at_message = True
 
     def restore(self) -> None:
         """Accepts connections again."""
@@ -73,7 +86,7 @@ class TcpProxy:
         self._writers.update((writer, up_writer))
         pipes = [
             asyncio.create_task(self._pipe(reader, up_writer)),
-            asyncio.create_task(self._pipe(up_reader, writer)),
+            asyncio.create_task(self._pipe_down(up_reader, writer)),
         ]
         self._tasks.update(pipes)
         try:
@@ -91,6 +104,21 @@ class TcpProxy:
             while data := await reader.read(_BUFFER):
                 writer.write(data)
                 await writer.drain()
+
+    async def _pipe_down(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        """Server to client: whole frames while `cut_at_first_message` is armed."""
+        with contextlib.suppress(OSError, asyncio.IncompleteReadError):
+            while self._cut_at_message:
+                header = await reader.readexactly(_FRAME_HEADER)
+                body = await reader.readexactly(int.from_bytes(header[:3], "big"))
+                if header[3] == _DATA and self._cut_at_message:
+                    self._cut_at_message = False
+                    self.cut_at_message += 1
+                    log.info("tcpproxy.cut_at_message port=%d", self.port)
+                    return
+                writer.write(header + body)
+                await writer.drain()
+        await self._pipe(reader, writer)
 
 
 @asynccontextmanager
