@@ -17,8 +17,9 @@ AsyncLLM would be: paced, the loop's ticker hands each token to the handler thre
 a queue.SimpleQueue; closed, the handler thread pulls each token from an async generator
 on the loop with asyncio.run_coroutine_threadsafe), `bridge-rcts` (paced only: the
 handler thread awaits an asyncio.Queue on the loop through run_coroutine_threadsafe per
-token), and the pure-Python HTTP/2 servers of bench/front/grpc_floor_h2.py (`grpclib`,
-`grpclib-coalesce`, `h2-lean`).
+token), the pure-Python HTTP/2 servers of bench/front/grpc_floor_h2.py (`grpclib`,
+`grpclib-coalesce`, `h2-lean`) and `native` (bench/front/grpc_floor_native.py: the
+messages made on the loop as here, the transport Rust's h2 on a thread of its own).
 """
 
 from __future__ import annotations
@@ -77,6 +78,7 @@ VARIANTS = {
     "grpclib": Variant("grpclib"),
     "grpclib-coalesce": Variant("grpclib-coalesce"),
     "h2-lean": Variant("h2-lean"),
+    "native": Variant("native"),
 }
 
 
@@ -316,6 +318,11 @@ def serve(name: str, shape: Shape, streams: int) -> None:
         from bench.front import grpc_floor_h2
 
         coro = grpc_floor_h2.serve(variant.kind, shape, LoopTicker(shape.step_s), ready)
+        _new_loop(variant.uvloop).run_until_complete(coro)
+    elif variant.kind == "native":
+        from bench.front import grpc_floor_native
+
+        coro = grpc_floor_native.serve(shape, LoopTicker(shape.step_s), ready)
         _new_loop(variant.uvloop).run_until_complete(coro)
     else:
         _serve_threads(variant, shape, streams, ready)

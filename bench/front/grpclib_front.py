@@ -1,11 +1,16 @@
-"""`python -m bench.front.grpclib_front --grpclib-port N INFERENCE-SERVE-FLAGS...`: the real
-`inference serve`, plus Generate served a second time over grpclib with its writes coalesced
-per event-loop pass (bench/front/grpc_floor_h2.py), on port N.
+"""The real `inference serve` with Generate served again beside it:
+
+    python -m bench.front.grpclib_front --grpclib-port N [--native-port M] SERVE-FLAGS...
+
+That is the real `inference serve`, plus Generate served a second time over grpclib with its writes
+coalesced per event-loop pass (bench/front/grpc_floor_h2.py) on port N, and on the native
+transport (Rust's h2, bench/front/native_front.py) on port M.
 
 Step (1) of issue 28's path in docs/design.md, measured on the real generation path rather
 than the floor's synthetic tokens: the same engine, registry, generator and proto
 translation as the grpc.aio servicer, only the transport differs. bench/front/stream_probe.py's
-`grpclib` arm streams from it, so the `grpc` and `grpclib` arms measure one process. A probe,
+`grpclib` and `native` arms stream from them, so the `grpc`, `grpclib` and `native` arms
+measure one process. A probe,
 not a server to ship: it has no auth, no health service of its own and no metrics on this
 port.
 """
@@ -67,15 +72,23 @@ async def serve_generate(runtime_ref: RuntimeRef, port: int = 0) -> tuple[Any, i
     return server, server._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
 
 
-def _app_class(port: int) -> type[InferenceApp]:
+def _app_class(port: int, native_port: int) -> type[InferenceApp]:
     class GrpclibApp(InferenceApp):
-        """The inference app with a grpclib Generate listening beside its own server."""
+        """The inference app with a grpclib Generate (and a native one, if asked)
+        listening beside its own server."""
 
         async def start(self) -> None:
             await super().start()
             self._grpclib, _ = await serve_generate(self.runtime_ref, port)
+            self._native = None
+            if native_port:
+                from bench.front import native_front
+
+                self._native = native_front.serve_generate(self.runtime_ref, native_port)
 
         async def stop(self) -> None:
+            if self._native is not None:
+                self._native.close()
             self._grpclib.close()
             await self._grpclib.wait_closed()
             await super().stop()
@@ -86,9 +99,10 @@ def _app_class(port: int) -> type[InferenceApp]:
 def main() -> None:
     parser = argparse.ArgumentParser(prog="python -m bench.front.grpclib_front", allow_abbrev=False)
     parser.add_argument("--grpclib-port", type=int, required=True)
+    parser.add_argument("--native-port", type=int, default=0)
     args, serve_argv = parser.parse_known_args()
     # `serve` builds its app by this module-level name; the rest of start-up is the product's.
-    inference_main.InferenceApp = _app_class(args.grpclib_port)  # type: ignore[attr-defined]
+    inference_main.InferenceApp = _app_class(args.grpclib_port, args.native_port)  # type: ignore[attr-defined]
     inference_main.main(serve_argv)
 
 

@@ -59,8 +59,8 @@ from loraserve.testing.processes.services import free_port
 ENGINE = procs.EngineConfig(max_loras=8, max_cpu_loras=8, max_lora_rank=RANK)
 ADAPTERS = tuple(tenant(i) for i in range(8))
 PROMPT = [3 + (7 * i) % 500 for i in range(16)]
-ARMS = ("grpc", "grpclib", "client", "openai", "vllm", "sdk")
-LORASERVE_ARMS = ("grpc", "grpclib", "client", "openai")
+ARMS = ("grpc", "grpclib", "native", "client", "openai", "vllm", "sdk")
+LORASERVE_ARMS = ("grpc", "grpclib", "native", "client", "openai")
 
 
 @dataclass
@@ -232,15 +232,22 @@ class Loraserve:
     name: str
     child: procs.Child
     openai_url: str
-    # bench/front/grpclib_front.py's second Generate, when the grpclib arm runs.
+    # bench/front/grpclib_front.py's second Generate, when the grpclib or native arm runs.
     grpclib_address: str = ""
+    # Its third, on the native transport, when the native arm runs.
+    native_address: str = ""
 
 
 async def start_servers(
-    stack: Stack, variants: dict[str, str], need_vllm: bool, grpclib: bool = False
+    stack: Stack,
+    variants: dict[str, str],
+    need_vllm: bool,
+    grpclib: bool = False,
+    native: bool = False,
 ) -> tuple[list[Loraserve], procs.Child | None]:
     """Each variant's `inference serve` (gRPC + OpenAI front; its code from the variant's
-    PYTHONPATH, "" for this checkout; with `grpclib`, through bench/front/grpclib_front.py)
+    PYTHONPATH, "" for this checkout; with `grpclib` or `native`, through
+    bench/front/grpclib_front.py)
     and, if asked, `vllm serve`; all ready."""
     await stack.start_store()
     for name in ADAPTERS:
@@ -250,10 +257,17 @@ async def start_servers(
         grpc_port, http_port = free_port(), free_port()
         argv = stack._argv(name, grpc_port, ENGINE, http_port)
         env = {**ENGINE_ENV, **({"PYTHONPATH": pythonpath} if pythonpath else {})}
-        grpclib_port = free_port() if grpclib else 0
+        grpclib_port = free_port() if grpclib or native else 0
+        native_port = free_port() if native else 0
         command = (
-            [sys.executable, "-m", "bench.front.grpclib_front", f"--grpclib-port={grpclib_port}"]
-            if grpclib
+            [
+                sys.executable,
+                "-m",
+                "bench.front.grpclib_front",
+                f"--grpclib-port={grpclib_port}",
+                f"--native-port={native_port}",
+            ]
+            if grpclib_port
             else []
         )
         child = procs.start_inference(
@@ -261,7 +275,10 @@ async def start_servers(
         )
         stack.children.append(child)
         grpclib_address = f"127.0.0.1:{grpclib_port}" if grpclib else ""
-        servers.append(Loraserve(name, child, f"http://127.0.0.1:{http_port}", grpclib_address))
+        native_address = f"127.0.0.1:{native_port}" if native else ""
+        servers.append(
+            Loraserve(name, child, f"http://127.0.0.1:{http_port}", grpclib_address, native_address)
+        )
         waits.append(procs.wait_serving(child, stack.logs, 600))
     vllm = None
     if need_vllm:
@@ -306,6 +323,12 @@ async def open_arms(
             )
             stub = pb_grpc.InferenceServiceStub(grpclib)
             arms["grpclib" + suffix] = (raw_grpc_caller(stub, stream_interval), pid)
+        if server.native_address:
+            native = await exits.enter_async_context(
+                grpc.aio.insecure_channel(server.native_address)
+            )
+            stub = pb_grpc.InferenceServiceStub(native)
+            arms["native" + suffix] = (raw_grpc_caller(stub, stream_interval), pid)
         arms["client" + suffix] = (grpc_caller(client), pid)
         arms["openai" + suffix] = (openai_caller(http, server.openai_url, ""), pid)
     if vllm is not None:
@@ -357,7 +380,7 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
     try:
         stack.build_models()
         servers, vllm = await start_servers(
-            stack, variants, bool({"vllm", "sdk"} & kinds), "grpclib" in kinds
+            stack, variants, bool({"vllm", "sdk"} & kinds), "grpclib" in kinds, "native" in kinds
         )
         async with contextlib.AsyncExitStack() as exits:
             arms = await open_arms(exits, servers, vllm, args.stream_interval)

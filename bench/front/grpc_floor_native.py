@@ -1,0 +1,134 @@
+"""bench/front/grpc_floor.py's `native` server: the messages made on the event loop as in
+every other variant, the transport in Rust (bench/front/native: h2 on a Tokio thread).
+
+Each loop pass's messages cross into Rust in one call; h2 then writes every stream's
+frames of a connection in one socket write. It builds the crate when loaded, offline,
+from Debian's packaged crates (bench/front/native/README.md).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import importlib.machinery
+import importlib.util
+import os
+import subprocess
+import sys
+from collections.abc import AsyncIterator, Callable
+from pathlib import Path
+from types import ModuleType
+
+from bench.front.grpc_floor_servers import AioServicer, LoopTicker, Shape
+
+CRATE = Path(__file__).with_name("native")
+LIBRARY = CRATE / "target" / "release" / "libgrpc_floor_native.so"
+# Where Debian's librust-*-dev packages put their crates' sources.
+DEBIAN_CRATES = "/usr/share/cargo/registry"
+
+
+def build() -> Path:
+    """Builds the crate for this interpreter (cargo, offline, Debian's crates)."""
+    subprocess.run(
+        [
+            "cargo",
+            "build",
+            "--release",
+            "--offline",
+            "--config",
+            'source.crates-io.replace-with="debian"',
+            "--config",
+            f'source.debian.directory="{DEBIAN_CRATES}"',
+        ],
+        cwd=CRATE,
+        env={**os.environ, "PYO3_PYTHON": sys.executable},
+        check=True,
+    )
+    return LIBRARY
+
+
+def load() -> ModuleType:
+    """The module, built first (cargo rebuilds only what changed)."""
+    path = build()
+    loader = importlib.machinery.ExtensionFileLoader("grpc_floor_native", str(path))
+    spec = importlib.util.spec_from_file_location("grpc_floor_native", path, loader=loader)
+    assert spec is not None
+    module = importlib.util.module_from_spec(spec)
+    loader.exec_module(module)
+    return module
+
+
+# A call's handler: its request message and rollout key in, serialized messages out.
+Handler = Callable[[bytes, str], AsyncIterator[bytes]]
+# What ends a failed call: its exception's gRPC status code and message, or None to re-raise.
+Status = Callable[[Exception], tuple[int, str] | None]
+
+
+class NativeFront:
+    """Feeds the Rust server: one task per call iterating its handler, and one `send` of
+    everything the loop pass wrote."""
+
+    def __init__(self, handler: Handler, status: Status = lambda _: None, port: int = 0) -> None:
+        self._handler, self._status = handler, status
+        self._doorbell, writer = os.pipe()
+        os.set_blocking(self._doorbell, False)
+        self._server = load().Server(writer, port)
+        self._loop = asyncio.get_running_loop()
+        # (call, serialized message), or (call, None) to end the call with status OK.
+        self._pending: list[tuple[int, bytes | None]] = []
+        self._tasks: set[asyncio.Task[None]] = set()
+        self._loop.add_reader(self._doorbell, self._take)
+
+    @property
+    def port(self) -> int:
+        return int(self._server.port)
+
+    def close(self) -> None:
+        self._loop.remove_reader(self._doorbell)
+        for task in self._tasks:
+            task.cancel()
+
+    def _take(self) -> None:
+        # Read before taking: a call announced after the take rings again.
+        os.read(self._doorbell, 4096)
+        for call, request, rollout_key in self._server.take():
+            task = self._loop.create_task(self._respond(call, request, rollout_key))
+            self._tasks.add(task)
+            task.add_done_callback(self._tasks.discard)
+
+    async def _respond(self, call: int, request: bytes, rollout_key: str) -> None:
+        try:
+            async for message in self._handler(request, rollout_key):
+                self._write(call, message)
+        except Exception as exc:
+            status = self._status(exc)
+            if status is None:
+                raise
+            self._flush()
+            self._server.finish(call, *status)
+            return
+        self._write(call, None)
+
+    def _write(self, call: int, payload: bytes | None) -> None:
+        if not self._pending:
+            self._loop.call_soon(self._flush)
+        self._pending.append((call, payload))
+
+    def _flush(self) -> None:
+        if self._pending:
+            pending, self._pending = self._pending, []
+            self._server.send(pending)
+
+
+async def serve(shape: Shape, ticker: LoopTicker, ready: Callable[[int], None]) -> None:
+    """Serves until killed; `ready(port)` once listening."""
+    servicer = AioServicer(shape, ticker if shape.paced else None, write=False)
+
+    async def handler(request: bytes, rollout_key: str) -> AsyncIterator[bytes]:
+        async for message in servicer._yielded(None, None):
+            yield message.SerializeToString()
+
+    front = NativeFront(handler)
+    if shape.paced:
+        ticker.start()
+    ready(front.port)
+    await asyncio.Event().wait()
