@@ -31,7 +31,7 @@ LOCK ?= $(wildcard $(LOCK_FILE))
 # and text generation needs none of them.
 UNUSED := torchvision torchaudio torchcodec
 
-.PHONY: setup lock test test-quick lint proto bench bench-gpu bench-readme run clean
+.PHONY: setup lock test test-quick lint proto bench bench-gpu bench-readme native-probe run clean
 
 setup: $(STAMP)
 
@@ -69,6 +69,16 @@ lint: setup
 TEST_WORKERS ?= 2
 test: lint
 	$(VENV)/bin/pytest -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder
+
+# The native transport probe (bench/front/native, a Rust extension for stream_probe's
+# `native` arm): Debian's packaged crates, so it builds offline; needs root for apt-get.
+# Without it the probe's tests are skipped, saying so.
+NATIVE_CRATES := cargo librust-pyo3-dev librust-h2-dev librust-tokio-dev librust-bytes-dev \
+  librust-http-dev
+native-probe: setup
+	DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends \
+	  $(NATIVE_CRATES) >/dev/null
+	$(PY) -c 'from bench.front import grpc_floor_native as n; n.build()'
 
 # Everything that does not need the engine.
 test-quick: setup

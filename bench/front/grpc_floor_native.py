@@ -9,6 +9,7 @@ from Debian's packaged crates (bench/front/native/README.md).
 from __future__ import annotations
 
 import asyncio
+import functools
 import importlib.machinery
 import importlib.util
 import os
@@ -46,8 +47,10 @@ def build() -> Path:
     return LIBRARY
 
 
+@functools.cache
 def load() -> ModuleType:
-    """The module, built first (cargo rebuilds only what changed)."""
+    """The module, built first (cargo rebuilds only what changed); once per process, as
+    PyO3 allows."""
     path = build()
     loader = importlib.machinery.ExtensionFileLoader("grpc_floor_native", str(path))
     spec = importlib.util.spec_from_file_location("grpc_floor_native", path, loader=loader)
@@ -83,7 +86,9 @@ class NativeFront:
         return int(self._server.port)
 
     def close(self) -> None:
+        self._server.close()
         self._loop.remove_reader(self._doorbell)
+        os.close(self._doorbell)
         for task in self._tasks:
             task.cancel()
 

@@ -8,6 +8,7 @@
 //! Tokio thread, one allocation for their frames), and h2 writes every stream's pending
 //! frames of a connection in one socket write.
 //!
+//! Builds with Debian 12's own toolchain (rustc 1.63) as well as newer ones.
 //! Like `h2-lean`, it reads no metadata, honours no deadline and maps no error.
 
 use std::collections::HashMap;
@@ -49,6 +50,8 @@ struct Calls {
     posted: Notify,
     /// Each call's response stream, for the dispatcher, before its call is announced.
     streams: UnboundedSender<(u64, SendStream<Bytes>)>,
+    /// Stops the server: its thread ends, dropping every connection.
+    closed: Notify,
 }
 
 impl Calls {
@@ -91,6 +94,7 @@ impl Server {
             outbox: Mutex::new(Vec::new()),
             posted: Notify::new(),
             streams,
+            closed: Notify::new(),
         });
         let runtime = tokio::runtime::Builder::new_current_thread()
             .enable_io()
@@ -103,7 +107,10 @@ impl Server {
                 runtime.block_on(async move {
                     let listener = TcpListener::from_std(std_listener).expect("listener");
                     tokio::spawn(dispatch(Arc::clone(&serving), opened));
-                    accept(listener, serving).await
+                    tokio::select! {
+                        _ = accept(listener, Arc::clone(&serving)) => {}
+                        _ = serving.closed.notified() => {}
+                    }
                 })
             })?;
         Ok(Server { calls, port })
@@ -145,6 +152,11 @@ impl Server {
         self.calls.post(messages);
     }
 
+    /// Stops listening and drops every connection.
+    fn close(&self) {
+        self.calls.closed.notify_one();
+    }
+
     /// Ends a call with a gRPC status, after what was sent before.
     fn finish(&self, id: u64, code: u32, message: String) {
         self.calls.post([(id, Message::End(code, message))]);
@@ -163,7 +175,10 @@ async fn dispatch(calls: Arc<Calls>, mut opened: UnboundedReceiver<(u64, SendStr
         }
         let outbox = mem::take(&mut *calls.outbox.lock().unwrap());
         for (id, message) in outbox {
-            let Some(stream) = streams.get_mut(&id) else { continue };
+            let stream = match streams.get_mut(&id) {
+                Some(stream) => stream,
+                None => continue,
+            };
             let done = match message {
                 Message::Data(framed) => stream.send_data(framed, false).is_err(),
                 Message::End(code, text) => {
@@ -182,7 +197,10 @@ async fn accept(listener: TcpListener, calls: Arc<Calls>) {
     // Each connection numbers its calls from its own base.
     let mut next_id = 0u64;
     loop {
-        let Ok((socket, _)) = listener.accept().await else { continue };
+        let socket = match listener.accept().await {
+            Ok((socket, _)) => socket,
+            Err(_) => continue,
+        };
         let _ = socket.set_nodelay(true);
         tokio::spawn(connection(socket, Arc::clone(&calls), next_id));
         next_id += 1 << 32;
@@ -190,7 +208,10 @@ async fn accept(listener: TcpListener, calls: Arc<Calls>) {
 }
 
 async fn connection(socket: TcpStream, calls: Arc<Calls>, mut next_id: u64) {
-    let Ok(mut conn) = h2::server::handshake(socket).await else { return };
+    let mut conn = match h2::server::handshake(socket).await {
+        Ok(conn) => conn,
+        Err(_) => return,
+    };
     while let Some(Ok((request, respond))) = conn.accept().await {
         let id = next_id;
         next_id += 1;
@@ -221,7 +242,10 @@ async fn call(
         .header("content-type", "application/grpc")
         .body(())
         .expect("static headers");
-    let Ok(stream) = respond.send_response(response, false) else { return };
+    let stream = match respond.send_response(response, false) {
+        Ok(stream) => stream,
+        Err(_) => return,
+    };
     if calls.streams.send((id, stream)).is_ok() {
         calls.announce(Arrived { id, request: received.freeze(), rollout_key });
     }
