@@ -1,18 +1,17 @@
-"""The real `inference serve` with Generate served again beside it:
+"""The real `inference serve`, with Generate served again beside it:
 
     python -m bench.front.grpclib_front --grpclib-port N [--native-port M] SERVE-FLAGS...
 
-That is the real `inference serve`, plus Generate served a second time over grpclib with its writes
-coalesced per event-loop pass (bench/front/grpc_floor_h2.py) on port N, and on the native
-transport (Rust's h2, bench/front/native_front.py) on port M.
+over grpclib with its writes coalesced per event-loop pass (bench/front/grpc_floor_h2.py)
+on port N, and, if asked, over the native transport (Rust's h2, bench/front/native_front.py)
+on port M.
 
 Step (1) of issue 28's path in docs/design.md, measured on the real generation path rather
 than the floor's synthetic tokens: the same engine, registry, generator and proto
 translation as the grpc.aio servicer, only the transport differs. bench/front/stream_probe.py's
 `grpclib` and `native` arms stream from them, so the `grpc`, `grpclib` and `native` arms
-measure one process. A probe,
-not a server to ship: it has no auth, no health service of its own and no metrics on this
-port.
+measure one process. A probe, not a server to ship: it has no auth, no health service of
+its own and no metrics on these ports.
 """
 
 from __future__ import annotations

@@ -1,7 +1,8 @@
 //! Server-streaming gRPC over h2 on a Tokio thread, its messages made by Python.
 //!
 //! The transport half of a native front, measured by bench/front/grpc_floor.py's
-//! `native` variant: Python's event loop makes and serializes every message, as the
+//! `native` variant and bench/front/stream_probe.py's `native` arm: Python's event
+//! loop makes and serializes every message, as the
 //! generation path does now; this module only frames them and writes them. A new
 //! call is announced by a byte on a pipe the loop reads (one byte however many calls
 //! wait); a loop pass's messages cross in one `send` call (one lock, one wake of the
@@ -9,7 +10,8 @@
 //! frames of a connection in one socket write.
 //!
 //! Builds with Debian 12's own toolchain (rustc 1.63) as well as newer ones.
-//! Like `h2-lean`, it reads no metadata, honours no deadline and maps no error.
+//! Of the metadata it reads only `x-rollout-key`; it honours no deadline and does not
+//! tell Python when a client resets its call.
 
 use std::collections::HashMap;
 use std::io::Write;
