@@ -57,19 +57,13 @@ async def _transport(kind: str, running: RunningInference) -> AsyncIterator[int]
         front.close()
 
 
-@pytest.fixture(
-    params=[
-        "grpclib",
-        pytest.param(
-            "native",
-            marks=pytest.mark.skipif(
-                not _native_buildable(),
-                reason="the native probe needs cargo and Debian's crates "
-                "(bench/front/native/README.md)",
-            ),
-        ),
-    ]
+native_only = pytest.mark.skipif(
+    not _native_buildable(),
+    reason="the native probe needs cargo and Debian's crates (bench/front/native/README.md)",
 )
+
+
+@pytest.fixture(params=["grpclib", pytest.param("native", marks=native_only)])
 async def served(
     request: pytest.FixtureRequest,
     vllm_engine: AsyncLLM,
@@ -133,3 +127,23 @@ async def test_generate_over_another_transport_refuses_with_the_servicers_status
     assert over_aio.value.code() == grpc.StatusCode.NOT_FOUND
     assert over_other.value.code() == over_aio.value.code()
     assert over_other.value.details() == over_aio.value.details()
+
+
+@native_only
+async def test_native_transport_ends_a_call_internal_when_its_handler_fails() -> None:
+    async def failing(request: bytes, rollout_key: str) -> AsyncIterator[bytes]:
+        yield pb.GenerateResponse(text="x").SerializeToString()
+        raise RuntimeError("a bug in the handler")
+
+    front = grpc_floor_native.NativeFront(failing)
+    try:
+        async with grpc.aio.insecure_channel(f"127.0.0.1:{front.port}") as channel:
+            stub = pb_grpc.InferenceServiceStub(channel)
+            call = stub.Generate(pb.GenerateRequest(), timeout=30)
+            first = await call.read()
+            with pytest.raises(grpc.aio.AioRpcError) as failed:
+                await call.read()
+        assert first.text == "x"
+        assert failed.value.code() == grpc.StatusCode.INTERNAL
+    finally:
+        front.close()

@@ -12,6 +12,7 @@ import asyncio
 import functools
 import importlib.machinery
 import importlib.util
+import logging
 import os
 import subprocess
 import sys
@@ -19,12 +20,17 @@ from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from types import ModuleType
 
+import grpc
+
 from bench.front.grpc_floor_servers import AioServicer, LoopTicker, Shape
+
+log = logging.getLogger(__name__)
 
 CRATE = Path(__file__).with_name("native")
 LIBRARY = CRATE / "target" / "release" / "libgrpc_floor_native.so"
 # Where Debian's librust-*-dev packages put their crates' sources.
 DEBIAN_CRATES = "/usr/share/cargo/registry"
+_INTERNAL = grpc.StatusCode.INTERNAL.value[0]
 
 
 def build() -> Path:
@@ -62,7 +68,8 @@ def load() -> ModuleType:
 
 # A call's handler: its request message and rollout key in, serialized messages out.
 Handler = Callable[[bytes, str], AsyncIterator[bytes]]
-# What ends a failed call: its exception's gRPC status code and message, or None to re-raise.
+# What ends a failed call: its exception's gRPC status code and message, or None for a bug
+# (the call ends INTERNAL and the exception is logged).
 Status = Callable[[Exception], tuple[int, str] | None]
 
 
@@ -107,9 +114,9 @@ class NativeFront:
         except Exception as exc:
             status = self._status(exc)
             if status is None:
-                raise
+                log.exception("native.call_failed call=%d", call)
             self._flush()
-            self._server.finish(call, *status)
+            self._server.finish(call, *(status or (_INTERNAL, "internal error")))
             return
         self._write(call, None)
 
