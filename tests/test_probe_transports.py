@@ -1,7 +1,7 @@
 """bench/front/grpclib_front.py and bench/front/native_front.py measure a transport, not a
-different server: over grpclib and over the native transport (Rust's h2), Generate streams
-what the grpc.aio servicer streams for the same request, and refuses what it refuses with
-the same status, on the session's real engine."""
+different server: over grpclib and over the native transport (Rust's h2), with the engine's
+outputs pulled or pushed, Generate streams what the grpc.aio servicer streams for the same
+request, and refuses what it refuses with the same status, on the session's real engine."""
 
 from __future__ import annotations
 
@@ -50,7 +50,7 @@ async def _transport(kind: str, running: RunningInference) -> AsyncIterator[int]
             server.close()
             await server.wait_closed()
         return
-    front = native_front.serve_generate(running.app.runtime_ref)
+    front = native_front.serve_generate(running.app.runtime_ref, pushed=kind == "pushed")
     try:
         yield front.port
     finally:
@@ -63,7 +63,13 @@ native_only = pytest.mark.skipif(
 )
 
 
-@pytest.fixture(params=["grpclib", pytest.param("native", marks=native_only)])
+@pytest.fixture(
+    params=[
+        "grpclib",
+        pytest.param("native", marks=native_only),
+        pytest.param("pushed", marks=native_only),
+    ]
+)
 async def served(
     request: pytest.FixtureRequest,
     vllm_engine: AsyncLLM,
@@ -131,8 +137,8 @@ async def test_generate_over_another_transport_refuses_with_the_servicers_status
 
 @native_only
 async def test_native_transport_ends_a_call_internal_when_its_handler_fails() -> None:
-    async def failing(request: bytes, rollout_key: str) -> AsyncIterator[bytes]:
-        yield pb.GenerateResponse(text="x").SerializeToString()
+    async def failing(request: bytes, rollout_key: str, write: grpc_floor_native.Write) -> None:
+        write(pb.GenerateResponse(text="x").SerializeToString())
         raise RuntimeError("a bug in the handler")
 
     front = grpc_floor_native.NativeFront(failing)

@@ -16,7 +16,7 @@ import logging
 import os
 import subprocess
 import sys
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 from types import ModuleType
 
@@ -66,15 +66,28 @@ def load() -> ModuleType:
     return module
 
 
-# A call's handler: its request message and rollout key in, serialized messages out.
-Handler = Callable[[bytes, str], AsyncIterator[bytes]]
+# Writes one serialized message of a call; it leaves with the loop pass's others.
+Write = Callable[[bytes], None]
+# A call's handler: its request message, rollout key and writer; the call ends OK when it
+# returns. It may write from any callback on the loop, not only from its own task.
+Handler = Callable[[bytes, str, Write], Awaitable[None]]
 # What ends a failed call: its exception's gRPC status code and message, or None for a bug
 # (the call ends INTERNAL and the exception is logged).
 Status = Callable[[Exception], tuple[int, str] | None]
 
 
+def streaming(messages: Callable[[bytes, str], AsyncIterator[bytes]]) -> Handler:
+    """A handler that writes what an async iterator of serialized messages yields."""
+
+    async def handler(request: bytes, rollout_key: str, write: Write) -> None:
+        async for message in messages(request, rollout_key):
+            write(message)
+
+    return handler
+
+
 class NativeFront:
-    """Feeds the Rust server: one task per call iterating its handler, and one `send` of
+    """Feeds the Rust server: one task per call running its handler, and one `send` of
     everything the loop pass wrote."""
 
     def __init__(self, handler: Handler, status: Status = lambda _: None, port: int = 0) -> None:
@@ -109,8 +122,7 @@ class NativeFront:
 
     async def _respond(self, call: int, request: bytes, rollout_key: str) -> None:
         try:
-            async for message in self._handler(request, rollout_key):
-                self._write(call, message)
+            await self._handler(request, rollout_key, functools.partial(self._write, call))
         except Exception as exc:
             status = self._status(exc)
             if status is None:
@@ -135,11 +147,11 @@ async def serve(shape: Shape, ticker: LoopTicker, ready: Callable[[int], None]) 
     """Serves until killed; `ready(port)` once listening."""
     servicer = AioServicer(shape, ticker if shape.paced else None, write=False)
 
-    async def handler(request: bytes, rollout_key: str) -> AsyncIterator[bytes]:
+    async def messages(request: bytes, rollout_key: str) -> AsyncIterator[bytes]:
         async for message in servicer._yielded(None, None):
             yield message.SerializeToString()
 
-    front = NativeFront(handler)
+    front = NativeFront(streaming(messages))
     if shape.paced:
         ticker.start()
     ready(front.port)

@@ -1,10 +1,11 @@
 """The real `inference serve`, with Generate served again beside it:
 
-    python -m bench.front.grpclib_front --grpclib-port N [--native-port M] SERVE-FLAGS...
+    python -m bench.front.grpclib_front --grpclib-port N [--native-port M] [--pushed-port P]
+        SERVE-FLAGS...
 
 over grpclib with its writes coalesced per event-loop pass (bench/front/grpc_floor_h2.py)
 on port N, and, if asked, over the native transport (Rust's h2, bench/front/native_front.py)
-on port M.
+on port M, and on it again with the engine's outputs pushed on port P.
 
 Step (1) of issue 28's path in docs/design.md, measured on the real generation path rather
 than the floor's synthetic tokens: the same engine, registry, generator and proto
@@ -71,23 +72,28 @@ async def serve_generate(runtime_ref: RuntimeRef, port: int = 0) -> tuple[Any, i
     return server, server._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
 
 
-def _app_class(port: int, native_port: int) -> type[InferenceApp]:
+def _app_class(port: int, native_port: int, pushed_port: int) -> type[InferenceApp]:
     class GrpclibApp(InferenceApp):
-        """The inference app with a grpclib Generate (and a native one, if asked)
+        """The inference app with a grpclib Generate (and native ones, if asked)
         listening beside its own server."""
 
         async def start(self) -> None:
             await super().start()
             self._grpclib, _ = await serve_generate(self.runtime_ref, port)
-            self._native = None
-            if native_port:
+            self._natives = []
+            if native_port or pushed_port:
                 from bench.front import native_front
 
-                self._native = native_front.serve_generate(self.runtime_ref, native_port)
+                if native_port:
+                    front = native_front.serve_generate(self.runtime_ref, native_port)
+                    self._natives.append(front)
+                if pushed_port:
+                    front = native_front.serve_generate(self.runtime_ref, pushed_port, True)
+                    self._natives.append(front)
 
         async def stop(self) -> None:
-            if self._native is not None:
-                self._native.close()
+            for front in self._natives:
+                front.close()
             self._grpclib.close()
             await self._grpclib.wait_closed()
             await super().stop()
@@ -99,9 +105,11 @@ def main() -> None:
     parser = argparse.ArgumentParser(prog="python -m bench.front.grpclib_front", allow_abbrev=False)
     parser.add_argument("--grpclib-port", type=int, required=True)
     parser.add_argument("--native-port", type=int, default=0)
+    parser.add_argument("--pushed-port", type=int, default=0)
     args, serve_argv = parser.parse_known_args()
     # `serve` builds its app by this module-level name; the rest of start-up is the product's.
-    inference_main.InferenceApp = _app_class(args.grpclib_port, args.native_port)  # type: ignore[attr-defined]
+    app = _app_class(args.grpclib_port, args.native_port, args.pushed_port)
+    inference_main.InferenceApp = app  # type: ignore[attr-defined]
     inference_main.main(serve_argv)
 
 

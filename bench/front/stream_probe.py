@@ -18,11 +18,13 @@ client), per 1,000 tokens; TTFT and inter-message gap p50 of requests inside it.
 Arms: `grpc` the raw generated stub (one message per token: the tokens/message column
 says so), `grpclib` the same stub against the same server's Generate over grpclib with
 coalesced writes (bench/front/grpclib_front.py; the server is started through it when this
-arm runs), `client` loraserve.clients.InferenceClient.stream, `openai` loraserve's OpenAI
-front with aiohttp (SSE), `vllm` `vllm serve` with the same aiohttp client, `sdk`
-`openai.AsyncOpenAI` streaming from `vllm serve`. Arms alternate, their order rotating
-every round. With --profile, one more round runs with py-spy recording each arm's server
-(raw collapsed stacks, DIR/ARM.txt); its figures are printed, not counted.
+arm runs), `native` and `pushed` the same stub against its Generate on Rust's h2, pulled
+and pushed (bench/front/native_front.py), `client` loraserve.clients.InferenceClient.stream,
+`openai` loraserve's OpenAI front with aiohttp (SSE), `vllm` `vllm serve` with the same
+aiohttp client, `sdk` `openai.AsyncOpenAI` streaming from `vllm serve`. Arms alternate,
+their order rotating every round. With --profile, one more round runs with py-spy
+recording each arm's server (raw collapsed stacks, DIR/ARM.txt); its figures are printed,
+not counted.
 """
 
 from __future__ import annotations
@@ -59,8 +61,8 @@ from loraserve.testing.processes.services import free_port
 ENGINE = procs.EngineConfig(max_loras=8, max_cpu_loras=8, max_lora_rank=RANK)
 ADAPTERS = tuple(tenant(i) for i in range(8))
 PROMPT = [3 + (7 * i) % 500 for i in range(16)]
-ARMS = ("grpc", "grpclib", "native", "client", "openai", "vllm", "sdk")
-LORASERVE_ARMS = ("grpc", "grpclib", "native", "client", "openai")
+ARMS = ("grpc", "grpclib", "native", "pushed", "client", "openai", "vllm", "sdk")
+LORASERVE_ARMS = ("grpc", "grpclib", "native", "pushed", "client", "openai")
 
 
 @dataclass
@@ -234,8 +236,9 @@ class Loraserve:
     openai_url: str
     # bench/front/grpclib_front.py's second Generate, when the grpclib or native arm runs.
     grpclib_address: str = ""
-    # Its third, on the native transport, when the native arm runs.
+    # Its third and fourth, on the native transport (pulled, pushed), when a native arm runs.
     native_address: str = ""
+    pushed_address: str = ""
 
 
 async def start_servers(
@@ -246,8 +249,8 @@ async def start_servers(
     native: bool = False,
 ) -> tuple[list[Loraserve], procs.Child | None]:
     """Each variant's `inference serve` (gRPC + OpenAI front; its code from the variant's
-    PYTHONPATH, "" for this checkout; with `grpclib` or `native`, through
-    bench/front/grpclib_front.py)
+    PYTHONPATH, "" for this checkout; with `grpclib` or `native` (both native ports),
+    through bench/front/grpclib_front.py)
     and, if asked, `vllm serve`; all ready."""
     await stack.start_store()
     for name in ADAPTERS:
@@ -259,6 +262,7 @@ async def start_servers(
         env = {**ENGINE_ENV, **({"PYTHONPATH": pythonpath} if pythonpath else {})}
         grpclib_port = free_port() if grpclib or native else 0
         native_port = free_port() if native else 0
+        pushed_port = free_port() if native else 0
         command = (
             [
                 sys.executable,
@@ -266,6 +270,7 @@ async def start_servers(
                 "bench.front.grpclib_front",
                 f"--grpclib-port={grpclib_port}",
                 f"--native-port={native_port}",
+                f"--pushed-port={pushed_port}",
             ]
             if grpclib_port
             else []
@@ -276,8 +281,10 @@ async def start_servers(
         stack.children.append(child)
         grpclib_address = f"127.0.0.1:{grpclib_port}" if grpclib else ""
         native_address = f"127.0.0.1:{native_port}" if native else ""
+        pushed_address = f"127.0.0.1:{pushed_port}" if native else ""
+        openai_url = f"http://127.0.0.1:{http_port}"
         servers.append(
-            Loraserve(name, child, f"http://127.0.0.1:{http_port}", grpclib_address, native_address)
+            Loraserve(name, child, openai_url, grpclib_address, native_address, pushed_address)
         )
         waits.append(procs.wait_serving(child, stack.logs, 600))
     vllm = None
@@ -323,12 +330,11 @@ async def open_arms(
             )
             stub = pb_grpc.InferenceServiceStub(grpclib)
             arms["grpclib" + suffix] = (raw_grpc_caller(stub, stream_interval), pid)
-        if server.native_address:
-            native = await exits.enter_async_context(
-                grpc.aio.insecure_channel(server.native_address)
-            )
-            stub = pb_grpc.InferenceServiceStub(native)
-            arms["native" + suffix] = (raw_grpc_caller(stub, stream_interval), pid)
+        for kind, address in (("native", server.native_address), ("pushed", server.pushed_address)):
+            if address:
+                native = await exits.enter_async_context(grpc.aio.insecure_channel(address))
+                stub = pb_grpc.InferenceServiceStub(native)
+                arms[kind + suffix] = (raw_grpc_caller(stub, stream_interval), pid)
         arms["client" + suffix] = (grpc_caller(client), pid)
         arms["openai" + suffix] = (openai_caller(http, server.openai_url, ""), pid)
     if vllm is not None:
@@ -380,7 +386,11 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
     try:
         stack.build_models()
         servers, vllm = await start_servers(
-            stack, variants, bool({"vllm", "sdk"} & kinds), "grpclib" in kinds, "native" in kinds
+            stack,
+            variants,
+            bool({"vllm", "sdk"} & kinds),
+            "grpclib" in kinds,
+            bool({"native", "pushed"} & kinds),
         )
         async with contextlib.AsyncExitStack() as exits:
             arms = await open_arms(exits, servers, vllm, args.stream_interval)
