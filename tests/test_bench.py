@@ -379,3 +379,17 @@ async def test_a_benchmark_over_its_gpu_budget_fails_itself_and_the_run_goes_on(
 
     async with gpu.Budget(enabled=False).limit(report, 99):
         await asyncio.sleep(0.02)  # no budget off the GPU
+
+
+def test_a_profiled_event_loop_waiting_in_epoll_counts_as_idle(tmp_path: Path) -> None:
+    from bench.front import spy_summary
+
+    loop = "main (x.py:1);Runner.run (asyncio/runners.py:118);run_forever (loop.c:1)"
+    profile = tmp_path / "profile.txt"
+    profile.write_text(
+        f"{loop};epoll_pwait (libc.so.6) 7\n"
+        f"{loop};process_outputs (vllm/v1/engine/output_processor.py:700) 3\n"
+    )
+    summary = spy_summary.summarize(profile)
+    assert summary.splitlines()[0] == "10 samples, 3 of them the event loop busy"
+    assert "epoll_pwait" not in summary

@@ -10,8 +10,14 @@ from pathlib import Path
 _FRAME = re.compile(r"^(?P<func>[^ ]+) \((?P<file>[^:]+)(?::\d+)?\)$")
 
 
-# Where the event loop waits for work: a sample ending here is idle, not CPU.
-_IDLE_LEAVES = ("select (selectors.py)", "poll (selectors.py)")
+# Where the event loop waits for work: a sample ending here is idle, not CPU (the last
+# two in a profile with native frames, where uvloop waits in libuv).
+_IDLE_LEAVES = (
+    "select (selectors.py)",
+    "poll (selectors.py)",
+    "epoll_wait (libc.so.6)",
+    "epoll_pwait (libc.so.6)",
+)
 
 
 def summarize(path: Path, top: int = 25) -> str:

@@ -2,7 +2,8 @@
 
     python -m bench.front.stream_probe [--arms grpc,grpclib,client,openai,vllm,sdk,grpc@8,...]
         [--clients 32] [--max-tokens 64] [--warmup 4] [--window 15] [--rounds 1]
-        [--stream-interval N] [--profile DIR] [--loraserve NAME=PYTHONPATH ...] [--json OUT]
+        [--stream-interval N] [--profile DIR [--native-stacks]] [--loraserve NAME=PYTHONPATH ...]
+        [--json OUT]
     python -m bench.front.stream_probe summarize PROFILE.txt     # a py-spy raw profile, by frame
 
 One `inference serve` (gRPC and its OpenAI front, one engine; one per `--loraserve`
@@ -23,8 +24,8 @@ and pushed (bench/front/native_front.py), `client` loraserve.clients.InferenceCl
 `openai` loraserve's OpenAI front with aiohttp (SSE), `vllm` `vllm serve` with the same
 aiohttp client, `sdk` `openai.AsyncOpenAI` streaming from `vllm serve`. Arms alternate,
 their order rotating every round. With --profile, one more round runs with py-spy
-recording each arm's server (raw collapsed stacks, DIR/ARM.txt); its figures are printed,
-not counted.
+recording each arm's server (raw collapsed stacks, DIR/ARM.txt; with --native-stacks, C and
+Rust frames too); its figures are printed, not counted.
 """
 
 from __future__ import annotations
@@ -209,12 +210,15 @@ def _main_thread_cpu(pid: int) -> float:
 
 
 @contextlib.asynccontextmanager
-async def py_spy(pid: int, out: Path | None, seconds: float) -> AsyncIterator[None]:
+async def py_spy(
+    pid: int, out: Path | None, seconds: float, native: bool = False
+) -> AsyncIterator[None]:
     if out is None:
         yield
         return
     spy = await asyncio.create_subprocess_exec(
         *(str(procs.BIN / "py-spy"), "record", "--format", "raw", "-r", "250"),
+        *(["--native"] if native else []),
         *("--duration", str(int(seconds)), "-o", str(out), "-p", str(pid)),
         stdout=asyncio.subprocess.DEVNULL,
         stderr=asyncio.subprocess.DEVNULL,
@@ -357,7 +361,7 @@ async def run_rounds(
             out = Path(profile) / f"{arm}.txt" if profile else None
             if out is not None:
                 out.parent.mkdir(parents=True, exist_ok=True)
-            async with py_spy(pid, out, args.window + args.warmup):
+            async with py_spy(pid, out, args.window + args.warmup, args.native_stacks):
                 seen = await measure(
                     arm, call, pid, int(clients), args.max_tokens, args.warmup, args.window
                 )
@@ -433,6 +437,9 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--rounds", type=int, default=1)
     parser.add_argument("--stream-interval", type=int, default=0, help="grpc arm's, 0: unset")
     parser.add_argument("--profile", default="", help="py-spy raw profiles here, one per arm")
+    parser.add_argument(
+        "--native-stacks", action="store_true", help="profiles with C and Rust frames"
+    )
     parser.add_argument(
         "--loraserve",
         action="append",
