@@ -121,6 +121,33 @@ async def test_generate_over_another_transport_streams_what_the_servicer_streams
     assert _folded(over_other) == folded
 
 
+async def test_generate_over_another_transport_stops_where_the_servicer_stops(
+    served: tuple[RunningInference, Any],
+) -> None:
+    running, other_stub = served
+    unstopped = [r async for r in running.stub.Generate(greedy("alpha", 12), timeout=60)]
+    request = greedy("alpha", 12)
+    request.sampling.stop_token_ids.append(_folded(unstopped).token_ids[4])
+    over_aio = [r async for r in running.stub.Generate(request, timeout=60)]
+    over_other = [r async for r in other_stub.Generate(request, timeout=60)]
+    folded = _folded(over_aio)
+    assert folded.finish_reason == pb.FINISH_REASON_STOP
+    assert _folded(over_other) == folded
+
+
+async def test_generate_over_another_transport_streams_the_servicers_logprobs(
+    served: tuple[RunningInference, Any],
+) -> None:
+    running, other_stub = served
+    request = greedy("alpha", 6)
+    request.sampling.logprobs = 2
+    over_aio = [r async for r in running.stub.Generate(request, timeout=60)]
+    over_other = [r async for r in other_stub.Generate(request, timeout=60)]
+    folded = _folded(over_aio)
+    assert len(folded.logprobs) == 6
+    assert _folded(over_other) == folded
+
+
 async def test_generate_over_another_transport_refuses_with_the_servicers_status(
     served: tuple[RunningInference, Any],
 ) -> None:

@@ -116,11 +116,24 @@ class PushedGenerator(Generator):
             raise Unavailable("the inference engine has stopped") from exc
         except (VLLMClientError, ValueError) as exc:
             raise InvalidArgument(f"the engine rejected the request: {exc}") from exc
-        # No await since add_request returned: nothing can have reached the stream first,
-        # but an output may wait in vLLM's own collector.
-        llm.output_processor.request_states[collector.request_id].queue = stream
-        if (early := collector.get_nowait()) is not None:
+        except BaseException:
+            # Cancelled while adding: the engine may hold the request already.
+            await asyncio.shield(llm.abort(request_id))
+            raise
+        # From here on vLLM hands the request's outputs to the stream. Whatever came while
+        # add_request awaited waits in vLLM's own collector (all of it, if the request has
+        # already ended and left the output processor).
+        state = llm.output_processor.request_states.get(collector.request_id)
+        if state is not None:
+            state.queue = stream
+        try:
+            early = collector.get_nowait()
+        except Exception as exc:
+            early = exc
+        if early is not None:
             stream.put(early)
+        if state is None and not stream.done.done():
+            stream.put(Unavailable(f"the engine lost request {request_id}; retry"))
         try:
             await stream.done
         finally:
@@ -165,6 +178,14 @@ class _PushedStream:
     def put(self, output: Any) -> None:
         if self.done.done():
             return
+        try:
+            self._put(output)
+        except Exception as exc:
+            # vLLM's output handler serves every request: a failure here ends this call
+            # alone (INTERNAL, logged by the front), never the handler.
+            self.done.set_exception(exc)
+
+    def _put(self, output: Any) -> None:
         if isinstance(output, Exception):
             from vllm.v1.engine.exceptions import EngineDeadError
 
@@ -178,24 +199,24 @@ class _PushedStream:
         if reason == "error":
             self.done.set_exception(_failed(self._request_id, self._params))
             return
-        if reason == "abort":
-            self.done.set_exception(
-                Unavailable(f"the engine aborted request {self._request_id}; retry")
-            )
-            return
         token_ids = completion.token_ids
         if not self.generated and token_ids:
             self._outcome.ttft_s = time.monotonic() - self._admitted
             self._generator._metrics.observe_time_to_first_token(self._outcome.ttft_s)
         self.generated += len(token_ids)
         self._outcome.charge(len(token_ids))
+        if reason == "abort":
+            self.done.set_exception(
+                Unavailable(f"the engine aborted request {self._request_id}; retry")
+            )
+            return
         response = pb.GenerateResponse(text=completion.text, token_ids=token_ids)
         if self._first:
             self._first = False
             response.adapter_name = self._lease.name
             response.revision = self._lease.revision
             response.request_id = self._request_id
-        if reason is not None:
+        if reason in _FINISH:
             response.finish_reason = _FINISH[reason]
             response.usage.prompt_tokens = self._prompt_tokens
             response.usage.completion_tokens = self.generated
@@ -203,3 +224,8 @@ class _PushedStream:
         self._write(response.SerializeToString())
         if self.finished:
             self.done.set_result(None)
+        elif output.finished:
+            # A finish loraserve does not know (vLLM's "repetition", say), as the pull path.
+            self.done.set_exception(
+                Unavailable(f"the engine ended request {self._request_id} without a finish reason")
+            )

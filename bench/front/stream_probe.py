@@ -64,6 +64,8 @@ ADAPTERS = tuple(tenant(i) for i in range(8))
 PROMPT = [3 + (7 * i) % 500 for i in range(16)]
 ARMS = ("grpc", "grpclib", "native", "pushed", "client", "openai", "vllm", "sdk")
 LORASERVE_ARMS = ("grpc", "grpclib", "native", "pushed", "client", "openai")
+# How long the requests in flight at a window's end get to finish.
+DRAIN_S = 60.0
 
 
 @dataclass
@@ -142,13 +144,17 @@ def sdk_caller(base_url: str) -> Caller:
 async def measure(
     arm: str, call: Caller, pid: int, clients: int, max_tokens: int, warmup: float, window: float
 ) -> Window:
-    """Runs the closed loop; measures the window that starts `warmup` s in."""
+    """Runs the closed loop; measures the window that starts `warmup` s in. After the window
+    no client sends again and the requests in flight run to their end, so no arm's leftovers
+    run into the next arm's window (the native probe does not abort a call its client
+    cancels, so cancelling them would leave them generating)."""
     seen = Window(arm)
     bounds = [float("inf"), float("inf")]
+    stopping = asyncio.Event()
 
     async def worker(k: int) -> None:
         n = k
-        while True:
+        while not stopping.is_set():
             adapter = ADAPTERS[n % len(ADAPTERS)]
             n += clients
             sent = last = time.monotonic()
@@ -179,6 +185,8 @@ async def measure(
         server1, engine1 = process_cpu(pid)
         loop1 = _main_thread_cpu(pid)
         client1, end = time.process_time(), time.monotonic()
+        stopping.set()
+        await asyncio.wait(workers, timeout=DRAIN_S)
     finally:
         for task in workers:
             task.cancel()
