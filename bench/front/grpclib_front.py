@@ -1,11 +1,14 @@
 """The real `inference serve`, with Generate served again beside it:
 
     python -m bench.front.grpclib_front --grpclib-port N [--native-port M] [--pushed-port P]
-        SERVE-FLAGS...
+        [--vllm-envs-cache] SERVE-FLAGS...
 
 over grpclib with its writes coalesced per event-loop pass (bench/front/grpc_floor_h2.py)
 on port N, and, if asked, over the native transport (Rust's h2, bench/front/native_front.py)
-on port M, and on it again with the engine's outputs pushed on port P.
+on port M, and on it again with the engine's outputs pushed on port P. With
+`--vllm-envs-cache`, once serving, `vllm.envs` caches every variable it reads (vLLM does that
+in its engine and worker processes, not in the process that streams, where `IterationStats`
+reads one through `os.environ` for every output).
 
 Step (1) of issue 28's path in docs/design.md, measured on the real generation path rather
 than the floor's synthetic tokens: the same engine, registry, generator and proto
@@ -72,7 +75,9 @@ async def serve_generate(runtime_ref: RuntimeRef, port: int = 0) -> tuple[Any, i
     return server, server._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
 
 
-def _app_class(port: int, native_port: int, pushed_port: int) -> type[InferenceApp]:
+def _app_class(
+    port: int, native_port: int, pushed_port: int, envs_cache: bool
+) -> type[InferenceApp]:
     class GrpclibApp(InferenceApp):
         """The inference app with a grpclib Generate (and native ones, if asked)
         listening beside its own server."""
@@ -90,6 +95,10 @@ def _app_class(port: int, native_port: int, pushed_port: int) -> type[InferenceA
                 if pushed_port:
                     front = native_front.serve_generate(self.runtime_ref, pushed_port, True)
                     self._natives.append(front)
+            if envs_cache:
+                import vllm.envs
+
+                vllm.envs.enable_envs_cache()
 
         async def stop(self) -> None:
             for front in self._natives:
@@ -106,9 +115,10 @@ def main() -> None:
     parser.add_argument("--grpclib-port", type=int, required=True)
     parser.add_argument("--native-port", type=int, default=0)
     parser.add_argument("--pushed-port", type=int, default=0)
+    parser.add_argument("--vllm-envs-cache", action="store_true")
     args, serve_argv = parser.parse_known_args()
     # `serve` builds its app by this module-level name; the rest of start-up is the product's.
-    app = _app_class(args.grpclib_port, args.native_port, args.pushed_port)
+    app = _app_class(args.grpclib_port, args.native_port, args.pushed_port, args.vllm_envs_cache)
     inference_main.InferenceApp = app  # type: ignore[attr-defined]
     inference_main.main(serve_argv)
 

@@ -3,7 +3,7 @@
     python -m bench.front.stream_probe [--arms grpc,grpclib,client,openai,vllm,sdk,grpc@8,...]
         [--clients 32] [--max-tokens 64] [--warmup 4] [--window 15] [--rounds 1]
         [--stream-interval N] [--profile DIR [--native-stacks]] [--loraserve NAME=PYTHONPATH ...]
-        [--json OUT]
+        [--vllm-envs-cache] [--json OUT]
     python -m bench.front.stream_probe summarize PROFILE.txt     # a py-spy raw profile, by frame
 
 One `inference serve` (gRPC and its OpenAI front, one engine; one per `--loraserve`
@@ -259,10 +259,11 @@ async def start_servers(
     need_vllm: bool,
     grpclib: bool = False,
     native: bool = False,
+    envs_cache: bool = False,
 ) -> tuple[list[Loraserve], procs.Child | None]:
     """Each variant's `inference serve` (gRPC + OpenAI front; its code from the variant's
     PYTHONPATH, "" for this checkout; with `grpclib` or `native` (both native ports),
-    through bench/front/grpclib_front.py)
+    through bench/front/grpclib_front.py, there with `--vllm-envs-cache` if `envs_cache`)
     and, if asked, `vllm serve`; all ready."""
     await stack.start_store()
     for name in ADAPTERS:
@@ -283,6 +284,7 @@ async def start_servers(
                 f"--grpclib-port={grpclib_port}",
                 f"--native-port={native_port}",
                 f"--pushed-port={pushed_port}",
+                *(["--vllm-envs-cache"] if envs_cache else []),
             ]
             if grpclib_port
             else []
@@ -403,6 +405,7 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
             bool({"vllm", "sdk"} & kinds),
             "grpclib" in kinds,
             bool({"native", "pushed"} & kinds),
+            args.vllm_envs_cache,
         )
         async with contextlib.AsyncExitStack() as exits:
             arms = await open_arms(exits, servers, vllm, args.stream_interval)
@@ -447,6 +450,11 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--profile", default="", help="py-spy raw profiles here, one per arm")
     parser.add_argument(
         "--native-stacks", action="store_true", help="profiles with C and Rust frames"
+    )
+    parser.add_argument(
+        "--vllm-envs-cache",
+        action="store_true",
+        help="loraserve's server (when started for a grpclib or native arm) caches vllm.envs",
     )
     parser.add_argument(
         "--loraserve",
