@@ -95,7 +95,11 @@ def _app_class(
                 if pushed_port:
                     front = native_front.serve_generate(self.runtime_ref, pushed_port, True)
                     self._natives.append(front)
-            if envs_cache:
+
+        async def run_engine_and_sync(self) -> None:
+            await super().run_engine_and_sync()
+            # Only once serving: vLLM sets some of its variables while the engine starts.
+            if envs_cache and self.ready.is_set():
                 import vllm.envs
 
                 vllm.envs.enable_envs_cache()
