@@ -106,6 +106,16 @@ def _folded(responses: list[pb.GenerateResponse]) -> pb.GenerateResponse:
     return folded
 
 
+async def _folded_over_both(
+    served: tuple[RunningInference, Any], request: pb.GenerateRequest
+) -> tuple[pb.GenerateResponse, pb.GenerateResponse]:
+    """The request's stream folded, over the grpc.aio servicer and over the other transport."""
+    running, other_stub = served
+    over_aio = [r async for r in running.stub.Generate(request, timeout=60)]
+    over_other = [r async for r in other_stub.Generate(request, timeout=60)]
+    return _folded(over_aio), _folded(over_other)
+
+
 @pytest.mark.parametrize("adapter", ["alpha", ""])
 async def test_generate_over_another_transport_streams_what_the_servicer_streams(
     served: tuple[RunningInference, Any], adapter: str
@@ -124,28 +134,22 @@ async def test_generate_over_another_transport_streams_what_the_servicer_streams
 async def test_generate_over_another_transport_stops_where_the_servicer_stops(
     served: tuple[RunningInference, Any],
 ) -> None:
-    running, other_stub = served
-    unstopped = [r async for r in running.stub.Generate(greedy("alpha", 12), timeout=60)]
+    unstopped, _ = await _folded_over_both(served, greedy("alpha", 12))
     request = greedy("alpha", 12)
-    request.sampling.stop_token_ids.append(_folded(unstopped).token_ids[4])
-    over_aio = [r async for r in running.stub.Generate(request, timeout=60)]
-    over_other = [r async for r in other_stub.Generate(request, timeout=60)]
-    folded = _folded(over_aio)
-    assert folded.finish_reason == pb.FINISH_REASON_STOP
-    assert _folded(over_other) == folded
+    request.sampling.stop_token_ids.append(unstopped.token_ids[4])
+    over_aio, over_other = await _folded_over_both(served, request)
+    assert over_aio.finish_reason == pb.FINISH_REASON_STOP
+    assert over_other == over_aio
 
 
 async def test_generate_over_another_transport_streams_the_servicers_logprobs(
     served: tuple[RunningInference, Any],
 ) -> None:
-    running, other_stub = served
     request = greedy("alpha", 6)
     request.sampling.logprobs = 2
-    over_aio = [r async for r in running.stub.Generate(request, timeout=60)]
-    over_other = [r async for r in other_stub.Generate(request, timeout=60)]
-    folded = _folded(over_aio)
-    assert len(folded.logprobs) == 6
-    assert _folded(over_other) == folded
+    over_aio, over_other = await _folded_over_both(served, request)
+    assert len(over_aio.logprobs) == 6
+    assert over_other == over_aio
 
 
 async def test_generate_over_another_transport_refuses_with_the_servicers_status(
