@@ -119,7 +119,8 @@ async def test_declared_upload_of_a_stored_blob_sends_no_bytes_but_hashes_them(
     await first.finish()
     await first.keep()
     second = await store.start_upload(_sha256(data))
-    await _write(second, data[:-1] + b"?")
+    # Flipping a bit of the last byte: random data may already end in any given byte.
+    await _write(second, data[:-1] + bytes([data[-1] ^ 1]))
     received = await second.finish()
     uploads_while_receiving = s3_bucket.multipart_uploads()
     with pytest.raises(RuntimeError, match="refusing to keep"):
