@@ -15,6 +15,7 @@ import pytest
 
 from loraserve.inference.serving import FairGate
 from loraserve.testing.adapters.models import TinyAdapterFactory
+from loraserve.testing.engine.holding import HoldingEngine
 from loraserve.testing.inference.app import (
     RunningInference,
     adapter_files,
@@ -48,6 +49,7 @@ async def saturated(
         cache_dir=tmp_path / "cache",
         replica_id="fair-replica",
         extra=("--max-engine-requests", "1"),
+        engine_type=HoldingEngine,
         pushed={
             name: adapter_files(tiny_adapter(seed=seed))
             for seed, name in enumerate(("flood", "other"), start=1)
@@ -85,16 +87,19 @@ async def _queued_behind_a_flood(
     """The flood's first request holds the engine's one place while each of `queue`
     comes to wait in order; then it ends, and they all run."""
     gate = _gate(inference)
+    engine = inference.engine
+    assert isinstance(engine, HoldingEngine)
+    # Held, its turn stays taken however fast the engine runs it.
+    engine.held_lora_name = "flood@1"
     async with asyncio.timeout(GUARD_S):
-        blocker = inference.stub.Generate(greedy("flood", 32), timeout=GUARD_S)
-        await anext(aiter(blocker))
+        blocker = asyncio.create_task(_first_token(inference, "flood", []))
+        await engine.holding.wait()
         tasks = []
         for count, request in enumerate(queue, start=1):
             tasks.append(asyncio.create_task(request))
             await _until_waiting(gate, count)
-        async for _ in blocker:
-            pass
-        await asyncio.gather(*tasks)
+        engine.release.set()
+        await asyncio.gather(blocker, *tasks)
     assert (gate.inside, gate.waiting) == (0, 0)
 
 

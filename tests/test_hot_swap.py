@@ -22,6 +22,7 @@ from loraserve.inference.v1 import inference_pb2 as pb
 from loraserve.testing.adapters.models import TinyAdapterFactory
 from loraserve.testing.adapters.pushes import push_requests
 from loraserve.testing.engine.holding import HoldingEngine
+from loraserve.testing.grpc import messages
 from loraserve.testing.inference.app import RunningInference, inference_app
 from loraserve.testing.processes.tcpproxy import TcpProxy, tcp_proxy
 from loraserve.testing.store.server import RunningStore
@@ -167,26 +168,17 @@ async def test_push_while_streaming_finishes_old_stream_on_old_revision_and_reti
     assert isinstance(engine, HoldingEngine)
     engine.held_lora_name, engine.release = "swap@1", asyncio.Event()
     stream = stack.inference.Generate(_request("swap", long_tokens))
-    first = await stream.read()
-    assert first.revision == 1
-    long_received = list(first.token_ids)
-    finished = False
-
-    async def drain() -> None:
-        nonlocal finished
-        while (message := await stream.read()) is not grpc.aio.EOF:
-            long_received.extend(message.token_ids)
-        finished = True
-
-    draining = asyncio.create_task(drain())
+    draining = asyncio.create_task(messages(stream))
+    await engine.holding.wait()
     await stack.push("swap", rev2_dir)
     await stack.served("swap", 2)
-    assert not finished, "the held stream ended before the swap"
+    assert not draining.done(), "the held stream ended before the swap"
     engine.release.set()
     new_requests = await asyncio.gather(*(stack.generate("swap") for _ in range(3)))
-    await draining
+    long_stream = await draining
 
-    assert tuple(long_received) == expected_long
+    assert long_stream[0].revision == 1
+    assert tuple(t for message in long_stream for t in message.token_ids) == expected_long
     assert new_requests == [(2, expected_new)] * 3
     await eventually(
         lambda: _lora_gone(stack.engine, rev1_lora_id), "revision 1 removed from the engine"

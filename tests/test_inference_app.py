@@ -18,8 +18,11 @@ from loraserve.inference.engine import VllmEngine
 from loraserve.inference.settings import EngineOptions, parse_settings
 from loraserve.inference.v1 import inference_pb2 as pb
 from loraserve.inference.v1 import inference_pb2_grpc as pb_grpc
+from loraserve.testing.engine.holding import HoldingEngine
+from loraserve.testing.grpc import messages
 from loraserve.testing.processes.services import inference_args
 from loraserve.testing.store.server import RunningStore
+from loraserve.testing.waiting import eventually
 
 pytestmark = pytest.mark.engine
 
@@ -27,25 +30,19 @@ pytestmark = pytest.mark.engine
 _READY_TIMEOUT_S = 120
 
 
-class SharedEngine(VllmEngine):
-    """The session's engine, which outlives any one app."""
-
-    def shutdown(self) -> None:
-        pass
-
-
 class GatedStarter:
-    """Starts the engine only when told, recording the options it was asked for."""
+    """Starts the engine only when told, recording the options it was asked for; the
+    engine it starts is the session's, able to hold a stream in flight."""
 
     def __init__(self, llm: Any) -> None:
-        self._llm = llm
+        self.engine = HoldingEngine(llm, [])
         self.release = asyncio.Event()
         self.options: list[EngineOptions] = []
 
     async def __call__(self, options: EngineOptions) -> VllmEngine:
         self.options.append(options)
         await self.release.wait()
-        return SharedEngine(self._llm)
+        return self.engine
 
 
 @pytest.fixture
@@ -144,13 +141,28 @@ async def test_graceful_stop_lets_a_running_stream_finish(
     app, starter, channel = app_parts
     starter.release.set()
     await asyncio.wait_for(app.ready.wait(), _READY_TIMEOUT_S)
+    engine = starter.engine
+    engine.held_lora_name = ""
     call = pb_grpc.InferenceServiceStub(channel).Generate(_base_request(200))
-    stream = aiter(call)
-    await anext(stream)
+    reading = asyncio.create_task(messages(call))
+    await asyncio.wait_for(engine.holding.wait(), _READY_TIMEOUT_S)
 
     stopping = asyncio.create_task(app.stop())
-    rest = [response async for response in stream]
+    await eventually(lambda: _refuses_connections(app.port), "the server stopped listening")
+    engine.release.set()
+    received = await reading
     await stopping
 
-    assert rest[-1].finish_reason == pb.FINISH_REASON_LENGTH
-    assert rest[-1].usage.completion_tokens == 200
+    assert received[-1].finish_reason == pb.FINISH_REASON_LENGTH
+    assert received[-1].usage.completion_tokens == 200
+    assert sum(len(m.token_ids) for m in received) == 200
+
+
+async def _refuses_connections(port: int) -> bool:
+    """Whether a new connection is refused: the server's shutdown has begun."""
+    async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as fresh:
+        try:
+            await health_pb2_grpc.HealthStub(fresh).Check(health_pb2.HealthCheckRequest())
+        except grpc.aio.AioRpcError as exc:
+            return exc.code() == grpc.StatusCode.UNAVAILABLE
+    return False

@@ -195,12 +195,14 @@ async def test_requests_beyond_the_admission_bound_are_resource_exhausted(
     served_factory: Callable[..., Any],
 ) -> None:
     async for served in served_factory(max_pending=1):
-        holding = served.stub.Generate(_greedy(400))
-        await anext(aiter(holding))
+        served.engine.held_lora_name = ""
+        holding = asyncio.create_task(_tokens(served.stub, _greedy(4)))
+        await served.engine.holding.wait()
 
         with pytest.raises(grpc.aio.AioRpcError) as raised:
             await _tokens(served.stub, _greedy(4))
-        holding.cancel()
+        served.engine.release.set()
+        await holding
 
         assert raised.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
         assert await wait_until_idle(served.engine) == 0

@@ -7,6 +7,7 @@ Each front runs on 127.0.0.1:0 over one runtime (admission of 8 sequences, n at 
 
 from __future__ import annotations
 
+import asyncio
 import json
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
@@ -19,15 +20,15 @@ import pytest
 from prometheus_client import CollectorRegistry
 
 from loraserve.common.config.textlimits import MAX_STATUS_MESSAGE_BYTES
-from loraserve.inference.engine import VllmEngine
 from loraserve.inference.metrics import InferenceMetrics
 from loraserve.inference.serving import SERVICE_NAME, register
 from loraserve.inference.v1 import inference_pb2 as pb
 from loraserve.inference.v1 import inference_pb2_grpc as pb_grpc
 from loraserve.testing.adapters.models import TinyAdapterFactory
+from loraserve.testing.engine.holding import HoldingEngine
 from loraserve.testing.engine.session import MAX_MODEL_LEN
 from loraserve.testing.fakes.engine import CacheDirectory
-from loraserve.testing.grpc import serving
+from loraserve.testing.grpc import messages, serving
 from loraserve.testing.inference.service import (
     copy_revision,
     make_runtime_ref,
@@ -52,6 +53,8 @@ class Fronts:
     http: httpx.AsyncClient
     llm: AsyncLLM
     metrics: InferenceMetrics
+    # The session's engine as the fronts use it: it holds a stream in flight when asked.
+    engine: HoldingEngine
 
     def requests_counted(self, code: str) -> float:
         total = 0.0
@@ -69,7 +72,7 @@ async def fronts(
     tiny_adapter: TinyAdapterFactory,
     tmp_path_factory: pytest.TempPathFactory,
 ) -> AsyncIterator[Fronts]:
-    engine = VllmEngine(vllm_engine)
+    engine = HoldingEngine(vllm_engine, [])
     cache = tmp_path_factory.mktemp("bounds-cache")
     registry = tiny_registry(
         engine, tiny_model_dir, CacheDirectory(cache), served_model_name=tiny_model_dir.name
@@ -86,7 +89,7 @@ async def fronts(
             httpx.AsyncClient(base_url=f"http://127.0.0.1:{http_port}", timeout=120) as http,
         ):
             stub = pb_grpc.InferenceServiceStub(channel)
-            yield Fronts(stub, channel, http, vllm_engine, metrics)
+            yield Fronts(stub, channel, http, vllm_engine, metrics, engine)
     finally:
         await registry.delete(ADAPTER)
         await registry.wait_background()
@@ -146,24 +149,26 @@ async def test_a_prompt_over_the_context_is_tokenized_only_one_token_past_it(
 
 
 async def test_a_request_takes_one_admission_slot_per_choice(fronts: Fronts) -> None:
-    long = pb.SamplingParams(max_tokens=400, ignore_eos=True)
-    running = []
+    engine = fronts.engine
+    engine.held_lora_name, engine.release = f"{ADAPTER}@1", asyncio.Event()
+    held = []
     try:
         # Two requests hold MAX_N + MAX_N - 1 of the MAX_PENDING sequences: one is left.
         for n in (MAX_N, MAX_N - 1):
-            long.n = n
-            call = fronts.stub.Generate(
-                pb.GenerateRequest(adapter=ADAPTER, text="once", sampling=long)
-            )
-            running.append(call)
-            await call.read()
+            engine.holding = asyncio.Event()
+            sampling = pb.SamplingParams(max_tokens=4, ignore_eos=True, n=n)
+            request = pb.GenerateRequest(adapter=ADAPTER, text="once", sampling=sampling)
+            held.append(asyncio.create_task(messages(fronts.stub.Generate(request))))
+            await engine.holding.wait()
+        engine.held_lora_name = None
         refused = await grpc_error(fronts, generate(n=2))
-        assert refused.code() is grpc.StatusCode.RESOURCE_EXHAUSTED
         fits = [m async for m in fronts.stub.Generate(generate(n=1))]
-        assert fits[-1].usage.completion_tokens == 4
     finally:
-        for call in running:
-            call.cancel()
+        engine.release.set()
+        await asyncio.gather(*held)
+
+    assert refused.code() is grpc.StatusCode.RESOURCE_EXHAUSTED
+    assert fits[-1].usage.completion_tokens == 4
 
 
 async def test_more_choices_than_the_servers_limit_are_an_invalid_argument(

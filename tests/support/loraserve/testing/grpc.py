@@ -1,9 +1,10 @@
-"""Running any gRPC aio servicer on 127.0.0.1, port 0, for a test."""
+"""Running any gRPC aio servicer on 127.0.0.1, port 0, for a test; reading a stream."""
 
 from __future__ import annotations
 
 from collections.abc import AsyncIterator, Callable, Iterable, Sequence
 from contextlib import asynccontextmanager
+from typing import Any
 
 import grpc
 
@@ -33,3 +34,8 @@ async def serving(
         yield running
     finally:
         await running.stop(grace=None)
+
+
+async def messages(call: AsyncIterator[Any]) -> list[Any]:
+    """Every message of a server stream, once it has ended."""
+    return [message async for message in call]

@@ -24,6 +24,10 @@ class HoldingEngine(SharedEngine):
         # None: nothing is held.
         self.held_lora_name: str | None = None
         self.release = asyncio.Event()
+        # Set once a delta is held: its request is then in flight until `release`, even
+        # when the engine handed over all its tokens at once (vLLM merges the deltas of
+        # a stream whose reader lags, so a first message may already be the last).
+        self.holding = asyncio.Event()
 
     async def generate(
         self,
@@ -37,5 +41,6 @@ class HoldingEngine(SharedEngine):
         async with contextlib.aclosing(deltas):
             async for delta in deltas:
                 if held and delta.finish is not None:
+                    self.holding.set()
                     await self.release.wait()
                 yield delta

@@ -32,7 +32,7 @@ from loraserve.inference.adapters import (
     model_lora_targets,
 )
 from loraserve.inference.cache import CachedRevision
-from loraserve.inference.engine import Engine, VllmEngine
+from loraserve.inference.engine import Engine
 from loraserve.inference.metrics import InferenceMetrics
 from loraserve.inference.openai import create_openai_app, start_http_server
 from loraserve.inference.serving import (
@@ -44,6 +44,7 @@ from loraserve.inference.serving import (
     register,
 )
 from loraserve.inference.v1 import inference_pb2_grpc as pb_grpc
+from loraserve.testing.engine.holding import HoldingEngine
 from loraserve.testing.fakes.engine import CacheDirectory, fake_manifest
 from loraserve.testing.grpc import serving
 
@@ -166,7 +167,8 @@ class Served:
 
     address: str
     stub: Any
-    engine: VllmEngine
+    # The session's engine; it holds a stream in flight when a test asks it to.
+    engine: HoldingEngine
     registry: AdapterRegistry
     fetcher: DirectoryFetcher
     runtime_ref: RuntimeRef
@@ -186,7 +188,7 @@ def served_factory(
     """`async for served in served_factory(max_pending=64): ...` runs one Served."""
 
     async def serve(max_pending: int = 64) -> AsyncIterator[Served]:
-        engine = VllmEngine(vllm_engine)
+        engine = HoldingEngine(vllm_engine, [])
         loaded_before = await engine.list_loras()
         cache_dir = tmp_path / "adapter-cache"
         cache_dir.mkdir(exist_ok=True)
