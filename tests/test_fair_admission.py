@@ -89,16 +89,16 @@ async def _queued_behind_a_flood(
     gate = _gate(inference)
     engine = inference.engine
     assert isinstance(engine, HoldingEngine)
-    # Held, its turn stays taken however fast the engine runs it.
-    engine.held_lora_name = "flood@1"
+    # Held, its turn stays taken however fast the engine would run it.
+    engine.hold("flood@1")
     async with asyncio.timeout(GUARD_S):
         blocker = asyncio.create_task(_first_token(inference, "flood", []))
-        await engine.holding.wait()
+        await engine.until_held(1, blocker)
         tasks = []
         for count, request in enumerate(queue, start=1):
             tasks.append(asyncio.create_task(request))
             await _until_waiting(gate, count)
-        engine.release.set()
+        engine.let_go()
         await asyncio.gather(blocker, *tasks)
     assert (gate.inside, gate.waiting) == (0, 0)
 

@@ -165,15 +165,14 @@ async def test_push_while_streaming_finishes_old_stream_on_old_revision_and_reti
     rev1_lora_id = (await stack.revisions("swap"))[1].lora_int_id
 
     engine = stack.engine
-    assert isinstance(engine, HoldingEngine)
-    engine.held_lora_name, engine.release = "swap@1", asyncio.Event()
-    stream = stack.inference.Generate(_request("swap", long_tokens))
-    draining = asyncio.create_task(messages(stream))
-    await engine.holding.wait()
+    engine.hold("swap@1")
+    draining = asyncio.create_task(
+        messages(stack.inference.Generate(_request("swap", long_tokens)))
+    )
+    await engine.until_held(1, draining)
     await stack.push("swap", rev2_dir)
     await stack.served("swap", 2)
-    assert not draining.done(), "the held stream ended before the swap"
-    engine.release.set()
+    engine.let_go()
     new_requests = await asyncio.gather(*(stack.generate("swap") for _ in range(3)))
     long_stream = await draining
 

@@ -142,14 +142,17 @@ async def test_graceful_stop_lets_a_running_stream_finish(
     starter.release.set()
     await asyncio.wait_for(app.ready.wait(), _READY_TIMEOUT_S)
     engine = starter.engine
-    engine.held_lora_name = ""
+    engine.hold("")
     call = pb_grpc.InferenceServiceStub(channel).Generate(_base_request(200))
     reading = asyncio.create_task(messages(call))
-    await asyncio.wait_for(engine.holding.wait(), _READY_TIMEOUT_S)
+    await engine.until_held(1, reading)
 
     stopping = asyncio.create_task(app.stop())
-    await eventually(lambda: _refuses_connections(app.port), "the server stopped listening")
-    engine.release.set()
+    try:
+        await eventually(lambda: _refuses_connections(app.port), "the server stopped listening")
+    finally:
+        # The whole generation runs once the server is stopping.
+        engine.let_go()
     received = await reading
     await stopping
 

@@ -111,11 +111,12 @@ async def held_in_flight(
     stack: Stack, adapter: str, lora_name: str
 ) -> asyncio.Task[tuple[grpc.StatusCode, str]]:
     """One request of `adapter` (whose engine name is `lora_name`) kept in flight until
-    `stack.inference.engine.release` is set."""
+    `release(stack)`."""
     engine = stack.inference.engine
     assert isinstance(engine, HoldingEngine)
-    engine.held_lora_name, engine.release = lora_name, asyncio.Event()
+    engine.hold(lora_name)
     held = asyncio.create_task(grpc_code(stack, adapter))
+    await engine.until_held(1, held)
     await eventually(
         lambda: stack.inference.app.quotas.in_flight(adapter) == 1,
         f"{adapter or 'the base model'}'s request in flight",
@@ -126,8 +127,7 @@ async def held_in_flight(
 def release(stack: Stack) -> None:
     engine = stack.inference.engine
     assert isinstance(engine, HoldingEngine)
-    engine.held_lora_name = None
-    engine.release.set()
+    engine.let_go()
 
 
 def throttled(stack: Stack, adapter: str, limit: str) -> float:

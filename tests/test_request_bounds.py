@@ -150,21 +150,21 @@ async def test_a_prompt_over_the_context_is_tokenized_only_one_token_past_it(
 
 async def test_a_request_takes_one_admission_slot_per_choice(fronts: Fronts) -> None:
     engine = fronts.engine
-    engine.held_lora_name, engine.release = f"{ADAPTER}@1", asyncio.Event()
+    engine.hold(f"{ADAPTER}@1")
     held = []
     try:
         # Two requests hold MAX_N + MAX_N - 1 of the MAX_PENDING sequences: one is left.
         for n in (MAX_N, MAX_N - 1):
-            engine.holding = asyncio.Event()
             sampling = pb.SamplingParams(max_tokens=4, ignore_eos=True, n=n)
             request = pb.GenerateRequest(adapter=ADAPTER, text="once", sampling=sampling)
             held.append(asyncio.create_task(messages(fronts.stub.Generate(request))))
-            await engine.holding.wait()
+            await engine.until_held(len(held), *held)
+        # The requests below must be admitted or refused, not held.
         engine.held_lora_name = None
         refused = await grpc_error(fronts, generate(n=2))
-        fits = [m async for m in fronts.stub.Generate(generate(n=1))]
+        fits = await messages(fronts.stub.Generate(generate(n=1)))
     finally:
-        engine.release.set()
+        engine.let_go()
         await asyncio.gather(*held)
 
     assert refused.code() is grpc.StatusCode.RESOURCE_EXHAUSTED

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Callable, Iterable, Sequence
+from collections.abc import AsyncIterable, AsyncIterator, Callable, Iterable, Sequence
 from contextlib import asynccontextmanager
 from typing import Any
 
@@ -36,6 +36,6 @@ async def serving(
         await running.stop(grace=None)
 
 
-async def messages(call: AsyncIterator[Any]) -> list[Any]:
+async def messages(call: AsyncIterable[Any]) -> list[Any]:
     """Every message of a server stream, once it has ended."""
     return [message async for message in call]

@@ -5,29 +5,53 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from collections.abc import AsyncGenerator, Sequence
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from loraserve.inference.engine import AdapterHandle, EngineDelta, SamplingSpec
 from loraserve.testing.inference.app import SharedEngine
+from loraserve.testing.waiting import eventually
 
 if TYPE_CHECKING:
     from vllm.v1.engine.async_llm import AsyncLLM
 
 
 class HoldingEngine(SharedEngine):
-    """The session's engine, able to hold back the last delta of one adapter revision's
-    requests (or the base model's: "") until released: a test then keeps a request in
-    flight for as long as it needs, whatever the speed of a loaded machine."""
+    """The session's engine, able to hold the requests of one adapter revision (or the
+    base model's: "") before they enter it, until let go: a test then keeps a request in
+    flight, admitted and leasing its revision, for as long as it needs, whatever the speed
+    of a loaded machine. Holding before the engine, not after a first message: vLLM merges
+    the deltas a lagging reader has not taken, so under load a stream's first message may
+    already be its last, and the whole generation runs after what the test does meanwhile."""
 
     def __init__(self, llm: AsyncLLM, add_calls: list[str]) -> None:
         super().__init__(llm, add_calls)
-        # None: nothing is held.
+        # The vLLM LoRA name ("name@revision", "" the base model) held; None: none is.
         self.held_lora_name: str | None = None
         self.release = asyncio.Event()
-        # Set once a delta is held: its request is then in flight until `release`, even
-        # when the engine handed over all its tokens at once (vLLM merges the deltas of
-        # a stream whose reader lags, so a first message may already be the last).
-        self.holding = asyncio.Event()
+        # Requests held now.
+        self.held = 0
+
+    def hold(self, lora_name: str) -> None:
+        """Holds every request of `lora_name` from now until `let_go`."""
+        self.held_lora_name, self.release = lora_name, asyncio.Event()
+
+    def let_go(self) -> None:
+        """Lets the held requests into the engine and holds no more."""
+        self.held_lora_name = None
+        self.release.set()
+
+    async def until_held(self, count: int, *calls: asyncio.Future[Any]) -> None:
+        """Returns once `count` requests are held; fails with the error of any of `calls`
+        that ends before (or says it ended unheld), and after a guard if none does."""
+
+        def held() -> bool:
+            for call in calls:
+                if call.done():
+                    call.result()
+                    raise AssertionError("a call ended before the engine held it")
+            return self.held >= count
+
+        await eventually(held, f"{count} request(s) held")
 
     async def generate(
         self,
@@ -36,11 +60,14 @@ class HoldingEngine(SharedEngine):
         sampling: SamplingSpec,
         adapter: AdapterHandle | None,
     ) -> AsyncGenerator[EngineDelta, None]:
-        held = (adapter.lora_name if adapter is not None else "") == self.held_lora_name
+        if (adapter.lora_name if adapter is not None else "") == self.held_lora_name:
+            release = self.release
+            self.held += 1
+            try:
+                await release.wait()
+            finally:
+                self.held -= 1
         deltas = super().generate(request_id, prompt_token_ids, sampling, adapter)
         async with contextlib.aclosing(deltas):
             async for delta in deltas:
-                if held and delta.finish is not None:
-                    self.holding.set()
-                    await self.release.wait()
                 yield delta
