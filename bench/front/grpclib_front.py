@@ -1,14 +1,17 @@
 """The real `inference serve`, with Generate served again beside it:
 
     python -m bench.front.grpclib_front --grpclib-port N [--native-port M] [--pushed-port P]
-        [--vllm-envs-cache] SERVE-FLAGS...
+        [--vllm-envs-cache] [--no-vllm-prometheus] SERVE-FLAGS...
 
 over grpclib with its writes coalesced per event-loop pass (bench/front/grpc_floor_h2.py)
 on port N, and, if asked, over the native transport (Rust's h2, bench/front/native_front.py)
 on port M, and on it again with the engine's outputs pushed on port P. With
 `--vllm-envs-cache`, once serving, `vllm.envs` caches every variable it reads (vLLM does that
 in its engine and worker processes, not in the process that streams, where `IterationStats`
-reads one through `os.environ` for every output).
+reads one through `os.environ` for every output). With `--no-vllm-prometheus`, once serving,
+the engine's stat loggers lose vLLM's `PrometheusStatLogger`: it records every step into
+prometheus_client's global registry, which loraserve serves nowhere (both of its /metrics
+serve its own registry; the gauges an endpoint picker reads come from its own tap).
 
 Step (1) of issue 28's path in docs/design.md, measured on the real generation path rather
 than the floor's synthetic tokens: the same engine, registry, generator and proto
@@ -22,6 +25,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import logging
 from typing import Any
 
 from bench.front.grpc_floor_h2 import coalesce_grpclib_writes
@@ -33,6 +37,8 @@ from loraserve.inference.app import InferenceApp
 from loraserve.inference.serving.runtime import RuntimeRef
 from loraserve.inference.serving.servicer import _command, _response
 from loraserve.inference.v1 import inference_pb2 as pb
+
+log = logging.getLogger(__name__)
 
 
 class GrpclibGenerate:
@@ -76,7 +82,7 @@ async def serve_generate(runtime_ref: RuntimeRef, port: int = 0) -> tuple[Any, i
 
 
 def _app_class(
-    port: int, native_port: int, pushed_port: int, envs_cache: bool
+    port: int, native_port: int, pushed_port: int, envs_cache: bool, vllm_prometheus: bool
 ) -> type[InferenceApp]:
     class GrpclibApp(InferenceApp):
         """The inference app with a grpclib Generate (and native ones, if asked)
@@ -103,6 +109,16 @@ def _app_class(
                 import vllm.envs
 
                 vllm.envs.enable_envs_cache()
+            if not vllm_prometheus and self.ready.is_set():
+                from vllm.v1.metrics.loggers import PrometheusStatLogger
+
+                manager = self.runtime_ref.get().engine._llm.logger_manager  # type: ignore[attr-defined]
+                manager.stat_loggers = [
+                    logger
+                    for logger in manager.stat_loggers
+                    if not isinstance(logger, PrometheusStatLogger)
+                ]
+                log.info("probe.vllm_prometheus_dropped stat_loggers=%d", len(manager.stat_loggers))
 
         async def stop(self) -> None:
             for front in self._natives:
@@ -120,9 +136,16 @@ def main() -> None:
     parser.add_argument("--native-port", type=int, default=0)
     parser.add_argument("--pushed-port", type=int, default=0)
     parser.add_argument("--vllm-envs-cache", action="store_true")
+    parser.add_argument("--no-vllm-prometheus", action="store_true")
     args, serve_argv = parser.parse_known_args()
     # `serve` builds its app by this module-level name; the rest of start-up is the product's.
-    app = _app_class(args.grpclib_port, args.native_port, args.pushed_port, args.vllm_envs_cache)
+    app = _app_class(
+        args.grpclib_port,
+        args.native_port,
+        args.pushed_port,
+        args.vllm_envs_cache,
+        not args.no_vllm_prometheus,
+    )
     inference_main.InferenceApp = app  # type: ignore[attr-defined]
     inference_main.main(serve_argv)
 

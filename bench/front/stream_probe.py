@@ -3,7 +3,7 @@
     python -m bench.front.stream_probe [--arms grpc,grpclib,client,openai,vllm,sdk,grpc@8,...]
         [--clients 32] [--max-tokens 64] [--warmup 4] [--window 15] [--rounds 1]
         [--stream-interval N] [--profile DIR [--native-stacks]] [--loraserve NAME=PYTHONPATH ...]
-        [--vllm-envs-cache] [--json OUT]
+        [--vllm-envs-cache] [--no-vllm-prometheus] [--json OUT]
     python -m bench.front.stream_probe summarize PROFILE.txt     # a py-spy raw profile, by frame
 
 One `inference serve` (gRPC and its OpenAI front, one engine; one per `--loraserve`
@@ -259,12 +259,12 @@ async def start_servers(
     need_vllm: bool,
     grpclib: bool = False,
     native: bool = False,
-    envs_cache: bool = False,
+    tuning: Sequence[str] = (),
 ) -> tuple[list[Loraserve], procs.Child | None]:
     """Each variant's `inference serve` (gRPC + OpenAI front; its code from the variant's
     PYTHONPATH, "" for this checkout; with `grpclib` or `native` (both native ports),
-    through bench/front/grpclib_front.py, there with `--vllm-envs-cache` if `envs_cache`)
-    and, if asked, `vllm serve`; all ready."""
+    through bench/front/grpclib_front.py, there with its flags `tuning`, such as
+    `--vllm-envs-cache`) and, if asked, `vllm serve`; all ready."""
     await stack.start_store()
     for name in ADAPTERS:
         await stack.push(name)
@@ -284,7 +284,7 @@ async def start_servers(
                 f"--grpclib-port={grpclib_port}",
                 f"--native-port={native_port}",
                 f"--pushed-port={pushed_port}",
-                *(["--vllm-envs-cache"] if envs_cache else []),
+                *tuning,
             ]
             if grpclib_port
             else []
@@ -313,6 +313,11 @@ async def start_servers(
 
 
 Arms = dict[str, tuple[Caller, int]]
+# bench/front/grpclib_front.py's flags that tune vLLM in loraserve's process, and what each does.
+TUNING = {
+    "--vllm-envs-cache": "caches vllm.envs once serving",
+    "--no-vllm-prometheus": "drops vLLM's Prometheus stat logger (it serves nowhere) once serving",
+}
 
 
 async def open_arms(
@@ -405,7 +410,7 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
             bool({"vllm", "sdk"} & kinds),
             "grpclib" in kinds,
             bool({"native", "pushed"} & kinds),
-            args.vllm_envs_cache,
+            [flag for flag in TUNING if getattr(args, flag[2:].replace("-", "_"))],
         )
         async with contextlib.AsyncExitStack() as exits:
             arms = await open_arms(exits, servers, vllm, args.stream_interval)
@@ -451,11 +456,12 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--native-stacks", action="store_true", help="profiles with C and Rust frames"
     )
-    parser.add_argument(
-        "--vllm-envs-cache",
-        action="store_true",
-        help="loraserve's server (when started for a grpclib or native arm) caches vllm.envs",
-    )
+    for flag, meaning in TUNING.items():
+        parser.add_argument(
+            flag,
+            action="store_true",
+            help=f"loraserve's server (when started for a grpclib or native arm) {meaning}",
+        )
     parser.add_argument(
         "--loraserve",
         action="append",
