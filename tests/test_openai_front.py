@@ -24,6 +24,7 @@ from loraserve.testing.adapters.models import TinyAdapterFactory
 from loraserve.testing.engine.session import PLAIN_CHAT_TEMPLATE, chat_template, plain_chat_prompt
 from loraserve.testing.engine.work import engine_work
 from loraserve.testing.fakes.engine import CacheDirectory
+from loraserve.testing.grpc import MERGED_TRIES
 from loraserve.testing.inference.service import (
     copy_revision,
     make_runtime_ref,
@@ -203,11 +204,24 @@ async def test_a_prompt_longer_than_the_context_is_a_bad_request(front: Front) -
 async def test_closing_a_stream_aborts_the_engine_request(front: Front) -> None:
     registry = front.metrics.registry
     before = engine_work()
-    stream = await front.client.completions.create(
-        model="beta", prompt=PROMPT, max_tokens=480, stream=True, extra_body={"ignore_eos": True}
-    )
-    async for _ in stream:
-        break
+    # Under load vLLM merges the chunks a lagging reader has not taken, so a stream's first
+    # event may already be its last: such a stream is read to its end and another started.
+    ended = 0
+    while True:
+        stream = await front.client.completions.create(
+            model="beta",
+            prompt=PROMPT,
+            max_tokens=480,
+            stream=True,
+            extra_body={"ignore_eos": True},
+        )
+        first = await anext(aiter(stream))
+        if first.choices[0].finish_reason is None:
+            break
+        async for _ in stream:
+            pass
+        ended += 1
+        assert ended < MERGED_TRIES, f"{ended} streams each ended with their first event"
     await stream.close()
 
     def cancelled() -> float:
@@ -221,8 +235,8 @@ async def test_closing_a_stream_aborts_the_engine_request(front: Front) -> None:
     # vLLM's own count, not the server's: a server that stops reading without aborting
     # passes on as few tokens as one that aborts, while the engine makes all 480.
     work = engine_work() - before
-    assert work.finished_requests == 0
-    assert 1 <= work.generated_tokens < 480
+    assert work.finished_requests == ended
+    assert 1 <= work.generated_tokens - 480 * ended < 480
 
 
 TEMPLATE = (

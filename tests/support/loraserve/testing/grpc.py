@@ -39,3 +39,21 @@ async def serving(
 async def messages(call: AsyncIterable[Any]) -> list[Any]:
     """Every message of a server stream, once it has ended."""
     return [message async for message in call]
+
+
+# Generate streams a test starts before concluding that the server merges every one whole.
+MERGED_TRIES = 5
+
+
+async def running_stream(start: Callable[[], Any]) -> tuple[Any, Any, int]:
+    """A Generate call (made by `start`) still running after its first message, that
+    message, and how many calls before it ran to their end. Under load vLLM merges the
+    chunks a lagging reader has not taken, so a stream's first message may already be its
+    last: such a call is read to its end and another one started."""
+    for ended in range(MERGED_TRIES):
+        call = start()
+        first = await anext(aiter(call))
+        if not first.finish_reason:
+            return call, first, ended
+        await messages(call)
+    raise AssertionError(f"{MERGED_TRIES} streams each ended with their first message")
