@@ -22,10 +22,10 @@ from loraserve.inference.v1 import inference_pb2 as pb
 from loraserve.testing.adapters.models import TinyAdapterFactory
 from loraserve.testing.adapters.pushes import push_requests
 from loraserve.testing.engine.holding import HoldingEngine
-from loraserve.testing.grpc import messages
 from loraserve.testing.inference.app import RunningInference, inference_app
 from loraserve.testing.processes.tcpproxy import TcpProxy, tcp_proxy
 from loraserve.testing.store.server import RunningStore
+from loraserve.testing.streams import messages
 from loraserve.testing.waiting import eventually
 from loraserve.tiny.oracle import greedy_tokens
 

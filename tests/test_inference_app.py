@@ -19,9 +19,9 @@ from loraserve.inference.settings import EngineOptions, parse_settings
 from loraserve.inference.v1 import inference_pb2 as pb
 from loraserve.inference.v1 import inference_pb2_grpc as pb_grpc
 from loraserve.testing.engine.holding import HoldingEngine
-from loraserve.testing.grpc import messages
 from loraserve.testing.processes.services import inference_args
 from loraserve.testing.store.server import RunningStore
+from loraserve.testing.streams import messages
 from loraserve.testing.waiting import eventually
 
 pytestmark = pytest.mark.engine

@@ -16,8 +16,8 @@ import pytest
 from loraserve.inference.v1 import inference_pb2 as pb
 from loraserve.testing.adapters.models import TinyAdapterFactory
 from loraserve.testing.engine.work import engine_work
-from loraserve.testing.grpc import MERGED_TRIES, messages, running_stream
 from loraserve.testing.inference.service import wait_until_idle
+from loraserve.testing.streams import MERGED_TRIES, messages, running_stream
 from loraserve.tiny.oracle import greedy_tokens
 
 pytestmark = pytest.mark.engine
@@ -183,7 +183,7 @@ async def test_cancelling_a_stream_aborts_the_engine_request(
         await served.install("alpha", 1, tiny_adapter(seed=1))
         before = engine_work()
         start = functools.partial(served.stub.Generate, _greedy(400, "alpha"))
-        call, _, ended = await running_stream(start)
+        call, ended = await running_stream(start)
         assert served.engine.stats().running + served.engine.stats().waiting == 1
 
         call.cancel()

@@ -22,9 +22,9 @@ from loraserve.inference.engine.stats import SchedulerTap
 from loraserve.inference.metrics.model_server import ModelServerProtocolCollector
 from loraserve.testing.adapters.models import TinyAdapterFactory
 from loraserve.testing.engine.session import MAX_LORAS
-from loraserve.testing.grpc import running_stream
 from loraserve.testing.inference.app import RunningInference, adapter_files, greedy, inference_app
 from loraserve.testing.store.server import RunningStore
+from loraserve.testing.streams import running_stream
 from loraserve.testing.waiting import eventually
 
 if TYPE_CHECKING:
@@ -154,9 +154,7 @@ async def test_endpoint_picker_sees_the_adapter_running_while_its_request_stream
 ) -> None:
     port = served.app.metrics_port
     assert port is not None
-    call, _, _ = await running_stream(
-        lambda: served.stub.Generate(greedy("alpha", 400), timeout=120)
-    )
+    call, _ = await running_stream(lambda: served.stub.Generate(greedy("alpha", 400), timeout=120))
     seen: dict[str, list[Sample]] = {}
 
     async def alpha_running() -> bool:

@@ -26,6 +26,7 @@ from loraserve.testing.inference.app import (
     inference_app,
 )
 from loraserve.testing.store.server import RunningStore
+from loraserve.testing.streams import messages
 
 if TYPE_CHECKING:
     from vllm.v1.engine.async_llm import AsyncLLM
@@ -111,8 +112,8 @@ async def _folded_over_both(
 ) -> tuple[pb.GenerateResponse, pb.GenerateResponse]:
     """The request's stream folded, over the grpc.aio servicer and over the other transport."""
     running, other_stub = served
-    over_aio = [r async for r in running.stub.Generate(request, timeout=60)]
-    over_other = [r async for r in other_stub.Generate(request, timeout=60)]
+    over_aio = await messages(running.stub.Generate(request, timeout=60))
+    over_other = await messages(other_stub.Generate(request, timeout=60))
     return _folded(over_aio), _folded(over_other)
 
 

@@ -28,13 +28,14 @@ from loraserve.testing.adapters.models import TinyAdapterFactory
 from loraserve.testing.engine.holding import HoldingEngine
 from loraserve.testing.engine.session import MAX_MODEL_LEN
 from loraserve.testing.fakes.engine import CacheDirectory
-from loraserve.testing.grpc import messages, serving
+from loraserve.testing.grpc import serving
 from loraserve.testing.inference.service import (
     copy_revision,
     make_runtime_ref,
     openai_server,
     tiny_registry,
 )
+from loraserve.testing.streams import messages
 
 if TYPE_CHECKING:
     from vllm.v1.engine.async_llm import AsyncLLM

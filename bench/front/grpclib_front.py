@@ -82,7 +82,7 @@ async def serve_generate(runtime_ref: RuntimeRef, port: int = 0) -> tuple[Any, i
 
 
 def _app_class(
-    port: int, native_port: int, pushed_port: int, envs_cache: bool, vllm_prometheus: bool
+    port: int, native_port: int, pushed_port: int, envs_cache: bool, drop_vllm_prometheus: bool
 ) -> type[InferenceApp]:
     class GrpclibApp(InferenceApp):
         """The inference app with a grpclib Generate (and native ones, if asked)
@@ -104,12 +104,14 @@ def _app_class(
 
         async def run_engine_and_sync(self) -> None:
             await super().run_engine_and_sync()
+            if not self.ready.is_set():
+                return
             # Only once serving: vLLM sets some of its variables while the engine starts.
-            if envs_cache and self.ready.is_set():
+            if envs_cache:
                 import vllm.envs
 
                 vllm.envs.enable_envs_cache()
-            if not vllm_prometheus and self.ready.is_set():
+            if drop_vllm_prometheus:
                 from vllm.v1.metrics.loggers import PrometheusStatLogger
 
                 manager = self.runtime_ref.get().engine._llm.logger_manager  # type: ignore[attr-defined]
@@ -144,7 +146,7 @@ def main() -> None:
         args.native_port,
         args.pushed_port,
         args.vllm_envs_cache,
-        not args.no_vllm_prometheus,
+        args.no_vllm_prometheus,
     )
     inference_main.InferenceApp = app  # type: ignore[attr-defined]
     inference_main.main(serve_argv)

@@ -410,7 +410,7 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
             bool({"vllm", "sdk"} & kinds),
             "grpclib" in kinds,
             bool({"native", "pushed"} & kinds),
-            [flag for flag in TUNING if getattr(args, flag[2:].replace("-", "_"))],
+            args.tuning,
         )
         async with contextlib.AsyncExitStack() as exits:
             arms = await open_arms(exits, servers, vllm, args.stream_interval)
@@ -459,7 +459,10 @@ def _parser() -> argparse.ArgumentParser:
     for flag, meaning in TUNING.items():
         parser.add_argument(
             flag,
-            action="store_true",
+            action="append_const",
+            const=flag,
+            dest="tuning",
+            default=[],
             help=f"loraserve's server (when started for a grpclib or native arm) {meaning}",
         )
     parser.add_argument(

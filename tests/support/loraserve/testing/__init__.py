@@ -2,7 +2,7 @@
 HTTP), `store` and `inference` (the services in-process), `engine` (the session's vLLM
 engine), `processes` (the services as child processes), `adapters` (what tests push),
 `fakes` (in-memory stand-ins for unit tests of logic), `plugins` (session-wide pytest
-hooks); `grpc`, `certs` and `waiting` serve them all."""
+hooks); `grpc`, `streams`, `certs` and `waiting` serve them all."""
 
 __all__ = [
     "adapters",
@@ -15,5 +15,6 @@ __all__ = [
     "processes",
     "s3",
     "store",
+    "streams",
     "waiting",
 ]

@@ -1,10 +1,9 @@
-"""Running any gRPC aio servicer on 127.0.0.1, port 0, for a test; reading a stream."""
+"""Running any gRPC aio servicer on 127.0.0.1, port 0, for a test."""
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterable, AsyncIterator, Callable, Iterable, Sequence
+from collections.abc import AsyncIterator, Callable, Iterable, Sequence
 from contextlib import asynccontextmanager
-from typing import Any
 
 import grpc
 
@@ -34,26 +33,3 @@ async def serving(
         yield running
     finally:
         await running.stop(grace=None)
-
-
-async def messages(call: AsyncIterable[Any]) -> list[Any]:
-    """Every message of a server stream, once it has ended."""
-    return [message async for message in call]
-
-
-# Generate streams a test starts before concluding that the server merges every one whole.
-MERGED_TRIES = 5
-
-
-async def running_stream(start: Callable[[], Any]) -> tuple[Any, Any, int]:
-    """A Generate call (made by `start`) still running after its first message, that
-    message, and how many calls before it ran to their end. Under load vLLM merges the
-    chunks a lagging reader has not taken, so a stream's first message may already be its
-    last: such a call is read to its end and another one started."""
-    for ended in range(MERGED_TRIES):
-        call = start()
-        first = await anext(aiter(call))
-        if not first.finish_reason:
-            return call, first, ended
-        await messages(call)
-    raise AssertionError(f"{MERGED_TRIES} streams each ended with their first message")
