@@ -88,7 +88,9 @@ def streaming(messages: Callable[[bytes, str], AsyncIterator[bytes]]) -> Handler
 
 class NativeFront:
     """Feeds the Rust server: one task per call running its handler, and one `send` of
-    everything the loop pass wrote."""
+    everything the loop pass wrote. A call the server hands back as ended early (reset by
+    its client, its connection gone, past its deadline) has its task cancelled, as
+    grpc.aio cancels a handler's."""
 
     def __init__(self, handler: Handler, status: Status = lambda _: None, port: int = 0) -> None:
         self._handler, self._status = handler, status
@@ -98,7 +100,7 @@ class NativeFront:
         self._loop = asyncio.get_running_loop()
         # (call, serialized message), or (call, None) to end the call with status OK.
         self._pending: list[tuple[int, bytes | None]] = []
-        self._tasks: set[asyncio.Task[None]] = set()
+        self._tasks: dict[int, asyncio.Task[None]] = {}
         self._loop.add_reader(self._doorbell, self._take)
 
     @property
@@ -109,16 +111,23 @@ class NativeFront:
         self._server.close()
         self._loop.remove_reader(self._doorbell)
         os.close(self._doorbell)
-        for task in self._tasks:
+        for task in list(self._tasks.values()):
             task.cancel()
 
     def _take(self) -> None:
-        # Read before taking: a call announced after the take rings again.
+        # Read before taking: what is announced after the take rings again.
         os.read(self._doorbell, 4096)
-        for call, request, rollout_key in self._server.take():
+        arrived, ended = self._server.take()
+        for call, request, rollout_key in arrived:
             task = self._loop.create_task(self._respond(call, request, rollout_key))
-            self._tasks.add(task)
-            task.add_done_callback(self._tasks.discard)
+            self._tasks[call] = task
+            task.add_done_callback(functools.partial(self._forget, call))
+        for call in ended:
+            if call in self._tasks:
+                self._tasks[call].cancel()
+
+    def _forget(self, call: int, _: asyncio.Task[None]) -> None:
+        del self._tasks[call]
 
     async def _respond(self, call: int, request: bytes, rollout_key: str) -> None:
         try:

@@ -2,8 +2,9 @@
 generation path: the grpc.aio servicer's translation (`_command`, `_response`), the same
 runtime and generator, Rust's h2 for the wire. bench/front/grpclib_front.py serves it
 beside `inference serve` with `--native-port`; bench/front/stream_probe.py's `native` arm
-streams from it. A probe, not a server to ship: no TLS, auth, deadlines, health or metrics
-on its port, and a call the client cancels is not aborted in the engine.
+streams from it. A probe, not a server to ship: no TLS, auth, health or metrics on its
+port. A call its client cancels or drops, or whose `grpc-timeout` runs out, has its task
+cancelled, which aborts its engine request as over grpc.aio.
 
 `serve_generate(..., pushed=True)` (`--pushed-port`, the `pushed` arm) asks what is left
 once the per-token chain is gone. vLLM's output handler calls each request's collector

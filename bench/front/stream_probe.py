@@ -146,8 +146,7 @@ async def measure(
 ) -> Window:
     """Runs the closed loop; measures the window that starts `warmup` s in. After the window
     no client sends again and the requests in flight run to their end, so no arm's leftovers
-    run into the next arm's window (the native probe does not abort a call its client
-    cancels, so cancelling them would leave them generating)."""
+    run into the next arm's window."""
     seen = Window(arm)
     bounds = [float("inf"), float("inf")]
     stopping = asyncio.Event()

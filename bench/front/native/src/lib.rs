@@ -9,9 +9,14 @@
 //! Tokio thread, one allocation for their frames), and h2 writes every stream's pending
 //! frames of a connection in one socket write.
 //!
+//! A call that ends early is handed back to Python, which cancels its task (and so
+//! aborts its engine request): when the client resets it or its connection goes (seen
+//! by a waker per stream, so only the streams h2 wakes are looked at again), and when
+//! its `grpc-timeout` runs out, which also ends it DEADLINE_EXCEEDED from here, on time
+//! however busy Python's loop is.
+//!
 //! Builds with Debian 12's own toolchain (rustc 1.63) as well as newer ones.
-//! Of the metadata it reads only `x-rollout-key`; it honours no deadline and does not
-//! tell Python when a client resets its call.
+//! Of the metadata it reads only `x-rollout-key` and `grpc-timeout`.
 
 use std::collections::HashMap;
 use std::io::Write;
@@ -19,7 +24,9 @@ use std::mem;
 use std::net::SocketAddr;
 use std::os::unix::io::FromRawFd;
 use std::sync::{Arc, Mutex};
+use std::task::{Context, Poll, Wake, Waker};
 use std::thread;
+use std::time::Duration;
 
 use bytes::{BufMut, Bytes, BytesMut};
 use h2::SendStream;
@@ -29,7 +36,12 @@ use pyo3::prelude::*;
 use pyo3::types::PyBytes;
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::mpsc::{unbounded_channel, UnboundedReceiver, UnboundedSender};
-use tokio::sync::Notify;
+use tokio::sync::{oneshot, Notify};
+use tokio::time::Instant;
+
+/// gRPC's status codes this module sends itself.
+const CANCELLED: u32 = 1;
+const DEADLINE_EXCEEDED: u32 = 4;
 
 /// What Python hands a call: a framed message, or its end with a gRPC status.
 enum Message {
@@ -44,26 +56,59 @@ struct Arrived {
     rollout_key: String,
 }
 
+/// What Python has yet to take: calls that arrived, and calls that ended early.
+#[derive(Default)]
+struct Inbox {
+    arrived: Vec<Arrived>,
+    ended: Vec<u64>,
+}
+
+impl Inbox {
+    fn is_empty(&self) -> bool {
+        self.arrived.is_empty() && self.ended.is_empty()
+    }
+}
+
+/// A call's response stream, handed to the dispatcher before its call is announced.
+struct Opened {
+    id: u64,
+    stream: SendStream<Bytes>,
+    /// Dropped when the dispatcher lets the stream go, which ends the call's deadline.
+    released: Option<oneshot::Sender<()>>,
+}
+
 struct Calls {
-    announced: Mutex<Vec<Arrived>>,
+    inbox: Mutex<Inbox>,
     doorbell: Mutex<std::fs::File>,
     /// Messages Python has sent and the dispatcher has not yet written.
     outbox: Mutex<Vec<(u64, Message)>>,
+    /// Streams h2 has woken since the dispatcher last looked (a reset among them).
+    woken: Mutex<Vec<u64>>,
     posted: Notify,
-    /// Each call's response stream, for the dispatcher, before its call is announced.
-    streams: UnboundedSender<(u64, SendStream<Bytes>)>,
+    streams: UnboundedSender<Opened>,
     /// Stops the server: its thread ends, dropping every connection.
     closed: Notify,
 }
 
 impl Calls {
-    fn announce(&self, arrived: Arrived) {
-        let mut announced = self.announced.lock().unwrap();
-        announced.push(arrived);
-        if announced.len() == 1 {
-            // The loop has read every earlier byte before taking the calls they announced.
+    fn deliver(&self, put: impl FnOnce(&mut Inbox)) {
+        let mut inbox = self.inbox.lock().unwrap();
+        let was_empty = inbox.is_empty();
+        put(&mut inbox);
+        if was_empty {
+            // The loop has read every earlier byte before taking what they announced.
             let _ = self.doorbell.lock().unwrap().write_all(b"!");
         }
+    }
+
+    fn announce(&self, arrived: Arrived) {
+        self.deliver(|inbox| inbox.arrived.push(arrived));
+    }
+
+    /// Hands back a call that ended before its handler did; Python cancels its task.
+    fn end_early(&self, id: u64, code: u32, text: &str) {
+        self.post([(id, Message::End(code, text.to_owned()))]);
+        self.deliver(|inbox| inbox.ended.push(id));
     }
 
     fn post(&self, messages: impl IntoIterator<Item = (u64, Message)>) {
@@ -90,16 +135,18 @@ impl Server {
         let port = std_listener.local_addr()?.port();
         let (streams, opened) = unbounded_channel();
         let calls = Arc::new(Calls {
-            announced: Mutex::new(Vec::new()),
+            inbox: Mutex::new(Inbox::default()),
             // SAFETY: the caller hands this fd over; it is ours to write and close.
             doorbell: Mutex::new(unsafe { std::fs::File::from_raw_fd(doorbell_fd) }),
             outbox: Mutex::new(Vec::new()),
+            woken: Mutex::new(Vec::new()),
             posted: Notify::new(),
             streams,
             closed: Notify::new(),
         });
         let runtime = tokio::runtime::Builder::new_current_thread()
             .enable_io()
+            .enable_time()
             .build()
             .map_err(|e| PyOSError::new_err(e.to_string()))?;
         let serving = Arc::clone(&calls);
@@ -118,16 +165,22 @@ impl Server {
         Ok(Server { calls, port })
     }
 
-    /// The calls announced since the last take: (id, request message, rollout key) each.
-    fn take(&self, py: Python<'_>) -> Vec<(u64, PyObject, String)> {
-        mem::take(&mut *self.calls.announced.lock().unwrap())
+    /// What happened since the last take: the calls that arrived, (id, request message,
+    /// rollout key) each, then the ids of calls that ended early (reset by the client,
+    /// their connection gone, or past their deadline), in that order.
+    #[allow(clippy::type_complexity)]
+    fn take(&self, py: Python<'_>) -> (Vec<(u64, PyObject, String)>, Vec<u64>) {
+        let inbox = mem::take(&mut *self.calls.inbox.lock().unwrap());
+        let arrived = inbox
+            .arrived
             .into_iter()
             .map(|a| {
                 // The request's message, without gRPC's 5-byte prefix.
                 let body = a.request.get(5..).unwrap_or_default();
                 (a.id, PyBytes::new(py, body).into(), a.rollout_key)
             })
-            .collect()
+            .collect();
+        (arrived, inbox.ended)
     }
 
     /// Queues one loop pass's messages: (call id, serialized message) each, None for a
@@ -165,20 +218,64 @@ impl Server {
     }
 }
 
+/// Wakes the dispatcher for one stream: h2 wakes it when the client resets the stream or
+/// its connection goes (and on some changes of its send window, which cost one look).
+struct StreamWaker {
+    id: u64,
+    calls: Arc<Calls>,
+}
+
+impl Wake for StreamWaker {
+    fn wake(self: Arc<Self>) {
+        self.calls.woken.lock().unwrap().push(self.id);
+        self.calls.posted.notify_one();
+    }
+}
+
+/// A stream the dispatcher writes, with the waker h2 keeps for it.
+struct Open {
+    stream: SendStream<Bytes>,
+    waker: Waker,
+    _released: Option<oneshot::Sender<()>>,
+}
+
+impl Open {
+    /// Whether the client has reset the stream or its connection has gone; otherwise h2
+    /// keeps the stream's waker until either happens.
+    fn gone(&mut self) -> bool {
+        let mut context = Context::from_waker(&self.waker);
+        matches!(self.stream.poll_reset(&mut context), Poll::Ready(_))
+    }
+}
+
 /// Writes what Python posts to each call's stream: one task for every call, so a batch
 /// costs one wake however many calls it touches.
-async fn dispatch(calls: Arc<Calls>, mut opened: UnboundedReceiver<(u64, SendStream<Bytes>)>) {
-    let mut streams: HashMap<u64, SendStream<Bytes>> = HashMap::new();
+async fn dispatch(calls: Arc<Calls>, mut opened: UnboundedReceiver<Opened>) {
+    let mut streams: HashMap<u64, Open> = HashMap::new();
     loop {
         calls.posted.notified().await;
         // A call's stream is queued before the call is announced, so before any message.
-        while let Ok((id, stream)) = opened.try_recv() {
-            streams.insert(id, stream);
+        while let Ok(Opened { id, stream, released }) = opened.try_recv() {
+            let waker = Waker::from(Arc::new(StreamWaker { id, calls: Arc::clone(&calls) }));
+            let mut open = Open { stream, waker, _released: released };
+            if open.gone() {
+                calls.end_early(id, CANCELLED, "");
+            }
+            streams.insert(id, open);
+        }
+        let woken = mem::take(&mut *calls.woken.lock().unwrap());
+        for id in woken {
+            if let Some(open) = streams.get_mut(&id) {
+                if open.gone() {
+                    streams.remove(&id);
+                    calls.end_early(id, CANCELLED, "");
+                }
+            }
         }
         let outbox = mem::take(&mut *calls.outbox.lock().unwrap());
         for (id, message) in outbox {
             let stream = match streams.get_mut(&id) {
-                Some(stream) => stream,
+                Some(open) => &mut open.stream,
                 None => continue,
             };
             let done = match message {
@@ -227,6 +324,11 @@ async fn call(
     mut respond: h2::server::SendResponse<Bytes>,
     calls: Arc<Calls>,
 ) {
+    let deadline = request
+        .headers()
+        .get("grpc-timeout")
+        .and_then(|v| timeout(v.as_bytes()))
+        .map(|t| Instant::now() + t);
     let rollout_key = request
         .headers()
         .get("x-rollout-key")
@@ -248,9 +350,43 @@ async fn call(
         Ok(stream) => stream,
         Err(_) => return,
     };
-    if calls.streams.send((id, stream)).is_ok() {
-        calls.announce(Arrived { id, request: received.freeze(), rollout_key });
+    let (released, stream_released) = match deadline {
+        Some(_) => {
+            let (tx, rx) = oneshot::channel();
+            (Some(tx), Some(rx))
+        }
+        None => (None, None),
+    };
+    if calls.streams.send(Opened { id, stream, released }).is_err() {
+        return;
     }
+    calls.announce(Arrived { id, request: received.freeze(), rollout_key });
+    if let (Some(deadline), Some(stream_released)) = (deadline, stream_released) {
+        tokio::select! {
+            _ = tokio::time::sleep_until(deadline) => {
+                calls.end_early(id, DEADLINE_EXCEEDED, "Deadline Exceeded");
+            }
+            _ = stream_released => {}
+        }
+    }
+}
+
+/// A `grpc-timeout` value: at most 8 digits and a unit (hours to nanoseconds).
+fn timeout(value: &[u8]) -> Option<Duration> {
+    let (digits, unit) = value.split_at(value.len().checked_sub(1)?);
+    if digits.is_empty() || digits.len() > 8 || !digits.iter().all(u8::is_ascii_digit) {
+        return None;
+    }
+    let amount: u64 = std::str::from_utf8(digits).ok()?.parse().ok()?;
+    Some(match unit {
+        b"H" => Duration::from_secs(amount * 3600),
+        b"M" => Duration::from_secs(amount * 60),
+        b"S" => Duration::from_secs(amount),
+        b"m" => Duration::from_millis(amount),
+        b"u" => Duration::from_micros(amount),
+        b"n" => Duration::from_nanos(amount),
+        _ => return None,
+    })
 }
 
 fn trailers(code: u32, text: &str) -> HeaderMap {
