@@ -18,7 +18,9 @@ import grpc
 import pytest
 
 from bench.front import grpc_floor_native, native_front
+from bench.front.grpc_floor_native import Metadata, Write
 from bench.front.grpclib_front import serve_generate
+from loraserve.common.rpc.security import ServerSecurity, Token, TokenAuth
 from loraserve.inference.v1 import inference_pb2 as pb
 from loraserve.inference.v1 import inference_pb2_grpc as pb_grpc
 from loraserve.testing.adapters.models import TinyAdapterFactory
@@ -203,7 +205,7 @@ async def test_generate_over_another_transport_refuses_with_the_servicers_status
 
 @native_only
 async def test_native_transport_ends_a_call_internal_when_its_handler_fails() -> None:
-    async def failing(request: bytes, rollout_key: str, write: grpc_floor_native.Write) -> None:
+    async def failing(request: bytes, metadata: Metadata, write: Write) -> None:
         write(pb.GenerateResponse(text="x").SerializeToString())
         raise RuntimeError("a bug in the handler")
 
@@ -307,7 +309,7 @@ async def test_native_transport_leaves_nothing_running_when_many_clients_cancel_
     assert sum(len(message.token_ids) for message in after) == 4
 
 
-async def _forever(request: bytes, rollout_key: str, write: grpc_floor_native.Write) -> None:
+async def _forever(request: bytes, metadata: Metadata, write: Write) -> None:
     write(pb.GenerateResponse(text="x").SerializeToString())
     await asyncio.Event().wait()
 
@@ -318,9 +320,9 @@ async def _front_watching_cancels() -> AsyncIterator[tuple[int, asyncio.Event]]:
     event is set once it has been."""
     cancelled = asyncio.Event()
 
-    async def handler(request: bytes, rollout_key: str, write: grpc_floor_native.Write) -> None:
+    async def handler(request: bytes, metadata: Metadata, write: Write) -> None:
         try:
-            await _forever(request, rollout_key, write)
+            await _forever(request, metadata, write)
         except asyncio.CancelledError:
             cancelled.set()
             raise
@@ -368,3 +370,59 @@ async def test_native_transport_ends_a_call_past_its_deadline_and_cancels_its_ha
             await messages(call)
         await eventually(cancelled.is_set, "the handler cancelled")
     assert ended.value.code() == grpc.StatusCode.DEADLINE_EXCEEDED
+
+
+@native_only
+async def test_native_transport_hands_its_handler_the_metadata_less_transport_headers() -> None:
+    seen: list[Metadata] = []
+
+    async def handler(request: bytes, metadata: Metadata, write: Write) -> None:
+        seen.append(metadata)
+
+    front = grpc_floor_native.NativeFront(handler)
+    try:
+        async with grpc.aio.insecure_channel(f"127.0.0.1:{front.port}") as channel:
+            call = pb_grpc.InferenceServiceStub(channel).Generate(
+                pb.GenerateRequest(),
+                timeout=30,
+                metadata=(("authorization", "Bearer s3cret"), ("x-rollout-key", "user-7")),
+            )
+            assert await messages(call) == []
+    finally:
+        front.close()
+    assert ("authorization", "Bearer s3cret") in seen[0]
+    assert ("x-rollout-key", "user-7") in seen[0]
+    assert not {"content-type", "te", "grpc-timeout", "user-agent"} & {k for k, _ in seen[0]}
+
+
+@pytest.mark.parametrize(
+    ("metadata", "refusal"),
+    [
+        ((), "missing 'authorization: Bearer <token>' metadata"),
+        ((("authorization", "Bearer wrong"),), "invalid bearer token"),
+    ],
+    ids=["no-token", "wrong-token"],
+)
+async def test_native_generate_with_auth_refuses_a_call_without_a_valid_token(
+    served_natively: tuple[RunningInference, int],
+    metadata: tuple[tuple[str, str], ...],
+    refusal: str,
+) -> None:
+    running, _ = served_natively
+    auth = TokenAuth(ServerSecurity(reader_tokens=(Token("team", "s3cret"),)), ())
+    front = native_front.serve_generate(running.app.runtime_ref, auth=auth)
+    try:
+        async with grpc.aio.insecure_channel(f"127.0.0.1:{front.port}") as channel:
+            stub = pb_grpc.InferenceServiceStub(channel)
+            with pytest.raises(grpc.aio.AioRpcError) as refused:
+                await messages(stub.Generate(greedy("alpha", 4), timeout=60, metadata=metadata))
+            answered = await messages(
+                stub.Generate(
+                    greedy("alpha", 4), timeout=60, metadata=(("authorization", "Bearer s3cret"),)
+                )
+            )
+    finally:
+        front.close()
+    assert refused.value.code() == grpc.StatusCode.UNAUTHENTICATED
+    assert refused.value.details() == refusal
+    assert sum(len(message.token_ids) for message in answered) == 4

@@ -16,7 +16,7 @@ import logging
 import os
 import subprocess
 import sys
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from pathlib import Path
 from types import ModuleType
 
@@ -68,19 +68,21 @@ def load() -> ModuleType:
 
 # Writes one serialized message of a call; it leaves with the loop pass's others.
 Write = Callable[[bytes], None]
-# A call's handler: its request message, rollout key and writer; the call ends OK when it
+# A call's metadata: its ASCII custom headers, (key, value) each, as grpc.aio gives them.
+Metadata = Sequence[tuple[str, str]]
+# A call's handler: its request message, metadata and writer; the call ends OK when it
 # returns. It may write from any callback on the loop, not only from its own task.
-Handler = Callable[[bytes, str, Write], Awaitable[None]]
+Handler = Callable[[bytes, Metadata, Write], Awaitable[None]]
 # What ends a failed call: its exception's gRPC status code and message, or None for a bug
 # (the call ends INTERNAL and the exception is logged).
 Status = Callable[[Exception], tuple[int, str] | None]
 
 
-def streaming(messages: Callable[[bytes, str], AsyncIterator[bytes]]) -> Handler:
+def streaming(messages: Callable[[bytes, Metadata], AsyncIterator[bytes]]) -> Handler:
     """A handler that writes what an async iterator of serialized messages yields."""
 
-    async def handler(request: bytes, rollout_key: str, write: Write) -> None:
-        async for message in messages(request, rollout_key):
+    async def handler(request: bytes, metadata: Metadata, write: Write) -> None:
+        async for message in messages(request, metadata):
             write(message)
 
     return handler
@@ -118,8 +120,8 @@ class NativeFront:
         # Read before taking: what is announced after the take rings again.
         os.read(self._doorbell, 4096)
         arrived, ended = self._server.take()
-        for call, request, rollout_key in arrived:
-            task = self._loop.create_task(self._respond(call, request, rollout_key))
+        for call, request, metadata in arrived:
+            task = self._loop.create_task(self._respond(call, request, metadata))
             self._tasks[call] = task
             task.add_done_callback(functools.partial(self._forget, call))
         for call in ended:
@@ -129,9 +131,9 @@ class NativeFront:
     def _forget(self, call: int, _: asyncio.Task[None]) -> None:
         del self._tasks[call]
 
-    async def _respond(self, call: int, request: bytes, rollout_key: str) -> None:
+    async def _respond(self, call: int, request: bytes, metadata: Metadata) -> None:
         try:
-            await self._handler(request, rollout_key, functools.partial(self._write, call))
+            await self._handler(request, metadata, functools.partial(self._write, call))
         except Exception as exc:
             status = self._status(exc)
             if status is None:
@@ -156,7 +158,7 @@ async def serve(shape: Shape, ticker: LoopTicker, ready: Callable[[int], None]) 
     """Serves until killed; `ready(port)` once listening."""
     servicer = AioServicer(shape, ticker if shape.paced else None, write=False)
 
-    async def messages(request: bytes, rollout_key: str) -> AsyncIterator[bytes]:
+    async def messages(request: bytes, metadata: Metadata) -> AsyncIterator[bytes]:
         async for message in servicer._yielded(None, None):
             yield message.SerializeToString()
 

@@ -2,9 +2,9 @@
 generation path: the grpc.aio servicer's translation (`_command`, `_response`), the same
 runtime and generator, Rust's h2 for the wire. bench/front/grpclib_front.py serves it
 beside `inference serve` with `--native-port`; bench/front/stream_probe.py's `native` arm
-streams from it. A probe, not a server to ship: no TLS, auth, health or metrics on its
-port. A call its client cancels or drops, or whose `grpc-timeout` runs out, has its task
-cancelled, which aborts its engine request as over grpc.aio.
+streams from it. A probe, not a server to ship: no TLS, health or metrics on its port. A
+call its client cancels or drops, or whose `grpc-timeout` runs out, has its task cancelled,
+which aborts its engine request as over grpc.aio.
 
 `serve_generate(..., pushed=True)` (`--pushed-port`, the `pushed` arm) asks what is left
 once the per-token chain is gone. vLLM's output handler calls each request's collector
@@ -28,9 +28,10 @@ import time
 from collections.abc import AsyncGenerator, AsyncIterator
 from typing import Any
 
-from bench.front.grpc_floor_native import NativeFront, Write, streaming
+from bench.front.grpc_floor_native import Metadata, NativeFront, Write, streaming
 from loraserve.common.errors import InvalidArgument, LoraserveError, Unavailable
-from loraserve.inference.adapters import Lease
+from loraserve.common.rpc.security import TokenAuth, current_principal
+from loraserve.inference.adapters import ROLLOUT_KEY_HEADER, Lease
 from loraserve.inference.engine import SamplingSpec
 from loraserve.inference.engine.vllm_engine import _failed, _lora_request
 from loraserve.inference.serving.generation import GenerationChunk, Generator, _Outcome
@@ -51,11 +52,21 @@ def _status(exc: Exception) -> tuple[int, str] | None:
     return None
 
 
-def serve_generate(runtime_ref: RuntimeRef, port: int = 0, pushed: bool = False) -> NativeFront:
+def serve_generate(
+    runtime_ref: RuntimeRef,
+    port: int = 0,
+    pushed: bool = False,
+    auth: TokenAuth | None = None,
+) -> NativeFront:
     """A listening native Generate on 127.0.0.1:`port` (0: ephemeral; see `.port`); with
-    `pushed`, the engine's outputs become messages in vLLM's output handler."""
+    `pushed`, the engine's outputs become messages in vLLM's output handler; with `auth`,
+    a call needs a bearer token, as the grpc.aio server's guard asks for Generate."""
 
-    async def messages(request: bytes, rollout_key: str) -> AsyncIterator[bytes]:
+    async def messages(request: bytes, metadata: Metadata) -> AsyncIterator[bytes]:
+        if auth is not None:
+            principal, _ = auth.authenticate(metadata)
+            current_principal.set(principal)
+        rollout_key = next((v for k, v in metadata if k == ROLLOUT_KEY_HEADER), "")
         command = _command(pb.GenerateRequest.FromString(request), rollout_key)
         generator = runtime_ref.get().generator
         if pushed:
@@ -69,9 +80,9 @@ def serve_generate(runtime_ref: RuntimeRef, port: int = 0, pushed: bool = False)
     if not pushed:
         return NativeFront(handler, _status, port)
 
-    async def pushing(request: bytes, rollout_key: str, write: Write) -> None:
+    async def pushing(request: bytes, metadata: Metadata, write: Write) -> None:
         _WRITE.set(write)
-        await handler(request, rollout_key, write)
+        await handler(request, metadata, write)
 
     return NativeFront(pushing, _status, port)
 

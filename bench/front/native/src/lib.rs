@@ -15,8 +15,10 @@
 //! its `grpc-timeout` runs out, which also ends it DEADLINE_EXCEEDED from here, on time
 //! however busy Python's loop is.
 //!
+//! A call's metadata (its ASCII custom headers: `authorization`, `x-rollout-key`, ...)
+//! goes to Python with its request; of it this module reads only `grpc-timeout`.
+//!
 //! Builds with Debian 12's own toolchain (rustc 1.63) as well as newer ones.
-//! Of the metadata it reads only `x-rollout-key` and `grpc-timeout`.
 
 use std::collections::HashMap;
 use std::io::Write;
@@ -49,12 +51,17 @@ enum Message {
     End(u32, String),
 }
 
-/// A call whose request has arrived: its id, request message and `x-rollout-key`.
+/// A call whose request has arrived: its id, request message and metadata.
 struct Arrived {
     id: u64,
     request: Bytes,
-    rollout_key: String,
+    metadata: Vec<(String, String)>,
 }
+
+/// Headers of the transport, not the call's metadata (what grpc core keeps from its
+/// applications too).
+const TRANSPORT_HEADERS: [&str; 6] =
+    ["content-type", "te", "grpc-timeout", "grpc-encoding", "grpc-accept-encoding", "user-agent"];
 
 /// What Python has yet to take: calls that arrived, and calls that ended early.
 #[derive(Default)]
@@ -166,10 +173,10 @@ impl Server {
     }
 
     /// What happened since the last take: the calls that arrived, (id, request message,
-    /// rollout key) each, then the ids of calls that ended early (reset by the client,
-    /// their connection gone, or past their deadline), in that order.
+    /// metadata as (key, value) pairs) each, then the ids of calls that ended early (reset
+    /// by the client, their connection gone, or past their deadline), in that order.
     #[allow(clippy::type_complexity)]
-    fn take(&self, py: Python<'_>) -> (Vec<(u64, PyObject, String)>, Vec<u64>) {
+    fn take(&self, py: Python<'_>) -> (Vec<(u64, PyObject, Vec<(String, String)>)>, Vec<u64>) {
         let inbox = mem::take(&mut *self.calls.inbox.lock().unwrap());
         let arrived = inbox
             .arrived
@@ -177,7 +184,7 @@ impl Server {
             .map(|a| {
                 // The request's message, without gRPC's 5-byte prefix.
                 let body = a.request.get(5..).unwrap_or_default();
-                (a.id, PyBytes::new(py, body).into(), a.rollout_key)
+                (a.id, PyBytes::new(py, body).into(), a.metadata)
             })
             .collect();
         (arrived, inbox.ended)
@@ -329,12 +336,12 @@ async fn call(
         .get("grpc-timeout")
         .and_then(|v| timeout(v.as_bytes()))
         .map(|t| Instant::now() + t);
-    let rollout_key = request
+    let metadata = request
         .headers()
-        .get("x-rollout-key")
-        .and_then(|v| v.to_str().ok())
-        .unwrap_or_default()
-        .to_owned();
+        .iter()
+        .filter(|(key, _)| !TRANSPORT_HEADERS.contains(&key.as_str()))
+        .filter_map(|(key, value)| Some((key.as_str().to_owned(), value.to_str().ok()?.to_owned())))
+        .collect();
     let mut body = request.into_body();
     let mut received = BytesMut::new();
     while let Some(Ok(chunk)) = body.data().await {
@@ -360,7 +367,7 @@ async fn call(
     if calls.streams.send(Opened { id, stream, released }).is_err() {
         return;
     }
-    calls.announce(Arrived { id, request: received.freeze(), rollout_key });
+    calls.announce(Arrived { id, request: received.freeze(), metadata });
     if let (Some(deadline), Some(stream_released)) = (deadline, stream_released) {
         tokio::select! {
             _ = tokio::time::sleep_until(deadline) => {
