@@ -3,22 +3,22 @@ different server: over grpclib and over the native transport (Rust's h2), with t
 outputs pulled or pushed, Generate streams what the grpc.aio servicer streams for the same
 request, and refuses what it refuses with the same status, on the session's real engine.
 Over the native transport a call its client cancels, loses its connection or runs out of
-time is aborted in the engine, as over grpc.aio (tests/reliability/test_inference_requests.py)."""
+time is aborted in the engine, as over grpc.aio (tests/reliability/test_inference_requests.py),
+and its port serves the service's other RPCs and health, carried to the grpc.aio server."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import shutil
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import grpc
 import pytest
+from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from bench.front import grpc_floor_native, native_front
-from bench.front.grpc_floor_native import Metadata, Write
 from bench.front.grpclib_front import serve_generate
 from loraserve.common.rpc.security import ServerSecurity, Token, TokenAuth
 from loraserve.inference.v1 import inference_pb2 as pb
@@ -46,12 +46,6 @@ pytestmark = pytest.mark.engine
 LONG = 450
 
 
-def _native_buildable() -> bool:
-    return shutil.which("cargo") is not None and any(
-        Path(grpc_floor_native.DEBIAN_CRATES).glob("h2-0.3.*")
-    )
-
-
 @contextlib.asynccontextmanager
 async def _transport(kind: str, running: RunningInference) -> AsyncIterator[int]:
     """The port of Generate served again over `kind`, beside the app's own server."""
@@ -71,8 +65,7 @@ async def _transport(kind: str, running: RunningInference) -> AsyncIterator[int]
 
 
 native_only = pytest.mark.skipif(
-    not _native_buildable(),
-    reason="the native probe needs cargo and Debian's crates (bench/front/native/README.md)",
+    not grpc_floor_native.buildable(), reason=grpc_floor_native.UNBUILDABLE
 )
 
 
@@ -203,26 +196,6 @@ async def test_generate_over_another_transport_refuses_with_the_servicers_status
     assert over_other.value.details() == over_aio.value.details()
 
 
-@native_only
-async def test_native_transport_ends_a_call_internal_when_its_handler_fails() -> None:
-    async def failing(request: bytes, metadata: Metadata, write: Write) -> None:
-        write(pb.GenerateResponse(text="x").SerializeToString())
-        raise RuntimeError("a bug in the handler")
-
-    front = grpc_floor_native.NativeFront(failing)
-    try:
-        async with grpc.aio.insecure_channel(f"127.0.0.1:{front.port}") as channel:
-            stub = pb_grpc.InferenceServiceStub(channel)
-            call = stub.Generate(pb.GenerateRequest(), timeout=30)
-            first = await call.read()
-            with pytest.raises(grpc.aio.AioRpcError) as failed:
-                await call.read()
-        assert first.text == "x"
-        assert failed.value.code() == grpc.StatusCode.INTERNAL
-    finally:
-        front.close()
-
-
 async def _work_once_idle(running: RunningInference, before: EngineWork) -> EngineWork:
     """What the engine did since `before`, read once it holds no request."""
 
@@ -309,92 +282,6 @@ async def test_native_transport_leaves_nothing_running_when_many_clients_cancel_
     assert sum(len(message.token_ids) for message in after) == 4
 
 
-async def _forever(request: bytes, metadata: Metadata, write: Write) -> None:
-    write(pb.GenerateResponse(text="x").SerializeToString())
-    await asyncio.Event().wait()
-
-
-@contextlib.asynccontextmanager
-async def _front_watching_cancels() -> AsyncIterator[tuple[int, asyncio.Event]]:
-    """A native front whose handler writes one message, then waits until cancelled; the
-    event is set once it has been."""
-    cancelled = asyncio.Event()
-
-    async def handler(request: bytes, metadata: Metadata, write: Write) -> None:
-        try:
-            await _forever(request, metadata, write)
-        except asyncio.CancelledError:
-            cancelled.set()
-            raise
-
-    front = grpc_floor_native.NativeFront(handler)
-    try:
-        yield front.port, cancelled
-    finally:
-        front.close()
-
-
-@native_only
-async def test_native_transport_cancels_the_handler_of_a_call_its_client_cancels() -> None:
-    async with (
-        _front_watching_cancels() as (port, cancelled),
-        grpc.aio.insecure_channel(f"127.0.0.1:{port}") as channel,
-    ):
-        call = pb_grpc.InferenceServiceStub(channel).Generate(pb.GenerateRequest())
-        assert (await call.read()).text == "x"
-        call.cancel()
-        await eventually(cancelled.is_set, "the handler cancelled")
-
-
-@native_only
-async def test_native_transport_cancels_the_handler_of_a_call_whose_connection_drops() -> None:
-    async with (
-        _front_watching_cancels() as (port, cancelled),
-        tcp_proxy(port) as proxy,
-        grpc.aio.insecure_channel(proxy.address) as channel,
-    ):
-        call = pb_grpc.InferenceServiceStub(channel).Generate(pb.GenerateRequest())
-        assert (await call.read()).text == "x"
-        proxy.cut()
-        await eventually(cancelled.is_set, "the handler cancelled")
-
-
-@native_only
-async def test_native_transport_ends_a_call_past_its_deadline_and_cancels_its_handler() -> None:
-    async with (
-        _front_watching_cancels() as (port, cancelled),
-        grpc.aio.insecure_channel(f"127.0.0.1:{port}") as channel,
-    ):
-        call = pb_grpc.InferenceServiceStub(channel).Generate(pb.GenerateRequest(), timeout=0.2)
-        with pytest.raises(grpc.aio.AioRpcError) as ended:
-            await messages(call)
-        await eventually(cancelled.is_set, "the handler cancelled")
-    assert ended.value.code() == grpc.StatusCode.DEADLINE_EXCEEDED
-
-
-@native_only
-async def test_native_transport_hands_its_handler_the_metadata_less_transport_headers() -> None:
-    seen: list[Metadata] = []
-
-    async def handler(request: bytes, metadata: Metadata, write: Write) -> None:
-        seen.append(metadata)
-
-    front = grpc_floor_native.NativeFront(handler)
-    try:
-        async with grpc.aio.insecure_channel(f"127.0.0.1:{front.port}") as channel:
-            call = pb_grpc.InferenceServiceStub(channel).Generate(
-                pb.GenerateRequest(),
-                timeout=30,
-                metadata=(("authorization", "Bearer s3cret"), ("x-rollout-key", "user-7")),
-            )
-            assert await messages(call) == []
-    finally:
-        front.close()
-    assert ("authorization", "Bearer s3cret") in seen[0]
-    assert ("x-rollout-key", "user-7") in seen[0]
-    assert not {"content-type", "te", "grpc-timeout", "user-agent"} & {k for k, _ in seen[0]}
-
-
 @pytest.mark.parametrize(
     ("metadata", "refusal"),
     [
@@ -425,4 +312,27 @@ async def test_native_generate_with_auth_refuses_a_call_without_a_valid_token(
         front.close()
     assert refused.value.code() == grpc.StatusCode.UNAUTHENTICATED
     assert refused.value.details() == refusal
+    assert sum(len(message.token_ids) for message in answered) == 4
+
+
+async def test_native_transport_serves_the_services_other_rpcs_and_health_on_its_port(
+    served_natively: tuple[RunningInference, int],
+) -> None:
+    running, _ = served_natively
+    front = native_front.serve_generate(running.app.runtime_ref, upstream=running.address)
+    try:
+        async with grpc.aio.insecure_channel(f"127.0.0.1:{front.port}") as channel:
+            stub = pb_grpc.InferenceServiceStub(channel)
+            info = await stub.GetServerInfo(pb.GetServerInfoRequest(), timeout=30)
+            adapters = await stub.ListAdapters(pb.ListAdaptersRequest(), timeout=30)
+            health = await health_pb2_grpc.HealthStub(channel).Check(
+                health_pb2.HealthCheckRequest(service=""), timeout=30
+            )
+            answered = await messages(stub.Generate(greedy("alpha", 4), timeout=60))
+    finally:
+        front.close()
+    over_aio = await running.stub.GetServerInfo(pb.GetServerInfoRequest(), timeout=30)
+    assert info.replica_id == over_aio.replica_id
+    assert adapters == await running.stub.ListAdapters(pb.ListAdaptersRequest(), timeout=30)
+    assert health.status == health_pb2.HealthCheckResponse.SERVING
     assert sum(len(message.token_ids) for message in answered) == 4

@@ -14,6 +14,7 @@ import importlib.machinery
 import importlib.util
 import logging
 import os
+import shutil
 import subprocess
 import sys
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
@@ -22,7 +23,7 @@ from types import ModuleType
 
 import grpc
 
-from bench.front.grpc_floor_servers import AioServicer, LoopTicker, Shape
+from bench.front.grpc_floor_servers import GENERATE, AioServicer, LoopTicker, Shape
 
 log = logging.getLogger(__name__)
 
@@ -31,6 +32,14 @@ LIBRARY = CRATE / "target" / "release" / "libgrpc_floor_native.so"
 # Where Debian's librust-*-dev packages put their crates' sources.
 DEBIAN_CRATES = "/usr/share/cargo/registry"
 _INTERNAL = grpc.StatusCode.INTERNAL.value[0]
+
+
+UNBUILDABLE = "the native probe needs cargo and Debian's crates (bench/front/native/README.md)"
+
+
+def buildable() -> bool:
+    """Whether `build` can work here: cargo, and Debian's crates."""
+    return shutil.which("cargo") is not None and any(Path(DEBIAN_CRATES).glob("h2-0.3.*"))
 
 
 def build() -> Path:
@@ -92,13 +101,25 @@ class NativeFront:
     """Feeds the Rust server: one task per call running its handler, and one `send` of
     everything the loop pass wrote. A call the server hands back as ended early (reset by
     its client, its connection gone, past its deadline) has its task cancelled, as
-    grpc.aio cancels a handler's."""
+    grpc.aio cancels a handler's.
 
-    def __init__(self, handler: Handler, status: Status = lambda _: None, port: int = 0) -> None:
+    The handler serves calls to `path` (Generate); the server carries every other call to
+    the gRPC server at `upstream` ("host:port"), or refuses it UNIMPLEMENTED without one.
+    """
+
+    def __init__(
+        self,
+        handler: Handler,
+        status: Status = lambda _: None,
+        port: int = 0,
+        *,
+        path: str = GENERATE,
+        upstream: str | None = None,
+    ) -> None:
         self._handler, self._status = handler, status
         self._doorbell, writer = os.pipe()
         os.set_blocking(self._doorbell, False)
-        self._server = load().Server(writer, port)
+        self._server = load().Server(writer, port, path, upstream)
         self._loop = asyncio.get_running_loop()
         # (call, serialized message), or (call, None) to end the call with status OK.
         self._pending: list[tuple[int, bytes | None]] = []

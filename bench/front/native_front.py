@@ -2,7 +2,8 @@
 generation path: the grpc.aio servicer's translation (`_command`, `_response`), the same
 runtime and generator, Rust's h2 for the wire. bench/front/grpclib_front.py serves it
 beside `inference serve` with `--native-port`; bench/front/stream_probe.py's `native` arm
-streams from it. A probe, not a server to ship: no TLS, health or metrics on its port. A
+streams from it; with `upstream` its port serves the service's other RPCs, health and
+reflection too, carried to the grpc.aio server. A probe, not a server to ship: no TLS. A
 call its client cancels or drops, or whose `grpc-timeout` runs out, has its task cancelled,
 which aborts its engine request as over grpc.aio.
 
@@ -57,10 +58,12 @@ def serve_generate(
     port: int = 0,
     pushed: bool = False,
     auth: TokenAuth | None = None,
+    upstream: str | None = None,
 ) -> NativeFront:
     """A listening native Generate on 127.0.0.1:`port` (0: ephemeral; see `.port`); with
     `pushed`, the engine's outputs become messages in vLLM's output handler; with `auth`,
-    a call needs a bearer token, as the grpc.aio server's guard asks for Generate."""
+    a call needs a bearer token, as the grpc.aio server's guard asks for Generate; with
+    `upstream` (the grpc.aio server's "host:port"), every other call is carried there."""
 
     async def messages(request: bytes, metadata: Metadata) -> AsyncIterator[bytes]:
         if auth is not None:
@@ -78,13 +81,13 @@ def serve_generate(
 
     handler = streaming(messages)
     if not pushed:
-        return NativeFront(handler, _status, port)
+        return NativeFront(handler, _status, port, upstream=upstream)
 
     async def pushing(request: bytes, metadata: Metadata, write: Write) -> None:
         _WRITE.set(write)
         await handler(request, metadata, write)
 
-    return NativeFront(pushing, _status, port)
+    return NativeFront(pushing, _status, port, upstream=upstream)
 
 
 def _pushed(generator: Generator) -> Generator:

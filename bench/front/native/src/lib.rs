@@ -15,10 +15,16 @@
 //! its `grpc-timeout` runs out, which also ends it DEADLINE_EXCEEDED from here, on time
 //! however busy Python's loop is.
 //!
+//! Only one method is served here (Generate); any other call is carried to an upstream
+//! gRPC server (`proxy`), or refused UNIMPLEMENTED where there is none.
+//!
 //! A call's metadata (its ASCII custom headers: `authorization`, `x-rollout-key`, ...)
 //! goes to Python with its request; of it this module reads only `grpc-timeout`.
 //!
 //! Builds with Debian 12's own toolchain (rustc 1.63) as well as newer ones.
+
+mod proxy;
+mod wire;
 
 use std::collections::HashMap;
 use std::io::Write;
@@ -28,11 +34,10 @@ use std::os::unix::io::FromRawFd;
 use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll, Wake, Waker};
 use std::thread;
-use std::time::Duration;
 
 use bytes::{BufMut, Bytes, BytesMut};
 use h2::SendStream;
-use http::{HeaderMap, HeaderValue, Response};
+use http::Response;
 use pyo3::exceptions::PyOSError;
 use pyo3::prelude::*;
 use pyo3::types::PyBytes;
@@ -40,10 +45,6 @@ use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::mpsc::{unbounded_channel, UnboundedReceiver, UnboundedSender};
 use tokio::sync::{oneshot, Notify};
 use tokio::time::Instant;
-
-/// gRPC's status codes this module sends itself.
-const CANCELLED: u32 = 1;
-const DEADLINE_EXCEEDED: u32 = 4;
 
 /// What Python hands a call: a framed message, or its end with a gRPC status.
 enum Message {
@@ -60,8 +61,14 @@ struct Arrived {
 
 /// Headers of the transport, not the call's metadata (what grpc core keeps from its
 /// applications too).
-const TRANSPORT_HEADERS: [&str; 6] =
-    ["content-type", "te", "grpc-timeout", "grpc-encoding", "grpc-accept-encoding", "user-agent"];
+const TRANSPORT_HEADERS: [&str; 6] = [
+    "content-type",
+    "te",
+    "grpc-timeout",
+    "grpc-encoding",
+    "grpc-accept-encoding",
+    "user-agent",
+];
 
 /// What Python has yet to take: calls that arrived, and calls that ended early.
 #[derive(Default)]
@@ -93,6 +100,9 @@ struct Calls {
     woken: Mutex<Vec<u64>>,
     posted: Notify,
     streams: UnboundedSender<Opened>,
+    /// The path of the method served here; every other goes to `upstream`.
+    path: String,
+    upstream: Option<Arc<proxy::Upstream>>,
     /// Stops the server: its thread ends, dropping every connection.
     closed: Notify,
 }
@@ -134,9 +144,11 @@ struct Server {
 #[pymethods]
 impl Server {
     /// Listens on 127.0.0.1:`port` (0: an ephemeral port) and writes a byte to
-    /// `doorbell_fd` whenever calls wait to be taken.
+    /// `doorbell_fd` whenever calls wait to be taken. Calls to `path` are served here;
+    /// every other call goes to the gRPC server at `upstream` ("host:port"), or is
+    /// refused UNIMPLEMENTED without one.
     #[new]
-    fn new(doorbell_fd: i32, port: u16) -> PyResult<Self> {
+    fn new(doorbell_fd: i32, port: u16, path: String, upstream: Option<String>) -> PyResult<Self> {
         let std_listener = std::net::TcpListener::bind(SocketAddr::from(([127, 0, 0, 1], port)))?;
         std_listener.set_nonblocking(true)?;
         let port = std_listener.local_addr()?.port();
@@ -149,6 +161,8 @@ impl Server {
             woken: Mutex::new(Vec::new()),
             posted: Notify::new(),
             streams,
+            path,
+            upstream: upstream.map(|address| Arc::new(proxy::Upstream::new(address))),
             closed: Notify::new(),
         });
         let runtime = tokio::runtime::Builder::new_current_thread()
@@ -262,11 +276,23 @@ async fn dispatch(calls: Arc<Calls>, mut opened: UnboundedReceiver<Opened>) {
     loop {
         calls.posted.notified().await;
         // A call's stream is queued before the call is announced, so before any message.
-        while let Ok(Opened { id, stream, released }) = opened.try_recv() {
-            let waker = Waker::from(Arc::new(StreamWaker { id, calls: Arc::clone(&calls) }));
-            let mut open = Open { stream, waker, _released: released };
+        while let Ok(Opened {
+            id,
+            stream,
+            released,
+        }) = opened.try_recv()
+        {
+            let waker = Waker::from(Arc::new(StreamWaker {
+                id,
+                calls: Arc::clone(&calls),
+            }));
+            let mut open = Open {
+                stream,
+                waker,
+                _released: released,
+            };
             if open.gone() {
-                calls.end_early(id, CANCELLED, "");
+                calls.end_early(id, wire::CANCELLED, "");
             }
             streams.insert(id, open);
         }
@@ -275,7 +301,7 @@ async fn dispatch(calls: Arc<Calls>, mut opened: UnboundedReceiver<Opened>) {
             if let Some(open) = streams.get_mut(&id) {
                 if open.gone() {
                     streams.remove(&id);
-                    calls.end_early(id, CANCELLED, "");
+                    calls.end_early(id, wire::CANCELLED, "");
                 }
             }
         }
@@ -288,7 +314,7 @@ async fn dispatch(calls: Arc<Calls>, mut opened: UnboundedReceiver<Opened>) {
             let done = match message {
                 Message::Data(framed) => stream.send_data(framed, false).is_err(),
                 Message::End(code, text) => {
-                    let _ = stream.send_trailers(trailers(code, &text));
+                    let _ = stream.send_trailers(wire::trailers(code, &text));
                     true
                 }
             };
@@ -331,10 +357,21 @@ async fn call(
     mut respond: h2::server::SendResponse<Bytes>,
     calls: Arc<Calls>,
 ) {
+    if request.uri().path() != calls.path {
+        match &calls.upstream {
+            Some(upstream) => proxy::proxy(Arc::clone(upstream), request, respond).await,
+            None => {
+                let text = format!("method {} is not served here", request.uri().path());
+                let _ =
+                    respond.send_response(wire::status_response(wire::UNIMPLEMENTED, &text), true);
+            }
+        }
+        return;
+    }
     let deadline = request
         .headers()
         .get("grpc-timeout")
-        .and_then(|v| timeout(v.as_bytes()))
+        .and_then(|v| wire::timeout(v.as_bytes()))
         .map(|t| Instant::now() + t);
     let metadata = request
         .headers()
@@ -364,60 +401,30 @@ async fn call(
         }
         None => (None, None),
     };
-    if calls.streams.send(Opened { id, stream, released }).is_err() {
+    if calls
+        .streams
+        .send(Opened {
+            id,
+            stream,
+            released,
+        })
+        .is_err()
+    {
         return;
     }
-    calls.announce(Arrived { id, request: received.freeze(), metadata });
+    calls.announce(Arrived {
+        id,
+        request: received.freeze(),
+        metadata,
+    });
     if let (Some(deadline), Some(stream_released)) = (deadline, stream_released) {
         tokio::select! {
             _ = tokio::time::sleep_until(deadline) => {
-                calls.end_early(id, DEADLINE_EXCEEDED, "Deadline Exceeded");
+                calls.end_early(id, wire::DEADLINE_EXCEEDED, "Deadline Exceeded");
             }
             _ = stream_released => {}
         }
     }
-}
-
-/// A `grpc-timeout` value: at most 8 digits and a unit (hours to nanoseconds).
-fn timeout(value: &[u8]) -> Option<Duration> {
-    let (digits, unit) = value.split_at(value.len().checked_sub(1)?);
-    if digits.is_empty() || digits.len() > 8 || !digits.iter().all(u8::is_ascii_digit) {
-        return None;
-    }
-    let amount: u64 = std::str::from_utf8(digits).ok()?.parse().ok()?;
-    Some(match unit {
-        b"H" => Duration::from_secs(amount * 3600),
-        b"M" => Duration::from_secs(amount * 60),
-        b"S" => Duration::from_secs(amount),
-        b"m" => Duration::from_millis(amount),
-        b"u" => Duration::from_micros(amount),
-        b"n" => Duration::from_nanos(amount),
-        _ => return None,
-    })
-}
-
-fn trailers(code: u32, text: &str) -> HeaderMap {
-    let mut trailers = HeaderMap::new();
-    trailers.insert("grpc-status", HeaderValue::from(code));
-    if let Ok(text) = HeaderValue::from_str(&grpc_message(text)) {
-        if !text.is_empty() {
-            trailers.insert("grpc-message", text);
-        }
-    }
-    trailers
-}
-
-/// gRPC's percent-encoding of a status message.
-fn grpc_message(text: &str) -> String {
-    let mut encoded = String::with_capacity(text.len());
-    for byte in text.bytes() {
-        if (0x20..0x7f).contains(&byte) && byte != b'%' {
-            encoded.push(byte as char);
-        } else {
-            encoded.push_str(&format!("%{byte:02X}"));
-        }
-    }
-    encoded
 }
 
 #[pymodule]

@@ -1,0 +1,62 @@
+//! gRPC's own bits of HTTP/2: status codes, trailers, `grpc-timeout`.
+
+use std::time::Duration;
+
+use http::{HeaderMap, HeaderValue, Response, StatusCode};
+
+pub const CANCELLED: u32 = 1;
+pub const DEADLINE_EXCEEDED: u32 = 4;
+pub const UNIMPLEMENTED: u32 = 12;
+pub const UNAVAILABLE: u32 = 14;
+
+pub fn trailers(code: u32, text: &str) -> HeaderMap {
+    let mut trailers = HeaderMap::new();
+    trailers.insert("grpc-status", HeaderValue::from(code));
+    if let Ok(text) = HeaderValue::from_str(&grpc_message(text)) {
+        if !text.is_empty() {
+            trailers.insert("grpc-message", text);
+        }
+    }
+    trailers
+}
+
+/// gRPC's percent-encoding of a status message.
+fn grpc_message(text: &str) -> String {
+    let mut encoded = String::with_capacity(text.len());
+    for byte in text.bytes() {
+        if (0x20..0x7f).contains(&byte) && byte != b'%' {
+            encoded.push(byte as char);
+        } else {
+            encoded.push_str(&format!("%{byte:02X}"));
+        }
+    }
+    encoded
+}
+
+/// A `grpc-timeout` value: at most 8 digits and a unit (hours to nanoseconds).
+pub fn timeout(value: &[u8]) -> Option<Duration> {
+    let (digits, unit) = value.split_at(value.len().checked_sub(1)?);
+    if digits.is_empty() || digits.len() > 8 || !digits.iter().all(u8::is_ascii_digit) {
+        return None;
+    }
+    let amount: u64 = std::str::from_utf8(digits).ok()?.parse().ok()?;
+    Some(match unit {
+        b"H" => Duration::from_secs(amount * 3600),
+        b"M" => Duration::from_secs(amount * 60),
+        b"S" => Duration::from_secs(amount),
+        b"m" => Duration::from_millis(amount),
+        b"u" => Duration::from_micros(amount),
+        b"n" => Duration::from_nanos(amount),
+        _ => return None,
+    })
+}
+
+/// A gRPC response that is its status alone (headers ending the stream).
+pub fn status_response(code: u32, text: &str) -> Response<()> {
+    let mut response = Response::new(());
+    *response.status_mut() = StatusCode::OK;
+    let headers = response.headers_mut();
+    headers.insert("content-type", HeaderValue::from_static("application/grpc"));
+    headers.extend(trailers(code, text));
+    response
+}

@@ -1,0 +1,304 @@
+"""bench/front/native, the native transport, on its own (handlers without an engine,
+a grpc.aio server upstream): what a handler is given, how a call ends, and the calls it
+carries to upstream."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import socket
+from collections.abc import AsyncIterator
+from typing import Any
+
+import grpc
+import pytest
+
+from bench.front import grpc_floor_native
+from bench.front.grpc_floor_native import Metadata, Write
+from loraserve.inference.v1 import inference_pb2 as pb
+from loraserve.inference.v1 import inference_pb2_grpc as pb_grpc
+from loraserve.testing.processes.tcpproxy import tcp_proxy
+from loraserve.testing.streams import messages
+from loraserve.testing.waiting import eventually
+
+pytestmark = pytest.mark.skipif(
+    not grpc_floor_native.buildable(), reason=grpc_floor_native.UNBUILDABLE
+)
+
+
+async def test_native_transport_ends_a_call_internal_when_its_handler_fails() -> None:
+    async def failing(request: bytes, metadata: Metadata, write: Write) -> None:
+        write(pb.GenerateResponse(text="x").SerializeToString())
+        raise RuntimeError("a bug in the handler")
+
+    front = grpc_floor_native.NativeFront(failing)
+    try:
+        async with grpc.aio.insecure_channel(f"127.0.0.1:{front.port}") as channel:
+            stub = pb_grpc.InferenceServiceStub(channel)
+            call = stub.Generate(pb.GenerateRequest(), timeout=30)
+            first = await call.read()
+            with pytest.raises(grpc.aio.AioRpcError) as failed:
+                await call.read()
+        assert first.text == "x"
+        assert failed.value.code() == grpc.StatusCode.INTERNAL
+    finally:
+        front.close()
+
+
+async def _forever(request: bytes, metadata: Metadata, write: Write) -> None:
+    write(pb.GenerateResponse(text="x").SerializeToString())
+    await asyncio.Event().wait()
+
+
+@contextlib.asynccontextmanager
+async def _front_watching_cancels() -> AsyncIterator[tuple[int, asyncio.Event]]:
+    """A native front whose handler writes one message, then waits until cancelled; the
+    event is set once it has been."""
+    cancelled = asyncio.Event()
+
+    async def handler(request: bytes, metadata: Metadata, write: Write) -> None:
+        try:
+            await _forever(request, metadata, write)
+        except asyncio.CancelledError:
+            cancelled.set()
+            raise
+
+    front = grpc_floor_native.NativeFront(handler)
+    try:
+        yield front.port, cancelled
+    finally:
+        front.close()
+
+
+async def test_native_transport_cancels_the_handler_of_a_call_its_client_cancels() -> None:
+    async with (
+        _front_watching_cancels() as (port, cancelled),
+        grpc.aio.insecure_channel(f"127.0.0.1:{port}") as channel,
+    ):
+        call = pb_grpc.InferenceServiceStub(channel).Generate(pb.GenerateRequest())
+        assert (await call.read()).text == "x"
+        call.cancel()
+        await eventually(cancelled.is_set, "the handler cancelled")
+
+
+async def test_native_transport_cancels_the_handler_of_a_call_whose_connection_drops() -> None:
+    async with (
+        _front_watching_cancels() as (port, cancelled),
+        tcp_proxy(port) as proxy,
+        grpc.aio.insecure_channel(proxy.address) as channel,
+    ):
+        call = pb_grpc.InferenceServiceStub(channel).Generate(pb.GenerateRequest())
+        assert (await call.read()).text == "x"
+        proxy.cut()
+        await eventually(cancelled.is_set, "the handler cancelled")
+
+
+async def test_native_transport_ends_a_call_past_its_deadline_and_cancels_its_handler() -> None:
+    async with (
+        _front_watching_cancels() as (port, cancelled),
+        grpc.aio.insecure_channel(f"127.0.0.1:{port}") as channel,
+    ):
+        call = pb_grpc.InferenceServiceStub(channel).Generate(pb.GenerateRequest(), timeout=0.2)
+        with pytest.raises(grpc.aio.AioRpcError) as ended:
+            await messages(call)
+        await eventually(cancelled.is_set, "the handler cancelled")
+    assert ended.value.code() == grpc.StatusCode.DEADLINE_EXCEEDED
+
+
+async def test_native_transport_hands_its_handler_the_metadata_less_transport_headers() -> None:
+    seen: list[Metadata] = []
+
+    async def handler(request: bytes, metadata: Metadata, write: Write) -> None:
+        seen.append(metadata)
+
+    front = grpc_floor_native.NativeFront(handler)
+    try:
+        async with grpc.aio.insecure_channel(f"127.0.0.1:{front.port}") as channel:
+            call = pb_grpc.InferenceServiceStub(channel).Generate(
+                pb.GenerateRequest(),
+                timeout=30,
+                metadata=(("authorization", "Bearer s3cret"), ("x-rollout-key", "user-7")),
+            )
+            assert await messages(call) == []
+    finally:
+        front.close()
+    assert ("authorization", "Bearer s3cret") in seen[0]
+    assert ("x-rollout-key", "user-7") in seen[0]
+    assert not {"content-type", "te", "grpc-timeout", "user-agent"} & {k for k, _ in seen[0]}
+
+
+class _Upstream:
+    """A grpc.aio server of raw-bytes methods under /test.Echo/, standing for the
+    service's own server behind the native transport."""
+
+    def __init__(self) -> None:
+        self.cancelled = asyncio.Event()
+        self.metadata: list[tuple[str, str]] = []
+
+    async def chat(
+        self, requests: AsyncIterator[bytes], context: grpc.aio.ServicerContext[bytes, bytes]
+    ) -> AsyncIterator[bytes]:
+        seen = 0
+        async for request in requests:
+            seen += 1
+            yield request
+        context.set_trailing_metadata((("x-seen", str(seen)),))
+
+    async def fail(self, request: bytes, context: grpc.aio.ServicerContext[bytes, bytes]) -> bytes:
+        context.set_trailing_metadata((("x-why", "asked to"),))
+        await context.abort(grpc.StatusCode.NOT_FOUND, "no such thing: ü")
+
+    async def hang(
+        self, request: bytes, context: grpc.aio.ServicerContext[bytes, bytes]
+    ) -> AsyncIterator[bytes]:
+        metadata = context.invocation_metadata() or ()
+        self.metadata = [(k, str(v)) for k, v in metadata if k.startswith("x-")]
+        yield request
+        try:
+            await asyncio.Event().wait()
+        except asyncio.CancelledError:
+            self.cancelled.set()
+            raise
+
+    def handler(self) -> grpc.GenericRpcHandler:
+        return grpc.method_handlers_generic_handler(
+            "test.Echo",
+            {
+                "Chat": grpc.stream_stream_rpc_method_handler(self.chat),
+                "Fail": grpc.unary_unary_rpc_method_handler(self.fail),
+                "Hang": grpc.unary_stream_rpc_method_handler(self.hang),
+            },
+        )
+
+
+@contextlib.asynccontextmanager
+async def _front_before_upstream() -> AsyncIterator[tuple[int, _Upstream]]:
+    """The port of a native front whose every call but Generate goes to an upstream."""
+    upstream = _Upstream()
+    server = grpc.aio.server()
+    server.add_generic_rpc_handlers((upstream.handler(),))
+    port = server.add_insecure_port("127.0.0.1:0")
+    await server.start()
+    front = grpc_floor_native.NativeFront(_forever, upstream=f"127.0.0.1:{port}")
+    try:
+        yield front.port, upstream
+    finally:
+        front.close()
+        await server.stop(None)
+
+
+def _method(channel: grpc.aio.Channel, name: str) -> Any:
+    """A /test.Echo/ method of `channel`, raw bytes each way."""
+    kinds = {
+        "Chat": channel.stream_stream,
+        "Fail": channel.unary_unary,
+        "Hang": channel.unary_stream,
+    }
+    return kinds[name](f"/test.Echo/{name}")
+
+
+async def test_native_transport_carries_a_stream_of_large_messages_both_ways_to_upstream() -> None:
+    sent = [bytes([i]) * (1 << 20) for i in range(8)]
+
+    async def requests() -> AsyncIterator[bytes]:
+        for message in sent:
+            yield message
+
+    async with (
+        _front_before_upstream() as (port, _),
+        grpc.aio.insecure_channel(f"127.0.0.1:{port}") as channel,
+    ):
+        call = _method(channel, "Chat")(requests(), timeout=60)
+        echoed = [message async for message in call]
+        trailing = await call.trailing_metadata()
+    assert echoed == sent
+    assert ("x-seen", "8") in tuple(trailing)
+
+
+async def test_native_transport_carries_upstreams_refusal_with_its_status_and_metadata() -> None:
+    async with (
+        _front_before_upstream() as (port, _),
+        grpc.aio.insecure_channel(f"127.0.0.1:{port}") as channel,
+    ):
+        with pytest.raises(grpc.aio.AioRpcError) as refused:
+            await _method(channel, "Fail")(b"", timeout=30)
+    assert refused.value.code() == grpc.StatusCode.NOT_FOUND
+    assert refused.value.details() == "no such thing: ü"
+    assert ("x-why", "asked to") in tuple(refused.value.trailing_metadata() or ())
+
+
+async def test_native_transport_carries_the_calls_metadata_to_upstream() -> None:
+    async with (
+        _front_before_upstream() as (port, upstream),
+        grpc.aio.insecure_channel(f"127.0.0.1:{port}") as channel,
+    ):
+        call = _method(channel, "Hang")(b"x", timeout=30, metadata=(("x-rollout-key", "user-7"),))
+        assert await call.read() == b"x"
+        call.cancel()
+    assert upstream.metadata == [("x-rollout-key", "user-7")]
+
+
+async def test_native_transport_cancels_upstreams_call_when_its_client_cancels() -> None:
+    async with (
+        _front_before_upstream() as (port, upstream),
+        grpc.aio.insecure_channel(f"127.0.0.1:{port}") as channel,
+    ):
+        call = _method(channel, "Hang")(b"x")
+        assert await call.read() == b"x"
+        call.cancel()
+        await eventually(upstream.cancelled.is_set, "upstream's handler cancelled")
+
+
+async def test_native_transport_cancels_upstreams_call_when_its_clients_connection_drops() -> None:
+    async with (
+        _front_before_upstream() as (port, upstream),
+        tcp_proxy(port) as proxy,
+        grpc.aio.insecure_channel(proxy.address) as channel,
+    ):
+        call = _method(channel, "Hang")(b"x")
+        assert await call.read() == b"x"
+        proxy.cut()
+        await eventually(upstream.cancelled.is_set, "upstream's handler cancelled")
+
+
+async def test_native_transport_carries_the_deadline_to_upstream() -> None:
+    async with (
+        _front_before_upstream() as (port, upstream),
+        grpc.aio.insecure_channel(f"127.0.0.1:{port}") as channel,
+    ):
+        with pytest.raises(grpc.aio.AioRpcError) as ended:
+            await messages(_method(channel, "Hang")(b"x", timeout=0.5))
+        await eventually(upstream.cancelled.is_set, "upstream's handler cancelled")
+    assert ended.value.code() == grpc.StatusCode.DEADLINE_EXCEEDED
+
+
+async def test_native_transport_refuses_other_methods_unimplemented_without_upstream() -> None:
+    front = grpc_floor_native.NativeFront(_forever)
+    try:
+        async with grpc.aio.insecure_channel(f"127.0.0.1:{front.port}") as channel:
+            with pytest.raises(grpc.aio.AioRpcError) as refused:
+                await pb_grpc.InferenceServiceStub(channel).GetServerInfo(
+                    pb.GetServerInfoRequest(), timeout=30
+                )
+    finally:
+        front.close()
+    assert refused.value.code() == grpc.StatusCode.UNIMPLEMENTED
+    assert refused.value.details() == (
+        "method /loraserve.inference.v1.InferenceService/GetServerInfo is not served here"
+    )
+
+
+async def test_native_transport_answers_unavailable_when_upstream_cannot_be_reached() -> None:
+    with socket.socket() as unused:
+        # Bound and never listening: a port nothing answers on.
+        unused.bind(("127.0.0.1", 0))
+        address = f"127.0.0.1:{unused.getsockname()[1]}"
+        front = grpc_floor_native.NativeFront(_forever, upstream=address)
+        try:
+            async with grpc.aio.insecure_channel(f"127.0.0.1:{front.port}") as channel:
+                with pytest.raises(grpc.aio.AioRpcError) as refused:
+                    await _method(channel, "Fail")(b"", timeout=30)
+        finally:
+            front.close()
+    assert refused.value.code() == grpc.StatusCode.UNAVAILABLE
+    assert (refused.value.details() or "").startswith(f"upstream {address} unreachable")
