@@ -74,7 +74,7 @@ test: lint
 # `native` arm): Debian's packaged crates, so it builds offline; needs root for apt-get.
 # Without it the probe's tests are skipped, saying so.
 NATIVE_CRATES := cargo librust-pyo3-dev librust-h2-dev librust-tokio-dev librust-bytes-dev \
-  librust-http-dev librust-futures-util-dev
+  librust-http-dev librust-futures-util-dev librust-tokio-rustls-dev librust-rustls-pemfile-dev
 native-probe: setup
 	DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends \
 	  $(NATIVE_CRATES) >/dev/null

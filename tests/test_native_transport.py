@@ -6,8 +6,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import re
 import socket
 from collections.abc import AsyncIterator
+from pathlib import Path
 from typing import Any
 
 import grpc
@@ -17,6 +19,7 @@ from bench.front import grpc_floor_native
 from bench.front.grpc_floor_native import Metadata, Write
 from loraserve.inference.v1 import inference_pb2 as pb
 from loraserve.inference.v1 import inference_pb2_grpc as pb_grpc
+from loraserve.testing.certs import CertFiles, make_certs
 from loraserve.testing.processes.tcpproxy import tcp_proxy
 from loraserve.testing.streams import messages
 from loraserve.testing.waiting import eventually
@@ -172,14 +175,17 @@ class _Upstream:
 
 
 @contextlib.asynccontextmanager
-async def _front_before_upstream() -> AsyncIterator[tuple[int, _Upstream]]:
-    """The port of a native front whose every call but Generate goes to an upstream."""
+async def _front_before_upstream(
+    tls: tuple[Path, Path, Path | None] | None = None,
+) -> AsyncIterator[tuple[int, _Upstream]]:
+    """The port of a native front (TLS with `tls`) whose every call but Generate goes to
+    an upstream."""
     upstream = _Upstream()
     server = grpc.aio.server()
     server.add_generic_rpc_handlers((upstream.handler(),))
     port = server.add_insecure_port("127.0.0.1:0")
     await server.start()
-    front = grpc_floor_native.NativeFront(_forever, upstream=f"127.0.0.1:{port}")
+    front = grpc_floor_native.NativeFront(_forever, upstream=f"127.0.0.1:{port}", tls=tls)
     try:
         yield front.port, upstream
     finally:
@@ -302,3 +308,133 @@ async def test_native_transport_answers_unavailable_when_upstream_cannot_be_reac
             front.close()
     assert refused.value.code() == grpc.StatusCode.UNAVAILABLE
     assert (refused.value.details() or "").startswith(f"upstream {address} unreachable")
+
+
+async def _first_text(channel: grpc.aio.Channel) -> str:
+    """The text of a Generate call's first message (the call is then cancelled)."""
+    call = pb_grpc.InferenceServiceStub(channel).Generate(pb.GenerateRequest(), timeout=30)
+    first = await call.read()
+    call.cancel()
+    return str(first.text)
+
+
+def _credentials(certs: CertFiles, *, client_cert: bool) -> grpc.ChannelCredentials:
+    return grpc.ssl_channel_credentials(
+        root_certificates=certs.ca_cert.read_bytes(),
+        private_key=certs.client_key.read_bytes() if client_cert else None,
+        certificate_chain=certs.client_cert.read_bytes() if client_cert else None,
+    )
+
+
+async def test_native_transport_serves_tls_to_a_client_that_trusts_its_ca(tmp_path: Path) -> None:
+    certs = make_certs(tmp_path)
+    front = grpc_floor_native.NativeFront(_forever, tls=(certs.server_cert, certs.server_key, None))
+    try:
+        credentials = _credentials(certs, client_cert=False)
+        async with grpc.aio.secure_channel(f"127.0.0.1:{front.port}", credentials) as channel:
+            assert await _first_text(channel) == "x"
+    finally:
+        front.close()
+
+
+async def test_native_transport_refuses_a_plaintext_client_when_it_serves_tls(
+    tmp_path: Path,
+) -> None:
+    certs = make_certs(tmp_path)
+    front = grpc_floor_native.NativeFront(_forever, tls=(certs.server_cert, certs.server_key, None))
+    try:
+        async with grpc.aio.insecure_channel(f"127.0.0.1:{front.port}") as channel:
+            with pytest.raises(grpc.aio.AioRpcError) as refused:
+                await _first_text(channel)
+    finally:
+        front.close()
+    assert refused.value.code() == grpc.StatusCode.UNAVAILABLE
+
+
+@pytest.mark.parametrize("client_cert", [True, False], ids=["with-cert", "without-cert"])
+async def test_native_transport_with_a_client_ca_serves_only_clients_with_its_certificate(
+    tmp_path: Path, client_cert: bool
+) -> None:
+    certs = make_certs(tmp_path)
+    front = grpc_floor_native.NativeFront(
+        _forever, tls=(certs.server_cert, certs.server_key, certs.ca_cert)
+    )
+    try:
+        credentials = _credentials(certs, client_cert=client_cert)
+        async with grpc.aio.secure_channel(f"127.0.0.1:{front.port}", credentials) as channel:
+            if client_cert:
+                assert await _first_text(channel) == "x"
+            else:
+                with pytest.raises(grpc.aio.AioRpcError) as refused:
+                    await _first_text(channel)
+                assert refused.value.code() == grpc.StatusCode.UNAVAILABLE
+    finally:
+        front.close()
+
+
+async def test_native_transport_carries_calls_to_upstream_over_tls(tmp_path: Path) -> None:
+    certs = make_certs(tmp_path)
+    async with _front_before_upstream(tls=(certs.server_cert, certs.server_key, certs.ca_cert)) as (
+        port,
+        _,
+    ):
+        credentials = _credentials(certs, client_cert=True)
+        async with grpc.aio.secure_channel(f"127.0.0.1:{port}", credentials) as channel:
+            with pytest.raises(grpc.aio.AioRpcError) as refused:
+                await _method(channel, "Fail")(b"", timeout=30)
+    assert refused.value.code() == grpc.StatusCode.NOT_FOUND
+
+
+@pytest.mark.parametrize("broken", ["cert", "key", "client-ca"])
+async def test_native_transport_refuses_a_tls_file_it_cannot_use_naming_it(
+    tmp_path: Path, broken: str
+) -> None:
+    certs = make_certs(tmp_path / "certs")
+    files = {"cert": certs.server_cert, "key": certs.server_key, "client-ca": certs.ca_cert}
+    files[broken] = tmp_path / "not-pem.txt"
+    files[broken].write_text("not a PEM file\n")
+    with pytest.raises(ValueError, match=re.escape(str(files[broken]))):
+        grpc_floor_native.NativeFront(
+            _forever, tls=(files["cert"], files["key"], files["client-ca"])
+        )
+
+
+async def test_native_transport_moves_new_calls_to_a_new_connection_once_one_is_old() -> None:
+    go_on = asyncio.Event()
+
+    async def two_messages(request: bytes, metadata: Metadata, write: Write) -> None:
+        write(pb.GenerateResponse(text="x").SerializeToString())
+        await go_on.wait()
+        write(pb.GenerateResponse(text="y").SerializeToString())
+
+    front = grpc_floor_native.NativeFront(two_messages, max_connection_age_s=0.2)
+    try:
+        async with (
+            tcp_proxy(front.port) as proxy,
+            grpc.aio.insecure_channel(proxy.address) as channel,
+        ):
+            stub = pb_grpc.InferenceServiceStub(channel)
+            old = stub.Generate(pb.GenerateRequest(), timeout=60)
+            assert (await old.read()).text == "x"
+
+            async def on_a_new_connection() -> bool:
+                # Refused UNIMPLEMENTED (no upstream): what counts is the connection it took.
+                with contextlib.suppress(grpc.aio.AioRpcError):
+                    await stub.GetServerInfo(pb.GetServerInfoRequest(), timeout=10)
+                return proxy.connections >= 2
+
+            await eventually(on_a_new_connection, "a call on a new connection")
+            go_on.set()
+            last = await old.read()
+            ended = await old.read()
+            code = await old.code()
+    finally:
+        front.close()
+    assert last.text == "y"
+    assert ended is grpc.aio.EOF
+    assert code == grpc.StatusCode.OK
+
+
+async def test_native_transport_refuses_a_max_connection_age_that_is_not_positive() -> None:
+    with pytest.raises(ValueError, match="max_connection_age_s must be a positive number"):
+        grpc_floor_native.NativeFront(_forever, max_connection_age_s=0.0)

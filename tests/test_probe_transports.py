@@ -20,7 +20,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from bench.front import grpc_floor_native, native_front
 from bench.front.grpclib_front import serve_generate
-from loraserve.common.rpc.security import ServerSecurity, Token, TokenAuth
+from loraserve.common.rpc.security import ServerSecurity, Token
 from loraserve.inference.v1 import inference_pb2 as pb
 from loraserve.inference.v1 import inference_pb2_grpc as pb_grpc
 from loraserve.testing.adapters.models import TinyAdapterFactory
@@ -296,8 +296,8 @@ async def test_native_generate_with_auth_refuses_a_call_without_a_valid_token(
     refusal: str,
 ) -> None:
     running, _ = served_natively
-    auth = TokenAuth(ServerSecurity(reader_tokens=(Token("team", "s3cret"),)), ())
-    front = native_front.serve_generate(running.app.runtime_ref, auth=auth)
+    security = ServerSecurity(reader_tokens=(Token("team", "s3cret"),))
+    front = native_front.serve_generate(running.app.runtime_ref, security=security)
     try:
         async with grpc.aio.insecure_channel(f"127.0.0.1:{front.port}") as channel:
             stub = pb_grpc.InferenceServiceStub(channel)

@@ -37,9 +37,25 @@ _INTERNAL = grpc.StatusCode.INTERNAL.value[0]
 UNBUILDABLE = "the native probe needs cargo and Debian's crates (bench/front/native/README.md)"
 
 
+# The crates Cargo.toml names, as Debian's registry holds them (`make native-probe`).
+CRATES = (
+    "bytes-1.",
+    "futures-util-0.3.",
+    "h2-0.3.",
+    "http-0.2.",
+    "pyo3-0.17.",
+    "rustls-pemfile-1.",
+    "tokio-1.",
+    "tokio-rustls-0.23.",
+)
+
+
 def buildable() -> bool:
     """Whether `build` can work here: cargo, and Debian's crates."""
-    return shutil.which("cargo") is not None and any(Path(DEBIAN_CRATES).glob("h2-0.3.*"))
+    registry = Path(DEBIAN_CRATES)
+    return shutil.which("cargo") is not None and all(
+        any(registry.glob(f"{crate}*")) for crate in CRATES
+    )
 
 
 def build() -> Path:
@@ -105,6 +121,10 @@ class NativeFront:
 
     The handler serves calls to `path` (Generate); the server carries every other call to
     the gRPC server at `upstream` ("host:port"), or refuses it UNIMPLEMENTED without one.
+    With `tls` (certificate chain, key and client CA PEM files, the CA optional) it serves
+    TLS, mTLS with a client CA; a file it cannot use raises ValueError naming it. With
+    `max_connection_age_s`, each connection is asked to close (GOAWAY, the age jittered by
+    10 % as grpc core does) once that old: its calls finish on it, new ones come on another.
     """
 
     def __init__(
@@ -115,11 +135,18 @@ class NativeFront:
         *,
         path: str = GENERATE,
         upstream: str | None = None,
+        tls: tuple[Path, Path, Path | None] | None = None,
+        max_connection_age_s: float | None = None,
     ) -> None:
         self._handler, self._status = handler, status
+        files = None if tls is None else tuple(None if f is None else str(f) for f in tls)
         self._doorbell, writer = os.pipe()
+        try:
+            self._server = load().Server(writer, port, path, upstream, files, max_connection_age_s)
+        except BaseException:
+            os.close(self._doorbell)
+            raise
         os.set_blocking(self._doorbell, False)
-        self._server = load().Server(writer, port, path, upstream)
         self._loop = asyncio.get_running_loop()
         # (call, serialized message), or (call, None) to end the call with status OK.
         self._pending: list[tuple[int, bytes | None]] = []

@@ -3,7 +3,7 @@ generation path: the grpc.aio servicer's translation (`_command`, `_response`), 
 runtime and generator, Rust's h2 for the wire. bench/front/grpclib_front.py serves it
 beside `inference serve` with `--native-port`; bench/front/stream_probe.py's `native` arm
 streams from it; with `upstream` its port serves the service's other RPCs, health and
-reflection too, carried to the grpc.aio server. A probe, not a server to ship: no TLS. A
+reflection too, carried to the grpc.aio server. A probe, not a server to ship. A
 call its client cancels or drops, or whose `grpc-timeout` runs out, has its task cancelled,
 which aborts its engine request as over grpc.aio.
 
@@ -31,7 +31,7 @@ from typing import Any
 
 from bench.front.grpc_floor_native import Metadata, NativeFront, Write, streaming
 from loraserve.common.errors import InvalidArgument, LoraserveError, Unavailable
-from loraserve.common.rpc.security import TokenAuth, current_principal
+from loraserve.common.rpc.security import ServerSecurity, TokenAuth, current_principal
 from loraserve.inference.adapters import ROLLOUT_KEY_HEADER, Lease
 from loraserve.inference.engine import SamplingSpec
 from loraserve.inference.engine.vllm_engine import _failed, _lora_request
@@ -57,13 +57,20 @@ def serve_generate(
     runtime_ref: RuntimeRef,
     port: int = 0,
     pushed: bool = False,
-    auth: TokenAuth | None = None,
+    security: ServerSecurity | None = None,
     upstream: str | None = None,
+    max_connection_age_s: float | None = None,
 ) -> NativeFront:
     """A listening native Generate on 127.0.0.1:`port` (0: ephemeral; see `.port`); with
-    `pushed`, the engine's outputs become messages in vLLM's output handler; with `auth`,
-    a call needs a bearer token, as the grpc.aio server's guard asks for Generate; with
-    `upstream` (the grpc.aio server's "host:port"), every other call is carried there."""
+    `pushed`, the engine's outputs become messages in vLLM's output handler. `security`
+    is the grpc.aio server's: its tokens (a call needs one, as that server's guard asks
+    for Generate) and its TLS files. With `upstream` (the grpc.aio server's "host:port"),
+    every other call is carried there; `max_connection_age_s` is the server's too."""
+    security = security or ServerSecurity()
+    auth = TokenAuth(security, ()) if security.auth_enabled else None
+    tls = None
+    if security.tls_cert_file is not None and security.tls_key_file is not None:
+        tls = (security.tls_cert_file, security.tls_key_file, security.tls_client_ca_file)
 
     async def messages(request: bytes, metadata: Metadata) -> AsyncIterator[bytes]:
         if auth is not None:
@@ -81,13 +88,27 @@ def serve_generate(
 
     handler = streaming(messages)
     if not pushed:
-        return NativeFront(handler, _status, port, upstream=upstream)
+        return NativeFront(
+            handler,
+            _status,
+            port,
+            upstream=upstream,
+            tls=tls,
+            max_connection_age_s=max_connection_age_s,
+        )
 
     async def pushing(request: bytes, metadata: Metadata, write: Write) -> None:
         _WRITE.set(write)
         await handler(request, metadata, write)
 
-    return NativeFront(pushing, _status, port, upstream=upstream)
+    return NativeFront(
+        pushing,
+        _status,
+        port,
+        upstream=upstream,
+        tls=tls,
+        max_connection_age_s=max_connection_age_s,
+    )
 
 
 def _pushed(generator: Generator) -> Generator:

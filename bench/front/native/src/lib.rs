@@ -24,6 +24,7 @@
 //! Builds with Debian 12's own toolchain (rustc 1.63) as well as newer ones.
 
 mod proxy;
+mod tls;
 mod wire;
 
 use std::collections::HashMap;
@@ -34,17 +35,23 @@ use std::os::unix::io::FromRawFd;
 use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll, Wake, Waker};
 use std::thread;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use bytes::{BufMut, Bytes, BytesMut};
 use h2::SendStream;
 use http::Response;
-use pyo3::exceptions::PyOSError;
+use pyo3::exceptions::{PyOSError, PyValueError};
 use pyo3::prelude::*;
 use pyo3::types::PyBytes;
-use tokio::net::{TcpListener, TcpStream};
+use tokio::io::{AsyncRead, AsyncWrite};
+use tokio::net::TcpListener;
 use tokio::sync::mpsc::{unbounded_channel, UnboundedReceiver, UnboundedSender};
 use tokio::sync::{oneshot, Notify};
 use tokio::time::Instant;
+use tokio_rustls::TlsAcceptor;
+
+/// How long a client has to finish its TLS handshake.
+const TLS_HANDSHAKE: Duration = Duration::from_secs(20);
 
 /// What Python hands a call: a framed message, or its end with a gRPC status.
 enum Message {
@@ -103,6 +110,8 @@ struct Calls {
     /// The path of the method served here; every other goes to `upstream`.
     path: String,
     upstream: Option<Arc<proxy::Upstream>>,
+    /// How old a connection may get before it is asked to close.
+    max_connection_age: Option<Duration>,
     /// Stops the server: its thread ends, dropping every connection.
     closed: Notify,
 }
@@ -146,9 +155,31 @@ impl Server {
     /// Listens on 127.0.0.1:`port` (0: an ephemeral port) and writes a byte to
     /// `doorbell_fd` whenever calls wait to be taken. Calls to `path` are served here;
     /// every other call goes to the gRPC server at `upstream` ("host:port"), or is
-    /// refused UNIMPLEMENTED without one.
+    /// refused UNIMPLEMENTED without one. With `tls` (certificate chain, key and client
+    /// CA PEM files, the CA optional), connections are TLS, mTLS with the CA. With
+    /// `max_connection_age_s`, each connection is asked to close (GOAWAY) once that old.
     #[new]
-    fn new(doorbell_fd: i32, port: u16, path: String, upstream: Option<String>) -> PyResult<Self> {
+    fn new(
+        doorbell_fd: i32,
+        port: u16,
+        path: String,
+        upstream: Option<String>,
+        tls: Option<(String, String, Option<String>)>,
+        max_connection_age_s: Option<f64>,
+    ) -> PyResult<Self> {
+        if let Some(age) = max_connection_age_s {
+            if !(age.is_finite() && age > 0.0) {
+                let text =
+                    format!("max_connection_age_s must be a positive number of seconds, not {age}");
+                return Err(PyValueError::new_err(text));
+            }
+        }
+        let tls = match tls {
+            Some((cert, key, client_ca)) => Some(
+                tls::acceptor(&cert, &key, client_ca.as_deref()).map_err(PyValueError::new_err)?,
+            ),
+            None => None,
+        };
         let std_listener = std::net::TcpListener::bind(SocketAddr::from(([127, 0, 0, 1], port)))?;
         std_listener.set_nonblocking(true)?;
         let port = std_listener.local_addr()?.port();
@@ -163,6 +194,7 @@ impl Server {
             streams,
             path,
             upstream: upstream.map(|address| Arc::new(proxy::Upstream::new(address))),
+            max_connection_age: max_connection_age_s.map(Duration::from_secs_f64),
             closed: Notify::new(),
         });
         let runtime = tokio::runtime::Builder::new_current_thread()
@@ -178,7 +210,7 @@ impl Server {
                     let listener = TcpListener::from_std(std_listener).expect("listener");
                     tokio::spawn(dispatch(Arc::clone(&serving), opened));
                     tokio::select! {
-                        _ = accept(listener, Arc::clone(&serving)) => {}
+                        _ = accept(listener, Arc::clone(&serving), tls) => {}
                         _ = serving.closed.notified() => {}
                     }
                 })
@@ -325,7 +357,7 @@ async fn dispatch(calls: Arc<Calls>, mut opened: UnboundedReceiver<Opened>) {
     }
 }
 
-async fn accept(listener: TcpListener, calls: Arc<Calls>) {
+async fn accept(listener: TcpListener, calls: Arc<Calls>, tls: Option<TlsAcceptor>) {
     // Each connection numbers its calls from its own base.
     let mut next_id = 0u64;
     loop {
@@ -334,21 +366,68 @@ async fn accept(listener: TcpListener, calls: Arc<Calls>) {
             Err(_) => continue,
         };
         let _ = socket.set_nodelay(true);
-        tokio::spawn(connection(socket, Arc::clone(&calls), next_id));
+        let calls = Arc::clone(&calls);
+        match &tls {
+            Some(acceptor) => {
+                let handshake = acceptor.accept(socket);
+                tokio::spawn(async move {
+                    // A client that never finishes its handshake holds nothing for long.
+                    if let Ok(Ok(stream)) = tokio::time::timeout(TLS_HANDSHAKE, handshake).await {
+                        connection(stream, calls, next_id).await;
+                    }
+                });
+            }
+            None => {
+                tokio::spawn(connection(socket, calls, next_id));
+            }
+        }
         next_id += 1 << 32;
     }
 }
 
-async fn connection(socket: TcpStream, calls: Arc<Calls>, mut next_id: u64) {
+async fn connection<T>(socket: T, calls: Arc<Calls>, mut next_id: u64)
+where
+    T: AsyncRead + AsyncWrite + Unpin,
+{
     let mut conn = match h2::server::handshake(socket).await {
         Ok(conn) => conn,
         Err(_) => return,
     };
-    while let Some(Ok((request, respond))) = conn.accept().await {
-        let id = next_id;
-        next_id += 1;
-        tokio::spawn(call(id, request, respond, Arc::clone(&calls)));
+    let aged = async {
+        match calls.max_connection_age {
+            Some(age) => tokio::time::sleep(jittered(age)).await,
+            None => std::future::pending().await,
+        }
+    };
+    tokio::pin!(aged);
+    let mut closing = false;
+    loop {
+        tokio::select! {
+            accepted = conn.accept() => match accepted {
+                Some(Ok((request, respond))) => {
+                    let id = next_id;
+                    next_id += 1;
+                    tokio::spawn(call(id, request, respond, Arc::clone(&calls)));
+                }
+                _ => return,
+            },
+            // GOAWAY: the calls on it finish, new ones come on a new connection, for which
+            // a client resolves its target again.
+            _ = &mut aged, if !closing => {
+                conn.graceful_shutdown();
+                closing = true;
+            }
+        }
     }
+}
+
+/// `age` give or take 10 %, as grpc core jitters it, so that connections made together
+/// do not all close together.
+fn jittered(age: Duration) -> Duration {
+    let nanos = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |t| t.subsec_nanos());
+    age.mul_f64(0.9 + f64::from(nanos % 1000) / 5000.0)
 }
 
 async fn call(
