@@ -17,6 +17,7 @@ import pytest
 
 from bench.front import grpc_floor_native
 from bench.front.grpc_floor_native import Metadata, Write
+from loraserve.common.config.sizes import MESSAGE_LIMIT
 from loraserve.inference.v1 import inference_pb2 as pb
 from loraserve.inference.v1 import inference_pb2_grpc as pb_grpc
 from loraserve.testing.certs import CertFiles, make_certs
@@ -438,3 +439,109 @@ async def test_native_transport_moves_new_calls_to_a_new_connection_once_one_is_
 async def test_native_transport_refuses_a_max_connection_age_that_is_not_positive() -> None:
     with pytest.raises(ValueError, match="max_connection_age_s must be a positive number"):
         grpc_floor_native.NativeFront(_forever, max_connection_age_s=0.0)
+
+
+async def test_native_transport_refuses_a_request_over_the_message_limit() -> None:
+    seen: list[bytes] = []
+
+    async def handler(request: bytes, metadata: Metadata, write: Write) -> None:
+        seen.append(request)
+
+    front = grpc_floor_native.NativeFront(handler)
+    try:
+        async with grpc.aio.insecure_channel(f"127.0.0.1:{front.port}") as channel:
+            stub = pb_grpc.InferenceServiceStub(channel)
+            too_large = pb.GenerateRequest(text="a" * (MESSAGE_LIMIT + 1))
+            with pytest.raises(grpc.aio.AioRpcError) as refused:
+                await messages(stub.Generate(too_large, timeout=60))
+            at_the_limit = pb.GenerateRequest(text="a" * (MESSAGE_LIMIT - 16))
+            assert await messages(stub.Generate(at_the_limit, timeout=60)) == []
+    finally:
+        front.close()
+    assert refused.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+    assert refused.value.details() == (
+        f"the request is larger than the limit of {MESSAGE_LIMIT} bytes"
+    )
+    assert [len(request) for request in seen] == [at_the_limit.ByteSize()]
+
+
+async def test_native_transport_refuses_a_compressed_request_unimplemented() -> None:
+    front = grpc_floor_native.NativeFront(_forever)
+    try:
+        async with grpc.aio.insecure_channel(
+            f"127.0.0.1:{front.port}", compression=grpc.Compression.Gzip
+        ) as channel:
+            stub = pb_grpc.InferenceServiceStub(channel)
+            # grpc core sends an empty message uncompressed: this one is not empty.
+            request = pb.GenerateRequest(text="compress me " * 100)
+            with pytest.raises(grpc.aio.AioRpcError) as refused:
+                await messages(stub.Generate(request, timeout=30))
+    finally:
+        front.close()
+    assert refused.value.code() == grpc.StatusCode.UNIMPLEMENTED
+    assert "compressed requests are not supported" in (refused.value.details() or "")
+
+
+@contextlib.asynccontextmanager
+async def _front_holding_calls() -> AsyncIterator[
+    tuple[grpc_floor_native.NativeFront, asyncio.Event, asyncio.Event]
+]:
+    """A native front whose calls write "x", wait for the first event, then write "y";
+    the second event is set once a call has been cancelled."""
+    go_on, cancelled = asyncio.Event(), asyncio.Event()
+
+    async def handler(request: bytes, metadata: Metadata, write: Write) -> None:
+        write(pb.GenerateResponse(text="x").SerializeToString())
+        try:
+            await go_on.wait()
+        except asyncio.CancelledError:
+            cancelled.set()
+            raise
+        write(pb.GenerateResponse(text="y").SerializeToString())
+
+    front = grpc_floor_native.NativeFront(handler)
+    try:
+        yield front, go_on, cancelled
+    finally:
+        front.close()
+
+
+async def _refused(port: int) -> bool:
+    """Whether a call on a fresh connection to `port` is refused."""
+    async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as fresh:
+        try:
+            await _first_text(fresh)
+        except grpc.aio.AioRpcError as e:
+            return e.code() == grpc.StatusCode.UNAVAILABLE
+    return False
+
+
+async def test_native_transport_stopping_refuses_new_calls_and_lets_running_ones_finish() -> None:
+    async with (
+        _front_holding_calls() as (front, go_on, _),
+        grpc.aio.insecure_channel(f"127.0.0.1:{front.port}") as channel,
+    ):
+        call = pb_grpc.InferenceServiceStub(channel).Generate(pb.GenerateRequest(), timeout=60)
+        assert (await call.read()).text == "x"
+        stopping = asyncio.create_task(front.stop(30))
+        await eventually(lambda: _refused(front.port), "a new connection refused")
+        go_on.set()
+        last = await call.read()
+        assert await call.read() is grpc.aio.EOF
+        assert await call.code() == grpc.StatusCode.OK
+        await stopping
+    assert last.text == "y"
+
+
+async def test_native_transport_stopping_cancels_what_is_still_running_after_the_grace() -> None:
+    async with (
+        _front_holding_calls() as (front, _, cancelled),
+        grpc.aio.insecure_channel(f"127.0.0.1:{front.port}") as channel,
+    ):
+        call = pb_grpc.InferenceServiceStub(channel).Generate(pb.GenerateRequest(), timeout=60)
+        assert (await call.read()).text == "x"
+        await front.stop(0.2)
+        assert cancelled.is_set()
+        with pytest.raises(grpc.aio.AioRpcError) as ended:
+            await call.read()
+    assert ended.value.code() != grpc.StatusCode.OK

@@ -336,3 +336,15 @@ async def test_native_transport_serves_the_services_other_rpcs_and_health_on_its
     assert adapters == await running.stub.ListAdapters(pb.ListAdaptersRequest(), timeout=30)
     assert health.status == health_pb2.HealthCheckResponse.SERVING
     assert sum(len(message.token_ids) for message in answered) == 4
+
+
+async def test_native_generate_refuses_a_request_that_is_not_a_generate_request(
+    served_natively: tuple[RunningInference, int],
+) -> None:
+    _, port = served_natively
+    async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as channel:
+        generate: Any = channel.unary_stream("/loraserve.inference.v1.InferenceService/Generate")
+        with pytest.raises(grpc.aio.AioRpcError) as refused:
+            await messages(generate(b"\xff\xff\xff", timeout=30))
+    assert refused.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert (refused.value.details() or "").startswith("the request is not a GenerateRequest")

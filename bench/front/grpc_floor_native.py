@@ -24,6 +24,7 @@ from types import ModuleType
 import grpc
 
 from bench.front.grpc_floor_servers import GENERATE, AioServicer, LoopTicker, Shape
+from loraserve.common.config.sizes import MESSAGE_LIMIT
 
 log = logging.getLogger(__name__)
 
@@ -125,6 +126,7 @@ class NativeFront:
     TLS, mTLS with a client CA; a file it cannot use raises ValueError naming it. With
     `max_connection_age_s`, each connection is asked to close (GOAWAY, the age jittered by
     10 % as grpc core does) once that old: its calls finish on it, new ones come on another.
+    A request over the services' MESSAGE_LIMIT is refused RESOURCE_EXHAUSTED, as theirs is.
     """
 
     def __init__(
@@ -142,7 +144,9 @@ class NativeFront:
         files = None if tls is None else tuple(None if f is None else str(f) for f in tls)
         self._doorbell, writer = os.pipe()
         try:
-            self._server = load().Server(writer, port, path, upstream, files, max_connection_age_s)
+            self._server = load().Server(
+                writer, port, path, upstream, files, max_connection_age_s, MESSAGE_LIMIT
+            )
         except BaseException:
             os.close(self._doorbell)
             raise
@@ -157,10 +161,31 @@ class NativeFront:
     def port(self) -> int:
         return int(self._server.port)
 
+    async def stop(self, grace: float | None) -> None:
+        """Stops as grpc.aio's `server.stop(grace)` does: no new connection or call, the
+        calls in flight go on for up to `grace` seconds (None: not at all), then whatever
+        is left is cancelled and every connection dropped."""
+        self._server.shutdown()
+        until = self._loop.time() + (grace or 0.0)
+        if self._tasks and grace:
+            await asyncio.wait(list(self._tasks.values()), timeout=grace)
+        left = list(self._tasks.values())
+        for task in left:
+            task.cancel()
+        await asyncio.gather(*left, return_exceptions=True)
+        self._flush()
+        # What the calls wrote last is still to leave: their connections close once it has.
+        await asyncio.to_thread(self._server.wait_closed, until - self._loop.time())
+        self.close()
+
     def close(self) -> None:
+        """Drops every connection and cancels every call; once, however often called."""
+        if self._doorbell < 0:
+            return
         self._server.close()
         self._loop.remove_reader(self._doorbell)
         os.close(self._doorbell)
+        self._doorbell = -1
         for task in list(self._tasks.values()):
             task.cancel()
 

@@ -29,6 +29,8 @@ import time
 from collections.abc import AsyncGenerator, AsyncIterator
 from typing import Any
 
+from google.protobuf.message import DecodeError
+
 from bench.front.grpc_floor_native import Metadata, NativeFront, Write, streaming
 from loraserve.common.errors import InvalidArgument, LoraserveError, Unavailable
 from loraserve.common.rpc.security import ServerSecurity, TokenAuth, current_principal
@@ -77,7 +79,11 @@ def serve_generate(
             principal, _ = auth.authenticate(metadata)
             current_principal.set(principal)
         rollout_key = next((v for k, v in metadata if k == ROLLOUT_KEY_HEADER), "")
-        command = _command(pb.GenerateRequest.FromString(request), rollout_key)
+        try:
+            parsed = pb.GenerateRequest.FromString(request)
+        except DecodeError as exc:
+            raise InvalidArgument(f"the request is not a GenerateRequest: {exc}") from exc
+        command = _command(parsed, rollout_key)
         generator = runtime_ref.get().generator
         if pushed:
             generator = _pushed(generator)

@@ -32,7 +32,7 @@ use std::io::Write;
 use std::mem;
 use std::net::SocketAddr;
 use std::os::unix::io::FromRawFd;
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Condvar, Mutex};
 use std::task::{Context, Poll, Wake, Waker};
 use std::thread;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
@@ -46,7 +46,7 @@ use pyo3::types::PyBytes;
 use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::net::TcpListener;
 use tokio::sync::mpsc::{unbounded_channel, UnboundedReceiver, UnboundedSender};
-use tokio::sync::{oneshot, Notify};
+use tokio::sync::{oneshot, watch, Notify};
 use tokio::time::Instant;
 use tokio_rustls::TlsAcceptor;
 
@@ -59,7 +59,8 @@ enum Message {
     End(u32, String),
 }
 
-/// A call whose request has arrived: its id, request message and metadata.
+/// A call whose request has arrived: its id, request message (without gRPC's prefix)
+/// and metadata.
 struct Arrived {
     id: u64,
     request: Bytes,
@@ -110,8 +111,15 @@ struct Calls {
     /// The path of the method served here; every other goes to `upstream`.
     path: String,
     upstream: Option<Arc<proxy::Upstream>>,
+    /// The largest request message taken, in bytes.
+    max_message: usize,
     /// How old a connection may get before it is asked to close.
     max_connection_age: Option<Duration>,
+    /// Set by `shutdown`: no new connection, and GOAWAY on every one.
+    stopping: watch::Sender<bool>,
+    /// Connections open now, and a signal each time one closes.
+    connections: Mutex<usize>,
+    connection_closed: Condvar,
     /// Stops the server: its thread ends, dropping every connection.
     closed: Notify,
 }
@@ -158,6 +166,7 @@ impl Server {
     /// refused UNIMPLEMENTED without one. With `tls` (certificate chain, key and client
     /// CA PEM files, the CA optional), connections are TLS, mTLS with the CA. With
     /// `max_connection_age_s`, each connection is asked to close (GOAWAY) once that old.
+    /// A request larger than `max_message` bytes is refused RESOURCE_EXHAUSTED.
     #[new]
     fn new(
         doorbell_fd: i32,
@@ -166,6 +175,7 @@ impl Server {
         upstream: Option<String>,
         tls: Option<(String, String, Option<String>)>,
         max_connection_age_s: Option<f64>,
+        max_message: usize,
     ) -> PyResult<Self> {
         if let Some(age) = max_connection_age_s {
             if !(age.is_finite() && age > 0.0) {
@@ -195,6 +205,10 @@ impl Server {
             path,
             upstream: upstream.map(|address| Arc::new(proxy::Upstream::new(address))),
             max_connection_age: max_connection_age_s.map(Duration::from_secs_f64),
+            max_message,
+            stopping: watch::channel(false).0,
+            connections: Mutex::new(0),
+            connection_closed: Condvar::new(),
             closed: Notify::new(),
         });
         let runtime = tokio::runtime::Builder::new_current_thread()
@@ -209,10 +223,9 @@ impl Server {
                 runtime.block_on(async move {
                     let listener = TcpListener::from_std(std_listener).expect("listener");
                     tokio::spawn(dispatch(Arc::clone(&serving), opened));
-                    tokio::select! {
-                        _ = accept(listener, Arc::clone(&serving), tls) => {}
-                        _ = serving.closed.notified() => {}
-                    }
+                    tokio::spawn(accept(listener, Arc::clone(&serving), tls));
+                    // Returning drops the runtime, its connections with it.
+                    serving.closed.notified().await;
                 })
             })?;
         Ok(Server { calls, port })
@@ -227,11 +240,7 @@ impl Server {
         let arrived = inbox
             .arrived
             .into_iter()
-            .map(|a| {
-                // The request's message, without gRPC's 5-byte prefix.
-                let body = a.request.get(5..).unwrap_or_default();
-                (a.id, PyBytes::new(py, body).into(), a.metadata)
-            })
+            .map(|a| (a.id, PyBytes::new(py, &a.request).into(), a.metadata))
             .collect();
         (arrived, inbox.ended)
     }
@@ -258,6 +267,28 @@ impl Server {
             })
             .collect();
         self.calls.post(messages);
+    }
+
+    /// Stops listening and asks every connection to close (GOAWAY): their calls go on
+    /// until they end, new ones are refused.
+    fn shutdown(&self) {
+        self.calls.stopping.send_replace(true);
+    }
+
+    /// Waits, for up to `timeout_s` seconds, until every connection has closed (after
+    /// `shutdown`, once its calls have ended and their last frames are written); whether
+    /// they all have.
+    fn wait_closed(&self, py: Python<'_>, timeout_s: f64) -> bool {
+        let timeout = Duration::from_secs_f64(timeout_s.max(0.0));
+        py.allow_threads(|| {
+            let open = self.calls.connections.lock().unwrap();
+            let (open, _) = self
+                .calls
+                .connection_closed
+                .wait_timeout_while(open, timeout, |open| *open > 0)
+                .unwrap();
+            *open == 0
+        })
     }
 
     /// Stops listening and drops every connection.
@@ -360,17 +391,25 @@ async fn dispatch(calls: Arc<Calls>, mut opened: UnboundedReceiver<Opened>) {
 async fn accept(listener: TcpListener, calls: Arc<Calls>, tls: Option<TlsAcceptor>) {
     // Each connection numbers its calls from its own base.
     let mut next_id = 0u64;
+    let stopping = stopped(&calls);
+    tokio::pin!(stopping);
     loop {
-        let socket = match listener.accept().await {
-            Ok((socket, _)) => socket,
-            Err(_) => continue,
+        let socket = tokio::select! {
+            accepted = listener.accept() => match accepted {
+                Ok((socket, _)) => socket,
+                Err(_) => continue,
+            },
+            // Returning drops the listener: new connections are refused.
+            _ = &mut stopping => return,
         };
         let _ = socket.set_nodelay(true);
+        let counted = Counted::new(Arc::clone(&calls));
         let calls = Arc::clone(&calls);
         match &tls {
             Some(acceptor) => {
                 let handshake = acceptor.accept(socket);
                 tokio::spawn(async move {
+                    let _counted = counted;
                     // A client that never finishes its handshake holds nothing for long.
                     if let Ok(Ok(stream)) = tokio::time::timeout(TLS_HANDSHAKE, handshake).await {
                         connection(stream, calls, next_id).await;
@@ -378,7 +417,10 @@ async fn accept(listener: TcpListener, calls: Arc<Calls>, tls: Option<TlsAccepto
                 });
             }
             None => {
-                tokio::spawn(connection(socket, calls, next_id));
+                tokio::spawn(async move {
+                    let _counted = counted;
+                    connection(socket, calls, next_id).await;
+                });
             }
         }
         next_id += 1 << 32;
@@ -400,6 +442,8 @@ where
         }
     };
     tokio::pin!(aged);
+    let stopping = stopped(&calls);
+    tokio::pin!(stopping);
     let mut closing = false;
     loop {
         tokio::select! {
@@ -417,6 +461,40 @@ where
                 conn.graceful_shutdown();
                 closing = true;
             }
+            _ = &mut stopping, if !closing => {
+                conn.graceful_shutdown();
+                closing = true;
+            }
+        }
+    }
+}
+
+/// A connection counted open from its accept until it is dropped (`wait_closed`).
+struct Counted(Arc<Calls>);
+
+impl Counted {
+    fn new(calls: Arc<Calls>) -> Self {
+        *calls.connections.lock().unwrap() += 1;
+        Counted(calls)
+    }
+}
+
+impl Drop for Counted {
+    fn drop(&mut self) {
+        *self.0.connections.lock().unwrap() -= 1;
+        self.0.connection_closed.notify_all();
+    }
+}
+
+/// Resolves once `shutdown` has been called, before or after it is first polled.
+async fn stopped(calls: &Calls) {
+    let mut stopping = calls.stopping.subscribe();
+    loop {
+        if *stopping.borrow() {
+            return;
+        }
+        if stopping.changed().await.is_err() {
+            return std::future::pending().await;
         }
     }
 }
@@ -460,10 +538,31 @@ async fn call(
         .collect();
     let mut body = request.into_body();
     let mut received = BytesMut::new();
-    while let Some(Ok(chunk)) = body.data().await {
+    while let Some(chunk) = body.data().await {
+        let chunk = match chunk {
+            Ok(chunk) => chunk,
+            // Reset or dropped before its request was whole: nothing to serve.
+            Err(_) => return,
+        };
         let _ = body.flow_control().release_capacity(chunk.len());
         received.extend_from_slice(&chunk);
+        if received.len() > wire::PREFIX + calls.max_message {
+            let text = format!(
+                "the request is larger than the limit of {} bytes",
+                calls.max_message
+            );
+            let refusal = wire::status_response(wire::RESOURCE_EXHAUSTED, &text);
+            let _ = respond.send_response(refusal, true);
+            return;
+        }
     }
+    let request = match wire::one_message(received.freeze()) {
+        Ok(request) => request,
+        Err((code, text)) => {
+            let _ = respond.send_response(wire::status_response(code, &text), true);
+            return;
+        }
+    };
     let response = Response::builder()
         .status(200)
         .header("content-type", "application/grpc")
@@ -493,7 +592,7 @@ async fn call(
     }
     calls.announce(Arrived {
         id,
-        request: received.freeze(),
+        request,
         metadata,
     });
     if let (Some(deadline), Some(stream_released)) = (deadline, stream_released) {

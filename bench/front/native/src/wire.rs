@@ -2,12 +2,39 @@
 
 use std::time::Duration;
 
+use bytes::Bytes;
 use http::{HeaderMap, HeaderValue, Response, StatusCode};
 
 pub const CANCELLED: u32 = 1;
+pub const INVALID_ARGUMENT: u32 = 3;
 pub const DEADLINE_EXCEEDED: u32 = 4;
+pub const RESOURCE_EXHAUSTED: u32 = 8;
 pub const UNIMPLEMENTED: u32 = 12;
 pub const UNAVAILABLE: u32 = 14;
+
+/// A message's prefix on the wire: a compressed flag and a 4-byte length.
+pub const PREFIX: usize = 5;
+
+/// The one message a unary request body holds, or the status refusing the body.
+pub fn one_message(mut body: Bytes) -> Result<Bytes, (u32, String)> {
+    if body.len() < PREFIX {
+        let text = format!("the request holds no message ({} bytes)", body.len());
+        return Err((INVALID_ARGUMENT, text));
+    }
+    if body[0] != 0 {
+        let text = "compressed requests are not supported: send them uncompressed";
+        return Err((UNIMPLEMENTED, text.to_owned()));
+    }
+    let length = u32::from_be_bytes([body[1], body[2], body[3], body[4]]) as usize;
+    if body.len() != PREFIX + length {
+        let text = format!(
+            "the request must be one message: its prefix says {length} bytes, {} followed",
+            body.len() - PREFIX
+        );
+        return Err((INVALID_ARGUMENT, text));
+    }
+    Ok(body.split_off(PREFIX))
+}
 
 pub fn trailers(code: u32, text: &str) -> HeaderMap {
     let mut trailers = HeaderMap::new();
