@@ -177,16 +177,20 @@ class _Upstream:
 
 @contextlib.asynccontextmanager
 async def _front_before_upstream(
-    tls: tuple[Path, Path, Path | None] | None = None,
+    tls: tuple[Path, Path, Path | None] | None = None, socket_path: Path | None = None
 ) -> AsyncIterator[tuple[int, _Upstream]]:
     """The port of a native front (TLS with `tls`) whose every call but Generate goes to
-    an upstream."""
+    an upstream, on loopback TCP or at `socket_path`, a Unix socket."""
     upstream = _Upstream()
     server = grpc.aio.server()
     server.add_generic_rpc_handlers((upstream.handler(),))
-    port = server.add_insecure_port("127.0.0.1:0")
+    if socket_path is None:
+        address = f"127.0.0.1:{server.add_insecure_port('127.0.0.1:0')}"
+    else:
+        address = f"unix:{socket_path}"
+        server.add_insecure_port(address)
     await server.start()
-    front = grpc_floor_native.NativeFront(_forever, upstream=f"127.0.0.1:{port}", tls=tls)
+    front = grpc_floor_native.NativeFront(_forever, upstream=address, tls=tls)
     try:
         yield front.port, upstream
     finally:
@@ -545,3 +549,16 @@ async def test_native_transport_stopping_cancels_what_is_still_running_after_the
         with pytest.raises(grpc.aio.AioRpcError) as ended:
             await call.read()
     assert ended.value.code() != grpc.StatusCode.OK
+
+
+async def test_native_transport_carries_calls_to_an_upstream_on_a_unix_socket(
+    tmp_path: Path,
+) -> None:
+    async with (
+        _front_before_upstream(socket_path=tmp_path / "upstream.sock") as (port, _),
+        grpc.aio.insecure_channel(f"127.0.0.1:{port}") as channel,
+    ):
+        with pytest.raises(grpc.aio.AioRpcError) as refused:
+            await _method(channel, "Fail")(b"", timeout=30)
+    assert refused.value.code() == grpc.StatusCode.NOT_FOUND
+    assert refused.value.details() == "no such thing: ü"

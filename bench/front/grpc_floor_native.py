@@ -120,8 +120,10 @@ class NativeFront:
     its client, its connection gone, past its deadline) has its task cancelled, as
     grpc.aio cancels a handler's.
 
-    The handler serves calls to `path` (Generate); the server carries every other call to
-    the gRPC server at `upstream` ("host:port"), or refuses it UNIMPLEMENTED without one.
+    It listens on `host`:`port` (port 0: an ephemeral one, see `.port`). The handler
+    serves calls to `path` (Generate); the server carries every other call to the gRPC
+    server at `upstream` ("host:port", or "unix:PATH" for a Unix socket, which keeps that
+    server off the network), or refuses it UNIMPLEMENTED without one.
     With `tls` (certificate chain, key and client CA PEM files, the CA optional) it serves
     TLS, mTLS with a client CA; a file it cannot use raises ValueError naming it. With
     `max_connection_age_s`, each connection is asked to close (GOAWAY, the age jittered by
@@ -135,6 +137,7 @@ class NativeFront:
         status: Status = lambda _: None,
         port: int = 0,
         *,
+        host: str = "127.0.0.1",
         path: str = GENERATE,
         upstream: str | None = None,
         tls: tuple[Path, Path, Path | None] | None = None,
@@ -145,7 +148,7 @@ class NativeFront:
         self._doorbell, writer = os.pipe()
         try:
             self._server = load().Server(
-                writer, port, path, upstream, files, max_connection_age_s, MESSAGE_LIMIT
+                writer, host, port, path, upstream, files, max_connection_age_s, MESSAGE_LIMIT
             )
         except BaseException:
             os.close(self._doorbell)

@@ -30,7 +30,6 @@ mod wire;
 use std::collections::HashMap;
 use std::io::Write;
 use std::mem;
-use std::net::SocketAddr;
 use std::os::unix::io::FromRawFd;
 use std::sync::{Arc, Condvar, Mutex};
 use std::task::{Context, Poll, Wake, Waker};
@@ -160,16 +159,17 @@ struct Server {
 
 #[pymethods]
 impl Server {
-    /// Listens on 127.0.0.1:`port` (0: an ephemeral port) and writes a byte to
+    /// Listens on `host`:`port` (0: an ephemeral port) and writes a byte to
     /// `doorbell_fd` whenever calls wait to be taken. Calls to `path` are served here;
-    /// every other call goes to the gRPC server at `upstream` ("host:port"), or is
-    /// refused UNIMPLEMENTED without one. With `tls` (certificate chain, key and client
+    /// every other call goes to the gRPC server at `upstream` ("host:port", or
+    /// "unix:PATH"), or is refused UNIMPLEMENTED without one. With `tls` (certificate chain, key and client
     /// CA PEM files, the CA optional), connections are TLS, mTLS with the CA. With
     /// `max_connection_age_s`, each connection is asked to close (GOAWAY) once that old.
     /// A request larger than `max_message` bytes is refused RESOURCE_EXHAUSTED.
     #[new]
     fn new(
         doorbell_fd: i32,
+        host: String,
         port: u16,
         path: String,
         upstream: Option<String>,
@@ -190,7 +190,7 @@ impl Server {
             ),
             None => None,
         };
-        let std_listener = std::net::TcpListener::bind(SocketAddr::from(([127, 0, 0, 1], port)))?;
+        let std_listener = std::net::TcpListener::bind((host.as_str(), port))?;
         std_listener.set_nonblocking(true)?;
         let port = std_listener.local_addr()?.port();
         let (streams, opened) = unbounded_channel();

@@ -15,13 +15,15 @@ use h2::client::SendRequest;
 use h2::server::SendResponse;
 use h2::{RecvStream, SendStream};
 use http::{Request, Response};
-use tokio::net::TcpStream;
+use tokio::io::{AsyncRead, AsyncWrite};
+use tokio::net::{TcpStream, UnixStream};
 use tokio::sync::Mutex;
 
 use crate::wire;
 
-/// One HTTP/2 connection to upstream, shared by every proxied call, made again when it
-/// has gone.
+/// One HTTP/2 connection to upstream ("host:port", or "unix:PATH" for a Unix socket, which
+/// keeps the upstream server off the network), shared by every proxied call, made again
+/// when it has gone.
 pub struct Upstream {
     address: String,
     connection: Mutex<Option<SendRequest<Bytes>>>,
@@ -36,17 +38,27 @@ impl Upstream {
     }
 
     async fn connect(&self) -> Result<SendRequest<Bytes>, String> {
-        let socket = TcpStream::connect(&self.address)
-            .await
-            .map_err(|e| e.to_string())?;
-        let _ = socket.set_nodelay(true);
-        let (sender, connection) = h2::client::handshake(socket)
-            .await
-            .map_err(|e| e.to_string())?;
-        tokio::spawn(async move {
-            let _ = connection.await;
-        });
-        Ok(sender)
+        match self.address.strip_prefix("unix:") {
+            Some(path) => {
+                handshake(UnixStream::connect(path).await.map_err(|e| e.to_string())?).await
+            }
+            None => {
+                let socket = TcpStream::connect(&self.address)
+                    .await
+                    .map_err(|e| e.to_string())?;
+                let _ = socket.set_nodelay(true);
+                handshake(socket).await
+            }
+        }
+    }
+
+    /// The authority of requests carried there.
+    fn authority(&self) -> &str {
+        if self.address.starts_with("unix:") {
+            "localhost"
+        } else {
+            &self.address
+        }
     }
 
     /// A sender ready for one more stream.
@@ -61,6 +73,19 @@ impl Upstream {
         *connection = Some(sender.clone());
         sender.ready().await.map_err(|e| e.to_string())
     }
+}
+
+async fn handshake<T>(socket: T) -> Result<SendRequest<Bytes>, String>
+where
+    T: AsyncRead + AsyncWrite + Unpin + Send + 'static,
+{
+    let (sender, connection) = h2::client::handshake(socket)
+        .await
+        .map_err(|e| e.to_string())?;
+    tokio::spawn(async move {
+        let _ = connection.await;
+    });
+    Ok(sender)
 }
 
 /// Carries one call to upstream and its response back; what it cannot carry ends the
@@ -81,7 +106,7 @@ pub async fn proxy(
     };
     let uri = format!(
         "http://{}{}",
-        upstream.address,
+        upstream.authority(),
         parts.uri.path_and_query().map_or("/", |p| p.as_str())
     );
     let mut forwarded = Request::builder().method(parts.method).uri(uri);
