@@ -13,10 +13,14 @@ from pathlib import Path
 from typing import Any
 
 import grpc
+import h2.config
+import h2.connection
+import h2.events
 import pytest
 
 from bench.front import grpc_floor_native
 from bench.front.grpc_floor_native import Metadata, Write
+from bench.front.grpc_floor_servers import GENERATE
 from loraserve.common.config.sizes import MESSAGE_LIMIT
 from loraserve.inference.v1 import inference_pb2 as pb
 from loraserve.inference.v1 import inference_pb2_grpc as pb_grpc
@@ -97,18 +101,6 @@ async def test_native_transport_cancels_the_handler_of_a_call_whose_connection_d
         await eventually(cancelled.is_set, "the handler cancelled")
 
 
-async def test_native_transport_ends_a_call_past_its_deadline_and_cancels_its_handler() -> None:
-    async with (
-        _front_watching_cancels() as (port, cancelled),
-        grpc.aio.insecure_channel(f"127.0.0.1:{port}") as channel,
-    ):
-        call = pb_grpc.InferenceServiceStub(channel).Generate(pb.GenerateRequest(), timeout=0.2)
-        with pytest.raises(grpc.aio.AioRpcError) as ended:
-            await messages(call)
-        await eventually(cancelled.is_set, "the handler cancelled")
-    assert ended.value.code() == grpc.StatusCode.DEADLINE_EXCEEDED
-
-
 async def test_native_transport_hands_its_handler_the_metadata_less_transport_headers() -> None:
     seen: list[Metadata] = []
 
@@ -136,8 +128,10 @@ class _Upstream:
     service's own server behind the native transport."""
 
     def __init__(self) -> None:
+        self.started = asyncio.Event()
         self.cancelled = asyncio.Event()
         self.metadata: list[tuple[str, str]] = []
+        self.server: grpc.aio.Server | None = None
 
     async def chat(
         self, requests: AsyncIterator[bytes], context: grpc.aio.ServicerContext[bytes, bytes]
@@ -164,6 +158,28 @@ class _Upstream:
             self.cancelled.set()
             raise
 
+    async def sleep(self, request: bytes, context: grpc.aio.ServicerContext[bytes, bytes]) -> bytes:
+        self.started.set()
+        try:
+            await asyncio.Event().wait()
+        except asyncio.CancelledError:
+            self.cancelled.set()
+            raise
+        return request
+
+    async def flood(
+        self, request: bytes, context: grpc.aio.ServicerContext[bytes, bytes]
+    ) -> AsyncIterator[bytes]:
+        for i in range(2000):
+            yield bytes([i % 256]) * (64 << 10)
+
+    async def refuse_early(
+        self, requests: AsyncIterator[bytes], context: grpc.aio.ServicerContext[bytes, bytes]
+    ) -> AsyncIterator[bytes]:
+        async for _ in requests:
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "no thanks")
+        yield b""
+
     def handler(self) -> grpc.GenericRpcHandler:
         return grpc.method_handlers_generic_handler(
             "test.Echo",
@@ -171,6 +187,9 @@ class _Upstream:
                 "Chat": grpc.stream_stream_rpc_method_handler(self.chat),
                 "Fail": grpc.unary_unary_rpc_method_handler(self.fail),
                 "Hang": grpc.unary_stream_rpc_method_handler(self.hang),
+                "Sleep": grpc.unary_unary_rpc_method_handler(self.sleep),
+                "Flood": grpc.unary_stream_rpc_method_handler(self.flood),
+                "RefuseEarly": grpc.stream_stream_rpc_method_handler(self.refuse_early),
             },
         )
 
@@ -191,6 +210,7 @@ async def _front_before_upstream(
         server.add_insecure_port(address)
     await server.start()
     front = grpc_floor_native.NativeFront(_forever, upstream=address, tls=tls)
+    upstream.server = server
     try:
         yield front.port, upstream
     finally:
@@ -204,6 +224,9 @@ def _method(channel: grpc.aio.Channel, name: str) -> Any:
         "Chat": channel.stream_stream,
         "Fail": channel.unary_unary,
         "Hang": channel.unary_stream,
+        "Sleep": channel.unary_unary,
+        "Flood": channel.unary_stream,
+        "RefuseEarly": channel.stream_stream,
     }
     return kinds[name](f"/test.Echo/{name}")
 
@@ -273,14 +296,15 @@ async def test_native_transport_cancels_upstreams_call_when_its_clients_connecti
 
 
 async def test_native_transport_carries_the_deadline_to_upstream() -> None:
-    async with (
-        _front_before_upstream() as (port, upstream),
-        grpc.aio.insecure_channel(f"127.0.0.1:{port}") as channel,
-    ):
-        with pytest.raises(grpc.aio.AioRpcError) as ended:
-            await messages(_method(channel, "Hang")(b"x", timeout=0.5))
-        await eventually(upstream.cancelled.is_set, "upstream's handler cancelled")
-    assert ended.value.code() == grpc.StatusCode.DEADLINE_EXCEEDED
+    async with _front_before_upstream() as (port, upstream):
+        client = await asyncio.to_thread(_RawClient, port)
+        try:
+            stream = client.call("/test.Echo/Hang", ("grpc-timeout", "500m"))
+            trailers = await asyncio.to_thread(client.trailers, stream)
+            await eventually(upstream.cancelled.is_set, "upstream's handler cancelled")
+        finally:
+            client.close()
+    assert trailers[b"grpc-status"] == b"4"
 
 
 async def test_native_transport_refuses_other_methods_unimplemented_without_upstream() -> None:
@@ -440,9 +464,10 @@ async def test_native_transport_moves_new_calls_to_a_new_connection_once_one_is_
     assert code == grpc.StatusCode.OK
 
 
-async def test_native_transport_refuses_a_max_connection_age_that_is_not_positive() -> None:
-    with pytest.raises(ValueError, match="max_connection_age_s must be a positive number"):
-        grpc_floor_native.NativeFront(_forever, max_connection_age_s=0.0)
+@pytest.mark.parametrize("age", [-1.0, float("inf"), float("nan")])
+async def test_native_transport_refuses_a_max_connection_age_it_cannot_keep(age: float) -> None:
+    with pytest.raises(ValueError, match="max_connection_age_s must be seconds in"):
+        grpc_floor_native.NativeFront(_forever, max_connection_age_s=age)
 
 
 async def test_native_transport_refuses_a_request_over_the_message_limit() -> None:
@@ -548,7 +573,8 @@ async def test_native_transport_stopping_cancels_what_is_still_running_after_the
         assert cancelled.is_set()
         with pytest.raises(grpc.aio.AioRpcError) as ended:
             await call.read()
-    assert ended.value.code() != grpc.StatusCode.OK
+    assert ended.value.code() == grpc.StatusCode.UNAVAILABLE
+    assert ended.value.details() == "the server stopped before the call finished"
 
 
 async def test_native_transport_carries_calls_to_an_upstream_on_a_unix_socket(
@@ -562,3 +588,175 @@ async def test_native_transport_carries_calls_to_an_upstream_on_a_unix_socket(
             await _method(channel, "Fail")(b"", timeout=30)
     assert refused.value.code() == grpc.StatusCode.NOT_FOUND
     assert refused.value.details() == "no such thing: ü"
+
+
+class _RawClient:
+    """An HTTP/2 client without a gRPC library, on a blocking socket: it sends what a
+    test says, never resets a stream or keeps a deadline of its own, and grants no flow
+    control window beyond HTTP/2's first 64 KiB."""
+
+    def __init__(self, port: int) -> None:
+        self._socket = socket.create_connection(("127.0.0.1", port))
+        self._socket.settimeout(60)
+        self._h2 = h2.connection.H2Connection(h2.config.H2Configuration(client_side=True))
+        self._h2.initiate_connection()
+        self._socket.sendall(self._h2.data_to_send())
+
+    def call(self, path: str, *headers: tuple[str, str]) -> int:
+        """Starts a call with an empty request message; its stream id."""
+        stream = int(self._h2.get_next_available_stream_id())
+        self._h2.send_headers(
+            stream,
+            [
+                (":method", "POST"),
+                (":scheme", "http"),
+                (":path", path),
+                (":authority", "localhost"),
+                ("content-type", "application/grpc"),
+                ("te", "trailers"),
+                *headers,
+            ],
+        )
+        self._h2.send_data(stream, b"\0\0\0\0\0", end_stream=True)
+        self._socket.sendall(self._h2.data_to_send())
+        return stream
+
+    def trailers(self, stream: int) -> dict[bytes, bytes]:
+        """Reads until the stream ends; its trailers (or its trailers-only headers)."""
+        last: dict[bytes, bytes] = {}
+        while True:
+            data = self._socket.recv(1 << 16)
+            if not data:
+                raise ConnectionError("the server closed the connection")
+            for event in self._h2.receive_data(data):
+                if getattr(event, "stream_id", None) != stream:
+                    continue
+                if isinstance(event, (h2.events.ResponseReceived, h2.events.TrailersReceived)):
+                    last = dict(event.headers)
+                if isinstance(event, h2.events.StreamEnded):
+                    return last
+            self._socket.sendall(self._h2.data_to_send())
+
+    def close(self) -> None:
+        self._socket.close()
+
+
+@contextlib.asynccontextmanager
+async def _front_watching_starts() -> AsyncIterator[tuple[int, asyncio.Event, asyncio.Event]]:
+    """A native front whose handler writes nothing and waits until cancelled: its port, and
+    events set once a handler has started and once one has been cancelled."""
+    started, cancelled = asyncio.Event(), asyncio.Event()
+
+    async def handler(request: bytes, metadata: Metadata, write: Write) -> None:
+        started.set()
+        try:
+            await asyncio.Event().wait()
+        except asyncio.CancelledError:
+            cancelled.set()
+            raise
+
+    front = grpc_floor_native.NativeFront(handler)
+    try:
+        yield front.port, started, cancelled
+    finally:
+        front.close()
+
+
+async def test_native_transport_ends_a_call_past_its_deadline_itself() -> None:
+    async with _front_watching_starts() as (port, started, cancelled):
+        client = await asyncio.to_thread(_RawClient, port)
+        try:
+            stream = client.call(GENERATE, ("grpc-timeout", "300m"))
+            trailers = await asyncio.to_thread(client.trailers, stream)
+            await eventually(cancelled.is_set, "the handler cancelled")
+        finally:
+            client.close()
+    assert started.is_set()
+    assert trailers[b"grpc-status"] == b"4"
+
+
+async def test_native_transport_cancels_a_handler_yet_to_write_when_its_client_cancels() -> None:
+    async with (
+        _front_watching_starts() as (port, started, cancelled),
+        grpc.aio.insecure_channel(f"127.0.0.1:{port}") as channel,
+    ):
+        call = pb_grpc.InferenceServiceStub(channel).Generate(pb.GenerateRequest())
+        await eventually(started.is_set, "the handler running")
+        call.cancel()
+        await eventually(cancelled.is_set, "the handler cancelled")
+
+
+async def test_native_transport_ends_a_call_its_handler_cancels_with_a_status() -> None:
+    async def handler(request: bytes, metadata: Metadata, write: Write) -> None:
+        raise asyncio.CancelledError
+
+    front = grpc_floor_native.NativeFront(handler)
+    try:
+        async with grpc.aio.insecure_channel(f"127.0.0.1:{front.port}") as channel:
+            with pytest.raises(grpc.aio.AioRpcError) as ended:
+                await _first_text(channel)
+    finally:
+        front.close()
+    assert ended.value.code() == grpc.StatusCode.CANCELLED
+    assert ended.value.details() == "the call was cancelled on the server"
+
+
+async def test_native_transport_cancels_upstreams_unary_call_when_its_client_cancels() -> None:
+    async with (
+        _front_before_upstream() as (port, upstream),
+        grpc.aio.insecure_channel(f"127.0.0.1:{port}") as channel,
+    ):
+        call = _method(channel, "Sleep")(b"x")
+        await eventually(upstream.started.is_set, "upstream's handler running")
+        call.cancel()
+        await eventually(upstream.cancelled.is_set, "upstream's handler cancelled")
+
+
+async def test_native_transport_carries_upstreams_status_when_it_refuses_a_call_streaming_in() -> (
+    None
+):
+    async def requests() -> AsyncIterator[bytes]:
+        # One message, then the request stream stays open: upstream refuses meanwhile.
+        yield b"r"
+        await asyncio.Event().wait()
+
+    async with (
+        _front_before_upstream() as (port, _),
+        grpc.aio.insecure_channel(f"127.0.0.1:{port}") as channel,
+    ):
+        with pytest.raises(grpc.aio.AioRpcError) as refused:
+            await messages(_method(channel, "RefuseEarly")(requests(), timeout=60))
+    assert refused.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert refused.value.details() == "no thanks"
+
+
+async def test_native_transport_ends_a_carried_call_unavailable_when_upstream_goes() -> None:
+    async with (
+        _front_before_upstream() as (port, upstream),
+        grpc.aio.insecure_channel(f"127.0.0.1:{port}") as channel,
+    ):
+        call = _method(channel, "Hang")(b"x", timeout=60)
+        assert await call.read() == b"x"
+        assert upstream.server is not None
+        await upstream.server.stop(None)
+        with pytest.raises(grpc.aio.AioRpcError) as ended:
+            await call.read()
+    assert ended.value.code() == grpc.StatusCode.UNAVAILABLE
+
+
+async def test_native_transport_keeps_a_client_that_stops_reading_from_holding_up_another() -> None:
+    async with _front_before_upstream() as (port, _):
+        stalled = await asyncio.to_thread(_RawClient, port)
+        try:
+            stalled.call("/test.Echo/Flood")
+            async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as channel:
+                with pytest.raises(grpc.aio.AioRpcError) as refused:
+                    await _method(channel, "Fail")(b"", timeout=60)
+        finally:
+            stalled.close()
+    assert refused.value.code() == grpc.StatusCode.NOT_FOUND
+
+
+async def test_native_transport_stop_takes_any_grace() -> None:
+    front = grpc_floor_native.NativeFront(_forever)
+    await front.stop(float("inf"))

@@ -99,28 +99,33 @@ async def served(
         yield running, pb_grpc.InferenceServiceStub(channel)
 
 
-@pytest.fixture(params=[pytest.param(kind, marks=native_only) for kind in ("native", "pushed")])
-async def served_natively(
-    request: pytest.FixtureRequest,
+@pytest.fixture
+async def running_app(
     vllm_engine: AsyncLLM,
     tiny_model_dir: Path,
     tiny_adapter: TinyAdapterFactory,
     store_server: RunningStore,
     tmp_path: Path,
+) -> AsyncIterator[RunningInference]:
+    """An inference server serving `alpha`, for tests that put a native front before it."""
+    async with inference_app(
+        vllm_engine,
+        model_dir=tiny_model_dir,
+        store_address=store_server.address,
+        cache_dir=tmp_path / "cache",
+        pushed={"alpha": adapter_files(tiny_adapter(seed=1))},
+    ) as running:
+        yield running
+
+
+@pytest.fixture(params=[pytest.param(kind, marks=native_only) for kind in ("native", "pushed")])
+async def served_natively(
+    request: pytest.FixtureRequest, running_app: RunningInference
 ) -> AsyncIterator[tuple[RunningInference, int]]:
-    """An inference server serving `alpha`, and the port of its Generate over the native
-    transport, the engine's outputs pulled or pushed."""
-    async with (
-        inference_app(
-            vllm_engine,
-            model_dir=tiny_model_dir,
-            store_address=store_server.address,
-            cache_dir=tmp_path / "cache",
-            pushed={"alpha": adapter_files(tiny_adapter(seed=1))},
-        ) as running,
-        _transport(request.param, running) as port,
-    ):
-        yield running, port
+    """That server, and the port of its Generate over the native transport, the engine's
+    outputs pulled or pushed."""
+    async with _transport(request.param, running_app) as port:
+        yield running_app, port
 
 
 def _folded(responses: list[pb.GenerateResponse]) -> pb.GenerateResponse:
@@ -282,6 +287,7 @@ async def test_native_transport_leaves_nothing_running_when_many_clients_cancel_
     assert sum(len(message.token_ids) for message in after) == 4
 
 
+@native_only
 @pytest.mark.parametrize(
     ("metadata", "refusal"),
     [
@@ -291,11 +297,11 @@ async def test_native_transport_leaves_nothing_running_when_many_clients_cancel_
     ids=["no-token", "wrong-token"],
 )
 async def test_native_generate_with_auth_refuses_a_call_without_a_valid_token(
-    served_natively: tuple[RunningInference, int],
+    running_app: RunningInference,
     metadata: tuple[tuple[str, str], ...],
     refusal: str,
 ) -> None:
-    running, _ = served_natively
+    running = running_app
     security = ServerSecurity(reader_tokens=(Token("team", "s3cret"),))
     front = native_front.serve_generate(running.app.runtime_ref, security=security)
     try:
@@ -315,10 +321,11 @@ async def test_native_generate_with_auth_refuses_a_call_without_a_valid_token(
     assert sum(len(message.token_ids) for message in answered) == 4
 
 
+@native_only
 async def test_native_transport_serves_the_services_other_rpcs_and_health_on_its_port(
-    served_natively: tuple[RunningInference, int],
+    running_app: RunningInference,
 ) -> None:
-    running, _ = served_natively
+    running = running_app
     front = native_front.serve_generate(running.app.runtime_ref, upstream=running.address)
     try:
         async with grpc.aio.insecure_channel(f"127.0.0.1:{front.port}") as channel:

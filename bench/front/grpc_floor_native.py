@@ -32,7 +32,13 @@ CRATE = Path(__file__).with_name("native")
 LIBRARY = CRATE / "target" / "release" / "libgrpc_floor_native.so"
 # Where Debian's librust-*-dev packages put their crates' sources.
 DEBIAN_CRATES = "/usr/share/cargo/registry"
+_CANCELLED = grpc.StatusCode.CANCELLED.value[0]
 _INTERNAL = grpc.StatusCode.INTERNAL.value[0]
+_UNAVAILABLE = grpc.StatusCode.UNAVAILABLE.value[0]
+# How long the statuses of calls cancelled at the end of a stop's grace have to leave.
+_LAST_WORDS_S = 1.0
+# The longest wait handed to the server, in seconds (its clocks hold no more).
+_MAX_WAIT_S = 1e9
 
 
 UNBUILDABLE = "the native probe needs cargo and Debian's crates (bench/front/native/README.md)"
@@ -94,7 +100,8 @@ def load() -> ModuleType:
 
 # Writes one serialized message of a call; it leaves with the loop pass's others.
 Write = Callable[[bytes], None]
-# A call's metadata: its ASCII custom headers, (key, value) each, as grpc.aio gives them.
+# A call's metadata: its ASCII custom headers, (key, value) each, as grpc.aio gives them;
+# binary ("-bin") entries are left out.
 Metadata = Sequence[tuple[str, str]]
 # A call's handler: its request message, metadata and writer; the call ends OK when it
 # returns. It may write from any callback on the loop, not only from its own task.
@@ -147,8 +154,11 @@ class NativeFront:
         files = None if tls is None else tuple(None if f is None else str(f) for f in tls)
         self._doorbell, writer = os.pipe()
         try:
+            # The service's --max-connection-age 0 means "never".
+            age = max_connection_age_s or None
+            # The server owns `writer` from here, and closes it on failure too.
             self._server = load().Server(
-                writer, host, port, path, upstream, files, max_connection_age_s, MESSAGE_LIMIT
+                writer, host, port, path, upstream, files, age, MESSAGE_LIMIT
             )
         except BaseException:
             os.close(self._doorbell)
@@ -158,6 +168,10 @@ class NativeFront:
         # (call, serialized message), or (call, None) to end the call with status OK.
         self._pending: list[tuple[int, bytes | None]] = []
         self._tasks: dict[int, asyncio.Task[None]] = {}
+        # Calls the server ended early, whose tasks are cancelled: they have their status.
+        self._ended: set[int] = set()
+        # What a call cancelled here (not by its client or deadline) ends with.
+        self._cancelled = (_CANCELLED, "the call was cancelled on the server")
         self._loop.add_reader(self._doorbell, self._take)
 
     @property
@@ -167,18 +181,22 @@ class NativeFront:
     async def stop(self, grace: float | None) -> None:
         """Stops as grpc.aio's `server.stop(grace)` does: no new connection or call, the
         calls in flight go on for up to `grace` seconds (None: not at all), then whatever
-        is left is cancelled and every connection dropped."""
+        is left is cancelled, ending UNAVAILABLE, and every connection dropped."""
         self._server.shutdown()
-        until = self._loop.time() + (grace or 0.0)
-        if self._tasks and grace:
-            await asyncio.wait(list(self._tasks.values()), timeout=grace)
+        until = self._loop.time() + min(grace or 0.0, _MAX_WAIT_S)
+        # Calls that came before the server's GOAWAY reached their client arrive late.
+        while self._tasks and (left_s := until - self._loop.time()) > 0:
+            await asyncio.wait(list(self._tasks.values()), timeout=left_s)
+        self._cancelled = (_UNAVAILABLE, "the server stopped before the call finished")
         left = list(self._tasks.values())
         for task in left:
             task.cancel()
         await asyncio.gather(*left, return_exceptions=True)
         self._flush()
-        # What the calls wrote last is still to leave: their connections close once it has.
-        await asyncio.to_thread(self._server.wait_closed, until - self._loop.time())
+        # What the calls wrote last, or the status of those cancelled, is still to leave:
+        # their connections close once it has (given a moment past the grace for the latter).
+        wait_s = max(until - self._loop.time(), _LAST_WORDS_S if left else 0.0)
+        await asyncio.to_thread(self._server.wait_closed, wait_s)
         self.close()
 
     def close(self) -> None:
@@ -202,10 +220,12 @@ class NativeFront:
             task.add_done_callback(functools.partial(self._forget, call))
         for call in ended:
             if call in self._tasks:
+                self._ended.add(call)
                 self._tasks[call].cancel()
 
     def _forget(self, call: int, _: asyncio.Task[None]) -> None:
         del self._tasks[call]
+        self._ended.discard(call)
 
     async def _respond(self, call: int, request: bytes, metadata: Metadata) -> None:
         try:
@@ -217,6 +237,11 @@ class NativeFront:
             self._flush()
             self._server.finish(call, *(status or (_INTERNAL, "internal error")))
             return
+        except asyncio.CancelledError:
+            if call not in self._ended and self._doorbell >= 0:
+                self._flush()
+                self._server.finish(call, *self._cancelled)
+            raise
         self._write(call, None)
 
     def _write(self, call: int, payload: bytes | None) -> None:

@@ -49,6 +49,9 @@ use tokio::sync::{oneshot, watch, Notify};
 use tokio::time::Instant;
 use tokio_rustls::TlsAcceptor;
 
+/// The longest time in seconds taken from Python (a `Duration` cannot hold every f64).
+const MAX_SECONDS: f64 = 1e9;
+
 /// How long a client has to finish its TLS handshake.
 const TLS_HANDSHAKE: Duration = Duration::from_secs(20);
 
@@ -109,7 +112,7 @@ struct Calls {
     streams: UnboundedSender<Opened>,
     /// The path of the method served here; every other goes to `upstream`.
     path: String,
-    upstream: Option<Arc<proxy::Upstream>>,
+    upstream: Option<String>,
     /// The largest request message taken, in bytes.
     max_message: usize,
     /// How old a connection may get before it is asked to close.
@@ -177,10 +180,14 @@ impl Server {
         max_connection_age_s: Option<f64>,
         max_message: usize,
     ) -> PyResult<Self> {
+        // SAFETY: the caller hands this fd over; it is ours to write, and to close on
+        // every return, a failed one included.
+        let doorbell = unsafe { std::fs::File::from_raw_fd(doorbell_fd) };
         if let Some(age) = max_connection_age_s {
-            if !(age.is_finite() && age > 0.0) {
-                let text =
-                    format!("max_connection_age_s must be a positive number of seconds, not {age}");
+            if !(age.is_finite() && age > 0.0 && age <= MAX_SECONDS) {
+                let text = format!(
+                    "max_connection_age_s must be seconds in (0, {MAX_SECONDS}], not {age}"
+                );
                 return Err(PyValueError::new_err(text));
             }
         }
@@ -196,14 +203,13 @@ impl Server {
         let (streams, opened) = unbounded_channel();
         let calls = Arc::new(Calls {
             inbox: Mutex::new(Inbox::default()),
-            // SAFETY: the caller hands this fd over; it is ours to write and close.
-            doorbell: Mutex::new(unsafe { std::fs::File::from_raw_fd(doorbell_fd) }),
+            doorbell: Mutex::new(doorbell),
             outbox: Mutex::new(Vec::new()),
             woken: Mutex::new(Vec::new()),
             posted: Notify::new(),
             streams,
             path,
-            upstream: upstream.map(|address| Arc::new(proxy::Upstream::new(address))),
+            upstream,
             max_connection_age: max_connection_age_s.map(Duration::from_secs_f64),
             max_message,
             stopping: watch::channel(false).0,
@@ -279,7 +285,7 @@ impl Server {
     /// `shutdown`, once its calls have ended and their last frames are written); whether
     /// they all have.
     fn wait_closed(&self, py: Python<'_>, timeout_s: f64) -> bool {
-        let timeout = Duration::from_secs_f64(timeout_s.max(0.0));
+        let timeout = Duration::from_secs_f64(timeout_s.clamp(0.0, MAX_SECONDS));
         py.allow_threads(|| {
             let open = self.calls.connections.lock().unwrap();
             let (open, _) = self
@@ -397,7 +403,11 @@ async fn accept(listener: TcpListener, calls: Arc<Calls>, tls: Option<TlsAccepto
         let socket = tokio::select! {
             accepted = listener.accept() => match accepted {
                 Ok((socket, _)) => socket,
-                Err(_) => continue,
+                // Out of file descriptors, say: try again shortly rather than spin.
+                Err(_) => {
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                    continue;
+                }
             },
             // Returning drops the listener: new connections are refused.
             _ = &mut stopping => return,
@@ -431,7 +441,11 @@ async fn connection<T>(socket: T, calls: Arc<Calls>, mut next_id: u64)
 where
     T: AsyncRead + AsyncWrite + Unpin,
 {
-    let mut conn = match h2::server::handshake(socket).await {
+    let handshake = h2::server::Builder::new()
+        .initial_window_size(wire::STREAM_WINDOW)
+        .initial_connection_window_size(wire::CONNECTION_WINDOW)
+        .handshake(socket);
+    let mut conn = match handshake.await {
         Ok(conn) => conn,
         Err(_) => return,
     };
@@ -442,6 +456,10 @@ where
         }
     };
     tokio::pin!(aged);
+    let upstream = calls
+        .upstream
+        .clone()
+        .map(|address| Arc::new(proxy::Upstream::new(address)));
     let stopping = stopped(&calls);
     tokio::pin!(stopping);
     let mut closing = false;
@@ -451,7 +469,7 @@ where
                 Some(Ok((request, respond))) => {
                     let id = next_id;
                     next_id += 1;
-                    tokio::spawn(call(id, request, respond, Arc::clone(&calls)));
+                    tokio::spawn(call(id, request, respond, Arc::clone(&calls), upstream.clone()));
                 }
                 _ => return,
             },
@@ -467,6 +485,22 @@ where
             }
         }
     }
+}
+
+/// A request's one message, read whole: refused with a status when it is too large or
+/// not one message, None when the client went before it was whole.
+async fn receive(mut body: h2::RecvStream, limit: usize) -> Result<Bytes, Option<(u32, String)>> {
+    let mut received = BytesMut::new();
+    while let Some(chunk) = body.data().await {
+        let chunk = chunk.map_err(|_| None)?;
+        let _ = body.flow_control().release_capacity(chunk.len());
+        received.extend_from_slice(&chunk);
+        if received.len() > wire::PREFIX + limit {
+            let text = format!("the request is larger than the limit of {limit} bytes");
+            return Err(Some((wire::RESOURCE_EXHAUSTED, text)));
+        }
+    }
+    wire::one_message(received.freeze()).map_err(Some)
 }
 
 /// A connection counted open from its accept until it is dropped (`wait_closed`).
@@ -513,16 +547,21 @@ async fn call(
     request: http::Request<h2::RecvStream>,
     mut respond: h2::server::SendResponse<Bytes>,
     calls: Arc<Calls>,
+    upstream: Option<Arc<proxy::Upstream>>,
 ) {
     if request.uri().path() != calls.path {
-        match &calls.upstream {
-            Some(upstream) => proxy::proxy(Arc::clone(upstream), request, respond).await,
+        match upstream {
+            Some(upstream) => proxy::proxy(upstream, request, respond).await,
             None => {
                 let text = format!("method {} is not served here", request.uri().path());
                 let _ =
                     respond.send_response(wire::status_response(wire::UNIMPLEMENTED, &text), true);
             }
         }
+        return;
+    }
+    if let Err(refusal) = wire::grpc_request(&request) {
+        let _ = respond.send_response(refusal, true);
         return;
     }
     let deadline = request
@@ -533,35 +572,29 @@ async fn call(
     let metadata = request
         .headers()
         .iter()
-        .filter(|(key, _)| !TRANSPORT_HEADERS.contains(&key.as_str()))
+        .filter(|(key, _)| {
+            !TRANSPORT_HEADERS.contains(&key.as_str()) && !key.as_str().ends_with("-bin")
+        })
         .filter_map(|(key, value)| Some((key.as_str().to_owned(), value.to_str().ok()?.to_owned())))
         .collect();
-    let mut body = request.into_body();
-    let mut received = BytesMut::new();
-    while let Some(chunk) = body.data().await {
-        let chunk = match chunk {
-            Ok(chunk) => chunk,
-            // Reset or dropped before its request was whole: nothing to serve.
-            Err(_) => return,
-        };
-        let _ = body.flow_control().release_capacity(chunk.len());
-        received.extend_from_slice(&chunk);
-        if received.len() > wire::PREFIX + calls.max_message {
-            let text = format!(
-                "the request is larger than the limit of {} bytes",
-                calls.max_message
-            );
-            let refusal = wire::status_response(wire::RESOURCE_EXHAUSTED, &text);
-            let _ = respond.send_response(refusal, true);
-            return;
-        }
-    }
-    let request = match wire::one_message(received.freeze()) {
+    let body = request.into_body();
+    let received = match deadline {
+        Some(deadline) => tokio::time::timeout_at(deadline, receive(body, calls.max_message))
+            .await
+            .unwrap_or_else(|_| {
+                let text = "Deadline Exceeded".to_owned();
+                Err(Some((wire::DEADLINE_EXCEEDED, text)))
+            }),
+        None => receive(body, calls.max_message).await,
+    };
+    let request = match received {
         Ok(request) => request,
-        Err((code, text)) => {
+        Err(Some((code, text))) => {
             let _ = respond.send_response(wire::status_response(code, &text), true);
             return;
         }
+        // Reset or dropped before its request was whole: nothing to serve.
+        Err(None) => return,
     };
     let response = Response::builder()
         .status(200)
@@ -590,6 +623,8 @@ async fn call(
     {
         return;
     }
+    // The dispatcher watches the stream for a reset from the moment it has it.
+    calls.posted.notify_one();
     calls.announce(Arrived {
         id,
         request,

@@ -1,11 +1,13 @@
-//! Every call that is not served natively goes, as it came, to an upstream gRPC server
-//! (the service's grpc.aio server on loopback): its other RPCs, health and reflection
-//! stay where they are, on the same port as the native ones.
+//! Every call that is not served natively goes to an upstream gRPC server (the service's
+//! grpc.aio server, on loopback or a Unix socket), over plaintext HTTP/2 with its headers
+//! as they came: its other RPCs, health and reflection stay where they are, on the same
+//! port as the native ones. TLS ends here, so upstream sees neither the client's address
+//! nor its certificate.
 //!
 //! Both directions stream, with HTTP/2 flow control end to end: a message is released
-//! to its sender only once the other side has taken it. A call reset or dropped on
-//! either side is reset on the other (h2 resets a stream whose handles all drop before
-//! it ends), so a cancelled call never runs on upstream.
+//! to its sender only once the other side has taken it. A call the client resets or
+//! drops is reset upstream at whatever stage it is (h2 resets a stream whose handles all
+//! drop before it ends); one upstream fails or resets ends UNAVAILABLE for the client.
 
 use std::sync::Arc;
 
@@ -22,8 +24,9 @@ use tokio::sync::Mutex;
 use crate::wire;
 
 /// One HTTP/2 connection to upstream ("host:port", or "unix:PATH" for a Unix socket, which
-/// keeps the upstream server off the network), shared by every proxied call, made again
-/// when it has gone.
+/// keeps the upstream server off the network) for the calls of one client connection,
+/// made when the first comes and again when it has gone: a client that stops reading
+/// holds up its own calls, never another client's.
 pub struct Upstream {
     address: String,
     connection: Mutex<Option<SendRequest<Bytes>>>,
@@ -79,7 +82,10 @@ async fn handshake<T>(socket: T) -> Result<SendRequest<Bytes>, String>
 where
     T: AsyncRead + AsyncWrite + Unpin + Send + 'static,
 {
-    let (sender, connection) = h2::client::handshake(socket)
+    let (sender, connection) = h2::client::Builder::new()
+        .initial_window_size(wire::STREAM_WINDOW)
+        .initial_connection_window_size(wire::CONNECTION_WINDOW)
+        .handshake(socket)
         .await
         .map_err(|e| e.to_string())?;
     tokio::spawn(async move {
@@ -88,88 +94,125 @@ where
     Ok(sender)
 }
 
-/// Carries one call to upstream and its response back; what it cannot carry ends the
-/// call UNAVAILABLE, as a client's own channel would.
+/// Carries one call to upstream and its response back. What upstream cannot take or
+/// fails ends the call UNAVAILABLE, as a client's own channel would; a call the client
+/// resets or drops is reset upstream at once, whatever stage it is at.
 pub async fn proxy(
     upstream: Arc<Upstream>,
     request: Request<RecvStream>,
     mut respond: SendResponse<Bytes>,
 ) {
-    let (parts, body) = request.into_parts();
+    let (parts, mut body) = request.into_parts();
+    let address = upstream.address.clone();
     let mut sender = match upstream.ready().await {
         Ok(sender) => sender,
         Err(e) => {
-            let text = format!("upstream {} unreachable: {e}", upstream.address);
-            let _ = respond.send_response(wire::status_response(wire::UNAVAILABLE, &text), true);
+            let _ = respond.send_response(unavailable(&address, "unreachable", &e), true);
             return;
         }
     };
-    let uri = format!(
-        "http://{}{}",
-        upstream.authority(),
-        parts.uri.path_and_query().map_or("/", |p| p.as_str())
-    );
-    let mut forwarded = Request::builder().method(parts.method).uri(uri);
+    let path = parts.uri.path_and_query().map_or("/", |p| p.as_str());
+    let mut forwarded = Request::builder()
+        .method(parts.method)
+        .uri(format!("http://{}{path}", upstream.authority()));
     if let Some(headers) = forwarded.headers_mut() {
         *headers = parts.headers;
     }
     let forwarded = match forwarded.body(()) {
         Ok(forwarded) => forwarded,
-        Err(_) => return,
-    };
-    let (response, to_upstream) = match sender.send_request(forwarded, body.is_end_stream()) {
-        Ok(sent) => sent,
         Err(e) => {
-            let text = format!("upstream {} failed the call: {e}", upstream.address);
-            let _ = respond.send_response(wire::status_response(wire::UNAVAILABLE, &text), true);
+            let _ = respond.send_response(unavailable(&address, "cannot take the call", &e), true);
             return;
         }
     };
-    let requests = async move {
+    let (response, mut to_upstream) = match sender.send_request(forwarded, body.is_end_stream()) {
+        Ok(sent) => sent,
+        Err(e) => {
+            let _ = respond.send_response(unavailable(&address, "failed the call", &e), true);
+            return;
+        }
+    };
+    // The request's end or its failure: either way the response tells how the call ends
+    // (upstream's status, or the client gone), so the request's result is not needed.
+    let requests = async {
         if !body.is_end_stream() {
-            pump(body, to_upstream).await
-        } else {
-            Ok(())
+            let _ = pump(&mut body, &mut to_upstream).await;
         }
     };
     let responses = async move {
-        let response = response.await.map_err(|_| ())?;
-        let (parts, from_upstream) = response.into_parts();
+        let response = tokio::select! {
+            response = response => response,
+            // The client gone before upstream answered: returning resets upstream's call.
+            _ = poll_fn(|cx| respond.poll_reset(cx)) => return,
+        };
+        let (parts, mut from_upstream) = match response {
+            Ok(response) => response.into_parts(),
+            Err(e) => {
+                let _ = respond.send_response(unavailable(&address, "failed the call", &e), true);
+                return;
+            }
+        };
         let mut head = Response::builder().status(parts.status);
         if let Some(headers) = head.headers_mut() {
             *headers = parts.headers;
         }
-        let head = head.body(()).map_err(|_| ())?;
         let ended = from_upstream.is_end_stream();
-        let to_client = respond.send_response(head, ended).map_err(|_| ())?;
-        if ended {
-            return Ok(());
+        let mut to_client = match head.body(()).map(|head| respond.send_response(head, ended)) {
+            Ok(Ok(to_client)) => to_client,
+            _ => return,
+        };
+        if !ended {
+            if let Err(Broken::From) = pump(&mut from_upstream, &mut to_client).await {
+                let text = format!("upstream {address} broke off the call");
+                let _ = to_client.send_trailers(wire::trailers(wire::UNAVAILABLE, &text));
+            }
         }
-        pump(from_upstream, to_client).await
     };
-    tokio::pin!(requests, responses);
-    let mut sent = false;
-    loop {
-        tokio::select! {
-            done = &mut requests, if !sent => match done {
-                Ok(()) => sent = true,
-                Err(()) => return,
-            },
-            _ = &mut responses => return,
+    {
+        tokio::pin!(requests, responses);
+        let mut sent = false;
+        loop {
+            tokio::select! {
+                _ = &mut requests, if !sent => sent = true,
+                _ = &mut responses => break,
+            }
         }
     }
+    // The response has ended. A client still sending is read to its end, so that its
+    // stream closes: dropped open, h2 would reset it, and a reset goes out in place of
+    // the response's last frames if they have not left yet.
+    let drained = async {
+        while let Some(Ok(chunk)) = body.data().await {
+            let _ = body.flow_control().release_capacity(chunk.len());
+        }
+    };
+    let _ = tokio::time::timeout(wire::DRAIN, drained).await;
+}
+
+/// How a call that upstream could not take or failed ends: UNAVAILABLE, naming upstream.
+fn unavailable(address: &str, what: &str, e: &dyn std::fmt::Display) -> Response<()> {
+    let text = format!("upstream {address} {what}: {e}");
+    wire::status_response(wire::UNAVAILABLE, &text)
+}
+
+/// Which side of a pump failed.
+enum Broken {
+    /// The receiving side: reset, or its connection gone.
+    To,
+    /// The sending side.
+    From,
 }
 
 /// Copies a stream's messages and trailers, taking no more from `from` than `to` can
 /// send; a reset of `to` ends it at once, whether or not `from` has more.
-async fn pump(mut from: RecvStream, mut to: SendStream<Bytes>) -> Result<(), ()> {
+async fn pump(from: &mut RecvStream, to: &mut SendStream<Bytes>) -> Result<(), Broken> {
     loop {
         let chunk = tokio::select! {
             chunk = from.data() => chunk,
-            _ = poll_fn(|cx| to.poll_reset(cx)) => return Err(()),
+            _ = poll_fn(|cx| to.poll_reset(cx)) => return Err(Broken::To),
         };
         let mut chunk = match chunk {
-            Some(chunk) => chunk.map_err(|_| ())?,
+            Some(chunk) => chunk.map_err(|_| Broken::From)?,
             None => break,
         };
         let taken = chunk.len();
@@ -177,17 +220,17 @@ async fn pump(mut from: RecvStream, mut to: SendStream<Bytes>) -> Result<(), ()>
             to.reserve_capacity(chunk.len());
             let room = match poll_fn(|cx| to.poll_capacity(cx)).await {
                 Some(Ok(room)) => room,
-                _ => return Err(()),
+                _ => return Err(Broken::To),
             };
             let part = chunk.split_to(room.min(chunk.len()));
-            to.send_data(part, false).map_err(|_| ())?;
+            to.send_data(part, false).map_err(|_| Broken::To)?;
         }
         from.flow_control()
             .release_capacity(taken)
-            .map_err(|_| ())?;
+            .map_err(|_| Broken::From)?;
     }
-    match from.trailers().await.map_err(|_| ())? {
-        Some(trailers) => to.send_trailers(trailers).map_err(|_| ()),
-        None => to.send_data(Bytes::new(), true).map_err(|_| ()),
+    match from.trailers().await.map_err(|_| Broken::From)? {
+        Some(trailers) => to.send_trailers(trailers).map_err(|_| Broken::To),
+        None => to.send_data(Bytes::new(), true).map_err(|_| Broken::To),
     }
 }

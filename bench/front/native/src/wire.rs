@@ -12,6 +12,14 @@ pub const RESOURCE_EXHAUSTED: u32 = 8;
 pub const UNIMPLEMENTED: u32 = 12;
 pub const UNAVAILABLE: u32 = 14;
 
+/// HTTP/2 flow-control windows, per stream and per connection, on each side of the
+/// proxy: a stream that is not read holds at most its own window of a connection's.
+pub const STREAM_WINDOW: u32 = 1 << 20;
+pub const CONNECTION_WINDOW: u32 = 16 << 20;
+
+/// How long a proxied call's client may go on sending once its response has ended.
+pub const DRAIN: Duration = Duration::from_secs(5);
+
 /// A message's prefix on the wire: a compressed flag and a 4-byte length.
 pub const PREFIX: usize = 5;
 
@@ -76,6 +84,33 @@ pub fn timeout(value: &[u8]) -> Option<Duration> {
         b"n" => Duration::from_nanos(amount),
         _ => return None,
     })
+}
+
+/// Refuses what is not a gRPC call, as gRPC's HTTP/2 mapping says: a method other than
+/// POST with 405, a content-type other than `application/grpc[+proto|;...]` with 415.
+pub fn grpc_request<B>(request: &http::Request<B>) -> Result<(), Response<()>> {
+    let refuse = |status: StatusCode| {
+        let mut response = Response::new(());
+        *response.status_mut() = status;
+        response
+    };
+    if request.method() != http::Method::POST {
+        return Err(refuse(StatusCode::METHOD_NOT_ALLOWED));
+    }
+    let content_type = request
+        .headers()
+        .get("content-type")
+        .map(HeaderValue::as_bytes);
+    match content_type {
+        Some(b"application/grpc") => Ok(()),
+        Some(value)
+            if value.starts_with(b"application/grpc+")
+                || value.starts_with(b"application/grpc;") =>
+        {
+            Ok(())
+        }
+        _ => Err(refuse(StatusCode::UNSUPPORTED_MEDIA_TYPE)),
+    }
 }
 
 /// A gRPC response that is its status alone (headers ending the stream).
