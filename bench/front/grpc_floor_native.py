@@ -152,12 +152,13 @@ class NativeFront:
     ) -> None:
         self._handler, self._status = handler, status
         files = None if tls is None else tuple(None if f is None else str(f) for f in tls)
+        native = load()
         self._doorbell, writer = os.pipe()
         try:
             # The service's --max-connection-age 0 means "never".
             age = max_connection_age_s or None
             # The server owns `writer` from here, and closes it on failure too.
-            self._server = load().Server(
+            self._server = native.Server(
                 writer, host, port, path, upstream, files, age, MESSAGE_LIMIT
             )
         except BaseException:
