@@ -9,10 +9,12 @@ from Debian's packaged crates (bench/front/native/README.md).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
 import importlib.machinery
 import importlib.util
 import logging
+import math
 import os
 import shutil
 import subprocess
@@ -153,6 +155,8 @@ class NativeFront:
         self._handler, self._status = handler, status
         files = None if tls is None else tuple(None if f is None else str(f) for f in tls)
         native = load()
+        if not 0 <= port <= 65535:
+            raise ValueError(f"port must be in [0, 65535], not {port}")
         self._doorbell, writer = os.pipe()
         try:
             # The service's --max-connection-age 0 means "never".
@@ -183,6 +187,8 @@ class NativeFront:
         """Stops as grpc.aio's `server.stop(grace)` does: no new connection or call, the
         calls in flight go on for up to `grace` seconds (None: not at all), then whatever
         is left is cancelled, ending UNAVAILABLE, and every connection dropped."""
+        if grace is not None and math.isnan(grace):
+            raise ValueError("grace must be a number of seconds or None, not NaN")
         self._server.shutdown()
         until = self._loop.time() + min(grace or 0.0, _MAX_WAIT_S)
         # Calls that came before the server's GOAWAY reached their client arrive late.
@@ -224,25 +230,27 @@ class NativeFront:
                 self._ended.add(call)
                 self._tasks[call].cancel()
 
-    def _forget(self, call: int, _: asyncio.Task[None]) -> None:
+    def _forget(self, call: int, task: asyncio.Task[None]) -> None:
         del self._tasks[call]
+        # Cancelled here (before it ran, or while it ran, or by its own handler), not by
+        # its client or deadline: the call still needs its status.
+        if task.cancelled() and call not in self._ended and self._doorbell >= 0:
+            self._flush()
+            self._server.finish(call, *self._cancelled)
         self._ended.discard(call)
 
     async def _respond(self, call: int, request: bytes, metadata: Metadata) -> None:
         try:
             await self._handler(request, metadata, functools.partial(self._write, call))
         except Exception as exc:
-            status = self._status(exc)
+            status = None
+            with contextlib.suppress(Exception):
+                status = self._status(exc)
             if status is None:
                 log.exception("native.call_failed call=%d", call)
             self._flush()
             self._server.finish(call, *(status or (_INTERNAL, "internal error")))
             return
-        except asyncio.CancelledError:
-            if call not in self._ended and self._doorbell >= 0:
-                self._flush()
-                self._server.finish(call, *self._cancelled)
-            raise
         self._write(call, None)
 
     def _write(self, call: int, payload: bytes | None) -> None:

@@ -285,7 +285,13 @@ impl Server {
     /// `shutdown`, once its calls have ended and their last frames are written); whether
     /// they all have.
     fn wait_closed(&self, py: Python<'_>, timeout_s: f64) -> bool {
-        let timeout = Duration::from_secs_f64(timeout_s.clamp(0.0, MAX_SECONDS));
+        // NaN and negatives wait not at all.
+        let timeout_s = if timeout_s >= 0.0 {
+            timeout_s.min(MAX_SECONDS)
+        } else {
+            0.0
+        };
+        let timeout = Duration::from_secs_f64(timeout_s);
         py.allow_threads(|| {
             let open = self.calls.connections.lock().unwrap();
             let (open, _) = self
@@ -489,7 +495,7 @@ where
 
 /// A request's one message, read whole: refused with a status when it is too large or
 /// not one message, None when the client went before it was whole.
-async fn receive(mut body: h2::RecvStream, limit: usize) -> Result<Bytes, Option<(u32, String)>> {
+async fn receive(body: &mut h2::RecvStream, limit: usize) -> Result<Bytes, Option<(u32, String)>> {
     let mut received = BytesMut::new();
     while let Some(chunk) = body.data().await {
         let chunk = chunk.map_err(|_| None)?;
@@ -554,14 +560,14 @@ async fn call(
             Some(upstream) => proxy::proxy(upstream, request, respond).await,
             None => {
                 let text = format!("method {} is not served here", request.uri().path());
-                let _ =
-                    respond.send_response(wire::status_response(wire::UNIMPLEMENTED, &text), true);
+                let refusal = wire::status_response(wire::UNIMPLEMENTED, &text);
+                wire::refuse(respond, request.into_body(), refusal).await;
             }
         }
         return;
     }
     if let Err(refusal) = wire::grpc_request(&request) {
-        let _ = respond.send_response(refusal, true);
+        wire::refuse(respond, request.into_body(), refusal).await;
         return;
     }
     let deadline = request
@@ -577,20 +583,20 @@ async fn call(
         })
         .filter_map(|(key, value)| Some((key.as_str().to_owned(), value.to_str().ok()?.to_owned())))
         .collect();
-    let body = request.into_body();
+    let mut body = request.into_body();
     let received = match deadline {
-        Some(deadline) => tokio::time::timeout_at(deadline, receive(body, calls.max_message))
+        Some(deadline) => tokio::time::timeout_at(deadline, receive(&mut body, calls.max_message))
             .await
             .unwrap_or_else(|_| {
                 let text = "Deadline Exceeded".to_owned();
                 Err(Some((wire::DEADLINE_EXCEEDED, text)))
             }),
-        None => receive(body, calls.max_message).await,
+        None => receive(&mut body, calls.max_message).await,
     };
     let request = match received {
         Ok(request) => request,
         Err(Some((code, text))) => {
-            let _ = respond.send_response(wire::status_response(code, &text), true);
+            wire::refuse(respond, body, wire::status_response(code, &text)).await;
             return;
         }
         // Reset or dropped before its request was whole: nothing to serve.

@@ -10,6 +10,7 @@
 //! drop before it ends); one upstream fails or resets ends UNAVAILABLE for the client.
 
 use std::sync::Arc;
+use std::time::Duration;
 
 use bytes::Bytes;
 use futures_util::future::poll_fn;
@@ -20,6 +21,11 @@ use http::{Request, Response};
 use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::net::{TcpStream, UnixStream};
 use tokio::sync::Mutex;
+use tokio::time::Instant;
+
+/// How long one upstream connection takes new calls; well below the grpc.aio server's
+/// own max connection age (the services' default: 300 s).
+const UPSTREAM_AGE: Duration = Duration::from_secs(60);
 
 use crate::wire;
 
@@ -29,7 +35,7 @@ use crate::wire;
 /// holds up its own calls, never another client's.
 pub struct Upstream {
     address: String,
-    connection: Mutex<Option<SendRequest<Bytes>>>,
+    connection: Mutex<Option<(SendRequest<Bytes>, Instant)>>,
 }
 
 impl Upstream {
@@ -65,15 +71,20 @@ impl Upstream {
     }
 
     /// A sender ready for one more stream.
+    /// A sender ready for one more stream, on a connection younger than UPSTREAM_AGE: h2
+    /// 0.3 still sends on a connection upstream has sent GOAWAY on (its max connection
+    /// age), where upstream would never answer.
     async fn ready(&self) -> Result<SendRequest<Bytes>, String> {
         let mut connection = self.connection.lock().await;
-        if let Some(sender) = connection.as_ref() {
-            if let Ok(ready) = sender.clone().ready().await {
-                return Ok(ready);
+        if let Some((sender, made)) = connection.as_ref() {
+            if made.elapsed() < UPSTREAM_AGE {
+                if let Ok(ready) = sender.clone().ready().await {
+                    return Ok(ready);
+                }
             }
         }
         let sender = self.connect().await?;
-        *connection = Some(sender.clone());
+        *connection = Some((sender.clone(), Instant::now()));
         sender.ready().await.map_err(|e| e.to_string())
     }
 }
@@ -107,7 +118,7 @@ pub async fn proxy(
     let mut sender = match upstream.ready().await {
         Ok(sender) => sender,
         Err(e) => {
-            let _ = respond.send_response(unavailable(&address, "unreachable", &e), true);
+            wire::refuse(respond, body, unavailable(&address, "unreachable", &e)).await;
             return;
         }
     };
@@ -121,14 +132,15 @@ pub async fn proxy(
     let forwarded = match forwarded.body(()) {
         Ok(forwarded) => forwarded,
         Err(e) => {
-            let _ = respond.send_response(unavailable(&address, "cannot take the call", &e), true);
+            let refusal = unavailable(&address, "cannot take the call", &e);
+            wire::refuse(respond, body, refusal).await;
             return;
         }
     };
     let (response, mut to_upstream) = match sender.send_request(forwarded, body.is_end_stream()) {
         Ok(sent) => sent,
         Err(e) => {
-            let _ = respond.send_response(unavailable(&address, "failed the call", &e), true);
+            wire::refuse(respond, body, unavailable(&address, "failed the call", &e)).await;
             return;
         }
     };
@@ -178,15 +190,10 @@ pub async fn proxy(
             }
         }
     }
-    // The response has ended. A client still sending is read to its end, so that its
-    // stream closes: dropped open, h2 would reset it, and a reset goes out in place of
-    // the response's last frames if they have not left yet.
-    let drained = async {
-        while let Some(Ok(chunk)) = body.data().await {
-            let _ = body.flow_control().release_capacity(chunk.len());
-        }
-    };
-    let _ = tokio::time::timeout(wire::DRAIN, drained).await;
+    // The response has ended: upstream's call is done with, and the client's side is read
+    // to its end (`wire::refuse` says why).
+    drop(to_upstream);
+    wire::drain(body).await;
 }
 
 /// How a call that upstream could not take or failed ends: UNAVAILABLE, naming upstream.

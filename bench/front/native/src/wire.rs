@@ -3,6 +3,8 @@
 use std::time::Duration;
 
 use bytes::Bytes;
+use h2::server::SendResponse;
+use h2::RecvStream;
 use http::{HeaderMap, HeaderValue, Response, StatusCode};
 
 pub const CANCELLED: u32 = 1;
@@ -17,8 +19,27 @@ pub const UNAVAILABLE: u32 = 14;
 pub const STREAM_WINDOW: u32 = 1 << 20;
 pub const CONNECTION_WINDOW: u32 = 16 << 20;
 
-/// How long a proxied call's client may go on sending once its response has ended.
+/// How long a client may go on sending once its call's response has ended.
 pub const DRAIN: Duration = Duration::from_secs(5);
+
+/// Ends a call with `response` (its status alone), then reads what the client still
+/// sends, up to DRAIN: a stream dropped while the client's side is open is reset with
+/// CANCEL (h2 0.3), and gRPC's C core, reading that reset with the status, reports
+/// CANCELLED in its place.
+pub async fn refuse(mut respond: SendResponse<Bytes>, body: RecvStream, response: Response<()>) {
+    let _ = respond.send_response(response, true);
+    drain(body).await;
+}
+
+/// Reads a request's rest and lets it go, up to DRAIN; see `refuse`.
+pub async fn drain(mut body: RecvStream) {
+    let drained = async {
+        while let Some(Ok(chunk)) = body.data().await {
+            let _ = body.flow_control().release_capacity(chunk.len());
+        }
+    };
+    let _ = tokio::time::timeout(DRAIN, drained).await;
+}
 
 /// A message's prefix on the wire: a compressed flag and a 4-byte length.
 pub const PREFIX: usize = 5;
