@@ -59,9 +59,9 @@ async def _forever(request: bytes, metadata: Metadata, write: Write) -> None:
 
 
 @contextlib.asynccontextmanager
-async def _front_watching_cancels() -> AsyncIterator[tuple[int, asyncio.Event]]:
-    """A native front whose handler writes one message, then waits until cancelled; the
-    event is set once it has been."""
+async def _front_watching_cancels(**options: Any) -> AsyncIterator[tuple[int, asyncio.Event]]:
+    """A native front (made with `options`) whose handler writes one message, then waits
+    until cancelled; the event is set once it has been."""
     cancelled = asyncio.Event()
 
     async def handler(request: bytes, metadata: Metadata, write: Write) -> None:
@@ -71,7 +71,7 @@ async def _front_watching_cancels() -> AsyncIterator[tuple[int, asyncio.Event]]:
             cancelled.set()
             raise
 
-    front = grpc_floor_native.NativeFront(handler)
+    front = grpc_floor_native.NativeFront(handler, **options)
     try:
         yield front.port, cancelled
     finally:
@@ -785,3 +785,45 @@ async def test_native_transport_stop_refuses_a_grace_that_is_not_a_number() -> N
             await front.stop(float("nan"))
     finally:
         front.close()
+
+
+async def test_native_transport_drops_a_connection_whose_peer_stops_answering_pings() -> None:
+    async with _front_watching_cancels(keepalive_s=(0.2, 0.2)) as (port, cancelled):
+        # The raw client answers nothing once its call is sent: not the server's pings.
+        client = await asyncio.to_thread(_RawClient, port)
+        try:
+            client.call(GENERATE)
+            await eventually(cancelled.is_set, "the call's handler cancelled")
+        finally:
+            client.close()
+
+
+async def test_native_transport_keeps_a_connection_whose_peer_answers_pings() -> None:
+    go_on = asyncio.Event()
+
+    async def held(request: bytes, metadata: Metadata, write: Write) -> None:
+        write(pb.GenerateResponse(text="x").SerializeToString())
+        await go_on.wait()
+        write(pb.GenerateResponse(text="y").SerializeToString())
+
+    # Pinged every 50 ms; a peer that answers is given far longer than it needs.
+    front = grpc_floor_native.NativeFront(held, keepalive_s=(0.05, 30.0))
+    try:
+        async with grpc.aio.insecure_channel(f"127.0.0.1:{front.port}") as channel:
+            call = pb_grpc.InferenceServiceStub(channel).Generate(pb.GenerateRequest(), timeout=60)
+            assert (await call.read()).text == "x"
+            await asyncio.sleep(0.5)  # ten pings, each answered by grpc's client
+            go_on.set()
+            last = await call.read()
+            assert await call.code() == grpc.StatusCode.OK
+    finally:
+        front.close()
+    assert last.text == "y"
+
+
+@pytest.mark.parametrize("keepalive", [(0.0, 1.0), (1.0, float("nan"))])
+async def test_native_transport_refuses_a_keepalive_it_cannot_keep(
+    keepalive: tuple[float, float],
+) -> None:
+    with pytest.raises(ValueError, match=r"keepalive \w+ must be seconds in"):
+        grpc_floor_native.NativeFront(_forever, keepalive_s=keepalive)

@@ -37,6 +37,9 @@ DEBIAN_CRATES = "/usr/share/cargo/registry"
 _CANCELLED = grpc.StatusCode.CANCELLED.value[0]
 _INTERNAL = grpc.StatusCode.INTERNAL.value[0]
 _UNAVAILABLE = grpc.StatusCode.UNAVAILABLE.value[0]
+# grpc core's server defaults: a ping after two hours, twenty seconds to answer it.
+KEEPALIVE_TIME_S = 7200.0
+KEEPALIVE_TIMEOUT_S = 20.0
 # How long the statuses of calls cancelled at the end of a stop's grace have to leave.
 _LAST_WORDS_S = 1.0
 # The longest wait handed to the server, in seconds (its clocks hold no more).
@@ -138,6 +141,9 @@ class NativeFront:
     `max_connection_age_s`, each connection is asked to close (GOAWAY, the age jittered by
     10 % as grpc core does) once that old: its calls finish on it, new ones come on another.
     A request over the services' MESSAGE_LIMIT is refused RESOURCE_EXHAUSTED, as theirs is.
+    With `keepalive_s` (interval, timeout; None: none), each peer is pinged every interval
+    and its connection dropped once a ping goes unanswered for the timeout, its calls
+    cancelled: a peer that vanished without closing holds nothing for long.
     """
 
     def __init__(
@@ -151,6 +157,7 @@ class NativeFront:
         upstream: str | None = None,
         tls: tuple[Path, Path, Path | None] | None = None,
         max_connection_age_s: float | None = None,
+        keepalive_s: tuple[float, float] | None = (KEEPALIVE_TIME_S, KEEPALIVE_TIMEOUT_S),
     ) -> None:
         self._handler, self._status = handler, status
         files = None if tls is None else tuple(None if f is None else str(f) for f in tls)
@@ -163,7 +170,7 @@ class NativeFront:
             age = max_connection_age_s or None
             # The server owns `writer` from here, and closes it on failure too.
             self._server = native.Server(
-                writer, host, port, path, upstream, files, age, MESSAGE_LIMIT
+                writer, host, port, path, upstream, files, age, keepalive_s, MESSAGE_LIMIT
             )
         except BaseException:
             os.close(self._doorbell)

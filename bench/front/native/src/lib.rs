@@ -117,6 +117,8 @@ struct Calls {
     max_message: usize,
     /// How old a connection may get before it is asked to close.
     max_connection_age: Option<Duration>,
+    /// How often the peer is pinged, and how long it has to answer.
+    keepalive: Option<(Duration, Duration)>,
     /// Set by `shutdown`: no new connection, and GOAWAY on every one.
     stopping: watch::Sender<bool>,
     /// Connections open now, and a signal each time one closes.
@@ -168,7 +170,9 @@ impl Server {
     /// "unix:PATH"), or is refused UNIMPLEMENTED without one. With `tls` (certificate chain, key and client
     /// CA PEM files, the CA optional), connections are TLS, mTLS with the CA. With
     /// `max_connection_age_s`, each connection is asked to close (GOAWAY) once that old.
-    /// A request larger than `max_message` bytes is refused RESOURCE_EXHAUSTED.
+    /// With `keepalive_s` (interval, timeout), the peer is pinged every interval and its
+    /// connection dropped once a ping goes unanswered for the timeout. A request larger
+    /// than `max_message` bytes is refused RESOURCE_EXHAUSTED.
     #[new]
     fn new(
         doorbell_fd: i32,
@@ -178,6 +182,7 @@ impl Server {
         upstream: Option<String>,
         tls: Option<(String, String, Option<String>)>,
         max_connection_age_s: Option<f64>,
+        keepalive_s: Option<(f64, f64)>,
         max_message: usize,
     ) -> PyResult<Self> {
         // SAFETY: the caller hands this fd over; it is ours to write, and to close on
@@ -189,6 +194,16 @@ impl Server {
                     "max_connection_age_s must be seconds in (0, {MAX_SECONDS}], not {age}"
                 );
                 return Err(PyValueError::new_err(text));
+            }
+        }
+        if let Some((interval, timeout)) = keepalive_s {
+            for (name, value) in [("interval", interval), ("timeout", timeout)] {
+                if !(value.is_finite() && value > 0.0 && value <= MAX_SECONDS) {
+                    let text = format!(
+                        "keepalive {name} must be seconds in (0, {MAX_SECONDS}], not {value}"
+                    );
+                    return Err(PyValueError::new_err(text));
+                }
             }
         }
         let tls = match tls {
@@ -211,6 +226,12 @@ impl Server {
             path,
             upstream,
             max_connection_age: max_connection_age_s.map(Duration::from_secs_f64),
+            keepalive: keepalive_s.map(|(interval, timeout)| {
+                (
+                    Duration::from_secs_f64(interval),
+                    Duration::from_secs_f64(timeout),
+                )
+            }),
             max_message,
             stopping: watch::channel(false).0,
             connections: Mutex::new(0),
@@ -462,6 +483,8 @@ where
         }
     };
     tokio::pin!(aged);
+    let alive = keepalive(conn.ping_pong(), calls.keepalive);
+    tokio::pin!(alive);
     let upstream = calls
         .upstream
         .clone()
@@ -489,6 +512,27 @@ where
                 conn.graceful_shutdown();
                 closing = true;
             }
+            // A peer that stops answering pings is gone: dropping the connection closes
+            // it, and its calls are handed back as ended.
+            _ = &mut alive => return,
+        }
+    }
+}
+
+/// Pings the peer every `interval` and resolves once a ping goes unanswered for
+/// `timeout`; never, without keepalive or once the connection has failed (its calls
+/// then end on their own).
+async fn keepalive(pings: Option<h2::PingPong>, keepalive: Option<(Duration, Duration)>) {
+    let (mut pings, (interval, timeout)) = match (pings, keepalive) {
+        (Some(pings), Some(keepalive)) => (pings, keepalive),
+        _ => return std::future::pending().await,
+    };
+    loop {
+        tokio::time::sleep(interval).await;
+        match tokio::time::timeout(timeout, pings.ping(h2::Ping::opaque())).await {
+            Ok(Ok(_)) => {}
+            Ok(Err(_)) => return std::future::pending().await,
+            Err(_) => return,
         }
     }
 }
