@@ -101,26 +101,35 @@ async def test_native_transport_cancels_the_handler_of_a_call_whose_connection_d
         await eventually(cancelled.is_set, "the handler cancelled")
 
 
-async def test_native_transport_hands_its_handler_the_metadata_less_transport_headers() -> None:
-    seen: list[Metadata] = []
+@contextlib.asynccontextmanager
+async def _recording_stub() -> AsyncIterator[tuple[Any, list[tuple[bytes, Metadata]]]]:
+    """A stub on a native front whose handler records each call's request and metadata,
+    and ends it at once with no message."""
+    seen: list[tuple[bytes, Metadata]] = []
 
     async def handler(request: bytes, metadata: Metadata, write: Write) -> None:
-        seen.append(metadata)
+        seen.append((request, metadata))
 
     front = grpc_floor_native.NativeFront(handler)
     try:
         async with grpc.aio.insecure_channel(f"127.0.0.1:{front.port}") as channel:
-            call = pb_grpc.InferenceServiceStub(channel).Generate(
-                pb.GenerateRequest(),
-                timeout=30,
-                metadata=(("authorization", "Bearer s3cret"), ("x-rollout-key", "user-7")),
-            )
-            assert await messages(call) == []
+            yield pb_grpc.InferenceServiceStub(channel), seen
     finally:
         front.close()
-    assert ("authorization", "Bearer s3cret") in seen[0]
-    assert ("x-rollout-key", "user-7") in seen[0]
-    assert not {"content-type", "te", "grpc-timeout", "user-agent"} & {k for k, _ in seen[0]}
+
+
+async def test_native_transport_hands_its_handler_the_metadata_less_transport_headers() -> None:
+    async with _recording_stub() as (stub, seen):
+        call = stub.Generate(
+            pb.GenerateRequest(),
+            timeout=30,
+            metadata=(("authorization", "Bearer s3cret"), ("x-rollout-key", "user-7")),
+        )
+        assert await messages(call) == []
+    _, metadata = seen[0]
+    assert ("authorization", "Bearer s3cret") in metadata
+    assert ("x-rollout-key", "user-7") in metadata
+    assert not {"content-type", "te", "grpc-timeout", "user-agent"} & {k for k, _ in metadata}
 
 
 class _Upstream:
@@ -470,27 +479,17 @@ async def test_native_transport_refuses_a_max_connection_age_it_cannot_keep(age:
 
 
 async def test_native_transport_refuses_a_request_over_the_message_limit() -> None:
-    seen: list[bytes] = []
-
-    async def handler(request: bytes, metadata: Metadata, write: Write) -> None:
-        seen.append(request)
-
-    front = grpc_floor_native.NativeFront(handler)
-    try:
-        async with grpc.aio.insecure_channel(f"127.0.0.1:{front.port}") as channel:
-            stub = pb_grpc.InferenceServiceStub(channel)
-            too_large = pb.GenerateRequest(text="a" * (MESSAGE_LIMIT + 1))
-            with pytest.raises(grpc.aio.AioRpcError) as refused:
-                await messages(stub.Generate(too_large, timeout=60))
-            at_the_limit = pb.GenerateRequest(text="a" * (MESSAGE_LIMIT - 16))
-            assert await messages(stub.Generate(at_the_limit, timeout=60)) == []
-    finally:
-        front.close()
+    async with _recording_stub() as (stub, seen):
+        too_large = pb.GenerateRequest(text="a" * (MESSAGE_LIMIT + 1))
+        with pytest.raises(grpc.aio.AioRpcError) as refused:
+            await messages(stub.Generate(too_large, timeout=60))
+        at_the_limit = pb.GenerateRequest(text="a" * (MESSAGE_LIMIT - 16))
+        assert await messages(stub.Generate(at_the_limit, timeout=60)) == []
     assert refused.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
     assert refused.value.details() == (
         f"the request is larger than the limit of {MESSAGE_LIMIT} bytes"
     )
-    assert [len(request) for request in seen] == [at_the_limit.ByteSize()]
+    assert [len(request) for request, _ in seen] == [at_the_limit.ByteSize()]
 
 
 async def test_native_transport_refuses_a_compressed_request_unimplemented() -> None:

@@ -301,9 +301,8 @@ async def test_native_generate_with_auth_refuses_a_call_without_a_valid_token(
     metadata: tuple[tuple[str, str], ...],
     refusal: str,
 ) -> None:
-    running = running_app
     security = ServerSecurity(reader_tokens=(Token("team", "s3cret"),))
-    front = native_front.serve_generate(running.app.runtime_ref, security=security)
+    front = native_front.serve_generate(running_app.app.runtime_ref, security=security)
     try:
         async with grpc.aio.insecure_channel(f"127.0.0.1:{front.port}") as channel:
             stub = pb_grpc.InferenceServiceStub(channel)
@@ -325,8 +324,7 @@ async def test_native_generate_with_auth_refuses_a_call_without_a_valid_token(
 async def test_native_transport_serves_the_services_other_rpcs_and_health_on_its_port(
     running_app: RunningInference,
 ) -> None:
-    running = running_app
-    front = native_front.serve_generate(running.app.runtime_ref, upstream=running.address)
+    front = native_front.serve_generate(running_app.app.runtime_ref, upstream=running_app.address)
     try:
         async with grpc.aio.insecure_channel(f"127.0.0.1:{front.port}") as channel:
             stub = pb_grpc.InferenceServiceStub(channel)
@@ -338,9 +336,9 @@ async def test_native_transport_serves_the_services_other_rpcs_and_health_on_its
             answered = await messages(stub.Generate(greedy("alpha", 4), timeout=60))
     finally:
         front.close()
-    over_aio = await running.stub.GetServerInfo(pb.GetServerInfoRequest(), timeout=30)
+    over_aio = await running_app.stub.GetServerInfo(pb.GetServerInfoRequest(), timeout=30)
     assert info.replica_id == over_aio.replica_id
-    assert adapters == await running.stub.ListAdapters(pb.ListAdaptersRequest(), timeout=30)
+    assert adapters == await running_app.stub.ListAdapters(pb.ListAdaptersRequest(), timeout=30)
     assert health.status == health_pb2.HealthCheckResponse.SERVING
     assert sum(len(message.token_ids) for message in answered) == 4
 
