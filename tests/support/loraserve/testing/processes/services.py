@@ -16,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
+import random
 import signal
 import socket
 import sys
@@ -34,11 +35,39 @@ from loraserve.testing.s3.endpoint import S3Bucket
 START_GUARD_S = 60.0
 
 
+_EPHEMERAL_RANGE = Path("/proc/sys/net/ipv4/ip_local_port_range")
+# Linux's default; the IANA range starts higher still.
+_EPHEMERAL_LOW = 32768
+_handed_out: set[int] = set()
+
+
 def free_port(host: str = "127.0.0.1") -> int:
-    """A port nothing listens on now, for a server started later on a fixed address."""
-    with socket.socket() as sock:
-        sock.bind((host, 0))
-        return int(sock.getsockname()[1])
+    """A port nothing listens on now, for a server started later on a fixed address.
+
+    It lies below the kernel's ephemeral range: a port the kernel picks (a server on port
+    0, an outgoing connection to S3 or between engine processes) would otherwise take it
+    between this check and the server's bind. No port is handed out twice per process.
+    """
+    low = _ephemeral_low()
+    for _ in range(1000):
+        port = random.randrange(low // 2, low)
+        if port in _handed_out:
+            continue
+        with socket.socket() as sock:
+            try:
+                sock.bind((host, port))
+            except OSError:
+                continue
+        _handed_out.add(port)
+        return port
+    raise RuntimeError(f"no free port below {low} on {host}")
+
+
+def _ephemeral_low() -> int:
+    try:
+        return int(_EPHEMERAL_RANGE.read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return _EPHEMERAL_LOW
 
 
 ChannelFactory = Callable[[str], grpc.aio.Channel]
