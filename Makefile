@@ -31,9 +31,20 @@ LOCK ?= $(wildcard $(LOCK_FILE))
 # and text generation needs none of them.
 UNUSED := torchvision torchaudio torchcodec
 
-.PHONY: setup lock test test-quick lint proto bench bench-gpu bench-readme native-probe run clean
+.PHONY: setup lock test test-quick lint proto bench bench-gpu bench-readme native run clean
 
+# The native Generate transport (services/inference/native, Rust) is built where cargo and
+# Debian's packaged crates are (`make native` installs them, as root); elsewhere the service
+# serves Generate on grpc.aio, and says so in its log.
 setup: $(STAMP)
+	@if command -v cargo >/dev/null && \
+	    (for crate in $(NATIVE_REGISTRY); do ls -d $(DEBIAN_CRATES)/$$crate* || exit 1; done) \
+	    >/dev/null 2>&1; then \
+	  $(MAKE) --no-print-directory $(NATIVE_LIB); \
+	else \
+	  echo "setup: the native transport is not built (no cargo or crates: make native);" \
+	    "Generate will be served on grpc.aio" >&2; \
+	fi
 
 # The servers' package, plus the developer tools (tools/: demo, tiny model builders) and the
 # test fixtures (tests/support/), each its own distribution so the servers' wheel holds
@@ -70,15 +81,41 @@ TEST_WORKERS ?= 2
 test: lint
 	$(VENV)/bin/pytest -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder
 
-# The native transport probe (bench/front/native, a Rust extension for stream_probe's
-# `native` arm): Debian's packaged crates, so it builds offline; needs root for apt-get.
-# Without it the probe's tests are skipped, saying so.
-NATIVE_CRATES := cargo librust-pyo3-dev librust-h2-dev librust-tokio-dev librust-bytes-dev \
-  librust-http-dev librust-futures-util-dev librust-tokio-rustls-dev librust-rustls-pemfile-dev
-native-probe: setup
+# Offline, from the crate sources Debian packages (services/inference/native/README.md);
+# for this interpreter's ABI3, so one build serves every CPython >= 3.10. Copied in place
+# by rename: a running server keeps the library it mapped.
+DEBIAN_CRATES := /usr/share/cargo/registry
+# The crates Cargo.toml names, as that registry holds them (NATIVE_CRATES installs them).
+NATIVE_REGISTRY := bytes-1. flate2-1. futures-util-0.3. h2-0.3.13 http-0.2. pyo3-0.17. \
+  rustls-pemfile-1. tokio-1. tokio-rustls-0.23.
+NATIVE_CRATE := services/inference/native
+NATIVE_LIB := services/inference/loraserve/inference/transport/loraserve_native.abi3.so
+NATIVE_H2 := $(NATIVE_CRATE)/target/h2
+$(NATIVE_LIB): $(NATIVE_CRATE)/Cargo.toml $(wildcard $(NATIVE_CRATE)/src/*.rs) $(NATIVE_H2)/.patched
+	PYO3_PYTHON=$(PY) cargo build --release --offline --quiet \
+	  --manifest-path $(NATIVE_CRATE)/Cargo.toml \
+	  --config 'source.crates-io.replace-with="debian"' \
+	  --config 'source.debian.directory="$(DEBIAN_CRATES)"'
+	cp $(NATIVE_CRATE)/target/release/libloraserve_native.so $@.tmp
+	mv $@.tmp $@
+
+# Debian 12's h2 0.3.13 with the advisories' fixes it lacks (patches/, Cargo.toml's
+# [patch.crates-io]).
+$(NATIVE_H2)/.patched: $(wildcard $(NATIVE_CRATE)/patches/h2-0.3.13-*.patch)
+	rm -rf $(NATIVE_H2)
+	mkdir -p $(NATIVE_CRATE)/target
+	cp -r $(DEBIAN_CRATES)/h2-0.3.13 $(NATIVE_H2)
+	for fix in $^; do patch --quiet -d $(NATIVE_H2) -p1 < $$fix; done
+	touch $@
+
+# Installs cargo and Debian's crates (root, apt-get), then builds the native transport.
+NATIVE_CRATES := cargo patch librust-pyo3-dev librust-h2-dev librust-tokio-dev librust-bytes-dev \
+  librust-http-dev librust-futures-util-dev librust-tokio-rustls-dev librust-rustls-pemfile-dev \
+  librust-flate2-dev
+native:
 	DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends \
 	  $(NATIVE_CRATES) >/dev/null
-	$(PY) -c 'from bench.front import grpc_floor_native as n; n.build()'
+	$(MAKE) --no-print-directory setup
 
 # Everything that does not need the engine.
 test-quick: setup
@@ -113,4 +150,4 @@ proto: setup
 	$(PY) -m loraserve.protogen .
 
 clean:
-	rm -rf $(VENV) .cache .mypy_cache .ruff_cache .pytest_cache
+	rm -rf $(VENV) .cache .mypy_cache .ruff_cache .pytest_cache $(NATIVE_CRATE)/target $(NATIVE_LIB)

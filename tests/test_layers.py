@@ -24,6 +24,7 @@ ALLOWED: dict[str, frozenset[str]] = {
     "metrics": frozenset({"engine", "adapters"}),
     "serving": frozenset({"engine", "adapters", "metrics", "v1"}),
     "openai": frozenset({"engine", "adapters", "metrics", "serving", "settings"}),
+    "transport": frozenset({"engine", "serving", "settings", "v1"}),
 }
 ASSEMBLERS = frozenset({"app", "__main__"})
 

@@ -125,7 +125,7 @@ def test_showcase_shows_two_adapters_and_a_push_mid_stream(run_command: RunComma
     output = run_command.output()
     assert "matey" in output
     assert f"request 2, sent after the push, got {SWAP_ADAPTER}@2" in output
-    assert f"{SWAP_ADAPTER}@1 is draining: request 1 still runs on it" in output
+    assert f"pushed {SWAP_ADAPTER}@2; new requests go to it" in output
     assert f"request 1, still streaming from {SWAP_ADAPTER}@1 after the push" in output
 
 

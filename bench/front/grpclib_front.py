@@ -1,17 +1,12 @@
 """The real `inference serve`, with Generate served again beside it:
 
     python -m bench.front.grpclib_front --grpclib-port N [--native-port M] [--pushed-port P]
-        [--vllm-envs-cache] [--no-vllm-prometheus] SERVE-FLAGS...
+        SERVE-FLAGS...
 
 over grpclib with its writes coalesced per event-loop pass (bench/front/grpc_floor_h2.py)
-on port N, and, if asked, over the native transport (Rust's h2, bench/front/native_front.py)
-on port M, and on it again with the engine's outputs pushed on port P. With
-`--vllm-envs-cache`, once serving, `vllm.envs` caches every variable it reads (vLLM does that
-in its engine and worker processes, not in the process that streams, where `IterationStats`
-reads one through `os.environ` for every output). With `--no-vllm-prometheus`, once serving,
-the engine's stat loggers lose vLLM's `PrometheusStatLogger`: it records every step into
-prometheus_client's global registry, which loraserve serves nowhere (both of its /metrics
-serve its own registry; the gauges an endpoint picker reads come from its own tap).
+on port N, and, if asked, over the service's native transport (Rust's h2,
+loraserve.inference.transport) with the engine's outputs pulled on port M, and pushed (as
+`inference serve --grpc-transport native` serves it) on port P.
 
 Step (1) of issue 28's path in docs/design.md, measured on the real generation path rather
 than the floor's synthetic tokens: the same engine, registry, generator and proto
@@ -31,11 +26,13 @@ from typing import Any
 from bench.front.grpc_floor_h2 import coalesce_grpclib_writes
 from bench.front.grpc_floor_servers import GENERATE
 from loraserve.common.errors import LoraserveError
+from loraserve.common.rpc.security import ServerSecurity
 from loraserve.inference import __main__ as inference_main
 from loraserve.inference.adapters import ROLLOUT_KEY_HEADER
 from loraserve.inference.app import InferenceApp
+from loraserve.inference.serving import generate_command, generate_response
 from loraserve.inference.serving.runtime import RuntimeRef
-from loraserve.inference.serving.servicer import _command, _response
+from loraserve.inference.transport import start_generate_front
 from loraserve.inference.v1 import inference_pb2 as pb
 
 log = logging.getLogger(__name__)
@@ -63,10 +60,10 @@ class GrpclibGenerate:
         request = await stream.recv_message()
         key = stream.metadata.get(ROLLOUT_KEY_HEADER, "") if stream.metadata else ""
         try:
-            chunks = self._runtime_ref.get().generator.generate(_command(request, key))
+            chunks = self._runtime_ref.get().generator.generate(generate_command(request, key))
             async with contextlib.aclosing(chunks):
                 async for chunk in chunks:
-                    await stream.send_message(_response(chunk))
+                    await stream.send_message(generate_response(chunk))
         except LoraserveError as exc:
             raise GRPCError(Status(exc.code.value[0]), exc.message) from exc
 
@@ -81,9 +78,7 @@ async def serve_generate(runtime_ref: RuntimeRef, port: int = 0) -> tuple[Any, i
     return server, server._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
 
 
-def _app_class(
-    port: int, native_port: int, pushed_port: int, envs_cache: bool, drop_vllm_prometheus: bool
-) -> type[InferenceApp]:
+def _app_class(port: int, native_port: int, pushed_port: int) -> type[InferenceApp]:
     class GrpclibApp(InferenceApp):
         """The inference app with a grpclib Generate (and native ones, if asked)
         listening beside its own server."""
@@ -92,35 +87,18 @@ def _app_class(
             await super().start()
             self._grpclib, _ = await serve_generate(self.runtime_ref, port)
             self._natives = []
-            if native_port or pushed_port:
-                from bench.front import native_front
-
-                if native_port:
-                    front = native_front.serve_generate(self.runtime_ref, native_port)
+            for front_port, pushed in ((native_port, False), (pushed_port, True)):
+                if front_port:
+                    front = start_generate_front(
+                        self.runtime_ref,
+                        host="127.0.0.1",
+                        port=front_port,
+                        security=ServerSecurity(),
+                        upstream=None,
+                        max_connection_age_s=None,
+                        pushed=pushed,
+                    )
                     self._natives.append(front)
-                if pushed_port:
-                    front = native_front.serve_generate(self.runtime_ref, pushed_port, True)
-                    self._natives.append(front)
-
-        async def run_engine_and_sync(self) -> None:
-            await super().run_engine_and_sync()
-            if not self.ready.is_set():
-                return
-            # Only once serving: vLLM sets some of its variables while the engine starts.
-            if envs_cache:
-                import vllm.envs
-
-                vllm.envs.enable_envs_cache()
-            if drop_vllm_prometheus:
-                from vllm.v1.metrics.loggers import PrometheusStatLogger
-
-                manager = self.runtime_ref.get().engine._llm.logger_manager  # type: ignore[attr-defined]
-                manager.stat_loggers = [
-                    logger
-                    for logger in manager.stat_loggers
-                    if not isinstance(logger, PrometheusStatLogger)
-                ]
-                log.info("probe.vllm_prometheus_dropped stat_loggers=%d", len(manager.stat_loggers))
 
         async def stop(self) -> None:
             for front in self._natives:
@@ -137,17 +115,9 @@ def main() -> None:
     parser.add_argument("--grpclib-port", type=int, required=True)
     parser.add_argument("--native-port", type=int, default=0)
     parser.add_argument("--pushed-port", type=int, default=0)
-    parser.add_argument("--vllm-envs-cache", action="store_true")
-    parser.add_argument("--no-vllm-prometheus", action="store_true")
     args, serve_argv = parser.parse_known_args()
     # `serve` builds its app by this module-level name; the rest of start-up is the product's.
-    app = _app_class(
-        args.grpclib_port,
-        args.native_port,
-        args.pushed_port,
-        args.vllm_envs_cache,
-        args.no_vllm_prometheus,
-    )
+    app = _app_class(args.grpclib_port, args.native_port, args.pushed_port)
     inference_main.InferenceApp = app  # type: ignore[attr-defined]
     inference_main.main(serve_argv)
 

@@ -3,7 +3,7 @@
     python -m bench.front.stream_probe [--arms grpc,grpclib,client,openai,vllm,sdk,grpc@8,...]
         [--clients 32] [--max-tokens 64] [--warmup 4] [--window 15] [--rounds 1]
         [--stream-interval N] [--profile DIR [--native-stacks]] [--loraserve NAME=PYTHONPATH ...]
-        [--vllm-envs-cache] [--no-vllm-prometheus] [--json OUT]
+        [--json OUT]
     python -m bench.front.stream_probe summarize PROFILE.txt     # a py-spy raw profile, by frame
 
 One `inference serve` (gRPC and its OpenAI front, one engine; one per `--loraserve`
@@ -16,15 +16,17 @@ of the server's own process (psutil, children excluded: vLLM's engine core is a 
 this is the front alone), of its main thread (the event loop) and of this process (the
 client), per 1,000 tokens; TTFT and inter-message gap p50 of requests inside it.
 
-Arms: `grpc` the raw generated stub (one message per token: the tokens/message column
-says so), `grpclib` the same stub against the same server's Generate over grpclib with
-coalesced writes (bench/front/grpclib_front.py; the server is started through it when this
-arm runs), `native` and `pushed` the same stub against its Generate on Rust's h2, pulled
-and pushed (bench/front/native_front.py), `client` loraserve.clients.InferenceClient.stream,
-`openai` loraserve's OpenAI front with aiohttp (SSE), `vllm` `vllm serve` with the same
-aiohttp client, `sdk` `openai.AsyncOpenAI` streaming from `vllm serve`. Arms alternate,
-their order rotating every round. With --profile, one more round runs with py-spy
-recording each arm's server (raw collapsed stacks, DIR/ARM.txt; with --native-stacks, C and
+Arms: `grpc` the raw generated stub against `inference serve --grpc-transport grpcio` (one
+message per token: the tokens/message column says so), `grpclib` the same stub against the
+same server's Generate over grpclib with coalesced writes (bench/front/grpclib_front.py;
+the server is started through it when this arm runs), `native` and `pushed` the same stub
+against its Generate on the service's native transport (Rust's h2), pulled and pushed
+(`pushed` is what `inference serve` serves on its address by default where the transport is
+built), `client` loraserve.clients.InferenceClient.stream, `openai` loraserve's OpenAI
+front with aiohttp (SSE), `vllm` `vllm serve` with the same aiohttp client, `sdk`
+`openai.AsyncOpenAI` streaming from `vllm serve`. Arms alternate, their order rotating
+every round. With --profile, one more round runs with py-spy recording each arm's server
+(raw collapsed stacks, DIR/ARM.txt; with --native-stacks, C and
 Rust frames too); its figures are printed, not counted.
 """
 
@@ -258,12 +260,11 @@ async def start_servers(
     need_vllm: bool,
     grpclib: bool = False,
     native: bool = False,
-    tuning: Sequence[str] = (),
 ) -> tuple[list[Loraserve], procs.Child | None]:
-    """Each variant's `inference serve` (gRPC + OpenAI front; its code from the variant's
-    PYTHONPATH, "" for this checkout; with `grpclib` or `native` (both native ports),
-    through bench/front/grpclib_front.py, there with its flags `tuning`, such as
-    `--vllm-envs-cache`) and, if asked, `vllm serve`; all ready."""
+    """Each variant's `inference serve --grpc-transport grpcio` (gRPC + OpenAI front; its
+    code from the variant's PYTHONPATH, "" for this checkout; with `grpclib` or `native`
+    (both native ports), through bench/front/grpclib_front.py) and, if asked, `vllm serve`;
+    all ready."""
     await stack.start_store()
     for name in ADAPTERS:
         await stack.push(name)
@@ -271,7 +272,12 @@ async def start_servers(
     for name, pythonpath in variants.items():
         grpc_port, http_port = free_port(), free_port()
         argv = stack._argv(name, grpc_port, ENGINE, http_port)
-        env = {**ENGINE_ENV, **({"PYTHONPATH": pythonpath} if pythonpath else {})}
+        # The `grpc` arm is grpc.aio's; a variant older than --grpc-transport ignores this.
+        env = {
+            **ENGINE_ENV,
+            "INFERENCE_GRPC_TRANSPORT": "grpcio",
+            **({"PYTHONPATH": pythonpath} if pythonpath else {}),
+        }
         grpclib_port = free_port() if grpclib or native else 0
         native_port = free_port() if native else 0
         pushed_port = free_port() if native else 0
@@ -283,7 +289,6 @@ async def start_servers(
                 f"--grpclib-port={grpclib_port}",
                 f"--native-port={native_port}",
                 f"--pushed-port={pushed_port}",
-                *tuning,
             ]
             if grpclib_port
             else []
@@ -312,11 +317,6 @@ async def start_servers(
 
 
 Arms = dict[str, tuple[Caller, int]]
-# bench/front/grpclib_front.py's flags that tune vLLM in loraserve's process, and what each does.
-TUNING = {
-    "--vllm-envs-cache": "caches vllm.envs once serving",
-    "--no-vllm-prometheus": "drops vLLM's Prometheus stat logger (it serves nowhere) once serving",
-}
 
 
 async def open_arms(
@@ -409,7 +409,6 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
             bool({"vllm", "sdk"} & kinds),
             "grpclib" in kinds,
             bool({"native", "pushed"} & kinds),
-            args.tuning,
         )
         async with contextlib.AsyncExitStack() as exits:
             arms = await open_arms(exits, servers, vllm, args.stream_interval)
@@ -455,15 +454,6 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--native-stacks", action="store_true", help="profiles with C and Rust frames"
     )
-    for flag, meaning in TUNING.items():
-        parser.add_argument(
-            flag,
-            action="append_const",
-            const=flag,
-            dest="tuning",
-            default=[],
-            help=f"loraserve's server (when started for a grpclib or native arm) {meaning}",
-        )
     parser.add_argument(
         "--loraserve",
         action="append",

@@ -6,17 +6,24 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
+import socket
+import tempfile
+from collections.abc import Iterator
 from pathlib import Path
 
 import grpc
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
+from loraserve.common.errors import FailedPrecondition, Unavailable
+from loraserve.inference import transport
 from loraserve.inference.app import InferenceApp
 from loraserve.inference.engine import VllmEngine
-from loraserve.inference.settings import EngineOptions, parse_settings
+from loraserve.inference.settings import EngineOptions, InferenceSettings, parse_settings
 from loraserve.inference.v1 import inference_pb2 as pb
 from loraserve.inference.v1 import inference_pb2_grpc as pb_grpc
+from loraserve.testing.inference.native import native_only
 from loraserve.testing.processes.services import free_port, inference_args
 from loraserve.testing.waiting import eventually
 
@@ -58,4 +65,116 @@ async def test_auto_rank_keeps_waiting_for_an_unreachable_store_and_says_why(
     finally:
         starting.cancel()
         await asyncio.gather(starting, return_exceptions=True)
+        await app.stop()
+
+
+def _settings(tmp_path: Path, *flags: str, listen: str = "127.0.0.1:0") -> InferenceSettings:
+    store = f"127.0.0.1:{free_port()}"
+    argv = inference_args(tmp_path / "model", store, tmp_path / "cache", *flags, listen=listen)
+    return parse_settings(argv, {}, "replica-a")
+
+
+@native_only
+async def test_the_default_transport_is_native_and_carries_health_to_the_grpcio_server(
+    tmp_path: Path,
+) -> None:
+    app = InferenceApp(_settings(tmp_path))
+    await app.start()
+    try:
+        async with grpc.aio.insecure_channel(f"127.0.0.1:{app.port}") as channel:
+            health = await health_pb2_grpc.HealthStub(channel).Check(
+                health_pb2.HealthCheckRequest(), timeout=10
+            )
+        assert app.grpc_transport == "native"
+        assert health.status == health_pb2.HealthCheckResponse.NOT_SERVING
+    finally:
+        await app.stop()
+
+
+async def test_grpc_transport_grpcio_serves_everything_on_grpc_aio(tmp_path: Path) -> None:
+    app = InferenceApp(_settings(tmp_path, "--grpc-transport", "grpcio"))
+    await app.start()
+    try:
+        assert app.grpc_transport == "grpcio"
+    finally:
+        await app.stop()
+
+
+def _not_built(monkeypatch: pytest.MonkeyPatch) -> None:
+    def load() -> None:
+        raise ImportError("the native transport is not built (no library)")
+
+    monkeypatch.setattr(transport.native, "load_native", load)
+
+
+async def test_grpc_transport_auto_falls_back_to_grpcio_where_native_is_not_built_and_says_so(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    _not_built(monkeypatch)
+    caplog.set_level(logging.WARNING, logger="loraserve.inference.transport.front")
+    app = InferenceApp(_settings(tmp_path))
+    await app.start()
+    try:
+        assert app.grpc_transport == "grpcio"
+        assert "server.native_transport_unavailable" in caplog.text
+        assert "not built (no library)" in caplog.text
+    finally:
+        await app.stop()
+
+
+async def test_grpc_transport_native_refuses_to_start_where_it_is_not_built(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    _not_built(monkeypatch)
+    app = InferenceApp(_settings(tmp_path, "--grpc-transport", "native"))
+    with pytest.raises(FailedPrecondition, match="--grpc-transport native: the native"):
+        await app.start()
+
+
+def _entries(directory: Path) -> list[str]:
+    return os.listdir(directory)
+
+
+@pytest.fixture
+def socket_dirs(monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
+    """A temporary directory of this test's own for the native transport's socket
+    directories (short: a Unix socket's path holds at most 107 bytes)."""
+    with tempfile.TemporaryDirectory(prefix="t-", dir="/tmp") as short:
+        monkeypatch.setattr(tempfile, "tempdir", short)
+        yield Path(short)
+
+
+@native_only
+async def test_the_native_transport_refuses_an_address_in_use_and_leaves_nothing_behind(
+    tmp_path: Path, socket_dirs: Path
+) -> None:
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        app = InferenceApp(_settings(tmp_path, listen=f"127.0.0.1:{port}"))
+        with pytest.raises(Unavailable, match=f"cannot listen on 127.0.0.1:{port}: .*in use"):
+            await app.start()
+    assert _entries(socket_dirs) == []
+
+
+@native_only
+async def test_a_stopped_native_transport_leaves_no_socket_directory(
+    tmp_path: Path, socket_dirs: Path
+) -> None:
+    app = InferenceApp(_settings(tmp_path))
+    await app.start()
+    assert len(_entries(socket_dirs)) == 1
+    await app.stop()
+    assert _entries(socket_dirs) == []
+
+
+async def test_grpc_transport_auto_serves_a_listen_address_that_is_not_host_port_on_grpcio(
+    tmp_path: Path, socket_dirs: Path
+) -> None:
+    app = InferenceApp(_settings(tmp_path, listen=f"unix:{socket_dirs}/inference.sock"))
+    await app.start()
+    try:
+        assert app.grpc_transport == "grpcio"
+    finally:
         await app.stop()

@@ -113,3 +113,17 @@ def test_a_negative_fair_headroom_is_a_usage_error(capsys: pytest.CaptureFixture
     with pytest.raises(SystemExit):
         parse_settings([*BASE, "--fair-headroom", "-1"], {}, "h")
     assert "--fair-headroom" in capsys.readouterr().err
+
+
+def test_grpc_transport_defaults_to_auto() -> None:
+    assert parse_settings(BASE, {}, "host").grpc_transport == "auto"
+
+
+def test_a_grpc_transport_from_the_environment_that_is_no_choice_is_a_usage_error(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    with pytest.raises(SystemExit):
+        parse_settings(BASE, {"INFERENCE_GRPC_TRANSPORT": "grpc"}, "host")
+    assert "--grpc-transport: invalid choice from the environment: 'grpc'" in (
+        capsys.readouterr().err
+    )

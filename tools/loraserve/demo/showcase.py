@@ -25,9 +25,11 @@ _GREEDY = Sampling(max_tokens=40, temperature=0.0)
 _SHOWN_CHARS = 30
 # Longer than the scene shows; the demo cancels it once it has shown its point.
 _LONG_GREEDY = Sampling(max_tokens=900, temperature=0.0, ignore_eos=True)
-# Request 1 reads like a slow consumer: a small HTTP/2 window that never grows makes
-# the server wait for the reader, so the request stays in flight on its revision
-# while the push lands, however fast or loaded the machine (no race with the engine).
+# Request 1 reads like a slow consumer: a small HTTP/2 window that never grows, so its
+# stream is still arriving when the push lands, however fast or loaded the machine.
+# Whether its revision is still in the engine then depends on the transport: grpc.aio
+# makes the server wait for the reader, the native transport buffers what the engine
+# made and lets the revision go once the engine is done with it.
 _SLOW_READER = (("grpc.http2.lookahead_bytes", 1024), ("grpc.http2.bdp_probe", 0))
 
 
@@ -106,6 +108,13 @@ async def hot_swap_scene(
         say(
             f"  pushed {SWAP_ADAPTER}@{revision}; new requests go to it, while "
             f"{old} is draining: request 1 still runs on it"
+        )
+    elif old_state == "removed":
+        # The engine made all of request 1 before the push landed (a fast machine): its
+        # revision left the engine, and the stream goes on with what it made there.
+        say(
+            f"  pushed {SWAP_ADAPTER}@{revision}; new requests go to it. The engine had "
+            f"made all of request 1 on {old} already, so {old} has left it"
         )
     else:
         say(f"  pushed {SWAP_ADAPTER}@{revision} ({old}: {old_state})")

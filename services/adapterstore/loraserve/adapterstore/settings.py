@@ -29,6 +29,7 @@ from loraserve.common.config.flags import (
     EnvFlags,
     non_negative_float,
     non_negative_int,
+    parse_args,
     positive_float,
     positive_int,
 )
@@ -197,7 +198,7 @@ def _secret(value: str | None, file: str | None, what: str) -> str | None:
 
 def parse_settings(argv: Sequence[str], environ: Mapping[str, str]) -> AdapterStoreSettings:
     """Parses `adapterstore serve ...`; raises InvalidArgument for inconsistent flags."""
-    args = build_parser(environ).parse_args(list(argv))
+    args = parse_args(build_parser(environ), argv)
     if not args.bucket:
         raise InvalidArgument(f"--bucket (or {ENV_PREFIX}_BUCKET) is required")
     access_key_id = _secret(args.access_key_id, args.access_key_id_file, "access key id")

@@ -19,12 +19,10 @@ from typing import TYPE_CHECKING
 import stamina
 
 from loraserve.clients.store import StoreClient, StoreClientSettings
-from loraserve.common.config.admission import AdmissionOptions
 from loraserve.common.errors import TRANSIENT_ERRORS, LoraserveError
 from loraserve.common.revisions.manifest import Revision
 from loraserve.common.rpc import retrylog
 from loraserve.common.rpc.metrics_http import serve_metrics
-from loraserve.common.rpc.server import RunningServer, start_server
 from loraserve.common.trust.policy import RevisionTrust
 from loraserve.inference.adapters import (
     LLAMA_TARGET_MODULES,
@@ -37,17 +35,15 @@ from loraserve.inference.adapters import (
     supported_lora_ranks,
 )
 from loraserve.inference.cache import AdapterCache, FetchSettings, ReadSettings
-from loraserve.inference.engine import VllmEngine
+from loraserve.inference.engine import VllmEngine, pushed_outputs_supported
 from loraserve.inference.metrics import TTFT_BOUNDS_S, InferenceMetrics
 from loraserve.inference.serving import (
-    SERVICE_NAME,
     Admission,
-    FairGate,
     Generator,
     QuotaGate,
     Runtime,
     RuntimeRef,
-    register,
+    fair_gate,
 )
 from loraserve.inference.settings import EngineOptions, InferenceSettings
 from loraserve.inference.sync import (
@@ -56,6 +52,7 @@ from loraserve.inference.sync import (
     SyncSettings,
     current_adapter_ranks,
 )
+from loraserve.inference.transport import GrpcFront, start_grpc_front
 
 if TYPE_CHECKING:
     from loraserve.inference.openai import RunningHttpServer
@@ -84,7 +81,7 @@ class InferenceApp:
         self.quotas = QuotaGate(observer=self.metrics)
         self.runtime_ref = RuntimeRef()
         self.ready = asyncio.Event()
-        self._server: RunningServer | None = None
+        self._server: GrpcFront | None = None
         self._http: RunningHttpServer | None = None
         self._store: StoreClient | None = None
         self._engine: VllmEngine | None = None
@@ -100,6 +97,13 @@ class InferenceApp:
         return self._server.port
 
     @property
+    def grpc_transport(self) -> str:
+        """What serves Generate: "native" or "grpcio"."""
+        if self._server is None:
+            raise RuntimeError("the server is not started")
+        return self._server.transport
+
+    @property
     def openai_port(self) -> int | None:
         """The OpenAI-compatible HTTP front's port; None when it is off."""
         return self._http.port if self._http is not None else None
@@ -109,23 +113,22 @@ class InferenceApp:
         settings = self._settings
         if settings.metrics_listen is not None:
             self.metrics_port = serve_metrics(self.metrics.registry, settings.metrics_listen)
-        self._server = await start_server(
-            address=settings.listen,
-            register=lambda server: register(server, self.runtime_ref),
-            service_names=[SERVICE_NAME],
-            security=settings.security,
-            max_connection_age_s=settings.max_connection_age_s,
-        )
-        if settings.openai_listen is not None:
-            self._http = await self._start_openai(settings.openai_listen)
-        self._store = StoreClient.connect(
-            StoreClientSettings(
-                address=settings.store_address,
-                security=settings.store_security,
-                replica_id=settings.replica_id,
-                max_staleness_s=settings.store_max_staleness_s,
+        server = self._server = await start_grpc_front(settings, self.runtime_ref)
+        try:
+            if settings.openai_listen is not None:
+                self._http = await self._start_openai(settings.openai_listen)
+            self._store = StoreClient.connect(
+                StoreClientSettings(
+                    address=settings.store_address,
+                    security=settings.store_security,
+                    replica_id=settings.replica_id,
+                    max_staleness_s=settings.store_max_staleness_s,
+                )
             )
-        )
+        except BaseException:
+            self._server = None
+            await server.stop(None)
+            raise
 
     async def run_engine_and_sync(self) -> None:
         """Starts the engine, syncs with the store, turns SERVING; returns while sync runs."""
@@ -211,12 +214,20 @@ class InferenceApp:
         settings = self._settings
         info = engine.info
         admission = Admission(settings.max_pending_requests, settings.max_n)
-        gate = _fair_gate(settings.admission, info.max_num_seqs)
+        gate = fair_gate(settings.admission, info.max_num_seqs)
         self.runtime_ref.set(
             Runtime(
                 engine=engine,
                 registry=registry,
-                generator=Generator(engine, registry, admission, self.metrics, gate, self.quotas),
+                generator=Generator(
+                    engine,
+                    registry,
+                    admission,
+                    self.metrics,
+                    gate,
+                    self.quotas,
+                    push=engine.push if pushed_outputs_supported() else None,
+                ),
                 admission=admission,
                 replica_id=settings.replica_id,
                 store_seq=store_seq,
@@ -259,6 +270,8 @@ class InferenceApp:
             await self._sync_task
             return
         await self._server.set_serving(True)
+        assert self._engine is not None
+        self._engine.tune_for_serving()
         self.ready.set()
         log.info("server.serving port=%d replica_id=%s", self.port, self._settings.replica_id)
 
@@ -279,6 +292,7 @@ class InferenceApp:
             await self._store.close()
         self.runtime_ref.set(None)
         if self._engine is not None:
+            self._engine.tune_for_serving(False)
             self._engine.shutdown()
         log.info("server.stopped")
 
@@ -377,14 +391,3 @@ def _sync_settings(settings: InferenceSettings) -> SyncSettings:
             counters_interval_s=settings.rollout_report_interval_s,
         ),
     )
-
-
-def _fair_gate(options: AdmissionOptions, max_num_seqs: int) -> FairGate | None:
-    """The gate that admits requests into the engine in turn across adapters, at most
-    one batch's worth (or `--max-engine-requests`) at once, keeping places (at least
-    `--fair-headroom`) from adapters sending above their fair rate; None for fifo."""
-    if not options.fair:
-        return None
-    weights = dict(options.weights)
-    capacity = options.max_engine_requests or max_num_seqs
-    return FairGate(capacity, lambda a: weights.get(a, 1.0), options.headroom)

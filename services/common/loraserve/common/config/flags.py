@@ -9,7 +9,7 @@ names the flag.
 from __future__ import annotations
 
 import argparse
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, TypeVar
 
 _Number = TypeVar("_Number", int, float)
@@ -50,6 +50,28 @@ class EnvFlags:
             help=f"{help_text} (env {self.env_name(name)})",
             **kwargs,
         )
+
+
+def parse_args(parser: argparse.ArgumentParser, argv: Sequence[str]) -> argparse.Namespace:
+    """`parser.parse_args(argv)`, and a value of a flag with choices that came from its
+    environment variable checked as one from the command line is (argparse checks only
+    the latter): a usage error naming the flag."""
+    args = parser.parse_args(list(argv))
+    parsers = [parser]
+    while parsers:
+        current = parsers.pop()
+        for action in current._actions:
+            if isinstance(action, argparse._SubParsersAction):
+                parsers.extend(action.choices.values())
+                continue
+            value = getattr(args, action.dest, None)
+            if action.choices is not None and value is not None and value not in action.choices:
+                choices = ", ".join(map(repr, action.choices))
+                current.error(
+                    f"argument {'/'.join(action.option_strings)}: invalid choice from the "
+                    f"environment: {value!r} (choose from {choices})"
+                )
+    return args
 
 
 def _number(parse: Callable[[str], _Number], what: str, text: str) -> _Number:

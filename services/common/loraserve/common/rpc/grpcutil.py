@@ -28,19 +28,33 @@ Behavior = Callable[..., Any]
 Guard = Callable[[grpc.aio.ServicerContext[Any, Any]], Awaitable[None]]
 
 
-async def _abort_for(
-    exc: BaseException, context: grpc.aio.ServicerContext[Any, Any], method: str
-) -> None:
+Trailers = tuple[tuple[str, str], ...]
+
+
+def status_for(exc: Exception, method: str) -> tuple[grpc.StatusCode, str, Trailers]:
+    """The status, message and trailing metadata that a handler's exception ends its call
+    with, logged: a domain error as `rpc.error`, anything else as a bug (INTERNAL, its
+    traceback logged, a generic message). One mapping for every transport."""
     if isinstance(exc, LoraserveError):
         # Capped: a status message longer than the client's metadata limit would replace
         # the status itself with RESOURCE_EXHAUSTED.
         message = capped_message(exc.message)
         log.info("rpc.error method=%s code=%s message=%s", method, exc.code.name, message)
+        trailers: Trailers = ()
         if isinstance(exc, QuotaExceeded):
-            context.set_trailing_metadata((("retry-after", retry_after(exc.retry_after_s)),))
-        await context.abort(exc.code, message)
+            trailers = (("retry-after", retry_after(exc.retry_after_s)),)
+        return exc.code, message, trailers
     log.error("rpc.internal_error method=%s", method, exc_info=exc)
-    await context.abort(grpc.StatusCode.INTERNAL, f"internal error in {method}")
+    return grpc.StatusCode.INTERNAL, f"internal error in {method}", ()
+
+
+async def _abort_for(
+    exc: Exception, context: grpc.aio.ServicerContext[Any, Any], method: str
+) -> None:
+    code, message, trailers = status_for(exc, method)
+    if trailers:
+        context.set_trailing_metadata(trailers)
+    await context.abort(code, message)
 
 
 def retry_after(seconds: float) -> str:

@@ -13,11 +13,14 @@ from loraserve.inference.engine.protocol import (
     EngineStats,
     SamplingSpec,
 )
+from loraserve.inference.engine.pushed import DeltaSink
+from loraserve.inference.engine.pushed import supported as pushed_outputs_supported
 from loraserve.inference.engine.sampling import SamplingRequest, StructuredOutput, check_limits
 from loraserve.inference.engine.vllm_engine import VllmEngine
 
 __all__ = [
     "AdapterHandle",
+    "DeltaSink",
     "Engine",
     "EngineDelta",
     "EngineFinish",
@@ -31,4 +34,5 @@ __all__ = [
     "VllmEngine",
     "check_limits",
     "engine_args",
+    "pushed_outputs_supported",
 ]

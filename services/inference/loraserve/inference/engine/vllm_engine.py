@@ -20,13 +20,13 @@ if TYPE_CHECKING:
 
     from loraserve.inference.settings import EngineOptions
 
-from loraserve.inference.engine import lora_preload
+from loraserve.inference.engine import lora_preload, pushed
 from loraserve.inference.engine.args import build_async_llm
+from loraserve.inference.engine.finishes import VLLM_FINISH, failed_request
 from loraserve.inference.engine.logprobs import PositionLogprobs, vllm_logprobs
 from loraserve.inference.engine.protocol import (
     AdapterHandle,
     EngineDelta,
-    EngineFinish,
     EngineInfo,
     EngineStats,
     SamplingSpec,
@@ -74,9 +74,6 @@ def _tokenizer_thread(llm: object) -> ThreadPoolExecutor:
         return _tokenizer_threads.setdefault(
             llm, ThreadPoolExecutor(1, thread_name_prefix="tokenizer")
         )
-
-
-_FINISH = {"stop": EngineFinish.STOP, "length": EngineFinish.LENGTH, "abort": EngineFinish.ABORT}
 
 
 class VllmEngine:
@@ -247,7 +244,7 @@ class VllmEngine:
                     # A loop here, not a helper generator: this runs once per token.
                     for completion in output.outputs:
                         if completion.finish_reason == "error":
-                            raise _failed(request_id, params)
+                            raise failed_request(request_id, params)
                         yield _delta(completion, params.logprobs, prompt_logprobs)
                         prompt_logprobs = ()
         except EngineDeadError as exc:
@@ -266,8 +263,46 @@ class VllmEngine:
                 # steps, when no await inside vLLM is pending to receive the cancel.
                 await asyncio.shield(self._llm.abort(request_id))
 
+    async def push(
+        self,
+        request_id: str,
+        prompt_token_ids: Sequence[int],
+        sampling: SamplingSpec,
+        adapter: AdapterHandle | None,
+        sink: pushed.DeltaSink,
+    ) -> None:
+        """Adds a request whose outputs vLLM's output handler puts into `sink` (see
+        `pushed`); `abort(request_id)` ends it."""
+        lora_request = _lora_request(adapter) if adapter else None
+        await pushed.push(
+            self._llm, request_id, prompt_token_ids, sampling.params, lora_request, sink
+        )
+
     async def abort(self, request_id: str) -> None:
         await self._llm.abort(request_id)
+
+    def tune_for_serving(self, serving: bool = True) -> None:
+        """Once the service serves: `vllm.envs` caches what it reads (vLLM does so in its
+        engine and worker processes; in this one its stats read an environment variable
+        through `os.environ` for every output), and vLLM's Prometheus stat logger goes,
+        since its registry is served nowhere (the service's /metrics serve their own, and
+        the scheduler's figures come from this engine's tap). Not before: vLLM sets some
+        of its variables while the engine starts. `serving=False`, once the service has
+        stopped, reads the environment afresh again (for an engine started after it)."""
+        import vllm.envs
+        from vllm.v1.metrics.loggers import PrometheusStatLogger
+
+        if not serving:
+            vllm.envs.disable_envs_cache()
+            return
+        vllm.envs.enable_envs_cache()
+        manager = getattr(self._llm, "logger_manager", None)
+        if manager is not None:
+            manager.stat_loggers = [
+                logger
+                for logger in manager.stat_loggers
+                if not isinstance(logger, PrometheusStatLogger)
+            ]
 
     async def add_lora(self, adapter: AdapterHandle) -> None:
         # Not vLLM's add_lora: the workers first read the weights off their step loop,
@@ -329,21 +364,6 @@ class VllmEngine:
         self._llm.shutdown()
 
 
-def _failed(request_id: str, params: Any) -> InvalidArgument | Unavailable:
-    """What vLLM's "error" finish means for a request. With a structured output it is the
-    grammar: one that passed vLLM's checks but that the engine could not compile or whose
-    constraint no token can meet (`{"$ref": "#"}`, a regex matching nothing); asking again
-    fails again, so it is the request's fault. Otherwise vLLM calls it a retryable
-    internal error (a lost KV transfer, say)."""
-    if params.structured_outputs is not None:
-        return InvalidArgument(
-            "sampling.structured_output: the engine could not generate under this "
-            "constraint (it compiled, but the engine failed to compile or follow it, e.g. "
-            "a schema that only refers to itself or a pattern no text matches)"
-        )
-    return Unavailable(f"the engine failed request {request_id} (vLLM finish 'error'); retry")
-
-
 def _delta(
     completion: Any, logprobs: int | None, prompt_logprobs: tuple[PositionLogprobs, ...]
 ) -> EngineDelta:
@@ -352,7 +372,7 @@ def _delta(
     return EngineDelta(
         completion.text,
         tuple(completion.token_ids),
-        _FINISH.get(finish) if finish is not None else None,
+        VLLM_FINISH.get(finish) if finish is not None else None,
         completion.index,
         vllm_logprobs(completion.token_ids, completion.logprobs, logprobs)
         if completion.logprobs is not None

@@ -1,31 +1,43 @@
 """Serving requests: the runtime a started server is made of, admission, per-adapter
-quotas, generation over the engine with an adapter lease, and the gRPC servicer (proto
+quotas, generation over the engine with an adapter lease (pulled, or pushed by the
+engine), and the gRPC servicer (proto
 <-> domain only)."""
 
 from loraserve.inference.serving.admission import Admission
-from loraserve.inference.serving.fairness import FairGate
-from loraserve.inference.serving.generation import (
-    FinishReason,
-    GenerateCommand,
-    GenerationChunk,
-    Generator,
-    Usage,
-)
+from loraserve.inference.serving.chunks import FinishReason, GenerationChunk, Usage
+from loraserve.inference.serving.fairness import FairGate, fair_gate
+from loraserve.inference.serving.generation import GenerateCommand, Generator
+from loraserve.inference.serving.pushed import ChunkWriter, PushedStream, pushable
 from loraserve.inference.serving.quotas import QuotaGate
 from loraserve.inference.serving.runtime import Runtime, RuntimeRef
-from loraserve.inference.serving.servicer import SERVICE_NAME, register
+from loraserve.inference.serving.servicer import (
+    GENERATE_METHOD,
+    SERVICE_NAME,
+    generate_command,
+    generate_response,
+    register,
+    rollout_key,
+)
 
 __all__ = [
+    "GENERATE_METHOD",
     "SERVICE_NAME",
     "Admission",
+    "ChunkWriter",
     "FairGate",
     "FinishReason",
     "GenerateCommand",
     "GenerationChunk",
     "Generator",
+    "PushedStream",
     "QuotaGate",
     "Runtime",
     "RuntimeRef",
     "Usage",
+    "fair_gate",
+    "generate_command",
+    "generate_response",
+    "pushable",
     "register",
+    "rollout_key",
 ]

@@ -60,6 +60,7 @@ from collections import deque
 from collections.abc import AsyncIterator, Callable, Collection
 from contextlib import asynccontextmanager
 
+from loraserve.common.config.admission import AdmissionOptions
 from loraserve.inference.serving.demand import RecentDemand
 
 # Ten seconds: long enough that Poisson noise at a few requests/s per adapter seldom
@@ -293,3 +294,14 @@ class FairGate:
                 waiter.set_result(None)
             if not queue:
                 self._drop(adapter)
+
+
+def fair_gate(options: AdmissionOptions, max_num_seqs: int) -> FairGate | None:
+    """The gate that admits requests into the engine in turn across adapters, at most
+    one batch's worth (or `--max-engine-requests`) at once, keeping places (at least
+    `--fair-headroom`) from adapters sending above their fair rate; None for fifo."""
+    if not options.fair:
+        return None
+    weights = dict(options.weights)
+    capacity = options.max_engine_requests or max_num_seqs
+    return FairGate(capacity, lambda a: weights.get(a, 1.0), options.headroom)

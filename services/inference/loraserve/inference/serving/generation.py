@@ -9,11 +9,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import enum
 import logging
 import time
 import uuid
-from collections.abc import AsyncGenerator, Callable
+from collections.abc import AsyncGenerator
 from dataclasses import dataclass, field
 
 from loraserve.common.errors import InvalidArgument, LoraserveError, Unavailable
@@ -22,17 +21,31 @@ from loraserve.inference.adapters import AdapterRegistry, Lease
 from loraserve.inference.engine import (
     Engine,
     EngineFinish,
-    PositionLogprobs,
     SamplingRequest,
     SamplingSpec,
     check_limits,
 )
 from loraserve.inference.metrics import InferenceMetrics
 from loraserve.inference.serving.admission import Admission
+from loraserve.inference.serving.chunks import (
+    FINISH_REASONS,
+    FinishReason,
+    GenerationChunk,
+    Outcome,
+    Usage,
+)
 from loraserve.inference.serving.fairness import FairGate
-from loraserve.inference.serving.quotas import QuotaGate, no_charge
+from loraserve.inference.serving.pushed import ChunkWriter, Push, PushedStream, pushable
+from loraserve.inference.serving.quotas import QuotaGate
 
-__all__ = ["GenerateCommand", "GenerationChunk", "Generator", "SamplingRequest", "Usage"]
+__all__ = [
+    "FinishReason",
+    "GenerateCommand",
+    "GenerationChunk",
+    "Generator",
+    "SamplingRequest",
+    "Usage",
+]
 
 log = logging.getLogger(__name__)
 
@@ -53,49 +66,23 @@ class GenerateCommand:
     rollout_key: str = ""
 
 
-class FinishReason(enum.Enum):
-    STOP = "stop"
-    LENGTH = "length"
+def _log_started(request_id: str, lease: Lease, prompt_tokens: int) -> None:
+    log.info(
+        "generate.started request_id=%s adapter=%s rev=%d prompt_tokens=%d",
+        request_id,
+        lease.name,
+        lease.revision,
+        prompt_tokens,
+    )
 
 
-@dataclass(frozen=True)
-class Usage:
-    prompt_tokens: int
-    completion_tokens: int
-
-
-# Not frozen: one is made per streamed token, and a frozen dataclass's per-field
-# object.__setattr__ made that cost several times more. Nothing mutates one.
-@dataclass(slots=True)
-class GenerationChunk:
-    """One streamed message: the first names what serves it, the last how it ended."""
-
-    text: str
-    token_ids: tuple[int, ...]
-    adapter_name: str = ""
-    revision: int = 0
-    request_id: str = ""
-    finish_reason: FinishReason | None = None
-    usage: Usage | None = None
-    # Which of the `n` choices the chunk extends; its finish_reason ends that choice.
-    index: int = 0
-    # One entry per token in `token_ids`, when logprobs were asked for.
-    logprobs: tuple[PositionLogprobs, ...] = ()
-    # Every prompt position, on the first chunk, when prompt_logprobs were asked for.
-    prompt_logprobs: tuple[PositionLogprobs, ...] = ()
-    # The prompt as the engine got it; on the first chunk.
-    prompt_token_ids: tuple[int, ...] = ()
-
-
-@dataclass(slots=True)
-class _Outcome:
-    """What a request came to, for the per-revision counts of a rollout's arms."""
-
-    revision: int = 0
-    ttft_s: float | None = None
-    generated: int = 0
-    # Charges generated tokens to the adapter's quota as they stream.
-    charge: Callable[[int], None] = no_charge
+def _log_finished(request_id: str, finish: FinishReason, generated: int) -> None:
+    log.info(
+        "generate.finished request_id=%s reason=%s completion_tokens=%d",
+        request_id,
+        finish.value,
+        generated,
+    )
 
 
 def server_request_id(client_id: str) -> str:
@@ -120,8 +107,11 @@ class Generator:
         metrics: InferenceMetrics,
         gate: FairGate | None = None,
         quotas: QuotaGate | None = None,
+        push: Push | None = None,
     ) -> None:
         self._engine = engine
+        # The engine's pushed outputs (engine.pushed); None: every stream is pulled.
+        self._push = push
         self._registry = registry
         self._admission = admission
         self._metrics = metrics
@@ -130,14 +120,18 @@ class Generator:
         # Per-adapter quotas, checked before anything else is admitted.
         self._quotas = quotas if quotas is not None else QuotaGate()
 
-    async def generate(self, command: GenerateCommand) -> AsyncGenerator[GenerationChunk, None]:
-        """Streams the generation; raises domain errors before or during the stream."""
+    async def generate(
+        self, command: GenerateCommand, write: ChunkWriter | None = None
+    ) -> AsyncGenerator[GenerationChunk, None]:
+        """Streams the generation; raises domain errors before or during the stream. With
+        `write`, a request the engine can push (`pushed.pushable`) goes there from the
+        engine's output handler, and nothing is yielded."""
         check_limits(command.sampling)
         ref = parse_adapter_ref(command.adapter)
         request_id = server_request_id(command.request_id)
         adapter_label = _UNRESOLVED_ADAPTER
         code = "OK"
-        outcome = _Outcome()
+        outcome = Outcome()
         try:
             # The engine runs n sequences for the request: admit it as that many.
             with (
@@ -156,13 +150,12 @@ class Generator:
                     self._registry.acquire(ref, command.rollout_key) as lease,
                 ):
                     adapter_label, outcome.revision = lease.name, lease.revision
-                    log.info(
-                        "generate.started request_id=%s adapter=%s rev=%d prompt_tokens=%d",
-                        request_id,
-                        lease.name,
-                        lease.revision,
-                        len(prompt_ids),
-                    )
+                    _log_started(request_id, lease, len(prompt_ids))
+                    if write is not None and self._push is not None and pushable(spec):
+                        await self._pushed(
+                            request_id, prompt_ids, spec, lease, admitted, outcome, write
+                        )
+                        return
                     # aclosing: an async for does not close what it iterates when the
                     # consumer closes us, and the engine request must end right then.
                     chunks = self._stream(request_id, prompt_ids, spec, lease, admitted, outcome)
@@ -219,6 +212,31 @@ class Generator:
             raise InvalidArgument("prompt is empty: give prompt text or token_ids")
         return ids
 
+    async def _pushed(
+        self,
+        request_id: str,
+        prompt_ids: tuple[int, ...],
+        spec: SamplingSpec,
+        lease: Lease,
+        admitted: float,
+        outcome: Outcome,
+        write: ChunkWriter,
+    ) -> None:
+        assert self._push is not None
+        stream = PushedStream(
+            write, request_id, len(prompt_ids), lease, admitted, outcome, self._metrics
+        )
+        try:
+            await self._push(request_id, prompt_ids, spec, lease.adapter, stream)
+            await stream.done
+        finally:
+            if stream.finish is None:
+                await asyncio.shield(self._engine.abort(request_id))
+            outcome.generated = stream.generated
+            self._metrics.tokens(lease.name, prompt=len(prompt_ids), generated=stream.generated)
+        assert stream.finish is not None
+        _log_finished(request_id, stream.finish, stream.generated)
+
     async def _stream(
         self,
         request_id: str,
@@ -226,7 +244,7 @@ class Generator:
         spec: SamplingSpec,
         lease: Lease,
         admitted: float,
-        outcome: _Outcome,
+        outcome: Outcome,
     ) -> AsyncGenerator[GenerationChunk, None]:
         generated = 0
         first = True
@@ -248,7 +266,7 @@ class Generator:
                         continue
                     if delta.finish is EngineFinish.ABORT:
                         raise Unavailable(f"the engine aborted request {request_id}; retry")
-                    choice_finish = _FINISH.get(delta.finish) if delta.finish else None
+                    choice_finish = FINISH_REASONS.get(delta.finish) if delta.finish else None
                     if choice_finish is not None:
                         unfinished.discard(delta.index)
                         if not unfinished:
@@ -272,12 +290,4 @@ class Generator:
             self._metrics.tokens(lease.name, prompt=len(prompt_ids), generated=generated)
         if finish is None:
             raise Unavailable(f"the engine ended request {request_id} without a finish reason")
-        log.info(
-            "generate.finished request_id=%s reason=%s completion_tokens=%d",
-            request_id,
-            finish.value,
-            generated,
-        )
-
-
-_FINISH = {EngineFinish.STOP: FinishReason.STOP, EngineFinish.LENGTH: FinishReason.LENGTH}
+        _log_finished(request_id, finish, generated)

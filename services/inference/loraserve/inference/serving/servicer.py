@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import contextlib
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterable
 from typing import Any
 
 import grpc
@@ -28,6 +28,7 @@ from loraserve.inference.v1 import inference_pb2 as pb
 from loraserve.inference.v1 import inference_pb2_grpc as pb_grpc
 
 SERVICE_NAME = pb.DESCRIPTOR.services_by_name["InferenceService"].full_name
+GENERATE_METHOD = f"/{SERVICE_NAME}/Generate"
 
 Context = grpc.aio.ServicerContext[Any, Any]
 
@@ -59,10 +60,12 @@ class InferenceServicer(pb_grpc.InferenceServiceServicer):  # type: ignore[misc]
         self, request: pb.GenerateRequest, context: Context
     ) -> AsyncIterator[pb.GenerateResponse]:
         runtime = self._runtime_ref.get()
-        chunks = runtime.generator.generate(_command(request, _rollout_key(context)))
+        chunks = runtime.generator.generate(
+            generate_command(request, rollout_key(context.invocation_metadata() or ()))
+        )
         async with contextlib.aclosing(chunks):
             async for chunk in chunks:
-                yield _response(chunk)
+                yield generate_response(chunk)
 
     async def ListAdapters(
         self, request: pb.ListAdaptersRequest, context: Context
@@ -113,15 +116,15 @@ def register(server: grpc.aio.Server, runtime_ref: RuntimeRef) -> None:
     pb_grpc.add_InferenceServiceServicer_to_server(InferenceServicer(runtime_ref), server)
 
 
-def _rollout_key(context: Context) -> str:
+def rollout_key(metadata: Iterable[tuple[str, str | bytes]]) -> str:
     """The `x-rollout-key` metadata: which arm of a rollout the caller gets."""
-    for key, value in context.invocation_metadata() or ():
+    for key, value in metadata:
         if key == ROLLOUT_KEY_HEADER:
             return value if isinstance(value, str) else value.decode(errors="replace")
     return ""
 
 
-def _command(request: pb.GenerateRequest, rollout_key: str = "") -> GenerateCommand:
+def generate_command(request: pb.GenerateRequest, rollout_key: str = "") -> GenerateCommand:
     prompt = request.WhichOneof("prompt")
     return GenerateCommand(
         adapter=request.adapter,
@@ -169,7 +172,7 @@ def _structured(structured: pb.StructuredOutput) -> StructuredOutput:
     return StructuredOutput()
 
 
-def _response(chunk: GenerationChunk) -> pb.GenerateResponse:
+def generate_response(chunk: GenerationChunk) -> pb.GenerateResponse:
     response = pb.GenerateResponse(text=chunk.text, token_ids=chunk.token_ids)
     # Runs once per token: only the first and last messages carry more than the delta.
     if chunk.request_id:

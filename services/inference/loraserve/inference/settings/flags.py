@@ -15,6 +15,7 @@ from loraserve.common.config.flags import (
     fraction,
     non_negative_float,
     non_negative_int,
+    parse_args,
     positive_float,
     positive_int,
 )
@@ -31,6 +32,7 @@ from loraserve.common.trust.policy import add_trust_flags, trust_settings_from_a
 from loraserve.inference.settings.options import (
     DEFAULT_MAX_N,
     ENV_PREFIX,
+    GRPC_TRANSPORTS,
     STORE_FLAG_PREFIX,
     CompatOptions,
     EngineOptions,
@@ -132,6 +134,15 @@ def _add_serving_flags(serve: argparse.ArgumentParser, flags: EnvFlags) -> None:
     env = flags.get
     serve.add_argument("--replica-id", default=env("replica-id"), help="default: host name")
     serve.add_argument("--listen", default=env("listen", "0.0.0.0:50052"), help="gRPC address")
+    serve.add_argument(
+        "--grpc-transport",
+        choices=GRPC_TRANSPORTS,
+        default=env("grpc-transport", "auto"),
+        help="what serves Generate on --listen: native (Rust's HTTP/2, the engine's outputs "
+        "written as they are made; every other call is carried to the grpc.aio server on a "
+        "Unix socket), grpcio (grpc.aio serves everything), auto (native where it is built, "
+        "else grpcio, saying so)",
+    )
     serve.add_argument(
         "--openai-listen",
         default=env("openai-listen"),
@@ -284,7 +295,7 @@ def parse_settings(
     argv: Sequence[str], environ: Mapping[str, str], hostname: str
 ) -> InferenceSettings:
     """Parses `inference serve ...`; raises InvalidArgument for inconsistent flags."""
-    args = build_parser(environ).parse_args(list(argv))
+    args = parse_args(build_parser(environ), argv)
     max_pending = int(args.max_pending_requests)
     max_n = int(args.max_n) if args.max_n is not None else min(DEFAULT_MAX_N, max_pending)
     if max_n > max_pending:
@@ -305,6 +316,7 @@ def parse_settings(
         adapter_cache=Path(args.adapter_cache),
         replica_id=args.replica_id or hostname,
         listen=args.listen,
+        grpc_transport=args.grpc_transport,
         security=server_security_from_args(args),
         max_pending_requests=max_pending,
         max_n=max_n,

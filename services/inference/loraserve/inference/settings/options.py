@@ -17,6 +17,9 @@ ENV_PREFIX = "INFERENCE"
 STORE_FLAG_PREFIX = "store"
 
 
+# What may serve Generate on the gRPC address (see InferenceSettings.grpc_transport).
+GRPC_TRANSPORTS = ("auto", "native", "grpcio")
+
 # OpenAI's own limit on n.
 DEFAULT_MAX_N = 128
 
@@ -67,6 +70,9 @@ class InferenceSettings:
     max_pending_requests: int = 256
     # Most choices (n) one request may ask for per prompt.
     max_n: int = DEFAULT_MAX_N
+    # What serves Generate on `listen`: "native" (Rust's h2, the engine's outputs pushed;
+    # grpc.aio serves every other call behind it), "grpcio", or "auto" (native where built).
+    grpc_transport: str = "auto"
     # HOST:PORT of the OpenAI-compatible HTTP front; None: off.
     openai_listen: str | None = None
     # Longest time between reports to the store (see sync.ReportSettings).

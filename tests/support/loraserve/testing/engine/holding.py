@@ -7,7 +7,7 @@ import contextlib
 from collections.abc import AsyncGenerator, Sequence
 from typing import TYPE_CHECKING, Any
 
-from loraserve.inference.engine import AdapterHandle, EngineDelta, SamplingSpec
+from loraserve.inference.engine import AdapterHandle, DeltaSink, EngineDelta, SamplingSpec
 from loraserve.testing.inference.app import SharedEngine
 from loraserve.testing.waiting import eventually
 
@@ -53,13 +53,8 @@ class HoldingEngine(SharedEngine):
 
         await eventually(held, f"{count} request(s) held")
 
-    async def generate(
-        self,
-        request_id: str,
-        prompt_token_ids: Sequence[int],
-        sampling: SamplingSpec,
-        adapter: AdapterHandle | None,
-    ) -> AsyncGenerator[EngineDelta, None]:
+    async def _held(self, adapter: AdapterHandle | None) -> None:
+        """Waits while requests of `adapter` are held."""
         if (adapter.lora_name if adapter is not None else "") == self.held_lora_name:
             release = self.release
             self.held += 1
@@ -67,6 +62,26 @@ class HoldingEngine(SharedEngine):
                 await release.wait()
             finally:
                 self.held -= 1
+
+    async def push(
+        self,
+        request_id: str,
+        prompt_token_ids: Sequence[int],
+        sampling: SamplingSpec,
+        adapter: AdapterHandle | None,
+        sink: DeltaSink,
+    ) -> None:
+        await self._held(adapter)
+        await super().push(request_id, prompt_token_ids, sampling, adapter, sink)
+
+    async def generate(
+        self,
+        request_id: str,
+        prompt_token_ids: Sequence[int],
+        sampling: SamplingSpec,
+        adapter: AdapterHandle | None,
+    ) -> AsyncGenerator[EngineDelta, None]:
+        await self._held(adapter)
         deltas = super().generate(request_id, prompt_token_ids, sampling, adapter)
         async with contextlib.aclosing(deltas):
             async for delta in deltas:

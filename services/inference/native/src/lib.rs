@@ -1,13 +1,11 @@
 //! Server-streaming gRPC over h2 on a Tokio thread, its messages made by Python.
 //!
-//! The transport half of a native front, measured by bench/front/grpc_floor.py's
-//! `native` variant and bench/front/stream_probe.py's `native` arm: Python's event
-//! loop makes and serializes every message, as the
-//! generation path does now; this module only frames them and writes them. A new
-//! call is announced by a byte on a pipe the loop reads (one byte however many calls
-//! wait); a loop pass's messages cross in one `send` call (one lock, one wake of the
-//! Tokio thread, one allocation for their frames), and h2 writes every stream's pending
-//! frames of a connection in one socket write.
+//! The inference service's Generate transport (`loraserve.inference.transport`):
+//! Python's event loop makes and serializes every message; this module only frames them
+//! and writes them. A new call is announced by a byte on a pipe the loop reads (one
+//! byte however many calls wait); a loop pass's messages cross in one `send` call (one
+//! lock, one wake of the Tokio thread, one allocation for their frames), and h2 writes
+//! every stream's pending frames of a connection in one socket write.
 //!
 //! A call that ends early is handed back to Python, which cancels its task (and so
 //! aborts its engine request): when the client resets it or its connection goes (seen
@@ -58,7 +56,7 @@ const TLS_HANDSHAKE: Duration = Duration::from_secs(20);
 /// What Python hands a call: a framed message, or its end with a gRPC status.
 enum Message {
     Data(Bytes),
-    End(u32, String),
+    End(u32, String, Vec<(String, String)>),
 }
 
 /// A call whose request has arrived: its id, request message (without gRPC's prefix)
@@ -145,7 +143,7 @@ impl Calls {
 
     /// Hands back a call that ended before its handler did; Python cancels its task.
     fn end_early(&self, id: u64, code: u32, text: &str) {
-        self.post([(id, Message::End(code, text.to_owned()))]);
+        self.post([(id, Message::End(code, text.to_owned(), Vec::new()))]);
         self.deliver(|inbox| inbox.ended.push(id));
     }
 
@@ -245,7 +243,7 @@ impl Server {
             .map_err(|e| PyOSError::new_err(e.to_string()))?;
         let serving = Arc::clone(&calls);
         thread::Builder::new()
-            .name("grpc-floor-h2".into())
+            .name("loraserve-h2".into())
             .spawn(move || {
                 runtime.block_on(async move {
                     let listener = TcpListener::from_std(std_listener).expect("listener");
@@ -290,7 +288,7 @@ impl Server {
                     frames.put_slice(payload);
                     (id, Message::Data(frames.split().freeze()))
                 }
-                None => (id, Message::End(0, String::new())),
+                None => (id, Message::End(0, String::new(), Vec::new())),
             })
             .collect();
         self.calls.post(messages);
@@ -329,9 +327,10 @@ impl Server {
         self.calls.closed.notify_one();
     }
 
-    /// Ends a call with a gRPC status, after what was sent before.
-    fn finish(&self, id: u64, code: u32, message: String) {
-        self.calls.post([(id, Message::End(code, message))]);
+    /// Ends a call with a gRPC status and trailing metadata (ASCII (key, value) pairs; one
+    /// that is not a valid header is left out), after what was sent before.
+    fn finish(&self, id: u64, code: u32, message: String, trailing: Vec<(String, String)>) {
+        self.calls.post([(id, Message::End(code, message, trailing))]);
     }
 }
 
@@ -409,8 +408,8 @@ async fn dispatch(calls: Arc<Calls>, mut opened: UnboundedReceiver<Opened>) {
             };
             let done = match message {
                 Message::Data(framed) => stream.send_data(framed, false).is_err(),
-                Message::End(code, text) => {
-                    let _ = stream.send_trailers(wire::trailers(code, &text));
+                Message::End(code, text, trailing) => {
+                    let _ = stream.send_trailers(wire::trailers(code, &text, &trailing));
                     true
                 }
             };
@@ -471,6 +470,7 @@ where
     let handshake = h2::server::Builder::new()
         .initial_window_size(wire::STREAM_WINDOW)
         .initial_connection_window_size(wire::CONNECTION_WINDOW)
+        .max_header_list_size(wire::MAX_HEADER_LIST)
         .handshake(socket);
     let mut conn = match handshake.await {
         Ok(conn) => conn,
@@ -539,7 +539,11 @@ async fn keepalive(pings: Option<h2::PingPong>, keepalive: Option<(Duration, Dur
 
 /// A request's one message, read whole: refused with a status when it is too large or
 /// not one message, None when the client went before it was whole.
-async fn receive(body: &mut h2::RecvStream, limit: usize) -> Result<Bytes, Option<(u32, String)>> {
+async fn receive(
+    body: &mut h2::RecvStream,
+    encoding: Option<&[u8]>,
+    limit: usize,
+) -> Result<Bytes, Option<(u32, String)>> {
     let mut received = BytesMut::new();
     while let Some(chunk) = body.data().await {
         let chunk = chunk.map_err(|_| None)?;
@@ -550,7 +554,7 @@ async fn receive(body: &mut h2::RecvStream, limit: usize) -> Result<Bytes, Optio
             return Err(Some((wire::RESOURCE_EXHAUSTED, text)));
         }
     }
-    wire::one_message(received.freeze()).map_err(Some)
+    wire::one_message(received.freeze(), encoding, limit).map_err(Some)
 }
 
 /// A connection counted open from its accept until it is dropped (`wait_closed`).
@@ -627,15 +631,18 @@ async fn call(
         })
         .filter_map(|(key, value)| Some((key.as_str().to_owned(), value.to_str().ok()?.to_owned())))
         .collect();
+    let encoding = request.headers().get("grpc-encoding").cloned();
+    let encoding = encoding.as_ref().map(|value| value.as_bytes());
     let mut body = request.into_body();
+    let receiving = receive(&mut body, encoding, calls.max_message);
     let received = match deadline {
-        Some(deadline) => tokio::time::timeout_at(deadline, receive(&mut body, calls.max_message))
+        Some(deadline) => tokio::time::timeout_at(deadline, receiving)
             .await
             .unwrap_or_else(|_| {
                 let text = "Deadline Exceeded".to_owned();
                 Err(Some((wire::DEADLINE_EXCEEDED, text)))
             }),
-        None => receive(&mut body, calls.max_message).await,
+        None => receiving.await,
     };
     let request = match received {
         Ok(request) => request,
@@ -649,6 +656,7 @@ async fn call(
     let response = Response::builder()
         .status(200)
         .header("content-type", "application/grpc")
+        .header("grpc-accept-encoding", wire::ACCEPT_ENCODING)
         .body(())
         .expect("static headers");
     let stream = match respond.send_response(response, false) {
@@ -691,7 +699,7 @@ async fn call(
 }
 
 #[pymodule]
-fn grpc_floor_native(_py: Python<'_>, module: &PyModule) -> PyResult<()> {
+fn loraserve_native(_py: Python<'_>, module: &PyModule) -> PyResult<()> {
     module.add_class::<Server>()?;
     Ok(())
 }

@@ -1,10 +1,13 @@
 //! gRPC's own bits of HTTP/2: status codes, trailers, `grpc-timeout`.
 
+use std::io::Read;
 use std::time::Duration;
 
 use bytes::Bytes;
+use flate2::read::{GzDecoder, ZlibDecoder};
 use h2::server::SendResponse;
 use h2::RecvStream;
+use http::header::HeaderName;
 use http::{HeaderMap, HeaderValue, Response, StatusCode};
 
 pub const CANCELLED: u32 = 1;
@@ -18,6 +21,10 @@ pub const UNAVAILABLE: u32 = 14;
 /// proxy: a stream that is not read holds at most its own window of a connection's.
 pub const STREAM_WINDOW: u32 = 1 << 20;
 pub const CONNECTION_WINDOW: u32 = 16 << 20;
+
+/// The largest header list (a call's metadata) a client may send: grpc core's hard limit.
+/// It also bounds the CONTINUATION frames one header block may take.
+pub const MAX_HEADER_LIST: u32 = 16 << 10;
 
 /// How long a client may go on sending once its call's response has ended.
 pub const DRAIN: Duration = Duration::from_secs(5);
@@ -44,16 +51,23 @@ pub async fn drain(mut body: RecvStream) {
 /// A message's prefix on the wire: a compressed flag and a 4-byte length.
 pub const PREFIX: usize = 5;
 
-/// The one message a unary request body holds, or the status refusing the body.
-pub fn one_message(mut body: Bytes) -> Result<Bytes, (u32, String)> {
+/// What a server may be sent compressed with (`grpc-accept-encoding`), as grpc core
+/// accepts it.
+pub const ACCEPT_ENCODING: &str = "identity,deflate,gzip";
+
+/// The one message a unary request body holds, decompressed as `encoding` (the request's
+/// `grpc-encoding`) says when its flag says it is compressed, at most `limit` bytes; or
+/// the status refusing the body.
+pub fn one_message(
+    mut body: Bytes,
+    encoding: Option<&[u8]>,
+    limit: usize,
+) -> Result<Bytes, (u32, String)> {
     if body.len() < PREFIX {
         let text = format!("the request holds no message ({} bytes)", body.len());
         return Err((INVALID_ARGUMENT, text));
     }
-    if body[0] != 0 {
-        let text = "compressed requests are not supported: send them uncompressed";
-        return Err((UNIMPLEMENTED, text.to_owned()));
-    }
+    let compressed = body[0] != 0;
     let length = u32::from_be_bytes([body[1], body[2], body[3], body[4]]) as usize;
     if body.len() != PREFIX + length {
         let text = format!(
@@ -62,11 +76,60 @@ pub fn one_message(mut body: Bytes) -> Result<Bytes, (u32, String)> {
         );
         return Err((INVALID_ARGUMENT, text));
     }
-    Ok(body.split_off(PREFIX))
+    let message = body.split_off(PREFIX);
+    if !compressed {
+        return Ok(message);
+    }
+    match encoding {
+        Some(b"gzip") => inflate(GzDecoder::new(&message[..]), limit),
+        Some(b"deflate") => inflate(ZlibDecoder::new(&message[..]), limit),
+        None | Some(b"identity") => Err((
+            INVALID_ARGUMENT,
+            "the request's message is flagged compressed, but its grpc-encoding names none"
+                .to_owned(),
+        )),
+        Some(other) => Err((
+            UNIMPLEMENTED,
+            format!(
+                "grpc-encoding {} is not supported: send {ACCEPT_ENCODING}",
+                String::from_utf8_lossy(other)
+            ),
+        )),
+    }
 }
 
-pub fn trailers(code: u32, text: &str) -> HeaderMap {
+/// A compressed message inflated, refused past `limit` bytes inflated.
+fn inflate(decoder: impl Read, limit: usize) -> Result<Bytes, (u32, String)> {
+    let mut inflated = Vec::new();
+    decoder
+        .take(limit as u64 + 1)
+        .read_to_end(&mut inflated)
+        .map_err(|e| {
+            let text = format!("the request's message does not decompress: {e}");
+            (INVALID_ARGUMENT, text)
+        })?;
+    if inflated.len() > limit {
+        let text = format!("the request is larger than the limit of {limit} bytes decompressed");
+        return Err((RESOURCE_EXHAUSTED, text));
+    }
+    Ok(Bytes::from(inflated))
+}
+
+/// A call's trailers: its status, message and trailing metadata (of which an entry that
+/// is not a valid header, or names one of gRPC's own, is left out).
+pub fn trailers(code: u32, text: &str, metadata: &[(String, String)]) -> HeaderMap {
     let mut trailers = HeaderMap::new();
+    for (key, value) in metadata {
+        if key.starts_with("grpc-") {
+            continue;
+        }
+        if let (Ok(key), Ok(value)) = (
+            HeaderName::from_bytes(key.as_bytes()),
+            HeaderValue::from_str(value),
+        ) {
+            trailers.append(key, value);
+        }
+    }
     trailers.insert("grpc-status", HeaderValue::from(code));
     if let Ok(text) = HeaderValue::from_str(&grpc_message(text)) {
         if !text.is_empty() {
@@ -140,6 +203,7 @@ pub fn status_response(code: u32, text: &str) -> Response<()> {
     *response.status_mut() = StatusCode::OK;
     let headers = response.headers_mut();
     headers.insert("content-type", HeaderValue::from_static("application/grpc"));
-    headers.extend(trailers(code, text));
+    headers.insert("grpc-accept-encoding", HeaderValue::from_static(ACCEPT_ENCODING));
+    headers.extend(trailers(code, text, &[]));
     response
 }

@@ -1,7 +1,7 @@
-"""bench/front/grpclib_front.py and bench/front/native_front.py measure a transport, not a
-different server: over grpclib and over the native transport (Rust's h2), with the engine's
-outputs pulled or pushed, Generate streams what the grpc.aio servicer streams for the same
-request, and refuses what it refuses with the same status, on the session's real engine.
+"""Generate is one behaviour whatever carries it: over the service's native transport
+(Rust's h2), with the engine's outputs pulled or pushed, and over bench/front/grpclib_front.py's
+grpclib probe, it streams what the grpc.aio servicer streams for the same request, and
+refuses what it refuses with the same status, on the session's real engine.
 Over the native transport a call its client cancels, loses its connection or runs out of
 time is aborted in the engine, as over grpc.aio (tests/reliability/test_inference_requests.py),
 and its port serves the service's other RPCs and health, carried to the grpc.aio server."""
@@ -18,9 +18,10 @@ import grpc
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from bench.front import grpc_floor_native, native_front
 from bench.front.grpclib_front import serve_generate
 from loraserve.common.rpc.security import ServerSecurity, Token
+from loraserve.inference.serving import RuntimeRef
+from loraserve.inference.transport import NativeFront, start_generate_front
 from loraserve.inference.v1 import inference_pb2 as pb
 from loraserve.inference.v1 import inference_pb2_grpc as pb_grpc
 from loraserve.testing.adapters.models import TinyAdapterFactory
@@ -31,6 +32,7 @@ from loraserve.testing.inference.app import (
     greedy,
     inference_app,
 )
+from loraserve.testing.inference.native import native_only
 from loraserve.testing.processes.tcpproxy import tcp_proxy
 from loraserve.testing.store.server import RunningStore
 from loraserve.testing.streams import messages
@@ -44,6 +46,8 @@ pytestmark = pytest.mark.engine
 # Tokens a cancelled request asks for: far more than the engine makes before a cancel
 # reaches it, so vLLM's own count tells an aborted request from one left to run.
 LONG = 450
+# The app's own server is the reference: grpc.aio serves everything on it.
+GRPCIO = ("--grpc-transport", "grpcio")
 
 
 @contextlib.asynccontextmanager
@@ -57,16 +61,30 @@ async def _transport(kind: str, running: RunningInference) -> AsyncIterator[int]
             server.close()
             await server.wait_closed()
         return
-    front = native_front.serve_generate(running.app.runtime_ref, pushed=kind == "pushed")
+    front = _native(running.app.runtime_ref, pushed=kind == "pushed")
     try:
         yield front.port
     finally:
         front.close()
 
 
-native_only = pytest.mark.skipif(
-    not grpc_floor_native.buildable(), reason=grpc_floor_native.UNBUILDABLE
-)
+def _native(
+    runtime_ref: RuntimeRef,
+    *,
+    pushed: bool = True,
+    security: ServerSecurity | None = None,
+    upstream: str | None = None,
+) -> NativeFront:
+    """Generate on the native transport, on an ephemeral port of 127.0.0.1."""
+    return start_generate_front(
+        runtime_ref,
+        host="127.0.0.1",
+        port=0,
+        security=security or ServerSecurity(),
+        upstream=upstream,
+        max_connection_age_s=None,
+        pushed=pushed,
+    )
 
 
 @pytest.fixture(
@@ -91,6 +109,7 @@ async def served(
             model_dir=tiny_model_dir,
             store_address=store_server.address,
             cache_dir=tmp_path / "cache",
+            extra=GRPCIO,
             pushed={"alpha": adapter_files(tiny_adapter(seed=1))},
         ) as running,
         _transport(request.param, running) as port,
@@ -113,6 +132,7 @@ async def running_app(
         model_dir=tiny_model_dir,
         store_address=store_server.address,
         cache_dir=tmp_path / "cache",
+        extra=GRPCIO,
         pushed={"alpha": adapter_files(tiny_adapter(seed=1))},
     ) as running:
         yield running
@@ -302,7 +322,7 @@ async def test_native_generate_with_auth_refuses_a_call_without_a_valid_token(
     refusal: str,
 ) -> None:
     security = ServerSecurity(reader_tokens=(Token("team", "s3cret"),))
-    front = native_front.serve_generate(running_app.app.runtime_ref, security=security)
+    front = _native(running_app.app.runtime_ref, security=security)
     try:
         async with grpc.aio.insecure_channel(f"127.0.0.1:{front.port}") as channel:
             stub = pb_grpc.InferenceServiceStub(channel)
@@ -324,7 +344,7 @@ async def test_native_generate_with_auth_refuses_a_call_without_a_valid_token(
 async def test_native_transport_serves_the_services_other_rpcs_and_health_on_its_port(
     running_app: RunningInference,
 ) -> None:
-    front = native_front.serve_generate(running_app.app.runtime_ref, upstream=running_app.address)
+    front = _native(running_app.app.runtime_ref, upstream=running_app.address)
     try:
         async with grpc.aio.insecure_channel(f"127.0.0.1:{front.port}") as channel:
             stub = pb_grpc.InferenceServiceStub(channel)
@@ -352,4 +372,4 @@ async def test_native_generate_refuses_a_request_that_is_not_a_generate_request(
         with pytest.raises(grpc.aio.AioRpcError) as refused:
             await messages(generate(b"\xff\xff\xff", timeout=30))
     assert refused.value.code() == grpc.StatusCode.INVALID_ARGUMENT
-    assert (refused.value.details() or "").startswith("the request is not a GenerateRequest")
+    assert (refused.value.details() or "").startswith("the request message does not parse")

@@ -1,13 +1,15 @@
-"""bench/front/native, the native transport, on its own (handlers without an engine,
-a grpc.aio server upstream): what a handler is given, how a call ends, and the calls it
-carries to upstream."""
+"""The native transport (loraserve.inference.transport.native) on its own (handlers
+without an engine, a grpc.aio server upstream): what a handler is given, how a call ends,
+and the calls it carries to upstream."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import gzip
 import re
 import socket
+import urllib.parse
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -16,22 +18,32 @@ import grpc
 import h2.config
 import h2.connection
 import h2.events
+import hpack
 import pytest
 
-from bench.front import grpc_floor_native
-from bench.front.grpc_floor_native import Metadata, Write
-from bench.front.grpc_floor_servers import GENERATE
 from loraserve.common.config.sizes import MESSAGE_LIMIT
+from loraserve.inference.serving import GENERATE_METHOD
+from loraserve.inference.transport.native import (
+    Ending,
+    Handler,
+    Metadata,
+    NativeFront,
+    Write,
+)
 from loraserve.inference.v1 import inference_pb2 as pb
 from loraserve.inference.v1 import inference_pb2_grpc as pb_grpc
 from loraserve.testing.certs import CertFiles, make_certs
+from loraserve.testing.inference.native import native_only
 from loraserve.testing.processes.tcpproxy import tcp_proxy
 from loraserve.testing.streams import messages
 from loraserve.testing.waiting import eventually
 
-pytestmark = pytest.mark.skipif(
-    not grpc_floor_native.buildable(), reason=grpc_floor_native.UNBUILDABLE
-)
+pytestmark = native_only
+
+
+def _front(handler: Handler, *args: Any, **options: Any) -> NativeFront:
+    """A native front serving `handler` at Generate's path."""
+    return NativeFront(handler, *args, path=GENERATE_METHOD, **options)
 
 
 async def test_native_transport_ends_a_call_internal_when_its_handler_fails() -> None:
@@ -39,7 +51,7 @@ async def test_native_transport_ends_a_call_internal_when_its_handler_fails() ->
         write(pb.GenerateResponse(text="x").SerializeToString())
         raise RuntimeError("a bug in the handler")
 
-    front = grpc_floor_native.NativeFront(failing)
+    front = _front(failing)
     try:
         async with grpc.aio.insecure_channel(f"127.0.0.1:{front.port}") as channel:
             stub = pb_grpc.InferenceServiceStub(channel)
@@ -51,6 +63,27 @@ async def test_native_transport_ends_a_call_internal_when_its_handler_fails() ->
         assert failed.value.code() == grpc.StatusCode.INTERNAL
     finally:
         front.close()
+
+
+async def test_native_transport_ends_a_failed_call_with_its_status_and_trailing_metadata() -> None:
+    async def refused(request: bytes, metadata: Metadata, write: Write) -> None:
+        raise RuntimeError("over quota")
+
+    def status(exc: Exception) -> Ending:
+        return 8, str(exc), [("retry-after", "3"), ("grpc-status", "0"), ("bad key", "x")]
+
+    front = _front(refused, status)
+    try:
+        async with grpc.aio.insecure_channel(f"127.0.0.1:{front.port}") as channel:
+            stub = pb_grpc.InferenceServiceStub(channel)
+            call = stub.Generate(pb.GenerateRequest(), timeout=30)
+            with pytest.raises(grpc.aio.AioRpcError) as failed:
+                await call.read()
+    finally:
+        front.close()
+    assert failed.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+    assert failed.value.details() == "over quota"
+    assert ("retry-after", "3") in tuple(failed.value.trailing_metadata() or ())
 
 
 async def _forever(request: bytes, metadata: Metadata, write: Write) -> None:
@@ -71,7 +104,7 @@ async def _front_watching_cancels(**options: Any) -> AsyncIterator[tuple[int, as
             cancelled.set()
             raise
 
-    front = grpc_floor_native.NativeFront(handler, **options)
+    front = _front(handler, **options)
     try:
         yield front.port, cancelled
     finally:
@@ -101,16 +134,22 @@ async def test_native_transport_cancels_the_handler_of_a_call_whose_connection_d
         await eventually(cancelled.is_set, "the handler cancelled")
 
 
+def _recording(seen: list[tuple[bytes, Metadata]]) -> Handler:
+    """A handler that records each call's request and metadata in `seen`, and ends the
+    call at once with no message."""
+
+    async def handler(request: bytes, metadata: Metadata, write: Write) -> None:
+        seen.append((request, metadata))
+
+    return handler
+
+
 @contextlib.asynccontextmanager
 async def _recording_stub() -> AsyncIterator[tuple[Any, list[tuple[bytes, Metadata]]]]:
     """A stub on a native front whose handler records each call's request and metadata,
     and ends it at once with no message."""
     seen: list[tuple[bytes, Metadata]] = []
-
-    async def handler(request: bytes, metadata: Metadata, write: Write) -> None:
-        seen.append((request, metadata))
-
-    front = grpc_floor_native.NativeFront(handler)
+    front = _front(_recording(seen))
     try:
         async with grpc.aio.insecure_channel(f"127.0.0.1:{front.port}") as channel:
             yield pb_grpc.InferenceServiceStub(channel), seen
@@ -218,7 +257,7 @@ async def _front_before_upstream(
         address = f"unix:{socket_path}"
         server.add_insecure_port(address)
     await server.start()
-    front = grpc_floor_native.NativeFront(_forever, upstream=address, tls=tls)
+    front = _front(_forever, upstream=address, tls=tls)
     upstream.server = server
     try:
         yield front.port, upstream
@@ -316,7 +355,7 @@ async def test_native_transport_carries_the_deadline_to_upstream() -> None:
 
 
 async def test_native_transport_refuses_other_methods_unimplemented_without_upstream() -> None:
-    front = grpc_floor_native.NativeFront(_forever)
+    front = _front(_forever)
     try:
         async with grpc.aio.insecure_channel(f"127.0.0.1:{front.port}") as channel:
             with pytest.raises(grpc.aio.AioRpcError) as refused:
@@ -336,7 +375,7 @@ async def test_native_transport_answers_unavailable_when_upstream_cannot_be_reac
         # Bound and never listening: a port nothing answers on.
         unused.bind(("127.0.0.1", 0))
         address = f"127.0.0.1:{unused.getsockname()[1]}"
-        front = grpc_floor_native.NativeFront(_forever, upstream=address)
+        front = _front(_forever, upstream=address)
         try:
             async with grpc.aio.insecure_channel(f"127.0.0.1:{front.port}") as channel:
                 with pytest.raises(grpc.aio.AioRpcError) as refused:
@@ -365,7 +404,7 @@ def _credentials(certs: CertFiles, *, client_cert: bool) -> grpc.ChannelCredenti
 
 async def test_native_transport_serves_tls_to_a_client_that_trusts_its_ca(tmp_path: Path) -> None:
     certs = make_certs(tmp_path)
-    front = grpc_floor_native.NativeFront(_forever, tls=(certs.server_cert, certs.server_key, None))
+    front = _front(_forever, tls=(certs.server_cert, certs.server_key, None))
     try:
         credentials = _credentials(certs, client_cert=False)
         async with grpc.aio.secure_channel(f"127.0.0.1:{front.port}", credentials) as channel:
@@ -378,7 +417,7 @@ async def test_native_transport_refuses_a_plaintext_client_when_it_serves_tls(
     tmp_path: Path,
 ) -> None:
     certs = make_certs(tmp_path)
-    front = grpc_floor_native.NativeFront(_forever, tls=(certs.server_cert, certs.server_key, None))
+    front = _front(_forever, tls=(certs.server_cert, certs.server_key, None))
     try:
         async with grpc.aio.insecure_channel(f"127.0.0.1:{front.port}") as channel:
             with pytest.raises(grpc.aio.AioRpcError) as refused:
@@ -393,9 +432,7 @@ async def test_native_transport_with_a_client_ca_serves_only_clients_with_its_ce
     tmp_path: Path, client_cert: bool
 ) -> None:
     certs = make_certs(tmp_path)
-    front = grpc_floor_native.NativeFront(
-        _forever, tls=(certs.server_cert, certs.server_key, certs.ca_cert)
-    )
+    front = _front(_forever, tls=(certs.server_cert, certs.server_key, certs.ca_cert))
     try:
         credentials = _credentials(certs, client_cert=client_cert)
         async with grpc.aio.secure_channel(f"127.0.0.1:{front.port}", credentials) as channel:
@@ -431,9 +468,7 @@ async def test_native_transport_refuses_a_tls_file_it_cannot_use_naming_it(
     files[broken] = tmp_path / "not-pem.txt"
     files[broken].write_text("not a PEM file\n")
     with pytest.raises(ValueError, match=re.escape(str(files[broken]))):
-        grpc_floor_native.NativeFront(
-            _forever, tls=(files["cert"], files["key"], files["client-ca"])
-        )
+        _front(_forever, tls=(files["cert"], files["key"], files["client-ca"]))
 
 
 async def test_native_transport_moves_new_calls_to_a_new_connection_once_one_is_old() -> None:
@@ -444,7 +479,7 @@ async def test_native_transport_moves_new_calls_to_a_new_connection_once_one_is_
         await go_on.wait()
         write(pb.GenerateResponse(text="y").SerializeToString())
 
-    front = grpc_floor_native.NativeFront(two_messages, max_connection_age_s=0.2)
+    front = _front(two_messages, max_connection_age_s=0.2)
     try:
         async with (
             tcp_proxy(front.port) as proxy,
@@ -475,7 +510,7 @@ async def test_native_transport_moves_new_calls_to_a_new_connection_once_one_is_
 @pytest.mark.parametrize("age", [-1.0, float("inf"), float("nan")])
 async def test_native_transport_refuses_a_max_connection_age_it_cannot_keep(age: float) -> None:
     with pytest.raises(ValueError, match="max_connection_age_s must be seconds in"):
-        grpc_floor_native.NativeFront(_forever, max_connection_age_s=age)
+        _front(_forever, max_connection_age_s=age)
 
 
 async def test_native_transport_refuses_a_request_over_the_message_limit() -> None:
@@ -492,27 +527,69 @@ async def test_native_transport_refuses_a_request_over_the_message_limit() -> No
     assert [len(request) for request, _ in seen] == [at_the_limit.ByteSize()]
 
 
-async def test_native_transport_refuses_a_compressed_request_unimplemented() -> None:
-    front = grpc_floor_native.NativeFront(_forever)
+@pytest.mark.parametrize("compression", [grpc.Compression.Gzip, grpc.Compression.Deflate])
+async def test_native_transport_inflates_a_compressed_request(
+    compression: grpc.Compression,
+) -> None:
+    seen: list[tuple[bytes, Metadata]] = []
+    front = _front(_recording(seen))
     try:
         async with grpc.aio.insecure_channel(
-            f"127.0.0.1:{front.port}", compression=grpc.Compression.Gzip
+            f"127.0.0.1:{front.port}", compression=compression
         ) as channel:
             stub = pb_grpc.InferenceServiceStub(channel)
             # grpc core sends an empty message uncompressed: this one is not empty.
             request = pb.GenerateRequest(text="compress me " * 100)
-            with pytest.raises(grpc.aio.AioRpcError) as refused:
-                await messages(stub.Generate(request, timeout=30))
+            await messages(stub.Generate(request, timeout=30))
     finally:
         front.close()
-    assert refused.value.code() == grpc.StatusCode.UNIMPLEMENTED
-    assert "compressed requests are not supported" in (refused.value.details() or "")
+    assert [message for message, _ in seen] == [request.SerializeToString()]
+
+
+def _framed(message: bytes, compressed: bool) -> bytes:
+    return bytes([compressed]) + len(message).to_bytes(4, "big") + message
+
+
+@pytest.mark.parametrize(
+    ("message", "encoding", "code", "refusal"),
+    [
+        (
+            gzip.compress(bytes(MESSAGE_LIMIT + 1)),
+            "gzip",
+            b"8",
+            f"the request is larger than the limit of {MESSAGE_LIMIT} bytes decompressed",
+        ),
+        (b"not gzip", "gzip", b"3", "the request's message does not decompress"),
+        (b"x", "identity", b"3", "flagged compressed, but its grpc-encoding names none"),
+        (b"x", "br", b"12", "grpc-encoding br is not supported: send identity,deflate,gzip"),
+    ],
+    ids=["bomb", "corrupt", "no-encoding", "unknown-encoding"],
+)
+async def test_native_transport_refuses_a_compressed_request_it_cannot_inflate(
+    message: bytes, encoding: str, code: bytes, refusal: str
+) -> None:
+    seen: list[tuple[bytes, Metadata]] = []
+    front = _front(_recording(seen))
+    client = _RawClient(front.port)
+    try:
+        stream = await asyncio.to_thread(
+            client.call,
+            GENERATE_METHOD,
+            ("grpc-encoding", encoding),
+            message=_framed(message, True),
+        )
+        trailers = await asyncio.to_thread(client.trailers, stream)
+    finally:
+        client.close()
+        front.close()
+    assert trailers[b"grpc-status"] == code
+    assert refusal in urllib.parse.unquote(trailers[b"grpc-message"].decode())
+    assert trailers[b"grpc-accept-encoding"] == b"identity,deflate,gzip"
+    assert seen == []
 
 
 @contextlib.asynccontextmanager
-async def _front_holding_calls() -> AsyncIterator[
-    tuple[grpc_floor_native.NativeFront, asyncio.Event, asyncio.Event]
-]:
+async def _front_holding_calls() -> AsyncIterator[tuple[NativeFront, asyncio.Event, asyncio.Event]]:
     """A native front whose calls write "x", wait for the first event, then write "y";
     the second event is set once a call has been cancelled."""
     go_on, cancelled = asyncio.Event(), asyncio.Event()
@@ -526,7 +603,7 @@ async def _front_holding_calls() -> AsyncIterator[
             raise
         write(pb.GenerateResponse(text="y").SerializeToString())
 
-    front = grpc_floor_native.NativeFront(handler)
+    front = _front(handler)
     try:
         yield front, go_on, cancelled
     finally:
@@ -600,8 +677,9 @@ class _RawClient:
         self._h2.initiate_connection()
         self._socket.sendall(self._h2.data_to_send())
 
-    def call(self, path: str, *headers: tuple[str, str]) -> int:
-        """Starts a call with an empty request message; its stream id."""
+    def call(self, path: str, *headers: tuple[str, str], message: bytes = b"\0\0\0\0\0") -> int:
+        """Starts a call with `message` as its whole body (an empty request message); its
+        stream id."""
         stream = int(self._h2.get_next_available_stream_id())
         self._h2.send_headers(
             stream,
@@ -615,7 +693,9 @@ class _RawClient:
                 *headers,
             ],
         )
-        self._h2.send_data(stream, b"\0\0\0\0\0", end_stream=True)
+        for start in range(0, len(message), 16384):
+            self._h2.send_data(stream, message[start : start + 16384])
+        self._h2.end_stream(stream)
         self._socket.sendall(self._h2.data_to_send())
         return stream
 
@@ -665,7 +745,7 @@ async def _front_watching_starts() -> AsyncIterator[tuple[int, asyncio.Event, as
             cancelled.set()
             raise
 
-    front = grpc_floor_native.NativeFront(handler)
+    front = _front(handler)
     try:
         yield front.port, started, cancelled
     finally:
@@ -676,7 +756,7 @@ async def test_native_transport_ends_a_call_past_its_deadline_itself() -> None:
     async with _front_watching_starts() as (port, _, _):
         client = await asyncio.to_thread(_RawClient, port)
         try:
-            stream = client.call(GENERATE, ("grpc-timeout", "1S"))
+            stream = client.call(GENERATE_METHOD, ("grpc-timeout", "1S"))
             trailers = await asyncio.to_thread(client.trailers, stream)
         finally:
             client.close()
@@ -698,7 +778,7 @@ async def test_native_transport_ends_a_call_its_handler_cancels_with_a_status() 
     async def handler(request: bytes, metadata: Metadata, write: Write) -> None:
         raise asyncio.CancelledError
 
-    front = grpc_floor_native.NativeFront(handler)
+    front = _front(handler)
     try:
         async with grpc.aio.insecure_channel(f"127.0.0.1:{front.port}") as channel:
             with pytest.raises(grpc.aio.AioRpcError) as ended:
@@ -773,12 +853,12 @@ async def test_native_transport_keeps_a_client_that_stops_reading_from_holding_u
 
 
 async def test_native_transport_stop_takes_any_grace() -> None:
-    front = grpc_floor_native.NativeFront(_forever)
+    front = _front(_forever)
     await front.stop(float("inf"))
 
 
 async def test_native_transport_stop_refuses_a_grace_that_is_not_a_number() -> None:
-    front = grpc_floor_native.NativeFront(_forever)
+    front = _front(_forever)
     try:
         with pytest.raises(ValueError, match="grace must be a number of seconds or None"):
             await front.stop(float("nan"))
@@ -791,7 +871,7 @@ async def test_native_transport_drops_a_connection_whose_peer_stops_answering_pi
         # The raw client answers nothing once its call is sent: not the server's pings.
         client = await asyncio.to_thread(_RawClient, port)
         try:
-            client.call(GENERATE)
+            client.call(GENERATE_METHOD)
             await eventually(cancelled.is_set, "the call's handler cancelled")
         finally:
             client.close()
@@ -806,7 +886,7 @@ async def test_native_transport_keeps_a_connection_whose_peer_answers_pings() ->
         write(pb.GenerateResponse(text="y").SerializeToString())
 
     # Pinged every 50 ms; a peer that answers is given far longer than it needs.
-    front = grpc_floor_native.NativeFront(held, keepalive_s=(0.05, 30.0))
+    front = _front(held, keepalive_s=(0.05, 30.0))
     try:
         async with grpc.aio.insecure_channel(f"127.0.0.1:{front.port}") as channel:
             call = pb_grpc.InferenceServiceStub(channel).Generate(pb.GenerateRequest(), timeout=60)
@@ -825,4 +905,100 @@ async def test_native_transport_refuses_a_keepalive_it_cannot_keep(
     keepalive: tuple[float, float],
 ) -> None:
     with pytest.raises(ValueError, match=r"keepalive \w+ must be seconds in"):
-        grpc_floor_native.NativeFront(_forever, keepalive_s=keepalive)
+        _front(_forever, keepalive_s=keepalive)
+
+
+class _RawFrames:
+    """An HTTP/2 peer that writes frames byte by byte, for what no client library sends:
+    floods of frames the server must refuse."""
+
+    PREFACE = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n"
+    HEADERS, CONTINUATION, GOAWAY, SETTINGS = 0x1, 0x9, 0x7, 0x4
+    END_STREAM, END_HEADERS = 0x1, 0x4
+
+    def __init__(self, port: int) -> None:
+        self._socket = socket.create_connection(("127.0.0.1", port))
+        self._socket.settimeout(30)
+        self._socket.sendall(self.PREFACE + self.frame(self.SETTINGS, 0, 0, b""))
+
+    @staticmethod
+    def frame(kind: int, flags: int, stream: int, payload: bytes) -> bytes:
+        return (
+            len(payload).to_bytes(3, "big")
+            + bytes([kind, flags])
+            + (stream.to_bytes(4, "big") + payload)
+        )
+
+    def send(self, frames: bytes) -> None:
+        """Sends `frames`; a server that closed the connection meanwhile is no error."""
+        with contextlib.suppress(ConnectionError):
+            self._socket.sendall(frames)
+
+    def goaway_code(self) -> int | None:
+        """The error code of the GOAWAY the server sends before it closes; None if it
+        closes without one."""
+        buffer = b""
+        while True:
+            try:
+                data = self._socket.recv(1 << 16)
+            except ConnectionError:
+                data = b""
+            buffer += data
+            while len(buffer) >= 9:
+                length = int.from_bytes(buffer[:3], "big")
+                if len(buffer) < 9 + length:
+                    break
+                kind, payload = buffer[3], buffer[9 : 9 + length]
+                buffer = buffer[9 + length :]
+                if kind == self.GOAWAY:
+                    return int.from_bytes(payload[4:8], "big")
+            if not data:
+                return None
+
+    def close(self) -> None:
+        self._socket.close()
+
+
+ENHANCE_YOUR_CALM = 0xB
+
+
+def _request_headers(*extra: tuple[str, str]) -> bytes:
+    return hpack.Encoder().encode(
+        [
+            (":method", "POST"),
+            (":scheme", "http"),
+            (":path", GENERATE_METHOD),
+            (":authority", "localhost"),
+            ("content-type", "application/grpc"),
+            *extra,
+        ]
+    )
+
+
+async def _goaway_after(flood: bytes) -> int | None:
+    """The error code of the GOAWAY a native front answers `flood` with (see _RawFrames)."""
+    front = _front(_forever)
+    peer = _RawFrames(front.port)
+    try:
+        await asyncio.to_thread(peer.send, flood)
+        return await asyncio.to_thread(peer.goaway_code)
+    finally:
+        peer.close()
+        front.close()
+
+
+async def test_native_transport_ends_a_connection_flooding_continuation_frames() -> None:
+    frame = _RawFrames.frame
+    flood = frame(_RawFrames.HEADERS, 0, 1, _request_headers())
+    flood += frame(_RawFrames.CONTINUATION, 0, 1, b"") * 1000
+    assert await _goaway_after(flood) == ENHANCE_YOUR_CALM
+
+
+async def test_native_transport_ends_a_connection_that_keeps_provoking_stream_resets() -> None:
+    # A connection-level header is malformed in HTTP/2: h2 resets the stream.
+    malformed = _request_headers(("connection", "keep-alive"))
+    flags = _RawFrames.END_HEADERS | _RawFrames.END_STREAM
+    flood = b"".join(
+        _RawFrames.frame(_RawFrames.HEADERS, flags, 2 * i + 1, malformed) for i in range(1100)
+    )
+    assert await _goaway_after(flood) == ENHANCE_YOUR_CALM

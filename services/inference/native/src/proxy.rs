@@ -176,7 +176,7 @@ pub async fn proxy(
         if !ended {
             if let Err(Broken::From) = pump(&mut from_upstream, &mut to_client).await {
                 let text = format!("upstream {address} broke off the call");
-                let _ = to_client.send_trailers(wire::trailers(wire::UNAVAILABLE, &text));
+                let _ = to_client.send_trailers(wire::trailers(wire::UNAVAILABLE, &text, &[]));
             }
         }
     };
