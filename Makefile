@@ -37,13 +37,15 @@ UNUSED := torchvision torchaudio torchcodec
 # Debian's packaged crates are (`make native` installs them, as root); elsewhere the service
 # serves Generate on grpc.aio, and says so in its log.
 setup: $(STAMP)
-	@if command -v cargo >/dev/null && \
+	@if command -v cargo >/dev/null && command -v patch >/dev/null && \
 	    (for crate in $(NATIVE_REGISTRY); do ls -d $(DEBIAN_CRATES)/$$crate* || exit 1; done) \
 	    >/dev/null 2>&1; then \
-	  $(MAKE) --no-print-directory $(NATIVE_LIB); \
+	  $(MAKE) --no-print-directory $(NATIVE_LIB) || { rm -f $(NATIVE_LIB); \
+	    echo "setup: the native transport did not build (above); Generate will be" \
+	      "served on grpc.aio" >&2; }; \
 	else \
-	  echo "setup: the native transport is not built (no cargo or crates: make native);" \
-	    "Generate will be served on grpc.aio" >&2; \
+	  echo "setup: the native transport is not built (no cargo, patch or crates: make" \
+	    "native); Generate will be served on grpc.aio" >&2; \
 	fi
 
 # The servers' package, plus the developer tools (tools/: demo, tiny model builders) and the
@@ -101,11 +103,14 @@ $(NATIVE_LIB): $(NATIVE_CRATE)/Cargo.toml $(wildcard $(NATIVE_CRATE)/src/*.rs) $
 
 # Debian 12's h2 0.3.13 with the advisories' fixes it lacks (patches/, Cargo.toml's
 # [patch.crates-io]).
-$(NATIVE_H2)/.patched: $(wildcard $(NATIVE_CRATE)/patches/h2-0.3.13-*.patch)
+$(NATIVE_H2)/.patched: $(DEBIAN_CRATES)/h2-0.3.13/Cargo.toml \
+    $(wildcard $(NATIVE_CRATE)/patches/h2-0.3.13-*.patch)
 	rm -rf $(NATIVE_H2)
 	mkdir -p $(NATIVE_CRATE)/target
 	cp -r $(DEBIAN_CRATES)/h2-0.3.13 $(NATIVE_H2)
-	for fix in $^; do patch --quiet -d $(NATIVE_H2) -p1 < $$fix; done
+	for fix in $(filter %.patch,$^); do \
+	  patch --quiet --forward --batch -d $(NATIVE_H2) -p1 < $$fix || exit 1; \
+	done
 	touch $@
 
 # Installs cargo and Debian's crates (root, apt-get), then builds the native transport.
@@ -115,7 +120,7 @@ NATIVE_CRATES := cargo patch librust-pyo3-dev librust-h2-dev librust-tokio-dev l
 native:
 	DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends \
 	  $(NATIVE_CRATES) >/dev/null
-	$(MAKE) --no-print-directory setup
+	$(MAKE) --no-print-directory $(STAMP) $(NATIVE_LIB)
 
 # Everything that does not need the engine.
 test-quick: setup

@@ -12,7 +12,8 @@ COPY services/inference/native /src/native
 RUN mkdir -p /src/native/target \
  && cp -r /usr/share/cargo/registry/h2-0.3.13 /src/native/target/h2 \
  && for fix in /src/native/patches/h2-0.3.13-*.patch; do \
-      patch --quiet -d /src/native/target/h2 -p1 < "$fix"; done \
+      patch --quiet --forward --batch -d /src/native/target/h2 -p1 < "$fix" || exit 1; \
+    done \
  && cargo build --release --offline --manifest-path /src/native/Cargo.toml \
       --config 'source.crates-io.replace-with="debian"' \
       --config 'source.debian.directory="/usr/share/cargo/registry"'

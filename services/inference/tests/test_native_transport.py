@@ -546,27 +546,34 @@ async def test_native_transport_inflates_a_compressed_request(
     assert [message for message, _ in seen] == [request.SerializeToString()]
 
 
-def _framed(message: bytes, compressed: bool) -> bytes:
-    return bytes([compressed]) + len(message).to_bytes(4, "big") + message
+def _framed(message: bytes, flag: int = 1) -> bytes:
+    """A message as gRPC frames it: its flag (1: compressed), length and bytes."""
+    return bytes([flag]) + len(message).to_bytes(4, "big") + message
 
 
 @pytest.mark.parametrize(
-    ("message", "encoding", "code", "refusal"),
+    ("framed", "encoding", "code", "refusal"),
     [
         (
-            gzip.compress(bytes(MESSAGE_LIMIT + 1)),
+            _framed(gzip.compress(bytes(MESSAGE_LIMIT + 1))),
             "gzip",
             b"8",
             f"the request is larger than the limit of {MESSAGE_LIMIT} bytes decompressed",
         ),
-        (b"not gzip", "gzip", b"3", "the request's message does not decompress"),
-        (b"x", "identity", b"3", "flagged compressed, but its grpc-encoding names none"),
-        (b"x", "br", b"12", "grpc-encoding br is not supported: send identity,deflate,gzip"),
+        (_framed(b"not gzip"), "gzip", b"3", "the request's message does not decompress"),
+        (_framed(b"x"), "identity", b"3", "flagged compressed, but its grpc-encoding names none"),
+        (
+            _framed(b"x"),
+            "br",
+            b"12",
+            "grpc-encoding br is not supported: send identity,deflate,gzip",
+        ),
+        (_framed(b"x", flag=2), "gzip", b"3", "compressed flag must be 0 or 1, not 2"),
     ],
-    ids=["bomb", "corrupt", "no-encoding", "unknown-encoding"],
+    ids=["bomb", "corrupt", "no-encoding", "unknown-encoding", "bad-flag"],
 )
 async def test_native_transport_refuses_a_compressed_request_it_cannot_inflate(
-    message: bytes, encoding: str, code: bytes, refusal: str
+    framed: bytes, encoding: str, code: bytes, refusal: str
 ) -> None:
     seen: list[tuple[bytes, Metadata]] = []
     front = _front(_recording(seen))
@@ -576,7 +583,7 @@ async def test_native_transport_refuses_a_compressed_request_it_cannot_inflate(
             client.call,
             GENERATE_METHOD,
             ("grpc-encoding", encoding),
-            message=_framed(message, True),
+            message=framed,
         )
         trailers = await asyncio.to_thread(client.trailers, stream)
     finally:

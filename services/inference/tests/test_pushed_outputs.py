@@ -187,3 +187,10 @@ async def test_a_pushed_stream_ends_with_the_first_error_and_ignores_what_follow
 )
 def test_only_a_plain_request_is_pushed(spec: SamplingSpec, expected: bool) -> None:
     assert pushable(spec) is expected
+
+
+def test_an_output_the_sink_cannot_read_ends_its_request_not_the_output_handler() -> None:
+    sink, recorder = _vllm_sink()
+    sink.put(SimpleNamespace(outputs=[], finished=False))
+    (error,) = recorder.errors
+    assert isinstance(error, IndexError)

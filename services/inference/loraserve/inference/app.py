@@ -10,6 +10,7 @@ grace period, sync stops, the engine shuts down.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import logging
 from collections.abc import Awaitable, Callable
@@ -126,8 +127,13 @@ class InferenceApp:
                 )
             )
         except BaseException:
+            # Nothing left listening; what failed is what is raised.
             self._server = None
-            await server.stop(None)
+            for running in (server, self._http):
+                if running is not None:
+                    with contextlib.suppress(Exception):
+                        await running.stop(None)
+            self._http = None
             raise
 
     async def run_engine_and_sync(self) -> None:

@@ -43,12 +43,15 @@ use pyo3::types::PyBytes;
 use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::net::TcpListener;
 use tokio::sync::mpsc::{unbounded_channel, UnboundedReceiver, UnboundedSender};
-use tokio::sync::{oneshot, watch, Notify};
+use tokio::sync::{oneshot, watch, Notify, Semaphore};
 use tokio::time::Instant;
 use tokio_rustls::TlsAcceptor;
 
 /// The longest time in seconds taken from Python (a `Duration` cannot hold every f64).
 const MAX_SECONDS: f64 = 1e9;
+
+/// How many compressed requests are inflated at once (each on a blocking thread).
+const INFLATING: usize = 2;
 
 /// How long a client has to finish its TLS handshake.
 const TLS_HANDSHAKE: Duration = Duration::from_secs(20);
@@ -113,6 +116,8 @@ struct Calls {
     upstream: Option<String>,
     /// The largest request message taken, in bytes.
     max_message: usize,
+    /// Permits to inflate a compressed request (`INFLATING`).
+    inflating: Semaphore,
     /// How old a connection may get before it is asked to close.
     max_connection_age: Option<Duration>,
     /// How often the peer is pinged, and how long it has to answer.
@@ -231,6 +236,7 @@ impl Server {
                 )
             }),
             max_message,
+            inflating: Semaphore::new(INFLATING),
             stopping: watch::channel(false).0,
             connections: Mutex::new(0),
             connection_closed: Condvar::new(),
@@ -538,12 +544,15 @@ async fn keepalive(pings: Option<h2::PingPong>, keepalive: Option<(Duration, Dur
 }
 
 /// A request's one message, read whole: refused with a status when it is too large or
-/// not one message, None when the client went before it was whole.
+/// not one message, None when the client went before it was whole. A compressed one is
+/// inflated on a blocking thread, a few at once (`INFLATING`), so that no request stalls
+/// this thread's connections.
 async fn receive(
     body: &mut h2::RecvStream,
-    encoding: Option<&[u8]>,
-    limit: usize,
+    encoding: Option<Bytes>,
+    calls: &Calls,
 ) -> Result<Bytes, Option<(u32, String)>> {
+    let limit = calls.max_message;
     let mut received = BytesMut::new();
     while let Some(chunk) = body.data().await {
         let chunk = chunk.map_err(|_| None)?;
@@ -554,7 +563,15 @@ async fn receive(
             return Err(Some((wire::RESOURCE_EXHAUSTED, text)));
         }
     }
-    wire::one_message(received.freeze(), encoding, limit).map_err(Some)
+    let (compressed, message) = wire::one_message(received.freeze()).map_err(Some)?;
+    if !compressed {
+        return Ok(message);
+    }
+    let _permit = calls.inflating.acquire().await.map_err(|_| None)?;
+    tokio::task::spawn_blocking(move || wire::decompress(&message, encoding.as_deref(), limit))
+        .await
+        .map_err(|_| None)?
+        .map_err(Some)
 }
 
 /// A connection counted open from its accept until it is dropped (`wait_closed`).
@@ -631,10 +648,12 @@ async fn call(
         })
         .filter_map(|(key, value)| Some((key.as_str().to_owned(), value.to_str().ok()?.to_owned())))
         .collect();
-    let encoding = request.headers().get("grpc-encoding").cloned();
-    let encoding = encoding.as_ref().map(|value| value.as_bytes());
+    let encoding = request
+        .headers()
+        .get("grpc-encoding")
+        .map(|value| Bytes::copy_from_slice(value.as_bytes()));
     let mut body = request.into_body();
-    let receiving = receive(&mut body, encoding, calls.max_message);
+    let receiving = receive(&mut body, encoding, &calls);
     let received = match deadline {
         Some(deadline) => tokio::time::timeout_at(deadline, receiving)
             .await

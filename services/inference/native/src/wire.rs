@@ -55,19 +55,21 @@ pub const PREFIX: usize = 5;
 /// accepts it.
 pub const ACCEPT_ENCODING: &str = "identity,deflate,gzip";
 
-/// The one message a unary request body holds, decompressed as `encoding` (the request's
-/// `grpc-encoding`) says when its flag says it is compressed, at most `limit` bytes; or
-/// the status refusing the body.
-pub fn one_message(
-    mut body: Bytes,
-    encoding: Option<&[u8]>,
-    limit: usize,
-) -> Result<Bytes, (u32, String)> {
+/// The one message a unary request body holds, and whether its flag says it is
+/// compressed; or the status refusing the body.
+pub fn one_message(mut body: Bytes) -> Result<(bool, Bytes), (u32, String)> {
     if body.len() < PREFIX {
         let text = format!("the request holds no message ({} bytes)", body.len());
         return Err((INVALID_ARGUMENT, text));
     }
-    let compressed = body[0] != 0;
+    let compressed = match body[0] {
+        0 => false,
+        1 => true,
+        flag => {
+            let text = format!("the request's compressed flag must be 0 or 1, not {flag}");
+            return Err((INVALID_ARGUMENT, text));
+        }
+    };
     let length = u32::from_be_bytes([body[1], body[2], body[3], body[4]]) as usize;
     if body.len() != PREFIX + length {
         let text = format!(
@@ -76,13 +78,19 @@ pub fn one_message(
         );
         return Err((INVALID_ARGUMENT, text));
     }
-    let message = body.split_off(PREFIX);
-    if !compressed {
-        return Ok(message);
-    }
+    Ok((compressed, body.split_off(PREFIX)))
+}
+
+/// A compressed message decompressed as `encoding` (the request's `grpc-encoding`) says,
+/// at most `limit` bytes; or the status refusing it. Blocking: it may inflate `limit` bytes.
+pub fn decompress(
+    message: &[u8],
+    encoding: Option<&[u8]>,
+    limit: usize,
+) -> Result<Bytes, (u32, String)> {
     match encoding {
-        Some(b"gzip") => inflate(GzDecoder::new(&message[..]), limit),
-        Some(b"deflate") => inflate(ZlibDecoder::new(&message[..]), limit),
+        Some(b"gzip") => inflate(GzDecoder::new(message), limit),
+        Some(b"deflate") => inflate(ZlibDecoder::new(message), limit),
         None | Some(b"identity") => Err((
             INVALID_ARGUMENT,
             "the request's message is flagged compressed, but its grpc-encoding names none"

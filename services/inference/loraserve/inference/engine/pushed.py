@@ -53,6 +53,14 @@ class VllmOutputSink:
         self._sink, self._request_id, self._params = sink, request_id, params
 
     def put(self, output: Any) -> None:
+        try:
+            self._put(output)
+        except Exception as exc:
+            # vLLM's output handler serves every request: an output this cannot read ends
+            # this request alone.
+            self._sink.fail(exc)
+
+    def _put(self, output: Any) -> None:
         if isinstance(output, Exception):
             self._sink.fail(_domain_error(output))
             return

@@ -46,15 +46,21 @@ class GrpcFront:
         await self.server.set_serving(serving)
 
     async def stop(self, grace: float | None) -> None:
-        """NOT_SERVING, then the calls in flight get `grace` seconds on either server."""
+        """NOT_SERVING, then the calls in flight get `grace` seconds on either server. Both
+        stop however the other's stop ends; the first error is raised after."""
         stopping = [self.server.stop(grace)]
         if self.native is not None:
             stopping.append(self.native.stop(grace))
         try:
-            await asyncio.gather(*stopping)
+            results = await asyncio.gather(*stopping, return_exceptions=True)
         finally:
+            if self.native is not None:
+                self.native.close()
             if self.socket_dir is not None:
                 shutil.rmtree(self.socket_dir, ignore_errors=True)
+        for result in results:
+            if isinstance(result, BaseException):
+                raise result
 
 
 def native_wanted(transport: str, listen: str) -> bool:

@@ -134,7 +134,14 @@ class NativeFront:
         if grace is not None and math.isnan(grace):
             raise ValueError("grace must be a number of seconds or None, not NaN")
         self._server.shutdown()
-        until = self._loop.time() + min(grace or 0.0, _MAX_WAIT_S)
+        try:
+            await self._drain(min(grace or 0.0, _MAX_WAIT_S))
+        finally:
+            # Also when the stop itself is cancelled: nothing keeps listening or running.
+            self.close()
+
+    async def _drain(self, grace_s: float) -> None:
+        until = self._loop.time() + grace_s
         # Calls that came before the server's GOAWAY reached their client arrive late.
         while self._tasks and (left_s := until - self._loop.time()) > 0:
             await asyncio.wait(list(self._tasks.values()), timeout=left_s)
@@ -148,7 +155,6 @@ class NativeFront:
         # their connections close once it has (given a moment past the grace for the latter).
         wait_s = max(until - self._loop.time(), _LAST_WORDS_S if left else 0.0)
         await asyncio.to_thread(self._server.wait_closed, wait_s)
-        self.close()
 
     def close(self) -> None:
         """Drops every connection and cancels every call; once, however often called."""
