@@ -93,8 +93,11 @@ NATIVE_REGISTRY := bytes-1. flate2-1. futures-util-0.3. h2-0.3.13 http-0.2. pyo3
 NATIVE_CRATE := services/inference/native
 NATIVE_LIB := services/inference/loraserve/inference/transport/loraserve_native.abi3.so
 NATIVE_H2 := $(NATIVE_CRATE)/target/h2
+# Debian's own toolchain where it is installed (rustc 1.63: what the image builds with, and
+# what its crates are packaged for); else the cargo on PATH.
+NATIVE_CARGO := $(if $(wildcard /usr/bin/cargo),RUSTC=/usr/bin/rustc /usr/bin/cargo,cargo)
 $(NATIVE_LIB): $(NATIVE_CRATE)/Cargo.toml $(wildcard $(NATIVE_CRATE)/src/*.rs) $(NATIVE_H2)/.patched
-	PYO3_PYTHON=$(PY) cargo build --release --offline --quiet \
+	PYO3_PYTHON=$(PY) $(NATIVE_CARGO) build --release --offline --quiet \
 	  --manifest-path $(NATIVE_CRATE)/Cargo.toml \
 	  --config 'source.crates-io.replace-with="debian"' \
 	  --config 'source.debian.directory="$(DEBIAN_CRATES)"'

@@ -118,7 +118,9 @@ pub async fn proxy(
     let mut sender = match upstream.ready().await {
         Ok(sender) => sender,
         Err(e) => {
-            wire::refuse(respond, body, unavailable(&address, "unreachable", &e)).await;
+            // Made first: a `&dyn Display` held across the await is not Send.
+            let refusal = unavailable(&address, "unreachable", &e);
+            wire::refuse(respond, body, refusal).await;
             return;
         }
     };
@@ -140,7 +142,8 @@ pub async fn proxy(
     let (response, mut to_upstream) = match sender.send_request(forwarded, body.is_end_stream()) {
         Ok(sent) => sent,
         Err(e) => {
-            wire::refuse(respond, body, unavailable(&address, "failed the call", &e)).await;
+            let refusal = unavailable(&address, "failed the call", &e);
+            wire::refuse(respond, body, refusal).await;
             return;
         }
     };
