@@ -471,15 +471,20 @@ async def test_native_transport_refuses_a_tls_file_it_cannot_use_naming_it(
         _front(_forever, tls=(files["cert"], files["key"], files["client-ca"]))
 
 
-async def test_native_transport_moves_new_calls_to_a_new_connection_once_one_is_old() -> None:
-    go_on = asyncio.Event()
+def _x_then_y(go_on: asyncio.Event) -> Handler:
+    """A handler that writes "x", waits for `go_on`, then writes "y"."""
 
-    async def two_messages(request: bytes, metadata: Metadata, write: Write) -> None:
+    async def handler(request: bytes, metadata: Metadata, write: Write) -> None:
         write(pb.GenerateResponse(text="x").SerializeToString())
         await go_on.wait()
         write(pb.GenerateResponse(text="y").SerializeToString())
 
-    front = _front(two_messages, max_connection_age_s=0.2)
+    return handler
+
+
+async def test_native_transport_moves_new_calls_to_a_new_connection_once_one_is_old() -> None:
+    go_on = asyncio.Event()
+    front = _front(_x_then_y(go_on), max_connection_age_s=0.2)
     try:
         async with (
             tcp_proxy(front.port) as proxy,
@@ -886,14 +891,8 @@ async def test_native_transport_drops_a_connection_whose_peer_stops_answering_pi
 
 async def test_native_transport_keeps_a_connection_whose_peer_answers_pings() -> None:
     go_on = asyncio.Event()
-
-    async def held(request: bytes, metadata: Metadata, write: Write) -> None:
-        write(pb.GenerateResponse(text="x").SerializeToString())
-        await go_on.wait()
-        write(pb.GenerateResponse(text="y").SerializeToString())
-
     # Pinged every 50 ms; a peer that answers is given far longer than it needs.
-    front = _front(held, keepalive_s=(0.05, 30.0))
+    front = _front(_x_then_y(go_on), keepalive_s=(0.05, 30.0))
     try:
         async with grpc.aio.insecure_channel(f"127.0.0.1:{front.port}") as channel:
             call = pb_grpc.InferenceServiceStub(channel).Generate(pb.GenerateRequest(), timeout=60)

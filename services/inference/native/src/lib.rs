@@ -50,6 +50,16 @@ use tokio_rustls::TlsAcceptor;
 /// The longest time in seconds taken from Python (a `Duration` cannot hold every f64).
 const MAX_SECONDS: f64 = 1e9;
 
+/// A time in seconds from Python as a `Duration`, refused (naming it) unless in
+/// (0, MAX_SECONDS]: NaN and infinities included.
+fn seconds(name: &str, value: f64) -> PyResult<Duration> {
+    if value.is_finite() && value > 0.0 && value <= MAX_SECONDS {
+        return Ok(Duration::from_secs_f64(value));
+    }
+    let text = format!("{name} must be seconds in (0, {MAX_SECONDS}], not {value}");
+    Err(PyValueError::new_err(text))
+}
+
 /// How many compressed requests are inflated at once (each on a blocking thread).
 const INFLATING: usize = 2;
 
@@ -191,24 +201,16 @@ impl Server {
         // SAFETY: the caller hands this fd over; it is ours to write, and to close on
         // every return, a failed one included.
         let doorbell = unsafe { std::fs::File::from_raw_fd(doorbell_fd) };
-        if let Some(age) = max_connection_age_s {
-            if !(age.is_finite() && age > 0.0 && age <= MAX_SECONDS) {
-                let text = format!(
-                    "max_connection_age_s must be seconds in (0, {MAX_SECONDS}], not {age}"
-                );
-                return Err(PyValueError::new_err(text));
-            }
-        }
-        if let Some((interval, timeout)) = keepalive_s {
-            for (name, value) in [("interval", interval), ("timeout", timeout)] {
-                if !(value.is_finite() && value > 0.0 && value <= MAX_SECONDS) {
-                    let text = format!(
-                        "keepalive {name} must be seconds in (0, {MAX_SECONDS}], not {value}"
-                    );
-                    return Err(PyValueError::new_err(text));
-                }
-            }
-        }
+        let max_connection_age = max_connection_age_s
+            .map(|age| seconds("max_connection_age_s", age))
+            .transpose()?;
+        let keepalive = match keepalive_s {
+            Some((interval, timeout)) => Some((
+                seconds("keepalive interval", interval)?,
+                seconds("keepalive timeout", timeout)?,
+            )),
+            None => None,
+        };
         let tls = match tls {
             Some((cert, key, client_ca)) => Some(
                 tls::acceptor(&cert, &key, client_ca.as_deref()).map_err(PyValueError::new_err)?,
@@ -228,13 +230,8 @@ impl Server {
             streams,
             path,
             upstream,
-            max_connection_age: max_connection_age_s.map(Duration::from_secs_f64),
-            keepalive: keepalive_s.map(|(interval, timeout)| {
-                (
-                    Duration::from_secs_f64(interval),
-                    Duration::from_secs_f64(timeout),
-                )
-            }),
+            max_connection_age,
+            keepalive,
             max_message,
             inflating: Semaphore::new(INFLATING),
             stopping: watch::channel(false).0,
