@@ -104,8 +104,8 @@ $(NATIVE_LIB): $(NATIVE_CRATE)/Cargo.toml $(wildcard $(NATIVE_CRATE)/src/*.rs) $
 	cp $(NATIVE_CRATE)/target/release/libloraserve_native.so $@.tmp
 	mv $@.tmp $@
 
-# Debian 12's h2 0.3.13 with the advisories' fixes it lacks (patches/, Cargo.toml's
-# [patch.crates-io]).
+# Debian 12's h2 0.3.13 with the advisories' fixes it lacks and gRPC's leniency about
+# :authority (patches/, Cargo.toml's [patch.crates-io]).
 $(NATIVE_H2)/.patched: $(DEBIAN_CRATES)/h2-0.3.13/Cargo.toml \
     $(wildcard $(NATIVE_CRATE)/patches/h2-0.3.13-*.patch)
 	rm -rf $(NATIVE_H2)

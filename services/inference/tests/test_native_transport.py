@@ -171,6 +171,30 @@ async def test_native_transport_hands_its_handler_the_metadata_less_transport_he
     assert not {"content-type", "te", "grpc-timeout", "user-agent"} & {k for k, _ in metadata}
 
 
+@pytest.mark.parametrize(
+    ("target", "authority"),
+    [("ipv4:{address},{address}", None), ("{address}", "/run/loraserve/grpc.sock")],
+    ids=["address-list", "socket-path"],
+)
+async def test_native_transport_serves_a_call_whose_authority_is_no_uri_authority(
+    target: str, authority: str | None
+) -> None:
+    """grpc core sends an `ipv4:` target's address list ("A,B") as the authority, and
+    grpc-java a Unix socket's path; gRPC's own servers serve both."""
+    seen: list[tuple[bytes, Metadata]] = []
+    front = _front(_recording(seen))
+    address = f"127.0.0.1:{front.port}"
+    options = [("grpc.default_authority", authority)] if authority else []
+    try:
+        async with grpc.aio.insecure_channel(target.format(address=address), options) as channel:
+            call = pb_grpc.InferenceServiceStub(channel).Generate(pb.GenerateRequest(), timeout=30)
+            assert await messages(call) == []
+            assert await call.code() == grpc.StatusCode.OK
+    finally:
+        front.close()
+    assert len(seen) == 1
+
+
 class _Upstream:
     """A grpc.aio server of raw-bytes methods under /test.Echo/, standing for the
     service's own server behind the native transport."""
