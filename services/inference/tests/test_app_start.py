@@ -8,6 +8,7 @@ import asyncio
 import logging
 import os
 import socket
+import subprocess
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
@@ -21,6 +22,7 @@ from loraserve.inference import transport
 from loraserve.inference.app import InferenceApp
 from loraserve.inference.engine import VllmEngine
 from loraserve.inference.settings import EngineOptions, InferenceSettings, parse_settings
+from loraserve.inference.transport import sockets
 from loraserve.inference.v1 import inference_pb2 as pb
 from loraserve.inference.v1 import inference_pb2_grpc as pb_grpc
 from loraserve.testing.inference.native import native_only
@@ -167,6 +169,48 @@ async def test_a_stopped_native_transport_leaves_no_socket_directory(
     assert len(_entries(socket_dirs)) == 1
     await app.stop()
     assert _entries(socket_dirs) == []
+
+
+def _socket_dir_of(parent: Path, name: str, pid: int | None) -> Path:
+    """A socket directory as a server makes it, naming `pid` as its owner (none: no file)."""
+    directory = parent / f"{sockets.PREFIX}{name}"
+    directory.mkdir()
+    (directory / "grpc.sock").touch()
+    if pid is not None:
+        (directory / sockets.OWNER).write_text(str(pid))
+    return directory
+
+
+def _dead_pid() -> int:
+    child = subprocess.Popen(["true"])
+    child.wait()
+    return child.pid
+
+
+@native_only
+async def test_the_native_transport_removes_the_socket_directory_a_killed_server_left(
+    tmp_path: Path, socket_dirs: Path
+) -> None:
+    abandoned = _socket_dir_of(socket_dirs, "killed", _dead_pid())
+    app = InferenceApp(_settings(tmp_path))
+    await app.start()
+    try:
+        assert not abandoned.exists()
+        assert len(_entries(socket_dirs)) == 1
+    finally:
+        await app.stop()
+
+
+@native_only
+async def test_the_native_transport_keeps_the_socket_directories_of_running_or_unknown_servers(
+    tmp_path: Path, socket_dirs: Path
+) -> None:
+    running = _socket_dir_of(socket_dirs, "running", os.getpid())
+    unknown = _socket_dir_of(socket_dirs, "unknown", None)
+    app = InferenceApp(_settings(tmp_path))
+    await app.start()
+    await app.stop()
+    assert sorted(_entries(socket_dirs)) == sorted([running.name, unknown.name])
 
 
 async def test_grpc_transport_auto_serves_a_listen_address_that_is_not_host_port_on_grpcio(

@@ -8,9 +8,9 @@ import asyncio
 import dataclasses
 import logging
 import shutil
-import tempfile
 from collections.abc import Awaitable
 from dataclasses import dataclass
+from pathlib import Path
 
 from loraserve.common.errors import FailedPrecondition, InvalidArgument, Unavailable
 from loraserve.common.rpc.metrics_http import split_address
@@ -20,6 +20,7 @@ from loraserve.inference.serving import SERVICE_NAME, RuntimeRef, register
 from loraserve.inference.settings import InferenceSettings
 from loraserve.inference.transport import native
 from loraserve.inference.transport.generate import start_generate_front
+from loraserve.inference.transport.sockets import make_socket_dir
 
 log = logging.getLogger(__name__)
 
@@ -31,7 +32,7 @@ class GrpcFront:
     server: RunningServer
     native: native.NativeFront | None = None
     # The grpc.aio server's socket directory behind the native transport.
-    socket_dir: str | None = None
+    socket_dir: Path | None = None
 
     @property
     def port(self) -> int:
@@ -99,8 +100,8 @@ async def start_grpc_front(settings: InferenceSettings, runtime_ref: RuntimeRef)
     if not native_wanted(settings.grpc_transport, listen):
         return GrpcFront(await start(listen, settings.security, age_s))
     host, port = split_address(listen)
-    socket_dir = tempfile.mkdtemp(prefix="loraserve-grpc-")
-    upstream = f"unix:{socket_dir}/grpc.sock"
+    socket_dir = make_socket_dir()
+    upstream = f"unix:{socket_dir / 'grpc.sock'}"
     # Plaintext, with the same tokens: TLS ends at the transport. No connection age: the
     # transport renews its connections to this server itself, and ages the clients'.
     plain = dataclasses.replace(
