@@ -10,7 +10,7 @@ import gzip
 import re
 import socket
 import urllib.parse
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -788,6 +788,47 @@ async def _front_watching_starts() -> AsyncIterator[tuple[int, asyncio.Event, as
         front.close()
 
 
+REFUSED_STREAM = 0x7
+
+
+def _whole_call(stream: int, path: str, encoder: hpack.Encoder) -> bytes:
+    """A call's frames: its headers and one empty request message."""
+    frame = _RawFrames.frame
+    headers = _request_headers(("te", "trailers"), path=path, encoder=encoder)
+    return frame(_RawFrames.HEADERS, _RawFrames.END_HEADERS, stream, headers) + frame(
+        _RawFrames.DATA, _RawFrames.END_STREAM, stream, b"\0\0\0\0\0"
+    )
+
+
+async def test_native_transport_refuses_a_call_upstream_cannot_take_while_it_stops() -> None:
+    """Upstream stops with the transport: a call that comes on an open connection before
+    its client has seen the GOAWAY was never processed, and is refused so that the
+    client's channel sends it again on a new connection."""
+    encoder, held = hpack.Encoder(), asyncio.Event()
+
+    async def holding(request: bytes, metadata: Metadata, write: Write) -> None:
+        held.set()
+        await asyncio.Event().wait()
+
+    with socket.socket() as unused:
+        unused.bind(("127.0.0.1", 0))
+        front = _front(holding, upstream=f"127.0.0.1:{unused.getsockname()[1]}")
+        peer = await asyncio.to_thread(_RawFrames, front.port)
+        try:
+            # A call the stop waits for, so the connection stays open while it stops.
+            await asyncio.to_thread(peer.send, _whole_call(1, GENERATE_METHOD, encoder))
+            await asyncio.wait_for(held.wait(), 30)
+            stopping = asyncio.create_task(front.stop(30))
+            await asyncio.sleep(0)  # the stop has begun
+            await asyncio.to_thread(peer.send, _whole_call(3, "/test.Echo/Fail", encoder))
+            code = await asyncio.to_thread(peer.reset_code, 3)
+        finally:
+            peer.close()
+            front.close()
+        await stopping
+    assert code == REFUSED_STREAM
+
+
 async def test_native_transport_ends_a_call_past_its_deadline_itself() -> None:
     async with _front_watching_starts() as (port, _, _):
         client = await asyncio.to_thread(_RawClient, port)
@@ -940,10 +981,10 @@ async def test_native_transport_refuses_a_keepalive_it_cannot_keep(
 
 class _RawFrames:
     """An HTTP/2 peer that writes frames byte by byte, for what no client library sends:
-    floods of frames the server must refuse."""
+    floods of frames the server must refuse, or a call after the server's GOAWAY."""
 
     PREFACE = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n"
-    HEADERS, CONTINUATION, GOAWAY, SETTINGS = 0x1, 0x9, 0x7, 0x4
+    DATA, HEADERS, RST_STREAM, SETTINGS, GOAWAY, CONTINUATION = 0x0, 0x1, 0x3, 0x4, 0x7, 0x9
     END_STREAM, END_HEADERS = 0x1, 0x4
 
     def __init__(self, port: int) -> None:
@@ -964,9 +1005,8 @@ class _RawFrames:
         with contextlib.suppress(ConnectionError):
             self._socket.sendall(frames)
 
-    def goaway_code(self) -> int | None:
-        """The error code of the GOAWAY the server sends before it closes; None if it
-        closes without one."""
+    def frames(self) -> Iterator[tuple[int, int, int, bytes]]:
+        """The server's frames as (type, flags, stream, payload), until it closes."""
         buffer = b""
         while True:
             try:
@@ -978,12 +1018,29 @@ class _RawFrames:
                 length = int.from_bytes(buffer[:3], "big")
                 if len(buffer) < 9 + length:
                     break
-                kind, payload = buffer[3], buffer[9 : 9 + length]
+                stream = int.from_bytes(buffer[5:9], "big") & 0x7FFFFFFF
+                yield buffer[3], buffer[4], stream, buffer[9 : 9 + length]
                 buffer = buffer[9 + length :]
-                if kind == self.GOAWAY:
-                    return int.from_bytes(payload[4:8], "big")
             if not data:
+                return
+
+    def goaway_code(self) -> int | None:
+        """The error code of the GOAWAY the server sends before it closes; None if it
+        closes without one."""
+        for kind, _, _, payload in self.frames():
+            if kind == self.GOAWAY:
+                return int.from_bytes(payload[4:8], "big")
+        return None
+
+    def reset_code(self, stream: int) -> int | None:
+        """The error code the server resets `stream` with; None if the stream ends
+        otherwise (trailers) or the connection closes first."""
+        for kind, flags, on, payload in self.frames():
+            if on == stream and kind == self.RST_STREAM:
+                return int.from_bytes(payload, "big")
+            if on == stream and kind == self.HEADERS and flags & self.END_STREAM:
                 return None
+        return None
 
     def close(self) -> None:
         self._socket.close()
@@ -992,12 +1049,14 @@ class _RawFrames:
 ENHANCE_YOUR_CALM = 0xB
 
 
-def _request_headers(*extra: tuple[str, str]) -> bytes:
-    return hpack.Encoder().encode(
+def _request_headers(
+    *extra: tuple[str, str], path: str = GENERATE_METHOD, encoder: hpack.Encoder | None = None
+) -> bytes:
+    return (encoder or hpack.Encoder()).encode(
         [
             (":method", "POST"),
             (":scheme", "http"),
-            (":path", GENERATE_METHOD),
+            (":path", path),
             (":authority", "localhost"),
             ("content-type", "application/grpc"),
             *extra,

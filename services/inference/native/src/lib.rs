@@ -619,7 +619,10 @@ async fn call(
 ) {
     if request.uri().path() != calls.path {
         match upstream {
-            Some(upstream) => proxy::proxy(upstream, request, respond).await,
+            Some(upstream) => {
+                let stopping = calls.stopping.subscribe();
+                proxy::proxy(upstream, request, respond, stopping).await
+            }
             None => {
                 let text = format!("method {} is not served here", request.uri().path());
                 let refusal = wire::status_response(wire::UNIMPLEMENTED, &text);

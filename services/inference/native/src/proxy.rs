@@ -8,6 +8,8 @@
 //! to its sender only once the other side has taken it. A call the client resets or
 //! drops is reset upstream at whatever stage it is (h2 resets a stream whose handles all
 //! drop before it ends); one upstream fails or resets ends UNAVAILABLE for the client.
+//! While the transport stops, a call upstream can no longer take is refused
+//! (REFUSED_STREAM), which a client's channel retries on a new connection.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -16,11 +18,11 @@ use bytes::Bytes;
 use futures_util::future::poll_fn;
 use h2::client::SendRequest;
 use h2::server::SendResponse;
-use h2::{RecvStream, SendStream};
+use h2::{Reason, RecvStream, SendStream};
 use http::{Request, Response};
 use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::net::{TcpStream, UnixStream};
-use tokio::sync::Mutex;
+use tokio::sync::{watch, Mutex};
 use tokio::time::Instant;
 
 /// How long one upstream connection takes new calls; well below the grpc.aio server's
@@ -112,11 +114,13 @@ pub async fn proxy(
     upstream: Arc<Upstream>,
     request: Request<RecvStream>,
     mut respond: SendResponse<Bytes>,
+    stopping: watch::Receiver<bool>,
 ) {
     let (parts, mut body) = request.into_parts();
     let address = upstream.address.clone();
     let mut sender = match upstream.ready().await {
         Ok(sender) => sender,
+        Err(_) if refused_while_stopping(&mut respond, &stopping) => return,
         Err(e) => {
             // Made first: a `&dyn Display` held across the await is not Send.
             let refusal = unavailable(&address, "unreachable", &e);
@@ -141,6 +145,7 @@ pub async fn proxy(
     };
     let (response, mut to_upstream) = match sender.send_request(forwarded, body.is_end_stream()) {
         Ok(sent) => sent,
+        Err(_) if refused_while_stopping(&mut respond, &stopping) => return,
         Err(e) => {
             let refusal = unavailable(&address, "failed the call", &e);
             wire::refuse(respond, body, refusal).await;
@@ -197,6 +202,20 @@ pub async fn proxy(
     // to its end (`wire::refuse` says why).
     drop(to_upstream);
     wire::drain(body).await;
+}
+
+/// Refuses a call upstream could not take if the transport is stopping: upstream has
+/// stopped before the client saw the GOAWAY, and the call was never processed, so the
+/// client's channel may send it again on another connection.
+fn refused_while_stopping(
+    respond: &mut SendResponse<Bytes>,
+    stopping: &watch::Receiver<bool>,
+) -> bool {
+    let refused = *stopping.borrow();
+    if refused {
+        respond.send_reset(Reason::REFUSED_STREAM);
+    }
+    refused
 }
 
 /// How a call that upstream could not take or failed ends: UNAVAILABLE, naming upstream.
