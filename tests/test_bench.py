@@ -6,11 +6,14 @@ streamed tokens the way the servers send them."""
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 
 from bench.method import readme_table
+from bench.method.cpu import cpu_seconds
 from bench.method.report import Report
 from bench.method.stats import Estimate
 
@@ -417,3 +420,28 @@ async def test_the_stream_probe_lets_requests_in_flight_finish_after_its_window(
     seen = await stream_probe.measure("fake", call, os.getpid(), 4, 20, 0.1, 0.3)
     assert seen.tokens > 0
     assert started == finished
+
+
+_BURN_5_MS = """
+import sys, time
+while time.process_time() < 0.005:
+    pass
+print(time.process_time(), flush=True)
+sys.stdin.read()
+"""
+
+
+def test_another_process_cpu_time_is_read_below_a_clock_tick() -> None:
+    # /proc/PID/stat counts whole 10 ms ticks; a process that ran less reads short.
+    child = subprocess.Popen(
+        [sys.executable, "-S", "-c", _BURN_5_MS],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert child.stdout is not None
+        ran = float(child.stdout.readline())
+        assert cpu_seconds(child.pid) >= ran
+    finally:
+        child.communicate("")

@@ -12,7 +12,7 @@ and engine flags. Each arm is a closed loop: `--clients` streams (ARM@N: N), eac
 its next request (greedy, ignore_eos, 16 prompt token ids, `--max-tokens` out, adapters
 round robin) as soon as the last one ended. After `--warmup` seconds a window of
 `--window` seconds is measured: tokens and messages that arrived in it, the CPU seconds
-of the server's own process (psutil, children excluded: vLLM's engine core is a child, so
+of the server's own process (its CPU clock, children excluded: vLLM's engine core is a child, so
 this is the front alone), of its main thread (the event loop) and of this process (the
 client), per 1,000 tokens; TTFT and inter-message gap p50 of requests inside it.
 
@@ -53,6 +53,7 @@ import psutil
 from bench.front import spy_summary
 from bench.load.calls import grpc_caller, openai_caller
 from bench.load.workload import Caller
+from bench.method.cpu import cpu_seconds
 from bench.method.stats import median, percentile
 from bench.rig import baselines, procs
 from bench.rig.stack import ENGINE_ENV, RANK, Stack, tenant
@@ -201,14 +202,11 @@ async def measure(
 
 def process_cpu(pid: int) -> tuple[float, float]:
     """CPU seconds of the server's own process, and of its engine children."""
-    root = psutil.Process(pid)
-    times = root.cpu_times()
     children = 0.0
-    for child in root.children(recursive=True):
-        with contextlib.suppress(psutil.Error):
-            child_times = child.cpu_times()
-            children += child_times.user + child_times.system
-    return times.user + times.system, children
+    for child in psutil.Process(pid).children(recursive=True):
+        with contextlib.suppress(psutil.Error, OSError):
+            children += cpu_seconds(child.pid)
+    return cpu_seconds(pid), children
 
 
 def _main_thread_cpu(pid: int) -> float:

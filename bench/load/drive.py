@@ -24,9 +24,8 @@ from collections.abc import Callable, Coroutine, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-import psutil
-
 from bench.load.workload import Caller, Record, Workload
+from bench.method.cpu import cpu_seconds
 from bench.method.stats import percentile
 
 
@@ -133,16 +132,11 @@ class _State:
             self._answered(waiting)
 
 
-def _cpu(pid: int) -> float:
-    times = psutil.Process(pid).cpu_times()
-    return float(times.user + times.system)
-
-
 async def _at(when: float, pids: dict[str, int]) -> dict[str, float]:
     """CPU seconds of each watched process (and of this one, as "client") at `when`."""
     await asyncio.sleep(max(0.0, when - time.monotonic()))
-    readings = {name: _cpu(pid) for name, pid in pids.items()}
-    readings["client"] = _cpu(os.getpid())
+    readings = {name: cpu_seconds(pid) for name, pid in pids.items()}
+    readings["client"] = cpu_seconds(os.getpid())
     return readings
 
 

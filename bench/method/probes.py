@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 import grpc
 import psutil
 
+from bench.method.cpu import cpu_seconds
 from bench.method.stats import median
 from loraserve.inference.v1 import inference_pb2 as pb
 from loraserve.inference.v1 import inference_pb2_grpc as pb_grpc
@@ -24,13 +25,12 @@ def _cpu_seconds(root_pid: int) -> dict[str, float]:
     root = psutil.Process(root_pid)
     for proc in [root, *root.children(recursive=True)]:
         try:
-            times = proc.cpu_times()
             label = "server (frontend)" if proc.pid == root_pid else f"vLLM {proc.name()}"
-        except psutil.Error:
+            used = cpu_seconds(proc.pid)
+        except (psutil.Error, OSError):
             continue
-        out[label] = out.get(label, 0.0) + times.user + times.system
-    mine = psutil.Process(os.getpid()).cpu_times()
-    out["bench client"] = mine.user + mine.system
+        out[label] = out.get(label, 0.0) + used
+    out["bench client"] = cpu_seconds(os.getpid())
     return out
 
 

@@ -15,8 +15,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import psutil
-
+from bench.method.cpu import cpu_seconds
 from bench.method.paired import AGAIN, rotated
 from bench.method.report import Cell, Section
 from bench.method.stats import median_interval, paired_ratio
@@ -93,11 +92,6 @@ async def _start(argv: Sequence[str], log: Path) -> asyncio.subprocess.Process:
     return process
 
 
-def _cpu(pid: int) -> float:
-    times = psutil.Process(pid).cpu_times()
-    return float(times.user + times.system)
-
-
 async def one_run(fleet: Fleet, arm: str, logs: Path) -> FleetRun:
     """Every fetcher started and ready, then all go at once."""
     argv = _argv(fleet, arm.removesuffix(AGAIN))
@@ -106,13 +100,13 @@ async def one_run(fleet: Fleet, arm: str, logs: Path) -> FleetRun:
     )
     store_pid = fleet.store.process.pid
     with PeakRss(fleet.store) as peak:
-        cpu_before = _cpu(store_pid)
+        cpu_before = cpu_seconds(store_pid)
         go = time.monotonic()
         for worker in workers:
             assert worker.stdin is not None
             worker.stdin.write(b"go\n")
         replies = [json.loads((await w.communicate())[0]) for w in workers]
-        cpu = _cpu(store_pid) - cpu_before
+        cpu = cpu_seconds(store_pid) - cpu_before
     failed = [w.returncode for w in workers if w.returncode]
     if failed:
         raise RuntimeError(

@@ -26,8 +26,8 @@ from pathlib import Path
 from typing import Any
 
 import grpc
-import psutil
 
+from bench.method.cpu import cpu_seconds
 from bench.method.paired import rotated
 from bench.method.report import Cell, Section
 from bench.method.stats import median, median_interval, paired_ratio
@@ -83,11 +83,6 @@ class Transfers:
     idle_rss: list[float] = field(default_factory=list)
     store_cpu_s: list[float] = field(default_factory=list)
     megabytes: float = 0.0
-
-
-def _cpu(pid: int) -> float:
-    times = psutil.Process(pid).cpu_times()
-    return float(times.user + times.system)
 
 
 async def replica_download(store_address: str, name: str, revision: int) -> float:
@@ -178,9 +173,9 @@ async def _repeat(rig: Rig, measured: Transfers, stub: Any, rep: int, adapter: P
     files = await asyncio.to_thread(adapter_files, adapter)
     for arm in rotated(DOWNLOAD_ARMS, rep):
         if arm == "replica download":
-            before = _cpu(rig.store.process.pid)
+            before = cpu_seconds(rig.store.process.pid)
             seconds = await replica_download(rig.store.address, name, revision)
-            measured.store_cpu_s.append(_cpu(rig.store.process.pid) - before)
+            measured.store_cpu_s.append(cpu_seconds(rig.store.process.pid) - before)
         else:
             prefix = f"raw/{rep}/{PUSH_ARMS.index('boto3 upload_file')}"
             seconds = await asyncio.to_thread(boto_stream, rig.s3, rig.bucket, prefix, files)
