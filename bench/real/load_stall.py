@@ -10,7 +10,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from collections.abc import AsyncIterator, Iterator
+from collections import deque
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 
 from bench.load.calls import grpc_caller, no_retry_client
@@ -27,6 +28,32 @@ LOADS = "16 streams, adapters loading one after another"
 QUIET = "16 streams, no loads"
 GOAL = 1.2
 PROMPT = (5, 17, 42, 99)
+# Before each loads window the pool holds this many times the most loads one window has
+# used, so an hour with faster loads than the first repeat's cannot run it dry.
+HEADROOM = 2
+
+
+class NeverLoaded:
+    """Names of adapters the replica has never loaded, each used once; `push(n)` pushes n
+    more to the store and returns their names."""
+
+    def __init__(self, names: list[str], push: Callable[[int], Awaitable[list[str]]]) -> None:
+        self._names = deque(names)
+        self._push = push
+
+    def __len__(self) -> int:
+        return len(self._names)
+
+    def take(self) -> str:
+        if not self._names:
+            raise RuntimeError("out of never-loaded adapters: push more")
+        return self._names.popleft()
+
+    async def top_up(self, most_per_window: int) -> None:
+        """Between windows, never during one: pushing costs the store and the machine."""
+        wanted = HEADROOM * most_per_window
+        if len(self._names) < wanted:
+            self._names.extend(await self._push(wanted - len(self._names)))
 
 
 @dataclass
@@ -34,17 +61,14 @@ class Loader:
     """Sends one-token first requests to never-loaded adapters, one at a time."""
 
     address: str
-    names: Iterator[str]
+    names: NeverLoaded
     done: list[Record] = field(default_factory=list)
 
     async def run(self, stop: asyncio.Event) -> None:
         async with no_retry_client(self.address) as client:
             call = grpc_caller(client)
             while not stop.is_set():
-                name = next(self.names, None)
-                if name is None:
-                    raise RuntimeError("out of never-loaded adapters: push more")
-                record = Record(name, time.monotonic())
+                record = Record(self.names.take(), time.monotonic())
                 await stream_into(record, call, PROMPT, 1)
                 self.done.append(record)
 
@@ -60,7 +84,7 @@ async def measure(
     address: str,
     front_pid: int,
     streams: Workload,
-    cold: list[str],
+    cold: NeverLoaded,
     timing: Timing,
     repeats: int,
 ) -> StallRuns:
@@ -70,7 +94,7 @@ async def measure(
         closed(QUIET, target, streams, concurrency, front_pid),
         closed(LOADS, target, streams, concurrency, front_pid),
     ]
-    loader = Loader(address, iter(cold))
+    loader = Loader(address, cold)
     loads: list[list[Record]] = []
 
     @contextlib.asynccontextmanager
@@ -78,6 +102,7 @@ async def measure(
         if arm != LOADS:
             yield
             return
+        await cold.top_up(max((len(window) for window in loads), default=0))
         stop = asyncio.Event()
         first = len(loader.done)
         task = asyncio.create_task(loader.run(stop))

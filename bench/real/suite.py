@@ -33,6 +33,7 @@ from bench.rig.variants import write_variant
 from bench.store import transfers
 from bench.swap import vs_vllm
 from bench.swap.arms import Servers, rounds
+from loraserve.adapterctl.adapter_dir import AdapterFiles
 from loraserve.testing.processes.services import free_port
 
 ENGINE = EngineConfig(max_loras=4, max_cpu_loras=8, max_lora_rank=models.RANK)
@@ -46,8 +47,8 @@ class RealScale(Windows):
     fleet_adapters: int = 8
     streams: int = 16
     max_tokens: int = 16
-    # Never-loaded adapters pushed for 18 (the same bytes under new names, every one
-    # downloaded and loaded): more than its loads, ~2 s or more each, can use.
+    # Never-loaded adapters pushed for 18 before it starts (the same bytes under new
+    # names, every one downloaded and loaded); topped up between windows as loads use them.
     cold_names: int = 120
     # The streams' first requests spread over the warm-up, and with equal lengths they
     # keep that spacing. A request lives about 17 s on the 2-core CPU engine: spread over
@@ -206,23 +207,42 @@ def stall_argv(stack: Stack, port: int) -> list[str]:
     ]
 
 
-async def _stall_replica(stack: Stack, scale: RealScale) -> tuple[procs.Child, list[str]]:
+class ColdPool:
+    """Never-loaded adapters for 18: the same bytes pushed under new names."""
+
+    def __init__(self, stack: Stack) -> None:
+        assert stack.store_channel is not None
+        self._stub = storeops.store_stub(stack.store_channel)
+        self._source = stack.adapters["r02"]
+        self._files: AdapterFiles | None = None
+        self._pushed = 0
+
+    async def push(self, count: int) -> list[str]:
+        names = [f"cold-{i:04d}" for i in range(self._pushed, self._pushed + count)]
+        self._pushed += count
+        if self._files is None:
+            self._files = await storeops.hashed(self._source)
+        files = self._files
+        limit = asyncio.Semaphore(PUSHES_AT_ONCE)
+
+        async def push(name: str) -> None:
+            async with limit:
+                await storeops.push(self._stub, name, files)
+
+        await asyncio.gather(*(push(name) for name in names))
+        return names
+
+
+async def _stall_replica(
+    stack: Stack, scale: RealScale
+) -> tuple[procs.Child, load_stall.NeverLoaded]:
     """The store with the streams' two adapters and `cold_names` never-loaded ones, and
-    a SERVING replica that has loaded the two; returns it and the never-loaded names."""
+    a SERVING replica that has loaded the two; returns it and the never-loaded ones."""
     await stack.start_store()
     for name, source in (("s0", "r00"), ("s1", "r01")):
         await stack.push(name, source)
-    cold = [f"cold-{i:03d}" for i in range(scale.cold_names)]
-    assert stack.store_channel is not None
-    files = await storeops.hashed(stack.adapters["r02"])
-    stub = storeops.store_stub(stack.store_channel)
-    limit = asyncio.Semaphore(PUSHES_AT_ONCE)
-
-    async def push(name: str) -> None:
-        async with limit:
-            await storeops.push(stub, name, files)
-
-    await asyncio.gather(*(push(name) for name in cold))
+    pool = ColdPool(stack)
+    cold = load_stall.NeverLoaded(await pool.push(scale.cold_names), pool.push)
     port = free_port()
     replica = procs.start_inference(
         stack.logs, "replica", stall_argv(stack, port), f"127.0.0.1:{port}", stack.profile.env
@@ -244,7 +264,13 @@ async def _stall(report: Report, scale: RealScale, engine: str) -> None:
         replica, cold = await _stall_replica(stack, scale)
         streams = Workload(("s0", "s1"), scale.streams, 256, scale.max_tokens)
         measured = await load_stall.measure(
-            gen, replica.address, replica.process.pid, streams, cold, scale.timing, scale.repeats
+            gen,
+            replica.address,
+            replica.process.pid,
+            streams,
+            cold,
+            scale.timing,
+            scale.repeats,
         )
         _describe(
             section,
