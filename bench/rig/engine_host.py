@@ -20,6 +20,8 @@ import socket
 import sys
 from typing import IO, Any
 
+import uvloop
+
 from bench.load import thin
 from bench.rig.engine_callers import direct_caller, generator_caller
 from loraserve.inference.__main__ import freeze_startup_heap
@@ -69,7 +71,8 @@ def main() -> None:
     parser.add_argument("serve_argv", nargs=argparse.REMAINDER)
     args = parser.parse_args()
     with os.fdopen(args.control_fd, "w") as control:
-        asyncio.run(_serve(args.serve_argv, control))
+        # The event loop `inference serve` runs on (uvloop): the arms measure the product.
+        uvloop.run(_serve(args.serve_argv, control))
 
 
 # vLLM starts its engine process with `spawn`, which re-imports this module.

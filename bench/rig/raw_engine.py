@@ -18,6 +18,8 @@ import uuid
 from collections.abc import AsyncIterator, Sequence
 from typing import IO, Any
 
+import uvloop
+
 from bench.load import thin
 from bench.load.workload import Caller
 
@@ -85,7 +87,8 @@ def main() -> None:
     parser.add_argument("--lora", action="append", default=[], help="NAME=DIR, loaded up front")
     args, flags = parser.parse_known_args()
     with open(args.control_fd, "w") as control:
-        asyncio.run(_serve(args.lora, flags, control))
+        # The event loop `vllm serve` runs on (uvloop), as the service's own host does.
+        uvloop.run(_serve(args.lora, flags, control))
 
 
 # vLLM starts its engine process with `spawn`, which re-imports this module.
