@@ -19,10 +19,14 @@ its own and no metrics on these ports.
 from __future__ import annotations
 
 import argparse
+import asyncio
 import contextlib
 import logging
+import os
+from pathlib import Path
 from typing import Any
 
+from bench.front import cpu_split
 from bench.front.grpc_floor_h2 import coalesce_grpclib_writes
 from bench.front.grpc_floor_servers import GENERATE
 from loraserve.common.errors import LoraserveError
@@ -85,6 +89,10 @@ def _app_class(port: int, native_port: int, pushed_port: int) -> type[InferenceA
 
         async def start(self) -> None:
             await super().start()
+            split_dir = os.environ.get(cpu_split.ENV)
+            self._split: asyncio.Task[None] | None = None
+            if split_dir:
+                self._split = cpu_split.install(Path(split_dir) / f"{os.getpid()}.jsonl")
             self._grpclib, _ = await serve_generate(self.runtime_ref, port)
             self._natives = []
             for front_port, pushed in ((native_port, False), (pushed_port, True)):
@@ -101,6 +109,8 @@ def _app_class(port: int, native_port: int, pushed_port: int) -> type[InferenceA
                     self._natives.append(front)
 
         async def stop(self) -> None:
+            if self._split is not None:
+                self._split.cancel()
             for front in self._natives:
                 front.close()
             self._grpclib.close()

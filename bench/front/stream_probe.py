@@ -3,7 +3,7 @@
     python -m bench.front.stream_probe [--arms grpc,grpclib,client,openai,vllm,sdk,grpc@8,...]
         [--clients 32] [--max-tokens 64] [--warmup 4] [--window 15] [--rounds 1]
         [--stream-interval N] [--profile DIR [--native-stacks]] [--loraserve NAME=PYTHONPATH ...]
-        [--json OUT]
+        [--cpu-split] [--json OUT]
     python -m bench.front.stream_probe summarize PROFILE.txt     # a py-spy raw profile, by frame
 
 One `inference serve` (gRPC and its OpenAI front, one engine; one per `--loraserve`
@@ -50,10 +50,10 @@ import aiohttp
 import grpc
 import psutil
 
-from bench.front import spy_summary
+from bench.front import cpu_split, spy_summary
 from bench.load.calls import grpc_caller, openai_caller
 from bench.load.workload import Caller
-from bench.method.cpu import cpu_seconds
+from bench.method.cpu import cpu_seconds, thread_cpu_seconds
 from bench.method.stats import median, percentile
 from bench.rig import baselines, procs
 from bench.rig.stack import ENGINE_ENV, RANK, Stack, tenant
@@ -88,6 +88,8 @@ class Window:
     errors: int = 0
     ttft_s: list[float] = field(default_factory=list)
     gaps_s: list[float] = field(default_factory=list)
+    # The loop thread's CPU per message, split (bench.front.cpu_split), with --cpu-split.
+    split: dict[str, float] = field(default_factory=dict)
 
     def figures(self) -> dict[str, float]:
         per_k = 1000.0 / max(self.tokens, 1)
@@ -101,6 +103,7 @@ class Window:
             "ttft_p50_ms": percentile(self.ttft_s, 50) * 1000 if self.ttft_s else 0.0,
             "gap_p50_ms": percentile(self.gaps_s, 50) * 1000 if self.gaps_s else 0.0,
             "errors": self.errors,
+            **self.split,
         }
 
 
@@ -145,7 +148,14 @@ def sdk_caller(base_url: str) -> Caller:
 
 
 async def measure(
-    arm: str, call: Caller, pid: int, clients: int, max_tokens: int, warmup: float, window: float
+    arm: str,
+    call: Caller,
+    pid: int,
+    clients: int,
+    max_tokens: int,
+    warmup: float,
+    window: float,
+    split: Path | None = None,
 ) -> Window:
     """Runs the closed loop; measures the window that starts `warmup` s in. After the window
     no client sends again and the requests in flight run to their end, so no arm's leftovers
@@ -180,12 +190,14 @@ async def measure(
     try:
         await asyncio.sleep(warmup)
         server0, engine0 = process_cpu(pid)
-        loop0 = _main_thread_cpu(pid)
+        loop0 = thread_cpu_seconds(pid)
+        split0 = cpu_split.latest(split) if split else {}
         client0, bounds[0] = time.process_time(), time.monotonic()
         bounds[1] = bounds[0] + window
         await asyncio.sleep(window)
         server1, engine1 = process_cpu(pid)
-        loop1 = _main_thread_cpu(pid)
+        loop1 = thread_cpu_seconds(pid)
+        seen.split = cpu_split.per_message(split0, cpu_split.latest(split) if split else {})
         client1, end = time.process_time(), time.monotonic()
         stopping.set()
         await asyncio.wait(workers, timeout=DRAIN_S)
@@ -207,13 +219,6 @@ def process_cpu(pid: int) -> tuple[float, float]:
         with contextlib.suppress(psutil.Error, OSError):
             children += cpu_seconds(child.pid)
     return cpu_seconds(pid), children
-
-
-def _main_thread_cpu(pid: int) -> float:
-    for thread in psutil.Process(pid).threads():
-        if thread.id == pid:
-            return float(thread.user_time + thread.system_time)
-    return 0.0
 
 
 @contextlib.asynccontextmanager
@@ -258,6 +263,7 @@ async def start_servers(
     need_vllm: bool,
     grpclib: bool = False,
     native: bool = False,
+    split_dir: Path | None = None,
 ) -> tuple[list[Loraserve], procs.Child | None]:
     """Each variant's `inference serve --grpc-transport grpcio` (gRPC + OpenAI front; its
     code from the variant's PYTHONPATH, "" for this checkout; with `grpclib` or `native`
@@ -275,6 +281,7 @@ async def start_servers(
             **ENGINE_ENV,
             "INFERENCE_GRPC_TRANSPORT": "grpcio",
             **({"PYTHONPATH": pythonpath} if pythonpath else {}),
+            **({cpu_split.ENV: str(split_dir)} if split_dir else {}),
         }
         grpclib_port = free_port() if grpclib or native else 0
         native_port = free_port() if native else 0
@@ -366,6 +373,7 @@ async def run_rounds(
     of the figures."""
     windows: dict[str, list[dict[str, float]]] = {arm: [] for arm in chosen}
     profiled = [args.profile] if args.profile else []
+    split_dir = _split_dir(args)
     for rnd, profile in enumerate([""] * args.rounds + profiled):
         for arm in chosen[rnd % len(chosen) :] + chosen[: rnd % len(chosen)]:
             name, _, clients = arm.partition("@")
@@ -375,7 +383,14 @@ async def run_rounds(
                 out.parent.mkdir(parents=True, exist_ok=True)
             async with py_spy(pid, out, args.window + args.warmup, args.native_stacks):
                 seen = await measure(
-                    arm, call, pid, int(clients), args.max_tokens, args.warmup, args.window
+                    arm,
+                    call,
+                    pid,
+                    int(clients),
+                    args.max_tokens,
+                    args.warmup,
+                    args.window,
+                    split_dir / f"{pid}.jsonl" if split_dir else None,
                 )
             figures = seen.figures()
             if not profile:
@@ -383,6 +398,15 @@ async def run_rounds(
             label = "profiled" if profile else f"round {rnd + 1}"
             print(f"{label} {arm}: " + _line(figures), flush=True)
     return windows
+
+
+def _split_dir(args: argparse.Namespace) -> Path | None:
+    """Where the servers write their CPU split (bench.front.cpu_split), with --cpu-split."""
+    if not args.cpu_split:
+        return None
+    directory = Path(args.results) / "cpu-split"
+    directory.mkdir(parents=True, exist_ok=True)
+    return directory
 
 
 async def run(args: argparse.Namespace) -> dict[str, Any]:
@@ -407,6 +431,7 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
             bool({"vllm", "sdk"} & kinds),
             "grpclib" in kinds,
             bool({"native", "pushed"} & kinds),
+            _split_dir(args),
         )
         async with contextlib.AsyncExitStack() as exits:
             arms = await open_arms(exits, servers, vllm, args.stream_interval)
@@ -435,7 +460,18 @@ def _line(figures: dict[str, float]) -> str:
         f"engine {figures['engine_cpu_ms_per_1k_tokens']:.1f} "
         f"client {figures['client_cpu_ms_per_1k_tokens']:.1f}; "
         f"TTFT p50 {figures['ttft_p50_ms']:.1f} ms, gap p50 {figures['gap_p50_ms']:.1f} ms, "
-        f"errors {figures['errors']:.0f}"
+        f"errors {figures['errors']:.0f}" + _split_line(figures)
+    )
+
+
+def _split_line(figures: dict[str, float]) -> str:
+    if "thread_us" not in figures:
+        return ""
+    return (
+        f"; loop µs/msg {figures['thread_us']:.1f} = vLLM outputs "
+        f"{figures['vllm_outputs_us']:.1f} + sink {figures['sink_us']:.1f} + flush "
+        f"{figures['flush_us']:.1f} + rest {figures['rest_us']:.1f} "
+        f"({figures['messages_per_step']:.1f} msg/step)"
     )
 
 
@@ -461,6 +497,11 @@ def _parser() -> argparse.ArgumentParser:
         "repeat for several, side by side (before/after); default one, this checkout",
     )
     parser.add_argument("--json", default="", help="write the windows and medians here")
+    parser.add_argument(
+        "--cpu-split",
+        action="store_true",
+        help="the native arms' loop-thread CPU per message, split (bench.front.cpu_split)",
+    )
     parser.add_argument(
         "--results", default=os.path.join(tempfile.gettempdir(), "stream-probe"), help="logs here"
     )
