@@ -50,3 +50,10 @@ async def test_a_pool_with_room_for_the_next_windows_pushes_nothing() -> None:
     await pool.top_up(most_per_window=0)
 
     assert pushes.asked == []
+
+
+async def test_a_top_up_says_how_many_it_pushed() -> None:
+    pool = NeverLoaded(["a"], Pushes())
+
+    assert await pool.top_up(most_per_window=2) == HEADROOM * 2 - 1
+    assert await pool.top_up(most_per_window=2) == 0

@@ -12,7 +12,10 @@ thread's own CPU clock (CLOCK_THREAD_CPUTIME_ID) is read around
 - the native transport's flush (`NativeFront._flush`): a loop pass's messages into Rust;
 
 and the rest of the thread's time is everything else: ZMQ receive and decode, the
-event loop, each request's admission, `add_request` and end.
+event loop, each request's admission, `add_request` and end. The few outputs that reach a
+sink while its request is being added (`engine.pushed.push`) count in the sink, not in
+vLLM's part. Each timed call reads the clock twice, a system call each (about 0.5 µs: a
+thread's CPU clock has no vDSO path), which the sink and the thread's total include.
 
 `install(path)` runs in the server (bench/front/grpclib_front.py, with
 `BENCH_CPU_SPLIT_DIR` set) and appends the cumulative counters as a JSON line every

@@ -37,6 +37,7 @@ from loraserve.inference.app import InferenceApp
 from loraserve.inference.serving import generate_command, generate_response
 from loraserve.inference.serving.runtime import RuntimeRef
 from loraserve.inference.transport import start_generate_front
+from loraserve.inference.transport.native import NativeFront
 from loraserve.inference.v1 import inference_pb2 as pb
 
 log = logging.getLogger(__name__)
@@ -88,13 +89,13 @@ def _app_class(port: int, native_port: int, pushed_port: int) -> type[InferenceA
         listening beside its own server."""
 
         async def start(self) -> None:
+            self._split: asyncio.Task[None] | None = None
+            self._natives: list[NativeFront] = []
             await super().start()
             split_dir = os.environ.get(cpu_split.ENV)
-            self._split: asyncio.Task[None] | None = None
             if split_dir:
                 self._split = cpu_split.install(Path(split_dir) / f"{os.getpid()}.jsonl")
             self._grpclib, _ = await serve_generate(self.runtime_ref, port)
-            self._natives = []
             for front_port, pushed in ((native_port, False), (pushed_port, True)):
                 if front_port:
                     front = start_generate_front(

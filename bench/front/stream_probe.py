@@ -197,8 +197,8 @@ async def measure(
         await asyncio.sleep(window)
         server1, engine1 = process_cpu(pid)
         loop1 = thread_cpu_seconds(pid)
-        seen.split = cpu_split.per_message(split0, cpu_split.latest(split) if split else {})
         client1, end = time.process_time(), time.monotonic()
+        seen.split = cpu_split.per_message(split0, cpu_split.latest(split) if split else {})
         stopping.set()
         await asyncio.wait(workers, timeout=DRAIN_S)
     finally:
@@ -445,7 +445,10 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
         "stream_interval": args.stream_interval,
         "windows": windows,
         "medians": {
-            arm: {k: median([w[k] for w in ws]) for k in ws[0]} for arm, ws in windows.items() if ws
+            # A window without messages has no split: each figure over the windows that have it.
+            arm: {k: median([w[k] for w in ws if k in w]) for k in set().union(*ws)}
+            for arm, ws in windows.items()
+            if ws
         },
     }
     print(json.dumps(summary["medians"], indent=1), flush=True)
@@ -500,7 +503,7 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--cpu-split",
         action="store_true",
-        help="the native arms' loop-thread CPU per message, split (bench.front.cpu_split)",
+        help="the pushed arm's loop-thread CPU per message, split (bench.front.cpu_split)",
     )
     parser.add_argument(
         "--results", default=os.path.join(tempfile.gettempdir(), "stream-probe"), help="logs here"

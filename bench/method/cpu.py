@@ -17,8 +17,8 @@ def cpu_seconds(pid: int) -> float:
 
 
 def thread_cpu_seconds(pid: int, tid: int | None = None) -> float:
-    """CPU seconds of one thread of process `pid` (its main thread by default), in
-    nanoseconds: the scheduler's runtime in /proc (schedstat). Linux serves a thread's CPU
+    """CPU seconds of one thread of process `pid` (its main thread by default), to the
+    nanosecond: the scheduler's runtime in /proc (schedstat). Linux serves a thread's CPU
     clock only to its own process; a thread running right now reads its time up to its
     last scheduler update (a tick at most). OSError once the thread is gone."""
     with open(f"/proc/{pid}/task/{tid or pid}/schedstat") as stat:

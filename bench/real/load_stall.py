@@ -31,6 +31,7 @@ PROMPT = (5, 17, 42, 99)
 # Before each loads window the pool holds this many times the most loads one window has
 # used, so an hour with faster loads than the first repeat's cannot run it dry.
 HEADROOM = 2
+SETTLE_S = 5.0
 
 
 class NeverLoaded:
@@ -49,11 +50,15 @@ class NeverLoaded:
             raise RuntimeError("out of never-loaded adapters: push more")
         return self._names.popleft()
 
-    async def top_up(self, most_per_window: int) -> None:
-        """Between windows, never during one: pushing costs the store and the machine."""
+    async def top_up(self, most_per_window: int) -> int:
+        """Between windows, never during one: pushing costs the store and the machine.
+        How many it pushed."""
         wanted = HEADROOM * most_per_window
-        if len(self._names) < wanted:
-            self._names.extend(await self._push(wanted - len(self._names)))
+        if len(self._names) >= wanted:
+            return 0
+        pushed = await self._push(wanted - len(self._names))
+        self._names.extend(pushed)
+        return len(pushed)
 
 
 @dataclass
@@ -102,7 +107,6 @@ async def measure(
         if arm != LOADS:
             yield
             return
-        await cold.top_up(max((len(window) for window in loads), default=0))
         stop = asyncio.Event()
         first = len(loader.done)
         task = asyncio.create_task(loader.run(stop))
@@ -112,6 +116,10 @@ async def measure(
             stop.set()
             await task
             loads.append(loader.done[first:])
+            # After the window, and time for what a push leaves running (the store's
+            # writes, the replica's change events) to end before the next arm's.
+            if await cold.top_up(max(len(window) for window in loads)):
+                await asyncio.sleep(SETTLE_S)
 
     runs = await paired.paired(gen, arms, timing, repeats, noise=QUIET, around=loading)
     return StallRuns(runs, loads)
