@@ -1,6 +1,7 @@
-"""A process's CPU time, to the nanosecond: Linux's per-process CPU clock, the one glibc's
-`clock_getcpuclockid` names. psutil and /proc/PID/stat count whole clock ticks (10 ms),
-too coarse for a short window: a process that ran 8 ms in it reads 0 or 10."""
+"""A process's or one of its threads' CPU time, to the nanosecond: Linux's per-process
+CPU clock (the one glibc's `clock_getcpuclockid` names) and a thread's scheduler runtime.
+psutil and /proc/PID/stat count whole clock ticks (10 ms), too coarse for a short window:
+a process that ran 8 ms in it reads 0 or 10."""
 
 from __future__ import annotations
 

@@ -18,6 +18,7 @@ import tempfile
 import time
 from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import Any
 
 from bench.load.drive import Windows
 from bench.load.loadclient import LoadGenerator
@@ -208,26 +209,20 @@ def stall_argv(stack: Stack, port: int) -> list[str]:
 
 
 class ColdPool:
-    """Never-loaded adapters for 18: the same bytes pushed under new names."""
+    """Never-loaded adapters for 18: the same bytes, hashed once, pushed under new names."""
 
-    def __init__(self, stack: Stack) -> None:
-        assert stack.store_channel is not None
-        self._stub = storeops.store_stub(stack.store_channel)
-        self._source = stack.adapters["r02"]
-        self._files: AdapterFiles | None = None
+    def __init__(self, stub: Any, files: AdapterFiles) -> None:
+        self._stub, self._files = stub, files
         self._pushed = 0
 
     async def push(self, count: int) -> list[str]:
         names = [f"cold-{i:04d}" for i in range(self._pushed, self._pushed + count)]
         self._pushed += count
-        if self._files is None:
-            self._files = await storeops.hashed(self._source)
-        files = self._files
         limit = asyncio.Semaphore(PUSHES_AT_ONCE)
 
         async def push(name: str) -> None:
             async with limit:
-                await storeops.push(self._stub, name, files)
+                await storeops.push(self._stub, name, self._files)
 
         await asyncio.gather(*(push(name) for name in names))
         return names
@@ -241,7 +236,9 @@ async def _stall_replica(
     await stack.start_store()
     for name, source in (("s0", "r00"), ("s1", "r01")):
         await stack.push(name, source)
-    pool = ColdPool(stack)
+    assert stack.store_channel is not None
+    stub = storeops.store_stub(stack.store_channel)
+    pool = ColdPool(stub, await storeops.hashed(stack.adapters["r02"]))
     cold = load_stall.NeverLoaded(await pool.push(scale.cold_names), pool.push)
     port = free_port()
     replica = procs.start_inference(
