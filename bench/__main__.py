@@ -160,10 +160,11 @@ async def _main(args: argparse.Namespace, results: Path) -> Report:
 
 def _show_table(results: Path, update_readme: bool) -> None:
     # Benchmarks this run did not make keep the figures of the newest run that made them.
-    table = readme_table.render(readme_table.with_run(results / "results.json"))
+    paths = readme_table.with_run(results / "results.json")
+    table = readme_table.render(paths)
     if update_readme:
         readme = readme_table.README
-        readme.write_text(readme_table.update(readme.read_text(), table))
+        readme.write_text(readme_table.update_readme(readme.read_text(), paths))
         print(f"\nREADME table updated with {results}/:\n\n{table}")
     else:
         print(

@@ -12,29 +12,42 @@ from pathlib import Path
 
 import pytest
 
-from bench.method import readme_table
+from bench.method import measured_code, readme_prose, readme_table
 from bench.method.cpu import cpu_seconds
 from bench.method.report import Report
 from bench.method.stats import Estimate
 
 
-def test_readme_table_is_the_newest_results() -> None:
+def test_readme_table_and_advice_are_the_committed_results() -> None:
+    """Figures, goals, verdicts and measuring commits; never the ages, which depend on
+    HEAD (a change that claims no performance effect lands without a benchmark run)."""
     runs = readme_table.runs()
-    block = readme_table.readme_block(readme_table.README.read_text())
+    text = readme_table.README.read_text()
+    block = readme_table.readme_block(text)
     assert block is not None, f"README has no {readme_table.BEGIN} block"
     newest = {n: p.parent.name for n, p in sorted(readme_table.sources(runs).items())}
-    assert block == readme_table.render(runs), (
+    assert readme_table.comparable(block) == readme_table.comparable(readme_table.render(runs)), (
         f"README's performance table is not the newest runs' ({newest}): run `make bench-readme`"
+    )
+    assert readme_table.readme_block(text, "tuning") == readme_prose.render(runs), (
+        "README's tuning advice does not quote the committed runs: run `make bench-readme`"
     )
 
 
 def _run(
-    results: Path, *, quick: bool, met: bool, numbers: tuple[int, ...] = (8,), value: float = 0
+    results: Path,
+    *,
+    quick: bool,
+    met: bool,
+    numbers: tuple[int, ...] = (8,),
+    value: float = 0,
+    commit: str = "",
 ) -> Path:
+    """A run's results.json, made at `commit` (default: this checkout's HEAD) with
+    nothing uncommitted, whatever the working tree holds now."""
     report = Report(results, {"command": "python -m bench", "quick": quick})
-    # Made at HEAD with nothing uncommitted, whatever the working tree holds now: fresh.
-    head = readme_table._git(readme_table.README.parent, "rev-parse", "HEAD").strip()
-    report.machine.update({"git commit": head, "uncommitted code": ""})
+    commit = commit or measured_code.head(readme_table.README.parent)[0]
+    report.machine.update({"git commit": commit, "uncommitted code": ""})
     for number in numbers:
         section = report.section(number, f"Benchmark {number}")
         measured = value or (1.62 if met else 1.2)
@@ -70,7 +83,11 @@ def test_each_benchmark_comes_from_the_newest_run_that_has_it(tmp_path: Path) ->
 
     table = readme_table.render(readme_table.runs(tmp_path))
 
-    rows = [line for line in table.splitlines() if line.startswith("| ") and "figure of" in line]
+    rows = [
+        line.rpartition(" measured at ")[0]
+        for line in table.splitlines()
+        if line.startswith("| ") and "figure of" in line
+    ]
     assert rows == [
         "| 1 | figure of 1 | 1.61 [1.60, 1.62] n=5 | >= 1.50 | met |",
         "| 8 | figure of 8 | 1.22 [1.21, 1.23] n=5 | >= 1.50 | **missed** |",
@@ -281,88 +298,165 @@ def test_a_quick_store_scale_run_names_its_smaller_store(tmp_path: Path) -> None
     assert (section.goals[2].value, section.goals[2].verdict) == ("0.80 n=1", "reported")
 
 
-def _git(repo: Path, *args: str) -> str:
-    import subprocess
+def _git(repo: Path, *args: str, day: int = 0) -> str:
+    """Runs git in `repo`; commits made on `day` days after 2026-11-01."""
+    import os
 
+    date = f"{1_793_491_200 + day * 86_400} +0000"
+    env = {**os.environ, "GIT_AUTHOR_DATE": date, "GIT_COMMITTER_DATE": date}
     return subprocess.run(
         ["git", "-c", "user.email=t@t", "-c", "user.name=t", *args],
         cwd=repo,
         capture_output=True,
         text=True,
         check=True,
+        env=env,
     ).stdout.strip()
 
 
 def _repo_with_code(tmp_path: Path) -> tuple[Path, str]:
-    """A git repository with services/ and bench/ committed; returns it and the commit."""
+    """A git repository with the store's and the inference service's code and bench/
+    committed on day 0; returns it and the commit."""
     repo = tmp_path / "repo"
-    (repo / "services").mkdir(parents=True)
-    (repo / "bench").mkdir()
-    (repo / "services" / "server.py").write_text("one\n")
-    (repo / "bench" / "run.py").write_text("one\n")
+    for path in (
+        "services/adapterstore/loraserve/store.py",
+        "services/inference/loraserve/inference/transport/front.py",
+        "bench/run.py",
+    ):
+        (repo / path).parent.mkdir(parents=True, exist_ok=True)
+        (repo / path).write_text("one\n")
     _git(repo, "init", "-q")
     _git(repo, "add", ".")
     _git(repo, "commit", "-q", "-m", "code")
     return repo, _git(repo, "rev-parse", "HEAD")
 
 
-def _made_at(commit: str, uncommitted: str = "") -> dict[str, object]:
-    return {"machine": {"git commit": commit, "uncommitted code": uncommitted}}
+def _change(repo: Path, path: str, day: int) -> None:
+    with (repo / path).open("a") as file:
+        file.write("# a comment\n")
+    _git(repo, "add", path)
+    _git(repo, "commit", "-q", "-m", f"change {path}", day=day)
 
 
-def test_a_run_at_head_is_fresh(tmp_path: Path) -> None:
+_STORE_CODE = "services/adapterstore/loraserve/store.py"
+_TRANSPORT_CODE = "services/inference/loraserve/inference/transport/front.py"
+
+
+def _measured_at(repo: Path, commit: str, number: int = 12, uncommitted: str = "") -> str:
+    data = {"machine": {"git commit": commit, "date": "2026-11-01 00:00 UTC"}}
+    data["machine"]["uncommitted code"] = uncommitted
+    return readme_table.measured_at(data, number, repo)[0]
+
+
+def test_a_row_measured_at_head_names_its_commit_and_no_age(tmp_path: Path) -> None:
     repo, commit = _repo_with_code(tmp_path)
-    assert readme_table.stale(_made_at(commit), repo) == ""
+    assert _measured_at(repo, commit) == f"measured at {commit[:12]} (2026-11-01)"
 
 
-def test_a_run_stays_fresh_when_only_other_paths_change(tmp_path: Path) -> None:
+def test_a_row_says_how_many_commits_and_days_its_code_changed_since(tmp_path: Path) -> None:
     repo, commit = _repo_with_code(tmp_path)
-    (repo / "bench" / "run.py").write_text("two\n")
-    _git(repo, "commit", "-q", "-am", "bench only")
-    assert readme_table.stale(_made_at(commit), repo) == ""
+    _change(repo, _STORE_CODE, day=2)
+    _change(repo, _STORE_CODE, day=3)
+    _change(repo, "bench/run.py", day=5)
+    assert _measured_at(repo, commit).endswith("; code changed since (2 commits, 3 days)")
 
 
-def test_a_run_stays_fresh_when_only_the_services_tests_change(tmp_path: Path) -> None:
+def test_a_change_outside_a_benchmarks_declared_code_leaves_its_rows_as_measured(
+    tmp_path: Path,
+) -> None:
     repo, commit = _repo_with_code(tmp_path)
-    tests = repo / "services" / "inference" / "tests"
-    tests.mkdir(parents=True)
-    (tests / "test_server.py").write_text("one\n")
+    _change(repo, _TRANSPORT_CODE, day=1)
+    assert "changed" not in _measured_at(repo, commit, number=12)  # the store's
+    assert "changed since (1 commit, 0 days)" in _measured_at(repo, commit, number=13)
+
+
+def test_a_change_to_the_services_tests_leaves_every_row_as_measured(tmp_path: Path) -> None:
+    repo, commit = _repo_with_code(tmp_path)
+    test = repo / "services/adapterstore/tests/test_store.py"
+    test.parent.mkdir(parents=True)
+    test.write_text("one\n")
     _git(repo, "add", ".")
-    _git(repo, "commit", "-q", "-m", "a test")
-    assert readme_table.stale(_made_at(commit), repo) == ""
+    _git(repo, "commit", "-q", "-m", "a test", day=1)
+    assert "changed" not in _measured_at(repo, commit)
 
 
-def test_a_run_is_stale_once_services_change_after_its_commit(tmp_path: Path) -> None:
+def test_rows_more_than_30_days_behind_are_stale_and_the_others_not(tmp_path: Path) -> None:
     repo, commit = _repo_with_code(tmp_path)
-    (repo / "services" / "server.py").write_text("two\n")
-    _git(repo, "commit", "-q", "-am", "services")
-    reason = readme_table.stale(_made_at(commit), repo)
-    assert f"changed since {commit[:12]}" in reason
-    assert "1 file changed" in reason
+    _change(repo, _STORE_CODE, day=1)
+    _change(repo, "bench/run.py", day=1 + measured_code.STALE_AFTER_DAYS)
+    assert not measured_code.age(12, commit, "", repo).stale
+    _change(repo, "bench/run.py", day=2 + measured_code.STALE_AFTER_DAYS)
+    assert measured_code.age(12, commit, "", repo).stale
 
 
-def test_a_run_made_with_uncommitted_code_or_an_unknown_commit_is_stale(tmp_path: Path) -> None:
+def test_rows_measured_with_uncommitted_code_or_at_an_unknown_commit_are_stale(
+    tmp_path: Path,
+) -> None:
     repo, commit = _repo_with_code(tmp_path)
-    assert "uncommitted" in readme_table.stale(_made_at(commit, "services/server.py"), repo)
-    assert "unknown" in readme_table.stale(_made_at("unknown"), repo)
-    assert "not in this repository" in readme_table.stale(_made_at("0" * 40), repo)
+    uncommitted = measured_code.age(12, commit, _STORE_CODE, repo)
+    assert uncommitted.stale
+    assert "uncommitted changes in" in uncommitted.describe()
+    assert "unknown commit" in measured_code.age(12, "unknown", "", repo).describe()
+    assert "not in this history" in measured_code.age(12, "0" * 40, "", repo).describe()
 
 
-def test_stale_rows_are_marked_in_the_table(tmp_path: Path) -> None:
-    path = _run(tmp_path / "run", quick=False, met=True, numbers=(1,))
-    data = json.loads(path.read_text())
-    data["machine"]["git commit"] = "0" * 40
-    path.write_text(json.dumps(data))
-    table = readme_table.render(path)
-    assert "**Stale:" in table
-    assert "| **stale** (met) |" in table
-    assert readme_table.stale_rows([path]).keys() == {1}
+def test_a_comment_only_change_to_measured_code_leaves_the_table_comparable(
+    tmp_path: Path,
+) -> None:
+    repo, commit = _repo_with_code(tmp_path)
+    results = _run(tmp_path / "run", quick=False, met=True, numbers=(12, 13), commit=commit)
+    before = readme_table.render(results, repo)
+    _change(repo, _STORE_CODE, day=40)
+    after = readme_table.render(results, repo)
+    assert "code changed since (1 commit, 0 days)" in after
+    assert after != before
+    assert readme_table.comparable(after) == readme_table.comparable(before)
 
 
-def test_no_row_of_the_readme_table_is_stale() -> None:
-    """The README may show only runs of the code at HEAD: a run whose commit differs
-    from HEAD in services/ or proto/ must be made again (`make bench`)."""
-    assert readme_table.stale_rows(readme_table.runs()) == {}
+def test_a_stale_row_is_marked_and_still_comparable(tmp_path: Path) -> None:
+    repo, commit = _repo_with_code(tmp_path)
+    results = _run(tmp_path / "run", quick=False, met=False, numbers=(12,), commit=commit)
+    before = readme_table.render(results, repo)
+    _change(repo, _STORE_CODE, day=1)
+    _change(repo, "bench/run.py", day=40)
+    after = readme_table.render(results, repo)
+    assert "| **stale** (missed) |" in after
+    assert readme_table.comparable(after) == readme_table.comparable(before)
+
+
+def test_a_changed_figure_or_commit_is_not_comparable(tmp_path: Path) -> None:
+    repo, commit = _repo_with_code(tmp_path)
+    table = readme_table.render(_run(tmp_path / "a", quick=False, met=True, commit=commit), repo)
+    other = readme_table.render(
+        _run(tmp_path / "a", quick=False, met=True, value=1.63, commit=commit), repo
+    )
+    assert readme_table.comparable(table) != readme_table.comparable(other)
+    moved = table.replace(f"measured at {commit[:12]}", "measured at 0123456789ab")
+    assert readme_table.comparable(table) != readme_table.comparable(moved)
+
+
+def test_every_benchmark_declares_code_that_exists() -> None:
+    from bench.__main__ import PROFILE_BENCHMARKS
+
+    every = {n for numbers in PROFILE_BENCHMARKS.values() for n in numbers}
+    assert set(measured_code.MEASURES) == every
+    root = readme_table.README.parent
+    for number, paths in measured_code.MEASURES.items():
+        missing = [p for p in paths if not (root / p).exists()]
+        assert not missing, f"benchmark {number} declares code that does not exist: {missing}"
+
+
+def test_the_tuning_advice_quotes_the_figures_of_the_newest_run(tmp_path: Path) -> None:
+    old = _run(tmp_path / "2026-12-01T0300Z", quick=False, met=True, numbers=(8,), value=1.61)
+    new = _run(tmp_path / "2026-12-01T0400Z", quick=False, met=True, numbers=(8,), value=1.7)
+    advice = readme_prose.render([old, new], "runs {{8: figure of\n  8}}x, at most")
+    assert advice == "runs 1.70x, at most"
+
+
+def test_tuning_advice_that_quotes_a_figure_no_run_has_fails_naming_it(tmp_path: Path) -> None:
+    results = _run(tmp_path / "run", quick=False, met=True, numbers=(8,))
+    with pytest.raises(KeyError, match="benchmark 8's 'figure of 9'"):
+        readme_prose.render([results], "{{8: figure of 9}}")
 
 
 async def test_a_benchmark_over_its_gpu_budget_fails_itself_and_the_run_goes_on(

@@ -2,30 +2,39 @@
 generated from the runs under bench/results/ (their results.json: the figures, their
 goals and verdicts as the benchmarks computed them, the machine and the command), each
 benchmark's figures from the newest run that has that benchmark (a run of `--only 11`
-replaces benchmark 11's figures, the others stay). Prints the table; --write puts it
-between the README's `<!-- bench:table -->` markers. tests/test_bench.py fails when the
-README and the committed results disagree, and while any row is stale: taken from a run
-whose commit differs from HEAD in services/ (their tests aside) or proto/ (`git diff
---stat COMMIT HEAD -- CODE_PATHS` is not empty), or made with uncommitted changes there."""
+replaces benchmark 11's figures, the others stay), and the tuning advice whose figures
+come from them (readme_prose). Prints the table; --write puts both between the README's
+markers.
+
+Every row says the commit that measured it and, where the code its benchmark declares
+(measured_code) changed since, how many commits and days behind HEAD it is; a row more
+than 30 days behind is shown stale. Ages are as of the HEAD the block was made at, which
+it names: tests/test_bench.py checks that the README's figures, goals, verdicts and
+commits are the committed results' (`comparable`), never how old they are, so a change
+that claims no performance effect lands without rerunning any benchmark."""
 
 from __future__ import annotations
 
 import argparse
+import datetime
 import json
 import re
-import subprocess
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from bench.method.report import CODE_PATHS
+from bench.method import measured_code, readme_prose
 
 RESULTS = Path(__file__).resolve().parents[1] / "results"
 README = Path(__file__).resolve().parents[2] / "README.md"
 BEGIN = "<!-- bench:table -->"
 END = "<!-- /bench:table -->"
-# The markers and what lies between them (nothing, in a README never generated).
-_BLOCK = rf"{re.escape(BEGIN)}\n(?:(.*?)\n)?{re.escape(END)}"
+# What in a block depends on HEAD rather than on the results: the line naming the HEAD
+# that ages are measured to, each row's age after its commit, and the stale mark.
+_AGES_LINE = re.compile(r"^Ages are as of commit .*$\n?", re.M)
+_ROW_AGE = re.compile(r"(\| measured at [0-9a-f]{12} \([0-9-]+\));[^|]*\|")
+_STALE_VERDICT = re.compile(r"\*\*stale\*\* \(([^)]*)\)")
+_BOLD = re.compile(r"\*\*(missed|too noisy)\*\*")
 _SHOWN = {"missed": "**missed**", "too noisy": "**too noisy**"}
 # Verdicts of results written before intervals (a `met` flag instead of a verdict).
 _OLD_VERDICT = {True: "met", False: "missed", None: "reported"}
@@ -56,32 +65,6 @@ def sources(paths: Sequence[Path]) -> dict[int, Path]:
     return chosen
 
 
-def _git(repo: Path, *args: str) -> str:
-    return subprocess.run(
-        ["git", *args], cwd=repo, capture_output=True, text=True, check=True
-    ).stdout
-
-
-def stale(data: dict[str, Any], repo: Path = README.parent) -> str:
-    """Why a run's figures no longer describe HEAD's code in `repo` ("" when they do):
-    services/ or proto/ changed since its commit, or it ran with uncommitted changes
-    there."""
-    machine = data["machine"]
-    commit = machine["git commit"].partition(" ")[0]
-    uncommitted = machine.get("uncommitted code", "")
-    if uncommitted:
-        return f"run with uncommitted changes in {uncommitted}"
-    if not re.fullmatch(r"[0-9a-f]{40}", commit):
-        return f"its commit is unknown ({commit!r})"
-    try:
-        diff = _git(repo, "diff", "--stat", commit, "HEAD", "--", *CODE_PATHS).strip()
-    except (OSError, subprocess.CalledProcessError):
-        return f"its commit {commit[:12]} is not in this repository"
-    if diff:
-        return f"services/, proto/ changed since {commit[:12]}: {diff.splitlines()[-1].strip()}"
-    return ""
-
-
 def verdict_of(goal: dict[str, Any]) -> str:
     """A goal's verdict in results.json, from this version's or an older one's."""
     if "verdict" in goal:
@@ -101,9 +84,7 @@ def _where(path: Path) -> str:
         return f"{path.parent}/"
 
 
-def _run_lines(
-    data: dict[str, Any], where: str, numbers: list[int] | None, why_stale: str
-) -> list[str]:
+def _run_lines(data: dict[str, Any], where: str, numbers: list[int] | None) -> list[str]:
     """How one run was made; `numbers`: the benchmarks the table takes from it, when the
     table takes from several runs."""
     run, machine = data.get("run", {}), data["machine"]
@@ -120,8 +101,6 @@ def _run_lines(
         f"every repeat, the workloads and plots: [{where}]({where}report.md).",
         "",
     ]
-    if why_stale:
-        lines += [f"**Stale: {why_stale}. Its rows describe older code: run it again.**", ""]
     if run.get("quick"):
         lines += [
             "**Smoke run (`--quick`: two repeats, fewer adapters, on a loaded machine): "
@@ -131,9 +110,30 @@ def _run_lines(
     return lines
 
 
-def render(paths: Path | Sequence[Path]) -> str:
+def measured_at(data: dict[str, Any], number: int, repo: Path = README.parent) -> tuple[str, bool]:
+    """Where benchmark `number`'s figures in a run (its results.json) were measured, with
+    their age at HEAD, as a row shows it; and whether they are stale."""
+    machine = data["machine"]
+    commit = machine["git commit"].partition(" ")[0]
+    age = measured_code.age(number, commit, machine.get("uncommitted code", ""), repo)
+    where = f"measured at {commit[:12]} ({machine['date'].split()[0]})"
+    behind = age.describe()
+    return (f"{where}; {behind}" if behind else where), age.stale
+
+
+def ages_line(repo: Path = README.parent) -> str:
+    commit, seconds = measured_code.head(repo)
+    day = datetime.datetime.fromtimestamp(seconds, datetime.UTC).strftime("%Y-%m-%d")
+    return (
+        f"Ages are as of commit {commit[:12]} ({day}; `make bench-readme` brings them up to "
+        f"date). A row whose benchmark's code (bench/method/measured_code.py) changed more "
+        f"than {measured_code.STALE_AFTER_DAYS} days before that is **stale**: run it again."
+    )
+
+
+def render(paths: Path | Sequence[Path], repo: Path = README.parent) -> str:
     """The markdown block (without markers): each benchmark's figures from the newest
-    of `paths` (results.json files, oldest first) that has it."""
+    of `paths` (results.json files, oldest first) that has it, aged at `repo`'s HEAD."""
     ordered = [paths] if isinstance(paths, Path) else list(paths)
     if not ordered:
         return NO_RUNS
@@ -142,22 +142,36 @@ def render(paths: Path | Sequence[Path]) -> str:
     several = len(used) > 1
     lines = [
         "<!-- generated by `python -m bench.method.readme_table --write README.md` from "
-        f"{', '.join(_where(p) for p in used)}; do not edit -->"
+        f"{', '.join(_where(p) for p in used)}; do not edit -->",
+        ages_line(repo),
+        "",
     ]
-    sections: list[tuple[dict[str, Any], str]] = []
+    rows: list[tuple[int, list[str]]] = []
     for path in used:
         data: dict[str, Any] = json.loads(path.read_text())
         mine = sorted(n for n, p in chosen.items() if p == path and n)  # 0: a set-up
-        why_stale = stale(data)
-        lines += _run_lines(data, _where(path), mine if several else None, why_stale)
-        sections += [(s, why_stale) for s in data["sections"] if chosen[s["number"]] == path]
+        lines += _run_lines(data, _where(path), mine if several else None)
+        for section in data["sections"]:
+            if chosen[section["number"]] == path:
+                where, is_stale = measured_at(data, section["number"], repo)
+                rows.append((section["number"], section_rows(section, where, is_stale)))
     lines += [
-        "| # | figure | measured (median [95 % interval] n=repeats) | goal | verdict |",
-        "|---|---|---|---|---|",
+        "| # | figure | measured (median [95 % interval] n=repeats) | goal | verdict | code |",
+        "|---|---|---|---|---|---|",
     ]
-    for section, why_stale in sorted(sections, key=lambda pair: pair[0]["number"]):
-        lines += section_rows(section, bool(why_stale))
+    for _, section_lines in sorted(rows, key=lambda pair: pair[0]):
+        lines += section_lines
     return "\n".join(lines)
+
+
+def comparable(block: str) -> str:
+    """`block` without what depends on HEAD rather than on the results (which HEAD the
+    ages are of, each row's age, the stale mark): two blocks made from the same results
+    at different commits compare equal."""
+    block = _AGES_LINE.sub("", block)
+    block = _ROW_AGE.sub(r"\1 |", block)
+    block = _STALE_VERDICT.sub(r"\1", block)
+    return _BOLD.sub(r"\1", block)
 
 
 def _verdict_cell(verdict: str, is_stale: bool) -> str:
@@ -165,19 +179,22 @@ def _verdict_cell(verdict: str, is_stale: bool) -> str:
     return f"**stale** ({verdict})" if is_stale else shown
 
 
-def section_rows(section: dict[str, Any], is_stale: bool) -> list[str]:
-    """One benchmark's rows: a failure, its goals, its noise figures."""
+def section_rows(section: dict[str, Any], where: str, is_stale: bool) -> list[str]:
+    """One benchmark's rows: a failure, its goals, its noise figures; `where`: the
+    commit that measured them and their age."""
     number = section["number"]
     rows = []
     if section["error"]:
         rows.append(
             f"| {number} | {_cell(section['title'])} | failed: "
-            f"{_cell(section['error'][:200])} | | {_verdict_cell('missed', is_stale)} |"
+            f"{_cell(section['error'][:200])} | | {_verdict_cell('missed', is_stale)} | "
+            f"{_cell(where)} |"
         )
     for goal in section["goals"]:
         rows.append(
             f"| {number} | {_cell(goal['figure'])} | {_cell(goal['value'])} | "
-            f"{_cell(goal['target'])} | {_verdict_cell(verdict_of(goal), is_stale)} |"
+            f"{_cell(goal['target'])} | {_verdict_cell(verdict_of(goal), is_stale)} | "
+            f"{_cell(where)} |"
         )
     for noise in section.get("noises", []):
         limit = noise["limit"]
@@ -186,29 +203,35 @@ def section_rows(section: dict[str, Any], is_stale: bool) -> list[str]:
         value = f"{e['value']:.3f} [{e['low']:.3f}, {e['high']:.3f}] n={e['n']}"
         rows.append(
             f"| {number} | noise: {_cell(noise['figure'])} | {value} | {target} | "
-            f"{_verdict_cell(noise['verdict'], is_stale)} |"
+            f"{_verdict_cell(noise['verdict'], is_stale)} | {_cell(where)} |"
         )
     return rows
 
 
-def stale_rows(paths: Sequence[Path], repo: Path = README.parent) -> dict[int, str]:
-    """Benchmark number -> why its rows in the table are stale, for every stale one."""
-    chosen = sources(list(paths))
-    reasons = {path: stale(json.loads(path.read_text()), repo) for path in set(chosen.values())}
-    return {number: reasons[path] for number, path in chosen.items() if reasons[path]}
+def _markers(name: str) -> tuple[str, str, str]:
+    begin, end = f"<!-- bench:{name} -->", f"<!-- /bench:{name} -->"
+    # The markers and what lies between them (nothing, in a README never generated).
+    return begin, end, rf"{re.escape(begin)}\n(?:(.*?)\n)?{re.escape(end)}"
 
 
-def readme_block(text: str) -> str | None:
-    """What the README holds between the markers now (None: no markers)."""
-    match = re.search(_BLOCK, text, re.S)
+def readme_block(text: str, name: str = "table") -> str | None:
+    """What the README holds between the `name` markers now (None: no markers)."""
+    match = re.search(_markers(name)[2], text, re.S)
     return (match.group(1) or "") if match else None
 
 
-def update(text: str, table: str) -> str:
-    if readme_block(text) is None:
-        raise ValueError(f"README has no {BEGIN} ... {END} block")
-    block = f"{BEGIN}\n{table}\n{END}"
-    return re.sub(_BLOCK, lambda _: block, text, flags=re.S)
+def update(text: str, content: str, name: str = "table") -> str:
+    begin, end, pattern = _markers(name)
+    if readme_block(text, name) is None:
+        raise ValueError(f"README has no {begin} ... {end} block")
+    block = f"{begin}\n{content}\n{end}"
+    return re.sub(pattern, lambda _: block, text, flags=re.S)
+
+
+def update_readme(text: str, paths: Sequence[Path]) -> str:
+    """The README `text` with its table and its tuning advice made from `paths`."""
+    text = update(text, render(paths))
+    return update(text, readme_prose.render(paths), "tuning")
 
 
 def main() -> int:
@@ -223,12 +246,12 @@ def main() -> int:
         "each benchmark from the newest that has it)",
     )
     args = parser.parse_args()
-    table = render(args.results or runs())
+    paths = [args.results] if args.results else runs()
     if args.write:
-        args.write.write_text(update(args.write.read_text(), table))
+        args.write.write_text(update_readme(args.write.read_text(), paths))
         print(f"updated {args.write}")
     else:
-        print(table)
+        print(f"{render(paths)}\n\n{readme_prose.render(paths)}")
     return 0
 
 

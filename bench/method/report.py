@@ -17,6 +17,7 @@ from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from bench.method.measured_code import ALL_CODE
 from bench.method.stats import Estimate, Op, noise_width, resolution, verdict
 
 if TYPE_CHECKING:
@@ -251,17 +252,12 @@ def _git_commit() -> str:
     return head + (" (with uncommitted changes)" if dirty else "")
 
 
-# The code the figures describe, as git pathspecs: a run is stale once these differ
-# from its commit. The services' own tests run in no benchmark.
-CODE_PATHS = ("services", "proto", ":(exclude)services/*/tests/*")
-
-
 def _uncommitted_code() -> str:
-    """Paths under CODE_PATHS with uncommitted changes when the run started ("" for
-    none): a run made from such a tree describes no commit."""
+    """Paths of code some benchmark measures with uncommitted changes when the run
+    started ("" for none): a run made from such a tree describes no commit."""
     try:
         out = subprocess.run(
-            ["git", "status", "--porcelain", "--", *CODE_PATHS],
+            ["git", "status", "--porcelain", "--", *ALL_CODE],
             cwd=_REPO,
             capture_output=True,
             text=True,
