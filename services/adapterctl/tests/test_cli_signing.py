@@ -7,12 +7,14 @@ import json
 from pathlib import Path
 
 from loraserve.adapterctl.failures import EXIT_FAILED, EXIT_NOT_ALLOWED, EXIT_USAGE
+from loraserve.common.config.textlimits import MAX_SIGNATURE_BYTES
 from loraserve.common.trust.policy import SignaturePolicy, TrustSettings
 from loraserve.common.trust.signing import parse_trusted_signers
 from loraserve.testing.adapters.ctl import ctl, write_adapter_dir
 from loraserve.testing.adapters.signers import KeyPair, write_certificate_signer, write_key_pair
 from loraserve.testing.s3.endpoint import S3Bucket
 from loraserve.testing.store.calls import store_stub
+from loraserve.testing.store.old_store import write_old_push
 from loraserve.testing.store.server import RunningStore, running_store, stored_objects
 from loraserve.testing.store.statuses import report_request, routed
 
@@ -186,3 +188,15 @@ async def test_status_shows_who_signed_the_revision_a_replica_serves(
     header, row = status.out.splitlines()
     assert "SIGNED BY" in header
     assert row.split()[:6] == ["alpha", "replica-1", "live", "0", "1", "ci"]
+
+
+async def test_revisions_show_a_signature_the_store_withholds_as_withheld(
+    s3_bucket: S3Bucket,
+) -> None:
+    await write_old_push(s3_bucket, signature=b"s" * (MAX_SIGNATURE_BYTES + 1), signed_by="ci")
+    async with running_store(s3_bucket) as store:
+        listed = await ctl("revisions", "alpha", env=_env(store))
+    assert listed.code == 0, listed.err
+    newest = listed.out.splitlines()[1]
+    assert " withheld " in newest
+    assert newest.endswith("[withheld: signature]")

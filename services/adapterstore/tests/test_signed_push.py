@@ -11,9 +11,10 @@ from typing import Any
 import grpc
 import pytest
 
+from loraserve.common.config.textlimits import MAX_SIGNATURE_BYTES
 from loraserve.common.revisions.manifest import FileInfo, RevisionKey
 from loraserve.common.trust.policy import SignaturePolicy, TrustSettings
-from loraserve.common.trust.signing import MAX_SIGNATURE_BYTES, parse_trusted_signers, sign_revision
+from loraserve.common.trust.signing import parse_trusted_signers, sign_revision
 from loraserve.testing.adapters.files import AdapterFiles, tiny_adapter
 from loraserve.testing.adapters.signers import KeyPair, write_certificate_signer
 from loraserve.testing.s3.endpoint import S3Bucket
@@ -76,7 +77,9 @@ async def test_a_signature_over_the_size_limit_is_refused_and_nothing_is_stored(
 ) -> None:
     error = await _refusal(strict_store, "alpha", tiny_adapter(), b"{" * (MAX_SIGNATURE_BYTES + 1))
     assert error.code() is grpc.StatusCode.INVALID_ARGUMENT
-    assert f"over the limit of {MAX_SIGNATURE_BYTES}" in (error.details() or "")
+    assert f"signature is {MAX_SIGNATURE_BYTES + 1} bytes; the limit is {MAX_SIGNATURE_BYTES}" in (
+        error.details() or ""
+    )
     assert stored_objects(strict_store) == []
 
 
@@ -85,7 +88,7 @@ async def test_a_10_mb_signature_is_refused_and_nothing_is_stored(
 ) -> None:
     error = await _refusal(strict_store, "alpha", tiny_adapter(), b"x" * (10 * 1024 * 1024))
     assert error.code() is grpc.StatusCode.INVALID_ARGUMENT
-    assert "10485760 bytes, over the limit" in (error.details() or "")
+    assert "signature is 10485760 bytes; the limit is" in (error.details() or "")
     assert stored_objects(strict_store) == []
 
 

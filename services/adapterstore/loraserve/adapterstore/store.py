@@ -55,7 +55,13 @@ from loraserve.adapterstore.replicas.ops import ReplicaOps
 from loraserve.adapterstore.replicas.writes import ReplicaStatusStore
 from loraserve.adapterstore.rollout.guard import RolloutGuard
 from loraserve.adapterstore.rollout.ops import RolloutOps
-from loraserve.common.config.textlimits import MAX_DESCRIPTION_BYTES, MAX_PAGE_BYTES, check_text
+from loraserve.common.config.textlimits import (
+    MAX_DESCRIPTION_BYTES,
+    MAX_PAGE_BYTES,
+    MAX_SIGNATURE_BYTES,
+    check_bytes,
+    check_text,
+)
 from loraserve.common.errors import InvalidArgument, Unavailable
 from loraserve.common.revisions.manifest import Revision
 from loraserve.common.revisions.names import validate_adapter_name
@@ -192,6 +198,8 @@ class AdapterStore:
         self._check_started()
         validate_adapter_name(header.name)
         check_text("description", header.description, MAX_DESCRIPTION_BYTES)
+        # Whatever the signature policy: under off or warn nothing else bounds it.
+        check_bytes("signature", header.signature, MAX_SIGNATURE_BYTES)
         check_idempotency_key(header.idempotency_key)
         check_declared_files(header.files, self._settings.limits)
         if header.idempotency_key and (done := await self._committed_push(header, chunks)):

@@ -83,7 +83,7 @@ async def cmd_revisions(args: argparse.Namespace, settings: CtlSettings, console
             signer_text(r),
             format_size(sum(f.size for f in r.files)),
             r.rank,
-            r.description,
+            _description_text(r),
         )
         for r in revisions
     ]
@@ -94,10 +94,22 @@ async def cmd_revisions(args: argparse.Namespace, settings: CtlSettings, console
 
 def signer_text(revision: pb.Revision) -> str:
     """Who the store verified had signed the revision; `unverified` for a signature
-    it did not check (signature policy off, or warn and it failed)."""
+    it did not check (signature policy off, or warn and it failed); `withheld` for one
+    the store holds over its limit and serves without (replicas count it unsigned)."""
     if revision.signed_by:
         return revision.signed_by
+    if "signature" in revision.withheld_fields:
+        return "withheld"
     return "unverified" if revision.signature else "unsigned"
+
+
+def _description_text(revision: pb.Revision) -> str:
+    """The description, after the fields the store withholds, so a revision served
+    without some of its fields says so."""
+    if not revision.withheld_fields:
+        return revision.description
+    withheld = f"[withheld: {', '.join(revision.withheld_fields)}]"
+    return f"{withheld} {revision.description}" if revision.description else withheld
 
 
 async def _signers(stub: Any, name: str, settings: CtlSettings) -> dict[int, str]:

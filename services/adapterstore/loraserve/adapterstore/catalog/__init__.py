@@ -23,6 +23,7 @@ from loraserve.adapterstore.catalog.model import (
 from loraserve.adapterstore.catalog.pagetokens import page_size
 from loraserve.adapterstore.catalog.quota_record import DEFAULT_QUOTA, QuotaChange
 from loraserve.adapterstore.catalog.requestrecord import RequestRecord
+from loraserve.adapterstore.catalog.withheld import change_within_limits, state_within_limits
 
 __all__ = [
     "DEFAULT_QUOTA",
@@ -35,6 +36,7 @@ __all__ = [
     "RevisionPage",
     "StoreState",
     "adapter_page",
+    "change_within_limits",
     "detached",
     "find_adapter",
     "find_revision",
@@ -42,4 +44,5 @@ __all__ = [
     "page_size",
     "refuse_during_rollout",
     "revision_page",
+    "state_within_limits",
 ]

@@ -4,9 +4,10 @@
     snapshots/<seq:020d>.json  the StoreState folded up to seq
 
 Nothing here keeps state between calls. An entry read claims its own seq, and a
-corrupt one raises DataLoss, never a half-parsed Change. Entries are deleted in
-blocks, oldest first, so `is_gap` can tell a deleted entry from one never written
-(docs/design.md, "Log retention is a count").
+corrupt one raises DataLoss, never a half-parsed Change. What an older store kept
+over today's field limits is read without those fields (catalog/withheld.py).
+Entries are deleted in blocks, oldest first, so `is_gap` can tell a deleted entry
+from one never written (docs/design.md, "Log retention is a count").
 """
 
 from __future__ import annotations
@@ -16,7 +17,12 @@ import json
 import logging
 
 from loraserve.adapterstore.blobs import BlobNotFound, BlobStore
-from loraserve.adapterstore.catalog import Change, StoreState
+from loraserve.adapterstore.catalog import (
+    Change,
+    StoreState,
+    change_within_limits,
+    state_within_limits,
+)
 from loraserve.common.errors import DataLoss, OutOfRange, Unavailable
 
 log = logging.getLogger(__name__)
@@ -48,7 +54,7 @@ def parse_change(data: bytes, seq: int) -> Change:
         raise DataLoss(f"log entry {seq} is corrupt: {e}") from e
     if change.seq != seq:
         raise DataLoss(f"log entry {seq} claims seq {change.seq}")
-    return change
+    return change_within_limits(change)
 
 
 async def read_entries(blobs: BlobStore, first: int, last: int) -> list[Change]:
@@ -83,6 +89,7 @@ async def latest_snapshot(blobs: BlobStore) -> StoreState | None:
 
 def _decode_snapshot(data: bytes) -> StoreState:
     state = StoreState.from_json(json.loads(data))
+    state_within_limits(state)
     # Primes every adapter's encoding, so the next snapshot encodes only what
     # changes from now on (the state is not shared yet).
     state.encode()

@@ -14,6 +14,8 @@ from dataclasses import dataclass
 
 from loraserve.common.config.textlimits import (
     MAX_BASE_MODEL_BYTES,
+    MAX_FILE_NAME_BYTES,
+    MAX_FILES,
     MAX_TARGET_MODULE_BYTES,
     MAX_TARGET_MODULES_BYTES,
     check_text,
@@ -61,6 +63,8 @@ def check_declared_files(files: list[FileInfo], limits: Limits) -> None:
         raise InvalidArgument(
             f"push declares no files; {WEIGHTS_FILE} and {CONFIG_FILE} are required"
         )
+    if len(files) > MAX_FILES:
+        raise InvalidArgument(f"files: {len(files)} declared; the limit is {MAX_FILES} files")
     seen: set[str] = set()
     total = 0
     for f in files:
@@ -91,6 +95,7 @@ def check_declared_files(files: list[FileInfo], limits: Limits) -> None:
 
 
 def check_file_name(name: str) -> None:
+    check_text(f"file name {name[:64]!r}", name, MAX_FILE_NAME_BYTES)
     if not name or "/" in name or "\\" in name or "\0" in name or name in (".", ".."):
         raise InvalidArgument(f"file name {name!r} is not a plain base name; paths are not allowed")
     if name.lower().endswith(PICKLE_SUFFIXES):

@@ -28,7 +28,14 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from loraserve.common.config.textlimits import MAX_ERROR_MESSAGE_BYTES, check_text
+from loraserve.common.config.textlimits import (
+    MAX_COUNTERS,
+    MAX_ERROR_MESSAGE_BYTES,
+    MAX_REPORT_ID_BYTES,
+    MAX_REVISIONS_PER_ADAPTER,
+    MAX_TTFT_BOUNDS,
+    check_text,
+)
 from loraserve.common.errors import InvalidArgument
 from loraserve.common.fleet.reports import AdapterReport, RevisionCounters, ServingState
 from loraserve.common.revisions.names import validate_adapter_name
@@ -40,9 +47,6 @@ COUNTERS_PREFIX = "counters/"
 DEFAULT_STATUS_TTL_S = 300.0
 # A replica that missed this many of its reports is shown as stale.
 STALE_AFTER_INTERVALS = 2.0
-MAX_REVISIONS_PER_ADAPTER = 4
-MAX_COUNTERS = 1000
-MAX_TTFT_BOUNDS = 32
 _MAX_INTERVAL_S = 86_400.0
 _REPLICA_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:-]{0,127}")
 _MAX_RPC_CODE = 16  # UNAUTHENTICATED, the highest google.rpc.Code
@@ -153,6 +157,7 @@ def check_report(report: ReplicaReport) -> None:
     check_replica_id(report.replica_id)
     if report.applied_seq < 0:
         raise InvalidArgument("applied_seq must not be negative")
+    check_text("incarnation", report.incarnation, MAX_REPORT_ID_BYTES)
     if not (math.isfinite(report.interval_s) and 0 < report.interval_s <= _MAX_INTERVAL_S):
         raise InvalidArgument(
             f"report_interval_seconds must be > 0 and at most {_MAX_INTERVAL_S:g}, "
@@ -162,6 +167,10 @@ def check_report(report: ReplicaReport) -> None:
     if len(set(indexes)) != len(indexes) or any(not 0 <= i < STATUS_SHARDS for i in indexes):
         raise InvalidArgument(f"shards must be distinct indexes from 0 to {STATUS_SHARDS - 1}")
     for shard in report.shards:
+        names = [a.name for a in shard.adapters]
+        # Each at most once, so a shard's object holds at most the store's adapters.
+        if len(set(names)) != len(names):
+            raise InvalidArgument(f"shard {shard.index} names an adapter more than once")
         for adapter in shard.adapters:
             _check_adapter(adapter, shard.index)
     if report.counters is not None:
@@ -204,8 +213,7 @@ def _check_counters(counters: ReplicaCounters) -> None:
         raise InvalidArgument(
             f"ttft_bounds_seconds must be at most {MAX_TTFT_BOUNDS} ascending positive numbers"
         )
-    if len(counters.epoch) > 128:
-        raise InvalidArgument("counters_epoch must be at most 128 characters")
+    check_text("counters_epoch", counters.epoch, MAX_REPORT_ID_BYTES)
     for c in counters.counters:
         validate_adapter_name(c.name)
         numbers = (c.revision, c.requests, c.errors, c.generated_tokens, *c.ttft_buckets)

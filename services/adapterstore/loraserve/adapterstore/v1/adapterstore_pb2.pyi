@@ -80,7 +80,7 @@ class FileInfo(_message.Message):
     def __init__(self, name: _Optional[str] = ..., size: _Optional[int] = ..., sha256: _Optional[str] = ...) -> None: ...
 
 class Revision(_message.Message):
-    __slots__ = ("adapter_name", "revision", "files", "base_model", "rank", "alpha", "target_modules", "create_time", "pushed_by", "description", "seq", "signature", "signed_by")
+    __slots__ = ("adapter_name", "revision", "files", "base_model", "rank", "alpha", "target_modules", "create_time", "pushed_by", "description", "seq", "signature", "signed_by", "withheld_fields")
     ADAPTER_NAME_FIELD_NUMBER: _ClassVar[int]
     REVISION_FIELD_NUMBER: _ClassVar[int]
     FILES_FIELD_NUMBER: _ClassVar[int]
@@ -94,6 +94,7 @@ class Revision(_message.Message):
     SEQ_FIELD_NUMBER: _ClassVar[int]
     SIGNATURE_FIELD_NUMBER: _ClassVar[int]
     SIGNED_BY_FIELD_NUMBER: _ClassVar[int]
+    WITHHELD_FIELDS_FIELD_NUMBER: _ClassVar[int]
     adapter_name: str
     revision: int
     files: _containers.RepeatedCompositeFieldContainer[FileInfo]
@@ -107,7 +108,8 @@ class Revision(_message.Message):
     seq: int
     signature: bytes
     signed_by: str
-    def __init__(self, adapter_name: _Optional[str] = ..., revision: _Optional[int] = ..., files: _Optional[_Iterable[_Union[FileInfo, _Mapping]]] = ..., base_model: _Optional[str] = ..., rank: _Optional[int] = ..., alpha: _Optional[float] = ..., target_modules: _Optional[_Iterable[str]] = ..., create_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., pushed_by: _Optional[str] = ..., description: _Optional[str] = ..., seq: _Optional[int] = ..., signature: _Optional[bytes] = ..., signed_by: _Optional[str] = ...) -> None: ...
+    withheld_fields: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, adapter_name: _Optional[str] = ..., revision: _Optional[int] = ..., files: _Optional[_Iterable[_Union[FileInfo, _Mapping]]] = ..., base_model: _Optional[str] = ..., rank: _Optional[int] = ..., alpha: _Optional[float] = ..., target_modules: _Optional[_Iterable[str]] = ..., create_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., pushed_by: _Optional[str] = ..., description: _Optional[str] = ..., seq: _Optional[int] = ..., signature: _Optional[bytes] = ..., signed_by: _Optional[str] = ..., withheld_fields: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class Adapter(_message.Message):
     __slots__ = ("name", "current_revision", "latest_revision", "current", "create_time", "update_time", "create_seq", "rollout", "quota")

@@ -1,9 +1,13 @@
-"""Bounds on the free text the store keeps and serves back, and on listing pages.
+"""Bounds on every field a caller can make the store keep and serve back, and on
+listing pages: the one place they are set.
 
-Everything the store accepts ends up in log entries, snapshots, watch events and
-listing pages, so one oversized field would make every later page or event that
-carries it too large for a gRPC message. Each bound is documented on its proto
-field; a value over it is refused with INVALID_ARGUMENT naming the field.
+Everything the store accepts ends up in log entries, snapshots, watch events,
+listing pages or replica status objects, so one oversized field would make every
+later page or event that carries it too large for a gRPC message, whatever the
+signature policy. Each bound is documented on its proto field; a value over it is
+refused with INVALID_ARGUMENT naming the field and the limit, before anything is
+stored. A revision an older store kept with a field over its bound is served without
+that field (loraserve.adapterstore.catalog.withheld).
 """
 
 from __future__ import annotations
@@ -15,13 +19,30 @@ from loraserve.common.errors import InvalidArgument
 KIB = 1024
 # PushHeader.description: a note, not a document (README.md travels as a file).
 MAX_DESCRIPTION_BYTES = 64 * KIB
+# PushHeader.signature: a key-signed bundle of a few files is under 2 KiB; a
+# certificate chain adds a few KiB. Anything far larger is no signature of ours.
+MAX_SIGNATURE_BYTES = 64 * KIB
+# PushHeader.files: the store accepts a handful of known files (peft_format.ALLOWED_FILES);
+# the bounds hold whatever that list becomes. 255 bytes is a file name on Linux.
+MAX_FILES = 32
+MAX_FILE_NAME_BYTES = 255
 # adapter_config.json's base_model_name_or_path: a hub id or a path.
 MAX_BASE_MODEL_BYTES = 1 * KIB
 # adapter_config.json's target_modules: names, all together (full per-layer paths fit).
 MAX_TARGET_MODULES_BYTES = 64 * KIB
 MAX_TARGET_MODULE_BYTES = 256
-# ReportStatusRequest.error.message: the NACK reason shown by `adapterctl status`.
+# Every reason a caller stores: a replica's NACK reason (error.message, shown by
+# `adapterctl status`) and a rollout's abort reason.
 MAX_ERROR_MESSAGE_BYTES = 4 * KIB
+# ReportReplicaStatusRequest's incarnation and counters_epoch: ids (a UUID), kept in
+# the replica's status objects.
+MAX_REPORT_ID_BYTES = 128
+# A report's AdapterReport.revisions (the current one, a rollout's candidate, what
+# was refused), its counters and its TTFT bucket bounds: what one status or counters
+# object holds per adapter and replica.
+MAX_REVISIONS_PER_ADAPTER = 4
+MAX_COUNTERS = 1000
+MAX_TTFT_BOUNDS = 32
 # Any error message a server sends: a gRPC status message travels in the trailers, whose
 # size clients cap (grpcio's default hard limit is 16 KiB for all metadata; past it the
 # client sees RESOURCE_EXHAUSTED and the real status is lost), and an HTTP error body
@@ -46,6 +67,12 @@ def check_text(field: str, value: str, limit: int) -> None:
         raise InvalidArgument(f"{field} is not valid Unicode text") from None
     if size > limit:
         raise InvalidArgument(f"{field} is {size} bytes; the limit is {limit} bytes")
+
+
+def check_bytes(field: str, value: bytes, limit: int) -> None:
+    """Raises InvalidArgument when `value` is longer than `limit` bytes."""
+    if len(value) > limit:
+        raise InvalidArgument(f"{field} is {len(value)} bytes; the limit is {limit} bytes")
 
 
 def truncate_text(value: str, limit: int) -> str:

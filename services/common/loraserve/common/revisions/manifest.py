@@ -72,6 +72,9 @@ class Revision:
     # Who the store found had signed it at push ("" when it did not check); shown to
     # people, never trusted by a replica, which verifies `signature` itself.
     signed_by: str = ""
+    # Fields the store serves empty because an older store kept them over today's
+    # limits (loraserve.adapterstore.catalog.withheld); sorted.
+    withheld_fields: tuple[str, ...] = ()
 
     @property
     def key(self) -> RevisionKey:
@@ -95,6 +98,8 @@ class Revision:
         if self.signature:
             data["signature"] = base64.b64encode(self.signature).decode()
             data["signed_by"] = self.signed_by
+        if self.withheld_fields:
+            data["withheld_fields"] = list(self.withheld_fields)
         return data
 
     @classmethod
@@ -113,6 +118,7 @@ class Revision:
             seq=int(data["seq"]),
             signature=base64.b64decode(str(data.get("signature", ""))),
             signed_by=str(data.get("signed_by", "")),
+            withheld_fields=tuple(str(f) for f in data.get("withheld_fields", ())),
         )
 
 
@@ -141,6 +147,7 @@ def revision_to_proto(value: Revision) -> pb.Revision:
         seq=value.seq,
         signature=value.signature,
         signed_by=value.signed_by,
+        withheld_fields=list(value.withheld_fields),
     )
 
 
@@ -159,4 +166,5 @@ def revision_from_proto(message: pb.Revision) -> Revision:
         seq=message.seq,
         signature=message.signature,
         signed_by=message.signed_by,
+        withheld_fields=tuple(message.withheld_fields),
     )

@@ -33,13 +33,10 @@ from cryptography import x509
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 
+from loraserve.common.config.textlimits import MAX_SIGNATURE_BYTES
 from loraserve.common.errors import InvalidArgument, PermissionDenied
 from loraserve.common.revisions.manifest import FileInfo, RevisionKey
 
-# A key-signed bundle of a few files is under 2 KiB; a certificate chain adds a few
-# KiB. Anything far larger is no signature of ours and would bloat every log entry,
-# snapshot and watch event that carries the revision.
-MAX_SIGNATURE_BYTES = 64 * 1024
 # Key and certificate files are small too; a bound keeps a wrong path (a model file)
 # from being read whole.
 MAX_KEY_FILE_BYTES = 64 * 1024
