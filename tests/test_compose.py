@@ -112,6 +112,13 @@ def test_inference_reports_to_the_store_with_the_stores_replica_token() -> None:
     assert inference.store_security.token not in [t.secret for t in store.security.reader_tokens]
 
 
+def test_both_servers_authenticate_so_neither_serves_loopback_clients_only() -> None:
+    store = parse_store_settings(_command("adapterstore"), _environment("adapterstore"))
+    inference = parse_inference_settings(_command("inference"), _environment("inference"), "h")
+    assert not store.security.loopback_only
+    assert not inference.security.loopback_only
+
+
 def test_inference_reserves_a_gpu() -> None:
     devices = SERVICES["inference"]["deploy"]["resources"]["reservations"]["devices"]
     assert any("gpu" in device["capabilities"] for device in devices)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import socket
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -373,3 +374,58 @@ async def test_native_generate_refuses_a_request_that_is_not_a_generate_request(
             await messages(generate(b"\xff\xff\xff", timeout=30))
     assert refused.value.code() == grpc.StatusCode.INVALID_ARGUMENT
     assert (refused.value.details() or "").startswith("the request message does not parse")
+
+
+def _send_a_response_header_as_a_request(port: int) -> bytes:
+    """A peer with no token sends one request HEADERS frame carrying a response's
+    `:status: 103`, then reads what the server answers until it closes the connection
+    (or 10 s pass); returns those bytes."""
+    import hpack
+
+    def frame(kind: int, flags: int, stream: int, payload: bytes) -> bytes:
+        return (
+            len(payload).to_bytes(3, "big")
+            + bytes([kind, flags])
+            + stream.to_bytes(4, "big")
+            + payload
+        )
+
+    headers = hpack.Encoder().encode([(":status", "103")])
+    answer = b""
+    with socket.create_connection(("127.0.0.1", port), timeout=10) as peer:
+        peer.sendall(
+            b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n"
+            + frame(0x4, 0, 0, b"")
+            + frame(0x1, 0x5, 1, headers)
+        )
+        with contextlib.suppress(OSError):
+            while data := peer.recv(1 << 16):
+                answer += data
+    return answer
+
+
+async def test_the_default_transport_streams_on_after_a_peer_sends_a_response_header(
+    vllm_engine: AsyncLLM,
+    tiny_model_dir: Path,
+    tiny_adapter: TinyAdapterFactory,
+    store_server: RunningStore,
+    tmp_path: Path,
+) -> None:
+    """`--grpc-transport auto` (the default) is grpc.aio, which refuses the frame on its
+    connection alone: a stream running before it and a call after it are served whole
+    (on the native transport every Generate of every client ended CANCELLED)."""
+    async with inference_app(
+        vllm_engine,
+        model_dir=tiny_model_dir,
+        store_address=store_server.address,
+        cache_dir=tmp_path / "cache",
+        pushed={"alpha": adapter_files(tiny_adapter(seed=1))},
+    ) as running:
+        assert running.app.grpc_front.transport == "grpcio"
+        before = running.stub.Generate(greedy("alpha", 64), timeout=120)
+        first = await anext(aiter(before))
+        await asyncio.to_thread(_send_a_response_header_as_a_request, running.app.port)
+        after = await messages(running.stub.Generate(greedy("alpha", 4), timeout=120))
+        rest = await messages(before)
+    assert sum(len(m.token_ids) for m in [first, *rest]) == 64
+    assert sum(len(m.token_ids) for m in after) == 4

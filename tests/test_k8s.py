@@ -222,6 +222,17 @@ def _ports_agree(deployment: str, listen: str, metrics_listen: str | None) -> No
         assert port["port"] == _container_port(deployment, port["targetPort"])
 
 
+def test_both_servers_authenticate_so_neither_serves_loopback_clients_only(
+    tmp_path: Path,
+) -> None:
+    store = parse_store_settings(_args(STORE, tmp_path), _environment(STORE))
+    inference = parse_inference_settings(
+        _args(INFERENCE, tmp_path), _environment(INFERENCE), "host"
+    )
+    assert not store.security.loopback_only
+    assert not inference.security.loopback_only
+
+
 def test_store_ports_agree_between_flags_container_and_service(tmp_path: Path) -> None:
     settings = parse_store_settings(_args(STORE, tmp_path), _environment(STORE))
     _ports_agree(STORE, settings.listen, settings.metrics_listen)

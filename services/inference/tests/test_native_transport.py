@@ -1091,3 +1091,35 @@ async def test_native_transport_ends_a_connection_that_keeps_provoking_stream_re
         _RawFrames.frame(_RawFrames.HEADERS, flags, 2 * i + 1, malformed) for i in range(1100)
     )
     assert await _goaway_after(flood) == ENHANCE_YOUR_CALM
+
+
+async def test_native_transport_says_once_when_a_fault_leaves_it_serving_no_call() -> None:
+    """A request HEADERS frame carrying a response's `:status` makes h2 0.3.13 panic with
+    its connection's lock held, and the dispatcher every call needs panics on it next: the
+    front cannot serve any call after that, and says why once, for its owner to stop it
+    (the service reports NOT_SERVING and exits) rather than answer every call CANCELLED."""
+    failures: list[str] = []
+
+    async def streaming(request: bytes, metadata: Metadata, write: Write) -> None:
+        while True:
+            write(pb.GenerateResponse(text="x").SerializeToString())
+            await asyncio.sleep(0.01)
+
+    front = _front(streaming, on_failure=failures.append)
+    encoder = hpack.Encoder()
+    peer = await asyncio.to_thread(_RawFrames, front.port)
+    try:
+        await asyncio.to_thread(peer.send, _whole_call(1, GENERATE_METHOD, encoder))
+        informational = encoder.encode([(":status", "103")])
+        flags = _RawFrames.END_HEADERS | _RawFrames.END_STREAM
+        await asyncio.to_thread(
+            peer.send, _RawFrames.frame(_RawFrames.HEADERS, flags, 3, informational)
+        )
+        await eventually(lambda: bool(failures), "the front said it failed")
+        await asyncio.sleep(0.1)  # later doorbells say nothing more
+    finally:
+        peer.close()
+        front.close()
+    assert len(failures) == 1
+    assert failures[0].startswith("the dispatcher panicked")
+    assert front.failure == failures[0]

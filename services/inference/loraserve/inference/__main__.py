@@ -12,7 +12,7 @@ from collections.abc import Sequence
 
 import uvloop
 
-from loraserve.common.errors import LoraserveError
+from loraserve.common.errors import LoraserveError, Unavailable
 from loraserve.common.rpc import retrylog
 from loraserve.common.rpc.server import install_stop_signals
 from loraserve.inference.app import InferenceApp
@@ -22,23 +22,29 @@ log = logging.getLogger("loraserve.inference")
 
 
 async def serve(settings: InferenceSettings) -> None:
-    """Runs the server until SIGTERM or SIGINT, then shuts down gracefully."""
+    """Runs the server until SIGTERM or SIGINT, then shuts down gracefully. Where the
+    gRPC front can serve no Generate any more (the native transport failed), it stops
+    the same way (NOT_SERVING first) and raises: the process exits 1, for its
+    supervisor to restart, instead of answering health SERVING while every call fails."""
     stop = asyncio.Event()
     install_stop_signals(stop)
     app = InferenceApp(settings)
     await app.start()
     starting = asyncio.create_task(app.run_engine_and_sync(), name="engine-start")
     stopping = asyncio.create_task(stop.wait())
+    failing = asyncio.create_task(app.grpc_front.failure(), name="transport-failure")
     try:
-        await asyncio.wait({starting, stopping}, return_when=asyncio.FIRST_COMPLETED)
-        if starting.done():
+        await asyncio.wait({starting, stopping, failing}, return_when=asyncio.FIRST_COMPLETED)
+        if starting.done() and not failing.done():
             starting.result()  # re-raises why start-up failed
             freeze_startup_heap()
-        await stopping
+            await asyncio.wait({stopping, failing}, return_when=asyncio.FIRST_COMPLETED)
+        if failing.done():
+            raise Unavailable(f"the native transport can serve no call: {failing.result()}")
     finally:
-        for task in (starting, stopping):
+        for task in (starting, stopping, failing):
             task.cancel()
-        await asyncio.gather(starting, stopping, return_exceptions=True)
+        await asyncio.gather(starting, stopping, failing, return_exceptions=True)
         await app.stop()
 
 

@@ -98,11 +98,11 @@ class InferenceApp:
         return self._server.port
 
     @property
-    def grpc_transport(self) -> str:
-        """What serves Generate: "native" or "grpcio"."""
+    def grpc_front(self) -> GrpcFront:
+        """The gRPC server: what serves Generate (`.transport`), and whether it failed."""
         if self._server is None:
             raise RuntimeError("the server is not started")
-        return self._server.transport
+        return self._server
 
     @property
     def openai_port(self) -> int | None:

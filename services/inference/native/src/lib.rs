@@ -139,6 +139,9 @@ struct Calls {
     connection_closed: Condvar,
     /// Stops the server: its thread ends, dropping every connection.
     closed: Notify,
+    /// Why the server can no longer serve (a task it cannot run without panicked or
+    /// ended), once that has happened; Python reads it after each doorbell.
+    failure: Mutex<Option<String>>,
 }
 
 impl Calls {
@@ -160,6 +163,12 @@ impl Calls {
     fn end_early(&self, id: u64, code: u32, text: &str) {
         self.post([(id, Message::End(code, text.to_owned(), Vec::new()))]);
         self.deliver(|inbox| inbox.ended.push(id));
+    }
+
+    /// Records that the server can no longer serve, and rings for Python to look.
+    fn fail(&self, why: String) {
+        self.failure.lock().unwrap_or_else(|e| e.into_inner()).get_or_insert(why);
+        self.deliver(|_| {});
     }
 
     fn post(&self, messages: impl IntoIterator<Item = (u64, Message)>) {
@@ -238,6 +247,7 @@ impl Server {
             connections: Mutex::new(0),
             connection_closed: Condvar::new(),
             closed: Notify::new(),
+            failure: Mutex::new(None),
         });
         let runtime = tokio::runtime::Builder::new_current_thread()
             .enable_io()
@@ -250,8 +260,12 @@ impl Server {
             .spawn(move || {
                 runtime.block_on(async move {
                     let listener = TcpListener::from_std(std_listener).expect("listener");
-                    tokio::spawn(dispatch(Arc::clone(&serving), opened));
-                    tokio::spawn(accept(listener, Arc::clone(&serving), tls));
+                    let dispatching = tokio::spawn(dispatch(Arc::clone(&serving), opened));
+                    let accepting = tokio::spawn(accept(listener, Arc::clone(&serving), tls));
+                    // A connection's panic ends that connection alone; one of these two
+                    // ends every call, so the server says so instead of serving on mute.
+                    tokio::spawn(watch_task("the dispatcher", dispatching, Arc::clone(&serving)));
+                    tokio::spawn(watch_task("the listener", accepting, Arc::clone(&serving)));
                     // Returning drops the runtime, its connections with it.
                     serving.closed.notified().await;
                 })
@@ -325,6 +339,12 @@ impl Server {
         })
     }
 
+    /// Why the server can no longer serve (None while it can): a task every call needs
+    /// panicked or ended. It serves nothing more; the caller stops it.
+    fn failure(&self) -> Option<String> {
+        self.calls.failure.lock().unwrap_or_else(|e| e.into_inner()).clone()
+    }
+
     /// Stops listening and drops every connection.
     fn close(&self) {
         self.calls.closed.notify_one();
@@ -335,6 +355,25 @@ impl Server {
     fn finish(&self, id: u64, code: u32, message: String, trailing: Vec<(String, String)>) {
         self.calls.post([(id, Message::End(code, message, trailing))]);
     }
+}
+
+/// Records the server's failure when `task` panics, or ends when it must not: the
+/// dispatcher never ends, the listener only once the server stops.
+async fn watch_task(name: &str, task: tokio::task::JoinHandle<()>, calls: Arc<Calls>) {
+    let why = match task.await {
+        Err(error) if error.is_panic() => {
+            let payload = error.into_panic();
+            let text = payload
+                .downcast_ref::<&str>()
+                .map(|text| text.to_string())
+                .or_else(|| payload.downcast_ref::<String>().cloned())
+                .unwrap_or_else(|| "a panic".to_owned());
+            format!("{} panicked: {}", name, text)
+        }
+        Ok(()) if !*calls.stopping.borrow() => format!("{} ended", name),
+        _ => return,
+    };
+    calls.fail(why);
 }
 
 /// Wakes the dispatcher for one stream: h2 wakes it when the client resets the stream or

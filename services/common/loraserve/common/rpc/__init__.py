@@ -1,7 +1,7 @@
 """What both servers and their clients share on the wire: the servers' start and stop,
-tokens and TLS, the one mapping of domain errors to statuses, client streams that report
-the server's status, health checks, retries and backoff, the metrics endpoint and the
-sampling fields the contract marks optional."""
+tokens and TLS, protected mode, the one mapping of domain errors to statuses, client
+streams that report the server's status, health checks, retries and backoff, the metrics
+endpoint and the sampling fields the contract marks optional."""
 
 __all__ = [
     "backoff",
@@ -9,6 +9,7 @@ __all__ = [
     "grpcutil",
     "healthcheck",
     "metrics_http",
+    "protected",
     "retrylog",
     "sampling_fields",
     "security",

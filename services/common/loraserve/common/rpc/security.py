@@ -3,9 +3,9 @@
 Tokens are given as `TOKEN` or `PRINCIPAL:TOKEN` (principal names who pushed a
 revision). Every role may read; writer tokens also change what is served, replica
 tokens (the adapter store's inference replicas) also report what they serve, and
-neither can do the other's calls. With no token configured
-authentication is off, which the servers log loudly at start-up. Secrets never
-appear in reprs or logs.
+neither can do the other's calls. With no token and no client-certificate CA configured,
+the servers serve loopback clients only (protected mode, see `protected`) unless told
+`--insecure`. Secrets never appear in reprs or logs.
 """
 
 from __future__ import annotations
@@ -78,10 +78,17 @@ class ServerSecurity:
     tls_key_file: Path | None = None
     # When set, clients must present a certificate signed by this CA (mTLS).
     tls_client_ca_file: Path | None = None
+    # Serve every address even with nothing to authenticate callers by.
+    insecure: bool = False
 
     @property
     def auth_enabled(self) -> bool:
         return bool(self.reader_tokens or self.writer_tokens or self.replica_tokens)
+
+    @property
+    def loopback_only(self) -> bool:
+        """Protected mode: nothing authenticates callers, so only local ones are served."""
+        return not (self.auth_enabled or self.tls_client_ca_file or self.insecure)
 
     def server_credentials(self) -> grpc.ServerCredentials | None:
         if self.tls_cert_file is None or self.tls_key_file is None:
@@ -254,7 +261,7 @@ def add_server_security_flags(
     environ: Mapping[str, str],
     roles: Iterable[str] = ("reader", "writer"),
 ) -> None:
-    """Adds token flags for `roles` and TLS flags; each falls back to
+    """Adds token flags for `roles`, TLS flags and `--insecure`; each falls back to
     `<PREFIX>_<FLAG>` in `environ`."""
     group = parser.add_argument_group("security")
     env = EnvFlags(environ, env_prefix)
@@ -269,6 +276,15 @@ def add_server_security_flags(
     env.add(group, "tls-key", "server private key (PEM)", type=Path)
     env.add(
         group, "tls-client-ca", "CA that client certificates must chain to; enables mTLS", type=Path
+    )
+    group.add_argument(
+        "--insecure",
+        action="store_true",
+        default=env.switch("insecure"),
+        help="with no token and no --tls-client-ca, serve every address without "
+        "authentication; without this flag such a server serves loopback clients only "
+        "(protected mode), since anyone who reaches it could call everything "
+        f"(env {env.env_name('insecure')})",
     )
 
 
@@ -295,6 +311,7 @@ def server_security_from_args(args: argparse.Namespace) -> ServerSecurity:
         tls_cert_file=args.tls_cert,
         tls_key_file=args.tls_key,
         tls_client_ca_file=args.tls_client_ca,
+        insecure=bool(args.insecure),
     )
 
 

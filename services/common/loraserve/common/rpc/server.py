@@ -1,5 +1,5 @@
 """Starting and stopping a grpc.aio server the same way for both services:
-error mapping, bearer auth, TLS, health checking and reflection."""
+error mapping, bearer auth or protected mode, TLS, health checking and reflection."""
 
 from __future__ import annotations
 
@@ -17,6 +17,7 @@ from grpc_reflection.v1alpha import reflection
 from loraserve.common.config.sizes import MESSAGE_LIMIT_OPTIONS
 from loraserve.common.errors import Unavailable
 from loraserve.common.rpc.grpcutil import ErrorMappingInterceptor
+from loraserve.common.rpc.protected import log_exposure, loopback_guard_for
 from loraserve.common.rpc.security import ServerSecurity, TokenAuth
 
 log = logging.getLogger(__name__)
@@ -66,16 +67,19 @@ async def start_server(
     (`dns:///` clients re-resolve only when a connection ends, so without this they
     never see replicas added after they connected).
     """
-    if not security.auth_enabled:
-        log.warning("server.auth_disabled address=%s: no tokens configured", address)
-    auth = TokenAuth(security, write_methods, replica_methods)
+    log_exposure(security, address)
+    guard_for = (
+        loopback_guard_for
+        if security.loopback_only
+        else TokenAuth(security, write_methods, replica_methods).guard_for
+    )
     age = (
         [("grpc.max_connection_age_ms", max(1, round(max_connection_age_s * 1000)))]
         if max_connection_age_s
         else []
     )
     server = grpc.aio.server(
-        interceptors=[ErrorMappingInterceptor(auth.guard_for)],
+        interceptors=[ErrorMappingInterceptor(guard_for)],
         options=[*MESSAGE_LIMIT_OPTIONS, *age, *options],
     )
     register(server)

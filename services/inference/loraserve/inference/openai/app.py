@@ -101,10 +101,11 @@ def create_openai_app(
 ) -> FastAPI:
     """The HTTP app; `model_names[0]` is the base model's listed name, all of them name it.
 
-    Tokens and body sizes are checked by `RequestGuard` before a body is read. With
-    `metrics`, GET /metrics serves them on this port too: an inference-extension endpoint
-    picker scrapes the port it routes to, as it does vLLM's. They name every adapter and
-    its traffic, so they take a token like the API unless `public_metrics`.
+    Tokens (or, in protected mode, the client's address) and body sizes are checked by
+    `RequestGuard` before a body is read. With `metrics`, GET /metrics serves them on
+    this port too: an inference-extension endpoint picker scrapes the port it routes to,
+    as it does vLLM's. They name every adapter and its traffic, so they take a token like
+    the API unless `public_metrics`.
     """
     if not model_names:
         raise ValueError("model_names needs the served model's name")
@@ -115,6 +116,7 @@ def create_openai_app(
     app.add_middleware(
         RequestGuard,
         auth=auth,
+        loopback_only=security.loopback_only,
         max_body_bytes=max_body_bytes,
         # /health is open like gRPC health, for load balancers.
         open_paths=("/health", "/metrics") if public_metrics else ("/health",),

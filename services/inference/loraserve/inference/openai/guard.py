@@ -1,11 +1,12 @@
-"""What the OpenAI front checks before it reads a request body: the token, then the size.
+"""What the OpenAI front checks before it reads a request body: the token (or, in
+protected mode, that the client is local), then the size.
 
 FastAPI reads and parses a body before it runs any dependency, so a token check there
 comes after the whole body is in memory: 200 MiB without a token cost seconds and
 hundreds of MiB before the 401. This ASGI middleware runs first. It answers 401 from
-the headers alone, 413 from a Content-Length over the limit, and 413 as soon as a body
-without one (chunked) grows past the limit, without reading the rest. A body within
-the limit is read here and handed on unchanged.
+the headers and the client's address alone, 413 from a Content-Length over the limit,
+and 413 as soon as a body without one (chunked) grows past the limit, without reading
+the rest. A body within the limit is read here and handed on unchanged.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from starlette.responses import JSONResponse, Response
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from loraserve.common.errors import LoraserveError
+from loraserve.common.rpc.protected import is_loopback_host, refusal
 from loraserve.common.rpc.security import TokenAuth, current_principal
 from loraserve.inference.openai.protocol import error_body
 
@@ -35,12 +37,14 @@ class RequestGuard:
         app: ASGIApp,
         *,
         auth: TokenAuth | None,
+        loopback_only: bool,
         max_body_bytes: int,
         open_paths: Collection[str],
         error_response: Callable[[LoraserveError], Response],
     ) -> None:
         self._app = app
         self._auth = auth
+        self._loopback_only = loopback_only
         self._max = max_body_bytes
         self._open_paths = frozenset(open_paths)
         self._error_response = error_response
@@ -50,6 +54,13 @@ class RequestGuard:
             await self._app(scope, receive, send)
             return
         headers = Headers(scope=scope)
+        if self._loopback_only:
+            # uvicorn gives no client for a peer it cannot name: that one is remote too.
+            client = scope.get("client") or ("", 0)
+            if not is_loopback_host(client[0]):
+                refused = refusal(client[0] or "an unknown address")
+                await _unread(self._error_response(refused))(scope, receive, send)
+                return
         if self._auth is not None:
             try:
                 principal, _ = self._auth.authenticate(

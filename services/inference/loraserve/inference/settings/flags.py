@@ -138,10 +138,13 @@ def _add_serving_flags(serve: argparse.ArgumentParser, flags: EnvFlags) -> None:
         "--grpc-transport",
         choices=GRPC_TRANSPORTS,
         default=env("grpc-transport", "auto"),
-        help="what serves Generate on --listen: native (Rust's HTTP/2, the engine's outputs "
-        "written as they are made; every other call is carried to the grpc.aio server on a "
-        "Unix socket), grpcio (grpc.aio serves everything), auto (native where it is built, "
-        "else grpcio, saying so)",
+        help="what serves Generate on --listen: grpcio (grpc.aio serves everything); native "
+        "(Rust's HTTP/2, the engine's outputs written as they are made, about half the "
+        "front's CPU per token; every other call is carried to the grpc.aio server on a "
+        "Unix socket): not yet hardened against hostile peers (no limits on streams, "
+        "bodies or time, and one malformed frame can stop every call: the replica then "
+        "reports NOT_SERVING and exits 1), so only for trusted networks; auto: grpcio "
+        "until the native transport passes the abuse suite",
     )
     serve.add_argument(
         "--openai-listen",

@@ -14,6 +14,7 @@ from pathlib import Path
 
 from loraserve.common.errors import FailedPrecondition, InvalidArgument, Unavailable
 from loraserve.common.rpc.metrics_http import split_address
+from loraserve.common.rpc.protected import HOW_TO_OPEN, is_loopback_host
 from loraserve.common.rpc.security import ServerSecurity
 from loraserve.common.rpc.server import RunningServer, start_server
 from loraserve.inference.serving import SERVICE_NAME, RuntimeRef, register
@@ -33,6 +34,8 @@ class GrpcFront:
     native: native.NativeFront | None = None
     # The grpc.aio server's socket directory behind the native transport.
     socket_dir: Path | None = None
+    # Set once the native transport can serve no call (its NativeFront's on_failure).
+    failed: asyncio.Event = dataclasses.field(default_factory=asyncio.Event)
 
     @property
     def port(self) -> int:
@@ -44,7 +47,14 @@ class GrpcFront:
         return "native" if self.native is not None else "grpcio"
 
     async def set_serving(self, serving: bool) -> None:
-        await self.server.set_serving(serving)
+        await self.server.set_serving(serving and not self.failed.is_set())
+
+    async def failure(self) -> str:
+        """Waits until the native transport can serve no call, and says why; never
+        returns on grpc.aio alone. The owner stops the front: its health is NOT_SERVING
+        from the moment the stop begins."""
+        await self.failed.wait()
+        return (self.native.failure if self.native is not None else None) or "unknown"
 
     async def stop(self, grace: float | None) -> None:
         """NOT_SERVING, then the calls in flight get `grace` seconds on either server. Both
@@ -66,20 +76,34 @@ class GrpcFront:
 
 def native_wanted(transport: str, listen: str) -> bool:
     """Whether Generate goes on the native transport (`--grpc-transport`) on `listen`:
-    "native" where it cannot (not built, or an address that is not HOST:PORT) raises,
-    naming why; "auto" falls back to grpc.aio, saying so."""
-    if transport == "grpcio":
+    only when asked for by name, and then where it cannot (not built, or an address that
+    is not HOST:PORT) it raises, naming why. "auto" is grpc.aio until the native
+    transport bounds streams, bodies and time and keeps a peer's fault inside its
+    connection, as grpc.aio does (a request HEADERS frame carrying `:status` stops its
+    every call: h2 0.3.13 panics on it)."""
+    if transport != "native":
         return False
     try:
         native.load_native()
         split_address(listen)
     except (ImportError, InvalidArgument) as exc:
         why = exc.message if isinstance(exc, InvalidArgument) else str(exc)
-        if transport == "native":
-            raise FailedPrecondition(f"--grpc-transport native: {why}") from exc
-        log.warning("server.native_transport_unavailable falling_back=grpcio reason=%s", why)
-        return False
+        raise FailedPrecondition(f"--grpc-transport native: {why}") from exc
     return True
+
+
+def _check_native_protected(settings: InferenceSettings) -> None:
+    """Raises unless the native transport can serve `settings.listen` as protected mode
+    wants: the grpc.aio server behind it sees every caller as its Unix socket, so with
+    no authentication it may listen on a loopback address only."""
+    host, _ = split_address(settings.listen)
+    if settings.security.loopback_only and not is_loopback_host(host):
+        raise FailedPrecondition(
+            "--grpc-transport native: the native transport cannot tell loopback clients "
+            "from others, so with no authentication (protected mode) it may listen on a "
+            f"loopback address only, not {settings.listen}; {HOW_TO_OPEN}, or use "
+            "--grpc-transport grpcio"
+        )
 
 
 async def start_grpc_front(settings: InferenceSettings, runtime_ref: RuntimeRef) -> GrpcFront:
@@ -99,15 +123,17 @@ async def start_grpc_front(settings: InferenceSettings, runtime_ref: RuntimeRef)
     listen, age_s = settings.listen, settings.max_connection_age_s
     if not native_wanted(settings.grpc_transport, listen):
         return GrpcFront(await start(listen, settings.security, age_s))
+    _check_native_protected(settings)
     host, port = split_address(listen)
     socket_dir = make_socket_dir()
     upstream = f"unix:{socket_dir / 'grpc.sock'}"
     # Plaintext, with the same tokens: TLS ends at the transport. No connection age: the
-    # transport renews its connections to this server itself, and ages the clients'.
-    plain = dataclasses.replace(
-        settings.security, tls_cert_file=None, tls_key_file=None, tls_client_ca_file=None
-    )
+    # transport renews its connections to this server itself, and ages the clients'. The
+    # client CA stays: without a certificate of its own the server asks for none, and
+    # the CA keeps protected mode off there as on the transport, which checks them.
+    plain = dataclasses.replace(settings.security, tls_cert_file=None, tls_key_file=None)
     server: RunningServer | None = None
+    failed = asyncio.Event()
     try:
         server = await start(upstream, plain, None)
         front = start_generate_front(
@@ -118,6 +144,7 @@ async def start_grpc_front(settings: InferenceSettings, runtime_ref: RuntimeRef)
             upstream=upstream,
             max_connection_age_s=age_s,
             pushed=True,
+            on_failure=lambda _: failed.set(),
         )
     except BaseException as exc:
         if server is not None:
@@ -127,4 +154,4 @@ async def start_grpc_front(settings: InferenceSettings, runtime_ref: RuntimeRef)
             raise Unavailable(f"cannot listen on {listen}: {exc}") from exc
         raise
     log.info("server.native_transport address=%s port=%d upstream=%s", listen, front.port, upstream)
-    return GrpcFront(server, front, socket_dir)
+    return GrpcFront(server, front, socket_dir, failed)

@@ -6,6 +6,7 @@ engine's output handler (`loraserve.inference.serving.pushed`)."""
 from __future__ import annotations
 
 import contextlib
+from collections.abc import Callable
 
 from google.protobuf.message import DecodeError
 
@@ -46,12 +47,14 @@ def start_generate_front(
     upstream: str | None,
     max_connection_age_s: float | None,
     pushed: bool,
+    on_failure: Callable[[str], None] | None = None,
 ) -> NativeFront:
     """A listening native front on `host`:`port` (0: ephemeral; see `.port`) serving
     Generate, and carrying every other call to the grpc.aio server at `upstream` (None:
     refusing them). A call needs a token as that server's guard asks for Generate; TLS
     comes from `security`. With `pushed`, a plain request's messages are made in the
-    engine's output handler where the runtime's generator can push."""
+    engine's output handler where the runtime's generator can push. `on_failure`: see
+    NativeFront."""
     auth = TokenAuth(security, ()) if security.auth_enabled else None
     tls = None
     if security.tls_cert_file is not None and security.tls_key_file is not None:
@@ -82,4 +85,5 @@ def start_generate_front(
         upstream=upstream,
         tls=tls,
         max_connection_age_s=max_connection_age_s,
+        on_failure=on_failure,
     )

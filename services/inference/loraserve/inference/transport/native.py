@@ -81,6 +81,9 @@ class NativeFront:
     With `keepalive_s` (interval, timeout; None: none), each peer is pinged every interval
     and its connection dropped once a ping goes unanswered for the timeout, its calls
     cancelled: a peer that vanished without closing holds nothing for long.
+    A panic in one connection ends that connection; where the server can no longer serve
+    any call (a task every call needs panicked), `on_failure` is called once with why,
+    and the owner stops the server.
     """
 
     def __init__(
@@ -95,8 +98,11 @@ class NativeFront:
         tls: tuple[Path, Path, Path | None] | None = None,
         max_connection_age_s: float | None = None,
         keepalive_s: tuple[float, float] | None = (KEEPALIVE_TIME_S, KEEPALIVE_TIMEOUT_S),
+        on_failure: Callable[[str], None] | None = None,
     ) -> None:
         self._handler, self._status = handler, status
+        self._on_failure = on_failure
+        self.failure: str | None = None
         files = None if tls is None else tuple(None if f is None else str(f) for f in tls)
         native = load_native()
         if not 0 <= port <= 65535:
@@ -179,6 +185,11 @@ class NativeFront:
             if call in self._tasks:
                 self._ended.add(call)
                 self._tasks[call].cancel()
+        if self.failure is None and (failure := self._server.failure()) is not None:
+            self.failure = failure
+            log.error("native.transport_failed reason=%s", failure)
+            if self._on_failure is not None:
+                self._on_failure(failure)
 
     def _forget(self, call: int, task: asyncio.Task[None]) -> None:
         del self._tasks[call]
