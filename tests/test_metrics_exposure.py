@@ -85,6 +85,22 @@ def test_store_metrics_port_takes_the_store_listen_host() -> None:
     assert settings.metrics_listen == "0.0.0.0:9101"
 
 
+def test_metrics_port_binds_loopback_in_protected_mode_and_the_listen_host_otherwise() -> None:
+    base = ["serve", "--bucket", "b", "--listen", "0.0.0.0:50051", "--metrics-port", "9101"]
+    assert parse_store_settings(base, {}).metrics_listen == "127.0.0.1:9101"
+    assert parse_store_settings([*base, "--insecure"], {}).metrics_listen == "0.0.0.0:9101"
+    tokens = parse_store_settings([*base, "--reader-token", "t"], {})
+    assert tokens.metrics_listen == "0.0.0.0:9101"
+    explicit = [*base[:-2], "--metrics-listen", "0.0.0.0:9101"]
+    assert parse_store_settings(explicit, {}).metrics_listen == "0.0.0.0:9101"
+
+
+def test_inference_metrics_port_binds_loopback_in_protected_mode() -> None:
+    argv = ["serve", "--model", "m", "--store", "s:1", "--listen", "0.0.0.0:50052"]
+    settings = parse_settings([*argv, "--metrics-port", "9102"], {}, "r")
+    assert settings.metrics_listen == "127.0.0.1:9102"
+
+
 async def http_front(public_metrics: bool) -> RunningHttpServer:
     security = ServerSecurity(reader_tokens=(Token("reader", TOKEN),))
     app = create_openai_app(

@@ -29,11 +29,18 @@ LOOPBACK = "127.0.0.1"
 TOKEN = "s3cret"
 
 
-def _call(server: str, client: str, *flags: str, token: str | None = None) -> Any:
-    """What `server`, started with `flags`, answered a call from `client`."""
+def _call(
+    server: str,
+    client: str,
+    *flags: str,
+    token: str | None = None,
+    env: Mapping[str, str] | None = None,
+) -> Any:
+    """What `server`, started with `flags` and `env`, answered a call from `client`."""
     calls = [sys.executable, "-m", "loraserve.testing.protected_calls", server]
     return run_in_netns(
-        [*calls, "--client", client, *(["--token", token] if token else []), "--", *flags]
+        [*calls, "--client", client, *(["--token", token] if token else []), "--", *flags],
+        env=env,
     )
 
 
@@ -105,6 +112,13 @@ def test_openai_front_answers_401_to_a_remote_client_without_auth() -> None:
     models = _call("openai", REMOTE)["models"]
     assert models["status"] == 401
     assert "--insecure" in models["body"]["error"]["message"]
+
+
+@netns_only
+def test_openai_front_refuses_a_remote_client_claiming_loopback_in_x_forwarded_for() -> None:
+    # uvicorn would believe the header from any peer where FORWARDED_ALLOW_IPS is "*".
+    claim = {"FORWARDED_ALLOW_IPS": "*", "LORASERVE_TEST_FORWARDED_FOR": LOOPBACK}
+    assert _call("openai", REMOTE, env=claim)["models"]["status"] == 401
 
 
 @netns_only

@@ -213,6 +213,7 @@ def parse_settings(argv: Sequence[str], environ: Mapping[str, str]) -> AdapterSt
         raise InvalidArgument(f"--download-url-ttl must be at most {MAX_URL_TTL_S} seconds")
     if args.max_file_size > args.max_adapter_size:
         raise InvalidArgument("--max-file-size must not exceed --max-adapter-size")
+    security = server_security_from_args(args)
     return AdapterStoreSettings(
         listen=args.listen,
         s3=S3Location(
@@ -238,11 +239,11 @@ def parse_settings(argv: Sequence[str], environ: Mapping[str, str]) -> AdapterSt
             snapshot_every=int(args.snapshot_every),
             log_retention=int(args.log_retention),
         ),
-        security=server_security_from_args(args),
+        security=security,
         status_ttl_s=float(args.status_ttl),
         download_url_ttl_s=int(args.download_url_ttl),
         download_url_endpoint=args.download_url_endpoint or None,
-        metrics_listen=metrics_address(args, args.listen),
+        metrics_listen=metrics_address(args, args.listen, loopback_only=security.loopback_only),
         max_connection_age_s=float(args.max_connection_age),
         shutdown_grace_seconds=float(args.shutdown_grace),
         log_level=str(args.log_level).upper(),

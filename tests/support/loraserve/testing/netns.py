@@ -8,9 +8,10 @@ one, the tests that need it are skipped, saying why.
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import subprocess
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import pytest
@@ -43,13 +44,17 @@ UNUSABLE = _unusable()
 netns_only = pytest.mark.skipif(bool(UNUSABLE), reason=UNUSABLE)
 
 
-def run_in_netns(argv: Sequence[str], timeout_s: float = 120.0) -> Any:
-    """Runs `argv` in a fresh namespace; the JSON its last line of output holds."""
+def run_in_netns(
+    argv: Sequence[str], timeout_s: float = 120.0, env: Mapping[str, str] | None = None
+) -> Any:
+    """Runs `argv` in a fresh namespace, with `env` added to the environment; the JSON its
+    last line of output holds."""
     done = subprocess.run(
         [*_ENTER, "bash", "-c", _SETUP, "netns", *argv],
         capture_output=True,
         text=True,
         timeout=timeout_s,
+        env={**os.environ, **(env or {})},
     )
     if done.returncode != 0 or not done.stdout.strip():
         raise AssertionError(f"{argv} failed ({done.returncode}):\n{done.stderr[-4000:]}")

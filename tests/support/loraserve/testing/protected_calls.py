@@ -6,7 +6,9 @@ where HOST 192.0.2.1 is a non-loopback client of this host and 127.0.0.1 a loopb
 SERVER is `store` (`adapterstore serve` in a child process, over moto's S3 in this one),
 `inference` (the inference service's gRPC front, as `inference serve` starts it, on an
 in-memory engine) or `openai` (its OpenAI HTTP front on the same engine). Each listens on
-0.0.0.0; SERVER_FLAGS are that server's own command-line flags.
+0.0.0.0; SERVER_FLAGS are that server's own command-line flags. With
+LORASERVE_TEST_FORWARDED_FOR in the environment, the HTTP call claims that address in
+X-Forwarded-For.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ import argparse
 import asyncio
 import json
 import logging
+import os
 import re
 import socket
 import sys
@@ -161,7 +164,10 @@ async def _inference(client: str, token: str | None, flags: list[str]) -> dict[s
 
 
 def _get(url: str, token: str | None) -> dict[str, Any]:
-    request = urllib.request.Request(url, headers=dict(_metadata(token)))
+    headers = dict(_metadata(token))
+    if forwarded_for := os.environ.get("LORASERVE_TEST_FORWARDED_FOR"):
+        headers["x-forwarded-for"] = forwarded_for
+    request = urllib.request.Request(url, headers=headers)
     try:
         with urllib.request.urlopen(request, timeout=10) as response:
             return {"status": response.status, "body": json.loads(response.read())}

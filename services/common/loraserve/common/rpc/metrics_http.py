@@ -3,7 +3,8 @@
 Metrics name every adapter and its traffic and carry no authentication, so they listen
 on the service's own host by default, not on every interface: `--metrics-port PORT`
 binds the host of the server's `--listen` (its gRPC address), `--metrics-listen
-HOST:PORT` any other address (`0.0.0.0:9102` for a scraper on another host).
+HOST:PORT` any other address (`0.0.0.0:9102` for a scraper on another host). A server in
+protected mode (no authentication configured) binds `--metrics-port` to 127.0.0.1.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from prometheus_client import CollectorRegistry, start_http_server
 
 from loraserve.common.config.flags import EnvFlags, port
 from loraserve.common.errors import InvalidArgument
+from loraserve.common.rpc.protected import is_loopback_host
 
 log = logging.getLogger(__name__)
 
@@ -47,8 +49,13 @@ def add_metrics_flags(
     )
 
 
-def metrics_address(args: argparse.Namespace, listen: str) -> str | None:
-    """The address metrics listen on, from the flags `add_metrics_flags` added; None: off."""
+def metrics_address(
+    args: argparse.Namespace, listen: str, *, loopback_only: bool = False
+) -> str | None:
+    """The address metrics listen on, from the flags `add_metrics_flags` added; None: off.
+    With `loopback_only` (the server is in protected mode: nothing authenticates its
+    callers), `--metrics-port` binds 127.0.0.1 whatever --listen's host; an explicit
+    `--metrics-listen` is taken as given."""
     if args.metrics_listen and args.metrics_port is not None:
         raise InvalidArgument("give --metrics-listen or --metrics-port, not both")
     if args.metrics_listen:
@@ -57,6 +64,8 @@ def metrics_address(args: argparse.Namespace, listen: str) -> str | None:
     if args.metrics_port is None:
         return None
     host, _ = split_address(listen)
+    if loopback_only and not is_loopback_host(host):
+        host = "127.0.0.1"
     shown = f"[{host}]" if ":" in host else host
     return f"{shown}:{int(args.metrics_port)}"
 

@@ -58,6 +58,10 @@ async def start_http_server(
         log_config=None,
         lifespan="off",
         access_log=False,
+        # uvicorn would otherwise take the client's address from X-Forwarded-For when the
+        # peer is in FORWARDED_ALLOW_IPS (its own environment variable): with that set to
+        # "*", any remote caller could claim 127.0.0.1 and pass protected mode.
+        proxy_headers=False,
         ssl_certfile=security.tls_cert_file,
         ssl_keyfile=security.tls_key_file,
         ssl_ca_certs=security.tls_client_ca_file,

@@ -308,6 +308,7 @@ def parse_settings(
         )
     engine = _engine_options(args)
     model = engine.model
+    security = server_security_from_args(args)
     return InferenceSettings(
         engine=engine,
         compat=CompatOptions(
@@ -320,7 +321,7 @@ def parse_settings(
         replica_id=args.replica_id or hostname,
         listen=args.listen,
         grpc_transport=args.grpc_transport,
-        security=server_security_from_args(args),
+        security=security,
         max_pending_requests=max_pending,
         max_n=max_n,
         openai_listen=args.openai_listen or None,
@@ -329,7 +330,7 @@ def parse_settings(
         rollout_report_interval_s=float(args.rollout_report_interval),
         store_max_staleness_s=float(args.store_max_staleness),
         openai_max_body_bytes=int(args.openai_max_body_size),
-        metrics_listen=metrics_address(args, args.listen),
+        metrics_listen=metrics_address(args, args.listen, loopback_only=security.loopback_only),
         public_metrics=bool(args.public_metrics),
         max_connection_age_s=float(args.max_connection_age),
         shutdown_grace_seconds=float(args.shutdown_grace),
