@@ -35,8 +35,9 @@ async def serve(settings: InferenceSettings) -> None:
     failing = asyncio.create_task(app.grpc_front.failure(), name="transport-failure")
     try:
         await asyncio.wait({starting, stopping, failing}, return_when=asyncio.FIRST_COMPLETED)
-        if starting.done() and not failing.done():
+        if starting.done():
             starting.result()  # re-raises why start-up failed
+        if starting.done() and not failing.done():
             freeze_startup_heap()
             await asyncio.wait({stopping, failing}, return_when=asyncio.FIRST_COMPLETED)
         if failing.done():
