@@ -258,6 +258,7 @@ impl Server {
         thread::Builder::new()
             .name("loraserve-h2".into())
             .spawn(move || {
+                let _watch = ThreadWatch(Arc::clone(&serving));
                 runtime.block_on(async move {
                     let listener = TcpListener::from_std(std_listener).expect("listener");
                     let dispatching = tokio::spawn(dispatch(Arc::clone(&serving), opened));
@@ -354,6 +355,18 @@ impl Server {
     /// that is not a valid header is left out), after what was sent before.
     fn finish(&self, id: u64, code: u32, message: String, trailing: Vec<(String, String)>) {
         self.calls.post([(id, Message::End(code, message, trailing))]);
+    }
+}
+
+/// Records the server's failure when the thread itself unwinds (a panic outside every
+/// task: Tokio catches those inside one).
+struct ThreadWatch(Arc<Calls>);
+
+impl Drop for ThreadWatch {
+    fn drop(&mut self) {
+        if thread::panicking() {
+            self.0.fail("the transport's thread panicked".to_owned());
+        }
     }
 }
 
