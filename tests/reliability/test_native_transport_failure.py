@@ -40,6 +40,20 @@ def _frame(kind: int, flags: int, stream: int, payload: bytes) -> bytes:
     )
 
 
+def _until_data(peer: socket.socket, stream: int) -> None:
+    """Reads the server's frames until the first DATA frame of `stream`."""
+    buffer = b""
+    while data := peer.recv(1 << 16):
+        buffer += data
+        while len(buffer) >= 9 and len(buffer) >= 9 + int.from_bytes(buffer[:3], "big"):
+            length, kind = int.from_bytes(buffer[:3], "big"), buffer[3]
+            on = int.from_bytes(buffer[5:9], "big") & 0x7FFFFFFF
+            if kind == DATA and on == stream:
+                return
+            buffer = buffer[9 + length :]
+    raise AssertionError(f"the server closed the connection before stream {stream} had data")
+
+
 def _attack(port: int) -> None:
     """A Generate streaming on stream 1 of a raw connection, then the `:status: 103`
     HEADERS on stream 3; reads until the server closes or 10 s pass."""
@@ -63,7 +77,7 @@ def _attack(port: int) -> None:
             + _frame(HEADERS, END_HEADERS, 1, call)
             + _frame(DATA, END_STREAM, 1, message)
         )
-        peer.recv(1 << 16)  # the server's first frames: the call has begun
+        _until_data(peer, 1)  # streaming: the dispatcher holds the call's stream
         informational = encoder.encode([(":status", "103")])
         peer.sendall(_frame(HEADERS, END_HEADERS | END_STREAM, 3, informational))
         with contextlib.suppress(OSError):

@@ -1093,6 +1093,14 @@ async def test_native_transport_ends_a_connection_that_keeps_provoking_stream_re
     assert await _goaway_after(flood) == ENHANCE_YOUR_CALM
 
 
+def _first_data(peer: _RawFrames, stream: int) -> None:
+    """Reads the server's frames until the first DATA frame of `stream`."""
+    for kind, _, on, _ in peer.frames():
+        if kind == _RawFrames.DATA and on == stream:
+            return
+    raise AssertionError(f"the server closed the connection before stream {stream} had data")
+
+
 async def test_native_transport_says_once_when_a_fault_leaves_it_serving_no_call() -> None:
     """A request HEADERS frame carrying a response's `:status` makes h2 0.3.13 panic with
     its connection's lock held, and the dispatcher every call needs panics on it next: the
@@ -1110,6 +1118,8 @@ async def test_native_transport_says_once_when_a_fault_leaves_it_serving_no_call
     peer = await asyncio.to_thread(_RawFrames, front.port)
     try:
         await asyncio.to_thread(peer.send, _whole_call(1, GENERATE_METHOD, encoder))
+        # Streaming: the dispatcher holds the call's stream, so it writes there next.
+        await asyncio.to_thread(_first_data, peer, 1)
         informational = encoder.encode([(":status", "103")])
         flags = _RawFrames.END_HEADERS | _RawFrames.END_STREAM
         await asyncio.to_thread(
