@@ -37,9 +37,9 @@ async def serve(settings: InferenceSettings) -> None:
         await asyncio.wait({starting, stopping, failing}, return_when=asyncio.FIRST_COMPLETED)
         if starting.done():
             starting.result()  # re-raises why start-up failed
-        if starting.done() and not failing.done():
-            freeze_startup_heap()
-            await asyncio.wait({stopping, failing}, return_when=asyncio.FIRST_COMPLETED)
+            if not failing.done():
+                freeze_startup_heap()
+                await asyncio.wait({stopping, failing}, return_when=asyncio.FIRST_COMPLETED)
         if failing.done():
             raise Unavailable(f"the native transport can serve no call: {failing.result()}")
     finally:

@@ -29,7 +29,7 @@ use std::collections::HashMap;
 use std::io::Write;
 use std::mem;
 use std::os::unix::io::FromRawFd;
-use std::sync::{Arc, Condvar, Mutex};
+use std::sync::{Arc, Condvar, Mutex, PoisonError};
 use std::task::{Context, Poll, Wake, Waker};
 use std::thread;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
@@ -146,12 +146,15 @@ struct Calls {
 
 impl Calls {
     fn deliver(&self, put: impl FnOnce(&mut Inbox)) {
-        let mut inbox = self.inbox.lock().unwrap();
+        // Never a panic on a poisoned lock: `fail` delivers from a Drop while the thread
+        // unwinds, where a second panic would abort the process.
+        let mut inbox = self.inbox.lock().unwrap_or_else(PoisonError::into_inner);
         let was_empty = inbox.is_empty();
         put(&mut inbox);
         if was_empty {
             // The loop has read every earlier byte before taking what they announced.
-            let _ = self.doorbell.lock().unwrap().write_all(b"!");
+            let doorbell = self.doorbell.lock();
+            let _ = doorbell.unwrap_or_else(PoisonError::into_inner).write_all(b"!");
         }
     }
 
@@ -167,7 +170,7 @@ impl Calls {
 
     /// Records that the server can no longer serve, and rings for Python to look.
     fn fail(&self, why: String) {
-        self.failure.lock().unwrap_or_else(|e| e.into_inner()).get_or_insert(why);
+        self.failure.lock().unwrap_or_else(PoisonError::into_inner).get_or_insert(why);
         self.deliver(|_| {});
     }
 
@@ -343,7 +346,7 @@ impl Server {
     /// Why the server can no longer serve (None while it can): a task every call needs
     /// panicked or ended. It serves nothing more; the caller stops it.
     fn failure(&self) -> Option<String> {
-        self.calls.failure.lock().unwrap_or_else(|e| e.into_inner()).clone()
+        self.calls.failure.lock().unwrap_or_else(PoisonError::into_inner).clone()
     }
 
     /// Stops listening and drops every connection.
