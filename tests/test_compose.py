@@ -93,6 +93,7 @@ def test_store_accepts_the_flags_and_environment_compose_passes() -> None:
     settings = parse_store_settings(command, _environment("adapterstore"))
     assert settings.security.writer_tokens
     assert settings.security.reader_tokens
+    assert settings.security.admin_tokens
     assert settings.security.replica_tokens
 
 
@@ -108,7 +109,8 @@ def test_inference_accepts_the_flags_and_environment_compose_passes() -> None:
 def test_inference_reports_to_the_store_with_the_stores_replica_token() -> None:
     store = parse_store_settings(_command("adapterstore"), _environment("adapterstore"))
     inference = parse_inference_settings(_command("inference"), _environment("inference"), "h")
-    assert [t.secret for t in store.security.replica_tokens] == [inference.store_security.token]
+    (token,) = store.security.replica_tokens
+    assert (token.principal, token.secret) == (inference.replica_id, inference.store_security.token)
     assert inference.store_security.token not in [t.secret for t in store.security.reader_tokens]
 
 

@@ -14,6 +14,7 @@ import grpc
 import pytest
 
 from loraserve.inference.serving import FairGate
+from loraserve.inference.v1 import inference_pb2 as pb
 from loraserve.testing.adapters.models import TinyAdapterFactory
 from loraserve.testing.engine.holding import HoldingEngine
 from loraserve.testing.inference.app import (
@@ -23,6 +24,7 @@ from loraserve.testing.inference.app import (
     inference_app,
 )
 from loraserve.testing.store.server import RunningStore
+from loraserve.testing.waiting import eventually
 
 if TYPE_CHECKING:
     from vllm.v1.engine.async_llm import AsyncLLM
@@ -53,6 +55,31 @@ async def saturated(
         pushed={
             name: adapter_files(tiny_adapter(seed=seed))
             for seed, name in enumerate(("flood", "other"), start=1)
+        },
+    ) as inference:
+        yield inference
+
+
+@pytest.fixture
+async def two_places(
+    vllm_engine: AsyncLLM,
+    tiny_model_dir: Path,
+    tiny_adapter: TinyAdapterFactory,
+    store_server: RunningStore,
+    tmp_path: Path,
+) -> AsyncIterator[RunningInference]:
+    """A replica serving `wide` and `other` that lets two sequences into the engine."""
+    async with inference_app(
+        vllm_engine,
+        model_dir=tiny_model_dir,
+        store_address=store_server.address,
+        cache_dir=tmp_path / "cache",
+        replica_id="fair-replica",
+        extra=("--max-engine-requests", "2"),
+        engine_type=HoldingEngine,
+        pushed={
+            name: adapter_files(tiny_adapter(seed=seed))
+            for seed, name in enumerate(("wide", "other"), start=1)
         },
     ) as inference:
         yield inference
@@ -132,3 +159,30 @@ async def test_names_no_adapter_has_take_turns_as_one_adapter(
     await _queued_behind_a_flood(saturated, [*queue, _first_token(saturated, "other", order)])
     # Each made-up name its own adapter would put all three before `other`.
     assert order == ["flood", "made-up", "other", "made-up", "made-up"]
+
+
+async def _generate(inference: RunningInference, request: pb.GenerateRequest) -> None:
+    async for _ in inference.stub.Generate(request, timeout=GUARD_S):
+        pass
+
+
+async def test_a_request_of_n_sequences_takes_n_places_in_the_engine(
+    two_places: RunningInference,
+) -> None:
+    gate = _gate(two_places)
+    engine = two_places.engine
+    assert isinstance(engine, HoldingEngine)
+    wide_request = greedy("wide", 4)
+    wide_request.sampling.n = 2
+    wide_request.sampling.temperature = 1.0
+    engine.hold("wide@1")
+    async with asyncio.timeout(GUARD_S):
+        wide = asyncio.create_task(_generate(two_places, wide_request))
+        await engine.until_held(1, wide)
+        other = asyncio.create_task(_generate(two_places, greedy("other", 4)))
+        await eventually(lambda: gate.waiting > 0 or other.done(), "other waits or ends")
+        # Counted as one request, the wide one would leave `other` a place.
+        waited = (gate.inside, gate.waiting, other.done())
+        engine.let_go()
+        await asyncio.gather(wide, other)
+    assert waited == (2, 1, False)

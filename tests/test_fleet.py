@@ -218,7 +218,8 @@ async def test_once_a_promote_or_abort_is_applied_every_replica_serves_one_revis
     await _two_revisions(fleet, tiny_adapter, name, seed=205 if change == "promote" else 207)
     await _start(fleet, name, 50)
     if change == "promote":
-        ended = await _rollout(fleet, "PromoteRollout", store_pb.PromoteRolloutRequest(name=name))
+        promote = store_pb.PromoteRolloutRequest(name=name, expected_candidate_revision=2)
+        ended = await _rollout(fleet, "PromoteRollout", promote)
     else:
         ended = await _rollout(fleet, "AbortRollout", store_pb.AbortRolloutRequest(name=name))
     await eventually(lambda: fleet.applied(ended.seq), f"seq {ended.seq} applied", FLEET_GUARD_S)
@@ -280,7 +281,10 @@ async def test_a_candidate_erring_above_the_margin_aborts_the_rollout_and_status
     injected fault); the current revision serves."""
     name = FAILING_REVISION.split("@")[0]
     await _two_revisions(fleet, tiny_adapter, name, seed=211)
-    guards = store_pb.RolloutGuards(abort_on_nack=True, max_error_rate_margin=10, min_requests=10)
+    # One caller: every request comes keyless from this host's address.
+    guards = store_pb.RolloutGuards(
+        abort_on_nack=True, max_error_rate_margin=10, min_requests=10, min_callers=1
+    )
     await _start(fleet, name, 50, guards)
     codes: Counter[str] = Counter()
     aborted: list[store_pb.Rollout] = []

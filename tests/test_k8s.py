@@ -4,7 +4,9 @@ what can be checked, as tests/test_compose.py does for compose.
 Every manifest parses; each container runs an image docker/ builds, with arguments and
 environment the service's real settings parser accepts; ports agree between the flags,
 the containers, the probes, the Services and the InferencePool; probes ask for a health
-service the server registers; secrets are referenced, never inlined.
+service the server registers; secrets are referenced, never inlined. Identity: each
+inference pod reports to the store with its own certificate (cert-manager's csi-driver)
+naming the pod, the store requires client certificates, and no replica token exists.
 """
 
 from __future__ import annotations
@@ -19,9 +21,12 @@ import pytest
 import yaml
 
 from loraserve.adapterstore.api.servicer import SERVICE_NAME as STORE_SERVICE
+from loraserve.adapterstore.settings import AdapterStoreSettings
 from loraserve.adapterstore.settings import build_parser as build_store_parser
 from loraserve.adapterstore.settings import parse_settings as parse_store_settings
+from loraserve.common.rpc import healthcheck
 from loraserve.inference.serving.servicer import SERVICE_NAME as INFERENCE_SERVICE
+from loraserve.inference.settings import InferenceSettings
 from loraserve.inference.settings import build_parser as build_inference_parser
 from loraserve.inference.settings import parse_settings as parse_inference_settings
 
@@ -29,6 +34,8 @@ ROOT = Path(__file__).resolve().parents[1]
 K8S = ROOT / "deploy" / "k8s"
 PROJECT = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
 GPU = "nvidia.com/gpu"
+CSI_DRIVER = "csi.cert-manager.io"
+CA_ISSUER = "loraserve-ca"
 
 Manifest = dict[str, Any]
 
@@ -121,6 +128,36 @@ def _args(deployment: str, secrets_dir: Path) -> list[str]:
     return args
 
 
+def _store(tmp_path: Path) -> AdapterStoreSettings:
+    return parse_store_settings(_args(STORE, tmp_path), _environment(STORE))
+
+
+def _inference(tmp_path: Path) -> InferenceSettings:
+    return parse_inference_settings(_args(INFERENCE, tmp_path), _environment(INFERENCE), "h")
+
+
+def _flag_file(deployment: str, flag: str) -> Path:
+    """The file a container's `--flag=PATH` arg names, as mounted in the pod."""
+    (value,) = [
+        a.partition("=")[2] for a in _container(deployment)["args"] if a.startswith(flag + "=")
+    ]
+    return Path(value)
+
+
+def _volume_holding(deployment: str, file: Path) -> Manifest:
+    """The volume the container mounts at `file`'s directory."""
+    pod = DEPLOYMENTS[deployment]["spec"]["template"]["spec"]
+    volumes: dict[str, Manifest] = {v["name"]: v for v in pod.get("volumes", [])}
+    mounts = _container(deployment)["volumeMounts"]
+    (volume,) = [volumes[m["name"]] for m in mounts if m["mountPath"] == str(file.parent)]
+    return volume
+
+
+def _issued_secrets() -> dict[str, Manifest]:
+    """The Certificates, by the Secret cert-manager writes each into."""
+    return {cert["spec"]["secretName"]: cert for cert in _kind("Certificate")}
+
+
 PARSERS: dict[str, Callable[[dict[str, str]], Any]] = {
     STORE: build_store_parser,
     INFERENCE: build_inference_parser,
@@ -132,6 +169,22 @@ def test_manifests_are_the_store_and_inference_with_their_services_and_budgets()
     for name in (STORE, INFERENCE):
         assert _named("Service", name)
         assert _named("PodDisruptionBudget", name)
+
+
+def test_kustomization_applies_the_servers_and_the_identities_they_need() -> None:
+    listed = yaml.safe_load((K8S / "kustomization.yaml").read_text())["resources"]
+    kinds = {
+        (doc["apiVersion"], doc["kind"])
+        for file in listed
+        for doc in yaml.safe_load_all((K8S / file).read_text())
+    }
+    assert kinds == {
+        ("apps/v1", "Deployment"),
+        ("v1", "Service"),
+        ("policy/v1", "PodDisruptionBudget"),
+        ("cert-manager.io/v1", "Issuer"),
+        ("cert-manager.io/v1", "Certificate"),
+    }
 
 
 def test_every_manifest_is_listed_in_its_folders_kustomization() -> None:
@@ -175,27 +228,123 @@ def test_environment_names_are_the_services_env_fallbacks(deployment: str, prefi
         assert name.startswith(prefix), f"{deployment}: {name} is not read by the service"
 
 
-def test_store_accepts_its_args_and_has_every_token_and_s3_credentials(tmp_path: Path) -> None:
-    settings = parse_store_settings(_args(STORE, tmp_path), _environment(STORE))
+def test_store_accepts_its_args_with_reader_writer_admin_tokens_and_s3_credentials(
+    tmp_path: Path,
+) -> None:
+    settings = _store(tmp_path)
 
     assert settings.s3.access_key_id == "<loraserve-s3/access-key-id>"
     assert settings.s3.secret_access_key == "<loraserve-s3/secret-access-key>"
-    assert settings.security.writer_tokens
     assert settings.security.reader_tokens
-    assert settings.security.replica_tokens
+    assert settings.security.writer_tokens
+    assert settings.security.admin_tokens
 
 
-def test_inference_accepts_its_args_and_reports_with_the_stores_replica_token(
+def test_store_requires_a_client_certificate_of_its_ca_from_every_caller(
     tmp_path: Path,
 ) -> None:
-    store = parse_store_settings(_args(STORE, tmp_path), _environment(STORE))
-    inference = parse_inference_settings(
-        _args(INFERENCE, tmp_path), _environment(INFERENCE), "host"
-    )
+    security = _store(tmp_path).security
+    assert security.tls_cert_file is not None
+    assert security.tls_key_file is not None
+    assert security.tls_client_ca_file is not None
+    (issuer,) = _kind("Issuer")
+    secret = _volume_holding(STORE, _flag_file(STORE, "--tls-client-ca"))["secret"]
+    spec = _issued_secrets()[secret["secretName"]]["spec"]
 
-    assert inference.replica_id == "<metadata.name>"
-    assert [t.secret for t in store.security.replica_tokens] == [inference.store_security.token]
-    assert inference.security.reader_tokens
+    assert issuer["metadata"]["name"] == CA_ISSUER
+    assert "ca" in issuer["spec"]
+    # cert-manager writes the issuing CA as ca.crt beside the certificate.
+    assert _flag_file(STORE, "--tls-client-ca").name == "ca.crt"
+    assert (spec["issuerRef"]["kind"], spec["issuerRef"]["name"]) == ("Issuer", CA_ISSUER)
+    assert "server auth" in spec["usages"]
+
+
+def test_no_replica_or_store_token_is_mounted_or_passed_anywhere() -> None:
+    """One token every pod holds would let any pod report as any other."""
+    for deployment in DEPLOYMENTS:
+        for _, secret in _secret_volumes(deployment):
+            assert "replica" not in {item["key"] for item in secret["items"]}, deployment
+        for arg in _container(deployment)["args"]:
+            assert not re.match(r"--(replica|store)-token", arg), f"{deployment}: {arg}"
+        for name in _environment(deployment):
+            assert not re.search(r"(REPLICA|STORE)_TOKEN", name), f"{deployment}: {name}"
+
+
+def test_inference_talks_to_the_store_with_its_pods_csi_certificate_and_no_token(
+    tmp_path: Path,
+) -> None:
+    client = _inference(tmp_path).store_security
+    assert client.token is None
+    assert client.tls_ca_file is not None
+    assert client.tls_cert_file is not None
+    assert client.tls_key_file is not None
+    volume = _volume_holding(INFERENCE, client.tls_cert_file)
+    attributes = volume["csi"]["volumeAttributes"]
+
+    assert volume["csi"]["driver"] == CSI_DRIVER
+    assert volume["csi"]["readOnly"] is True
+    for file in (client.tls_ca_file, client.tls_cert_file, client.tls_key_file):
+        assert _volume_holding(INFERENCE, file) is volume
+    # The driver's file names, as its documented defaults would name them too.
+    assert attributes[f"{CSI_DRIVER}/certificate-file"] == client.tls_cert_file.name
+    assert attributes[f"{CSI_DRIVER}/privatekey-file"] == client.tls_key_file.name
+    assert attributes[f"{CSI_DRIVER}/ca-file"] == client.tls_ca_file.name
+    assert attributes[f"{CSI_DRIVER}/issuer-name"] == CA_ISSUER
+    assert attributes[f"{CSI_DRIVER}/issuer-kind"] == "Issuer"
+    assert "client auth" in attributes[f"{CSI_DRIVER}/key-usages"].split(",")
+
+
+def test_inference_certificate_names_its_pod_under_the_stores_replica_prefix(
+    tmp_path: Path,
+) -> None:
+    client = _inference(tmp_path).store_security
+    assert client.tls_cert_file is not None
+    attributes = _volume_holding(INFERENCE, client.tls_cert_file)["csi"]["volumeAttributes"]
+    prefix = _store(tmp_path).security.replica_uri_prefix
+
+    assert attributes[f"{CSI_DRIVER}/uri-sans"] == f"{prefix}${{POD_NAME}}"
+
+
+def test_inference_replica_id_is_the_pod_name_its_certificate_names(tmp_path: Path) -> None:
+    # The csi-driver's ${POD_NAME} is the pod's metadata.name.
+    assert _inference(tmp_path).replica_id == "<metadata.name>"
+
+
+def test_no_certificate_resource_names_a_replica(tmp_path: Path) -> None:
+    """A Certificate's Secret can be mounted by any pod allowed to read it: replica
+    identities come only from the csi-driver, into the one pod they name."""
+    prefix = _store(tmp_path).security.replica_uri_prefix
+    for cert in _kind("Certificate"):
+        for uri in cert["spec"].get("uris", []):
+            assert not uri.startswith(prefix), f"{cert['metadata']['name']} names a replica"
+
+
+def _store_certificate() -> Manifest:
+    secret = _volume_holding(STORE, _flag_file(STORE, "--tls-cert"))["secret"]["secretName"]
+    spec: Manifest = _issued_secrets()[secret]["spec"]
+    return spec
+
+
+def test_store_certificate_names_what_its_clients_and_probes_dial(tmp_path: Path) -> None:
+    spec = _store_certificate()
+    names = {*spec.get("dnsNames", []), *spec.get("ipAddresses", [])}
+    store_host = _inference(tmp_path).store_address.removeprefix("dns:///").rpartition(":")[0]
+
+    assert store_host == _named("Service", STORE)["metadata"]["name"]
+    assert store_host in names
+    for probe in _store_probes():
+        assert healthcheck.build_parser().parse_args(probe).address.rpartition(":")[0] in names
+
+
+def test_operators_get_a_client_certificate_of_the_ca_and_the_readme_says_how() -> None:
+    readme = (ROOT / "deploy" / "README.md").read_text()
+    (operator,) = [c for c in _kind("Certificate") if "server auth" not in c["spec"]["usages"]]
+    spec = operator["spec"]
+
+    assert "client auth" in spec["usages"]
+    assert spec["issuerRef"]["name"] == CA_ISSUER
+    assert f"secret {spec['secretName']}" in readme
+    assert re.search(r"adapterctl [^`]*--tls-ca[^`]*--tls-cert[^`]*--tls-key[^`]*--token", readme)
 
 
 def test_inference_finds_every_store_replica_through_the_headless_store_service(
@@ -225,12 +374,8 @@ def _ports_agree(deployment: str, listen: str, metrics_listen: str | None) -> No
 def test_both_servers_authenticate_so_neither_serves_loopback_clients_only(
     tmp_path: Path,
 ) -> None:
-    store = parse_store_settings(_args(STORE, tmp_path), _environment(STORE))
-    inference = parse_inference_settings(
-        _args(INFERENCE, tmp_path), _environment(INFERENCE), "host"
-    )
-    assert not store.security.loopback_only
-    assert not inference.security.loopback_only
+    assert not _store(tmp_path).security.loopback_only
+    assert not _inference(tmp_path).security.loopback_only
 
 
 def test_store_ports_agree_between_flags_container_and_service(tmp_path: Path) -> None:
@@ -248,22 +393,55 @@ def test_inference_ports_agree_between_flags_container_service_and_pool(tmp_path
     assert _container_port(INFERENCE, "http") == _port(settings.openai_listen)
 
 
-@pytest.mark.parametrize(
-    ("deployment", "service"), [(STORE, STORE_SERVICE), (INFERENCE, INFERENCE_SERVICE)]
-)
-def test_probes_ask_the_grpc_port_for_a_registered_health_service(
-    deployment: str, service: str
-) -> None:
+def _probes(deployment: str) -> list[Manifest]:
     container = _container(deployment)
-    probes = [
+    assert {"readinessProbe", "livenessProbe"} <= set(container)
+    return [
         container[k] for k in ("startupProbe", "readinessProbe", "livenessProbe") if k in container
     ]
 
-    assert {"readinessProbe", "livenessProbe"} <= set(container)
-    for probe in probes:
-        assert probe["grpc"]["port"] == _container_port(deployment, "grpc")
+
+def _store_probes() -> list[list[str]]:
+    """The healthcheck's arguments in each of the store's exec probes."""
+    module = ["python", "-m", healthcheck.__name__]
+    commands = [probe["exec"]["command"] for probe in _probes(STORE)]
+    assert all(command[:3] == module for command in commands), commands
+    return [command[3:] for command in commands]
+
+
+def test_inference_probes_ask_the_grpc_port_for_a_registered_health_service() -> None:
+    for probe in _probes(INFERENCE):
+        assert probe["grpc"]["port"] == _container_port(INFERENCE, "grpc")
         # grpc.health.v1 answers "" (the server) and each service it registers.
-        assert probe["grpc"].get("service", "") in {"", service}
+        assert probe["grpc"].get("service", "") in {"", INFERENCE_SERVICE}
+
+
+def test_store_probes_present_the_stores_mounted_certificate_to_its_grpc_port(
+    tmp_path: Path,
+) -> None:
+    """The kubelet's gRPC probes speak no TLS; the store requires client certificates."""
+    secrets = dict(_secret_volumes(STORE))
+    for argv in _store_probes():
+        args = healthcheck.build_parser().parse_args(argv)
+        assert _port(args.address) == _container_port(STORE, "grpc")
+        assert args.service == STORE_SERVICE
+        for file in (args.tls_ca, args.tls_cert, args.tls_key):
+            assert file is not None, argv
+            secret = secrets[str(file.parent)]
+            assert file.name in {item["path"] for item in secret["items"]}, file
+            assert secret["secretName"] in _issued_secrets()
+
+
+def test_store_certificate_may_be_the_probes_client_certificate() -> None:
+    probe_certs = {healthcheck.build_parser().parse_args(a).tls_cert for a in _store_probes()}
+
+    assert probe_certs == {_flag_file(STORE, "--tls-cert")}
+    assert "client auth" in _store_certificate()["usages"]
+
+
+def test_store_probes_allow_the_healthcheck_its_answer_timeout() -> None:
+    for probe in _probes(STORE):
+        assert probe.get("timeoutSeconds", 1) > healthcheck.DEFAULT_TIMEOUT_S
 
 
 @pytest.mark.parametrize("deployment", [STORE, INFERENCE])
@@ -315,14 +493,16 @@ def test_inference_pool_is_the_ga_api_and_routes_to_the_openai_port() -> None:
 
 
 def _secret_refs() -> Iterator[tuple[str, str]]:
+    """The operator's secrets the pods reference; cert-manager writes the others."""
     for deployment in DEPLOYMENTS:
         for var in _container(deployment).get("env", []):
             ref = var.get("valueFrom", {}).get("secretKeyRef")
             if ref is not None:
                 yield ref["name"], ref["key"]
         for _, secret in _secret_volumes(deployment):
-            for item in secret["items"]:
-                yield secret["secretName"], item["key"]
+            if secret["secretName"] not in _issued_secrets():
+                for item in secret["items"]:
+                    yield secret["secretName"], item["key"]
 
 
 def test_secrets_are_referenced_never_inlined() -> None:
@@ -344,3 +524,11 @@ def test_deploy_readme_creates_every_secret_the_manifests_reference() -> None:
         assert re.search(rf"create secret generic {name}\b[^`]*--from-\w+={key}=", readme), (
             f"deploy/README.md does not create secret {name} key {key}"
         )
+
+
+def test_deploy_readme_creates_the_ca_secret_the_issuer_signs_with() -> None:
+    readme = (ROOT / "deploy" / "README.md").read_text()
+    (issuer,) = _kind("Issuer")
+    name = issuer["spec"]["ca"]["secretName"]
+
+    assert re.search(rf"create secret tls {name} --cert=\S+ --key=\S+", readme), name

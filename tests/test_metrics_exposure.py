@@ -1,18 +1,19 @@
 """Where metrics are served and who may read them: the metrics port on the service's own
 host (or the address given), and /metrics on the OpenAI port behind the API's token.
 
-Real servers on loopback addresses; 127.0.0.2 is another local address, so a port bound
-to 127.0.0.1 alone refuses connections made to it there.
+Real servers on loopback addresses. Where a port is bound is read from this process's
+listening sockets: trying to connect to the same port number on another address could
+reach another test's server that happens to have it there.
 """
 
 from __future__ import annotations
 
-import socket
 import urllib.request
 from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 
 import httpx
+import psutil
 import pytest
 from prometheus_client import CollectorRegistry
 
@@ -29,12 +30,13 @@ TOKEN = "metrics-test-token"
 NO_STORE = "127.0.0.1:1"
 
 
-def reachable(host: str, port: int) -> bool:
-    try:
-        with socket.create_connection((host, port), timeout=5):
-            return True
-    except ConnectionRefusedError:
-        return False
+def bound_addresses(port: int) -> set[str]:
+    """The addresses this process listens on at `port`."""
+    return {
+        c.laddr.ip
+        for c in psutil.Process().net_connections(kind="tcp")
+        if c.status == psutil.CONN_LISTEN and c.laddr.port == port
+    }
 
 
 def scrape(host: str, port: int) -> bytes:
@@ -67,14 +69,14 @@ async def test_metrics_port_listens_on_the_grpc_listen_host_only(started_app: St
     app = await started_app("--listen", "127.0.0.1:0", "--metrics-port", "0")
     assert app.metrics_port is not None
     assert b"loraserve_inference_requests" in scrape("127.0.0.1", app.metrics_port)
-    assert not reachable("127.0.0.2", app.metrics_port)
+    assert bound_addresses(app.metrics_port) == {"127.0.0.1"}
 
 
 async def test_metrics_listen_binds_the_address_given(started_app: StartApp) -> None:
     app = await started_app("--listen", "127.0.0.1:0", "--metrics-listen", "127.0.0.2:0")
     assert app.metrics_port is not None
     assert b"loraserve_inference_requests" in scrape("127.0.0.2", app.metrics_port)
-    assert not reachable("127.0.0.1", app.metrics_port)
+    assert bound_addresses(app.metrics_port) == {"127.0.0.2"}
 
 
 def test_store_metrics_port_takes_the_store_listen_host() -> None:

@@ -19,9 +19,17 @@ import pytest
 
 from loraserve.adapterstore.v1 import adapterstore_pb2 as store_pb
 from loraserve.adapterstore.v1 import adapterstore_pb2_grpc as store_grpc
+from loraserve.inference.v1 import inference_pb2 as pb
 from loraserve.testing.adapters.models import TinyAdapterFactory
 from loraserve.testing.engine.holding import HoldingEngine
-from loraserve.testing.inference.app import RunningInference, adapter_files, greedy, inference_app
+from loraserve.testing.engine.session import chat_template
+from loraserve.testing.inference.app import (
+    PROMPT,
+    RunningInference,
+    adapter_files,
+    greedy,
+    inference_app,
+)
 from loraserve.testing.s3.endpoint import S3Bucket
 from loraserve.testing.store.calls import push
 from loraserve.testing.store.server import RunningStore, running_store
@@ -90,16 +98,28 @@ async def set_quota(stack: Stack, name: str, **limits: Any) -> None:
     await eventually(lambda: runtime.store_seq() >= response.seq, f"seq {response.seq} applied")
 
 
-async def grpc_code(stack: Stack, adapter: str) -> tuple[grpc.StatusCode, str]:
-    """The status of one short generation, and its `retry-after` trailing metadata."""
-    call = stack.inference.stub.Generate(greedy(adapter, 4), timeout=GUARD_S)
+async def grpc_code(
+    stack: Stack, adapter: str, request: pb.GenerateRequest | None = None
+) -> tuple[grpc.StatusCode, str]:
+    """The status of one generation (short, unless `request`), and its `retry-after`
+    trailing metadata (or, for other refusals, the status's message)."""
+    request = request if request is not None else greedy(adapter, 4)
+    call = stack.inference.stub.Generate(request, timeout=GUARD_S)
     try:
         async for _ in call:
             pass
     except grpc.aio.AioRpcError as exc:
         retry = dict(exc.trailing_metadata() or ()).get("retry-after", "")
-        return exc.code(), str(retry)
+        return exc.code(), str(retry or exc.details())
     return grpc.StatusCode.OK, ""
+
+
+def sequences(adapter: str, n: int) -> pb.GenerateRequest:
+    """A short generation of `n` choices."""
+    request = greedy(adapter, 2)
+    request.sampling.n = n
+    request.sampling.temperature = 1.0
+    return request
 
 
 async def completion(stack: Stack, adapter: str) -> httpx.Response:
@@ -108,17 +128,17 @@ async def completion(stack: Stack, adapter: str) -> httpx.Response:
 
 
 async def held_in_flight(
-    stack: Stack, adapter: str, lora_name: str
+    stack: Stack, adapter: str, lora_name: str, request: pb.GenerateRequest | None = None
 ) -> asyncio.Task[tuple[grpc.StatusCode, str]]:
     """One request of `adapter` (whose engine name is `lora_name`) kept in flight until
     `release(stack)`."""
     engine = stack.inference.engine
     assert isinstance(engine, HoldingEngine)
     engine.hold(lora_name)
-    held = asyncio.create_task(grpc_code(stack, adapter))
+    held = asyncio.create_task(grpc_code(stack, adapter, request))
     await engine.until_held(1, held)
     await eventually(
-        lambda: stack.inference.app.quotas.in_flight(adapter) == 1,
+        lambda: stack.inference.app.quotas.in_flight(adapter) >= 1,
         f"{adapter or 'the base model'}'s request in flight",
     )
     return held
@@ -227,3 +247,58 @@ async def test_base_model_requests_are_not_counted_with_names_the_replica_does_n
     await set_quota(stack, "")
     assert (await held)[0] == grpc.StatusCode.OK
     assert unknown[0] == grpc.StatusCode.NOT_FOUND
+
+
+async def test_a_request_of_more_sequences_than_max_in_flight_is_refused_naming_the_limit(
+    stack: Stack,
+) -> None:
+    await set_quota(stack, "alpha", max_in_flight=1)
+    code, message = await grpc_code(stack, "alpha", sequences("alpha", 8))
+    await set_quota(stack, "alpha")
+    # Retrying could never help: it is no throttle but a request this quota cannot take.
+    assert code == grpc.StatusCode.INVALID_ARGUMENT
+    assert "n=8" in message
+    assert "max_in_flight" in message
+
+
+async def test_in_flight_counts_a_requests_sequences_not_the_request(stack: Stack) -> None:
+    await set_quota(stack, "beta", max_in_flight=4)
+    held = await held_in_flight(stack, "beta", "beta@1", sequences("beta", 3))
+    try:
+        # Checked before the next request: one admitted by mistake would be held too.
+        assert stack.inference.app.quotas.in_flight("beta") == 3
+        refused = await grpc_code(stack, "beta", sequences("beta", 2))
+    finally:
+        release(stack)
+        await set_quota(stack, "beta")
+    assert (await held)[0] == grpc.StatusCode.OK
+    assert refused[0] == grpc.StatusCode.RESOURCE_EXHAUSTED
+
+
+async def test_prompt_tokens_are_charged_so_long_prompts_with_one_token_spend_the_quota(
+    stack: Stack,
+) -> None:
+    # 100 tokens a minute and 320-token prompts: the first request overdraws the bucket
+    # by minutes' worth, however slow the machine; generated tokens alone (1) would not.
+    await set_quota(stack, "gamma", tokens_per_minute=100)
+    long_prompt = greedy("gamma", 1, prompt=PROMPT * 40)
+    first = await grpc_code(stack, "gamma", long_prompt)
+    second = await grpc_code(stack, "gamma", long_prompt)
+    await set_quota(stack, "gamma")
+    assert first[0] == grpc.StatusCode.OK
+    assert second[0] == grpc.StatusCode.RESOURCE_EXHAUSTED
+    assert int(second[1]) > 60
+
+
+async def test_a_chat_refused_by_its_quota_never_renders_the_chat_template(
+    stack: Stack, vllm_engine: AsyncLLM
+) -> None:
+    await set_quota(stack, "delta", tokens_per_minute=1)
+    spent = await grpc_code(stack, "delta")
+    body = {"model": "delta", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 1}
+    # A template that fails whenever it is rendered: a 400 would say it was.
+    with chat_template(vllm_engine, "{{ raise_exception('the template was rendered') }}"):
+        refused = await stack.http.post("/v1/chat/completions", json=body)
+    await set_quota(stack, "delta")
+    assert spent[0] == grpc.StatusCode.OK
+    assert refused.status_code == 429, refused.text

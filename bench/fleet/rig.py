@@ -63,7 +63,12 @@ class Replica:
 
 def replica_argv(stack: Stack, i: int, port: int, metrics_port: int) -> list[str]:
     """`inference serve` flags of the fleet's replica `i` (the stack's engine profile)."""
-    return [*stack.argv(f"fleet-{i}", port, ENGINE), f"--metrics-port={metrics_port}"]
+    # The load's caller keys (x-rollout-key) name its callers, as a trusted gateway's do.
+    return [
+        *stack.argv(f"fleet-{i}", port, ENGINE),
+        f"--metrics-port={metrics_port}",
+        "--trust-rollout-key-header",
+    ]
 
 
 class Fleet:

@@ -201,7 +201,8 @@ async def _repeat(
         changed_at = time.monotonic()
         if change == "promote":
             ended = await store.PromoteRollout(
-                store_pb.PromoteRolloutRequest(name=ADAPTER), timeout=GUARD_S
+                store_pb.PromoteRolloutRequest(name=ADAPTER, expected_candidate_revision=candidate),
+                timeout=GUARD_S,
             )
         else:
             ended = await store.AbortRollout(

@@ -64,8 +64,9 @@ class GrpclibGenerate:
 
         request = await stream.recv_message()
         key = stream.metadata.get(ROLLOUT_KEY_HEADER, "") if stream.metadata else ""
+        caller = self._runtime_ref.rollout_keys.caller(key, "")
         try:
-            chunks = self._runtime_ref.get().generator.generate(generate_command(request, key))
+            chunks = self._runtime_ref.get().generator.generate(generate_command(request, caller))
             async with contextlib.aclosing(chunks):
                 async for chunk in chunks:
                     await stream.send_message(generate_response(chunk))

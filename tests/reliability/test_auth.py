@@ -31,6 +31,7 @@ pytestmark = pytest.mark.faults
 
 READER = "reader-secret"
 WRITER = "writer-secret"
+ADMIN = "admin-secret"
 
 StubFactory = Callable[[str | None], Any]
 
@@ -40,7 +41,9 @@ async def secured_store(module_s3_bucket: S3Bucket) -> AsyncIterator[RunningStor
     """A store that wants tokens, shared: each test here is refused, reads, or writes
     only adapter `seeded`."""
     security = ServerSecurity(
-        reader_tokens=(Token("inference", READER),), writer_tokens=(Token("ci", WRITER),)
+        reader_tokens=(Token("inference", READER),),
+        writer_tokens=(Token("ci", WRITER),),
+        admin_tokens=(Token("oncall", ADMIN),),
     )
     async with running_store(module_s3_bucket, security=security) as store:
         yield store
@@ -66,6 +69,13 @@ def _write_call(stub: Any, call: str) -> Any:
         return stream_unary(stub.PushAdapter, push_requests("authz", tiny_adapter()))
     if call == "set-current":
         return stub.SetCurrentRevision(pb.SetCurrentRevisionRequest(name="seeded", revision=1))
+    if call == "rollout":
+        return stub.StartRollout(pb.StartRolloutRequest(name="seeded", revision=2, weight=0.5))
+    if call == "yank":
+        return stub.YankRevision(pb.YankRevisionRequest(name="seeded", revision=1, reason="bad"))
+    if call == "quota":
+        quota = pb.AdapterQuota(max_in_flight=1)
+        return stub.SetQuota(pb.SetQuotaRequest(adapter_name="seeded", quota=quota))
     return stub.DeleteAdapter(pb.DeleteAdapterRequest(name="seeded"))
 
 
@@ -104,6 +114,29 @@ async def test_reader_token_on_a_write_call_is_permission_denied_and_writes_noth
     code = await _code(_write_call(stub_for(READER), call))
     assert code == grpc.StatusCode.PERMISSION_DENIED
     assert secured_store.bucket.keys() == before
+
+
+@pytest.mark.parametrize("call", ["set-current", "delete", "rollout", "quota", "yank"])
+async def test_writer_token_on_an_admin_call_is_permission_denied_and_writes_nothing(
+    call: str, stub_for: StubFactory, secured_store: RunningStore
+) -> None:
+    await _seed(stub_for)
+    before = secured_store.bucket.keys()
+    with pytest.raises(grpc.aio.AioRpcError) as refused:
+        await _write_call(stub_for(WRITER), call)
+    assert refused.value.code() == grpc.StatusCode.PERMISSION_DENIED
+    assert "needs an admin token" in str(refused.value.details())
+    assert secured_store.bucket.keys() == before
+
+
+async def test_admin_token_may_push_set_current_and_delete(stub_for: StubFactory) -> None:
+    admin = stub_for(ADMIN)
+    await stream_unary(admin.PushAdapter, push_requests("admin-made", tiny_adapter()))
+    request = pb.SetCurrentRevisionRequest(name="admin-made", revision=1)
+    await admin.SetCurrentRevision(request)
+    await admin.DeleteAdapter(pb.DeleteAdapterRequest(name="admin-made"))
+    listed = await stub_for(READER).ListAdapters(pb.ListAdaptersRequest())
+    assert "admin-made" not in [a.name for a in listed.adapters]
 
 
 async def test_writer_token_may_write_and_reader_token_may_read(stub_for: StubFactory) -> None:

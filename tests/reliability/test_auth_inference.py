@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING
 import grpc
 import pytest
 
+from loraserve.adapterstore.v1 import adapterstore_pb2 as store_pb
 from loraserve.adapterstore.v1 import adapterstore_pb2_grpc as store_grpc
 from loraserve.common.rpc.security import ClientSecurity, ServerSecurity, Token, secure_channel
 from loraserve.inference.v1 import inference_pb2_grpc as pb_grpc
@@ -25,12 +26,14 @@ from loraserve.testing.inference.app import (
 from loraserve.testing.s3.endpoint import S3Bucket
 from loraserve.testing.store.calls import push
 from loraserve.testing.store.server import RunningStore, running_store
+from loraserve.testing.waiting import eventually
 
 if TYPE_CHECKING:
     from vllm.v1.engine.async_llm import AsyncLLM
 
 pytestmark = [pytest.mark.faults, pytest.mark.engine]
 
+REPLICA_ID = "reliability-replica"
 STORE_REPLICA = "store-replica-secret"
 STORE_WRITER = "store-writer-secret"
 CLIENT = "client-secret"
@@ -42,7 +45,7 @@ async def secured_store(
 ) -> AsyncIterator[RunningStore]:
     """A store that takes tokens only, holding adapter `alpha`."""
     security = ServerSecurity(
-        replica_tokens=(Token("inference", STORE_REPLICA),),
+        replica_tokens=(Token(REPLICA_ID, STORE_REPLICA),),
         writer_tokens=(Token("ci", STORE_WRITER),),
     )
     async with running_store(s3_bucket, security=security) as store:
@@ -103,6 +106,20 @@ async def test_inference_with_a_store_replica_token_syncs_and_serves_a_client_to
 ) -> None:
     code = await _generate_code(token_inference.address, ClientSecurity(token=CLIENT))
     assert code == grpc.StatusCode.OK
+
+
+async def test_replica_reports_under_the_token_that_names_it(
+    token_inference: RunningInference, secured_store: RunningStore
+) -> None:
+    channel = secure_channel(secured_store.address, ClientSecurity(token=STORE_WRITER))
+    async with channel:
+        stub = store_grpc.AdapterStoreServiceStub(channel)
+
+        async def reported() -> bool:
+            answer = await stub.GetAdapterStatus(store_pb.GetAdapterStatusRequest(name="alpha"))
+            return [s.replica_id for s in answer.statuses] == [REPLICA_ID]
+
+        await eventually(reported, f"{REPLICA_ID} reported alpha")
 
 
 @pytest.fixture

@@ -197,6 +197,8 @@ async def test_relist_routes_nothing_for_an_adapter_deleted_and_pushed_again_unp
             store_address=proxy.address,
             cache_dir=tmp_path / "cache",
             replica_id=REPLICA,
+            # alpha@2 is pinned below while no revision is current.
+            extra=("--pin-policy", "any"),
         ) as inference:
             await eventually(lambda: _is_current(inference, "alpha", 1), "alpha@1 routed")
             proxy.cut()

@@ -138,7 +138,12 @@ def _sampling(**fields: Any) -> pb.GenerateRequest:
 
 BAD_REQUESTS: dict[str, tuple[pb.GenerateRequest, grpc.StatusCode]] = {
     "unknown-adapter": (greedy("nobody", 4), grpc.StatusCode.NOT_FOUND),
-    "unknown-revision": (greedy("alpha@99", 4), grpc.StatusCode.NOT_FOUND),
+    # Under the default pin policy a revision that is neither current nor a candidate is
+    # refused before anyone asks the store whether it exists.
+    "revision-outside-the-pin-policy": (
+        greedy("alpha@99", 4),
+        grpc.StatusCode.FAILED_PRECONDITION,
+    ),
     "revision-zero": (greedy("alpha@0", 4), grpc.StatusCode.INVALID_ARGUMENT),
     "revision-not-a-number": (greedy("alpha@one", 4), grpc.StatusCode.INVALID_ARGUMENT),
     "path-as-adapter": (greedy("../alpha", 4), grpc.StatusCode.INVALID_ARGUMENT),

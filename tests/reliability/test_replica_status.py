@@ -51,7 +51,7 @@ async def stub_for(s3_bucket: S3Bucket) -> AsyncIterator[StubFactory]:
     security = ServerSecurity(
         reader_tokens=(Token("dashboard", READER),),
         writer_tokens=(Token("ci", WRITER),),
-        replica_tokens=(Token("inference", REPLICA),),
+        replica_tokens=(Token("inference-0", REPLICA),),
     )
     channels: list[grpc.aio.Channel] = []
 

@@ -134,6 +134,8 @@ async def test_pins_of_a_deleted_generation_go_when_a_relist_shows_the_name_rebo
             model_dir=tiny_model_dir,
             store_address=proxy.address,
             cache_dir=tmp_path / "cache",
+            # x@1 is pinned once x@2 is current.
+            extra=("--pin-policy", "any"),
         ) as inference,
     ):
         async with store_stub(first.address) as stub:

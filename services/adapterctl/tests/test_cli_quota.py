@@ -109,9 +109,9 @@ async def test_a_deleted_adapter_loses_its_quota(store: RunningStore) -> None:
 @pytest.mark.parametrize(
     ("argv", "message"),
     [
-        (("alpha", "--max-in-flight", "-1"), "--max-in-flight must be a positive number"),
-        (("alpha", "--tokens-per-second", "0"), "--tokens-per-second must be a positive number"),
-        (("alpha", "--tokens-per-minute", "nan"), "--tokens-per-minute must be a positive"),
+        (("alpha", "--max-in-flight", "-1"), "--max-in-flight must be in [1, 1000000]"),
+        (("alpha", "--tokens-per-second", "0"), "--tokens-per-second must be in [1, 1000000000]"),
+        (("alpha", "--tokens-per-minute", "nan"), "--tokens-per-minute must be in [1, 1000000000]"),
         (("alpha",), "give at least one limit"),
         (("--max-in-flight", "1"), "give the adapter NAME, or --default"),
         (("alpha", "--default", "--max-in-flight", "1"), "NAME or --default, not both"),
@@ -124,6 +124,16 @@ async def test_adapterctl_refuses_bad_quota_input_before_sending(
     result = await run(store, "quota", "set", *argv)
     assert result.code == EXIT_USAGE
     assert message in result.err
+    assert (await _quotas(store.address)).seq == 1
+
+
+@pytest.mark.parametrize("value", ["1e-323", "5e-324", "0.5", "1e10"])
+async def test_adapterctl_refuses_a_token_rate_outside_its_range_naming_the_range(
+    store: RunningStore, value: str
+) -> None:
+    result = await run(store, "quota", "set", "alpha", "--tokens-per-minute", value)
+    assert result.code == EXIT_USAGE, result.out
+    assert "--tokens-per-minute must be in [1, 1000000000]" in result.err
     assert (await _quotas(store.address)).seq == 1
 
 
@@ -155,6 +165,25 @@ async def test_the_store_refuses_a_bad_quota_with_invalid_argument_and_stores_no
         await stub.SetQuota(pb.SetQuotaRequest(adapter_name="alpha", quota=quota))
     assert refused.value.code() == grpc.StatusCode.INVALID_ARGUMENT
     assert field in (refused.value.details() or "")
+    assert (await _quotas(store.address)).seq == 1
+
+
+@pytest.mark.parametrize(
+    ("quota", "message"),
+    [
+        (pb.AdapterQuota(tokens_per_minute=1e-323), "tokens_per_minute must be in [1, 1000000000]"),
+        (pb.AdapterQuota(tokens_per_minute=5e-324), "tokens_per_minute must be in [1, 1000000000]"),
+        (pb.AdapterQuota(tokens_per_second=1e300), "tokens_per_second must be in [1, 1000000000]"),
+        (pb.AdapterQuota(max_in_flight=2**62), "max_in_flight must be in [1, 1000000]"),
+    ],
+)
+async def test_the_store_refuses_a_limit_outside_its_range_naming_field_and_range(
+    store: RunningStore, stub: pb_grpc.AdapterStoreServiceStub, quota: pb.AdapterQuota, message: str
+) -> None:
+    with pytest.raises(grpc.aio.AioRpcError) as refused:
+        await stub.SetQuota(pb.SetQuotaRequest(adapter_name="alpha", quota=quota))
+    assert refused.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert message in (refused.value.details() or "")
     assert (await _quotas(store.address)).seq == 1
 
 

@@ -1,7 +1,9 @@
 """`adapterctl rollout` against a real store over gRPC and S3 (moto): the commands a
-team runs, each bad input refused with a clear status and nothing committed, and the
+team runs, each bad input refused with a clear status and nothing committed, the
 store's guards aborting a rollout by themselves from what replicas report (sent over
-gRPC as inference replicas send them; tests/test_rollout.py runs a real replica)."""
+gRPC as inference replicas send them; tests/test_rollout.py runs a real replica), and
+a promote that names the candidate it expects and waits out replicas' refusals unless
+forced (issue 54, item 6)."""
 
 from __future__ import annotations
 
@@ -13,7 +15,7 @@ from pathlib import Path
 import grpc
 import pytest
 
-from loraserve.adapterctl.failures import EXIT_FAILED, EXIT_OK
+from loraserve.adapterctl.failures import EXIT_FAILED, EXIT_OK, EXIT_USAGE
 from loraserve.adapterstore.v1 import adapterstore_pb2 as pb
 from loraserve.adapterstore.v1 import adapterstore_pb2_grpc as pb_grpc
 from loraserve.testing.adapters.ctl import CtlResult, ctl, write_adapter_dir
@@ -63,7 +65,7 @@ async def test_start_set_and_promote_make_the_candidate_current(
     started = await run(store, "rollout", "start", "alpha", "2", "--weight", "20")
     weighed = await run(store, "rollout", "set", "alpha", "--weight", "50")
     assert await _current(stub) == 1
-    promoted = await run(store, "rollout", "promote", "alpha")
+    promoted = await run(store, "rollout", "promote", "alpha", "--expect", "2")
     status = await run(store, "rollout", "status", "alpha")
     assert [r.code for r in (started, weighed, promoted, status)] == [EXIT_OK] * 4
     assert "rollout of alpha@2 from @1: active, 20 % to the candidate" in started.out
@@ -98,7 +100,7 @@ async def test_abort_keeps_the_current_revision_and_status_says_why(
         (("start", "alpha", "2", "--weight=-1"), "INVALID_ARGUMENT"),
         (("start", "alpha", "1", "--weight", "20"), "FAILED_PRECONDITION"),
         (("set", "alpha", "--weight", "30"), "FAILED_PRECONDITION"),
-        (("promote", "alpha"), "FAILED_PRECONDITION"),
+        (("promote", "alpha", "--expect", "2"), "FAILED_PRECONDITION"),
     ],
 )
 async def test_bad_rollout_commands_exit_1_naming_the_problem_and_commit_nothing(
@@ -146,7 +148,7 @@ async def test_rollout_of_a_deleted_adapter_is_refused_naming_the_delete(
 async def test_promote_after_abort_is_refused(store: RunningStore) -> None:
     await run(store, "rollout", "start", "alpha", "2", "--weight", "20")
     await run(store, "rollout", "abort", "alpha")
-    result = await run(store, "rollout", "promote", "alpha")
+    result = await run(store, "rollout", "promote", "alpha", "--expect", "2")
     assert result.code == EXIT_FAILED
     assert "FAILED_PRECONDITION" in result.err
     assert store.store.head_seq == 4
@@ -178,6 +180,10 @@ async def test_the_store_aborts_a_rollout_a_replica_refuses_and_status_says_why(
 
 
 def _counts(revision: int, requests: int, errors: int) -> pb.RevisionCounters:
+    """`requests`, the last of them from each of three callers."""
+    callers = [
+        pb.CallerSighting(caller=c, last_request=requests - c) for c in range(min(3, requests))
+    ]
     return pb.RevisionCounters(
         adapter_name="alpha",
         revision=revision,
@@ -185,6 +191,7 @@ def _counts(revision: int, requests: int, errors: int) -> pb.RevisionCounters:
         errors=errors,
         generated_tokens=requests,
         ttft_buckets=[requests] * (len(BOUNDS) + 1),
+        callers=callers,
     )
 
 
@@ -222,3 +229,60 @@ async def test_the_store_aborts_a_rollout_whose_candidate_errs_above_the_margin(
     assert "rollout-guard" in status.out
     assert "error rate 50.0 % (20 of 40 requests to @2)" in status.out
     assert await _current(stub) == 1
+
+
+@pytest.mark.usefixtures("two_revisions")
+async def test_promote_without_expect_is_a_usage_error(store: RunningStore) -> None:
+    await run(store, "rollout", "start", "alpha", "2", "--weight", "20")
+    result = await run(store, "rollout", "promote", "alpha")
+    assert result.code == EXIT_USAGE
+    assert "--expect" in result.err
+    assert store.store.head_seq == 3
+
+
+@pytest.mark.usefixtures("two_revisions")
+async def test_promote_expecting_another_candidate_is_aborted_naming_both(
+    store: RunningStore, stub: pb_grpc.AdapterStoreServiceStub
+) -> None:
+    await run(store, "rollout", "start", "alpha", "2", "--weight", "20")
+    result = await run(store, "rollout", "promote", "alpha", "--expect", "1")
+    assert result.code == EXIT_FAILED
+    assert "ABORTED" in result.err
+    assert "rollout of alpha@2" in result.err
+    assert "not of alpha@1 as expected" in result.err
+    assert await _current(stub) == 1
+
+
+async def _replica_r2_refuses_the_candidate(
+    store: RunningStore, stub: pb_grpc.AdapterStoreServiceStub
+) -> None:
+    """alpha@2 in a rollout whose guard ignores NACKs; replica r2 refuses @2."""
+    started = await run(
+        store, "rollout", "start", "alpha", "2", "--weight", "20", "--no-abort-on-nack"
+    )
+    assert started.code == EXIT_OK, started.err
+    await stub.ReportReplicaStatus(report_request("r1", {"alpha": routed(1)}))
+    nack = refused(2, "rank 64 exceeds --max-lora-rank 16")
+    await stub.ReportReplicaStatus(report_request("r2", {"alpha": nack}))
+
+
+@pytest.mark.usefixtures("two_revisions")
+async def test_promote_while_a_replica_refuses_the_candidate_is_refused_naming_it(
+    store: RunningStore, stub: pb_grpc.AdapterStoreServiceStub
+) -> None:
+    await _replica_r2_refuses_the_candidate(store, stub)
+    result = await run(store, "rollout", "promote", "alpha", "--expect", "2")
+    assert result.code == EXIT_FAILED
+    assert "FAILED_PRECONDITION" in result.err
+    assert "replica r2 refused alpha@2" in result.err
+    assert await _current(stub) == 1
+
+
+@pytest.mark.usefixtures("two_revisions")
+async def test_promote_with_force_goes_on_while_a_replica_refuses_the_candidate(
+    store: RunningStore, stub: pb_grpc.AdapterStoreServiceStub
+) -> None:
+    await _replica_r2_refuses_the_candidate(store, stub)
+    result = await run(store, "rollout", "promote", "alpha", "--expect", "2", "--force")
+    assert result.code == EXIT_OK, result.err
+    assert await _current(stub) == 2

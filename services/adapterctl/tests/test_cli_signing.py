@@ -6,11 +6,14 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from cryptography.x509.oid import ExtendedKeyUsageOID
+
 from loraserve.adapterctl.failures import EXIT_FAILED, EXIT_NOT_ALLOWED, EXIT_USAGE
 from loraserve.common.config.textlimits import MAX_SIGNATURE_BYTES
 from loraserve.common.trust.policy import SignaturePolicy, TrustSettings
-from loraserve.common.trust.signing import parse_trusted_signers
+from loraserve.common.trust.signers import parse_trusted_signers
 from loraserve.testing.adapters.ctl import ctl, write_adapter_dir
+from loraserve.testing.adapters.pki import write_ca
 from loraserve.testing.adapters.signers import KeyPair, write_certificate_signer, write_key_pair
 from loraserve.testing.s3.endpoint import S3Bucket
 from loraserve.testing.store.calls import store_stub
@@ -200,3 +203,46 @@ async def test_revisions_show_a_signature_the_store_withholds_as_withheld(
     newest = listed.out.splitlines()[1]
     assert " withheld " in newest
     assert newest.endswith("[withheld: signature]")
+
+
+async def test_a_tls_certificate_is_refused_as_signer_before_anything_is_sent(
+    s3_bucket: S3Bucket, tmp_path: Path
+) -> None:
+    ca = write_ca(tmp_path / "pki", "internal")
+    tls = ca.issue("api.internal", usage=ExtendedKeyUsageOID.SERVER_AUTH)
+    trust = TrustSettings(SignaturePolicy.REQUIRE, parse_trusted_signers(str(ca.path)))
+    async with running_store(s3_bucket, trust=trust) as store:
+        result = await ctl(
+            "push",
+            "alpha",
+            str(write_adapter_dir(tmp_path / "a")),
+            "--sign-key",
+            str(tls.private),
+            "--sign-cert",
+            str(tls.certificate),
+            env=_env(store),
+        )
+        assert result.code == EXIT_USAGE
+        assert "certificate CN=api.internal is not for code signing" in result.err
+        assert stored_objects(store) == []
+
+
+async def test_rollback_to_a_revision_pushed_unsigned_is_refused_under_require(
+    s3_bucket: S3Bucket, ci_key: KeyPair, tmp_path: Path
+) -> None:
+    adapter = str(write_adapter_dir(tmp_path / "a"))
+    async with running_store(s3_bucket) as store:
+        assert (await ctl("push", "alpha", adapter, env=_env(store))).code == 0
+        signed = await ctl(
+            "push", "alpha", adapter, "--sign-key", str(ci_key.private), env=_env(store)
+        )
+        assert signed.code == 0, signed.err
+    trust = TrustSettings(SignaturePolicy.REQUIRE, parse_trusted_signers(f"ci={ci_key.public}"))
+    async with running_store(s3_bucket, trust=trust) as store:
+        result = await ctl("rollback", "alpha", "1", env=_env(store))
+        current = await ctl("revisions", "alpha", env=_env(store))
+    assert result.code == EXIT_FAILED
+    assert "FAILED_PRECONDITION" in result.err
+    assert "alpha@1 cannot be made current" in result.err
+    assert "not signed" in result.err
+    assert current.out.splitlines()[1].split()[:2] == ["2", "*"]  # still current

@@ -1,16 +1,22 @@
 """The store's guards judge a rollout from the counters replicas report (issue 25,
 item 4): figures over a window, the verdict, and the abort they write, on the
-in-memory blob store."""
+in-memory blob store; and (issue 54, item 2) no verdict on fewer distinct callers
+than the rollout's minimum, counted over the window and merged across replicas."""
 
 from __future__ import annotations
 
 from datetime import UTC, datetime
 
+import pytest
+
 from loraserve.adapterstore.replicas.model import ReplicaCounters, ReplicaReport
 from loraserve.adapterstore.rollout.figures import CounterHistory, arm_figures, quantile, verdict
 from loraserve.adapterstore.rollout.records import ArmFigures, Guards, Rollout, RolloutState
 from loraserve.adapterstore.store import AdapterStore
+from loraserve.common.config.textlimits import MAX_ROLLOUT_CALLERS
+from loraserve.common.errors import InvalidArgument
 from loraserve.common.fleet.reports import (
+    CallerSighting,
     ReplicaError,
     RevisionCounters,
     RevisionReport,
@@ -24,15 +30,26 @@ NOW = datetime(2026, 1, 1, tzinfo=UTC)
 
 
 def counts(
-    name: str, revision: int, requests: int, errors: int, epoch: str = "e1"
+    name: str,
+    revision: int,
+    requests: int,
+    errors: int,
+    epoch: str = "e1",
+    callers: tuple[CallerSighting, ...] = (),
+    replica: str = "r1",
 ) -> ReplicaCounters:
     """A replica's counters with one revision: every request fast (under 0.1 s)."""
     return ReplicaCounters(
-        "r1",
+        replica,
         epoch,
         BOUNDS,
-        (RevisionCounters(name, revision, requests, errors, requests, (requests,) * 4),),
+        (RevisionCounters(name, revision, requests, errors, requests, (requests,) * 4, callers),),
     )
+
+
+def sightings(*seen: tuple[int, int]) -> tuple[CallerSighting, ...]:
+    """(caller, last_request) pairs, oldest first."""
+    return tuple(CallerSighting(caller, last) for caller, last in seen)
 
 
 def rollout(**guards: object) -> Rollout:
@@ -65,7 +82,7 @@ def test_a_replica_that_restarted_counts_from_zero() -> None:
 
 
 def test_error_rate_above_the_margin_condemns_the_candidate() -> None:
-    current, candidate = ArmFigures(1, 200, 2), ArmFigures(2, 50, 10)
+    current, candidate = ArmFigures(1, 200, 2, callers=9), ArmFigures(2, 50, 10, callers=3)
     reason = verdict(rollout(max_error_rate_margin=5.0), current, candidate, [])
     assert "error rate 20.0 % (10 of 50 requests to @2)" in reason
     assert "1.0 % (2 of 200 requests to @1)" in reason
@@ -86,7 +103,10 @@ def test_ttft_p95_above_the_margin_condemns_the_candidate() -> None:
     current = arm_figures(1, [])
     guards = {"max_ttft_p95_margin": 50.0, "min_requests": 1}
     slow = verdict(
-        rollout(**guards), ArmFigures(1, 10, ttft_p95_s=0.1), ArmFigures(2, 10, ttft_p95_s=0.2), []
+        rollout(**guards),
+        ArmFigures(1, 10, ttft_p95_s=0.1, callers=3),
+        ArmFigures(2, 10, ttft_p95_s=0.2, callers=3),
+        [],
     )
     assert "TTFT p95 200 ms exceeds the current revision's 100 ms" in slow
     assert current.requests == 0
@@ -116,7 +136,10 @@ async def test_the_guard_aborts_a_rollout_whose_candidate_errs_and_says_why(
                 "r1", "e1", BOUNDS,
                 (
                     RevisionCounters("alpha", 1, ok, 0, ok, (ok,) * 4),
-                    RevisionCounters("alpha", 2, bad, bad // 2, bad, (bad,) * 4),
+                    RevisionCounters(
+                        "alpha", 2, bad, bad // 2, bad, (bad,) * 4,
+                        sightings(*((c, bad) for c in range(3 if bad else 0))),
+                    ),
                 ),
             ),
         )  # fmt: skip
@@ -128,3 +151,84 @@ async def test_the_guard_aborts_a_rollout_whose_candidate_errs_and_says_why(
     assert view.rollout.updated_by == "rollout-guard"
     assert "error rate 50.0 % (20 of 40 requests to @2)" in view.rollout.end_reason
     assert [f.requests for f in view.figures] == [100, 40]
+
+
+def test_an_arms_callers_are_those_seen_in_the_window_merged_across_replicas() -> None:
+    history = CounterHistory()
+    before = sightings((1, 5), (2, 10))
+    history.record(
+        0.0,
+        [counts("alpha", 2, 10, 0, callers=before, replica=r) for r in ("r1", "r2")],
+        keep_s=120,
+    )
+    # A window later: r1 saw caller 2 again (caller 1 last at its 5th request, before
+    # the window); r2 saw callers 2 and 3. Two distinct callers in the window.
+    history.record(
+        70.0,
+        [
+            counts("alpha", 2, 20, 0, callers=sightings((1, 5), (2, 20))),
+            counts("alpha", 2, 14, 0, callers=sightings((2, 12), (3, 14)), replica="r2"),
+        ],
+        keep_s=120,
+    )
+    deltas = history.deltas("alpha", 2, window_s=60.0, now=70.0)
+    assert arm_figures(2, list(deltas.values())).callers == 2
+
+
+def test_an_arm_with_fewer_callers_than_min_callers_is_not_judged() -> None:
+    failing = rollout(max_error_rate_margin=1.0, min_requests=10, min_callers=3)
+    current = ArmFigures(1, 100, 0, callers=50)
+    assert verdict(failing, current, ArmFigures(2, 100, 90, callers=2), []) == ""
+    assert "error rate" in verdict(failing, current, ArmFigures(2, 100, 90, callers=3), [])
+
+
+async def test_the_guard_gives_no_verdict_on_one_callers_failing_requests(
+    memory_store: AdapterStore,
+) -> None:
+    await push(memory_store, "alpha", tiny_adapter(seed=1))
+    await push(memory_store, "alpha", tiny_adapter(seed=2), no_promote=True)
+    guards = Guards(abort_on_nack=False, max_error_rate_margin=10.0, min_requests=10)
+    await memory_store.rollouts.start("alpha", 2, 50.0, guards, "ci")
+    for bad in (0, 40):
+        # Every candidate request from one caller, half of them failing.
+        one_caller = sightings((7, bad)) if bad else ()
+        report = ReplicaReport(
+            "r1", 3, "", 60.0, (),
+            ReplicaCounters(
+                "r1", "e1", BOUNDS,
+                (RevisionCounters("alpha", 2, bad, bad // 2, bad, (bad,) * 4, one_caller),),
+            ),
+        )  # fmt: skip
+        await memory_store.replicas.report(report)
+        await memory_store._guard.check()
+    view = await memory_store.rollouts.get("alpha")
+    assert view.rollout.active
+    assert (view.figures[1].requests, view.figures[1].callers) == (40, 1)
+
+
+@pytest.mark.parametrize(
+    "callers",
+    [
+        sightings(*((c, 20) for c in range(MAX_ROLLOUT_CALLERS + 1))),
+        sightings((1, 21)),
+        sightings((1, 0)),
+        sightings((1, 5), (1, 6)),
+    ],
+    ids=["too-many", "past-requests", "at-zero", "repeated"],
+)
+async def test_a_report_of_callers_the_counts_cannot_hold_is_invalid(
+    memory_store: AdapterStore, callers: tuple[CallerSighting, ...]
+) -> None:
+    report = ReplicaReport("r1", 0, "", 60.0, (), counts("alpha", 2, 20, 0, callers=callers))
+    with pytest.raises(InvalidArgument, match="counters of alpha@2: callers must be"):
+        await memory_store.replicas.report(report)
+
+
+async def test_a_min_callers_replicas_could_never_report_is_invalid(
+    memory_store: AdapterStore,
+) -> None:
+    await push(memory_store, "alpha", tiny_adapter(seed=1))
+    await push(memory_store, "alpha", tiny_adapter(seed=2), no_promote=True)
+    too_many = Guards(min_callers=MAX_ROLLOUT_CALLERS + 1)
+    with pytest.raises(InvalidArgument, match=r"guards\.min_callers must be from 1 to 16"):
+        await memory_store.rollouts.start("alpha", 2, 20.0, too_many, "ci")

@@ -1,5 +1,7 @@
 """Rollouts as change-log records (issue 25): each operation one entry folded the same by
-every replica, bad input refused with nothing written, on the in-memory blob store."""
+every replica, bad input refused with nothing written, on the in-memory blob store; and
+(issue 54, item 6) a promote naming the candidate it expects, refused while a live
+replica refuses the candidate unless forced."""
 
 from __future__ import annotations
 
@@ -8,15 +10,17 @@ from collections.abc import Awaitable, Callable
 
 import pytest
 
+from loraserve.adapterstore.api.protoconv import replica_report
 from loraserve.adapterstore.catalog.model import ChangeType, StoreState
 from loraserve.adapterstore.changelog.log import ChangeLog
 from loraserve.adapterstore.rollout.changes import rollout_aborted
 from loraserve.adapterstore.rollout.records import GUARD_ACTOR, Guards, RolloutState
 from loraserve.adapterstore.store import AdapterStore
-from loraserve.common.errors import FailedPrecondition, InvalidArgument, NotFound
+from loraserve.common.errors import Aborted, FailedPrecondition, InvalidArgument, NotFound
 from loraserve.testing.adapters.files import tiny_adapter
 from loraserve.testing.adapters.pushes import push
 from loraserve.testing.fakes.blobs import MemoryBlobStore
+from loraserve.testing.store.statuses import refused, report_request, routed
 from loraserve.testing.store.stores import FAST_LOG, StoreFactory
 
 GUARDS = Guards(max_error_rate_margin=5.0)
@@ -48,7 +52,7 @@ async def test_every_replica_folds_the_same_rollout_from_the_log(
     await two_revisions(store)
     await store.rollouts.start("alpha", 2, 20.0, GUARDS, "ci")
     await store.rollouts.set_weight("alpha", 50.0, "ci")
-    await store.rollouts.promote("alpha", "ci")
+    await store.rollouts.promote("alpha", 2, "ci")
     other = ChangeLog(memory_blobs, FAST_LOG)
     await other.start()
     try:
@@ -77,7 +81,7 @@ async def test_promote_makes_the_candidate_current_and_ends_the_rollout(
 ) -> None:
     await two_revisions(memory_store)
     await memory_store.rollouts.start("alpha", 2, 20.0, GUARDS, "ci")
-    result = await memory_store.rollouts.promote("alpha", "ci")
+    result = await memory_store.rollouts.promote("alpha", 2, "ci")
     adapter, current = await memory_store.get("alpha")
     assert (adapter.current_revision, current.revision) == (2, 2)
     assert result.rollout.state is RolloutState.PROMOTED
@@ -150,7 +154,7 @@ async def test_promote_after_abort_is_refused_naming_the_abort(
     await memory_store.rollouts.abort("alpha", "bad answers", "ci")
     head = memory_store.head_seq
     with pytest.raises(FailedPrecondition, match="was aborted at seq 4: bad answers"):
-        await memory_store.rollouts.promote("alpha", "ci")
+        await memory_store.rollouts.promote("alpha", 2, "ci")
     adapter, _ = await memory_store.get("alpha")
     assert (memory_store.head_seq, adapter.current_revision) == (head, 1)
 
@@ -210,3 +214,65 @@ async def test_a_retried_start_with_its_key_commits_once(memory_store: AdapterSt
     first = await memory_store.rollouts.start("alpha", 2, 20.0, GUARDS, "ci", key="k-1")
     again = await memory_store.rollouts.start("alpha", 2, 20.0, GUARDS, "ci", key="k-1")
     assert (first.seq, again.seq, memory_store.head_seq) == (3, 3, 3)
+
+
+async def test_promote_of_another_candidate_than_expected_is_aborted_naming_both(
+    memory_store: AdapterStore,
+) -> None:
+    await two_revisions(memory_store)
+    await push(memory_store, "alpha", tiny_adapter(seed=3), no_promote=True)
+    # Someone reviewed alpha@2; meanwhile its rollout was aborted and @3's started.
+    await memory_store.rollouts.start("alpha", 2, 20.0, GUARDS, "ci")
+    await memory_store.rollouts.abort("alpha", "restarting", "ci")
+    await memory_store.rollouts.start("alpha", 3, 20.0, GUARDS, "ci")
+    head = memory_store.head_seq
+    with pytest.raises(Aborted, match=r"rollout of alpha@3 .* not of alpha@2 as expected"):
+        await memory_store.rollouts.promote("alpha", 2, "ci")
+    adapter, _ = await memory_store.get("alpha")
+    assert (memory_store.head_seq, adapter.current_revision) == (head, 1)
+
+
+async def test_promote_without_an_expected_candidate_is_invalid(
+    memory_store: AdapterStore,
+) -> None:
+    await two_revisions(memory_store)
+    await memory_store.rollouts.start("alpha", 2, 20.0, GUARDS, "ci")
+    with pytest.raises(InvalidArgument, match="expected_candidate_revision is required"):
+        await memory_store.rollouts.promote("alpha", 0, "ci")
+    assert memory_store.head_seq == 3
+
+
+async def _a_replica_refuses_the_candidate(store: AdapterStore) -> None:
+    """alpha@2 in a rollout (no guard aborts it on a NACK); replica r2 refuses @2."""
+    await two_revisions(store)
+    await store.rollouts.start("alpha", 2, 20.0, Guards(abort_on_nack=False), "ci")
+    await store.replicas.report(replica_report(report_request("r1", {"alpha": routed(1)})))
+    nack = refused(2, "rank 64 exceeds --max-lora-rank 16")
+    await store.replicas.report(replica_report(report_request("r2", {"alpha": nack})))
+
+
+async def test_promote_while_a_live_replica_refuses_the_candidate_is_refused(
+    memory_store: AdapterStore,
+) -> None:
+    await _a_replica_refuses_the_candidate(memory_store)
+    with pytest.raises(FailedPrecondition, match=r"replica r2 refused alpha@2: .*rank 64"):
+        await memory_store.rollouts.promote("alpha", 2, "ci")
+    adapter, _ = await memory_store.get("alpha")
+    assert (memory_store.head_seq, adapter.current_revision) == (3, 1)
+
+
+async def test_a_forced_promote_goes_on_while_a_replica_refuses_the_candidate(
+    memory_store: AdapterStore,
+) -> None:
+    await _a_replica_refuses_the_candidate(memory_store)
+    result = await memory_store.rollouts.promote("alpha", 2, "ci", force=True)
+    adapter, _ = await memory_store.get("alpha")
+    assert (result.rollout.state, adapter.current_revision) == (RolloutState.PROMOTED, 2)
+
+
+async def test_a_retried_promote_with_its_key_commits_once(memory_store: AdapterStore) -> None:
+    await two_revisions(memory_store)
+    await memory_store.rollouts.start("alpha", 2, 20.0, GUARDS, "ci")
+    first = await memory_store.rollouts.promote("alpha", 2, "ci", key="p-1")
+    again = await memory_store.rollouts.promote("alpha", 2, "ci", key="p-1")
+    assert (first.seq, again.seq, memory_store.head_seq) == (4, 4, 4)

@@ -17,9 +17,8 @@ import grpc
 import pytest
 
 from loraserve.adapterstore.api.servicer import (
-    REPLICA_METHODS,
+    METHOD_ROLES,
     SERVICE_NAME,
-    WRITE_METHODS,
     AdapterStoreServicer,
     register,
 )
@@ -49,8 +48,7 @@ async def _store_replica(bucket: S3Bucket) -> AsyncIterator[RunningServer]:
         async with serving(
             register(AdapterStoreServicer(store)),
             [SERVICE_NAME],
-            write_methods=WRITE_METHODS,
-            replica_methods=REPLICA_METHODS,
+            needs=METHOD_ROLES,
         ) as running:
             yield running
     finally:

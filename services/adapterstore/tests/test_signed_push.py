@@ -5,6 +5,7 @@ revision, oversized, malformed, by an expired certificate."""
 from __future__ import annotations
 
 import hashlib
+import logging
 from pathlib import Path
 from typing import Any
 
@@ -14,7 +15,8 @@ import pytest
 from loraserve.common.config.textlimits import MAX_SIGNATURE_BYTES
 from loraserve.common.revisions.manifest import FileInfo, RevisionKey
 from loraserve.common.trust.policy import SignaturePolicy, TrustSettings
-from loraserve.common.trust.signing import parse_trusted_signers, sign_revision
+from loraserve.common.trust.signers import parse_trusted_signers
+from loraserve.common.trust.signing import sign_revision
 from loraserve.testing.adapters.files import AdapterFiles, tiny_adapter
 from loraserve.testing.adapters.signers import KeyPair, write_certificate_signer
 from loraserve.testing.s3.endpoint import S3Bucket
@@ -121,3 +123,29 @@ async def test_a_signature_by_an_expired_certificate_is_refused_with_permission_
         assert error.code() is grpc.StatusCode.PERMISSION_DENIED
         assert "expired on" in (error.details() or "")
         assert stored_objects(store) == []
+
+
+async def test_a_bundle_whose_verification_material_is_no_object_is_invalid_argument(
+    strict_store: RunningStore,
+) -> None:
+    error = await _refusal(strict_store, "alpha", tiny_adapter(), b'{"verificationMaterial":[]}')
+    assert error.code() is grpc.StatusCode.INVALID_ARGUMENT
+    assert "no model-signing bundle" in (error.details() or "")
+    assert "verificationMaterial" in (error.details() or "")
+    assert stored_objects(strict_store) == []
+
+
+async def test_a_malformed_bundle_under_warn_is_pushed_as_unverified(
+    s3_bucket: S3Bucket, ci_key: KeyPair, caplog: pytest.LogCaptureFixture
+) -> None:
+    trust = TrustSettings(SignaturePolicy.WARN, parse_trusted_signers(str(ci_key.public)))
+    with caplog.at_level(logging.WARNING, logger="loraserve.common.trust.policy"):
+        async with (
+            running_store(s3_bucket, trust=trust) as store,
+            store_stub(store.address) as stub,
+        ):
+            response = await push(
+                stub, "alpha", tiny_adapter(), signature=b'{"verificationMaterial":[]}'
+            )
+    assert (response.revision.revision, response.revision.signed_by) == (1, "")
+    assert any("signature.unverified name=alpha" in r.getMessage() for r in caplog.records)

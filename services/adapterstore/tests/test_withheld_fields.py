@@ -24,7 +24,7 @@ from loraserve.common.config.textlimits import (
 from loraserve.common.errors import FailedPrecondition
 from loraserve.common.revisions.manifest import revision_from_proto
 from loraserve.common.trust.policy import RevisionTrust, SignaturePolicy, TrustSettings
-from loraserve.common.trust.signing import parse_trusted_signers
+from loraserve.common.trust.signers import parse_trusted_signers
 from loraserve.testing.adapters.files import tiny_adapter
 from loraserve.testing.adapters.pushes import push_requests
 from loraserve.testing.adapters.signers import KeyPair

@@ -10,7 +10,7 @@ import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from loraserve.common.errors import FailedPrecondition, NotFound
-from loraserve.common.rpc.security import ServerSecurity, current_principal, parse_tokens
+from loraserve.common.rpc.security import Role, ServerSecurity, current_principal, parse_tokens
 from loraserve.inference.v1 import inference_pb2 as pb
 from loraserve.inference.v1 import inference_pb2_grpc as pb_grpc
 from loraserve.testing.grpc import serving
@@ -86,35 +86,35 @@ async def test_unexpected_exception_is_internal_without_details() -> None:
 
 
 async def test_missing_token_is_unauthenticated() -> None:
-    async with serving(_register, [SERVICE], SECURITY, [WRITE_METHOD]) as server:
+    async with serving(_register, [SERVICE], SECURITY, {WRITE_METHOD: Role.WRITER}) as server:
         with pytest.raises(grpc.aio.AioRpcError) as err:
             await _call(server.port, None, "GetServerInfo")
     assert err.value.code() is grpc.StatusCode.UNAUTHENTICATED
 
 
 async def test_wrong_token_is_unauthenticated() -> None:
-    async with serving(_register, [SERVICE], SECURITY, [WRITE_METHOD]) as server:
+    async with serving(_register, [SERVICE], SECURITY, {WRITE_METHOD: Role.WRITER}) as server:
         with pytest.raises(grpc.aio.AioRpcError) as err:
             await _call(server.port, "nope", "GetServerInfo")
     assert err.value.code() is grpc.StatusCode.UNAUTHENTICATED
 
 
 async def test_reader_token_on_write_method_is_permission_denied() -> None:
-    async with serving(_register, [SERVICE], SECURITY, [WRITE_METHOD]) as server:
+    async with serving(_register, [SERVICE], SECURITY, {WRITE_METHOD: Role.WRITER}) as server:
         with pytest.raises(grpc.aio.AioRpcError) as err:
             await _call(server.port, "r-secret", "ListAdapters")
     assert err.value.code() is grpc.StatusCode.PERMISSION_DENIED
 
 
 async def test_writer_token_reaches_handler_with_its_principal() -> None:
-    async with serving(_register, [SERVICE], SECURITY, [WRITE_METHOD]) as server:
+    async with serving(_register, [SERVICE], SECURITY, {WRITE_METHOD: Role.WRITER}) as server:
         response = await _call(server.port, "w-secret", "GetServerInfo")
     assert response.replica_id == "alice"
 
 
 async def test_health_needs_no_token() -> None:
     async with (
-        serving(_register, [SERVICE], SECURITY, [WRITE_METHOD]) as server,
+        serving(_register, [SERVICE], SECURITY, {WRITE_METHOD: Role.WRITER}) as server,
         grpc.aio.insecure_channel(f"127.0.0.1:{server.port}") as channel,
     ):
         response = await health_pb2_grpc.HealthStub(channel).Check(

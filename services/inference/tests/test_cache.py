@@ -3,13 +3,15 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncGenerator
+import os
+from collections.abc import AsyncGenerator, AsyncIterator
 from dataclasses import replace
 from pathlib import Path
 
 import pytest
 
 from loraserve.clients.downloads import FileChunk
+from loraserve.clients.store import StoreClient, StoreClientSettings
 from loraserve.common.errors import (
     DataLoss,
     FailedPrecondition,
@@ -18,9 +20,13 @@ from loraserve.common.errors import (
     Unavailable,
 )
 from loraserve.common.revisions.manifest import Revision
+from loraserve.common.rpc.security import ClientSecurity
 from loraserve.inference.cache import AdapterCache
 from loraserve.inference.cache.download import MANIFEST_FILE
+from loraserve.testing.adapters.files import tiny_adapter
 from loraserve.testing.fakes.revisions import FakeSource, file_info
+from loraserve.testing.store.calls import push, store_stub
+from loraserve.testing.store.server import RunningStore
 from loraserve.testing.waiting import eventually
 
 CONFIG = b'{"r": 8}'
@@ -261,3 +267,61 @@ async def test_download_whose_manifest_differs_from_the_given_one_is_data_loss(
         await cache.fetch("alpha", 1, given)
     assert not (cache.root / "alpha").exists()
     assert leftovers(cache) == []
+
+
+@pytest.fixture
+async def store_cache(store_server: RunningStore, tmp_path: Path) -> AsyncIterator[AdapterCache]:
+    """A cache filled from a real store (gRPC, S3 over moto HTTP) holding alpha@1."""
+    async with store_stub(store_server.address) as stub:
+        await push(stub, "alpha", tiny_adapter())
+    settings = StoreClientSettings(store_server.address, ClientSecurity(), "cache-test-replica")
+    client = StoreClient.connect(settings)
+    cache = AdapterCache(tmp_path / "cache", client)
+    await cache.prepare()
+    try:
+        yield cache
+    finally:
+        await cache.close()
+        await client.close()
+
+
+# What vLLM's loader reads from a revision's directory besides the manifest's files,
+# depending on its version and on what else is there.
+@pytest.mark.parametrize("stray", ["new_embeddings.safetensors", "adapter_model.bin"])
+async def test_a_file_added_to_a_cached_revision_is_refused_and_the_revision_downloaded_again(
+    store_cache: AdapterCache, stray: str
+) -> None:
+    first = await store_cache.fetch("alpha", 1)
+    (first.path / stray).write_bytes(b"not what the store holds")
+    again = await store_cache.fetch("alpha", 1)
+    assert again.downloaded
+    assert store_cache.usage().downloads == 2
+    assert sorted(os.listdir(again.path)) == sorted(
+        [MANIFEST_FILE, *(f.name for f in again.manifest.files)]
+    )
+
+
+async def test_a_directory_added_to_a_cached_revision_is_refused(
+    cache: AdapterCache, source: FakeSource
+) -> None:
+    local = await cache.fetch("alpha", 1)
+    (local.path / "checkpoint").mkdir()
+    await cache.fetch("alpha", 1)
+    assert source.downloads == 2
+    assert not (local.path / "checkpoint").exists()
+
+
+async def test_cache_directories_are_the_replicas_alone(store_cache: AdapterCache) -> None:
+    local = await store_cache.fetch("alpha", 1)
+    for directory in (store_cache.root, store_cache.root / ".tmp", local.path.parent, local.path):
+        assert directory.stat().st_mode & 0o777 == 0o700, directory
+
+
+async def test_an_existing_cache_directory_open_to_others_is_closed_to_them(
+    tmp_path: Path, source: FakeSource
+) -> None:
+    root = tmp_path / "cache"
+    root.mkdir(mode=0o777)
+    root.chmod(0o777)
+    await AdapterCache(root, source).prepare()
+    assert root.stat().st_mode & 0o777 == 0o700

@@ -120,6 +120,78 @@ async def test_a_waiter_cancelled_as_a_place_frees_is_passed_over() -> None:
     assert (gate.inside, gate.waiting) == (0, 0)
 
 
+async def _wide(gate: FairGate, order: list[str], adapter: str, n: int, go: asyncio.Event) -> None:
+    async with gate.turn(adapter, n):
+        order.append(adapter)
+        await go.wait()
+
+
+async def test_a_request_takes_a_place_per_sequence() -> None:
+    gate = FairGate(4, lambda _: 1.0)
+    async with gate.turn("a", 3):
+        assert gate.inside == 3
+        order: list[str] = []
+        waiter = asyncio.create_task(_wide(gate, order, "b", 2, asyncio.Event()))
+        await asyncio.sleep(0)
+        assert (gate.inside, gate.waiting, order) == (3, 1, [])
+    await asyncio.sleep(0)
+    assert (gate.inside, order) == (2, ["b"])
+    waiter.cancel()
+    await asyncio.gather(waiter, return_exceptions=True)
+
+
+async def test_a_request_wider_than_the_engine_takes_all_of_it_and_still_goes_in() -> None:
+    gate = FairGate(2, lambda _: 1.0)
+    async with gate.turn("a", 8):
+        assert gate.inside == 2
+    assert gate.inside == 0
+
+
+async def test_narrow_requests_arriving_later_do_not_pass_a_wide_one_waiting_for_room() -> None:
+    gate = FairGate(4, lambda _: 1.0)
+    order: list[str] = []
+    holder_go, wide_go, narrow_go = asyncio.Event(), asyncio.Event(), asyncio.Event()
+    holder = asyncio.create_task(_wide(gate, order, "a", 3, holder_go))
+    await asyncio.sleep(0)
+    wide = asyncio.create_task(_wide(gate, order, "wide", 4, wide_go))
+    await asyncio.sleep(0)
+    narrow = asyncio.create_task(_wide(gate, order, "narrow", 1, narrow_go))
+    await asyncio.sleep(0)
+    # One place is free, but the wide request's turn came first.
+    assert order == ["a"]
+    holder_go.set()
+    await asyncio.sleep(0)
+    await asyncio.sleep(0)
+    assert order == ["a", "wide"]
+    wide_go.set()
+    narrow_go.set()
+    await asyncio.gather(holder, wide, narrow)
+    assert order == ["a", "wide", "narrow"]
+
+
+async def test_turns_share_sequences_not_requests_between_adapters() -> None:
+    gate = FairGate(2, lambda _: 1.0)
+    order: list[str] = []
+    blocker_go = asyncio.Event()
+    blocker = asyncio.create_task(_wide(gate, [], "blocker", 2, blocker_go))
+    await asyncio.sleep(0)
+    goes = [asyncio.Event() for _ in range(6)]
+    arrivals = [("pairs", 2)] * 3 + [("singles", 1)] * 3
+    tasks = [
+        asyncio.create_task(_wide(gate, order, adapter, n, go))
+        for (adapter, n), go in zip(arrivals, goes, strict=True)
+    ]
+    await asyncio.sleep(0)
+    blocker_go.set()
+    for go in goes:
+        await asyncio.sleep(0)
+        await asyncio.sleep(0)
+        go.set()
+    await asyncio.gather(blocker, *tasks)
+    # Per request, pairs would take every other turn and get twice the sequences.
+    assert order[:3].count("singles") == 2
+
+
 class _Holders:
     """Requests held inside a gate (or waiting for it) until let go, each its own task."""
 

@@ -32,11 +32,35 @@ def test_an_adapter_at_its_in_flight_limit_is_refused_until_one_ends() -> None:
     with gate.admit("alpha", "alpha"), gate.admit("alpha", "alpha"):
         with pytest.raises(QuotaExceeded) as refused, gate.admit("alpha", "alpha"):
             pass
-        assert "2 requests in flight" in refused.value.message
+        assert "2 sequences in flight" in refused.value.message
         assert refused.value.retry_after_s > 0
         with gate.admit("beta", "beta"):
             pass
     with gate.admit("alpha", "alpha"):
+        pass
+    assert throttles.counted == [("alpha", "in_flight")]
+
+
+def test_in_flight_counts_each_request_as_its_sequences() -> None:
+    gate = QuotaGate(Clock())
+    gate.set_quota("alpha", Quota(max_in_flight=4))
+    with gate.admit("alpha", "alpha", 3):
+        assert gate.in_flight("alpha") == 3
+        with pytest.raises(QuotaExceeded) as refused, gate.admit("alpha", "alpha", 2):
+            pass
+        assert "3 sequences in flight and this request needs 2" in refused.value.message
+        with gate.admit("alpha", "alpha", 1):
+            pass
+
+
+def test_a_request_of_more_sequences_than_the_limit_is_invalid_not_throttled() -> None:
+    throttles = Throttles()
+    gate = QuotaGate(Clock(), throttles)
+    gate.set_quota("alpha", Quota(max_in_flight=2))
+    with (
+        pytest.raises(InvalidArgument, match=r"n=3 .*max_in_flight"),
+        gate.admit("alpha", "alpha", 3),
+    ):
         pass
     assert throttles.counted == [("alpha", "in_flight")]
 
@@ -111,7 +135,11 @@ def test_a_listing_replaces_every_quota_including_the_default() -> None:
     "fields",
     [
         {"max_in_flight": 0},
+        {"max_in_flight": 1_000_001},
         {"tokens_per_second": -1.0},
+        {"tokens_per_second": 5e-324},
+        {"tokens_per_minute": 1e-323},
+        {"tokens_per_minute": 0.5},
         {"tokens_per_minute": float("inf")},
         {},
     ],

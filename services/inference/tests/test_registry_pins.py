@@ -1,22 +1,33 @@
 """The adapter registry's pinned revisions (`NAME@REV`), rollbacks and deletes, on a fake
-engine."""
+engine; and what the pin policy serves (issue 54, item 5): the policy, the caller's
+role, yanked revisions, and pins that cannot push out a pin another caller uses."""
 
 from __future__ import annotations
 
 import asyncio
 from pathlib import Path
+from typing import Any
 
 import pytest
 
-from loraserve.common.errors import NotFound
-from loraserve.common.revisions.manifest import Revision
+from loraserve.clients.store import RolloutSplit
+from loraserve.common.config.pins import PinPolicy, PinSettings
+from loraserve.common.errors import (
+    FailedPrecondition,
+    NotFound,
+    PermissionDenied,
+    ResourceExhausted,
+)
+from loraserve.common.revisions.manifest import Revision, RevisionKey
 from loraserve.common.revisions.names import AdapterRef
+from loraserve.common.rpc.security import Role, current_role
 from loraserve.inference.adapters import AdapterRegistry, RevisionLife
 from loraserve.inference.cache import CachedRevision, Holder
 from loraserve.testing.fakes.engine import (
     CacheDirectory,
     FakeEngine,
     FakeFetcher,
+    fake_manifest,
     make_revision,
 )
 from loraserve.testing.fakes.registry import fake_registry, state_of
@@ -172,3 +183,132 @@ async def test_delete_while_a_pinned_revision_loads_discards_it_and_the_request_
     assert [h.lora_name for h in engine.add_calls] == ["alpha@2"]
     assert not (cache_dir / "alpha" / "1").exists()
     assert registry.snapshot() == []
+
+
+async def _pinned(registry: AdapterRegistry, name: str, revision: int) -> int:
+    async with registry.acquire(AdapterRef(name, revision)) as lease:
+        return lease.revision
+
+
+def _with_policy(
+    engine: FakeEngine, fetcher: FakeFetcher, policy: PinPolicy, **options: Any
+) -> AdapterRegistry:
+    return fake_registry(engine, fetcher, pins=PinSettings(policy), **options)
+
+
+async def test_rollout_policy_refuses_a_pin_of_a_rolled_back_revision_before_loading_it(
+    engine: FakeEngine, fetcher: FakeFetcher, cache_dir: Path
+) -> None:
+    registry = _with_policy(engine, fetcher, PinPolicy.ROLLOUT)
+    await registry.install(make_revision(cache_dir, "alpha", 2).manifest, make_current=True)
+    fetcher.publish("alpha", 1)
+
+    with pytest.raises(FailedPrecondition, match=r"alpha@1 is neither .* pin policy 'rollout'"):
+        await _pinned(registry, "alpha", 1)
+
+    assert fetcher.fetches == []
+    assert [h.lora_name for h in engine.add_calls] == ["alpha@2"]
+
+
+async def test_rollout_policy_serves_the_current_revision_pinned_without_holding_it_longer(
+    engine: FakeEngine, fetcher: FakeFetcher, cache_dir: Path
+) -> None:
+    registry = _with_policy(engine, fetcher, PinPolicy.ROLLOUT)
+    await registry.install(make_revision(cache_dir, "alpha", 1).manifest, make_current=True)
+
+    assert await _pinned(registry, "alpha", 1) == 1
+    await registry.install(make_revision(cache_dir, "alpha", 2).manifest, make_current=True)
+    await registry.wait_background()
+
+    assert not registry.is_loaded("alpha", 1)
+
+
+async def test_rollout_policy_serves_an_active_rollouts_candidate_pinned(
+    engine: FakeEngine, fetcher: FakeFetcher, cache_dir: Path
+) -> None:
+    registry = _with_policy(engine, fetcher, PinPolicy.ROLLOUT)
+    await registry.install(make_revision(cache_dir, "alpha", 1).manifest, make_current=True)
+    fetcher.publish("alpha", 2)
+    registry.set_rollout("alpha", RolloutSplit(fake_manifest("alpha", 2), 0.0, 5))
+
+    assert await _pinned(registry, "alpha", 2) == 2
+
+
+async def test_a_caller_whose_token_is_not_a_pinners_may_not_pin(
+    registry: AdapterRegistry, cache_dir: Path
+) -> None:
+    await registry.install(make_revision(cache_dir, "alpha", 1).manifest, make_current=True)
+    reader = current_role.set(Role.READER)
+    try:
+        with pytest.raises(PermissionDenied, match="pinning needs a pinner token"):
+            await _pinned(registry, "alpha", 1)
+        current_role.set(Role.PINNER)
+        assert await _pinned(registry, "alpha", 1) == 1
+    finally:
+        current_role.reset(reader)
+
+
+async def test_off_policy_refuses_every_pin_naming_the_policy(
+    engine: FakeEngine, fetcher: FakeFetcher, cache_dir: Path
+) -> None:
+    registry = _with_policy(engine, fetcher, PinPolicy.OFF)
+    await registry.install(make_revision(cache_dir, "alpha", 1).manifest, make_current=True)
+
+    with pytest.raises(PermissionDenied, match=r"alpha@1: .*pin policy 'off'"):
+        await _pinned(registry, "alpha", 1)
+
+
+async def test_a_yanked_revision_is_refused_pinned_with_the_stores_reason(
+    registry: AdapterRegistry, fetcher: FakeFetcher, cache_dir: Path
+) -> None:
+    await registry.install(make_revision(cache_dir, "alpha", 2).manifest, make_current=True)
+    fetcher.publish("alpha", 1)
+    registry.set_yanks({RevisionKey("alpha", 1): "leaks the system prompt"})
+
+    with pytest.raises(FailedPrecondition, match="alpha@1 is yanked: leaks the system prompt"):
+        await _pinned(registry, "alpha", 1)
+    assert fetcher.fetches == []
+
+
+async def test_a_pinned_revision_that_is_yanked_leaves_the_engine(
+    registry: AdapterRegistry, fetcher: FakeFetcher, cache_dir: Path
+) -> None:
+    await registry.install(make_revision(cache_dir, "alpha", 2).manifest, make_current=True)
+    fetcher.publish("alpha", 1)
+    assert await _pinned(registry, "alpha", 1) == 1
+
+    registry.set_yanks({RevisionKey("alpha", 1): "bad"})
+    await registry.wait_background()
+
+    assert not registry.is_loaded("alpha", 1)
+    assert registry.is_loaded("alpha", 2)
+
+
+class _Clock:
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+async def test_a_pin_used_within_the_idle_time_is_not_evicted_by_another_callers_pin(
+    engine: FakeEngine, fetcher: FakeFetcher
+) -> None:
+    clock = _Clock()
+    pins = PinSettings(PinPolicy.ANY, idle_s=60, max_pinned=2)
+    registry = fake_registry(engine, fetcher, pins=pins, clock=clock)
+    for revision in (1, 2, 3):
+        fetcher.publish("alpha", revision)
+    await _pinned(registry, "alpha", 1)
+    await _pinned(registry, "alpha", 2)
+
+    with pytest.raises(ResourceExhausted, match="places for pinned revisions"):
+        await _pinned(registry, "alpha", 3)
+    assert (registry.is_loaded("alpha", 1), registry.is_loaded("alpha", 2)) == (True, True)
+    assert ("alpha", 3) not in fetcher.fetches
+
+    clock.now = 60.0
+    assert await _pinned(registry, "alpha", 3) == 3
+    await registry.wait_background()
+    assert [registry.is_loaded("alpha", r) for r in (1, 2, 3)] == [False, True, True]

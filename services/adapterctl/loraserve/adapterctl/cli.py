@@ -10,7 +10,7 @@ import importlib
 import os
 import sys
 from collections.abc import Awaitable, Callable, Mapping, Sequence
-from typing import Any, NoReturn
+from typing import NoReturn
 
 import grpc
 import stamina.instrumentation
@@ -24,12 +24,14 @@ from loraserve.adapterctl.failures import (
 )
 from loraserve.adapterctl.fleet_wait_args import add_wait_flag
 from loraserve.adapterctl.quota_args import add_quota
+from loraserve.adapterctl.rollout_args import add_rollout
 from loraserve.adapterctl.settings import (
     CtlSettings,
     add_connection_flags,
     settings_from_args,
 )
 from loraserve.adapterctl.terminal.console import Console
+from loraserve.adapterctl.yank_args import add_yank
 from loraserve.clients.push import LocalFileError
 from loraserve.common.config.flags import non_negative_int, positive_float, positive_int
 from loraserve.common.errors import error_from_rpc
@@ -61,11 +63,6 @@ cmd_revisions = _lazy("read", "cmd_revisions")
 cmd_watch = _lazy("read", "cmd_watch")
 cmd_status = _lazy("read", "cmd_status")
 cmd_generate = _lazy("generate", "cmd_generate")
-cmd_rollout_start = _lazy("rollout", "cmd_rollout_start")
-cmd_rollout_set = _lazy("rollout", "cmd_rollout_set")
-cmd_rollout_status = _lazy("rollout", "cmd_rollout_status")
-cmd_rollout_promote = _lazy("rollout", "cmd_rollout_promote")
-cmd_rollout_abort = _lazy("rollout", "cmd_rollout_abort")
 
 EPILOG = """\
 environment:
@@ -120,8 +117,9 @@ def build_parser(environ: Mapping[str, str]) -> argparse.ArgumentParser:
 
     _add_push(command)
     _add_store_commands(command)
-    _add_rollout(commands, common)
+    add_rollout(commands, common, lambda name: _lazy("rollout", name))
     add_quota(commands, common, lambda name: _lazy("quota", name))
+    add_yank(command, lambda name: _lazy("yank", name))
     _add_generate(command)
     return parser
 
@@ -210,89 +208,6 @@ def _add_store_commands(command: Command) -> None:
     )
     status.add_argument(
         "name", metavar="NAME", nargs="?", default="", help="adapter name (default: every adapter)"
-    )
-
-
-def _add_rollout(commands: Any, common: argparse.ArgumentParser) -> None:
-    rollout = commands.add_parser(
-        "rollout",
-        help="canary rollouts: a share of an adapter's requests to another revision",
-        description="Canary rollouts of an adapter revision (see docs/adapterctl.md).",
-        allow_abbrev=False,
-    )
-    steps = rollout.add_subparsers(dest="rollout_command", required=True, metavar="STEP")
-
-    def step(name: str, handler: Handler, help_text: str, wait: str = "") -> Any:
-        sub = steps.add_parser(
-            name, parents=[common], help=help_text, description=help_text, allow_abbrev=False
-        )
-        sub.set_defaults(handler=handler)
-        sub.add_argument("name", metavar="NAME", help="adapter name")
-        if wait:
-            add_wait_flag(sub, wait)
-        return sub
-
-    start = step(
-        "start",
-        cmd_rollout_start,
-        "send a share of NAME's requests to revision REV",
-        "routes the candidate (or refuses it)",
-    )
-    start.add_argument("revision", metavar="REV", type=positive_int, help="candidate revision")
-    start.add_argument("--weight", type=float, required=True, help="percent to REV, 0 to 100")
-    _add_guard_flags(start)
-    weight = step("set", cmd_rollout_set, "change the share of NAME's rollout", "applies it")
-    weight.add_argument("--weight", type=float, required=True, help="percent, 0 to 100")
-    step("status", cmd_rollout_status, "the rollout of NAME, both arms' figures, why it ended")
-    step(
-        "promote",
-        cmd_rollout_promote,
-        "make the candidate current and end the rollout",
-        "applies it",
-    )
-    abort = step(
-        "abort",
-        cmd_rollout_abort,
-        "end the rollout; every request to the current revision",
-        "applies it",
-    )
-    abort.add_argument("--reason", default="", help="why, kept with the rollout")
-
-
-def _add_guard_flags(start: argparse.ArgumentParser) -> None:
-    guards = start.add_argument_group("guards: when the store aborts the rollout by itself")
-    guards.add_argument(
-        "--no-abort-on-nack",
-        dest="abort_on_nack",
-        action="store_false",
-        help="do not abort when a replica refuses the candidate (default: abort)",
-    )
-    guards.add_argument(
-        "--max-error-rate-margin",
-        type=float,
-        metavar="PP",
-        help="abort when the candidate's error rate exceeds the current's by more than PP "
-        "percentage points",
-    )
-    guards.add_argument(
-        "--max-ttft-p95-margin",
-        type=float,
-        metavar="PCT",
-        help="abort when the candidate's TTFT p95 exceeds the current's by more than PCT %%",
-    )
-    guards.add_argument(
-        "--window",
-        type=positive_float,
-        default=60.0,
-        metavar="SECONDS",
-        help="the figures' window (default 60)",
-    )
-    guards.add_argument(
-        "--min-requests",
-        type=positive_int,
-        default=20,
-        metavar="N",
-        help="requests each arm needs in the window before it is judged (default 20)",
     )
 
 

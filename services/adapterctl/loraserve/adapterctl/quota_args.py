@@ -15,9 +15,9 @@ def add_quota(
     quota = commands.add_parser(
         "quota",
         help="per-adapter quotas, enforced by each inference replica on its own requests",
-        description="Per-adapter quotas: requests in flight and generated tokens per second "
-        "and per minute, per inference replica (a fleet of N replicas admits N times "
-        "them). See docs/adapterctl.md.",
+        description="Per-adapter quotas: sequences in flight (a request counts its n) and "
+        "tokens (prompt and generated) per second and per minute, per inference replica "
+        "(a fleet of N replicas admits N times them). See docs/adapterctl.md.",
         allow_abbrev=False,
     )
     steps = quota.add_subparsers(dest="quota_command", required=True, metavar="STEP")
@@ -32,19 +32,23 @@ def add_quota(
     change = step("set", "set the quota of NAME (or, with --default, of every adapter without one)")
     _name_or_default(change)
     change.add_argument(
-        "--max-in-flight", type=int, metavar="N", help="requests running at once, per replica"
+        "--max-in-flight",
+        type=int,
+        metavar="N",
+        help="sequences running at once, per replica (a request counts its n; one of more "
+        "is refused): 1 to 1000000",
     )
     change.add_argument(
         "--tokens-per-second",
         type=float,
         metavar="N",
-        help="generated tokens per second, per replica",
+        help="prompt and generated tokens per second, per replica: 1 to 1e9",
     )
     change.add_argument(
         "--tokens-per-minute",
         type=float,
         metavar="N",
-        help="generated tokens per minute, per replica",
+        help="prompt and generated tokens per minute, per replica: 1 to 1e9",
     )
     clear = step("clear", "lift the quota of NAME (or, with --default, the default quota)")
     _name_or_default(clear)

@@ -16,9 +16,8 @@ import sys
 from collections.abc import Sequence
 
 from loraserve.adapterstore.api import (
-    REPLICA_METHODS,
+    METHOD_ROLES,
     SERVICE_NAME,
-    WRITE_METHODS,
     AdapterStoreServicer,
     StoreMetrics,
     follow_freshness,
@@ -97,14 +96,14 @@ async def serve(settings: AdapterStoreSettings) -> int:
         store,
         S3Presigner(settings.s3, settings.download_url_endpoint),
         settings.download_url_ttl_s,
+        min_rate=settings.download_url_min_rate,
     )
     running = await start_server(
         address=settings.listen,
         register=register(AdapterStoreServicer(store, urls=urls)),
         service_names=[SERVICE_NAME],
         security=settings.security,
-        write_methods=WRITE_METHODS,
-        replica_methods=REPLICA_METHODS,
+        needs=METHOD_ROLES,
         max_connection_age_s=settings.max_connection_age_s,
     )
     if settings.metrics_listen is not None:

@@ -23,6 +23,7 @@ from loraserve.adapterstore.blobs import (
 )
 from loraserve.adapterstore.changelog import LogSettings
 from loraserve.adapterstore.files import Limits
+from loraserve.adapterstore.files.download_urls import DEFAULT_URL_MIN_RATE, URL_TTL_MARGIN_S
 from loraserve.adapterstore.replicas.model import DEFAULT_STATUS_TTL_S
 from loraserve.adapterstore.store import StoreSettings
 from loraserve.common.config.flags import (
@@ -59,8 +60,11 @@ class AdapterStoreSettings:
     log: LogSettings
     security: ServerSecurity
     status_ttl_s: float = DEFAULT_STATUS_TTL_S
-    # Seconds a presigned download URL stays valid; 0: hand out none (replicas stream).
+    # The most seconds a presigned download URL stays valid; 0: hand out none (replicas
+    # stream). Each URL gets less when its revision reads faster (`url_ttl_s`).
     download_url_ttl_s: int = DEFAULT_URL_TTL_S
+    # Bytes per second a replica is expected to read at least: sets URLs' lifetime.
+    download_url_min_rate: int = DEFAULT_URL_MIN_RATE
     # The object storage endpoint as replicas reach it; None: --s3-endpoint.
     download_url_endpoint: str | None = None
     # HOST:PORT of the metrics endpoint; None: off.
@@ -94,7 +98,9 @@ def build_parser(environ: Mapping[str, str]) -> argparse.ArgumentParser:
     flag("shutdown-grace", "seconds in-flight calls get to finish on SIGTERM", "30", type=float)
     flag("log-level", "logging level", "INFO")
     add_trust_flags(flag)
-    add_server_security_flags(serve, ENV_PREFIX, environ, roles=("reader", "replica", "writer"))
+    add_server_security_flags(
+        serve, ENV_PREFIX, environ, roles=("reader", "writer", "admin", "replica")
+    )
     return parser
 
 
@@ -169,10 +175,18 @@ def _add_storage_flags(flag: Callable[..., None]) -> None:
     flag("part-size", f"{s3}: multipart upload part size", "8MiB", type=parse_size)
     flag(
         "download-url-ttl",
-        f"{s3}: seconds a presigned download URL handed to replicas stays valid (at most "
-        f"{MAX_URL_TTL_S}); 0: hand out none, replicas read through the store",
+        f"{s3}: the most seconds a presigned download URL handed to replicas stays valid "
+        f"(at most {MAX_URL_TTL_S}); 0: hand out none, replicas read through the store",
         str(DEFAULT_URL_TTL_S),
         type=non_negative_int,
+    )
+    flag(
+        "download-url-min-rate",
+        f"{s3}: the slowest read, in bytes per second, a replica is expected to manage: "
+        f"a URL lives {URL_TTL_MARGIN_S} s plus its revision's size at this rate, capped "
+        "by --download-url-ttl",
+        "2MiB",
+        type=parse_size,
     )
     flag(
         "download-url-endpoint",
@@ -211,6 +225,8 @@ def parse_settings(argv: Sequence[str], environ: Mapping[str, str]) -> AdapterSt
         raise InvalidArgument(f"--part-size must be at least {MIN_PART_SIZE} bytes (5MiB)")
     if args.download_url_ttl > MAX_URL_TTL_S:
         raise InvalidArgument(f"--download-url-ttl must be at most {MAX_URL_TTL_S} seconds")
+    if args.download_url_min_rate < 1:
+        raise InvalidArgument("--download-url-min-rate must be at least 1 byte per second")
     if args.max_file_size > args.max_adapter_size:
         raise InvalidArgument("--max-file-size must not exceed --max-adapter-size")
     security = server_security_from_args(args)
@@ -242,6 +258,7 @@ def parse_settings(argv: Sequence[str], environ: Mapping[str, str]) -> AdapterSt
         security=security,
         status_ttl_s=float(args.status_ttl),
         download_url_ttl_s=int(args.download_url_ttl),
+        download_url_min_rate=int(args.download_url_min_rate),
         download_url_endpoint=args.download_url_endpoint or None,
         metrics_listen=metrics_address(args, args.listen, loopback_only=security.loopback_only),
         max_connection_age_s=float(args.max_connection_age),

@@ -20,6 +20,7 @@ from loraserve.adapterstore.catalog import (
     AdapterPage,
     Change,
     RevisionPage,
+    YankMark,
     adapter_page,
     detached,
     find_adapter,
@@ -55,6 +56,8 @@ from loraserve.adapterstore.replicas.ops import ReplicaOps
 from loraserve.adapterstore.replicas.writes import ReplicaStatusStore
 from loraserve.adapterstore.rollout.guard import RolloutGuard
 from loraserve.adapterstore.rollout.ops import RolloutOps
+from loraserve.adapterstore.signature_policy import ServedRevisionCheck
+from loraserve.adapterstore.yanks import YankOps
 from loraserve.common.config.textlimits import (
     MAX_DESCRIPTION_BYTES,
     MAX_PAGE_BYTES,
@@ -109,9 +112,11 @@ class AdapterStore:
         self.replicas = ReplicaOps(
             changelog, statuses, self._check_started, settings.max_page_bytes
         )
-        self.rollouts = RolloutOps(changelog, self._guard, self._check_started)
-        self.quotas = QuotaOps(changelog, self._check_started)
         self._trust = RevisionTrust(settings.trust)
+        self._served = ServedRevisionCheck(changelog, self._trust)
+        self.rollouts = RolloutOps(changelog, self._guard, self._check_started, self._served)
+        self.quotas = QuotaOps(changelog, self._check_started)
+        self.yanks = YankOps(changelog, self._check_started)
 
     @property
     def watch_count(self) -> int:
@@ -317,7 +322,7 @@ class AdapterStore:
         name: str,
         page_size: int,
         page_token: str,
-        size_of: Callable[[Revision], int] = lambda _: 0,
+        size_of: Callable[[Revision, YankMark | None], int] = lambda *_: 0,
     ) -> RevisionPage:
         self._check_started()
         size = pagetokens.page_size(page_size)
@@ -348,6 +353,7 @@ class AdapterStore:
                 f"expected_current_revision must be >= 0 (0: no expectation), "
                 f"got {expected_current}"
             )
+        await self._served.check(name, revision, "current")
         request = request_tag(idempotency_key, "set_current", name, revision, expected_current)
         change = await self._log.commit(
             current_set(name, revision, expected_current, actor), request

@@ -40,7 +40,7 @@ def report_requests(replica_id: str, batch: StatusBatch) -> list[pb.ReportReplic
     if batch.counters_epoch:
         first.counters_epoch = batch.counters_epoch
         first.ttft_bounds_seconds.extend(batch.ttft_bounds)
-        first.counters.extend(_counters(c) for c in batch.counters)
+        first.counters.extend(c.to_proto() for c in batch.counters)
     requests = [first]
     size = first.ByteSize()
     for index, adapters in sorted(batch.shards.items()):
@@ -73,14 +73,3 @@ def _adapter(report: AdapterReport) -> pb.AdapterReport:
             status.error.code = r.error.code
             status.error.message = truncate_text(r.error.message, MAX_ERROR_MESSAGE_BYTES)
     return message
-
-
-def _counters(counts: RevisionCounters) -> pb.RevisionCounters:
-    return pb.RevisionCounters(
-        adapter_name=counts.name,
-        revision=counts.revision,
-        requests=counts.requests,
-        errors=counts.errors,
-        generated_tokens=counts.generated_tokens,
-        ttft_buckets=list(counts.ttft_buckets),
-    )

@@ -72,6 +72,8 @@ RETRIED_METHODS = (
     "SetRolloutWeight",
     "PromoteRollout",
     "AbortRollout",
+    "YankRevision",
+    "UnyankRevision",
 )
 # CANCELLED too: a store shutting down ends the calls it received but had not handed
 # to a handler with it (grpc/grpc#41785). Each call here is safe to send again even had

@@ -23,17 +23,27 @@ class RolloutSplit:
 
 
 @dataclass(frozen=True, slots=True)
+class Yank:
+    """A yanked revision and why: replicas refuse its pins."""
+
+    revision: int
+    reason: str
+
+
+@dataclass(frozen=True, slots=True)
 class ListedAdapter:
     """An adapter and its current revision (None while no revision is current).
     `create_seq` is its incarnation: a revision committed before it belongs to an
     earlier generation of the name, deleted since (0 from a store that does not say).
-    `rollout` is its active rollout, if any; `quota` its own quota, if any."""
+    `rollout` is its active rollout, if any; `quota` its own quota, if any; `yanks` its
+    yanked revisions."""
 
     name: str
     current: Revision | None
     create_seq: int = 0
     rollout: RolloutSplit | None = None
     quota: Quota | None = None
+    yanks: tuple[Yank, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -54,6 +64,7 @@ class EventKind(enum.Enum):
     ADAPTER_DELETED = pb.EVENT_TYPE_ADAPTER_DELETED
     ROLLOUT_CHANGED = pb.EVENT_TYPE_ROLLOUT_CHANGED
     QUOTA_CHANGED = pb.EVENT_TYPE_QUOTA_CHANGED
+    YANK_CHANGED = pb.EVENT_TYPE_YANK_CHANGED
 
 
 @dataclass(frozen=True, slots=True)
@@ -62,7 +73,8 @@ class StoreEvent:
     the adapter's current revision after the change (0 after a delete). A
     ROLLOUT_CHANGED event's `rollout` is the split after it, None once it ended. A
     QUOTA_CHANGED event's `quota` is the quota of `name` ("": the default) after it,
-    None once cleared."""
+    None once cleared. A YANK_CHANGED event's `yank` is the yank of `revision` after
+    it, None once unyanked."""
 
     seq: int
     kind: EventKind
@@ -71,6 +83,7 @@ class StoreEvent:
     current_revision: int
     rollout: RolloutSplit | None = None
     quota: Quota | None = None
+    yank: Yank | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -102,6 +115,7 @@ def event_from_proto(event: pb.AdapterEvent) -> StoreEvent:
         current_revision=event.current_revision,
         rollout=split_from_proto(event.rollout) if event.HasField("rollout") else None,
         quota=quota_from_proto(event.quota) if event.HasField("quota") else None,
+        yank=Yank(event.yank.revision, event.yank.reason) if event.HasField("yank") else None,
     )
 
 
@@ -112,6 +126,7 @@ def listed_adapter_from_proto(adapter: pb.Adapter) -> ListedAdapter:
         adapter.create_seq,
         split_from_proto(adapter.rollout) if adapter.HasField("rollout") else None,
         quota_from_proto(adapter.quota) if adapter.HasField("quota") else None,
+        tuple(Yank(y.revision, y.reason) for y in adapter.yanked_revisions),
     )
 
 

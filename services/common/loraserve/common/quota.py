@@ -17,6 +17,23 @@ from loraserve.common.errors import InvalidArgument
 
 # Where a limit is no limit: the proto's 0, the domain's None.
 _LIMITS = ("max_in_flight", "tokens_per_second", "tokens_per_minute")
+# What each limit may be, both ends included. Below one sequence or one token there is
+# nothing to count (and a rate near zero refills never: a retry-after past any clock);
+# above these no replica comes near, and the bucket arithmetic stays exact.
+LIMIT_RANGES: dict[str, tuple[int, int]] = {
+    "max_in_flight": (1, 1_000_000),
+    "tokens_per_second": (1, 1_000_000_000),
+    "tokens_per_minute": (1, 1_000_000_000),
+}
+
+
+def limit_problem(name: str, value: float) -> str | None:
+    """What is wrong with `value` as the limit `name` (e.g. "must be in [1, 1000000000],
+    got 0.5"), None when it is in range."""
+    low, high = LIMIT_RANGES[name]
+    if math.isfinite(value) and low <= value <= high:
+        return None
+    return f"must be in [{low}, {high}], got {value:g}"
 
 
 @dataclass(frozen=True, slots=True)
@@ -24,22 +41,20 @@ class Quota:
     """Limits of one adapter on one replica; None is no limit, and at least one is
     set (a quota with none is no quota: clear it instead)."""
 
-    # Requests of the adapter running at once.
+    # Sequences of the adapter running at once (a request counts its n); a request of
+    # more can never run, and is INVALID_ARGUMENT.
     max_in_flight: int | None = None
-    # Generated tokens per second (a bucket of one second's worth, refilled
-    # continuously) and per minute (one minute's worth).
+    # Tokens, prompt and generated, per second (a bucket of one second's worth,
+    # refilled continuously) and per minute (one minute's worth).
     tokens_per_second: float | None = None
     tokens_per_minute: float | None = None
 
     def __post_init__(self) -> None:
-        if self.max_in_flight is not None and self.max_in_flight < 1:
-            raise InvalidArgument(
-                f"quota max_in_flight must be at least 1, got {self.max_in_flight}"
-            )
-        for name in ("tokens_per_second", "tokens_per_minute"):
+        for name in _LIMITS:
             value = getattr(self, name)
-            if value is not None and not (math.isfinite(value) and value > 0):
-                raise InvalidArgument(f"quota {name} must be a positive number, got {value}")
+            problem = None if value is None else limit_problem(name, value)
+            if problem is not None:
+                raise InvalidArgument(f"quota {name} {problem}")
         if all(getattr(self, name) is None for name in _LIMITS):
             raise InvalidArgument(
                 "a quota needs at least one limit (max_in_flight, tokens_per_second, "
@@ -79,12 +94,13 @@ def quota_to_proto(quota: Quota) -> pb.AdapterQuota:
 
 
 def quota_from_proto(message: pb.AdapterQuota) -> Quota:
-    """The domain quota; a negative or non-finite limit, or none at all, is
+    """The domain quota; a limit out of its range (LIMIT_RANGES), or none at all, is
     InvalidArgument naming it (0 is no limit)."""
     for name in _LIMITS:
         value = getattr(message, name)
-        if value < 0 or not math.isfinite(value):
-            raise InvalidArgument(f"quota {name} must be 0 (no limit) or positive, got {value}")
+        problem = limit_problem(name, value) if value else None
+        if problem is not None:
+            raise InvalidArgument(f"quota {name} {problem} (0: no limit)")
     return Quota(
         max_in_flight=message.max_in_flight or None,
         tokens_per_second=message.tokens_per_second or None,

@@ -80,7 +80,7 @@ class InferenceApp:
         self.metrics = InferenceMetrics()
         # The store's quotas: sync sets them, generation enforces them.
         self.quotas = QuotaGate(observer=self.metrics)
-        self.runtime_ref = RuntimeRef()
+        self.runtime_ref = RuntimeRef(trust_rollout_key_header=settings.trust_rollout_key_header)
         self.ready = asyncio.Event()
         self._server: GrpcFront | None = None
         self._http: RunningHttpServer | None = None
@@ -161,7 +161,7 @@ class InferenceApp:
             engine,
             cache,
             compat,
-            max_pinned=info.max_cpu_loras,
+            pins=dataclasses.replace(settings.pins, max_pinned=info.max_cpu_loras),
             observer=self.metrics,
             on_change=changed.add,
             verify=trust.check_revision,
@@ -176,6 +176,7 @@ class InferenceApp:
             counters=self.metrics.rollouts,
             ttft_bounds=TTFT_BOUNDS_S,
             quotas=self.quotas,
+            yanks=registry,
         )
         tiers = TierView(
             registry,

@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Callable, Iterable, Sequence
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from contextlib import asynccontextmanager
 
 import grpc
 
-from loraserve.common.rpc.security import ServerSecurity
+from loraserve.common.rpc.security import Role, ServerSecurity
 from loraserve.common.rpc.server import RunningServer, start_server
 
 
@@ -16,8 +16,7 @@ async def serving(
     register: Callable[[grpc.aio.Server], None],
     service_names: Sequence[str],
     security: ServerSecurity | None = None,
-    write_methods: Iterable[str] = (),
-    replica_methods: Iterable[str] = (),
+    needs: Mapping[str, Role] | None = None,
 ) -> AsyncIterator[RunningServer]:
     """Runs a server on a free loopback port, SERVING, until the block exits."""
     running = await start_server(
@@ -25,8 +24,7 @@ async def serving(
         register=register,
         service_names=service_names,
         security=security or ServerSecurity(),
-        write_methods=write_methods,
-        replica_methods=replica_methods,
+        needs=needs,
     )
     await running.set_serving(True)
     try:

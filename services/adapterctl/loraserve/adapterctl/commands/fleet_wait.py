@@ -6,8 +6,8 @@ ROUTED or LOADED (an ACK) or FAILED (a NACK, with its reason), or once it has
 applied the change's seq and routes a newer revision (the revision was superseded,
 which is no failure of it). `--wait all` waits for every replica live when the wait
 began (stale ones, which missed two reports, are named and not waited for);
-`--wait N` for N ACKs. It ends as soon as the outcome is known: all answered, N
-ACKs, or too many NACKs for N.
+`--wait N` for N ACKs from those same replicas. It ends as soon as the outcome is
+known: all answered, N ACKs, or too many NACKs for N.
 """
 
 from __future__ import annotations
@@ -105,9 +105,11 @@ async def wait_for_replicas(
     while True:
         statuses = first or await statuses_of(stub, name, call_timeout_s)
         first = []
-        answers = {s.replica_id: answer(s, revision, seq) for s in statuses}
-        if wanted is not None:
-            waited = set(answers)
+        # Only replicas live when the wait began count: one that appears later proves
+        # nothing about the fleet the caller asked about.
+        answers = {
+            s.replica_id: answer(s, revision, seq) for s in statuses if s.replica_id in waited
+        }
         outcome.acked = sorted(r for r, a in answers.items() if a and a[0] == "ack")
         outcome.nacked = sorted((r, a[1]) for r, a in answers.items() if a and a[0] == "nack")
         pending = sorted(r for r in waited if answers.get(r) is None)

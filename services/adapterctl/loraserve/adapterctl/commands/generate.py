@@ -82,7 +82,7 @@ async def cmd_generate(args: argparse.Namespace, settings: CtlSettings, console:
                 if settings.json:
                     console.out(dumps(message_to_json(response)))
                 elif response.text:
-                    console.out(response.text, end="")
+                    console.out(response.text, end="", multiline=True)
                     ended_with_newline = response.text.endswith("\n")
     if settings.json:
         return EXIT_OK

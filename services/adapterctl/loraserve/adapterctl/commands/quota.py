@@ -2,14 +2,13 @@
 
 set and clear are writes with one idempotency key per invocation, retried by gRPC's
 policy on UNAVAILABLE; each is one entry in the store's change log, which every
-inference replica applies at the same seq. The limits are checked here first (exit 2,
-nothing sent), and again by the store.
+inference replica applies at the same seq. The limits are checked here first against
+their ranges (common.quota.LIMIT_RANGES; exit 2, nothing sent), and again by the store.
 """
 
 from __future__ import annotations
 
 import argparse
-import math
 
 from loraserve.adapterctl.commands.push import validated_name
 from loraserve.adapterctl.connection import connect_store
@@ -19,7 +18,7 @@ from loraserve.adapterctl.terminal.console import Console
 from loraserve.adapterctl.terminal.output import dumps, message_to_json, table
 from loraserve.adapterstore.v1 import adapterstore_pb2 as pb
 from loraserve.clients.push import new_idempotency_key
-from loraserve.common.quota import Quota, quota_from_proto, quota_to_proto
+from loraserve.common.quota import Quota, limit_problem, quota_from_proto, quota_to_proto
 
 
 async def cmd_quota_set(args: argparse.Namespace, settings: CtlSettings, console: Console) -> int:
@@ -59,20 +58,21 @@ async def cmd_quota_show(args: argparse.Namespace, settings: CtlSettings, consol
     rows += [(q.adapter_name, quota_from_proto(q.quota).describe()) for q in response.quotas]
     if name and not response.quotas:
         rows.append((name, "the default"))
-    console.out(table(("ADAPTER", "QUOTA PER REPLICA"), rows))
+    console.out(table(("ADAPTER", "QUOTA PER REPLICA"), rows), multiline=True)
     console.out(f"as of seq {response.seq}")
     return EXIT_OK
 
 
 def _limits(args: argparse.Namespace) -> Quota:
     limits = (
-        ("--max-in-flight", args.max_in_flight),
-        ("--tokens-per-second", args.tokens_per_second),
-        ("--tokens-per-minute", args.tokens_per_minute),
+        ("max_in_flight", args.max_in_flight),
+        ("tokens_per_second", args.tokens_per_second),
+        ("tokens_per_minute", args.tokens_per_minute),
     )
-    for flag, value in limits:
-        if value is not None and not (math.isfinite(value) and value > 0):
-            raise UsageError(f"{flag} must be a positive number, got {value}")
+    for name, value in limits:
+        problem = None if value is None else limit_problem(name, value)
+        if problem is not None:
+            raise UsageError(f"--{name.replace('_', '-')} {problem}")
     if all(value is None for _, value in limits):
         raise UsageError(
             "give at least one limit: --max-in-flight, --tokens-per-second or "

@@ -50,13 +50,16 @@ async def cmd_list(args: argparse.Namespace, settings: CtlSettings, console: Con
         )
         for a in adapters
     ]
-    console.out(table(("NAME", "CURRENT", "LATEST", "RANK", "BASE MODEL", "UPDATED"), rows))
+    console.out(
+        table(("NAME", "CURRENT", "LATEST", "RANK", "BASE MODEL", "UPDATED"), rows), multiline=True
+    )
     return EXIT_OK
 
 
 async def cmd_revisions(args: argparse.Namespace, settings: CtlSettings, console: Console) -> int:
     name = validated_name(args.name)
     revisions: list[pb.Revision] = []
+    yanks: dict[int, pb.RevisionYank] = {}
     current = 0
     request = pb.ListRevisionsRequest(name=name, page_size=_PAGE_SIZE)
     async with connect_store(settings) as stub:
@@ -64,6 +67,7 @@ async def cmd_revisions(args: argparse.Namespace, settings: CtlSettings, console
             if not revisions:
                 current = page.current_revision
             revisions.extend(page.revisions)
+            yanks.update((y.revision, y) for y in page.yanks)
     if settings.json:
         console.out(
             dumps(
@@ -71,24 +75,26 @@ async def cmd_revisions(args: argparse.Namespace, settings: CtlSettings, console
                     "name": name,
                     "current_revision": current,
                     "revisions": [message_to_json(r) for r in revisions],
+                    "yanks": [message_to_json(y) for y in yanks.values()],
                 }
             )
         )
         return EXIT_OK
     rows = [
         (
-            f"{r.revision}{' *' if r.revision == current else ''}",
+            f"{r.revision}{' *' if r.revision == current else ''}"
+            + (" yanked" if r.revision in yanks else ""),
             format_time(r.create_time),
             r.pushed_by,
             signer_text(r),
             format_size(sum(f.size for f in r.files)),
             r.rank,
-            _description_text(r),
+            _yank_text(yanks[r.revision]) if r.revision in yanks else _description_text(r),
         )
         for r in revisions
     ]
     headers = ("REVISION", "CREATED", "PUSHED BY", "SIGNED BY", "SIZE", "RANK", "DESCRIPTION")
-    console.out(table(headers, rows))
+    console.out(table(headers, rows), multiline=True)
     return EXIT_OK
 
 
@@ -101,6 +107,10 @@ def signer_text(revision: pb.Revision) -> str:
     if "signature" in revision.withheld_fields:
         return "withheld"
     return "unverified" if revision.signature else "unsigned"
+
+
+def _yank_text(yank: pb.RevisionYank) -> str:
+    return f"[yanked by {yank.yanked_by}: {yank.reason}]"
 
 
 def _description_text(revision: pb.Revision) -> str:
@@ -156,7 +166,7 @@ async def cmd_status(args: argparse.Namespace, settings: CtlSettings, console: C
         for s in statuses
     ]
     headers = ("ADAPTER", "REPLICA", "LIVENESS", "APPLIED SEQ", "SERVING", "SIGNED BY")
-    console.out(table((*headers, "REVISIONS", "LAST SEEN", "ERROR"), rows))
+    console.out(table((*headers, "REVISIONS", "LAST SEEN", "ERROR"), rows), multiline=True)
     return EXIT_OK
 
 

@@ -30,6 +30,7 @@ async def cmd_rollout_start(
         abort_on_nack=args.abort_on_nack,
         window_seconds=args.window,
         min_requests=args.min_requests,
+        min_callers=args.min_callers,
     )
     if args.max_error_rate_margin is not None:
         guards.max_error_rate_margin = args.max_error_rate_margin
@@ -56,7 +57,10 @@ async def cmd_rollout_promote(
     args: argparse.Namespace, settings: CtlSettings, console: Console
 ) -> int:
     request = pb.PromoteRolloutRequest(
-        name=validated_name(args.name), idempotency_key=new_idempotency_key()
+        name=validated_name(args.name),
+        idempotency_key=new_idempotency_key(),
+        expected_candidate_revision=args.expect,
+        force=args.force,
     )
     return await _change(args, settings, console, "PromoteRollout", request)
 
@@ -117,15 +121,19 @@ async def cmd_rollout_status(
             f"{format_time(rollout.update_time)}"
             + (f": {rollout.end_reason}" if rollout.end_reason else "")
         )
-    console.out("\n".join(lines))
+    for line in lines:
+        console.out(line)
     if response.figures:
         arms = ("current", "candidate")
         rows = [(arm, *_figures_row(f)) for arm, f in zip(arms, response.figures, strict=False)]
         rows += [
             (f"  {r.replica_id}", *_figures_row(r.figures)) for r in response.candidate_by_replica
         ]
-        headers = ("ARM", "REVISION", "REQUESTS", "ERRORS", "ERROR RATE", "TTFT P95", "TOKENS")
-        console.out(table(headers, rows))
+        headers = (
+            "ARM", "REVISION", "REQUESTS", "CALLERS", "ERRORS", "ERROR RATE", "TTFT P95",
+            "TOKENS",
+        )  # fmt: skip
+        console.out(table(headers, rows), multiline=True)
         when = "when it ended" if rollout.state != pb.ROLLOUT_STATE_ACTIVE else "so far"
         window = rollout.guards.window_seconds
         console.out(
@@ -154,7 +162,10 @@ def _guards_text(guards: pb.RolloutGuards) -> str:
         parts.append(f"error rate margin {guards.max_error_rate_margin:g} percentage points")
     if guards.HasField("max_ttft_p95_margin"):
         parts.append(f"TTFT p95 margin {guards.max_ttft_p95_margin:g} %")
-    parts.append(f"window {guards.window_seconds:g} s, at least {guards.min_requests} requests")
+    parts.append(
+        f"window {guards.window_seconds:g} s, at least {guards.min_requests} requests from "
+        f"{guards.min_callers} callers"
+    )
     return "; ".join(parts)
 
 
@@ -162,6 +173,7 @@ def _figures_row(figures: pb.ArmFigures) -> tuple[object, ...]:
     return (
         figures.revision,
         figures.requests,
+        figures.callers,
         figures.errors,
         f"{100 * figures.error_rate:.1f} %",
         f"{1000 * figures.ttft_p95_seconds:.0f} ms",

@@ -2,11 +2,17 @@
 
 JSON keeps proto field names and, unlike `MessageToDict`, writes 64-bit integers as
 numbers (revisions and seqs are far below 2**53) and timestamps as RFC 3339 strings.
+
+Most of what adapterctl prints was written by someone else (descriptions, NACK and
+abort reasons, `base_model_name_or_path`, error messages), so nothing reaches the
+terminal unescaped: `printable` is applied by `Console` to every line and by `table`
+to every cell, and `dumps` escapes what JSON itself leaves raw.
 """
 
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Iterable, Sequence
 from datetime import UTC, datetime
 from typing import Any
@@ -17,8 +23,34 @@ from google.protobuf.message import Message
 from google.protobuf.timestamp_pb2 import Timestamp
 
 _TIMESTAMP = Timestamp.DESCRIPTOR.full_name
+# What a terminal acts on instead of showing: C0 controls and DEL (ESC starts every
+# ANSI sequence), C1 controls (U+009B alone is a CSI on some terminals), the
+# bidirectional marks, embeddings, overrides and isolates that reorder what follows,
+# and the Unicode line and paragraph separators.
+_C0 = r"\x00-\x1f"
+_BEYOND_C0 = r"\x7f-\x9f\u061c\u200e\u200f\u202a-\u202e\u2066-\u2069\u2028\u2029"
+_UNSAFE_IN_LINE = re.compile(f"[{_C0}{_BEYOND_C0}]")
+_UNSAFE_IN_TEXT = re.compile(rf"(?![\n\t])[{_C0}{_BEYOND_C0}]")
+# JSON escapes C0 itself (with ensure_ascii off too) but leaves the rest raw.
+_UNSAFE_IN_JSON = re.compile(f"[{_BEYOND_C0}]")
+_NAMED_ESCAPES = {"\n": "\\n", "\t": "\\t", "\r": "\\r"}
 # ErrorStatus carries google.rpc.Code numbers.
 _STATUS_NAMES = {code.value[0]: code.name for code in grpc.StatusCode}
+
+
+def printable(text: str, *, multiline: bool = False) -> str:
+    """`text` with every character a terminal would act on written as its escape
+    (`\\x1b`, `\\u202e`), so `\\x1b[2J` shows as those characters instead of
+    clearing the screen. Newlines and tabs stay only in `multiline` text: a single
+    line (a table cell, an event, an error) cannot forge the lines after it."""
+    unsafe = _UNSAFE_IN_TEXT if multiline else _UNSAFE_IN_LINE
+    return unsafe.sub(_escape, text)
+
+
+def _escape(match: re.Match[str]) -> str:
+    char = match.group()
+    code = ord(char)
+    return _NAMED_ESCAPES.get(char) or (f"\\x{code:02x}" if code < 0x100 else f"\\u{code:04x}")
 
 
 def status_code_name(code: int) -> str:
@@ -59,7 +91,10 @@ def _value(field: Any, value: Any) -> Any:
 
 
 def dumps(data: Any) -> str:
-    return json.dumps(data, sort_keys=False, ensure_ascii=False)
+    """One line of JSON, safe on a terminal: the characters `printable` escapes are
+    `\\u` escapes in its strings, which JSON reads back as the same text."""
+    text = json.dumps(data, sort_keys=False, ensure_ascii=False)
+    return _UNSAFE_IN_JSON.sub(lambda m: f"\\u{ord(m.group()):04x}", text)
 
 
 def format_time(stamp: Timestamp, *, iso: bool = False) -> str:
@@ -83,8 +118,9 @@ def format_size(size: int) -> str:
 
 
 def table(headers: Sequence[str], rows: Iterable[Sequence[object]]) -> str:
-    """Columns padded to their widest cell, two spaces apart; no trailing spaces."""
-    cells = [[str(h) for h in headers], *([str(c) for c in row] for row in rows)]
+    """Columns padded to their widest cell, two spaces apart; no trailing spaces.
+    Cells are `printable` lines (padded as escaped), so a cell is one row's cell."""
+    cells = [[str(h) for h in headers], *([printable(str(c)) for c in row] for row in rows)]
     widths = [max(len(row[i]) for row in cells) for i in range(len(headers))]
     lines = (
         "  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)).rstrip() for row in cells

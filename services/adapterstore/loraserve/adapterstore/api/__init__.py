@@ -4,17 +4,15 @@ the store's metrics."""
 from loraserve.adapterstore.api.health import follow_freshness
 from loraserve.adapterstore.api.metrics import StoreMetrics
 from loraserve.adapterstore.api.servicer import (
-    REPLICA_METHODS,
+    METHOD_ROLES,
     SERVICE_NAME,
-    WRITE_METHODS,
     AdapterStoreServicer,
     register,
 )
 
 __all__ = [
-    "REPLICA_METHODS",
+    "METHOD_ROLES",
     "SERVICE_NAME",
-    "WRITE_METHODS",
     "AdapterStoreServicer",
     "StoreMetrics",
     "follow_freshness",

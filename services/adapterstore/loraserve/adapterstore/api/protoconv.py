@@ -2,7 +2,14 @@
 
 from __future__ import annotations
 
-from loraserve.adapterstore.catalog import Adapter, Change, ChangeType, QuotaChange
+from loraserve.adapterstore.catalog import (
+    Adapter,
+    Change,
+    ChangeType,
+    QuotaChange,
+    YankChange,
+    YankMark,
+)
 from loraserve.adapterstore.changelog import Heartbeat
 from loraserve.adapterstore.files import Chunk, PushHeader
 from loraserve.adapterstore.replicas.model import (
@@ -34,6 +41,7 @@ _EVENT_TYPES = {
     ChangeType.ADAPTER_DELETED: pb.EVENT_TYPE_ADAPTER_DELETED,
     ChangeType.ROLLOUT_CHANGED: pb.EVENT_TYPE_ROLLOUT_CHANGED,
     ChangeType.QUOTA_SET: pb.EVENT_TYPE_QUOTA_CHANGED,
+    ChangeType.YANK_SET: pb.EVENT_TYPE_YANK_CHANGED,
 }
 _SERVING_STATES_FROM_PB = {v: k for k, v in SERVING_STATES_PB.items()}
 _LIVENESS = {Liveness.LIVE: pb.REPLICA_LIVENESS_LIVE, Liveness.STALE: pb.REPLICA_LIVENESS_STALE}
@@ -55,7 +63,18 @@ def adapter(value: Adapter) -> pb.Adapter:
         message.rollout.CopyFrom(rollout(value.rollout, candidate))
     if value.quota is not None:
         message.quota.CopyFrom(quota_to_proto(value.quota))
+    message.yanked_revisions.extend(revision_yank(n, m) for n, m in sorted(value.yanks.items()))
     return message
+
+
+def revision_yank(revision: int, mark: YankMark) -> pb.RevisionYank:
+    return pb.RevisionYank(
+        revision=revision,
+        reason=mark.reason,
+        yanked_by=mark.yanked_by,
+        yank_time=timestamp(mark.time),
+        seq=mark.seq,
+    )
 
 
 def event(value: Change) -> pb.AdapterEvent:
@@ -73,6 +92,8 @@ def event(value: Change) -> pb.AdapterEvent:
         message.rollout.CopyFrom(rollout(value.record, value.revision))
     if isinstance(value.record, QuotaChange) and value.record.quota is not None:
         message.quota.CopyFrom(quota_to_proto(value.record.quota))
+    if isinstance(value.record, YankChange) and value.record.mark is not None:
+        message.yank.CopyFrom(revision_yank(message.revision.revision, value.record.mark))
     return message
 
 
@@ -133,17 +154,7 @@ def replica_report(message: pb.ReportReplicaStatusRequest) -> ReplicaReport:
             replica_id=message.replica_id,
             epoch=message.counters_epoch,
             ttft_bounds=tuple(message.ttft_bounds_seconds),
-            counters=tuple(
-                RevisionCounters(
-                    c.adapter_name,
-                    c.revision,
-                    c.requests,
-                    c.errors,
-                    c.generated_tokens,
-                    tuple(c.ttft_buckets),
-                )
-                for c in message.counters
-            ),
+            counters=tuple(RevisionCounters.from_proto(c) for c in message.counters),
         )
     return ReplicaReport(
         replica_id=message.replica_id,

@@ -7,13 +7,13 @@ token's principal into `current_principal` for the duration of the call.
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Mapping
 from typing import Any
 
 import grpc
 
 from loraserve.adapterstore.api import protoconv
-from loraserve.adapterstore.catalog import Adapter
+from loraserve.adapterstore.catalog import Adapter, YankMark
 from loraserve.adapterstore.files import Chunk, DownloadUrls
 from loraserve.adapterstore.replicas.model import ReplicaStatus
 from loraserve.adapterstore.rollout import protoconv as rolloutconv
@@ -22,30 +22,52 @@ from loraserve.adapterstore.store import AdapterStore
 from loraserve.adapterstore.v1 import adapterstore_pb2 as pb
 from loraserve.adapterstore.v1 import adapterstore_pb2_grpc as pb_grpc
 from loraserve.common.quota import quota_from_proto, quota_to_proto
-from loraserve.common.revisions.manifest import revision_to_proto, timestamp
-from loraserve.common.rpc.security import current_principal
+from loraserve.common.revisions.manifest import Revision, revision_to_proto, timestamp
+from loraserve.common.rpc.auth import reporting_identity
+from loraserve.common.rpc.security import Role, current_principal
 
 SERVICE_NAME = pb.DESCRIPTOR.services_by_name["AdapterStoreService"].full_name
 _PREFIX = f"/{SERVICE_NAME}/"
-# Methods that change what is served need a writer token.
-WRITE_METHODS = frozenset(
-    _PREFIX + m
-    for m in (
-        "PushAdapter",
-        "SetCurrentRevision",
-        "DeleteAdapter",
-        "StartRollout",
-        "SetRolloutWeight",
-        "PromoteRollout",
-        "AbortRollout",
-        "SetQuota",
-    )
-)
-# What inference replicas say about themselves needs a replica token: neither a
-# reader nor a writer can make `adapterctl status` show what no replica serves.
-REPLICA_METHODS = frozenset(
-    _PREFIX + m for m in ("ReportStatus", "ReportReplicaAlive", "ReportReplicaStatus")
-)
+# The role each method needs (loraserve.common.rpc.auth: admin ⊇ writer ⊇ reader); every
+# method is listed, so a new one is a decision, not a default.
+# Pushing adds a revision; admin work changes or removes what replicas serve; what
+# replicas say about themselves needs a replica credential, for that replica only.
+METHOD_ROLES: Mapping[str, Role] = {
+    **{
+        _PREFIX + m: Role.READER
+        for m in (
+            "GetAdapter",
+            "GetNextRevision",
+            "ListAdapters",
+            "ListRevisions",
+            "DownloadAdapter",
+            "GetDownloadUrls",
+            "WatchAdapters",
+            "GetAdapterStatus",
+            "GetRollout",
+            "ListQuotas",
+        )
+    },
+    _PREFIX + "PushAdapter": Role.WRITER,
+    **{
+        _PREFIX + m: Role.ADMIN
+        for m in (
+            "SetCurrentRevision",
+            "DeleteAdapter",
+            "StartRollout",
+            "SetRolloutWeight",
+            "PromoteRollout",
+            "AbortRollout",
+            "SetQuota",
+            "YankRevision",
+            "UnyankRevision",
+        )
+    },
+    **{
+        _PREFIX + m: Role.REPLICA
+        for m in ("ReportStatus", "ReportReplicaAlive", "ReportReplicaStatus")
+    },
+}
 
 Context = grpc.aio.ServicerContext[Any, Any]
 
@@ -56,9 +78,11 @@ class AdapterStoreServicer:
         store: AdapterStore,
         principal: Callable[[], str] = current_principal.get,
         urls: DownloadUrls | None = None,
+        reporter: Callable[[], str | None] = reporting_identity,
     ) -> None:
         self._store = store
         self._principal = principal
+        self._reporter = reporter
         self._urls = urls if urls is not None else DownloadUrls(store, None, 0)
 
     async def PushAdapter(
@@ -119,12 +143,15 @@ class AdapterStoreServicer:
             request.name,
             request.page_size,
             request.page_token,
-            size_of=lambda r: revision_to_proto(r).ByteSize(),
+            size_of=_revision_size,
         )
         return pb.ListRevisionsResponse(
             revisions=[revision_to_proto(r) for r in page.revisions],
             next_page_token=page.next_page_token,
             current_revision=page.current_revision,
+            yanks=[
+                protoconv.revision_yank(n, m) for n, m in sorted(page.yanks.items(), reverse=True)
+            ],
         )
 
     async def SetCurrentRevision(
@@ -172,13 +199,14 @@ class AdapterStoreServicer:
     async def ReportReplicaAlive(
         self, request: pb.ReportReplicaAliveRequest, context: Context
     ) -> pb.ReportReplicaAliveResponse:
-        known = await self._store.replicas.alive(request.replica_id)
+        known = await self._store.replicas.alive(request.replica_id, self._reporter())
         return pb.ReportReplicaAliveResponse(known=known)
 
     async def ReportReplicaStatus(
         self, request: pb.ReportReplicaStatusRequest, context: Context
     ) -> pb.ReportReplicaStatusResponse:
-        known = await self._store.replicas.report(protoconv.replica_report(request))
+        report = protoconv.replica_report(request)
+        known = await self._store.replicas.report(report, self._reporter())
         return pb.ReportReplicaStatusResponse(known=known)
 
     async def GetAdapterStatus(
@@ -224,7 +252,11 @@ class AdapterStoreServicer:
         self, request: pb.PromoteRolloutRequest, context: Context
     ) -> pb.RolloutResponse:
         result = await self._store.rollouts.promote(
-            request.name, self._principal(), request.idempotency_key
+            request.name,
+            request.expected_candidate_revision,
+            self._principal(),
+            request.idempotency_key,
+            request.force,
         )
         return _rollout_response(result)
 
@@ -273,6 +305,33 @@ class AdapterStoreServicer:
         if listed.default is not None:
             response.default_quota.CopyFrom(quota_to_proto(listed.default))
         return response
+
+    async def YankRevision(
+        self, request: pb.YankRevisionRequest, context: Context
+    ) -> pb.YankRevisionResponse:
+        result = await self._store.yanks.yank(
+            request.name,
+            request.revision,
+            request.reason,
+            self._principal(),
+            request.idempotency_key,
+        )
+        yank = protoconv.revision_yank(result.revision, result.mark)
+        return pb.YankRevisionResponse(yank=yank, seq=result.seq)
+
+    async def UnyankRevision(
+        self, request: pb.UnyankRevisionRequest, context: Context
+    ) -> pb.UnyankRevisionResponse:
+        seq = await self._store.yanks.unyank(
+            request.name, request.revision, self._principal(), request.idempotency_key
+        )
+        return pb.UnyankRevisionResponse(seq=seq)
+
+
+def _revision_size(revision: Revision, yank: YankMark | None) -> int:
+    """What a revision adds to a ListRevisions page: its manifest and its yank."""
+    size = revision_to_proto(revision).ByteSize()
+    return size + (protoconv.revision_yank(revision.revision, yank).ByteSize() if yank else 0)
 
 
 def _rollout_response(result: RolloutResult) -> pb.RolloutResponse:

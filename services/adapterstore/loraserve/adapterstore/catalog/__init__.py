@@ -24,9 +24,18 @@ from loraserve.adapterstore.catalog.pagetokens import page_size
 from loraserve.adapterstore.catalog.quota_record import DEFAULT_QUOTA, QuotaChange
 from loraserve.adapterstore.catalog.requestrecord import RequestRecord
 from loraserve.adapterstore.catalog.withheld import change_within_limits, state_within_limits
+from loraserve.adapterstore.catalog.yank_record import (
+    MAX_YANK_REASON_BYTES,
+    MAX_YANKS_PER_ADAPTER,
+    YankChange,
+    YankMark,
+    refuse_yanked,
+)
 
 __all__ = [
     "DEFAULT_QUOTA",
+    "MAX_YANKS_PER_ADAPTER",
+    "MAX_YANK_REASON_BYTES",
     "Adapter",
     "AdapterPage",
     "Change",
@@ -35,6 +44,8 @@ __all__ = [
     "RequestRecord",
     "RevisionPage",
     "StoreState",
+    "YankChange",
+    "YankMark",
     "adapter_page",
     "change_within_limits",
     "detached",
@@ -43,6 +54,7 @@ __all__ = [
     "now",
     "page_size",
     "refuse_during_rollout",
+    "refuse_yanked",
     "revision_page",
     "state_within_limits",
 ]

@@ -9,11 +9,12 @@ from __future__ import annotations
 
 import bisect
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from loraserve.adapterstore.catalog import pagetokens
 from loraserve.adapterstore.catalog.lookup import detached
 from loraserve.adapterstore.catalog.model import Adapter, StoreState
+from loraserve.adapterstore.catalog.yank_record import YankMark
 from loraserve.common.config.textlimits import PageFill
 from loraserve.common.errors import InvalidArgument
 from loraserve.common.quota import Quota
@@ -35,6 +36,8 @@ class RevisionPage:
     revisions: list[Revision]
     next_page_token: str
     current_revision: int
+    # The yanks of the page's yanked revisions, by number.
+    yanks: dict[int, YankMark] = field(default_factory=dict)
 
 
 def adapter_page(
@@ -72,9 +75,10 @@ def revision_page(
     size: int,
     max_page_bytes: int,
     before: int,
-    size_of: Callable[[Revision], int],
+    size_of: Callable[[Revision, YankMark | None], int],
 ) -> RevisionPage:
-    """The adapter's revisions, newest first, older than `before` (0: from the newest)."""
+    """The adapter's revisions, newest first, older than `before` (0: from the newest);
+    `size_of` is a revision's encoded size with its yank, if any."""
     if before > adapter.latest_revision:
         raise InvalidArgument(
             f"page_token names revision {before}, beyond {adapter.name}'s latest "
@@ -85,7 +89,7 @@ def revision_page(
     fill = PageFill(size, max_page_bytes)
     page: list[int] = []
     for number in numbers:
-        if not fill.room_for(size_of(adapter.revisions[number])):
+        if not fill.room_for(size_of(adapter.revisions[number], adapter.yanks.get(number))):
             break
         page.append(number)
     next_token = (
@@ -93,4 +97,6 @@ def revision_page(
         if len(numbers) > len(page)
         else ""
     )
-    return RevisionPage([adapter.revisions[n] for n in page], next_token, adapter.current_revision)
+    yanks = {n: adapter.yanks[n] for n in page if n in adapter.yanks}
+    revisions = [adapter.revisions[n] for n in page]
+    return RevisionPage(revisions, next_token, adapter.current_revision, yanks)

@@ -16,8 +16,20 @@ from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from typing import Any
 
+from loraserve.adapterstore.catalog.folds import (
+    fold_current_set,
+    fold_delete,
+    fold_yank,
+    require_revision,
+)
 from loraserve.adapterstore.catalog.quota_record import DEFAULT_QUOTA, QuotaChange
 from loraserve.adapterstore.catalog.requestrecord import RequestRecord
+from loraserve.adapterstore.catalog.yank_record import (
+    YankChange,
+    YankMark,
+    yanks_from_json,
+    yanks_to_json,
+)
 from loraserve.adapterstore.rollout.records import Rollout, RolloutState
 from loraserve.common.errors import DataLoss
 from loraserve.common.quota import Quota
@@ -51,6 +63,8 @@ class Adapter:
     rollout: Rollout | None = None
     # Its own quota (QUOTA_SET), None when it follows the default.
     quota: Quota | None = None
+    # Yanked revisions by number (YANK_SET): replaced on a change, never changed in place.
+    yanks: dict[int, YankMark] = field(default_factory=dict)
 
     @property
     def current(self) -> Revision | None:
@@ -79,6 +93,8 @@ class Adapter:
             data["rollout"] = self.rollout.to_json()
         if self.quota is not None:
             data["quota"] = self.quota.to_json()
+        if self.yanks:
+            data["yanks"] = yanks_to_json(self.yanks)
         return data
 
     @classmethod
@@ -93,6 +109,7 @@ class Adapter:
             update_time=time_from_json(data["update_time"]),
             rollout=Rollout.from_json(data["rollout"]) if data.get("rollout") else None,
             quota=Quota.from_json(data["quota"]) if data.get("quota") else None,
+            yanks=yanks_from_json(data.get("yanks", ())),
         )
 
 
@@ -105,13 +122,15 @@ class ChangeType(enum.Enum):
     ADAPTER_DELETED = "adapter_deleted"
     ROLLOUT_CHANGED = "rollout_changed"
     QUOTA_SET = "quota_set"
+    YANK_SET = "yank_set"
 
 
 # What a change's `record` holds, by the kinds that have one.
-Record = Rollout | QuotaChange
+Record = Rollout | QuotaChange | YankChange
 RECORD_TYPES: dict[ChangeType, type[Record]] = {
     ChangeType.ROLLOUT_CHANGED: Rollout,
     ChangeType.QUOTA_SET: QuotaChange,
+    ChangeType.YANK_SET: YankChange,
 }
 
 
@@ -300,15 +319,9 @@ def _compact(value: dict[str, Any]) -> bytes:
     return json.dumps(value, separators=(",", ":")).encode()
 
 
-def _require_revision(change: Change) -> Revision:
-    if change.revision is None:
-        raise DataLoss(f"log entry {change.seq} ({change.type.value}) has no revision")
-    return change.revision
-
-
 def _fold_push(state: StoreState, change: Change) -> None:
     name = change.adapter_name
-    revision = _require_revision(change)
+    revision = require_revision(change)
     adapter = state.adapters.get(name)
     if adapter is None:
         adapter = Adapter(
@@ -327,26 +340,6 @@ def _fold_push(state: StoreState, change: Change) -> None:
     adapter.latest_revision = revision.revision
     adapter.current_revision = change.current_revision
     adapter.update_time = change.time
-
-
-def _fold_current_set(state: StoreState, change: Change) -> None:
-    name = change.adapter_name
-    revision = _require_revision(change)
-    adapter = state.adapters.get(name)
-    if adapter is None or revision.revision not in adapter.revisions:
-        raise DataLoss(f"log entry {change.seq} promotes unknown {name}@{revision.revision}")
-    adapter.current_revision = revision.revision
-    adapter.update_time = change.time
-
-
-def _fold_delete(state: StoreState, change: Change) -> None:
-    name = change.adapter_name
-    adapter = state.adapters.get(name)
-    if adapter is None:
-        raise DataLoss(f"log entry {change.seq} deletes unknown adapter {name}")
-    state.deleted_latest[name] = adapter.latest_revision
-    del state.adapters[name]
-    del state.names[bisect.bisect_left(state.names, name)]
 
 
 def _fold_rollout(state: StoreState, change: Change) -> None:
@@ -393,8 +386,9 @@ def _fold_quota(state: StoreState, change: Change) -> None:
 # How each kind of change folds into the state.
 _FOLDS: dict[ChangeType, Callable[[StoreState, Change], None]] = {
     ChangeType.REVISION_PUSHED: _fold_push,
-    ChangeType.CURRENT_REVISION_SET: _fold_current_set,
-    ChangeType.ADAPTER_DELETED: _fold_delete,
+    ChangeType.CURRENT_REVISION_SET: fold_current_set,
+    ChangeType.ADAPTER_DELETED: fold_delete,
     ChangeType.ROLLOUT_CHANGED: _fold_rollout,
     ChangeType.QUOTA_SET: _fold_quota,
+    ChangeType.YANK_SET: fold_yank,
 }

@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from loraserve.common.quota import Quota
+from loraserve.common.quota import LIMIT_RANGES, Quota
 
 # The adapter name of a change to the default quota.
 DEFAULT_QUOTA = ""
@@ -29,4 +29,15 @@ class QuotaChange:
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> QuotaChange:
         quota = data.get("quota")
-        return cls(None if quota is None else Quota.from_json(quota))
+        return cls(None if quota is None else Quota.from_json(_in_range(quota)))
+
+
+def _in_range(limits: dict[str, Any]) -> dict[str, Any]:
+    """`limits` with each brought into its range: entries committed before the ranges
+    were enforced took any positive number, and the log must still fold."""
+    clamped = dict(limits)
+    for name, (low, high) in LIMIT_RANGES.items():
+        value = limits.get(name)
+        if value is not None:
+            clamped[name] = min(max(value, low), high)
+    return clamped

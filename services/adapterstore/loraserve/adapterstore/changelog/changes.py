@@ -16,6 +16,7 @@ from loraserve.adapterstore.catalog import (
     find_revision,
     now,
     refuse_during_rollout,
+    refuse_yanked,
 )
 from loraserve.adapterstore.changelog.logtypes import ChangeBuilder
 from loraserve.adapterstore.files import LoraConfig, PushHeader
@@ -83,6 +84,7 @@ def current_set(name: str, revision: int, expected_current: int, actor: str) -> 
         if adapter.current_revision == revision:
             return None
         refuse_during_rollout(adapter, "promote or abort it before rolling back")
+        refuse_yanked(adapter, revision, "made current")
         return Change(seq, ChangeType.CURRENT_REVISION_SET, name, target, revision, now(), actor)
 
     return build

@@ -33,6 +33,7 @@ from loraserve.common.config.textlimits import (
     MAX_ERROR_MESSAGE_BYTES,
     MAX_REPORT_ID_BYTES,
     MAX_REVISIONS_PER_ADAPTER,
+    MAX_ROLLOUT_CALLERS,
     MAX_TTFT_BOUNDS,
     check_text,
 )
@@ -223,4 +224,14 @@ def _check_counters(counters: ReplicaCounters) -> None:
             raise InvalidArgument(
                 f"counters of {c.name}@{c.revision}: ttft_buckets must be cumulative, one "
                 "per bound and one more"
+            )
+        if (
+            len(c.callers) > MAX_ROLLOUT_CALLERS
+            or len({s.caller for s in c.callers}) != len(c.callers)
+            or any(not 1 <= s.last_request <= c.requests for s in c.callers)
+        ):
+            raise InvalidArgument(
+                f"counters of {c.name}@{c.revision}: callers must be at most "
+                f"{MAX_ROLLOUT_CALLERS} distinct ones, each last seen at a request from 1 "
+                "to requests"
             )

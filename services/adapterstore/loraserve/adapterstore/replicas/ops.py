@@ -14,8 +14,21 @@ from loraserve.adapterstore.changelog import ChangeLog
 from loraserve.adapterstore.replicas.model import ReplicaReport, ReplicaStatus, check_report
 from loraserve.adapterstore.replicas.reads import decode_token, encode_token
 from loraserve.adapterstore.replicas.writes import ReplicaStatusStore
-from loraserve.common.errors import FailedPrecondition
+from loraserve.common.errors import FailedPrecondition, PermissionDenied
 from loraserve.common.revisions.names import validate_adapter_name
+
+
+def check_reporter(replica_id: str, reporter: str | None) -> None:
+    """Refuses a report about `replica_id` from a caller whose credential names another
+    replica (`reporter`; None where the store authenticates nobody and trusts every
+    caller alike): otherwise one replica's token could make up replicas that ACK a push,
+    NACK someone's rollout or keep a dead one looking live."""
+    if reporter is not None and reporter != replica_id:
+        raise PermissionDenied(
+            f"this credential belongs to replica {reporter!r}, which cannot report for "
+            f"replica {replica_id!r}: each replica reports for itself, with its own token "
+            "(PRINCIPAL:TOKEN) or certificate and a matching --replica-id"
+        )
 
 
 @dataclass(frozen=True, slots=True)
@@ -37,11 +50,13 @@ class ReplicaOps:
         self._check_started = check_started
         self._max_page_bytes = max_page_bytes
 
-    async def report(self, report: ReplicaReport) -> bool:
+    async def report(self, report: ReplicaReport, reporter: str | None = None) -> bool:
         """Records a batched report (seeing commits made through other store replicas
-        first); False when the replica had expired and should send every shard."""
+        first) from `reporter` (see check_reporter); False when the replica had expired
+        and should send every shard."""
         self._check_started()
         check_report(report)
+        check_reporter(report.replica_id, reporter)
         await self._log.sync()
         state = self._log.state
 
@@ -51,9 +66,10 @@ class ReplicaOps:
 
         return await self._statuses.report(report, exists)
 
-    async def alive(self, replica_id: str) -> bool:
+    async def alive(self, replica_id: str, reporter: str | None = None) -> bool:
         """A sign of life alone; False if the replica had expired."""
         self._check_started()
+        check_reporter(replica_id, reporter)
         return await self._statuses.alive(replica_id)
 
     def refuse_single_report(self) -> None:

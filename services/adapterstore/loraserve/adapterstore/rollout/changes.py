@@ -17,10 +17,11 @@ from loraserve.adapterstore.catalog import (
     find_adapter,
     find_revision,
     now,
+    refuse_yanked,
 )
 from loraserve.adapterstore.changelog import ChangeBuilder
 from loraserve.adapterstore.rollout.records import ArmFigures, Guards, Rollout, RolloutState
-from loraserve.common.errors import FailedPrecondition
+from loraserve.common.errors import Aborted, FailedPrecondition
 
 
 def rollout_started(
@@ -45,6 +46,7 @@ def rollout_started(
             )
         if revision == adapter.current_revision:
             raise FailedPrecondition(f"{name}@{revision} is the current revision already")
+        refuse_yanked(adapter, revision, "rolled out")
         time = now()
         rollout = Rollout(
             adapter_name=name,
@@ -80,12 +82,15 @@ def rollout_weight_set(name: str, weight: float, actor: str) -> ChangeBuilder:
     return build
 
 
-def rollout_promoted(name: str, figures: tuple[ArmFigures, ...], actor: str) -> ChangeBuilder:
-    """The candidate current and the rollout over, in one entry."""
+def rollout_promoted(
+    name: str, expected: int, figures: tuple[ArmFigures, ...], actor: str
+) -> ChangeBuilder:
+    """The candidate current and the rollout over, in one entry, when the candidate is
+    the `expected` revision."""
 
     def build(state: StoreState, seq: int) -> Change:
         adapter = find_adapter(state, name)
-        active = _active(adapter, "promote it")
+        active = promotable(adapter, expected)
         rollout = _ended(active, RolloutState.PROMOTED, "", figures, seq, actor)
         return _change(seq, adapter, rollout, active.candidate_revision)
 
@@ -115,6 +120,20 @@ def rollout_aborted(
         return _change(seq, adapter, rollout, adapter.current_revision)
 
     return build
+
+
+def promotable(adapter: Adapter, expected: int) -> Rollout:
+    """The adapter's active rollout when its candidate is `expected`. Aborted otherwise:
+    whoever reviewed `expected` has not reviewed the candidate now in the rollout (one
+    aborted and started again meanwhile, say)."""
+    active = _active(adapter, "promote it")
+    if active.candidate_revision != expected:
+        raise Aborted(
+            f"the active {active.describe()} is not of {adapter.name}@{expected} as "
+            f"expected; review @{active.candidate_revision} (adapterctl rollout status "
+            f"{adapter.name}) and promote it with --expect {active.candidate_revision}"
+        )
+    return active
 
 
 def _active(adapter: Adapter, what: str) -> Rollout:

@@ -6,7 +6,10 @@ replica, for the longest window it judges, and takes each arm's figures over a
 window as the difference between the newest sample and the newest one at least a
 window old (or the oldest it has, while it has watched for less than a window). A
 replica that restarted (another counters epoch) or whose counts went down counts
-from zero. Pure, no I/O: guard.py feeds it.
+from zero. Distinct callers are no count to difference: each replica reports its
+most recent ones with the request count when each was last seen, so an arm's callers
+in the window are those seen past the count at the window's start, merged across
+replicas by their hash. Pure, no I/O: guard.py feeds it.
 """
 
 from __future__ import annotations
@@ -15,7 +18,7 @@ from collections import deque
 from dataclasses import dataclass
 
 from loraserve.adapterstore.replicas.model import ReplicaCounters
-from loraserve.adapterstore.rollout.records import ArmFigures, Rollout
+from loraserve.adapterstore.rollout.records import ArmFigures, Guards, Rollout
 from loraserve.common.fleet.reports import RevisionCounters, RevisionReport
 
 # Samples kept per replica, whatever the windows: a bound on memory.
@@ -43,6 +46,8 @@ class ArmDelta:
     generated_tokens: int = 0
     ttft_buckets: tuple[int, ...] = ()
     ttft_bounds: tuple[float, ...] = ()
+    # Hashes of the callers seen in the window.
+    callers: frozenset[int] = frozenset()
 
 
 class CounterHistory:
@@ -100,7 +105,12 @@ def _delta(
         or earlier.requests > latest.requests
     ):
         return ArmDelta(
-            latest.requests, latest.errors, latest.generated_tokens, latest.ttft_buckets, bounds
+            latest.requests,
+            latest.errors,
+            latest.generated_tokens,
+            latest.ttft_buckets,
+            bounds,
+            _callers_after(latest, 0),
         )
     return ArmDelta(
         latest.requests - earlier.requests,
@@ -108,7 +118,13 @@ def _delta(
         latest.generated_tokens - earlier.generated_tokens,
         tuple(a - b for a, b in zip(latest.ttft_buckets, earlier.ttft_buckets, strict=True)),
         bounds,
+        _callers_after(latest, earlier.requests),
     )
+
+
+def _callers_after(latest: RevisionCounters, requests: int) -> frozenset[int]:
+    """The callers last seen after the revision's `requests`-th request."""
+    return frozenset(c.caller for c in latest.callers if c.last_request > requests)
 
 
 def arm_figures(revision: int, deltas: list[ArmDelta]) -> ArmFigures:
@@ -127,6 +143,7 @@ def arm_figures(revision: int, deltas: list[ArmDelta]) -> ArmFigures:
         errors=sum(d.errors for d in deltas),
         ttft_p95_s=quantile(0.95, bounds, buckets),
         generated_tokens=sum(d.generated_tokens for d in deltas),
+        callers=len({caller for d in deltas for caller in d.callers}),
     )
 
 
@@ -153,18 +170,14 @@ def verdict(
     candidate: ArmFigures,
     nacks: list[tuple[str, RevisionReport]],
 ) -> str:
-    """Why the guards abort the rollout; "" while they do not."""
+    """Why the guards abort the rollout; "" while they do not. An arm is judged once it
+    has `min_requests` requests from `min_callers` distinct callers in the window: the
+    candidate for either margin, the current arm too for TTFT (as for requests)."""
     guards = rollout.guards
-    name = rollout.adapter_name
     if guards.abort_on_nack and nacks:
-        refusals = "; ".join(
-            f"replica {replica} refused {name}@{report.revision}: "
-            f"{_code_name(report)}{report.error.message if report.error else ''}"
-            for replica, report in nacks
-        )
-        return f"guard abort_on_nack: {refusals}"
+        return f"guard abort_on_nack: {refusals(rollout.adapter_name, nacks)}"
     window = f"over the last {guards.window_s:g} s"
-    if candidate.requests < guards.min_requests:
+    if not _judged(candidate, guards):
         return ""
     margin = guards.max_error_rate_margin
     if margin is not None and 100 * candidate.error_rate > 100 * current.error_rate + margin:
@@ -176,7 +189,7 @@ def verdict(
     margin = guards.max_ttft_p95_margin
     if (
         margin is not None
-        and current.requests >= guards.min_requests
+        and _judged(current, guards)
         and candidate.ttft_p95_s > current.ttft_p95_s * (1 + margin / 100)
     ):
         return (
@@ -185,6 +198,20 @@ def verdict(
             f"{1000 * current.ttft_p95_s:.0f} ms by more than {margin:g} % {window}"
         )
     return ""
+
+
+def refusals(name: str, nacks: list[tuple[str, RevisionReport]]) -> str:
+    """E.g. `replica r2 refused alpha@2: FAILED_PRECONDITION: rank 16 > 8`, `; ` apart."""
+    return "; ".join(
+        f"replica {replica} refused {name}@{report.revision}: "
+        f"{_code_name(report)}{report.error.message if report.error else ''}"
+        for replica, report in nacks
+    )
+
+
+def _judged(figures: ArmFigures, guards: Guards) -> bool:
+    """Whether an arm's figures carry enough requests from enough callers to judge."""
+    return figures.requests >= guards.min_requests and figures.callers >= guards.min_callers
 
 
 def _rate(figures: ArmFigures) -> str:

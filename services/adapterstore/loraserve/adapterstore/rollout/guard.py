@@ -93,7 +93,11 @@ class RolloutGuard:
         for rollout in rollouts:
             evaluation = self._evaluate(rollout, taken)
             self.latest[rollout.adapter_name] = evaluation
-            nacks = await self._nacks(rollout) if rollout.guards.abort_on_nack else []
+            nacks = (
+                await self.nacks(rollout.adapter_name, rollout.candidate_revision)
+                if rollout.guards.abort_on_nack
+                else []
+            )
             reason = verdict(rollout, *evaluation.arms, nacks)
             if reason:
                 await self._abort(rollout, reason, evaluation.arms)
@@ -112,11 +116,11 @@ class RolloutGuard:
         )
         return Evaluation(rollout.start_seq, arms, by_replica, now())
 
-    async def _nacks(self, rollout: Rollout) -> list[tuple[str, RevisionReport]]:
-        """Live replicas that refused the candidate."""
+    async def nacks(self, name: str, revision: int) -> list[tuple[str, RevisionReport]]:
+        """Live replicas that refused `name`@`revision`, with what each reported."""
         refused = []
-        for status in await self._statuses.reader.adapter(rollout.adapter_name):
-            report = status.report.revision(rollout.candidate_revision) if status.report else None
+        for status in await self._statuses.reader.adapter(name):
+            report = status.report.revision(revision) if status.report else None
             if report is not None and report.state is ServingState.FAILED:
                 refused.append((status.replica_id, report))
         return refused

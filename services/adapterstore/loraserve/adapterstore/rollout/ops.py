@@ -19,15 +19,18 @@ from loraserve.adapterstore.changelog import (
     request_tag,
 )
 from loraserve.adapterstore.rollout.changes import (
+    promotable,
     rollout_aborted,
     rollout_promoted,
     rollout_started,
     rollout_weight_set,
 )
+from loraserve.adapterstore.rollout.figures import refusals
 from loraserve.adapterstore.rollout.guard import RolloutGuard
 from loraserve.adapterstore.rollout.records import ArmFigures, Guards, Rollout, check_weight
+from loraserve.adapterstore.signature_policy import ServedRevisionCheck
 from loraserve.common.config.textlimits import MAX_ERROR_MESSAGE_BYTES, check_text
-from loraserve.common.errors import InvalidArgument, NotFound
+from loraserve.common.errors import FailedPrecondition, InvalidArgument, NotFound
 from loraserve.common.revisions.manifest import Revision
 from loraserve.common.revisions.names import validate_adapter_name
 
@@ -56,11 +59,17 @@ class RolloutView:
 
 class RolloutOps:
     def __init__(
-        self, changelog: ChangeLog, guard: RolloutGuard, check_started: Callable[[], None]
+        self,
+        changelog: ChangeLog,
+        guard: RolloutGuard,
+        check_started: Callable[[], None],
+        served: ServedRevisionCheck,
     ) -> None:
         self._log = changelog
         self._guard = guard
         self._check_started = check_started
+        # The signature policy on a candidate (signature_policy.py).
+        self._served = served
 
     async def start(
         self, name: str, revision: int, weight: float, guards: Guards, actor: str, key: str = ""
@@ -70,6 +79,7 @@ class RolloutOps:
             raise InvalidArgument(f"revision must be >= 1, got {revision}")
         check_weight(weight)
         guards.check()
+        await self._served.check(name, revision, "a rollout candidate")
         tag = request_tag(key, "rollout_start", name, revision, weight, guards.to_json())
         return await self._commit(name, rollout_started(name, revision, weight, guards, actor), tag)
 
@@ -81,11 +91,31 @@ class RolloutOps:
         tag = request_tag(key, "rollout_weight", name, weight)
         return await self._commit(name, rollout_weight_set(name, weight, actor), tag)
 
-    async def promote(self, name: str, actor: str, key: str = "") -> RolloutResult:
+    async def promote(
+        self, name: str, expected: int, actor: str, key: str = "", force: bool = False
+    ) -> RolloutResult:
+        """Makes the candidate current when it is the `expected` revision (Aborted
+        otherwise) and no live replica refuses it (FailedPrecondition), unless `force`."""
         self._check_request(name, key)
-        figures = self._current_figures(name)
-        tag = request_tag(key, "rollout_promote", name)
-        return await self._commit(name, rollout_promoted(name, figures, actor), tag)
+        if expected < 1:
+            raise InvalidArgument(
+                f"expected_candidate_revision is required: the candidate revision of "
+                f"{name!r} you reviewed (adapterctl rollout status {name}), got {expected}"
+            )
+        tag = request_tag(key, "rollout_promote", name, expected, force)
+        # A retry of a promote that was committed replays it, NACKs or not.
+        if await self._log.committed(tag) is None:
+            await self._log.sync()
+            promotable(find_adapter(self._log.state, name), expected)
+            nacks = await self._guard.nacks(name, expected)
+            if nacks and not force:
+                raise FailedPrecondition(
+                    f"cannot promote {name}@{expected}: live replicas refuse it "
+                    f"({refusals(name, nacks)}); fix them or abort the rollout, or promote "
+                    "with force (adapterctl rollout promote --force) to serve it anyway"
+                )
+        build = rollout_promoted(name, expected, self._current_figures(name), actor)
+        return await self._commit(name, build, tag)
 
     async def abort(self, name: str, reason: str, actor: str, key: str = "") -> RolloutResult:
         self._check_request(name, key)

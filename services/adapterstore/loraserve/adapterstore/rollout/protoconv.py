@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from loraserve.adapterstore.rollout.records import (
+    DEFAULT_MIN_CALLERS,
     DEFAULT_MIN_REQUESTS,
     DEFAULT_WINDOW_S,
     ArmFigures,
@@ -32,6 +33,7 @@ def guards(message: pb.RolloutGuards) -> Guards:
         ),
         window_s=message.window_seconds or DEFAULT_WINDOW_S,
         min_requests=message.min_requests or DEFAULT_MIN_REQUESTS,
+        min_callers=message.min_callers or DEFAULT_MIN_CALLERS,
     )
 
 
@@ -40,6 +42,7 @@ def guards_message(value: Guards) -> pb.RolloutGuards:
         abort_on_nack=value.abort_on_nack,
         window_seconds=value.window_s,
         min_requests=value.min_requests,
+        min_callers=value.min_callers,
     )
     if value.max_error_rate_margin is not None:
         message.max_error_rate_margin = value.max_error_rate_margin
@@ -56,6 +59,7 @@ def figures(value: ArmFigures) -> pb.ArmFigures:
         error_rate=value.error_rate,
         ttft_p95_seconds=value.ttft_p95_s,
         generated_tokens=value.generated_tokens,
+        callers=value.callers,
     )
 
 

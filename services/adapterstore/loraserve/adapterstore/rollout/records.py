@@ -20,11 +20,14 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
+from loraserve.common.config.textlimits import MAX_ROLLOUT_CALLERS
 from loraserve.common.errors import InvalidArgument
 from loraserve.common.revisions.manifest import time_from_json, time_to_json
 
 DEFAULT_WINDOW_S = 60.0
 DEFAULT_MIN_REQUESTS = 20
+# Distinct callers an arm needs before it is judged: no one caller decides a verdict.
+DEFAULT_MIN_CALLERS = 3
 # The store's own aborts are made by this actor.
 GUARD_ACTOR = "rollout-guard"
 
@@ -48,6 +51,7 @@ class Guards:
     max_ttft_p95_margin: float | None = None
     window_s: float = DEFAULT_WINDOW_S
     min_requests: int = DEFAULT_MIN_REQUESTS
+    min_callers: int = DEFAULT_MIN_CALLERS
 
     def check(self) -> None:
         for name, margin in (
@@ -64,6 +68,12 @@ class Guards:
             raise InvalidArgument(
                 f"guards.min_requests must be from 1 to 1e9, got {self.min_requests}"
             )
+        if not 1 <= self.min_callers <= MAX_ROLLOUT_CALLERS:
+            # Replicas report their most recent callers only, so more could never be seen.
+            raise InvalidArgument(
+                f"guards.min_callers must be from 1 to {MAX_ROLLOUT_CALLERS}, "
+                f"got {self.min_callers}"
+            )
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -72,6 +82,7 @@ class Guards:
             "max_ttft_p95_margin": self.max_ttft_p95_margin,
             "window_s": self.window_s,
             "min_requests": self.min_requests,
+            "min_callers": self.min_callers,
         }
 
     @classmethod
@@ -84,6 +95,8 @@ class Guards:
             max_ttft_p95_margin=None if ttft_margin is None else float(ttft_margin),
             window_s=float(data["window_s"]),
             min_requests=int(data["min_requests"]),
+            # Rollouts started before the minimum existed get the default.
+            min_callers=int(data.get("min_callers", DEFAULT_MIN_CALLERS)),
         )
 
 
@@ -96,6 +109,8 @@ class ArmFigures:
     errors: int = 0
     ttft_p95_s: float = 0.0
     generated_tokens: int = 0
+    # Distinct callers in the window (at least: see RevisionCounters.callers).
+    callers: int = 0
 
     @property
     def error_rate(self) -> float:
@@ -103,8 +118,9 @@ class ArmFigures:
 
     def describe(self) -> str:
         return (
-            f"@{self.revision}: {self.requests} requests, {self.errors} errors "
-            f"({100 * self.error_rate:.1f} %), TTFT p95 {1000 * self.ttft_p95_s:.0f} ms"
+            f"@{self.revision}: {self.requests} requests from {self.callers} callers, "
+            f"{self.errors} errors ({100 * self.error_rate:.1f} %), "
+            f"TTFT p95 {1000 * self.ttft_p95_s:.0f} ms"
         )
 
     def to_json(self) -> dict[str, Any]:
@@ -114,6 +130,7 @@ class ArmFigures:
             "errors": self.errors,
             "ttft_p95_s": self.ttft_p95_s,
             "generated_tokens": self.generated_tokens,
+            "callers": self.callers,
         }
 
     @classmethod
@@ -124,6 +141,7 @@ class ArmFigures:
             errors=int(data["errors"]),
             ttft_p95_s=float(data["ttft_p95_s"]),
             generated_tokens=int(data["generated_tokens"]),
+            callers=int(data.get("callers", 0)),
         )
 
 

@@ -18,6 +18,7 @@ class EventType(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     EVENT_TYPE_ADAPTER_DELETED: _ClassVar[EventType]
     EVENT_TYPE_ROLLOUT_CHANGED: _ClassVar[EventType]
     EVENT_TYPE_QUOTA_CHANGED: _ClassVar[EventType]
+    EVENT_TYPE_YANK_CHANGED: _ClassVar[EventType]
 
 class ReportType(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     __slots__ = ()
@@ -52,6 +53,7 @@ EVENT_TYPE_CURRENT_REVISION_SET: EventType
 EVENT_TYPE_ADAPTER_DELETED: EventType
 EVENT_TYPE_ROLLOUT_CHANGED: EventType
 EVENT_TYPE_QUOTA_CHANGED: EventType
+EVENT_TYPE_YANK_CHANGED: EventType
 REPORT_TYPE_UNSPECIFIED: ReportType
 REPORT_TYPE_ACK: ReportType
 REPORT_TYPE_NACK: ReportType
@@ -112,7 +114,7 @@ class Revision(_message.Message):
     def __init__(self, adapter_name: _Optional[str] = ..., revision: _Optional[int] = ..., files: _Optional[_Iterable[_Union[FileInfo, _Mapping]]] = ..., base_model: _Optional[str] = ..., rank: _Optional[int] = ..., alpha: _Optional[float] = ..., target_modules: _Optional[_Iterable[str]] = ..., create_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., pushed_by: _Optional[str] = ..., description: _Optional[str] = ..., seq: _Optional[int] = ..., signature: _Optional[bytes] = ..., signed_by: _Optional[str] = ..., withheld_fields: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class Adapter(_message.Message):
-    __slots__ = ("name", "current_revision", "latest_revision", "current", "create_time", "update_time", "create_seq", "rollout", "quota")
+    __slots__ = ("name", "current_revision", "latest_revision", "current", "create_time", "update_time", "create_seq", "rollout", "quota", "yanked_revisions")
     NAME_FIELD_NUMBER: _ClassVar[int]
     CURRENT_REVISION_FIELD_NUMBER: _ClassVar[int]
     LATEST_REVISION_FIELD_NUMBER: _ClassVar[int]
@@ -122,6 +124,7 @@ class Adapter(_message.Message):
     CREATE_SEQ_FIELD_NUMBER: _ClassVar[int]
     ROLLOUT_FIELD_NUMBER: _ClassVar[int]
     QUOTA_FIELD_NUMBER: _ClassVar[int]
+    YANKED_REVISIONS_FIELD_NUMBER: _ClassVar[int]
     name: str
     current_revision: int
     latest_revision: int
@@ -131,7 +134,8 @@ class Adapter(_message.Message):
     create_seq: int
     rollout: Rollout
     quota: AdapterQuota
-    def __init__(self, name: _Optional[str] = ..., current_revision: _Optional[int] = ..., latest_revision: _Optional[int] = ..., current: _Optional[_Union[Revision, _Mapping]] = ..., create_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., update_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., create_seq: _Optional[int] = ..., rollout: _Optional[_Union[Rollout, _Mapping]] = ..., quota: _Optional[_Union[AdapterQuota, _Mapping]] = ...) -> None: ...
+    yanked_revisions: _containers.RepeatedCompositeFieldContainer[RevisionYank]
+    def __init__(self, name: _Optional[str] = ..., current_revision: _Optional[int] = ..., latest_revision: _Optional[int] = ..., current: _Optional[_Union[Revision, _Mapping]] = ..., create_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., update_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., create_seq: _Optional[int] = ..., rollout: _Optional[_Union[Rollout, _Mapping]] = ..., quota: _Optional[_Union[AdapterQuota, _Mapping]] = ..., yanked_revisions: _Optional[_Iterable[_Union[RevisionYank, _Mapping]]] = ...) -> None: ...
 
 class PushHeader(_message.Message):
     __slots__ = ("name", "files", "no_promote", "description", "idempotency_key", "signature")
@@ -240,14 +244,16 @@ class ListRevisionsRequest(_message.Message):
     def __init__(self, name: _Optional[str] = ..., page_size: _Optional[int] = ..., page_token: _Optional[str] = ...) -> None: ...
 
 class ListRevisionsResponse(_message.Message):
-    __slots__ = ("revisions", "next_page_token", "current_revision")
+    __slots__ = ("revisions", "next_page_token", "current_revision", "yanks")
     REVISIONS_FIELD_NUMBER: _ClassVar[int]
     NEXT_PAGE_TOKEN_FIELD_NUMBER: _ClassVar[int]
     CURRENT_REVISION_FIELD_NUMBER: _ClassVar[int]
+    YANKS_FIELD_NUMBER: _ClassVar[int]
     revisions: _containers.RepeatedCompositeFieldContainer[Revision]
     next_page_token: str
     current_revision: int
-    def __init__(self, revisions: _Optional[_Iterable[_Union[Revision, _Mapping]]] = ..., next_page_token: _Optional[str] = ..., current_revision: _Optional[int] = ...) -> None: ...
+    yanks: _containers.RepeatedCompositeFieldContainer[RevisionYank]
+    def __init__(self, revisions: _Optional[_Iterable[_Union[Revision, _Mapping]]] = ..., next_page_token: _Optional[str] = ..., current_revision: _Optional[int] = ..., yanks: _Optional[_Iterable[_Union[RevisionYank, _Mapping]]] = ...) -> None: ...
 
 class SetCurrentRevisionRequest(_message.Message):
     __slots__ = ("name", "revision", "expected_current_revision", "idempotency_key")
@@ -334,7 +340,7 @@ class WatchAdaptersRequest(_message.Message):
     def __init__(self, after_seq: _Optional[int] = ..., incarnation: _Optional[str] = ...) -> None: ...
 
 class AdapterEvent(_message.Message):
-    __slots__ = ("seq", "type", "adapter_name", "revision", "current_revision", "time", "actor", "rollout", "quota")
+    __slots__ = ("seq", "type", "adapter_name", "revision", "current_revision", "time", "actor", "rollout", "quota", "yank")
     SEQ_FIELD_NUMBER: _ClassVar[int]
     TYPE_FIELD_NUMBER: _ClassVar[int]
     ADAPTER_NAME_FIELD_NUMBER: _ClassVar[int]
@@ -344,6 +350,7 @@ class AdapterEvent(_message.Message):
     ACTOR_FIELD_NUMBER: _ClassVar[int]
     ROLLOUT_FIELD_NUMBER: _ClassVar[int]
     QUOTA_FIELD_NUMBER: _ClassVar[int]
+    YANK_FIELD_NUMBER: _ClassVar[int]
     seq: int
     type: EventType
     adapter_name: str
@@ -353,7 +360,8 @@ class AdapterEvent(_message.Message):
     actor: str
     rollout: Rollout
     quota: AdapterQuota
-    def __init__(self, seq: _Optional[int] = ..., type: _Optional[_Union[EventType, str]] = ..., adapter_name: _Optional[str] = ..., revision: _Optional[_Union[Revision, _Mapping]] = ..., current_revision: _Optional[int] = ..., time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., actor: _Optional[str] = ..., rollout: _Optional[_Union[Rollout, _Mapping]] = ..., quota: _Optional[_Union[AdapterQuota, _Mapping]] = ...) -> None: ...
+    yank: RevisionYank
+    def __init__(self, seq: _Optional[int] = ..., type: _Optional[_Union[EventType, str]] = ..., adapter_name: _Optional[str] = ..., revision: _Optional[_Union[Revision, _Mapping]] = ..., current_revision: _Optional[int] = ..., time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., actor: _Optional[str] = ..., rollout: _Optional[_Union[Rollout, _Mapping]] = ..., quota: _Optional[_Union[AdapterQuota, _Mapping]] = ..., yank: _Optional[_Union[RevisionYank, _Mapping]] = ...) -> None: ...
 
 class Heartbeat(_message.Message):
     __slots__ = ("seq", "time", "synced_time", "incarnation")
@@ -490,20 +498,30 @@ class StatusShard(_message.Message):
     def __init__(self, index: _Optional[int] = ..., adapters: _Optional[_Iterable[_Union[AdapterReport, _Mapping]]] = ...) -> None: ...
 
 class RevisionCounters(_message.Message):
-    __slots__ = ("adapter_name", "revision", "requests", "errors", "generated_tokens", "ttft_buckets")
+    __slots__ = ("adapter_name", "revision", "requests", "errors", "generated_tokens", "ttft_buckets", "callers")
     ADAPTER_NAME_FIELD_NUMBER: _ClassVar[int]
     REVISION_FIELD_NUMBER: _ClassVar[int]
     REQUESTS_FIELD_NUMBER: _ClassVar[int]
     ERRORS_FIELD_NUMBER: _ClassVar[int]
     GENERATED_TOKENS_FIELD_NUMBER: _ClassVar[int]
     TTFT_BUCKETS_FIELD_NUMBER: _ClassVar[int]
+    CALLERS_FIELD_NUMBER: _ClassVar[int]
     adapter_name: str
     revision: int
     requests: int
     errors: int
     generated_tokens: int
     ttft_buckets: _containers.RepeatedScalarFieldContainer[int]
-    def __init__(self, adapter_name: _Optional[str] = ..., revision: _Optional[int] = ..., requests: _Optional[int] = ..., errors: _Optional[int] = ..., generated_tokens: _Optional[int] = ..., ttft_buckets: _Optional[_Iterable[int]] = ...) -> None: ...
+    callers: _containers.RepeatedCompositeFieldContainer[CallerSighting]
+    def __init__(self, adapter_name: _Optional[str] = ..., revision: _Optional[int] = ..., requests: _Optional[int] = ..., errors: _Optional[int] = ..., generated_tokens: _Optional[int] = ..., ttft_buckets: _Optional[_Iterable[int]] = ..., callers: _Optional[_Iterable[_Union[CallerSighting, _Mapping]]] = ...) -> None: ...
+
+class CallerSighting(_message.Message):
+    __slots__ = ("caller", "last_request")
+    CALLER_FIELD_NUMBER: _ClassVar[int]
+    LAST_REQUEST_FIELD_NUMBER: _ClassVar[int]
+    caller: int
+    last_request: int
+    def __init__(self, caller: _Optional[int] = ..., last_request: _Optional[int] = ...) -> None: ...
 
 class ReportReplicaStatusRequest(_message.Message):
     __slots__ = ("replica_id", "applied_seq", "incarnation", "report_interval_seconds", "shards", "counters", "counters_epoch", "ttft_bounds_seconds")
@@ -532,34 +550,38 @@ class ReportReplicaStatusResponse(_message.Message):
     def __init__(self, known: _Optional[bool] = ...) -> None: ...
 
 class RolloutGuards(_message.Message):
-    __slots__ = ("abort_on_nack", "max_error_rate_margin", "max_ttft_p95_margin", "window_seconds", "min_requests")
+    __slots__ = ("abort_on_nack", "max_error_rate_margin", "max_ttft_p95_margin", "window_seconds", "min_requests", "min_callers")
     ABORT_ON_NACK_FIELD_NUMBER: _ClassVar[int]
     MAX_ERROR_RATE_MARGIN_FIELD_NUMBER: _ClassVar[int]
     MAX_TTFT_P95_MARGIN_FIELD_NUMBER: _ClassVar[int]
     WINDOW_SECONDS_FIELD_NUMBER: _ClassVar[int]
     MIN_REQUESTS_FIELD_NUMBER: _ClassVar[int]
+    MIN_CALLERS_FIELD_NUMBER: _ClassVar[int]
     abort_on_nack: bool
     max_error_rate_margin: float
     max_ttft_p95_margin: float
     window_seconds: float
     min_requests: int
-    def __init__(self, abort_on_nack: _Optional[bool] = ..., max_error_rate_margin: _Optional[float] = ..., max_ttft_p95_margin: _Optional[float] = ..., window_seconds: _Optional[float] = ..., min_requests: _Optional[int] = ...) -> None: ...
+    min_callers: int
+    def __init__(self, abort_on_nack: _Optional[bool] = ..., max_error_rate_margin: _Optional[float] = ..., max_ttft_p95_margin: _Optional[float] = ..., window_seconds: _Optional[float] = ..., min_requests: _Optional[int] = ..., min_callers: _Optional[int] = ...) -> None: ...
 
 class ArmFigures(_message.Message):
-    __slots__ = ("revision", "requests", "errors", "error_rate", "ttft_p95_seconds", "generated_tokens")
+    __slots__ = ("revision", "requests", "errors", "error_rate", "ttft_p95_seconds", "generated_tokens", "callers")
     REVISION_FIELD_NUMBER: _ClassVar[int]
     REQUESTS_FIELD_NUMBER: _ClassVar[int]
     ERRORS_FIELD_NUMBER: _ClassVar[int]
     ERROR_RATE_FIELD_NUMBER: _ClassVar[int]
     TTFT_P95_SECONDS_FIELD_NUMBER: _ClassVar[int]
     GENERATED_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    CALLERS_FIELD_NUMBER: _ClassVar[int]
     revision: int
     requests: int
     errors: int
     error_rate: float
     ttft_p95_seconds: float
     generated_tokens: int
-    def __init__(self, revision: _Optional[int] = ..., requests: _Optional[int] = ..., errors: _Optional[int] = ..., error_rate: _Optional[float] = ..., ttft_p95_seconds: _Optional[float] = ..., generated_tokens: _Optional[int] = ...) -> None: ...
+    callers: int
+    def __init__(self, revision: _Optional[int] = ..., requests: _Optional[int] = ..., errors: _Optional[int] = ..., error_rate: _Optional[float] = ..., ttft_p95_seconds: _Optional[float] = ..., generated_tokens: _Optional[int] = ..., callers: _Optional[int] = ...) -> None: ...
 
 class Rollout(_message.Message):
     __slots__ = ("adapter_name", "candidate_revision", "current_revision", "weight", "state", "guards", "start_seq", "update_seq", "start_time", "update_time", "started_by", "updated_by", "end_reason", "final_figures", "candidate")
@@ -620,12 +642,16 @@ class SetRolloutWeightRequest(_message.Message):
     def __init__(self, name: _Optional[str] = ..., weight: _Optional[float] = ..., idempotency_key: _Optional[str] = ...) -> None: ...
 
 class PromoteRolloutRequest(_message.Message):
-    __slots__ = ("name", "idempotency_key")
+    __slots__ = ("name", "idempotency_key", "expected_candidate_revision", "force")
     NAME_FIELD_NUMBER: _ClassVar[int]
     IDEMPOTENCY_KEY_FIELD_NUMBER: _ClassVar[int]
+    EXPECTED_CANDIDATE_REVISION_FIELD_NUMBER: _ClassVar[int]
+    FORCE_FIELD_NUMBER: _ClassVar[int]
     name: str
     idempotency_key: str
-    def __init__(self, name: _Optional[str] = ..., idempotency_key: _Optional[str] = ...) -> None: ...
+    expected_candidate_revision: int
+    force: bool
+    def __init__(self, name: _Optional[str] = ..., idempotency_key: _Optional[str] = ..., expected_candidate_revision: _Optional[int] = ..., force: _Optional[bool] = ...) -> None: ...
 
 class AbortRolloutRequest(_message.Message):
     __slots__ = ("name", "reason", "idempotency_key")
@@ -718,3 +744,53 @@ class ListQuotasResponse(_message.Message):
     quotas: _containers.RepeatedCompositeFieldContainer[NamedQuota]
     seq: int
     def __init__(self, default_quota: _Optional[_Union[AdapterQuota, _Mapping]] = ..., quotas: _Optional[_Iterable[_Union[NamedQuota, _Mapping]]] = ..., seq: _Optional[int] = ...) -> None: ...
+
+class RevisionYank(_message.Message):
+    __slots__ = ("revision", "reason", "yanked_by", "yank_time", "seq")
+    REVISION_FIELD_NUMBER: _ClassVar[int]
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    YANKED_BY_FIELD_NUMBER: _ClassVar[int]
+    YANK_TIME_FIELD_NUMBER: _ClassVar[int]
+    SEQ_FIELD_NUMBER: _ClassVar[int]
+    revision: int
+    reason: str
+    yanked_by: str
+    yank_time: _timestamp_pb2.Timestamp
+    seq: int
+    def __init__(self, revision: _Optional[int] = ..., reason: _Optional[str] = ..., yanked_by: _Optional[str] = ..., yank_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., seq: _Optional[int] = ...) -> None: ...
+
+class YankRevisionRequest(_message.Message):
+    __slots__ = ("name", "revision", "reason", "idempotency_key")
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    REVISION_FIELD_NUMBER: _ClassVar[int]
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    IDEMPOTENCY_KEY_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    revision: int
+    reason: str
+    idempotency_key: str
+    def __init__(self, name: _Optional[str] = ..., revision: _Optional[int] = ..., reason: _Optional[str] = ..., idempotency_key: _Optional[str] = ...) -> None: ...
+
+class YankRevisionResponse(_message.Message):
+    __slots__ = ("yank", "seq")
+    YANK_FIELD_NUMBER: _ClassVar[int]
+    SEQ_FIELD_NUMBER: _ClassVar[int]
+    yank: RevisionYank
+    seq: int
+    def __init__(self, yank: _Optional[_Union[RevisionYank, _Mapping]] = ..., seq: _Optional[int] = ...) -> None: ...
+
+class UnyankRevisionRequest(_message.Message):
+    __slots__ = ("name", "revision", "idempotency_key")
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    REVISION_FIELD_NUMBER: _ClassVar[int]
+    IDEMPOTENCY_KEY_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    revision: int
+    idempotency_key: str
+    def __init__(self, name: _Optional[str] = ..., revision: _Optional[int] = ..., idempotency_key: _Optional[str] = ...) -> None: ...
+
+class UnyankRevisionResponse(_message.Message):
+    __slots__ = ("seq",)
+    SEQ_FIELD_NUMBER: _ClassVar[int]
+    seq: int
+    def __init__(self, seq: _Optional[int] = ...) -> None: ...

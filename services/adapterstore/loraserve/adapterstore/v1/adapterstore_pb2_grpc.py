@@ -144,6 +144,16 @@ class AdapterStoreServiceStub:
                 request_serializer=loraserve_dot_adapterstore_dot_v1_dot_adapterstore__pb2.ListQuotasRequest.SerializeToString,
                 response_deserializer=loraserve_dot_adapterstore_dot_v1_dot_adapterstore__pb2.ListQuotasResponse.FromString,
                 _registered_method=True)
+        self.YankRevision = channel.unary_unary(
+                '/loraserve.adapterstore.v1.AdapterStoreService/YankRevision',
+                request_serializer=loraserve_dot_adapterstore_dot_v1_dot_adapterstore__pb2.YankRevisionRequest.SerializeToString,
+                response_deserializer=loraserve_dot_adapterstore_dot_v1_dot_adapterstore__pb2.YankRevisionResponse.FromString,
+                _registered_method=True)
+        self.UnyankRevision = channel.unary_unary(
+                '/loraserve.adapterstore.v1.AdapterStoreService/UnyankRevision',
+                request_serializer=loraserve_dot_adapterstore_dot_v1_dot_adapterstore__pb2.UnyankRevisionRequest.SerializeToString,
+                response_deserializer=loraserve_dot_adapterstore_dot_v1_dot_adapterstore__pb2.UnyankRevisionResponse.FromString,
+                _registered_method=True)
 
 
 class AdapterStoreServiceServicer:
@@ -319,6 +329,25 @@ class AdapterStoreServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def YankRevision(self, request, context):
+        """Yanks a revision, as one log entry: from that seq on every inference replica
+        refuses its pins (NAME@REV) with FAILED_PRECONDITION naming the reason, and it
+        cannot be made current or rolled out until unyanked. The current revision and
+        an active rollout's candidate cannot be yanked (FAILED_PRECONDITION): roll
+        back or abort first. Needs an admin token.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def UnyankRevision(self, request, context):
+        """Lifts a revision's yank, as one log entry; a revision not yanked is left as
+        it is (no entry). Needs an admin token.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_AdapterStoreServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -426,6 +455,16 @@ def add_AdapterStoreServiceServicer_to_server(servicer, server):
                     servicer.ListQuotas,
                     request_deserializer=loraserve_dot_adapterstore_dot_v1_dot_adapterstore__pb2.ListQuotasRequest.FromString,
                     response_serializer=loraserve_dot_adapterstore_dot_v1_dot_adapterstore__pb2.ListQuotasResponse.SerializeToString,
+            ),
+            'YankRevision': grpc.unary_unary_rpc_method_handler(
+                    servicer.YankRevision,
+                    request_deserializer=loraserve_dot_adapterstore_dot_v1_dot_adapterstore__pb2.YankRevisionRequest.FromString,
+                    response_serializer=loraserve_dot_adapterstore_dot_v1_dot_adapterstore__pb2.YankRevisionResponse.SerializeToString,
+            ),
+            'UnyankRevision': grpc.unary_unary_rpc_method_handler(
+                    servicer.UnyankRevision,
+                    request_deserializer=loraserve_dot_adapterstore_dot_v1_dot_adapterstore__pb2.UnyankRevisionRequest.FromString,
+                    response_serializer=loraserve_dot_adapterstore_dot_v1_dot_adapterstore__pb2.UnyankRevisionResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -1000,6 +1039,60 @@ class AdapterStoreService:
             '/loraserve.adapterstore.v1.AdapterStoreService/ListQuotas',
             loraserve_dot_adapterstore_dot_v1_dot_adapterstore__pb2.ListQuotasRequest.SerializeToString,
             loraserve_dot_adapterstore_dot_v1_dot_adapterstore__pb2.ListQuotasResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def YankRevision(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/loraserve.adapterstore.v1.AdapterStoreService/YankRevision',
+            loraserve_dot_adapterstore_dot_v1_dot_adapterstore__pb2.YankRevisionRequest.SerializeToString,
+            loraserve_dot_adapterstore_dot_v1_dot_adapterstore__pb2.YankRevisionResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def UnyankRevision(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/loraserve.adapterstore.v1.AdapterStoreService/UnyankRevision',
+            loraserve_dot_adapterstore_dot_v1_dot_adapterstore__pb2.UnyankRevisionRequest.SerializeToString,
+            loraserve_dot_adapterstore_dot_v1_dot_adapterstore__pb2.UnyankRevisionResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -62,8 +62,8 @@ def add_admission_flags(flag: Callable[..., None]) -> None:
     )
     flag(
         "max-engine-requests",
-        "requests in the engine at once, the rest wait for their turn (default: the "
-        "engine's max_num_seqs)",
+        "sequences in the engine at once (a request takes its n), the rest wait for "
+        "their turn (default: the engine's max_num_seqs)",
         type=positive_int,
     )
     flag(

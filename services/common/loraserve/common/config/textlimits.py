@@ -43,6 +43,9 @@ MAX_REPORT_ID_BYTES = 128
 MAX_REVISIONS_PER_ADAPTER = 4
 MAX_COUNTERS = 1000
 MAX_TTFT_BOUNDS = 32
+# A revision counter's most recent distinct callers (RevisionCounters.callers): enough
+# for any rollout's `min_callers`, which it bounds.
+MAX_ROLLOUT_CALLERS = 16
 # Any error message a server sends: a gRPC status message travels in the trailers, whose
 # size clients cap (grpcio's default hard limit is 16 KiB for all metadata; past it the
 # client sees RESOURCE_EXHAUSTED and the real status is lost), and an HTTP error body

@@ -107,6 +107,19 @@ class AdapterReport:
 
 
 @dataclass(frozen=True, slots=True)
+class CallerSighting:
+    """One of a revision's most recent distinct callers on a replica. Distinct callers
+    cannot be differenced over a window as counts can, so each is reported with the
+    revision's request count when it was last seen: the store counts those seen after
+    the count its window starts from, and the hashes merge across replicas."""
+
+    # 64 bits of a hash of the caller's identity, the same on every replica.
+    caller: int
+    # The revision's `requests` counter right after this caller's latest request.
+    last_request: int
+
+
+@dataclass(frozen=True, slots=True)
 class RevisionCounters:
     """Cumulative counts of one revision's requests on one replica, since the start
     of its counters' epoch."""
@@ -118,9 +131,11 @@ class RevisionCounters:
     generated_tokens: int
     # Cumulative per TTFT bound, then every request with a first token.
     ttft_buckets: tuple[int, ...]
+    # The most recent distinct callers (at most MAX_ROLLOUT_CALLERS), oldest first.
+    callers: tuple[CallerSighting, ...] = ()
 
     def to_json(self) -> dict[str, Any]:
-        return {
+        data: dict[str, Any] = {
             "name": self.name,
             "revision": self.revision,
             "requests": self.requests,
@@ -128,6 +143,9 @@ class RevisionCounters:
             "generated_tokens": self.generated_tokens,
             "ttft_buckets": list(self.ttft_buckets),
         }
+        if self.callers:
+            data["callers"] = [[c.caller, c.last_request] for c in self.callers]
+        return data
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> RevisionCounters:
@@ -138,4 +156,32 @@ class RevisionCounters:
             errors=int(data["errors"]),
             generated_tokens=int(data["generated_tokens"]),
             ttft_buckets=tuple(int(n) for n in data["ttft_buckets"]),
+            # Objects written before replicas reported callers have none.
+            callers=tuple(CallerSighting(int(c), int(n)) for c, n in data.get("callers", ())),
+        )
+
+    def to_proto(self) -> pb.RevisionCounters:
+        return pb.RevisionCounters(
+            adapter_name=self.name,
+            revision=self.revision,
+            requests=self.requests,
+            errors=self.errors,
+            generated_tokens=self.generated_tokens,
+            ttft_buckets=list(self.ttft_buckets),
+            callers=[
+                pb.CallerSighting(caller=c.caller, last_request=c.last_request)
+                for c in self.callers
+            ],
+        )
+
+    @classmethod
+    def from_proto(cls, message: pb.RevisionCounters) -> RevisionCounters:
+        return cls(
+            message.adapter_name,
+            message.revision,
+            message.requests,
+            message.errors,
+            message.generated_tokens,
+            tuple(message.ttft_buckets),
+            tuple(CallerSighting(c.caller, c.last_request) for c in message.callers),
         )

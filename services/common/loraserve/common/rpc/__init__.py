@@ -1,9 +1,11 @@
 """What both servers and their clients share on the wire: the servers' start and stop,
-tokens and TLS, protected mode, the one mapping of domain errors to statuses, client
-streams that report the server's status, health checks, retries and backoff, the metrics
-endpoint and the sampling fields the contract marks optional."""
+tokens, roles and identities, TLS (renewed in place), protected mode, the one mapping of
+domain errors to statuses, client streams that report the server's status, health
+checks, retries and backoff, the metrics endpoint and the sampling fields the contract
+marks optional."""
 
 __all__ = [
+    "auth",
     "backoff",
     "clientstream",
     "grpcutil",
@@ -14,4 +16,5 @@ __all__ = [
     "sampling_fields",
     "security",
     "server",
+    "tlsfiles",
 ]

@@ -13,9 +13,8 @@ from __future__ import annotations
 import argparse
 import contextvars
 import enum
-import hmac
 import re
-from collections.abc import Awaitable, Callable, Iterable, Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -23,7 +22,8 @@ from typing import Any
 import grpc
 
 from loraserve.common.config.flags import EnvFlags
-from loraserve.common.errors import InvalidArgument, PermissionDenied, Unauthenticated
+from loraserve.common.errors import InvalidArgument
+from loraserve.common.rpc.tlsfiles import CertificateFiles
 
 # Set for the duration of an authenticated call; read by servicers for audit fields.
 current_principal: contextvars.ContextVar[str] = contextvars.ContextVar(
@@ -33,16 +33,26 @@ current_principal: contextvars.ContextVar[str] = contextvars.ContextVar(
 # Health and reflection stay open so load balancers and grpcurl need no token.
 OPEN_METHOD_PREFIXES = ("/grpc.health.v1.Health/", "/grpc.reflection.")
 _PRINCIPAL = re.compile(r"[A-Za-z0-9._-]{1,64}")
+# What names an inference replica, in its reports and its credential.
+REPLICA_ID_PATTERN = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:-]{0,127}")
+# Where a replica's client certificate names it (a URI SAN), SPIFFE style.
+DEFAULT_REPLICA_URI_PREFIX = "spiffe://loraserve/replica/"
 
 
 class Role(enum.IntEnum):
     READER = 1
     WRITER = 2
     REPLICA = 3
+    ADMIN = 4
+    # Inference only: may pin a revision (`NAME@REV`) as the pin policy allows.
+    PINNER = 5
 
 
-# Which role a token gets when one secret is configured for several.
-_PREFERENCE = (Role.WRITER, Role.REPLICA, Role.READER)
+# The role the caller's credential proved, for the duration of an authenticated call;
+# None where the server authenticates nobody (loopback-only or --insecure).
+current_role: contextvars.ContextVar[Role | None] = contextvars.ContextVar(
+    "current_role", default=None
+)
 
 
 @dataclass(frozen=True)
@@ -74,6 +84,11 @@ class ServerSecurity:
     reader_tokens: tuple[Token, ...] = ()
     writer_tokens: tuple[Token, ...] = ()
     replica_tokens: tuple[Token, ...] = ()
+    admin_tokens: tuple[Token, ...] = ()
+    pinner_tokens: tuple[Token, ...] = ()
+    # A client certificate with a URI SAN under this prefix proves the replica role for
+    # the replica the rest of the URI names.
+    replica_uri_prefix: str = DEFAULT_REPLICA_URI_PREFIX
     tls_cert_file: Path | None = None
     tls_key_file: Path | None = None
     # When set, clients must present a certificate signed by this CA (mTLS).
@@ -81,9 +96,34 @@ class ServerSecurity:
     # Serve every address even with nothing to authenticate callers by.
     insecure: bool = False
 
+    def __post_init__(self) -> None:
+        # A secret configured twice would prove whichever role or principal the front
+        # that checks it prefers.
+        seen: dict[str, str] = {}
+        for role, tokens in self.tokens.items():
+            for token in tokens:
+                here = f"{role.name.lower()} {token.principal!r}"
+                if token.secret in seen:
+                    raise InvalidArgument(
+                        f"one token is configured twice ({seen[token.secret]} and {here}): "
+                        "give each role and principal its own"
+                    )
+                seen[token.secret] = here
+
+    @property
+    def tokens(self) -> dict[Role, tuple[Token, ...]]:
+        """Every configured token, by the role it grants."""
+        return {
+            Role.READER: self.reader_tokens,
+            Role.WRITER: self.writer_tokens,
+            Role.ADMIN: self.admin_tokens,
+            Role.REPLICA: self.replica_tokens,
+            Role.PINNER: self.pinner_tokens,
+        }
+
     @property
     def auth_enabled(self) -> bool:
-        return bool(self.reader_tokens or self.writer_tokens or self.replica_tokens)
+        return any(self.tokens.values())
 
     @property
     def loopback_only(self) -> bool:
@@ -91,85 +131,18 @@ class ServerSecurity:
         return not (self.auth_enabled or self.tls_client_ca_file or self.insecure)
 
     def server_credentials(self) -> grpc.ServerCredentials | None:
+        """TLS credentials that follow their files: each new connection's handshake
+        uses what the files hold then, so a certificate renewed in place (cert-manager,
+        a kubelet secret volume) is served without a restart."""
         if self.tls_cert_file is None or self.tls_key_file is None:
             return None
-        ca = self.tls_client_ca_file.read_bytes() if self.tls_client_ca_file else None
-        return grpc.ssl_server_credentials(
-            [(self.tls_key_file.read_bytes(), self.tls_cert_file.read_bytes())],
-            root_certificates=ca,
-            require_client_auth=ca is not None,
+        files = CertificateFiles(self.tls_cert_file, self.tls_key_file, self.tls_client_ca_file)
+        return grpc.dynamic_ssl_server_credentials(
+            files.load(),
+            # grpc's stub omits that the fetcher may return None (keep the current one).
+            files.changed,  # type: ignore[arg-type]
+            require_client_authentication=files.ca is not None,
         )
-
-
-class TokenAuth:
-    """Checks `authorization: Bearer <token>` against the reader, writer and replica
-    roles: `write_methods` need a writer token, `replica_methods` a replica token,
-    every other method any token."""
-
-    def __init__(
-        self,
-        security: ServerSecurity,
-        write_methods: Iterable[str],
-        replica_methods: Iterable[str] = (),
-        *,
-        carrier: str = "metadata",
-    ) -> None:
-        """`carrier` names where the token travels in refusals: gRPC metadata, or the
-        HTTP front's header."""
-        self._carrier = carrier
-        self._tokens = (
-            [(t, Role.READER) for t in security.reader_tokens]
-            + [(t, Role.WRITER) for t in security.writer_tokens]
-            + [(t, Role.REPLICA) for t in security.replica_tokens]
-        )
-        self._needs = {m: Role.WRITER for m in write_methods} | {
-            m: Role.REPLICA for m in replica_methods
-        }
-
-    def guard_for(
-        self, method: str
-    ) -> Callable[[grpc.aio.ServicerContext[Any, Any]], Awaitable[None]] | None:
-        if not self._tokens or method.startswith(OPEN_METHOD_PREFIXES):
-            return None
-        needed = self._needs.get(method)
-
-        async def guard(context: grpc.aio.ServicerContext[Any, Any]) -> None:
-            matches = self._matches(context.invocation_metadata() or ())
-            if needed is not None and needed not in matches:
-                raise PermissionDenied(f"{method} needs a {needed.name.lower()} token")
-            current_principal.set(matches[needed or _best(matches)])
-
-        return guard
-
-    def authenticate(self, metadata: Iterable[Any]) -> tuple[str, Role]:
-        """The principal and role an `authorization` entry grants; raises Unauthenticated.
-
-        Public for fronts other than gRPC (the HTTP front), which pass their header here.
-        """
-        matches = self._matches(metadata)
-        role = _best(matches)
-        return matches[role], role
-
-    def _matches(self, metadata: Iterable[Any]) -> dict[Role, str]:
-        """The principal per role the presented token has; raises Unauthenticated."""
-        header = next((value for key, value in metadata if key == "authorization"), None)
-        if header is None:
-            raise Unauthenticated(f"missing 'authorization: Bearer <token>' {self._carrier}")
-        scheme, _, presented = str(header).partition(" ")
-        if scheme.lower() != "bearer" or not presented:
-            raise Unauthenticated(f"authorization {self._carrier} must be 'Bearer <token>'")
-        matches: dict[Role, str] = {}
-        # Compare against every token, so timing does not reveal which one matched.
-        for token, role in self._tokens:
-            if hmac.compare_digest(token.secret.encode(), presented.encode()):
-                matches.setdefault(role, token.principal)
-        if not matches:
-            raise Unauthenticated("invalid bearer token")
-        return matches
-
-
-def _best(matches: dict[Role, str]) -> Role:
-    return next(role for role in _PREFERENCE if role in matches)
 
 
 @dataclass(frozen=True)
@@ -255,6 +228,16 @@ def _read_secret(value: str | None, file: str | None, what: str) -> str:
     return value or ""
 
 
+# What each role's tokens let their holders do, for the flags' help.
+_ROLE_HELP = {
+    "reader": "read adapters and, on inference, generate",
+    "writer": "also push",
+    "admin": "also delete, set-current, rollback, quotas, rollouts and yanks",
+    "replica": "inference replicas: also report; each PRINCIPAL:TOKEN names its replica",
+    "pinner": "also pin revisions (NAME@REV) as --pin-policy allows",
+}
+
+
 def add_server_security_flags(
     parser: argparse.ArgumentParser,
     env_prefix: str,
@@ -262,16 +245,25 @@ def add_server_security_flags(
     roles: Iterable[str] = ("reader", "writer"),
 ) -> None:
     """Adds token flags for `roles`, TLS flags and `--insecure`; each falls back to
-    `<PREFIX>_<FLAG>` in `environ`."""
+    `<PREFIX>_<FLAG>` in `environ`. With the replica role, `--replica-uri-prefix` too."""
     group = parser.add_argument_group("security")
     env = EnvFlags(environ, env_prefix)
     for role in roles:
         env.add(
             group,
             f"{role}-token",
-            f"{role} bearer tokens, comma-separated TOKEN or PRINCIPAL:TOKEN",
+            f"{role} bearer tokens ({_ROLE_HELP[role]}), comma-separated TOKEN or "
+            "PRINCIPAL:TOKEN; a flag's value shows in `ps`: prefer the file or the environment",
         )
         env.add(group, f"{role}-token-file", f"file holding the {role} tokens")
+    if "replica" in roles:
+        env.add(
+            group,
+            "replica-uri-prefix",
+            "with --tls-client-ca, a client certificate whose URI SAN starts with this "
+            "proves the replica role for the replica the rest names",
+            default=DEFAULT_REPLICA_URI_PREFIX,
+        )
     env.add(group, "tls-cert", "server certificate chain (PEM)", type=Path)
     env.add(group, "tls-key", "server private key (PEM)", type=Path)
     env.add(
@@ -288,26 +280,49 @@ def add_server_security_flags(
     )
 
 
+def _role_tokens(args: argparse.Namespace, role: str) -> tuple[Token, ...]:
+    secret = _read_secret(
+        getattr(args, f"{role}_token", None), getattr(args, f"{role}_token_file", None), role
+    )
+    if role != "replica":
+        return parse_tokens(secret, role)
+    # A replica's reports are accepted for the replica its token names only, so a token
+    # that names none could report for no one: refused at start, not at each report.
+    tokens = parse_tokens(secret, "")
+    for token in tokens:
+        if ":" in token.secret:
+            # `zone:a:SECRET` would name replica `zone`, not `zone:a`.
+            raise InvalidArgument(
+                f"replica token of {token.principal!r}: a replica token's secret may not "
+                "hold ':' (a replica id with ':' cannot be named in a token)"
+            )
+        if not REPLICA_ID_PATTERN.fullmatch(token.principal):
+            raise InvalidArgument(
+                "each replica token must be PRINCIPAL:TOKEN, PRINCIPAL being that replica's "
+                "--replica-id: a replica may only report for itself"
+            )
+    return tokens
+
+
 def server_security_from_args(args: argparse.Namespace) -> ServerSecurity:
     if bool(args.tls_cert) != bool(args.tls_key):
         raise InvalidArgument("--tls-cert and --tls-key must be given together")
     if args.tls_client_ca and not args.tls_cert:
         raise InvalidArgument("--tls-client-ca needs --tls-cert and --tls-key")
+    prefix = getattr(args, "replica_uri_prefix", None) or DEFAULT_REPLICA_URI_PREFIX
+    if "://" not in prefix or not prefix.endswith("/"):
+        # Without the slash, `spiffe://x/replica` would also claim `spiffe://x/replicaset-7`.
+        raise InvalidArgument(
+            f"--replica-uri-prefix {prefix!r} must be a URI ending in '/', as "
+            f"{DEFAULT_REPLICA_URI_PREFIX!r}"
+        )
     return ServerSecurity(
-        reader_tokens=parse_tokens(
-            _read_secret(args.reader_token, args.reader_token_file, "reader token"), "reader"
-        ),
-        writer_tokens=parse_tokens(
-            _read_secret(args.writer_token, args.writer_token_file, "writer token"), "writer"
-        ),
-        replica_tokens=parse_tokens(
-            _read_secret(
-                getattr(args, "replica_token", None),
-                getattr(args, "replica_token_file", None),
-                "replica token",
-            ),
-            "replica",
-        ),
+        reader_tokens=_role_tokens(args, "reader"),
+        writer_tokens=_role_tokens(args, "writer"),
+        replica_tokens=_role_tokens(args, "replica"),
+        admin_tokens=_role_tokens(args, "admin"),
+        pinner_tokens=_role_tokens(args, "pinner"),
+        replica_uri_prefix=prefix,
         tls_cert_file=args.tls_cert,
         tls_key_file=args.tls_key,
         tls_client_ca_file=args.tls_client_ca,

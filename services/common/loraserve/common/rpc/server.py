@@ -6,7 +6,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import signal
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -16,9 +16,10 @@ from grpc_reflection.v1alpha import reflection
 
 from loraserve.common.config.sizes import MESSAGE_LIMIT_OPTIONS
 from loraserve.common.errors import Unavailable
+from loraserve.common.rpc.auth import TokenAuth
 from loraserve.common.rpc.grpcutil import ErrorMappingInterceptor
 from loraserve.common.rpc.protected import log_exposure, loopback_guard_for
-from loraserve.common.rpc.security import ServerSecurity, TokenAuth
+from loraserve.common.rpc.security import Role, ServerSecurity
 
 log = logging.getLogger(__name__)
 
@@ -53,8 +54,7 @@ async def start_server(
     register: Callable[[grpc.aio.Server], None],
     service_names: Sequence[str],
     security: ServerSecurity,
-    write_methods: Iterable[str] = (),
-    replica_methods: Iterable[str] = (),
+    needs: Mapping[str, Role] | None = None,
     options: Sequence[tuple[str, Any]] = (),
     max_connection_age_s: float | None = None,
 ) -> RunningServer:
@@ -69,9 +69,7 @@ async def start_server(
     """
     log_exposure(security, address)
     guard_for = (
-        loopback_guard_for
-        if security.loopback_only
-        else TokenAuth(security, write_methods, replica_methods).guard_for
+        loopback_guard_for if security.loopback_only else TokenAuth(security, needs).guard_for
     )
     age = (
         [("grpc.max_connection_age_ms", max(1, round(max_connection_age_s * 1000)))]

@@ -13,7 +13,8 @@ from datetime import UTC, datetime
 
 from loraserve.common.errors import FailedPrecondition, InvalidArgument, PermissionDenied
 from loraserve.common.revisions.manifest import FileInfo, Revision
-from loraserve.common.trust.signing import Signed, TrustedSigner, Verifier, parse_trusted_signers
+from loraserve.common.trust.signers import TrustedSigner, parse_trusted_signers
+from loraserve.common.trust.signing import Signed, Verifier
 
 log = logging.getLogger(__name__)
 
@@ -53,8 +54,14 @@ def add_trust_flags(flag: Callable[..., None]) -> None:
     )
     flag(
         "trusted-signers",
-        "whose signatures are trusted: EC public keys or CA certificates (PEM), "
-        "comma-separated PATH or NAME=PATH",
+        "whose signatures are trusted, comma-separated entries [NAME=]PATH[;OPTION]...: "
+        "PATH an EC public key or CA certificate (PEM; a CA's leaves need the codeSigning "
+        "extended key usage); each OPTION narrows the entry: subject=DN (the leaf's "
+        "subject, RFC 4514, as adapterctl revisions shows it), san=TYPE:VALUE (a "
+        "subjectAltName of the leaf; TYPE email, uri or dns), prefix=PREFIX (repeatable: "
+        "the adapter names it may sign start with one); a value holding a comma or "
+        "semicolon goes in double quotes, e.g. "
+        'rel=ca.pem;subject="CN=bot,O=Acme";prefix=team-a-',
         "",
         type=_signers_flag,
     )

@@ -36,10 +36,16 @@ from cryptography.hazmat.primitives.asymmetric import ec
 from loraserve.common.config.textlimits import MAX_SIGNATURE_BYTES
 from loraserve.common.errors import InvalidArgument, PermissionDenied
 from loraserve.common.revisions.manifest import FileInfo, RevisionKey
+from loraserve.common.trust.signers import (
+    TrustedSigner,
+    code_signing_refusal,
+    read_pem,
+)
 
-# Key and certificate files are small too; a bound keeps a wrong path (a model file)
-# from being read whole.
-MAX_KEY_FILE_BYTES = 64 * 1024
+# The entries' parser lives with their syntax; services and tests know it from here.
+
+# Entries' reasons for refusing a certificate named in the error, at most.
+_SHOWN_REFUSALS = 3
 _SERIALIZATION = {"method": "files", "hash_type": "sha256", "allow_symlinks": False}
 
 
@@ -57,18 +63,6 @@ def signing_manifest(key: RevisionKey, files: Iterable[FileInfo]) -> Any:
         for f in files
     ]
     return ms_manifest.Manifest(str(key), items, serialization_type)
-
-
-def _read_pem(path: pathlib.Path, what: str) -> bytes:
-    try:
-        size = path.stat().st_size
-        if size > MAX_KEY_FILE_BYTES:
-            raise InvalidArgument(
-                f"{what} {path} is {size} bytes, over {MAX_KEY_FILE_BYTES}: not a PEM key"
-            )
-        return path.read_bytes()
-    except OSError as exc:
-        raise InvalidArgument(f"{what} {path}: cannot read: {exc.strerror}") from None
 
 
 def sign_revision(
@@ -103,9 +97,13 @@ def check_signing_key(path: pathlib.Path, certificate: pathlib.Path | None = Non
     """InvalidArgument (PermissionDenied for an expired certificate) naming why the
     key, or the certificate, cannot sign."""
     if certificate is not None:
-        leaf = _certificates(_read_pem(certificate, "certificate"), certificate)[0]
+        leaf = _certificates(read_pem(certificate, "certificate"), certificate)[0]
         _check_valid_now(leaf, str(certificate))
-    data = _read_pem(path, "signing key")
+        if refusal := code_signing_refusal(leaf):
+            raise InvalidArgument(
+                f"{certificate}: certificate {leaf.subject.rfc4514_string()} {refusal}"
+            )
+    data = read_pem(path, "signing key")
     try:
         loaded = serialization.load_pem_private_key(data, password=None)
     except (ValueError, TypeError) as exc:
@@ -141,89 +139,60 @@ def _check_valid_now(cert: x509.Certificate, what: str, at: datetime | None = No
         )
 
 
-@dataclass(frozen=True, slots=True)
-class TrustedSigner:
-    """One entry of `--trusted-signers`: a public key, or a CA certificate whose
-    holders (certificates it issued for signing) are trusted."""
-
-    name: str
-    path: pathlib.Path
-    is_ca: bool
-
-
-def parse_trusted_signers(value: str) -> tuple[TrustedSigner, ...]:
-    """`PATH` or `NAME=PATH`, comma-separated; each a PEM public key or CA certificate.
-    A name defaults to the file's stem. Raises ValueError naming a bad entry."""
-    signers = []
-    for item in (part.strip() for part in value.split(",")):
-        if not item:
-            continue
-        name, sep, path_text = item.partition("=")
-        path = pathlib.Path(path_text if sep else name)
-        if not sep:
-            name = path.stem
-        try:
-            data = _read_pem(path, "trusted signer")
-        except InvalidArgument as exc:
-            raise ValueError(exc.message) from None
-        signers.append(TrustedSigner(name, path, is_ca=b"CERTIFICATE-----" in data))
-    return tuple(signers)
-
-
 class Verifier:
-    """Checks signatures against a set of trusted keys and CA certificates, loaded once."""
+    """Checks signatures against a set of trusted keys and CA certificates, loaded once,
+    and each entry's pins (signers.py)."""
 
     def __init__(self, signers: Sequence[TrustedSigner]) -> None:
-        from model_signing._signing import sign_certificate, sign_ec_key
-
-        self._keys: dict[str, tuple[str, Any]] = {}
-        self._cas: list[x509.Certificate] = []
-        ca_paths: list[pathlib.Path] = []
+        # Public key entries by model-signing's key hint; CA entries with the verifier
+        # of their file (one per file, however many entries name it).
+        self._keys: dict[str, list[tuple[TrustedSigner, Any]]] = {}
+        self._cas: list[tuple[TrustedSigner, Any]] = []
+        loaded: dict[pathlib.Path, Any] = {}
         for signer in signers:
-            data = _read_pem(signer.path, "trusted signer")
-            try:
-                if signer.is_ca:
-                    self._cas.extend(_certificates(data, signer.path))
-                    ca_paths.append(signer.path)
-                    continue
-                public = serialization.load_pem_public_key(data)
-                verifier = sign_ec_key.Verifier(signer.path)
-            except (ValueError, TypeError, InvalidArgument) as exc:
-                raise ValueError(
-                    f"trusted signer {signer.path}: not an EC public key (PEM) or CA "
-                    f"certificate: {exc}"
-                ) from None
-            pem = public.public_bytes(
-                serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo
-            )
-            # The bundle names its key by this digest (model-signing's key hint).
-            self._keys[hashlib.sha256(pem).hexdigest()] = (signer.name, verifier)
-        self._ca_verifier = sign_certificate.Verifier(ca_paths) if ca_paths else None
+            if signer.path not in loaded:
+                loaded[signer.path] = _load_signer(signer)
+            if signer.is_ca:
+                self._cas.append((signer, loaded[signer.path][1]))
+            else:
+                hint, verifier = loaded[signer.path]
+                self._keys.setdefault(hint, []).append((signer, verifier))
 
     def verify(
         self, signature: bytes, name: str, files: Iterable[FileInfo], at: datetime
     ) -> Signed:
         """Who signed, and the revision of `name` the signature names. Raises
         InvalidArgument for a malformed signature or one over other files or another
-        adapter, PermissionDenied for a signer not trusted here or a certificate not
-        valid at `at` (when the revision was pushed)."""
+        adapter, PermissionDenied for a signer not trusted here (or not for `name`) or
+        a certificate not valid at `at` (when the revision was pushed)."""
         bundle = _parse_bundle(signature, name)
-        material = bundle.verification_material
-        if material.x509_certificate_chain and material.x509_certificate_chain.certificates:
-            signer, verifier = self._certificate_signer(bundle, name, at)
+        chain = bundle.verification_material.x509_certificate_chain
+        if chain and chain.certificates:
+            signer, signed = self._verify_certificate(bundle, name, at)
         else:
-            hint = material.public_key.hint if material.public_key else None
-            known = self._keys.get(hint or "")
-            if known is None:
-                raise PermissionDenied(
-                    f"{name}: signed by key sha256:{(hint or 'unknown')[:16]}, which is not "
-                    "among the trusted signers"
-                )
-            signer, verifier = known
-        signed = _verified_manifest(verifier, bundle, name, signer)
+            signer, verifier = self._key_signer(bundle, name)
+            signed = _verified_manifest(verifier, bundle, name, signer)
         return Signed(signer, _covered_revision(signed, name, files))
 
-    def _certificate_signer(self, bundle: Any, name: str, at: datetime) -> tuple[str, Any]:
+    def _key_signer(self, bundle: Any, name: str) -> tuple[str, Any]:
+        public_key = bundle.verification_material.public_key
+        hint = public_key.hint if public_key else None
+        entries = self._keys.get(hint or "")
+        if not entries:
+            raise PermissionDenied(
+                f"{name}: signed by key sha256:{(hint or 'unknown')[:16]}, which is not "
+                "among the trusted signers"
+            )
+        refusals = []
+        for signer, verifier in entries:
+            if (refusal := signer.name_refusal(name)) is None:
+                return signer.name, verifier
+            refusals.append(refusal)
+        raise PermissionDenied(f"{name}: {'; '.join(refusals)}")
+
+    def _verify_certificate(self, bundle: Any, name: str, at: datetime) -> tuple[str, Any]:
+        """The leaf's subject and the verified manifest, once an entry whose pins the
+        leaf meets has the CA it chains to."""
         chain = bundle.verification_material.x509_certificate_chain.certificates
         try:
             leaf = x509.load_der_x509_certificate(chain[0].raw_bytes)
@@ -232,12 +201,62 @@ class Verifier:
                 f"{name}: the signing certificate does not parse: {exc}"
             ) from None
         subject = leaf.subject.rfc4514_string()
-        if self._ca_verifier is None:
+        if not self._cas:
             raise PermissionDenied(
                 f"{name}: signed by certificate {subject}, but no CA certificate is trusted"
             )
         _check_valid_now(leaf, name, at)
-        return subject, self._ca_verifier
+        if refusal := code_signing_refusal(leaf):
+            raise PermissionDenied(f"{name}: certificate {subject} {refusal}")
+        refusals = []
+        chain_refusal: PermissionDenied | None = None
+        for signer, verifier in self._cas:
+            if refusal := signer.certificate_refusal(leaf, name):
+                refusals.append(refusal)
+                continue
+            try:
+                return subject, _verified_manifest(verifier, bundle, name, subject)
+            except PermissionDenied as exc:
+                # Not issued under this entry's CA; another entry may have it.
+                chain_refusal = exc
+        if chain_refusal is not None:
+            raise chain_refusal
+        raise PermissionDenied(
+            f"{name}: certificate {subject} is not a trusted signer of it: {_joined(refusals)}"
+        )
+
+
+def _joined(refusals: Sequence[str]) -> str:
+    """The entries' reasons, the first few: one per entry could be long."""
+    shown = "; ".join(refusals[:_SHOWN_REFUSALS])
+    hidden = len(refusals) - _SHOWN_REFUSALS
+    return f"{shown}; and {hidden} more" if hidden > 0 else shown
+
+
+def _load_signer(signer: TrustedSigner) -> tuple[str, Any]:
+    """A trusted signer's file loaded: the key hint (empty for a CA) and its verifier."""
+    from model_signing._signing import sign_certificate, sign_ec_key
+
+    data = read_pem(signer.path, "trusted signer")
+    try:
+        if signer.is_ca:
+            _certificates(data, signer.path)
+            return "", sign_certificate.Verifier([signer.path])
+        public = serialization.load_pem_public_key(data)
+        verifier = sign_ec_key.Verifier(signer.path)
+    except (ValueError, TypeError, InvalidArgument) as exc:
+        raise ValueError(
+            f"trusted signer {signer.path}: not an EC public key (PEM) or CA certificate: {exc}"
+        ) from None
+    pem = public.public_bytes(
+        serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo
+    )
+    # The bundle names its key by this digest (model-signing's key hint).
+    return hashlib.sha256(pem).hexdigest(), verifier
+
+
+def _malformed(key: str, problem: str) -> InvalidArgument:
+    return InvalidArgument(f"{key}: the signature is no model-signing bundle: {problem[:200]}")
 
 
 def _parse_bundle(signature: bytes, key: str) -> Any:
@@ -251,14 +270,17 @@ def _parse_bundle(signature: bytes, key: str) -> Any:
         )
     try:
         data = json.loads(signature)
-        material = data["verificationMaterial"]
-        material.setdefault("tlogEntries", [])
+    except (ValueError, RecursionError) as exc:
+        # RecursionError: 64 KiB of `[` nests deeper than the parser recurses.
+        raise _malformed(key, f"not JSON: {type(exc).__name__}: {exc}") from None
+    # Checked here: the parser below assumes the shapes it reads.
+    if not isinstance(data, dict) or not isinstance(data.get("verificationMaterial"), dict):
+        raise _malformed(key, "it must be a JSON object with a verificationMaterial object")
+    data["verificationMaterial"].setdefault("tlogEntries", [])
+    try:
         bundle = bundle_pb.Bundle.from_dict(data)
-    except (ValueError, TypeError, KeyError) as exc:
-        raise InvalidArgument(
-            f"{key}: the signature is no model-signing bundle: {type(exc).__name__}: "
-            f"{str(exc)[:200]}"
-        ) from None
+    except (ValueError, TypeError, KeyError, AttributeError) as exc:
+        raise _malformed(key, f"{type(exc).__name__}: {exc}") from None
     if bundle.media_type != sign_sigstore_pb._BUNDLE_MEDIA_TYPE or not bundle.dsse_envelope:
         raise InvalidArgument(f"{key}: the signature is no model-signing DSSE bundle")
     return bundle
@@ -266,21 +288,28 @@ def _parse_bundle(signature: bytes, key: str) -> Any:
 
 def _verified_manifest(verifier: Any, bundle: Any, key: str, signer: str) -> Any:
     from model_signing._signing import sign_sigstore_pb
+    from OpenSSL.crypto import X509StoreContextError
 
     try:
         return verifier.verify(sign_sigstore_pb.Signature(bundle))
-    except (crypto_errors.InvalidSignature, ValueError, KeyError, IndexError) as exc:
+    except X509StoreContextError as exc:
+        raise PermissionDenied(
+            f"{key}: the signing certificate does not chain to a trusted CA: {exc}"
+        ) from None
+    except (
+        crypto_errors.InvalidSignature,
+        ValueError,
+        KeyError,
+        IndexError,
+        TypeError,
+        AttributeError,
+    ) as exc:
+        # model-signing reads the signed statement as it finds it: a statement of
+        # another shape fails with whichever of these its first wrong access raises.
         raise InvalidArgument(
             f"{key}: the signature does not verify with {signer}'s key: "
             f"{type(exc).__name__}: {str(exc)[:200]}"
         ) from None
-    except Exception as exc:
-        # pyOpenSSL's chain errors have no common base with the above.
-        if type(exc).__name__ == "X509StoreContextError":
-            raise PermissionDenied(
-                f"{key}: the signing certificate does not chain to a trusted CA: {exc}"
-            ) from None
-        raise
 
 
 def _covered_revision(signed: Any, name: str, files: Iterable[FileInfo]) -> int:

@@ -15,7 +15,12 @@ from loraserve.inference.adapters.compat import (
 from loraserve.inference.adapters.ports import RegistryObserver, RevisionCache
 from loraserve.inference.adapters.registry import AdapterRegistry, Lease
 from loraserve.inference.adapters.registry_reads import RegistryCounts
-from loraserve.inference.adapters.rollouts import ROLLOUT_KEY_HEADER
+from loraserve.inference.adapters.rollouts import (
+    ROLLOUT_KEY_HEADER,
+    RolloutCaller,
+    RolloutKeys,
+    peer_host,
+)
 from loraserve.inference.adapters.state import RevisionLife, RevisionStatus
 from loraserve.inference.adapters.tiers import Tier, TierCounters, TierUsage, TierView
 
@@ -31,12 +36,15 @@ __all__ = [
     "RevisionCache",
     "RevisionLife",
     "RevisionStatus",
+    "RolloutCaller",
+    "RolloutKeys",
     "Tier",
     "TierCounters",
     "TierUsage",
     "TierView",
     "model_lora_shapes",
     "model_lora_targets",
+    "peer_host",
     "serves_base_model",
     "smallest_covering_rank",
     "supported_lora_ranks",

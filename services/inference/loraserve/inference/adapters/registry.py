@@ -11,20 +11,21 @@ Invariants (the story is docs/design.md, "Inference service"):
   loaded revision loads its target (load on miss), and a load routes its revision only
   if it is still the target when it lands;
 - a delete wins over every load of that name in flight: nothing of it becomes servable;
-- nothing is loaded from outside the cache directory.
+- nothing is loaded from outside the cache directory;
+- a pinned request (`NAME@REV`) gets only what the pin policy serves (pins.py).
 """
 
 from __future__ import annotations
 
 import asyncio
-import itertools
 import logging
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 
 from loraserve.clients.store import RolloutSplit
+from loraserve.common.config.pins import PinSettings
 from loraserve.common.errors import (
     TRANSIENT_ERRORS,
     LoraserveError,
@@ -38,6 +39,7 @@ from loraserve.inference.adapters.arms import CandidateArms
 from loraserve.inference.adapters.compat import CompatibilityChecker, manifest_facts
 from loraserve.inference.adapters.in_engine import EngineAdapters
 from loraserve.inference.adapters.loads import RevisionLoads
+from loraserve.inference.adapters.pins import PinParts, Pins
 from loraserve.inference.adapters.ports import RegistryObserver, RevisionCache
 from loraserve.inference.adapters.registry_reads import RegistryReads
 from loraserve.inference.adapters.state import (
@@ -68,16 +70,16 @@ class AdapterRegistry(RegistryReads):
         cache: RevisionCache,
         compat: CompatibilityChecker,
         *,
-        max_pinned: int = 8,
+        pins: PinSettings | None = None,
         observer: RegistryObserver | None = None,
         on_change: Callable[[str], None] = lambda name: None,
         verify: Callable[[Revision], object] = lambda _: None,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
-        if max_pinned < 1:
-            raise ValueError(f"max_pinned must be at least 1, got {max_pinned}")
+        """`pins`: which pinned revisions requests may ask for (default: PinSettings());
+        `clock` (monotonic seconds) says how long pins have been idle."""
         self._adapters = EngineAdapters(engine, cache.root, compat, self._spawn)
         self._cache = cache
-        self._max_pinned = max_pinned
         self._observer = observer
         # The signature check (RevisionTrust) of a revision routed without a load.
         self._verify = verify
@@ -85,7 +87,6 @@ class AdapterRegistry(RegistryReads):
         self._routes: dict[str, int] = {}
         # What each name should route to: loaded now, or on its first request.
         self._targets: dict[str, Revision] = {}
-        self._pin_clock = itertools.count(1)
         self._tasks: set[asyncio.Task[None]] = set()
         self._loads = RevisionLoads(
             self._entries, self._adapters, cache, self, self._update, self._spawn
@@ -101,6 +102,17 @@ class AdapterRegistry(RegistryReads):
             on_change,
             observer,
         )
+        parts = PinParts(
+            self._entries,
+            self._targets,
+            self._loads,
+            self._arms,
+            self._routed_entry,
+            self._route_if_target,
+            self._update,
+        )
+        self._pins = Pins(pins or PinSettings(), parts, clock)
+        self.pin_policy = self._pins.settings.policy
 
     # -- what the store asks for (sync) -------------------------------------------
 
@@ -111,7 +123,7 @@ class AdapterRegistry(RegistryReads):
         transient error to be retried; whatever was serving keeps serving."""
         if make_current:
             self._targets[manifest.adapter_name] = manifest
-        claim = self._route_if_target if make_current else self._pin
+        claim = self._route_if_target if make_current else self._pins.claim
         try:
             await self._loads.ensure_loaded(manifest.key, manifest, claim)
         except TRANSIENT_ERRORS:
@@ -209,6 +221,11 @@ class AdapterRegistry(RegistryReads):
         log.info("adapter.evicted name=%s rev=%d", name, revision)
         return True
 
+    def set_yanks(self, yanks: Mapping[RevisionKey, str]) -> None:
+        """The store's yanked revisions (with why), all of them: their pins are refused
+        from now on, and a pinned one here drains and leaves."""
+        self._pins.set_yanks(yanks)
+
     async def wait_background(self) -> None:
         """Waits until every load and removal started so far has finished."""
         while self._tasks:
@@ -230,11 +247,7 @@ class AdapterRegistry(RegistryReads):
                 or await self._load_on_miss(ref.name)
             )
         else:
-            key = RevisionKey(ref.name, ref.revision)
-            pinned = await self._loads.ensure_loaded(key, None, self._pin)
-            if pinned is None:
-                raise Unavailable(f"adapter {key} left as it loaded; retry")
-            entry = pinned
+            entry = await self._pins.entry_for(RevisionKey(ref.name, ref.revision))
         entry.in_flight += 1
         self._cache.touch(*entry.key)
         try:
@@ -319,16 +332,6 @@ class AdapterRegistry(RegistryReads):
         replaced = self._entries.get(RevisionKey(entry.name, previous or 0))
         if replaced is not None and replaced is not entry:
             self._update(replaced)
-
-    def _pin(self, entry: RevisionEntry) -> None:
-        entry.pinned_at = next(self._pin_clock)
-        self._update(entry)
-        pinned = sorted(
-            (e for e in self._entries.values() if e.pinned_at), key=lambda e: e.pinned_at
-        )
-        for evicted in pinned[: max(0, len(pinned) - self._max_pinned)]:
-            evicted.pinned_at = 0
-            self._update(evicted)
 
     def _update(self, entry: RevisionEntry) -> None:
         """Puts a revision in the engine into the state its route, pin and requests

@@ -1,28 +1,76 @@
 """Canary splits: which arm of an adapter's rollout one request goes to.
 
 While an adapter has an active rollout, `weight` percent of its unpinned requests go
-to the candidate revision. A request with a rollout key (the `x-rollout-key` gRPC
-metadata or HTTP header, or the OpenAI `user` field: a user id, say) goes where the
-key's hash puts it: SHA-256 of the adapter, the candidate revision and the key,
-read as a fraction of 2**64, against the weight. So one key gets one revision on
-every replica, raising the weight only moves keys towards the candidate, and each
-rollout (each candidate) draws its own keys. A request without a key takes the next
-point of a golden-ratio sequence from a random start: over any N requests the
-candidate gets N x weight of them to within a few, not the swings of a coin toss.
-Pinned requests (NAME@REV) never come here.
+to the candidate revision. A request with a rollout key goes where the key's hash
+puts it: SHA-256 of the adapter, the candidate revision and the key, read as a
+fraction of 2**64, against the weight. So one key gets one revision on every
+replica, raising the weight only moves keys towards the candidate, and each rollout
+(each candidate) draws its own keys. A request without a key takes the next point
+of a golden-ratio sequence from a random start: over any N requests the candidate
+gets N x weight of them to within a few, not the swings of a coin toss. Pinned
+requests (NAME@REV) never come here.
+
+The key is never the caller's to choose unless the operator says so (`RolloutKeys`):
+it is the principal of the caller's credential; a caller-supplied key (the
+`x-rollout-key` gRPC metadata or HTTP header, or the OpenAI `user` field) counts only
+with `--trust-rollout-key-header`, for a trusted gateway that names its end users.
+A key a caller could choose would let it pick its arm and, sent from many keys, pass
+for many callers in the guard's figures. Without a credential or a trusted key the
+request has no key (the server's own sequence spreads it), and the caller is told
+apart from others, for the guard's count of distinct callers, by its address.
 """
 
 from __future__ import annotations
 
 import hashlib
 import random
+from dataclasses import dataclass
 
 from loraserve.clients.store import RolloutSplit
 from loraserve.common.revisions.manifest import Revision
+from loraserve.common.rpc.security import current_principal, current_role
 
 ROLLOUT_KEY_HEADER = "x-rollout-key"
 # The golden ratio's fractional part: the most evenly spread stride there is.
 _STRIDE = 0.6180339887498949
+
+
+@dataclass(frozen=True, slots=True)
+class RolloutCaller:
+    """Who one request is to a rollout."""
+
+    # Picks the request's arm; "" spreads it by the weight.
+    key: str = ""
+    # Tells callers apart in the guard's count of distinct callers per arm ("": unknown).
+    identity: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class RolloutKeys:
+    """How a front derives a request's RolloutCaller (see the module docstring)."""
+
+    # Whether a caller-supplied key picks the arm (--trust-rollout-key-header).
+    trust_claimed: bool = False
+
+    def caller(self, claimed: str, peer: str) -> RolloutCaller:
+        """`claimed`: the key the request carries ("" if none); `peer`: the caller's
+        address as far as the front knows it ("" if not). Reads the authenticated
+        caller from `current_principal`, which the front's auth has set."""
+        if self.trust_claimed and claimed:
+            return RolloutCaller(claimed, claimed)
+        if current_role.get() is not None:
+            principal = current_principal.get()
+            return RolloutCaller(principal, principal)
+        return RolloutCaller("", peer)
+
+
+def peer_host(peer: str) -> str:
+    """The address of a gRPC peer (`ipv4:10.0.0.7:51234`, `ipv6:[::1]:5000`) without its
+    port, which changes per connection; "" for none."""
+    kind, _, address = peer.partition(":")
+    if kind in ("ipv4", "ipv6"):
+        return address.rpartition(":")[0]
+    return address or kind
 
 
 def key_fraction(name: str, candidate: int, key: str) -> float:

@@ -92,6 +92,8 @@ class RevisionEntry:
     waiters: int = 0
     # LRU stamp of the last pin; 0 when not pinned.
     pinned_at: int = 0
+    # Monotonic time of the last pin: a pin used since `PinSettings.idle_s` keeps its place.
+    pin_used_at: float = 0.0
     # The name was deleted while this loaded: the result is dropped.
     discarded: bool = False
     # The load had to download it (not found on the cache's disk).

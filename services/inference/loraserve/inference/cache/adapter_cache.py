@@ -157,9 +157,9 @@ class AdapterCache:
         )
 
     def _prepare(self) -> None:
-        self._root.mkdir(parents=True, exist_ok=True)
+        files.make_private_dir(self._root)
         shutil.rmtree(self._root / files.TEMP_DIR, ignore_errors=True)
-        (self._root / files.TEMP_DIR).mkdir()
+        (self._root / files.TEMP_DIR).mkdir(files.PRIVATE)
         self._index.rebuild(files.revisions_on_disk(self._root))
 
     async def close(self) -> None:
@@ -358,7 +358,7 @@ class AdapterCache:
     async def _download(self, expected: Revision, final: Path) -> CachedRevision:
         name, revision = expected.adapter_name, expected.revision
         staging = self._root / files.TEMP_DIR / f"{name}-{revision}-{uuid.uuid4().hex}"
-        await asyncio.to_thread(staging.mkdir, parents=True)
+        await asyncio.to_thread(staging.mkdir, files.PRIVATE, parents=True)
         try:
             manifest, path = await self._fetcher.fetch(expected, staging)
             await asyncio.to_thread(files.commit, staging, final, manifest)

@@ -8,13 +8,19 @@ data path, and the replica needs no storage credentials. The stream is used inst
 - when the store hands out no URLs (Unimplemented: an older store during a rolling
   upgrade, or `--download-url-ttl 0`);
 - when object storage cannot be reached from here (no connection could be made);
-- when storage refuses the URLs twice (expired or altered: new ones are asked for once);
+- when the URLs arrive expired, or about to, by this replica's clock (`expire_time`:
+  the store's clock is behind; a GET would be refused);
+- when storage refuses the URLs twice (new ones are asked for once: they may have
+  expired unseen, if this replica's clock is behind the store's; refused again, the
+  store's clock and storage's disagree, or the URLs were altered);
 - when a direct read fails otherwise (a cut transfer, a 5xx, a missing object): the
   stream gets this one download, and the store reports what it finds.
-The first two, and an unreachable storage, send every download to the stream for
-`retry_direct_after_s` before direct is tried again; each change between the two
-paths is one log line. Bytes that differ from the manifest are DataLoss on either
-path and never retried on the other (the cache retries a DataLoss once itself).
+All but the last send every download to the stream for `retry_direct_after_s` before
+direct is tried again, so a clock skew costs one download's refused GETs, not every
+download's; each change between the two paths is one log line. URLs that will expire
+within `URL_LEAD_S` are renewed before a file is read (a revision read slower than the
+store expected). Bytes that differ from the manifest are DataLoss on either path and
+never retried on the other (the cache retries a DataLoss once itself).
 """
 
 from __future__ import annotations
@@ -23,8 +29,9 @@ import asyncio
 import logging
 import shutil
 import time
-from collections.abc import AsyncGenerator
+from collections.abc import AsyncGenerator, Callable
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Protocol
 
@@ -50,6 +57,9 @@ log = logging.getLogger(__name__)
 
 DIRECT = "direct"
 STREAM = "stream"
+# Seconds a URL must still have before a GET with it starts: the connection, and the
+# ranges of a file that start after the first, reach storage before it expires.
+URL_LEAD_S = 5.0
 
 
 class DownloadSource(Protocol):
@@ -83,14 +93,29 @@ class _Fallback(Exception):
         self.for_a_while = for_a_while
 
 
-class Fetcher:
-    """Fills a staging directory with a revision's verified files, by either path."""
+@dataclass(frozen=True)
+class _Urls:
+    """URLs from the store and the `clock` time until which a GET may start with them."""
 
-    def __init__(self, source: DownloadSource, settings: FetchSettings) -> None:
+    urls: RevisionUrls
+    usable_until: float
+
+
+class Fetcher:
+    """Fills a staging directory with a revision's verified files, by either path.
+    `clock` (monotonic seconds) times URLs and the stream periods."""
+
+    def __init__(
+        self,
+        source: DownloadSource,
+        settings: FetchSettings,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
         self._source = source
         self._settings = settings
         self._reader = HttpReader(settings.read)
-        # Until this monotonic time every download streams; -inf: direct is on.
+        self._clock = clock
+        # Until this clock time every download streams; -inf: direct is on.
         self._streaming_until = float("-inf") if settings.direct else float("inf")
 
     async def close(self) -> None:
@@ -98,7 +123,7 @@ class Fetcher:
 
     async def fetch(self, expected: Revision, staging: Path) -> tuple[Revision, str]:
         """The manifest of the revision now in `staging`, and the path it took."""
-        if time.monotonic() < self._streaming_until:
+        if self._clock() < self._streaming_until:
             return await self._stream(expected, staging), STREAM
         try:
             manifest = await self._direct(expected, staging)
@@ -123,7 +148,7 @@ class Fetcher:
             )
             return
         wait = self._settings.retry_direct_after_s
-        self._streaming_until = time.monotonic() + wait
+        self._streaming_until = self._clock() + wait
         log.warning(
             "cache.direct_off name=%s rev=%d reason=%s: downloads stream through the store for %gs",
             name,
@@ -139,18 +164,27 @@ class Fetcher:
     async def _direct(self, expected: Revision, staging: Path) -> Revision:
         urls = await self._urls(expected)
         asked_again = False
-        for file in urls.manifest.files:
+        for file in urls.urls.manifest.files:
             if file.size == 0:
                 await asyncio.to_thread(write_empty, staging, file)
                 continue
             while True:
+                if self._clock() >= urls.usable_until:
+                    log.info(
+                        "cache.urls_renewed name=%s rev=%d: the store's URLs are about to expire",
+                        expected.adapter_name,
+                        expected.revision,
+                    )
+                    urls = await self._urls(expected)
                 try:
-                    await self._reader.read(urls.url_of(file.name), file, staging)
+                    await self._reader.read(urls.urls.url_of(file.name), file, staging)
                     break
                 except UrlRefused as exc:
                     await asyncio.to_thread(_remove, staging / file.name)
                     if asked_again:
-                        raise _Fallback(f"{exc} (twice)", for_a_while=False) from None
+                        # Fresh URLs refused too: the store's clock and storage's disagree
+                        # (or something alters URLs); the next downloads would pay the same.
+                        raise _Fallback(f"{exc} (twice)", for_a_while=True) from None
                     asked_again = True
                     log.info("cache.urls_refused: %s; asking the store again", exc)
                     urls = await self._urls(expected)
@@ -158,9 +192,9 @@ class Fetcher:
                     raise _Fallback(str(exc), for_a_while=True) from None
                 except ReadFailed as exc:
                     raise _Fallback(str(exc), for_a_while=False) from None
-        return urls.manifest
+        return urls.urls.manifest
 
-    async def _urls(self, expected: Revision) -> RevisionUrls:
+    async def _urls(self, expected: Revision) -> _Urls:
         name, revision = expected.adapter_name, expected.revision
         try:
             urls = await self._source.download_urls(name, revision)
@@ -174,7 +208,16 @@ class Fetcher:
                 f"download of {name}@{revision}: the store's URLs list other files than "
                 "its event or listing"
             )
-        return urls
+        # Measured once against this replica's wall clock, then counted on `clock`.
+        left = (urls.expire_time - datetime.now(UTC)).total_seconds() - URL_LEAD_S
+        if left <= 0:
+            raise _Fallback(
+                f"the store's URLs arrive with {left + URL_LEAD_S:.0f} s left by this "
+                f"replica's clock, under {URL_LEAD_S:g} s: the store's clock is behind "
+                "(or its --download-url-ttl is a few seconds)",
+                for_a_while=True,
+            )
+        return _Urls(urls, self._clock() + left)
 
 
 def _remove(path: Path) -> None:

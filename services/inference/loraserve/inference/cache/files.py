@@ -1,7 +1,9 @@
 """The adapter cache's files: `<root>/<name>/<revision>/` holds a revision's files
 and its manifest (`.manifest.json`, written last, so a directory without it is not
 a complete revision); downloads land in `<root>/.tmp/` first and are renamed into
-place. Blocking functions, run in a worker thread by `AdapterCache`.
+place. Every directory is the replica's alone (0700): vLLM loads whatever a revision
+directory holds, so no one else may add to it. Blocking functions, run in a worker
+thread by `AdapterCache`.
 """
 
 from __future__ import annotations
@@ -24,6 +26,19 @@ log = logging.getLogger(__name__)
 
 TEMP_DIR = ".tmp"
 HASH_BLOCK = 1024 * 1024
+PRIVATE = 0o700
+
+
+def make_private_dir(path: Path) -> None:
+    """Creates `path` (and its parents) for this process's user alone; an existing
+    one open to others is closed to them, since everything below it is loaded."""
+    path.mkdir(PRIVATE, parents=True, exist_ok=True)
+    if path.stat().st_mode & 0o077:
+        try:
+            path.chmod(PRIVATE)
+        except OSError as exc:
+            # Revision directories below are still created private; say so and serve.
+            log.warning("cache.not_private path=%s reason=%s", path, exc.strerror or exc)
 
 
 def sweep(root: Path, keep: Callable[[str, int], bool]) -> list[Path]:
@@ -59,7 +74,7 @@ def revision_bytes(manifest: Revision) -> int:
 
 def commit(staging: Path, final: Path, manifest: Revision) -> None:
     (staging / MANIFEST_FILE).write_text(manifest_text(manifest), "utf-8")
-    final.parent.mkdir(parents=True, exist_ok=True)
+    final.parent.mkdir(PRIVATE, exist_ok=True)
     if final.exists():
         # Left by an earlier process and not verifiable: replace it.
         shutil.rmtree(final)
@@ -77,7 +92,9 @@ def fsync_dir(path: Path) -> None:
 
 def load_verified(path: Path, name: str, revision: int) -> Revision | None:
     """The manifest of a complete, intact revision directory, or None (after
-    removing the directory) if it is missing, partial or corrupt."""
+    removing the directory) if it is missing, partial or corrupt, or holds anything
+    its manifest does not list (vLLM reads what it finds in the directory: its loader
+    falls back to a pickled `adapter_model.bin`, older versions read `new_embeddings.*`)."""
     marker = path / MANIFEST_FILE
     if not marker.is_file():
         if path.exists():
@@ -86,6 +103,13 @@ def load_verified(path: Path, name: str, revision: int) -> Revision | None:
     try:
         manifest = Revision.from_json(json.loads(marker.read_text("utf-8")))
         check_manifest(manifest, name, revision)
+        listed = {MANIFEST_FILE, *(file.name for file in manifest.files)}
+        unexpected = sorted(set(os.listdir(path)) - listed)
+        if unexpected:
+            raise DataLoss(
+                f"the revision directory holds {len(unexpected)} entries its manifest does "
+                f"not list, e.g. {unexpected[:3]}"
+            )
         for file in manifest.files:
             if sha256_of(path / file.name, file.size) != file.sha256:
                 raise DataLoss(f"cached file {file.name!r} does not match its manifest")

@@ -174,10 +174,19 @@ class InferenceMetrics:
         self._generated_tokens.labels(_label(adapter)).inc(generated)
 
     def revision_finished(
-        self, adapter: str, revision: int, code: str, ttft_s: float | None, generated: int
+        self,
+        adapter: str,
+        revision: int,
+        code: str,
+        ttft_s: float | None,
+        generated: int,
+        *,
+        caller: str = "",
+        split: bool = True,
     ) -> None:
-        """A request served by `revision`: counted per arm while `adapter` is in a rollout."""
-        self.rollouts.finished(adapter, revision, code, ttft_s, generated)
+        """A request served by `revision`: counted per arm while `adapter` is in a rollout
+        and its split chose the arm (see RolloutMeter.finished)."""
+        self.rollouts.finished(adapter, revision, code, ttft_s, generated, caller, split=split)
 
     def rollout_set(self, name: str, candidate: int) -> None:
         self.rollouts.set(name, candidate)

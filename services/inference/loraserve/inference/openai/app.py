@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import functools
 import json
 import logging
 import time
@@ -31,8 +32,9 @@ from starlette.types import Receive, Scope, Send
 
 from loraserve.common.config.textlimits import capped_message
 from loraserve.common.errors import InvalidArgument, LoraserveError, QuotaExceeded, Unavailable
+from loraserve.common.rpc.auth import TokenAuth
 from loraserve.common.rpc.grpcutil import retry_after
-from loraserve.common.rpc.security import ServerSecurity, TokenAuth
+from loraserve.common.rpc.security import ServerSecurity
 from loraserve.inference.adapters import ROLLOUT_KEY_HEADER
 from loraserve.inference.openai.guard import RequestGuard
 from loraserve.inference.openai.protocol import (
@@ -109,7 +111,7 @@ def create_openai_app(
     """
     if not model_names:
         raise ValueError("model_names needs the served model's name")
-    auth = TokenAuth(security, (), carrier="header") if security.auth_enabled else None
+    auth = TokenAuth(security, carrier="header") if security.auth_enabled else None
     app = FastAPI(
         title="loraserve OpenAI-compatible API", docs_url=None, redoc_url=None, openapi_url=None
     )
@@ -151,15 +153,15 @@ def _add_generation(app: FastAPI, runtime_ref: RuntimeRef, model_names: Sequence
 
     @app.get("/v1/models")
     async def models() -> JSONResponse:
-        statuses = runtime_ref.get().registry.snapshot()
-        return JSONResponse(model_list(base_name, statuses, created))
+        served = runtime_ref.get().registry
+        return JSONResponse(model_list(base_name, served.snapshot(), served.pin_policy, created))
 
     @app.post("/v1/completions")
     async def completions(body: CompletionRequest, request: Request) -> Response:
         runtime = runtime_ref.get()
         adapter = adapter_for_model(body.model, model_names)
         commands = [
-            dataclasses.replace(c, rollout_key=_rollout_key(request, body.user))
+            _for_caller(c, runtime_ref, request, body.user)
             for c in completion_commands(body, adapter, _request_id(request))
         ]
         streams = [runtime.generator.generate(command) for command in commands]
@@ -171,9 +173,10 @@ def _add_generation(app: FastAPI, runtime_ref: RuntimeRef, model_names: Sequence
         runtime = runtime_ref.get()
         messages = chat_messages(body)
         adapter = adapter_for_model(body.model, model_names)
-        ids = await _chat_prompt_ids(runtime.engine, messages)
-        command = chat_command(body, adapter, _request_id(request), prompt_token_ids=ids)
-        command = dataclasses.replace(command, rollout_key=_rollout_key(request, body.user))
+        # Rendered once admitted: a request refused at the door costs no template.
+        render = functools.partial(_chat_prompt_ids, runtime.engine, messages)
+        command = chat_command(body, adapter, _request_id(request), render_prompt=render)
+        command = _for_caller(command, runtime_ref, request, body.user)
         streams = [runtime.generator.generate(command)]
         return await _respond(request, streams, body, base_name)
 
@@ -207,10 +210,15 @@ def _request_id(request: Request) -> str:
     return request.headers.get("x-request-id", "")
 
 
-def _rollout_key(request: Request, user: str | None) -> str:
-    """Which arm of a rollout the caller gets: the `x-rollout-key` header, else the
-    OpenAI `user` field (an end user's id), else none (requests spread by weight)."""
-    return request.headers.get(ROLLOUT_KEY_HEADER) or user or ""
+def _for_caller(
+    command: GenerateCommand, runtime_ref: RuntimeRef, request: Request, user: str | None
+) -> GenerateCommand:
+    """`command` with its rollout caller (`RolloutKeys.caller`): the key the request
+    claims is the `x-rollout-key` header, else the OpenAI `user` field."""
+    claimed = request.headers.get(ROLLOUT_KEY_HEADER) or user or ""
+    peer = request.client.host if request.client is not None else ""
+    caller = runtime_ref.rollout_keys.caller(claimed, peer)
+    return dataclasses.replace(command, rollout_key=caller.key, rollout_caller=caller.identity)
 
 
 async def _chat_prompt_ids(engine: object, messages: list[dict[str, str]]) -> list[int]:

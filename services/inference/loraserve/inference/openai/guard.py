@@ -20,8 +20,8 @@ from starlette.responses import JSONResponse, Response
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from loraserve.common.errors import LoraserveError
+from loraserve.common.rpc.auth import TokenAuth
 from loraserve.common.rpc.protected import is_loopback_host, refusal
-from loraserve.common.rpc.security import TokenAuth, current_principal
 from loraserve.inference.openai.protocol import error_body
 
 log = logging.getLogger(__name__)
@@ -63,13 +63,12 @@ class RequestGuard:
                 return
         if self._auth is not None:
             try:
-                principal, _ = self._auth.authenticate(
+                self._auth.authenticate(
                     [("authorization", value) for value in headers.getlist("authorization")]
                 )
             except LoraserveError as exc:
                 await _unread(self._error_response(exc))(scope, receive, send)
                 return
-            current_principal.set(principal)
         declared = headers.get("content-length", "")
         if declared.isdigit() and int(declared) > self._max:
             await self._too_large(f"request body of {int(declared)} bytes")(scope, receive, send)

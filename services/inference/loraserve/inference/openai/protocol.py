@@ -22,9 +22,10 @@ none (most base models) is refused with vLLM's message, not served with a made-u
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Any, Literal, Protocol, runtime_checkable
 
+from loraserve.common.config.pins import PinPolicy
 from loraserve.common.errors import InvalidArgument, NotFound
 from loraserve.common.revisions.names import parse_adapter_ref, shown, validate_adapter_name
 from loraserve.inference.adapters import RevisionLife, RevisionStatus
@@ -141,8 +142,10 @@ def chat_command(
     adapter: str,
     request_id: str,
     *,
-    prompt_token_ids: Sequence[int],
+    render_prompt: Callable[[], Awaitable[Sequence[int]]],
 ) -> GenerateCommand:
+    """The chat as a command whose prompt (`render_prompt`, the chat template) is
+    rendered only once the request is admitted."""
     max_tokens = (
         request.max_completion_tokens
         if request.max_completion_tokens is not None
@@ -150,15 +153,17 @@ def chat_command(
     )
     return GenerateCommand(
         adapter=adapter,
-        prompt_token_ids=tuple(prompt_token_ids),
+        render_prompt=render_prompt,
         sampling=request.sampling(max_tokens, request.sampled_logprobs),
         request_id=request_id,
     )
 
 
-def model_list(base_name: str, statuses: Sequence[RevisionStatus], created: int) -> dict[str, Any]:
+def model_list(
+    base_name: str, statuses: Sequence[RevisionStatus], pins: PinPolicy, created: int
+) -> dict[str, Any]:
     """/v1/models: the base model, each routed adapter name (loaded or loaded on its
-    first request), each loaded `name@revision`."""
+    first request), each loaded `name@revision` the pin policy `pins` serves."""
 
     def entry(model_id: str, parent: str | None, root: str) -> dict[str, Any]:
         return {
@@ -172,7 +177,7 @@ def model_list(base_name: str, statuses: Sequence[RevisionStatus], created: int)
 
     data = [entry(base_name, None, base_name)]
     # Draining revisions are on their way out; listing them would invite new requests.
-    serving = [s for s in statuses if s.state is RevisionLife.READY]
+    serving = [s for s in statuses if s.state is RevisionLife.READY and _pinnable(s, pins)]
     routed = [s for s in statuses if s.state in (RevisionLife.READY, RevisionLife.AVAILABLE)]
     for status in routed:
         if status.current:
@@ -181,6 +186,12 @@ def model_list(base_name: str, statuses: Sequence[RevisionStatus], created: int)
         ref = f"{status.name}@{status.revision}"
         data.append(entry(ref, base_name, ref))
     return {"object": "list", "data": data}
+
+
+def _pinnable(status: RevisionStatus, pins: PinPolicy) -> bool:
+    if pins is PinPolicy.ROLLOUT:
+        return status.current or status.candidate
+    return pins is PinPolicy.ANY
 
 
 ErrorType = Literal[

@@ -16,7 +16,7 @@ from loraserve.inference.serving.servicer import (
     generate_command,
     generate_response,
     register,
-    rollout_key,
+    rollout_caller,
 )
 
 __all__ = [
@@ -39,5 +39,5 @@ __all__ = [
     "generate_response",
     "pushable",
     "register",
-    "rollout_key",
+    "rollout_caller",
 ]

@@ -55,7 +55,17 @@ class Outcome:
     """What a request came to, for the per-revision counts of a rollout's arms."""
 
     revision: int = 0
+    # Time to first token from admission: what the caller waited.
     ttft_s: float | None = None
     generated: int = 0
     # Charges generated tokens to the adapter's quota as they stream.
     charge: Callable[[int], None] = no_charge
+    # time.monotonic() when the request went to the engine, and when its first token came.
+    submitted: float = 0.0
+    first_token: float | None = None
+
+    @property
+    def engine_ttft_s(self) -> float | None:
+        """Time to first token from the engine's submission: what the revision itself
+        took, without the waits for admission, a turn or the adapter's load."""
+        return None if self.first_token is None else self.first_token - self.submitted

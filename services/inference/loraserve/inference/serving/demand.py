@@ -1,10 +1,11 @@
 """Each adapter's recent demand on the engine, for fair admission: the rate it sends
-requests at, judged over the last seconds rather than by the requests it holds at this
-instant, and how long its requests hold their place, so that the places an adapter
-will need are its rate x its mean hold (Little's law).
+sequences at (a request counts its n, each sequence taking a place in the engine),
+judged over the last seconds rather than by the places it holds at this instant, and
+how long its requests hold their places, so that the places an adapter will need are
+its rate x its mean hold (Little's law).
 
-A rate is exponentially decayed (time constant `tau_s`): every request adds 1 / tau,
-and the sum decays by e^(-dt / tau), so it estimates requests per second over about
+A rate is exponentially decayed (time constant `tau_s`): every request adds n / tau,
+and the sum decays by e^(-dt / tau), so it estimates sequences per second over about
 the last tau seconds. Each adapter has two: one over `tau_s`, steady enough to judge
 who is over its share, and one over `fast_tau_s`, quick to show a flood that has just
 begun. Decay is computed on access from the time of the last request; nothing runs in
@@ -24,7 +25,7 @@ from dataclasses import dataclass
 
 @dataclass
 class _Level:
-    """A decayed rate: `value` requests/s as of `at`, decaying since."""
+    """A decayed rate: `value` sequences/s as of `at`, decaying since."""
 
     value: float = 0.0
     at: float = 0.0
@@ -32,8 +33,8 @@ class _Level:
     def now(self, now: float, tau_s: float) -> float:
         return self.value * math.exp(-(now - self.at) / tau_s)
 
-    def add(self, now: float, tau_s: float) -> None:
-        self.value = self.now(now, tau_s) + 1.0 / tau_s
+    def add(self, now: float, tau_s: float, sequences: int) -> None:
+        self.value = self.now(now, tau_s) + sequences / tau_s
         self.at = now
 
 
@@ -66,7 +67,7 @@ class _Adapter:
 
 
 class RecentDemand:
-    """Recent requests/s per adapter and in all, and each adapter's mean hold; which
+    """Recent sequences/s per adapter and in all, and each adapter's mean hold; which
     adapters are over their share, and how many places the others will need."""
 
     def __init__(
@@ -92,18 +93,18 @@ class RecentDemand:
         # Adapters that sent within the last tau: the ones that share the total.
         self._adapters: dict[str, _Adapter] = {}
 
-    def arrived(self, adapter: str) -> None:
-        """Counts one request of `adapter` now."""
+    def arrived(self, adapter: str, sequences: int = 1) -> None:
+        """Counts one request of `adapter`, of `sequences` places, now."""
         now = self._clock()
-        self._total.add(now, self._tau_s)
+        self._total.add(now, self._tau_s, sequences)
         state = self._adapters.get(adapter)
         if state is None:
             state = _Adapter(
                 _Level(at=now), _Level(at=now), MeanHold(self._span), MeanHold(self._span)
             )
             self._adapters[adapter] = state
-        state.level.add(now, self._tau_s)
-        state.fast.add(now, self._fast_tau_s)
+        state.level.add(now, self._tau_s, sequences)
+        state.fast.add(now, self._fast_tau_s, sequences)
 
     def left(self, adapter: str, held_s: float, full: bool = False) -> None:
         """Counts one request of `adapter` that held its place for `held_s` seconds,

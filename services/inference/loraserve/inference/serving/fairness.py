@@ -3,17 +3,20 @@ with places kept from adapters sending above their fair rate.
 
 vLLM schedules first come first served, so a flood of requests on one adapter fills its
 waiting queue and every other adapter's request waits behind the whole flood. Here at
-most `capacity` requests are in the engine at once (vLLM's `max_num_seqs`, what it
-would run in one batch anyway), and the rest wait in one queue per adapter. Whenever a
-request leaves the engine, the next one in comes from the adapters with waiting
-requests in turn: deficit round-robin, each adapter's turns in proportion to its
-weight (default equal). vLLM's scheduler is untouched underneath: it only ever sees a
-batch's worth of requests.
+most `capacity` sequences are in the engine at once (vLLM's `max_num_seqs`, what it
+would run in one batch anyway; a request takes a place per sequence, its n, at most
+all of them), and the rest wait in one queue per adapter. Whenever a request leaves
+the engine, the next ones in come from the adapters with waiting requests in turn:
+deficit round-robin, each adapter's sequences in proportion to its weight (default
+equal). The request whose turn it is waits for room for all its sequences, and no
+later request passes it meanwhile, so a wide request is never starved by narrow ones.
+vLLM's scheduler is untouched underneath: it only ever sees a batch's worth of
+sequences.
 
 Round-robin alone is work-conserving: under a flood the engine is always full of the
 flooded adapter's requests, and a request of any other adapter waits for one to
 finish. So places are kept from adapters asking for more than their fair share,
-judged by the rate each has sent requests at recently (serving.demand, time
+judged by the rate each has sent sequences at recently (serving.demand, time
 constant TAU_S), not by the requests it holds now nor by the rate the gate let it in
 at (which the gate itself sets): an adapter is over when its recent rate exceeds
 MARGIN x its fair rate (the total recent rate x its weight / the sum of the weights of
@@ -47,8 +50,8 @@ their fair rate stay well below MARGIN x it), and an adapter merely more popular
 the rest, while everyone fits, is kept only from the last `headroom` places. Waiters
 allowed in go by weighted round-robin.
 
-Turns and rates count requests, not tokens: adapters whose requests are of similar
-length get similar shares of the engine's tokens.
+Turns and rates count sequences, not tokens: adapters whose requests are of similar
+length get similar shares of the engine's tokens, whatever their n.
 """
 
 from __future__ import annotations
@@ -59,6 +62,7 @@ import time
 from collections import deque
 from collections.abc import AsyncIterator, Callable, Collection
 from contextlib import asynccontextmanager
+from dataclasses import dataclass
 
 from loraserve.common.config.admission import AdmissionOptions
 from loraserve.inference.serving.demand import RecentDemand
@@ -94,8 +98,16 @@ EASED = 0.8
 HOLD_SPAN = 64
 
 
+@dataclass(eq=False)
+class _Waiter:
+    """A request waiting for its turn: the places it needs, and what admits it."""
+
+    places: int
+    admitted: asyncio.Future[None]
+
+
 class FairGate:
-    """At most `capacity` requests in the engine; waiters admitted by weighted
+    """At most `capacity` sequences in the engine; waiters admitted by weighted
     round-robin over their adapters; places kept from adapters sending above their fair
     rate recently: the last `headroom`, and what the others are expected to need."""
 
@@ -121,16 +133,16 @@ class FairGate:
         self._area = 0.0
         self._area_at = clock()
         self._saturated = False
-        # Requests inside per adapter (adapters with none are left out).
+        # Places held inside per adapter (adapters with none are left out).
         self._held: dict[str, int] = {}
-        self._waiting: dict[str, deque[asyncio.Future[None]]] = {}
+        self._waiting: dict[str, deque[_Waiter]] = {}
         # Adapters with waiting requests, in turn order; the first is the one whose turn it is.
         self._ring: deque[str] = deque()
         self._deficit: dict[str, float] = {}
 
     @property
     def inside(self) -> int:
-        """Requests in the engine now."""
+        """Sequences in the engine now."""
         return self._inside
 
     @property
@@ -139,19 +151,21 @@ class FairGate:
         return sum(len(q) for q in self._waiting.values())
 
     @asynccontextmanager
-    async def turn(self, adapter: str) -> AsyncIterator[None]:
-        """Holds a place in the engine for one request of `adapter`, waiting for it
-        when the engine is saturated (or only places kept from it are free while
-        `adapter` is over its fair rate)."""
+    async def turn(self, adapter: str, sequences: int = 1) -> AsyncIterator[None]:
+        """Holds places in the engine for one request of `adapter` of `sequences` (its
+        n; at most every place), waiting for them when the engine is saturated (or only
+        places kept from it are free while `adapter` is over its fair rate)."""
+        places = min(sequences, self._capacity)
         if self._headroom:
-            self._demand.arrived(adapter)
+            self._demand.arrived(adapter, places)
         # A waiter may have fallen under the margin since the last dispatch: it goes
-        # first, so a request let in at once passes no one who could take its place.
-        self._dispatch()
-        if self._inside < self._capacity and adapter not in self._barred():
-            self._admit(adapter)
+        # first, so a request let in at once passes no one who could take its place,
+        # nor the one whose turn it is, waiting for room.
+        due = self._dispatch()
+        if not due and self._inside + places <= self._capacity and adapter not in self._barred():
+            self._admit(adapter, places)
         else:
-            await self._wait(adapter)
+            await self._wait(adapter, places)
         admitted_at = self._clock()
         area_then = self._area_now(admitted_at)
         try:
@@ -165,10 +179,10 @@ class FairGate:
                 # moment must not pass a held flood's quick holds off as full-engine ones.
                 full = held > 0 and (self._area_now(now) - area_then) / held >= self._capacity - 1
                 self._demand.left(adapter, held, full)
-            self._leave(adapter)
+            self._leave(adapter, places)
 
-    async def _wait(self, adapter: str) -> None:
-        waiter: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+    async def _wait(self, adapter: str, places: int) -> None:
+        waiter = _Waiter(places, asyncio.get_running_loop().create_future())
         queue = self._waiting.get(adapter)
         if queue is None:
             queue = self._waiting[adapter] = deque()
@@ -176,11 +190,11 @@ class FairGate:
             self._deficit[adapter] = 0.0
         queue.append(waiter)
         try:
-            await waiter
+            await waiter.admitted
         except asyncio.CancelledError:
-            if waiter.done() and not waiter.cancelled():
-                # Admitted just as it was cancelled: give the place to the next one.
-                self._leave(adapter)
+            if waiter.admitted.done() and not waiter.admitted.cancelled():
+                # Admitted just as it was cancelled: give the places to the next ones.
+                self._leave(adapter, places)
             else:
                 self._forget(adapter, waiter)
             raise
@@ -240,22 +254,22 @@ class FairGate:
         self._area_at = now
         return self._area
 
-    def _admit(self, adapter: str) -> None:
+    def _admit(self, adapter: str, places: int) -> None:
         self._area_now(self._clock())
-        self._inside += 1
-        self._held[adapter] = self._held.get(adapter, 0) + 1
+        self._inside += places
+        self._held[adapter] = self._held.get(adapter, 0) + places
 
-    def _leave(self, adapter: str) -> None:
+    def _leave(self, adapter: str, places: int) -> None:
         self._area_now(self._clock())
-        self._inside -= 1
-        held = self._held[adapter] - 1
+        self._inside -= places
+        held = self._held[adapter] - places
         if held:
             self._held[adapter] = held
         else:
             del self._held[adapter]
         self._dispatch()
 
-    def _forget(self, adapter: str, waiter: asyncio.Future[None]) -> None:
+    def _forget(self, adapter: str, waiter: _Waiter) -> None:
         queue = self._waiting.get(adapter)
         if queue is None:
             return
@@ -271,35 +285,55 @@ class FairGate:
         del self._deficit[adapter]
         self._ring.remove(adapter)
 
-    def _dispatch(self) -> None:
+    def _dispatch(self) -> bool:
         """Admits waiters while any may go in: of those, the adapter whose turn it is
-        takes one request per unit of deficit, and gains its weight when its turn comes
-        round. O(adapters) per request admitted."""
+        takes requests while its deficit covers their places, and gains its weight when
+        its turn comes round. True when the request whose turn it is waits for room
+        (nobody passes it). O(adapters) per request admitted."""
         while self._ring and self._inside < self._capacity:
             barred = self._barred()
             if all(adapter in barred for adapter in self._ring):
-                return
+                return False
+            self._top_up(barred)
             adapter = self._ring[0]
-            while adapter in barred or self._deficit[adapter] < 1.0:
+            while adapter in barred or self._deficit[adapter] < self._waiting[adapter][0].places:
                 if adapter not in barred:
                     self._deficit[adapter] += self._weight(adapter)
                 self._ring.rotate(-1)
                 adapter = self._ring[0]
             queue = self._waiting[adapter]
-            waiter = queue.popleft()
+            waiter = queue[0]
             # A waiter cancelled whose task has yet to run to forget it takes no place.
-            if not waiter.cancelled():
-                self._deficit[adapter] -= 1.0
-                self._admit(adapter)
-                waiter.set_result(None)
+            if not waiter.admitted.cancelled():
+                if self._inside + waiter.places > self._capacity:
+                    return True
+                self._deficit[adapter] -= waiter.places
+                self._admit(adapter, waiter.places)
+                waiter.admitted.set_result(None)
+            queue.popleft()
             if not queue:
                 self._drop(adapter)
+        return False
+
+    def _top_up(self, barred: Collection[str]) -> None:
+        """Gives the adapters that may go in, at once, all but the last of the rounds
+        of weight the first of them needs to cover its next request's places: a wide
+        request at a small weight would take many turns of the ring one at a time."""
+        may_go = [a for a in self._ring if a not in barred]
+        rounds = min(
+            math.ceil((self._waiting[a][0].places - self._deficit[a]) / self._weight(a))
+            for a in may_go
+        )
+        if rounds > 1:
+            for adapter in may_go:
+                self._deficit[adapter] += (rounds - 1) * self._weight(adapter)
 
 
 def fair_gate(options: AdmissionOptions, max_num_seqs: int) -> FairGate | None:
     """The gate that admits requests into the engine in turn across adapters, at most
-    one batch's worth (or `--max-engine-requests`) at once, keeping places (at least
-    `--fair-headroom`) from adapters sending above their fair rate; None for fifo."""
+    one batch's worth of sequences (or `--max-engine-requests`) at once, keeping places
+    (at least `--fair-headroom`) from adapters sending above their fair rate; None for
+    fifo."""
     if not options.fair:
         return None
     weights = dict(options.weights)

@@ -12,7 +12,7 @@ import contextlib
 import logging
 import time
 import uuid
-from collections.abc import AsyncGenerator
+from collections.abc import AsyncGenerator, Awaitable, Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 
 from loraserve.common.errors import InvalidArgument, LoraserveError, Unavailable
@@ -62,8 +62,13 @@ class GenerateCommand:
     prompt_token_ids: tuple[int, ...] | None = None
     sampling: SamplingRequest = field(default_factory=SamplingRequest)
     request_id: str = ""
-    # Picks the arm of a rollout of the adapter (a user id, say); "" spreads requests.
+    # Picks the arm of a rollout of the adapter (a principal, say); "" spreads requests.
     rollout_key: str = ""
+    # Tells callers apart in a rollout's count of distinct callers (adapters.rollouts).
+    rollout_caller: str = ""
+    # A prompt rendered only once the request is admitted (a chat template), in place
+    # of the prompt fields: a request refused at the door costs no rendering.
+    render_prompt: Callable[[], Awaitable[Sequence[int]]] | None = None
 
 
 def _log_started(request_id: str, lease: Lease, prompt_tokens: int) -> None:
@@ -133,24 +138,19 @@ class Generator:
         code = "OK"
         outcome = Outcome()
         try:
-            # The engine runs n sequences for the request: admit it as that many.
-            with (
-                self._quotas.admit(ref.name, self._routed_label(ref)) as charge,
-                self._admission.admit(command.sampling.n or 1),
-            ):
-                outcome.charge = charge
-                admitted = time.monotonic()
+            with self._admitted(ref, command.sampling.n or 1, outcome) as admitted:
                 prompt_ids = await self._prompt_ids(command)
                 spec = self._engine.sampling(command.sampling, len(prompt_ids))
                 # The turn before the lease: a request waiting for its turn pins no
                 # adapter in the engine. Names made up by a client take turns as one,
                 # so they cannot dilute every real adapter's fair share.
                 async with (
-                    self._turn(self._routed_label(ref)),
+                    self._turn(self._routed_label(ref), command.sampling.n or 1),
                     self._registry.acquire(ref, command.rollout_key) as lease,
                 ):
                     adapter_label, outcome.revision = lease.name, lease.revision
                     _log_started(request_id, lease, len(prompt_ids))
+                    outcome.charge(len(prompt_ids))  # its prefill, as it goes in
                     if write is not None and self._push is not None and pushable(spec):
                         await self._pushed(
                             request_id, prompt_ids, spec, lease, admitted, outcome, write
@@ -177,8 +177,27 @@ class Generator:
             self._metrics.request_finished(adapter_label, code)
             if outcome.revision:
                 self._metrics.revision_finished(
-                    adapter_label, outcome.revision, code, outcome.ttft_s, outcome.generated
+                    adapter_label,
+                    outcome.revision,
+                    code,
+                    outcome.engine_ttft_s,
+                    outcome.generated,
+                    caller=command.rollout_caller,
+                    split=ref.revision is None,
                 )
+
+    @contextlib.contextmanager
+    def _admitted(self, ref: AdapterRef, sequences: int, outcome: Outcome) -> Iterator[float]:
+        """Holds the request's place under its adapter's quota and in admission, weighed
+        as the `sequences` (its n) the engine runs for it; sets what charges its tokens
+        (prompt and generated: the prefill is work as decoding is) on `outcome`. Yields
+        when it was admitted (time.monotonic)."""
+        with (
+            self._quotas.admit(ref.name, self._routed_label(ref), sequences) as charge,
+            self._admission.admit(sequences),
+        ):
+            outcome.charge = charge
+            yield time.monotonic()
 
     def _routed_label(self, ref: AdapterRef) -> str:
         """The name when this replica routes it ("" for the base model), else one label
@@ -190,13 +209,15 @@ class Generator:
         routed = self._registry.target_revision(name) or self._registry.current_revision(name)
         return name if routed else _UNRESOLVED_ADAPTER
 
-    def _turn(self, adapter: str) -> contextlib.AbstractAsyncContextManager[None]:
+    def _turn(self, adapter: str, sequences: int) -> contextlib.AbstractAsyncContextManager[None]:
         if self._gate is None:
             return contextlib.nullcontext()
-        return self._gate.turn(adapter)
+        return self._gate.turn(adapter, sequences)
 
     async def _prompt_ids(self, command: GenerateCommand) -> tuple[int, ...]:
-        if command.prompt_token_ids is not None:
+        if command.render_prompt is not None:
+            ids = tuple(await command.render_prompt())
+        elif command.prompt_token_ids is not None:
             ids = command.prompt_token_ids
             vocab = self._engine.info.vocab_size
             for i, token in enumerate(ids):
@@ -227,6 +248,7 @@ class Generator:
             write, request_id, len(prompt_ids), lease, admitted, outcome, self._metrics
         )
         try:
+            outcome.submitted = time.monotonic()
             await self._push(request_id, prompt_ids, spec, lease.adapter, stream)
             await stream.done
         finally:
@@ -250,13 +272,15 @@ class Generator:
         first = True
         finish: FinishReason | None = None
         unfinished = set(range(spec.n))
+        outcome.submitted = time.monotonic()
         stream = self._engine.generate(request_id, prompt_ids, spec, lease.adapter)
         try:
             async with contextlib.aclosing(stream):
                 async for delta in stream:
                     token_ids = delta.token_ids
                     if not generated and token_ids:
-                        outcome.ttft_s = time.monotonic() - admitted
+                        outcome.first_token = time.monotonic()
+                        outcome.ttft_s = outcome.first_token - admitted
                         self._metrics.observe_time_to_first_token(outcome.ttft_s)
                     generated += len(token_ids)
                     outcome.charge(len(token_ids))

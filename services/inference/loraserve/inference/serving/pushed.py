@@ -88,7 +88,8 @@ class PushedStream:
         # What the pull loop (`Generator._stream`) does per delta, once per engine step.
         outcome = self._outcome
         if not self.generated and token_ids:
-            outcome.ttft_s = time.monotonic() - self._admitted
+            outcome.first_token = time.monotonic()
+            outcome.ttft_s = outcome.first_token - self._admitted
             self._metrics.observe_time_to_first_token(outcome.ttft_s)
         self.generated += len(token_ids)
         outcome.charge(len(token_ids))

@@ -1,13 +1,22 @@
-"""Per-adapter quotas at admission: requests in flight, generated tokens per second and
-per minute, counted on this replica.
+"""Per-adapter quotas at admission: sequences in flight, tokens (prompt and generated)
+per second and per minute, counted on this replica.
+
+What a request costs is what the engine does for it: its `n` sequences count against
+max_in_flight (one request of n=128 fills the engine as 128 requests do; one of more
+sequences than the limit could never be admitted, so it is INVALID_ARGUMENT, not a
+throttle to retry), and its prompt tokens are charged as well as the tokens it
+generates (a prefill of a long prompt is work as decoding is, so `max_tokens=1` over
+long prompts is no way around a token quota). The prompt is charged once, as OpenAI's
+usage counts it: the engine's prefix cache shares one prefill among the n sequences.
 
 A request is admitted only while its adapter is under every limit; otherwise it is
 refused with RESOURCE_EXHAUSTED and a retry-after (gRPC trailing metadata, HTTP 429's
-Retry-After). Tokens are charged as they stream, so a request already running always
-finishes: a long one can take the buckets below zero, and the adapter's next requests
-wait until they have refilled. The limits come from the store's quota records (sync
-calls `set_quota` and `replace_quotas`), the same on every replica; each replica
-counts only its own requests.
+Retry-After). Tokens are charged as the request enters the engine (its prompt) and as
+it streams, so a request already running always finishes: a long one can take the
+buckets below zero, and the adapter's next requests wait until they have refilled.
+The limits come from the store's quota records (sync calls `set_quota` and
+`replace_quotas`), the same on every replica; each replica counts only its own
+requests.
 """
 
 from __future__ import annotations
@@ -19,7 +28,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from loraserve.common.errors import QuotaExceeded
+from loraserve.common.errors import InvalidArgument, QuotaExceeded
 from loraserve.common.quota import Quota
 
 # The name of the default quota, as the store's events and listings say it.
@@ -55,6 +64,7 @@ class _Bucket:
 
 @dataclass
 class _Usage:
+    # Sequences, a request counting its n.
     in_flight: int = 0
     buckets: dict[str, _Bucket] = field(default_factory=dict)
 
@@ -96,36 +106,46 @@ class QuotaGate:
         return self._quotas.get(name) or self._quotas.get(DEFAULT_QUOTA)
 
     def in_flight(self, label: str) -> int:
-        """Requests counted under `label` running now (while it has a quota)."""
+        """Sequences counted under `label` running now (while it has a quota)."""
         usage = self._usage.get(label)
         return usage.in_flight if usage is not None else 0
 
     @contextmanager
-    def admit(self, name: str, label: str) -> Iterator[Callable[[int], None]]:
-        """Holds one of `name`'s in-flight requests; yields the function that charges
-        generated tokens. Raises QuotaExceeded (counted under `label`) when a limit
-        is reached. Usage is kept under `label`: the name when it is routed here, one
-        shared label for names that are not (they are NOT_FOUND next), so names a
-        client makes up cannot grow this table."""
+    def admit(self, name: str, label: str, sequences: int = 1) -> Iterator[Callable[[int], None]]:
+        """Holds `sequences` (a request's n) of `name`'s in flight; yields the function
+        that charges tokens. Raises QuotaExceeded (counted under `label`) when a limit
+        is reached, InvalidArgument when `sequences` is over max_in_flight. Usage is
+        kept under `label`: the name when it is routed here, one shared label for names
+        that are not (they are NOT_FOUND next), so names a client makes up cannot grow
+        this table."""
         quota = self.quota_of(name)
         if quota is None:
             yield no_charge
             return
         usage = self._usage_of(label, quota)
-        self._check(name, label, quota, usage)
-        usage.in_flight += 1
+        self._check(name, label, quota, usage, sequences)
+        usage.in_flight += sequences
         try:
             yield lambda tokens: self._charge(usage, tokens)
         finally:
-            usage.in_flight -= 1
+            usage.in_flight -= sequences
 
-    def _check(self, name: str, label: str, quota: Quota, usage: _Usage) -> None:
-        if quota.max_in_flight is not None and usage.in_flight >= quota.max_in_flight:
+    def _check(self, name: str, label: str, quota: Quota, usage: _Usage, sequences: int) -> None:
+        most = quota.max_in_flight
+        if most is not None and sequences > most:
+            self._count(label, "in_flight")
+            raise InvalidArgument(
+                f"sampling.n={sequences} is over the quota of adapter {name!r} on this "
+                f"replica: at most {most} sequences in flight (max_in_flight); ask for "
+                f"n <= {most}"
+            )
+        if most is not None and usage.in_flight + sequences > most:
             self._refuse(
                 label,
                 "in_flight",
-                f"adapter {name!r} has {usage.in_flight} requests in flight, its quota's "
-                f"limit on this replica; retry later",
+                f"adapter {name!r} has {usage.in_flight} sequences in flight and this "
+                f"request needs {sequences}: its quota's limit on this replica is {most}; "
+                "retry later",
                 _IN_FLIGHT_RETRY_S,
             )
         now = self._clock()
@@ -136,15 +156,18 @@ class QuotaGate:
                 self._refuse(
                     label,
                     limit,
-                    f"adapter {name!r} used its quota of generated tokens "
+                    f"adapter {name!r} used its quota of tokens "
                     f"({limit.replace('_', ' ')}) on this replica; retry in {math.ceil(wait)} s",
                     wait,
                 )
 
     def _refuse(self, label: str, limit: str, message: str, retry_after_s: float) -> None:
+        self._count(label, limit)
+        raise QuotaExceeded(message, retry_after_s)
+
+    def _count(self, label: str, limit: str) -> None:
         if self._observer is not None:
             self._observer.request_throttled(label, limit)
-        raise QuotaExceeded(message, retry_after_s)
 
     def _charge(self, usage: _Usage, tokens: int) -> None:
         if not usage.buckets:

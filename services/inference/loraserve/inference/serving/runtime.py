@@ -10,7 +10,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from loraserve.common.errors import Unavailable
-from loraserve.inference.adapters import AdapterRegistry, TierView
+from loraserve.inference.adapters import AdapterRegistry, RolloutKeys, TierView
 from loraserve.inference.engine import Engine
 from loraserve.inference.serving.admission import Admission
 from loraserve.inference.serving.fairness import FairGate
@@ -33,11 +33,15 @@ class Runtime:
 
 
 class RuntimeRef:
-    """Holds the runtime once it exists."""
+    """Holds the runtime once it exists, and what the fronts share from the start."""
 
-    def __init__(self, runtime: Runtime | None = None) -> None:
+    def __init__(
+        self, runtime: Runtime | None = None, *, trust_rollout_key_header: bool = False
+    ) -> None:
         self._runtime = runtime
         self._waiting = ""
+        # How every front derives a request's rollout key and caller.
+        self.rollout_keys = RolloutKeys(trust_rollout_key_header)
 
     def set(self, runtime: Runtime | None) -> None:
         self._runtime = runtime

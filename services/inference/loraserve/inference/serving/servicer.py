@@ -13,8 +13,11 @@ from loraserve.inference.adapters import (
     ROLLOUT_KEY_HEADER,
     RevisionLife,
     RevisionStatus,
+    RolloutCaller,
+    RolloutKeys,
     Tier,
     TierUsage,
+    peer_host,
 )
 from loraserve.inference.engine import (
     PositionLogprobs,
@@ -60,9 +63,9 @@ class InferenceServicer(pb_grpc.InferenceServiceServicer):  # type: ignore[misc]
         self, request: pb.GenerateRequest, context: Context
     ) -> AsyncIterator[pb.GenerateResponse]:
         runtime = self._runtime_ref.get()
-        chunks = runtime.generator.generate(
-            generate_command(request, rollout_key(context.invocation_metadata() or ()))
-        )
+        metadata = context.invocation_metadata() or ()
+        caller = rollout_caller(self._runtime_ref.rollout_keys, metadata, context.peer())
+        chunks = runtime.generator.generate(generate_command(request, caller))
         async with contextlib.aclosing(chunks):
             async for chunk in chunks:
                 yield generate_response(chunk)
@@ -116,15 +119,23 @@ def register(server: grpc.aio.Server, runtime_ref: RuntimeRef) -> None:
     pb_grpc.add_InferenceServiceServicer_to_server(InferenceServicer(runtime_ref), server)
 
 
-def rollout_key(metadata: Iterable[tuple[str, str | bytes]]) -> str:
-    """The `x-rollout-key` metadata: which arm of a rollout the caller gets."""
+def rollout_caller(
+    keys: RolloutKeys, metadata: Iterable[tuple[str, str | bytes]], peer: str = ""
+) -> RolloutCaller:
+    """Who the call is to a rollout; its `x-rollout-key` metadata counts as `keys` say.
+    `peer`: gRPC's name of the caller's address, "" where the front has none."""
+    claimed = ""
     for key, value in metadata:
         if key == ROLLOUT_KEY_HEADER:
-            return value if isinstance(value, str) else value.decode(errors="replace")
-    return ""
+            claimed = value if isinstance(value, str) else value.decode(errors="replace")
+            break
+    return keys.caller(claimed, peer_host(peer))
 
 
-def generate_command(request: pb.GenerateRequest, rollout_key: str = "") -> GenerateCommand:
+def generate_command(
+    request: pb.GenerateRequest, caller: RolloutCaller | None = None
+) -> GenerateCommand:
+    caller = caller or RolloutCaller()
     prompt = request.WhichOneof("prompt")
     return GenerateCommand(
         adapter=request.adapter,
@@ -132,7 +143,8 @@ def generate_command(request: pb.GenerateRequest, rollout_key: str = "") -> Gene
         prompt_token_ids=tuple(request.token_ids.ids) if prompt == "token_ids" else None,
         sampling=sampling_request(request.sampling),
         request_id=request.request_id,
-        rollout_key=rollout_key,
+        rollout_key=caller.key,
+        rollout_caller=caller.identity,
     )
 
 

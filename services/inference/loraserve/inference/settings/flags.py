@@ -19,6 +19,7 @@ from loraserve.common.config.flags import (
     positive_float,
     positive_int,
 )
+from loraserve.common.config.pins import add_pin_flags, pin_settings_from_args
 from loraserve.common.config.sizes import parse_size
 from loraserve.common.errors import InvalidArgument
 from loraserve.common.rpc.metrics_http import add_metrics_flags, metrics_address
@@ -76,12 +77,13 @@ def build_parser(environ: Mapping[str, str]) -> argparse.ArgumentParser:
     _add_store_flags(serve, flags)
     add_trust_flags(functools.partial(flags.add, serve))
     add_admission_flags(functools.partial(flags.add, serve))
+    add_pin_flags(functools.partial(flags.add, serve))
     _add_cache_flags(serve, flags)
     _add_serving_flags(serve, flags)
     add_metrics_flags(serve, flags)
     _add_connection_flags(serve, flags)
     _add_engine_flags(serve.add_argument_group("engine"), flags)
-    add_server_security_flags(serve, ENV_PREFIX, environ)
+    add_server_security_flags(serve, ENV_PREFIX, environ, roles=("reader", "pinner"))
     add_client_security_flags(serve, ENV_PREFIX, environ, flag_prefix=STORE_FLAG_PREFIX)
     return parser
 
@@ -174,6 +176,15 @@ def _add_serving_flags(serve: argparse.ArgumentParser, flags: EnvFlags) -> None:
         metavar="N",
         help=f"most choices (n) a request may ask for per prompt; more is INVALID_ARGUMENT "
         f"(default: {DEFAULT_MAX_N}, or --max-pending-requests if lower)",
+    )
+    serve.add_argument(
+        "--trust-rollout-key-header",
+        action="store_true",
+        default=flags.switch("trust-rollout-key-header"),
+        help="let the x-rollout-key header (or the OpenAI `user` field) pick a rollout's arm "
+        "and name the caller in the guard's figures: only behind a gateway that sets it for "
+        "its end users, since a caller that chooses its key chooses its arm; default off: "
+        "the caller's token principal is its key (env INFERENCE_TRUST_ROLLOUT_KEY_HEADER)",
     )
 
 
@@ -324,6 +335,7 @@ def parse_settings(
         security=security,
         max_pending_requests=max_pending,
         max_n=max_n,
+        trust_rollout_key_header=bool(args.trust_rollout_key_header),
         openai_listen=args.openai_listen or None,
         status_interval_s=float(args.status_interval),
         status_flush_s=float(args.status_flush_interval),
@@ -339,6 +351,7 @@ def parse_settings(
         prefetch_adapters=int(args.prefetch_adapters),
         trust=trust_settings_from_args(args),
         admission=admission_from_args(args),
+        pins=pin_settings_from_args(args),
         direct_downloads=args.adapter_download == "direct",
         download_range_size=int(args.download_range_size),
     )

@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from loraserve.common.config.admission import AdmissionOptions
+from loraserve.common.config.pins import PinSettings
 from loraserve.common.rpc.security import (
     ClientSecurity,
     ServerSecurity,
@@ -68,6 +69,9 @@ class InferenceSettings:
     security: ServerSecurity
     # Sequences admitted at once (a request counts its n).
     max_pending_requests: int = 256
+    # A caller-supplied rollout key (x-rollout-key, OpenAI `user`) picks a rollout's arm
+    # and names the caller; off: the caller's principal does (adapters.rollouts).
+    trust_rollout_key_header: bool = False
     # Most choices (n) one request may ask for per prompt.
     max_n: int = DEFAULT_MAX_N
     # What serves Generate on `listen`: "native" (Rust's h2, the engine's outputs pushed;
@@ -100,6 +104,8 @@ class InferenceSettings:
     # Which revisions' signatures this replica requires and trusts.
     trust: TrustSettings = field(default_factory=TrustSettings)
     admission: AdmissionOptions = field(default_factory=AdmissionOptions)
+    # Which pinned revisions (NAME@REV) requests may ask for; the engine sets max_pinned.
+    pins: PinSettings = field(default_factory=PinSettings)
     # Downloads read object storage with presigned URLs (else the store's stream).
     direct_downloads: bool = True
     # Files at least twice this long are read in parallel ranges; 0: one GET a file.

@@ -32,6 +32,7 @@ from loraserve.inference.sync.reports import CountersSource, StatusReporter
 from loraserve.inference.sync.seams import DiskCache, StoreAPI, SyncSettings
 from loraserve.inference.sync.state import AdapterWish, SyncState
 from loraserve.inference.sync.worker import AdapterWorker, RetryHook
+from loraserve.inference.sync.yanks import YankFollower, YankSink
 
 log = logging.getLogger(__name__)
 
@@ -50,9 +51,11 @@ class Synchronizer:
         counters: CountersSource | None = None,
         ttft_bounds: tuple[float, ...] = (),
         quotas: QuotaSink | None = None,
+        yanks: YankSink | None = None,
     ) -> None:
         """`changed`: what the registry adds changed names to (its `on_change`);
-        `quotas`: what enforces the store's quotas (the serving QuotaGate)."""
+        `quotas`: what enforces the store's quotas (the serving QuotaGate); `yanks`:
+        what refuses yanked revisions' pins (the registry)."""
         self._store = store
         self._cache = cache
         self._registry = registry
@@ -76,6 +79,7 @@ class Synchronizer:
             observe_swap,
         )
         self._quotas = QuotaFollower(quotas)
+        self._yanks = YankFollower(yanks)
         self._initial_seq: int | None = None
         # The watch fell behind the store's log: list again before watching.
         self._behind = False
@@ -176,6 +180,7 @@ class Synchronizer:
         )
         changed = self._state.record_listing(listing, served, seen_at, frozenset(forget))
         self._quotas.take_listing(listing)
+        self._yanks.take_listing(listing)
         if self._initial_seq is None:
             self._initial_seq = listing.seq
             await self._sweep(listing)
@@ -287,7 +292,7 @@ class Synchronizer:
             event.revision.revision if event.revision else 0,
             event.current_revision,
         )
-        if self._quotas.take_event(event):
+        if self._yanks.take_event(event) or self._quotas.take_event(event):
             # Applied at once, whatever the adapter's worker is doing.
             self._state.received_seq = event.seq
             return

@@ -11,8 +11,9 @@ from collections.abc import Callable
 from google.protobuf.message import DecodeError
 
 from loraserve.common.errors import InvalidArgument
+from loraserve.common.rpc.auth import TokenAuth
 from loraserve.common.rpc.grpcutil import status_for
-from loraserve.common.rpc.security import ServerSecurity, TokenAuth, current_principal
+from loraserve.common.rpc.security import ServerSecurity
 from loraserve.inference.serving import (
     GENERATE_METHOD,
     ChunkWriter,
@@ -20,7 +21,7 @@ from loraserve.inference.serving import (
     RuntimeRef,
     generate_command,
     generate_response,
-    rollout_key,
+    rollout_caller,
 )
 from loraserve.inference.transport.native import Ending, Metadata, NativeFront, Write
 from loraserve.inference.v1 import inference_pb2 as pb
@@ -55,7 +56,7 @@ def start_generate_front(
     comes from `security`. With `pushed`, a plain request's messages are made in the
     engine's output handler where the runtime's generator can push. `on_failure`: see
     NativeFront."""
-    auth = TokenAuth(security, ()) if security.auth_enabled else None
+    auth = TokenAuth(security) if security.auth_enabled else None
     tls = None
     if security.tls_cert_file is not None and security.tls_key_file is not None:
         tls = (security.tls_cert_file, security.tls_key_file, security.tls_client_ca_file)
@@ -66,9 +67,10 @@ def start_generate_front(
         except DecodeError as exc:
             raise InvalidArgument(f"the request message does not parse: {exc}") from exc
         if auth is not None:
-            principal, _ = auth.authenticate(metadata)
-            current_principal.set(principal)
-        command = generate_command(parsed, rollout_key(metadata))
+            auth.authenticate(metadata)
+        # The transport knows no peer address: without a principal or a trusted key the
+        # caller is unknown to the guard's count of callers.
+        command = generate_command(parsed, rollout_caller(runtime_ref.rollout_keys, metadata))
         chunks = runtime_ref.get().generator.generate(
             command, _chunk_writer(write) if pushed else None
         )

@@ -16,7 +16,7 @@ from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import NameOID
 
 from loraserve.common.trust.policy import SignaturePolicy, TrustSettings
-from loraserve.common.trust.signing import parse_trusted_signers
+from loraserve.common.trust.signers import parse_trusted_signers
 from loraserve.testing.s3.endpoint import S3Bucket
 from loraserve.testing.store.server import RunningStore, running_store
 

@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import pytest
 
+from loraserve.common.config.pins import PinPolicy, PinSettings
 from loraserve.inference.adapters import (
     LLAMA_TARGET_MODULES,
     AdapterRegistry,
@@ -16,12 +18,16 @@ from loraserve.inference.adapters import (
 from loraserve.testing.fakes.engine import FakeEngine, FakeFetcher
 
 
-def fake_registry(engine: FakeEngine, cache: RevisionCache, max_pinned: int = 2) -> AdapterRegistry:
-    """A registry that admits rank <= 16 on Llama modules of the model "fake-llama"."""
+def fake_registry(
+    engine: FakeEngine, cache: RevisionCache, max_pinned: int = 2, **options: Any
+) -> AdapterRegistry:
+    """A registry that admits rank <= 16 on Llama modules of the model "fake-llama" and
+    serves every pin, least recently used out first (`options`, e.g. pins, override)."""
     compat = CompatibilityChecker(
         max_lora_rank=16, target_modules=LLAMA_TARGET_MODULES, served_model_name="fake-llama"
     )
-    return AdapterRegistry(engine, cache, compat, max_pinned=max_pinned)
+    pins = PinSettings(PinPolicy.ANY, idle_s=0, max_pinned=max_pinned)
+    return AdapterRegistry(engine, cache, compat, **{"pins": pins, **options})
 
 
 def state_of(registry: AdapterRegistry, name: str, revision: int) -> RevisionLife | None:

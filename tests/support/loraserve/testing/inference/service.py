@@ -22,6 +22,7 @@ import grpc
 import pytest
 from prometheus_client import CollectorRegistry
 
+from loraserve.common.config.pins import PinPolicy, PinSettings
 from loraserve.common.errors import NotFound
 from loraserve.common.revisions.manifest import Revision
 from loraserve.common.rpc.security import ServerSecurity
@@ -89,14 +90,14 @@ def tiny_registry(
     served_model_name: str | None = None,
     **options: Any,
 ) -> AdapterRegistry:
-    """A registry over `cache` that admits what the engine on the tiny model can serve;
-    `options` (observer) go to AdapterRegistry."""
+    """A registry over `cache` that admits what the engine on the tiny model can serve
+    and serves every pinned revision; `options` (observer, pins) go to AdapterRegistry."""
     compat = CompatibilityChecker(
         max_lora_rank=engine.info.max_lora_rank,
         target_modules=model_lora_targets(model_dir),
         served_model_name=served_model_name or str(model_dir),
     )
-    return AdapterRegistry(engine, cache, compat, **options)
+    return AdapterRegistry(engine, cache, compat, **{"pins": PinSettings(PinPolicy.ANY), **options})
 
 
 def make_runtime_ref(

@@ -96,5 +96,7 @@ async def stack(
         cache_dir=cache,
         replica_id=REPLICA,
         pushed={"alpha": adapter_files(tiny_adapter(seed=1))},
+        # The suite pins revisions that are no longer (or not yet) current.
+        extra=("--pin-policy", "any"),
     ) as inference:
         yield Stack(proxied_store, proxy, inference, cache)

@@ -149,6 +149,8 @@ async def running_fleet(
                 *("--openai-listen", f"127.0.0.1:{openai_port}"),
                 # Rollout counters every second: the guards judge within seconds.
                 *("--rollout-report-interval", "1"),
+                # The tests name callers with x-rollout-key, as a trusted gateway would.
+                "--trust-rollout-key-header",
                 *(("--max-lora-rank", str(SMALL_MAX_RANK)) if i == REPLICAS - 1 else ()),
             ]
             process = await stack.enter_async_context(

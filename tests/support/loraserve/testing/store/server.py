@@ -14,9 +14,8 @@ import pytest
 
 from loraserve.adapterstore.api.health import follow_freshness
 from loraserve.adapterstore.api.servicer import (
-    REPLICA_METHODS,
+    METHOD_ROLES,
     SERVICE_NAME,
-    WRITE_METHODS,
     AdapterStoreServicer,
     register,
 )
@@ -76,8 +75,7 @@ async def running_store(
             register(AdapterStoreServicer(store, principal, urls)),
             [SERVICE_NAME],
             security=security,
-            write_methods=WRITE_METHODS,
-            replica_methods=REPLICA_METHODS,
+            needs=METHOD_ROLES,
         ) as server:
             health = asyncio.create_task(follow_freshness(store, server.set_serving))
             try:
