@@ -6,7 +6,7 @@ The real engine's answers through this front are tested in tests/test_openai_fro
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncGenerator, Sequence
+from collections.abc import AsyncGenerator, Mapping, Sequence
 
 import httpx
 
@@ -25,6 +25,8 @@ class StallingEngine(FakeEngine):
         prompt_token_ids: Sequence[int],
         sampling: SamplingSpec,
         adapter: AdapterHandle | None,
+        *,
+        trace_headers: Mapping[str, str] | None = None,
     ) -> AsyncGenerator[EngineDelta, None]:
         self.running[request_id] = adapter
         try:

@@ -28,6 +28,7 @@ from loraserve.adapterctl.rollout_args import add_rollout
 from loraserve.adapterctl.settings import (
     CtlSettings,
     add_connection_flags,
+    add_push_tracing_flags,
     settings_from_args,
 )
 from loraserve.adapterctl.terminal.console import Console
@@ -71,6 +72,8 @@ environment:
                                            unless ADAPTERCTL_INFERENCE_TOKEN is set)
   ADAPTERCTL_TLS, ADAPTERCTL_TLS_CA, ...   TLS settings, as the --tls* flags
   ADAPTERCTL_TIMEOUT                       deadline of each call in seconds
+  ADAPTERCTL_OTLP_TRACES_ENDPOINT,         where push sends its spans (OTLP/gRPC), as
+  OTEL_EXPORTER_OTLP_(TRACES_)ENDPOINT     --otlp-traces-endpoint
 
 exit codes:
   0    success
@@ -115,7 +118,7 @@ def build_parser(environ: Mapping[str, str]) -> argparse.ArgumentParser:
         sub.set_defaults(handler=handler)
         return sub
 
-    _add_push(command)
+    _add_push(command, environ)
     _add_store_commands(command)
     add_rollout(commands, common, lambda name: _lazy("rollout", name))
     add_quota(commands, common, lambda name: _lazy("quota", name))
@@ -124,7 +127,7 @@ def build_parser(environ: Mapping[str, str]) -> argparse.ArgumentParser:
     return parser
 
 
-def _add_push(command: Command) -> None:
+def _add_push(command: Command, environ: Mapping[str, str]) -> None:
     push = command("push", cmd_push, "publish a directory as a new revision; prints NAME@REV")
     push.add_argument("name", metavar="NAME", help="adapter name")
     push.add_argument(
@@ -160,6 +163,7 @@ def _add_push(command: Command) -> None:
         metavar="SECONDS",
         help="with --watch: quiet time before a change counts as done (default 1)",
     )
+    add_push_tracing_flags(push, environ)
 
 
 def _add_store_commands(command: Command) -> None:

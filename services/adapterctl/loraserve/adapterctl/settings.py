@@ -18,6 +18,7 @@ from loraserve.common.rpc.security import (
     add_client_security_flags,
     client_security_from_args,
 )
+from loraserve.common.tracing import otlp_endpoint
 
 DEFAULT_STORE_ADDRESS = "127.0.0.1:50051"
 DEFAULT_INFERENCE_ADDRESS = "127.0.0.1:50052"
@@ -25,6 +26,12 @@ DEFAULT_INFERENCE_ADDRESS = "127.0.0.1:50052"
 # they need unless --timeout bounds them.
 DEFAULT_UNARY_TIMEOUT_S = 30.0
 ENV_PREFIX = "ADAPTERCTL"
+# Where spans go unless --otlp-traces-endpoint says, first set first (OpenTelemetry's own).
+_ENDPOINT_ENV = (
+    f"{ENV_PREFIX}_OTLP_TRACES_ENDPOINT",
+    "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT",
+    "OTEL_EXPORTER_OTLP_ENDPOINT",
+)
 
 
 @dataclass(frozen=True)
@@ -108,3 +115,56 @@ def _env_timeout(environ: Mapping[str, str]) -> float | None:
         return positive_float(text)
     except argparse.ArgumentTypeError as exc:
         raise UsageError(f"{ENV_PREFIX}_TIMEOUT: {exc}") from None
+
+
+@dataclass(frozen=True)
+class PushTracing:
+    """How one push is traced: recorded and exported when `endpoint` is set, recorded
+    (every push sampled) and its trace id printed with `--trace`, not at all otherwise."""
+
+    # `--trace`: print the trace id; the store's and replicas' spans share it.
+    show: bool = False
+    # Where adapterctl's own spans go over OTLP/gRPC; None: nowhere (with --trace the
+    # trace still reaches the store and the replicas, whose spans carry its id).
+    endpoint: str | None = None
+    # OTEL_SERVICE_NAME, or adapterctl's own name.
+    service_name: str = "loraserve-adapterctl"
+
+    @property
+    def on(self) -> bool:
+        return self.show or self.endpoint is not None
+
+
+def add_push_tracing_flags(parser: argparse.ArgumentParser, environ: Mapping[str, str]) -> None:
+    group = parser.add_argument_group("tracing")
+    group.add_argument(
+        "--trace",
+        action="store_true",
+        help="trace this push across the fleet: prints its trace id on stderr "
+        '(trace_id=..., and "trace_id" with --json), which the store\'s and the '
+        "replicas' spans share",
+    )
+    group.add_argument(
+        "--otlp-traces-endpoint",
+        metavar="URL",
+        default=_env_endpoint(environ),
+        help="send this push's spans here over OTLP/gRPC (e.g. http://collector:4317; env "
+        f"{ENV_PREFIX}_OTLP_TRACES_ENDPOINT, else OTEL_EXPORTER_OTLP_TRACES_ENDPOINT or "
+        "OTEL_EXPORTER_OTLP_ENDPOINT unless OTEL_TRACES_EXPORTER=none); unset: adapterctl "
+        "exports nothing",
+    )
+    parser.set_defaults(service_name=environ.get("OTEL_SERVICE_NAME") or PushTracing.service_name)
+
+
+def push_tracing_from_args(args: argparse.Namespace) -> PushTracing:
+    try:
+        endpoint = otlp_endpoint(args.otlp_traces_endpoint) if args.otlp_traces_endpoint else None
+    except InvalidArgument as exc:
+        raise UsageError(f"--otlp-traces-endpoint: {exc.message}") from None
+    return PushTracing(bool(args.trace), endpoint, args.service_name)
+
+
+def _env_endpoint(environ: Mapping[str, str]) -> str | None:
+    if environ.get("OTEL_TRACES_EXPORTER", "").strip().lower() == "none":
+        return environ.get(_ENDPOINT_ENV[0]) or None
+    return next((environ[name] for name in _ENDPOINT_ENV if environ.get(name)), None)

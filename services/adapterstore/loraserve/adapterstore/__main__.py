@@ -33,6 +33,7 @@ from loraserve.common.errors import DataLoss, FailedPrecondition, LoraserveError
 from loraserve.common.rpc import retrylog
 from loraserve.common.rpc.metrics_http import serve_metrics
 from loraserve.common.rpc.server import install_stop_signals, start_server
+from loraserve.common.tracing import LOG_FORMAT, start_tracing
 
 log = logging.getLogger("loraserve.adapterstore")
 
@@ -100,7 +101,9 @@ async def serve(settings: AdapterStoreSettings) -> int:
     )
     running = await start_server(
         address=settings.listen,
-        register=register(AdapterStoreServicer(store, urls=urls)),
+        register=register(
+            AdapterStoreServicer(store, urls=urls, trace_principals=settings.tracing.principals)
+        ),
         service_names=[SERVICE_NAME],
         security=settings.security,
         needs=METHOD_ROLES,
@@ -139,11 +142,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     except LoraserveError as e:
         sys.stderr.write(f"adapterstore: {e.message}\n")
         return 2
-    logging.basicConfig(
-        level=settings.log_level, format="%(asctime)s %(levelname)s %(name)s %(message)s"
-    )
+    logging.basicConfig(level=settings.log_level, format=LOG_FORMAT)
     retrylog.install()
-    return asyncio.run(serve(settings))
+    stop_tracing = start_tracing(settings.tracing, "loraserve-adapterstore")
+    try:
+        return asyncio.run(serve(settings))
+    finally:
+        # Flushes the spans still batched, so the last pushes before a stop are traced.
+        stop_tracing()
 
 
 if __name__ == "__main__":

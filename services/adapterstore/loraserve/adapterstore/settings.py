@@ -11,7 +11,7 @@ from __future__ import annotations
 import argparse
 import functools
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from loraserve.adapterstore.blobs import (
@@ -42,6 +42,7 @@ from loraserve.common.rpc.security import (
     add_server_security_flags,
     server_security_from_args,
 )
+from loraserve.common.tracing import TracingSettings, add_tracing_flags, tracing_from_args
 from loraserve.common.trust.policy import add_trust_flags, trust_settings_from_args
 
 ENV_PREFIX = "ADAPTERSTORE"
@@ -73,6 +74,8 @@ class AdapterStoreSettings:
     max_connection_age_s: float = 300.0
     shutdown_grace_seconds: float = 30.0
     log_level: str = "INFO"
+    # Where this store's spans go, and how many; off unless an endpoint is configured.
+    tracing: TracingSettings = field(default_factory=TracingSettings)
 
 
 def build_parser(environ: Mapping[str, str]) -> argparse.ArgumentParser:
@@ -101,6 +104,7 @@ def build_parser(environ: Mapping[str, str]) -> argparse.ArgumentParser:
     add_server_security_flags(
         serve, ENV_PREFIX, environ, roles=("reader", "writer", "admin", "replica")
     )
+    add_tracing_flags(serve, ENV_PREFIX, environ)
     return parser
 
 
@@ -264,4 +268,5 @@ def parse_settings(argv: Sequence[str], environ: Mapping[str, str]) -> AdapterSt
         max_connection_age_s=float(args.max_connection_age),
         shutdown_grace_seconds=float(args.shutdown_grace),
         log_level=str(args.log_level).upper(),
+        tracing=tracing_from_args(args, environ),
     )

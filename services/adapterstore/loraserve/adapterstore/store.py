@@ -68,9 +68,11 @@ from loraserve.common.config.textlimits import (
 from loraserve.common.errors import InvalidArgument, Unavailable
 from loraserve.common.revisions.manifest import Revision
 from loraserve.common.revisions.names import validate_adapter_name
+from loraserve.common.tracing import child_span, tracer
 from loraserve.common.trust.policy import RevisionTrust, TrustSettings
 
 log = logging.getLogger(__name__)
+_TRACER = tracer(__name__)
 
 
 @dataclass(frozen=True, slots=True)
@@ -201,12 +203,13 @@ class AdapterStore:
         self, header: PushHeader, chunks: AsyncIterator[Chunk], actor: str
     ) -> PushResult:
         self._check_started()
-        validate_adapter_name(header.name)
-        check_text("description", header.description, MAX_DESCRIPTION_BYTES)
-        # Whatever the signature policy: under off or warn nothing else bounds it.
-        check_bytes("signature", header.signature, MAX_SIGNATURE_BYTES)
-        check_idempotency_key(header.idempotency_key)
-        check_declared_files(header.files, self._settings.limits)
+        with child_span(_TRACER, "loraserve.store.validate"):
+            validate_adapter_name(header.name)
+            check_text("description", header.description, MAX_DESCRIPTION_BYTES)
+            # Whatever the signature policy: under off or warn nothing else bounds it.
+            check_bytes("signature", header.signature, MAX_SIGNATURE_BYTES)
+            check_idempotency_key(header.idempotency_key)
+            check_declared_files(header.files, self._settings.limits)
         if header.idempotency_key and (done := await self._committed_push(header, chunks)):
             return done
         signed = self._trust.check_push(header.name, header.files, header.signature)
@@ -219,13 +222,8 @@ class AdapterStore:
         )
         assert change is not None
         assert change.revision is not None
-        log.info(
-            "adapter.pushed name=%s rev=%d seq=%d actor=%s",
-            header.name,
-            change.revision.revision,
-            change.seq,
-            actor,
-        )
+        rev, seq = change.revision.revision, change.seq
+        log.info("adapter.pushed name=%s rev=%d seq=%d actor=%s", header.name, rev, seq, actor)
         return PushResult.of(change)
 
     async def next_revision(self, name: str) -> int:

@@ -24,15 +24,24 @@ from pathlib import Path
 from typing import Any, BinaryIO, Protocol
 
 import grpc
+from opentelemetry.trace import SpanKind, Tracer
 
 from loraserve.adapterstore.v1 import adapterstore_pb2 as pb
 from loraserve.common.rpc import retrylog
 from loraserve.common.rpc.clientstream import ClientStream
+from loraserve.common.tracing import tracer
 
 CHUNK_SIZE = 1024 * 1024
 PUSH_ATTEMPTS = 3
 _WAIT_INITIAL_S = 0.5
 _WAIT_MAX_S = 4.0
+# The process's tracer; adapterctl passes a push's own (`spans`).
+_TRACER = tracer(__name__)
+_UPLOAD_ATTRIBUTES = {
+    "rpc.system": "grpc",
+    "rpc.service": pb.DESCRIPTOR.services_by_name["AdapterStoreService"].full_name,
+    "rpc.method": "PushAdapter",
+}
 
 
 @dataclass(frozen=True)
@@ -87,10 +96,11 @@ async def push(
     on_retry: Callable[[grpc.aio.AioRpcError], None] = lambda _: None,
     attempts: int = PUSH_ATTEMPTS,
     signature: bytes = b"",
+    spans: Tracer = _TRACER,
 ) -> pb.PushAdapterResponse:
     """`upload`, again after a jittered backoff while it fails UNAVAILABLE (or, with
     an idempotency key, CANCELLED by the store), at most `attempts` times; `on_retry`
-    hears of each failure that is retried."""
+    hears of each failure that is retried. Each attempt is a span of `spans`."""
     retried = _retried(idempotency_key)
     async for attempt in retrylog.retry_context(
         "adapterstore.push",
@@ -113,6 +123,7 @@ async def push(
                     idempotency_key=idempotency_key,
                     progress=progress,
                     signature=signature,
+                    spans=spans,
                 )
             except grpc.aio.AioRpcError as exc:
                 if retried(exc) and attempt.num < attempts:
@@ -153,6 +164,7 @@ async def upload(
     idempotency_key: str,
     progress: Callable[[int], None] = lambda _: None,
     signature: bytes = b"",
+    spans: Tracer = _TRACER,
 ) -> pb.PushAdapterResponse:
     """Streams one push; a rejected push raises the call's AioRpcError. A retry of
     the push must pass the same `idempotency_key` (`push` does), and the same
@@ -160,10 +172,9 @@ async def upload(
 
     The store may refuse the push before it has all been sent (no token, a file over
     its limits, a bad file): writing stops then, and the store's status is raised.
+    The call is a `loraserve.ctl.upload` span (the store's spans are its children),
+    each file a `loraserve.ctl.upload_file` under it.
     """
-    stream: ClientStream[pb.PushAdapterRequest, pb.PushAdapterResponse] = ClientStream(
-        stub.PushAdapter(timeout=timeout_s)
-    )
     header = push_header(
         name,
         files,
@@ -172,15 +183,27 @@ async def upload(
         idempotency_key=idempotency_key,
         signature=signature,
     )
-    try:
-        if await stream.write(header):
-            for local in files.files:
-                if not await _write_file(stream, local, progress):
-                    break
-        return await stream.result()
-    except BaseException:
-        stream.cancel()
-        raise
+    with spans.start_as_current_span("loraserve.ctl.upload", kind=SpanKind.CLIENT) as span:
+        if span.is_recording():
+            span.set_attributes(_UPLOAD_ATTRIBUTES)
+        # Opened inside the span: the call sends the span's context to the store.
+        stream: ClientStream[pb.PushAdapterRequest, pb.PushAdapterResponse] = ClientStream(
+            stub.PushAdapter(timeout=timeout_s)
+        )
+        try:
+            if await stream.write(header):
+                for local in files.files:
+                    with spans.start_as_current_span("loraserve.ctl.upload_file") as file_span:
+                        if file_span.is_recording():
+                            file_span.set_attributes(
+                                {"loraserve.file": local.name, "loraserve.bytes": local.size}
+                            )
+                        if not await _write_file(stream, local, progress):
+                            break
+            return await stream.result()
+        except BaseException:
+            stream.cancel()
+            raise
 
 
 async def _write_file(

@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from loraserve.adapterstore.v1 import adapterstore_pb2 as pb
 from loraserve.common.quota import Quota, quota_from_proto
 from loraserve.common.revisions.manifest import Revision, revision_from_proto
+from loraserve.common.tracing import bounded_traceparent
 
 
 @dataclass(frozen=True, slots=True)
@@ -74,7 +75,9 @@ class StoreEvent:
     ROLLOUT_CHANGED event's `rollout` is the split after it, None once it ended. A
     QUOTA_CHANGED event's `quota` is the quota of `name` ("": the default) after it,
     None once cleared. A YANK_CHANGED event's `yank` is the yank of `revision` after
-    it, None once unyanked."""
+    it, None once unyanked. `trace_parent` is the W3C traceparent of the request that
+    made the change (a push's span; "" when untraced or over its bound), for the
+    replica's work on the event to continue that trace."""
 
     seq: int
     kind: EventKind
@@ -84,6 +87,7 @@ class StoreEvent:
     rollout: RolloutSplit | None = None
     quota: Quota | None = None
     yank: Yank | None = None
+    trace_parent: str = ""
 
 
 @dataclass(frozen=True, slots=True)
@@ -116,6 +120,7 @@ def event_from_proto(event: pb.AdapterEvent) -> StoreEvent:
         rollout=split_from_proto(event.rollout) if event.HasField("rollout") else None,
         quota=quota_from_proto(event.quota) if event.HasField("quota") else None,
         yank=Yank(event.yank.revision, event.yank.reason) if event.HasField("yank") else None,
+        trace_parent=bounded_traceparent(event.trace_parent),
     )
 
 

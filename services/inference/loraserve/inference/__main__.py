@@ -15,6 +15,7 @@ import uvloop
 from loraserve.common.errors import LoraserveError, Unavailable
 from loraserve.common.rpc import retrylog
 from loraserve.common.rpc.server import install_stop_signals
+from loraserve.common.tracing import LOG_FORMAT, start_tracing
 from loraserve.inference.app import InferenceApp
 from loraserve.inference.settings import InferenceSettings, parse_settings
 
@@ -67,11 +68,9 @@ def main(argv: Sequence[str] | None = None) -> None:
     except LoraserveError as exc:
         sys.stderr.write(f"inference: {exc.message}\n")
         raise SystemExit(2) from exc
-    logging.basicConfig(
-        level=settings.log_level,
-        format="%(asctime)s %(levelname)s %(name)s %(message)s",
-    )
+    logging.basicConfig(level=settings.log_level, format=LOG_FORMAT)
     retrylog.install()
+    stop_tracing = start_tracing(settings.tracing, "loraserve-inference")
     try:
         # uvloop, as `vllm serve` runs: asyncio's own loop costs more per callback, and a
         # streamed message is several (grpc's completion, the task's step, vLLM's wake-up).
@@ -79,6 +78,9 @@ def main(argv: Sequence[str] | None = None) -> None:
     except LoraserveError as exc:
         log.error("server.failed error=%s", exc.message)
         raise SystemExit(1) from exc
+    finally:
+        # Flushes the spans still batched, so what happened just before a stop is traced.
+        stop_tracing()
 
 
 # vLLM starts its engine process with `spawn`, which re-imports this module.

@@ -77,7 +77,7 @@ class InferenceApp:
     ) -> None:
         self._settings = settings
         self._start_engine = start_engine
-        self.metrics = InferenceMetrics()
+        self.metrics = InferenceMetrics(top_adapters=settings.metrics_top_adapters)
         # The store's quotas: sync sets them, generation enforces them.
         self.quotas = QuotaGate(observer=self.metrics)
         self.runtime_ref = RuntimeRef(trust_rollout_key_header=settings.trust_rollout_key_header)
@@ -234,6 +234,7 @@ class InferenceApp:
                     gate,
                     self.quotas,
                     push=engine.push if pushed_outputs_supported() else None,
+                    tracing=settings.tracing,
                 ),
                 admission=admission,
                 replica_id=settings.replica_id,
@@ -380,18 +381,17 @@ class InferenceApp:
 
 
 def _lora_shapes(model: str) -> dict[str, tuple[int, int]]:
-    path = Path(model)
-    return model_lora_shapes(path) if path.is_dir() else {}
+    return model_lora_shapes(Path(model)) if Path(model).is_dir() else {}
 
 
 def _lora_targets(model: str) -> frozenset[str]:
-    path = Path(model)
-    return model_lora_targets(path) if path.is_dir() else LLAMA_TARGET_MODULES
+    return model_lora_targets(Path(model)) if Path(model).is_dir() else LLAMA_TARGET_MODULES
 
 
 def _sync_settings(settings: InferenceSettings) -> SyncSettings:
     return SyncSettings(
         prefetch_adapters=settings.prefetch_adapters,
+        replica_id=settings.replica_id,
         reports=ReportSettings(
             interval_s=settings.status_interval_s,
             flush_s=settings.status_flush_s,

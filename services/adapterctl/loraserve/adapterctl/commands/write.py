@@ -20,11 +20,13 @@ from loraserve.adapterctl.commands.push import (
     prepare_push,
     print_pushed,
     progress_for,
+    pushed_json,
     validated_name,
 )
+from loraserve.adapterctl.commands.push_trace import PushTrace, traced_push
 from loraserve.adapterctl.connection import connect_store
 from loraserve.adapterctl.failures import EXIT_FAILED, EXIT_OK, UsageError
-from loraserve.adapterctl.settings import CtlSettings
+from loraserve.adapterctl.settings import CtlSettings, push_tracing_from_args
 from loraserve.adapterctl.terminal.console import Console
 from loraserve.adapterctl.terminal.output import dumps, message_to_json
 from loraserve.adapterstore.v1 import adapterstore_pb2 as pb
@@ -37,6 +39,8 @@ if TYPE_CHECKING:
 
 def _push_signing(args: argparse.Namespace) -> SigningKey | None:
     """The key a push signs with, after refusing flags that do not go together."""
+    if args.trace and args.watch:
+        raise UsageError("--trace traces one push; it does not go with --watch")
     if args.wait is not None and (args.watch or args.no_promote):
         raise UsageError(
             "--wait waits for replicas to serve the new revision: it cannot go with "
@@ -64,7 +68,22 @@ async def cmd_push(args: argparse.Namespace, settings: CtlSettings, console: Con
             publisher = StorePublisher(stub, name, settings, args.no_promote, args.description)
             await watch_directory(name, directory, publisher, console, args.settle)
         return EXIT_OK
-    files = await prepare_push(directory, console)
+    async with traced_push(push_tracing_from_args(args), name, console) as traced:
+        return await _push_once(args, settings, console, (name, directory), signing, traced)
+
+
+async def _push_once(
+    args: argparse.Namespace,
+    settings: CtlSettings,
+    console: Console,
+    what: tuple[str, Path],
+    signing: SigningKey | None,
+    traced: PushTrace,
+) -> int:
+    """One push of the directory: hashed, sent (signed with `signing`), reported."""
+    name, directory = what
+    files = await prepare_push(directory, console, traced.tracer)
+    traced.describe(files)
     progress = progress_for(console, f"uploading {name}", files.total_size)
     async with connect_store(settings) as stub:
 
@@ -82,6 +101,7 @@ async def cmd_push(args: argparse.Namespace, settings: CtlSettings, console: Con
                     f"push of {name} failed: {exc.code().name}: {exc.details()}; retrying"
                 ),
                 signature=signature,
+                spans=traced.tracer,
             )
 
         try:
@@ -100,9 +120,9 @@ async def cmd_push(args: argparse.Namespace, settings: CtlSettings, console: Con
             if not settings.json:
                 print_pushed(console, settings, response)
             target = (response.revision.revision, response.seq)
-            result = message_to_json(response)
+            result = pushed_json(response, traced.trace_id)
             return await wait_and_report(stub, settings, console, name, target, args.wait, result)
-    print_pushed(console, settings, response)
+    print_pushed(console, settings, response, traced.trace_id)
     return EXIT_OK
 
 

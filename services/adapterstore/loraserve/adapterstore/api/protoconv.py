@@ -85,6 +85,7 @@ def event(value: Change) -> pb.AdapterEvent:
         current_revision=value.current_revision,
         time=timestamp(value.time),
         actor=value.actor,
+        trace_parent=value.trace_parent,
     )
     if value.revision is not None:
         message.revision.CopyFrom(revision_to_proto(value.revision))

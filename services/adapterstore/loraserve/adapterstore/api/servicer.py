@@ -13,6 +13,7 @@ from typing import Any
 import grpc
 
 from loraserve.adapterstore.api import protoconv
+from loraserve.adapterstore.api.tracing import describe_push, describe_pushed, server_span
 from loraserve.adapterstore.catalog import Adapter, YankMark
 from loraserve.adapterstore.files import Chunk, DownloadUrls
 from loraserve.adapterstore.replicas.model import ReplicaStatus
@@ -79,23 +80,30 @@ class AdapterStoreServicer:
         principal: Callable[[], str] = current_principal.get,
         urls: DownloadUrls | None = None,
         reporter: Callable[[], str | None] = reporting_identity,
+        trace_principals: bool = False,
     ) -> None:
         self._store = store
         self._principal = principal
         self._reporter = reporter
+        # Whether a push's span names who pushed (`--trace-principals`).
+        self._trace_principals = trace_principals
         self._urls = urls if urls is not None else DownloadUrls(store, None, 0)
 
     async def PushAdapter(
         self, request_iterator: AsyncIterator[pb.PushAdapterRequest], context: Context
     ) -> pb.PushAdapterResponse:
         requests = aiter(request_iterator)
-        header = protoconv.push_header(await anext(requests, pb.PushAdapterRequest()))
 
         async def chunks() -> AsyncIterator[Chunk]:
             async for message in requests:
                 yield protoconv.push_chunk(message)
 
-        result = await self._store.push(header, chunks(), self._principal())
+        with server_span("push", SERVICE_NAME, "PushAdapter", context) as span:
+            header = protoconv.push_header(await anext(requests, pb.PushAdapterRequest()))
+            actor = self._principal()
+            describe_push(span, header, actor if self._trace_principals else "")
+            result = await self._store.push(header, chunks(), actor)
+            describe_pushed(span, result)
         return pb.PushAdapterResponse(
             revision=revision_to_proto(result.revision), promoted=result.promoted, seq=result.seq
         )
@@ -181,7 +189,12 @@ class AdapterStoreServicer:
     async def GetDownloadUrls(
         self, request: pb.GetDownloadUrlsRequest, context: Context
     ) -> pb.GetDownloadUrlsResponse:
-        urls = await self._urls.revision_urls(request.name, request.revision)
+        with server_span("download_urls", SERVICE_NAME, "GetDownloadUrls", context) as span:
+            if span.is_recording():
+                span.set_attributes(
+                    {"loraserve.adapter": request.name, "loraserve.revision": request.revision}
+                )
+            urls = await self._urls.revision_urls(request.name, request.revision)
         return protoconv.download_urls(urls)
 
     async def WatchAdapters(

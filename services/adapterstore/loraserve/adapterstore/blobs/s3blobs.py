@@ -27,6 +27,7 @@ from botocore.exceptions import BotoCoreError, ClientError
 
 from loraserve.adapterstore.blobs.blobstore import BlobNotFound, BlobUpload, StoredObject, blob_key
 from loraserve.adapterstore.blobs.s3sweep import sweep_stale_uploads
+from loraserve.adapterstore.blobs.s3trace import count_bytes, s3_span
 from loraserve.adapterstore.blobs.s3upload import DirectUpload, HeldBytes, StagedUpload
 from loraserve.common.errors import FailedPrecondition, Unavailable
 
@@ -136,7 +137,14 @@ class S3BlobStore:
         return self._prefix + key
 
     async def call(self, what: str, fn: Callable[..., T], /, *args: Any, **kwargs: Any) -> T:
-        """Runs a boto3 call in a worker thread, with its errors as the seam's."""
+        """Runs a boto3 call in a worker thread, with its errors as the seam's, in a
+        span of its kind (s3trace)."""
+        with s3_span(what, self.bucket, kwargs) as span:
+            result = await self._call(what, fn, *args, **kwargs)
+            count_bytes(span, result)
+            return result
+
+    async def _call(self, what: str, fn: Callable[..., T], /, *args: Any, **kwargs: Any) -> T:
         try:
             return await self.run(fn, *args, **kwargs)
         except ClientError as e:
@@ -198,14 +206,15 @@ class S3BlobStore:
         )
 
     async def put_if_absent(self, key: str, data: bytes) -> bool:
+        request = {"Bucket": self.bucket, "Key": self.full_key(key), "Body": data}
+        with s3_span("put_if_absent", self.bucket, request) as span:
+            taken = not await self._put_if_absent(request)
+            span.set_attribute("loraserve.s3.taken", taken)
+            return not taken
+
+    async def _put_if_absent(self, request: dict[str, Any]) -> bool:
         try:
-            await self.run(
-                self.client.put_object,
-                Bucket=self.bucket,
-                Key=self.full_key(key),
-                Body=data,
-                IfNoneMatch="*",
-            )
+            await self.run(self.client.put_object, **request, IfNoneMatch="*")
         except ClientError as e:
             if _error_code(e) in _TAKEN_CODES:
                 return False
@@ -237,7 +246,8 @@ class S3BlobStore:
         )
         body = response["Body"]
         try:
-            while chunk := await self.call("read", body.read, chunk_size):
+            # Untraced: a span per chunk would outnumber everything else in a trace.
+            while chunk := await self._call("read", body.read, chunk_size):
                 yield chunk
         finally:
             body.close()

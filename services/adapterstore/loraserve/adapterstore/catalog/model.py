@@ -34,6 +34,7 @@ from loraserve.adapterstore.rollout.records import Rollout, RolloutState
 from loraserve.common.errors import DataLoss
 from loraserve.common.quota import Quota
 from loraserve.common.revisions.manifest import Revision, time_from_json, time_to_json
+from loraserve.common.tracing import bounded_traceparent
 
 # Version of the JSON written to log entries and snapshots; readers reject others
 # rather than misread them. Fields added later (commit ids, request keys) are
@@ -155,6 +156,8 @@ class Change:
     request_digest: str = ""
     # What a RECORD_TYPES kind carries: the rollout or the quota after the change.
     record: Record | None = None
+    # The W3C traceparent of the request that made it ("": untraced), which watchers continue.
+    trace_parent: str = ""
 
     def to_json(self) -> dict[str, Any]:
         data: dict[str, Any] = {
@@ -173,6 +176,8 @@ class Change:
             data["request_digest"] = self.request_digest
         if self.record is not None:
             data["record"] = self.record.to_json()
+        if self.trace_parent:
+            data["trace_parent"] = self.trace_parent
         return data
 
     @classmethod
@@ -194,6 +199,7 @@ class Change:
             request_key=str(data.get("request_key", "")),
             request_digest=str(data.get("request_digest", "")),
             record=record_type.from_json(record) if record_type and record else None,
+            trace_parent=bounded_traceparent(str(data.get("trace_parent", ""))),
         )
 
 

@@ -47,8 +47,10 @@ from loraserve.common.errors import (
     Unavailable,
 )
 from loraserve.common.rpc.backoff import Backoff
+from loraserve.common.tracing import bounded_traceparent, child_span, current_traceparent, tracer
 
 log = logging.getLogger(__name__)
+_TRACER = tracer(__name__)
 
 # A lost commit race is retried this often before the caller is told to retry later.
 _MAX_COMMIT_ATTEMPTS = 64
@@ -135,7 +137,18 @@ class ChangeLog:
         """Commits the change `build` makes from the freshest state, retrying on lost races.
         When it returns, `state` includes the change and nothing after it. With
         `request`, a key committed before returns the change it made, unless it came
-        with a different request (InvalidArgument)."""
+        with a different request (InvalidArgument). The change records the caller's
+        trace (`trace_parent`): what watchers do about it joins that trace."""
+        trace_parent = bounded_traceparent(current_traceparent())
+        with child_span(_TRACER, "loraserve.store.commit") as span:
+            change = await self._commit(build, request, trace_parent)
+            if change is not None and span.is_recording():
+                span.set_attribute("loraserve.seq", change.seq)
+            return change
+
+    async def _commit(
+        self, build: ChangeBuilder, request: RequestTag | None, trace_parent: str
+    ) -> Change | None:
         backoff = conflict_backoff()
         async with self._lock:
             for _ in range(_MAX_COMMIT_ATTEMPTS):
@@ -151,6 +164,7 @@ class ChangeLog:
                     commit_id=uuid.uuid4().hex,
                     request_key=request.key if request else "",
                     request_digest=request.digest if request else "",
+                    trace_parent=trace_parent,
                 )
                 data = json.dumps(change.to_json(), separators=(",", ":")).encode()
                 if await self._write_entry(seq, data, change.commit_id):

@@ -14,9 +14,14 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from datetime import datetime
 
+from opentelemetry.trace import INVALID_SPAN, Span, SpanKind
+
 from loraserve.adapterstore.catalog import Change, now
 from loraserve.adapterstore.changelog.log import ChangeLog
 from loraserve.common.errors import InvalidArgument, OutOfRange, Unavailable
+from loraserve.common.tracing import context_from_traceparent, tracer
+
+_TRACER = tracer(__name__)
 
 
 @dataclass(frozen=True, slots=True)
@@ -65,7 +70,11 @@ class Watches:
                 self._check_incarnation(incarnation)
                 changes = await self._log.events_after(position)
                 for change in changes:
-                    yield change
+                    span = _event_span(change)
+                    try:
+                        yield change
+                    finally:
+                        span.end()
                     position = change.seq
                 if changes:
                     continue
@@ -122,3 +131,26 @@ class Watches:
     def _check_not_stopping(self) -> None:
         if self._stopping.is_set():
             raise Unavailable("the adapter store is shutting down; watch again")
+
+
+def _event_span(change: Change) -> Span:
+    """`loraserve.store.event`: one watch stream sending `change`, in the trace of the
+    request that made it (none for an untraced change); it ends once the stream has
+    taken the event."""
+    if not change.trace_parent:
+        return INVALID_SPAN
+    span = _TRACER.start_span(
+        "loraserve.store.event",
+        context=context_from_traceparent(change.trace_parent),
+        kind=SpanKind.PRODUCER,
+    )
+    if span.is_recording():
+        span.set_attributes(
+            {
+                "loraserve.adapter": change.adapter_name,
+                "loraserve.seq": change.seq,
+                "loraserve.change": change.type.value,
+                "loraserve.revision": change.revision.revision if change.revision else 0,
+            }
+        )
+    return span

@@ -32,11 +32,13 @@ from loraserve.common.errors import InvalidArgument
 from loraserve.common.revisions.lora_values import WeightsFileCheck
 from loraserve.common.revisions.manifest import FileInfo, Revision
 from loraserve.common.revisions.peft_format import CONFIG_FILE, WEIGHTS_FILE, TensorInfo
+from loraserve.common.tracing import child_span, tracer
 
 # Checks of at most this many bytes run on the event loop (well under a millisecond).
 INLINE_CHECK_BYTES = 64 * 1024
 
 log = logging.getLogger(__name__)
+_TRACER = tracer(__name__)
 
 
 class Uploads(Protocol):
@@ -151,15 +153,19 @@ async def receive_adapter(
     """Uploads and validates every declared file, keeping none of them. The header's
     names, sizes and sha256s must already have passed `validation.check_declared_files`."""
     push = _PushReceiver(header.files, blobs)
-    try:
-        async for chunk in chunks:
-            await push.write(chunk)
-        await push.open_next(None)
-        config = parse_adapter_config(push.config_bytes)
-        check_tensors_match_config(push.tensors, config)
-    except BaseException:
-        await shielded(push.abort())
-        raise
+    # One span for every file: its parts' uploads are its children.
+    with child_span(_TRACER, "loraserve.store.receive") as span:
+        try:
+            async for chunk in chunks:
+                await push.write(chunk)
+            await push.open_next(None)
+            config = parse_adapter_config(push.config_bytes)
+            check_tensors_match_config(push.tensors, config)
+        except BaseException:
+            await shielded(push.abort())
+            raise
+        if span.is_recording():
+            span.set_attribute("loraserve.bytes", sum(f.info.size for f in push.received))
     return ReceivedAdapter(push.received, config)
 
 
@@ -234,12 +240,13 @@ async def keep_files(received: ReceivedAdapter) -> None:
     """Makes every file of a validated push readable at its content address. A
     failure aborts the files not kept yet; the ones kept are correct content that no
     revision names (garbage, never visible)."""
-    for index, file in enumerate(received.files):
-        try:
-            await file.upload.keep()
-        except BaseException:
-            await shielded(abort_files(received.files[index:]))
-            raise
+    with child_span(_TRACER, "loraserve.store.keep"):
+        for index, file in enumerate(received.files):
+            try:
+                await file.upload.keep()
+            except BaseException:
+                await shielded(abort_files(received.files[index:]))
+                raise
 
 
 async def abort_files(files: list[ReceivedFile]) -> None:

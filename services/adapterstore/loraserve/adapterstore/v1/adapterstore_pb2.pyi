@@ -340,7 +340,7 @@ class WatchAdaptersRequest(_message.Message):
     def __init__(self, after_seq: _Optional[int] = ..., incarnation: _Optional[str] = ...) -> None: ...
 
 class AdapterEvent(_message.Message):
-    __slots__ = ("seq", "type", "adapter_name", "revision", "current_revision", "time", "actor", "rollout", "quota", "yank")
+    __slots__ = ("seq", "type", "adapter_name", "revision", "current_revision", "time", "actor", "rollout", "quota", "yank", "trace_parent")
     SEQ_FIELD_NUMBER: _ClassVar[int]
     TYPE_FIELD_NUMBER: _ClassVar[int]
     ADAPTER_NAME_FIELD_NUMBER: _ClassVar[int]
@@ -351,6 +351,7 @@ class AdapterEvent(_message.Message):
     ROLLOUT_FIELD_NUMBER: _ClassVar[int]
     QUOTA_FIELD_NUMBER: _ClassVar[int]
     YANK_FIELD_NUMBER: _ClassVar[int]
+    TRACE_PARENT_FIELD_NUMBER: _ClassVar[int]
     seq: int
     type: EventType
     adapter_name: str
@@ -361,7 +362,8 @@ class AdapterEvent(_message.Message):
     rollout: Rollout
     quota: AdapterQuota
     yank: RevisionYank
-    def __init__(self, seq: _Optional[int] = ..., type: _Optional[_Union[EventType, str]] = ..., adapter_name: _Optional[str] = ..., revision: _Optional[_Union[Revision, _Mapping]] = ..., current_revision: _Optional[int] = ..., time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., actor: _Optional[str] = ..., rollout: _Optional[_Union[Rollout, _Mapping]] = ..., quota: _Optional[_Union[AdapterQuota, _Mapping]] = ..., yank: _Optional[_Union[RevisionYank, _Mapping]] = ...) -> None: ...
+    trace_parent: str
+    def __init__(self, seq: _Optional[int] = ..., type: _Optional[_Union[EventType, str]] = ..., adapter_name: _Optional[str] = ..., revision: _Optional[_Union[Revision, _Mapping]] = ..., current_revision: _Optional[int] = ..., time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., actor: _Optional[str] = ..., rollout: _Optional[_Union[Rollout, _Mapping]] = ..., quota: _Optional[_Union[AdapterQuota, _Mapping]] = ..., yank: _Optional[_Union[RevisionYank, _Mapping]] = ..., trace_parent: _Optional[str] = ...) -> None: ...
 
 class Heartbeat(_message.Message):
     __slots__ = ("seq", "time", "synced_time", "incarnation")

@@ -24,6 +24,7 @@ import grpc
 from loraserve.common.config.flags import EnvFlags
 from loraserve.common.errors import InvalidArgument
 from loraserve.common.rpc.tlsfiles import CertificateFiles
+from loraserve.common.tracing import tracing_interceptors
 
 # Set for the duration of an authenticated call; read by servicers for audit fields.
 current_principal: contextvars.ContextVar[str] = contextvars.ContextVar(
@@ -171,10 +172,11 @@ class ClientSecurity:
 def secure_channel(
     address: str, security: ClientSecurity, options: Iterable[tuple[str, Any]] = ()
 ) -> grpc.aio.Channel:
-    """Opens an aio channel that adds the bearer token to every call."""
-    interceptors: list[Any] = (
-        [kind(security.metadata()) for kind in _BEARER_KINDS] if security.token else []
-    )
+    """Opens an aio channel that adds the bearer token and, once the process records
+    traces, the caller's trace context to every call."""
+    interceptors: list[Any] = tracing_interceptors()
+    if security.token:
+        interceptors.extend(kind(security.metadata()) for kind in _BEARER_KINDS)
     credentials = security.channel_credentials()
     if credentials is None:
         return grpc.aio.insecure_channel(address, options=list(options), interceptors=interceptors)

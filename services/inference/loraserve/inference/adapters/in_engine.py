@@ -14,8 +14,11 @@ from collections.abc import Awaitable, Callable
 from pathlib import Path
 
 from loraserve.common.errors import FailedPrecondition
+from loraserve.common.tracing import child_span, tracer
 from loraserve.inference.adapters.compat import AdapterFacts, CompatibilityChecker
 from loraserve.inference.engine import AdapterHandle, Engine
+
+_TRACER = tracer(__name__)
 
 
 class EngineAdapters:
@@ -46,8 +49,11 @@ class EngineAdapters:
                 f"adapter {facts.name}@{facts.revision}: refusing to load {path}, "
                 f"which is not inside the adapter cache {self._cache_dir}"
             )
-        self._compat.check(facts)
-        await asyncio.to_thread(self._compat.check_weights, facts.name, facts.revision, path)
+        with child_span(_TRACER, "loraserve.replica.verify") as span:
+            if span.is_recording():
+                span.set_attribute("loraserve.check", "values")
+            self._compat.check(facts)
+            await asyncio.to_thread(self._compat.check_weights, facts.name, facts.revision, path)
 
     def handle(self, name: str, revision: int, path: Path) -> AdapterHandle:
         """A new engine adapter for a revision, with an id never used before on the engine."""
@@ -61,11 +67,14 @@ class EngineAdapters:
         # The engine may finish loading after the caller is cancelled; an adapter
         # nobody knows about would then stay in the engine, so remove it afterwards.
         adding = asyncio.ensure_future(self._engine.add_lora(handle))
-        try:
-            await asyncio.shield(adding)
-        except asyncio.CancelledError:
-            adding.add_done_callback(functools.partial(self._remove_orphan, handle))
-            raise
+        with child_span(_TRACER, "loraserve.replica.engine_load") as span:
+            if span.is_recording():
+                span.set_attribute("loraserve.lora_int_id", handle.lora_int_id)
+            try:
+                await asyncio.shield(adding)
+            except asyncio.CancelledError:
+                adding.add_done_callback(functools.partial(self._remove_orphan, handle))
+                raise
 
     async def discard(self, added: AdapterHandle | None) -> None:
         """Undoes a load that will not be served: out of the engine, if it got there."""

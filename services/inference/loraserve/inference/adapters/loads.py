@@ -14,16 +14,21 @@ import asyncio
 import logging
 from collections.abc import Awaitable, Callable
 
+from opentelemetry.trace import Span
+
 from loraserve.common.errors import NotFound
 from loraserve.common.revisions.manifest import Revision, RevisionKey
+from loraserve.common.tracing import child_span, tracer
 from loraserve.inference.adapters.compat import manifest_facts
 from loraserve.inference.adapters.in_engine import EngineAdapters
 from loraserve.inference.adapters.ports import RevisionCache
 from loraserve.inference.adapters.state import RevisionEntry, RevisionLife
+from loraserve.inference.adapters.tiers import Tier
 from loraserve.inference.cache import CachedRevision, Holder
 from loraserve.inference.engine import AdapterHandle
 
 log = logging.getLogger(__name__)
+_TRACER = tracer(__name__)
 
 Claim = Callable[[RevisionEntry], None]
 """What a load does with its revision once it is in the engine: route it, or pin it."""
@@ -106,19 +111,22 @@ class RevisionLoads:
         cached: CachedRevision | None = None
         added: AdapterHandle | None = None
         try:
-            cached = await self._cache.fetch(*key, manifest, holder=self._holder)
-            entry.manifest, entry.path = cached.manifest, cached.path
-            entry.downloaded = cached.downloaded
-            self._check_not_deleted(entry)
-            await self._adapters.check(manifest_facts(cached.manifest), cached.path)
-            handle = self._adapters.handle(*key, cached.path)
-            await self._adapters.add(handle)
-            added = handle
-            self._check_not_deleted(entry)
-            entry.handle, entry.state = handle, RevisionLife.READY
-            log.info("adapter.loaded name=%s rev=%d lora_int_id=%d", *key, handle.lora_int_id)
-            claim(entry)
-            self._update(entry)
+            with child_span(_TRACER, "loraserve.replica.install") as span:
+                describe_install(span, entry)
+                cached = await self._cache.fetch(*key, manifest, holder=self._holder)
+                entry.manifest, entry.path = cached.manifest, cached.path
+                entry.downloaded = cached.downloaded
+                self._check_not_deleted(entry)
+                await self._adapters.check(manifest_facts(cached.manifest), cached.path)
+                handle = self._adapters.handle(*key, cached.path)
+                describe_install(span, entry, handle)
+                await self._adapters.add(handle)
+                added = handle
+                self._check_not_deleted(entry)
+                entry.handle, entry.state = handle, RevisionLife.READY
+                log.info("adapter.loaded name=%s rev=%d lora_int_id=%d", *key, handle.lora_int_id)
+                claim(entry)
+                self._update(entry)
         except Exception:
             await self._adapters.discard(added)
             if cached is not None:
@@ -143,3 +151,15 @@ class RevisionLoads:
     async def release_files(self, key: RevisionKey) -> None:
         """Hands a revision's files back to the cache, which deletes them."""
         await self._cache.remove(*key)
+
+
+def describe_install(span: Span, entry: RevisionEntry, handle: AdapterHandle | None = None) -> None:
+    """Names the revision an install span loads; once its files are here (`handle`), the
+    tier they came from: the store (downloaded now) or this replica's disk."""
+    if not span.is_recording():
+        return
+    if handle is None:
+        span.set_attributes({"loraserve.adapter": entry.name, "loraserve.revision": entry.revision})
+        return
+    tier = Tier.STORE if entry.downloaded else Tier.DISK
+    span.set_attributes({"loraserve.tier": tier.value, "loraserve.lora_int_id": handle.lora_int_id})

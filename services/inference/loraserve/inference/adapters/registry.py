@@ -35,29 +35,31 @@ from loraserve.common.errors import (
 )
 from loraserve.common.revisions.manifest import Revision, RevisionKey
 from loraserve.common.revisions.names import AdapterRef
+from loraserve.common.tracing import child_span, tracer
 from loraserve.inference.adapters.arms import CandidateArms
 from loraserve.inference.adapters.compat import CompatibilityChecker, manifest_facts
 from loraserve.inference.adapters.in_engine import EngineAdapters
 from loraserve.inference.adapters.loads import RevisionLoads
 from loraserve.inference.adapters.pins import PinParts, Pins
 from loraserve.inference.adapters.ports import RegistryObserver, RevisionCache
+from loraserve.inference.adapters.published import PublishTraces
 from loraserve.inference.adapters.registry_reads import RegistryReads
-from loraserve.inference.adapters.state import (
-    RevisionEntry,
-    RevisionLife,
-)
+from loraserve.inference.adapters.state import RevisionEntry, RevisionLife
 from loraserve.inference.engine import AdapterHandle, Engine
 
 log = logging.getLogger(__name__)
+_TRACER = tracer(__name__)
 
 
 @dataclass(frozen=True)
 class Lease:
-    """What a request runs on; `adapter` is None for the base model."""
+    """What a request runs on; `adapter` is None for the base model. `published_by`: the
+    trace that routed the revision here, for the first request it serves (published.py)."""
 
     name: str
     revision: int
     adapter: AdapterHandle | None
+    published_by: str = ""
 
 
 class AdapterRegistry(RegistryReads):
@@ -87,6 +89,7 @@ class AdapterRegistry(RegistryReads):
         self._routes: dict[str, int] = {}
         # What each name should route to: loaded now, or on its first request.
         self._targets: dict[str, Revision] = {}
+        self._published = PublishTraces()
         self._tasks: set[asyncio.Task[None]] = set()
         self._loads = RevisionLoads(
             self._entries, self._adapters, cache, self, self._update, self._spawn
@@ -123,6 +126,7 @@ class AdapterRegistry(RegistryReads):
         transient error to be retried; whatever was serving keeps serving."""
         if make_current:
             self._targets[manifest.adapter_name] = manifest
+            self._published.record(manifest.key)
         claim = self._route_if_target if make_current else self._pins.claim
         try:
             await self._loads.ensure_loaded(manifest.key, manifest, claim)
@@ -148,6 +152,7 @@ class AdapterRegistry(RegistryReads):
             self.mark_failed(manifest, exc)
             raise
         self._targets[name] = manifest
+        self._published.record(manifest.key)
         self._changed(name)
         routed = self._routes.get(name)
         if routed is not None and routed != manifest.revision:
@@ -160,6 +165,7 @@ class AdapterRegistry(RegistryReads):
 
     async def set_current(self, name: str, revision: int) -> None:
         """Routes `name` to `revision`, loading it again if it was already removed."""
+        self._published.record(RevisionKey(name, revision))
         entry = await self._loads.ensure_loaded(RevisionKey(name, revision), None, self._promote)
         if entry is None:
             raise Unavailable(f"adapter {name}@{revision} left the engine as it loaded; retry")
@@ -181,6 +187,7 @@ class AdapterRegistry(RegistryReads):
         self._arms.end(name)
         self._routes.pop(name, None)
         self._targets.pop(name, None)
+        self._published.forget(name)
         for entry in [e for e in self._entries.values() if e.name == name]:
             if entry.state is RevisionLife.FAILED:
                 del self._entries[entry.key]
@@ -251,7 +258,7 @@ class AdapterRegistry(RegistryReads):
         entry.in_flight += 1
         self._cache.touch(*entry.key)
         try:
-            yield Lease(name=entry.name, revision=entry.revision, adapter=entry.handle)
+            yield Lease(entry.name, entry.revision, entry.handle, self._published.take(*entry.key))
         finally:
             entry.in_flight -= 1
             self._update(entry)
@@ -317,21 +324,25 @@ class AdapterRegistry(RegistryReads):
         )
 
     def _route(self, entry: RevisionEntry) -> None:
-        previous = self._routes.get(entry.name)
-        self._routes[entry.name] = entry.revision
-        self._update(entry)
-        self._changed(entry.name)
-        assert entry.handle is not None
-        log.info(
-            "adapter.routed name=%s rev=%d lora_int_id=%d previous=%s",
-            entry.name,
-            entry.revision,
-            entry.handle.lora_int_id,
-            previous,
-        )
-        replaced = self._entries.get(RevisionKey(entry.name, previous or 0))
-        if replaced is not None and replaced is not entry:
-            self._update(replaced)
+        # The flip itself: instant, but where it falls in the push's trace is the point.
+        with child_span(_TRACER, "loraserve.replica.route") as span:
+            previous = self._routes.get(entry.name)
+            if span.is_recording():
+                span.set_attribute("loraserve.previous_revision", previous or 0)
+            self._routes[entry.name] = entry.revision
+            self._update(entry)
+            self._changed(entry.name)
+            assert entry.handle is not None
+            log.info(
+                "adapter.routed name=%s rev=%d lora_int_id=%d previous=%s",
+                entry.name,
+                entry.revision,
+                entry.handle.lora_int_id,
+                previous,
+            )
+            replaced = self._entries.get(RevisionKey(entry.name, previous or 0))
+            if replaced is not None and replaced is not entry:
+                self._update(replaced)
 
     def _update(self, entry: RevisionEntry) -> None:
         """Puts a revision in the engine into the state its route, pin and requests

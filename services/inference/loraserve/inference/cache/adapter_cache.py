@@ -23,13 +23,20 @@ from typing import Protocol
 from loraserve.common.errors import DataLoss, FailedPrecondition, InvalidArgument, NotFound
 from loraserve.common.revisions.manifest import Revision, RevisionKey
 from loraserve.common.revisions.names import validate_adapter_name
+from loraserve.common.tracing import child_span, tracer
 from loraserve.inference.cache import files
 from loraserve.inference.cache.bound import ByteBound
 from loraserve.inference.cache.download import check_manifest, same_files
-from loraserve.inference.cache.fetching import DownloadSource, Fetcher, FetchSettings
+from loraserve.inference.cache.fetching import (
+    DownloadSource,
+    Fetcher,
+    FetchSettings,
+    describe_download,
+)
 from loraserve.inference.cache.index import CacheIndex
 
 log = logging.getLogger(__name__)
+_TRACER = tracer(__name__)
 
 
 @dataclass(frozen=True)
@@ -263,7 +270,12 @@ class AdapterCache:
     async def _on_disk(self, key: RevisionKey, final: Path) -> Revision | None:
         """The manifest of a complete, intact copy on disk (every file hashed: the
         engine will read these bytes), or None."""
-        manifest = await asyncio.to_thread(files.load_verified, final, *key)
+        with child_span(_TRACER, "loraserve.replica.verify") as span:
+            manifest = await asyncio.to_thread(files.load_verified, final, *key)
+            if span.is_recording():
+                span.set_attributes(
+                    {"loraserve.check": "sha256", "loraserve.found": manifest is not None}
+                )
         if manifest is None:
             self._forget(key)
         elif key not in self._index:
@@ -360,8 +372,10 @@ class AdapterCache:
         staging = self._root / files.TEMP_DIR / f"{name}-{revision}-{uuid.uuid4().hex}"
         await asyncio.to_thread(staging.mkdir, files.PRIVATE, parents=True)
         try:
-            manifest, path = await self._fetcher.fetch(expected, staging)
-            await asyncio.to_thread(files.commit, staging, final, manifest)
+            with child_span(_TRACER, "loraserve.replica.download") as span:
+                manifest, path = await self._fetcher.fetch(expected, staging)
+                await asyncio.to_thread(files.commit, staging, final, manifest)
+                describe_download(span, manifest, path)
         finally:
             await asyncio.to_thread(shutil.rmtree, staging, True)
         self._downloads += 1

@@ -35,10 +35,13 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Protocol
 
+from opentelemetry.trace import Span
+
 from loraserve.clients.downloads import FileChunk
 from loraserve.common.errors import DataLoss, Unimplemented
 from loraserve.common.revisions.manifest import Revision
 from loraserve.common.revisions.presigned import RevisionUrls
+from loraserve.common.tracing import child_span, tracer
 from loraserve.inference.cache.download import (
     check_manifest,
     receive_revision,
@@ -54,6 +57,7 @@ from loraserve.inference.cache.http_read import (
 )
 
 log = logging.getLogger(__name__)
+_TRACER = tracer(__name__)
 
 DIRECT = "direct"
 STREAM = "stream"
@@ -197,7 +201,9 @@ class Fetcher:
     async def _urls(self, expected: Revision) -> _Urls:
         name, revision = expected.adapter_name, expected.revision
         try:
-            urls = await self._source.download_urls(name, revision)
+            # The store's call carries this span's context: its own span is a child.
+            with child_span(_TRACER, "loraserve.replica.download_urls"):
+                urls = await self._source.download_urls(name, revision)
         except Unimplemented as exc:
             raise _Fallback(
                 f"the store hands out no download URLs ({exc.message})", for_a_while=True
@@ -231,3 +237,18 @@ def _empty(staging: Path) -> None:
             shutil.rmtree(entry)
         else:
             entry.unlink()
+
+
+def describe_download(span: Span, manifest: Revision, path: str) -> None:
+    """What a download span fetched: the revision, its files and bytes (each file's
+    SHA-256 checked as it arrived), and the path they took (`direct` or `stream`)."""
+    if span.is_recording():
+        span.set_attributes(
+            {
+                "loraserve.adapter": manifest.adapter_name,
+                "loraserve.revision": manifest.revision,
+                "loraserve.files": len(manifest.files),
+                "loraserve.bytes": sum(f.size for f in manifest.files),
+                "loraserve.download.path": path,
+            }
+        )

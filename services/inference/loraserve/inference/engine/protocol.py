@@ -5,7 +5,7 @@ support, in plain types, so everything above it can be unit-tested with a fake e
 from __future__ import annotations
 
 import enum
-from collections.abc import AsyncGenerator, Sequence
+from collections.abc import AsyncGenerator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -119,8 +119,12 @@ class Engine(Protocol):
         prompt_token_ids: Sequence[int],
         sampling: SamplingSpec,
         adapter: AdapterHandle | None,
+        *,
+        trace_headers: Mapping[str, str] | None = None,
     ) -> AsyncGenerator[EngineDelta, None]:
-        """Streams deltas; closing the iterator early aborts the request in the engine."""
+        """Streams deltas; closing the iterator early aborts the request in the engine.
+        `trace_headers`: the request's span (W3C `traceparent`), for an engine that traces
+        its own steps to put its spans under it; None for an untraced request."""
         ...
 
     async def abort(self, request_id: str) -> None: ...

@@ -17,7 +17,7 @@ from __future__ import annotations
 import asyncio
 import inspect
 import logging
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Protocol
 
 from loraserve.common.errors import InvalidArgument, Unavailable
@@ -103,6 +103,7 @@ async def push(
     params: Any,
     lora_request: Any,
     sink: DeltaSink,
+    trace_headers: Mapping[str, str] | None = None,
 ) -> None:
     """Adds the request to the engine with its outputs going to `sink`; what arrived while
     it was being added goes to the sink first. Raises as the pull path does for a request
@@ -116,6 +117,7 @@ async def push(
             {"prompt_token_ids": list(prompt_token_ids)},
             params,
             lora_request=lora_request,
+            trace_headers=trace_headers,
         )
     except EngineDeadError as exc:
         raise Unavailable("the inference engine has stopped") from exc

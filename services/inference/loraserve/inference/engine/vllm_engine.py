@@ -116,6 +116,8 @@ class VllmEngine:
             add_special_tokens=False,
         )
         self._tokenizer_thread = _tokenizer_thread(llm)
+        # vLLM traces only with its own `otlp_traces_endpoint` (else it warns of headers).
+        self._traced = llm.observability_config.otlp_traces_endpoint is not None
         self._tap = SchedulerTap()
         # vLLM has no public hook to read scheduler stats from an engine that already
         # exists; its stat-logger manager is where they arrive, so listen there.
@@ -216,6 +218,8 @@ class VllmEngine:
         prompt_token_ids: Sequence[int],
         sampling: SamplingSpec,
         adapter: AdapterHandle | None,
+        *,
+        trace_headers: Mapping[str, str] | None = None,
     ) -> AsyncGenerator[EngineDelta, None]:
         from vllm.exceptions import VLLMClientError
         from vllm.v1.engine.exceptions import EngineDeadError
@@ -226,6 +230,7 @@ class VllmEngine:
             params,
             request_id,
             lora_request=_lora_request(adapter) if adapter else None,
+            trace_headers=trace_headers if self._traced else None,
         )
         finished = False
         started = False
@@ -270,12 +275,15 @@ class VllmEngine:
         sampling: SamplingSpec,
         adapter: AdapterHandle | None,
         sink: pushed.DeltaSink,
+        *,
+        trace_headers: Mapping[str, str] | None = None,
     ) -> None:
         """Adds a request whose outputs vLLM's output handler puts into `sink` (see
         `pushed`); `abort(request_id)` ends it."""
         lora_request = _lora_request(adapter) if adapter else None
+        headers = trace_headers if self._traced else None
         await pushed.push(
-            self._llm, request_id, prompt_token_ids, sampling.params, lora_request, sink
+            self._llm, request_id, prompt_token_ids, sampling.params, lora_request, sink, headers
         )
 
     async def abort(self, request_id: str) -> None:

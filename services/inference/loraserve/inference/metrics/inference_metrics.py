@@ -2,17 +2,21 @@
 
 A registry per server (not prometheus_client's global one) lets several servers live
 in one process, as they do in tests. Gauges of engine state are read at scrape time.
+Per-adapter counters name the top K adapters by traffic and fold the rest into
+`_other` (adapter_series). deploy/grafana/loraserve.json charts these.
 """
 
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Callable
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 from loraserve.inference.adapters import TierCounters, TierUsage
 from loraserve.inference.engine import EngineStats
+from loraserve.inference.metrics.adapter_series import TopAdapters
 from loraserve.inference.metrics.model_server import ModelServerProtocolCollector
 from loraserve.inference.metrics.rollout_metrics import RolloutMeter
 
@@ -20,16 +24,33 @@ log = logging.getLogger(__name__)
 
 BASE_MODEL_LABEL = "_base"
 
+# As --metrics-top-adapters' default (settings, which this layer does not import).
+DEFAULT_TOP_ADAPTERS = 50
+
 _LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
+# Most requests wait for nothing: the first bound tells "went straight in" apart.
+_WAIT_BUCKETS = (0.001, *_LATENCY_BUCKETS)
+# A decode step of a small batch takes milliseconds, of a large one on CPU a second.
+_INTER_TOKEN_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.25, 0.5, 1.0)
 
 
 class InferenceMetrics:
     """The metrics DESIGN.md names, with hooks for the parts that produce them."""
 
-    def __init__(self, registry: CollectorRegistry | None = None) -> None:
+    def __init__(
+        self,
+        registry: CollectorRegistry | None = None,
+        *,
+        top_adapters: int = DEFAULT_TOP_ADAPTERS,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
         self.registry = registry or CollectorRegistry()
         r = self.registry
+        # Which adapters the per-adapter counters name (`--metrics-top-adapters`), re-ranked
+        # on `clock`.
+        self._adapters = TopAdapters(top_adapters, clock=clock)
         self._add_request_metrics(r)
+        self._add_wait_metrics(r)
         self._add_adapter_metrics(r)
         self._add_download_metrics(r)
         self._add_engine_metrics(r)
@@ -67,6 +88,34 @@ class InferenceMetrics:
             buckets=_LATENCY_BUCKETS,
             registry=r,
         )
+        self._adapters.track(self._requests, ["adapter", "code"])
+        self._adapters.track(self._throttled, ["adapter", "limit"])
+        self._adapters.track(self._prompt_tokens, ["adapter"])
+        self._adapters.track(self._generated_tokens, ["adapter"])
+
+    def _add_wait_metrics(self, r: CollectorRegistry) -> None:
+        """Where an admitted request's time goes before and between its tokens."""
+        self._gate_wait = Histogram(
+            "loraserve_inference_gate_wait_seconds",
+            "Time an admitted request waited for its fair turn into the engine (requests "
+            "that got it; none with --admission-order fifo).",
+            buckets=_WAIT_BUCKETS,
+            registry=r,
+        )
+        self._queue_wait = Histogram(
+            "loraserve_inference_queue_wait_seconds",
+            "From admission to the engine's submission: the prompt's rendering, the fair "
+            "turn and the adapter's lease (its load on a miss).",
+            buckets=_WAIT_BUCKETS,
+            registry=r,
+        )
+        self._inter_token = Histogram(
+            "loraserve_inference_inter_token_latency_seconds",
+            "Mean time between a finished request's tokens after its first (per sequence "
+            "when n > 1): vLLM's time per output token, observed once per request.",
+            buckets=_INTER_TOKEN_BUCKETS,
+            registry=r,
+        )
 
     def _add_adapter_metrics(self, r: CollectorRegistry) -> None:
         """Per adapter revision: swaps, loads and the tiers that hold them."""
@@ -82,6 +131,7 @@ class InferenceMetrics:
             ["adapter"],
             registry=r,
         )
+        self._adapters.track(self._load_failures, ["adapter"])
         self.tier_counters = TierCounters()
         # Per revision, the adapters in a rollout (both arms).
         self.rollouts = RolloutMeter(r)
@@ -161,17 +211,41 @@ class InferenceMetrics:
             registry=r,
         )
 
+    @property
+    def top_adapters(self) -> int:
+        """The most adapters the per-adapter counters name (others count as `_other`)."""
+        return self._adapters.top
+
     # -- hooks for producers ----------------------------------------------------------
 
     def request_finished(self, adapter: str, code: str) -> None:
-        self._requests.labels(_label(adapter), code).inc()
+        name = adapter or BASE_MODEL_LABEL
+        # Ranked first: the request that makes a re-rank due is counted under the new rank.
+        self._adapters.finished(name)
+        self._requests.labels(self._adapters.label(name), code).inc()
 
     def request_throttled(self, adapter: str, limit: str) -> None:
-        self._throttled.labels(_label(adapter), limit).inc()
+        self._throttled.labels(self._label(adapter), limit).inc()
 
     def tokens(self, adapter: str, *, prompt: int, generated: int) -> None:
-        self._prompt_tokens.labels(_label(adapter)).inc(prompt)
-        self._generated_tokens.labels(_label(adapter)).inc(generated)
+        label = self._label(adapter)
+        self._prompt_tokens.labels(label).inc(prompt)
+        self._generated_tokens.labels(label).inc(generated)
+
+    def observe_gate_wait(self, seconds: float) -> None:
+        self._gate_wait.observe(seconds)
+
+    def observe_queue_wait(self, seconds: float) -> None:
+        self._queue_wait.observe(seconds)
+
+    def observe_inter_token_latency(
+        self, first_token: float | None, generated: int, sequences: int
+    ) -> None:
+        """At a finished request's end: `first_token` its first token's time.monotonic(),
+        `generated` its tokens over all its `sequences` (its n)."""
+        per_sequence = generated / max(sequences, 1)
+        if first_token is not None and per_sequence > 1:
+            self._inter_token.observe((time.monotonic() - first_token) / (per_sequence - 1))
 
     def revision_finished(
         self,
@@ -202,7 +276,7 @@ class InferenceMetrics:
         self._swap.observe(seconds)
 
     def adapter_load_failed(self, name: str) -> None:
-        self._load_failures.labels(_label(name)).inc()
+        self._load_failures.labels(self._label(name)).inc()
 
     def adapter_downloaded(self, path: str) -> None:
         self._downloads.labels(path).inc()
@@ -263,6 +337,5 @@ class InferenceMetrics:
         """Adds the gauges an inference-extension endpoint picker routes on (msp_metrics)."""
         self.registry.register(ModelServerProtocolCollector(stats, max_lora=max_lora))
 
-
-def _label(adapter: str) -> str:
-    return adapter or BASE_MODEL_LABEL
+    def _label(self, adapter: str) -> str:
+        return self._adapters.label(adapter or BASE_MODEL_LABEL)

@@ -13,7 +13,6 @@ away, streamed or not, aborts its engine request.
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import functools
 import json
 import logging
@@ -35,7 +34,7 @@ from loraserve.common.errors import InvalidArgument, LoraserveError, QuotaExceed
 from loraserve.common.rpc.auth import TokenAuth
 from loraserve.common.rpc.grpcutil import retry_after
 from loraserve.common.rpc.security import ServerSecurity
-from loraserve.inference.adapters import ROLLOUT_KEY_HEADER
+from loraserve.inference.openai.callers import for_caller
 from loraserve.inference.openai.guard import RequestGuard
 from loraserve.inference.openai.protocol import (
     NO_CHAT_TEMPLATE,
@@ -161,7 +160,7 @@ def _add_generation(app: FastAPI, runtime_ref: RuntimeRef, model_names: Sequence
         runtime = runtime_ref.get()
         adapter = adapter_for_model(body.model, model_names)
         commands = [
-            _for_caller(c, runtime_ref, request, body.user)
+            for_caller(c, runtime_ref, request, body.user)
             for c in completion_commands(body, adapter, _request_id(request))
         ]
         streams = [runtime.generator.generate(command) for command in commands]
@@ -176,7 +175,7 @@ def _add_generation(app: FastAPI, runtime_ref: RuntimeRef, model_names: Sequence
         # Rendered once admitted: a request refused at the door costs no template.
         render = functools.partial(_chat_prompt_ids, runtime.engine, messages)
         command = chat_command(body, adapter, _request_id(request), render_prompt=render)
-        command = _for_caller(command, runtime_ref, request, body.user)
+        command = for_caller(command, runtime_ref, request, body.user)
         streams = [runtime.generator.generate(command)]
         return await _respond(request, streams, body, base_name)
 
@@ -208,17 +207,6 @@ def _add_error_handlers(app: FastAPI) -> None:
 
 def _request_id(request: Request) -> str:
     return request.headers.get("x-request-id", "")
-
-
-def _for_caller(
-    command: GenerateCommand, runtime_ref: RuntimeRef, request: Request, user: str | None
-) -> GenerateCommand:
-    """`command` with its rollout caller (`RolloutKeys.caller`): the key the request
-    claims is the `x-rollout-key` header, else the OpenAI `user` field."""
-    claimed = request.headers.get(ROLLOUT_KEY_HEADER) or user or ""
-    peer = request.client.host if request.client is not None else ""
-    caller = runtime_ref.rollout_keys.caller(claimed, peer)
-    return dataclasses.replace(command, rollout_key=caller.key, rollout_caller=caller.identity)
 
 
 async def _chat_prompt_ids(engine: object, messages: list[dict[str, str]]) -> list[int]:

@@ -12,15 +12,18 @@ from loraserve.inference.serving.quotas import QuotaGate
 from loraserve.inference.serving.runtime import Runtime, RuntimeRef
 from loraserve.inference.serving.servicer import (
     GENERATE_METHOD,
+    GRPC_GENERATE_SPAN,
     SERVICE_NAME,
     generate_command,
     generate_response,
     register,
     rollout_caller,
 )
+from loraserve.inference.serving.spans import TraceOrigin
 
 __all__ = [
     "GENERATE_METHOD",
+    "GRPC_GENERATE_SPAN",
     "SERVICE_NAME",
     "Admission",
     "ChunkWriter",
@@ -33,6 +36,7 @@ __all__ = [
     "QuotaGate",
     "Runtime",
     "RuntimeRef",
+    "TraceOrigin",
     "Usage",
     "fair_gate",
     "generate_command",

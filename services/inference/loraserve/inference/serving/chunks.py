@@ -60,7 +60,9 @@ class Outcome:
     generated: int = 0
     # Charges generated tokens to the adapter's quota as they stream.
     charge: Callable[[int], None] = no_charge
-    # time.monotonic() when the request went to the engine, and when its first token came.
+    # time.monotonic() when it was admitted (0: never), when it went to the engine, and
+    # when its first token came.
+    admitted: float = 0.0
     submitted: float = 0.0
     first_token: float | None = None
 

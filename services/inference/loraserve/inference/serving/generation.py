@@ -12,11 +12,12 @@ import contextlib
 import logging
 import time
 import uuid
-from collections.abc import AsyncGenerator, Awaitable, Callable, Iterator, Sequence
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 
 from loraserve.common.errors import InvalidArgument, LoraserveError, Unavailable
 from loraserve.common.revisions.names import AdapterRef, parse_adapter_ref
+from loraserve.common.tracing import TracingSettings
 from loraserve.inference.adapters import AdapterRegistry, Lease
 from loraserve.inference.engine import (
     Engine,
@@ -37,6 +38,7 @@ from loraserve.inference.serving.chunks import (
 from loraserve.inference.serving.fairness import FairGate
 from loraserve.inference.serving.pushed import ChunkWriter, Push, PushedStream, pushable
 from loraserve.inference.serving.quotas import QuotaGate
+from loraserve.inference.serving.spans import GenerateSpans, RequestTrace, TraceOrigin
 
 __all__ = [
     "FinishReason",
@@ -69,25 +71,44 @@ class GenerateCommand:
     # A prompt rendered only once the request is admitted (a chat template), in place
     # of the prompt fields: a request refused at the door costs no rendering.
     render_prompt: Callable[[], Awaitable[Sequence[int]]] | None = None
+    # The caller's trace context and the front's attributes, for the request's span;
+    # None: a span of its own, under whatever span is current.
+    origin: TraceOrigin | None = None
 
 
-def _log_started(request_id: str, lease: Lease, prompt_tokens: int) -> None:
-    log.info(
-        "generate.started request_id=%s adapter=%s rev=%d prompt_tokens=%d",
-        request_id,
-        lease.name,
-        lease.revision,
-        prompt_tokens,
-    )
+def _log_started(request_id: str, lease: Lease, prompt_tokens: int, traced: RequestTrace) -> None:
+    with traced.current():
+        log.info(
+            "generate.started request_id=%s adapter=%s rev=%d prompt_tokens=%d",
+            request_id,
+            lease.name,
+            lease.revision,
+            prompt_tokens,
+        )
 
 
-def _log_finished(request_id: str, finish: FinishReason, generated: int) -> None:
-    log.info(
-        "generate.finished request_id=%s reason=%s completion_tokens=%d",
-        request_id,
-        finish.value,
-        generated,
-    )
+def _log_finished(
+    request_id: str, finish: FinishReason, generated: int, traced: RequestTrace
+) -> None:
+    traced.finished(finish)
+    with traced.current():
+        log.info(
+            "generate.finished request_id=%s reason=%s completion_tokens=%d",
+            request_id,
+            finish.value,
+            generated,
+        )
+
+
+def _failure_code(exc: BaseException, request_id: str) -> str:
+    """The code a failed request is counted, and its span ended, with."""
+    if isinstance(exc, LoraserveError):
+        return exc.code.name
+    if isinstance(exc, asyncio.CancelledError | GeneratorExit):
+        log.info("generate.cancelled request_id=%s", request_id)
+        return "CANCELLED"
+    # A bug: the fronts answer INTERNAL, and so must the count.
+    return "INTERNAL"
 
 
 def server_request_id(client_id: str) -> str:
@@ -113,7 +134,9 @@ class Generator:
         gate: FairGate | None = None,
         quotas: QuotaGate | None = None,
         push: Push | None = None,
+        tracing: TracingSettings | None = None,
     ) -> None:
+        """`tracing`: whether requests are traced (its endpoint), and with whose names."""
         self._engine = engine
         # The engine's pushed outputs (engine.pushed); None: every stream is pulled.
         self._push = push
@@ -124,6 +147,7 @@ class Generator:
         self._gate = gate
         # Per-adapter quotas, checked before anything else is admitted.
         self._quotas = quotas if quotas is not None else QuotaGate()
+        self._spans = GenerateSpans(tracing)
 
     async def generate(
         self, command: GenerateCommand, write: ChunkWriter | None = None
@@ -134,57 +158,62 @@ class Generator:
         check_limits(command.sampling)
         ref = parse_adapter_ref(command.adapter)
         request_id = server_request_id(command.request_id)
+        traced = self._spans.start(command.origin, command.adapter, request_id)
         adapter_label = _UNRESOLVED_ADAPTER
         code = "OK"
+        error: BaseException | None = None
         outcome = Outcome()
+        sequences = command.sampling.n or 1
         try:
-            with self._admitted(ref, command.sampling.n or 1, outcome) as admitted:
+            with self._admitted(ref, sequences, outcome) as admitted:
                 prompt_ids = await self._prompt_ids(command)
                 spec = self._engine.sampling(command.sampling, len(prompt_ids))
                 # The turn before the lease: a request waiting for its turn pins no
                 # adapter in the engine. Names made up by a client take turns as one,
                 # so they cannot dilute every real adapter's fair share.
                 async with (
-                    self._turn(self._routed_label(ref), command.sampling.n or 1),
-                    self._registry.acquire(ref, command.rollout_key) as lease,
+                    traced.waiting("gate", self._turn(self._routed_label(ref), sequences)),
+                    traced.waiting(
+                        "adapter", self._registry.acquire(ref, command.rollout_key)
+                    ) as lease,
                 ):
                     adapter_label, outcome.revision = lease.name, lease.revision
-                    _log_started(request_id, lease, len(prompt_ids))
+                    traced.leased(lease, ref, self._registry.split_of, len(prompt_ids))
+                    _log_started(request_id, lease, len(prompt_ids), traced)
                     outcome.charge(len(prompt_ids))  # its prefill, as it goes in
                     if write is not None and self._push is not None and pushable(spec):
                         await self._pushed(
-                            request_id, prompt_ids, spec, lease, admitted, outcome, write
+                            request_id, prompt_ids, spec, lease, admitted, outcome, write, traced
                         )
                         return
                     # aclosing: an async for does not close what it iterates when the
                     # consumer closes us, and the engine request must end right then.
-                    chunks = self._stream(request_id, prompt_ids, spec, lease, admitted, outcome)
+                    chunks = self._stream(request_id, prompt_ids, spec, lease, outcome, traced)
                     async with contextlib.aclosing(chunks):
                         async for chunk in chunks:
                             yield chunk
-        except LoraserveError as exc:
-            code = exc.code.name
-            raise
-        except (asyncio.CancelledError, GeneratorExit):
-            code = "CANCELLED"
-            log.info("generate.cancelled request_id=%s", request_id)
-            raise
-        except Exception:
-            # A bug: the fronts answer INTERNAL, and so must the count.
-            code = "INTERNAL"
+        except (Exception, asyncio.CancelledError, GeneratorExit) as exc:
+            code, error = _failure_code(exc, request_id), exc
             raise
         finally:
-            self._metrics.request_finished(adapter_label, code)
-            if outcome.revision:
-                self._metrics.revision_finished(
-                    adapter_label,
-                    outcome.revision,
-                    code,
-                    outcome.engine_ttft_s,
-                    outcome.generated,
-                    caller=command.rollout_caller,
-                    split=ref.revision is None,
-                )
+            self._count(command, ref, adapter_label, code, outcome)
+            traced.end(code, outcome, error)
+
+    def _count(
+        self, command: GenerateCommand, ref: AdapterRef, label: str, code: str, outcome: Outcome
+    ) -> None:
+        """Counts a finished request, and what it came to on its revision."""
+        self._metrics.request_finished(label, code)
+        if outcome.revision:
+            self._metrics.revision_finished(
+                label,
+                outcome.revision,
+                code,
+                outcome.engine_ttft_s,
+                outcome.generated,
+                caller=command.rollout_caller,
+                split=ref.revision is None,
+            )
 
     @contextlib.contextmanager
     def _admitted(self, ref: AdapterRef, sequences: int, outcome: Outcome) -> Iterator[float]:
@@ -197,7 +226,8 @@ class Generator:
             self._admission.admit(sequences),
         ):
             outcome.charge = charge
-            yield time.monotonic()
+            outcome.admitted = time.monotonic()
+            yield outcome.admitted
 
     def _routed_label(self, ref: AdapterRef) -> str:
         """The name when this replica routes it ("" for the base model), else one label
@@ -212,7 +242,16 @@ class Generator:
     def _turn(self, adapter: str, sequences: int) -> contextlib.AbstractAsyncContextManager[None]:
         if self._gate is None:
             return contextlib.nullcontext()
-        return self._gate.turn(adapter, sequences)
+        return self._timed_turn(self._gate, adapter, sequences)
+
+    @contextlib.asynccontextmanager
+    async def _timed_turn(
+        self, gate: FairGate, adapter: str, sequences: int
+    ) -> AsyncIterator[None]:
+        asked = time.monotonic()
+        async with gate.turn(adapter, sequences):
+            self._metrics.observe_gate_wait(time.monotonic() - asked)
+            yield
 
     async def _prompt_ids(self, command: GenerateCommand) -> tuple[int, ...]:
         if command.render_prompt is not None:
@@ -242,6 +281,7 @@ class Generator:
         admitted: float,
         outcome: Outcome,
         write: ChunkWriter,
+        traced: RequestTrace,
     ) -> None:
         assert self._push is not None
         stream = PushedStream(
@@ -249,7 +289,15 @@ class Generator:
         )
         try:
             outcome.submitted = time.monotonic()
-            await self._push(request_id, prompt_ids, spec, lease.adapter, stream)
+            self._metrics.observe_queue_wait(outcome.submitted - admitted)
+            await self._push(
+                request_id,
+                prompt_ids,
+                spec,
+                lease.adapter,
+                stream,
+                trace_headers=traced.engine_headers(),
+            )
             await stream.done
         finally:
             if stream.finish is None:
@@ -257,7 +305,8 @@ class Generator:
             outcome.generated = stream.generated
             self._metrics.tokens(lease.name, prompt=len(prompt_ids), generated=stream.generated)
         assert stream.finish is not None
-        _log_finished(request_id, stream.finish, stream.generated)
+        self._metrics.observe_inter_token_latency(outcome.first_token, stream.generated, 1)
+        _log_finished(request_id, stream.finish, stream.generated, traced)
 
     async def _stream(
         self,
@@ -265,23 +314,24 @@ class Generator:
         prompt_ids: tuple[int, ...],
         spec: SamplingSpec,
         lease: Lease,
-        admitted: float,
         outcome: Outcome,
+        traced: RequestTrace,
     ) -> AsyncGenerator[GenerationChunk, None]:
         generated = 0
         first = True
         finish: FinishReason | None = None
         unfinished = set(range(spec.n))
         outcome.submitted = time.monotonic()
-        stream = self._engine.generate(request_id, prompt_ids, spec, lease.adapter)
+        self._metrics.observe_queue_wait(outcome.submitted - outcome.admitted)
+        stream = self._engine.generate(
+            request_id, prompt_ids, spec, lease.adapter, trace_headers=traced.engine_headers()
+        )
         try:
             async with contextlib.aclosing(stream):
                 async for delta in stream:
                     token_ids = delta.token_ids
                     if not generated and token_ids:
-                        outcome.first_token = time.monotonic()
-                        outcome.ttft_s = outcome.first_token - admitted
-                        self._metrics.observe_time_to_first_token(outcome.ttft_s)
+                        self._first_token(outcome)
                     generated += len(token_ids)
                     outcome.charge(len(token_ids))
                     # Runs once per token: the plain middle of a stream takes the short path.
@@ -314,4 +364,10 @@ class Generator:
             self._metrics.tokens(lease.name, prompt=len(prompt_ids), generated=generated)
         if finish is None:
             raise Unavailable(f"the engine ended request {request_id} without a finish reason")
-        _log_finished(request_id, finish, generated)
+        self._metrics.observe_inter_token_latency(outcome.first_token, generated, spec.n)
+        _log_finished(request_id, finish, generated, traced)
+
+    def _first_token(self, outcome: Outcome) -> None:
+        outcome.first_token = time.monotonic()
+        outcome.ttft_s = outcome.first_token - outcome.admitted
+        self._metrics.observe_time_to_first_token(outcome.ttft_s)

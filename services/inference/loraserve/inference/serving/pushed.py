@@ -12,7 +12,8 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from typing import Protocol
 
 from loraserve.common.errors import Unavailable
 from loraserve.inference.adapters import Lease
@@ -31,10 +32,20 @@ from loraserve.inference.serving.chunks import (
 ChunkWriter = Callable[[GenerationChunk], None]
 
 
-# The engine's `push`: adds a request whose outputs go to a sink.
-Push = Callable[
-    [str, Sequence[int], SamplingSpec, AdapterHandle | None, "PushedStream"], Awaitable[None]
-]
+class Push(Protocol):
+    """The engine's `push`: adds a request whose outputs go to a sink (`trace_headers`:
+    the request's span, as `Engine.generate` takes it)."""
+
+    def __call__(
+        self,
+        request_id: str,
+        prompt_token_ids: Sequence[int],
+        sampling: SamplingSpec,
+        adapter: AdapterHandle | None,
+        sink: PushedStream,
+        *,
+        trace_headers: Mapping[str, str] | None = None,
+    ) -> Awaitable[None]: ...
 
 
 def pushable(spec: SamplingSpec) -> bool:

@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import contextlib
-from collections.abc import AsyncIterator, Iterable
+from collections.abc import AsyncIterator, Iterable, Mapping
 from typing import Any
 
 import grpc
+from opentelemetry.util.types import AttributeValue
 
 from loraserve.common.rpc.sampling_fields import OPTIONAL_SAMPLING_FIELDS
 from loraserve.inference.adapters import (
@@ -27,11 +28,18 @@ from loraserve.inference.engine import (
 )
 from loraserve.inference.serving.generation import FinishReason, GenerateCommand, GenerationChunk
 from loraserve.inference.serving.runtime import RuntimeRef
+from loraserve.inference.serving.spans import TraceOrigin
 from loraserve.inference.v1 import inference_pb2 as pb
 from loraserve.inference.v1 import inference_pb2_grpc as pb_grpc
 
 SERVICE_NAME = pb.DESCRIPTOR.services_by_name["InferenceService"].full_name
 GENERATE_METHOD = f"/{SERVICE_NAME}/Generate"
+# What a Generate's span says of the call (OpenTelemetry's rpc.* conventions).
+GRPC_GENERATE_SPAN: Mapping[str, AttributeValue] = {
+    "rpc.system": "grpc",
+    "rpc.service": SERVICE_NAME,
+    "rpc.method": "Generate",
+}
 
 Context = grpc.aio.ServicerContext[Any, Any]
 
@@ -65,7 +73,8 @@ class InferenceServicer(pb_grpc.InferenceServiceServicer):  # type: ignore[misc]
         runtime = self._runtime_ref.get()
         metadata = context.invocation_metadata() or ()
         caller = rollout_caller(self._runtime_ref.rollout_keys, metadata, context.peer())
-        chunks = runtime.generator.generate(generate_command(request, caller))
+        origin = TraceOrigin(metadata, GRPC_GENERATE_SPAN)
+        chunks = runtime.generator.generate(generate_command(request, caller, origin))
         async with contextlib.aclosing(chunks):
             async for chunk in chunks:
                 yield generate_response(chunk)
@@ -133,8 +142,11 @@ def rollout_caller(
 
 
 def generate_command(
-    request: pb.GenerateRequest, caller: RolloutCaller | None = None
+    request: pb.GenerateRequest,
+    caller: RolloutCaller | None = None,
+    origin: TraceOrigin | None = None,
 ) -> GenerateCommand:
+    """The call as the generator takes it; `origin`: where its span starts (spans.py)."""
     caller = caller or RolloutCaller()
     prompt = request.WhichOneof("prompt")
     return GenerateCommand(
@@ -145,6 +157,7 @@ def generate_command(
         request_id=request.request_id,
         rollout_key=caller.key,
         rollout_caller=caller.identity,
+        origin=origin,
     )
 
 

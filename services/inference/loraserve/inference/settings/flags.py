@@ -29,9 +29,11 @@ from loraserve.common.rpc.security import (
     client_security_from_args,
     server_security_from_args,
 )
+from loraserve.common.tracing import add_tracing_flags, tracing_from_args
 from loraserve.common.trust.policy import add_trust_flags, trust_settings_from_args
 from loraserve.inference.settings.options import (
     DEFAULT_MAX_N,
+    DEFAULT_METRICS_TOP_ADAPTERS,
     ENV_PREFIX,
     GRPC_TRANSPORTS,
     STORE_FLAG_PREFIX,
@@ -85,6 +87,7 @@ def build_parser(environ: Mapping[str, str]) -> argparse.ArgumentParser:
     _add_engine_flags(serve.add_argument_group("engine"), flags)
     add_server_security_flags(serve, ENV_PREFIX, environ, roles=("reader", "pinner"))
     add_client_security_flags(serve, ENV_PREFIX, environ, flag_prefix=STORE_FLAG_PREFIX)
+    add_tracing_flags(serve, ENV_PREFIX, environ)
     return parser
 
 
@@ -198,6 +201,14 @@ def _add_connection_flags(serve: argparse.ArgumentParser, flags: EnvFlags) -> No
         help="serve /metrics on the OpenAI port without a token, for scrapers that send "
         "none (an inference-gateway endpoint picker); otherwise it takes a token like "
         "every other path there (env INFERENCE_PUBLIC_METRICS)",
+    )
+    serve.add_argument(
+        "--metrics-top-adapters",
+        type=non_negative_int,
+        default=env("metrics-top-adapters", str(DEFAULT_METRICS_TOP_ADAPTERS)),
+        metavar="K",
+        help="per-adapter metrics name the K adapters with the most requests lately "
+        '(re-ranked every minute) and count the others as adapter="_other"',
     )
     serve.add_argument(
         "--max-connection-age",
@@ -344,6 +355,7 @@ def parse_settings(
         openai_max_body_bytes=int(args.openai_max_body_size),
         metrics_listen=metrics_address(args, args.listen, loopback_only=security.loopback_only),
         public_metrics=bool(args.public_metrics),
+        metrics_top_adapters=int(args.metrics_top_adapters),
         max_connection_age_s=float(args.max_connection_age),
         shutdown_grace_seconds=float(args.shutdown_grace),
         log_level=str(args.log_level).upper(),
@@ -354,6 +366,7 @@ def parse_settings(
         pins=pin_settings_from_args(args),
         direct_downloads=args.adapter_download == "direct",
         download_range_size=int(args.download_range_size),
+        tracing=tracing_from_args(args, environ),
     )
 
 

@@ -12,6 +12,7 @@ from loraserve.common.rpc.security import (
     ClientSecurity,
     ServerSecurity,
 )
+from loraserve.common.tracing import TracingSettings
 from loraserve.common.trust.policy import TrustSettings
 
 ENV_PREFIX = "INFERENCE"
@@ -26,6 +27,9 @@ DEFAULT_MAX_N = 128
 
 # Room for a prompt as long as gRPC's message limit allows.
 DEFAULT_OPENAI_MAX_BODY_BYTES = 16 * 1024 * 1024
+
+# Adapters with series of their own in the per-adapter metrics (the rest: `_other`).
+DEFAULT_METRICS_TOP_ADAPTERS = 50
 
 
 @dataclass(frozen=True)
@@ -93,6 +97,8 @@ class InferenceSettings:
     metrics_listen: str | None = None
     # /metrics on the OpenAI port without a token.
     public_metrics: bool = False
+    # Adapters the per-adapter metrics name; the others count as adapter="_other".
+    metrics_top_adapters: int = DEFAULT_METRICS_TOP_ADAPTERS
     # Seconds before a gRPC connection is asked to close; 0: never.
     max_connection_age_s: float = 300.0
     shutdown_grace_seconds: float = 30.0
@@ -110,3 +116,5 @@ class InferenceSettings:
     direct_downloads: bool = True
     # Files at least twice this long are read in parallel ranges; 0: one GET a file.
     download_range_size: int = 0
+    # Where this replica's spans go, and how many; off unless an endpoint is configured.
+    tracing: TracingSettings = field(default_factory=TracingSettings)

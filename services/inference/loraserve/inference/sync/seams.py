@@ -45,3 +45,5 @@ class SyncSettings:
     prefetch_adapters: int = 32
     # How often what this replica routes is reported to the store (reports.py).
     reports: ReportSettings = field(default_factory=ReportSettings)
+    # This replica's id, named on its sync spans (a trace holds every replica's).
+    replica_id: str = ""

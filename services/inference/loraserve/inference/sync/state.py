@@ -38,6 +38,12 @@ class AdapterWish:
     pending_seqs: list[int] = field(default_factory=list)
     # Bumped on every change, so a worker knows whether it applied the latest wish.
     version: int = 0
+    # The W3C traceparent the latest event carried (its push's, say), so applying the
+    # wish continues that trace; "" after a listing or an untraced change.
+    trace_parent: str = ""
+    # Monotonic time that event arrived, for the span of its wait for a worker; None
+    # once an attempt to apply it has started (a retry waits for nothing new).
+    received_at: float | None = None
 
 
 class SyncState:
@@ -90,6 +96,7 @@ class SyncState:
             wish.preload[revision.revision] = revision
         wish.pending_seqs.append(event.seq)
         wish.version += 1
+        wish.trace_parent, wish.received_at = event.trace_parent, seen_at
         self.received_seq = event.seq
         return wish
 
@@ -120,6 +127,7 @@ class SyncState:
             wish.current = current
             wish.pending_seqs.append(listing.seq)
             wish.version += 1
+            wish.trace_parent, wish.received_at = "", None
             changed.append(name)
         wished = {n for n, w in self.wishes.items() if w.current is not None or w.preload}
         for name in sorted((served_names | wished | forget) - listed.keys()):
@@ -137,6 +145,7 @@ class SyncState:
         wish.delete_seq = seq
         wish.pending_seqs.append(seq)
         wish.version += 1
+        wish.trace_parent, wish.received_at = "", None
 
     def mark_applied(self, name: str, version: int) -> bool:
         """Marks an adapter's wish at `version` applied; False if a newer one came."""

@@ -30,6 +30,7 @@ from loraserve.inference.sync.generations import heartbeat_from_elsewhere, names
 from loraserve.inference.sync.quotas import QuotaFollower, QuotaSink
 from loraserve.inference.sync.reports import CountersSource, StatusReporter
 from loraserve.inference.sync.seams import DiskCache, StoreAPI, SyncSettings
+from loraserve.inference.sync.spans import applying, settled
 from loraserve.inference.sync.state import AdapterWish, SyncState
 from loraserve.inference.sync.worker import AdapterWorker, RetryHook
 from loraserve.inference.sync.yanks import YankFollower, YankSink
@@ -324,6 +325,12 @@ class Synchronizer:
                 del self._workers[name]
 
     async def _apply(self, name: str, wish: AdapterWish) -> None:
+        target = wish.current
+        with applying(name, wish, self._settings.replica_id) as span:
+            await self._apply_wish(name, wish)
+            settled(span, target is not None and self._registry.is_loaded(*target.key))
+
+    async def _apply_wish(self, name: str, wish: AdapterWish) -> None:
         if wish.delete_seq:
             delete_seq = wish.delete_seq
             await self._applier.delete(name)

@@ -16,15 +16,19 @@ from loraserve.common.rpc.grpcutil import status_for
 from loraserve.common.rpc.security import ServerSecurity
 from loraserve.inference.serving import (
     GENERATE_METHOD,
+    GRPC_GENERATE_SPAN,
     ChunkWriter,
     GenerationChunk,
     RuntimeRef,
+    TraceOrigin,
     generate_command,
     generate_response,
     rollout_caller,
 )
 from loraserve.inference.transport.native import Ending, Metadata, NativeFront, Write
 from loraserve.inference.v1 import inference_pb2 as pb
+
+NATIVE_GENERATE_SPAN = {**GRPC_GENERATE_SPAN, "loraserve.transport": "native"}
 
 
 def _ending(exc: Exception) -> Ending:
@@ -70,7 +74,9 @@ def start_generate_front(
             auth.authenticate(metadata)
         # The transport knows no peer address: without a principal or a trusted key the
         # caller is unknown to the guard's count of callers.
-        command = generate_command(parsed, rollout_caller(runtime_ref.rollout_keys, metadata))
+        caller = rollout_caller(runtime_ref.rollout_keys, metadata)
+        origin = TraceOrigin(metadata, NATIVE_GENERATE_SPAN)
+        command = generate_command(parsed, caller, origin)
         chunks = runtime_ref.get().generator.generate(
             command, _chunk_writer(write) if pushed else None
         )

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncGenerator, Sequence
+from collections.abc import AsyncGenerator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from loraserve.inference.engine import AdapterHandle, DeltaSink, EngineDelta, SamplingSpec
@@ -70,9 +70,13 @@ class HoldingEngine(SharedEngine):
         sampling: SamplingSpec,
         adapter: AdapterHandle | None,
         sink: DeltaSink,
+        *,
+        trace_headers: Mapping[str, str] | None = None,
     ) -> None:
         await self._held(adapter)
-        await super().push(request_id, prompt_token_ids, sampling, adapter, sink)
+        await super().push(
+            request_id, prompt_token_ids, sampling, adapter, sink, trace_headers=trace_headers
+        )
 
     async def generate(
         self,
@@ -80,9 +84,13 @@ class HoldingEngine(SharedEngine):
         prompt_token_ids: Sequence[int],
         sampling: SamplingSpec,
         adapter: AdapterHandle | None,
+        *,
+        trace_headers: Mapping[str, str] | None = None,
     ) -> AsyncGenerator[EngineDelta, None]:
         await self._held(adapter)
-        deltas = super().generate(request_id, prompt_token_ids, sampling, adapter)
+        deltas = super().generate(
+            request_id, prompt_token_ids, sampling, adapter, trace_headers=trace_headers
+        )
         async with contextlib.aclosing(deltas):
             async for delta in deltas:
                 yield delta

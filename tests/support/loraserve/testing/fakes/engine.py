@@ -117,6 +117,8 @@ class FakeEngine:
         prompt_token_ids: Sequence[int],
         sampling: SamplingSpec,
         adapter: AdapterHandle | None,
+        *,
+        trace_headers: Mapping[str, str] | None = None,
     ) -> AsyncGenerator[EngineDelta, None]:
         self.running[request_id] = adapter
         finished = False

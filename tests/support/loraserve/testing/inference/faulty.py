@@ -12,7 +12,7 @@ fail on real replicas while every other revision serves normally.
 from __future__ import annotations
 
 import os
-from collections.abc import AsyncGenerator, Sequence
+from collections.abc import AsyncGenerator, Mapping, Sequence
 from typing import Any
 
 from loraserve.inference.engine.finishes import failed_request
@@ -47,10 +47,11 @@ def fail_loras(failing: frozenset[str]) -> None:
         params: Any,
         lora_request: Any,
         sink: pushed.DeltaSink,
+        trace_headers: Mapping[str, str] | None = None,
     ) -> None:
         if lora_request is not None and lora_request.lora_name in failing:
             sink = _Failing(sink, request_id, params)
-        await push(llm, request_id, prompt_token_ids, params, lora_request, sink)
+        await push(llm, request_id, prompt_token_ids, params, lora_request, sink, trace_headers)
 
     pushed.push = failing_push
 
