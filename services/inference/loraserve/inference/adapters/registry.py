@@ -25,7 +25,7 @@ from contextlib import asynccontextmanager
 from dataclasses import dataclass
 
 from loraserve.clients.store import RolloutSplit
-from loraserve.common.config.pins import PinSettings
+from loraserve.common.config.pins import PinPolicy, PinSettings
 from loraserve.common.errors import (
     TRANSIENT_ERRORS,
     LoraserveError,
@@ -115,7 +115,11 @@ class AdapterRegistry(RegistryReads):
             self._update,
         )
         self._pins = Pins(pins or PinSettings(), parts, clock)
-        self.pin_policy = self._pins.settings.policy
+
+    @property
+    def pin_policy(self) -> PinPolicy:
+        """Which pinned revisions this registry serves (listed by /v1/models)."""
+        return self._pins.settings.policy
 
     # -- what the store asks for (sync) -------------------------------------------
 
