@@ -31,7 +31,7 @@ LOCK ?= $(wildcard $(LOCK_FILE))
 # and text generation needs none of them.
 UNUSED := torchvision torchaudio torchcodec
 
-.PHONY: setup lock test test-quick lint proto bench bench-gpu bench-readme native run clean
+.PHONY: setup lock test test-quick lint proto proto-compat bench bench-gpu bench-readme native run clean
 
 # The native Generate transport (services/inference/native, Rust) is built where cargo and
 # Debian's packaged crates are (`make native` installs them, as root); elsewhere the service
@@ -156,6 +156,11 @@ run: setup
 
 proto: setup
 	$(PY) -m loraserve.protogen .
+
+# The gRPC contracts against the previous release (pyproject.toml's [tool.loraserve.compat]),
+# buf-breaking style; `make test` runs it too (tests/test_contract_compat.py).
+proto-compat: setup
+	$(PY) -m loraserve.protocompat --root .
 
 clean:
 	rm -rf $(VENV) .cache .mypy_cache .ruff_cache .pytest_cache $(NATIVE_CRATE)/target $(NATIVE_LIB)

@@ -4,6 +4,7 @@ with a real store server and the session's vLLM engine."""
 from __future__ import annotations
 
 import asyncio
+import tomllib
 import urllib.request
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -13,6 +14,7 @@ import grpc
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
+from loraserve.common.release import RELEASE
 from loraserve.inference.app import InferenceApp
 from loraserve.inference.engine import VllmEngine
 from loraserve.inference.settings import EngineOptions, parse_settings
@@ -107,6 +109,21 @@ async def test_server_serves_after_engine_start_and_first_sync(
     assert await _health(channel) == health_pb2.HealthCheckResponse.SERVING
     assert responses[-1].usage.completion_tokens == 3
     assert info.replica_id == "replica-a"
+
+
+async def test_server_info_names_the_loraserve_release_the_replica_runs(
+    app_parts: tuple[InferenceApp, GatedStarter, grpc.aio.Channel],
+) -> None:
+    app, starter, channel = app_parts
+    starter.release.set()
+    await asyncio.wait_for(app.ready.wait(), _READY_TIMEOUT_S)
+    info = await pb_grpc.InferenceServiceStub(channel).GetServerInfo(pb.GetServerInfoRequest())
+    assert (info.loraserve_version, RELEASE) == (RELEASE, _version_in_pyproject())
+
+
+def _version_in_pyproject() -> str:
+    pyproject = Path(__file__).resolve().parents[1] / "pyproject.toml"
+    return str(tomllib.loads(pyproject.read_text())["project"]["version"])
 
 
 async def test_auto_rank_with_an_empty_store_is_vllms_default(

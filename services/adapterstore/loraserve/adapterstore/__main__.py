@@ -25,11 +25,14 @@ from loraserve.adapterstore.api import (
 )
 from loraserve.adapterstore.blobs import S3BlobStore, S3Presigner
 from loraserve.adapterstore.changelog import ChangeLog
+from loraserve.adapterstore.compat import UnsupportedFormat
+from loraserve.adapterstore.compat.gate import FormatGate
 from loraserve.adapterstore.files import DownloadUrls
 from loraserve.adapterstore.replicas.writes import ReplicaStatusStore
 from loraserve.adapterstore.settings import AdapterStoreSettings, parse_settings
 from loraserve.adapterstore.store import AdapterStore
 from loraserve.common.errors import DataLoss, FailedPrecondition, LoraserveError, Unavailable
+from loraserve.common.release import RELEASE
 from loraserve.common.rpc import retrylog
 from loraserve.common.rpc.metrics_http import serve_metrics
 from loraserve.common.rpc.server import install_stop_signals, start_server
@@ -40,6 +43,8 @@ log = logging.getLogger("loraserve.adapterstore")
 _RETRY_FIRST_S = 0.5
 _RETRY_MAX_S = 15.0
 EXIT_UNSUITABLE_STORAGE = 1
+# The bucket holds what a newer release wrote and this one cannot read (compat/formats.py).
+EXIT_UNSUPPORTED_FORMAT = 3
 
 
 async def _start_when_reachable(
@@ -87,12 +92,10 @@ async def serve(settings: AdapterStoreSettings) -> int:
     blobs = S3BlobStore(
         settings.s3, part_size=settings.part_size, parts_in_flight=settings.parts_in_flight
     )
-    store = AdapterStore(
-        blobs,
-        ChangeLog(blobs, settings.log),
-        ReplicaStatusStore(blobs, settings.status_ttl_s),
-        settings.store,
-    )
+    statuses = ReplicaStatusStore(blobs, settings.status_ttl_s)
+    gate = FormatGate(blobs, statuses.reader, settings.formats, settings.status_ttl_s)
+    changelog = ChangeLog(blobs, settings.log, lambda: gate.write_format)
+    store = AdapterStore(blobs, changelog, statuses, settings.store)
     urls = DownloadUrls(
         store,
         S3Presigner(settings.s3, settings.download_url_endpoint),
@@ -110,25 +113,40 @@ async def serve(settings: AdapterStoreSettings) -> int:
         max_connection_age_s=settings.max_connection_age_s,
     )
     if settings.metrics_listen is not None:
-        serve_metrics(StoreMetrics(store).registry, settings.metrics_listen)
+        metrics = StoreMetrics(store, storage_format=lambda: gate.write_format)
+        serve_metrics(metrics.registry, settings.metrics_listen)
     stop = asyncio.Event()
     install_stop_signals(stop)
-    log.info("store.starting bucket=%s prefix=%s", settings.s3.bucket, settings.s3.prefix)
+    log.info(
+        "store.starting bucket=%s prefix=%s release=%s store_id=%s",
+        settings.s3.bucket,
+        settings.s3.prefix,
+        RELEASE,
+        gate.store_id,
+    )
+    # Announced from the start, so the other stores hold the format down for this one
+    # before it reads anything.
+    announcing = asyncio.create_task(gate.run(), name="store-presence")
     health: asyncio.Task[None] | None = None
     exit_code = 0
     try:
         if await _start_when_reachable(blobs, store, stop):
+            changelog.write_older_snapshot(settings.formats.storage_format)
             health = asyncio.create_task(follow_freshness(store, running.set_serving))
             log.info("store.serving port=%d seq=%d", running.port, store.head_seq)
             await stop.wait()
         log.info("store.stopping grace_s=%.1f", settings.shutdown_grace_seconds)
+    except UnsupportedFormat as e:
+        log.error("store.format_unsupported error=%s", e.message)
+        exit_code = EXIT_UNSUPPORTED_FORMAT
     except FailedPrecondition as e:
         log.error("store.unsuitable_storage error=%s", e.message)
         exit_code = EXIT_UNSUITABLE_STORAGE
     finally:
-        if health is not None:
-            health.cancel()
-            await asyncio.gather(health, return_exceptions=True)
+        for task in (health, announcing):
+            if task is not None:
+                task.cancel()
+                await asyncio.gather(task, return_exceptions=True)
         store.stop_watches()
         await running.stop(settings.shutdown_grace_seconds)
         await store.close()

@@ -22,6 +22,8 @@ from loraserve.adapterstore.blobs import (
     S3Location,
 )
 from loraserve.adapterstore.changelog import LogSettings
+from loraserve.adapterstore.compat import OLDEST_FORMAT, READ_FORMAT, check_write_format
+from loraserve.adapterstore.compat.gate import DEFAULT_PRESENCE_INTERVAL_S, FormatSettings
 from loraserve.adapterstore.files import Limits
 from loraserve.adapterstore.files.download_urls import DEFAULT_URL_MIN_RATE, URL_TTL_MARGIN_S
 from loraserve.adapterstore.replicas.model import DEFAULT_STATUS_TTL_S
@@ -76,6 +78,8 @@ class AdapterStoreSettings:
     log_level: str = "INFO"
     # Where this store's spans go, and how many; off unless an endpoint is configured.
     tracing: TracingSettings = field(default_factory=TracingSettings)
+    # Which storage formats it may write, and how often it announces itself.
+    formats: FormatSettings = field(default_factory=FormatSettings)
 
 
 def build_parser(environ: Mapping[str, str]) -> argparse.ArgumentParser:
@@ -158,12 +162,34 @@ def _add_log_flags(flag: Callable[..., None]) -> None:
     """How often the change log is snapshotted and how much of it is kept."""
     flag("snapshot-every", "commits between state snapshots", "100", type=positive_int)
     flag(
+        "storage-format",
+        f"the newest storage format this store writes ({OLDEST_FORMAT}..{READ_FORMAT}); it "
+        "writes an older one while a store that cannot read it is live on the bucket, and "
+        f"{OLDEST_FORMAT} lets this release be rolled back to 0.1.0 (docs/compatibility.md)",
+        str(READ_FORMAT),
+        type=_storage_format,
+    )
+    flag(
+        "presence-interval",
+        "seconds between this store's announcements of itself on the bucket (its release "
+        "and the formats it reads), from which every store decides what it may write",
+        f"{DEFAULT_PRESENCE_INTERVAL_S:g}",
+        type=positive_float,
+    )
+    flag(
         "log-retention",
         "newest log entries always kept for watchers to resume from; older ones are deleted "
         "once a snapshot covers them (0: keep all)",
         "10000",
         type=non_negative_int,
     )
+
+
+def _storage_format(text: str) -> int:
+    try:
+        return check_write_format(int(text))
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
 
 
 def _add_storage_flags(flag: Callable[..., None]) -> None:
@@ -269,4 +295,5 @@ def parse_settings(argv: Sequence[str], environ: Mapping[str, str]) -> AdapterSt
         shutdown_grace_seconds=float(args.shutdown_grace),
         log_level=str(args.log_level).upper(),
         tracing=tracing_from_args(args, environ),
+        formats=FormatSettings(int(args.storage_format), float(args.presence_interval)),
     )

@@ -6,14 +6,32 @@ scrapes and can never drift from the state they describe.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from prometheus_client import CollectorRegistry, Gauge
 
 from loraserve.adapterstore.store import AdapterStore
+from loraserve.common.release import add_build_info
 
 
 class StoreMetrics:
-    def __init__(self, store: AdapterStore, registry: CollectorRegistry | None = None) -> None:
+    def __init__(
+        self,
+        store: AdapterStore,
+        registry: CollectorRegistry | None = None,
+        storage_format: Callable[[], int] | None = None,
+    ) -> None:
+        """`storage_format`: the storage format the store writes now (compat/gate.py)."""
         self.registry = registry or CollectorRegistry()
+        add_build_info(self.registry)
+        if storage_format is not None:
+            written = Gauge(
+                "loraserve_adapterstore_storage_format",
+                "The storage format this store writes now: the newest every live store "
+                "on the bucket reads, at most --storage-format.",
+                registry=self.registry,
+            )
+            written.set_function(storage_format)
         seq = Gauge(
             "loraserve_adapterstore_log_seq",
             "Latest store seq this replica has folded in.",

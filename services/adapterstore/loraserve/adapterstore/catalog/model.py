@@ -30,16 +30,14 @@ from loraserve.adapterstore.catalog.yank_record import (
     yanks_from_json,
     yanks_to_json,
 )
+from loraserve.adapterstore.compat.formats import OLDEST_FORMAT, check_readable
 from loraserve.adapterstore.rollout.records import Rollout, RolloutState
 from loraserve.common.errors import DataLoss
 from loraserve.common.quota import Quota
+from loraserve.common.release import RELEASE
 from loraserve.common.revisions.manifest import Revision, time_from_json, time_to_json
 from loraserve.common.tracing import bounded_traceparent
 
-# Version of the JSON written to log entries and snapshots; readers reject others
-# rather than misread them. Fields added later (commit ids, request keys) are
-# optional, so entries written before them still read.
-FORMAT_VERSION = 1
 # Idempotency keys are remembered for the changes of this many newest seqs. The
 # window is counted in seqs, not keys or time, so every replica that folds the
 # same log forgets the same keys at the same seq.
@@ -161,7 +159,8 @@ class Change:
 
     def to_json(self) -> dict[str, Any]:
         data: dict[str, Any] = {
-            "format": FORMAT_VERSION,
+            # Nothing in an entry needs a newer reader than 0.1.0 (compat/formats.py).
+            "format": OLDEST_FORMAT,
             "seq": self.seq,
             "type": self.type.value,
             "adapter_name": self.adapter_name,
@@ -182,7 +181,7 @@ class Change:
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> Change:
-        _check_format(data, "log entry")
+        check_readable(data, "log entry")
         revision = data.get("revision")
         change_type = ChangeType(data["type"])
         record_type = RECORD_TYPES.get(change_type)
@@ -201,11 +200,6 @@ class Change:
             record=record_type.from_json(record) if record_type and record else None,
             trace_parent=bounded_traceparent(str(data.get("trace_parent", ""))),
         )
-
-
-def _check_format(data: dict[str, Any], what: str) -> None:
-    if data.get("format") != FORMAT_VERSION:
-        raise DataLoss(f"{what} has unknown format {data.get('format')!r}")
 
 
 @dataclass(slots=True)
@@ -275,9 +269,9 @@ class StoreState:
             _encoded=dict(self._encoded),
         )
 
-    def encode(self) -> bytes:
-        """`to_json` as compact JSON bytes, reusing the encoding of every adapter that
-        no change touched since it was last encoded."""
+    def encode(self, storage_format: int = OLDEST_FORMAT) -> bytes:
+        """`to_json` as compact JSON bytes in `storage_format`, reusing the encoding of
+        every adapter that no change touched since it was last encoded."""
         adapters = []
         for name in self.names:
             encoded = self._encoded.get(name)
@@ -286,7 +280,10 @@ class StoreState:
                 self._encoded[name] = encoded
             adapters.append(encoded)
         rest = _compact(self._rest_json())
-        head = _compact({"format": FORMAT_VERSION, "seq": self.seq})
+        fields: dict[str, Any] = {"format": storage_format, "seq": self.seq}
+        if storage_format > OLDEST_FORMAT:
+            fields["writer"] = RELEASE
+        head = _compact(fields)
         return b"".join((head[:-1], b',"adapters":[', b",".join(adapters), b"],", rest[1:]))
 
     def _rest_json(self) -> dict[str, Any]:
@@ -300,7 +297,7 @@ class StoreState:
 
     def to_json(self) -> dict[str, Any]:
         return {
-            "format": FORMAT_VERSION,
+            "format": OLDEST_FORMAT,
             "seq": self.seq,
             "adapters": [a.to_json() for _, a in sorted(self.adapters.items())],
             **self._rest_json(),
@@ -308,7 +305,7 @@ class StoreState:
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> StoreState:
-        _check_format(data, "snapshot")
+        check_readable(data, "snapshot")
         adapters = [Adapter.from_json(a) for a in data["adapters"]]
         return cls(
             seq=int(data["seq"]),

@@ -17,6 +17,7 @@ import uuid
 
 from loraserve.adapterstore.blobs import BlobNotFound, BlobStore
 from loraserve.adapterstore.catalog import now
+from loraserve.adapterstore.compat.formats import OLDEST_FORMAT, check_readable
 from loraserve.common.errors import DataLoss
 
 log = logging.getLogger(__name__)
@@ -31,7 +32,11 @@ async def read_incarnation(blobs: BlobStore) -> str | None:
     except BlobNotFound:
         return None
     try:
-        value = json.loads(data)["incarnation"]
+        document = json.loads(data)
+        if not isinstance(document, dict):
+            raise TypeError("not a JSON object")
+        check_readable(document, INCARNATION_KEY, unstated=OLDEST_FORMAT)
+        value = document["incarnation"]
     except (ValueError, KeyError, TypeError) as e:
         raise DataLoss(f"{INCARNATION_KEY} is corrupt: {e}") from e
     if not isinstance(value, str) or not value:
@@ -45,7 +50,7 @@ async def ensure_incarnation(blobs: BlobStore) -> str:
     if found is not None:
         return found
     made = uuid.uuid4().hex
-    document = {"incarnation": made, "create_time": now().isoformat()}
+    document = {"format": OLDEST_FORMAT, "incarnation": made, "create_time": now().isoformat()}
     if await blobs.put_if_absent(INCARNATION_KEY, json.dumps(document).encode()):
         log.info("store.incarnation_created incarnation=%s", made)
         return made

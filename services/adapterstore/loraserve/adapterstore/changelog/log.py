@@ -22,23 +22,18 @@ import logging
 import time
 import uuid
 from collections import deque
+from collections.abc import Callable
 from dataclasses import replace
 from datetime import datetime
 
 from loraserve.adapterstore.blobs import BlobNotFound, BlobStore, check_conditional_put
 from loraserve.adapterstore.catalog import Change, RequestRecord, StoreState, now
 from loraserve.adapterstore.changelog.incarnation import current_incarnation, ensure_incarnation
-from loraserve.adapterstore.changelog.logstorage import (
-    is_gap,
-    latest_snapshot,
-    log_key,
-    log_snapshot_bug,
-    parse_change,
-    read_entries,
-    snapshot_and_prune,
-)
+from loraserve.adapterstore.changelog.logstorage import is_gap, log_key, parse_change, read_entries
 from loraserve.adapterstore.changelog.logtypes import ChangeBuilder, RequestTag, conflict_backoff
 from loraserve.adapterstore.changelog.logtypes import LogSettings as LogSettings
+from loraserve.adapterstore.changelog.snapshots import SnapshotWriter, latest_snapshot
+from loraserve.adapterstore.compat.formats import OLDEST_FORMAT, UnsupportedFormat
 from loraserve.common.errors import (
     DataLoss,
     FailedPrecondition,
@@ -62,7 +57,14 @@ _MAX_POLL_BACKOFF_S = 10.0
 
 
 class ChangeLog:
-    def __init__(self, blobs: BlobStore, settings: LogSettings) -> None:
+    def __init__(
+        self,
+        blobs: BlobStore,
+        settings: LogSettings,
+        storage_format: Callable[[], int] = lambda: OLDEST_FORMAT,
+    ) -> None:
+        """`storage_format` says, at each snapshot, the newest format every store on
+        the bucket reads (compat/gate.py)."""
         self._blobs = blobs
         self._settings = settings
         self._state = StoreState()
@@ -73,10 +75,11 @@ class ChangeLog:
         self._poller: asyncio.Task[None] | None = None
         self._synced_at = time.monotonic()
         self._synced_time = now()
-        # The snapshot being written, off the commit path; at most one at a time.
-        self._snapshotting: asyncio.Task[None] | None = None
-        # A snapshot was due while one was being written: one more follows it.
-        self._snapshot_due = False
+        self._snapshots = SnapshotWriter(
+            blobs, settings.log_retention, lambda: self._state, storage_format
+        )
+        # The format of the snapshot last loaded (0: none).
+        self._snapshot_format = 0
 
     @property
     def state(self) -> StoreState:
@@ -123,13 +126,29 @@ class ChangeLog:
         )
         self._poller = asyncio.create_task(self._poll_forever(), name="changelog-poller")
 
+    def write_older_snapshot(self, storage_format: int) -> bool:
+        """When the snapshot loaded is in a format newer than `storage_format`, writes
+        the state again now, in the format the store may write: the newest snapshot is
+        then one a release that reads only `storage_format` starts from (a downgrade,
+        docs/compatibility.md). True if one was asked for."""
+        if self._snapshot_format <= storage_format:
+            return False
+        log.info(
+            "log.snapshot_rewrite seq=%d from_format=%d to_format=%d",
+            self._state.seq,
+            self._snapshot_format,
+            storage_format,
+        )
+        self._snapshots.request(replace=True)
+        return True
+
     async def close(self) -> None:
-        for task in (self._poller, self._snapshotting):
-            if task is not None:
-                task.cancel()
-                with contextlib.suppress(asyncio.CancelledError):
-                    await task
-        self._poller = self._snapshotting = None
+        if self._poller is not None:
+            self._poller.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._poller
+        self._poller = None
+        await self._snapshots.close()
 
     async def commit(
         self, build: ChangeBuilder, request: RequestTag | None = None
@@ -176,7 +195,7 @@ class ChangeLog:
                         change.adapter_name,
                     )
                     if seq % self._settings.snapshot_every == 0:
-                        self._snapshot()
+                        self._snapshots.request()
                     return change
                 delay = backoff.next_delay()
                 log.info("log.commit_conflict seq=%d retry_in_s=%.3f", seq, delay)
@@ -278,34 +297,6 @@ class ChangeLog:
                 return self._state.seq > after_seq or self._incarnation != incarnation
         return True
 
-    def _snapshot(self) -> None:
-        """Writes a snapshot of the state, and prunes, in the background: the commit
-        that triggered it returns at once. While one snapshot is still being written,
-        the next waits for it and then covers the state as it is by then, so the
-        newest commits are never left without one."""
-        if self._snapshotting is not None and not self._snapshotting.done():
-            self._snapshot_due = True
-            log.info(
-                "log.snapshot_deferred seq=%d: the previous one is still being written",
-                self._state.seq,
-            )
-            return
-        self._snapshotting = asyncio.create_task(
-            self._write_snapshots(), name=f"changelog-snapshot-{self._state.seq}"
-        )
-        self._snapshotting.add_done_callback(log_snapshot_bug)
-
-    async def _write_snapshots(self) -> None:
-        """Writes snapshots until none is due. Each encoding is taken with the seq it
-        belongs to, in one step, and reuses every unchanged adapter's."""
-        while True:
-            self._snapshot_due = False
-            await snapshot_and_prune(
-                self._blobs, self._state.seq, self._state.encode(), self._settings.log_retention
-            )
-            if not self._snapshot_due:
-                return
-
     def _apply(self, change: Change) -> None:
         self._state.apply(change)
         self._events.append(change)
@@ -353,14 +344,14 @@ class ChangeLog:
 
     async def _load_snapshot(self) -> bool:
         """Replaces the state with the latest snapshot if it is ahead; True if it was."""
-        state = await latest_snapshot(self._blobs)
-        if state is None or state.seq <= self._state.seq:
+        found = await latest_snapshot(self._blobs)
+        if found is None or found[0].seq <= self._state.seq:
             return False
-        self._state = state
+        self._state, self._snapshot_format = found
         # The in-memory history must stay contiguous with the state.
         self._events.clear()
         self._wake()
-        log.info("log.snapshot_loaded seq=%d", state.seq)
+        log.info("log.snapshot_loaded seq=%d format=%d", self._state.seq, self._snapshot_format)
         return True
 
     async def _poll_forever(self) -> None:
@@ -376,7 +367,9 @@ class ChangeLog:
                     if check_gaps:
                         await self._check_incarnation()
                     await self._catch_up(check_gaps=check_gaps)
-            except (Unavailable, DataLoss) as e:
+            except (Unavailable, DataLoss, UnsupportedFormat) as e:
+                # A newer store's object is waited out like a storage fault: this
+                # replica goes stale (NOT_SERVING) and says why, never misreads it.
                 delay = backoff.next_delay()
                 log.warning(
                     "log.poll_failed seq=%d stale_s=%.1f retry_in_s=%.2f error=%s",

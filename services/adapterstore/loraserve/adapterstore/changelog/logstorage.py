@@ -1,7 +1,7 @@
 """The change log's objects in storage: keys, parsing, reading entries, snapshots.
 
     log/<seq:020d>.json        one Change; the put with If-None-Match: * is the commit
-    snapshots/<seq:020d>.json  the StoreState folded up to seq
+    snapshots/<seq:020d>.json  the StoreState folded up to seq (its formats: snapshots.py)
 
 Nothing here keeps state between calls. An entry read claims its own seq, and a
 corrupt one raises DataLoss, never a half-parsed Change. What an older store kept
@@ -12,16 +12,13 @@ from one never written (docs/design.md, "Log retention is a count").
 
 from __future__ import annotations
 
-import asyncio
 import json
 import logging
 
 from loraserve.adapterstore.blobs import BlobNotFound, BlobStore
 from loraserve.adapterstore.catalog import (
     Change,
-    StoreState,
     change_within_limits,
-    state_within_limits,
 )
 from loraserve.common.errors import DataLoss, OutOfRange, Unavailable
 
@@ -74,28 +71,6 @@ async def read_entries(blobs: BlobStore, first: int, last: int) -> list[Change]:
     return changes
 
 
-async def latest_snapshot(blobs: BlobStore) -> StoreState | None:
-    keys = await blobs.list_keys(SNAPSHOT_PREFIX)
-    if not keys:
-        return None
-    data = await blobs.get(keys[-1])
-    try:
-        # In a worker thread: the event loop keeps answering (health, at least)
-        # while a snapshot of many adapters is decoded.
-        return await asyncio.to_thread(_decode_snapshot, data)
-    except (ValueError, KeyError, TypeError) as e:
-        raise DataLoss(f"snapshot {keys[-1]} is corrupt: {e}") from e
-
-
-def _decode_snapshot(data: bytes) -> StoreState:
-    state = StoreState.from_json(json.loads(data))
-    state_within_limits(state)
-    # Primes every adapter's encoding, so the next snapshot encodes only what
-    # changes from now on (the state is not shared yet).
-    state.encode()
-    return state
-
-
 async def is_gap(blobs: BlobStore, seq: int) -> bool:
     """Whether entry `seq + 1`, found missing, was deleted by retention (later entries
     exist) rather than not written yet (`seq` is the head). While the last entry of
@@ -114,13 +89,24 @@ async def is_gap(blobs: BlobStore, seq: int) -> bool:
     return bool(await blobs.list_keys(SNAPSHOT_PREFIX, start_after=snapshot_key(seq), limit=1))
 
 
-async def snapshot_and_prune(blobs: BlobStore, seq: int, data: bytes, log_retention: int) -> None:
-    """Writes `data`, the state's snapshot at `seq`, then prunes (unless
-    `log_retention` is 0); a failure is only logged, since the next snapshot covers
-    this one."""
+async def snapshot_and_prune(
+    blobs: BlobStore,
+    seq: int,
+    data: bytes,
+    log_retention: int,
+    storage_format: int = 1,
+    *,
+    replace: bool = False,
+) -> None:
+    """Writes `data`, the state's snapshot at `seq` (over one already there only with
+    `replace`), then prunes (unless `log_retention` is 0); a failure is only logged,
+    since the next snapshot covers this one."""
     try:
-        await blobs.put_if_absent(snapshot_key(seq), data)
-        log.info("log.snapshot_written seq=%d bytes=%d", seq, len(data))
+        if replace:
+            await blobs.put(snapshot_key(seq), data)
+        else:
+            await blobs.put_if_absent(snapshot_key(seq), data)
+        log.info("log.snapshot_written seq=%d bytes=%d format=%d", seq, len(data), storage_format)
         if log_retention:
             await _prune(blobs, seq, seq - log_retention)
     except Unavailable:
@@ -146,10 +132,3 @@ async def _prune(blobs: BlobStore, snapshot_seq: int, retention_floor: int) -> N
     await blobs.delete(snapshots[: -1 - _OLD_SNAPSHOTS_KEPT])
     if first <= cutoff:
         log.info("log.pruned through_seq=%d entries=%d", cutoff, cutoff - first + 1)
-
-
-def log_snapshot_bug(task: asyncio.Task[None]) -> None:
-    """A snapshot failing other than for storage being unavailable is a bug; nobody
-    awaits the task, so it is logged here. The next snapshot covers the skipped one."""
-    if not task.cancelled() and (exc := task.exception()) is not None:
-        log.error("log.snapshot_bug", exc_info=exc)

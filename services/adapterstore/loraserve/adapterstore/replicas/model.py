@@ -106,6 +106,9 @@ class SignOfLife:
     incarnation: str = ""
     # 0 from a replica that only sends signs of life (ReportReplicaAlive).
     interval_s: float = 0.0
+    # The newest storage format the store that wrote this reads; 0: a store of 0.1.0,
+    # which does not say (compat/gate.py holds the bucket's format down for it).
+    store_format: int = 0
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -114,6 +117,7 @@ class SignOfLife:
             "applied_seq": self.applied_seq,
             "incarnation": self.incarnation,
             "interval_s": self.interval_s,
+            "store_format": self.store_format,
         }
 
     @classmethod
@@ -124,6 +128,7 @@ class SignOfLife:
             applied_seq=int(data.get("applied_seq", 0)),
             incarnation=str(data.get("incarnation", "")),
             interval_s=float(data.get("interval_s", 0.0)),
+            store_format=int(data.get("store_format", 0)),
         )
 
 

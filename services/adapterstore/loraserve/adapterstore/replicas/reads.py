@@ -25,6 +25,7 @@ from typing import Any, TypeVar
 
 from loraserve.adapterstore.blobs import BlobNotFound, BlobStore, StoredObject
 from loraserve.adapterstore.catalog import now, pagetokens
+from loraserve.adapterstore.compat.formats import OLDEST_FORMAT, UnsupportedFormat, check_readable
 from loraserve.adapterstore.replicas.model import (
     COUNTERS_PREFIX,
     REPLICA_PREFIX,
@@ -248,12 +249,18 @@ def _shard_index(key: str) -> int:
 
 def _parse(data: bytes, what: str) -> dict[str, Any] | None:
     """Bookkeeping only: an unreadable object is logged and treated as absent rather
-    than failing reads (its replica writes it again)."""
+    than failing reads (its replica writes it again), one of a newer format too."""
     try:
         value = json.loads(data)
-        return value if isinstance(value, dict) else None
+        if not isinstance(value, dict):
+            return None
+        check_readable(value, what, unstated=OLDEST_FORMAT)
+        return value
     except ValueError:
         log.warning("status.corrupt_object what=%s", what)
+        return None
+    except UnsupportedFormat as e:
+        log.warning("status.unreadable_object what=%s error=%s", what, e.message)
         return None
 
 

@@ -21,6 +21,7 @@ from typing import Any
 
 from loraserve.adapterstore.blobs import BlobStore
 from loraserve.adapterstore.catalog import now
+from loraserve.adapterstore.compat.formats import OLDEST_FORMAT, READ_FORMAT
 from loraserve.adapterstore.replicas.model import (
     DEFAULT_STATUS_TTL_S,
     ReplicaCounters,
@@ -54,9 +55,9 @@ class ReplicaStatusStore:
         live before it, so it should report every adapter again."""
         check_replica_id(replica_id)
         previous = await self.reader.seen(replica_id)
-        sign = SignOfLife(replica_id, now())
+        sign = SignOfLife(replica_id, now(), store_format=READ_FORMAT)
         if previous is not None:
-            sign = replace(previous, seen_time=sign.seen_time)
+            sign = replace(previous, seen_time=sign.seen_time, store_format=READ_FORMAT)
         return await self._write_sign(sign, previous)
 
     async def report(self, report: ReplicaReport, exists: Exists) -> bool:
@@ -65,7 +66,12 @@ class ReplicaStatusStore:
         check_report(report)
         previous = await self.reader.seen(report.replica_id)
         sign = SignOfLife(
-            report.replica_id, now(), report.applied_seq, report.incarnation, report.interval_s
+            report.replica_id,
+            now(),
+            report.applied_seq,
+            report.incarnation,
+            report.interval_s,
+            store_format=READ_FORMAT,
         )
         writes = [self._write_shard(report.replica_id, s, exists) for s in report.shards]
         if report.counters is not None:
@@ -125,4 +131,5 @@ def _kept(adapter: AdapterReport, exists: Exists) -> AdapterReport:
 
 
 def _encode(data: dict[str, Any]) -> bytes:
-    return json.dumps(data, separators=(",", ":")).encode()
+    # Nothing in a report needs a newer reader than 0.1.0 (compat/formats.py).
+    return json.dumps({"format": OLDEST_FORMAT, **data}, separators=(",", ":")).encode()

@@ -14,6 +14,7 @@ from collections.abc import Callable
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
+from loraserve.common.release import add_build_info
 from loraserve.inference.adapters import TierCounters, TierUsage
 from loraserve.inference.engine import EngineStats
 from loraserve.inference.metrics.adapter_series import TopAdapters
@@ -46,6 +47,7 @@ class InferenceMetrics:
     ) -> None:
         self.registry = registry or CollectorRegistry()
         r = self.registry
+        add_build_info(r)
         # Which adapters the per-adapter counters name (`--metrics-top-adapters`), re-ranked
         # on `clock`.
         self._adapters = TopAdapters(top_adapters, clock=clock)

@@ -9,6 +9,7 @@ from typing import Any
 import grpc
 from opentelemetry.util.types import AttributeValue
 
+from loraserve.common.release import RELEASE
 from loraserve.common.rpc.sampling_fields import OPTIONAL_SAMPLING_FIELDS
 from loraserve.inference.adapters import (
     ROLLOUT_KEY_HEADER,
@@ -103,6 +104,7 @@ class InferenceServicer(pb_grpc.InferenceServiceServicer):  # type: ignore[misc]
         return pb.GetServerInfoResponse(
             model=info.model,
             vllm_version=info.version,
+            loraserve_version=RELEASE,
             engine=pb.EngineSettings(
                 max_loras=info.max_loras,
                 max_lora_rank=info.max_lora_rank,

@@ -258,7 +258,7 @@ class EngineSettings(_message.Message):
     def __init__(self, max_loras: _Optional[int] = ..., max_lora_rank: _Optional[int] = ..., max_cpu_loras: _Optional[int] = ..., max_model_len: _Optional[int] = ..., dtype: _Optional[str] = ..., lora_dtype: _Optional[str] = ..., gpu_memory_utilization: _Optional[float] = ..., device: _Optional[str] = ..., max_pending_requests: _Optional[int] = ...) -> None: ...
 
 class GetServerInfoResponse(_message.Message):
-    __slots__ = ("model", "vllm_version", "engine", "running_requests", "waiting_requests", "kv_cache_usage", "loaded_adapters", "replica_id", "store_seq", "tiers")
+    __slots__ = ("model", "vllm_version", "engine", "running_requests", "waiting_requests", "kv_cache_usage", "loaded_adapters", "replica_id", "store_seq", "tiers", "loraserve_version")
     MODEL_FIELD_NUMBER: _ClassVar[int]
     VLLM_VERSION_FIELD_NUMBER: _ClassVar[int]
     ENGINE_FIELD_NUMBER: _ClassVar[int]
@@ -269,6 +269,7 @@ class GetServerInfoResponse(_message.Message):
     REPLICA_ID_FIELD_NUMBER: _ClassVar[int]
     STORE_SEQ_FIELD_NUMBER: _ClassVar[int]
     TIERS_FIELD_NUMBER: _ClassVar[int]
+    LORASERVE_VERSION_FIELD_NUMBER: _ClassVar[int]
     model: str
     vllm_version: str
     engine: EngineSettings
@@ -279,7 +280,8 @@ class GetServerInfoResponse(_message.Message):
     replica_id: str
     store_seq: int
     tiers: AdapterTiers
-    def __init__(self, model: _Optional[str] = ..., vllm_version: _Optional[str] = ..., engine: _Optional[_Union[EngineSettings, _Mapping]] = ..., running_requests: _Optional[int] = ..., waiting_requests: _Optional[int] = ..., kv_cache_usage: _Optional[float] = ..., loaded_adapters: _Optional[int] = ..., replica_id: _Optional[str] = ..., store_seq: _Optional[int] = ..., tiers: _Optional[_Union[AdapterTiers, _Mapping]] = ...) -> None: ...
+    loraserve_version: str
+    def __init__(self, model: _Optional[str] = ..., vllm_version: _Optional[str] = ..., engine: _Optional[_Union[EngineSettings, _Mapping]] = ..., running_requests: _Optional[int] = ..., waiting_requests: _Optional[int] = ..., kv_cache_usage: _Optional[float] = ..., loaded_adapters: _Optional[int] = ..., replica_id: _Optional[str] = ..., store_seq: _Optional[int] = ..., tiers: _Optional[_Union[AdapterTiers, _Mapping]] = ..., loraserve_version: _Optional[str] = ...) -> None: ...
 
 class AdapterTiers(_message.Message):
     __slots__ = ("slots_in_use", "slot_capacity", "host_adapters", "host_capacity", "engine_adapters", "disk_revisions", "disk_bytes", "disk_capacity_bytes", "routed_adapters", "engine_misses", "disk_misses", "engine_evictions", "disk_evictions", "downloads", "load_wait_seconds_p50", "load_wait_seconds_p99")

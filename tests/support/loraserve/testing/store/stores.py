@@ -25,9 +25,12 @@ TEST_LIMITS = Limits(max_file_size=64 * 1024 * 1024, max_adapter_size=128 * 1024
 def make_store(
     blobs: BlobStore, log_settings: LogSettings = FAST_LOG, **kwargs: Any
 ) -> AdapterStore:
+    """`storage_format` (a callable) says which format its snapshots are written in
+    (format 1, what 0.1.0 reads, unless given)."""
     statuses = ReplicaStatusStore(blobs, kwargs.pop("status_ttl_s", DEFAULT_STATUS_TTL_S))
+    changelog = ChangeLog(blobs, log_settings, kwargs.pop("storage_format", lambda: 1))
     settings = StoreSettings(limits=kwargs.pop("limits", TEST_LIMITS), **kwargs)
-    return AdapterStore(blobs, ChangeLog(blobs, log_settings), statuses, settings)
+    return AdapterStore(blobs, changelog, statuses, settings)
 
 
 StoreFactory = Callable[..., Awaitable[AdapterStore]]
