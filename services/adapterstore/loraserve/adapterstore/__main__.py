@@ -35,7 +35,7 @@ from loraserve.common.errors import DataLoss, FailedPrecondition, LoraserveError
 from loraserve.common.release import RELEASE
 from loraserve.common.rpc import retrylog
 from loraserve.common.rpc.metrics_http import serve_metrics
-from loraserve.common.rpc.server import install_stop_signals, start_server
+from loraserve.common.rpc.server import RunningServer, install_stop_signals, start_server
 from loraserve.common.tracing import LOG_FORMAT, start_tracing
 
 log = logging.getLogger("loraserve.adapterstore")
@@ -88,21 +88,14 @@ async def _start_with_retries(blobs: S3BlobStore, store: AdapterStore) -> None:
                 raise
 
 
-async def serve(settings: AdapterStoreSettings) -> int:
-    blobs = S3BlobStore(
-        settings.s3, part_size=settings.part_size, parts_in_flight=settings.parts_in_flight
-    )
-    statuses = ReplicaStatusStore(blobs, settings.status_ttl_s)
-    gate = FormatGate(blobs, statuses.reader, settings.formats, settings.status_ttl_s)
-    changelog = ChangeLog(blobs, settings.log, lambda: gate.write_format)
-    store = AdapterStore(blobs, changelog, statuses, settings.store)
+async def _start_grpc(settings: AdapterStoreSettings, store: AdapterStore) -> RunningServer:
     urls = DownloadUrls(
         store,
         S3Presigner(settings.s3, settings.download_url_endpoint),
         settings.download_url_ttl_s,
         min_rate=settings.download_url_min_rate,
     )
-    running = await start_server(
+    return await start_server(
         address=settings.listen,
         register=register(
             AdapterStoreServicer(store, urls=urls, trace_principals=settings.tracing.principals)
@@ -112,6 +105,17 @@ async def serve(settings: AdapterStoreSettings) -> int:
         needs=METHOD_ROLES,
         max_connection_age_s=settings.max_connection_age_s,
     )
+
+
+async def serve(settings: AdapterStoreSettings) -> int:
+    blobs = S3BlobStore(
+        settings.s3, part_size=settings.part_size, parts_in_flight=settings.parts_in_flight
+    )
+    statuses = ReplicaStatusStore(blobs, settings.status_ttl_s)
+    gate = FormatGate(blobs, statuses.reader, settings.formats, settings.status_ttl_s)
+    changelog = ChangeLog(blobs, settings.log, lambda: gate.write_format)
+    store = AdapterStore(blobs, changelog, statuses, settings.store)
+    running = await _start_grpc(settings, store)
     if settings.metrics_listen is not None:
         metrics = StoreMetrics(store, storage_format=lambda: gate.write_format)
         serve_metrics(metrics.registry, settings.metrics_listen)

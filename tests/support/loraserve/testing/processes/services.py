@@ -138,11 +138,16 @@ class StoreProcess(ChildProcess):
 
 
 def store_args(
-    bucket: S3Bucket, listen: str, endpoint_url: str | None = None, extra: Sequence[str] = ()
+    bucket: S3Bucket,
+    listen: str,
+    endpoint_url: str | None = None,
+    extra: Sequence[str] = (),
+    python: str = sys.executable,
 ) -> list[str]:
-    """A command line for a store on `bucket`, tuned for tests (fast polls and heartbeats)."""
+    """A command line for a store on `bucket`, tuned for tests (fast polls and heartbeats),
+    run by `python` (another release's, say)."""
     return [
-        sys.executable,
+        python,
         "-m",
         "loraserve.adapterstore",
         "serve",
@@ -205,13 +210,15 @@ async def inference_process(
     guard_s: float = 300.0,
     module: str = "loraserve.inference",
     env: Mapping[str, str] | None = None,
+    python: str = sys.executable,
 ) -> AsyncIterator[InferenceProcess]:
     """Starts `inference serve` on the tiny model (SERVING before the block runs) and
     kills it when the block exits, if it still runs. `module` runs instead of
-    `loraserve.inference` (a launcher of it), with `env` added to the environment."""
+    `loraserve.inference` (a launcher of it), with `env` added to the environment, by
+    `python` (another release's, say)."""
     address = f"127.0.0.1:{free_port()}"
     args = [
-        sys.executable,
+        python,
         "-m",
         module,
         *inference_args(model_dir, store_address, cache_dir, listen=address),
@@ -272,14 +279,15 @@ async def store_process(
     extra: Sequence[str] = (),
     channel: ChannelFactory = insecure,
     wait_serving: bool = True,
+    python: str = sys.executable,
 ) -> AsyncIterator[StoreProcess]:
     """Starts a store process (SERVING before the block runs unless told not to wait)
-    and kills it when the block exits, if it still runs."""
+    and kills it when the block exits, if it still runs; `python` runs it."""
     port = port or free_port()
     address = f"127.0.0.1:{port}"
     with log_path.open("ab") as log_file:
         process = await asyncio.create_subprocess_exec(
-            *store_args(bucket, address, endpoint_url, extra),
+            *store_args(bucket, address, endpoint_url, extra, python),
             stdout=log_file,
             stderr=log_file,
             start_new_session=True,
