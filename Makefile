@@ -31,7 +31,7 @@ LOCK ?= $(wildcard $(LOCK_FILE))
 # and text generation needs none of them.
 UNUSED := torchvision torchaudio torchcodec
 
-.PHONY: setup lock test test-quick lint proto proto-compat bench bench-gpu bench-readme native run clean
+.PHONY: setup lock test test-quick lint proto proto-compat bench bench-gpu bench-readme native haproxy run clean
 
 # The native Generate transport (services/inference/native, Rust) is built where cargo and
 # Debian's packaged crates are (`make native` installs them, as root); elsewhere the service
@@ -124,6 +124,15 @@ native:
 	DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends \
 	  $(NATIVE_CRATES) >/dev/null
 	$(MAKE) --no-print-directory $(STAMP) $(NATIVE_LIB)
+
+# HAProxy, for the tests that route through deploy/haproxy/haproxy.cfg (Debian's package;
+# root, apt-get); where it is missing those tests are skipped, saying so (in CI as root,
+# where this should have installed it, they fail).
+haproxy:
+	@{ command -v haproxy || test -x /usr/sbin/haproxy; } >/dev/null || { [ "$$(id -u)" = 0 ] || \
+	  { echo "make haproxy: installing Debian's haproxy package needs root" >&2; exit 1; }; \
+	  DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends haproxy \
+	  >/dev/null; }
 
 # Everything that does not need the engine.
 test-quick: setup

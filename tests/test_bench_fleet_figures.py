@@ -36,4 +36,4 @@ def test_more_mid_stream_failures_than_the_dead_replica_held_are_a_miss() -> Non
         "requests failed before their first token": "missed",
         "requests failed mid-stream": "missed",
     }
-    assert section.repeats["failover"][0]["held_by_the_killed_replica"] == 4
+    assert section.repeats["failover (InferenceClient)"][0]["held_by_the_killed_replica"] == 4

@@ -19,7 +19,8 @@ from prometheus_client.samples import Sample
 
 from loraserve.inference.engine import EngineStats
 from loraserve.inference.engine.stats import SchedulerTap
-from loraserve.inference.metrics.model_server import ModelServerProtocolCollector
+from loraserve.inference.metrics.model_server import RESIDENT, ModelServerProtocolCollector
+from loraserve.inference.v1 import inference_pb2 as pb
 from loraserve.testing.adapters.models import TinyAdapterFactory
 from loraserve.testing.engine.session import MAX_LORAS
 from loraserve.testing.inference.app import RunningInference, adapter_files, greedy, inference_app
@@ -204,3 +205,29 @@ async def test_endpoint_picker_sees_no_adapter_once_requests_end(
         return info.labels["running_lora_adapters"] == "" == info.labels["waiting_lora_adapters"]
 
     await eventually(idle, "no adapter listed once the request ended")
+
+
+@pytest.mark.engine
+async def test_an_adapter_in_the_engine_is_named_by_the_residency_gauge(
+    served: RunningInference,
+) -> None:
+    port = served.app.metrics_port
+    assert port is not None
+    await served.generate("alpha", 4)
+    samples = await asyncio.to_thread(_scrape, port)
+    resident = {s.labels["adapter"]: s.value for s in samples[RESIDENT]}
+    assert resident == {"alpha": 1.0}
+
+
+@pytest.mark.engine
+async def test_replica_load_counts_a_running_stream_and_names_the_resident_adapter(
+    served: RunningInference,
+) -> None:
+    call, _ = await running_stream(lambda: served.stub.Generate(greedy("alpha", 400), timeout=120))
+    try:
+        load = await served.stub.GetReplicaLoad(pb.GetReplicaLoadRequest())
+    finally:
+        call.cancel()
+    assert load.pending_sequences == 1
+    assert list(load.resident_adapters) == ["alpha"]
+    assert load.max_pending_sequences > 0

@@ -40,7 +40,7 @@ async def served(served_factory: Callable[..., AsyncIterator[Served]]) -> AsyncI
 
 
 @pytest.mark.engine
-async def test_ring_hash_sends_a_starting_replicas_adapters_to_a_serving_one(
+async def test_routing_sends_a_starting_replicas_adapters_to_a_serving_one(
     served: Served,
 ) -> None:
     starting = await start_server(

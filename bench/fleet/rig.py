@@ -10,8 +10,10 @@ import json
 import signal
 import urllib.request
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import AsyncIterator, Sequence
+from contextlib import asynccontextmanager
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Literal
 
 import grpc
@@ -28,7 +30,11 @@ from loraserve.clients.channels import Retry
 from loraserve.clients.routing import ring_hash_config
 from loraserve.common.config.sizes import MESSAGE_LIMIT_OPTIONS
 from loraserve.inference.serving import SERVICE_NAME
+from loraserve.testing.haproxy import running_haproxy
 from loraserve.testing.processes.services import free_port
+from loraserve.testing.waiting import eventually
+
+HAPROXY_CONFIG = Path(__file__).resolve().parents[2] / "deploy" / "haproxy" / "haproxy.cfg"
 
 ENGINE = procs.EngineConfig(max_loras=4, max_cpu_loras=32, max_lora_rank=RANK)
 # Retries UNAVAILABLE before the first response, as the client library does: a call
@@ -78,6 +84,7 @@ class Fleet:
         self.stack = stack
         self.count = count
         self.replicas: list[Replica] = []
+        self.killed: set[int] = set()
 
     @property
     def addresses(self) -> list[str]:
@@ -103,19 +110,28 @@ class Fleet:
         await asyncio.gather(*(wait_routed_on(address, wanted) for address in self.addresses))
 
     async def served(self) -> list[Counter[str]]:
-        """Per replica: requests finished OK, by adapter (its own counter)."""
+        """Per replica: requests finished OK, by adapter (its own counter); nothing for a
+        replica killed (its counters went with it)."""
         return await asyncio.gather(
-            *(asyncio.to_thread(_served, r.metrics_port) for r in self.replicas)
+            *(
+                asyncio.to_thread(_served, r.metrics_port) if i not in self.killed else _nothing()
+                for i, r in enumerate(self.replicas)
+            )
         )
 
     def kill(self, index: int) -> None:
         """SIGKILL, as a crash; the engine process it leaves behind is killed too."""
+        self.killed.add(index)
         process = self.replicas[index].child.process
         orphans = psutil.Process(process.pid).children(recursive=True)
         process.send_signal(signal.SIGKILL)
         process.wait()
         for orphan in orphans:
             orphan.kill()
+
+
+async def _nothing() -> Counter[str]:
+    return Counter()
 
 
 def _served(metrics_port: int) -> Counter[str]:
@@ -130,11 +146,41 @@ def _served(metrics_port: int) -> Counter[str]:
     return counts
 
 
-def affinity(before: list[Counter[str]], after: list[Counter[str]]) -> tuple[float, float]:
-    """(overall, worst adapter's) share of requests served by the adapter's top replica."""
-    per_replica = [a - b for a, b in zip(after, before, strict=True)]
+def served_between(before: list[Counter[str]], after: list[Counter[str]]) -> list[Counter[str]]:
+    """Per replica: requests it finished OK between two readings, by adapter."""
+    return [a - b for a, b in zip(after, before, strict=True)]
+
+
+def affinity(per_replica: list[Counter[str]]) -> float:
+    """The share of all requests that their adapter's top replica served."""
     adapters = set().union(*per_replica)
-    top = {a: max(c[a] for c in per_replica) for a in adapters}
-    total = {a: sum(c[a] for c in per_replica) for a in adapters}
-    worst = min((top[a] / total[a] for a in adapters if total[a]), default=float("nan"))
-    return ratio(sum(top.values()), sum(total.values())), worst
+    top = sum(max(c[a] for c in per_replica) for a in adapters)
+    return ratio(top, sum(c.total() for c in per_replica))
+
+
+def adapter_shares(
+    runs: Sequence[list[Counter[str]]], replicas: int, min_requests: int
+) -> dict[str, float]:
+    """Over every run pooled: each adapter's share of its requests on its top replica, for
+    the adapters with fewer requests than one replica's share of all (the others must
+    spread to be served) and at least `min_requests` (a share of two requests says
+    nothing)."""
+    pooled = [sum((run[i] for run in runs), Counter()) for i in range(replicas)]
+    total = {a: sum(c[a] for c in pooled) for a in set().union(*pooled)}
+    share = sum(total.values()) / replicas
+    return {
+        a: max(c[a] for c in pooled) / n
+        for a, n in sorted(total.items())
+        if min_requests <= n < share
+    }
+
+
+@asynccontextmanager
+async def fleet_proxy(fleet: Fleet, logs: Path) -> AsyncIterator[str]:
+    """HAProxy on deploy/haproxy/haproxy.cfg in front of the fleet; its address."""
+    servers = {f"replica-{i}": address for i, address in enumerate(fleet.addresses)}
+    async with running_haproxy(HAPROXY_CONFIG, logs / "haproxy", servers) as proxy:
+        await asyncio.gather(
+            *(eventually(lambda s=s: proxy.in_pool(s), f"{s} in the pool") for s in servers)
+        )
+        yield proxy.address

@@ -1,22 +1,20 @@
 """Benchmark 10: three inference replicas on one store, routed by adapter.
 
 Side by side in one run, on three plain `inference serve` processes (max_loras 4 each)
-and 24 adapters:
+and 24 adapters of Zipf 1.0 popularity, the load from `processes` client processes (a
+fleet is called by many services, each with its own client):
 
-- affinity: the share of each adapter's requests that one replica served (from the
-  replicas' own per-adapter request counters), with gRPC's ring_hash on the adapter
-  header vs round robin;
-- tokens/s over a Zipf popularity, ring_hash ÷ round robin, arms interleaved;
+- four ways to spread the load, arms interleaved: **bounded** (the client library's
+  default: bounded-load rendezvous affinity on the replicas' own load reports,
+  `loraserve.clients.balancing`), **haproxy** (HAProxy's consistent hash with
+  `hash-balance-factor 125`, deploy/haproxy/haproxy.cfg), gRPC's **ring_hash** on the
+  adapter header (no bound) and **round robin**;
+- affinity: the share of each adapter's requests its top replica served (the replicas'
+  own per-adapter request counters), over the adapters whose request rate is under one
+  replica's share of the fleet;
 - push -> all three replicas route the new revision, over `pushes` pushes;
-- one replica SIGKILLed mid-load: failed requests, before and after their first token.
-
-The ring_hash arm balances as `loraserve.clients.inference.InferenceClient` does over
-several replicas (the same service config entry and header, `loraserve.clients.routing`);
-the round-robin arm differs in the balancing policy alone. The failover runs through
-`InferenceClient` itself: gRPC's own retry policy ends at a call's response headers, so
-a replica killed after it sent a stream's first message, before the caller read it,
-fails that call UNAVAILABLE with no token and gRPC never sends it again (one request
-in 480 did so at e21d4ae); the client retries until a message reaches its caller.
+- one replica SIGKILLed mid-load under `InferenceClient` (bounded): failed requests,
+  before and after their first token.
 """
 
 from __future__ import annotations
@@ -24,19 +22,31 @@ from __future__ import annotations
 import asyncio
 import tempfile
 import time
+from collections import Counter
 from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
+from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
 import grpc
 
-from bench.fleet.rig import CALL_TIMEOUT_S, ENGINE, Fleet, affinity, fleet_caller, fleet_channel
-from bench.load.calls import grpc_caller
+from bench.fleet.rig import (
+    CALL_TIMEOUT_S,
+    ENGINE,
+    Fleet,
+    adapter_shares,
+    affinity,
+    fleet_caller,
+    fleet_channel,
+    fleet_proxy,
+    served_between,
+)
+from bench.load.calls import grpc_caller, grpc_stub_caller, stub_channel
 from bench.load.drive import Load, Windows
-from bench.load.loadclient import Arm, LoadGenerator
+from bench.load.fanout import LoadGenerators
+from bench.load.loadclient import Arm
 from bench.load.targets import Target
-from bench.load.workload import RunResult, Workload, run_closed_loop
+from bench.load.workload import Caller, RunResult, Workload, run_closed_loop
 from bench.method.paired import Runs, arm_table, failure_check, noise_figures, paired, ratio_goal
 from bench.method.report import Report, Section
 from bench.method.stats import median_interval, percentile
@@ -58,6 +68,7 @@ ROUTED_GUARD_S = 120.0
 
 @dataclass(frozen=True)
 class FleetScale(Windows):
+    processes: int = 4
     replicas: int = 3
     adapters: int = 24
     concurrency: int = 48
@@ -67,7 +78,17 @@ class FleetScale(Windows):
     pushes: int = 20
 
 
-QUICK = FleetScale(concurrency=12, requests=48, max_tokens=8, repeats=2, pushes=3)
+QUICK = FleetScale(processes=2, concurrency=12, requests=48, max_tokens=8, repeats=2, pushes=3)
+POLICIES = ("bounded", "haproxy", "ring_hash", "round_robin")
+# An adapter's share of requests on one replica is judged over at least this many.
+MIN_ADAPTER_REQUESTS = 20
+# Each policy's load-generator target kind (bench.load.targets).
+KINDS = {
+    "bounded": "fleet_bounded",
+    "haproxy": "fleet_proxy",
+    "ring_hash": "fleet_ring_hash",
+    "round_robin": "fleet_round_robin",
+}
 GPU = FleetScale(warmup_s=0.5, window_s=1.5, pushes=10)
 
 
@@ -75,8 +96,9 @@ async def _throughput_and_affinity(
     section: Section,
     fleet: Fleet,
     scale: FleetScale,
-    gen: LoadGenerator,
+    gen: LoadGenerators,
     adapters: tuple[str, ...],
+    proxy: str,
 ) -> None:
     workload = Workload(
         adapters=adapters,
@@ -94,22 +116,25 @@ async def _throughput_and_affinity(
     arms = [
         Arm(
             policy,
-            Target(f"fleet_{policy}", addresses),
+            Target(KINDS[policy], proxy if policy == "haproxy" else addresses),
             workload,
             Load("closed", concurrency=scale.concurrency),
             fronts,
         )
-        for policy in ("ring_hash", "round_robin")
+        for policy in POLICIES
     ]
     section.workload += [arm.describe() for arm in arms]
-    section.workload.append(f"{scale.repeats} repeats, order rotated; {scale.timing.describe()}")
-    shares: dict[str, list[tuple[float, float]]] = {}
+    section.workload.append(
+        f"{scale.repeats} repeats, order rotated; {scale.timing.describe()}; the load from "
+        f"{gen.processes} client processes, {scale.concurrency // gen.processes} streams each"
+    )
+    served: dict[str, list[list[Counter[str]]]] = {}
 
     @asynccontextmanager
     async def counting(arm: str) -> AsyncIterator[None]:
         before = await fleet.served()
         yield
-        shares.setdefault(arm, []).append(affinity(before, await fleet.served()))
+        served.setdefault(arm, []).append(served_between(before, await fleet.served()))
 
     warm = Workload(adapters=adapters, concurrency=8, requests=len(adapters), max_tokens=2)
     async with fleet_channel(fleet.addresses, "round_robin") as channel:
@@ -121,48 +146,59 @@ async def _throughput_and_affinity(
         section.record(
             arm,
             [
-                {**w.summary(), "top_replica_share": top, "worst_adapter_share": worst}
-                for w, (top, worst) in zip(windows, shares[arm], strict=True)
+                {**w.summary(), "top_replica_share": affinity(counts)}
+                for w, counts in zip(windows, served[arm], strict=True)
             ],
         )
     arm_table(section, runs)
-    _fleet_goals(section, runs, shares)
+    _fleet_goals(section, runs, served, scale.replicas)
 
 
 def _fleet_goals(
-    section: Section, runs: Runs, shares: dict[str, list[tuple[float, float]]]
+    section: Section, runs: Runs, served: dict[str, list[list[Counter[str]]]], replicas: int
 ) -> None:
     scale_label = f"max_loras {ENGINE.max_loras}"
-    section.goal(
-        "share of an adapter's requests served by one replica (ring_hash, %)",
-        median_interval([top * 100 for top, _ in shares["ring_hash"]]),
-        ">=",
-        95.0,
-        ".1f",
-    )
-    section.reported(
-        "worst adapter's share on its top replica (ring_hash, %)",
-        median_interval([worst * 100 for _, worst in shares["ring_hash"]]),
-        ".1f",
-    )
-    ratio_goal(
-        section,
-        runs,
-        f"tokens/s ring_hash ÷ round robin ({scale_label})",
-        ("ring_hash", "round_robin"),
-        "tokens_per_s",
-        ">",
-        1.0,
-    )
-    ratio_goal(
-        section,
-        runs,
-        "TTFT p99 ring_hash ÷ round robin (a hot replica's queue)",
-        ("ring_hash", "round_robin"),
-        "ttft_p99_ms",
-        "<=",
-        1.5,
-    )
+    for policy in ("bounded", "haproxy", "ring_hash"):
+        section.reported(
+            f"share of requests on the adapter's top replica ({policy}, %)",
+            median_interval([affinity(counts) * 100 for counts in served[policy]]),
+            ".1f",
+        )
+    for policy in ("bounded", "haproxy"):
+        shares = adapter_shares(served[policy], replicas, MIN_ADAPTER_REQUESTS)
+        section.record(f"{policy}: each adapter's share on its top replica", [shares])
+        worst = min(shares.values(), default=float("nan"))
+        section.check(
+            f"worst share on one replica of an adapter under a replica's share, every repeat "
+            f"pooled ({policy}, %; {len(shares)} adapters of >= {MIN_ADAPTER_REQUESTS} requests)",
+            worst * 100,
+            ">= 95",
+            worst >= 0.95,
+            ".1f",
+        )
+    for policy in ("bounded", "haproxy"):
+        pair = (policy, "round_robin")
+        ratio_goal(
+            section, runs, f"TTFT p99 {policy} ÷ round robin", pair, "ttft_p99_ms", "<=", 1.1
+        )
+        ratio_goal(
+            section, runs, f"TTFT p50 {policy} ÷ round robin", pair, "ttft_p50_ms", "<=", 0.2
+        )
+        ratio_goal(
+            section,
+            runs,
+            f"tokens/s {policy} ÷ round robin ({scale_label})",
+            pair,
+            "tokens_per_s",
+            ">=",
+            1.0,
+        )
+    for figure in ("ttft_p99_ms", "ttft_p50_ms", "tokens_per_s"):
+        section.reported(
+            f"{figure} ring_hash ÷ round robin (no load bound)",
+            runs.ratio("ring_hash", "round_robin", figure),
+            ".3f",
+        )
     noise_figures(section, runs, ("tokens_per_s", "ttft_p99_ms"))
     failure_check(section, runs)
 
@@ -205,11 +241,29 @@ async def _routed(address: str, revision: int) -> None:
         await asyncio.sleep(POLL_S)
 
 
+@asynccontextmanager
+async def _client_caller(fleet: Fleet) -> AsyncIterator[Caller]:
+    async with InferenceClient(",".join(fleet.addresses), timeout=CALL_TIMEOUT_S) as client:
+        yield grpc_caller(client)
+
+
+@asynccontextmanager
+async def _proxy_caller(proxy: str) -> AsyncIterator[Caller]:
+    async with stub_channel(proxy) as channel:
+        yield grpc_stub_caller(channel, affinity=True, timeout=CALL_TIMEOUT_S)
+
+
 async def _failover(
-    section: Section, fleet: Fleet, scale: FleetScale, adapters: tuple[str, ...]
+    section: Section,
+    fleet: Fleet,
+    scale: FleetScale,
+    adapters: tuple[str, ...],
+    path: tuple[str, AbstractAsyncContextManager[Caller]],
+    victim: int,
 ) -> None:
-    """Uniform load through `InferenceClient`; the last replica is SIGKILLed once it has
-    served a few of it. A call it held fails mid-stream; one it had not answered moves on."""
+    """Uniform load through `path` (its name, its caller); replica `victim` is SIGKILLed
+    once it has served a few of it. A call it held fails mid-stream; one it had not
+    answered moves on."""
     workload = Workload(
         adapters=adapters,
         concurrency=scale.concurrency,
@@ -217,10 +271,10 @@ async def _failover(
         max_tokens=scale.max_tokens,
         seed=1,
     )
-    victim = len(fleet.replicas) - 1
-    async with InferenceClient(",".join(fleet.addresses), timeout=CALL_TIMEOUT_S) as client:
+    name, opened = path
+    async with opened as caller:
         before = (await fleet.served())[victim]
-        load = asyncio.create_task(run_closed_loop(workload, grpc_caller(client)))
+        load = asyncio.create_task(run_closed_loop(workload, caller))
         while not load.done():
             served = (await fleet.served())[victim] - before
             if served.total() >= max(1, scale.concurrency // (2 * scale.replicas)):
@@ -230,12 +284,19 @@ async def _failover(
         killed_at = time.monotonic()
         fleet.kill(victim)
         result = await load
-    section.workload.append(f"failover: {workload.describe()}; replica {victim} SIGKILLed")
-    failover_figures(section, result, killed_at, held, scale.replicas)
+    section.workload.append(
+        f"failover through {name}: {workload.describe()}; replica {victim} SIGKILLed"
+    )
+    failover_figures(section, result, killed_at, held, scale.replicas, name)
 
 
 def failover_figures(
-    section: Section, result: RunResult, killed_at: float, held: int, replicas: int
+    section: Section,
+    result: RunResult,
+    killed_at: float,
+    held: int,
+    replicas: int,
+    path: str = "InferenceClient",
 ) -> None:
     """Failures before the first token (none may: the call moves on) and mid-stream (at
     most the streams the dead replica held)."""
@@ -250,23 +311,22 @@ def failover_figures(
         "failed_mid_stream": mid_stream,
         "held_by_the_killed_replica": held,
     }
-    section.record("failover", [counts])
+    section.record(f"failover ({path})", [counts])
     section.table(
-        f"one of {replicas} replicas SIGKILLed mid-load (InferenceClient: ring_hash, retried "
-        "before the first token)",
+        f"one of {replicas} replicas SIGKILLed mid-load, through {path}",
         list(counts),
         [list(counts.values())],
     )
     if before_first:
         section.notes.append(f"first failure before a token: {before_first[0].error}")
     section.check(
-        "requests failed before their first token, a replica SIGKILLed",
+        f"requests failed before their first token, a replica SIGKILLed ({path})",
         len(before_first),
         "0",
         not before_first,
     )
     section.check(
-        "requests failed mid-stream, a replica SIGKILLed",
+        f"requests failed mid-stream, a replica SIGKILLed ({path})",
         mid_stream,
         f"<= the {held} it was running or queueing when killed (a stream cannot move)",
         mid_stream <= held,
@@ -292,7 +352,7 @@ async def run(
     )
     fleet = Fleet(stack, scale.replicas)
     # Started after enable_ring_hash(): gRPC reads the variable at process start.
-    gen = LoadGenerator(stack.logs)
+    gen = LoadGenerators(stack.logs, scale.processes)
     started = time.monotonic()
     try:
         await gen.start()
@@ -306,9 +366,13 @@ async def run(
             f"{scale.replicas} replicas SERVING and routing {scale.adapters} adapters after "
             f"{time.monotonic() - started:.0f} s; max_loras {ENGINE.max_loras} each"
         )
-        await _throughput_and_affinity(section, fleet, scale, gen, adapters)
-        await _convergence(section, fleet, scale)
-        await _failover(section, fleet, scale, adapters)
+        async with fleet_proxy(fleet, stack.logs) as proxy:
+            await _throughput_and_affinity(section, fleet, scale, gen, adapters, proxy)
+            await _convergence(section, fleet, scale)
+            path = ("HAProxy", _proxy_caller(proxy))
+            await _failover(section, fleet, scale, adapters, path, victim=scale.replicas - 2)
+        path = ("InferenceClient (bounded load)", _client_caller(fleet))
+        await _failover(section, fleet, scale, adapters, path, victim=scale.replicas - 1)
     except Exception as exc:
         section.error = f"{type(exc).__name__}: {exc}"
         raise

@@ -23,6 +23,11 @@ from bench.load.calls import (
     vllm_grpc_caller,
 )
 from bench.load.workload import Caller
+from loraserve.clients.balancing import BoundedLoad
+from loraserve.clients.inference import InferenceClient
+
+# Stops a call a hung proxy holds; nothing measured comes near it.
+PROXY_CALL_TIMEOUT_S = 300.0
 
 KINDS = {
     "grpc": "loraserve's InferenceClient.stream",
@@ -34,6 +39,8 @@ KINDS = {
     "thin": "bench.load.thin (the engine with nothing of a server in between)",
     "fleet_ring_hash": "one channel over every replica, ring_hash on the adapter header",
     "fleet_round_robin": "one channel over every replica, round robin",
+    "fleet_bounded": "InferenceClient over every replica: bounded-load adapter affinity",
+    "fleet_proxy": "one channel to a load balancer (HAProxy), the adapter header on each call",
 }
 
 
@@ -83,6 +90,12 @@ async def caller_for(target: Target) -> AsyncIterator[tuple[Caller, Reconnects]]
                 client = await stack.enter_async_context(no_retry_client(server))
                 callers[adapter] = grpc_caller(client)
             yield routed_caller(callers), reconnects
+    elif kind == "fleet_bounded":
+        async with InferenceClient(address, routing=BoundedLoad()) as client:
+            yield grpc_caller(client), reconnects
+    elif kind == "fleet_proxy":
+        async with stub_channel(address) as channel:
+            yield grpc_stub_caller(channel, affinity=True, timeout=PROXY_CALL_TIMEOUT_S), reconnects
     elif kind == "thin":
         from bench.load.thin import ThinClient
 

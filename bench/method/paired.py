@@ -9,9 +9,10 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from contextlib import AbstractAsyncContextManager, nullcontext
 from dataclasses import dataclass, field
+from typing import Protocol
 
 from bench.load.drive import Timing
-from bench.load.loadclient import Arm, LoadGenerator, Window
+from bench.load.loadclient import Arm, Window
 from bench.method.report import Cell, Goal, Section
 from bench.method.stats import Estimate, Op, median_interval, paired_ratio
 
@@ -61,8 +62,14 @@ class Runs:
         )
 
 
+class ArmRunner(Protocol):
+    """What runs one arm for one window: a LoadGenerator, or several as one."""
+
+    async def run(self, arm: Arm, timing: Timing) -> Window: ...
+
+
 async def paired(
-    gen: LoadGenerator,
+    gen: ArmRunner,
     arms: Sequence[Arm],
     timing: Timing,
     repeats: int,

@@ -2,10 +2,12 @@
 
 Backend services call `Generate` through this instead of hand-rolled gRPC:
 it connects with a bearer token and TLS, streams text deltas, retries
-UNAVAILABLE with exponential backoff and jitter while nothing has been received
-yet (a stream that already produced tokens is never replayed), honours one
+UNAVAILABLE (and CANCELLED from a server shutting down) with exponential backoff and
+jitter while nothing has been received yet, on another replica where there are several
+(a stream that already produced tokens is never replayed), honours one
 overall deadline across attempts, and raises `loraserve.common.errors` types.
-Given several replicas, it routes each adapter to one of them (`loraserve.clients.routing`).
+Given several replicas, it routes each adapter to one of them with a bounded load
+(`loraserve.clients.balancing`).
 
 `Generate` is retried with `stamina`, not gRPC's retry policy: gRPC clamps a
 policy's attempts at 5, which would silently shrink a caller's `RetryPolicy`.
@@ -24,16 +26,25 @@ from typing import Any, TypeVar
 
 import grpc
 
+from loraserve.clients.balancing import RING_HASH, BoundedLoad, Replica, ReplicaSet
 from loraserve.clients.channels import Retry, open_channel
 from loraserve.clients.generation import Completion, Delta, Sampling, build_request, delta_from
-from loraserve.clients.routing import ADAPTER_HASH_HEADER, affinity_key, channel_for, routed_error
-from loraserve.common.errors import DeadlineExceeded, error_from_rpc
+from loraserve.clients.routing import (
+    ADAPTER_HASH_HEADER,
+    affinity_key,
+    channel_for,
+    fleet_for,
+    routed_error,
+)
+from loraserve.common.errors import DeadlineExceeded, InvalidArgument, error_from_rpc
 from loraserve.common.rpc import retrylog
 from loraserve.common.rpc.security import ClientSecurity
 from loraserve.inference.v1 import inference_pb2 as pb
 from loraserve.inference.v1 import inference_pb2_grpc as pb_grpc
 
 __all__ = [
+    "RING_HASH",
+    "BoundedLoad",
     "Completion",
     "Delta",
     "InferenceClient",
@@ -67,9 +78,12 @@ class InferenceClient:
     """Async client; use as `async with InferenceClient(addr) as client:`.
 
     `address` is one server (`HOST:PORT`), or several replicas: `IP:PORT,IP:PORT,...`
-    or `dns:///NAME:PORT`. Across replicas, every request for one adapter goes to one
-    replica (gRPC's ring_hash on the `x-loraserve-adapter` header); the header is sent
-    to a single address too, for a proxy that routes by it (Envoy).
+    or `dns:///NAME:PORT`. Across replicas, every request for one adapter goes to its
+    own first replica unless that one holds more than `balance_factor` times the fleet's
+    mean load (`routing`: `BoundedLoad`, the default, see `loraserve.clients.balancing`;
+    `RING_HASH` for gRPC's ring_hash without a bound). The `x-loraserve-adapter` header
+    goes with every request, to a single address too, for a proxy that routes by it
+    (HAProxy, Envoy).
     """
 
     def __init__(
@@ -79,23 +93,46 @@ class InferenceClient:
         retry: RetryPolicy | None = None,
         timeout: float | None = None,
         channel_options: Sequence[tuple[str, Any]] = (),
+        routing: BoundedLoad | str | None = None,
     ) -> None:
         """`channel_options` are gRPC channel arguments (e.g. flow-control windows)."""
         self._retry = retry or RetryPolicy()
+        self._timeout = timeout
+        security = security or ClientSecurity()
+        fleet = fleet_for(address, channel_options) if routing != RING_HASH else None
+        if routing not in (None, RING_HASH) and not isinstance(routing, BoundedLoad):
+            raise InvalidArgument(f"routing must be BoundedLoad() or {RING_HASH!r}")
+        self._replicas: ReplicaSet | None = None
+        if fleet is not None:
+            self._replicas = ReplicaSet(
+                fleet.host,
+                fleet.addresses,
+                lambda one: self._open(one, security, fleet.options, None),
+                routing if isinstance(routing, BoundedLoad) else BoundedLoad(),
+            )
+            return
         route = channel_for(address, channel_options)
-        self._channel = open_channel(
-            route.target,
-            security or ClientSecurity(),
+        self._channel = self._open(route.target, security, route.options, route.load_balancing)
+        self._stub = pb_grpc.InferenceServiceStub(self._channel)
+
+    def _open(
+        self,
+        target: str,
+        security: ClientSecurity,
+        options: Sequence[tuple[str, Any]],
+        load_balancing: dict[str, Any] | None,
+    ) -> grpc.aio.Channel:
+        return open_channel(
+            target,
+            security,
             method_configs=self._retry.method_configs(),
             # ring_hash runs gRPC's client-side health checks on its replicas: one that is
             # NOT_SERVING (starting, draining) counts as down, and its adapters go to the
             # next replica on the ring until it serves.
-            health_checked_service=_SERVICE if route.load_balancing is not None else None,
-            load_balancing=route.load_balancing,
-            options=route.options,
+            health_checked_service=_SERVICE if load_balancing is not None else None,
+            load_balancing=load_balancing,
+            options=options,
         )
-        self._stub = pb_grpc.InferenceServiceStub(self._channel)
-        self._timeout = timeout
 
     async def __aenter__(self) -> InferenceClient:
         return self
@@ -104,7 +141,10 @@ class InferenceClient:
         await self.close()
 
     async def close(self) -> None:
-        await self._channel.close()
+        if self._replicas is not None:
+            await self._replicas.close()
+        else:
+            await self._channel.close()
 
     async def stream(
         self,
@@ -134,7 +174,7 @@ class InferenceClient:
         metadata = ((ADAPTER_HASH_HEADER, affinity_key(adapter)),)
         budget = timeout if timeout is not None else self._timeout
         deadline = None if budget is None else time.monotonic() + budget
-        call, message = await self._first_response(request, metadata, budget, deadline)
+        call, message, replica = await self._first_response(request, metadata, budget, deadline)
         try:
             while message is not grpc.aio.EOF:
                 yield message
@@ -143,6 +183,8 @@ class InferenceClient:
             raise routed_error(exc) from None
         finally:
             call.cancel()
+            if replica is not None:
+                replica.in_flight -= 1
 
     async def _first_response(
         self,
@@ -150,13 +192,15 @@ class InferenceClient:
         metadata: tuple[tuple[str, str], ...],
         budget: float | None,
         deadline: float | None,
-    ) -> tuple[Any, Any]:
-        """Starts the call, again while it fails UNAVAILABLE before its first message;
-        the call and that message (EOF when the stream ended empty)."""
+    ) -> tuple[Any, Any, Replica | None]:
+        """Starts the call, again while it fails UNAVAILABLE before its first message (on
+        another replica where there are several); the call, that message (EOF when the
+        stream ended empty) and the replica it runs on, counted there until it ends."""
+        tried: list[Replica] = []
         try:
             async for attempt in retrylog.retry_context(
                 "inference.generate",
-                on=_is_unavailable,
+                on=_may_go_again,
                 attempts=self._retry.max_attempts,
                 timeout=budget,
                 wait_initial=self._retry.initial_backoff,
@@ -167,11 +211,22 @@ class InferenceClient:
                     remaining = None if deadline is None else deadline - time.monotonic()
                     if remaining is not None and remaining <= 0:
                         raise DeadlineExceeded(f"deadline of {budget}s passed before a response")
-                    call = self._stub.Generate(request, timeout=remaining, metadata=metadata)
+                    replica = None
+                    stub = self._stub if self._replicas is None else None
+                    if self._replicas is not None:
+                        replica = await self._replicas.pick(metadata[0][1], tried)
+                        stub, replica.in_flight = replica.stub, replica.in_flight + 1
+                    assert stub is not None
+                    call = stub.Generate(request, timeout=remaining, metadata=metadata)
                     try:
-                        return call, await call.read()
-                    except BaseException:
+                        return call, await call.read(), replica
+                    except BaseException as exc:
                         call.cancel()
+                        if replica is not None:
+                            replica.in_flight -= 1
+                            tried.append(replica)
+                            if self._replicas is not None and _may_go_again(exc):
+                                self._replicas.down(replica)
                         raise
         except grpc.aio.AioRpcError as exc:
             raise routed_error(exc) from None
@@ -220,16 +275,23 @@ class InferenceClient:
         return [choices[i] for i in sorted(choices)] or [Completion()]
 
     async def list_adapters(self) -> pb.ListAdaptersResponse:
+        stub = await self._any_stub()
         response: pb.ListAdaptersResponse = await self._unary(
-            self._stub.ListAdapters, pb.ListAdaptersRequest()
+            stub.ListAdapters, pb.ListAdaptersRequest()
         )
         return response
 
     async def server_info(self) -> pb.GetServerInfoResponse:
+        stub = await self._any_stub()
         response: pb.GetServerInfoResponse = await self._unary(
-            self._stub.GetServerInfo, pb.GetServerInfoRequest()
+            stub.GetServerInfo, pb.GetServerInfoRequest()
         )
         return response
+
+    async def _any_stub(self) -> pb_grpc.InferenceServiceStub:
+        if self._replicas is None:
+            return self._stub
+        return (await self._replicas.any()).stub
 
     async def _unary(self, method: Any, request: Any) -> Any:
         try:
@@ -238,8 +300,15 @@ class InferenceClient:
             raise error_from_rpc(exc) from None
 
 
-def _is_unavailable(exc: Exception) -> bool:
-    return isinstance(exc, grpc.aio.AioRpcError) and exc.code() is grpc.StatusCode.UNAVAILABLE
+def _may_go_again(exc: BaseException) -> bool:
+    """Whether a call that produced nothing yet may go again (elsewhere): UNAVAILABLE,
+    or CANCELLED from the server, which a server shutting down answers the calls it had
+    received but not started (grpc/grpc#41785); a caller's own cancel is CancelledError,
+    never this."""
+    return isinstance(exc, grpc.aio.AioRpcError) and exc.code() in (
+        grpc.StatusCode.UNAVAILABLE,
+        grpc.StatusCode.CANCELLED,
+    )
 
 
 class SyncInferenceClient:

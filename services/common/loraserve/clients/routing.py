@@ -97,6 +97,37 @@ class Channel:
     options: list[tuple[str, Any]]
 
 
+@dataclass(frozen=True)
+class Fleet:
+    """Several replicas, each dialled on its own channel: a DNS name (HOST:PORT) resolved
+    again and again, or fixed addresses; `options` go to every channel (the TLS name
+    among them)."""
+
+    host: str | None
+    addresses: tuple[str, ...]
+    options: list[tuple[str, Any]]
+
+
+def fleet_for(address: str, channel_options: Sequence[tuple[str, Any]] = ()) -> Fleet | None:
+    """The replicas `address` names, one channel each; None for a single server."""
+    target = parse_target(address)
+    if not target.replicas:
+        return None
+    options = list(channel_options)
+    scheme, _, rest = target.target.partition(":")
+    host: str | None
+    authority: str | None
+    if scheme == "dns":
+        host = rest.rpartition("/")[2]
+        authority = target.authority or host
+        addresses: tuple[str, ...] = ()
+    else:
+        host, authority, addresses = None, target.authority, tuple(rest.split(","))
+    if authority and not any(key in _AUTHORITY_OPTIONS for key, _ in options):
+        options.append(("grpc.default_authority", authority))
+    return Fleet(host, addresses, options)
+
+
 def channel_for(address: str, channel_options: Sequence[tuple[str, Any]] = ()) -> Channel:
     """The channel to `address`: ring_hash on the adapter header across several replicas
     (turning on what grpcio needs for it), a plain one to a single server."""

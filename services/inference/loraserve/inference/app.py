@@ -26,7 +26,6 @@ from loraserve.common.rpc import retrylog
 from loraserve.common.rpc.metrics_http import serve_metrics
 from loraserve.common.trust.policy import RevisionTrust
 from loraserve.inference.adapters import (
-    LLAMA_TARGET_MODULES,
     AdapterRegistry,
     CompatibilityChecker,
     TierView,
@@ -252,17 +251,19 @@ class InferenceApp:
             waiting=lambda: engine.stats().waiting + (gate.waiting if gate else 0),
             pending=lambda: admission.pending,
         )
-        self.metrics.export_model_server_protocol(engine.stats, max_lora=info.max_loras)
+        self.metrics.export_model_server_protocol(
+            engine.stats, max_lora=info.max_loras, resident=registry.resident_names
+        )
         self.metrics.watch_tiers(tiers.usage)
 
     async def _compatibility(self, model: str, max_lora_rank: int) -> CompatibilityChecker:
         compat = self._settings.compat
         return CompatibilityChecker(
             max_lora_rank=max_lora_rank,
-            target_modules=await asyncio.to_thread(_lora_targets, model),
+            target_modules=await asyncio.to_thread(model_lora_targets, Path(model)),
             served_model_name=compat.served_model_name,
             require_base_model_match=compat.require_base_model_match,
-            module_shapes=await asyncio.to_thread(_lora_shapes, model),
+            module_shapes=await asyncio.to_thread(model_lora_shapes, Path(model)),
         )
 
     async def _serve_after_first_sync(self, synchronizer: Synchronizer) -> None:
@@ -378,14 +379,6 @@ class InferenceApp:
                 f"--max-lora-rank auto could not list the store's adapters: {exc.message}; "
                 "fix the store address or credentials, or pass a fixed --max-lora-rank"
             ) from exc
-
-
-def _lora_shapes(model: str) -> dict[str, tuple[int, int]]:
-    return model_lora_shapes(Path(model)) if Path(model).is_dir() else {}
-
-
-def _lora_targets(model: str) -> frozenset[str]:
-    return model_lora_targets(Path(model)) if Path(model).is_dir() else LLAMA_TARGET_MODULES
 
 
 def _sync_settings(settings: InferenceSettings) -> SyncSettings:

@@ -62,7 +62,8 @@ def smallest_covering_rank(ranks: Iterable[int], supported: Iterable[int]) -> in
 
 def model_lora_targets(model_dir: Path) -> frozenset[str]:
     """Module names an adapter may target, read from the model's safetensors headers:
-    the last part of every layer `model_lora_shapes` finds."""
+    the last part of every layer `model_lora_shapes` finds; Llama's for a model that is
+    not a local directory (a hub name)."""
     if not any(model_dir.glob("*.safetensors")):
         log.warning("compat.model_weights_unreadable model=%s: assuming Llama modules", model_dir)
         return LLAMA_TARGET_MODULES
@@ -71,7 +72,8 @@ def model_lora_targets(model_dir: Path) -> frozenset[str]:
 
 def model_lora_shapes(model_dir: Path) -> dict[str, tuple[int, int]]:
     """(out_features, in_features) of every LoRA-targetable linear layer, by module path
-    (e.g. `model.layers.0.self_attn.q_proj`), read from the model's safetensors headers.
+    (e.g. `model.layers.0.self_attn.q_proj`), read from the model's safetensors headers
+    (none for a model that is not a local directory).
     Every 2-D `<module path>.weight` is a linear layer or an embedding; the linear ones
     are what vLLM applies LoRA to."""
     return {

@@ -96,6 +96,10 @@ class RegistryReads:
             e.name == name and e.state is RevisionLife.LOADING for e in self._entries.values()
         )
 
+    def resident_names(self) -> list[str]:
+        """The names that route to a revision in the engine, sorted."""
+        return sorted(self._routes)
+
     def counts(self) -> RegistryCounts:
         entries = self._entries.values()
         return RegistryCounts(

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
@@ -334,10 +334,17 @@ class InferenceMetrics:
         self._pending.set_function(pending)
 
     def export_model_server_protocol(
-        self, stats: Callable[[], EngineStats], *, max_lora: int
+        self,
+        stats: Callable[[], EngineStats],
+        *,
+        max_lora: int,
+        resident: Callable[[], Iterable[str]] = tuple,
     ) -> None:
-        """Adds the gauges an inference-extension endpoint picker routes on (msp_metrics)."""
-        self.registry.register(ModelServerProtocolCollector(stats, max_lora=max_lora))
+        """Adds the gauges an inference-extension endpoint picker routes on (msp_metrics),
+        and which adapters are in the engine (`resident`)."""
+        self.registry.register(
+            ModelServerProtocolCollector(stats, max_lora=max_lora, resident=resident)
+        )
 
     def _label(self, adapter: str) -> str:
         return self._adapters.label(adapter or BASE_MODEL_LABEL)

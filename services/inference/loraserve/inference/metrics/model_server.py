@@ -15,6 +15,9 @@ against `max_lora` as slots taken, and an adapter running takes one slot however
 of its requests wait. Names are those clients put in `model` (without the engine's
 `@REVISION`). Every scrape reads the engine once and renders exactly one series, so no
 stale label set lingers.
+
+Beside them, `loraserve_inference_adapter_resident{adapter}` names the adapters in the
+engine, for a picker that routes on what is loaded rather than on what ran recently.
 """
 
 from __future__ import annotations
@@ -30,6 +33,7 @@ WAITING = "vllm:num_requests_waiting"
 RUNNING = "vllm:num_requests_running"
 KV_CACHE_USAGE = "vllm:kv_cache_usage_perc"
 LORA_REQUESTS_INFO = "vllm:lora_requests_info"
+RESIDENT = "loraserve_inference_adapter_resident"
 LORA_LABELS = ("max_lora", "running_lora_adapters", "waiting_lora_adapters")
 
 
@@ -41,18 +45,22 @@ class ModelServerProtocolCollector:
         stats: Callable[[], EngineStats],
         *,
         max_lora: int,
+        resident: Callable[[], Iterable[str]] = tuple,
         clock: Callable[[], float] = time.time,
     ) -> None:
         self._stats = stats
         self._max_lora = max_lora
+        self._resident = resident
         self._clock = clock
 
     def describe(self) -> Iterator[Metric]:
         # Names only: registering must not read an engine that may not be running.
-        return _families(None, self._max_lora, 0.0)
+        yield from _families(None, self._max_lora, 0.0)
+        yield _residency(())
 
     def collect(self) -> Iterator[Metric]:
-        return _families(self._stats(), self._max_lora, self._clock())
+        yield from _families(self._stats(), self._max_lora, self._clock())
+        yield _residency(self._resident())
 
 
 def served_name(lora_name: str) -> str:
@@ -77,6 +85,20 @@ def _families(stats: EngineStats | None, max_lora: int, now: float) -> Iterator[
         waiting_names = _names(stats.waiting_adapters) - running_names
         lora.add_metric([str(max_lora), _joined(running_names), _joined(waiting_names)], now)
     yield from (waiting, running, usage, lora)
+
+
+def _residency(names: Iterable[str]) -> Metric:
+    """One series per adapter whose current revision is in the engine: at most the
+    engine's host-memory capacity (--max-cpu-loras) of them, so bounded."""
+    family = GaugeMetricFamily(
+        RESIDENT,
+        "1 for each adapter whose current revision is in the engine (LoRA slots or host "
+        "memory): a request of it starts without a load.",
+        labels=["adapter"],
+    )
+    for name in names:
+        family.add_metric([name], 1.0)
+    return family
 
 
 def _names(lora_names: Iterable[str]) -> set[str]:

@@ -10,6 +10,7 @@ well, so it is INVALID_ARGUMENT rather than a retry.
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Iterator
 from contextlib import contextmanager
 
@@ -28,6 +29,8 @@ class Admission:
         self._max_pending = max_pending
         self._max_n = max_n
         self._pending = 0
+        # Pending sequences by adapter label, only those with any: at most max_pending.
+        self._by_adapter: Counter[str] = Counter()
 
     @property
     def max_pending(self) -> int:
@@ -42,10 +45,15 @@ class Admission:
         """Sequences admitted and not finished."""
         return self._pending
 
+    def pending_by_adapter(self) -> dict[str, int]:
+        """Sequences admitted and not finished, by the adapter label they came with."""
+        return dict(self._by_adapter)
+
     @contextmanager
-    def admit(self, sequences: int = 1) -> Iterator[None]:
-        """Holds `sequences` units of admission (a request's n); raises InvalidArgument for
-        an n over `max_n`, ResourceExhausted when that many are not free."""
+    def admit(self, sequences: int = 1, adapter: str = "") -> Iterator[None]:
+        """Holds `sequences` units of admission (a request's n) for `adapter` (its label);
+        raises InvalidArgument for an n over `max_n`, ResourceExhausted when that many are
+        not free."""
         if sequences > self._max_n:
             raise InvalidArgument(
                 f"sampling.n={sequences} is over this server's limit of {self._max_n} "
@@ -57,7 +65,11 @@ class Admission:
                 f"({self._pending} admitted, this request needs {sequences}); retry later"
             )
         self._pending += sequences
+        self._by_adapter[adapter] += sequences
         try:
             yield
         finally:
             self._pending -= sequences
+            self._by_adapter[adapter] -= sequences
+            if not self._by_adapter[adapter]:
+                del self._by_adapter[adapter]

@@ -221,9 +221,10 @@ class Generator:
         as the `sequences` (its n) the engine runs for it; sets what charges its tokens
         (prompt and generated: the prefill is work as decoding is) on `outcome`. Yields
         when it was admitted (time.monotonic)."""
+        label = self._routed_label(ref)
         with (
-            self._quotas.admit(ref.name, self._routed_label(ref), sequences) as charge,
-            self._admission.admit(sequences),
+            self._quotas.admit(ref.name, label, sequences) as charge,
+            self._admission.admit(sequences, label),
         ):
             outcome.charge = charge
             outcome.admitted = time.monotonic()

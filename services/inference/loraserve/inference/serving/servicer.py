@@ -125,6 +125,19 @@ class InferenceServicer(pb_grpc.InferenceServiceServicer):  # type: ignore[misc]
             tiers=tiers,
         )
 
+    async def GetReplicaLoad(
+        self, request: pb.GetReplicaLoadRequest, context: Context
+    ) -> pb.GetReplicaLoadResponse:
+        # Reads counters already kept: no engine call, so a poll costs almost nothing.
+        runtime = self._runtime_ref.get()
+        return pb.GetReplicaLoadResponse(
+            pending_sequences=runtime.admission.pending,
+            max_pending_sequences=runtime.admission.max_pending,
+            resident_adapters=runtime.registry.resident_names(),
+            replica_id=runtime.replica_id,
+            adapter_pending_sequences=runtime.admission.pending_by_adapter(),
+        )
+
 
 def register(server: grpc.aio.Server, runtime_ref: RuntimeRef) -> None:
     pb_grpc.add_InferenceServiceServicer_to_server(InferenceServicer(runtime_ref), server)

@@ -50,6 +50,11 @@ class InferenceServiceStub:
                 request_serializer=loraserve_dot_inference_dot_v1_dot_inference__pb2.GetServerInfoRequest.SerializeToString,
                 response_deserializer=loraserve_dot_inference_dot_v1_dot_inference__pb2.GetServerInfoResponse.FromString,
                 _registered_method=True)
+        self.GetReplicaLoad = channel.unary_unary(
+                '/loraserve.inference.v1.InferenceService/GetReplicaLoad',
+                request_serializer=loraserve_dot_inference_dot_v1_dot_inference__pb2.GetReplicaLoadRequest.SerializeToString,
+                response_deserializer=loraserve_dot_inference_dot_v1_dot_inference__pb2.GetReplicaLoadResponse.FromString,
+                _registered_method=True)
 
 
 class InferenceServiceServicer:
@@ -80,6 +85,14 @@ class InferenceServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def GetReplicaLoad(self, request, context):
+        """This replica's load and the adapters it holds warm: cheap enough for every client
+        that routes by adapter to poll every replica several times a second.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_InferenceServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -97,6 +110,11 @@ def add_InferenceServiceServicer_to_server(servicer, server):
                     servicer.GetServerInfo,
                     request_deserializer=loraserve_dot_inference_dot_v1_dot_inference__pb2.GetServerInfoRequest.FromString,
                     response_serializer=loraserve_dot_inference_dot_v1_dot_inference__pb2.GetServerInfoResponse.SerializeToString,
+            ),
+            'GetReplicaLoad': grpc.unary_unary_rpc_method_handler(
+                    servicer.GetReplicaLoad,
+                    request_deserializer=loraserve_dot_inference_dot_v1_dot_inference__pb2.GetReplicaLoadRequest.FromString,
+                    response_serializer=loraserve_dot_inference_dot_v1_dot_inference__pb2.GetReplicaLoadResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -181,6 +199,33 @@ class InferenceService:
             '/loraserve.inference.v1.InferenceService/GetServerInfo',
             loraserve_dot_inference_dot_v1_dot_inference__pb2.GetServerInfoRequest.SerializeToString,
             loraserve_dot_inference_dot_v1_dot_inference__pb2.GetServerInfoResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def GetReplicaLoad(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/loraserve.inference.v1.InferenceService/GetReplicaLoad',
+            loraserve_dot_inference_dot_v1_dot_inference__pb2.GetReplicaLoadRequest.SerializeToString,
+            loraserve_dot_inference_dot_v1_dot_inference__pb2.GetReplicaLoadResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -1,4 +1,4 @@
-"""Real child processes: `adapterstore serve` and `inference serve`, a fleet of them, and a
-TCP proxy a test can cut."""
+"""Real child processes: `adapterstore serve` and `inference serve`, a fleet of them, a
+pair of replicas behind HAProxy, and a TCP proxy a test can cut."""
 
-__all__ = ["fleet", "services", "tcpproxy"]
+__all__ = ["fleet", "routed", "services", "tcpproxy"]

@@ -1,0 +1,236 @@
+"""The replicas a client routes over: a channel to each, and what each last said of its
+load and residency.
+
+Every `poll_interval_s` the set asks every replica for its load (`GetReplicaLoad`, a
+read of counters the replica keeps anyway). Between polls a replica's load is what it
+reported plus the requests this client started there since, minus those it finished:
+the report makes many independent client processes agree on the fleet's load, and the
+client's own count keeps its choices fresh between reports. A replica that does not
+answer (starting, draining after SIGTERM, gone) leaves the choice until it answers
+again; one whose call failed UNAVAILABLE before any response leaves it at once. Before
+its first answer a replica counts as idle and up, so the first requests need not wait
+for a poll; one that is down fails them over at once.
+
+The addresses come from an IP list, or from a DNS name resolved again every
+`resolve_interval_s` (a replica scaled in or out joins or leaves the choice).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import socket
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+
+import grpc
+
+from loraserve.clients.balancing.choice import Candidate, choose
+from loraserve.clients.balancing.placement import place
+from loraserve.clients.balancing.policy import BoundedLoad
+from loraserve.common.errors import Unavailable
+from loraserve.inference.v1 import inference_pb2 as pb
+from loraserve.inference.v1 import inference_pb2_grpc as pb_grpc
+
+log = logging.getLogger(__name__)
+
+ChannelFactory = Callable[[str], grpc.aio.Channel]
+
+
+@dataclass(eq=False)
+class Replica:
+    """One replica: its channel and stub, and what is known of its load."""
+
+    address: str
+    channel: grpc.aio.Channel
+    stub: pb_grpc.InferenceServiceStub
+    up: bool = True
+    reported: int = 0
+    # This client's requests in flight there now, and when the last report was taken.
+    in_flight: int = 0
+    in_flight_at_report: int = 0
+    resident: frozenset[str] = field(default_factory=frozenset)
+    # Its pending sequences by adapter, as last reported.
+    adapters: dict[str, int] = field(default_factory=dict)
+
+    @property
+    def load(self) -> int:
+        return max(0, self.reported + self.in_flight - self.in_flight_at_report)
+
+    def candidate(self) -> Candidate:
+        return Candidate(self.address, self.load, self.resident)
+
+
+class ReplicaSet:
+    """Channels to every replica of one fleet, chosen among by `BoundedLoad`."""
+
+    def __init__(
+        self,
+        host: str | None,
+        addresses: Sequence[str],
+        open_channel: ChannelFactory,
+        policy: BoundedLoad,
+    ) -> None:
+        """`host` is a DNS name (HOST:PORT) to resolve again and again, or None for the
+        fixed `addresses`."""
+        self._host = host
+        self._open = open_channel
+        self._policy = policy
+        self._replicas: dict[str, Replica] = {}
+        self._set_addresses(addresses)
+        self._polling: asyncio.Task[None] | None = None
+        # Each adapter's smoothed demand across the fleet, and where it is placed.
+        self._demand: dict[str, float] = {}
+        self._placement: dict[str, str] = {}
+
+    @property
+    def replicas(self) -> dict[str, Replica]:
+        return self._replicas
+
+    async def pick(self, key: str, tried: Sequence[Replica] = ()) -> Replica:
+        """The replica for a request of `key`, skipping those already tried; when every
+        replica is down or tried, the least loaded of those not tried (or of all), so a
+        call is always made and fails with the server's own status if none serves."""
+        await self._start()
+        avoid = {r.address for r in tried}
+        up = {a: r for a, r in self._replicas.items() if r.up and a not in avoid}
+        if not up:
+            rest = [r for a, r in self._replicas.items() if a not in avoid]
+            return min(rest or self._replicas.values(), key=lambda r: r.load)
+        placed = self._placement.get(key)
+        chosen = choose(
+            key,
+            {a: r.candidate() for a, r in up.items()},
+            self._policy.balance_factor,
+            first=placed if placed in up else None,
+        )
+        return up[chosen]
+
+    async def any(self) -> Replica:
+        """A replica for a call that may go anywhere: the least loaded one up."""
+        await self._start()
+        up = [r for r in self._replicas.values() if r.up] or list(self._replicas.values())
+        return min(up, key=lambda r: r.load)
+
+    def down(self, replica: Replica) -> None:
+        """Takes a replica whose call failed UNAVAILABLE out until it answers a poll."""
+        if replica.up:
+            log.info("routing.replica_down address=%s", replica.address)
+        replica.up = False
+
+    async def close(self) -> None:
+        if self._polling is not None:
+            self._polling.cancel()
+            await asyncio.gather(self._polling, return_exceptions=True)
+        await asyncio.gather(*(r.channel.close() for r in self._replicas.values()))
+
+    async def _start(self) -> None:
+        """Resolves a DNS name the first time, and starts polling."""
+        if self._polling is not None:
+            return
+        if self._host is not None and not self._replicas:
+            await self._resolve()
+        if not self._replicas:
+            raise Unavailable(f"{self._host} resolves to no address")
+        if self._polling is None:  # another pick may have started it while this resolved
+            self._polling = asyncio.get_running_loop().create_task(
+                self._poll_forever(), name="replica-load-poll"
+            )
+
+    async def _poll_forever(self) -> None:
+        resolved_at = placed_at = asyncio.get_running_loop().time()
+        while True:
+            await asyncio.gather(*(self._poll(r) for r in list(self._replicas.values())))
+            self._smooth_demand()
+            now = asyncio.get_running_loop().time()
+            if now - placed_at >= self._policy.placement_interval_s:
+                placed_at = now
+                self._place()
+            await asyncio.sleep(self._policy.poll_interval_s)
+            now = asyncio.get_running_loop().time()
+            if self._host is not None and now - resolved_at >= self._policy.resolve_interval_s:
+                resolved_at = now
+                await self._resolve()
+
+    def _smooth_demand(self) -> None:
+        """Folds the replicas' latest per-adapter reports into each adapter's demand."""
+        reading: dict[str, float] = {}
+        for replica in self._replicas.values():
+            if replica.up:
+                for adapter, pending in replica.adapters.items():
+                    reading[adapter] = reading.get(adapter, 0.0) + pending
+        alpha = self._policy.demand_smoothing
+        for adapter in reading.keys() | self._demand.keys():
+            smoothed = (1 - alpha) * self._demand.get(adapter, 0.0) + alpha * reading.get(
+                adapter, 0.0
+            )
+            if smoothed < 0.01:
+                self._demand.pop(adapter, None)
+            else:
+                self._demand[adapter] = smoothed
+
+    def _place(self) -> None:
+        up = sorted(a for a, r in self._replicas.items() if r.up)
+        self._placement = place(
+            self._demand, up, self._policy.balance_factor, previous=self._placement
+        )
+
+    async def _poll(self, replica: Replica) -> None:
+        at_call = replica.in_flight
+        try:
+            response = await replica.stub.GetReplicaLoad(
+                pb.GetReplicaLoadRequest(), timeout=self._policy.poll_timeout_s
+            )
+        except grpc.aio.AioRpcError as exc:
+            if exc.code() is grpc.StatusCode.UNIMPLEMENTED:
+                # A replica of a release before load reports: up, its load this
+                # client's own count alone.
+                replica.up, replica.reported, replica.in_flight_at_report = True, 0, 0
+                return
+            if replica.up:
+                log.info(
+                    "routing.replica_down address=%s code=%s", replica.address, exc.code().name
+                )
+            replica.up = False
+            return
+        if not replica.up:
+            log.info("routing.replica_up address=%s", replica.address)
+        replica.up = True
+        replica.reported = response.pending_sequences
+        replica.in_flight_at_report = at_call
+        replica.resident = frozenset(response.resident_adapters)
+        replica.adapters = dict(response.adapter_pending_sequences)
+
+    async def _resolve(self) -> None:
+        assert self._host is not None
+        name, _, port = self._host.rpartition(":")
+        try:
+            infos = await asyncio.get_running_loop().getaddrinfo(
+                name, int(port), type=socket.SOCK_STREAM
+            )
+        except OSError as exc:
+            log.warning("routing.resolve_failed host=%s error=%s", self._host, exc)
+            return
+        addresses = sorted({_address(info[4]) for info in infos})
+        if addresses and set(addresses) != set(self._replicas):
+            log.info("routing.replicas_changed host=%s replicas=%d", self._host, len(addresses))
+            gone = self._set_addresses(addresses)
+            for replica in gone:
+                with contextlib.suppress(Exception):
+                    await replica.channel.close(grace=None)
+
+    def _set_addresses(self, addresses: Sequence[str]) -> list[Replica]:
+        kept = {a: r for a, r in self._replicas.items() if a in addresses}
+        gone = [r for a, r in self._replicas.items() if a not in addresses]
+        for address in addresses:
+            if address not in kept:
+                channel = self._open(address)
+                kept[address] = Replica(address, channel, pb_grpc.InferenceServiceStub(channel))
+        self._replicas = kept
+        return gone
+
+
+def _address(sockaddr: tuple[object, ...]) -> str:
+    host, port = str(sockaddr[0]), int(str(sockaddr[1]))
+    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"

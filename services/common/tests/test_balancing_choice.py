@@ -1,0 +1,122 @@
+"""Bounded-load rendezvous choice (`loraserve.clients.balancing.choice`), as pure logic."""
+
+from __future__ import annotations
+
+import pytest
+
+from loraserve.clients.balancing import BoundedLoad, Candidate, choose, load_bound, preference
+from loraserve.clients.balancing.placement import place
+from loraserve.common.errors import InvalidArgument
+
+REPLICAS = ["10.0.0.1:50051", "10.0.0.2:50051", "10.0.0.3:50051"]
+KEYS = [f"adapter-{i}" for i in range(200)]
+
+
+def test_every_client_orders_the_replicas_alike_for_one_adapter() -> None:
+    assert preference("alpha", REPLICAS) == preference("alpha", list(reversed(REPLICAS)))
+
+
+def test_the_adapters_first_choices_spread_over_the_replicas() -> None:
+    homes = {preference(key, REPLICAS)[0] for key in KEYS}
+    assert homes == set(REPLICAS)
+
+
+def test_a_replica_leaving_moves_only_the_adapters_whose_first_choice_it_was() -> None:
+    before = {key: preference(key, REPLICAS)[0] for key in KEYS}
+    after = {key: preference(key, REPLICAS[:2])[0] for key in KEYS}
+    moved = {key for key in KEYS if before[key] != after[key]}
+    assert moved == {key for key in KEYS if before[key] == REPLICAS[2]}
+
+
+def test_the_least_loaded_replica_is_always_within_the_bound() -> None:
+    for loads in ([0, 0, 0], [9, 0, 0], [5, 5, 5], [100, 3, 7], [1, 2, 3]):
+        assert min(loads) + 1 <= load_bound(loads, 1.0)
+
+
+def test_an_adapter_goes_to_its_first_replica_while_that_is_within_the_bound() -> None:
+    home = preference("alpha", REPLICAS)[0]
+    loads = {a: 4 for a in REPLICAS}
+    candidates = {a: Candidate(a, loads[a]) for a in REPLICAS}
+    assert choose("alpha", candidates, 1.25) == home
+
+
+def test_an_adapter_spills_to_its_second_replica_when_the_first_is_over_the_bound() -> None:
+    first, second, _ = preference("alpha", REPLICAS)
+    loads = {first: 12, second: 2}
+    candidates = {a: Candidate(a, loads.get(a, 2)) for a in REPLICAS}
+    assert choose("alpha", candidates, 1.25) == second
+
+
+def test_a_replica_holding_the_adapter_comes_first_within_the_bound() -> None:
+    second = preference("alpha", REPLICAS)[1]
+    candidates = {a: Candidate(a, 3) for a in REPLICAS}
+    candidates[second] = Candidate(second, 3, frozenset({"alpha"}))
+    assert choose("alpha", candidates, 1.25) == second
+
+
+def test_a_replica_holding_the_adapter_over_the_bound_is_passed_over() -> None:
+    first, second, _ = preference("alpha", REPLICAS)
+    candidates = {a: Candidate(a, 2) for a in REPLICAS}
+    candidates[second] = Candidate(second, 20, frozenset({"alpha"}))
+    assert choose("alpha", candidates, 1.25) == first
+
+
+def test_without_a_bound_a_factor_of_many_keeps_every_request_home() -> None:
+    first = preference("alpha", REPLICAS)[0]
+    candidates = {a: Candidate(a, 0) for a in REPLICAS}
+    candidates[first] = Candidate(first, 50)
+    assert choose("alpha", candidates, 1000.0) == first
+
+
+@pytest.mark.parametrize("factor", [0.5, 0.99, float("nan")])
+def test_a_balance_factor_below_one_is_refused(factor: float) -> None:
+    with pytest.raises(InvalidArgument, match="balance_factor must be at least 1"):
+        BoundedLoad(balance_factor=factor)
+
+
+def test_placement_keeps_the_busiest_adapter_on_its_first_replica() -> None:
+    demand = {"hot": 12.0, **{f"cold-{i}": 1.0 for i in range(20)}}
+    placement = place(demand, REPLICAS, 1.25)
+    assert placement["hot"] == preference("hot", REPLICAS)[0]
+
+
+def test_placement_moves_a_cold_adapter_whole_off_a_full_replica() -> None:
+    demand = {"hot": 12.0, **{f"cold-{i}": 1.0 for i in range(20)}}
+    placement = place(demand, REPLICAS, 1.25)
+    room = 1.25 * sum(demand.values()) / len(REPLICAS)
+    loads = {r: sum(d for a, d in demand.items() if placement[a] == r) for r in REPLICAS}
+    assert max(loads.values()) <= room, loads
+    moved = [a for a in demand if placement[a] != preference(a, REPLICAS)[0]]
+    assert moved, "nothing had to move: the test's demand is too even"
+
+
+def test_every_client_places_alike_from_the_same_demand() -> None:
+    demand = {f"adapter-{i}": 24 / (i + 1) for i in range(24)}
+    assert place(demand, REPLICAS, 1.25) == place(dict(reversed(demand.items())), REPLICAS, 1.25)
+
+
+def test_a_placed_adapter_goes_to_its_place_while_that_is_within_the_bound() -> None:
+    home, _, elsewhere = preference("alpha", REPLICAS)
+    candidates = {
+        a: Candidate(a, 3, frozenset({"alpha"}) if a == home else frozenset()) for a in REPLICAS
+    }
+    assert choose("alpha", candidates, 1.25, first=elsewhere) == elsewhere
+
+
+def test_a_placed_adapter_leaves_its_place_when_that_is_over_the_bound() -> None:
+    home, _, elsewhere = preference("alpha", REPLICAS)
+    candidates = {a: Candidate(a, 30 if a == elsewhere else 2) for a in REPLICAS}
+    assert choose("alpha", candidates, 1.25, first=elsewhere) == home
+
+
+def test_a_placed_adapter_stays_put_while_its_replica_has_room() -> None:
+    demand = {f"adapter-{i}": 1.0 for i in range(12)}
+    elsewhere = preference("adapter-0", REPLICAS)[2]
+    placement = place(demand, REPLICAS, 1.25, previous={"adapter-0": elsewhere})
+    assert placement["adapter-0"] == elsewhere
+
+
+def test_an_adapter_without_demand_keeps_its_last_place() -> None:
+    elsewhere = preference("quiet", REPLICAS)[1]
+    placement = place({"busy": 3.0}, REPLICAS, 1.25, previous={"quiet": elsewhere})
+    assert placement["quiet"] == elsewhere

@@ -1,0 +1,199 @@
+"""HAProxy on `deploy/haproxy/haproxy.cfg` in front of two real inference replicas
+(each its own vLLM CPU engine on the tiny model), reached with the project's client as
+one server: bounded-load adapter affinity, and replicas leaving the pool under load
+(issue 56). The replicas, HAProxy and the streams are in
+`loraserve.testing.processes.routed`; one set serves every test (module scope), and a
+test that stops a replica gets a fresh one back before the next (`restore`).
+
+The client does not retry: what is counted is what HAProxy does. A request "fails
+before its first token" when the client's stream raised before any token arrived.
+
+The first test needs no engine: it runs the config's gRPC health check against the
+project's own gRPC server, whose health it sets.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+from collections.abc import AsyncIterator, Sequence
+from contextlib import asynccontextmanager
+from pathlib import Path
+
+import pytest
+
+from loraserve.clients.inference import Sampling
+from loraserve.common.rpc.security import ServerSecurity
+from loraserve.common.rpc.server import start_server
+from loraserve.inference.serving import SERVICE_NAME
+from loraserve.testing.adapters.models import TinyAdapterFactory
+from loraserve.testing.haproxy import haproxy_only, running_haproxy
+from loraserve.testing.processes.fleet import owners
+from loraserve.testing.processes.routed import ADAPTERS, GUARD_S, Outcomes, Routed, routed_replicas
+from loraserve.testing.waiting import eventually
+
+pytestmark = [haproxy_only]
+
+CONFIG = Path(__file__).resolve().parents[2] / "deploy" / "haproxy" / "haproxy.cfg"
+SHORT = Sampling(max_tokens=4, temperature=0.0, ignore_eos=True)
+LOAD = Sampling(max_tokens=24, temperature=0.0, ignore_eos=True)
+# Streams of the hot adapter at once: HAProxy's bound (1.25x the mean of 2 replicas) lets
+# its home take about 5 of them.
+HOT_STREAMS = 8
+# Requests of each adapter in the affinity test, of the cold adapter in the spill test.
+ROUNDS = 6
+# Streams kept running on the adapter of the replica a test stops.
+LOAD_STREAMS = 3
+# Streams that must finish OK after a replica left, to show the load went on.
+AFTER = 6
+_buckets = itertools.count(1)
+
+
+@pytest.fixture(scope="module")
+async def started(
+    s3_server: str,
+    tiny_model_dir: Path,
+    tiny_adapter: TinyAdapterFactory,
+    tmp_path_factory: pytest.TempPathFactory,
+) -> AsyncIterator[Routed]:
+    directory = tmp_path_factory.mktemp("routed")
+    bucket = f"routed-{next(_buckets)}"
+    async with routed_replicas(
+        CONFIG, s3_server, tiny_model_dir, tiny_adapter, directory, bucket
+    ) as routed:
+        yield routed
+
+
+@pytest.fixture
+async def routed(started: Routed) -> Routed:
+    """Both replicas serving and in HAProxy's pool, whatever an earlier test stopped."""
+    await started.restore()
+    return started
+
+
+async def test_a_server_that_says_not_serving_leaves_the_pool_while_it_still_listens(
+    tmp_path: Path,
+) -> None:
+    server = await start_server(
+        address="127.0.0.1:0",
+        register=lambda _: None,
+        service_names=[SERVICE_NAME],
+        security=ServerSecurity(),
+    )
+    try:
+        servers = {"replica-0": f"127.0.0.1:{server.port}"}
+        async with running_haproxy(CONFIG, tmp_path, servers) as haproxy:
+            await server.set_serving(True)
+            await eventually(lambda: haproxy.in_pool("replica-0"), "in the pool when SERVING")
+            await server.set_serving(False)
+            await eventually(lambda: haproxy.out_of_pool("replica-0"), "out when NOT_SERVING")
+            assert (await haproxy.servers())["replica-0"]["check_status"] == "L7STS"
+            await server.set_serving(True)
+            await eventually(lambda: haproxy.in_pool("replica-0"), "back when SERVING again")
+    finally:
+        await server.server.stop(None)
+
+
+@pytest.mark.engine
+@pytest.mark.slow
+async def test_each_adapters_requests_land_on_one_replica_under_little_load(
+    routed: Routed,
+) -> None:
+    # An odd number of them: requests taken in turn (round robin) would reach each
+    # adapter's every round on the other replica.
+    adapters = ADAPTERS[:3]
+    before = await routed.fleet.served()
+    async with routed.client() as client:
+        for _ in range(ROUNDS):
+            for adapter in adapters:
+                await client.generate(adapter, [1, 40, 41], SHORT)
+    served = owners(before, await routed.fleet.served())
+    assert set(served) == set(adapters)
+    assert all(len(replicas) == 1 for replicas in served.values()), served
+    assert len(set().union(*served.values())) == 2, served
+
+
+@pytest.mark.engine
+@pytest.mark.slow
+async def test_a_hot_adapter_spills_to_the_second_replica_while_a_cold_one_stays_home(
+    routed: Routed,
+) -> None:
+    homes = await routed.homes(ADAPTERS, SHORT)
+    hot = ADAPTERS[0]
+    # A cold adapter at home on the other replica: the hot one's overflow shares that one
+    # with it, well under the bound. (One at home with the hot adapter may spill too.)
+    cold = next(a for a in ADAPTERS if homes[a] != homes[hot])
+    # Hot streams of different lengths end at different times: batched on one engine,
+    # equal ones would all end at once and leave the other replica, for an instant, above
+    # the bound of what remains in flight, spilling the cold adapter too.
+    hot_load = [
+        Sampling(max_tokens=16 + 4 * i, temperature=0.0, ignore_eos=True)
+        for i in range(HOT_STREAMS)
+    ]
+    cold_outcomes = Outcomes()
+    before = await routed.fleet.served()
+    async with load_on(routed, hot, hot_load) as hot_outcomes, routed.client() as client:
+        for _ in range(ROUNDS):
+            await cold_outcomes.stream(client, cold, LOAD)
+    served = owners(before, await routed.fleet.served())
+    assert (cold_outcomes.ok, hot_outcomes.errors) == (ROUNDS, []), cold_outcomes
+    assert served[hot] == {r.name for r in routed.fleet.replicas}, (homes, served)
+    assert served[cold] == {homes[cold]}, (homes, served)
+
+
+@asynccontextmanager
+async def load_on(
+    routed: Routed, adapter: str, load: Sequence[Sampling] = (LOAD,) * LOAD_STREAMS
+) -> AsyncIterator[Outcomes]:
+    """Streams of `adapter` through HAProxy, one after another each, as many at once as
+    `load` has samplings, from once each has finished one until the block ends."""
+    outcomes, stop = Outcomes(), asyncio.Event()
+    async with routed.client() as client:
+        workers = [
+            asyncio.create_task(outcomes.until(client, adapter, sampling, stop))
+            for sampling in load
+        ]
+        try:
+            await eventually(lambda: outcomes.ok >= len(load), "load runs", GUARD_S)
+            yield outcomes
+        finally:
+            stop.set()
+            await asyncio.gather(*workers)
+
+
+@pytest.mark.engine
+@pytest.mark.slow
+async def test_a_sigtermed_replica_leaves_the_pool_failing_no_request_before_its_first_token(
+    routed: Routed,
+) -> None:
+    homes = await routed.homes(ADAPTERS, SHORT)
+    victim = routed.replica(homes[ADAPTERS[0]])
+    async with load_on(routed, ADAPTERS[0]) as outcomes:
+        victim.process.terminate()
+        await eventually(
+            lambda: routed.haproxy.out_of_pool(victim.name), "it leaves the pool", GUARD_S
+        )
+        left = outcomes.ok
+        await eventually(lambda: outcomes.ok >= left + AFTER, "load goes on", GUARD_S)
+    # Drained: it exits (the next test's restore replaces what has exited).
+    await victim.process.wait(GUARD_S)
+    assert outcomes.failed_before_first_token == 0, outcomes
+
+
+@pytest.mark.engine
+@pytest.mark.slow
+async def test_a_replica_sigkilled_under_load_fails_no_request_before_its_first_token(
+    routed: Routed,
+) -> None:
+    homes = await routed.homes(ADAPTERS, SHORT)
+    adapter = ADAPTERS[0]
+    victim = routed.replica(homes[adapter])
+    survivor = next(r for r in routed.fleet.replicas if r is not victim)
+    async with load_on(routed, adapter) as outcomes:
+        await victim.process.kill_group()
+        at_kill = await asyncio.to_thread(survivor.served)
+        killed = outcomes.ok
+        await eventually(lambda: outcomes.ok >= killed + AFTER, "load goes on", GUARD_S)
+    assert outcomes.failed_before_first_token == 0, outcomes
+    # Every stream that ended OK after the kill ran on the survivor.
+    assert (await asyncio.to_thread(survivor.served))[adapter] >= at_kill[adapter] + AFTER
