@@ -107,16 +107,3 @@ def test_a_placed_adapter_leaves_its_place_when_that_is_over_the_bound() -> None
     home, _, elsewhere = preference("alpha", REPLICAS)
     candidates = {a: Candidate(a, 30 if a == elsewhere else 2) for a in REPLICAS}
     assert choose("alpha", candidates, 1.25, first=elsewhere) == home
-
-
-def test_a_placed_adapter_stays_put_while_its_replica_has_room() -> None:
-    demand = {f"adapter-{i}": 1.0 for i in range(12)}
-    elsewhere = preference("adapter-0", REPLICAS)[2]
-    placement = place(demand, REPLICAS, 1.25, previous={"adapter-0": elsewhere})
-    assert placement["adapter-0"] == elsewhere
-
-
-def test_an_adapter_without_demand_keeps_its_last_place() -> None:
-    elsewhere = preference("quiet", REPLICAS)[1]
-    placement = place({"busy": 3.0}, REPLICAS, 1.25, previous={"quiet": elsewhere})
-    assert placement["quiet"] == elsewhere

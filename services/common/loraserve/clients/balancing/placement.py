@@ -9,10 +9,10 @@ adapter's demand (its sequences pending across the fleet, as the replicas report
 smoothed): the busiest adapters are placed first, each on the first replica in its own
 rendezvous order that still has room under `balance_factor` times the mean, so the
 hot adapter keeps its home and the cold ones that shared it move, whole, to their
-next choice. An adapter stays where it was placed while that replica has room, and
-one without demand for now keeps its place, so placements do not shuffle as demand
-wobbles. Every client reads the same reports, so every client places alike; the
-request-by-request bound (`choice.choose`) still applies on top, for bursts.
+next choice. Every client reads the same reports and smooths them alike (slowly, so
+placements do not shuffle as demand wobbles), so every client places alike; an adapter
+without demand goes to its first choice. The request-by-request bound
+(`choice.choose`) still applies on top, for bursts.
 """
 
 from __future__ import annotations
@@ -21,37 +21,23 @@ from collections.abc import Mapping, Sequence
 
 from loraserve.clients.balancing.choice import preference
 
-# Adapters without demand keep their last place (while it stands) up to this many, so
-# a cold adapter's next request goes where its last ones went.
-MAX_REMEMBERED = 4096
-
 
 def place(
-    demand: Mapping[str, float],
-    replicas: Sequence[str],
-    balance_factor: float,
-    previous: Mapping[str, str] | None = None,
+    demand: Mapping[str, float], replicas: Sequence[str], balance_factor: float
 ) -> dict[str, str]:
-    """Adapter -> replica for every adapter with demand, busiest first (ties by name):
-    its `previous` place while that still has room, else the first replica in its order
-    that has; adapters of `previous` without demand stay where they were."""
+    """Adapter -> replica for every adapter with demand, busiest first (ties by name).
+    A function of the reports alone, with no memory of earlier placements: a client's
+    memory would be its own, and two clients that once placed an adapter differently
+    would keep splitting it."""
     if not replicas:
         return {}
-    previous = previous or {}
     room = balance_factor * sum(demand.values()) / len(replicas)
     assigned = dict.fromkeys(replicas, 0.0)
     placement: dict[str, str] = {}
     for adapter in sorted(demand, key=lambda a: (-demand[a], a)):
         order = preference(adapter, replicas)
-        if previous.get(adapter) in assigned:
-            order = [previous[adapter], *(r for r in order if r != previous[adapter])]
         fits = [r for r in order if assigned[r] + demand[adapter] <= room]
         chosen = fits[0] if fits else min(order, key=lambda r: assigned[r])
         assigned[chosen] += demand[adapter]
         placement[adapter] = chosen
-    for adapter, replica in previous.items():
-        if len(placement) >= MAX_REMEMBERED:
-            break
-        if adapter not in placement and replica in assigned:
-            placement[adapter] = replica
     return placement

@@ -172,9 +172,7 @@ class ReplicaSet:
 
     def _place(self) -> None:
         up = sorted(a for a, r in self._replicas.items() if r.up)
-        self._placement = place(
-            self._demand, up, self._policy.balance_factor, previous=self._placement
-        )
+        self._placement = place(self._demand, up, self._policy.balance_factor)
 
     async def _poll(self, replica: Replica) -> None:
         at_call = replica.in_flight
