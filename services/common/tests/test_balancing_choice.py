@@ -107,3 +107,9 @@ def test_a_placed_adapter_leaves_its_place_when_that_is_over_the_bound() -> None
     home, _, elsewhere = preference("alpha", REPLICAS)
     candidates = {a: Candidate(a, 30 if a == elsewhere else 2) for a in REPLICAS}
     assert choose("alpha", candidates, 1.25, first=elsewhere) == home
+
+
+def test_placement_moves_nothing_at_a_light_load() -> None:
+    demand = {f"adapter-{i}": 1.0 for i in range(6)}
+    placement = place(demand, REPLICAS, 1.25)
+    assert placement == {a: preference(a, REPLICAS)[0] for a in demand}

@@ -43,12 +43,17 @@ def _weight(key: str, address: str) -> int:
     return int.from_bytes(digest, "big")
 
 
+# A replica holding fewer sequences than this takes its adapters whatever the mean: a few
+# requests queue behind nothing, and spilling them would only cost each a cold replica.
+MIN_BOUND = 4
+
+
 def load_bound(loads: Sequence[int], balance_factor: float) -> int:
     """The most sequences one replica may hold once this request is placed: the
-    factor times the mean load counting the request, rounded up, so at least the
-    least loaded replica is always within it."""
+    factor times the mean load counting the request, rounded up (so at least the least
+    loaded replica is always within it), and never below MIN_BOUND."""
     mean = (sum(loads) + 1) / len(loads)
-    return max(1, math.ceil(balance_factor * mean))
+    return max(MIN_BOUND, math.ceil(balance_factor * mean))
 
 
 # A placed adapter keeps its place up to this many times the bound: placement already

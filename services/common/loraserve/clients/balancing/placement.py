@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 
-from loraserve.clients.balancing.choice import preference
+from loraserve.clients.balancing.choice import MIN_BOUND, preference
 
 
 def place(
@@ -31,7 +31,9 @@ def place(
     would keep splitting it."""
     if not replicas:
         return {}
-    room = balance_factor * sum(demand.values()) / len(replicas)
+    # As the request-by-request bound, never below MIN_BOUND: at a light load nothing
+    # queues, and nothing should move.
+    room = max(float(MIN_BOUND), balance_factor * sum(demand.values()) / len(replicas))
     assigned = dict.fromkeys(replicas, 0.0)
     placement: dict[str, str] = {}
     for adapter in sorted(demand, key=lambda a: (-demand[a], a)):
