@@ -33,13 +33,9 @@ _GZIP_LEVEL = 1
 COMPRESSED_FORMAT = 2
 
 
-def encode_snapshot(state: StoreState, storage_format: int) -> bytes:
-    """The snapshot's JSON in `storage_format`; compressed later, off the event loop
-    (`compress`), since the state may change once this returns."""
-    return state.encode(storage_format)
-
-
 def compress(data: bytes, storage_format: int) -> bytes:
+    """The snapshot's JSON as `storage_format` stores it; run off the event loop, on
+    bytes encoded at the state's seq (the state may change meanwhile)."""
     if storage_format >= COMPRESSED_FORMAT:
         return gzip.compress(data, compresslevel=_GZIP_LEVEL)
     return data
@@ -121,7 +117,7 @@ class SnapshotWriter:
         while True:
             self._due = False
             state, storage_format = self._state(), self._storage_format()
-            seq, data = state.seq, encode_snapshot(state, storage_format)
+            seq, data = state.seq, state.encode(storage_format)
             data = await asyncio.to_thread(compress, data, storage_format)
             replace, self._replace = self._replace, False
             await snapshot_and_prune(
