@@ -4,7 +4,10 @@ held."""
 
 from __future__ import annotations
 
-from bench.fleet.routing import failover_figures
+from collections import Counter
+
+from bench.fleet.failover import failover_figures
+from bench.fleet.rig import adapter_shares, same_replica_shares
 from bench.load.workload import Record, RunResult
 from bench.method.report import Section
 
@@ -37,3 +40,18 @@ def test_more_mid_stream_failures_than_the_dead_replica_held_are_a_miss() -> Non
         "requests failed mid-stream": "missed",
     }
     assert section.repeats["failover (InferenceClient)"][0]["held_by_the_killed_replica"] == 4
+
+
+def test_an_adapter_on_one_replica_per_run_keeps_its_share_when_runs_differ() -> None:
+    runs = [
+        [Counter(a=10, b=10), Counter(b=10), Counter(c=10)],
+        [Counter(b=10), Counter(a=10, b=10), Counter(c=10)],
+    ]
+    shares = adapter_shares(runs, replicas=3, min_requests=10)
+    assert shares["a"] == 1.0
+    assert same_replica_shares(runs, replicas=3, min_requests=10)["a"] == 0.5
+
+
+def test_an_adapter_split_within_a_run_counts_its_top_replica_only() -> None:
+    runs = [[Counter(a=15, b=30), Counter(a=5, c=30), Counter(d=30)]]
+    assert adapter_shares(runs, replicas=3, min_requests=10)["a"] == 0.75

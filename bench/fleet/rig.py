@@ -161,18 +161,30 @@ def affinity(per_replica: list[Counter[str]]) -> float:
 def adapter_shares(
     runs: Sequence[list[Counter[str]]], replicas: int, min_requests: int
 ) -> dict[str, float]:
-    """Over every run pooled: each adapter's share of its requests on its top replica, for
+    """Each adapter's share of its requests on its top replica of each run, every run
+    pooled (its top replica's requests summed over the runs, over all its requests), for
     the adapters with fewer requests than one replica's share of all (the others must
     spread to be served) and at least `min_requests` (a share of two requests says
-    nothing)."""
+    nothing). The top replica is each run's own: between runs, the arms in between
+    load every adapter everywhere and the clients start afresh, so an adapter may settle
+    on another replica; within a run, it must keep to one."""
+    top: Counter[str] = Counter()
+    total: Counter[str] = Counter()
+    for run in runs:
+        for adapter in set().union(*run):
+            top[adapter] += max(counts[adapter] for counts in run)
+            total[adapter] += sum(counts[adapter] for counts in run)
+    share = total.total() / replicas
+    return {a: top[a] / n for a, n in sorted(total.items()) if min_requests <= n < share}
+
+
+def same_replica_shares(
+    runs: Sequence[list[Counter[str]]], replicas: int, min_requests: int
+) -> dict[str, float]:
+    """As `adapter_shares`, with one top replica over every run pooled: whether an
+    adapter also came back to the same replica in every run."""
     pooled = [sum((run[i] for run in runs), Counter()) for i in range(replicas)]
-    total = {a: sum(c[a] for c in pooled) for a in set().union(*pooled)}
-    share = sum(total.values()) / replicas
-    return {
-        a: max(c[a] for c in pooled) / n
-        for a, n in sorted(total.items())
-        if min_requests <= n < share
-    }
+    return adapter_shares([pooled], replicas, min_requests)
 
 
 @asynccontextmanager

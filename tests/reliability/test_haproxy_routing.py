@@ -5,11 +5,15 @@ one server: bounded-load adapter affinity, and replicas leaving the pool under l
 `loraserve.testing.processes.routed`; one set serves every test (module scope), and a
 test that stops a replica gets a fresh one back before the next (`restore`).
 
-The client does not retry: what is counted is what HAProxy does. A request "fails
-before its first token" when the client's stream raised before any token arrived.
+The client does not retry, so what is counted is what HAProxy does, except in the
+full-load test: there HAProxy ends the streams a dead replica held before any response
+with REFUSED_STREAM, which a client retries (the project's client by default, others
+with deploy/haproxy/grpc-service-config.json). A request "fails before its first token"
+when the client's stream raised before any token arrived.
 
-The first test needs no engine: it runs the config's gRPC health check against the
-project's own gRPC server, whose health it sets.
+The first two tests need no engine: one runs the config's gRPC health check against the
+project's own gRPC server, whose health it sets; one puts three stand-ins
+(`loraserve.testing.processes.standins`) under full load and SIGKILLs one.
 """
 
 from __future__ import annotations
@@ -22,14 +26,22 @@ from pathlib import Path
 
 import pytest
 
-from loraserve.clients.inference import Sampling
+from loraserve.clients.inference import InferenceClient, RetryPolicy, Sampling
 from loraserve.common.rpc.security import ServerSecurity
 from loraserve.common.rpc.server import start_server
 from loraserve.inference.serving import SERVICE_NAME
 from loraserve.testing.adapters.models import TinyAdapterFactory
 from loraserve.testing.haproxy import haproxy_only, running_haproxy
 from loraserve.testing.processes.fleet import owners
-from loraserve.testing.processes.routed import ADAPTERS, GUARD_S, Outcomes, Routed, routed_replicas
+from loraserve.testing.processes.routed import (
+    ADAPTERS,
+    GUARD_S,
+    NO_RETRY,
+    Outcomes,
+    Routed,
+    routed_replicas,
+)
+from loraserve.testing.processes.standins import standin_replicas
 from loraserve.testing.waiting import eventually
 
 pytestmark = [haproxy_only]
@@ -44,6 +56,11 @@ HOT_STREAMS = 8
 ROUNDS = 6
 # Streams kept running on the adapter of the replica a test stops.
 LOAD_STREAMS = 3
+# Streams at once on the stand-ins, as many as benchmark 10 keeps, each given this long.
+STREAM_DEADLINE_S = 20.0
+FULL_LOAD_STREAMS = 48
+# Streams at once while a replica is SIGKILLed.
+KILL_STREAMS = 16
 # Streams that must finish OK after a replica left, to show the load went on.
 AFTER = 6
 _buckets = itertools.count(1)
@@ -94,6 +111,39 @@ async def test_a_server_that_says_not_serving_leaves_the_pool_while_it_still_lis
         await server.server.stop(None)
 
 
+async def test_a_replica_sigkilled_under_full_load_of_three_fails_no_request_before_a_token(
+    tmp_path: Path,
+) -> None:
+    # Three stand-ins at full load: the two survivors stand above the bound (1.25x a mean
+    # the dead one's empty count lowers), so a bounded hash that may return to the server
+    # it failed on takes every retry back to the dead one until health checks notice it.
+    async with (
+        standin_replicas(3, tmp_path) as standins,
+        running_haproxy(CONFIG, tmp_path, {n: a for n, (a, _) in standins.items()}) as haproxy,
+    ):
+        for name in standins:
+            await eventually(lambda n=name: haproxy.in_pool(n), f"{name} in the pool")
+        outcomes, stop = Outcomes(), asyncio.Event()
+        # A deadline far above a stand-in's 0.3 s stream: a request HAProxy holds on to
+        # without an answer (it waits 5 minutes for a replica) fails the test.
+        client = InferenceClient(haproxy.address, retry=RetryPolicy(), timeout=STREAM_DEADLINE_S)
+        async with client:
+            workers = [
+                asyncio.create_task(outcomes.until(client, f"a{i % 24}", SHORT, stop))
+                for i in range(FULL_LOAD_STREAMS)
+            ]
+            try:
+                await eventually(lambda: outcomes.ok >= FULL_LOAD_STREAMS, "load runs")
+                await standins["replica-1"][1].kill_group()
+                killed = outcomes.ok
+                await eventually(lambda: haproxy.out_of_pool("replica-1"), "it leaves the pool")
+                await eventually(lambda: outcomes.ok >= killed + FULL_LOAD_STREAMS, "load goes on")
+            finally:
+                stop.set()
+                await asyncio.gather(*workers)
+    assert outcomes.failed_before_first_token == 0, outcomes
+
+
 @pytest.mark.engine
 @pytest.mark.slow
 async def test_each_adapters_requests_land_on_one_replica_under_little_load(
@@ -132,7 +182,7 @@ async def test_a_hot_adapter_spills_to_the_second_replica_while_a_cold_one_stays
     ]
     cold_outcomes = Outcomes()
     before = await routed.fleet.served()
-    async with load_on(routed, hot, hot_load) as hot_outcomes, routed.client() as client:
+    async with load_on(routed, [hot], hot_load) as hot_outcomes, routed.client() as client:
         for _ in range(ROUNDS):
             await cold_outcomes.stream(client, cold, LOAD)
     after = await routed.fleet.served()
@@ -146,26 +196,6 @@ async def test_a_hot_adapter_spills_to_the_second_replica_while_a_cold_one_stays
     assert cold_at_home > ROUNDS // 2, (homes, served)
 
 
-@asynccontextmanager
-async def load_on(
-    routed: Routed, adapter: str, load: Sequence[Sampling] = (LOAD,) * LOAD_STREAMS
-) -> AsyncIterator[Outcomes]:
-    """Streams of `adapter` through HAProxy, one after another each, as many at once as
-    `load` has samplings, from once each has finished one until the block ends."""
-    outcomes, stop = Outcomes(), asyncio.Event()
-    async with routed.client() as client:
-        workers = [
-            asyncio.create_task(outcomes.until(client, adapter, sampling, stop))
-            for sampling in load
-        ]
-        try:
-            await eventually(lambda: outcomes.ok >= len(load), "load runs", GUARD_S)
-            yield outcomes
-        finally:
-            stop.set()
-            await asyncio.gather(*workers)
-
-
 @pytest.mark.engine
 @pytest.mark.slow
 async def test_a_sigtermed_replica_leaves_the_pool_failing_no_request_before_its_first_token(
@@ -173,7 +203,7 @@ async def test_a_sigtermed_replica_leaves_the_pool_failing_no_request_before_its
 ) -> None:
     homes = await routed.homes(ADAPTERS, SHORT)
     victim = routed.replica(homes[ADAPTERS[0]])
-    async with load_on(routed, ADAPTERS[0]) as outcomes:
+    async with load_on(routed, ADAPTERS[:1], [LOAD] * LOAD_STREAMS) as outcomes:
         victim.process.terminate()
         await eventually(
             lambda: routed.haproxy.out_of_pool(victim.name), "it leaves the pool", GUARD_S
@@ -194,11 +224,44 @@ async def test_a_replica_sigkilled_under_load_fails_no_request_before_its_first_
     adapter = ADAPTERS[0]
     victim = routed.replica(homes[adapter])
     survivor = next(r for r in routed.fleet.replicas if r is not victim)
-    async with load_on(routed, adapter) as outcomes:
+    # Many short streams on every adapter: requests keep arriving for the victim's
+    # adapters between its death and the health checks noticing it (up to 1.5 s), each
+    # of which HAProxy must take elsewhere rather than answer 503. The streams the victim
+    # held before any response end REFUSED_STREAM, which the client retries (as
+    # deploy/haproxy/grpc-service-config.json has other clients do).
+    load = [
+        Sampling(max_tokens=4 + i % 4, temperature=0.0, ignore_eos=True)
+        for i in range(KILL_STREAMS)
+    ]
+    async with load_on(routed, ADAPTERS, load, RetryPolicy()) as outcomes:
         await victim.process.kill_group()
         at_kill = await asyncio.to_thread(survivor.served)
         killed = outcomes.ok
         await eventually(lambda: outcomes.ok >= killed + AFTER, "load goes on", GUARD_S)
     assert outcomes.failed_before_first_token == 0, outcomes
     # Every stream that ended OK after the kill ran on the survivor.
-    assert (await asyncio.to_thread(survivor.served))[adapter] >= at_kill[adapter] + AFTER
+    assert sum((await asyncio.to_thread(survivor.served)).values()) >= sum(at_kill.values()) + AFTER
+
+
+@asynccontextmanager
+async def load_on(
+    routed: Routed,
+    adapters: Sequence[str],
+    load: Sequence[Sampling],
+    retry: RetryPolicy = NO_RETRY,
+) -> AsyncIterator[Outcomes]:
+    """Streams through HAProxy by a client retrying as `retry` says, one after another
+    each, as many at once as `load` has samplings, the adapters taken in turn, from once
+    each has finished one until the block ends."""
+    outcomes, stop = Outcomes(), asyncio.Event()
+    async with routed.client(retry) as client:
+        workers = [
+            asyncio.create_task(outcomes.until(client, adapters[i % len(adapters)], sampling, stop))
+            for i, sampling in enumerate(load)
+        ]
+        try:
+            await eventually(lambda: outcomes.ok >= len(load), "load runs", GUARD_S)
+            yield outcomes
+        finally:
+            stop.set()
+            await asyncio.gather(*workers)

@@ -82,9 +82,9 @@ class Routed:
     haproxy: Haproxy
     _start: _Starter
 
-    def client(self) -> InferenceClient:
-        """A client of HAProxy, as of one inference server."""
-        return InferenceClient(self.haproxy.address, retry=NO_RETRY)
+    def client(self, retry: RetryPolicy = NO_RETRY) -> InferenceClient:
+        """A client of HAProxy, as of one inference server; by default it does not retry."""
+        return InferenceClient(self.haproxy.address, retry=retry)
 
     async def homes(self, adapters: Sequence[str], sampling: Sampling) -> dict[str, str]:
         """The replica each adapter's requests go to when nothing else runs: one request

@@ -1,0 +1,121 @@
+"""Benchmark 10's failover: one replica SIGKILLed under uniform load, through HAProxy
+or through the client library; failed requests counted before and after their first
+token."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import AsyncIterator
+from contextlib import AbstractAsyncContextManager, asynccontextmanager
+
+import grpc
+
+from bench.fleet.rig import CALL_TIMEOUT_S, HAPROXY_CONFIG, Fleet
+from bench.load.calls import grpc_caller, grpc_stub_caller
+from bench.load.workload import Caller, RunResult, Workload, run_closed_loop
+from bench.method.report import Section
+from loraserve.clients.inference import InferenceClient
+from loraserve.common.config.sizes import MESSAGE_LIMIT_OPTIONS
+from loraserve.inference.v1 import inference_pb2 as pb
+from loraserve.inference.v1 import inference_pb2_grpc as pb_grpc
+
+# The gRPC service config deploy/README.md gives HAProxy's clients.
+SERVICE_CONFIG = HAPROXY_CONFIG.with_name("grpc-service-config.json")
+
+
+@asynccontextmanager
+async def client_caller(fleet: Fleet) -> AsyncIterator[Caller]:
+    async with InferenceClient(",".join(fleet.addresses), timeout=CALL_TIMEOUT_S) as client:
+        yield grpc_caller(client)
+
+
+@asynccontextmanager
+async def proxy_caller(proxy: str) -> AsyncIterator[Caller]:
+    """A plain gRPC channel to HAProxy with the service config deploy/README.md gives
+    clients of other languages: Generate retried on UNAVAILABLE, which gRPC does only
+    before the response's headers (the first token). HAProxy answers REFUSED_STREAM
+    (UNAVAILABLE) for a stream a dead replica dropped before any response."""
+    options = [*MESSAGE_LIMIT_OPTIONS, ("grpc.service_config", SERVICE_CONFIG.read_text())]
+    async with grpc.aio.insecure_channel(proxy, options=options) as channel:
+        yield grpc_stub_caller(channel, affinity=True, timeout=CALL_TIMEOUT_S)
+
+
+async def failover(
+    section: Section,
+    fleet: Fleet,
+    workload: Workload,
+    path: tuple[str, AbstractAsyncContextManager[Caller]],
+    victim: int,
+) -> None:
+    """`workload` through `path` (its name, its caller); replica `victim` is SIGKILLed
+    once it has served a few of it. A call it held fails mid-stream; one it had not
+    answered moves on."""
+    replicas = len(fleet.addresses)
+    name, opened = path
+    async with opened as caller:
+        before = (await fleet.served())[victim]
+        load = asyncio.create_task(run_closed_loop(workload, caller))
+        while not load.done():
+            served = (await fleet.served())[victim] - before
+            if served.total() >= max(1, workload.concurrency // (2 * replicas)):
+                break
+            await asyncio.sleep(0.05)
+        held = await _in_flight(fleet.addresses[victim])
+        killed_at = time.monotonic()
+        fleet.kill(victim)
+        result = await load
+    section.workload.append(
+        f"failover through {name}: {workload.describe()}; replica {victim} SIGKILLed"
+    )
+    failover_figures(section, result, killed_at, held, replicas, name)
+
+
+def failover_figures(
+    section: Section,
+    result: RunResult,
+    killed_at: float,
+    held: int,
+    replicas: int,
+    path: str = "InferenceClient",
+) -> None:
+    """Failures before the first token (none may: the call moves on) and mid-stream (at
+    most the streams the dead replica held)."""
+    failed = [r for r in result.records if r.error]
+    before_first = [r for r in failed if not r.first_token]
+    mid_stream = len(failed) - len(before_first)
+    after_kill = [r for r in result.records if r.submitted >= killed_at]
+    counts = {
+        "requests": len(result.records),
+        "sent_after_the_kill": len(after_kill),
+        "failed_before_first_token": len(before_first),
+        "failed_mid_stream": mid_stream,
+        "held_by_the_killed_replica": held,
+    }
+    section.record(f"failover ({path})", [counts])
+    section.table(
+        f"one of {replicas} replicas SIGKILLed mid-load, through {path}",
+        list(counts),
+        [list(counts.values())],
+    )
+    if before_first:
+        section.notes.append(f"first failure before a token: {before_first[0].error}")
+    section.check(
+        f"requests failed before their first token, a replica SIGKILLed ({path})",
+        len(before_first),
+        "0",
+        not before_first,
+    )
+    section.check(
+        f"requests failed mid-stream, a replica SIGKILLed ({path})",
+        mid_stream,
+        f"<= the {held} it was running or queueing when killed (a stream cannot move)",
+        mid_stream <= held,
+    )
+
+
+async def _in_flight(address: str) -> int:
+    """Requests a replica runs or queues now (its GetServerInfo)."""
+    async with grpc.aio.insecure_channel(address) as channel:
+        info = await pb_grpc.InferenceServiceStub(channel).GetServerInfo(pb.GetServerInfoRequest())
+    return int(info.running_requests + info.waiting_requests)
