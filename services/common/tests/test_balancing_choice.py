@@ -113,3 +113,18 @@ def test_placement_moves_nothing_at_a_light_load() -> None:
     demand = {f"adapter-{i}": 1.0 for i in range(6)}
     placement = place(demand, REPLICAS, 1.25)
     assert placement == {a: preference(a, REPLICAS)[0] for a in demand}
+
+
+def test_an_adapter_stays_on_the_replica_it_runs_on_while_that_has_room() -> None:
+    demand = {f"adapter-{i}": 2.0 for i in range(6)}
+    _, second, _ = preference("adapter-0", REPLICAS)
+    placement = place(demand, REPLICAS, 1.25, runs_on={"adapter-0": second})
+    assert placement["adapter-0"] == second
+
+
+def test_an_adapter_leaves_the_replica_it_runs_on_when_that_has_no_room() -> None:
+    demand = {"hot": 12.0, "cold": 1.0, **{f"other-{i}": 1.0 for i in range(8)}}
+    home = place(demand, REPLICAS, 1.25)["hot"]
+    placement = place(demand, REPLICAS, 1.25, runs_on={"hot": home, "cold": home})
+    assert placement["hot"] == home
+    assert placement["cold"] != home

@@ -80,8 +80,8 @@ class ReplicaSet:
         self._replicas: dict[str, Replica] = {}
         self._set_addresses(addresses)
         self._polling: asyncio.Task[None] | None = None
-        # Each adapter's smoothed demand across the fleet, and where it is placed.
-        self._demand: dict[str, float] = {}
+        # Each adapter's smoothed demand on each replica, and where it is placed.
+        self._demand: dict[tuple[str, str], float] = {}
         self._placement: dict[str, str] = {}
 
     @property
@@ -154,25 +154,33 @@ class ReplicaSet:
                 await self._resolve()
 
     def _smooth_demand(self) -> None:
-        """Folds the replicas' latest per-adapter reports into each adapter's demand."""
-        reading: dict[str, float] = {}
-        for replica in self._replicas.values():
+        """Folds the replicas' latest per-adapter reports into each adapter's demand on
+        each replica."""
+        reading: dict[tuple[str, str], float] = {}
+        for address, replica in self._replicas.items():
             if replica.up:
                 for adapter, pending in replica.adapters.items():
-                    reading[adapter] = reading.get(adapter, 0.0) + pending
+                    reading[adapter, address] = float(pending)
         alpha = self._policy.demand_smoothing
-        for adapter in reading.keys() | self._demand.keys():
-            smoothed = (1 - alpha) * self._demand.get(adapter, 0.0) + alpha * reading.get(
-                adapter, 0.0
-            )
+        for key in reading.keys() | self._demand.keys():
+            smoothed = (1 - alpha) * self._demand.get(key, 0.0) + alpha * reading.get(key, 0.0)
             if smoothed < 0.01:
-                self._demand.pop(adapter, None)
+                self._demand.pop(key, None)
             else:
-                self._demand[adapter] = smoothed
+                self._demand[key] = smoothed
 
     def _place(self) -> None:
         up = sorted(a for a, r in self._replicas.items() if r.up)
-        self._placement = place(self._demand, up, self._policy.balance_factor)
+        demand: dict[str, float] = {}
+        for (adapter, _), smoothed in self._demand.items():
+            demand[adapter] = demand.get(adapter, 0.0) + smoothed
+        # Where an adapter runs: the replica with most of its demand, if more than half.
+        runs_on = {
+            adapter: address
+            for (adapter, address), smoothed in self._demand.items()
+            if smoothed > demand[adapter] / 2
+        }
+        self._placement = place(demand, up, self._policy.balance_factor, runs_on)
 
     async def _poll(self, replica: Replica) -> None:
         at_call = replica.in_flight
