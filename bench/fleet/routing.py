@@ -78,6 +78,10 @@ class FleetScale(Windows):
     # five it spans them all), so one disturbed window on this shared machine does not
     # make a verdict inconclusive.
     repeats: int = 9
+    # Each window's clients start afresh after another arm spread every adapter over
+    # every replica: placement (every 2 s, on demand smoothed over about 2 s) needs a
+    # few intervals to settle where the adapters run before the window is steady.
+    warmup_s: float = 6.0
 
 
 QUICK = FleetScale(processes=2, concurrency=12, requests=48, max_tokens=8, repeats=2, pushes=3)
