@@ -31,7 +31,6 @@ from pathlib import Path
 from bench.fleet.failover import client_caller, failover, proxy_caller
 from bench.fleet.rig import (
     ENGINE,
-    HAPROXY_CONFIG,
     Fleet,
     adapter_shares,
     affinity,
@@ -60,8 +59,6 @@ SWAP = "swap"
 POLL_S = 0.01
 # Stops a hung run only; the figure is the time measured.
 ROUTED_GUARD_S = 120.0
-# The gRPC service config deploy/README.md gives HAProxy's clients.
-SERVICE_CONFIG = HAPROXY_CONFIG.with_name("grpc-service-config.json")
 
 
 @dataclass(frozen=True)

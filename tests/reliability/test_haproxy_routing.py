@@ -40,6 +40,7 @@ from loraserve.testing.processes.routed import (
     Outcomes,
     Routed,
     routed_replicas,
+    streaming,
 )
 from loraserve.testing.processes.standins import standin_replicas
 from loraserve.testing.waiting import eventually
@@ -123,24 +124,16 @@ async def test_a_replica_sigkilled_under_full_load_of_three_fails_no_request_bef
     ):
         for name in standins:
             await eventually(lambda n=name: haproxy.in_pool(n), f"{name} in the pool")
-        outcomes, stop = Outcomes(), asyncio.Event()
         # A deadline far above a stand-in's 0.3 s stream: a request HAProxy holds on to
         # without an answer (it waits 5 minutes for a replica) fails the test.
         client = InferenceClient(haproxy.address, retry=RetryPolicy(), timeout=STREAM_DEADLINE_S)
-        async with client:
-            workers = [
-                asyncio.create_task(outcomes.until(client, f"a{i % 24}", SHORT, stop))
-                for i in range(FULL_LOAD_STREAMS)
-            ]
-            try:
-                await eventually(lambda: outcomes.ok >= FULL_LOAD_STREAMS, "load runs")
-                await standins["replica-1"][1].kill_group()
-                killed = outcomes.ok
-                await eventually(lambda: haproxy.out_of_pool("replica-1"), "it leaves the pool")
-                await eventually(lambda: outcomes.ok >= killed + FULL_LOAD_STREAMS, "load goes on")
-            finally:
-                stop.set()
-                await asyncio.gather(*workers)
+        adapters = [f"a{i}" for i in range(24)]
+        load = [SHORT] * FULL_LOAD_STREAMS
+        async with client, streaming(client, adapters, load) as outcomes:
+            await standins["replica-1"][1].kill_group()
+            killed = outcomes.ok
+            await eventually(lambda: haproxy.out_of_pool("replica-1"), "it leaves the pool")
+            await eventually(lambda: outcomes.ok >= killed + FULL_LOAD_STREAMS, "load goes on")
     assert outcomes.failed_before_first_token == 0, outcomes
 
 
@@ -250,18 +243,6 @@ async def load_on(
     load: Sequence[Sampling],
     retry: RetryPolicy = NO_RETRY,
 ) -> AsyncIterator[Outcomes]:
-    """Streams through HAProxy by a client retrying as `retry` says, one after another
-    each, as many at once as `load` has samplings, the adapters taken in turn, from once
-    each has finished one until the block ends."""
-    outcomes, stop = Outcomes(), asyncio.Event()
-    async with routed.client(retry) as client:
-        workers = [
-            asyncio.create_task(outcomes.until(client, adapters[i % len(adapters)], sampling, stop))
-            for i, sampling in enumerate(load)
-        ]
-        try:
-            await eventually(lambda: outcomes.ok >= len(load), "load runs", GUARD_S)
-            yield outcomes
-        finally:
-            stop.set()
-            await asyncio.gather(*workers)
+    """`streaming` through HAProxy by a client retrying as `retry` says."""
+    async with routed.client(retry) as client, streaming(client, adapters, load) as outcomes:
+        yield outcomes

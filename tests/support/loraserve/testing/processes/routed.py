@@ -73,6 +73,26 @@ class Outcomes:
             await self.stream(client, adapter, sampling)
 
 
+@asynccontextmanager
+async def streaming(
+    client: InferenceClient, adapters: Sequence[str], load: Sequence[Sampling]
+) -> AsyncIterator[Outcomes]:
+    """Streams by `client`, one after another each, as many at once as `load` has
+    samplings, the adapters taken in turn, from once each has finished one until the
+    block ends (every stream then let finish)."""
+    outcomes, stop = Outcomes(), asyncio.Event()
+    workers = [
+        asyncio.create_task(outcomes.until(client, adapters[i % len(adapters)], sampling, stop))
+        for i, sampling in enumerate(load)
+    ]
+    try:
+        await eventually(lambda: outcomes.ok >= len(load), "load runs", GUARD_S)
+        yield outcomes
+    finally:
+        stop.set()
+        await asyncio.gather(*workers)
+
+
 @dataclass
 class Routed:
     """The replicas (in `fleet`, with their store) and HAProxy in front of them; replica
