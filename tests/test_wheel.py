@@ -23,7 +23,14 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-RUNTIME_PACKAGES = {"adapterctl", "adapterstore", "clients", "common", "inference"}
+RUNTIME_PACKAGES = {
+    "adapterctl",
+    "adapterstore",
+    "clients",
+    "common",
+    "haproxyplacement",
+    "inference",
+}
 # Never imported by code in the wheel, at module level or inside a function.
 DEV_ONLY = (
     "pytest",

@@ -10,8 +10,10 @@ fleet is called by many services, each with its own client):
   `hash-balance-factor 125`, deploy/haproxy/haproxy.cfg), gRPC's **ring_hash** on the
   adapter header (no bound) and **round robin**;
 - affinity: the share of each adapter's requests its top replica served (the replicas'
-  own per-adapter request counters), over the adapters whose request rate is under one
-  replica's share of the fleet;
+  own per-adapter request counters, read as the window opens and once it closed: the
+  warm-up, where fresh clients place the adapters, is left out as it is of every other
+  figure), over the adapters whose request rate is under one replica's share of the
+  fleet;
 - push -> all three replicas route the new revision, over `pushes` pushes;
 - one replica SIGKILLed mid-load under `InferenceClient` (bounded): failed requests,
   before and after their first token.
@@ -135,8 +137,14 @@ async def _throughput_and_affinity(
 
     @asynccontextmanager
     async def counting(arm: str) -> AsyncIterator[None]:
-        before = await fleet.served()
-        yield
+        # Read as the window opens, as the load's own figures are: the warm-up is where
+        # each window's fresh clients place the adapters, and is discarded.
+        at_window = asyncio.ensure_future(_served_after(fleet, scale.warmup_s))
+        try:
+            yield
+            before = await at_window
+        finally:
+            at_window.cancel()
         served.setdefault(arm, []).append(served_between(before, await fleet.served()))
 
     warm = Workload(adapters=adapters, concurrency=8, requests=len(adapters), max_tokens=2)
@@ -155,6 +163,11 @@ async def _throughput_and_affinity(
         )
     arm_table(section, runs)
     _fleet_goals(section, runs, served, scale.replicas)
+
+
+async def _served_after(fleet: Fleet, delay_s: float) -> list[Counter[str]]:
+    await asyncio.sleep(delay_s)
+    return await fleet.served()
 
 
 def _fleet_goals(

@@ -1,37 +1,41 @@
-"""HAProxy on `deploy/haproxy/haproxy.cfg` in front of two real inference replicas
-(each its own vLLM CPU engine on the tiny model), reached with the project's client as
-one server: bounded-load adapter affinity, and replicas leaving the pool under load
-(issue 56). The replicas, HAProxy and the streams are in
+"""HAProxy on `deploy/haproxy/haproxy.cfg`, with `haproxy-placement` beside it, in front
+of two real inference replicas (each its own vLLM CPU engine on the tiny model), reached
+with the project's client as one server: adapter placement and bounded-load affinity,
+and replicas leaving the pool under load (issue 56). The replicas, HAProxy and the streams are in
 `loraserve.testing.processes.routed`; one set serves every test (module scope), and a
 test that stops a replica gets a fresh one back before the next (`restore`).
 
 The client does not retry, so what is counted is what HAProxy does, except in the
-full-load test: there HAProxy ends the streams a dead replica held before any response
+full-load tests: there HAProxy ends the streams a dead replica held before any response
 with REFUSED_STREAM, which a client retries (the project's client by default, others
 with deploy/haproxy/grpc-service-config.json). A request "fails before its first token"
 when the client's stream raised before any token arrived.
 
-The first two tests need no engine: one runs the config's gRPC health check against the
-project's own gRPC server, whose health it sets; one puts three stand-ins
-(`loraserve.testing.processes.standins`) under full load and SIGKILLs one.
+The first three tests need no engine: one runs the config's gRPC health check against
+the project's own gRPC server, whose health it sets; two put three stand-ins
+(`loraserve.testing.processes.standins`) under full load, one SIGKILLing a stand-in
+adapters are placed on, one reading from HAProxy's log which replica served each
+adapter's requests once placed.
 """
 
 from __future__ import annotations
 
 import asyncio
 import itertools
+from collections import Counter
 from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
 from pathlib import Path
 
 import pytest
 
+from loraserve.clients.balancing import BoundedLoad
 from loraserve.clients.inference import InferenceClient, RetryPolicy, Sampling
 from loraserve.common.rpc.security import ServerSecurity
 from loraserve.common.rpc.server import start_server
 from loraserve.inference.serving import SERVICE_NAME
 from loraserve.testing.adapters.models import TinyAdapterFactory
-from loraserve.testing.haproxy import haproxy_only, running_haproxy
+from loraserve.testing.haproxy import Haproxy, haproxy_only, running_haproxy
 from loraserve.testing.processes.fleet import owners
 from loraserve.testing.processes.routed import (
     ADAPTERS,
@@ -42,6 +46,7 @@ from loraserve.testing.processes.routed import (
     routed_replicas,
     streaming,
 )
+from loraserve.testing.processes.services import ChildProcess
 from loraserve.testing.processes.standins import standin_replicas
 from loraserve.testing.waiting import eventually
 
@@ -64,6 +69,13 @@ FULL_LOAD_STREAMS = 48
 KILL_STREAMS = 16
 # Streams that must finish OK after a replica left, to show the load went on.
 AFTER = 6
+# Streams at once of each adapter in the placement test, hottest first (Zipf 1.0 over 12
+# adapters, 48 streams), and the requests counted once placement settled (several
+# placement rounds' worth).
+ZIPF_STREAMS = (13, 7, 4, 3, 3, 2, 2, 2, 2, 2, 2, 2, 1, 1, 1, 1)
+PLACED_REQUESTS = 1200
+# haproxy-placement's interval between writes.
+PLACEMENT_ROUND_S = BoundedLoad().placement_interval_s
 _buckets = itertools.count(1)
 
 
@@ -118,23 +130,47 @@ async def test_a_replica_sigkilled_under_full_load_of_three_fails_no_request_bef
     # Three stand-ins at full load: the two survivors stand above the bound (1.25x a mean
     # the dead one's empty count lowers), so a bounded hash that may return to the server
     # it failed on takes every retry back to the dead one until health checks notice it.
+    adapters = [f"a{i}" for i in range(24)]
+    load = [SHORT] * FULL_LOAD_STREAMS
     async with (
-        standin_replicas(3, tmp_path) as standins,
-        running_haproxy(CONFIG, tmp_path, {n: a for n, (a, _) in standins.items()}) as haproxy,
+        standins_behind_haproxy(tmp_path) as (standins, haproxy, client),
+        streaming(client, adapters, load) as outcomes,
     ):
-        for name in standins:
-            await eventually(lambda n=name: haproxy.in_pool(n), f"{name} in the pool")
-        # A deadline far above a stand-in's 0.3 s stream: a request HAProxy holds on to
-        # without an answer (it waits 5 minutes for a replica) fails the test.
-        client = InferenceClient(haproxy.address, retry=RetryPolicy(), timeout=STREAM_DEADLINE_S)
-        adapters = [f"a{i}" for i in range(24)]
-        load = [SHORT] * FULL_LOAD_STREAMS
-        async with client, streaming(client, adapters, load) as outcomes:
-            await standins["replica-1"][1].kill_group()
-            killed = outcomes.ok
-            await eventually(lambda: haproxy.out_of_pool("replica-1"), "it leaves the pool")
-            await eventually(lambda: outcomes.ok >= killed + FULL_LOAD_STREAMS, "load goes on")
+        # Adapters placed on the victim: HAProxy must skip a mapping to a dead server.
+        await eventually(lambda: _placed_on(haproxy, "replica-1"), "adapters placed on it", GUARD_S)
+        await standins["replica-1"][1].kill_group()
+        killed = outcomes.ok
+        await eventually(lambda: haproxy.out_of_pool("replica-1"), "it leaves the pool")
+        await eventually(lambda: outcomes.ok >= killed + FULL_LOAD_STREAMS, "load goes on")
     assert outcomes.failed_before_first_token == 0, outcomes
+
+
+async def test_placement_keeps_every_adapter_on_one_replica_under_a_skewed_full_load(
+    tmp_path: Path,
+) -> None:
+    # Zipf-like: under the bounded hash alone, the replica holding the hot adapter passes
+    # the bound again and again, and each time the cold adapters hashed beside it spill
+    # (the worst 62 % on one replica, without the agent); placed, each is whole on one.
+    adapters = [f"z{rank:02d}" for rank, streams in enumerate(ZIPF_STREAMS) for _ in range(streams)]
+    async with standins_behind_haproxy(tmp_path) as (_, haproxy, client):
+        async with streaming(client, adapters, [SHORT] * len(adapters)) as outcomes:
+            await eventually(
+                lambda: _settled(haproxy, len(ZIPF_STREAMS)), "every adapter placed", GUARD_S
+            )
+            logged_from = haproxy.log_path.stat().st_size
+            placed = await haproxy.placement()
+            settled = outcomes.ok
+            await eventually(
+                lambda: outcomes.ok >= settled + PLACED_REQUESTS, "load goes on", GUARD_S
+            )
+        served = haproxy.served(logged_from)
+    assert outcomes.failed_before_first_token == 0, outcomes
+    shares = {
+        adapter: max(Counter(servers).values()) / len(servers)
+        for adapter, servers in served.items()
+    }
+    assert set(shares) == set(placed), (placed, served)
+    assert min(shares.values()) >= 0.95, (shares, placed)
 
 
 @pytest.mark.engine
@@ -234,6 +270,36 @@ async def test_a_replica_sigkilled_under_load_fails_no_request_before_its_first_
     assert outcomes.failed_before_first_token == 0, outcomes
     # Every stream that ended OK after the kill ran on the survivor.
     assert sum((await asyncio.to_thread(survivor.served)).values()) >= sum(at_kill.values()) + AFTER
+
+
+@asynccontextmanager
+async def standins_behind_haproxy(
+    directory: Path,
+) -> AsyncIterator[tuple[dict[str, tuple[str, ChildProcess]], Haproxy, InferenceClient]]:
+    """Three stand-ins behind HAProxy and its placement agent, every one in the pool,
+    and a client of HAProxy retrying UNAVAILABLE before a response. Its deadline is far
+    above a stand-in's 0.3 s stream: a request HAProxy holds on to without an answer (it
+    waits 5 minutes for a replica) fails the test."""
+    async with (
+        standin_replicas(3, directory) as standins,
+        running_haproxy(CONFIG, directory, {n: a for n, (a, _) in standins.items()}) as haproxy,
+    ):
+        for name in standins:
+            await eventually(lambda n=name: haproxy.in_pool(n), f"{name} in the pool")
+        client = InferenceClient(haproxy.address, retry=RetryPolicy(), timeout=STREAM_DEADLINE_S)
+        async with client:
+            yield standins, haproxy, client
+
+
+async def _placed_on(haproxy: Haproxy, server: str) -> bool:
+    return server in (await haproxy.placement()).values()
+
+
+async def _settled(haproxy: Haproxy, adapters: int) -> bool:
+    """Whether every adapter is placed, the same across two placement rounds."""
+    first = await haproxy.placement()
+    await asyncio.sleep(PLACEMENT_ROUND_S)
+    return len(first) == adapters and await haproxy.placement() == first
 
 
 @asynccontextmanager

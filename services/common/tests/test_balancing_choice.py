@@ -122,8 +122,17 @@ def test_an_adapter_stays_on_the_replica_it_runs_on_while_that_has_room() -> Non
     assert placement["adapter-0"] == second
 
 
-def test_an_adapter_leaves_the_replica_it_runs_on_when_that_has_no_room() -> None:
-    demand = {"hot": 12.0, "cold": 1.0, **{f"other-{i}": 1.0 for i in range(8)}}
+def test_an_adapter_stays_on_the_replica_it_runs_on_a_little_past_its_room() -> None:
+    # Room: 1.25 x 12 / 3 = 5. Placed alone, "b" would move to keep "a"'s replica at 5;
+    # where both run, they stay (7, within PLACED_SLACK x 5).
+    demand = {"c": 5.0, "a": 4.0, "b": 3.0}
+    where = next(r for r in REPLICAS if r != preference("c", REPLICAS)[0])
+    placement = place(demand, REPLICAS, 1.25, runs_on={"a": where, "b": where})
+    assert (placement["a"], placement["b"]) == (where, where)
+
+
+def test_an_adapter_leaves_the_replica_it_runs_on_when_that_is_well_past_its_room() -> None:
+    demand = {"hot": 20.0, "cold": 1.0, **{f"other-{i}": 1.0 for i in range(8)}}
     home = place(demand, REPLICAS, 1.25)["hot"]
     placement = place(demand, REPLICAS, 1.25, runs_on={"hot": home, "cold": home})
     assert placement["hot"] == home

@@ -2,7 +2,7 @@
 bounded loads, from what the replicas report of their load and residency."""
 
 from loraserve.clients.balancing.choice import Candidate, choose, load_bound, preference
-from loraserve.clients.balancing.placement import place
+from loraserve.clients.balancing.placement import place, replica_room
 from loraserve.clients.balancing.policy import DEFAULT_BALANCE_FACTOR, RING_HASH, BoundedLoad
 from loraserve.clients.balancing.replicas import Replica, ReplicaSet
 
@@ -17,4 +17,5 @@ __all__ = [
     "load_bound",
     "place",
     "preference",
+    "replica_room",
 ]

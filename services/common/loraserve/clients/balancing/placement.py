@@ -9,7 +9,8 @@ adapter's demand (its sequences pending across the fleet, as the replicas report
 smoothed): the busiest adapters are placed first, each on the first replica in its own
 rendezvous order that still has room under `balance_factor` times the mean, so the
 hot adapter keeps its home and the cold ones that shared it move, whole, to their
-next choice. An adapter that runs on a replica with room stays there. Every client
+next choice. An adapter stays on the replica it runs on until that one is well past
+its room. Every client
 reads the same reports and smooths them alike (slowly, so placements do not shuffle as
 demand wobbles), so every client places alike; an adapter without demand goes to its
 first choice. The request-by-request bound
@@ -20,7 +21,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 
-from loraserve.clients.balancing.choice import MIN_BOUND, preference
+from loraserve.clients.balancing.choice import MIN_BOUND, PLACED_SLACK, preference
 
 
 def place(
@@ -30,28 +31,39 @@ def place(
     runs_on: Mapping[str, str] | None = None,
 ) -> dict[str, str]:
     """Adapter -> replica for every adapter with demand, busiest first (ties by name).
-    An adapter tries first the replica it `runs_on` (where most of its smoothed demand
-    is, as the replicas report it), then its rendezvous order; the first with room
-    takes it. A function of the reports alone, with no memory of earlier placements: a
-    client's memory would be its own, and two clients that once placed an adapter
-    differently would keep splitting it. Where an adapter runs is memory every client
-    shares, so adapters of nearly equal demand that trade places in the busiest-first
-    order do not trade replicas with it."""
+    An adapter stays on the replica it `runs_on` (where most of its smoothed demand is,
+    as the replicas report it) while that replica's placed demand is within
+    PLACED_SLACK times its room, as a placed adapter's requests stay there while its
+    load is within that many times the bound (`choice.choose`); otherwise the first
+    replica in its rendezvous order with room takes it. The slack keeps demand's
+    wobble from moving adapters: with the room alone, whichever adapter came last to a
+    nearly full replica moved, and the next round, with demand a little different,
+    another one, each move splitting an adapter for a while. A function of the reports
+    alone, with no memory of earlier placements: a client's memory would be its own,
+    and two clients that once placed an adapter differently would keep splitting it.
+    Where an adapter runs is memory every client shares, so adapters of nearly equal
+    demand that trade places in the busiest-first order do not trade replicas with
+    it."""
     if not replicas:
         return {}
-    # As the request-by-request bound, never below MIN_BOUND: at a light load nothing
-    # queues, and nothing should move.
-    room = max(float(MIN_BOUND), balance_factor * sum(demand.values()) / len(replicas))
+    room = replica_room(demand, len(replicas), balance_factor)
     assigned = dict.fromkeys(replicas, 0.0)
     placement: dict[str, str] = {}
     for adapter in sorted(demand, key=lambda a: (-demand[a], a)):
-        order = preference(adapter, replicas)
         current = (runs_on or {}).get(adapter)
-        if current in assigned:
-            order.remove(current)
-            order.insert(0, current)
-        fits = [r for r in order if assigned[r] + demand[adapter] <= room]
-        chosen = fits[0] if fits else min(order, key=lambda r: assigned[r])
+        if current in assigned and assigned[current] + demand[adapter] <= room * PLACED_SLACK:
+            chosen = current
+        else:
+            order = preference(adapter, replicas)
+            fits = [r for r in order if assigned[r] + demand[adapter] <= room]
+            chosen = fits[0] if fits else min(order, key=lambda r: assigned[r])
         assigned[chosen] += demand[adapter]
         placement[adapter] = chosen
     return placement
+
+
+def replica_room(demand: Mapping[str, float], replicas: int, balance_factor: float) -> float:
+    """The demand one replica may be given: `balance_factor` times the mean. As the
+    request-by-request bound, never below MIN_BOUND: at a light load nothing queues,
+    and nothing should move."""
+    return max(float(MIN_BOUND), balance_factor * sum(demand.values()) / replicas)

@@ -29,6 +29,7 @@ import grpc
 from loraserve.clients.balancing.choice import Candidate, choose
 from loraserve.clients.balancing.placement import place
 from loraserve.clients.balancing.policy import BoundedLoad
+from loraserve.clients.routing import BASE_MODEL_HASH_KEY
 from loraserve.common.errors import Unavailable
 from loraserve.inference.v1 import inference_pb2 as pb
 from loraserve.inference.v1 import inference_pb2_grpc as pb_grpc
@@ -83,16 +84,31 @@ class ReplicaSet:
         # Each adapter's smoothed demand on each replica, and where it is placed.
         self._demand: dict[tuple[str, str], float] = {}
         self._placement: dict[str, str] = {}
+        self._placed = False
 
     @property
     def replicas(self) -> dict[str, Replica]:
         return self._replicas
 
+    @property
+    def placement(self) -> dict[str, str] | None:
+        """Adapter -> the address of the replica it is placed on, as last placed; None
+        before the first placement (`placement_interval_s` after polling started)."""
+        return dict(self._placement) if self._placed else None
+
+    @property
+    def demand(self) -> dict[str, float]:
+        """Each adapter's smoothed demand over the fleet, in pending sequences."""
+        demand: dict[str, float] = {}
+        for (adapter, _), smoothed in self._demand.items():
+            demand[adapter] = demand.get(adapter, 0.0) + smoothed
+        return demand
+
     async def pick(self, key: str, tried: Sequence[Replica] = ()) -> Replica:
         """The replica for a request of `key`, skipping those already tried; when every
         replica is down or tried, the least loaded of those not tried (or of all), so a
         call is always made and fails with the server's own status if none serves."""
-        await self._start()
+        await self.start()
         avoid = {r.address for r in tried}
         up = {a: r for a, r in self._replicas.items() if r.up and a not in avoid}
         if not up:
@@ -109,7 +125,7 @@ class ReplicaSet:
 
     async def any(self) -> Replica:
         """A replica for a call that may go anywhere: the least loaded one up."""
-        await self._start()
+        await self.start()
         up = [r for r in self._replicas.values() if r.up] or list(self._replicas.values())
         return min(up, key=lambda r: r.load)
 
@@ -125,8 +141,9 @@ class ReplicaSet:
             await asyncio.gather(self._polling, return_exceptions=True)
         await asyncio.gather(*(r.channel.close() for r in self._replicas.values()))
 
-    async def _start(self) -> None:
-        """Resolves a DNS name the first time, and starts polling."""
+    async def start(self) -> None:
+        """Resolves a DNS name the first time, and starts polling (the first pick
+        does, if this was not called)."""
         if self._polling is not None:
             return
         if self._host is not None and not self._replicas:
@@ -160,7 +177,8 @@ class ReplicaSet:
         for address, replica in self._replicas.items():
             if replica.up:
                 for adapter, pending in replica.adapters.items():
-                    reading[adapter, address] = float(pending)
+                    # Reported under "", hashed and placed under the header's value.
+                    reading[adapter or BASE_MODEL_HASH_KEY, address] = float(pending)
         alpha = self._policy.demand_smoothing
         for key in reading.keys() | self._demand.keys():
             smoothed = (1 - alpha) * self._demand.get(key, 0.0) + alpha * reading.get(key, 0.0)
@@ -171,9 +189,7 @@ class ReplicaSet:
 
     def _place(self) -> None:
         up = sorted(a for a, r in self._replicas.items() if r.up)
-        demand: dict[str, float] = {}
-        for (adapter, _), smoothed in self._demand.items():
-            demand[adapter] = demand.get(adapter, 0.0) + smoothed
+        demand = self.demand
         # Where an adapter runs: the replica with most of its demand, if more than half.
         runs_on = {
             adapter: address
@@ -181,6 +197,7 @@ class ReplicaSet:
             if smoothed > demand[adapter] / 2
         }
         self._placement = place(demand, up, self._policy.balance_factor, runs_on)
+        self._placed = True
 
     async def _poll(self, replica: Replica) -> None:
         at_call = replica.in_flight
@@ -221,10 +238,14 @@ class ReplicaSet:
         addresses = sorted({_address(info[4]) for info in infos})
         if addresses and set(addresses) != set(self._replicas):
             log.info("routing.replicas_changed host=%s replicas=%d", self._host, len(addresses))
-            gone = self._set_addresses(addresses)
-            for replica in gone:
-                with contextlib.suppress(Exception):
-                    await replica.channel.close(grace=None)
+            await self.set_addresses(addresses)
+
+    async def set_addresses(self, addresses: Sequence[str]) -> None:
+        """Routes over `addresses` from now on: a channel opened to each new one, those
+        of the ones gone closed."""
+        for replica in self._set_addresses(addresses):
+            with contextlib.suppress(Exception):
+                await replica.channel.close(grace=None)
 
     def _set_addresses(self, addresses: Sequence[str]) -> list[Replica]:
         kept = {a: r for a, r in self._replicas.items() if a in addresses}

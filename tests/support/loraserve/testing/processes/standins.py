@@ -1,8 +1,9 @@
 """Stand-ins for inference replicas where a test's claim is about what sits in front of
-them (HAProxy's config), not about the engine: each is the project's own gRPC server
-(health included) in a child process, answering Generate after `FIRST_TOKEN_S` with
-`TOKENS` responses. As child processes they can be SIGKILLed, which closes their
-sockets with no GOAWAY, as a crashed replica's are.
+them (HAProxy's config and its placement), not about the engine: each is the project's
+own gRPC server (health included) in a child process, answering Generate after
+`FIRST_TOKEN_S` with `TOKENS` responses, and GetReplicaLoad with its requests in
+flight. As child processes they can be SIGKILLed, which closes their sockets with no
+GOAWAY, as a crashed replica's are.
 
 `python -m loraserve.testing.processes.standins PORT` runs one.
 """
@@ -11,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import sys
+from collections import Counter
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
@@ -32,12 +34,31 @@ TOKEN_S = 0.02
 
 
 class StandInReplica(pb_grpc.InferenceServiceServicer):  # type: ignore[misc]
+    """Streams as a replica does, and reports its load as one does: the requests in
+    flight, by adapter name."""
+
+    def __init__(self) -> None:
+        self._pending: Counter[str] = Counter()
+
     async def Generate(self, request: pb.GenerateRequest, context: Any) -> AsyncIterator[Any]:
-        await asyncio.sleep(FIRST_TOKEN_S)
-        for token in range(TOKENS):
-            yield pb.GenerateResponse(token_ids=[token])
-            await asyncio.sleep(TOKEN_S)
-        yield pb.GenerateResponse(finish_reason=pb.FINISH_REASON_LENGTH)
+        name = request.adapter.partition("@")[0]
+        self._pending[name] += 1
+        try:
+            await asyncio.sleep(FIRST_TOKEN_S)
+            for token in range(TOKENS):
+                yield pb.GenerateResponse(token_ids=[token])
+                await asyncio.sleep(TOKEN_S)
+            yield pb.GenerateResponse(finish_reason=pb.FINISH_REASON_LENGTH)
+        finally:
+            self._pending[name] -= 1
+
+    async def GetReplicaLoad(
+        self, request: pb.GetReplicaLoadRequest, context: Any
+    ) -> pb.GetReplicaLoadResponse:
+        pending = +self._pending
+        return pb.GetReplicaLoadResponse(
+            pending_sequences=pending.total(), adapter_pending_sequences=pending
+        )
 
 
 async def _serve(port: int) -> None:

@@ -1,0 +1,144 @@
+"""The client library's adapter placement, given to HAProxy.
+
+HAProxy's bounded hash (`hash-balance-factor`) decides request by request: whichever
+request arrives while an adapter's home is over the bound spills, a cold adapter's as
+well as the hot one's, so a cold adapter sharing a replica with a hot one is served half
+here, half there, and its adapter loaded on both. The Python client places adapters
+whole instead (`loraserve.clients.balancing.placement`). This agent runs that same
+placement beside HAProxy: it polls the replicas HAProxy lists for their load
+(`GetReplicaLoad`, as every client does), and every `placement_interval_s` writes each
+adapter's replica into the map that deploy/haproxy/haproxy.cfg's `use-server` reads.
+
+An adapter whose demand is more than one replica's room is left out of the map: the
+bounded hash spreads it, as it must be. HAProxy skips a mapping to a server that is not
+up, so the adapters of a replica that dies go to the bounded hash at once, before the
+agent notices. If the agent stops, the map keeps its last placement (every replica
+still takes its adapters; one that joined gets only unmapped ones until it is back),
+and a reload of HAProxy starts from the map file until the agent's next write.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable
+
+import grpc
+
+from loraserve.clients.balancing import BoundedLoad, ReplicaSet, replica_room
+from loraserve.clients.routing import BASE_MODEL_HASH_KEY
+from loraserve.common.errors import InvalidArgument, LoraserveError, Unavailable
+from loraserve.common.revisions.names import validate_adapter_name
+from loraserve.haproxyplacement.runtime_api import RuntimeApi, Server
+
+log = logging.getLogger(__name__)
+
+
+class HaproxyPlacement:
+    """Keeps `map_file` in HAProxy (at `api`) the placement of adapters over the servers
+    of `backend`."""
+
+    def __init__(
+        self,
+        api: RuntimeApi,
+        backend: str,
+        map_file: str,
+        policy: BoundedLoad,
+        open_channel: Callable[[str], grpc.aio.Channel],
+    ) -> None:
+        self._api = api
+        self._backend = backend
+        self._map_file = map_file
+        self._policy = policy
+        self._open_channel = open_channel
+        self._replicas: ReplicaSet | None = None
+
+    async def run(self) -> None:
+        """Writes the placement every `placement_interval_s` until cancelled; a round
+        that fails (HAProxy restarting, a replica's report refused) is logged and the
+        next one tries again."""
+        try:
+            while True:
+                try:
+                    await self.write_once()
+                except LoraserveError as exc:
+                    log.warning("placement.round_failed error=%s", exc.message)
+                await asyncio.sleep(self._policy.placement_interval_s)
+        finally:
+            await self.close()
+
+    async def write_once(self) -> dict[str, str] | None:
+        """One round: HAProxy's servers read, the map brought to the placement now.
+        Returns the map as written (adapter -> server name), or None before the
+        replicas' reports placed anything: a restarted agent leaves the map as it was
+        until then."""
+        # Placed over the servers HAProxy would use: one down or in maintenance there
+        # takes no adapter, whatever it answers the agent.
+        servers = [s for s in await self._api.servers(self._backend) if s.up]
+        if not servers:
+            raise Unavailable(f"HAProxy's backend {self._backend} has no server up")
+        replicas = await self._replica_set(servers)
+        placement = replicas.placement
+        if placement is None:
+            return None
+        wanted = self.wanted(servers, placement, replicas.demand)
+        await self._write(wanted)
+        return wanted
+
+    def wanted(
+        self, servers: list[Server], placement: dict[str, str], demand: dict[str, float]
+    ) -> dict[str, str]:
+        """Adapter -> server name for every placed adapter that fits on one replica, of
+        `servers` (those up)."""
+        names = {s.address: s.name for s in servers}
+        room = replica_room(demand, max(1, len(names)), self._policy.balance_factor)
+        wanted: dict[str, str] = {}
+        for adapter, address in placement.items():
+            if address in names and demand.get(adapter, 0.0) <= room and _mappable(adapter):
+                wanted[adapter] = names[address]
+        return wanted
+
+    async def close(self) -> None:
+        if self._replicas is not None:
+            await self._replicas.close()
+            self._replicas = None
+
+    async def _replica_set(self, servers: list[Server]) -> ReplicaSet:
+        addresses = sorted({s.address for s in servers})
+        if self._replicas is None:
+            self._replicas = ReplicaSet(None, addresses, self._open_channel, self._policy)
+            await self._replicas.start()
+        elif set(addresses) != set(self._replicas.replicas):
+            log.info("placement.servers_changed servers=%d", len(addresses))
+            await self._replicas.set_addresses(addresses)
+        return self._replicas
+
+    async def _write(self, wanted: dict[str, str]) -> None:
+        current = await self._api.map_entries(self._map_file)
+        for adapter in current.keys() - wanted.keys():
+            await self._api.delete_entry(self._map_file, adapter)
+            log.info("placement.unmapped adapter=%s", adapter)
+        for adapter, server in sorted(wanted.items()):
+            if current.get(adapter) != server:
+                await self._api.set_entry(
+                    self._map_file, adapter, server, new=adapter not in current
+                )
+                log.info(
+                    "placement.moved adapter=%s server=%s was=%s",
+                    adapter,
+                    server,
+                    current.get(adapter, "-"),
+                )
+
+
+def _mappable(adapter: str) -> bool:
+    """Whether a name a replica reported is one a request's header can carry: anything
+    else is refused here rather than written into a command on HAProxy's admin socket."""
+    if adapter == BASE_MODEL_HASH_KEY:
+        return True
+    try:
+        validate_adapter_name(adapter)
+    except InvalidArgument:
+        log.warning("placement.bad_adapter_name name=%r", adapter[:80])
+        return False
+    return True
