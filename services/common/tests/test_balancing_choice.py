@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections import Counter
+
 import pytest
 
 from loraserve.clients.balancing import BoundedLoad, Candidate, choose, load_bound, preference
@@ -123,12 +125,22 @@ def test_an_adapter_stays_on_the_replica_it_runs_on_while_that_has_room() -> Non
 
 
 def test_an_adapter_stays_on_the_replica_it_runs_on_a_little_past_its_room() -> None:
-    # Room: 1.25 x 12 / 3 = 5. Placed alone, "b" would move to keep "a"'s replica at 5;
-    # where both run, they stay (7, within PLACED_SLACK x 5).
-    demand = {"c": 5.0, "a": 4.0, "b": 3.0}
-    where = next(r for r in REPLICAS if r != preference("c", REPLICAS)[0])
-    placement = place(demand, REPLICAS, 1.25, runs_on={"a": where, "b": where})
-    assert (placement["a"], placement["b"]) == (where, where)
+    # Room: 1.25 x 15 / 3 = 6.25. "b-r" would put its replica at 7, past the room, and
+    # fits on the other replica (at 6): with the room alone it would move; 6 is not far
+    # lighter than 7, so it stays.
+    r, x, y = REPLICAS
+    demand = {"y": 5.0, "r-big": 4.0, "a-x": 3.0, "b-r": 3.0}
+    runs_on = {"y": y, "r-big": r, "a-x": x, "b-r": r}
+    assert place(demand, REPLICAS, 1.25, runs_on=runs_on) == runs_on
+
+
+def test_a_replica_that_rejoined_empty_takes_adapters_from_the_one_they_all_run_on() -> None:
+    demand = {f"adapter-{i}": 1.0 for i in range(10)}
+    first, second = REPLICAS[:2]
+    placement = place(demand, [first, second], 1.25, runs_on=dict.fromkeys(demand, first))
+    loads = Counter(placement.values())
+    # Room: max(4, 1.25 x 10 / 2) = 6.25.
+    assert (loads[first], loads[second]) == (6, 4), loads
 
 
 def test_an_adapter_leaves_the_replica_it_runs_on_when_that_is_well_past_its_room() -> None:

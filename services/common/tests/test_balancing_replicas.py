@@ -9,6 +9,7 @@ from contextlib import asynccontextmanager
 from typing import Any
 
 import grpc
+import pytest
 
 from loraserve.clients.balancing import BoundedLoad, preference
 from loraserve.clients.inference import InferenceClient, RetryPolicy
@@ -32,6 +33,8 @@ class ReportingReplica(pb_grpc.InferenceServiceServicer):  # type: ignore[misc]
         self.adapters: dict[str, int] = {}
         self.hold: asyncio.Event | None = None
         self.polls = 0
+        # Seconds each load report takes to answer.
+        self.answers_after = 0.0
 
     async def Generate(self, request: pb.GenerateRequest, context: Any) -> AsyncIterator[Any]:
         yield pb.GenerateResponse(text=self.name)
@@ -41,6 +44,7 @@ class ReportingReplica(pb_grpc.InferenceServiceServicer):  # type: ignore[misc]
 
     async def GetReplicaLoad(self, request: Any, context: Any) -> pb.GetReplicaLoadResponse:
         self.polls += 1
+        await asyncio.sleep(self.answers_after)
         if not self.reports:
             await context.abort(grpc.StatusCode.UNIMPLEMENTED, "no such method")
         return pb.GetReplicaLoadResponse(
@@ -157,6 +161,21 @@ async def test_a_stopped_replicas_adapters_go_to_another_without_a_failure() -> 
             served = await _served(client, "alpha")
     assert served
     assert running[home][0].name not in served
+
+
+@pytest.mark.parametrize(("unanswered_s", "stays"), [(60.0, True), (0.1, False)])
+async def test_a_replica_answering_its_polls_late_keeps_its_adapters_until_unanswered_s(
+    unanswered_s: float, stays: bool
+) -> None:
+    policy = BoundedLoad(poll_interval_s=0.02, poll_timeout_s=0.05, unanswered_s=unanswered_s)
+    async with fleet(3) as running:
+        home = running[preference("alpha", running)[0]][0]
+        async with InferenceClient(",".join(running), routing=policy) as client:
+            await _served(client, "alpha")
+            home.answers_after = 1.0
+            # Several polls timed out meanwhile.
+            await asyncio.sleep(0.5)
+            assert (await _served(client, "alpha") == {home.name}) is stays
 
 
 async def test_a_replica_without_load_reports_keeps_its_adapters() -> None:

@@ -3,6 +3,6 @@ replicas' load reports and written into the map deploy/haproxy/haproxy.cfg route
 `haproxy-placement` (this package's `__main__`) runs it beside HAProxy."""
 
 from loraserve.haproxyplacement.agent import HaproxyPlacement
-from loraserve.haproxyplacement.runtime_api import RuntimeApi, Server
+from loraserve.haproxyplacement.runtime_api import MapEntry, RuntimeApi, Server
 
-__all__ = ["HaproxyPlacement", "RuntimeApi", "Server"]
+__all__ = ["HaproxyPlacement", "MapEntry", "RuntimeApi", "Server"]

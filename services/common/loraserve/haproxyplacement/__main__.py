@@ -97,9 +97,9 @@ def parse_settings(argv: Sequence[str], environ: Mapping[str, str]) -> Settings:
     )
 
 
-async def run(settings: Settings) -> None:
+async def run(settings: Settings, api: RuntimeApi) -> None:
     agent = HaproxyPlacement(
-        RuntimeApi(settings.haproxy_socket),
+        api,
         settings.backend,
         settings.map_file,
         settings.policy,
@@ -117,12 +117,13 @@ async def run(settings: Settings) -> None:
 def main(argv: Sequence[str] | None = None) -> None:
     try:
         settings = parse_settings(sys.argv[1:] if argv is None else argv, os.environ)
+        api = RuntimeApi(settings.haproxy_socket)
     except LoraserveError as exc:
         sys.stderr.write(f"haproxy-placement: {exc.message}\n")
         raise SystemExit(2) from exc
     logging.basicConfig(level=settings.log_level, format=LOG_FORMAT)
     with contextlib.suppress(KeyboardInterrupt):
-        asyncio.run(run(settings))
+        asyncio.run(run(settings, api))
 
 
 if __name__ == "__main__":

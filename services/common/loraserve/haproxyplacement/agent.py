@@ -33,6 +33,9 @@ from loraserve.haproxyplacement.runtime_api import RuntimeApi, Server
 
 log = logging.getLogger(__name__)
 
+# Refused names remembered (each said once), at most.
+_REFUSED_NAMES_KEPT = 1024
+
 
 class HaproxyPlacement:
     """Keeps `map_file` in HAProxy (at `api`) the placement of adapters over the servers
@@ -52,6 +55,7 @@ class HaproxyPlacement:
         self._policy = policy
         self._open_channel = open_channel
         self._replicas: ReplicaSet | None = None
+        self._refused: set[str] = set()
 
     async def run(self) -> None:
         """Writes the placement every `placement_interval_s` until cancelled; a round
@@ -81,6 +85,10 @@ class HaproxyPlacement:
         placement = replicas.placement
         if placement is None:
             return None
+        if not replicas.any_up:
+            # A placement over no replica is empty: written, it would unmap everything
+            # because the agent's own calls fail (a wrong token, a CA), not the fleet.
+            raise Unavailable("no replica answered the agent's load poll")
         wanted = self.wanted(servers, placement, replicas.demand)
         await self._write(wanted)
         return wanted
@@ -94,9 +102,24 @@ class HaproxyPlacement:
         room = replica_room(demand, max(1, len(names)), self._policy.balance_factor)
         wanted: dict[str, str] = {}
         for adapter, address in placement.items():
-            if address in names and demand.get(adapter, 0.0) <= room and _mappable(adapter):
+            if address in names and demand.get(adapter, 0.0) <= room and self._mappable(adapter):
                 wanted[adapter] = names[address]
         return wanted
+
+    def _mappable(self, adapter: str) -> bool:
+        """Whether a name a replica reported is one a request's header can carry:
+        anything else is refused here rather than written into a command on HAProxy's
+        admin socket (and said once)."""
+        if adapter == BASE_MODEL_HASH_KEY:
+            return True
+        try:
+            validate_adapter_name(adapter)
+        except InvalidArgument:
+            if len(self._refused) < _REFUSED_NAMES_KEPT and adapter not in self._refused:
+                self._refused.add(adapter)
+                log.warning("placement.bad_adapter_name name=%r", adapter[:80])
+            return False
+        return True
 
     async def close(self) -> None:
         if self._replicas is not None:
@@ -107,38 +130,20 @@ class HaproxyPlacement:
         addresses = sorted({s.address for s in servers})
         if self._replicas is None:
             self._replicas = ReplicaSet(None, addresses, self._open_channel, self._policy)
-            await self._replicas.start()
         elif set(addresses) != set(self._replicas.replicas):
             log.info("placement.servers_changed servers=%d", len(addresses))
             await self._replicas.set_addresses(addresses)
+        # Every round: polling that a bug stopped starts again.
+        await self._replicas.start()
         return self._replicas
 
     async def _write(self, wanted: dict[str, str]) -> None:
         current = await self._api.map_entries(self._map_file)
-        for adapter in current.keys() - wanted.keys():
-            await self._api.delete_entry(self._map_file, adapter)
-            log.info("placement.unmapped adapter=%s", adapter)
+        for adapter in sorted(current.keys() - wanted.keys()):
+            await self._api.delete_entry(self._map_file, current[adapter])
+            log.info("placement.unmapped adapter=%r", adapter[:80])
         for adapter, server in sorted(wanted.items()):
-            if current.get(adapter) != server:
-                await self._api.set_entry(
-                    self._map_file, adapter, server, new=adapter not in current
-                )
-                log.info(
-                    "placement.moved adapter=%s server=%s was=%s",
-                    adapter,
-                    server,
-                    current.get(adapter, "-"),
-                )
-
-
-def _mappable(adapter: str) -> bool:
-    """Whether a name a replica reported is one a request's header can carry: anything
-    else is refused here rather than written into a command on HAProxy's admin socket."""
-    if adapter == BASE_MODEL_HASH_KEY:
-        return True
-    try:
-        validate_adapter_name(adapter)
-    except InvalidArgument:
-        log.warning("placement.bad_adapter_name name=%r", adapter[:80])
-        return False
-    return True
+            was = current[adapter].value if adapter in current else None
+            if was != server:
+                await self._api.set_entry(self._map_file, adapter, server, new=was is None)
+                log.info("placement.moved adapter=%s server=%s was=%s", adapter, server, was)

@@ -17,9 +17,13 @@ from dataclasses import dataclass
 
 from loraserve.common.errors import FailedPrecondition, InvalidArgument, Unavailable
 
-# `show servers state` column values (HAProxy's srv_op_state and srv_admin_state).
+# `show servers state` column values (HAProxy's srv_op_state, srv_admin_state and
+# srv_uweight): running, neither in maintenance nor draining, and weighted.
 _RUNNING = "2"
 _NO_ADMIN_STATE = "0"
+_NO_WEIGHT = "0"
+# An entry's reference in `show map`, by which one is deleted whatever its key.
+_REF = re.compile(r"0x[0-9a-f]{1,16}")
 # Map keys and values: HTTP header values HAProxy compares, and server names.
 _WORD = re.compile(r"[A-Za-z0-9._:@-]{1,128}")
 # What HAProxy answers a map command that did what it was told.
@@ -33,8 +37,17 @@ class Server:
     name: str
     # HOST:PORT (IPv6 hosts in brackets), as a client dials it.
     address: str
-    # In the pool: checked up and not in maintenance or drain.
+    # In the pool: checked up, not in maintenance or drain, weight above 0.
     up: bool
+
+
+@dataclass(frozen=True)
+class MapEntry:
+    """One entry of a map in HAProxy's memory."""
+
+    # HAProxy's reference to it (`del map MAP #REF`).
+    ref: str
+    value: str
 
 
 class RuntimeApi:
@@ -42,6 +55,12 @@ class RuntimeApi:
     HOST:PORT of a `stats socket ipv4@...` line."""
 
     def __init__(self, socket: str, timeout_s: float = 5.0) -> None:
+        if "/" not in socket:
+            host, _, port = socket.rpartition(":")
+            if not host or not port.isdigit():
+                raise InvalidArgument(
+                    f"HAProxy's runtime API must be a socket path or HOST:PORT, got {socket!r}"
+                )
         self._socket = socket
         self._timeout_s = timeout_s
 
@@ -57,7 +76,7 @@ class RuntimeApi:
                 try:
                     writer.write(line.encode() + b"\n")
                     await writer.drain()
-                    return (await reader.read()).decode()
+                    return (await reader.read()).decode(errors="replace")
                 finally:
                     writer.close()
         except (OSError, TimeoutError) as exc:
@@ -76,27 +95,34 @@ class RuntimeApi:
             if not line or line.startswith("#") or " " not in line:
                 continue
             row = dict(zip(columns, line.split(), strict=False))
-            host, port = row["srv_addr"], row["srv_port"]
-            servers.append(
-                Server(
-                    name=row["srv_name"],
-                    address=f"[{host}]:{port}" if ":" in host else f"{host}:{port}",
-                    up=row["srv_op_state"] == _RUNNING
-                    and row["srv_admin_state"] == _NO_ADMIN_STATE,
+            try:
+                host, port = row["srv_addr"], row["srv_port"]
+                up = (
+                    row["srv_op_state"] == _RUNNING
+                    and row["srv_admin_state"] == _NO_ADMIN_STATE
+                    and row["srv_uweight"] != _NO_WEIGHT
                 )
-            )
+                name = row["srv_name"]
+            except KeyError as exc:
+                raise FailedPrecondition(
+                    f"HAProxy's `show servers state` has no column {exc}: {header}"
+                ) from exc
+            address = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+            servers.append(Server(name=name, address=address, up=up))
         return servers
 
-    async def map_entries(self, map_file: str) -> dict[str, str]:
-        """The entries of the map HAProxy loaded from `map_file`."""
+    async def map_entries(self, map_file: str) -> dict[str, MapEntry]:
+        """The entries of the map HAProxy loaded from `map_file`, by key; a line that is
+        not one key and one value (a value with spaces, written by someone else) is
+        left out."""
         answer = await self.command(f"show map {_word_path(map_file)}")
-        entries: dict[str, str] = {}
+        if answer.startswith("Unknown map"):
+            raise FailedPrecondition(f"HAProxy has no map {map_file}: {answer.strip()}")
+        entries: dict[str, MapEntry] = {}
         for line in answer.splitlines():
             fields = line.split()
-            if len(fields) == 3 and fields[0].startswith("0x"):
-                entries[fields[1]] = fields[2]
-            elif fields:
-                raise FailedPrecondition(f"HAProxy has no map {map_file}: {answer.strip()}")
+            if len(fields) == 3 and _REF.fullmatch(fields[0]):
+                entries[fields[1]] = MapEntry(fields[0], fields[2])
         return entries
 
     async def set_entry(self, map_file: str, key: str, value: str, *, new: bool) -> None:
@@ -104,8 +130,11 @@ class RuntimeApi:
         verb = "add" if new else "set"
         await self._map_command(f"{verb} map {_word_path(map_file)} {_word(key)} {_word(value)}")
 
-    async def delete_entry(self, map_file: str, key: str) -> None:
-        await self._map_command(f"del map {_word_path(map_file)} {_word(key)}")
+    async def delete_entry(self, map_file: str, entry: MapEntry) -> None:
+        """Deletes one entry by its reference: whatever its key, no key is sent."""
+        if not _REF.fullmatch(entry.ref):
+            raise InvalidArgument(f"not a map entry reference: {entry.ref!r}")
+        await self._map_command(f"del map {_word_path(map_file)} #{entry.ref}")
 
     async def _map_command(self, line: str) -> None:
         answer = (await self.command(line)).strip()

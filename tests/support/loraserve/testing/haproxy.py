@@ -144,7 +144,8 @@ class Haproxy(ChildProcess):
 
     async def placement(self) -> dict[str, str]:
         """Adapter -> server, as haproxy-placement last wrote it."""
-        return await RuntimeApi(str(self.admin_socket)).map_entries(str(self.placement_map))
+        entries = await RuntimeApi(str(self.admin_socket)).map_entries(str(self.placement_map))
+        return {adapter: entry.value for adapter, entry in entries.items()}
 
     async def servers(self) -> dict[str, dict[str, str]]:
         """Each server's row of `show stat`: its "status" ("UP", "DOWN", "UP 1/3", ...),

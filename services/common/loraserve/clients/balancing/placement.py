@@ -10,7 +10,7 @@ smoothed): the busiest adapters are placed first, each on the first replica in i
 rendezvous order that still has room under `balance_factor` times the mean, so the
 hot adapter keeps its home and the cold ones that shared it move, whole, to their
 next choice. An adapter stays on the replica it runs on until that one is well past
-its room. Every client
+its room, or past it with a far lighter replica to go to. Every client
 reads the same reports and smooths them alike (slowly, so placements do not shuffle as
 demand wobbles), so every client places alike; an adapter without demand goes to its
 first choice. The request-by-request bound
@@ -32,9 +32,8 @@ def place(
 ) -> dict[str, str]:
     """Adapter -> replica for every adapter with demand, busiest first (ties by name).
     An adapter stays on the replica it `runs_on` (where most of its smoothed demand is,
-    as the replicas report it) while that replica's placed demand is within
-    PLACED_SLACK times its room, as a placed adapter's requests stay there while its
-    load is within that many times the bound (`choice.choose`); otherwise the first
+    as the replicas report it) while that replica has room for it, or is a little past
+    its room with no far lighter replica to go to (`_stays`); otherwise the first
     replica in its rendezvous order with room takes it. The slack keeps demand's
     wobble from moving adapters: with the room alone, whichever adapter came last to a
     nearly full replica moved, and the next round, with demand a little different,
@@ -50,16 +49,31 @@ def place(
     assigned = dict.fromkeys(replicas, 0.0)
     placement: dict[str, str] = {}
     for adapter in sorted(demand, key=lambda a: (-demand[a], a)):
+        wanted = demand[adapter]
+        order = preference(adapter, replicas)
+        fits = [r for r in order if assigned[r] + wanted <= room]
         current = (runs_on or {}).get(adapter)
-        if current in assigned and assigned[current] + demand[adapter] <= room * PLACED_SLACK:
+        if current in assigned and _stays(assigned, current, wanted, room, fits):
             chosen = current
         else:
-            order = preference(adapter, replicas)
-            fits = [r for r in order if assigned[r] + demand[adapter] <= room]
             chosen = fits[0] if fits else min(order, key=lambda r: assigned[r])
-        assigned[chosen] += demand[adapter]
+        assigned[chosen] += wanted
         placement[adapter] = chosen
     return placement
+
+
+def _stays(
+    assigned: Mapping[str, float], current: str, wanted: float, room: float, fits: list[str]
+) -> bool:
+    """Whether an adapter stays on the replica it runs on: that replica has room for it,
+    or is within PLACED_SLACK times its room and no replica with room would hold
+    PLACED_SLACK times less. Demand's wobble around the room moves nothing then, and a
+    replica that is far lighter (one that rejoined empty) still takes adapters."""
+    here = assigned[current] + wanted
+    if here <= room:
+        return True
+    lighter = any((assigned[r] + wanted) * PLACED_SLACK <= here for r in fits if r != current)
+    return here <= room * PLACED_SLACK and not lighter
 
 
 def replica_room(demand: Mapping[str, float], replicas: int, balance_factor: float) -> float:

@@ -16,14 +16,18 @@ class BoundedLoad:
     `balance_factor` (at least 1): the most load one replica may have, as a multiple of
     the fleet's mean, before an adapter's requests spill to its next replica; 1.25 is
     HAProxy's and Envoy's usual `hash-balance-factor` of 125. Replicas are asked for
-    their load every `poll_interval_s`, each answer awaited at most `poll_timeout_s`;
-    a DNS name is resolved again every `resolve_interval_s`; adapters are placed on
-    replicas again every `placement_interval_s` (`loraserve.clients.balancing.placement`).
+    their load every `poll_interval_s`, each answer awaited at most `poll_timeout_s`; a
+    replica whose polls go unanswered that long stays in the choice on its last report
+    until they have for `unanswered_s` (a busy replica answers late; one that refuses
+    the connection, UNAVAILABLE, leaves at once); a DNS name is resolved again every
+    `resolve_interval_s`; adapters are placed on replicas again every
+    `placement_interval_s` (`loraserve.clients.balancing.placement`).
     """
 
     balance_factor: float = DEFAULT_BALANCE_FACTOR
     poll_interval_s: float = 0.1
     poll_timeout_s: float = 1.0
+    unanswered_s: float = 3.0
     resolve_interval_s: float = 30.0
     # How often adapters are placed again from their smoothed demand (placement.py),
     # and how much of the smoothed demand each poll's reading replaces.
@@ -42,6 +46,7 @@ class BoundedLoad:
         for name in (
             "poll_interval_s",
             "poll_timeout_s",
+            "unanswered_s",
             "resolve_interval_s",
             "placement_interval_s",
         ):

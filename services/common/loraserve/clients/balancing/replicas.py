@@ -5,9 +5,10 @@ Every `poll_interval_s` the set asks every replica for its load (`GetReplicaLoad
 read of counters the replica keeps anyway). Between polls a replica's load is what it
 reported plus the requests this client started there since, minus those it finished:
 the report makes many independent client processes agree on the fleet's load, and the
-client's own count keeps its choices fresh between reports. A replica that does not
-answer (starting, draining after SIGTERM, gone) leaves the choice until it answers
-again; one whose call failed UNAVAILABLE before any response leaves it at once. Before
+client's own count keeps its choices fresh between reports. A replica whose poll is
+refused (UNAVAILABLE: gone, starting, draining after SIGTERM) leaves the choice until it
+answers again, as does one whose call failed UNAVAILABLE before any response; one that
+answers late stays on its last report until its polls have failed for `unanswered_s`. Before
 its first answer a replica counts as idle and up, so the first requests need not wait
 for a poll; one that is down fails them over at once.
 
@@ -37,6 +38,10 @@ from loraserve.inference.v1 import inference_pb2_grpc as pb_grpc
 log = logging.getLogger(__name__)
 
 ChannelFactory = Callable[[str], grpc.aio.Channel]
+# Smoothed demand below which an adapter is forgotten on a replica: an adapter that
+# ran there but no longer does is forgotten about 10 s after its last request, so a
+# cold adapter requested every few seconds keeps its place between requests.
+FORGOTTEN = 0.001
 
 
 @dataclass(eq=False)
@@ -54,6 +59,8 @@ class Replica:
     resident: frozenset[str] = field(default_factory=frozenset)
     # Its pending sequences by adapter, as last reported.
     adapters: dict[str, int] = field(default_factory=dict)
+    # When its polls started failing, on the event loop's clock; None while answered.
+    failing_since: float | None = None
 
     @property
     def load(self) -> int:
@@ -95,6 +102,11 @@ class ReplicaSet:
         """Adapter -> the address of the replica it is placed on, as last placed; None
         before the first placement (`placement_interval_s` after polling started)."""
         return dict(self._placement) if self._placed else None
+
+    @property
+    def any_up(self) -> bool:
+        """Whether any replica answered its last poll (or has not been polled yet)."""
+        return any(r.up for r in self._replicas.values())
 
     @property
     def demand(self) -> dict[str, float]:
@@ -144,6 +156,10 @@ class ReplicaSet:
     async def start(self) -> None:
         """Resolves a DNS name the first time, and starts polling (the first pick
         does, if this was not called)."""
+        if self._polling is not None and self._polling.done() and not self._polling.cancelled():
+            # A bug stopped it: loads would freeze where they were; said, and started again.
+            log.error("routing.polling_stopped error=%r", self._polling.exception())
+            self._polling = None
         if self._polling is not None:
             return
         if self._host is not None and not self._replicas:
@@ -182,7 +198,7 @@ class ReplicaSet:
         alpha = self._policy.demand_smoothing
         for key in reading.keys() | self._demand.keys():
             smoothed = (1 - alpha) * self._demand.get(key, 0.0) + alpha * reading.get(key, 0.0)
-            if smoothed < 0.01:
+            if smoothed < FORGOTTEN:
                 self._demand.pop(key, None)
             else:
                 self._demand[key] = smoothed
@@ -205,25 +221,51 @@ class ReplicaSet:
             response = await replica.stub.GetReplicaLoad(
                 pb.GetReplicaLoadRequest(), timeout=self._policy.poll_timeout_s
             )
+        except grpc.aio.UsageError:
+            # Its channel closed under the call: the address left the set meanwhile.
+            return
         except grpc.aio.AioRpcError as exc:
             if exc.code() is grpc.StatusCode.UNIMPLEMENTED:
                 # A replica of a release before load reports: up, its load this
                 # client's own count alone.
                 replica.up, replica.reported, replica.in_flight_at_report = True, 0, 0
                 return
-            if replica.up:
-                log.info(
-                    "routing.replica_down address=%s code=%s", replica.address, exc.code().name
-                )
-            replica.up = False
+            self._unanswered(replica, exc.code())
             return
         if not replica.up:
             log.info("routing.replica_up address=%s", replica.address)
         replica.up = True
+        replica.failing_since = None
         replica.reported = response.pending_sequences
         replica.in_flight_at_report = at_call
         replica.resident = frozenset(response.resident_adapters)
-        replica.adapters = dict(response.adapter_pending_sequences)
+        # Never negative, and none over the replica's own total: a malformed report
+        # skews placement no further than the total it claims.
+        total = max(0, response.pending_sequences)
+        replica.adapters = {
+            adapter: min(max(0, pending), total)
+            for adapter, pending in response.adapter_pending_sequences.items()
+        }
+
+    def _unanswered(self, replica: Replica, code: grpc.StatusCode) -> None:
+        """A failed poll. A refused connection takes the replica out at once; a late
+        or failed answer only once its polls have failed for `unanswered_s`: on a
+        loaded machine a busy replica answers late, and taking it out would move every
+        adapter placed on it, and back once it answers."""
+        now = asyncio.get_running_loop().time()
+        if replica.failing_since is None:
+            replica.failing_since = now
+        failing_for = now - replica.failing_since
+        if replica.up and (
+            code is grpc.StatusCode.UNAVAILABLE or failing_for >= self._policy.unanswered_s
+        ):
+            log.info(
+                "routing.replica_down address=%s code=%s failing_s=%.1f",
+                replica.address,
+                code.name,
+                failing_for,
+            )
+            replica.up = False
 
     async def _resolve(self) -> None:
         assert self._host is not None
