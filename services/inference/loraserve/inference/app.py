@@ -285,7 +285,15 @@ class InferenceApp:
         log.info("server.serving port=%d replica_id=%s", self.port, self._settings.replica_id)
 
     async def stop(self) -> None:
-        """Graceful shutdown: NOT_SERVING, streams finish within the grace, then teardown."""
+        """Graceful shutdown: NOT_SERVING (new calls still served for the delay), streams
+        finish within the grace, then teardown."""
+        delay = self._settings.shutdown_delay_seconds
+        if delay > 0 and self._server is not None:
+            # A load balancer learns of NOT_SERVING only at its next checks; a call it
+            # sends meanwhile would otherwise be refused by a server already stopping.
+            log.info("server.draining delay_s=%.1f", delay)
+            await self._server.set_serving(False)
+            await asyncio.sleep(delay)
         grace = self._settings.shutdown_grace_seconds
         log.info("server.stopping grace_s=%.1f", grace)
         await asyncio.gather(

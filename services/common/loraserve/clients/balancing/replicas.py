@@ -38,10 +38,17 @@ from loraserve.inference.v1 import inference_pb2_grpc as pb_grpc
 log = logging.getLogger(__name__)
 
 ChannelFactory = Callable[[str], grpc.aio.Channel]
-# Smoothed demand below which an adapter is forgotten on a replica: an adapter that
-# ran there but no longer does is forgotten about 10 s after its last request, so a
-# cold adapter requested every few seconds keeps its place between requests.
+# Smoothed demand below which an adapter is forgotten on a replica: about 10 s after
+# its last request there, so a cold adapter requested every few seconds keeps its place
+# between them.
 FORGOTTEN = 0.001
+# The share of an adapter's smoothed demand on one replica past which it runs there,
+# wherever this client placed it: more than half, so that two clients that placed it
+# apart converge on one replica as soon as either holds the larger part.
+MOSTLY = 1 / 2
+# Placement rounds after this client moved an adapter during which the reports do not
+# move it back: its requests in flight on the old replica take that long to drain.
+SETTLE_ROUNDS = 3
 
 
 @dataclass(eq=False)
@@ -88,8 +95,10 @@ class ReplicaSet:
         self._replicas: dict[str, Replica] = {}
         self._set_addresses(addresses)
         self._polling: asyncio.Task[None] | None = None
-        # Each adapter's smoothed demand on each replica, and where it is placed.
+        # Each adapter's smoothed demand on each replica, where it is placed, and when
+        # this client last moved it.
         self._demand: dict[tuple[str, str], float] = {}
+        self._moved_at: dict[str, float] = {}
         self._placement: dict[str, str] = {}
         self._placed = False
 
@@ -204,15 +213,27 @@ class ReplicaSet:
                 self._demand[key] = smoothed
 
     def _place(self) -> None:
+        now = asyncio.get_running_loop().time()
         up = sorted(a for a, r in self._replicas.items() if r.up)
         demand = self.demand
-        # Where an adapter runs: the replica with most of its demand, if more than half.
-        runs_on = {
-            adapter: address
-            for (adapter, address), smoothed in self._demand.items()
-            if smoothed > demand[adapter] / 2
-        }
-        self._placement = place(demand, up, self._policy.balance_factor, runs_on)
+        # Where each adapter is: where this client placed it, unless the fleet's reports
+        # show it running mostly elsewhere (other clients placed it there) and this
+        # client has not moved it lately. Right after a move its old replica still
+        # holds its requests in flight and much of its smoothed demand, so the reports
+        # alone would take it back, and forth, round after round.
+        settle_s = SETTLE_ROUNDS * self._policy.placement_interval_s
+        runs_on = {a: r for a, r in self._placement.items() if r in up}
+        for (adapter, address), smoothed in self._demand.items():
+            settled = now - self._moved_at.get(adapter, -settle_s) >= settle_s
+            if settled and smoothed > MOSTLY * demand[adapter]:
+                runs_on[adapter] = address
+        placement = place(demand, up, self._policy.balance_factor, runs_on)
+        for adapter, address in placement.items():
+            if self._placement.get(adapter, address) != address:
+                self._moved_at[adapter] = now
+        for adapter in self._moved_at.keys() - placement.keys():
+            del self._moved_at[adapter]
+        self._placement = placement
         self._placed = True
 
     async def _poll(self, replica: Replica) -> None:

@@ -220,6 +220,14 @@ def _add_connection_flags(serve: argparse.ArgumentParser, flags: EnvFlags) -> No
         "traffic (0: never)",
     )
     serve.add_argument(
+        "--shutdown-delay",
+        type=non_negative_float,
+        default=env("shutdown-delay", "0"),
+        help="seconds between SIGTERM and the grace: health says NOT_SERVING while new "
+        "calls are still served, so load balancers (HAProxy's checks, Kubernetes' "
+        "readiness probe) stop sending them first; longer than their detection time",
+    )
+    serve.add_argument(
         "--shutdown-grace",
         type=float,
         default=env("shutdown-grace", "30"),
@@ -357,6 +365,7 @@ def parse_settings(
         public_metrics=bool(args.public_metrics),
         metrics_top_adapters=int(args.metrics_top_adapters),
         max_connection_age_s=float(args.max_connection_age),
+        shutdown_delay_seconds=float(args.shutdown_delay),
         shutdown_grace_seconds=float(args.shutdown_grace),
         log_level=str(args.log_level).upper(),
         adapter_cache_size=args.adapter_cache_size,

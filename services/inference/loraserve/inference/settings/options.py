@@ -101,6 +101,8 @@ class InferenceSettings:
     metrics_top_adapters: int = DEFAULT_METRICS_TOP_ADAPTERS
     # Seconds before a gRPC connection is asked to close; 0: never.
     max_connection_age_s: float = 300.0
+    # Seconds NOT_SERVING while still serving new calls, before the grace.
+    shutdown_delay_seconds: float = 0.0
     shutdown_grace_seconds: float = 30.0
     log_level: str = "INFO"
     # Bytes the adapter cache may hold on disk; None: unbounded.

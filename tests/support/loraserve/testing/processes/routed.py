@@ -36,6 +36,9 @@ GUARD_S = 600.0
 ADAPTERS = [f"routed-{i}" for i in range(4)]
 REPLICAS = 2
 PROMPT = [1, 40, 41, 42, 43, 44, 45]
+# A SIGTERMed replica's NOT_SERVING before it stops taking calls, as deploy/README.md
+# asks for behind HAProxy.
+SHUTDOWN_DELAY_S = 3.0
 # No retries in the client: what the tests count is what HAProxy alone does about a
 # replica that fails, as a client in another language without retries would see it.
 NO_RETRY = RetryPolicy(max_attempts=1)
@@ -158,7 +161,11 @@ class _Starter:
                 self.store_address,
                 self.directory / f"cache-{generation}",
                 self.directory / f"{name}-{generation}.log",
-                extra=["--replica-id", name, "--metrics-port", str(metrics_port)],
+                extra=[
+                    *("--replica-id", name, "--metrics-port", str(metrics_port)),
+                    # Longer than HAProxy's checks take to notice NOT_SERVING (2 s).
+                    *("--shutdown-delay", str(SHUTDOWN_DELAY_S)),
+                ],
                 guard_s=GUARD_S,
             )
         )
