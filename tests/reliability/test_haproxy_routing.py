@@ -210,8 +210,11 @@ async def test_a_hot_adapter_spills_to_the_second_replica_while_a_cold_one_stays
         for i in range(HOT_STREAMS)
     ]
     cold_outcomes = Outcomes()
-    before = await routed.fleet.served()
     async with load_on(routed, [hot], hot_load) as hot_outcomes, routed.client() as client:
+        # Placed (mapped to one replica) until the agent's smoothed demand shows it too
+        # hot for one: from then on the bounded hash spreads it.
+        await eventually(lambda: _unplaced(routed.haproxy, hot), "the hot one unplaced", GUARD_S)
+        before = await routed.fleet.served()
         for _ in range(ROUNDS):
             await cold_outcomes.stream(client, cold, LOAD)
     after = await routed.fleet.served()
@@ -289,6 +292,10 @@ async def standins_behind_haproxy(
         client = InferenceClient(haproxy.address, retry=RetryPolicy(), timeout=STREAM_DEADLINE_S)
         async with client:
             yield standins, haproxy, client
+
+
+async def _unplaced(haproxy: Haproxy, adapter: str) -> bool:
+    return adapter not in await haproxy.placement()
 
 
 async def _placed_on(haproxy: Haproxy, server: str) -> bool:

@@ -289,8 +289,7 @@ class InferenceApp:
         finish within the grace, then teardown."""
         delay = self._settings.shutdown_delay_seconds
         if delay > 0 and self._server is not None:
-            # A load balancer learns of NOT_SERVING only at its next checks; a call it
-            # sends meanwhile would otherwise be refused by a server already stopping.
+            # A load balancer sees NOT_SERVING at its next checks: serve what it sends until.
             log.info("server.draining delay_s=%.1f", delay)
             await self._server.set_serving(False)
             await asyncio.sleep(delay)

@@ -41,6 +41,7 @@ from loraserve.inference.settings.options import (
     EngineOptions,
     InferenceSettings,
 )
+from loraserve.inference.settings.shutdown import add_shutdown_flags
 
 
 def _cache_size(text: str) -> int:
@@ -219,20 +220,7 @@ def _add_connection_flags(serve: argparse.ArgumentParser, flags: EnvFlags) -> No
         "and clients reconnect, resolving dns:/// targets again, so new replicas get "
         "traffic (0: never)",
     )
-    serve.add_argument(
-        "--shutdown-delay",
-        type=non_negative_float,
-        default=env("shutdown-delay", "0"),
-        help="seconds between SIGTERM and the grace: health says NOT_SERVING while new "
-        "calls are still served, so load balancers (HAProxy's checks, Kubernetes' "
-        "readiness probe) stop sending them first; longer than their detection time",
-    )
-    serve.add_argument(
-        "--shutdown-grace",
-        type=float,
-        default=env("shutdown-grace", "30"),
-        help="seconds running streams get to finish on SIGTERM",
-    )
+    add_shutdown_flags(serve, env)
     serve.add_argument("--log-level", default=env("log-level", "INFO"))
 
 
