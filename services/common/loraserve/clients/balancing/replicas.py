@@ -99,8 +99,8 @@ class ReplicaSet:
         # this client last moved it.
         self._demand: dict[tuple[str, str], float] = {}
         self._moved_at: dict[str, float] = {}
-        self._placement: dict[str, str] = {}
-        self._placed = False
+        # None before the first placement.
+        self._placement: dict[str, str] | None = None
 
     @property
     def replicas(self) -> dict[str, Replica]:
@@ -110,7 +110,7 @@ class ReplicaSet:
     def placement(self) -> dict[str, str] | None:
         """Adapter -> the address of the replica it is placed on, as last placed; None
         before the first placement (`placement_interval_s` after polling started)."""
-        return dict(self._placement) if self._placed else None
+        return None if self._placement is None else dict(self._placement)
 
     @property
     def any_up(self) -> bool:
@@ -135,7 +135,7 @@ class ReplicaSet:
         if not up:
             rest = [r for a, r in self._replicas.items() if a not in avoid]
             return min(rest or self._replicas.values(), key=lambda r: r.load)
-        placed = self._placement.get(key)
+        placed = (self._placement or {}).get(key)
         chosen = choose(
             key,
             {a: r.candidate() for a, r in up.items()},
@@ -222,19 +222,19 @@ class ReplicaSet:
         # holds its requests in flight and much of its smoothed demand, so the reports
         # alone would take it back, and forth, round after round.
         settle_s = SETTLE_ROUNDS * self._policy.placement_interval_s
-        runs_on = {a: r for a, r in self._placement.items() if r in up}
+        before = self._placement or {}
+        runs_on = {a: r for a, r in before.items() if r in up}
         for (adapter, address), smoothed in self._demand.items():
             settled = now - self._moved_at.get(adapter, -settle_s) >= settle_s
             if settled and smoothed > MOSTLY * demand[adapter]:
                 runs_on[adapter] = address
         placement = place(demand, up, self._policy.balance_factor, runs_on)
         for adapter, address in placement.items():
-            if self._placement.get(adapter, address) != address:
+            if before.get(adapter, address) != address:
                 self._moved_at[adapter] = now
         for adapter in self._moved_at.keys() - placement.keys():
             del self._moved_at[adapter]
         self._placement = placement
-        self._placed = True
 
     async def _poll(self, replica: Replica) -> None:
         at_call = replica.in_flight
