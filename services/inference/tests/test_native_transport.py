@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import gzip
+import json
 import re
 import socket
 import urllib.parse
@@ -84,6 +85,43 @@ async def test_native_transport_ends_a_failed_call_with_its_status_and_trailing_
     assert failed.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
     assert failed.value.details() == "over quota"
     assert ("retry-after", "3") in tuple(failed.value.trailing_metadata() or ())
+
+
+async def test_native_transport_lets_grpc_retry_a_call_ended_before_its_first_message() -> None:
+    # Response headers sent before a message would commit the call (gRPC's retry policy
+    # and a proxy between both stop there); a trailers-only response does not.
+    attempts = 0
+
+    async def unavailable_once(request: bytes, metadata: Metadata, write: Write) -> None:
+        nonlocal attempts
+        attempts += 1
+        if attempts == 1:
+            raise RuntimeError("engine lost")
+        write(pb.GenerateResponse(text="x").SerializeToString())
+
+    def status(exc: Exception) -> Ending:
+        return grpc.StatusCode.UNAVAILABLE.value[0], str(exc), []
+
+    retry = {
+        "name": [{"service": "loraserve.inference.v1.InferenceService"}],
+        "retryPolicy": {
+            "maxAttempts": 2,
+            "initialBackoff": "0.01s",
+            "maxBackoff": "0.01s",
+            "backoffMultiplier": 1,
+            "retryableStatusCodes": ["UNAVAILABLE"],
+        },
+    }
+    options = [("grpc.service_config", json.dumps({"methodConfig": [retry]}))]
+    front = _front(unavailable_once, status)
+    try:
+        async with grpc.aio.insecure_channel(f"127.0.0.1:{front.port}", options) as channel:
+            stub = pb_grpc.InferenceServiceStub(channel)
+            responses = [r async for r in stub.Generate(pb.GenerateRequest(), timeout=30)]
+    finally:
+        front.close()
+    assert [r.text for r in responses] == ["x"]
+    assert attempts == 2
 
 
 async def _forever(request: bytes, metadata: Metadata, write: Write) -> None:

@@ -35,8 +35,8 @@ use std::thread;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use bytes::{BufMut, Bytes, BytesMut};
+use h2::server::SendResponse;
 use h2::SendStream;
-use http::Response;
 use pyo3::exceptions::{PyOSError, PyValueError};
 use pyo3::prelude::*;
 use pyo3::types::PyBytes;
@@ -104,10 +104,10 @@ impl Inbox {
     }
 }
 
-/// A call's response stream, handed to the dispatcher before its call is announced.
+/// A call's response, handed to the dispatcher before its call is announced.
 struct Opened {
     id: u64,
-    stream: SendStream<Bytes>,
+    respond: SendResponse<Bytes>,
     /// Dropped when the dispatcher lets the stream go, which ends the call's deadline.
     released: Option<oneshot::Sender<()>>,
 }
@@ -406,9 +406,21 @@ impl Wake for StreamWaker {
     }
 }
 
-/// A stream the dispatcher writes, with the waker h2 keeps for it.
+/// A call's response: its headers not yet sent, or sent and its messages following.
+///
+/// The headers go with the first message (or, where there is none, as a trailers-only
+/// response), as grpc core's servers send them: until then nothing has reached the
+/// client, so a call its replica drops before its first token is one a client or a
+/// proxy between may send again. Headers sent early would commit it: HAProxy ends such
+/// a stream UNKNOWN, past gRPC's retry policy and the client's own.
+enum Reply {
+    Unsent(SendResponse<Bytes>),
+    Sending(SendStream<Bytes>),
+}
+
+/// A call the dispatcher answers, with the waker h2 keeps for its stream.
 struct Open {
-    stream: SendStream<Bytes>,
+    reply: Reply,
     waker: Waker,
     _released: Option<oneshot::Sender<()>>,
 }
@@ -418,7 +430,39 @@ impl Open {
     /// keeps the stream's waker until either happens.
     fn gone(&mut self) -> bool {
         let mut context = Context::from_waker(&self.waker);
-        matches!(self.stream.poll_reset(&mut context), Poll::Ready(_))
+        let reset = match &mut self.reply {
+            Reply::Unsent(respond) => respond.poll_reset(&mut context),
+            Reply::Sending(stream) => stream.poll_reset(&mut context),
+        };
+        matches!(reset, Poll::Ready(_))
+    }
+
+    /// Writes one message, the response's headers first where they are unsent; whether
+    /// the call is over (ended, or its stream gone).
+    fn write(&mut self, message: Message) -> bool {
+        match (&mut self.reply, message) {
+            (Reply::Unsent(respond), Message::End(code, text, trailing)) => {
+                let response = wire::trailers_only(code, &text, &trailing);
+                let _ = respond.send_response(response, true);
+                true
+            }
+            (Reply::Unsent(respond), message) => {
+                match respond.send_response(wire::headers(), false) {
+                    Ok(stream) => {
+                        self.reply = Reply::Sending(stream);
+                        self.write(message)
+                    }
+                    Err(_) => true,
+                }
+            }
+            (Reply::Sending(stream), Message::Data(framed)) => {
+                stream.send_data(framed, false).is_err()
+            }
+            (Reply::Sending(stream), Message::End(code, text, trailing)) => {
+                let _ = stream.send_trailers(wire::trailers(code, &text, &trailing));
+                true
+            }
+        }
     }
 }
 
@@ -431,7 +475,7 @@ async fn dispatch(calls: Arc<Calls>, mut opened: UnboundedReceiver<Opened>) {
         // A call's stream is queued before the call is announced, so before any message.
         while let Ok(Opened {
             id,
-            stream,
+            respond,
             released,
         }) = opened.try_recv()
         {
@@ -440,7 +484,7 @@ async fn dispatch(calls: Arc<Calls>, mut opened: UnboundedReceiver<Opened>) {
                 calls: Arc::clone(&calls),
             }));
             let mut open = Open {
-                stream,
+                reply: Reply::Unsent(respond),
                 waker,
                 _released: released,
             };
@@ -460,16 +504,9 @@ async fn dispatch(calls: Arc<Calls>, mut opened: UnboundedReceiver<Opened>) {
         }
         let outbox = mem::take(&mut *calls.outbox.lock().unwrap());
         for (id, message) in outbox {
-            let stream = match streams.get_mut(&id) {
-                Some(open) => &mut open.stream,
+            let done = match streams.get_mut(&id) {
+                Some(open) => open.write(message),
                 None => continue,
-            };
-            let done = match message {
-                Message::Data(framed) => stream.send_data(framed, false).is_err(),
-                Message::End(code, text, trailing) => {
-                    let _ = stream.send_trailers(wire::trailers(code, &text, &trailing));
-                    true
-                }
             };
             if done {
                 streams.remove(&id);
@@ -668,7 +705,7 @@ fn jittered(age: Duration) -> Duration {
 async fn call(
     id: u64,
     request: http::Request<h2::RecvStream>,
-    mut respond: h2::server::SendResponse<Bytes>,
+    respond: SendResponse<Bytes>,
     calls: Arc<Calls>,
     upstream: Option<Arc<proxy::Upstream>>,
 ) {
@@ -727,16 +764,6 @@ async fn call(
         // Reset or dropped before its request was whole: nothing to serve.
         Err(None) => return,
     };
-    let response = Response::builder()
-        .status(200)
-        .header("content-type", "application/grpc")
-        .header("grpc-accept-encoding", wire::ACCEPT_ENCODING)
-        .body(())
-        .expect("static headers");
-    let stream = match respond.send_response(response, false) {
-        Ok(stream) => stream,
-        Err(_) => return,
-    };
     let (released, stream_released) = match deadline {
         Some(_) => {
             let (tx, rx) = oneshot::channel();
@@ -748,7 +775,7 @@ async fn call(
         .streams
         .send(Opened {
             id,
-            stream,
+            respond,
             released,
         })
         .is_err()

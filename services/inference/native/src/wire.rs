@@ -205,13 +205,24 @@ pub fn grpc_request<B>(request: &http::Request<B>) -> Result<(), Response<()>> {
     }
 }
 
-/// A gRPC response that is its status alone (headers ending the stream).
-pub fn status_response(code: u32, text: &str) -> Response<()> {
+/// A gRPC response's headers, its messages to follow.
+pub fn headers() -> Response<()> {
     let mut response = Response::new(());
     *response.status_mut() = StatusCode::OK;
     let headers = response.headers_mut();
     headers.insert("content-type", HeaderValue::from_static("application/grpc"));
     headers.insert("grpc-accept-encoding", HeaderValue::from_static(ACCEPT_ENCODING));
-    headers.extend(trailers(code, text, &[]));
+    response
+}
+
+/// A gRPC response that is its status alone (headers ending the stream).
+pub fn status_response(code: u32, text: &str) -> Response<()> {
+    trailers_only(code, text, &[])
+}
+
+/// A trailers-only response: a call's status and trailing metadata, no message before.
+pub fn trailers_only(code: u32, text: &str, metadata: &[(String, String)]) -> Response<()> {
+    let mut response = headers();
+    response.headers_mut().extend(trailers(code, text, metadata));
     response
 }
