@@ -11,7 +11,7 @@ from typing import Any
 import grpc
 import pytest
 
-from loraserve.clients.balancing import BoundedLoad, preference
+from loraserve.clients.balancing import BoundedLoad, ReplicaSet, preference
 from loraserve.clients.inference import InferenceClient, RetryPolicy
 from loraserve.inference.v1 import inference_pb2 as pb
 from loraserve.inference.v1 import inference_pb2_grpc as pb_grpc
@@ -23,7 +23,9 @@ RETRY = RetryPolicy(max_attempts=10, initial_backoff=0.01, max_backoff=0.05)
 
 class ReportingReplica(pb_grpc.InferenceServiceServicer):  # type: ignore[misc]
     """Answers Generate with its name (after `hold` is set, when given) and reports
-    `pending` and `resident` as its load; `reports` False answers UNIMPLEMENTED."""
+    `pending` and `resident` as its load, and with `admitted` its admissions by adapter,
+    `admitting` more at each report (None: a release before them); `reports` False
+    answers UNIMPLEMENTED."""
 
     def __init__(self, name: str) -> None:
         self.name = name
@@ -31,6 +33,8 @@ class ReportingReplica(pb_grpc.InferenceServiceServicer):  # type: ignore[misc]
         self.resident: list[str] = []
         self.reports = True
         self.adapters: dict[str, int] = {}
+        self.admitted: dict[str, int] | None = None
+        self.admitting: dict[str, int] = {}
         self.hold: asyncio.Event | None = None
         self.polls = 0
         # Seconds each load report takes to answer.
@@ -47,11 +51,15 @@ class ReportingReplica(pb_grpc.InferenceServiceServicer):  # type: ignore[misc]
         await asyncio.sleep(self.answers_after)
         if not self.reports:
             await context.abort(grpc.StatusCode.UNIMPLEMENTED, "no such method")
+        if self.admitted is not None:
+            for adapter, sequences in self.admitting.items():
+                self.admitted[adapter] = self.admitted.get(adapter, 0) + sequences
         return pb.GetReplicaLoadResponse(
             pending_sequences=self.pending,
             resident_adapters=self.resident,
             replica_id=self.name,
             adapter_pending_sequences=self.adapters,
+            adapter_admitted_sequences=self.admitted or {},
         )
 
 
@@ -187,6 +195,45 @@ async def test_a_replica_without_load_reports_keeps_its_adapters() -> None:
             await _served(client, "warm-up")
             await _polled([home])
             assert await _served(client, "alpha") == {home.name}
+
+
+async def _demand_of(
+    running: dict[str, tuple[ReportingReplica, grpc.aio.Server]],
+) -> dict[str, float]:
+    """The demand a replica set reads from `running` once it holds still (every report
+    taken whole: no smoothing)."""
+    policy = BoundedLoad(poll_interval_s=0.02, demand_smoothing=1)
+    replicas = ReplicaSet(None, list(running), grpc.aio.insecure_channel, policy)
+    try:
+        await replicas.start()
+        await _polled([r for r, _ in running.values()])
+        await _polled([r for r, _ in running.values()])
+        return replicas.demand
+    finally:
+        await replicas.close()
+
+
+def _queued_and_quick(replica: ReportingReplica) -> None:
+    """One adapter asked for once a report, its requests queued long; another asked for
+    three times as often, its requests quick."""
+    replica.pending, replica.adapters = 12, {"queued": 9, "quick": 3}
+    replica.admitted, replica.admitting = {}, {"queued": 1, "quick": 3}
+
+
+async def test_an_adapters_demand_is_its_share_of_admissions_times_the_pending_sequences() -> None:
+    async with fleet(1) as running:
+        _queued_and_quick(next(iter(running.values()))[0])
+        demand = await _demand_of(running)
+    assert demand == pytest.approx({"queued": 3.0, "quick": 9.0})
+
+
+async def test_demand_is_pending_sequences_while_a_replica_does_not_report_admissions() -> None:
+    async with fleet(2) as running:
+        (reporting, _), (older, _) = running.values()
+        _queued_and_quick(reporting)
+        older.pending, older.adapters = 2, {"quick": 2}
+        demand = await _demand_of(running)
+    assert demand == pytest.approx({"queued": 9.0, "quick": 5.0})
 
 
 class ShuttingDownReplica(ReportingReplica):

@@ -2,20 +2,20 @@
 the fleet's load bounded, decided alike by every client from the replicas' reports.
 
 Bounded-load hashing alone decides request by request: when an adapter's first replica
-is over the bound, whichever request arrives then spills, the hot adapter's and the
-cold ones' alike, and a cold adapter that shares a replica with a hot one ends up
-served half here, half there. Placement decides adapter by adapter instead, from each
-adapter's demand (its sequences pending across the fleet, as the replicas report them,
-smoothed): the busiest adapters are placed first, each on the first replica in its own
-rendezvous order that still has room under `balance_factor` times the mean, so the
-hot adapter keeps its home and the cold ones that shared it move, whole, to their
-next choice. An adapter stays on the replica it runs on until that one is well past
-its room, or past it with a far lighter replica to go to. Every client reads the same
-reports and smooths them alike (slowly, so placements do not shuffle as demand
-wobbles), so every client places alike; where one placed an adapter elsewhere, the
-reports show it running mostly where the others placed it, and it follows. An adapter
-without demand goes to its first choice. The request-by-request
-bound (`choice.choose`) still applies on top, for bursts.
+is over the bound, whichever request arrives then spills, the hot adapter's and the cold
+ones' alike, and a cold adapter that shares a replica with a hot one ends up served half
+here, half there. Placement decides adapter by adapter instead, from each adapter's
+demand (how often the fleet's replicas report it admitted, smoothed, in pending
+sequences: `ReplicaSet.demand`): the busiest adapters are placed first, each on the
+first replica in its own rendezvous order that still has room under `balance_factor`
+times the mean, so the hot adapter keeps its home and the cold ones that shared it move,
+whole, to their next choice. An adapter stays on the replica it runs on until that one
+is well past its room, or past it with a far lighter replica to go to. Every client
+reads the same reports and smooths them alike (slowly, so placements do not shuffle as
+demand wobbles), so every client places alike; where one placed an adapter elsewhere,
+the reports show it running mostly where the others placed it, and it follows. An
+adapter without demand goes to its first choice. The request-by-request bound
+(`choice.choose`) still applies on top, for bursts.
 """
 
 from __future__ import annotations

@@ -5,7 +5,9 @@ Every `poll_interval_s` the set asks every replica for its load (`GetReplicaLoad
 read of counters the replica keeps anyway). Between polls a replica's load is what it
 reported plus the requests this client started there since, minus those it finished:
 the report makes many independent client processes agree on the fleet's load, and the
-client's own count keeps its choices fresh between reports. A replica whose poll is
+client's own count keeps its choices fresh between reports. Each report also says how
+many sequences of each adapter the replica admitted: their rate over the fleet is each
+adapter's demand, which placement balances (`ReplicaSet.demand`). A replica whose poll is
 refused (UNAVAILABLE: gone, starting, draining after SIGTERM) leaves the choice until it
 answers again, as does one whose call failed UNAVAILABLE before any response; one that
 answers late stays on its last report until its polls have failed for `unanswered_s`. Before
@@ -66,6 +68,12 @@ class Replica:
     resident: frozenset[str] = field(default_factory=frozenset)
     # Its pending sequences by adapter, as last reported.
     adapters: dict[str, int] = field(default_factory=dict)
+    # Its admissions by adapter as last reported, and when (None: not yet, or a release
+    # that does not report them); the admissions per second by adapter between its last
+    # two reports.
+    admitted: dict[str, int] | None = None
+    admitted_at: float = 0.0
+    arrivals: dict[str, float] = field(default_factory=dict)
     # When its polls started failing, on the event loop's clock; None while answered.
     failing_since: float | None = None
 
@@ -95,9 +103,10 @@ class ReplicaSet:
         self._replicas: dict[str, Replica] = {}
         self._set_addresses(addresses)
         self._polling: asyncio.Task[None] | None = None
-        # Each adapter's smoothed demand on each replica, where it is placed, and when
-        # this client last moved it.
-        self._demand: dict[tuple[str, str], float] = {}
+        # Each adapter's smoothed pending sequences and admissions per second on each
+        # replica, where it is placed, and when this client last moved it.
+        self._pending: dict[tuple[str, str], float] = {}
+        self._arrivals: dict[tuple[str, str], float] = {}
         self._moved_at: dict[str, float] = {}
         # None before the first placement.
         self._placement: dict[str, str] | None = None
@@ -119,11 +128,29 @@ class ReplicaSet:
 
     @property
     def demand(self) -> dict[str, float]:
-        """Each adapter's smoothed demand over the fleet, in pending sequences."""
+        """Each adapter's smoothed demand over the fleet, in pending sequences
+        (`_weights`)."""
+        weights, scale = self._weights()
         demand: dict[str, float] = {}
-        for (adapter, _), smoothed in self._demand.items():
-            demand[adapter] = demand.get(adapter, 0.0) + smoothed
+        for (adapter, _), weight in weights.items():
+            demand[adapter] = demand.get(adapter, 0.0) + weight * scale
         return demand
+
+    def _weights(self) -> tuple[dict[tuple[str, str], float], float]:
+        """How much each adapter is asked for on each replica, and the factor that makes
+        it pending sequences. By admissions where every replica up reports them: an
+        adapter's admissions per second, times the fleet's pending sequences per
+        admission per second (Little's law, with one mean hold for the fleet). Its own
+        pending sequences would count each request as long as it queues, so an adapter
+        on a busy replica would look hotter than the same one on an idle replica, and
+        moving it would change its demand: placement would chase its own effect. By
+        pending sequences where a replica does not report admissions (an older release,
+        mid-upgrade)."""
+        rate = sum(self._arrivals.values())
+        up = [r for r in self._replicas.values() if r.up]
+        if rate > 0 and all(r.admitted is not None for r in up):
+            return self._arrivals, sum(self._pending.values()) / rate
+        return self._pending, 1.0
 
     async def pick(self, key: str, tried: Sequence[Replica] = ()) -> Replica:
         """The replica for a request of `key`, skipping those already tried; when every
@@ -196,21 +223,19 @@ class ReplicaSet:
                 await self._resolve()
 
     def _smooth_demand(self) -> None:
-        """Folds the replicas' latest per-adapter reports into each adapter's demand on
-        each replica."""
-        reading: dict[tuple[str, str], float] = {}
+        """Folds the replicas' latest per-adapter reports into each adapter's pending
+        sequences and admissions per second on each replica."""
+        pending: dict[tuple[str, str], float] = {}
+        arrivals: dict[tuple[str, str], float] = {}
         for address, replica in self._replicas.items():
             if replica.up:
-                for adapter, pending in replica.adapters.items():
-                    # Reported under "", hashed and placed under the header's value.
-                    reading[adapter or BASE_MODEL_HASH_KEY, address] = float(pending)
-        alpha = self._policy.demand_smoothing
-        for key in reading.keys() | self._demand.keys():
-            smoothed = (1 - alpha) * self._demand.get(key, 0.0) + alpha * reading.get(key, 0.0)
-            if smoothed < FORGOTTEN:
-                self._demand.pop(key, None)
-            else:
-                self._demand[key] = smoothed
+                # Reported under "", hashed and placed under the header's value.
+                for adapter, count in replica.adapters.items():
+                    pending[adapter or BASE_MODEL_HASH_KEY, address] = float(count)
+                for adapter, rate in replica.arrivals.items():
+                    arrivals[adapter or BASE_MODEL_HASH_KEY, address] = rate
+        _smooth(self._pending, pending, self._policy.demand_smoothing)
+        _smooth(self._arrivals, arrivals, self._policy.demand_smoothing)
 
     def _place(self) -> None:
         now = asyncio.get_running_loop().time()
@@ -224,9 +249,10 @@ class ReplicaSet:
         settle_s = SETTLE_ROUNDS * self._policy.placement_interval_s
         before = self._placement or {}
         runs_on = {a: r for a, r in before.items() if r in up}
-        for (adapter, address), smoothed in self._demand.items():
+        weights, scale = self._weights()
+        for (adapter, address), weight in weights.items():
             settled = now - self._moved_at.get(adapter, -settle_s) >= settle_s
-            if settled and smoothed > MOSTLY * demand[adapter]:
+            if settled and weight * scale > MOSTLY * demand[adapter]:
                 runs_on[adapter] = address
         placement = place(demand, up, self._policy.balance_factor, runs_on)
         for adapter, address in placement.items():
@@ -238,6 +264,7 @@ class ReplicaSet:
 
     async def _poll(self, replica: Replica) -> None:
         at_call = replica.in_flight
+        now = asyncio.get_running_loop().time()
         try:
             response = await replica.stub.GetReplicaLoad(
                 pb.GetReplicaLoadRequest(), timeout=self._policy.poll_timeout_s
@@ -267,6 +294,7 @@ class ReplicaSet:
             adapter: min(max(0, pending), total)
             for adapter, pending in response.adapter_pending_sequences.items()
         }
+        _count_arrivals(replica, dict(response.adapter_admitted_sequences), now)
 
     def _unanswered(self, replica: Replica, code: grpc.StatusCode) -> None:
         """A failed poll. A refused connection takes the replica out at once; a late
@@ -319,6 +347,38 @@ class ReplicaSet:
                 kept[address] = Replica(address, channel, pb_grpc.InferenceServiceStub(channel))
         self._replicas = kept
         return gone
+
+
+def _smooth(
+    smoothed: dict[tuple[str, str], float], reading: dict[tuple[str, str], float], alpha: float
+) -> None:
+    """Moves each smoothed value `alpha` of the way to its reading (none: zero),
+    forgetting those below FORGOTTEN."""
+    for key in reading.keys() | smoothed.keys():
+        value = (1 - alpha) * smoothed.get(key, 0.0) + alpha * reading.get(key, 0.0)
+        if value < FORGOTTEN:
+            smoothed.pop(key, None)
+        else:
+            smoothed[key] = value
+
+
+def _count_arrivals(replica: Replica, admitted: dict[str, int], now: float) -> None:
+    """A replica's admissions per second by adapter since its last report, from its
+    counts now. A count lower than the last started again from zero; the first report
+    only sets where counting starts. A replica reporting an adapter pending that it
+    does not count admissions of is a release before them: none are counted there."""
+    if not admitted.keys() >= replica.adapters.keys():
+        replica.admitted, replica.arrivals = None, {}
+        return
+    before, elapsed = replica.admitted, now - replica.admitted_at
+    replica.arrivals = {}
+    if before is not None and elapsed > 0:
+        for adapter, count in admitted.items():
+            last = before.get(adapter, 0)
+            new = count - last if count >= last else count
+            if new > 0:
+                replica.arrivals[adapter] = new / elapsed
+    replica.admitted, replica.admitted_at = admitted, now
 
 
 def _address(sockaddr: tuple[object, ...]) -> str:

@@ -10,17 +10,27 @@ well, so it is INVALID_ARGUMENT rather than a retry.
 
 from __future__ import annotations
 
+import time
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 
 from loraserve.common.errors import InvalidArgument, ResourceExhausted
+
+# An adapter's count of admissions is kept until it has had none for this long and none
+# pending: the counts reported stay the adapters asked for lately, not every one ever.
+ADMITTED_IDLE_S = 60.0
 
 
 class Admission:
     """Counts admitted sequences against `max_pending`; each request's n against `max_n`."""
 
-    def __init__(self, max_pending: int, max_n: int | None = None) -> None:
+    def __init__(
+        self,
+        max_pending: int,
+        max_n: int | None = None,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
         if max_pending < 1:
             raise ValueError(f"max_pending must be at least 1, got {max_pending}")
         max_n = max_pending if max_n is None else max_n
@@ -31,6 +41,9 @@ class Admission:
         self._pending = 0
         # Pending sequences by adapter label, only those with any: at most max_pending.
         self._by_adapter: Counter[str] = Counter()
+        # Sequences admitted by adapter label, and when it last was (ADMITTED_IDLE_S).
+        self._admitted: dict[str, tuple[int, float]] = {}
+        self._clock = clock
 
     @property
     def max_pending(self) -> int:
@@ -49,6 +62,15 @@ class Admission:
         """Sequences admitted and not finished, by the adapter label they came with."""
         return dict(self._by_adapter)
 
+    def admitted_by_adapter(self) -> dict[str, int]:
+        """Sequences admitted by adapter label, every label pending or admitted within
+        ADMITTED_IDLE_S; one idle longer is dropped, and counts from zero again."""
+        now = self._clock()
+        for adapter, (_, at) in list(self._admitted.items()):
+            if now - at > ADMITTED_IDLE_S and adapter not in self._by_adapter:
+                del self._admitted[adapter]
+        return {adapter: count for adapter, (count, _) in self._admitted.items()}
+
     @contextmanager
     def admit(self, sequences: int = 1, adapter: str = "") -> Iterator[None]:
         """Holds `sequences` units of admission (a request's n) for `adapter` (its label);
@@ -66,6 +88,8 @@ class Admission:
             )
         self._pending += sequences
         self._by_adapter[adapter] += sequences
+        count, _ = self._admitted.get(adapter, (0, 0.0))
+        self._admitted[adapter] = (count + sequences, self._clock())
         try:
             yield
         finally:

@@ -2,8 +2,8 @@
 them (HAProxy's config and its placement), not about the engine: each is the project's
 own gRPC server (health included) in a child process, answering Generate after
 `FIRST_TOKEN_S` with `TOKENS` responses, and GetReplicaLoad with its requests in
-flight. As child processes they can be SIGKILLed, which closes their sockets with no
-GOAWAY, as a crashed replica's are.
+flight and admitted. As child processes they can be SIGKILLed, which closes their
+sockets with no GOAWAY, as a crashed replica's are.
 
 `python -m loraserve.testing.processes.standins PORT` runs one.
 """
@@ -39,10 +39,12 @@ class StandInReplica(pb_grpc.InferenceServiceServicer):  # type: ignore[misc]
 
     def __init__(self) -> None:
         self._pending: Counter[str] = Counter()
+        self._admitted: Counter[str] = Counter()
 
     async def Generate(self, request: pb.GenerateRequest, context: Any) -> AsyncIterator[Any]:
         name = request.adapter.partition("@")[0]
         self._pending[name] += 1
+        self._admitted[name] += 1
         try:
             await asyncio.sleep(FIRST_TOKEN_S)
             for token in range(TOKENS):
@@ -57,7 +59,9 @@ class StandInReplica(pb_grpc.InferenceServiceServicer):  # type: ignore[misc]
     ) -> pb.GetReplicaLoadResponse:
         pending = +self._pending
         return pb.GetReplicaLoadResponse(
-            pending_sequences=pending.total(), adapter_pending_sequences=pending
+            pending_sequences=pending.total(),
+            adapter_pending_sequences=pending,
+            adapter_admitted_sequences=self._admitted,
         )
 
 
