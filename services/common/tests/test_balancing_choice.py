@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import random
 from collections import Counter
 
 import pytest
@@ -149,3 +150,12 @@ def test_an_adapter_leaves_the_replica_it_runs_on_when_that_is_well_past_its_roo
     placement = place(demand, REPLICAS, 1.25, runs_on={"hot": home, "cold": home})
     assert placement["hot"] == home
     assert placement["cold"] != home
+
+
+def test_placement_moves_nothing_as_demand_wobbles_around_the_room() -> None:
+    zipf = {f"adapter-{i:02d}": 48 / (i + 1) / 3.776 for i in range(24)}
+    placed = place(zipf, REPLICAS, 1.25)
+    rng = random.Random(1)
+    for _ in range(100):
+        wobbled = {a: d * rng.uniform(0.85, 1.15) for a, d in zipf.items()}
+        assert place(wobbled, REPLICAS, 1.25, runs_on=placed) == placed

@@ -197,20 +197,24 @@ async def test_a_replica_without_load_reports_keeps_its_adapters() -> None:
             assert await _served(client, "alpha") == {home.name}
 
 
-async def _demand_of(
+@asynccontextmanager
+async def _replica_set(
     running: dict[str, tuple[ReportingReplica, grpc.aio.Server]],
-) -> dict[str, float]:
-    """The demand a replica set reads from `running` once it holds still (every report
-    taken whole: no smoothing)."""
+) -> AsyncIterator[ReplicaSet]:
+    """A replica set over `running` that takes every report whole (no smoothing)."""
     policy = BoundedLoad(poll_interval_s=0.02, demand_smoothing=1)
     replicas = ReplicaSet(None, list(running), grpc.aio.insecure_channel, policy)
     try:
         await replicas.start()
-        await _polled([r for r, _ in running.values()])
-        await _polled([r for r, _ in running.values()])
-        return replicas.demand
+        yield replicas
     finally:
         await replicas.close()
+
+
+async def _reported(running: dict[str, tuple[ReportingReplica, grpc.aio.Server]]) -> None:
+    """Waits until two fresh reports of every replica are taken: one rate between them."""
+    await _polled([r for r, _ in running.values()])
+    await _polled([r for r, _ in running.values()])
 
 
 def _queued_and_quick(replica: ReportingReplica) -> None:
@@ -221,19 +225,44 @@ def _queued_and_quick(replica: ReportingReplica) -> None:
 
 
 async def test_an_adapters_demand_is_its_share_of_admissions_times_the_pending_sequences() -> None:
-    async with fleet(1) as running:
+    async with fleet(1) as running, _replica_set(running) as replicas:
         _queued_and_quick(next(iter(running.values()))[0])
-        demand = await _demand_of(running)
+        await _reported(running)
+        demand = replicas.demand
     assert demand == pytest.approx({"queued": 3.0, "quick": 9.0})
 
 
 async def test_demand_is_pending_sequences_while_a_replica_does_not_report_admissions() -> None:
-    async with fleet(2) as running:
+    async with fleet(2) as running, _replica_set(running) as replicas:
         (reporting, _), (older, _) = running.values()
         _queued_and_quick(reporting)
         older.pending, older.adapters = 2, {"quick": 2}
-        demand = await _demand_of(running)
+        await _reported(running)
+        demand = replicas.demand
     assert demand == pytest.approx({"queued": 9.0, "quick": 5.0})
+
+
+async def test_demand_stays_pending_sequences_while_a_replica_without_admissions_is_idle() -> None:
+    async with fleet(2) as running, _replica_set(running) as replicas:
+        (reporting, _), (older, _) = running.values()
+        _queued_and_quick(reporting)
+        older.pending, older.adapters = 2, {"quick": 2}
+        await _reported(running)
+        older.pending, older.adapters = 0, {}
+        await _reported(running)
+        demand = replicas.demand
+    assert demand == pytest.approx({"queued": 9.0, "quick": 3.0})
+
+
+async def test_a_new_process_at_a_replicas_address_starts_its_admission_counts_afresh() -> None:
+    async with fleet(1) as running, _replica_set(running) as replicas:
+        replica = next(iter(running.values()))[0]
+        _queued_and_quick(replica)
+        await _reported(running)
+        replica.name, replica.admitted = "replica-0-restarted", {"queued": 10**12}
+        await _reported(running)
+        demand = replicas.demand
+    assert demand == pytest.approx({"queued": 3.0, "quick": 9.0})
 
 
 class ShuttingDownReplica(ReportingReplica):

@@ -220,9 +220,17 @@ pub fn status_response(code: u32, text: &str) -> Response<()> {
     trailers_only(code, text, &[])
 }
 
-/// A trailers-only response: a call's status and trailing metadata, no message before.
+/// A trailers-only response: a call's status and trailing metadata, no message before
+/// (an entry naming one of the response's own headers is left out).
 pub fn trailers_only(code: u32, text: &str, metadata: &[(String, String)]) -> Response<()> {
     let mut response = headers();
-    response.headers_mut().extend(trailers(code, text, metadata));
+    let own = response.headers().clone();
+    let status = trailers(code, text, metadata);
+    let headers = response.headers_mut();
+    for (key, value) in status.iter() {
+        if !own.contains_key(key) {
+            headers.append(key, value.clone());
+        }
+    }
     response
 }

@@ -6,15 +6,13 @@ is over the bound, whichever request arrives then spills, the hot adapter's and 
 ones' alike, and a cold adapter that shares a replica with a hot one ends up served half
 here, half there. Placement decides adapter by adapter instead, from each adapter's
 demand (how often the fleet's replicas report it admitted, smoothed, in pending
-sequences: `ReplicaSet.demand`): the busiest adapters are placed first, each on the
-first replica in its own rendezvous order that still has room under `balance_factor`
-times the mean, so the hot adapter keeps its home and the cold ones that shared it move,
-whole, to their next choice. An adapter stays on the replica it runs on until that one
-is well past its room, or past it with a far lighter replica to go to. Every client
-reads the same reports and smooths them alike (slowly, so placements do not shuffle as
-demand wobbles), so every client places alike; where one placed an adapter elsewhere,
-the reports show it running mostly where the others placed it, and it follows. An
-adapter without demand goes to its first choice. The request-by-request bound
+sequences: `ReplicaSet.demand`): an adapter keeps the replica it runs on, a new one goes
+to the first replica in its own rendezvous order with room under `balance_factor` times
+the mean, and a replica well past its room gives away the fewest adapters that bring it
+back, each whole, so the hot adapter keeps its home and the cold ones that shared it
+move to their next choice. Every client reads the same reports and smooths them alike,
+so every client places alike; where one placed an adapter elsewhere, the reports show it
+running mostly where the others placed it, and it follows. The request-by-request bound
 (`choice.choose`) still applies on top, for bursts.
 """
 
@@ -31,62 +29,74 @@ def place(
     balance_factor: float,
     runs_on: Mapping[str, str] | None = None,
 ) -> dict[str, str]:
-    """Adapter -> replica for every adapter with demand, busiest first (ties by name).
-    An adapter stays on the replica it `runs_on` (where it was placed, or where the
-    replicas' reports show it mostly runs) while that replica has room for it, or is a little past
-    its room with no far lighter replica to go to (`_stays`); otherwise the first
-    replica in its rendezvous order with room takes it. The slack keeps demand's
-    wobble from moving adapters: with the room alone, whichever adapter came last to a
-    nearly full replica moved, and the next round, with demand a little different,
-    another one, each move splitting an adapter for a while. A pure function: `runs_on`
-    is all it remembers (`ReplicaSet` passes its own last placement, corrected by where
-    the reports show an adapter mostly running, so clients that once placed an adapter
-    differently converge)."""
+    """Adapter -> replica for every adapter with demand. An adapter keeps the replica it
+    `runs_on` (where it was placed, or where the replicas' reports show it mostly runs)
+    where that is up; the others go, busiest first (ties by name), to the first replica
+    in their rendezvous order with room, or, with none, the least loaded. Then a replica
+    well past its room, or far heavier than another, gives adapters away (`_rebalance`).
+
+    Incremental, not placed afresh each round: afresh, every adapter's place hung on
+    the order and sum of every busier one's demand, so demand's wobble moved adapters
+    round after round, each move splitting an adapter while its requests in flight
+    drained. A pure function: `runs_on` is all it remembers (`ReplicaSet` passes its
+    own last placement, corrected by where the reports show an adapter mostly running,
+    so clients that once placed an adapter differently converge)."""
     if not replicas:
         return {}
     room = replica_room(demand, len(replicas), balance_factor)
-    assigned = dict.fromkeys(replicas, 0.0)
-    # What each replica runs now, all of it: busiest first, `assigned` is only part of
-    # it until the end, and a replica whose adapters come late would look light.
-    running = dict.fromkeys(replicas, 0.0)
-    for adapter, where in (runs_on or {}).items():
-        if where in running:
-            running[where] += demand.get(adapter, 0.0)
+    load = dict.fromkeys(replicas, 0.0)
     placement: dict[str, str] = {}
-    for adapter in sorted(demand, key=lambda a: (-demand[a], a)):
-        wanted = demand[adapter]
-        order = preference(adapter, replicas)
-        fits = [r for r in order if assigned[r] + wanted <= room]
-        current = (runs_on or {}).get(adapter)
-        if current in assigned and _stays(assigned, running, current, wanted, room, fits):
-            chosen = current
-        else:
-            chosen = fits[0] if fits else min(order, key=lambda r: assigned[r])
-        assigned[chosen] += wanted
-        placement[adapter] = chosen
+    busiest = sorted(demand, key=lambda a: (-demand[a], a))
+    for adapter in busiest:
+        where = (runs_on or {}).get(adapter)
+        if where in load:
+            placement[adapter] = where
+            load[where] += demand[adapter]
+    for adapter in busiest:
+        if adapter not in placement:
+            order = preference(adapter, replicas)
+            fits = [r for r in order if load[r] + demand[adapter] <= room]
+            chosen = fits[0] if fits else min(order, key=lambda r: load[r])
+            placement[adapter] = chosen
+            load[chosen] += demand[adapter]
+    _rebalance(placement, load, demand, room)
     return placement
 
 
-def _stays(
-    assigned: Mapping[str, float],
-    running: Mapping[str, float],
-    current: str,
-    wanted: float,
-    room: float,
-    fits: list[str],
-) -> bool:
-    """Whether an adapter stays on the replica it runs on: that replica has room for it,
-    or is within PLACED_SLACK times its room and no replica with room would hold
-    PLACED_SLACK times less, counting all it runs now. Demand's wobble around the room
-    moves nothing then, and a replica that is far lighter (one that rejoined empty)
-    still takes adapters."""
-    here = assigned[current] + wanted
-    if here <= room:
-        return True
-    lighter = any(
-        (max(assigned[r], running[r]) + wanted) * PLACED_SLACK <= here for r in fits if r != current
-    )
-    return here <= room * PLACED_SLACK and not lighter
+def _rebalance(
+    placement: dict[str, str], load: dict[str, float], demand: Mapping[str, float], room: float
+) -> None:
+    """Moves adapters off the most loaded replica, each to the first replica in its
+    rendezvous order with room for it: while that replica is well past its room
+    (PLACED_SLACK times), or has a far lighter one to give to (PLACED_SLACK times
+    lighter, counting the adapter). Past its room, the one adapter that brings it back
+    goes if there is one (the least busy such), else the busiest that fits elsewhere;
+    within it, the busiest that fits a far lighter replica. Demand's wobble moves
+    nothing (no replica is near either mark when it holds still), nor does a light
+    load (MIN_BOUND), and a replica that rejoined empty, or that first choices left
+    light, takes its share."""
+    for _ in range(len(placement)):
+        source = max(load, key=lambda r: (load[r], r))
+        excess = load[source] - room
+        moves = []
+        for adapter, where in placement.items():
+            if where != source:
+                continue
+            wanted = demand[adapter]
+            order = [r for r in preference(adapter, list(load)) if r != source]
+            to = next((r for r in order if load[r] + wanted <= room), None)
+            if to is None:
+                continue
+            far_lighter = (load[to] + wanted) * PLACED_SLACK <= load[source] > MIN_BOUND
+            if load[source] > room * PLACED_SLACK or far_lighter:
+                moves.append((wanted, adapter, to))
+        if not moves:
+            return
+        enough = [m for m in moves if m[0] >= excess] if excess > 0 else []
+        wanted, adapter, to = min(enough) if enough else max(moves)
+        placement[adapter] = to
+        load[source] -= wanted
+        load[to] += wanted
 
 
 def replica_room(demand: Mapping[str, float], replicas: int, balance_factor: float) -> float:

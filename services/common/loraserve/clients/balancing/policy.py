@@ -32,7 +32,7 @@ class BoundedLoad:
     # How often adapters are placed again from their smoothed demand (placement.py),
     # and how much of the smoothed demand each poll's reading replaces.
     placement_interval_s: float = 2.0
-    demand_smoothing: float = 0.05
+    demand_smoothing: float = 0.02
 
     def __post_init__(self) -> None:
         if not self.balance_factor >= 1.0:

@@ -30,6 +30,7 @@ from dataclasses import dataclass, field
 import grpc
 
 from loraserve.clients.balancing.choice import Candidate, choose
+from loraserve.clients.balancing.demand import smooth
 from loraserve.clients.balancing.placement import place
 from loraserve.clients.balancing.policy import BoundedLoad
 from loraserve.clients.routing import BASE_MODEL_HASH_KEY
@@ -40,17 +41,14 @@ from loraserve.inference.v1 import inference_pb2_grpc as pb_grpc
 log = logging.getLogger(__name__)
 
 ChannelFactory = Callable[[str], grpc.aio.Channel]
-# Smoothed demand below which an adapter is forgotten on a replica: about 10 s after
-# its last request there, so a cold adapter requested every few seconds keeps its place
-# between them.
-FORGOTTEN = 0.001
 # The share of an adapter's smoothed demand on one replica past which it runs there,
 # wherever this client placed it: more than half, so that two clients that placed it
 # apart converge on one replica as soon as either holds the larger part.
 MOSTLY = 1 / 2
 # Placement rounds after this client moved an adapter during which the reports do not
-# move it back: its requests in flight on the old replica take that long to drain.
-SETTLE_ROUNDS = 3
+# move it back: its admissions, smoothed over about 5 s (`demand_smoothing` at the
+# default poll), take that long to show more of it on its new replica than on its old.
+SETTLE_ROUNDS = 4
 
 
 @dataclass(eq=False)
@@ -68,12 +66,14 @@ class Replica:
     resident: frozenset[str] = field(default_factory=frozenset)
     # Its pending sequences by adapter, as last reported.
     adapters: dict[str, int] = field(default_factory=dict)
-    # Its admissions by adapter as last reported, and when (None: not yet, or a release
-    # that does not report them); the admissions per second by adapter between its last
-    # two reports.
+    # Its admissions by adapter as last reported, when, and by which process (None: no
+    # count yet); the admissions per second by adapter between its last two reports;
+    # whether it counts admissions (None: no sign either way yet, as while idle).
     admitted: dict[str, int] | None = None
     admitted_at: float = 0.0
+    replica_id: str = ""
     arrivals: dict[str, float] = field(default_factory=dict)
+    counts_admissions: bool | None = None
     # When its polls started failing, on the event loop's clock; None while answered.
     failing_since: float | None = None
 
@@ -148,7 +148,7 @@ class ReplicaSet:
         mid-upgrade)."""
         rate = sum(self._arrivals.values())
         up = [r for r in self._replicas.values() if r.up]
-        if rate > 0 and all(r.admitted is not None for r in up):
+        if rate > 0 and all(r.counts_admissions is not False for r in up):
             return self._arrivals, sum(self._pending.values()) / rate
         return self._pending, 1.0
 
@@ -234,8 +234,8 @@ class ReplicaSet:
                     pending[adapter or BASE_MODEL_HASH_KEY, address] = float(count)
                 for adapter, rate in replica.arrivals.items():
                     arrivals[adapter or BASE_MODEL_HASH_KEY, address] = rate
-        _smooth(self._pending, pending, self._policy.demand_smoothing)
-        _smooth(self._arrivals, arrivals, self._policy.demand_smoothing)
+        smooth(self._pending, pending, self._policy.demand_smoothing)
+        smooth(self._arrivals, arrivals, self._policy.demand_smoothing)
 
     def _place(self) -> None:
         now = asyncio.get_running_loop().time()
@@ -264,7 +264,6 @@ class ReplicaSet:
 
     async def _poll(self, replica: Replica) -> None:
         at_call = replica.in_flight
-        now = asyncio.get_running_loop().time()
         try:
             response = await replica.stub.GetReplicaLoad(
                 pb.GetReplicaLoadRequest(), timeout=self._policy.poll_timeout_s
@@ -277,6 +276,8 @@ class ReplicaSet:
                 # A replica of a release before load reports: up, its load this
                 # client's own count alone.
                 replica.up, replica.reported, replica.in_flight_at_report = True, 0, 0
+                replica.adapters, replica.arrivals, replica.admitted = {}, {}, None
+                replica.counts_admissions = None
                 return
             self._unanswered(replica, exc.code())
             return
@@ -294,7 +295,7 @@ class ReplicaSet:
             adapter: min(max(0, pending), total)
             for adapter, pending in response.adapter_pending_sequences.items()
         }
-        _count_arrivals(replica, dict(response.adapter_admitted_sequences), now)
+        _count_arrivals(replica, response, asyncio.get_running_loop().time())
 
     def _unanswered(self, replica: Replica, code: grpc.StatusCode) -> None:
         """A failed poll. A refused connection takes the replica out at once; a late
@@ -349,29 +350,29 @@ class ReplicaSet:
         return gone
 
 
-def _smooth(
-    smoothed: dict[tuple[str, str], float], reading: dict[tuple[str, str], float], alpha: float
-) -> None:
-    """Moves each smoothed value `alpha` of the way to its reading (none: zero),
-    forgetting those below FORGOTTEN."""
-    for key in reading.keys() | smoothed.keys():
-        value = (1 - alpha) * smoothed.get(key, 0.0) + alpha * reading.get(key, 0.0)
-        if value < FORGOTTEN:
-            smoothed.pop(key, None)
-        else:
-            smoothed[key] = value
-
-
-def _count_arrivals(replica: Replica, admitted: dict[str, int], now: float) -> None:
-    """A replica's admissions per second by adapter since its last report, from its
-    counts now. A count lower than the last started again from zero; the first report
-    only sets where counting starts. A replica reporting an adapter pending that it
-    does not count admissions of is a release before them: none are counted there."""
+def _count_arrivals(replica: Replica, response: pb.GetReplicaLoadResponse, now: float) -> None:
+    """A replica's admissions per second by adapter since its last report (answered at
+    `now`), from its counts in `response`. A count lower than the last started again
+    from zero; a first report, or one from another process at the address (its
+    `replica_id` changed), only sets where counting starts. A replica reporting an
+    adapter pending whose admissions it does not count is of a release before them:
+    none are counted there, nor placed by, until it is replaced."""
+    admitted = {a: max(0, n) for a, n in response.adapter_admitted_sequences.items()}
+    if response.replica_id != replica.replica_id:
+        replica.replica_id, replica.admitted, replica.counts_admissions = (
+            response.replica_id,
+            None,
+            None,
+        )
     if not admitted.keys() >= replica.adapters.keys():
-        replica.admitted, replica.arrivals = None, {}
-        return
+        replica.counts_admissions = False
+    elif admitted:
+        replica.counts_admissions = True
     before, elapsed = replica.admitted, now - replica.admitted_at
     replica.arrivals = {}
+    if replica.counts_admissions is False:
+        replica.admitted = None
+        return
     if before is not None and elapsed > 0:
         for adapter, count in admitted.items():
             last = before.get(adapter, 0)

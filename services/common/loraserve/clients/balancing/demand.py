@@ -1,0 +1,24 @@
+"""Smoothing the replicas' per-adapter reports into demand: each poll's reading moves
+the smoothed value part of the way, and a value small enough is forgotten."""
+
+from __future__ import annotations
+
+__all__ = ["FORGOTTEN", "smooth"]
+
+# A smoothed value below which an adapter is forgotten on a replica: tens of seconds
+# after its last request there at the default smoothing, so a cold adapter requested
+# every few seconds keeps its place between them.
+FORGOTTEN = 0.001
+
+
+def smooth(
+    smoothed: dict[tuple[str, str], float], reading: dict[tuple[str, str], float], alpha: float
+) -> None:
+    """Moves each smoothed value `alpha` of the way to its reading (none: zero),
+    forgetting those below FORGOTTEN."""
+    for key in reading.keys() | smoothed.keys():
+        value = (1 - alpha) * smoothed.get(key, 0.0) + alpha * reading.get(key, 0.0)
+        if value < FORGOTTEN:
+            smoothed.pop(key, None)
+        else:
+            smoothed[key] = value
