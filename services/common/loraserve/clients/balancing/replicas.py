@@ -47,8 +47,10 @@ ChannelFactory = Callable[[str], grpc.aio.Channel]
 MOSTLY = 1 / 2
 # Placement rounds after this client moved an adapter during which the reports do not
 # move it back: its admissions, smoothed over about 5 s (`demand_smoothing` at the
-# default poll), take that long to show more of it on its new replica than on its old.
-SETTLE_ROUNDS = 4
+# default poll), show more of it on its new replica than on its old after about 3.5 s.
+# No longer: a client that alone moved an adapter goes back to where the others run it
+# that much sooner, and each round it does not, the adapter is split.
+SETTLE_ROUNDS = 2
 
 
 @dataclass(eq=False)
