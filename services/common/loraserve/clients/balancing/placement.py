@@ -66,37 +66,37 @@ def place(
 def _rebalance(
     placement: dict[str, str], load: dict[str, float], demand: Mapping[str, float], room: float
 ) -> None:
-    """Moves adapters off the most loaded replica, each to the first replica in its
-    rendezvous order with room for it: while that replica is well past its room
-    (PLACED_SLACK times), or has a far lighter one to give to (PLACED_SLACK times
-    lighter, counting the adapter). Past its room, the one adapter that brings it back
-    goes if there is one (the least busy such), else the busiest that fits elsewhere;
-    within it, the busiest that fits a far lighter replica. Demand's wobble moves
-    nothing (no replica is near either mark when it holds still), nor does a light
-    load (MIN_BOUND), and a replica that rejoined empty, or that first choices left
-    light, takes its share."""
+    """Moves adapters off the most loaded replica, one at a time, each to the first
+    replica in its rendezvous order with room for it: while that replica is well past
+    its room (PLACED_SLACK times), or has a far lighter one to give to (PLACED_SLACK
+    times lighter, counting the adapter). The adapter that ranks the replica lowest in
+    its own order goes first (ties by name), never the one whose demand happens to be
+    a little larger: clients read demand each a little differently, and adapters of
+    nearly equal demand would otherwise move in one client and not in another, each
+    then split until the reports bring it back. Demand's wobble moves nothing (no
+    replica is near either mark when it holds still), nor does a light load
+    (MIN_BOUND), and a replica that rejoined empty, or that first choices left light,
+    takes its share."""
     for _ in range(len(placement)):
         source = max(load, key=lambda r: (load[r], r))
-        excess = load[source] - room
         moves = []
         for adapter, where in placement.items():
             if where != source:
                 continue
             wanted = demand[adapter]
-            order = [r for r in preference(adapter, list(load)) if r != source]
-            to = next((r for r in order if load[r] + wanted <= room), None)
+            order = preference(adapter, list(load))
+            to = next((r for r in order if r != source and load[r] + wanted <= room), None)
             if to is None:
                 continue
             far_lighter = (load[to] + wanted) * PLACED_SLACK <= load[source] > MIN_BOUND
             if load[source] > room * PLACED_SLACK or far_lighter:
-                moves.append((wanted, adapter, to))
+                moves.append((-order.index(source), adapter, to))
         if not moves:
             return
-        enough = [m for m in moves if m[0] >= excess] if excess > 0 else []
-        wanted, adapter, to = min(enough) if enough else max(moves)
+        _, adapter, to = min(moves)
         placement[adapter] = to
-        load[source] -= wanted
-        load[to] += wanted
+        load[source] -= demand[adapter]
+        load[to] += demand[adapter]
 
 
 def replica_room(demand: Mapping[str, float], replicas: int, balance_factor: float) -> float:
