@@ -77,26 +77,37 @@ def _rebalance(
     replica is near either mark when it holds still), nor does a light load
     (MIN_BOUND), and a replica that rejoined empty, or that first choices left light,
     takes its share."""
+    replicas = list(load)
+    orders: dict[str, list[str]] = {}
+
+    def order(adapter: str) -> list[str]:
+        if adapter not in orders:
+            orders[adapter] = preference(adapter, replicas)
+        return orders[adapter]
+
+    # Each replica's adapters in the order they leave it, sorted once while no adapter
+    # joins it (a replica rebalanced gives, it does not take).
+    leaving: dict[str, list[str]] = {}
     for _ in range(len(placement)):
         source = max(load, key=lambda r: (load[r], r))
-        moves = []
-        for adapter, where in placement.items():
-            if where != source:
-                continue
+        if source not in leaving:
+            here = [a for a, r in placement.items() if r == source]
+            leaving[source] = sorted(here, key=lambda a: (-order(a).index(source), a))
+        for adapter in leaving[source]:
             wanted = demand[adapter]
-            order = preference(adapter, list(load))
-            to = next((r for r in order if r != source and load[r] + wanted <= room), None)
+            to = next((r for r in order(adapter) if r != source and load[r] + wanted <= room), None)
             if to is None:
                 continue
             far_lighter = (load[to] + wanted) * PLACED_SLACK <= load[source] > MIN_BOUND
             if load[source] > room * PLACED_SLACK or far_lighter:
-                moves.append((-order.index(source), adapter, to))
-        if not moves:
+                break
+        else:
             return
-        _, adapter, to = min(moves)
+        leaving[source].remove(adapter)
+        leaving.pop(to, None)
         placement[adapter] = to
-        load[source] -= demand[adapter]
-        load[to] += demand[adapter]
+        load[source] -= wanted
+        load[to] += wanted
 
 
 def replica_room(demand: Mapping[str, float], replicas: int, balance_factor: float) -> float:
