@@ -132,11 +132,7 @@ class ReplicaSet:
     def demand(self) -> dict[str, float]:
         """Each adapter's smoothed demand over the fleet, in pending sequences
         (`_weights`)."""
-        weights, scale = self._weights()
-        demand: dict[str, float] = {}
-        for (adapter, _), weight in weights.items():
-            demand[adapter] = demand.get(adapter, 0.0) + weight * scale
-        return demand
+        return _per_adapter(*self._weights())
 
     def _weights(self) -> tuple[dict[tuple[str, str], float], float]:
         """How much each adapter is asked for on each replica, and the factor that makes
@@ -242,16 +238,16 @@ class ReplicaSet:
     def _place(self) -> None:
         now = asyncio.get_running_loop().time()
         up = sorted(a for a, r in self._replicas.items() if r.up)
-        demand = self.demand
+        weights, scale = self._weights()
+        demand = _per_adapter(weights, scale)
         # Where each adapter is: where this client placed it, unless the fleet's reports
         # show it running mostly elsewhere (other clients placed it there) and this
-        # client has not moved it lately. Right after a move its old replica still
-        # holds its requests in flight and much of its smoothed demand, so the reports
-        # alone would take it back, and forth, round after round.
+        # client has not moved it lately. Right after a move its old replica still holds
+        # much of its smoothed demand, so the reports alone would take it back, and
+        # forth, round after round.
         settle_s = SETTLE_ROUNDS * self._policy.placement_interval_s
         before = self._placement or {}
         runs_on = {a: r for a, r in before.items() if r in up}
-        weights, scale = self._weights()
         for (adapter, address), weight in weights.items():
             settled = now - self._moved_at.get(adapter, -settle_s) >= settle_s
             if settled and weight * scale > MOSTLY * demand[adapter]:
@@ -350,6 +346,14 @@ class ReplicaSet:
                 kept[address] = Replica(address, channel, pb_grpc.InferenceServiceStub(channel))
         self._replicas = kept
         return gone
+
+
+def _per_adapter(weights: dict[tuple[str, str], float], scale: float) -> dict[str, float]:
+    """Each adapter's weight summed over the replicas, times `scale`."""
+    demand: dict[str, float] = {}
+    for (adapter, _), weight in weights.items():
+        demand[adapter] = demand.get(adapter, 0.0) + weight * scale
+    return demand
 
 
 def _count_arrivals(replica: Replica, response: pb.GetReplicaLoadResponse, now: float) -> None:
