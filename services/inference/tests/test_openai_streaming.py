@@ -6,12 +6,15 @@ The real engine's answers through this front are tested in tests/test_openai_fro
 from __future__ import annotations
 
 import asyncio
+import dataclasses
+import json
+import socket
 from collections.abc import AsyncGenerator, Mapping, Sequence
 
 import httpx
 
 from loraserve.inference.engine import AdapterHandle, EngineDelta, SamplingSpec
-from loraserve.testing.fakes.engine import FakeEngine
+from loraserve.testing.fakes.engine import FAKE_INFO, FakeEngine
 from loraserve.testing.inference.openai_front import MODEL, StartFront
 from loraserve.testing.waiting import eventually
 
@@ -139,3 +142,33 @@ async def test_client_disconnect_before_a_non_streamed_answer_aborts_it(
         await asyncio.gather(request, return_exceptions=True)
     await eventually(lambda: bool(engine.aborted), "the request aborted")
     assert not engine.running
+
+
+async def test_a_stream_its_client_never_reads_is_ended_and_its_engine_request_aborted(
+    start_front: StartFront,
+) -> None:
+    engine = FakeEngine(dataclasses.replace(FAKE_INFO, max_model_len=1_000_000))
+    engine.steps.set()
+    front = await start_front(engine, stalled_write_s=0.5)
+    # Far more events than the kernel's buffers hold (4 MiB at most on each side), to a
+    # client that reads none of them: the server's sends wait on a full socket.
+    body = json.dumps(
+        {"model": MODEL, "prompt": [1, 2], "max_tokens": 500_000, "logprobs": 5, "stream": True}
+    ).encode()
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+    sock.connect(("127.0.0.1", front.server.port))
+    try:
+        sock.sendall(
+            b"POST /v1/completions HTTP/1.1\r\nhost: loraserve\r\n"
+            b"content-type: application/json\r\n"
+            + f"content-length: {len(body)}\r\n\r\n".encode()
+            + body
+        )
+        await eventually(lambda: bool(engine.running), "the request running")
+        await eventually(
+            lambda: not engine.running and len(engine.aborted) == 1,
+            "the stream ended and its engine request aborted",
+        )
+    finally:
+        sock.close()

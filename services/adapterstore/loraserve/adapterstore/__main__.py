@@ -103,6 +103,7 @@ async def _start_grpc(settings: AdapterStoreSettings, store: AdapterStore) -> Ru
         service_names=[SERVICE_NAME],
         security=settings.security,
         needs=METHOD_ROLES,
+        limits=settings.limits,
         max_connection_age_s=settings.max_connection_age_s,
     )
 

@@ -38,6 +38,11 @@ from loraserve.common.config.flags import (
 )
 from loraserve.common.config.sizes import parse_size
 from loraserve.common.errors import InvalidArgument
+from loraserve.common.rpc.limits import (
+    ServerLimits,
+    add_server_limit_flags,
+    server_limits_from_args,
+)
 from loraserve.common.rpc.metrics_http import add_metrics_flags, metrics_address
 from loraserve.common.rpc.security import (
     ServerSecurity,
@@ -74,6 +79,8 @@ class AdapterStoreSettings:
     metrics_listen: str | None = None
     # Seconds before a gRPC connection is asked to close; 0: never.
     max_connection_age_s: float = 300.0
+    # What one gRPC peer may hold: streams, connections, calls, time, unread output.
+    limits: ServerLimits = field(default_factory=ServerLimits)
     shutdown_grace_seconds: float = 30.0
     log_level: str = "INFO"
     # Where this store's spans go, and how many; off unless an endpoint is configured.
@@ -108,6 +115,7 @@ def build_parser(environ: Mapping[str, str]) -> argparse.ArgumentParser:
     add_server_security_flags(
         serve, ENV_PREFIX, environ, roles=("reader", "writer", "admin", "replica")
     )
+    add_server_limit_flags(serve, flags)
     add_tracing_flags(serve, ENV_PREFIX, environ)
     return parser
 
@@ -292,6 +300,7 @@ def parse_settings(argv: Sequence[str], environ: Mapping[str, str]) -> AdapterSt
         download_url_endpoint=args.download_url_endpoint or None,
         metrics_listen=metrics_address(args, args.listen, loopback_only=security.loopback_only),
         max_connection_age_s=float(args.max_connection_age),
+        limits=server_limits_from_args(args),
         shutdown_grace_seconds=float(args.shutdown_grace),
         log_level=str(args.log_level).upper(),
         tracing=tracing_from_args(args, environ),

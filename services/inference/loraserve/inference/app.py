@@ -317,16 +317,16 @@ class InferenceApp:
         from loraserve.inference.openai import create_openai_app, start_http_server
 
         settings = self._settings
+        names = dict.fromkeys([settings.compat.served_model_name, settings.engine.model])
         app = create_openai_app(
             self.runtime_ref,
-            model_names=list(
-                dict.fromkeys([settings.compat.served_model_name, settings.engine.model])
-            ),
+            model_names=list(names),
             security=settings.security,
             is_ready=self.ready.is_set,
             max_body_bytes=settings.openai_max_body_bytes,
             metrics=self.metrics.registry,
             public_metrics=settings.public_metrics,
+            stalled_write_s=settings.limits.stalled_write_s,
         )
         return await start_http_server(
             app, address=address, security=settings.security, name="openai-http"

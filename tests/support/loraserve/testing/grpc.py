@@ -7,6 +7,7 @@ from contextlib import asynccontextmanager
 
 import grpc
 
+from loraserve.common.rpc.limits import ServerLimits
 from loraserve.common.rpc.security import Role, ServerSecurity
 from loraserve.common.rpc.server import RunningServer, start_server
 
@@ -17,6 +18,7 @@ async def serving(
     service_names: Sequence[str],
     security: ServerSecurity | None = None,
     needs: Mapping[str, Role] | None = None,
+    limits: ServerLimits | None = None,
 ) -> AsyncIterator[RunningServer]:
     """Runs a server on a free loopback port, SERVING, until the block exits."""
     running = await start_server(
@@ -25,6 +27,7 @@ async def serving(
         service_names=service_names,
         security=security or ServerSecurity(),
         needs=needs,
+        limits=limits,
     )
     await running.set_serving(True)
     try:

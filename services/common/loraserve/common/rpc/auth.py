@@ -101,6 +101,14 @@ class TokenAuth:
 
         return guard
 
+    def check_headers(self, method: str, metadata: Iterable[Any]) -> None:
+        """Raises Unauthenticated for a call that carries no token valid here where a
+        token is the only credential (no mTLS): decided from its HEADERS, so the server
+        reads none of an unauthenticated caller's request. Roles are checked later, by
+        the method's guard."""
+        if self._tokens and not self._mtls and not method.startswith(OPEN_METHOD_PREFIXES):
+            self._matches(metadata, ())
+
     def _certificate_guard(self, method: str, needed: Role) -> Guard | None:
         """With mTLS and no token, every certified caller is authenticated and may read.
         A certificate naming a replica proves that replica and nothing more: it reports

@@ -18,6 +18,7 @@ from loraserve.common.config.sizes import MESSAGE_LIMIT_OPTIONS
 from loraserve.common.errors import Unavailable
 from loraserve.common.rpc.auth import TokenAuth
 from loraserve.common.rpc.grpcutil import ErrorMappingInterceptor
+from loraserve.common.rpc.limits import ServerLimits
 from loraserve.common.rpc.protected import log_exposure, loopback_guard_for
 from loraserve.common.rpc.security import Role, ServerSecurity
 
@@ -55,21 +56,27 @@ async def start_server(
     service_names: Sequence[str],
     security: ServerSecurity,
     needs: Mapping[str, Role] | None = None,
+    limits: ServerLimits | None = None,
     options: Sequence[tuple[str, Any]] = (),
     max_connection_age_s: float | None = None,
 ) -> RunningServer:
     """Starts a server on `address` (port 0 picks a free one), NOT_SERVING until told.
 
     `register` adds the service's servicers; `service_names` are their full names
-    for health and reflection. With `max_connection_age_s`, each connection is asked
+    for health and reflection; `limits` bound what its peers may hold (the defaults without). With
+    `max_connection_age_s`, each connection is asked
     to close (GOAWAY; gRPC jitters the age by 10 %) once that old: its calls finish on
     it, new ones go to a new connection, for which a client resolves its target again
     (`dns:///` clients re-resolve only when a connection ends, so without this they
     never see replicas added after they connected).
     """
     log_exposure(security, address)
-    guard_for = (
-        loopback_guard_for if security.loopback_only else TokenAuth(security, needs).guard_for
+    limits = limits or ServerLimits()
+    auth = None if security.loopback_only else TokenAuth(security, needs)
+    interceptor = ErrorMappingInterceptor(
+        auth.guard_for if auth is not None else loopback_guard_for,
+        check_headers=auth.check_headers if auth is not None else None,
+        stalled_write_s=limits.stalled_write_s,
     )
     age = (
         [("grpc.max_connection_age_ms", max(1, round(max_connection_age_s * 1000)))]
@@ -77,8 +84,9 @@ async def start_server(
         else []
     )
     server = grpc.aio.server(
-        interceptors=[ErrorMappingInterceptor(guard_for)],
-        options=[*MESSAGE_LIMIT_OPTIONS, *age, *options],
+        interceptors=[interceptor],
+        options=[*MESSAGE_LIMIT_OPTIONS, *limits.grpc_options(), *age, *options],
+        maximum_concurrent_rpcs=limits.max_calls,
     )
     register(server)
     health_servicer = health.aio.HealthServicer()

@@ -24,10 +24,9 @@ from typing import Any, TypeVar
 import grpc
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse, Response, StreamingResponse
+from fastapi.responses import JSONResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 from starlette.exceptions import HTTPException
-from starlette.types import Receive, Scope, Send
 
 from loraserve.common.config.textlimits import capped_message
 from loraserve.common.errors import InvalidArgument, LoraserveError, QuotaExceeded, Unavailable
@@ -35,6 +34,7 @@ from loraserve.common.rpc.auth import TokenAuth
 from loraserve.common.rpc.grpcutil import retry_after
 from loraserve.common.rpc.security import ServerSecurity
 from loraserve.inference.openai.callers import for_caller
+from loraserve.inference.openai.events import EventStream
 from loraserve.inference.openai.guard import RequestGuard
 from loraserve.inference.openai.protocol import (
     NO_CHAT_TEMPLATE,
@@ -99,6 +99,7 @@ def create_openai_app(
     max_body_bytes: int = DEFAULT_OPENAI_MAX_BODY_BYTES,
     metrics: CollectorRegistry | None = None,
     public_metrics: bool = False,
+    stalled_write_s: float | None = None,
 ) -> FastAPI:
     """The HTTP app; `model_names[0]` is the base model's listed name, all of them name it.
 
@@ -106,7 +107,8 @@ def create_openai_app(
     `RequestGuard` before a body is read. With `metrics`, GET /metrics serves them on
     this port too: an inference-extension endpoint picker scrapes the port it routes to,
     as it does vLLM's. They name every adapter and its traffic, so they take a token like
-    the API unless `public_metrics`.
+    the API unless `public_metrics`. A streamed response its client leaves unread for
+    `stalled_write_s` is ended (see `EventStream`).
     """
     if not model_names:
         raise ValueError("model_names needs the served model's name")
@@ -124,6 +126,7 @@ def create_openai_app(
         error_response=http_error,
     )
 
+    app.state.stalled_write_s = stalled_write_s
     _add_probes(app, is_ready, metrics)
     _add_generation(app, runtime_ref, model_names)
     _add_error_handlers(app)
@@ -271,7 +274,8 @@ async def _respond(
     headers = {"x-request-id": first.request_id}
     if body.stream:
         events = _events(reply, chunks, body.include_usage, len(streams))
-        return _EventStream(events, [chunks, *streams], headers=headers)
+        stalled_write_s = request.app.state.stalled_write_s
+        return EventStream(events, [chunks, *streams], headers, stalled_write_s)
     try:
         done = await _unless_disconnected(request, _collect(reply, chunks))
     finally:
@@ -320,36 +324,6 @@ _encode = json.JSONEncoder(separators=(",", ":")).encode
 
 def _sse(event: dict[str, Any]) -> str:
     return f"data: {_encode(event)}\n\n"
-
-
-class _EventStream(StreamingResponse):
-    """Server-sent events that close the generation however the response ends.
-
-    Starlette stops iterating when the client disconnects but leaves the iterators
-    open; closing them here aborts the engine request now, not at garbage collection.
-    """
-
-    media_type = "text/event-stream"
-
-    def __init__(
-        self,
-        events: AsyncGenerator[str, None],
-        chunks: Sequence[AsyncGenerator[Any, None]],
-        headers: dict[str, str],
-    ) -> None:
-        # no-cache and x-accel-buffering: proxies must pass events on as they come.
-        no_buffering = {"cache-control": "no-cache", "x-accel-buffering": "no"}
-        super().__init__(events, headers=headers | no_buffering)
-        self._events = events
-        self._chunks = chunks
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        try:
-            await super().__call__(scope, receive, send)
-        finally:
-            await self._events.aclose()
-            for chunks in self._chunks:
-                await chunks.aclose()
 
 
 async def _unless_disconnected(request: Request, work: Awaitable[T]) -> T | None:

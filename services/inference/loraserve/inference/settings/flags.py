@@ -22,6 +22,7 @@ from loraserve.common.config.flags import (
 from loraserve.common.config.pins import add_pin_flags, pin_settings_from_args
 from loraserve.common.config.sizes import parse_size
 from loraserve.common.errors import InvalidArgument
+from loraserve.common.rpc.limits import add_server_limit_flags, server_limits_from_args
 from loraserve.common.rpc.metrics_http import add_metrics_flags, metrics_address
 from loraserve.common.rpc.security import (
     add_client_security_flags,
@@ -85,6 +86,7 @@ def build_parser(environ: Mapping[str, str]) -> argparse.ArgumentParser:
     _add_serving_flags(serve, flags)
     add_metrics_flags(serve, flags)
     _add_connection_flags(serve, flags)
+    add_server_limit_flags(serve, flags)
     _add_engine_flags(serve.add_argument_group("engine"), flags)
     add_server_security_flags(serve, ENV_PREFIX, environ, roles=("reader", "pinner"))
     add_client_security_flags(serve, ENV_PREFIX, environ, flag_prefix=STORE_FLAG_PREFIX)
@@ -353,6 +355,7 @@ def parse_settings(
         public_metrics=bool(args.public_metrics),
         metrics_top_adapters=int(args.metrics_top_adapters),
         max_connection_age_s=float(args.max_connection_age),
+        limits=server_limits_from_args(args),
         shutdown_delay_seconds=float(args.shutdown_delay),
         shutdown_grace_seconds=float(args.shutdown_grace),
         log_level=str(args.log_level).upper(),

@@ -8,6 +8,7 @@ from pathlib import Path
 
 from loraserve.common.config.admission import AdmissionOptions
 from loraserve.common.config.pins import PinSettings
+from loraserve.common.rpc.limits import ServerLimits
 from loraserve.common.rpc.security import (
     ClientSecurity,
     ServerSecurity,
@@ -101,6 +102,8 @@ class InferenceSettings:
     metrics_top_adapters: int = DEFAULT_METRICS_TOP_ADAPTERS
     # Seconds before a gRPC connection is asked to close; 0: never.
     max_connection_age_s: float = 300.0
+    # What one gRPC peer may hold: streams, connections, calls, time, unread output.
+    limits: ServerLimits = field(default_factory=ServerLimits)
     # Seconds NOT_SERVING while still serving new calls, before the grace.
     shutdown_delay_seconds: float = 0.0
     shutdown_grace_seconds: float = 30.0

@@ -117,6 +117,7 @@ async def start_grpc_front(settings: InferenceSettings, runtime_ref: RuntimeRef)
             register=lambda server: register(server, runtime_ref),
             service_names=[SERVICE_NAME],
             security=security,
+            limits=settings.limits,
             max_connection_age_s=max_age_s,
         )
 

@@ -5,6 +5,8 @@
 
 from __future__ import annotations
 
+import asyncio
+import importlib
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -42,6 +44,10 @@ StartFront = Callable[..., Awaitable[Front]]
 
 @pytest.fixture
 async def start_front(tmp_path: Path) -> AsyncIterator[StartFront]:
+    # The fake engine builds vLLM's sampling parameters, as the real one does: imported
+    # here, the first request of a session does not pay the seconds vLLM's import takes
+    # (longer than an HTTP client's timeout on a loaded machine).
+    await asyncio.to_thread(importlib.import_module, "vllm.sampling_params")
     servers: list[RunningHttpServer] = []
 
     async def start(
@@ -49,6 +55,7 @@ async def start_front(tmp_path: Path) -> AsyncIterator[StartFront]:
         security: ServerSecurity | None = None,
         runtime: bool = True,
         max_pending: int = 8,
+        stalled_write_s: float | None = None,
     ) -> Front:
         engine = engine or FakeEngine()
         compat = CompatibilityChecker(
@@ -66,6 +73,7 @@ async def start_front(tmp_path: Path) -> AsyncIterator[StartFront]:
             model_names=[MODEL, f"/models/{MODEL}"],
             security=security or ServerSecurity(),
             is_ready=lambda: runtime,
+            stalled_write_s=stalled_write_s,
         )
         server = await start_http_server(app, address="127.0.0.1:0", security=ServerSecurity())
         servers.append(server)

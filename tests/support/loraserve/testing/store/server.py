@@ -25,6 +25,7 @@ from loraserve.adapterstore.changelog.log import LogSettings
 from loraserve.adapterstore.files.download_urls import DownloadUrls
 from loraserve.adapterstore.store import AdapterStore
 from loraserve.adapterstore.v1 import adapterstore_pb2_grpc as pb_grpc
+from loraserve.common.rpc.limits import ServerLimits
 from loraserve.common.rpc.security import ServerSecurity, current_principal
 from loraserve.testing.grpc import serving
 from loraserve.testing.s3.endpoint import S3Bucket
@@ -59,13 +60,14 @@ async def running_store(
     part_size: int = DEFAULT_PART_SIZE,
     download_url_ttl_s: int = 300,
     download_url_endpoint: str | None = None,
+    server_limits: ServerLimits | None = None,
     **settings: Any,
 ) -> AsyncIterator[RunningStore]:
     """Runs a store server on `bucket` until the block exits, its health following the
     store's freshness as `adapterstore serve` does; `settings` go to StoreSettings. It
     hands out presigned download URLs for `download_url_endpoint` (None: the bucket's
     own endpoint) valid for `download_url_ttl_s` seconds (0: none), as
-    `adapterstore serve` does by default."""
+    `adapterstore serve` does by default; `server_limits` bound its peers (the defaults without)."""
     location = s3_location(bucket)
     store = make_store(S3BlobStore(location, part_size=part_size), log_settings, **settings)
     await store.start()
@@ -76,6 +78,7 @@ async def running_store(
             [SERVICE_NAME],
             security=security,
             needs=METHOD_ROLES,
+            limits=server_limits,
         ) as server:
             health = asyncio.create_task(follow_freshness(store, server.set_serving))
             try:

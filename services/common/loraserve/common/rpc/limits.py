@@ -1,0 +1,142 @@
+"""What one peer may hold of a gRPC server: streams, connections, calls, time, and
+output it does not read. grpc core's defaults bound neither streams per connection nor
+calls, give a handshake two minutes and a connection age no grace; every limit here is
+explicit, a flag with an environment fallback, and the same on both services.
+
+Request bodies: a call's message is read only after its credential is checked
+(`loraserve.common.rpc.grpcutil.ErrorMappingInterceptor` refuses a call with no valid
+token when its HEADERS arrive), so a peer without a token makes the server hold none of
+its bytes. An authenticated peer can make it hold at most `max_calls` messages of
+`MESSAGE_LIMIT` each, and at most `max_streams_per_connection` of them per connection."""
+
+from __future__ import annotations
+
+import argparse
+from dataclasses import dataclass
+from typing import Any
+
+from loraserve.common.config.flags import EnvFlags, non_negative_float, positive_float, positive_int
+
+# Client pings grpc core tolerates: one per 5 minutes while no call is running, two
+# strikes, then GOAWAY too_many_pings. Kept at core's values and stated, so a change
+# in grpcio cannot loosen them.
+_PING_INTERVAL_WITHOUT_CALLS_MS = 300_000
+_PING_STRIKES = 2
+
+
+@dataclass(frozen=True)
+class ServerLimits:
+    """The bounds a gRPC server puts on its peers."""
+
+    # Concurrent streams on one HTTP/2 connection, advertised in SETTINGS; more are
+    # refused (REFUSED_STREAM, which clients retry on another connection).
+    max_streams_per_connection: int = 100
+    # Connections the server holds at once, every peer together; more are closed. A
+    # safety net for memory and descriptors (an idle connection costs about 13 KiB), set
+    # high: grpc core has no per-peer cap, so a low global one would let one peer that
+    # opens many connections lock every other client out until its handshakes time out.
+    max_connections: int = 10000
+    # Calls running at once, every connection together; more end RESOURCE_EXHAUSTED
+    # when their HEADERS arrive, none of their bytes read.
+    max_calls: int = 1000
+    # Seconds a new connection has for its TLS handshake and HTTP/2 preface.
+    handshake_timeout_s: float = 10.0
+    # Seconds a connection with no call may stay open (0: forever).
+    idle_timeout_s: float = 600.0
+    # Seconds a connection past its maximum age keeps for the calls on it, then they
+    # end UNAVAILABLE (watches resume on a new connection).
+    connection_age_grace_s: float = 300.0
+    # Seconds a streamed message may wait for the client to read (flow control): a
+    # client that reads nothing for this long has its call ended RESOURCE_EXHAUSTED,
+    # and what the call held (an engine request, an admission slot) is released.
+    stalled_write_s: float = 60.0
+
+    def grpc_options(self) -> list[tuple[str, Any]]:
+        """The grpc core channel arguments for these limits."""
+        options: list[tuple[str, Any]] = [
+            ("grpc.max_concurrent_streams", self.max_streams_per_connection),
+            ("grpc.max_allowed_incoming_connections", self.max_connections),
+            ("grpc.server_handshake_timeout_ms", _ms(self.handshake_timeout_s)),
+            ("grpc.max_connection_age_grace_ms", _ms(self.connection_age_grace_s)),
+            ("grpc.keepalive_permit_without_calls", 0),
+            ("grpc.http2.min_ping_interval_without_data_ms", _PING_INTERVAL_WITHOUT_CALLS_MS),
+            ("grpc.http2.max_ping_strikes", _PING_STRIKES),
+        ]
+        if self.idle_timeout_s:
+            options.append(("grpc.max_connection_idle_ms", _ms(self.idle_timeout_s)))
+        return options
+
+
+def _ms(seconds: float) -> int:
+    return max(1, round(seconds * 1000))
+
+
+def add_server_limit_flags(parser: argparse.ArgumentParser, flags: EnvFlags) -> None:
+    """`--max-streams-per-connection`, `--max-connections`, `--max-calls`,
+    `--handshake-timeout`, `--idle-timeout`, `--connection-age-grace` and
+    `--stalled-write-timeout`, read back by `server_limits_from_args`."""
+    group = parser.add_argument_group("limits on gRPC peers")
+    default = ServerLimits()
+    flags.add(
+        group,
+        "max-streams-per-connection",
+        "concurrent calls on one gRPC connection (advertised to the client; more are "
+        "refused and retried elsewhere)",
+        str(default.max_streams_per_connection),
+        type=positive_int,
+    )
+    flags.add(
+        group,
+        "max-connections",
+        "gRPC connections held at once, all clients together",
+        str(default.max_connections),
+        type=positive_int,
+    )
+    flags.add(
+        group,
+        "max-calls",
+        "gRPC calls running at once; more end RESOURCE_EXHAUSTED before their request is read",
+        str(default.max_calls),
+        type=positive_int,
+    )
+    flags.add(
+        group,
+        "handshake-timeout",
+        "seconds a new connection has for its TLS handshake and HTTP/2 preface",
+        f"{default.handshake_timeout_s:g}",
+        type=positive_float,
+    )
+    flags.add(
+        group,
+        "idle-timeout",
+        "seconds a connection with no call stays open (0: forever)",
+        f"{default.idle_timeout_s:g}",
+        type=non_negative_float,
+    )
+    flags.add(
+        group,
+        "connection-age-grace",
+        "seconds the calls on a connection past --max-connection-age keep to finish",
+        f"{default.connection_age_grace_s:g}",
+        type=non_negative_float,
+    )
+    flags.add(
+        group,
+        "stalled-write-timeout",
+        "seconds a streamed message waits for a client that reads nothing before its "
+        "call ends RESOURCE_EXHAUSTED and what it held is released",
+        f"{default.stalled_write_s:g}",
+        type=positive_float,
+    )
+
+
+def server_limits_from_args(args: argparse.Namespace) -> ServerLimits:
+    return ServerLimits(
+        max_streams_per_connection=int(args.max_streams_per_connection),
+        max_connections=int(args.max_connections),
+        max_calls=int(args.max_calls),
+        handshake_timeout_s=float(args.handshake_timeout),
+        idle_timeout_s=float(args.idle_timeout),
+        connection_age_grace_s=float(args.connection_age_grace),
+        stalled_write_s=float(args.stalled_write_timeout),
+    )
