@@ -14,6 +14,7 @@ from collections.abc import AsyncGenerator, Mapping, Sequence
 import httpx
 
 from loraserve.inference.engine import AdapterHandle, EngineDelta, SamplingSpec
+from loraserve.testing.abuse import closed_by_server
 from loraserve.testing.fakes.engine import FAKE_INFO, FakeEngine
 from loraserve.testing.inference.openai_front import MODEL, StartFront
 from loraserve.testing.waiting import eventually
@@ -170,5 +171,17 @@ async def test_a_stream_its_client_never_reads_is_ended_and_its_engine_request_a
             lambda: not engine.running and len(engine.aborted) == 1,
             "the stream ended and its engine request aborted",
         )
+        # And the connection is dropped, not left waiting for the client to read.
+        await eventually(lambda: closed_by_server(sock), "the connection dropped")
     finally:
         sock.close()
+
+
+async def test_the_http_port_has_the_kernel_drop_peers_that_acknowledge_nothing(
+    start_front: StartFront,
+) -> None:
+    # A response the client never reads outlives the app's clocks in the socket's buffer:
+    # TCP_USER_TIMEOUT, inherited by every accepted connection, bounds that too.
+    front = await start_front(stalled_write_s=0.5)
+    timeout_ms = front.server.listening.getsockopt(socket.IPPROTO_TCP, socket.TCP_USER_TIMEOUT)
+    assert timeout_ms == 1000

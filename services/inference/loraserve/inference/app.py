@@ -116,7 +116,16 @@ class InferenceApp:
         server = self._server = await start_grpc_front(settings, self.runtime_ref)
         try:
             if settings.openai_listen is not None:
-                self._http = await self._start_openai(settings.openai_listen)
+                # Imported only when enabled: the HTTP stack is an optional part.
+                from loraserve.inference.openai import start_openai_front
+
+                self._http = await start_openai_front(
+                    settings,
+                    settings.openai_listen,
+                    self.runtime_ref,
+                    self.ready.is_set,
+                    self.metrics.registry,
+                )
             self._store = StoreClient.connect(
                 StoreClientSettings(
                     address=settings.store_address,
@@ -311,26 +320,6 @@ class InferenceApp:
             self._engine.tune_for_serving(False)
             self._engine.shutdown()
         log.info("server.stopped")
-
-    async def _start_openai(self, address: str) -> RunningHttpServer:
-        # Imported only when enabled: the HTTP stack is an optional part of the service.
-        from loraserve.inference.openai import create_openai_app, start_http_server
-
-        settings = self._settings
-        names = dict.fromkeys([settings.compat.served_model_name, settings.engine.model])
-        app = create_openai_app(
-            self.runtime_ref,
-            model_names=list(names),
-            security=settings.security,
-            is_ready=self.ready.is_set,
-            max_body_bytes=settings.openai_max_body_bytes,
-            metrics=self.metrics.registry,
-            public_metrics=settings.public_metrics,
-            stalled_write_s=settings.limits.stalled_write_s,
-        )
-        return await start_http_server(
-            app, address=address, security=settings.security, name="openai-http"
-        )
 
     async def _auto_rank(self) -> int:
         """The smallest rank covering the store's adapters. A store that cannot be

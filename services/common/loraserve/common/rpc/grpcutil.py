@@ -159,8 +159,9 @@ async def _write_all(
             await write(response)
             clock.waiting_since = None
     except asyncio.CancelledError:
-        if clock.fired:
-            clock.task.uncancel()
+        # Only the clock's own cancel becomes RESOURCE_EXHAUSTED: one that came with it
+        # (the client's, in the same pass of the loop) stays a cancel.
+        if clock.fired and clock.task.uncancel() <= clock.cancelling_before:
             raise _stalled(stalled_write_s) from None
         raise
     finally:
@@ -180,6 +181,7 @@ class _WriteClock:
         if task is None:
             raise RuntimeError("a write clock needs a running task")
         self.task = task
+        self.cancelling_before = task.cancelling()
         self._limit = limit
         # When the write in progress began; None between writes.
         self.waiting_since: float | None = None

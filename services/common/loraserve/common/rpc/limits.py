@@ -6,8 +6,9 @@ explicit, a flag with an environment fallback, and the same on both services.
 Request bodies: a call's message is read only after its credential is checked
 (`loraserve.common.rpc.grpcutil.ErrorMappingInterceptor` refuses a call with no valid
 token when its HEADERS arrive), so a peer without a token makes the server hold none of
-its bytes. An authenticated peer can make it hold at most `max_calls` messages of
-`MESSAGE_LIMIT` each, and at most `max_streams_per_connection` of them per connection."""
+its bytes. An authenticated peer can make it hold at most one message of
+`MESSAGE_LIMIT` per stream: `max_streams_per_connection` of them per connection, and
+`max_calls` in all where that cap is set."""
 
 from __future__ import annotations
 
@@ -15,7 +16,13 @@ import argparse
 from dataclasses import dataclass
 from typing import Any
 
-from loraserve.common.config.flags import EnvFlags, non_negative_float, positive_float, positive_int
+from loraserve.common.config.flags import (
+    EnvFlags,
+    non_negative_float,
+    non_negative_int,
+    positive_float,
+    positive_int,
+)
 
 # Client pings grpc core tolerates: one per 5 minutes while no call is running, two
 # strikes, then GOAWAY too_many_pings. Kept at core's values and stated, so a change
@@ -37,18 +44,25 @@ class ServerLimits:
     # opens many connections lock every other client out until its handshakes time out.
     max_connections: int = 10000
     # Calls running at once, every connection together; more end RESOURCE_EXHAUSTED
-    # when their HEADERS arrive, none of their bytes read.
-    max_calls: int = 1000
+    # when their HEADERS arrive, none of their bytes read. Off (0) by default: grpc.aio
+    # counts every call, health and reflection too, which need no token, so a cap lets
+    # a caller without one hold every place (health's Watch never ends) and fail the
+    # probes. Worth setting where every caller is trusted.
+    max_calls: int = 0
     # Seconds a new connection has for its TLS handshake and HTTP/2 preface.
     handshake_timeout_s: float = 10.0
     # Seconds a connection with no call may stay open (0: forever).
     idle_timeout_s: float = 600.0
     # Seconds a connection past its maximum age keeps for the calls on it, then they
-    # end UNAVAILABLE (watches resume on a new connection).
-    connection_age_grace_s: float = 300.0
+    # end UNAVAILABLE (watches resume on a new connection): the longest a generation
+    # running at that moment may still take.
+    connection_age_grace_s: float = 600.0
     # Seconds a streamed message may wait for the client to read (flow control): a
-    # client that reads nothing for this long has its call ended RESOURCE_EXHAUSTED,
-    # and what the call held (an engine request, an admission slot) is released.
+    # client that reads nothing for this long has its call's handler ended
+    # (RESOURCE_EXHAUSTED), and what it held (an engine request, an admission slot, an
+    # adapter lease) released. The HTTP/2 stream itself stays open until its connection
+    # closes (at the latest its maximum age and grace): grpc.aio cannot reset a stream,
+    # and the status waits behind the message the client does not read.
     stalled_write_s: float = 60.0
 
     def grpc_options(self) -> list[tuple[str, Any]]:
@@ -95,9 +109,11 @@ def add_server_limit_flags(parser: argparse.ArgumentParser, flags: EnvFlags) -> 
     flags.add(
         group,
         "max-calls",
-        "gRPC calls running at once; more end RESOURCE_EXHAUSTED before their request is read",
+        "gRPC calls running at once, health and reflection included; more end "
+        "RESOURCE_EXHAUSTED before their request is read (0: no cap, since callers without "
+        "a token could fill it with health watches)",
         str(default.max_calls),
-        type=positive_int,
+        type=non_negative_int,
     )
     flags.add(
         group,

@@ -86,7 +86,7 @@ async def start_server(
     server = grpc.aio.server(
         interceptors=[interceptor],
         options=[*MESSAGE_LIMIT_OPTIONS, *limits.grpc_options(), *age, *options],
-        maximum_concurrent_rpcs=limits.max_calls,
+        maximum_concurrent_rpcs=limits.max_calls or None,
     )
     register(server)
     health_servicer = health.aio.HealthServicer()

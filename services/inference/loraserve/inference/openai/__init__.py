@@ -3,6 +3,7 @@ replies, the guard that checks before it reads, and the uvicorn server. It drive
 same `serving` runtime as the gRPC front."""
 
 from loraserve.inference.openai.app import create_openai_app
+from loraserve.inference.openai.front import start_openai_front
 from loraserve.inference.openai.server import RunningHttpServer, start_http_server
 
-__all__ = ["RunningHttpServer", "create_openai_app", "start_http_server"]
+__all__ = ["RunningHttpServer", "create_openai_app", "start_http_server", "start_openai_front"]

@@ -39,6 +39,8 @@ class RunningHttpServer:
     port: int
     server: uvicorn.Server
     task: asyncio.Task[None]
+    # The listening socket: the options every accepted connection inherits.
+    listening: socket.socket
 
     async def stop(self, grace: float | None) -> None:
         """Stops accepting; running requests get `grace` seconds (None: all they need)."""
@@ -49,10 +51,20 @@ class RunningHttpServer:
 
 
 async def start_http_server(
-    app: Any, *, address: str, security: ServerSecurity, name: str = "http"
+    app: Any,
+    *,
+    address: str,
+    security: ServerSecurity,
+    name: str = "http",
+    stalled_write_s: float | None = None,
 ) -> RunningHttpServer:
-    """Serves `app` on `address` (port 0 picks a free one), with the server's TLS settings."""
-    sock = _bind(address)
+    """Serves `app` on `address` (port 0 picks a free one), with the server's TLS settings.
+    With `stalled_write_s`, the kernel drops a connection whose peer has acknowledged
+    none of what was sent to it for twice that long (TCP_USER_TIMEOUT, zero windows
+    included): the app's own clock ends the response first, and the kernel's bounds what
+    no clock of the app sees (a response already handed to the socket, its close
+    waiting for the buffer to drain)."""
+    sock = _bind(address, 2 * stalled_write_s if stalled_write_s is not None else None)
     config = uvicorn.Config(
         app,
         log_config=None,
@@ -80,10 +92,10 @@ async def start_http_server(
     log.info(
         "http.listening name=%s address=%s port=%d tls=%s", name, address, port, bool(config.ssl)
     )
-    return RunningHttpServer(port, server, task)
+    return RunningHttpServer(port, server, task, sock)
 
 
-def _bind(address: str) -> socket.socket:
+def _bind(address: str, user_timeout_s: float | None) -> socket.socket:
     host, port = split_address(address)
     try:
         family, kind, proto, _, sockaddr = socket.getaddrinfo(
@@ -94,6 +106,10 @@ def _bind(address: str) -> socket.socket:
         raise Unavailable(f"cannot listen on {address}: {exc}") from exc
     try:
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        if user_timeout_s is not None and hasattr(socket, "TCP_USER_TIMEOUT"):
+            # Accepted connections inherit it.
+            milliseconds = max(1, round(user_timeout_s * 1000))
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_USER_TIMEOUT, milliseconds)
         sock.bind(sockaddr)
         # Listening now: connections made before uvicorn's loop starts wait in the backlog.
         sock.listen(2048)

@@ -126,6 +126,9 @@ class FakeEngine:
             logprobs = sampling.params.logprobs if sampling.params is not None else None
             for i in range(sampling.max_tokens):
                 await self.steps.wait()
+                # A real engine's outputs arrive from another process: each step gives
+                # the loop a turn, as they do.
+                await asyncio.sleep(0)
                 last = i == sampling.max_tokens - 1
                 for index in range(sampling.n):
                     finished = last and index == sampling.n - 1

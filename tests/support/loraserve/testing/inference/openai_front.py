@@ -75,7 +75,9 @@ async def start_front(tmp_path: Path) -> AsyncIterator[StartFront]:
             is_ready=lambda: runtime,
             stalled_write_s=stalled_write_s,
         )
-        server = await start_http_server(app, address="127.0.0.1:0", security=ServerSecurity())
+        server = await start_http_server(
+            app, address="127.0.0.1:0", security=ServerSecurity(), stalled_write_s=stalled_write_s
+        )
         servers.append(server)
         return Front(engine, runtime_ref, server, f"http://127.0.0.1:{server.port}")
 
