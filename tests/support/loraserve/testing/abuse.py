@@ -210,11 +210,10 @@ def peak_rss_growth() -> Iterator[list[int]]:
 async def unfinished_bodies_without_a_token(
     port: int, path: str, meanwhile: Callable[[], Awaitable[None]]
 ) -> int:
-    """Opens 200 calls on `path` with no token, 100 on each of two connections (the
-    servers' limit per connection), each sending 1 MiB of a message that says it is
-    16 MiB long and never ending it; waits until every one is refused UNAUTHENTICATED
-    and runs `meanwhile` (a normal client) beside them. The peak growth of this
-    process's RSS, in bytes."""
+    """Opens 200 calls on `path` with no token, 100 on each of two connections, each
+    sending 1 MiB of a message that says it is 16 MiB long and never ending it; waits
+    until every one is refused UNAUTHENTICATED and runs `meanwhile` (a normal client)
+    beside them. The peak growth of this process's RSS, in bytes."""
     peers = [RawPeer(port, initial_window=1024 * 1024) for _ in range(2)]
     try:
         with peak_rss_growth() as growth:

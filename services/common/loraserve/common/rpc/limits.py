@@ -36,8 +36,11 @@ class ServerLimits:
     """The bounds a gRPC server puts on its peers."""
 
     # Concurrent streams on one HTTP/2 connection, advertised in SETTINGS; more are
-    # refused (REFUSED_STREAM, which clients retry on another connection).
-    max_streams_per_connection: int = 100
+    # refused (REFUSED_STREAM). Set above any one client's concurrency, not at HTTP/2's
+    # customary 100: grpc core's clients do not wait for a slot but fail the calls past
+    # it UNAVAILABLE (29 of 160 calls on one channel to a limit of 100, grpcio 1.85),
+    # and a gateway multiplexes many users' streams on a connection.
+    max_streams_per_connection: int = 1000
     # Connections the server holds at once, every peer together; more are closed. A
     # safety net for memory and descriptors (an idle connection costs about 13 KiB), set
     # high: grpc core has no per-peer cap, so a low global one would let one peer that
