@@ -52,9 +52,12 @@ TOKEN = "abuse-reader-token"
 AUTH = (("authorization", f"Bearer {TOKEN}"),)
 STALLED_WRITE_S = 2
 HANDSHAKE_S = 2
-# What an attack may add to the server's peak RSS (the issue's bound is 256 MiB; the
-# short variants stay far below it when the limits hold).
+# What an attack may add to the server's peak RSS where the server should hold nothing
+# of it (a few MiB of bookkeeping), and the issue's bound where it must hold some of it
+# for a moment (each gzip bomb is inflated, up to the message limit, before it is
+# refused: 69 MiB peak for 50 of them on two loaded cores).
 RSS_BOUND = 64 * 1024 * 1024
+ISSUE_RSS_BOUND = 256 * 1024 * 1024
 HEALTH_METHOD = "/grpc.health.v1.Health/Check"
 # Tokens an attacker's call asks for: as many as the session engine's context holds, so
 # its generation outlives the stalled-write clock.
@@ -236,7 +239,7 @@ async def test_gzip_bombs_are_refused_by_their_inflated_size(replica: RunningInf
 
             await eventually(lambda: asyncio.to_thread(peer.ended, streams), "every stream ended")
             await _streams_normally(replica)
-        assert growth[0] < RSS_BOUND
+        assert growth[0] < ISSUE_RSS_BOUND
         exhausted = str(grpc.StatusCode.RESOURCE_EXHAUSTED.value[0])
         assert {peer.endings[stream] for stream in streams} == {exhausted}
     finally:
