@@ -122,24 +122,30 @@ class _BoundedServer(socketserver.ThreadingMixIn, WSGIServer):
     def process_request(self, request: Any, client_address: Any) -> None:
         peer = str(client_address[0])
         with self._lock:
-            if self._served.total() >= MAX_CONNECTIONS or self._served[peer] >= MAX_PER_PEER:
-                refused = True
-            else:
-                refused = False
+            admitted = self._served.total() < MAX_CONNECTIONS and self._served[peer] < MAX_PER_PEER
+            if admitted:
                 self._served[peer] += 1
-        if refused:
+        if not admitted:
             log.info("metrics.connection_refused peer=%s", peer)
             self.shutdown_request(request)
             return
-        super().process_request(request, client_address)
+        try:
+            super().process_request(request, client_address)
+        except BaseException:
+            self._release(peer)
+            raise
 
     def process_request_thread(self, request: Any, client_address: Any) -> None:
         try:
             super().process_request_thread(request, client_address)
         finally:
-            with self._lock:
-                self._served[str(client_address[0])] -= 1
-                self._served += Counter()
+            self._release(str(client_address[0]))
+
+    def _release(self, peer: str) -> None:
+        with self._lock:
+            self._served[peer] -= 1
+            if not self._served[peer]:
+                del self._served[peer]
 
     def handle_error(self, request: Any, client_address: Any) -> None:
         """A peer that timed out or went away is its own business, not a traceback."""
