@@ -105,7 +105,7 @@ def _defaults(model: str) -> object:
 
 
 def _swap_servers(stack: Stack, engine_config: procs.EngineConfig) -> dict[str, list[str]]:
-    from bench.swap.arms import SWAP
+    from bench.swap.arms import BARE_SWAP, SWAP
     from bench.swap.vs_vllm import loraserve_argv
 
     ports = _ports()
@@ -114,9 +114,10 @@ def _swap_servers(stack: Stack, engine_config: procs.EngineConfig) -> dict[str, 
     servers["inference serve (loraserve)"] = loraserve_argv(
         stack, engine_config, grpc_port, http_port
     )
+    source = stack.adapters["swap-v0"]
     serve = baselines.serve_command(
         stack.argv("loraserve", grpc_port, engine_config),
-        {SWAP: stack.adapters["swap-v0"]},
+        {SWAP: source, BARE_SWAP: source},
         next(ports),
     )
     servers["vllm serve (runtime LoRA updates)"] = serve

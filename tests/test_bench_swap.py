@@ -1,15 +1,19 @@
-"""The swap benchmarks' bookkeeping: new weights every push, and no push dropped."""
+"""The swap benchmarks' bookkeeping: new weights every push, no push dropped, and a
+push's spans placed against its start."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
 import numpy as np
+from opentelemetry.proto.trace.v1.trace_pb2 import Span
 from safetensors.numpy import load_file, save_file
 
 from bench.load.workload import Record
 from bench.rig.variants import CONFIG, WEIGHTS, write_variant
 from bench.swap.hot import Push, swap_latencies
+from bench.swap.push_spans import SpanTimes, span_times
+from loraserve.testing.otlp import ReceivedSpan
 
 
 def _probe(revision: int, first_token: float) -> Record:
@@ -45,3 +49,28 @@ def test_variants_keep_the_shapes_and_never_repeat_weights(tmp_path: Path) -> No
     assert first["a.lora_A.weight"].shape == (8, 16)
     assert first["a.lora_A.weight"].dtype == np.float32
     assert not np.array_equal(first["a.lora_A.weight"], second["a.lora_A.weight"])
+
+
+def _span(name: str, trace: bytes, start_s: float, end_s: float) -> ReceivedSpan:
+    nanos = 1_000_000_000
+    span = Span(
+        name=name,
+        trace_id=trace,
+        start_time_unix_nano=int(start_s * nanos),
+        end_time_unix_nano=int(end_s * nanos),
+    )
+    return ReceivedSpan("loraserve-adapterstore", span)
+
+
+def test_a_push_profile_places_each_span_name_from_the_push_start_and_sums_repeats() -> None:
+    trace = bytes(range(16))
+    spans = [
+        _span("loraserve.store.push", trace, 100.5, 101.5),
+        _span("loraserve.store.s3.upload_part", trace, 100.75, 101.0),
+        _span("loraserve.store.s3.upload_part", trace, 101.0, 101.5),
+    ]
+
+    times = span_times(spans, started_unix_s=100.0)
+
+    assert times["loraserve.store.push"] == SpanTimes(0.5, 1.0, 1)
+    assert times["loraserve.store.s3.upload_part"] == SpanTimes(0.75, 0.75, 2)

@@ -35,6 +35,7 @@ from bench.store import transfers
 from bench.swap import vs_vllm
 from bench.swap.arms import Servers, rounds
 from loraserve.adapterctl.adapter_dir import AdapterFiles
+from loraserve.testing.otlp import otlp_receiver
 from loraserve.testing.processes.services import free_port
 
 ENGINE = EngineConfig(max_loras=4, max_cpu_loras=8, max_lora_rank=models.RANK)
@@ -161,14 +162,15 @@ async def _swaps(
     stack = _stack(report, engine)
     try:
         servers: Servers | None = None
-        async with limit(report, 16 if 16 in wanted else 17, phase="real servers"):
-            servers = await vs_vllm.start_servers(stack, ENGINE)
-        if servers is None:
-            return
-        for number, cold in ((16, True), (17, False)):
-            if number in wanted:
-                async with limit(report, number):
-                    await _swap(report, servers, number, cold, scale)
+        async with otlp_receiver() as otlp:
+            async with limit(report, 16 if 16 in wanted else 17, phase="real servers"):
+                servers = await vs_vllm.start_servers(stack, ENGINE, otlp)
+            if servers is None:
+                return
+            for number, cold in ((16, True), (17, False)):
+                if number in wanted:
+                    async with limit(report, number):
+                        await _swap(report, servers, number, cold, scale)
     finally:
         await stack.close()
 
@@ -187,11 +189,14 @@ async def _swap(
     kind = "a new adapter name per swap" if cold else "new revisions of one loaded adapter"
     _describe(
         section,
-        f"{scale.swaps} rounds, arms alternated, new weights each round (a variant of "
+        f"{scale.swaps} rounds, the arms' order rotating, new weights each round (a variant of "
         f"a built adapter); {kind}; "
         f"engine: max_loras {ENGINE.max_loras}, "
         f"max_cpu_loras {ENGINE.max_cpu_loras}, fp32 (measured faster than bf16 on "
         "this CPU build), eager",
+        vs_vllm.SERVING,
+        vs_vllm.TRACED,
+        vs_vllm.BARE_PATH,
     )
     vs_vllm.figures(section, swaps, startup, None)
     section.seconds = time.monotonic() - started

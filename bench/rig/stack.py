@@ -157,11 +157,11 @@ class Stack:
                 self.model_dir, cache / f"swap{v}-r{RANK}", TinyAdapterSpec(rank=RANK, seed=100 + v)
             )
 
-    async def start_store(self, log_level: str = "WARNING") -> None:
+    async def start_store(self, log_level: str = "WARNING", extra: tuple[str, ...] = ()) -> None:
         moto, endpoint = await asyncio.to_thread(procs.start_moto, self.logs, BUCKET)
         self.children.append(moto)
         self.store_endpoint = endpoint
-        self.store = await procs.start_store(self.logs, endpoint, BUCKET, log_level)
+        self.store = await procs.start_store(self.logs, endpoint, BUCKET, log_level, extra=extra)
         self.children.append(self.store)
         self.store_channel = grpc.aio.insecure_channel(self.store.address)
 

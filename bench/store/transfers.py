@@ -120,16 +120,21 @@ def boto_upload(s3: Any, bucket: str, directory: Path, prefix: str) -> float:
     return time.perf_counter() - started
 
 
+def boto_get(s3: Any, bucket: str, prefix: str, names: list[str], target: Path) -> None:
+    """One streamed get_object per file, written into `target` chunk by chunk."""
+    for name in names:
+        body = s3.get_object(Bucket=bucket, Key=f"{prefix}/{name}")["Body"]
+        with (target / name).open("wb") as out:
+            for chunk in body.iter_chunks(STREAM_CHUNK):
+                out.write(chunk)
+
+
 def boto_stream(s3: Any, bucket: str, prefix: str, names: list[str]) -> float:
-    """One streamed get_object per file, written to disk chunk by chunk."""
+    """`boto_get` into a scratch directory: its seconds."""
     target = Path(tempfile.mkdtemp(prefix="bench-boto-"))
     started = time.perf_counter()
     try:
-        for name in names:
-            body = s3.get_object(Bucket=bucket, Key=f"{prefix}/{name}")["Body"]
-            with (target / name).open("wb") as out:
-                for chunk in body.iter_chunks(STREAM_CHUNK):
-                    out.write(chunk)
+        boto_get(s3, bucket, prefix, names, target)
         return time.perf_counter() - started
     finally:
         shutil.rmtree(target, ignore_errors=True)

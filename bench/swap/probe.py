@@ -6,16 +6,21 @@ servers' own log lines."""
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import datetime
 import json
 import re
 import time
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
 import aiohttp
 
 PROMPT = [5, 17, 42, 99]
+# The tokens of each background stream (bench.swap.arms' serving load).
+BACKGROUND_TOKENS = 16
 PROBE_TIMEOUT_S = 60.0
 _STAMP = re.compile(r"^(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3}) ")
 # loraserve's stages, in path order: (label, log file, event pattern for NAME rev N).
@@ -104,3 +109,43 @@ def log_time(log: Path, pattern: str) -> float:
             parsed = datetime.datetime.strptime(stamp.group(1), "%Y-%m-%d %H:%M:%S,%f")
             return parsed.timestamp()
     return float("nan")
+
+
+async def _streaming(session: aiohttp.ClientSession, url: str, model: str) -> None:
+    body = {
+        "model": model,
+        "prompt": PROMPT,
+        "max_tokens": BACKGROUND_TOKENS,
+        "temperature": 0.0,
+        "ignore_eos": True,
+        "stream": True,
+    }
+    while True:
+        async with session.post(f"{url}/v1/completions", json=body) as response:
+            if response.status != 200:
+                raise RuntimeError(f"background: HTTP {response.status}: {await response.text()}")
+            async for _ in response.content:
+                pass
+
+
+@contextlib.asynccontextmanager
+async def serving(
+    session: aiohttp.ClientSession, targets: list[tuple[str, str]], streams: int
+) -> AsyncIterator[None]:
+    """`streams` closed-loop streams of `model` on each (url, model) of `targets` for the
+    block, as a replica serves traffic while someone publishes; one that fails fails
+    the block's exit."""
+    tasks = [
+        asyncio.create_task(_streaming(session, url, model))
+        for url, model in targets
+        for _ in range(streams)
+    ]
+    try:
+        yield
+    finally:
+        for task in tasks:
+            task.cancel()
+        results = await asyncio.gather(*tasks, return_exceptions=True)
+        failed = [r for r in results if not isinstance(r, asyncio.CancelledError)]
+        if failed:
+            raise RuntimeError(f"{len(failed)} background stream(s) failed: {failed[0]!r}")
