@@ -22,6 +22,8 @@ PROMPT = [5, 17, 42, 99]
 # The tokens of each background stream (bench.swap.arms' serving load).
 BACKGROUND_TOKENS = 16
 PROBE_TIMEOUT_S = 60.0
+# Seconds between probes of a model the server does not serve yet (as benchmark 5's).
+NOT_SERVED_RETRY_S = 0.005
 _STAMP = re.compile(r"^(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3}) ")
 # loraserve's stages, in path order: (label, log file, event pattern for NAME rev N).
 STAGES = (
@@ -76,13 +78,17 @@ async def probe_until(
     served_as: str | None,
 ) -> float:
     """Probes back to back until the answer is `expected` (and, when given, came from
-    the model `served_as`); a model not served yet is probed again. Returns the wall
+    the model `served_as`); a model not served yet is probed again NOT_SERVED_RETRY_S
+    later. Returns the wall
     time of that answer's first token (NaN: not within PROBE_TIMEOUT_S)."""
     deadline = time.monotonic() + PROBE_TIMEOUT_S
     while time.monotonic() < deadline:
         try:
             ids, served, first = await probe(session, url, model)
         except NotServed:
+            # Not back to back: a 404 answers in a millisecond, and a loop of them
+            # would take a core from the push it waits for.
+            await asyncio.sleep(NOT_SERVED_RETRY_S)
             continue
         if ids == expected and (served_as is None or served == served_as):
             return first
