@@ -238,3 +238,20 @@ async def test_list_is_ordered_and_starts_after_a_key(s3_bucket: S3Bucket) -> No
         await store.put(name, b"")
     assert await store.list_keys("log/") == ["log/1", "log/2", "log/3"]
     assert await store.list_keys("log/", start_after="log/1", limit=1) == ["log/2"]
+
+
+async def test_multipart_blob_carries_the_crc32_of_every_part_as_boto3_uploads(
+    s3_bucket: S3Bucket,
+) -> None:
+    store = _store(s3_bucket)
+    data = os.urandom(2 * MIN_PART_SIZE + 12345)
+    upload = await store.start_upload(_sha256(data))
+    await _write(upload, data)
+    await upload.finish()
+    key = await upload.keep()
+    head = s3_bucket.client().head_object(
+        Bucket=s3_bucket.bucket, Key=f"store/{key}", ChecksumMode="ENABLED"
+    )
+    # Only an upload created with a checksum algorithm and completed with every part's
+    # checksum has one (S3 reports a composite of the parts', moto the object's).
+    assert "ChecksumCRC32" in head, head
