@@ -10,8 +10,6 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import grpc
-from cryptography import x509
-from cryptography.hazmat.primitives import serialization
 
 log = logging.getLogger(__name__)
 
@@ -20,6 +18,11 @@ Stamp = tuple[tuple[int, int], ...]
 
 def check_key_pair(key_pem: bytes, cert_pem: bytes) -> None:
     """Raises ValueError unless `key_pem` is the private key of `cert_pem`'s leaf."""
+    # Imported here: every client imports this module, few ever serve TLS files, and
+    # the X.509 modules are a sixth of adapterctl's start-up.
+    from cryptography import x509
+    from cryptography.hazmat.primitives import serialization
+
     key = serialization.load_pem_private_key(key_pem, None)
     leaf = x509.load_pem_x509_certificate(cert_pem)
     raw = (serialization.Encoding.DER, serialization.PublicFormat.SubjectPublicKeyInfo)
