@@ -244,6 +244,11 @@ async def test_multipart_blob_carries_the_crc32_of_every_part_as_boto3_uploads(
     s3_bucket: S3Bucket,
 ) -> None:
     store = _store(s3_bucket)
+    completed: list[dict[str, Any]] = []
+    store.client.meta.events.register(
+        "before-parameter-build.s3.CompleteMultipartUpload",
+        lambda params, **_: completed.append(params),
+    )
     data = os.urandom(2 * MIN_PART_SIZE + 12345)
     upload = await store.start_upload(_sha256(data))
     await _write(upload, data)
@@ -252,6 +257,10 @@ async def test_multipart_blob_carries_the_crc32_of_every_part_as_boto3_uploads(
     head = s3_bucket.client().head_object(
         Bucket=s3_bucket.bucket, Key=f"store/{key}", ChecksumMode="ENABLED"
     )
-    # Only an upload created with a checksum algorithm and completed with every part's
-    # checksum has one (S3 reports a composite of the parts', moto the object's).
+    # Only an upload created with a checksum algorithm has one (S3 reports a composite
+    # of the parts', moto the object's); S3 refuses to complete it unless every part's
+    # checksum is named.
     assert "ChecksumCRC32" in head, head
+    [parts] = [params["MultipartUpload"]["Parts"] for params in completed]
+    assert [part["PartNumber"] for part in parts] == [1, 2, 3]
+    assert all(part.get("ChecksumCRC32") for part in parts), parts

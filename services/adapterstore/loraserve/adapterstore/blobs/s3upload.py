@@ -200,7 +200,7 @@ class _Parts:
                     **self._checksum,
                 )
                 completed["ETag"] = response["ETag"]
-                if "ChecksumCRC32" in response:
+                if self._checksum and "ChecksumCRC32" in response:
                     completed["ChecksumCRC32"] = response["ChecksumCRC32"]
             await hashing
         finally:
