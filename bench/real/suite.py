@@ -189,8 +189,8 @@ async def _swap(
     kind = "a new adapter name per swap" if cold else "new revisions of one loaded adapter"
     _describe(
         section,
-        f"{scale.swaps} rounds, the arms' order rotating, new weights each round (a variant of "
-        f"a built adapter); {kind}; "
+        f"{scale.swaps} rounds, the arms in each of their six orders in turn, new weights "
+        f"each round (a variant of a built adapter); {kind}; "
         f"engine: max_loras {ENGINE.max_loras}, "
         f"max_cpu_loras {ENGINE.max_cpu_loras}, fp32 (measured faster than bf16 on "
         "this CPU build), eager",

@@ -16,8 +16,10 @@ re-pushed benchmark 16's variants and committed in a fifth of the time)."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import itertools
 import time
+from collections.abc import AsyncIterator, Coroutine
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -26,9 +28,10 @@ import aiohttp
 
 from bench.rig import procs
 from bench.rig.variants import write_variant
-from bench.store.transfers import adapter_files, boto_get, boto_upload
+from bench.store.transfers import adapter_files
+from bench.swap.bare_s3 import BareS3
 from bench.swap.probe import STAGES, load_lora, log_time, probe, probe_until, serving
-from bench.swap.push_spans import SpanTimes, push_profile
+from bench.swap.push_spans import ARRIVAL_S, SpanTimes, push_profile
 from loraserve.testing.otlp import OtlpReceiver
 
 SWAP = "swap"
@@ -42,6 +45,7 @@ BARE = "bare S3 + vLLM load_lora_adapter"
 LORASERVE = "loraserve adapterctl push"
 ARMS = (VLLM, BARE, LORASERVE)
 _SEEDS = itertools.count(1001)
+ORDERS = list(itertools.permutations(range(len(ARMS))))
 # Streams of the base model each server serves while the swaps run (as the issue's
 # publisher found a replica: serving 4 streams on another model), started this long
 # before the first swap.
@@ -86,7 +90,7 @@ class SwapBench:
         self.revision = 1
         self.current: tuple[int, ...] = ()
         self.seed = 0
-        self.s3: Any = procs.s3_client(servers.s3_endpoint)
+        self.bare = BareS3(servers.s3_endpoint, servers.bucket)
         # (name, revision, wall time it started) of every push, profiled at the end.
         self.pushes: list[tuple[Swap, str, int, float]] = []
 
@@ -95,7 +99,7 @@ class SwapBench:
         self.current, _, _ = await probe(session, self.servers.vllm_url, SWAP)
         await probe(session, self.servers.vllm_url, BARE_SWAP)
         await probe(session, self.servers.lora_url, SWAP)
-        await asyncio.to_thread(self.s3.list_objects_v2, Bucket=self.servers.bucket, MaxKeys=1)
+        await asyncio.to_thread(self.bare.warm)
 
     async def next_variant(self, session: aiohttp.ClientSession) -> tuple[Path, tuple[int, ...]]:
         """New weights whose probe answer differs from the current ones', with that
@@ -118,10 +122,10 @@ class SwapBench:
         name = f"cold-v{self.seed}" if self.cold else SWAP
         url = self.servers.vllm_url
         started = time.time()
-        probing = asyncio.create_task(probe_until(session, url, name, expected, None))
-        await load_lora(session, url, name, path, inplace=not self.cold)
-        swap.milestones["load_lora_adapter answered"] = time.time() - started
-        swap.first_token = await probing - started
+        async with probing(probe_until(session, url, name, expected, None)) as answered:
+            await load_lora(session, url, name, path, inplace=not self.cold)
+            swap.milestones["load_lora_adapter answered"] = time.time() - started
+            swap.first_token = await answered - started
         return swap
 
     async def bare_swap(
@@ -129,19 +133,20 @@ class SwapBench:
     ) -> Swap:
         swap = Swap(BARE)
         name = f"cold-b{self.seed}" if self.cold else BARE_SWAP
-        url, bucket = self.servers.vllm_url, self.servers.bucket
+        url = self.servers.vllm_url
         prefix = f"bare/{self.seed}"
         target = self.servers.work / f"bare-{self.seed}"
         target.mkdir()
+        names = adapter_files(path)
         started = time.time()
-        probing = asyncio.create_task(probe_until(session, url, name, expected, None))
-        await asyncio.to_thread(boto_upload, self.s3, bucket, path, prefix)
-        swap.milestones["uploaded"] = time.time() - started
-        await asyncio.to_thread(boto_get, self.s3, bucket, prefix, adapter_files(path), target)
-        swap.milestones["downloaded"] = time.time() - started
-        await load_lora(session, url, name, target, inplace=not self.cold)
-        swap.milestones["load_lora_adapter answered"] = time.time() - started
-        swap.first_token = await probing - started
+        async with probing(probe_until(session, url, name, expected, None)) as answered:
+            await asyncio.to_thread(self.bare.upload, path, prefix)
+            swap.milestones["uploaded"] = time.time() - started
+            await asyncio.to_thread(self.bare.get, prefix, names, target)
+            swap.milestones["downloaded"] = time.time() - started
+            await load_lora(session, url, name, target, inplace=not self.cold)
+            swap.milestones["load_lora_adapter answered"] = time.time() - started
+            swap.first_token = await answered - started
         return swap
 
     async def lora_swap(
@@ -150,27 +155,17 @@ class SwapBench:
         swap = Swap(LORASERVE)
         name = f"cold-l{self.seed}" if self.cold else SWAP
         revision = 1 if self.cold else self.revision + 1
+        served_as = f"{name}@{revision}"
+        url = self.servers.lora_url
         started = time.time()
-        probing = asyncio.create_task(
-            probe_until(session, self.servers.lora_url, name, expected, f"{name}@{revision}")
-        )
-        cli = await asyncio.create_subprocess_exec(
-            *procs.ADAPTERCTL,
-            "push",
-            f"--store={self.servers.store}",
-            name,
-            str(path),
-            stdout=asyncio.subprocess.PIPE,
-            stderr=asyncio.subprocess.STDOUT,
-        )
-        out, _ = await cli.communicate()
-        swap.milestones["adapterctl exited"] = time.time() - started
-        if cli.returncode != 0 or out.decode().strip() != f"{name}@{revision}":
-            probing.cancel()
-            raise RuntimeError(f"adapterctl push: exit {cli.returncode}: {out.decode()[-500:]}")
-        if not self.cold:
-            self.revision = revision
-        swap.first_token = await probing - started
+        async with probing(probe_until(session, url, name, expected, served_as)) as answered:
+            out = await _push(self.servers.store, name, path)
+            swap.milestones["adapterctl exited"] = time.time() - started
+            if out != served_as:
+                raise RuntimeError(f"adapterctl push answered {out[-500:]!r}")
+            if not self.cold:
+                self.revision = revision
+            swap.first_token = await answered - started
         for label, log, pattern in STAGES:
             at = log_time(self.servers.logs / f"{log}.log", pattern.format(name=name, rev=revision))
             swap.milestones[label] = at - started
@@ -178,11 +173,46 @@ class SwapBench:
         return swap
 
     async def profile_pushes(self) -> None:
-        """Each push's spans, once the exporters delivered them (none: untraced)."""
+        """Each push's spans, once the exporters delivered them (none: untraced), all
+        within ARRIVAL_S."""
         if self.servers.otlp is None:
             return
+        deadline = asyncio.get_running_loop().time() + ARRIVAL_S
         for swap, name, revision, started in self.pushes:
-            swap.spans = await push_profile(self.servers.otlp, name, revision, started)
+            swap.spans = await push_profile(self.servers.otlp, name, revision, started, deadline)
+
+
+@contextlib.asynccontextmanager
+async def probing(probe: Coroutine[Any, Any, float]) -> AsyncIterator[asyncio.Task[float]]:
+    """`probe` as a task for the block: one the block left before its answer is
+    cancelled and waited for, never left probing into the next swap."""
+    task = asyncio.create_task(probe)
+    try:
+        yield task
+    finally:
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+
+
+async def _push(store: str, name: str, path: Path) -> str:
+    """`adapterctl push`'s output (stdout and stderr); a push left early is killed."""
+    cli = await asyncio.create_subprocess_exec(
+        *procs.ADAPTERCTL,
+        "push",
+        f"--store={store}",
+        name,
+        str(path),
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.STDOUT,
+    )
+    try:
+        out, _ = await cli.communicate()
+    except BaseException:
+        cli.kill()
+        await cli.wait()
+        raise
+    text = out.decode(errors="replace").strip()
+    return text if cli.returncode == 0 else f"exit {cli.returncode}: {text}"
 
 
 async def cli_startup() -> float:
@@ -198,23 +228,31 @@ async def cli_startup() -> float:
 async def rounds(
     servers: Servers, repeats: int, *, cold: bool, streams: int = BACKGROUND_STREAMS
 ) -> tuple[list[Swap], list[float]]:
-    """`repeats` rounds of the three arms on the same new weights, their order rotating
-    each round, while both servers stream `streams` requests of the base model; returns
-    every swap and adapterctl's start-up time per round."""
+    """`repeats` rounds of the three arms on the same new weights, in each of their six
+    orders in turn (each arm before each other in half of every six rounds), while both
+    servers stream `streams` requests of the base model; returns every swap and
+    adapterctl's start-up time per round."""
     bench = SwapBench(servers, cold=cold)
     swaps: list[Swap] = []
     startup: list[float] = []
     background = [(servers.vllm_url, servers.vllm_base), (servers.lora_url, servers.lora_base)]
-    async with aiohttp.ClientSession() as session, serving(session, background, streams):
-        await bench.start(session)
-        await asyncio.sleep(WARM_UP_S)
-        for rep in range(repeats):
-            path, expected = await bench.next_variant(session)
+    try:
+        async with (
+            aiohttp.ClientSession() as session,
+            serving(session, background, streams) as alive,
+        ):
+            await bench.start(session)
+            await asyncio.sleep(WARM_UP_S)
             arms = [bench.vllm_swap, bench.bare_swap, bench.lora_swap]
-            for arm in arms[rep % 3 :] + arms[: rep % 3]:
-                swaps.append(await arm(session, path, expected))
-                await asyncio.sleep(0.5)
-            bench.current = expected
-            startup.append(await cli_startup())
-        await bench.profile_pushes()
+            for rep in range(repeats):
+                alive()
+                path, expected = await bench.next_variant(session)
+                for index in ORDERS[rep % len(ORDERS)]:
+                    swaps.append(await arms[index](session, path, expected))
+                    await asyncio.sleep(0.5)
+                bench.current = expected
+                startup.append(await cli_startup())
+            await bench.profile_pushes()
+    finally:
+        bench.bare.close()
     return swaps, startup

@@ -12,7 +12,7 @@ import datetime
 import json
 import re
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from typing import Any
 
@@ -137,21 +137,28 @@ async def _streaming(session: aiohttp.ClientSession, url: str, model: str) -> No
 @contextlib.asynccontextmanager
 async def serving(
     session: aiohttp.ClientSession, targets: list[tuple[str, str]], streams: int
-) -> AsyncIterator[None]:
+) -> AsyncIterator[Callable[[], None]]:
     """`streams` closed-loop streams of `model` on each (url, model) of `targets` for the
-    block, as a replica serves traffic while someone publishes; one that fails fails
-    the block's exit."""
+    block, as a replica serves traffic while someone publishes. Yields a check that
+    raises once a stream has failed (the rounds after it would run without its load);
+    a failure not seen by then fails the block's normal exit."""
     tasks = [
         asyncio.create_task(_streaming(session, url, model))
         for url, model in targets
         for _ in range(streams)
     ]
+
+    def alive() -> None:
+        for task in tasks:
+            if task.done() and not task.cancelled() and (error := task.exception()):
+                raise RuntimeError(f"a background stream failed: {error!r}")
+
     try:
-        yield
+        yield alive
     finally:
         for task in tasks:
             task.cancel()
         results = await asyncio.gather(*tasks, return_exceptions=True)
-        failed = [r for r in results if not isinstance(r, asyncio.CancelledError)]
-        if failed:
-            raise RuntimeError(f"{len(failed)} background stream(s) failed: {failed[0]!r}")
+    failed = [r for r in results if isinstance(r, Exception)]
+    if failed:
+        raise RuntimeError(f"{len(failed)} background stream(s) failed: {failed[0]!r}")

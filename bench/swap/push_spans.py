@@ -23,7 +23,7 @@ from loraserve.testing.otlp import OtlpReceiver, ReceivedSpan
 STORE_PUSH = "loraserve.store.push"
 # The replica's span that ends its part of a push: the new revision routed.
 LAST = "loraserve.replica.route"
-# Seconds to wait for the batched exporters to deliver every push's spans.
+# Seconds to wait for the batched exporters to deliver every push's spans, all together.
 ARRIVAL_S = 30.0
 _NANO = 1e-9
 
@@ -48,12 +48,11 @@ def _pushed_by(span: ReceivedSpan, name: str, revision: int) -> bool:
 
 
 async def push_profile(
-    receiver: OtlpReceiver, name: str, revision: int, started_unix_s: float
+    receiver: OtlpReceiver, name: str, revision: int, started_unix_s: float, deadline: float
 ) -> dict[str, SpanTimes]:
     """The push of `name` at `revision`, started at wall time `started_unix_s`, span
-    name by span name; {} when its spans did not arrive within ARRIVAL_S."""
+    name by span name; {} when its spans did not arrive by `deadline` (loop time)."""
     loop = asyncio.get_running_loop()
-    deadline = loop.time() + ARRIVAL_S
     while True:
         pushed = [s for s in receiver.spans(STORE_PUSH) if _pushed_by(s, name, revision)]
         if pushed:

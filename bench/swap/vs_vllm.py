@@ -66,8 +66,9 @@ TRACED = (
 )
 BARE_PATH = (
     "bare path: boto3 upload_file of the adapter's files to the same S3, boto3 get_object "
-    "of them to disk, then vllm serve's load_lora_adapter of that copy (in place on its "
-    "loaded swap-bare, or under a new name)"
+    "of them to disk (in a worker process of its own, as the store and adapterctl run in "
+    "theirs), then vllm serve's load_lora_adapter of that copy (in place on its loaded "
+    "swap-bare, or under a new name)"
 )
 
 
@@ -220,7 +221,8 @@ def _stage_table(section: Section, lora: list[Swap], startup: list[float]) -> No
 async def run(report: Report, *, quick: bool, engine: str = "cpu") -> None:
     section = report.section(9, "Hot swap: adapterctl push vs vLLM load_inplace")
     started = time.monotonic()
-    repeats = 3 if quick else 10
+    # Two of each of the arms' six orders.
+    repeats = 3 if quick else 12
     stack = Stack(
         report.results_dir, Path(tempfile.mkdtemp(prefix="bench-swap-vllm-")), PROFILES[engine]
     )
@@ -236,7 +238,8 @@ async def run(report: Report, *, quick: bool, engine: str = "cpu") -> None:
     finally:
         await stack.close()
     section.workload += [
-        f"{repeats} swaps per arm, the arms' order rotating; engine settings of engine A on both "
+        f"{repeats} swaps per arm, the arms in each of their six orders in turn; engine "
+        "settings of engine A on both "
         f"(max_loras {ENGINE_A.max_loras}, max_cpu_loras {ENGINE_A.max_cpu_loras}, rank "
         f"{ENGINE_A.max_lora_rank}, fp32, eager; vllm serve's flags derived from "
         "loraserve's settings, bench/rig/vllm_args.py)",
