@@ -30,6 +30,11 @@ from loraserve.testing.store.server import RunningStore
 pytestmark = [pytest.mark.faults, pytest.mark.engine, pytest.mark.slow, native_only]
 
 GUARD_S = 60
+# The attacking Generate's tokens: it must still stream when the `:status: 103` arrives,
+# or nothing touches the poisoned connection again and nothing fails. 400 (1.7 s) ended
+# first once in CI, on two loaded cores; the model's whole context, about 4 s here.
+MAX_MODEL_LEN = 1024
+ATTACK_TOKENS = MAX_MODEL_LEN - 24
 HEADERS, DATA, SETTINGS = 0x1, 0x0, 0x4
 END_STREAM, END_HEADERS = 0x1, 0x4
 
@@ -68,7 +73,7 @@ def _attack(port: int) -> None:
             ("te", "trailers"),
         ]
     )
-    request = greedy("alpha", 400).SerializeToString()
+    request = greedy("alpha", ATTACK_TOKENS).SerializeToString()
     message = b"\0" + len(request).to_bytes(4, "big") + request
     with socket.create_connection(("127.0.0.1", port), timeout=10) as peer:
         peer.sendall(
@@ -98,7 +103,10 @@ async def test_a_replica_whose_native_transport_fails_reports_not_serving_and_ex
         module_store_server.address,
         tmp_path / "cache",
         tmp_path / "inference.log",
-        extra=["--grpc-transport", "native", "--shutdown-grace", "5"],
+        extra=[
+            *("--grpc-transport", "native", "--shutdown-grace", "5"),
+            *("--max-model-len", str(MAX_MODEL_LEN)),
+        ],
     ) as server:
         port = int(server.address.rpartition(":")[2])
         async with grpc.aio.insecure_channel(server.address) as channel:
