@@ -19,7 +19,7 @@ import asyncio
 import contextlib
 import itertools
 import time
-from collections.abc import AsyncIterator, Coroutine
+from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -46,6 +46,9 @@ LORASERVE = "loraserve adapterctl push"
 ARMS = (VLLM, BARE, LORASERVE)
 _SEEDS = itertools.count(1001)
 ORDERS = list(itertools.permutations(range(len(ARMS))))
+LOADED = "load_lora_adapter answered"
+# The bare path's steps before its first token, in order.
+BARE_STEPS = ("uploaded", "downloaded", LOADED)
 # Streams of the base model each server serves while the swaps run (as the issue's
 # publisher found a replica: serving 4 streams on another model), started this long
 # before the first swap.
@@ -118,34 +121,51 @@ class SwapBench:
     async def vllm_swap(
         self, session: aiohttp.ClientSession, path: Path, expected: tuple[int, ...]
     ) -> Swap:
-        swap = Swap(VLLM)
         name = f"cold-v{self.seed}" if self.cold else SWAP
-        url = self.servers.vllm_url
-        started = time.time()
-        async with probing(probe_until(session, url, name, expected, None)) as answered:
-            await load_lora(session, url, name, path, inplace=not self.cold)
-            swap.milestones["load_lora_adapter answered"] = time.time() - started
-            swap.first_token = await answered - started
-        return swap
+
+        async def local(_: Callable[[str], None]) -> Path:
+            return path
+
+        return await self._loaded(session, Swap(VLLM), name, expected, local)
 
     async def bare_swap(
         self, session: aiohttp.ClientSession, path: Path, expected: tuple[int, ...]
     ) -> Swap:
-        swap = Swap(BARE)
         name = f"cold-b{self.seed}" if self.cold else BARE_SWAP
-        url = self.servers.vllm_url
         prefix = f"bare/{self.seed}"
         target = self.servers.work / f"bare-{self.seed}"
         target.mkdir()
         names = adapter_files(path)
-        started = time.time()
-        async with probing(probe_until(session, url, name, expected, None)) as answered:
+
+        async def through_s3(mark: Callable[[str], None]) -> Path:
             await asyncio.to_thread(self.bare.upload, path, prefix)
-            swap.milestones["uploaded"] = time.time() - started
+            mark(BARE_STEPS[0])
             await asyncio.to_thread(self.bare.get, prefix, names, target)
-            swap.milestones["downloaded"] = time.time() - started
-            await load_lora(session, url, name, target, inplace=not self.cold)
-            swap.milestones["load_lora_adapter answered"] = time.time() - started
+            mark(BARE_STEPS[1])
+            return target
+
+        return await self._loaded(session, Swap(BARE), name, expected, through_s3)
+
+    async def _loaded(
+        self,
+        session: aiohttp.ClientSession,
+        swap: Swap,
+        name: str,
+        expected: tuple[int, ...],
+        fetch: Callable[[Callable[[str], None]], Awaitable[Path]],
+    ) -> Swap:
+        """One swap on vllm serve: `fetch` brings the files (marking its steps), then
+        `load_lora_adapter` loads them as `name`; timed until the probe sees them."""
+        url = self.servers.vllm_url
+        started = time.time()
+
+        def mark(step: str) -> None:
+            swap.milestones[step] = time.time() - started
+
+        async with probing(probe_until(session, url, name, expected, None)) as answered:
+            files = await fetch(mark)
+            await load_lora(session, url, name, files, inplace=not self.cold)
+            mark(LOADED)
             swap.first_token = await answered - started
         return swap
 

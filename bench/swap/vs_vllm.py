@@ -17,6 +17,7 @@ import math
 import shutil
 import tempfile
 import time
+from collections.abc import Sequence
 from pathlib import Path
 
 from bench.method.report import Cell, Report, Section
@@ -28,6 +29,7 @@ from bench.swap.arms import (
     ARMS,
     BACKGROUND_STREAMS,
     BARE,
+    BARE_STEPS,
     BARE_SWAP,
     LORASERVE,
     SWAP,
@@ -176,46 +178,39 @@ def figures(
 
 
 def _bare_table(section: Section, bare: list[Swap]) -> None:
-    """The bare path's steps (medians of the swaps seen)."""
-    steps = ("uploaded", "downloaded", "load_lora_adapter answered")
-    rows: list[list[Cell]] = []
-    previous = 0.0
-    for step in steps:
-        at = median(_seen([s.milestones.get(step, math.nan) for s in bare]))
-        rows.append([step, at * 1000, (at - previous) * 1000])
-        previous = at
-    first = median(_seen([s.first_token for s in bare]))
-    rows.append(["first token from the new weights", first * 1000, (first - previous) * 1000])
     section.table(
         "The bare path: median time of each step after the swap started (ms)",
         ["step", "at", "since the previous"],
-        rows,
+        _milestone_rows(bare, BARE_STEPS, "first token from the new weights"),
     )
 
 
 def _stage_table(section: Section, lora: list[Swap], startup: list[float]) -> None:
-    """loraserve's milestones in the order they came (medians of the swaps seen)."""
     labels = [label for label, _, _ in STAGES] + ["adapterctl exited"]
-    milestones = sorted(
-        ((median(_seen([s.milestones.get(m, math.nan) for s in lora])), m) for m in labels),
-        key=lambda pair: pair[0],
-    )
-    stage_rows: list[list[Cell]] = [
-        ["adapterctl start-up (`--help`, measured apart)", median(startup) * 1000, ""],
-    ]
-    previous = 0.0
-    for at, label in milestones:
-        stage_rows.append([label, at * 1000, (at - previous) * 1000])
-        previous = at
-    first = median(_seen([s.first_token for s in lora]))
-    stage_rows.append(
-        ["first token from the new revision", first * 1000, (first - previous) * 1000]
-    )
     section.table(
         "loraserve's path: median time of each milestone after the push started (ms)",
         ["milestone", "at", "since the previous"],
-        stage_rows,
+        [
+            ["adapterctl start-up (`--help`, measured apart)", median(startup) * 1000, ""],
+            *_milestone_rows(lora, labels, "first token from the new revision"),
+        ],
     )
+
+
+def _milestone_rows(swaps: list[Swap], labels: Sequence[str], first_label: str) -> list[list[Cell]]:
+    """Each milestone's median over the swaps that saw it, in the order they came, then
+    the first token: (label, ms after the start, ms after the previous one)."""
+    milestones = sorted(
+        ((median(_seen([s.milestones.get(m, math.nan) for s in swaps])), m) for m in labels),
+        key=lambda pair: pair[0],
+    )
+    milestones.append((median(_seen([s.first_token for s in swaps])), first_label))
+    rows: list[list[Cell]] = []
+    previous = 0.0
+    for at, label in milestones:
+        rows.append([label, at * 1000, (at - previous) * 1000])
+        previous = at
+    return rows
 
 
 async def run(report: Report, *, quick: bool, engine: str = "cpu") -> None:
