@@ -4,6 +4,7 @@ each answers Generate with its own name and GetReplicaLoad with the load a test 
 from __future__ import annotations
 
 import asyncio
+import math
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Any
@@ -23,9 +24,8 @@ RETRY = RetryPolicy(max_attempts=10, initial_backoff=0.01, max_backoff=0.05)
 
 class ReportingReplica(pb_grpc.InferenceServiceServicer):  # type: ignore[misc]
     """Answers Generate with its name (after `hold` is set, when given) and reports
-    `pending` and `resident` as its load, and with `admitted` its admissions by adapter,
-    `admitting` more at each report (None: a release before them); `reports` False
-    answers UNIMPLEMENTED."""
+    `pending` and `resident` as its load, and `rates` its admissions per second by
+    adapter (none: a release before them); `reports` False answers UNIMPLEMENTED."""
 
     def __init__(self, name: str) -> None:
         self.name = name
@@ -33,8 +33,7 @@ class ReportingReplica(pb_grpc.InferenceServiceServicer):  # type: ignore[misc]
         self.resident: list[str] = []
         self.reports = True
         self.adapters: dict[str, int] = {}
-        self.admitted: dict[str, int] | None = None
-        self.admitting: dict[str, int] = {}
+        self.rates: dict[str, float] = {}
         self.hold: asyncio.Event | None = None
         self.polls = 0
         # Seconds each load report takes to answer.
@@ -51,15 +50,12 @@ class ReportingReplica(pb_grpc.InferenceServiceServicer):  # type: ignore[misc]
         await asyncio.sleep(self.answers_after)
         if not self.reports:
             await context.abort(grpc.StatusCode.UNIMPLEMENTED, "no such method")
-        if self.admitted is not None:
-            for adapter, sequences in self.admitting.items():
-                self.admitted[adapter] = self.admitted.get(adapter, 0) + sequences
         return pb.GetReplicaLoadResponse(
             pending_sequences=self.pending,
             resident_adapters=self.resident,
             replica_id=self.name,
             adapter_pending_sequences=self.adapters,
-            adapter_admitted_sequences=self.admitted or {},
+            adapter_admission_rates=self.rates,
         )
 
 
@@ -199,10 +195,10 @@ async def test_a_replica_without_load_reports_keeps_its_adapters() -> None:
 
 @asynccontextmanager
 async def _replica_set(
-    running: dict[str, tuple[ReportingReplica, grpc.aio.Server]],
+    running: dict[str, tuple[ReportingReplica, grpc.aio.Server]], smoothing: float = 1
 ) -> AsyncIterator[ReplicaSet]:
-    """A replica set over `running` that takes every report whole (no smoothing)."""
-    policy = BoundedLoad(poll_interval_s=0.02, demand_smoothing=1)
+    """A replica set over `running`, by default taking every report whole."""
+    policy = BoundedLoad(poll_interval_s=0.02, demand_smoothing=smoothing)
     replicas = ReplicaSet(None, list(running), grpc.aio.insecure_channel, policy)
     try:
         await replicas.start()
@@ -212,16 +208,15 @@ async def _replica_set(
 
 
 async def _reported(running: dict[str, tuple[ReportingReplica, grpc.aio.Server]]) -> None:
-    """Waits until two fresh reports of every replica are taken: one rate between them."""
-    await _polled([r for r, _ in running.values()])
+    """Waits until a fresh report of every replica is taken."""
     await _polled([r for r, _ in running.values()])
 
 
 def _queued_and_quick(replica: ReportingReplica) -> None:
-    """One adapter asked for once a report, its requests queued long; another asked for
+    """One adapter asked for once a second, its requests queued long; another asked for
     three times as often, its requests quick."""
     replica.pending, replica.adapters = 12, {"queued": 9, "quick": 3}
-    replica.admitted, replica.admitting = {}, {"queued": 1, "quick": 3}
+    replica.rates = {"queued": 1.0, "quick": 3.0}
 
 
 async def test_an_adapters_demand_is_its_share_of_admissions_times_the_pending_sequences() -> None:
@@ -254,12 +249,32 @@ async def test_demand_stays_pending_sequences_while_a_replica_without_admissions
     assert demand == pytest.approx({"queued": 9.0, "quick": 3.0})
 
 
-async def test_a_new_process_at_a_replicas_address_starts_its_admission_counts_afresh() -> None:
+async def test_a_replica_replaced_by_one_that_reports_admissions_is_placed_by_them() -> None:
+    async with fleet(1) as running, _replica_set(running) as replicas:
+        replica = next(iter(running.values()))[0]
+        replica.pending, replica.adapters = 12, {"queued": 9, "quick": 3}
+        await _reported(running)
+        replica.name = "replica-0-upgraded"
+        _queued_and_quick(replica)
+        await _reported(running)
+        demand = replicas.demand
+    assert demand == pytest.approx({"queued": 3.0, "quick": 9.0})
+
+
+async def test_a_rate_that_is_not_a_finite_positive_number_is_no_demand() -> None:
     async with fleet(1) as running, _replica_set(running) as replicas:
         replica = next(iter(running.values()))[0]
         _queued_and_quick(replica)
+        replica.adapters["bad"] = replica.adapters["worse"] = replica.adapters["none"] = 0
+        replica.rates.update(bad=math.nan, worse=math.inf, none=-1.0)
         await _reported(running)
-        replica.name, replica.admitted = "replica-0-restarted", {"queued": 10**12}
+        demand = replicas.demand
+    assert demand == pytest.approx({"queued": 3.0, "quick": 9.0})
+
+
+async def test_a_client_that_just_started_reads_demand_at_its_full_size() -> None:
+    async with fleet(1) as running, _replica_set(running, smoothing=0.02) as replicas:
+        _queued_and_quick(next(iter(running.values()))[0])
         await _reported(running)
         demand = replicas.demand
     assert demand == pytest.approx({"queued": 3.0, "quick": 9.0})

@@ -1,9 +1,9 @@
-"""Smoothing the replicas' per-adapter reports into demand: each poll's reading moves
-the smoothed value part of the way, and a value small enough is forgotten."""
+"""Smoothing the replicas' per-adapter reports: each poll's reading moves the smoothed
+value part of the way, and a value small enough is forgotten."""
 
 from __future__ import annotations
 
-__all__ = ["FORGOTTEN", "smooth"]
+__all__ = ["FORGOTTEN", "smooth", "unbiased"]
 
 # A smoothed value below which an adapter is forgotten on a replica: tens of seconds
 # after its last request there at the default smoothing, so a cold adapter requested
@@ -22,3 +22,10 @@ def smooth(
             smoothed.pop(key, None)
         else:
             smoothed[key] = value
+
+
+def unbiased(alpha: float, readings: int) -> float:
+    """The factor that unbiases values smoothed from zero over `readings` readings: a
+    client that just started has folded only a few readings into zero, and would read
+    everything as a fraction of what it is (Adam's bias correction)."""
+    return 1.0 / (1.0 - (1.0 - alpha) ** readings) if readings else 1.0

@@ -5,13 +5,14 @@ Bounded-load hashing alone decides request by request: when an adapter's first r
 is over the bound, whichever request arrives then spills, the hot adapter's and the cold
 ones' alike, and a cold adapter that shares a replica with a hot one ends up served half
 here, half there. Placement decides adapter by adapter instead, from each adapter's
-demand (how often the fleet's replicas report it admitted, smoothed, in pending
+demand (the admissions per second the fleet's replicas report of it, in pending
 sequences: `ReplicaSet.demand`): an adapter keeps the replica it runs on, a new one goes
 to the first replica in its own rendezvous order with room under `balance_factor` times
 the mean, and a replica well past its room gives away the fewest adapters that bring it
 back, each whole, so the hot adapter keeps its home and the cold ones that shared it
-move to their next choice. Every client reads the same reports and smooths them alike,
-so every client places alike; where one placed an adapter elsewhere, the reports show it
+move to their next choice. Every client reads the same rates, kept by the replicas
+(not smoothed by each client from when it started), in the same rounds of the wall
+clock, so every client places alike; where one placed an adapter elsewhere, the reports show it
 running mostly where the others placed it, and it follows. The request-by-request bound
 (`choice.choose`) still applies on top, for bursts.
 """

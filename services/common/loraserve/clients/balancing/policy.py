@@ -20,8 +20,9 @@ class BoundedLoad:
     replica whose polls go unanswered that long stays in the choice on its last report
     until they have for `unanswered_s` (a busy replica answers late; one that refuses
     the connection, UNAVAILABLE, leaves at once); a DNS name is resolved again every
-    `resolve_interval_s`; adapters are placed on replicas again every
-    `placement_interval_s` (`loraserve.clients.balancing.placement`).
+    `resolve_interval_s`; adapters are placed on replicas again at every multiple of
+    `placement_interval_s` on the wall clock, the same moments in every client
+    (`loraserve.clients.balancing.placement`).
     """
 
     balance_factor: float = DEFAULT_BALANCE_FACTOR
@@ -29,8 +30,9 @@ class BoundedLoad:
     poll_timeout_s: float = 1.0
     unanswered_s: float = 3.0
     resolve_interval_s: float = 30.0
-    # How often adapters are placed again from their smoothed demand (placement.py),
-    # and how much of the smoothed demand each poll's reading replaces.
+    # How often adapters are placed again from their demand (placement.py), and how
+    # much of the smoothed pending sequences (demand's scale, and demand itself where a
+    # replica reports no admission rates) each poll's reading replaces.
     placement_interval_s: float = 2.0
     demand_smoothing: float = 0.02
 

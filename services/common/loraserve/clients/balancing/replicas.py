@@ -3,16 +3,17 @@ load and residency.
 
 Every `poll_interval_s` the set asks every replica for its load (`GetReplicaLoad`, a
 read of counters the replica keeps anyway). Between polls a replica's load is what it
-reported plus the requests this client started there since, minus those it finished:
-the report makes many independent client processes agree on the fleet's load, and the
+reported plus the requests this client started there since, minus those it finished: the
+report makes many independent client processes agree on the fleet's load, and the
 client's own count keeps its choices fresh between reports. Each report also says how
-many sequences of each adapter the replica admitted: their rate over the fleet is each
-adapter's demand, which placement balances (`ReplicaSet.demand`). A replica whose poll is
-refused (UNAVAILABLE: gone, starting, draining after SIGTERM) leaves the choice until it
-answers again, as does one whose call failed UNAVAILABLE before any response; one that
-answers late stays on its last report until its polls have failed for `unanswered_s`. Before
-its first answer a replica counts as idle and up, so the first requests need not wait
-for a poll; one that is down fails them over at once.
+many sequences of each adapter the replica admits per second, a rate the replica keeps
+over about the last 5 s: summed over the fleet it is each adapter's demand, which
+placement balances (`ReplicaSet.demand`), the same in every client that reads it. A
+replica whose poll is refused (UNAVAILABLE: gone, starting, draining after SIGTERM)
+leaves the choice until it answers again, as does one whose call failed UNAVAILABLE
+before any response; one that answers late stays on its last report until its polls have
+failed for `unanswered_s`. Before its first answer a replica counts as idle and up, so
+the first requests need not wait for a poll; one that is down fails them over at once.
 
 The addresses come from an IP list, or from a DNS name resolved again every
 `resolve_interval_s` (a replica scaled in or out joins or leaves the choice).
@@ -23,14 +24,16 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import math
 import socket
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 import grpc
 
 from loraserve.clients.balancing.choice import Candidate, choose
-from loraserve.clients.balancing.demand import smooth
+from loraserve.clients.balancing.demand import smooth, unbiased
 from loraserve.clients.balancing.placement import place
 from loraserve.clients.balancing.policy import BoundedLoad
 from loraserve.clients.routing import BASE_MODEL_HASH_KEY
@@ -46,8 +49,8 @@ ChannelFactory = Callable[[str], grpc.aio.Channel]
 # apart converge on one replica as soon as either holds the larger part.
 MOSTLY = 1 / 2
 # Placement rounds after this client moved an adapter during which the reports do not
-# move it back: its admissions, smoothed over about 5 s (`demand_smoothing` at the
-# default poll), show more of it on its new replica than on its old after about 3.5 s.
+# move it back: its admission rates, kept over about 5 s by the replicas, show more of
+# it on its new replica than on its old after about 3.5 s.
 # No longer: a client that alone moved an adapter goes back to where the others run it
 # that much sooner, and each round it does not, the adapter is split.
 SETTLE_ROUNDS = 2
@@ -68,14 +71,11 @@ class Replica:
     resident: frozenset[str] = field(default_factory=frozenset)
     # Its pending sequences by adapter, as last reported.
     adapters: dict[str, int] = field(default_factory=dict)
-    # Its admissions by adapter as last reported, when, and by which process (None: no
-    # count yet); the admissions per second by adapter between its last two reports;
-    # whether it counts admissions (None: no sign either way yet, as while idle).
-    admitted: dict[str, int] | None = None
-    admitted_at: float = 0.0
-    replica_id: str = ""
+    # Its admissions per second by adapter as last reported; which process reported
+    # them; whether it reports them (None: no sign either way yet, as while idle).
     arrivals: dict[str, float] = field(default_factory=dict)
-    counts_admissions: bool | None = None
+    replica_id: str = ""
+    reports_rates: bool | None = None
     # When its polls started failing, on the event loop's clock; None while answered.
     failing_since: float | None = None
 
@@ -105,9 +105,11 @@ class ReplicaSet:
         self._replicas: dict[str, Replica] = {}
         self._set_addresses(addresses)
         self._polling: asyncio.Task[None] | None = None
-        # Each adapter's smoothed pending sequences and admissions per second on each
-        # replica, where it is placed, and when this client last moved it.
+        # Each adapter's smoothed pending sequences (and how many readings went into
+        # them) and its admissions per second as last reported, on each replica; where
+        # it is placed, and when this client last moved it.
         self._pending: dict[tuple[str, str], float] = {}
+        self._readings = 0
         self._arrivals: dict[tuple[str, str], float] = {}
         self._moved_at: dict[str, float] = {}
         # None before the first placement.
@@ -142,13 +144,15 @@ class ReplicaSet:
         pending sequences would count each request as long as it queues, so an adapter
         on a busy replica would look hotter than the same one on an idle replica, and
         moving it would change its demand: placement would chase its own effect. By
-        pending sequences where a replica does not report admissions (an older release,
-        mid-upgrade)."""
+        pending sequences where a replica does not report admissions (a release before
+        0.3, mid-upgrade). Smoothed pending sequences are unbiased for how few readings
+        a client just started has."""
         rate = sum(self._arrivals.values())
         up = [r for r in self._replicas.values() if r.up]
-        if rate > 0 and all(r.counts_admissions is not False for r in up):
-            return self._arrivals, sum(self._pending.values()) / rate
-        return self._pending, 1.0
+        fresh = unbiased(self._policy.demand_smoothing, self._readings)
+        if rate > 0 and all(r.reports_rates is not False for r in up):
+            return self._arrivals, fresh * sum(self._pending.values()) / rate
+        return self._pending, fresh
 
     async def pick(self, key: str, tried: Sequence[Replica] = ()) -> Replica:
         """The replica for a request of `key`, skipping those already tried; when every
@@ -206,13 +210,16 @@ class ReplicaSet:
             )
 
     async def _poll_forever(self) -> None:
-        resolved_at = placed_at = asyncio.get_running_loop().time()
+        resolved_at = asyncio.get_running_loop().time()
+        # Rounds of the wall clock, the same in every client process (to its clock's
+        # skew), so clients place from reports taken at nearly the same moment; the
+        # first at the first round's end.
+        placed_round = self._round()
         while True:
             await asyncio.gather(*(self._poll(r) for r in list(self._replicas.values())))
             self._smooth_demand()
-            now = asyncio.get_running_loop().time()
-            if now - placed_at >= self._policy.placement_interval_s:
-                placed_at = now
+            if self._round() != placed_round:
+                placed_round = self._round()
                 self._place()
             await asyncio.sleep(self._policy.poll_interval_s)
             now = asyncio.get_running_loop().time()
@@ -220,9 +227,12 @@ class ReplicaSet:
                 resolved_at = now
                 await self._resolve()
 
+    def _round(self) -> int:
+        return math.floor(time.time() / self._policy.placement_interval_s)
+
     def _smooth_demand(self) -> None:
         """Folds the replicas' latest per-adapter reports into each adapter's pending
-        sequences and admissions per second on each replica."""
+        sequences on each replica, and takes their admission rates as reported."""
         pending: dict[tuple[str, str], float] = {}
         arrivals: dict[tuple[str, str], float] = {}
         for address, replica in self._replicas.items():
@@ -233,7 +243,8 @@ class ReplicaSet:
                 for adapter, rate in replica.arrivals.items():
                     arrivals[adapter or BASE_MODEL_HASH_KEY, address] = rate
         smooth(self._pending, pending, self._policy.demand_smoothing)
-        smooth(self._arrivals, arrivals, self._policy.demand_smoothing)
+        self._readings += 1
+        self._arrivals = arrivals
 
     def _place(self) -> None:
         now = asyncio.get_running_loop().time()
@@ -274,8 +285,7 @@ class ReplicaSet:
                 # A replica of a release before load reports: up, its load this
                 # client's own count alone.
                 replica.up, replica.reported, replica.in_flight_at_report = True, 0, 0
-                replica.adapters, replica.arrivals, replica.admitted = {}, {}, None
-                replica.counts_admissions = None
+                replica.adapters, replica.arrivals, replica.reports_rates = {}, {}, None
                 return
             self._unanswered(replica, exc.code())
             return
@@ -293,7 +303,7 @@ class ReplicaSet:
             adapter: min(max(0, pending), total)
             for adapter, pending in response.adapter_pending_sequences.items()
         }
-        _count_arrivals(replica, response, asyncio.get_running_loop().time())
+        _read_rates(replica, response)
 
     def _unanswered(self, replica: Replica, code: grpc.StatusCode) -> None:
         """A failed poll. A refused connection takes the replica out at once; a late
@@ -356,36 +366,23 @@ def _per_adapter(weights: dict[tuple[str, str], float], scale: float) -> dict[st
     return demand
 
 
-def _count_arrivals(replica: Replica, response: pb.GetReplicaLoadResponse, now: float) -> None:
-    """A replica's admissions per second by adapter since its last report (answered at
-    `now`), from its counts in `response`. A count lower than the last started again
-    from zero; a first report, or one from another process at the address (its
-    `replica_id` changed), only sets where counting starts. A replica reporting an
-    adapter pending whose admissions it does not count is of a release before them:
-    none are counted there, nor placed by, until it is replaced."""
-    admitted = {a: max(0, n) for a, n in response.adapter_admitted_sequences.items()}
+def _read_rates(replica: Replica, response: pb.GetReplicaLoadResponse) -> None:
+    """A replica's admissions per second by adapter, from `response` (only finite,
+    positive rates: a malformed one is no demand). A replica reporting an adapter
+    pending with no rate is of a release before rates: none are taken from it, nor
+    placed by, until another process answers at its address (its `replica_id`)."""
     if response.replica_id != replica.replica_id:
-        replica.replica_id, replica.admitted, replica.counts_admissions = (
-            response.replica_id,
-            None,
-            None,
-        )
-    if not admitted.keys() >= replica.adapters.keys():
-        replica.counts_admissions = False
-    elif admitted:
-        replica.counts_admissions = True
-    before, elapsed = replica.admitted, now - replica.admitted_at
-    replica.arrivals = {}
-    if replica.counts_admissions is False:
-        replica.admitted = None
-        return
-    if before is not None and elapsed > 0:
-        for adapter, count in admitted.items():
-            last = before.get(adapter, 0)
-            new = count - last if count >= last else count
-            if new > 0:
-                replica.arrivals[adapter] = new / elapsed
-    replica.admitted, replica.admitted_at = admitted, now
+        replica.replica_id, replica.reports_rates = response.replica_id, None
+    reported = response.adapter_admission_rates
+    if not reported.keys() >= replica.adapters.keys():
+        replica.reports_rates = False
+    elif reported:
+        replica.reports_rates = True
+    replica.arrivals = (
+        {}
+        if replica.reports_rates is False
+        else {a: r for a, r in reported.items() if math.isfinite(r) and r > 0}
+    )
 
 
 def _address(sockaddr: tuple[object, ...]) -> str:

@@ -10,6 +10,7 @@ well, so it is INVALID_ARGUMENT rather than a retry.
 
 from __future__ import annotations
 
+import math
 import time
 from collections import Counter
 from collections.abc import Callable, Iterator
@@ -17,9 +18,12 @@ from contextlib import contextmanager
 
 from loraserve.common.errors import InvalidArgument, ResourceExhausted
 
-# An adapter's count of admissions is kept until it has had none for this long and none
-# pending: the counts reported stay the adapters asked for lately, not every one ever.
-ADMITTED_IDLE_S = 60.0
+# Each adapter's admissions per second are reported with every admission weighted
+# e^(-age / RATE_TIME_CONSTANT_S): one rate, kept here, that every client reads alike.
+RATE_TIME_CONSTANT_S = 5.0
+# A rate below which an adapter with nothing pending is forgotten: about 26 s after a
+# lone admission, so a cold adapter asked for every few seconds keeps its place.
+FORGOTTEN_RATE = 0.001
 
 
 class Admission:
@@ -41,8 +45,9 @@ class Admission:
         self._pending = 0
         # Pending sequences by adapter label, only those with any: at most max_pending.
         self._by_adapter: Counter[str] = Counter()
-        # Sequences admitted by adapter label, and when it last was (ADMITTED_IDLE_S).
-        self._admitted: dict[str, tuple[int, float]] = {}
+        # By adapter label: its admissions, each weighted e^(-age / RATE_TIME_CONSTANT_S)
+        # as of the second value, the clock when it was last brought up to date.
+        self._admitted: dict[str, tuple[float, float]] = {}
         self._clock = clock
 
     @property
@@ -62,14 +67,19 @@ class Admission:
         """Sequences admitted and not finished, by the adapter label they came with."""
         return dict(self._by_adapter)
 
-    def admitted_by_adapter(self) -> dict[str, int]:
-        """Sequences admitted by adapter label, every label pending or admitted within
-        ADMITTED_IDLE_S; one idle longer is dropped, and counts from zero again."""
+    def admission_rates(self) -> dict[str, float]:
+        """Sequences admitted per second by adapter label, each admission weighted
+        e^(-age / RATE_TIME_CONSTANT_S) (a Poisson stream of rate r reads r on average);
+        every label pending or at FORGOTTEN_RATE or more, the rest forgotten."""
         now = self._clock()
-        for adapter, (_, at) in list(self._admitted.items()):
-            if now - at > ADMITTED_IDLE_S and adapter not in self._by_adapter:
+        rates: dict[str, float] = {}
+        for adapter, (weight, at) in list(self._admitted.items()):
+            rate = _decayed(weight, now - at) / RATE_TIME_CONSTANT_S
+            if rate < FORGOTTEN_RATE and adapter not in self._by_adapter:
                 del self._admitted[adapter]
-        return {adapter: count for adapter, (count, _) in self._admitted.items()}
+            else:
+                rates[adapter] = rate
+        return rates
 
     @contextmanager
     def admit(self, sequences: int = 1, adapter: str = "") -> Iterator[None]:
@@ -88,8 +98,9 @@ class Admission:
             )
         self._pending += sequences
         self._by_adapter[adapter] += sequences
-        count, _ = self._admitted.get(adapter, (0, 0.0))
-        self._admitted[adapter] = (count + sequences, self._clock())
+        now = self._clock()
+        weight, at = self._admitted.get(adapter, (0.0, now))
+        self._admitted[adapter] = (_decayed(weight, now - at) + sequences, now)
         try:
             yield
         finally:
@@ -97,3 +108,7 @@ class Admission:
             self._by_adapter[adapter] -= sequences
             if not self._by_adapter[adapter]:
                 del self._by_adapter[adapter]
+
+
+def _decayed(weight: float, age_s: float) -> float:
+    return weight * math.exp(-max(0.0, age_s) / RATE_TIME_CONSTANT_S)

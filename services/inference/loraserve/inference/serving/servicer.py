@@ -136,7 +136,7 @@ class InferenceServicer(pb_grpc.InferenceServiceServicer):  # type: ignore[misc]
             resident_adapters=runtime.registry.resident_names(),
             replica_id=runtime.replica_id,
             adapter_pending_sequences=runtime.admission.pending_by_adapter(),
-            adapter_admitted_sequences=runtime.admission.admitted_by_adapter(),
+            adapter_admission_rates=runtime.admission.admission_rates(),
         )
 
 

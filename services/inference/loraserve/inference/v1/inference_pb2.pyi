@@ -288,7 +288,7 @@ class GetReplicaLoadRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class GetReplicaLoadResponse(_message.Message):
-    __slots__ = ("pending_sequences", "max_pending_sequences", "resident_adapters", "replica_id", "adapter_pending_sequences", "adapter_admitted_sequences")
+    __slots__ = ("pending_sequences", "max_pending_sequences", "resident_adapters", "replica_id", "adapter_pending_sequences", "adapter_admission_rates")
     class AdapterPendingSequencesEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -296,26 +296,26 @@ class GetReplicaLoadResponse(_message.Message):
         key: str
         value: int
         def __init__(self, key: _Optional[str] = ..., value: _Optional[int] = ...) -> None: ...
-    class AdapterAdmittedSequencesEntry(_message.Message):
+    class AdapterAdmissionRatesEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
         VALUE_FIELD_NUMBER: _ClassVar[int]
         key: str
-        value: int
-        def __init__(self, key: _Optional[str] = ..., value: _Optional[int] = ...) -> None: ...
+        value: float
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[float] = ...) -> None: ...
     PENDING_SEQUENCES_FIELD_NUMBER: _ClassVar[int]
     MAX_PENDING_SEQUENCES_FIELD_NUMBER: _ClassVar[int]
     RESIDENT_ADAPTERS_FIELD_NUMBER: _ClassVar[int]
     REPLICA_ID_FIELD_NUMBER: _ClassVar[int]
     ADAPTER_PENDING_SEQUENCES_FIELD_NUMBER: _ClassVar[int]
-    ADAPTER_ADMITTED_SEQUENCES_FIELD_NUMBER: _ClassVar[int]
+    ADAPTER_ADMISSION_RATES_FIELD_NUMBER: _ClassVar[int]
     pending_sequences: int
     max_pending_sequences: int
     resident_adapters: _containers.RepeatedScalarFieldContainer[str]
     replica_id: str
     adapter_pending_sequences: _containers.ScalarMap[str, int]
-    adapter_admitted_sequences: _containers.ScalarMap[str, int]
-    def __init__(self, pending_sequences: _Optional[int] = ..., max_pending_sequences: _Optional[int] = ..., resident_adapters: _Optional[_Iterable[str]] = ..., replica_id: _Optional[str] = ..., adapter_pending_sequences: _Optional[_Mapping[str, int]] = ..., adapter_admitted_sequences: _Optional[_Mapping[str, int]] = ...) -> None: ...
+    adapter_admission_rates: _containers.ScalarMap[str, float]
+    def __init__(self, pending_sequences: _Optional[int] = ..., max_pending_sequences: _Optional[int] = ..., resident_adapters: _Optional[_Iterable[str]] = ..., replica_id: _Optional[str] = ..., adapter_pending_sequences: _Optional[_Mapping[str, int]] = ..., adapter_admission_rates: _Optional[_Mapping[str, float]] = ...) -> None: ...
 
 class AdapterTiers(_message.Message):
     __slots__ = ("slots_in_use", "slot_capacity", "host_adapters", "host_capacity", "engine_adapters", "disk_revisions", "disk_bytes", "disk_capacity_bytes", "routed_adapters", "engine_misses", "disk_misses", "engine_evictions", "disk_evictions", "downloads", "load_wait_seconds_p50", "load_wait_seconds_p99")

@@ -2,8 +2,9 @@
 them (HAProxy's config and its placement), not about the engine: each is the project's
 own gRPC server (health included) in a child process, answering Generate after
 `FIRST_TOKEN_S` with `TOKENS` responses, and GetReplicaLoad with its requests in
-flight and admitted. As child processes they can be SIGKILLed, which closes their
-sockets with no GOAWAY, as a crashed replica's are.
+flight and its admissions per second, kept by the replica's own `Admission`. As child
+processes they can be SIGKILLed, which closes their sockets with no GOAWAY, as a
+crashed replica's are.
 
 `python -m loraserve.testing.processes.standins PORT` runs one.
 """
@@ -12,7 +13,6 @@ from __future__ import annotations
 
 import asyncio
 import sys
-from collections import Counter
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
@@ -23,6 +23,7 @@ from grpc_health.v1 import health_pb2
 from loraserve.common.rpc.security import ServerSecurity
 from loraserve.common.rpc.server import start_server
 from loraserve.inference.serving import SERVICE_NAME
+from loraserve.inference.serving.admission import Admission
 from loraserve.inference.v1 import inference_pb2 as pb
 from loraserve.inference.v1 import inference_pb2_grpc as pb_grpc
 from loraserve.testing.processes.services import ChildProcess, free_port, wait_for_health
@@ -38,30 +39,24 @@ class StandInReplica(pb_grpc.InferenceServiceServicer):  # type: ignore[misc]
     flight, by adapter name."""
 
     def __init__(self) -> None:
-        self._pending: Counter[str] = Counter()
-        self._admitted: Counter[str] = Counter()
+        # No limit that a test's load could reach: a stand-in never refuses.
+        self._admission = Admission(1_000_000)
 
     async def Generate(self, request: pb.GenerateRequest, context: Any) -> AsyncIterator[Any]:
-        name = request.adapter.partition("@")[0]
-        self._pending[name] += 1
-        self._admitted[name] += 1
-        try:
+        with self._admission.admit(1, request.adapter.partition("@")[0]):
             await asyncio.sleep(FIRST_TOKEN_S)
             for token in range(TOKENS):
                 yield pb.GenerateResponse(token_ids=[token])
                 await asyncio.sleep(TOKEN_S)
             yield pb.GenerateResponse(finish_reason=pb.FINISH_REASON_LENGTH)
-        finally:
-            self._pending[name] -= 1
 
     async def GetReplicaLoad(
         self, request: pb.GetReplicaLoadRequest, context: Any
     ) -> pb.GetReplicaLoadResponse:
-        pending = +self._pending
         return pb.GetReplicaLoadResponse(
-            pending_sequences=pending.total(),
-            adapter_pending_sequences=pending,
-            adapter_admitted_sequences=self._admitted,
+            pending_sequences=self._admission.pending,
+            adapter_pending_sequences=self._admission.pending_by_adapter(),
+            adapter_admission_rates=self._admission.admission_rates(),
         )
 
 
