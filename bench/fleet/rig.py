@@ -158,6 +158,13 @@ def affinity(per_replica: list[Counter[str]]) -> float:
     return ratio(top, sum(c.total() for c in per_replica))
 
 
+def replica_shares(per_replica: list[Counter[str]]) -> list[float]:
+    """Each replica's share of all requests, in replica order: round robin's are each
+    near 1/replicas only if every replica was in its choice all window."""
+    total = sum(c.total() for c in per_replica)
+    return [ratio(c.total(), total) for c in per_replica]
+
+
 def adapter_shares(
     runs: Sequence[list[Counter[str]]], replicas: int, min_requests: int
 ) -> dict[str, float]:

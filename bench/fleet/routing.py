@@ -39,6 +39,7 @@ from bench.fleet.rig import (
     fleet_caller,
     fleet_channel,
     fleet_proxy,
+    replica_shares,
     same_replica_shares,
     served_between,
 )
@@ -157,7 +158,11 @@ async def _throughput_and_affinity(
         section.record(
             arm,
             [
-                {**w.summary(), "top_replica_share": affinity(counts)}
+                {
+                    **w.summary(),
+                    "top_replica_share": affinity(counts),
+                    "least_replica_share": min(replica_shares(counts)),
+                }
                 for w, counts in zip(windows, served[arm], strict=True)
             ],
         )
