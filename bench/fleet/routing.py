@@ -79,8 +79,9 @@ class FleetScale(Windows):
     # make a verdict inconclusive.
     repeats: int = 9
     # Each window's clients start afresh after another arm spread every adapter over
-    # every replica: placement (every 2 s, on demand smoothed over about 2 s) needs a
-    # few intervals to settle where the adapters run before the window is steady.
+    # every replica: placement (every 2 s, on admission rates the replicas keep over
+    # about 5 s) needs a few rounds to settle where the adapters run before the window
+    # is steady.
     warmup_s: float = 6.0
 
 

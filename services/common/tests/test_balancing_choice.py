@@ -159,3 +159,23 @@ def test_placement_moves_nothing_as_demand_wobbles_around_the_room() -> None:
     for _ in range(100):
         wobbled = {a: d * rng.uniform(0.85, 1.15) for a, d in zipf.items()}
         assert place(wobbled, REPLICAS, 1.25, runs_on=placed) == placed
+
+
+def test_new_adapters_fill_the_replicas_only_to_the_fleets_mean() -> None:
+    zipf = {f"adapter-{i:02d}": 48 / (i + 1) / 3.776 for i in range(24)}
+    placement = place(zipf, REPLICAS, 1.25)
+    loads = {r: sum(d for a, d in zipf.items() if placement[a] == r) for r in REPLICAS}
+    mean = sum(zipf.values()) / len(REPLICAS)
+    assert max(loads.values()) <= mean * 1.05, loads
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_a_placement_from_scratch_holds_still_as_demand_wobbles(seed: int) -> None:
+    # Replicas named afresh each seed, as a fleet's addresses are.
+    rng = random.Random(seed)
+    replicas = [f"10.0.{rng.randrange(256)}.{rng.randrange(256)}:50051" for _ in range(3)]
+    zipf = {f"adapter-{i:02d}": 48 / (i + 1) / 3.776 for i in range(24)}
+    placed = place({a: d * rng.uniform(0.9, 1.1) for a, d in zipf.items()}, replicas, 1.25)
+    for _ in range(30):
+        wobbled = {a: d * rng.uniform(0.9, 1.1) for a, d in zipf.items()}
+        assert place(wobbled, replicas, 1.25, runs_on=placed) == placed

@@ -13,6 +13,7 @@ import grpc
 import pytest
 
 from loraserve.clients.balancing import BoundedLoad, ReplicaSet, preference
+from loraserve.clients.balancing import replicas as replicas_module
 from loraserve.clients.inference import InferenceClient, RetryPolicy
 from loraserve.inference.v1 import inference_pb2 as pb
 from loraserve.inference.v1 import inference_pb2_grpc as pb_grpc
@@ -307,3 +308,41 @@ async def test_a_call_the_server_cancelled_before_its_first_message_is_sent_agai
     finally:
         await server.stop(None)
     assert (completion.text, replica.refusals) == ("replica-0", 0)
+
+
+class WallClock:
+    """Stands in for the `time` module in the replica set: a wall clock a test moves."""
+
+    def __init__(self, now: float) -> None:
+        self.now = now
+
+    def time(self) -> float:
+        return self.now
+
+
+async def test_clients_started_apart_first_place_at_the_same_boundary_of_the_wall_clock(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    wall = WallClock(1000.0)
+    monkeypatch.setattr(replicas_module, "time", wall)
+    policy = BoundedLoad(poll_interval_s=0.02, placement_interval_s=2.0)
+    async with fleet(3) as running:
+        for replica, _ in running.values():
+            _queued_and_quick(replica)
+        first = ReplicaSet(None, list(running), grpc.aio.insecure_channel, policy)
+        second = ReplicaSet(None, list(running), grpc.aio.insecure_channel, policy)
+        try:
+            await first.start()
+            await _reported(running)
+            wall.now += 1.5
+            await second.start()
+            await _reported(running)
+            assert (first.placement, second.placement) == (None, None)
+            wall.now += 0.6
+            await _reported(running)
+            await _reported(running)
+            assert first.placement is not None
+            assert first.placement == second.placement
+        finally:
+            await first.close()
+            await second.close()

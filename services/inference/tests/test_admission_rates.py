@@ -1,5 +1,5 @@
-"""What admission reports of each adapter for bounded-load routing: the sequences
-pending, and how many it admits per second lately."""
+"""What admission reports of each adapter for bounded-load routing: how many sequences it
+admits per second lately, as of the wall clock's last whole RATE_GRID_S."""
 
 from __future__ import annotations
 
@@ -8,39 +8,70 @@ import random
 
 import pytest
 
-from loraserve.inference.serving.admission import FORGOTTEN_RATE, RATE_TIME_CONSTANT_S, Admission
+from loraserve.inference.serving.admission import Admission
+from loraserve.inference.serving.admission_rates import (
+    FORGOTTEN_RATE,
+    RATE_GRID_S,
+    RATE_TIME_CONSTANT_S,
+    AdmissionRates,
+)
 
 
 class Clock:
     def __init__(self) -> None:
-        self.now = 0.0
+        self.now = 1000.0
 
     def __call__(self) -> float:
         return self.now
 
 
+def _admission(clock: Clock) -> Admission:
+    return Admission(8, rates=AdmissionRates(clock))
+
+
 def test_admission_rates_weigh_each_sequence_by_its_age() -> None:
     clock = Clock()
-    admission = Admission(8, clock=clock)
+    admission = _admission(clock)
     with admission.admit(2, "alpha"):
         pass
     clock.now += RATE_TIME_CONSTANT_S
     with admission.admit(1, "alpha"), admission.admit(1, "beta"):
         pass
+    clock.now += RATE_GRID_S
     rates = admission.admission_rates()
+    decay = math.exp(-RATE_GRID_S / RATE_TIME_CONSTANT_S)
     assert rates == pytest.approx(
-        {"alpha": (2 / math.e + 1) / RATE_TIME_CONSTANT_S, "beta": 1 / RATE_TIME_CONSTANT_S}
+        {
+            "alpha": (2 / math.e + 1) * decay / RATE_TIME_CONSTANT_S,
+            "beta": decay / RATE_TIME_CONSTANT_S,
+        }
     )
     assert admission.pending_by_adapter() == {}
 
 
+def test_admission_rates_read_alike_anywhere_between_two_boundaries_of_the_grid() -> None:
+    clock = Clock()
+    admission = _admission(clock)
+    with admission.admit(3, "alpha"):
+        pass
+    clock.now += RATE_GRID_S
+    first = admission.admission_rates()
+    for _ in range(3):
+        clock.now += RATE_GRID_S / 4
+        with admission.admit(1, "alpha"):
+            pass
+        assert admission.admission_rates() == first
+    clock.now += RATE_GRID_S / 4
+    assert admission.admission_rates()["alpha"] > first["alpha"]
+
+
 def test_admission_rate_of_a_steady_stream_reads_its_rate() -> None:
     clock, draws = Clock(), random.Random(7)
-    admission = Admission(8, clock=clock)
+    admission = _admission(clock)
     readings = []
     for _ in range(20_000):
         clock.now += draws.expovariate(4.0)
-        # Read just before each arrival: Poisson arrivals see time averages.
+        # Poisson arrivals see time averages.
         readings.append(admission.admission_rates().get("alpha", 0.0))
         with admission.admit(1, "alpha"):
             pass
@@ -49,19 +80,35 @@ def test_admission_rate_of_a_steady_stream_reads_its_rate() -> None:
 
 def test_admission_forgets_an_idle_adapter_and_rates_it_from_zero_again() -> None:
     clock = Clock()
-    admission = Admission(8, clock=clock)
+    admission = _admission(clock)
     with admission.admit(2, "alpha"):
         pass
-    clock.now += RATE_TIME_CONSTANT_S * math.log(2 / RATE_TIME_CONSTANT_S / FORGOTTEN_RATE) + 1
+    clock.now += RATE_TIME_CONSTANT_S * math.log(2 / RATE_TIME_CONSTANT_S / FORGOTTEN_RATE) + 2
     assert admission.admission_rates() == {}
     with admission.admit(1, "alpha"):
         pass
-    assert admission.admission_rates() == pytest.approx({"alpha": 1 / RATE_TIME_CONSTANT_S})
+    clock.now += RATE_GRID_S
+    assert admission.admission_rates()["alpha"] >= 1 / RATE_TIME_CONSTANT_S / math.e
 
 
 def test_admission_keeps_reporting_an_adapter_still_pending_past_forgetting() -> None:
     clock = Clock()
-    admission = Admission(8, clock=clock)
+    admission = _admission(clock)
     with admission.admit(1, "alpha"):
         clock.now += 3600
         assert admission.admission_rates().keys() == {"alpha"}
+
+
+def test_admission_rates_stay_sane_when_the_wall_clock_steps_back() -> None:
+    clock = Clock()
+    admission = _admission(clock)
+    with admission.admit(1, "alpha"):
+        pass
+    clock.now += RATE_GRID_S
+    before = admission.admission_rates()
+    clock.now -= 10 * RATE_GRID_S
+    with admission.admit(1, "alpha"):
+        pass
+    after = admission.admission_rates()
+    assert all(math.isfinite(r) and r >= 0 for r in after.values())
+    assert after["alpha"] <= before["alpha"] + 2 / RATE_TIME_CONSTANT_S

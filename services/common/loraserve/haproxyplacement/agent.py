@@ -6,8 +6,10 @@ well as the hot one's, so a cold adapter sharing a replica with a hot one is ser
 here, half there, and its adapter loaded on both. The Python client places adapters
 whole instead (`loraserve.clients.balancing.placement`). This agent runs that same
 placement beside HAProxy: it polls the replicas HAProxy lists for their load
-(`GetReplicaLoad`, as every client does), and every `placement_interval_s` writes each
-adapter's replica into the map that deploy/haproxy/haproxy.cfg's `use-server` reads.
+(`GetReplicaLoad`, as every client does), and in every round of `placement_interval_s`
+on the wall clock, once its replica set has placed (as every client does, at the same
+moments), writes each adapter's replica into the map that deploy/haproxy/haproxy.cfg's
+`use-server` reads.
 
 An adapter whose demand is more than one replica's room is left out of the map: the
 bounded hash spreads it, as it must be. HAProxy skips a mapping to a server that is not
@@ -21,6 +23,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections.abc import Callable
 
 import grpc
@@ -58,16 +61,16 @@ class HaproxyPlacement:
         self._refused: set[str] = set()
 
     async def run(self) -> None:
-        """Writes the placement every `placement_interval_s` until cancelled; a round
-        that fails (HAProxy restarting, a replica's report refused) is logged and the
-        next one tries again."""
+        """Writes the placement once a round until cancelled; a round that fails
+        (HAProxy restarting, a replica's report refused) is logged and the next one
+        tries again."""
         try:
             while True:
                 try:
                     await self.write_once()
                 except LoraserveError as exc:
                     log.warning("placement.round_failed error=%s", exc.message)
-                await asyncio.sleep(self._policy.placement_interval_s)
+                await asyncio.sleep(_until_placed(self._policy))
         finally:
             await self.close()
 
@@ -147,3 +150,11 @@ class HaproxyPlacement:
             if was != server:
                 await self._api.set_entry(self._map_file, adapter, server, new=was is None)
                 log.info("placement.moved adapter=%s server=%s was=%s", adapter, server, was)
+
+
+def _until_placed(policy: BoundedLoad) -> float:
+    """Seconds until a replica set has placed in the next round of the wall clock: the
+    first polls it sends in a round go within a poll interval of the round's start, and
+    are mostly answered within another."""
+    interval = policy.placement_interval_s
+    return interval - time.time() % interval + 2 * policy.poll_interval_s

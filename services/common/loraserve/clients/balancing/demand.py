@@ -3,6 +3,8 @@ value part of the way, and a value small enough is forgotten."""
 
 from __future__ import annotations
 
+import math
+
 __all__ = ["FORGOTTEN", "smooth", "unbiased"]
 
 # A smoothed value below which an adapter is forgotten on a replica: tens of seconds
@@ -28,4 +30,7 @@ def unbiased(alpha: float, readings: int) -> float:
     """The factor that unbiases values smoothed from zero over `readings` readings: a
     client that just started has folded only a few readings into zero, and would read
     everything as a fraction of what it is (Adam's bias correction)."""
-    return 1.0 / (1.0 - (1.0 - alpha) ** readings) if readings else 1.0
+    if not readings or alpha >= 1:
+        return 1.0
+    # 1 - (1 - alpha)^readings, exact for an alpha too small for 1 - alpha.
+    return -1.0 / math.expm1(readings * math.log1p(-alpha))

@@ -7,8 +7,9 @@ ones' alike, and a cold adapter that shares a replica with a hot one ends up ser
 here, half there. Placement decides adapter by adapter instead, from each adapter's
 demand (the admissions per second the fleet's replicas report of it, in pending
 sequences: `ReplicaSet.demand`): an adapter keeps the replica it runs on, a new one goes
-to the first replica in its own rendezvous order with room under `balance_factor` times
-the mean, and a replica well past its room gives away the fewest adapters that bring it
+to the first replica in its own rendezvous order whose load stays within the fleet's
+mean, and a replica well past its room (`balance_factor` times the mean) gives away the
+fewest adapters that bring it
 back, each whole, so the hot adapter keeps its home and the cold ones that shared it
 move to their next choice. Every client reads the same rates, kept by the replicas
 (not smoothed by each client from when it started), in the same rounds of the wall
@@ -33,8 +34,18 @@ def place(
     """Adapter -> replica for every adapter with demand. An adapter keeps the replica it
     `runs_on` (where it was placed, or where the replicas' reports show it mostly runs)
     where that is up; the others go, busiest first (ties by name), to the first replica
-    in their rendezvous order with room, or, with none, the least loaded. Then a replica
-    well past its room, or far heavier than another, gives adapters away (`_rebalance`).
+    in their rendezvous order that stays within the fleet's mean, or, with none, the
+    least loaded. Then a replica well past its room, or far heavier than another, gives
+    adapters away (`_rebalance`).
+
+    New adapters fill replicas to the mean, not to the room: filled to the room, the
+    replicas first in the busiest adapters' orders took up to 1.25 times the mean,
+    the last ones were left light, and demand's noise then had a replica read far
+    heavier than another now and then, and moved an adapter that every client had
+    agreed on. Simulated (3 replicas, 24 adapters of Zipf demand, each read with 10 %
+    noise, 30 rounds from scratch): an adapter moved in 155 of 300 runs filled to the
+    room, in 4 filled to the mean, and the heaviest replica held 1.18 times the mean
+    against 1.05.
 
     Incremental, not placed afresh each round: afresh, every adapter's place hung on
     the order and sum of every busier one's demand, so demand's wobble moved adapters
@@ -45,6 +56,7 @@ def place(
     if not replicas:
         return {}
     room = replica_room(demand, len(replicas), balance_factor)
+    fill = replica_room(demand, len(replicas), 1.0)
     load = dict.fromkeys(replicas, 0.0)
     placement: dict[str, str] = {}
     busiest = sorted(demand, key=lambda a: (-demand[a], a))
@@ -56,7 +68,7 @@ def place(
     for adapter in busiest:
         if adapter not in placement:
             order = preference(adapter, replicas)
-            fits = [r for r in order if load[r] + demand[adapter] <= room]
+            fits = [r for r in order if load[r] + demand[adapter] <= fill]
             chosen = fits[0] if fits else min(order, key=lambda r: load[r])
             placement[adapter] = chosen
             load[chosen] += demand[adapter]

@@ -33,7 +33,7 @@ from dataclasses import dataclass, field
 import grpc
 
 from loraserve.clients.balancing.choice import Candidate, choose
-from loraserve.clients.balancing.demand import smooth, unbiased
+from loraserve.clients.balancing.demand import FORGOTTEN, smooth, unbiased
 from loraserve.clients.balancing.placement import place
 from loraserve.clients.balancing.policy import BoundedLoad
 from loraserve.clients.routing import BASE_MODEL_HASH_KEY
@@ -44,13 +44,13 @@ from loraserve.inference.v1 import inference_pb2_grpc as pb_grpc
 log = logging.getLogger(__name__)
 
 ChannelFactory = Callable[[str], grpc.aio.Channel]
-# The share of an adapter's smoothed demand on one replica past which it runs there,
+# The share of an adapter's demand on one replica past which it runs there,
 # wherever this client placed it: more than half, so that two clients that placed it
 # apart converge on one replica as soon as either holds the larger part.
 MOSTLY = 1 / 2
 # Placement rounds after this client moved an adapter during which the reports do not
 # move it back: its admission rates, kept over about 5 s by the replicas, show more of
-# it on its new replica than on its old after about 3.5 s.
+# it on its new replica than on its old after about 3.5 s (5 ln 2).
 # No longer: a client that alone moved an adapter goes back to where the others run it
 # that much sooner, and each round it does not, the adapter is split.
 SETTLE_ROUNDS = 2
@@ -107,11 +107,11 @@ class ReplicaSet:
         self._polling: asyncio.Task[None] | None = None
         # Each adapter's smoothed pending sequences (and how many readings went into
         # them) and its admissions per second as last reported, on each replica; where
-        # it is placed, and when this client last moved it.
+        # it is placed, and the round in which this client last moved it.
         self._pending: dict[tuple[str, str], float] = {}
         self._readings = 0
         self._arrivals: dict[tuple[str, str], float] = {}
-        self._moved_at: dict[str, float] = {}
+        self._moved_in: dict[str, int] = {}
         # None before the first placement.
         self._placement: dict[str, str] | None = None
 
@@ -122,7 +122,8 @@ class ReplicaSet:
     @property
     def placement(self) -> dict[str, str] | None:
         """Adapter -> the address of the replica it is placed on, as last placed; None
-        before the first placement (`placement_interval_s` after polling started)."""
+        before the first placement (at the first multiple of `placement_interval_s` on
+        the wall clock after polling started)."""
         return None if self._placement is None else dict(self._placement)
 
     @property
@@ -132,8 +133,7 @@ class ReplicaSet:
 
     @property
     def demand(self) -> dict[str, float]:
-        """Each adapter's smoothed demand over the fleet, in pending sequences
-        (`_weights`)."""
+        """Each adapter's demand over the fleet, in pending sequences (`_weights`)."""
         return _per_adapter(*self._weights())
 
     def _weights(self) -> tuple[dict[tuple[str, str], float], float]:
@@ -146,11 +146,13 @@ class ReplicaSet:
         moving it would change its demand: placement would chase its own effect. By
         pending sequences where a replica does not report admissions (a release before
         0.3, mid-upgrade). Smoothed pending sequences are unbiased for how few readings
-        a client just started has."""
+        a client just started has. A fleet admitting next to nothing (under FORGOTTEN
+        per second) is placed on pending sequences too: its rates say nothing, and
+        dividing by them could overflow."""
         rate = sum(self._arrivals.values())
         up = [r for r in self._replicas.values() if r.up]
         fresh = unbiased(self._policy.demand_smoothing, self._readings)
-        if rate > 0 and all(r.reports_rates is not False for r in up):
+        if FORGOTTEN <= rate < math.inf and all(r.reports_rates is not False for r in up):
             return self._arrivals, fresh * sum(self._pending.values()) / rate
         return self._pending, fresh
 
@@ -212,15 +214,18 @@ class ReplicaSet:
     async def _poll_forever(self) -> None:
         resolved_at = asyncio.get_running_loop().time()
         # Rounds of the wall clock, the same in every client process (to its clock's
-        # skew), so clients place from reports taken at nearly the same moment; the
-        # first at the first round's end.
+        # skew): a client places from the first polls it sends in a round, which the
+        # replicas answer with their rates as of the round's start (a multiple of
+        # their rate grid), the same numbers every client reads. The first placement
+        # comes in the first round after polling started.
         placed_round = self._round()
         while True:
+            sent_in = self._round()
             await asyncio.gather(*(self._poll(r) for r in list(self._replicas.values())))
             self._smooth_demand()
-            if self._round() != placed_round:
-                placed_round = self._round()
-                self._place()
+            if sent_in != placed_round:
+                placed_round = sent_in
+                self._place(sent_in)
             await asyncio.sleep(self._policy.poll_interval_s)
             now = asyncio.get_running_loop().time()
             if self._host is not None and now - resolved_at >= self._policy.resolve_interval_s:
@@ -246,29 +251,27 @@ class ReplicaSet:
         self._readings += 1
         self._arrivals = arrivals
 
-    def _place(self) -> None:
-        now = asyncio.get_running_loop().time()
+    def _place(self, round_: int) -> None:
         up = sorted(a for a, r in self._replicas.items() if r.up)
         weights, scale = self._weights()
         demand = _per_adapter(weights, scale)
         # Where each adapter is: where this client placed it, unless the fleet's reports
         # show it running mostly elsewhere (other clients placed it there) and this
         # client has not moved it lately. Right after a move its old replica still holds
-        # much of its smoothed demand, so the reports alone would take it back, and
-        # forth, round after round.
-        settle_s = SETTLE_ROUNDS * self._policy.placement_interval_s
+        # much of its admissions, so the reports alone would take it back, and forth,
+        # round after round.
         before = self._placement or {}
         runs_on = {a: r for a, r in before.items() if r in up}
         for (adapter, address), weight in weights.items():
-            settled = now - self._moved_at.get(adapter, -settle_s) >= settle_s
+            settled = round_ - self._moved_in.get(adapter, round_ - SETTLE_ROUNDS) >= SETTLE_ROUNDS
             if settled and weight * scale > MOSTLY * demand[adapter]:
                 runs_on[adapter] = address
         placement = place(demand, up, self._policy.balance_factor, runs_on)
         for adapter, address in placement.items():
             if before.get(adapter, address) != address:
-                self._moved_at[adapter] = now
-        for adapter in self._moved_at.keys() - placement.keys():
-            del self._moved_at[adapter]
+                self._moved_in[adapter] = round_
+        for adapter in self._moved_in.keys() - placement.keys():
+            del self._moved_in[adapter]
         self._placement = placement
 
     async def _poll(self, replica: Replica) -> None:

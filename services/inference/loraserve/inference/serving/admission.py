@@ -10,20 +10,12 @@ well, so it is INVALID_ARGUMENT rather than a retry.
 
 from __future__ import annotations
 
-import math
-import time
 from collections import Counter
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from contextlib import contextmanager
 
 from loraserve.common.errors import InvalidArgument, ResourceExhausted
-
-# Each adapter's admissions per second are reported with every admission weighted
-# e^(-age / RATE_TIME_CONSTANT_S): one rate, kept here, that every client reads alike.
-RATE_TIME_CONSTANT_S = 5.0
-# A rate below which an adapter with nothing pending is forgotten: about 26 s after a
-# lone admission, so a cold adapter asked for every few seconds keeps its place.
-FORGOTTEN_RATE = 0.001
+from loraserve.inference.serving.admission_rates import AdmissionRates
 
 
 class Admission:
@@ -33,7 +25,7 @@ class Admission:
         self,
         max_pending: int,
         max_n: int | None = None,
-        clock: Callable[[], float] = time.monotonic,
+        rates: AdmissionRates | None = None,
     ) -> None:
         if max_pending < 1:
             raise ValueError(f"max_pending must be at least 1, got {max_pending}")
@@ -45,10 +37,7 @@ class Admission:
         self._pending = 0
         # Pending sequences by adapter label, only those with any: at most max_pending.
         self._by_adapter: Counter[str] = Counter()
-        # By adapter label: its admissions, each weighted e^(-age / RATE_TIME_CONSTANT_S)
-        # as of the second value, the clock when it was last brought up to date.
-        self._admitted: dict[str, tuple[float, float]] = {}
-        self._clock = clock
+        self._rates = AdmissionRates() if rates is None else rates
 
     @property
     def max_pending(self) -> int:
@@ -68,18 +57,9 @@ class Admission:
         return dict(self._by_adapter)
 
     def admission_rates(self) -> dict[str, float]:
-        """Sequences admitted per second by adapter label, each admission weighted
-        e^(-age / RATE_TIME_CONSTANT_S) (a Poisson stream of rate r reads r on average);
-        every label pending or at FORGOTTEN_RATE or more, the rest forgotten."""
-        now = self._clock()
-        rates: dict[str, float] = {}
-        for adapter, (weight, at) in list(self._admitted.items()):
-            rate = _decayed(weight, now - at) / RATE_TIME_CONSTANT_S
-            if rate < FORGOTTEN_RATE and adapter not in self._by_adapter:
-                del self._admitted[adapter]
-            else:
-                rates[adapter] = rate
-        return rates
+        """Sequences admitted per second by adapter label (`AdmissionRates`): every label
+        pending, or admitted lately."""
+        return self._rates.rates(keep=self._by_adapter.__contains__)
 
     @contextmanager
     def admit(self, sequences: int = 1, adapter: str = "") -> Iterator[None]:
@@ -98,9 +78,7 @@ class Admission:
             )
         self._pending += sequences
         self._by_adapter[adapter] += sequences
-        now = self._clock()
-        weight, at = self._admitted.get(adapter, (0.0, now))
-        self._admitted[adapter] = (_decayed(weight, now - at) + sequences, now)
+        self._rates.admitted(adapter, sequences)
         try:
             yield
         finally:
@@ -108,7 +86,3 @@ class Admission:
             self._by_adapter[adapter] -= sequences
             if not self._by_adapter[adapter]:
                 del self._by_adapter[adapter]
-
-
-def _decayed(weight: float, age_s: float) -> float:
-    return weight * math.exp(-max(0.0, age_s) / RATE_TIME_CONSTANT_S)
