@@ -179,3 +179,16 @@ def test_a_placement_from_scratch_holds_still_as_demand_wobbles(seed: int) -> No
     for _ in range(30):
         wobbled = {a: d * rng.uniform(0.9, 1.1) for a, d in zipf.items()}
         assert place(wobbled, replicas, 1.25, runs_on=placed) == placed
+
+
+def test_a_cold_adapter_joining_an_evenly_loaded_fleet_goes_to_its_first_replica() -> None:
+    home, _, lightest = preference("cold", REPLICAS)
+    placed = {f"adapter-{i}": REPLICAS[i % 3] for i in range(12)}
+    demand = {**dict.fromkeys(placed, 2.0), "cold": 1.0}
+    # Every replica near the mean (8), home a hair above it: the cold one fits under
+    # the mean nowhere, and goes where the room lets it, home, not to the replica that
+    # reads lightest by a hair.
+    demand[next(a for a, r in placed.items() if r == home)] = 2.2
+    demand[next(a for a, r in placed.items() if r == lightest)] = 1.8
+    placement = place(demand, REPLICAS, 1.25, runs_on=placed)
+    assert placement["cold"] == home

@@ -34,18 +34,21 @@ def place(
     """Adapter -> replica for every adapter with demand. An adapter keeps the replica it
     `runs_on` (where it was placed, or where the replicas' reports show it mostly runs)
     where that is up; the others go, busiest first (ties by name), to the first replica
-    in their rendezvous order that stays within the fleet's mean, or, with none, the
-    least loaded. Then a replica well past its room, or far heavier than another, gives
-    adapters away (`_rebalance`).
+    in their rendezvous order that stays within the fleet's mean; with none, to the
+    first with room; with none, to the least loaded. Then a replica well past its room,
+    or far heavier than another, gives adapters away (`_rebalance`).
 
-    New adapters fill replicas to the mean, not to the room: filled to the room, the
+    New adapters fill replicas to the mean first, not to the room: filled to the room, the
     replicas first in the busiest adapters' orders took up to 1.25 times the mean,
     the last ones were left light, and demand's noise then had a replica read far
     heavier than another now and then, and moved an adapter that every client had
     agreed on. Simulated (3 replicas, 24 adapters of Zipf demand, each read with 10 %
     noise, 30 rounds from scratch): an adapter moved in 155 of 300 runs filled to the
     room, in 4 filled to the mean, and the heaviest replica held 1.18 times the mean
-    against 1.05.
+    against 1.05. Where no replica stays within the mean (a fleet already loaded
+    evenly, as when one cold adapter joins it), the room decides, in the adapter's own
+    order: it goes home, as every client agrees, not to whichever replica reads the
+    least loaded by a hair.
 
     Incremental, not placed afresh each round: afresh, every adapter's place hung on
     the order and sum of every busier one's demand, so demand's wobble moved adapters
@@ -68,8 +71,13 @@ def place(
     for adapter in busiest:
         if adapter not in placement:
             order = preference(adapter, replicas)
-            fits = [r for r in order if load[r] + demand[adapter] <= fill]
-            chosen = fits[0] if fits else min(order, key=lambda r: load[r])
+            chosen = next(
+                (r for r in order if load[r] + demand[adapter] <= fill),
+                next(
+                    (r for r in order if load[r] + demand[adapter] <= room),
+                    min(order, key=lambda r: load[r]),
+                ),
+            )
             placement[adapter] = chosen
             load[chosen] += demand[adapter]
     _rebalance(placement, load, demand, room)
