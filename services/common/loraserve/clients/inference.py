@@ -1,12 +1,12 @@
 """Client library for the inference service, async and sync.
 
-Backend services call `Generate` through this instead of hand-rolled gRPC:
-it connects with a bearer token and TLS, streams text deltas, retries
-UNAVAILABLE (and CANCELLED from a server shutting down) with exponential backoff and
-jitter while nothing has been received yet, on another replica where there are several
-(a stream that already produced tokens is never replayed), honours one
-overall deadline across attempts, and raises `loraserve.common.errors` types.
-Given several replicas, it routes each adapter to one of them with a bounded load
+Backend services call `Generate` through this instead of hand-rolled gRPC: it connects
+with a bearer token and TLS, streams text deltas, retries UNAVAILABLE (and CANCELLED
+from a server shutting down, and a stream cut short with no status at all) with
+exponential backoff and jitter while nothing has been received yet, on another replica
+where there are several (a stream that already produced tokens is never replayed),
+honours one overall deadline across attempts, and raises `loraserve.common.errors`
+types. Given several replicas, it routes each adapter to one of them with a bounded load
 (`loraserve.clients.balancing`).
 
 `Generate` is retried with `stamina`, not gRPC's retry policy: gRPC clamps a
@@ -303,12 +303,23 @@ class InferenceClient:
 def _may_go_again(exc: BaseException) -> bool:
     """Whether a call that produced nothing yet may go again (elsewhere): UNAVAILABLE,
     or CANCELLED from the server, which a server shutting down answers the calls it had
-    received but not started (grpc/grpc#41785); a caller's own cancel is CancelledError,
-    never this."""
-    return isinstance(exc, grpc.aio.AioRpcError) and exc.code() in (
-        grpc.StatusCode.UNAVAILABLE,
-        grpc.StatusCode.CANCELLED,
-    )
+    received but not started (grpc/grpc#41785), or a stream that ended with no status
+    at all: HAProxy ends a response whose server died after its headers with an empty
+    DATA frame (haproxy/haproxy#736), and the message the server had sent with them may
+    be lost with it; headers seen, gRPC's own retries stop. A status the server sent,
+    UNKNOWN included, is not retried; a caller's own cancel is CancelledError, never
+    this."""
+    if not isinstance(exc, grpc.aio.AioRpcError):
+        return False
+    code = exc.code()
+    if code is grpc.StatusCode.UNKNOWN:
+        return (exc.details() or "").startswith(_NO_STATUS)
+    return code in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.CANCELLED)
+
+
+# How grpc core reports a stream that ended without trailers (chttp2's frame_data.cc
+# and mark_stream_closed): no status came from the server, only the transport's end.
+_NO_STATUS = "Stream removed"
 
 
 class SyncInferenceClient:
