@@ -6,7 +6,7 @@ own in-flight counts), which is exactly what a bounded-load policy must do bette
 Each of `processes` generators runs the arm with an equal part of its concurrency and
 its own draw of the workload's requests (seed + its index: clients of one fleet do not
 send the same requests in the same order; with one draw for all, round robin's share of
-an adapter's requests on its top replica ranged from 0.44 to 0.72 over one run's
+an adapter's requests on its top replica ranged from 0.43 to 0.72 over one run's
 windows); their windows start together and are merged: tokens per second summed over the
 processes, every request's record kept, inter-token percentiles as the worst process's
 (a conservative merge), server CPU as the first process measured it (each would measure

@@ -44,7 +44,7 @@ def place(
     heavier than another now and then, and moved an adapter that every client had
     agreed on. Simulated (3 replicas, 24 adapters of Zipf demand, each read with 10 %
     noise, 30 rounds from scratch): an adapter moved in 155 of 300 runs filled to the
-    room, in 4 filled to the mean, and the heaviest replica held 1.18 times the mean
+    room, in 5 filled to the mean, and the heaviest replica held 1.18 times the mean
     against 1.05. Where no replica stays within the mean (a fleet already loaded
     evenly, as when one cold adapter joins it), the room decides, in the adapter's own
     order: it goes home, as every client agrees, not to whichever replica reads the
