@@ -232,4 +232,5 @@ async def test_replica_load_counts_a_running_stream_and_names_the_resident_adapt
     assert list(load.resident_adapters) == ["alpha"]
     assert load.max_pending_sequences > 0
     assert dict(load.adapter_pending_sequences) == {"alpha": 1}
-    assert load.adapter_admission_rates["alpha"] > 0
+    # Reported while pending, its rate as of the last whole second (0 within it).
+    assert "alpha" in load.adapter_admission_rates

@@ -302,23 +302,19 @@ class InferenceClient:
 
 def _may_go_again(exc: BaseException) -> bool:
     """Whether a call that produced nothing yet may go again (elsewhere): UNAVAILABLE,
-    or CANCELLED from the server, which a server shutting down answers the calls it had
-    received but not started (grpc/grpc#41785), or a stream that ended with no status
-    at all: HAProxy ends a response whose server died after its headers with an empty
-    DATA frame (haproxy/haproxy#736), and the message the server had sent with them may
-    be lost with it; headers seen, gRPC's own retries stop. A status the server sent,
-    UNKNOWN included, is not retried; a caller's own cancel is CancelledError, never
-    this."""
+    CANCELLED from a server shutting down the calls it had not started (grpc/grpc#41785),
+    or a stream that ended with no status at all (grpc core's "Stream removed"): HAProxy
+    ends a response whose server died after its headers with an empty DATA frame
+    (haproxy/haproxy#736), losing the message sent with them. A status the server sent,
+    UNKNOWN included, is final; a caller's own cancel is CancelledError, never this."""
     if not isinstance(exc, grpc.aio.AioRpcError):
         return False
-    code = exc.code()
-    if code is grpc.StatusCode.UNKNOWN:
+    if exc.code() is grpc.StatusCode.UNKNOWN:
         return (exc.details() or "").startswith(_NO_STATUS)
-    return code in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.CANCELLED)
+    return exc.code() in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.CANCELLED)
 
 
-# How grpc core reports a stream that ended without trailers (chttp2's frame_data.cc
-# and mark_stream_closed): no status came from the server, only the transport's end.
+# chttp2's text for a stream closed without trailers (frame_data.cc).
 _NO_STATUS = "Stream removed"
 
 
