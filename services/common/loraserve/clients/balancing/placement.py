@@ -72,11 +72,8 @@ def place(
         if adapter not in placement:
             order = preference(adapter, replicas)
             chosen = next(
-                (r for r in order if load[r] + demand[adapter] <= fill),
-                next(
-                    (r for r in order if load[r] + demand[adapter] <= room),
-                    min(order, key=lambda r: load[r]),
-                ),
+                (r for limit in (fill, room) for r in order if load[r] + demand[adapter] <= limit),
+                min(order, key=lambda r: load[r]),
             )
             placement[adapter] = chosen
             load[chosen] += demand[adapter]

@@ -33,7 +33,7 @@ from dataclasses import dataclass, field
 import grpc
 
 from loraserve.clients.balancing.choice import Candidate, choose
-from loraserve.clients.balancing.demand import FORGOTTEN, smooth, unbiased
+from loraserve.clients.balancing.demand import smooth, unbiased
 from loraserve.clients.balancing.placement import place
 from loraserve.clients.balancing.policy import BoundedLoad
 from loraserve.clients.routing import BASE_MODEL_HASH_KEY
@@ -54,6 +54,9 @@ MOSTLY = 1 / 2
 # No longer: a client that alone moved an adapter goes back to where the others run it
 # that much sooner, and each round it does not, the adapter is split.
 SETTLE_ROUNDS = 2
+# Admissions per second over the whole fleet below which its rates say nothing (the
+# replicas forget an adapter's rate below this), and dividing by them could overflow.
+LEAST_RATE = 0.001
 
 
 @dataclass(eq=False)
@@ -146,13 +149,12 @@ class ReplicaSet:
         moving it would change its demand: placement would chase its own effect. By
         pending sequences where a replica does not report admissions (a release before
         0.3, mid-upgrade). Smoothed pending sequences are unbiased for how few readings
-        a client just started has. A fleet admitting next to nothing (under FORGOTTEN
-        per second) is placed on pending sequences too: its rates say nothing, and
-        dividing by them could overflow."""
+        a client just started has. A fleet admitting next to nothing (under LEAST_RATE)
+        is placed on pending sequences too."""
         rate = sum(self._arrivals.values())
         up = [r for r in self._replicas.values() if r.up]
         fresh = unbiased(self._policy.demand_smoothing, self._readings)
-        if FORGOTTEN <= rate < math.inf and all(r.reports_rates is not False for r in up):
+        if LEAST_RATE <= rate < math.inf and all(r.reports_rates is not False for r in up):
             return self._arrivals, fresh * sum(self._pending.values()) / rate
         return self._pending, fresh
 
