@@ -78,14 +78,20 @@ class FleetScale(Windows):
     # five it spans them all), so one disturbed window on this shared machine does not
     # make a verdict inconclusive.
     repeats: int = 9
-    # Each window's clients start afresh after another arm spread every adapter over
-    # every replica: placement (every 2 s, on admission rates the replicas keep over
-    # about 5 s) needs a few rounds to settle where the adapters run before the window
-    # is steady.
-    warmup_s: float = 6.0
+    # Each window's clients start afresh after another arm placed every adapter its own
+    # way: placement (every 2 s, on admission rates the replicas keep over about 5 s)
+    # settles once those rates show the new arm's traffic at its full load. With the
+    # streams starting over the whole 6 s warm-up, the load was full only as the window
+    # opened, and every client moved the same few adapters 8-10 s in, each then split
+    # over two replicas inside the window. The streams start over the first 4 s and run
+    # 8 s at full load (the previous arm's rates down to e^(-8/5), a fifth) before it.
+    warmup_s: float = 12.0
+    ramp_s: float | None = 4.0
 
 
-QUICK = FleetScale(processes=2, concurrency=12, requests=48, max_tokens=8, repeats=2, pushes=3)
+QUICK = FleetScale(
+    processes=2, concurrency=12, requests=48, max_tokens=8, repeats=2, pushes=3, warmup_s=6.0
+)
 POLICIES = ("bounded", "haproxy", "ring_hash", "round_robin")
 # An adapter's share of requests on one replica is judged over at least this many.
 MIN_ADAPTER_REQUESTS = 20

@@ -50,9 +50,16 @@ class Timing:
     window_s: float
     # The longest the window's last requests may wait for their first token after it.
     drain_s: float = 300.0
+    # Over how much of the warm-up a closed loop's streams start (None: all of it).
+    ramp_s: float | None = None
 
     def describe(self) -> str:
-        return f"{self.warmup_s:g} s warm-up discarded, {self.window_s:g} s measured"
+        if self.ramp_s is None:
+            return f"{self.warmup_s:g} s warm-up discarded, {self.window_s:g} s measured"
+        return (
+            f"{self.warmup_s:g} s warm-up discarded (the streams starting over its first "
+            f"{self.ramp_s:g} s), {self.window_s:g} s measured"
+        )
 
 
 @dataclass(frozen=True)
@@ -63,10 +70,11 @@ class Windows:
     repeats: int = 5
     warmup_s: float = 3.0
     window_s: float = 8.0
+    ramp_s: float | None = None
 
     @property
     def timing(self) -> Timing:
-        return Timing(self.warmup_s, self.window_s)
+        return Timing(self.warmup_s, self.window_s, ramp_s=self.ramp_s)
 
     def describe(self) -> str:
         return (
@@ -140,7 +148,9 @@ async def _at(when: float, pids: dict[str, int]) -> dict[str, float]:
     return readings
 
 
-def _requests(load: Load, state: _State) -> Callable[[], Coroutine[Any, Any, None]]:
+def _requests(
+    load: Load, state: _State, ramp_s: float | None
+) -> Callable[[], Coroutine[Any, Any, None]]:
     """The coroutine that sends requests until cancelled."""
     schedule = itertools.cycle(state.workload.schedule())
 
@@ -151,6 +161,8 @@ def _requests(load: Load, state: _State) -> Callable[[], Coroutine[Any, Any, Non
 
     async def closed() -> None:
         ramp = max(0.0, state.window[0] - time.monotonic())
+        if ramp_s is not None:
+            ramp = min(ramp, ramp_s)
         spacing = ramp / max(load.concurrency, 1)
         await asyncio.gather(*(closed_stream(i * spacing) for i in range(load.concurrency)))
 
@@ -180,7 +192,7 @@ async def drive(
     start = time.monotonic()
     window = (start + timing.warmup_s, start + timing.warmup_s + timing.window_s)
     state = _State(workload, call, window)
-    sender = asyncio.create_task(_requests(load, state)())
+    sender = asyncio.create_task(_requests(load, state, timing.ramp_s)())
     before, after = await asyncio.gather(_at(window[0], pids), _at(window[1], pids))
     if state.in_window_open:
         with contextlib.suppress(TimeoutError):

@@ -53,6 +53,8 @@ def main() -> None:
         stream=sys.stderr,
         format="%(asctime)s %(levelname)s %(name)s %(message)s",
     )
+    # The clients' placement moves, in the log: what explains an adapter split over replicas.
+    logging.getLogger("loraserve.clients.balancing").setLevel(logging.INFO)
     asyncio.run(_main())
 
 

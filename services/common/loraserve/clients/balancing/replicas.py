@@ -49,10 +49,9 @@ ChannelFactory = Callable[[str], grpc.aio.Channel]
 # apart converge on one replica as soon as either holds the larger part.
 MOSTLY = 1 / 2
 # Placement rounds after this client moved an adapter during which the reports do not
-# move it back: its admission rates, kept over about 5 s by the replicas, show more of
-# it on its new replica than on its old after about 3.5 s (5 ln 2).
-# No longer: a client that alone moved an adapter goes back to where the others run it
-# that much sooner, and each round it does not, the adapter is split.
+# move it back: the replicas' admission rates (about 5 s) show more of it on its new
+# replica than on its old after about 3.5 s (5 ln 2). No longer: a client that alone
+# moved an adapter goes back to where the others run it that much sooner.
 SETTLE_ROUNDS = 2
 # Admissions per second over the whole fleet below which its rates say nothing (the
 # replicas forget an adapter's rate below this), and dividing by them could overflow.
@@ -272,6 +271,10 @@ class ReplicaSet:
         for adapter, address in placement.items():
             if before.get(adapter, address) != address:
                 self._moved_in[adapter] = round_
+                log.info(
+                    "routing.adapter_moved adapter=%s from=%s to=%s demand=%.2f",
+                    *(adapter, before[adapter], address, demand[adapter]),
+                )
         for adapter in self._moved_in.keys() - placement.keys():
             del self._moved_in[adapter]
         self._placement = placement
