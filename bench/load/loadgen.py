@@ -30,6 +30,7 @@ async def run_one(message: dict[str, Any]) -> dict[str, Any]:
     workload = Workload.from_json(message["workload"])
     load = Load(**message["load"])
     timing = Timing(**message["timing"])
+    log.info("loadgen.run target=%s warmup_s=%g", target.kind, timing.warmup_s)
     async with caller_for(target) as (call, reconnects):
         figures = await drive(workload, load, timing, call, message.get("watch", {}))
     figures["reconnects"] = reconnects.count
@@ -53,8 +54,10 @@ def main() -> None:
         stream=sys.stderr,
         format="%(asctime)s %(levelname)s %(name)s %(message)s",
     )
-    # The clients' placement moves, in the log: what explains an adapter split over replicas.
-    logging.getLogger("loraserve.clients.balancing").setLevel(logging.INFO)
+    # Each run's start and the clients' placement moves, in the log: what explains an
+    # adapter split over replicas.
+    for name in ("loraserve.clients.balancing", __name__):
+        logging.getLogger(name).setLevel(logging.INFO)
     asyncio.run(_main())
 
 

@@ -346,3 +346,45 @@ async def test_clients_started_apart_first_place_at_the_same_boundary_of_the_wal
         finally:
             await first.close()
             await second.close()
+
+
+async def test_a_client_keeps_an_adapter_where_it_placed_it_while_the_reports_lag(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    wall = WallClock(1000.0)
+    monkeypatch.setattr(replicas_module, "time", wall)
+    policy = BoundedLoad(poll_interval_s=0.02, placement_interval_s=2.0, demand_smoothing=1)
+    async with fleet(3) as running:
+        home, elsewhere, _ = preference("alpha", running)
+        # Admitted evenly everywhere: it runs mostly nowhere, and is placed home.
+        for replica, _ in running.values():
+            replica.pending, replica.adapters, replica.rates = 1, {"alpha": 1}, {"alpha": 1.0}
+        replicas = ReplicaSet(None, list(running), grpc.aio.insecure_channel, policy)
+        try:
+            await replicas.start()
+            await _reported(running)
+            await _next_round(wall, running)
+            placed = replicas.placement
+            # The reports then show it elsewhere, as they still would where it ran before.
+            for address, (replica, _) in running.items():
+                there = address == elsewhere
+                replica.pending = 1 if there else 0
+                replica.adapters = {"alpha": 1} if there else {}
+                replica.rates = {"alpha": 3.0} if there else {}
+            kept = []
+            for _ in range(replicas_module.SETTLE_ROUNDS):
+                await _next_round(wall, running)
+                kept.append((replicas.placement or {}).get("alpha"))
+        finally:
+            await replicas.close()
+    assert placed == {"alpha": home}
+    assert kept == [home] * (replicas_module.SETTLE_ROUNDS - 1) + [elsewhere]
+
+
+async def _next_round(
+    wall: WallClock, running: dict[str, tuple[ReportingReplica, grpc.aio.Server]]
+) -> None:
+    """Moves the wall clock to the next placement round, and waits until it is placed."""
+    wall.now += BoundedLoad().placement_interval_s
+    await _reported(running)
+    await _reported(running)

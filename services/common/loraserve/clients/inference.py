@@ -34,6 +34,7 @@ from loraserve.clients.routing import (
     affinity_key,
     channel_for,
     fleet_for,
+    may_go_again,
     routed_error,
 )
 from loraserve.common.errors import DeadlineExceeded, InvalidArgument, error_from_rpc
@@ -146,6 +147,12 @@ class InferenceClient:
         else:
             await self._channel.close()
 
+    @property
+    def placement(self) -> dict[str, str]:
+        """Adapter -> the replica address its requests go to within the load bound, as
+        this client last placed them; empty for one address or before the first placement."""
+        return (None if self._replicas is None else self._replicas.placement) or {}
+
     async def stream(
         self,
         adapter: str,
@@ -200,7 +207,7 @@ class InferenceClient:
         try:
             async for attempt in retrylog.retry_context(
                 "inference.generate",
-                on=_may_go_again,
+                on=may_go_again,
                 attempts=self._retry.max_attempts,
                 timeout=budget,
                 wait_initial=self._retry.initial_backoff,
@@ -225,7 +232,7 @@ class InferenceClient:
                         if replica is not None:
                             replica.in_flight -= 1
                             tried.append(replica)
-                            if self._replicas is not None and _may_go_again(exc):
+                            if self._replicas is not None and may_go_again(exc):
                                 self._replicas.down(replica)
                         raise
         except grpc.aio.AioRpcError as exc:
@@ -298,24 +305,6 @@ class InferenceClient:
             return await method(request, timeout=self._timeout)
         except grpc.aio.AioRpcError as exc:
             raise error_from_rpc(exc) from None
-
-
-def _may_go_again(exc: BaseException) -> bool:
-    """Whether a call that produced nothing yet may go again (elsewhere): UNAVAILABLE,
-    CANCELLED from a server shutting down the calls it had not started (grpc/grpc#41785),
-    or a stream that ended with no status at all (grpc core's "Stream removed"): HAProxy
-    ends a response whose server died after its headers with an empty DATA frame
-    (haproxy/haproxy#736), losing the message sent with them. A status the server sent,
-    UNKNOWN included, is final; a caller's own cancel is CancelledError, never this."""
-    if not isinstance(exc, grpc.aio.AioRpcError):
-        return False
-    if exc.code() is grpc.StatusCode.UNKNOWN:
-        return (exc.details() or "").startswith(_NO_STATUS)
-    return exc.code() in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.CANCELLED)
-
-
-# chttp2's text for a stream closed without trailers (frame_data.cc).
-_NO_STATUS = "Stream removed"
 
 
 class SyncInferenceClient:

@@ -149,6 +149,24 @@ def routed_error(exc: grpc.aio.AioRpcError) -> LoraserveError:
     return error_from_rpc(exc)
 
 
+def may_go_again(exc: BaseException) -> bool:
+    """Whether a call that produced nothing yet may go again (elsewhere): UNAVAILABLE,
+    CANCELLED from a server shutting down the calls it had not started (grpc/grpc#41785),
+    or a stream that ended with no status at all (grpc core's "Stream removed"): HAProxy
+    ends a response whose server died after its headers with an empty DATA frame
+    (haproxy/haproxy#736), losing the message sent with them. A status the server sent,
+    UNKNOWN included, is final; a caller's own cancel is CancelledError, never this."""
+    if not isinstance(exc, grpc.aio.AioRpcError):
+        return False
+    if exc.code() is grpc.StatusCode.UNKNOWN:
+        return (exc.details() or "").startswith(_NO_STATUS)
+    return exc.code() in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.CANCELLED)
+
+
+# chttp2's text for a stream closed without trailers (frame_data.cc).
+_NO_STATUS = "Stream removed"
+
+
 def _ip_family(part: str, address: str) -> str:
     host, sep, port = part.rpartition(":")
     if not sep or not port.isdigit():

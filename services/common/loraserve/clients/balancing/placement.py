@@ -8,14 +8,14 @@ here, half there. Placement decides adapter by adapter instead, from each adapte
 demand (the admissions per second the fleet's replicas report of it, in pending
 sequences: `ReplicaSet.demand`): an adapter keeps the replica it runs on, a new one goes
 to the first replica in its own rendezvous order whose load stays within the fleet's
-mean, and a replica well past its room (`balance_factor` times the mean) gives away the
-fewest adapters that bring it
-back, each whole, so the hot adapter keeps its home and the cold ones that shared it
-move to their next choice. Every client reads the same rates, kept by the replicas
-(not smoothed by each client from when it started), in the same rounds of the wall
-clock, so every client places alike; where one placed an adapter elsewhere, the reports show it
-running mostly where the others placed it, and it follows. The request-by-request bound
-(`choice.choose`) still applies on top, for bursts.
+mean, and a replica well past its room (`balance_factor` times the mean) gives adapters
+away, each whole, down to midway between the mean and the room, so the hot adapter
+keeps its home and the cold ones that shared it move to their next choice. Every client
+reads the same rates, kept by the replicas (not smoothed by each client from when it
+started), in the same rounds of the wall clock, so every client places alike; where one
+placed an adapter elsewhere, the reports show it running mostly where the others placed
+it, and it follows. The request-by-request bound (`choice.choose`) still applies on
+top, for bursts.
 """
 
 from __future__ import annotations
@@ -60,6 +60,7 @@ def place(
         return {}
     room = replica_room(demand, len(replicas), balance_factor)
     fill = replica_room(demand, len(replicas), 1.0)
+    target = replica_room(demand, len(replicas), (1.0 + balance_factor) / 2)
     load = dict.fromkeys(replicas, 0.0)
     placement: dict[str, str] = {}
     busiest = sorted(demand, key=lambda a: (-demand[a], a))
@@ -77,22 +78,30 @@ def place(
             )
             placement[adapter] = chosen
             load[chosen] += demand[adapter]
-    _rebalance(placement, load, demand, room)
+    _rebalance(placement, load, demand, room, target)
     return placement
 
 
 def _rebalance(
-    placement: dict[str, str], load: dict[str, float], demand: Mapping[str, float], room: float
+    placement: dict[str, str],
+    load: dict[str, float],
+    demand: Mapping[str, float],
+    room: float,
+    target: float,
 ) -> None:
     """Moves adapters off the most loaded replica, one at a time, each to the first
-    replica in its rendezvous order with room for it: while that replica is well past
-    its room (PLACED_SLACK times), or has a far lighter one to give to (PLACED_SLACK
-    times lighter, counting the adapter). The adapter that ranks the replica lowest in
-    its own order goes first (ties by name), never the one whose demand happens to be
-    a little larger: clients read demand each a little differently, and adapters of
-    nearly equal demand would otherwise move in one client and not in another, each
-    then split until the reports bring it back. Demand's wobble moves nothing (no
-    replica is near either mark when it holds still), nor does a light load
+    replica in its rendezvous order that stays within `target` (midway between the mean
+    and the room) with it. A replica starts giving when it is well past its room
+    (PLACED_SLACK times), or has a far lighter one to give to (PLACED_SLACK times
+    lighter, counting the adapter); once started, it gives down to the target. Given
+    only until it fell under the mark that started it, it was left just under that
+    mark, and demand's wobble crossed it again round after round, each time moving one
+    more adapter that every client had agreed on. The adapter that ranks the replica
+    lowest in its own order goes first (ties by name), never the one whose demand
+    happens to be a little larger: clients read demand each a little differently, and
+    adapters of nearly equal demand would otherwise move in one client and not in
+    another, each then split until the reports bring it back. Demand's wobble starts
+    nothing (no replica is near either mark when it holds still), nor does a light load
     (MIN_BOUND), and a replica that rejoined empty, or that first choices left light,
     takes its share."""
     replicas = list(load)
@@ -106,21 +115,26 @@ def _rebalance(
     # Each replica's adapters in the order they leave it, sorted once while no adapter
     # joins it (a replica rebalanced gives, it does not take).
     leaving: dict[str, list[str]] = {}
+    giving: set[str] = set()
     for _ in range(len(placement)):
         source = max(load, key=lambda r: (load[r], r))
         if source not in leaving:
             here = [a for a, r in placement.items() if r == source]
             leaving[source] = sorted(here, key=lambda a: (-order(a).index(source), a))
+        started = source in giving and load[source] > target
         for adapter in leaving[source]:
             wanted = demand[adapter]
-            to = next((r for r in order(adapter) if r != source and load[r] + wanted <= room), None)
+            to = next(
+                (r for r in order(adapter) if r != source and load[r] + wanted <= target), None
+            )
             if to is None:
                 continue
             far_lighter = (load[to] + wanted) * PLACED_SLACK <= load[source] > MIN_BOUND
-            if load[source] > room * PLACED_SLACK or far_lighter:
+            if started or load[source] > room * PLACED_SLACK or far_lighter:
                 break
         else:
             return
+        giving.add(source)
         leaving[source].remove(adapter)
         leaving.pop(to, None)
         placement[adapter] = to

@@ -48,11 +48,12 @@ ChannelFactory = Callable[[str], grpc.aio.Channel]
 # wherever this client placed it: more than half, so that two clients that placed it
 # apart converge on one replica as soon as either holds the larger part.
 MOSTLY = 1 / 2
-# Placement rounds after this client moved an adapter during which the reports do not
-# move it back: the replicas' admission rates (about 5 s) show more of it on its new
-# replica than on its old after about 3.5 s (5 ln 2). No longer: a client that alone
-# moved an adapter goes back to where the others run it that much sooner.
-SETTLE_ROUNDS = 2
+# Placement rounds after this client placed or moved an adapter during which the reports
+# do not move it: the replicas' admission rates (about 5 s) still hold where it ran
+# before. After two rounds (4 s) they moved adapters every client had agreed on, back and
+# again, in benchmark 10's windows; after five (10 s) its old replica keeps e^-2 of it.
+# No longer: a client that alone placed an adapter apart goes where the others run it.
+SETTLE_ROUNDS = 5
 # Admissions per second over the whole fleet below which its rates say nothing (the
 # replicas forget an adapter's rate below this), and dividing by them could overflow.
 LEAST_RATE = 0.001
@@ -109,7 +110,7 @@ class ReplicaSet:
         self._polling: asyncio.Task[None] | None = None
         # Each adapter's smoothed pending sequences (and how many readings went into
         # them) and its admissions per second as last reported, on each replica; where
-        # it is placed, and the round in which this client last moved it.
+        # it is placed, and the round in which this client last placed or moved it.
         self._pending: dict[tuple[str, str], float] = {}
         self._readings = 0
         self._arrivals: dict[tuple[str, str], float] = {}
@@ -258,9 +259,8 @@ class ReplicaSet:
         demand = _per_adapter(weights, scale)
         # Where each adapter is: where this client placed it, unless the fleet's reports
         # show it running mostly elsewhere (other clients placed it there) and this
-        # client has not moved it lately. Right after a move its old replica still holds
-        # much of its admissions, so the reports alone would take it back, and forth,
-        # round after round.
+        # client has not placed it lately. Right after, its old replica still holds
+        # much of its admissions: the reports alone would take it back, and forth.
         before = self._placement or {}
         runs_on = {a: r for a, r in before.items() if r in up}
         for (adapter, address), weight in weights.items():
@@ -269,8 +269,9 @@ class ReplicaSet:
                 runs_on[adapter] = address
         placement = place(demand, up, self._policy.balance_factor, runs_on)
         for adapter, address in placement.items():
-            if before.get(adapter, address) != address:
+            if before.get(adapter) != address:
                 self._moved_in[adapter] = round_
+            if before.get(adapter, address) != address:
                 log.info(
                     "routing.adapter_moved adapter=%s from=%s to=%s demand=%.2f",
                     *(adapter, before[adapter], address, demand[adapter]),
