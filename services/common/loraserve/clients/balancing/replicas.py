@@ -51,9 +51,10 @@ MOSTLY = 1 / 2
 # Placement rounds after this client placed or moved an adapter during which the reports
 # do not move it: the replicas' admission rates (about 5 s) still hold where it ran
 # before. After two rounds (4 s) they moved adapters every client had agreed on, back and
-# again, in benchmark 10's windows; after five (10 s) its old replica keeps e^-2 of it.
-# No longer: a client that alone placed an adapter apart goes where the others run it.
-SETTLE_ROUNDS = 5
+# again, in benchmark 10's windows; after three (6 s) its old replica keeps e^(-6/5) of
+# it. No longer: clients that placed an adapter apart stayed split (five rounds kept
+# them so 10 s), until the reports brought them together.
+SETTLE_ROUNDS = 3
 # Admissions per second over the whole fleet below which its rates say nothing (the
 # replicas forget an adapter's rate below this), and dividing by them could overflow.
 LEAST_RATE = 0.001
