@@ -139,7 +139,11 @@ def failover_figures(
 
 
 async def _in_flight(address: str) -> int:
-    """Requests a replica runs or queues now (its GetServerInfo)."""
+    """Sequences a replica runs or queues now, as it counts them itself when it admits
+    and ends each (`GetReplicaLoad`): the engine's own running and waiting counts
+    (`GetServerInfo`) are as of its last scheduler step, and once read 2 of the 17
+    streams a replica killed a second into the load had."""
     async with grpc.aio.insecure_channel(address) as channel:
-        info = await pb_grpc.InferenceServiceStub(channel).GetServerInfo(pb.GetServerInfoRequest())
-    return int(info.running_requests + info.waiting_requests)
+        stub = pb_grpc.InferenceServiceStub(channel)
+        load = await stub.GetReplicaLoad(pb.GetReplicaLoadRequest())
+    return int(load.pending_sequences)

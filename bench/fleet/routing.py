@@ -90,8 +90,10 @@ class FleetScale(Windows):
     # streams starting over the whole 6 s warm-up, the load was full only as the window
     # opened, and every client moved the same few adapters 8-10 s in, each then split
     # over two replicas inside the window. The streams start over the first 4 s and run
-    # 8 s at full load (the previous arm's rates down to e^(-8/5), a fifth) before it.
-    warmup_s: float = 12.0
+    # 12 s at full load before it: the last moves come about 12 s in, and a request
+    # placed before is counted where it ends (the replicas count requests served), up
+    # to several seconds later.
+    warmup_s: float = 16.0
     ramp_s: float | None = 4.0
 
 
