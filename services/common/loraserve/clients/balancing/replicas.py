@@ -272,11 +272,11 @@ class ReplicaSet:
         for adapter, address in placement.items():
             if before.get(adapter) != address:
                 self._moved_in[adapter] = round_
-            if before.get(adapter, address) != address:
-                log.info(
-                    "routing.adapter_moved adapter=%s from=%s to=%s demand=%.2f",
-                    *(adapter, before[adapter], address, demand[adapter]),
-                )
+                if adapter in before:
+                    log.info(
+                        "routing.adapter_moved adapter=%s from=%s to=%s demand=%.2f",
+                        *(adapter, before[adapter], address, demand[adapter]),
+                    )
         for adapter in self._moved_in.keys() - placement.keys():
             del self._moved_in[adapter]
         self._placement = placement
