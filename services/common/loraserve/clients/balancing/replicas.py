@@ -33,10 +33,8 @@ from dataclasses import dataclass, field
 import grpc
 
 from loraserve.clients.balancing.choice import Candidate, choose
-from loraserve.clients.balancing.demand import smooth, unbiased
-from loraserve.clients.balancing.placement import place
+from loraserve.clients.balancing.placer import Placer
 from loraserve.clients.balancing.policy import BoundedLoad
-from loraserve.clients.routing import BASE_MODEL_HASH_KEY
 from loraserve.common.errors import Unavailable
 from loraserve.inference.v1 import inference_pb2 as pb
 from loraserve.inference.v1 import inference_pb2_grpc as pb_grpc
@@ -44,20 +42,6 @@ from loraserve.inference.v1 import inference_pb2_grpc as pb_grpc
 log = logging.getLogger(__name__)
 
 ChannelFactory = Callable[[str], grpc.aio.Channel]
-# The share of an adapter's demand on one replica past which it runs there,
-# wherever this client placed it: more than half, so that two clients that placed it
-# apart converge on one replica as soon as either holds the larger part.
-MOSTLY = 1 / 2
-# Placement rounds after this client placed or moved an adapter during which the reports
-# do not move it: the replicas' admission rates (about 5 s) still hold where it ran
-# before. After two rounds (4 s) they moved adapters every client had agreed on, back and
-# again, in benchmark 10's windows; after three (6 s) its old replica keeps e^(-6/5) of
-# it. No longer: clients that placed an adapter apart stayed split (five rounds kept
-# them so 10 s), until the reports brought them together.
-SETTLE_ROUNDS = 3
-# Admissions per second over the whole fleet below which its rates say nothing (the
-# replicas forget an adapter's rate below this), and dividing by them could overflow.
-LEAST_RATE = 0.001
 
 
 @dataclass(eq=False)
@@ -80,6 +64,8 @@ class Replica:
     arrivals: dict[str, float] = field(default_factory=dict)
     replica_id: str = ""
     reports_rates: bool | None = None
+    # The wall-clock second its rates are as of.
+    rates_as_of: float = 0.0
     # When its polls started failing, on the event loop's clock; None while answered.
     failing_since: float | None = None
 
@@ -109,15 +95,7 @@ class ReplicaSet:
         self._replicas: dict[str, Replica] = {}
         self._set_addresses(addresses)
         self._polling: asyncio.Task[None] | None = None
-        # Each adapter's smoothed pending sequences (and how many readings went into
-        # them) and its admissions per second as last reported, on each replica; where
-        # it is placed, and the round in which this client last placed or moved it.
-        self._pending: dict[tuple[str, str], float] = {}
-        self._readings = 0
-        self._arrivals: dict[tuple[str, str], float] = {}
-        self._moved_in: dict[str, int] = {}
-        # None before the first placement.
-        self._placement: dict[str, str] | None = None
+        self._placer = Placer(policy)
 
     @property
     def replicas(self) -> dict[str, Replica]:
@@ -128,7 +106,7 @@ class ReplicaSet:
         """Adapter -> the address of the replica it is placed on, as last placed; None
         before the first placement (at the first multiple of `placement_interval_s` on
         the wall clock after polling started)."""
-        return None if self._placement is None else dict(self._placement)
+        return self._placer.placement
 
     @property
     def any_up(self) -> bool:
@@ -137,27 +115,8 @@ class ReplicaSet:
 
     @property
     def demand(self) -> dict[str, float]:
-        """Each adapter's demand over the fleet, in pending sequences (`_weights`)."""
-        return _per_adapter(*self._weights())
-
-    def _weights(self) -> tuple[dict[tuple[str, str], float], float]:
-        """How much each adapter is asked for on each replica, and the factor that makes
-        it pending sequences. By admissions where every replica up reports them: an
-        adapter's admissions per second, times the fleet's pending sequences per
-        admission per second (Little's law, with one mean hold for the fleet). Its own
-        pending sequences would count each request as long as it queues, so an adapter
-        on a busy replica would look hotter than the same one on an idle replica, and
-        moving it would change its demand: placement would chase its own effect. By
-        pending sequences where a replica does not report admissions (a release before
-        0.3, mid-upgrade). Smoothed pending sequences are unbiased for how few readings
-        a client just started has. A fleet admitting next to nothing (under LEAST_RATE)
-        is placed on pending sequences too."""
-        rate = sum(self._arrivals.values())
-        up = [r for r in self._replicas.values() if r.up]
-        fresh = unbiased(self._policy.demand_smoothing, self._readings)
-        if LEAST_RATE <= rate < math.inf and all(r.reports_rates is not False for r in up):
-            return self._arrivals, fresh * sum(self._pending.values()) / rate
-        return self._pending, fresh
+        """Each adapter's demand over the fleet, in pending sequences (`Placer.demand`)."""
+        return self._placer.demand
 
     async def pick(self, key: str, tried: Sequence[Replica] = ()) -> Replica:
         """The replica for a request of `key`, skipping those already tried; when every
@@ -169,7 +128,7 @@ class ReplicaSet:
         if not up:
             rest = [r for a, r in self._replicas.items() if a not in avoid]
             return min(rest or self._replicas.values(), key=lambda r: r.load)
-        placed = (self._placement or {}).get(key)
+        placed = (self._placer.placement or {}).get(key)
         chosen = choose(
             key,
             {a: r.candidate() for a, r in up.items()},
@@ -225,10 +184,10 @@ class ReplicaSet:
         while True:
             sent_in = self._round()
             await asyncio.gather(*(self._poll(r) for r in list(self._replicas.values())))
-            self._smooth_demand()
+            self._placer.observe(self._replicas)
             if sent_in != placed_round:
                 placed_round = sent_in
-                self._place(sent_in)
+                self._placer.place(sent_in)
             await asyncio.sleep(self._policy.poll_interval_s)
             now = asyncio.get_running_loop().time()
             if self._host is not None and now - resolved_at >= self._policy.resolve_interval_s:
@@ -237,49 +196,6 @@ class ReplicaSet:
 
     def _round(self) -> int:
         return math.floor(time.time() / self._policy.placement_interval_s)
-
-    def _smooth_demand(self) -> None:
-        """Folds the replicas' latest per-adapter reports into each adapter's pending
-        sequences on each replica, and takes their admission rates as reported."""
-        pending: dict[tuple[str, str], float] = {}
-        arrivals: dict[tuple[str, str], float] = {}
-        for address, replica in self._replicas.items():
-            if replica.up:
-                # Reported under "", hashed and placed under the header's value.
-                for adapter, count in replica.adapters.items():
-                    pending[adapter or BASE_MODEL_HASH_KEY, address] = float(count)
-                for adapter, rate in replica.arrivals.items():
-                    arrivals[adapter or BASE_MODEL_HASH_KEY, address] = rate
-        smooth(self._pending, pending, self._policy.demand_smoothing)
-        self._readings += 1
-        self._arrivals = arrivals
-
-    def _place(self, round_: int) -> None:
-        up = sorted(a for a, r in self._replicas.items() if r.up)
-        weights, scale = self._weights()
-        demand = _per_adapter(weights, scale)
-        # Where each adapter is: where this client placed it, unless the fleet's reports
-        # show it running mostly elsewhere (other clients placed it there) and this
-        # client has not placed it lately. Right after, its old replica still holds
-        # much of its admissions: the reports alone would take it back, and forth.
-        before = self._placement or {}
-        runs_on = {a: r for a, r in before.items() if r in up}
-        for (adapter, address), weight in weights.items():
-            settled = round_ - self._moved_in.get(adapter, round_ - SETTLE_ROUNDS) >= SETTLE_ROUNDS
-            if settled and weight * scale > MOSTLY * demand[adapter]:
-                runs_on[adapter] = address
-        placement = place(demand, up, self._policy.balance_factor, runs_on)
-        for adapter, address in placement.items():
-            if before.get(adapter) != address:
-                self._moved_in[adapter] = round_
-                if adapter in before:
-                    log.info(
-                        "routing.adapter_moved adapter=%s from=%s to=%s demand=%.2f",
-                        *(adapter, before[adapter], address, demand[adapter]),
-                    )
-        for adapter in self._moved_in.keys() - placement.keys():
-            del self._moved_in[adapter]
-        self._placement = placement
 
     async def _poll(self, replica: Replica) -> None:
         at_call = replica.in_flight
@@ -305,6 +221,7 @@ class ReplicaSet:
         replica.failing_since = None
         replica.reported = response.pending_sequences
         replica.in_flight_at_report = at_call
+        replica.rates_as_of = math.floor(time.time())
         replica.resident = frozenset(response.resident_adapters)
         # Never negative, and none over the replica's own total: a malformed report
         # skews placement no further than the total it claims.
@@ -366,14 +283,6 @@ class ReplicaSet:
                 kept[address] = Replica(address, channel, pb_grpc.InferenceServiceStub(channel))
         self._replicas = kept
         return gone
-
-
-def _per_adapter(weights: dict[tuple[str, str], float], scale: float) -> dict[str, float]:
-    """Each adapter's weight summed over the replicas, times `scale`."""
-    demand: dict[str, float] = {}
-    for (adapter, _), weight in weights.items():
-        demand[adapter] = demand.get(adapter, 0.0) + weight * scale
-    return demand
 
 
 def _read_rates(replica: Replica, response: pb.GetReplicaLoadResponse) -> None:

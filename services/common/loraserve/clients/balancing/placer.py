@@ -1,0 +1,163 @@
+"""One client's placement of adapters, round after round, from the replicas' reports:
+each adapter's demand over the fleet, where the reports show it running, and where
+`place` puts it."""
+
+from __future__ import annotations
+
+import logging
+import math
+from collections.abc import Mapping
+from typing import TYPE_CHECKING
+
+from loraserve.clients.balancing.demand import smooth, unbiased
+from loraserve.clients.balancing.placement import place
+from loraserve.clients.balancing.policy import BoundedLoad
+from loraserve.clients.balancing.recent import (
+    MOSTLY,
+    RATE_TIME_CONSTANT_S,
+    Reading,
+    RecentAdmissions,
+)
+from loraserve.clients.routing import BASE_MODEL_HASH_KEY
+
+if TYPE_CHECKING:
+    from loraserve.clients.balancing.replicas import Replica
+
+__all__ = ["LEAST_RATE", "SETTLE_ROUNDS", "Placer"]
+
+log = logging.getLogger(__name__)
+
+# Placement rounds after this client placed or moved an adapter during which the
+# replicas' pending sequences do not move it, where they report no admission rates:
+# its old replica still holds the requests it started there.
+SETTLE_ROUNDS = 3
+# Admissions per second over the whole fleet below which its rates say nothing (the
+# replicas forget an adapter's rate below this), and dividing by them could overflow.
+LEAST_RATE = 0.001
+
+
+class Placer:
+    """Folds each poll's reports in (`observe`) and places adapters at each round
+    (`place`)."""
+
+    def __init__(self, policy: BoundedLoad) -> None:
+        self._policy = policy
+        # Each adapter's smoothed pending sequences (and how many readings went into
+        # them) and its admissions per second as last reported, on each replica.
+        self._pending: dict[tuple[str, str], float] = {}
+        self._readings = 0
+        self._arrivals: dict[tuple[str, str], float] = {}
+        # The replicas up, the second each one's rates are as of, and whether all of
+        # them report rates, as of the last poll.
+        self._as_of: dict[str, float] = {}
+        self._rates_everywhere = False
+        # The round in which this client last placed or moved each adapter.
+        self._moved_in: dict[str, int] = {}
+        # Readings old enough that what they held has decayed past 2 % are not kept.
+        self._recent = RecentAdmissions(
+            math.ceil(4 * RATE_TIME_CONSTANT_S / policy.placement_interval_s)
+        )
+        # None before the first placement.
+        self._placement: dict[str, str] | None = None
+
+    @property
+    def placement(self) -> dict[str, str] | None:
+        """Adapter -> the address of the replica it is placed on; None before the first
+        placement."""
+        return None if self._placement is None else dict(self._placement)
+
+    @property
+    def demand(self) -> dict[str, float]:
+        """Each adapter's demand over the fleet, in pending sequences (`_weights`)."""
+        return _per_adapter(*self._weights())
+
+    def observe(self, replicas: Mapping[str, Replica]) -> None:
+        """Folds the replicas' latest per-adapter reports into each adapter's pending
+        sequences on each replica, and takes their admission rates as reported."""
+        pending: dict[tuple[str, str], float] = {}
+        arrivals: dict[tuple[str, str], float] = {}
+        up = {address: replica for address, replica in replicas.items() if replica.up}
+        for address, replica in up.items():
+            # Reported under "", hashed and placed under the header's value.
+            for adapter, count in replica.adapters.items():
+                pending[adapter or BASE_MODEL_HASH_KEY, address] = float(count)
+            for adapter, rate in replica.arrivals.items():
+                arrivals[adapter or BASE_MODEL_HASH_KEY, address] = rate
+        smooth(self._pending, pending, self._policy.demand_smoothing)
+        self._readings += 1
+        self._arrivals = arrivals
+        self._as_of = {address: replica.rates_as_of for address, replica in up.items()}
+        self._rates_everywhere = all(r.reports_rates is not False for r in up.values())
+
+    def place(self, round_: int) -> None:
+        """Places every adapter with demand for round `round_`, logging each moved."""
+        up = sorted(self._as_of)
+        weights, scale = self._weights()
+        demand = _per_adapter(weights, scale)
+        before = self._placement or {}
+        runs_on = {a: r for a, r in before.items() if r in self._as_of}
+        followed = self._followed(round_, before, weights, scale, demand)
+        runs_on.update(followed)
+        placement = place(demand, up, self._policy.balance_factor, runs_on)
+        for adapter, address in placement.items():
+            if before.get(adapter) != address:
+                self._moved_in[adapter] = round_
+                if adapter in before:
+                    log.info(
+                        "routing.adapter_moved adapter=%s from=%s to=%s demand=%.2f by=%s",
+                        *(adapter, before[adapter], address, demand[adapter]),
+                        "reports" if followed.get(adapter) == address else "balance",
+                    )
+        for adapter in self._moved_in.keys() - placement.keys():
+            del self._moved_in[adapter]
+        self._placement = placement
+
+    def _weights(self) -> tuple[dict[tuple[str, str], float], float]:
+        """How much each adapter is asked for on each replica, and the factor that makes
+        it pending sequences. By admissions where every replica up reports them: an
+        adapter's admissions per second, times the fleet's pending sequences per
+        admission per second (Little's law, with one mean hold for the fleet). Its own
+        pending sequences would count each request as long as it queues, so an adapter
+        on a busy replica would look hotter than the same one on an idle replica, and
+        moving it would change its demand: placement would chase its own effect. By
+        pending sequences where a replica does not report admissions (a release before
+        0.3, mid-upgrade). Smoothed pending sequences are unbiased for how few readings
+        a client just started has. A fleet admitting next to nothing (under LEAST_RATE)
+        is placed on pending sequences too."""
+        rate = sum(self._arrivals.values())
+        fresh = unbiased(self._policy.demand_smoothing, self._readings)
+        if LEAST_RATE <= rate < math.inf and self._rates_everywhere:
+            return self._arrivals, fresh * sum(self._pending.values()) / rate
+        return self._pending, fresh
+
+    def _followed(
+        self,
+        round_: int,
+        before: Mapping[str, str],
+        weights: Mapping[tuple[str, str], float],
+        scale: float,
+        demand: Mapping[str, float],
+    ) -> dict[str, str]:
+        """Adapter -> the replica the fleet's reports show it running on mostly (other
+        clients placed it there). By its admissions since this client placed it
+        (`RecentAdmissions`; all the rates remember, for an adapter it has not placed),
+        where the replicas report rates; by its pending sequences, once this client has
+        not moved it for SETTLE_ROUNDS, where they do not."""
+        self._recent.record(round_, Reading(self._arrivals, self._as_of))
+        if weights is self._arrivals:
+            since = {a: self._moved_in.get(a) if a in before else None for a in demand}
+            return self._recent.runs_mostly(since, set(self._as_of))
+        followed = {}
+        for (adapter, address), weight in weights.items():
+            settled = round_ - self._moved_in.get(adapter, round_ - SETTLE_ROUNDS) >= SETTLE_ROUNDS
+            if settled and weight * scale > MOSTLY * demand[adapter]:
+                followed[adapter] = address
+        return followed
+
+
+def _per_adapter(weights: Mapping[tuple[str, str], float], scale: float) -> dict[str, float]:
+    """Each adapter's weight summed over the replicas, times `scale`."""
+    demand: dict[str, float] = {}
+    for (adapter, _), weight in weights.items():
+        demand[adapter] = demand.get(adapter, 0.0) + weight * scale
+    return demand

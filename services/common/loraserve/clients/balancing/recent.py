@@ -1,0 +1,102 @@
+"""Where each adapter has run lately: the admissions the replicas' rates show since a
+given placement round, so that a client follows where the other clients placed an
+adapter, and only that.
+
+A replica reports each adapter's admissions per second, each weighted e^(-age / 5 s),
+as of the last whole second of its clock (`GetReplicaLoadResponse.adapter_admission_rates`).
+A rate remembers where an adapter ran before a move every client made together: 6 s
+later its old replica still keeps e^(-6/5) of it, and a cold adapter asked for every few
+seconds often has nothing yet on its new one, so a client reading the rates as they
+stand took it back, every client alike, and split it again. Two readings tell apart
+what came between them: the later, less the earlier decayed over the time between, is
+the weight of the admissions in between alone. A client compares those since it placed
+an adapter, and follows only where there are enough of them to say anything.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+__all__ = ["LEAST_ADMISSIONS", "MOSTLY", "RATE_TIME_CONSTANT_S", "Reading", "RecentAdmissions"]
+
+# The time constant of the replicas' rates, as `GetReplicaLoadResponse` documents it.
+RATE_TIME_CONSTANT_S = 5.0
+# Admissions of an adapter over the fleet since a round, each weighted by its age, below
+# which they say nothing of where it runs: one request (weighted at most 1). A request
+# or two still reach its old replica after every client moved it (routed in the moment
+# between the round's start and the new placement, or sent again after a failure).
+LEAST_ADMISSIONS = 1.0
+# The share of an adapter's admissions on one replica past which it runs there,
+# wherever this client placed it: more than half, so that two clients that placed it
+# apart converge on one replica as soon as either holds the larger part.
+MOSTLY = 1 / 2
+
+
+@dataclass(frozen=True, slots=True)
+class Reading:
+    """The replicas' rates as one placement round read them."""
+
+    # (adapter, replica address) -> admissions per second.
+    rates: Mapping[tuple[str, str], float]
+    # Replica address -> the wall-clock second its rates are as of.
+    as_of: Mapping[str, float]
+
+
+class RecentAdmissions:
+    """The last `rounds_kept` rounds' readings, and the admissions since any of them."""
+
+    def __init__(self, rounds_kept: int) -> None:
+        self._kept = rounds_kept
+        self._readings: dict[int, Reading] = {}
+
+    def record(self, round_: int, reading: Reading) -> None:
+        """Keeps `reading` as round `round_`'s (the latest), forgetting those too old."""
+        self._readings[round_] = reading
+        for old in [r for r in self._readings if r < round_ - self._kept]:
+            del self._readings[old]
+
+    def runs_mostly(self, since: Mapping[str, int | None], up: set[str]) -> dict[str, str]:
+        """Adapter -> the replica up that holds more than MOSTLY of its admissions since
+        round `since[adapter]` (None: all the rates remember), for those with more than
+        LEAST_ADMISSIONS over the fleet. A round not kept counts from the first kept
+        after it: less evidence, never older."""
+        if not self._readings:
+            return {}
+        latest = self._readings[max(self._readings)]
+        shares: dict[str, dict[str, float]] = {adapter: {} for adapter in since}
+        for round_ in set(since.values()):
+            for (adapter, address), weight in _admitted(latest, self._baseline(round_)).items():
+                if adapter in since and since[adapter] == round_:
+                    shares[adapter][address] = weight
+        runs: dict[str, str] = {}
+        for adapter, by_replica in shares.items():
+            total = sum(by_replica.values())
+            if total <= LEAST_ADMISSIONS:
+                continue
+            address, most = max(by_replica.items(), key=lambda item: (item[1], item[0]))
+            if most > MOSTLY * total and address in up:
+                runs[adapter] = address
+        return runs
+
+    def _baseline(self, round_: int | None) -> Reading | None:
+        if round_ is None:
+            return None
+        after = [r for r in self._readings if r >= round_]
+        return self._readings[min(after)] if after else None
+
+
+def _admitted(latest: Reading, earlier: Reading | None) -> dict[tuple[str, str], float]:
+    """Each adapter's admissions on each replica between `earlier` and `latest`,
+    weighted by age as the rates weigh them (`earlier` None: all they remember)."""
+    admitted: dict[tuple[str, str], float] = {}
+    for key, rate in latest.rates.items():
+        then = 0.0
+        if earlier is not None and key[1] in earlier.as_of:
+            elapsed = max(0.0, latest.as_of[key[1]] - earlier.as_of[key[1]])
+            then = earlier.rates.get(key, 0.0) * math.exp(-elapsed / RATE_TIME_CONSTANT_S)
+        weight = (rate - then) * RATE_TIME_CONSTANT_S
+        if weight > 0:
+            admitted[key] = weight
+    return admitted

@@ -1,0 +1,62 @@
+"""Where an adapter has run since a round, from two readings of the replicas' rates."""
+
+from __future__ import annotations
+
+import math
+
+from loraserve.clients.balancing.recent import RATE_TIME_CONSTANT_S, Reading, RecentAdmissions
+
+UP = {"r1", "r2"}
+
+
+def _reading(at: float, rates: dict[str, float]) -> Reading:
+    return Reading({("alpha", r): rate for r, rate in rates.items()}, dict.fromkeys(UP, at))
+
+
+def _decayed(rate: float, seconds: float) -> float:
+    return rate * math.exp(-seconds / RATE_TIME_CONSTANT_S)
+
+
+def test_admissions_before_a_round_do_not_count_since_it() -> None:
+    recent = RecentAdmissions(rounds_kept=10)
+    recent.record(1, _reading(100.0, {"r1": 1.0}))
+    # r1's rate only decays; r2 admitted two requests or so meanwhile.
+    recent.record(2, _reading(102.0, {"r1": _decayed(1.0, 2), "r2": 0.3}))
+    assert recent.runs_mostly({"alpha": 1}, UP) == {"alpha": "r2"}
+
+
+def test_all_the_rates_remember_count_for_an_adapter_not_placed_yet() -> None:
+    recent = RecentAdmissions(rounds_kept=10)
+    recent.record(1, _reading(100.0, {"r1": 1.0}))
+    recent.record(2, _reading(102.0, {"r1": _decayed(1.0, 2), "r2": 0.3}))
+    assert recent.runs_mostly({"alpha": None}, UP) == {"alpha": "r1"}
+
+
+def test_one_admission_since_a_round_says_nothing() -> None:
+    recent = RecentAdmissions(rounds_kept=10)
+    recent.record(1, _reading(100.0, {}))
+    recent.record(2, _reading(102.0, {"r2": 1 / RATE_TIME_CONSTANT_S}))
+    assert recent.runs_mostly({"alpha": 1}, UP) == {}
+
+
+def test_admissions_split_evenly_run_mostly_nowhere() -> None:
+    recent = RecentAdmissions(rounds_kept=10)
+    recent.record(1, _reading(100.0, {}))
+    recent.record(2, _reading(102.0, {"r1": 0.5, "r2": 0.5}))
+    assert recent.runs_mostly({"alpha": 1}, UP) == {}
+
+
+def test_a_replica_down_is_not_followed() -> None:
+    recent = RecentAdmissions(rounds_kept=10)
+    recent.record(1, _reading(100.0, {}))
+    recent.record(2, _reading(102.0, {"r2": 1.0}))
+    assert recent.runs_mostly({"alpha": 1}, {"r1"}) == {}
+
+
+def test_a_round_no_longer_kept_counts_from_the_first_kept_after_it() -> None:
+    recent = RecentAdmissions(rounds_kept=1)
+    recent.record(1, _reading(100.0, {"r2": 1.0}))
+    recent.record(2, _reading(102.0, {"r1": 0.4, "r2": _decayed(1.0, 2)}))
+    recent.record(3, _reading(104.0, {"r1": _decayed(0.4, 2), "r2": _decayed(1.0, 4)}))
+    # Round 1's reading is gone: counted from round 2's, nothing came since.
+    assert recent.runs_mostly({"alpha": 1}, UP) == {}
