@@ -23,6 +23,9 @@ from loraserve.inference.v1 import inference_pb2_grpc as pb_grpc
 
 # The gRPC service config deploy/README.md gives HAProxy's clients.
 SERVICE_CONFIG = HAPROXY_CONFIG.with_name("grpc-service-config.json")
+# Streams the victim runs or queues when it is killed, at least: killed idle, between
+# two requests, it failed nothing and tested nothing.
+MIN_HELD = 2
 
 
 @asynccontextmanager
@@ -65,8 +68,9 @@ async def failover(
     section: Section, fleet: Fleet, workload: Workload, paths: Sequence[CallPath], victim: int
 ) -> None:
     """`workload` through each of `paths` at once, its streams and requests split evenly
-    between them; replica `victim` is SIGKILLed once it has served a few. A call it held
-    fails mid-stream; one it had not answered moves on."""
+    between them; replica `victim` is SIGKILLed once it has served a few and holds
+    streams (MIN_HELD). A call it held fails mid-stream; one it had not answered moves
+    on."""
     replicas = len(fleet.addresses)
     share = replace(
         workload,
@@ -77,12 +81,14 @@ async def failover(
         callers = [await stack.enter_async_context(path.caller) for path in paths]
         before = (await fleet.served())[victim]
         loads = [asyncio.create_task(run_closed_loop(share, caller)) for caller in callers]
+        held = 0
         while not any(load.done() for load in loads):
             served = (await fleet.served())[victim] - before
             if served.total() >= max(1, workload.concurrency // (2 * replicas)):
-                break
+                held = await _in_flight(fleet.addresses[victim])
+                if held >= MIN_HELD:
+                    break
             await asyncio.sleep(0.05)
-        held = await _in_flight(fleet.addresses[victim])
         killed_at = time.monotonic()
         fleet.kill(victim)
         results = await asyncio.gather(*loads)
