@@ -60,3 +60,17 @@ def test_a_round_no_longer_kept_counts_from_the_first_kept_after_it() -> None:
     recent.record(3, _reading(104.0, {"r1": _decayed(0.4, 2), "r2": _decayed(1.0, 4)}))
     # Round 1's reading is gone: counted from round 2's, nothing came since.
     assert recent.runs_mostly({"alpha": 1}, UP) == {}
+
+
+def test_rates_average_over_the_last_rounds_only() -> None:
+    recent = RecentAdmissions(rounds_kept=10)
+    for round_, rate in enumerate((9.0, 1.0, 2.0, 3.0)):
+        recent.record(round_, _reading(100.0 + 2 * round_, {"r1": rate}))
+    assert recent.mean_rates(3) == {("alpha", "r1"): 2.0}
+
+
+def test_a_rate_missing_from_a_reading_counts_as_zero_there() -> None:
+    recent = RecentAdmissions(rounds_kept=10)
+    recent.record(1, _reading(100.0, {"r1": 1.0, "r2": 2.0}))
+    recent.record(2, _reading(102.0, {"r1": 3.0}))
+    assert recent.mean_rates(5) == {("alpha", "r1"): 2.0, ("alpha", "r2"): 1.0}

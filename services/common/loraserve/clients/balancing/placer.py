@@ -23,7 +23,7 @@ from loraserve.clients.routing import BASE_MODEL_HASH_KEY
 if TYPE_CHECKING:
     from loraserve.clients.balancing.replicas import Replica
 
-__all__ = ["LEAST_RATE", "SETTLE_ROUNDS", "Placer"]
+__all__ = ["DEMAND_WINDOW_S", "LEAST_RATE", "SETTLE_ROUNDS", "Placer"]
 
 log = logging.getLogger(__name__)
 
@@ -34,6 +34,15 @@ SETTLE_ROUNDS = 3
 # Admissions per second over the whole fleet below which its rates say nothing (the
 # replicas forget an adapter's rate below this), and dividing by them could overflow.
 LEAST_RATE = 0.001
+# Seconds of placement rounds over which demand averages the replicas' rates. A rate
+# (each admission weighted e^(-age / 5 s)) of an adapter asked for once a second
+# wobbles by about a third round to round, a replica's sum by a tenth, and a replica
+# left lighter than another by a rebalance crossed the rebalancing mark now and then:
+# in a simulation of benchmark 10 (3 replicas, 24 adapters of Zipf demand, Poisson
+# arrivals), one run in five moved an adapter between 14 and 24 s in, and 1.7 adapters
+# a minute moved at a steady load. Averaged over 10 s (five readings of the same rounds
+# in every client): one run in fifty, and 0.2 a minute, at 5 s more lag.
+DEMAND_WINDOW_S = 10.0
 
 
 class Placer:
@@ -53,9 +62,14 @@ class Placer:
         self._rates_everywhere = False
         # The round in which this client last placed or moved each adapter.
         self._moved_in: dict[str, int] = {}
-        # Readings old enough that what they held has decayed past 2 % are not kept.
+        # Readings old enough that what they held has decayed past 2 % are not kept,
+        # nor those before demand's window.
+        self._demand_rounds = max(1, round(DEMAND_WINDOW_S / policy.placement_interval_s))
         self._recent = RecentAdmissions(
-            math.ceil(4 * RATE_TIME_CONSTANT_S / policy.placement_interval_s)
+            max(
+                self._demand_rounds,
+                math.ceil(4 * RATE_TIME_CONSTANT_S / policy.placement_interval_s),
+            )
         )
         # None before the first placement.
         self._placement: dict[str, str] | None = None
@@ -69,7 +83,8 @@ class Placer:
     @property
     def demand(self) -> dict[str, float]:
         """Each adapter's demand over the fleet, in pending sequences (`_weights`)."""
-        return _per_adapter(*self._weights())
+        weights, scale, _ = self._weights()
+        return _per_adapter(weights, scale)
 
     def observe(self, replicas: Mapping[str, Replica]) -> None:
         """Folds the replicas' latest per-adapter reports into each adapter's pending
@@ -92,11 +107,12 @@ class Placer:
     def place(self, round_: int) -> None:
         """Places every adapter with demand for round `round_`, logging each moved."""
         up = sorted(self._as_of)
-        weights, scale = self._weights()
+        self._recent.record(round_, Reading(self._arrivals, self._as_of))
+        weights, scale, by_rates = self._weights()
         demand = _per_adapter(weights, scale)
         before = self._placement or {}
         runs_on = {a: r for a, r in before.items() if r in self._as_of}
-        followed = self._followed(round_, before, weights, scale, demand)
+        followed = self._followed(round_, before, None if by_rates else weights, scale, demand)
         runs_on.update(followed)
         placement = place(demand, up, self._policy.balance_factor, runs_on)
         for adapter, address in placement.items():
@@ -112,43 +128,44 @@ class Placer:
             del self._moved_in[adapter]
         self._placement = placement
 
-    def _weights(self) -> tuple[dict[tuple[str, str], float], float]:
-        """How much each adapter is asked for on each replica, and the factor that makes
-        it pending sequences. By admissions where every replica up reports them: an
-        adapter's admissions per second, times the fleet's pending sequences per
-        admission per second (Little's law, with one mean hold for the fleet). Its own
-        pending sequences would count each request as long as it queues, so an adapter
-        on a busy replica would look hotter than the same one on an idle replica, and
-        moving it would change its demand: placement would chase its own effect. By
-        pending sequences where a replica does not report admissions (a release before
-        0.3, mid-upgrade). Smoothed pending sequences are unbiased for how few readings
-        a client just started has. A fleet admitting next to nothing (under LEAST_RATE)
-        is placed on pending sequences too."""
-        rate = sum(self._arrivals.values())
+    def _weights(self) -> tuple[Mapping[tuple[str, str], float], float, bool]:
+        """How much each adapter is asked for on each replica, the factor that makes it
+        pending sequences, and whether by admissions. By admissions where every replica
+        up reports them: an adapter's admissions per second (averaged over
+        DEMAND_WINDOW_S of rounds), times the fleet's pending sequences per admission
+        per second (Little's law, with one mean hold for the fleet). Its own pending
+        sequences would count each request as long as it queues, so an adapter on a busy
+        replica would look hotter than the same one on an idle replica, and moving it
+        would change its demand: placement would chase its own effect. By pending
+        sequences where a replica does not report admissions (a release before 0.3,
+        mid-upgrade). Smoothed pending sequences are unbiased for how few readings a
+        client just started has. A fleet admitting next to nothing (under LEAST_RATE) is
+        placed on pending sequences too."""
+        rates = self._recent.mean_rates(self._demand_rounds) or self._arrivals
+        rate = sum(rates.values())
         fresh = unbiased(self._policy.demand_smoothing, self._readings)
         if LEAST_RATE <= rate < math.inf and self._rates_everywhere:
-            return self._arrivals, fresh * sum(self._pending.values()) / rate
-        return self._pending, fresh
+            return rates, fresh * sum(self._pending.values()) / rate, True
+        return self._pending, fresh, False
 
     def _followed(
         self,
         round_: int,
         before: Mapping[str, str],
-        weights: Mapping[tuple[str, str], float],
+        pending: Mapping[tuple[str, str], float] | None,
         scale: float,
         demand: Mapping[str, float],
     ) -> dict[str, str]:
         """Adapter -> the replica the fleet's reports show it running on mostly (other
         clients placed it there). By its admissions since this client placed it
         (`RecentAdmissions`; all the rates remember, for an adapter it has not placed),
-        where the replicas report rates; by its pending sequences, once this client has
-        not moved it for SETTLE_ROUNDS, where they do not."""
-        self._recent.record(round_, Reading(self._arrivals, self._as_of))
-        if weights is self._arrivals:
+        where demand is by admissions; by its `pending` sequences, once this client has
+        not moved it for SETTLE_ROUNDS, where it is by them."""
+        if pending is None:
             since = {a: self._moved_in.get(a) if a in before else None for a in demand}
             return self._recent.runs_mostly(since, set(self._as_of))
         followed = {}
-        for (adapter, address), weight in weights.items():
+        for (adapter, address), weight in pending.items():
             settled = round_ - self._moved_in.get(adapter, round_ - SETTLE_ROUNDS) >= SETTLE_ROUNDS
             if settled and weight * scale > MOSTLY * demand[adapter]:
                 followed[adapter] = address

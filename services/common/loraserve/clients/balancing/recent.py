@@ -45,7 +45,8 @@ class Reading:
 
 
 class RecentAdmissions:
-    """The last `rounds_kept` rounds' readings, and the admissions since any of them."""
+    """The last `rounds_kept` rounds' readings: their rates averaged, and the
+    admissions since any of them."""
 
     def __init__(self, rounds_kept: int) -> None:
         self._kept = rounds_kept
@@ -57,6 +58,20 @@ class RecentAdmissions:
         for old in [r for r in self._readings if r < round_ - self._kept]:
             del self._readings[old]
 
+    def mean_rates(self, rounds: int) -> dict[tuple[str, str], float]:
+        """Each rate averaged over the readings kept of the last `rounds` rounds (one
+        missing from a reading counting as zero: under what a replica still reports);
+        empty before the first reading."""
+        if not self._readings:
+            return {}
+        latest = max(self._readings)
+        window = [r for round_, r in self._readings.items() if round_ > latest - rounds]
+        mean: dict[tuple[str, str], float] = {}
+        for reading in window:
+            for key, rate in reading.rates.items():
+                mean[key] = mean.get(key, 0.0) + rate / len(window)
+        return mean
+
     def runs_mostly(self, since: Mapping[str, int | None], up: set[str]) -> dict[str, str]:
         """Adapter -> the replica up that holds more than MOSTLY of its admissions since
         round `since[adapter]` (None: all the rates remember), for those with more than
@@ -65,11 +80,17 @@ class RecentAdmissions:
         if not self._readings:
             return {}
         latest = self._readings[max(self._readings)]
+        baselines: dict[int | None, Reading | None] = {}
         shares: dict[str, dict[str, float]] = {adapter: {} for adapter in since}
-        for round_ in set(since.values()):
-            for (adapter, address), weight in _admitted(latest, self._baseline(round_)).items():
-                if adapter in since and since[adapter] == round_:
-                    shares[adapter][address] = weight
+        for (adapter, address), rate in latest.rates.items():
+            if adapter not in since:
+                continue
+            round_ = since[adapter]
+            if round_ not in baselines:
+                baselines[round_] = self._baseline(round_)
+            weight = _admitted(latest, baselines[round_], adapter, address, rate)
+            if weight > 0:
+                shares[adapter][address] = weight
         runs: dict[str, str] = {}
         for adapter, by_replica in shares.items():
             total = sum(by_replica.values())
@@ -87,16 +108,15 @@ class RecentAdmissions:
         return self._readings[min(after)] if after else None
 
 
-def _admitted(latest: Reading, earlier: Reading | None) -> dict[tuple[str, str], float]:
-    """Each adapter's admissions on each replica between `earlier` and `latest`,
-    weighted by age as the rates weigh them (`earlier` None: all they remember)."""
-    admitted: dict[tuple[str, str], float] = {}
-    for key, rate in latest.rates.items():
-        then = 0.0
-        if earlier is not None and key[1] in earlier.as_of:
-            elapsed = max(0.0, latest.as_of[key[1]] - earlier.as_of[key[1]])
-            then = earlier.rates.get(key, 0.0) * math.exp(-elapsed / RATE_TIME_CONSTANT_S)
-        weight = (rate - then) * RATE_TIME_CONSTANT_S
-        if weight > 0:
-            admitted[key] = weight
-    return admitted
+def _admitted(
+    latest: Reading, earlier: Reading | None, adapter: str, address: str, rate: float
+) -> float:
+    """The admissions of `adapter` on `address` between `earlier` and `latest` (whose
+    rate there is `rate`), weighted by age as the rates weigh them; `earlier` None: all
+    the rate remembers."""
+    then = 0.0
+    if earlier is not None and address in earlier.as_of:
+        elapsed = max(0.0, latest.as_of[address] - earlier.as_of[address])
+        then = earlier.rates.get((adapter, address), 0.0)
+        then *= math.exp(-elapsed / RATE_TIME_CONSTANT_S)
+    return (rate - then) * RATE_TIME_CONSTANT_S

@@ -7,8 +7,9 @@ reported plus the requests this client started there since, minus those it finis
 report makes many independent client processes agree on the fleet's load, and the
 client's own count keeps its choices fresh between reports. Each report also says how
 many sequences of each adapter the replica admits per second, a rate the replica keeps
-over about the last 5 s: summed over the fleet it is each adapter's demand, which
-placement balances (`ReplicaSet.demand`), the same in every client that reads it. A
+over about the last 5 s: summed over the fleet (and averaged over a few rounds) it is
+each adapter's demand, which placement balances (`Placer`), the same in every client
+that reads it. A
 replica whose poll is refused (UNAVAILABLE: gone, starting, draining after SIGTERM)
 leaves the choice until it answers again, as does one whose call failed UNAVAILABLE
 before any response; one that answers late stays on its last report until its polls have
