@@ -234,3 +234,5 @@ async def test_replica_load_counts_a_running_stream_and_names_the_resident_adapt
     assert dict(load.adapter_pending_sequences) == {"alpha": 1}
     # Reported while pending, its rate as of the last whole second (0 within it).
     assert "alpha" in load.adapter_admission_rates
+    as_of = load.admission_rates_as_of
+    assert (as_of.nanos, 0 < time.time() - as_of.seconds < 60) == (0, True)

@@ -9,8 +9,14 @@ from loraserve.clients.balancing.recent import RATE_TIME_CONSTANT_S, Reading, Re
 UP = {"r1", "r2"}
 
 
-def _reading(at: float, rates: dict[str, float]) -> Reading:
-    return Reading({("alpha", r): rate for r, rate in rates.items()}, dict.fromkeys(UP, at))
+def _reading(
+    at: float, rates: dict[str, float], processes: dict[str, str] | None = None
+) -> Reading:
+    """Rates of "alpha" on each replica up (`processes`: which answered at each)."""
+    processes = processes or {r: f"{r}-process" for r in UP}
+    return Reading(
+        {("alpha", r): rate for r, rate in rates.items()}, dict.fromkeys(processes, at), processes
+    )
 
 
 def _decayed(rate: float, seconds: float) -> float:
@@ -74,3 +80,30 @@ def test_a_rate_missing_from_a_reading_counts_as_zero_there() -> None:
     recent.record(1, _reading(100.0, {"r1": 1.0, "r2": 2.0}))
     recent.record(2, _reading(102.0, {"r1": 3.0}))
     assert recent.mean_rates(5) == {("alpha", "r1"): 2.0, ("alpha", "r2"): 1.0}
+
+
+def test_a_replica_back_from_down_counts_only_what_came_after_it_was_read_again() -> None:
+    recent = RecentAdmissions(rounds_kept=10)
+    recent.record(1, _reading(100.0, {"r1": 0.2}, {"r1": "r1-process"}))
+    # r2 was down at round 1; back, it still remembers admissions from before.
+    recent.record(2, _reading(102.0, {"r1": 0.2, "r2": 2.0}))
+    recent.record(3, _reading(104.0, {"r1": 0.4, "r2": _decayed(2.0, 2)}))
+    # r1 admitted a couple since round 1; r2 nothing since it was read again.
+    assert recent.runs_mostly({"alpha": 1}, UP) == {"alpha": "r1"}
+
+
+def test_a_restarted_replica_counts_only_its_new_process() -> None:
+    recent = RecentAdmissions(rounds_kept=10)
+    recent.record(1, _reading(100.0, {"r1": 3.0}))
+    restarted = {"r1": "r1-new", "r2": "r2-process"}
+    recent.record(2, _reading(102.0, {"r1": 0.1}, restarted))
+    recent.record(3, _reading(104.0, {"r1": 0.5, "r2": 0.1}, restarted))
+    # Counted from round 2: r1's new process admitted more than r2 since.
+    assert recent.runs_mostly({"alpha": 1}, UP) == {"alpha": "r1"}
+
+
+def test_readings_of_later_rounds_are_forgotten_when_the_clock_steps_back() -> None:
+    recent = RecentAdmissions(rounds_kept=10)
+    recent.record(5, _reading(110.0, {"r1": 9.0}))
+    recent.record(3, _reading(106.0, {"r1": 1.0}))
+    assert recent.mean_rates(5) == {("alpha", "r1"): 1.0}

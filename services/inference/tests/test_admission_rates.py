@@ -112,3 +112,11 @@ def test_admission_rates_stay_sane_when_the_wall_clock_steps_back() -> None:
     after = admission.admission_rates()
     assert all(math.isfinite(r) and r >= 0 for r in after.values())
     assert after["alpha"] <= before["alpha"] + 2 / RATE_TIME_CONSTANT_S
+
+
+def test_admission_rates_say_the_second_they_are_as_of() -> None:
+    clock = Clock()
+    admission = _admission(clock)
+    clock.now = 1000.7
+    admission.admission_rates()
+    assert admission.admission_rates_as_of == 1000.0

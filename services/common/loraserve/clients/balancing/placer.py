@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import logging
 import math
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING
 
 from loraserve.clients.balancing.demand import smooth, unbiased
@@ -56,9 +56,10 @@ class Placer:
         self._pending: dict[tuple[str, str], float] = {}
         self._readings = 0
         self._arrivals: dict[tuple[str, str], float] = {}
-        # The replicas up, the second each one's rates are as of, and whether all of
-        # them report rates, as of the last poll.
+        # The replicas up, the second each one's rates are as of, the process that
+        # answered, and whether all of them report rates, as of the last poll.
         self._as_of: dict[str, float] = {}
+        self._incarnation: dict[str, str] = {}
         self._rates_everywhere = False
         # The round in which this client last placed or moved each adapter.
         self._moved_in: dict[str, int] = {}
@@ -102,12 +103,13 @@ class Placer:
         self._readings += 1
         self._arrivals = arrivals
         self._as_of = {address: replica.rates_as_of for address, replica in up.items()}
+        self._incarnation = {address: replica.replica_id for address, replica in up.items()}
         self._rates_everywhere = all(r.reports_rates is not False for r in up.values())
 
     def place(self, round_: int) -> None:
         """Places every adapter with demand for round `round_`, logging each moved."""
         up = sorted(self._as_of)
-        self._recent.record(round_, Reading(self._arrivals, self._as_of))
+        self._recent.record(round_, Reading(self._arrivals, self._as_of, self._incarnation))
         weights, scale, by_rates = self._weights()
         demand = _per_adapter(weights, scale)
         before = self._placement or {}
@@ -122,7 +124,7 @@ class Placer:
                     log.info(
                         "routing.adapter_moved adapter=%s from=%s to=%s demand=%.2f by=%s",
                         *(adapter, before[adapter], address, demand[adapter]),
-                        "reports" if followed.get(adapter) == address else "balance",
+                        _cause(before[adapter], address, followed.get(adapter), up),
                     )
         for adapter in self._moved_in.keys() - placement.keys():
             del self._moved_in[adapter]
@@ -178,3 +180,11 @@ def _per_adapter(weights: Mapping[tuple[str, str], float], scale: float) -> dict
     for (adapter, _), weight in weights.items():
         demand[adapter] = demand.get(adapter, 0.0) + weight * scale
     return demand
+
+
+def _cause(was: str, now: str, followed: str | None, up: Sequence[str]) -> str:
+    """Why an adapter moved, as logged: its replica left, the reports showed it running
+    elsewhere, or a rebalance."""
+    if was not in up:
+        return "down"
+    return "reports" if followed == now else "balance"

@@ -42,6 +42,9 @@ class Reading:
     rates: Mapping[tuple[str, str], float]
     # Replica address -> the wall-clock second its rates are as of.
     as_of: Mapping[str, float]
+    # Replica address -> the process that answered there (its replica id): another
+    # process's rates started afresh, and are never told apart from this one's.
+    incarnation: Mapping[str, str]
 
 
 class RecentAdmissions:
@@ -53,10 +56,11 @@ class RecentAdmissions:
         self._readings: dict[int, Reading] = {}
 
     def record(self, round_: int, reading: Reading) -> None:
-        """Keeps `reading` as round `round_`'s (the latest), forgetting those too old."""
-        self._readings[round_] = reading
-        for old in [r for r in self._readings if r < round_ - self._kept]:
+        """Keeps `reading` as round `round_`'s, the latest: those of later rounds (the wall
+        clock stepped back) and those too old are forgotten."""
+        for old in [r for r in self._readings if r >= round_ or r < round_ - self._kept]:
             del self._readings[old]
+        self._readings[round_] = reading
 
     def mean_rates(self, rounds: int) -> dict[tuple[str, str], float]:
         """Each rate averaged over the readings kept of the last `rounds` rounds (one
@@ -75,20 +79,20 @@ class RecentAdmissions:
     def runs_mostly(self, since: Mapping[str, int | None], up: set[str]) -> dict[str, str]:
         """Adapter -> the replica up that holds more than MOSTLY of its admissions since
         round `since[adapter]` (None: all the rates remember), for those with more than
-        LEAST_ADMISSIONS over the fleet. A round not kept counts from the first kept
-        after it: less evidence, never older."""
+        LEAST_ADMISSIONS over the fleet. Each replica counts from its first reading kept
+        at or after that round (`_baseline`): less evidence, never older."""
         if not self._readings:
             return {}
         latest = self._readings[max(self._readings)]
-        baselines: dict[int | None, Reading | None] = {}
+        baselines: dict[tuple[int | None, str], Reading | None] = {}
         shares: dict[str, dict[str, float]] = {adapter: {} for adapter in since}
         for (adapter, address), rate in latest.rates.items():
             if adapter not in since:
                 continue
-            round_ = since[adapter]
-            if round_ not in baselines:
-                baselines[round_] = self._baseline(round_)
-            weight = _admitted(latest, baselines[round_], adapter, address, rate)
+            key = (since[adapter], address)
+            if key not in baselines:
+                baselines[key] = self._baseline(since[adapter], address, latest)
+            weight = _admitted(latest, baselines[key], adapter, address, rate)
             if weight > 0:
                 shares[adapter][address] = weight
         runs: dict[str, str] = {}
@@ -101,11 +105,20 @@ class RecentAdmissions:
                 runs[adapter] = address
         return runs
 
-    def _baseline(self, round_: int | None) -> Reading | None:
+    def _baseline(self, round_: int | None, address: str, latest: Reading) -> Reading | None:
+        """The first reading kept from round `round_` on that holds the process answering
+        at `address` now. What it remembers is subtracted: a replica down at that round,
+        restarted or joined since, counts only what came after it was read again. None
+        (all the rates remember) for no round, or one after the latest (the wall clock
+        stepped back)."""
         if round_ is None:
             return None
-        after = [r for r in self._readings if r >= round_]
-        return self._readings[min(after)] if after else None
+        process = latest.incarnation.get(address)
+        for kept in sorted(r for r in self._readings if r >= round_):
+            reading = self._readings[kept]
+            if address in reading.as_of and reading.incarnation.get(address) == process:
+                return reading
+        return None
 
 
 def _admitted(
@@ -115,7 +128,7 @@ def _admitted(
     rate there is `rate`), weighted by age as the rates weigh them; `earlier` None: all
     the rate remembers."""
     then = 0.0
-    if earlier is not None and address in earlier.as_of:
+    if earlier is not None:
         elapsed = max(0.0, latest.as_of[address] - earlier.as_of[address])
         then = earlier.rates.get((adapter, address), 0.0)
         then *= math.exp(-elapsed / RATE_TIME_CONSTANT_S)

@@ -65,7 +65,8 @@ class Replica:
     arrivals: dict[str, float] = field(default_factory=dict)
     replica_id: str = ""
     reports_rates: bool | None = None
-    # The wall-clock second its rates are as of.
+    # The wall-clock second its rates are as of, as it says (or the second its answer
+    # arrived in, from a release that does not say).
     rates_as_of: float = 0.0
     # When its polls started failing, on the event loop's clock; None while answered.
     failing_since: float | None = None
@@ -222,7 +223,11 @@ class ReplicaSet:
         replica.failing_since = None
         replica.reported = response.pending_sequences
         replica.in_flight_at_report = at_call
-        replica.rates_as_of = math.floor(time.time())
+        replica.rates_as_of = (
+            response.admission_rates_as_of.ToNanoseconds() / 1e9
+            if response.HasField("admission_rates_as_of")
+            else math.floor(time.time())
+        )
         replica.resident = frozenset(response.resident_adapters)
         # Never negative, and none over the replica's own total: a malformed report
         # skews placement no further than the total it claims.

@@ -61,6 +61,11 @@ class Admission:
         pending, or admitted lately."""
         return self._rates.rates(keep=self._by_adapter.__contains__)
 
+    @property
+    def admission_rates_as_of(self) -> float:
+        """The wall-clock second the last `admission_rates` were as of."""
+        return self._rates.as_of
+
     @contextmanager
     def admit(self, sequences: int = 1, adapter: str = "") -> Iterator[None]:
         """Holds `sequences` units of admission (a request's n) for `adapter` (its label);

@@ -46,6 +46,8 @@ class AdmissionRates:
     def __init__(self, wall_clock: Callable[[], float] = time.time) -> None:
         self._clock = wall_clock
         self._rates: dict[str, _Rate] = {}
+        # The grid's boundary the last `rates` were as of.
+        self.as_of = 0.0
 
     def admitted(self, adapter: str, sequences: int) -> None:
         now = self._clock()
@@ -59,10 +61,11 @@ class AdmissionRates:
         rate.weight, rate.at = _decayed(rate.weight, now - rate.at) + sequences, now
 
     def rates(self, keep: Callable[[str], bool]) -> dict[str, float]:
-        """Each adapter's rate as of the grid's last boundary (a Poisson stream of rate r
-        reads r on average); one under FORGOTTEN_RATE is forgotten unless `keep` (it has
-        sequences pending)."""
+        """Each adapter's rate as of the grid's last boundary (`as_of` from then on; a
+        Poisson stream of rate r reads r on average); one under FORGOTTEN_RATE is
+        forgotten unless `keep` (it has sequences pending)."""
         boundary = _boundary(self._clock())
+        self.as_of = boundary
         rates: dict[str, float] = {}
         for adapter, rate in list(self._rates.items()):
             if rate.at < boundary:

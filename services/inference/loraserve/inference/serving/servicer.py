@@ -7,6 +7,7 @@ from collections.abc import AsyncIterator, Iterable, Mapping
 from typing import Any
 
 import grpc
+from google.protobuf.timestamp_pb2 import Timestamp
 from opentelemetry.util.types import AttributeValue
 
 from loraserve.common.release import RELEASE
@@ -130,13 +131,17 @@ class InferenceServicer(pb_grpc.InferenceServiceServicer):  # type: ignore[misc]
     ) -> pb.GetReplicaLoadResponse:
         # Reads counters already kept: no engine call, so a poll costs almost nothing.
         runtime = self._runtime_ref.get()
+        rates = runtime.admission.admission_rates()
+        as_of = Timestamp()
+        as_of.FromNanoseconds(round(runtime.admission.admission_rates_as_of * 1e9))
         return pb.GetReplicaLoadResponse(
             pending_sequences=runtime.admission.pending,
             max_pending_sequences=runtime.admission.max_pending,
             resident_adapters=runtime.registry.resident_names(),
             replica_id=runtime.replica_id,
             adapter_pending_sequences=runtime.admission.pending_by_adapter(),
-            adapter_admission_rates=runtime.admission.admission_rates(),
+            adapter_admission_rates=rates,
+            admission_rates_as_of=as_of,
         )
 
 

@@ -1,0 +1,57 @@
+"""One client's placement round after round, from replicas' reports set by hand."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from loraserve.clients.balancing import BoundedLoad, Replica, preference
+from loraserve.clients.balancing.placer import Placer
+from loraserve.clients.balancing.recent import RATE_TIME_CONSTANT_S
+
+POLICY = BoundedLoad(demand_smoothing=1)
+
+
+def _replica(address: str, rates: dict[str, float], at: float, up: bool = True) -> Replica:
+    """A replica as polled at `at`, reporting `rates` (and each adapter pending once)."""
+    replica = Replica(address, channel=None, stub=None)  # type: ignore[arg-type]
+    replica.up, replica.reports_rates, replica.replica_id = up, True, f"{address}-process"
+    replica.arrivals, replica.adapters = rates, dict.fromkeys(rates, 1)
+    replica.rates_as_of = at
+    return replica
+
+
+def test_demand_averages_the_rates_of_the_last_rounds() -> None:
+    placer = Placer(POLICY)
+    for round_, (alpha, beta) in enumerate(((1.0, 3.0), (3.0, 1.0))):
+        at = 100.0 + 2 * round_
+        placer.observe({"r1": _replica("r1", {"alpha": alpha, "beta": beta}, at)})
+        placer.place(round_)
+    demand = placer.demand
+    assert demand["alpha"] == pytest.approx(demand["beta"])
+
+
+def test_a_replica_back_from_down_does_not_pull_back_an_adapter_placed_while_it_was_away() -> None:
+    home, second, third = preference("alpha", ["r1", "r2", "r3"])
+    placer = Placer(POLICY)
+    placer.observe(
+        {
+            home: _replica(home, {}, 100.0, up=False),
+            second: _replica(second, {"alpha": 1.0}, 100.0),
+            third: _replica(third, {}, 100.0),
+        }
+    )
+    placer.place(1)
+    placed = placer.placement
+    # Back, it still remembers admissions from before it was away; nothing came since.
+    decayed = math.exp(-2 / RATE_TIME_CONSTANT_S)
+    placer.observe(
+        {
+            home: _replica(home, {"alpha": 3.0}, 102.0),
+            second: _replica(second, {"alpha": decayed}, 102.0),
+            third: _replica(third, {}, 102.0),
+        }
+    )
+    placer.place(2)
+    assert (placed, placer.placement) == ({"alpha": second}, {"alpha": second})
