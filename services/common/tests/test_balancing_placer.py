@@ -11,6 +11,7 @@ from loraserve.clients.balancing.placer import Placer
 from loraserve.clients.balancing.recent import RATE_TIME_CONSTANT_S
 
 POLICY = BoundedLoad(demand_smoothing=1)
+REPLICAS = ("r1", "r2", "r3")
 
 
 def _replica(address: str, rates: dict[str, float], at: float, up: bool = True) -> Replica:
@@ -55,3 +56,24 @@ def test_a_replica_back_from_down_does_not_pull_back_an_adapter_placed_while_it_
     )
     placer.place(2)
     assert (placed, placer.placement) == ({"alpha": second}, {"alpha": second})
+
+
+@pytest.mark.parametrize("spilled", [True, False])
+def test_a_client_follows_admissions_elsewhere_only_where_its_own_requests_were_not_spilled(
+    spilled: bool,
+) -> None:
+    home, other, _ = preference("alpha", ["r1", "r2", "r3"])
+    placer = Placer(POLICY)
+    placer.observe({r: _replica(r, {"alpha": 1.0} if r == home else {}, 100.0) for r in REPLICAS})
+    placer.place(1)
+    placed = placer.placement
+    for _ in range(5):
+        placer.sent("alpha", to_placement=not spilled)
+    # Admitted since on `other` alone: where this client's own requests went too (past
+    # the bound), or where the other clients placed it.
+    decayed = math.exp(-2 / RATE_TIME_CONSTANT_S)
+    rates = {home: {"alpha": decayed}, other: {"alpha": 2.0}}
+    placer.observe({r: _replica(r, rates.get(r, {}), 102.0) for r in REPLICAS})
+    placer.place(2)
+    assert placed == {"alpha": home}
+    assert placer.placement == {"alpha": home if spilled else other}

@@ -62,8 +62,12 @@ class Placer:
         self._as_of: dict[str, float] = {}
         self._incarnation: dict[str, str] = {}
         self._rates_everywhere = False
-        # The round in which this client last placed or moved each adapter.
+        # The round in which this client last placed or moved each adapter, and its
+        # requests of it since, weighted by age as the replicas' rates weigh
+        # admissions: [to where it is placed, elsewhere].
         self._moved_in: dict[str, int] = {}
+        self._sent: dict[str, list[float]] = {}
+        self._sent_decay = math.exp(-policy.placement_interval_s / RATE_TIME_CONSTANT_S)
         # Readings old enough that what they held has decayed past 2 % are not kept,
         # nor those before demand's window.
         self._demand_rounds = max(1, round(DEMAND_WINDOW_S / policy.placement_interval_s))
@@ -81,6 +85,16 @@ class Placer:
         """Adapter -> the address of the replica it is placed on; None before the first
         placement."""
         return None if self._placement is None else dict(self._placement)
+
+    def placed(self, adapter: str) -> str | None:
+        """The address `adapter` is placed on; None if it is not (or before the first
+        placement)."""
+        return None if self._placement is None else self._placement.get(adapter)
+
+    def sent(self, adapter: str, to_placement: bool) -> None:
+        """Counts a request of this client's for a placed adapter: to where it is
+        placed, or elsewhere (past the request-by-request bound)."""
+        self._sent.setdefault(adapter, [0.0, 0.0])[0 if to_placement else 1] += 1
 
     @property
     def demand(self) -> dict[str, float]:
@@ -121,6 +135,7 @@ class Placer:
         for adapter, address in placement.items():
             if before.get(adapter) != address:
                 self._moved_in[adapter] = round_
+                self._sent.pop(adapter, None)
                 if adapter in before:
                     log.info(
                         "routing.adapter_moved adapter=%s from=%s to=%s demand=%.2f by=%s",
@@ -129,6 +144,10 @@ class Placer:
                     )
         for adapter in self._moved_in.keys() - placement.keys():
             del self._moved_in[adapter]
+            self._sent.pop(adapter, None)
+        for counts in self._sent.values():
+            counts[0] *= self._sent_decay
+            counts[1] *= self._sent_decay
         self._placement = placement
 
     def _weights(self) -> tuple[Mapping[tuple[str, str], float], float, bool]:
@@ -162,17 +181,29 @@ class Placer:
         """Adapter -> the replica the fleet's reports show it running on mostly (other
         clients placed it there). By its admissions since this client placed it
         (`RecentAdmissions`; all the rates remember, for an adapter it has not placed),
-        where demand is by admissions; by its `pending` sequences, once this client has
-        not moved it for SETTLE_ROUNDS, where it is by them."""
+        where demand is by admissions, unless this client's own requests of it went
+        mostly elsewhere too (`_spilled`); by its `pending` sequences, once this client
+        has not moved it for SETTLE_ROUNDS, where it is by them."""
         if pending is None:
             since = {a: self._moved_in.get(a) if a in before else None for a in demand}
-            return self._recent.runs_mostly(since, set(self._as_of))
+            runs = self._recent.runs_mostly(since, set(self._as_of))
+            return {a: r for a, r in runs.items() if not self._spilled(a)}
         followed = {}
         for (adapter, address), weight in pending.items():
             settled = round_ - self._moved_in.get(adapter, round_ - SETTLE_ROUNDS) >= SETTLE_ROUNDS
             if settled and weight * scale > MOSTLY * demand[adapter]:
                 followed[adapter] = address
         return followed
+
+    def _spilled(self, adapter: str) -> bool:
+        """Whether this client's own requests of `adapter` since it placed it (weighted
+        by age) went mostly elsewhere: past the request-by-request bound, as every client's did. The
+        admissions elsewhere are then the spill of an overloaded replica, which the
+        next rebalance answers; followed, they moved a hot adapter onto the replica it
+        spilled to, and back, inside benchmark 10's windows. Where this client's went
+        where it placed it, the others placed the adapter elsewhere."""
+        to_placement, elsewhere = self._sent.get(adapter, (0.0, 0.0))
+        return elsewhere > to_placement
 
 
 def _per_adapter(weights: Mapping[tuple[str, str], float], scale: float) -> dict[str, float]:

@@ -130,13 +130,13 @@ class ReplicaSet:
         if not up:
             rest = [r for a, r in self._replicas.items() if a not in avoid]
             return min(rest or self._replicas.values(), key=lambda r: r.load)
-        placed = (self._placer.placement or {}).get(key)
+        placed = self._placer.placed(key)
+        first = placed if placed in up else None
         chosen = choose(
-            key,
-            {a: r.candidate() for a, r in up.items()},
-            self._policy.balance_factor,
-            first=placed if placed in up else None,
+            key, {a: r.candidate() for a, r in up.items()}, self._policy.balance_factor, first
         )
+        if first is not None:
+            self._placer.sent(key, to_placement=chosen == first)
         return up[chosen]
 
     async def any(self) -> Replica:
