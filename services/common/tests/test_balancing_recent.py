@@ -107,3 +107,9 @@ def test_readings_of_later_rounds_are_forgotten_when_the_clock_steps_back() -> N
     recent.record(5, _reading(110.0, {"r1": 9.0}))
     recent.record(3, _reading(106.0, {"r1": 1.0}))
     assert recent.mean_rates(5) == {("alpha", "r1"): 1.0}
+
+
+def test_one_admission_places_an_adapter_not_placed_yet() -> None:
+    recent = RecentAdmissions(rounds_kept=10)
+    recent.record(1, _reading(100.0, {"r2": 0.5 / RATE_TIME_CONSTANT_S}))
+    assert recent.runs_mostly({"alpha": None}, UP) == {"alpha": "r2"}

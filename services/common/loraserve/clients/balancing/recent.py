@@ -78,9 +78,12 @@ class RecentAdmissions:
 
     def runs_mostly(self, since: Mapping[str, int | None], up: set[str]) -> dict[str, str]:
         """Adapter -> the replica up that holds more than MOSTLY of its admissions since
-        round `since[adapter]` (None: all the rates remember), for those with more than
-        LEAST_ADMISSIONS over the fleet. Each replica counts from its first reading kept
-        at or after that round (`_baseline`): less evidence, never older."""
+        round `since[adapter]`, for those with more than LEAST_ADMISSIONS over the
+        fleet; with `since[adapter]` None (not placed yet), of all the rates remember,
+        however few: where its first request ran (as a proxy's own hash sent it) beats
+        a first choice of its own, which would split it. Each replica counts from its
+        first reading kept at or after that round (`_baseline`): less evidence, never
+        older."""
         if not self._readings:
             return {}
         latest = self._readings[max(self._readings)]
@@ -98,7 +101,7 @@ class RecentAdmissions:
         runs: dict[str, str] = {}
         for adapter, by_replica in shares.items():
             total = sum(by_replica.values())
-            if total <= LEAST_ADMISSIONS:
+            if total <= (0.0 if since[adapter] is None else LEAST_ADMISSIONS):
                 continue
             address, most = max(by_replica.items(), key=lambda item: (item[1], item[0]))
             if most > MOSTLY * total and address in up:
