@@ -197,11 +197,11 @@ class Placer:
 
     def _spilled(self, adapter: str) -> bool:
         """Whether this client's own requests of `adapter` since it placed it (weighted
-        by age) went mostly elsewhere: past the request-by-request bound, as every client's did. The
-        admissions elsewhere are then the spill of an overloaded replica, which the
-        next rebalance answers; followed, they moved a hot adapter onto the replica it
-        spilled to, and back, inside benchmark 10's windows. Where this client's went
-        where it placed it, the others placed the adapter elsewhere."""
+        by age) went mostly elsewhere: past the request-by-request bound, as every
+        client's did. The admissions elsewhere are then the spill of an overloaded
+        replica, which the next rebalance answers; followed, they moved a hot adapter
+        onto the replica it spilled to, and back, inside benchmark 10's windows. Where
+        this client's went where it placed it, the others placed the adapter elsewhere."""
         to_placement, elsewhere = self._sent.get(adapter, (0.0, 0.0))
         return elsewhere > to_placement
 
