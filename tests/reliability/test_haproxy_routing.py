@@ -42,6 +42,7 @@ from loraserve.testing.processes.routed import (
     ADAPTERS,
     GUARD_S,
     NO_RETRY,
+    PROMPT,
     Outcomes,
     Routed,
     routed_replicas,
@@ -203,11 +204,7 @@ async def test_each_adapters_requests_land_on_one_replica_under_little_load(
 async def test_a_hot_adapter_spills_to_the_second_replica_while_a_cold_one_stays_home(
     routed: Routed,
 ) -> None:
-    homes = await routed.homes(ADAPTERS, SHORT)
-    hot = ADAPTERS[0]
-    # A cold adapter at home on the other replica: the hot one's overflow shares that one
-    # with it, well under the bound. (One at home with the hot adapter may spill too.)
-    cold = next(a for a in ADAPTERS if homes[a] != homes[hot])
+    hot, cold = ADAPTERS[:2]
     # Hot streams of different lengths end at different times: batched on one engine,
     # equal ones would all end at once and leave the other replica, for an instant, above
     # the bound of what remains in flight, spilling the cold adapter too.
@@ -217,9 +214,19 @@ async def test_a_hot_adapter_spills_to_the_second_replica_while_a_cold_one_stays
     ]
     cold_outcomes = Outcomes()
     async with load_on(routed, [hot], hot_load) as hot_outcomes, routed.client() as client:
-        # Placed (mapped to one replica) until the agent's smoothed demand shows it too
-        # hot for one: from then on the bounded hash spreads it.
-        await eventually(lambda: _unplaced(routed.haproxy, hot), "the hot one unplaced", GUARD_S)
+        # Placed (mapped to one replica) until the agent's demand shows it too hot for one:
+        # from then on the bounded hash spreads it. Unmapped by this load, not by what an
+        # earlier test's left (the agent then maps it back as that fades): the map the
+        # same over two rounds placed from what runs now.
+        await eventually(
+            lambda: _settled_without(routed.haproxy, hot), "the hot one unplaced", GUARD_S
+        )
+        # Asked for until the agent maps it: its home, shared with the hot one's
+        # overflow, within the bound.
+        await eventually(
+            lambda: _asked_until_placed(routed.haproxy, client, cold), "the cold one placed"
+        )
+        homes = await routed.haproxy.placement()
         before = await routed.fleet.served()
         for _ in range(ROUNDS):
             await cold_outcomes.stream(client, cold, LOAD)
@@ -313,8 +320,23 @@ def _split(adapter: str, servers: list[str], placed: dict[str, str], directory: 
     return f"{adapter} placed on {placed.get(adapter)}, served {runs}; events: {events[-40:]}"
 
 
-async def _unplaced(haproxy: Haproxy, adapter: str) -> bool:
-    return adapter not in await haproxy.placement()
+async def _settled_without(haproxy: Haproxy, adapter: str) -> bool:
+    """Whether `adapter` is left out of the placement, and the placement the same, over
+    two placement rounds: a round placed wholly from what runs now."""
+    first = await haproxy.placement()
+    if adapter in first:
+        return False
+    for _ in range(2):
+        await asyncio.sleep(PLACEMENT_ROUND_S)
+        if await haproxy.placement() != first:
+            return False
+    return True
+
+
+async def _asked_until_placed(haproxy: Haproxy, client: InferenceClient, adapter: str) -> bool:
+    """One short request of `adapter`; whether the agent has placed it."""
+    await client.generate(adapter, PROMPT, SHORT)
+    return adapter in await haproxy.placement()
 
 
 async def _placed_on(haproxy: Haproxy, server: str) -> bool:

@@ -77,3 +77,33 @@ def test_a_client_follows_admissions_elsewhere_only_where_its_own_requests_were_
     placer.place(2)
     assert placed == {"alpha": home}
     assert placer.placement == {"alpha": home if spilled else other}
+
+
+def test_an_adapter_too_hot_for_one_replica_is_not_followed_where_most_of_it_ran() -> None:
+    # Two replicas, as behind HAProxy: placed on `home` while cold, then hot past one
+    # replica's room and spread by the bound (haproxy-placement leaves it unmapped),
+    # most of it on `other`.
+    home, other = preference("hot", ["r1", "r2"])
+    placer = Placer(POLICY)
+    placer.observe(
+        {r: _replica(r, {"hot": 1.0} if r == home else {}, 100.0) for r in (home, other)}
+    )
+    placer.place(1)
+    rates = {home: {"hot": 3.0, "cold": 0.1}, other: {"hot": 5.0}}
+    pending = {home: {"hot": 4, "cold": 1}, other: {"hot": 6}}
+    for round_, at in ((2, 102.0), (3, 104.0)):
+        replicas = {r: _replica(r, rates[r], at) for r in (home, other)}
+        for address, replica in replicas.items():
+            replica.adapters = pending[address]
+        placer.observe(replicas)
+        placer.place(round_)
+    placement = placer.placement
+    assert placement is not None
+    assert placement["hot"] == home
+
+
+def test_a_round_with_no_replica_up_places_nothing() -> None:
+    placer = Placer(POLICY)
+    placer.observe({r: _replica(r, {}, 100.0, up=False) for r in REPLICAS})
+    placer.place(1)
+    assert placer.placement == {}

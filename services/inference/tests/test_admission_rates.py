@@ -91,6 +91,19 @@ def test_admission_forgets_an_idle_adapter_and_rates_it_from_zero_again() -> Non
     assert admission.admission_rates()["alpha"] >= 1 / RATE_TIME_CONSTANT_S / math.e
 
 
+def test_admission_rates_report_a_lone_request_read_before_the_next_boundary_then_after() -> None:
+    clock = Clock()
+    admission = _admission(clock)
+    with admission.admit(1, "alpha"):
+        pass
+    # Polled within the second it ended in (clients poll every 0.1 s): not reported yet,
+    # as of the boundary before it, and not forgotten for that.
+    clock.now += RATE_GRID_S / 4
+    assert admission.admission_rates() == {}
+    clock.now += RATE_GRID_S
+    assert admission.admission_rates()["alpha"] > 0
+
+
 def test_admission_keeps_reporting_an_adapter_still_pending_past_forgetting() -> None:
     clock = Clock()
     admission = _admission(clock)

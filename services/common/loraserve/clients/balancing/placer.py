@@ -10,7 +10,7 @@ from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING
 
 from loraserve.clients.balancing.demand import smooth, unbiased
-from loraserve.clients.balancing.placement import place
+from loraserve.clients.balancing.placement import place, replica_room
 from loraserve.clients.balancing.policy import BoundedLoad
 from loraserve.clients.balancing.recent import (
     MOSTLY,
@@ -129,7 +129,19 @@ class Placer:
         demand = _per_adapter(weights, scale)
         before = self._placement or {}
         runs_on = {a: r for a, r in before.items() if r in self._as_of}
-        followed = self._followed(round_, before, None if by_rates else weights, scale, demand)
+        # An adapter placed, then too hot for one replica, runs wherever the bound spreads
+        # it (HAProxy's hash, for one haproxy-placement leaves unmapped): the replica
+        # holding most of it is not where anyone placed it, and following it moved every
+        # cold adapter off that replica, and back, each time the majority flipped. One
+        # not placed yet still follows: most of it runs where the others placed it.
+        room = replica_room(demand, max(1, len(up)), self._policy.balance_factor)
+        followed = {
+            adapter: address
+            for adapter, address in self._followed(
+                round_, before, None if by_rates else weights, scale, demand
+            ).items()
+            if adapter not in before or demand[adapter] <= room
+        }
         runs_on.update(followed)
         placement = place(demand, up, self._policy.balance_factor, runs_on)
         for adapter, address in placement.items():

@@ -64,7 +64,8 @@ class AdmissionRates:
         """Each adapter's rate as of the grid's last boundary (`as_of` from then on; a
         Poisson stream of rate r reads r on average); one under FORGOTTEN_RATE is
         forgotten unless `keep` (it has sequences pending)."""
-        boundary = _boundary(self._clock())
+        now = self._clock()
+        boundary = _boundary(now)
         self.as_of = boundary
         rates: dict[str, float] = {}
         for adapter, rate in list(self._rates.items()):
@@ -74,10 +75,13 @@ class AdmissionRates:
                 # Admitted since the boundary (a clock stepped back reads the same).
                 weight = rate.at_boundary
             value = weight / RATE_TIME_CONSTANT_S
-            if value < FORGOTTEN_RATE and not keep(adapter):
-                del self._rates[adapter]
-            else:
+            if value >= FORGOTTEN_RATE or keep(adapter):
                 rates[adapter] = value
+            elif _decayed(rate.weight, now - rate.at) / RATE_TIME_CONSTANT_S < FORGOTTEN_RATE:
+                # Forgotten by what it weighs now: as of the boundary, an adapter first
+                # admitted since weighs nothing, and its request, ended before the next
+                # boundary, would go unreported.
+                del self._rates[adapter]
         return rates
 
 
