@@ -332,13 +332,7 @@ async def _settled_without(haproxy: Haproxy, adapter: str) -> bool:
     """Whether `adapter` is left out of the placement, and the placement the same, over
     two placement rounds: a round placed wholly from what runs now."""
     first = await haproxy.placement()
-    if adapter in first:
-        return False
-    for _ in range(2):
-        await asyncio.sleep(PLACEMENT_ROUND_S)
-        if await haproxy.placement() != first:
-            return False
-    return True
+    return adapter not in first and await _unchanged(haproxy, first, 2)
 
 
 async def _asked_until_placed(haproxy: Haproxy, client: InferenceClient, adapter: str) -> bool:
@@ -363,11 +357,14 @@ async def _placed_on(haproxy: Haproxy, server: str) -> bool:
 async def _settled(haproxy: Haproxy, adapters: int) -> bool:
     """Whether every adapter is placed, the same over SETTLED_ROUNDS placement rounds."""
     first = await haproxy.placement()
-    if len(first) != adapters:
-        return False
-    for _ in range(SETTLED_ROUNDS):
+    return len(first) == adapters and await _unchanged(haproxy, first, SETTLED_ROUNDS)
+
+
+async def _unchanged(haproxy: Haproxy, placement: dict[str, str], rounds: int) -> bool:
+    """Whether HAProxy's placement stays `placement` over `rounds` placement rounds."""
+    for _ in range(rounds):
         await asyncio.sleep(PLACEMENT_ROUND_S)
-        if await haproxy.placement() != first:
+        if await haproxy.placement() != placement:
             return False
     return True
 
