@@ -6,7 +6,8 @@ inference app on the session's vLLM engine."""
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Coroutine
+from collections.abc import AsyncIterator, Callable, Coroutine, Sequence
+from contextlib import AbstractAsyncContextManager
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -17,6 +18,7 @@ from loraserve.inference.serving import FairGate
 from loraserve.inference.v1 import inference_pb2 as pb
 from loraserve.testing.adapters.models import TinyAdapterFactory
 from loraserve.testing.engine.holding import HoldingEngine
+from loraserve.testing.engine.session import MAX_LORAS
 from loraserve.testing.inference.app import (
     RunningInference,
     adapter_files,
@@ -35,53 +37,59 @@ pytestmark = pytest.mark.engine
 GUARD_S = 120
 
 
+# Adapters that fill the engine's LoRA slots (and `cold`, one more).
+RESIDENTS = tuple(f"slot{i}" for i in range(MAX_LORAS))
+
+
 @pytest.fixture
-async def saturated(
+def replica(
     vllm_engine: AsyncLLM,
     tiny_model_dir: Path,
     tiny_adapter: TinyAdapterFactory,
     store_server: RunningStore,
     tmp_path: Path,
-) -> AsyncIterator[RunningInference]:
+) -> Callable[..., AbstractAsyncContextManager[RunningInference]]:
+    """Starts a replica holding requests on demand (HoldingEngine), serving `adapters`,
+    with `extra` flags."""
+
+    def start(
+        adapters: Sequence[str], *extra: str
+    ) -> AbstractAsyncContextManager[RunningInference]:
+        return inference_app(
+            vllm_engine,
+            model_dir=tiny_model_dir,
+            store_address=store_server.address,
+            cache_dir=tmp_path / "cache",
+            replica_id="fair-replica",
+            extra=extra,
+            engine_type=HoldingEngine,
+            pushed={
+                name: adapter_files(tiny_adapter(seed=seed))
+                for seed, name in enumerate(adapters, start=1)
+            },
+        )
+
+    return start
+
+
+@pytest.fixture
+async def saturated(replica: Callable[..., Any]) -> AsyncIterator[RunningInference]:
     """A replica serving `flood` and `other` that lets one request into the engine."""
-    async with inference_app(
-        vllm_engine,
-        model_dir=tiny_model_dir,
-        store_address=store_server.address,
-        cache_dir=tmp_path / "cache",
-        replica_id="fair-replica",
-        extra=("--max-engine-requests", "1"),
-        engine_type=HoldingEngine,
-        pushed={
-            name: adapter_files(tiny_adapter(seed=seed))
-            for seed, name in enumerate(("flood", "other"), start=1)
-        },
-    ) as inference:
+    async with replica(("flood", "other"), "--max-engine-requests", "1") as inference:
         yield inference
 
 
 @pytest.fixture
-async def two_places(
-    vllm_engine: AsyncLLM,
-    tiny_model_dir: Path,
-    tiny_adapter: TinyAdapterFactory,
-    store_server: RunningStore,
-    tmp_path: Path,
-) -> AsyncIterator[RunningInference]:
+async def two_places(replica: Callable[..., Any]) -> AsyncIterator[RunningInference]:
     """A replica serving `wide` and `other` that lets two sequences into the engine."""
-    async with inference_app(
-        vllm_engine,
-        model_dir=tiny_model_dir,
-        store_address=store_server.address,
-        cache_dir=tmp_path / "cache",
-        replica_id="fair-replica",
-        extra=("--max-engine-requests", "2"),
-        engine_type=HoldingEngine,
-        pushed={
-            name: adapter_files(tiny_adapter(seed=seed))
-            for seed, name in enumerate(("wide", "other"), start=1)
-        },
-    ) as inference:
+    async with replica(("wide", "other"), "--max-engine-requests", "2") as inference:
+        yield inference
+
+
+@pytest.fixture
+async def slots_filled(replica: Callable[..., Any]) -> AsyncIterator[RunningInference]:
+    """A replica serving as many adapters as the engine has LoRA slots, and `cold`."""
+    async with replica((*RESIDENTS, "cold")) as inference:
         yield inference
 
 
@@ -186,3 +194,32 @@ async def test_a_request_of_n_sequences_takes_n_places_in_the_engine(
         engine.let_go()
         await asyncio.gather(wide, other)
     assert waited == (2, 1, False)
+
+
+async def test_an_adapter_waiting_for_a_lora_slot_goes_in_before_the_drained_adapters_next(
+    slots_filled: RunningInference,
+) -> None:
+    slots = slots_filled.app.runtime_ref.get().slots
+    assert slots is not None, "LoRA slots are taken in turns by default"
+    engine = slots_filled.engine
+    assert isinstance(engine, HoldingEngine)
+    engine.hold_each(*(f"{name}@1" for name in RESIDENTS))
+    order: list[str] = []
+    async with asyncio.timeout(GUARD_S):
+        held = [asyncio.create_task(_first_token(slots_filled, name, [])) for name in RESIDENTS]
+        await engine.until_held(MAX_LORAS, *held)
+        cold = asyncio.create_task(_first_token(slots_filled, "cold", order))
+        await eventually(lambda: slots.waiting == 1, "cold waits for a slot")
+        # Each holds one request: the one resident longest is drained for `cold`.
+        drained = slots.resident[0]
+        again = asyncio.create_task(_first_token(slots_filled, drained, order))
+        await eventually(lambda: slots.waiting == 2, "the drained adapter's request waits")
+        engine.let_go_of(f"{drained}@1")
+        await asyncio.gather(cold, again)
+        for name in RESIDENTS:
+            if name != drained:
+                engine.let_go_of(f"{name}@1")
+        await asyncio.gather(*held)
+    # vLLM's own order lets a resident adapter's requests in while any of its run.
+    assert order == ["cold", drained]
+    assert (slots.resident, slots.waiting) == ((), 0)

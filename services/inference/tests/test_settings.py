@@ -100,6 +100,12 @@ def test_admission_flags_fall_back_to_env_and_default_to_fair() -> None:
     assert dict(admission.weights) == {"gold": 3.0, "bronze": 0.5}
 
 
+def test_lora_slots_are_taken_in_turns_unless_the_engine_is_asked_to_order_them() -> None:
+    assert parse_settings(BASE, {}, "h").admission.slot_turns is True
+    engine_order = {"INFERENCE_LORA_SLOT_ORDER": "engine"}
+    assert parse_settings(BASE, engine_order, "h").admission.slot_turns is False
+
+
 @pytest.mark.parametrize("weights", ["gold", "gold=0", "gold=-1", "gold=lots", "=2"])
 def test_an_adapter_weight_that_is_not_a_positive_number_is_a_usage_error(
     weights: str, capsys: pytest.CaptureFixture[str]

@@ -43,6 +43,7 @@ from loraserve.inference.serving import (
     QuotaGate,
     Runtime,
     RuntimeRef,
+    SlotGate,
     fair_gate,
 )
 from loraserve.inference.settings import EngineOptions, InferenceSettings
@@ -230,6 +231,7 @@ class InferenceApp:
         info = engine.info
         admission = Admission(settings.max_pending_requests, settings.max_n)
         gate = fair_gate(settings.admission, info.max_num_seqs)
+        slots = SlotGate(info.max_loras) if settings.admission.slot_turns else None
         self.runtime_ref.set(
             Runtime(
                 engine=engine,
@@ -240,6 +242,7 @@ class InferenceApp:
                     admission,
                     self.metrics,
                     gate,
+                    slots,
                     self.quotas,
                     push=engine.push if pushed_outputs_supported() else None,
                     tracing=settings.tracing,
@@ -249,6 +252,7 @@ class InferenceApp:
                 store_seq=store_seq,
                 tiers=tiers,
                 gate=gate,
+                slots=slots,
             )
         )
         self.metrics.watch_engine(
@@ -257,7 +261,11 @@ class InferenceApp:
             kv_usage=lambda: engine.stats().kv_cache_usage,
             running=lambda: engine.stats().running,
             # Requests waiting for their turn wait for the engine as much as its own queue.
-            waiting=lambda: engine.stats().waiting + (gate.waiting if gate else 0),
+            waiting=lambda: (
+                engine.stats().waiting
+                + (gate.waiting if gate else 0)
+                + (slots.waiting if slots else 0)
+            ),
             pending=lambda: admission.pending,
         )
         self.metrics.export_model_server_protocol(

@@ -1,7 +1,8 @@
 """Fair admission's settings (inference `serve`): the order requests go into a
 saturated engine, how many go in at once, the least number of places kept from
-adapters sending above their fair rate and each adapter's weight. The gate itself is
-loraserve.inference.serving.fairness."""
+adapters sending above their fair rate, each adapter's weight, and the order adapters
+take LoRA slots in. The gates themselves are loraserve.inference.serving.fairness and
+.slots."""
 
 from __future__ import annotations
 
@@ -30,6 +31,10 @@ class AdmissionOptions:
     headroom: int = DEFAULT_HEADROOM
     # Adapter name -> its share of turns; an adapter not named has weight 1.
     weights: Mapping[str, float] = field(default_factory=dict)
+    # LoRA slots handed out in the order adapters ask, one drained for an adapter
+    # waiting (serving.slots); False: vLLM's own order (resident adapters' requests
+    # first, another adapter waits until a slot runs dry).
+    slot_turns: bool = True
 
 
 def parse_weights(text: str) -> dict[str, float]:
@@ -82,6 +87,16 @@ def add_admission_flags(flag: Callable[..., None]) -> None:
         "",
         type=parse_weights,
     )
+    flag(
+        "lora-slot-order",
+        "how adapters take the engine's LoRA slots (--max-loras): turns (in the order "
+        "they ask; for an adapter waiting, the one with the fewest requests in the "
+        "engine stops taking new ones and gives its slot up) or engine (vLLM's own: "
+        "adapters in a slot take every new request of theirs, another waits until one "
+        "runs dry)",
+        "turns",
+        choices=("turns", "engine"),
+    )
 
 
 def admission_from_args(args: argparse.Namespace) -> AdmissionOptions:
@@ -90,4 +105,5 @@ def admission_from_args(args: argparse.Namespace) -> AdmissionOptions:
         max_engine_requests=args.max_engine_requests,
         headroom=args.fair_headroom,
         weights=args.adapter_weights,
+        slot_turns=args.lora_slot_order == "turns",
     )

@@ -99,8 +99,9 @@ class InferenceMetrics:
         """Where an admitted request's time goes before and between its tokens."""
         self._gate_wait = Histogram(
             "loraserve_inference_gate_wait_seconds",
-            "Time an admitted request waited for its fair turn into the engine (requests "
-            "that got it; none with --admission-order fifo).",
+            "Time an admitted request waited for its fair turn into the engine and for its "
+            "adapter's LoRA slot (requests that got both; none with --admission-order fifo "
+            "and --lora-slot-order engine).",
             buckets=_WAIT_BUCKETS,
             registry=r,
         )

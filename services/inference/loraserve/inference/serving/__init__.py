@@ -1,6 +1,6 @@
 """Serving requests: the runtime a started server is made of, admission, per-adapter
-quotas, generation over the engine with an adapter lease (pulled, or pushed by the
-engine), and the gRPC servicer (proto
+quotas, fair turns into the engine and into its LoRA slots, generation over the engine
+with an adapter lease (pulled, or pushed by the engine), and the gRPC servicer (proto
 <-> domain only)."""
 
 from loraserve.inference.serving.admission import Admission
@@ -19,6 +19,7 @@ from loraserve.inference.serving.servicer import (
     register,
     rollout_caller,
 )
+from loraserve.inference.serving.slots import SlotGate
 from loraserve.inference.serving.spans import TraceOrigin
 
 __all__ = [
@@ -36,6 +37,7 @@ __all__ = [
     "QuotaGate",
     "Runtime",
     "RuntimeRef",
+    "SlotGate",
     "TraceOrigin",
     "Usage",
     "fair_gate",

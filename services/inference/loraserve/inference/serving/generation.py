@@ -38,6 +38,7 @@ from loraserve.inference.serving.chunks import (
 from loraserve.inference.serving.fairness import FairGate
 from loraserve.inference.serving.pushed import ChunkWriter, Push, PushedStream, pushable
 from loraserve.inference.serving.quotas import QuotaGate
+from loraserve.inference.serving.slots import SlotGate
 from loraserve.inference.serving.spans import GenerateSpans, RequestTrace, TraceOrigin
 
 __all__ = [
@@ -132,6 +133,7 @@ class Generator:
         admission: Admission,
         metrics: InferenceMetrics,
         gate: FairGate | None = None,
+        slots: SlotGate | None = None,
         quotas: QuotaGate | None = None,
         push: Push | None = None,
         tracing: TracingSettings | None = None,
@@ -145,6 +147,8 @@ class Generator:
         self._metrics = metrics
         # Fair admission into the engine; None: every admitted request goes straight in.
         self._gate = gate
+        # LoRA slots in turn, past the fair gate; None: vLLM orders adapters into them.
+        self._slots = slots
         # Per-adapter quotas, checked before anything else is admitted.
         self._quotas = quotas if quotas is not None else QuotaGate()
         self._spans = GenerateSpans(tracing)
@@ -240,18 +244,17 @@ class Generator:
         routed = self._registry.target_revision(name) or self._registry.current_revision(name)
         return name if routed else _UNRESOLVED_ADAPTER
 
-    def _turn(self, adapter: str, sequences: int) -> contextlib.AbstractAsyncContextManager[None]:
-        if self._gate is None:
-            return contextlib.nullcontext()
-        return self._timed_turn(self._gate, adapter, sequences)
-
     @contextlib.asynccontextmanager
-    async def _timed_turn(
-        self, gate: FairGate, adapter: str, sequences: int
-    ) -> AsyncIterator[None]:
+    async def _turn(self, adapter: str, sequences: int) -> AsyncIterator[None]:
+        """The request's turn into the engine: its places by the fair gate, then its
+        adapter's LoRA slot, the wait for both observed as one."""
         asked = time.monotonic()
-        async with gate.turn(adapter, sequences):
-            self._metrics.observe_gate_wait(time.monotonic() - asked)
+        async with (
+            self._gate.turn(adapter, sequences) if self._gate else contextlib.nullcontext(),
+            self._slots.turn(adapter) if self._slots else contextlib.nullcontext(),
+        ):
+            if self._gate or self._slots:
+                self._metrics.observe_gate_wait(time.monotonic() - asked)
             yield
 
     async def _prompt_ids(self, command: GenerateCommand) -> tuple[int, ...]:

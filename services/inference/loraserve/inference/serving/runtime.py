@@ -15,6 +15,7 @@ from loraserve.inference.engine import Engine
 from loraserve.inference.serving.admission import Admission
 from loraserve.inference.serving.fairness import FairGate
 from loraserve.inference.serving.generation import Generator
+from loraserve.inference.serving.slots import SlotGate
 
 
 @dataclass(frozen=True)
@@ -30,6 +31,8 @@ class Runtime:
     tiers: TierView | None = None
     # Fair admission into the engine; None where it is off (--admission-order fifo).
     gate: FairGate | None = None
+    # LoRA slots in turn; None where vLLM orders them (--lora-slot-order engine).
+    slots: SlotGate | None = None
 
 
 class RuntimeRef:

@@ -28,6 +28,8 @@ class HoldingEngine(SharedEngine):
         # The vLLM LoRA name ("name@revision", "" the base model) held; None: none is.
         self.held_lora_name: str | None = None
         self.release = asyncio.Event()
+        # Revisions held each until let go one by one (`hold_each`, `let_go_of`).
+        self._each: dict[str, asyncio.Event] = {}
         # Requests held now.
         self.held = 0
 
@@ -39,6 +41,16 @@ class HoldingEngine(SharedEngine):
         """Lets the held requests into the engine and holds no more."""
         self.held_lora_name = None
         self.release.set()
+
+    def hold_each(self, *lora_names: str) -> None:
+        """Holds every request of each of `lora_names` until `let_go_of` it."""
+        for lora_name in lora_names:
+            self._each[lora_name] = asyncio.Event()
+
+    def let_go_of(self, lora_name: str) -> None:
+        """Lets the held requests of `lora_name` (held by `hold_each`) in, and holds no
+        more of it."""
+        self._each.pop(lora_name).set()
 
     async def until_held(self, count: int, *calls: asyncio.Future[Any]) -> None:
         """Returns once `count` requests are held; fails with the error of any of `calls`
@@ -55,8 +67,9 @@ class HoldingEngine(SharedEngine):
 
     async def _held(self, adapter: AdapterHandle | None) -> None:
         """Waits while requests of `adapter` are held."""
-        if (adapter.lora_name if adapter is not None else "") == self.held_lora_name:
-            release = self.release
+        lora_name = adapter.lora_name if adapter is not None else ""
+        release = self.release if lora_name == self.held_lora_name else self._each.get(lora_name)
+        if release is not None:
             self.held += 1
             try:
                 await release.wait()
