@@ -223,3 +223,22 @@ async def test_an_adapter_waiting_for_a_lora_slot_goes_in_before_the_drained_ada
     # vLLM's own order lets a resident adapter's requests in while any of its run.
     assert order == ["cold", drained]
     assert (slots.resident, slots.waiting) == ((), 0)
+
+
+async def test_a_name_no_adapter_has_is_refused_at_once_while_every_lora_slot_is_held(
+    slots_filled: RunningInference,
+) -> None:
+    slots = slots_filled.app.runtime_ref.get().slots
+    assert slots is not None
+    engine = slots_filled.engine
+    assert isinstance(engine, HoldingEngine)
+    engine.hold_each(*(f"{name}@1" for name in RESIDENTS))
+    async with asyncio.timeout(GUARD_S):
+        held = [asyncio.create_task(_first_token(slots_filled, name, [])) for name in RESIDENTS]
+        await engine.until_held(MAX_LORAS, *held)
+        # Given a slot, it would wait for a resident adapter drained for it, held here.
+        await _refused(slots_filled, "made-up", [])
+        assert slots.waiting == 0
+        for name in RESIDENTS:
+            engine.let_go_of(f"{name}@1")
+        await asyncio.gather(*held)

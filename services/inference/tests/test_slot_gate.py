@@ -124,6 +124,19 @@ async def test_a_cancelled_waiter_gives_the_slot_it_asked_for_back_to_the_draine
     assert requests.gate.resident == ()
 
 
+async def test_an_adapter_drained_for_one_given_another_slot_takes_requests_again() -> None:
+    requests = _Requests(SlotGate(2))
+    first = await requests.send("first")
+    second = await requests.send("second")
+    cold = await requests.send("cold")
+    first_again = await requests.send("first")
+    assert requests.gate.waiting == 2
+    # `second` leaves first: `cold` takes its slot, and `first` need not give its own up.
+    await requests.end(second)
+    assert requests.order == ["first", "second", "cold", "first"]
+    await requests.end(first, first_again, cold)
+
+
 async def test_a_waiter_cancelled_as_its_adapter_gets_the_slot_passes_it_on() -> None:
     requests = _Requests(SlotGate(1))
     hot = await requests.send("hot")

@@ -249,11 +249,14 @@ class Generator:
         """The request's turn into the engine: its places by the fair gate, then its
         adapter's LoRA slot, the wait for both observed as one."""
         asked = time.monotonic()
+        # A name no adapter has is refused before the engine: it needs no slot, and must
+        # not have one drained for it.
+        slots = self._slots if adapter != _UNRESOLVED_ADAPTER else None
         async with (
             self._gate.turn(adapter, sequences) if self._gate else contextlib.nullcontext(),
-            self._slots.turn(adapter) if self._slots else contextlib.nullcontext(),
+            slots.turn(adapter) if slots else contextlib.nullcontext(),
         ):
-            if self._gate or self._slots:
+            if self._gate or slots:
                 self._metrics.observe_gate_wait(time.monotonic() - asked)
             yield
 

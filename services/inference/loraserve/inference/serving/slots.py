@@ -137,6 +137,8 @@ class SlotGate:
             if adapter is None:
                 break
             self._readmit(adapter)
+        # An adapter given a slot another left may no longer need the one drained for it.
+        self._undrain()
         self._drain()
 
     def _wanted(self) -> int:
