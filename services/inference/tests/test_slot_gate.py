@@ -137,6 +137,20 @@ async def test_an_adapter_drained_for_one_given_another_slot_takes_requests_agai
     await requests.end(first, first_again, cold)
 
 
+async def test_a_drained_adapters_slot_goes_to_the_adapter_it_was_drained_for() -> None:
+    requests = _Requests(SlotGate(2))
+    a = await requests.send("a")
+    d = [await requests.send("d"), await requests.send("d")]
+    c = await requests.send("c")
+    a_again = await requests.send("a")
+    b = await requests.send("b")
+    # `d` leaves whole: `c` takes its slot, and `a` stays drained, now for `b`.
+    await requests.end(*d)
+    await requests.end(a)
+    assert requests.order == ["a", "d", "d", "c", "b"]
+    await requests.end(c, b, a_again)
+
+
 async def test_a_waiter_cancelled_as_its_adapter_gets_the_slot_passes_it_on() -> None:
     requests = _Requests(SlotGate(1))
     hot = await requests.send("hot")

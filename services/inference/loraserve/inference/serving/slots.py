@@ -25,8 +25,13 @@ module against vLLM's skipping): TTFT p99 2.2 and 2.9 s against 6.1 and 5.1 s wi
 affinity, 2.5 and 3.0 s against 4.1 and 3.6 s with round robin.
 
 The base model's requests need no slot. Adapters are known here by name, not revision:
-while a rollout splits one adapter over two revisions it takes two of vLLM's slots and
-one here, and vLLM's own skipping handles the one too many.
+while a rollout splits one adapter over two revisions, or a request pins an older one,
+it takes two of vLLM's slots and one here, and vLLM's own skipping handles the one too
+many. The costs: each request of an adapter without a slot drains one, so a caller
+asking for many cold adapters (or asking and cancelling) delays the requests of the
+adapter drained, by up to its longest request inside, as a flood delays the others'
+(the fair gate, outside this one, bounds how many places a flood holds); and a request
+waiting here holds its place in the fair gate meanwhile.
 """
 
 from __future__ import annotations
@@ -126,7 +131,13 @@ class SlotGate:
             self._inside[adapter] = left
             return
         del self._inside[adapter]
-        self._draining.discard(adapter)
+        if adapter in self._draining:
+            self._draining.discard(adapter)
+            if adapter in self._waiting:
+                # Asked again while drained: behind the adapters it was drained for, or
+                # its own slot would come straight back to it and theirs need another.
+                self._turns.remove(adapter)
+                self._turns.append(adapter)
         self._dispatch()
 
     def _dispatch(self) -> None:
