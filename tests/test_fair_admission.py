@@ -88,8 +88,9 @@ async def two_places(replica: Callable[..., Any]) -> AsyncIterator[RunningInfere
 
 @pytest.fixture
 async def slots_filled(replica: Callable[..., Any]) -> AsyncIterator[RunningInference]:
-    """A replica serving as many adapters as the engine has LoRA slots, and `cold`."""
-    async with replica((*RESIDENTS, "cold")) as inference:
+    """A replica serving as many adapters as the engine has LoRA slots, and `cold`,
+    taking the slots in turns."""
+    async with replica((*RESIDENTS, "cold"), "--lora-slot-order", "turns") as inference:
         yield inference
 
 
@@ -200,7 +201,7 @@ async def test_an_adapter_waiting_for_a_lora_slot_goes_in_before_the_drained_ada
     slots_filled: RunningInference,
 ) -> None:
     slots = slots_filled.app.runtime_ref.get().slots
-    assert slots is not None, "LoRA slots are taken in turns by default"
+    assert slots is not None, "--lora-slot-order turns"
     engine = slots_filled.engine
     assert isinstance(engine, HoldingEngine)
     engine.hold_each(*(f"{name}@1" for name in RESIDENTS))

@@ -100,10 +100,10 @@ def test_admission_flags_fall_back_to_env_and_default_to_fair() -> None:
     assert dict(admission.weights) == {"gold": 3.0, "bronze": 0.5}
 
 
-def test_lora_slots_are_taken_in_turns_unless_the_engine_is_asked_to_order_them() -> None:
-    assert parse_settings(BASE, {}, "h").admission.slot_turns is True
-    engine_order = {"INFERENCE_LORA_SLOT_ORDER": "engine"}
-    assert parse_settings(BASE, engine_order, "h").admission.slot_turns is False
+def test_lora_slots_are_left_to_the_engine_unless_turns_are_asked_for() -> None:
+    assert parse_settings(BASE, {}, "h").admission.slot_turns is False
+    turns = {"INFERENCE_LORA_SLOT_ORDER": "turns"}
+    assert parse_settings(BASE, turns, "h").admission.slot_turns is True
 
 
 @pytest.mark.parametrize("weights", ["gold", "gold=0", "gold=-1", "gold=lots", "=2"])

@@ -20,9 +20,11 @@ inside (the longest resident among equals): it gives its slot up soonest and is 
 least asked for, so a hot adapter keeps its slot and the cold ones take turns in the
 rest. A drained adapter's waiting requests then wait for a slot like any other's. No
 adapter waits for more than one drain per adapter ahead of it, and the engine never
-sees more adapters than its slots. Measured on that fleet (two windows each, this
-module against vLLM's skipping): TTFT p99 2.2 and 2.9 s against 6.1 and 5.1 s with
-affinity, 2.5 and 3.0 s against 4.1 and 3.6 s with round robin.
+sees more adapters than its slots. On that fleet the affinity arm's TTFT p99 came to
+0.93 x round robin's, from 1.10 x (bench/results/2026-12-07T1751Z against 1553Z), at
+the cost of its median (124 to 287 ms) and of round robin's tokens/s (569 to 456: each
+drain thins a batch vLLM's order keeps full), which is why it is not the default
+(`--lora-slot-order turns`).
 
 The base model's requests need no slot. Adapters are known here by name, not revision:
 while a rollout splits one adapter over two revisions, or a request pins an older one,
