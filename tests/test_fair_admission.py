@@ -7,14 +7,14 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator, Callable, Coroutine, Sequence
-from contextlib import AbstractAsyncContextManager
+from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import grpc
 import pytest
 
-from loraserve.inference.serving import FairGate
+from loraserve.inference.serving import FairGate, SlotGate
 from loraserve.inference.v1 import inference_pb2 as pb
 from loraserve.testing.adapters.models import TinyAdapterFactory
 from loraserve.testing.engine.holding import HoldingEngine
@@ -197,18 +197,30 @@ async def test_a_request_of_n_sequences_takes_n_places_in_the_engine(
     assert waited == (2, 1, False)
 
 
+@asynccontextmanager
+async def _every_slot_held(inference: RunningInference) -> AsyncIterator[SlotGate]:
+    """One request of each resident adapter held in the engine, each in its LoRA slot,
+    until the block exits (those not let go by then are let go and awaited)."""
+    slots = inference.app.runtime_ref.get().slots
+    assert slots is not None, "--lora-slot-order turns"
+    engine = inference.engine
+    assert isinstance(engine, HoldingEngine)
+    engine.hold_each(*(f"{name}@1" for name in RESIDENTS))
+    async with asyncio.timeout(GUARD_S):
+        held = [asyncio.create_task(_first_token(inference, name, [])) for name in RESIDENTS]
+        await engine.until_held(MAX_LORAS, *held)
+        yield slots
+        engine.let_go_of_each()
+        await asyncio.gather(*held)
+
+
 async def test_an_adapter_waiting_for_a_lora_slot_goes_in_before_the_drained_adapters_next(
     slots_filled: RunningInference,
 ) -> None:
-    slots = slots_filled.app.runtime_ref.get().slots
-    assert slots is not None, "--lora-slot-order turns"
     engine = slots_filled.engine
     assert isinstance(engine, HoldingEngine)
-    engine.hold_each(*(f"{name}@1" for name in RESIDENTS))
     order: list[str] = []
-    async with asyncio.timeout(GUARD_S):
-        held = [asyncio.create_task(_first_token(slots_filled, name, [])) for name in RESIDENTS]
-        await engine.until_held(MAX_LORAS, *held)
+    async with _every_slot_held(slots_filled) as slots:
         cold = asyncio.create_task(_first_token(slots_filled, "cold", order))
         await eventually(lambda: slots.waiting == 1, "cold waits for a slot")
         # Each holds one request: the one resident longest is drained for `cold`.
@@ -217,10 +229,6 @@ async def test_an_adapter_waiting_for_a_lora_slot_goes_in_before_the_drained_ada
         await eventually(lambda: slots.waiting == 2, "the drained adapter's request waits")
         engine.let_go_of(f"{drained}@1")
         await asyncio.gather(cold, again)
-        for name in RESIDENTS:
-            if name != drained:
-                engine.let_go_of(f"{name}@1")
-        await asyncio.gather(*held)
     # vLLM's own order lets a resident adapter's requests in while any of its run.
     assert order == ["cold", drained]
     assert (slots.resident, slots.waiting) == ((), 0)
@@ -229,17 +237,7 @@ async def test_an_adapter_waiting_for_a_lora_slot_goes_in_before_the_drained_ada
 async def test_a_name_no_adapter_has_is_refused_at_once_while_every_lora_slot_is_held(
     slots_filled: RunningInference,
 ) -> None:
-    slots = slots_filled.app.runtime_ref.get().slots
-    assert slots is not None
-    engine = slots_filled.engine
-    assert isinstance(engine, HoldingEngine)
-    engine.hold_each(*(f"{name}@1" for name in RESIDENTS))
-    async with asyncio.timeout(GUARD_S):
-        held = [asyncio.create_task(_first_token(slots_filled, name, [])) for name in RESIDENTS]
-        await engine.until_held(MAX_LORAS, *held)
+    async with _every_slot_held(slots_filled) as slots:
         # Given a slot, it would wait for a resident adapter drained for it, held here.
         await _refused(slots_filled, "made-up", [])
         assert slots.waiting == 0
-        for name in RESIDENTS:
-            engine.let_go_of(f"{name}@1")
-        await asyncio.gather(*held)

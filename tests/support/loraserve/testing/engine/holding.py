@@ -52,6 +52,11 @@ class HoldingEngine(SharedEngine):
         more of it."""
         self._each.pop(lora_name).set()
 
+    def let_go_of_each(self) -> None:
+        """Lets go of every revision `hold_each` still holds."""
+        for lora_name in list(self._each):
+            self.let_go_of(lora_name)
+
     async def until_held(self, count: int, *calls: asyncio.Future[Any]) -> None:
         """Returns once `count` requests are held; fails with the error of any of `calls`
         that ends before (or says it ended unheld), and after a guard if none does."""
