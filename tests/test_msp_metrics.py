@@ -220,6 +220,24 @@ async def test_an_adapter_in_the_engine_is_named_by_the_residency_gauge(
 
 
 @pytest.mark.engine
+async def test_replica_load_reports_the_tokens_a_finished_sequence_generated(
+    served: RunningInference,
+) -> None:
+    _, tokens = await served.generate("alpha", 6)
+
+    reported: dict[str, float] = {}
+
+    async def reported_any() -> bool:
+        load = await served.stub.GetReplicaLoad(pb.GetReplicaLoadRequest())
+        reported.update(load.adapter_tokens_per_sequence)
+        return bool(reported)
+
+    # As of the last whole second: reported from the next one on.
+    await eventually(reported_any, "the tokens reported")
+    assert reported == pytest.approx({"alpha": len(tokens)})
+
+
+@pytest.mark.engine
 async def test_replica_load_counts_a_running_stream_and_names_the_resident_adapter(
     served: RunningInference,
 ) -> None:

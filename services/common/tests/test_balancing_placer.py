@@ -107,3 +107,32 @@ def test_a_round_with_no_replica_up_places_nothing() -> None:
     placer.observe({r: _replica(r, {}, 100.0, up=False) for r in REPLICAS})
     placer.place(1)
     assert placer.placement == {}
+
+
+def _observed(rates: dict[str, float], tokens: dict[str, float]) -> Placer:
+    """A placer that has observed one replica reporting `rates` and `tokens` per sequence."""
+    placer = Placer(POLICY)
+    replica = _replica("r1", rates, 100.0)
+    replica.tokens_per_sequence = tokens
+    placer.observe({"r1": replica})
+    placer.place(1)
+    return placer
+
+
+def test_demand_weighs_an_adapters_admissions_by_the_tokens_its_sequences_generate() -> None:
+    # 8 long streams against many short requests: the streams hold their places longer.
+    demand = _observed({"hot": 1.0, "cold": 5.0}, {"hot": 150.0, "cold": 4.0}).demand
+    assert demand["hot"] / demand["cold"] == pytest.approx(150 / 20)
+    # Spread over the pending sequences the replica reports (one of each).
+    assert sum(demand.values()) == pytest.approx(2.0)
+
+
+def test_an_adapter_without_tokens_reported_weighs_the_fleets_tokens_per_sequence() -> None:
+    demand = _observed({"alpha": 1.0, "beta": 3.0, "new": 1.0}, {"alpha": 10, "beta": 2}).demand
+    fleet = (1.0 * 10 + 3.0 * 2) / 4
+    assert demand["new"] / demand["alpha"] == pytest.approx(fleet / 10)
+
+
+def test_demand_by_a_release_reporting_no_tokens_is_by_admissions_alone() -> None:
+    demand = _observed({"hot": 1.0, "cold": 3.0}, {}).demand
+    assert demand["cold"] / demand["hot"] == pytest.approx(3.0)

@@ -25,8 +25,9 @@ RETRY = RetryPolicy(max_attempts=10, initial_backoff=0.01, max_backoff=0.05)
 
 class ReportingReplica(pb_grpc.InferenceServiceServicer):  # type: ignore[misc]
     """Answers Generate with its name (after `hold` is set, when given) and reports
-    `pending` and `resident` as its load, and `rates` its admissions per second by
-    adapter (none: a release before them); `reports` False answers UNIMPLEMENTED."""
+    `pending` and `resident` as its load, `rates` its admissions per second by adapter
+    (none: a release before them) and `tokens` its tokens per sequence; `reports` False
+    answers UNIMPLEMENTED."""
 
     def __init__(self, name: str) -> None:
         self.name = name
@@ -35,6 +36,7 @@ class ReportingReplica(pb_grpc.InferenceServiceServicer):  # type: ignore[misc]
         self.reports = True
         self.adapters: dict[str, int] = {}
         self.rates: dict[str, float] = {}
+        self.tokens: dict[str, float] = {}
         self.hold: asyncio.Event | None = None
         self.polls = 0
         # Seconds each load report takes to answer.
@@ -57,6 +59,7 @@ class ReportingReplica(pb_grpc.InferenceServiceServicer):  # type: ignore[misc]
             replica_id=self.name,
             adapter_pending_sequences=self.adapters,
             adapter_admission_rates=self.rates,
+            adapter_tokens_per_sequence=self.tokens,
         )
 
 
@@ -268,6 +271,16 @@ async def test_a_rate_that_is_not_a_finite_positive_number_is_no_demand() -> Non
         _queued_and_quick(replica)
         replica.adapters["bad"] = replica.adapters["worse"] = replica.adapters["none"] = 0
         replica.rates.update(bad=math.nan, worse=math.inf, none=-1.0)
+        await _reported(running)
+        demand = replicas.demand
+    assert demand == pytest.approx({"queued": 3.0, "quick": 9.0})
+
+
+async def test_tokens_per_sequence_not_finite_count_as_the_fleets_and_under_one_as_one() -> None:
+    async with fleet(1) as running, _replica_set(running) as replicas:
+        replica = next(iter(running.values()))[0]
+        _queued_and_quick(replica)
+        replica.tokens = {"queued": math.inf, "quick": -5.0, "unrated": 1e6}
         await _reported(running)
         demand = replicas.demand
     assert demand == pytest.approx({"queued": 3.0, "quick": 9.0})

@@ -133,3 +133,44 @@ def test_admission_rates_say_the_second_they_are_as_of() -> None:
     clock.now = 1000.7
     admission.admission_rates()
     assert admission.admission_rates_as_of == 1000.0
+
+
+def test_tokens_per_sequence_weigh_each_ended_sequence_by_its_age() -> None:
+    clock = Clock()
+    admission = _admission(clock)
+    with admission.admit(2, "alpha"):
+        admission.ran("alpha", 2, 40)
+    clock.now += RATE_TIME_CONSTANT_S
+    with admission.admit(1, "alpha"):
+        admission.ran("alpha", 1, 4)
+    clock.now += RATE_GRID_S
+    rates = admission.admission_rates()
+    # 2 sequences of 20 tokens, each weighted 1/e, beside 1 of 4 weighted 1.
+    expected = (40 / math.e + 4) / (2 / math.e + 1)
+    assert admission.tokens_per_sequence(rates) == pytest.approx({"alpha": expected})
+
+
+def test_tokens_per_sequence_read_alike_anywhere_between_two_boundaries_of_the_grid() -> None:
+    clock = Clock()
+    admission = _admission(clock)
+    with admission.admit(1, "alpha"):
+        admission.ran("alpha", 1, 10)
+    clock.now += RATE_GRID_S
+    first = admission.tokens_per_sequence(admission.admission_rates())
+    clock.now += RATE_GRID_S / 2
+    with admission.admit(1, "alpha"):
+        admission.ran("alpha", 1, 100)
+    assert admission.tokens_per_sequence(admission.admission_rates()) == first
+    assert first == pytest.approx({"alpha": 10})
+
+
+def test_tokens_per_sequence_name_only_adapters_with_a_sequence_ended_and_at_least_one() -> None:
+    clock = Clock()
+    admission = _admission(clock)
+    with admission.admit(1, "alpha"), admission.admit(1, "beta"), admission.admit(1, "gamma"):
+        admission.ran("alpha", 1, 0)
+        admission.ran("beta", 1, 7)
+        clock.now += RATE_GRID_S
+        rates = admission.admission_rates()
+    assert rates.keys() == {"alpha", "beta", "gamma"}
+    assert admission.tokens_per_sequence(rates) == pytest.approx({"alpha": 1.0, "beta": 7.0})

@@ -57,6 +57,8 @@ class Placer:
         self._pending: dict[tuple[str, str], float] = {}
         self._readings = 0
         self._arrivals: dict[tuple[str, str], float] = {}
+        # Tokens per sequence of each adapter on each replica, as last reported.
+        self._tokens: dict[tuple[str, str], float] = {}
         # The replicas up, the second each one's rates are as of, the process that
         # answered, and whether all of them report rates, as of the last poll.
         self._as_of: dict[str, float] = {}
@@ -107,6 +109,7 @@ class Placer:
         sequences on each replica, and takes their admission rates as reported."""
         pending: dict[tuple[str, str], float] = {}
         arrivals: dict[tuple[str, str], float] = {}
+        tokens: dict[tuple[str, str], float] = {}
         up = {address: replica for address, replica in replicas.items() if replica.up}
         for address, replica in up.items():
             # Reported under "", hashed and placed under the header's value.
@@ -114,9 +117,12 @@ class Placer:
                 pending[adapter or BASE_MODEL_HASH_KEY, address] = float(count)
             for adapter, rate in replica.arrivals.items():
                 arrivals[adapter or BASE_MODEL_HASH_KEY, address] = rate
+            for adapter, per_sequence in replica.tokens_per_sequence.items():
+                tokens[adapter or BASE_MODEL_HASH_KEY, address] = per_sequence
         smooth(self._pending, pending, self._policy.demand_smoothing)
         self._readings += 1
         self._arrivals = arrivals
+        self._tokens = tokens
         self._as_of = {address: replica.rates_as_of for address, replica in up.items()}
         self._incarnation = {address: replica.replica_id for address, replica in up.items()}
         self._rates_everywhere = all(r.reports_rates is not False for r in up.values())
@@ -166,20 +172,24 @@ class Placer:
         """How much each adapter is asked for on each replica, the factor that makes it
         pending sequences, and whether by admissions. By admissions where every replica
         up reports them: an adapter's admissions per second (averaged over
-        DEMAND_WINDOW_S of rounds), times the fleet's pending sequences per admission
-        per second (Little's law, with one mean hold for the fleet). Its own pending
+        DEMAND_WINDOW_S of rounds) times the tokens its sequences generate (`_work`),
+        times the fleet's pending sequences per token of that (Little's law: a sequence
+        holds its place for as many engine steps as it generates tokens, so 8 streams
+        of 150 tokens need more places than 40 requests of 4 a second). Its own pending
         sequences would count each request as long as it queues, so an adapter on a busy
         replica would look hotter than the same one on an idle replica, and moving it
         would change its demand: placement would chase its own effect. By pending
         sequences where a replica does not report admissions (a release before 0.3,
         mid-upgrade). Smoothed pending sequences are unbiased for how few readings a
-        client just started has. A fleet admitting next to nothing (under LEAST_RATE) is
-        placed on pending sequences too."""
+        client just started has. A fleet admitting next to nothing (under LEAST_RATE),
+        or reporting work past a float's range, is placed on pending sequences too."""
         rates = self._recent.mean_rates(self._demand_rounds) or self._arrivals
-        rate = sum(rates.values())
         fresh = unbiased(self._policy.demand_smoothing, self._readings)
-        if LEAST_RATE <= rate < math.inf and self._rates_everywhere:
-            return rates, fresh * sum(self._pending.values()) / rate, True
+        if LEAST_RATE <= sum(rates.values()) < math.inf and self._rates_everywhere:
+            work = _work(rates, self._tokens)
+            total = sum(work.values())
+            if total < math.inf:
+                return work, fresh * sum(self._pending.values()) / total, True
         return self._pending, fresh, False
 
     def _followed(
@@ -216,6 +226,31 @@ class Placer:
         this client's went where it placed it, the others placed the adapter elsewhere."""
         to_placement, elsewhere = self._sent.get(adapter, (0.0, 0.0))
         return elsewhere > to_placement
+
+
+def _work(
+    rates: Mapping[tuple[str, str], float], tokens: Mapping[tuple[str, str], float]
+) -> dict[tuple[str, str], float]:
+    """Each rate times the tokens per sequence of its adapter there; where that replica
+    has none to say (no sequence of it ended yet), the adapter's elsewhere, weighted by
+    rate; for an adapter no replica says of, the fleet's. All 1 where no replica reports
+    tokens (a release before 0.3): each rate as it is."""
+    known: dict[str, list[float]] = {}
+    fleet = [0.0, 0.0]
+    for key, per_sequence in tokens.items():
+        rate = rates.get(key, 0.0)
+        for sums in (known.setdefault(key[0], [0.0, 0.0]), fleet):
+            sums[0] += rate * per_sequence
+            sums[1] += rate
+    overall = fleet[0] / fleet[1] if fleet[1] > 0 else 1.0
+    work = {}
+    for key, rate in rates.items():
+        reported = tokens.get(key)
+        if reported is None:
+            adapter = known.get(key[0])
+            reported = adapter[0] / adapter[1] if adapter and adapter[1] > 0 else overall
+        work[key] = rate * reported
+    return work
 
 
 def _per_adapter(weights: Mapping[tuple[str, str], float], scale: float) -> dict[str, float]:

@@ -63,6 +63,9 @@ class Replica:
     # Its admissions per second by adapter as last reported; which process reported
     # them; whether it reports them (None: no sign either way yet, as while idle).
     arrivals: dict[str, float] = field(default_factory=dict)
+    # Tokens its sequences of each adapter generate, as last reported (none from a
+    # release before 0.3).
+    tokens_per_sequence: dict[str, float] = field(default_factory=dict)
     replica_id: str = ""
     reports_rates: bool | None = None
     # The wall-clock second its rates are as of, as it says (or the second its answer
@@ -214,6 +217,7 @@ class ReplicaSet:
                 # client's own count alone.
                 replica.up, replica.reported, replica.in_flight_at_report = True, 0, 0
                 replica.adapters, replica.arrivals, replica.reports_rates = {}, {}, None
+                replica.tokens_per_sequence = {}
                 return
             self._unanswered(replica, exc.code())
             return
@@ -293,9 +297,10 @@ class ReplicaSet:
 
 def _read_rates(replica: Replica, response: pb.GetReplicaLoadResponse) -> None:
     """A replica's admissions per second by adapter, from `response` (only finite,
-    positive rates: a malformed one is no demand). A replica reporting an adapter
-    pending with no rate is of a release before rates: none are taken from it, nor
-    placed by, until another process answers at its address (its `replica_id`)."""
+    positive rates: a malformed one is no demand), and the tokens per sequence of those
+    (finite, at least 1). A replica reporting an adapter pending with no rate is of a
+    release before rates: none are taken from it, nor placed by, until another process
+    answers at its address (its `replica_id`)."""
     if response.replica_id != replica.replica_id:
         replica.replica_id, replica.reports_rates = response.replica_id, None
     reported = response.adapter_admission_rates
@@ -308,6 +313,11 @@ def _read_rates(replica: Replica, response: pb.GetReplicaLoadResponse) -> None:
         if replica.reports_rates is False
         else {a: r for a, r in reported.items() if math.isfinite(r) and r > 0}
     )
+    replica.tokens_per_sequence = {
+        a: max(1.0, t)
+        for a, t in response.adapter_tokens_per_sequence.items()
+        if a in replica.arrivals and math.isfinite(t)
+    }
 
 
 def _address(sockaddr: tuple[object, ...]) -> str:

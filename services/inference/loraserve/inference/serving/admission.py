@@ -11,7 +11,7 @@ well, so it is INVALID_ARGUMENT rather than a retry.
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 
 from loraserve.common.errors import InvalidArgument, ResourceExhausted
@@ -60,6 +60,16 @@ class Admission:
         """Sequences admitted per second by adapter label (`AdmissionRates`): every label
         pending, or admitted lately."""
         return self._rates.rates(keep=self._by_adapter.__contains__)
+
+    def tokens_per_sequence(self, adapters: Iterable[str]) -> dict[str, float]:
+        """Of `adapters` (from the last `admission_rates`), the tokens a sequence that ran
+        generated lately (`AdmissionRates.tokens_per_sequence`)."""
+        return self._rates.tokens_per_sequence(adapters)
+
+    def ran(self, adapter: str, sequences: int, generated: int) -> None:
+        """Counts a request of `adapter` (its label) that ran in the engine and ended:
+        its `sequences` generated `generated` tokens between them."""
+        self._rates.ran(adapter, sequences, generated)
 
     @property
     def admission_rates_as_of(self) -> float:

@@ -9,14 +9,20 @@ moments after that boundary and before the next read the same numbers too: clien
 place at multiples of their placement interval on the wall clock
 (`loraserve.clients.balancing`), and read alike whenever their clocks are in step
 within a poll (NTP keeps them within milliseconds).
+
+Beside each rate, the tokens a sequence of that adapter generated, over the sequences
+that ended lately (weighted by age alike, as of the same boundary): how many engine
+steps one holds its place for, whatever queue it waited in first. An adapter's
+admissions times that is its share of the engine's work, so a few long streams weigh
+more than many short requests at a higher rate.
 """
 
 from __future__ import annotations
 
 import math
 import time
-from collections.abc import Callable
-from dataclasses import dataclass
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
 
 __all__ = ["FORGOTTEN_RATE", "RATE_GRID_S", "RATE_TIME_CONSTANT_S", "AdmissionRates"]
 
@@ -29,36 +35,62 @@ FORGOTTEN_RATE = 0.001
 
 
 @dataclass(slots=True)
-class _Rate:
-    # The adapter's admissions, each weighted by its age, as of `at` (wall clock).
+class _Decayed:
+    """A sum of amounts, each weighted by its age, as of `at` (wall clock); and as of the
+    grid's boundary `boundary`, kept when the first amount after that boundary came."""
+
     weight: float = 0.0
     at: float = -math.inf
-    # The weight as of the grid's boundary `boundary`, kept when the first admission
-    # after that boundary came.
     at_boundary: float = 0.0
     boundary: float = -math.inf
 
+    def add(self, now: float, amount: float) -> None:
+        boundary = _boundary(now)
+        if now < self.at:
+            # The wall clock stepped back: the weight holds as of now.
+            self.at, self.at_boundary, self.boundary = now, self.weight, boundary
+        elif self.at < boundary:
+            self.at_boundary, self.boundary = _decayed(self.weight, boundary - self.at), boundary
+        self.weight, self.at = _decayed(self.weight, now - self.at) + amount, now
+
+    def as_of(self, boundary: float) -> float:
+        """The weight as of `boundary`, the grid's last: what came since is left out (a
+        clock stepped back reads the same)."""
+        if self.at < boundary:
+            return _decayed(self.weight, boundary - self.at)
+        return self.at_boundary
+
+
+@dataclass(slots=True)
+class _Adapter:
+    # Sequences admitted; sequences that ran in the engine and ended, and the tokens
+    # they generated.
+    admitted: _Decayed = field(default_factory=_Decayed)
+    ran: _Decayed = field(default_factory=_Decayed)
+    tokens: _Decayed = field(default_factory=_Decayed)
+
 
 class AdmissionRates:
-    """Admissions per second by adapter label, each weighted by its age, as of the grid's
-    last boundary."""
+    """Admissions per second by adapter label, each weighted by its age, and the tokens
+    each of its sequences generated, as of the grid's last boundary."""
 
     def __init__(self, wall_clock: Callable[[], float] = time.time) -> None:
         self._clock = wall_clock
-        self._rates: dict[str, _Rate] = {}
+        self._adapters: dict[str, _Adapter] = {}
         # The grid's boundary the last `rates` were as of.
         self.as_of = 0.0
 
     def admitted(self, adapter: str, sequences: int) -> None:
-        now = self._clock()
-        rate = self._rates.setdefault(adapter, _Rate())
-        boundary = _boundary(now)
-        if now < rate.at:
-            # The wall clock stepped back: the weight holds as of now.
-            rate.at, rate.at_boundary, rate.boundary = now, rate.weight, boundary
-        elif rate.at < boundary:
-            rate.at_boundary, rate.boundary = _decayed(rate.weight, boundary - rate.at), boundary
-        rate.weight, rate.at = _decayed(rate.weight, now - rate.at) + sequences, now
+        self._adapters.setdefault(adapter, _Adapter()).admitted.add(self._clock(), sequences)
+
+    def ran(self, adapter: str, sequences: int, generated: int) -> None:
+        """Counts `sequences` of `adapter` (one request) that ran in the engine and ended,
+        having generated `generated` tokens between them."""
+        state = self._adapters.get(adapter)
+        if state is not None:
+            now = self._clock()
+            state.ran.add(now, sequences)
+            state.tokens.add(now, max(generated, sequences))
 
     def rates(self, keep: Callable[[str], bool]) -> dict[str, float]:
         """Each adapter's rate as of the grid's last boundary (`as_of` from then on; a
@@ -68,21 +100,31 @@ class AdmissionRates:
         boundary = _boundary(now)
         self.as_of = boundary
         rates: dict[str, float] = {}
-        for adapter, rate in list(self._rates.items()):
-            if rate.at < boundary:
-                weight = _decayed(rate.weight, boundary - rate.at)
-            else:
-                # Admitted since the boundary (a clock stepped back reads the same).
-                weight = rate.at_boundary
-            value = weight / RATE_TIME_CONSTANT_S
+        for adapter, state in list(self._adapters.items()):
+            value = state.admitted.as_of(boundary) / RATE_TIME_CONSTANT_S
             if value >= FORGOTTEN_RATE or keep(adapter):
                 rates[adapter] = value
-            elif _decayed(rate.weight, now - rate.at) / RATE_TIME_CONSTANT_S < FORGOTTEN_RATE:
+            elif (
+                _decayed(state.admitted.weight, now - state.admitted.at) / RATE_TIME_CONSTANT_S
+                < FORGOTTEN_RATE
+            ):
                 # Forgotten by what it weighs now: as of the boundary, an adapter first
                 # admitted since weighs nothing, and its request, ended before the next
                 # boundary, would go unreported.
-                del self._rates[adapter]
+                del self._adapters[adapter]
         return rates
+
+    def tokens_per_sequence(self, adapters: Iterable[str]) -> dict[str, float]:
+        """Of `adapters` (those `rates` just reported), the tokens each sequence that
+        ran generated, weighted by how lately it ended, as of the same boundary: only
+        those with a sequence ended by then; at least 1 (the prefill's token)."""
+        means: dict[str, float] = {}
+        for adapter in adapters:
+            state = self._adapters.get(adapter)
+            ran = state.ran.as_of(self.as_of) if state is not None else 0.0
+            if state is not None and ran > 0:
+                means[adapter] = max(1.0, state.tokens.as_of(self.as_of) / ran)
+        return means
 
 
 def _boundary(now: float) -> float:

@@ -224,7 +224,8 @@ class Generator:
         """Holds the request's place under its adapter's quota and in admission, weighed
         as the `sequences` (its n) the engine runs for it; sets what charges its tokens
         (prompt and generated: the prefill is work as decoding is) on `outcome`. Yields
-        when it was admitted (time.monotonic)."""
+        when it was admitted (time.monotonic); counts the tokens it generated, if it
+        went to the engine, where routing reads how long its adapter's sequences run."""
         label = self._routed_label(ref)
         with (
             self._quotas.admit(ref.name, label, sequences) as charge,
@@ -232,7 +233,11 @@ class Generator:
         ):
             outcome.charge = charge
             outcome.admitted = time.monotonic()
-            yield outcome.admitted
+            try:
+                yield outcome.admitted
+            finally:
+                if outcome.submitted:
+                    self._admission.ran(label, sequences, outcome.generated)
 
     def _routed_label(self, ref: AdapterRef) -> str:
         """The name when this replica routes it ("" for the base model), else one label

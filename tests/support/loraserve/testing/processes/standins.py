@@ -43,20 +43,24 @@ class StandInReplica(pb_grpc.InferenceServiceServicer):  # type: ignore[misc]
         self._admission = Admission(1_000_000)
 
     async def Generate(self, request: pb.GenerateRequest, context: Any) -> AsyncIterator[Any]:
-        with self._admission.admit(1, request.adapter.partition("@")[0]):
+        adapter = request.adapter.partition("@")[0]
+        with self._admission.admit(1, adapter):
             await asyncio.sleep(FIRST_TOKEN_S)
             for token in range(TOKENS):
                 yield pb.GenerateResponse(token_ids=[token])
                 await asyncio.sleep(TOKEN_S)
             yield pb.GenerateResponse(finish_reason=pb.FINISH_REASON_LENGTH)
+            self._admission.ran(adapter, 1, TOKENS)
 
     async def GetReplicaLoad(
         self, request: pb.GetReplicaLoadRequest, context: Any
     ) -> pb.GetReplicaLoadResponse:
+        rates = self._admission.admission_rates()
         return pb.GetReplicaLoadResponse(
             pending_sequences=self._admission.pending,
             adapter_pending_sequences=self._admission.pending_by_adapter(),
-            adapter_admission_rates=self._admission.admission_rates(),
+            adapter_admission_rates=rates,
+            adapter_tokens_per_sequence=self._admission.tokens_per_sequence(rates),
         )
 
 
