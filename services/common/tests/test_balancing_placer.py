@@ -9,6 +9,7 @@ import pytest
 from loraserve.clients.balancing import BoundedLoad, Replica, preference
 from loraserve.clients.balancing.placer import Placer
 from loraserve.clients.balancing.recent import RATE_TIME_CONSTANT_S
+from loraserve.clients.routing import BASE_MODEL_HASH_KEY
 
 POLICY = BoundedLoad(demand_smoothing=1)
 REPLICAS = ("r1", "r2", "r3")
@@ -109,30 +110,68 @@ def test_a_round_with_no_replica_up_places_nothing() -> None:
     assert placer.placement == {}
 
 
-def _observed(rates: dict[str, float], tokens: dict[str, float]) -> Placer:
-    """A placer that has observed one replica reporting `rates` and `tokens` per sequence."""
+def _observed(
+    *reports: tuple[dict[str, float], dict[str, float] | None], round_: int = 1
+) -> Placer:
+    """A placer that has placed round `round_` after observing one replica per report:
+    its rates and its tokens per sequence (None: a release that reports none)."""
     placer = Placer(POLICY)
-    replica = _replica("r1", rates, 100.0)
-    replica.tokens_per_sequence = tokens
-    placer.observe({"r1": replica})
-    placer.place(1)
+    _observe(placer, *reports)
+    placer.place(round_)
     return placer
+
+
+def _observe(placer: Placer, *reports: tuple[dict[str, float], dict[str, float] | None]) -> None:
+    replicas = {}
+    for i, (rates, tokens) in enumerate(reports):
+        replica = _replica(f"r{i + 1}", rates, 100.0)
+        replica.tokens_per_sequence = tokens or {}
+        replica.reports_tokens = tokens is not None
+        replicas[replica.address] = replica
+    placer.observe(replicas)
 
 
 def test_demand_weighs_an_adapters_admissions_by_the_tokens_its_sequences_generate() -> None:
     # 8 long streams against many short requests: the streams hold their places longer.
-    demand = _observed({"hot": 1.0, "cold": 5.0}, {"hot": 150.0, "cold": 4.0}).demand
+    demand = _observed(({"hot": 1.0, "cold": 5.0}, {"hot": 150.0, "cold": 4.0})).demand
     assert demand["hot"] / demand["cold"] == pytest.approx(150 / 20)
     # Spread over the pending sequences the replica reports (one of each).
     assert sum(demand.values()) == pytest.approx(2.0)
 
 
 def test_an_adapter_without_tokens_reported_weighs_the_fleets_tokens_per_sequence() -> None:
-    demand = _observed({"alpha": 1.0, "beta": 3.0, "new": 1.0}, {"alpha": 10, "beta": 2}).demand
+    rates = {"alpha": 1.0, "beta": 3.0, "new": 1.0}
+    demand = _observed((rates, {"alpha": 10, "beta": 2})).demand
     fleet = (1.0 * 10 + 3.0 * 2) / 4
     assert demand["new"] / demand["alpha"] == pytest.approx(fleet / 10)
 
 
-def test_demand_by_a_release_reporting_no_tokens_is_by_admissions_alone() -> None:
-    demand = _observed({"hot": 1.0, "cold": 3.0}, {}).demand
-    assert demand["cold"] / demand["hot"] == pytest.approx(3.0)
+def test_an_adapter_without_tokens_on_one_replica_weighs_its_tokens_on_the_others() -> None:
+    demand = _observed(
+        ({"alpha": 1.0, "beta": 1.0}, {"alpha": 50.0, "beta": 2.0}),
+        ({"alpha": 1.0}, {}),
+    ).demand
+    assert demand["alpha"] / demand["beta"] == pytest.approx(2 * 50 / 2)
+
+
+def test_a_fleet_with_a_replica_reporting_no_tokens_is_placed_by_admissions_alone() -> None:
+    # Weighed by the fleet's tokens, "old" would count as the long streams it shares
+    # nothing with.
+    demand = _observed(
+        ({"hot": 1.0}, {"hot": 150.0}),
+        ({"old": 3.0}, None),
+    ).demand
+    assert demand["old"] / demand["hot"] == pytest.approx(3.0)
+
+
+def test_the_base_models_tokens_weigh_its_admissions_under_its_hash_key() -> None:
+    demand = _observed(({"": 1.0, "alpha": 1.0}, {"": 30.0, "alpha": 10.0})).demand
+    assert demand[BASE_MODEL_HASH_KEY] / demand["alpha"] == pytest.approx(3.0)
+
+
+def test_demand_read_between_rounds_weighs_tokens_as_the_last_round_placed() -> None:
+    placer = _observed(({"hot": 1.0, "cold": 1.0}, {"hot": 100.0, "cold": 1.0}))
+    placed = placer.demand
+    _observe(placer, ({"hot": 1.0, "cold": 1.0}, {"hot": 1.0, "cold": 100.0}))
+    demand = placer.demand
+    assert demand["hot"] / demand["cold"] == pytest.approx(placed["hot"] / placed["cold"])

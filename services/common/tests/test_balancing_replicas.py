@@ -14,6 +14,7 @@ import pytest
 
 from loraserve.clients.balancing import BoundedLoad, ReplicaSet, preference
 from loraserve.clients.balancing import replicas as replicas_module
+from loraserve.clients.balancing.replicas import MAX_TOKENS_PER_SEQUENCE
 from loraserve.clients.inference import InferenceClient, RetryPolicy
 from loraserve.inference.v1 import inference_pb2 as pb
 from loraserve.inference.v1 import inference_pb2_grpc as pb_grpc
@@ -60,6 +61,7 @@ class ReportingReplica(pb_grpc.InferenceServiceServicer):  # type: ignore[misc]
             adapter_pending_sequences=self.adapters,
             adapter_admission_rates=self.rates,
             adapter_tokens_per_sequence=self.tokens,
+            reports_tokens_per_sequence=True,
         )
 
 
@@ -276,14 +278,26 @@ async def test_a_rate_that_is_not_a_finite_positive_number_is_no_demand() -> Non
     assert demand == pytest.approx({"queued": 3.0, "quick": 9.0})
 
 
-async def test_tokens_per_sequence_not_finite_count_as_the_fleets_and_under_one_as_one() -> None:
+async def test_tokens_per_sequence_not_finite_count_as_the_fleets() -> None:
     async with fleet(1) as running, _replica_set(running) as replicas:
         replica = next(iter(running.values()))[0]
         _queued_and_quick(replica)
-        replica.tokens = {"queued": math.inf, "quick": -5.0, "unrated": 1e6}
+        # Taken as 1, the queued adapter would weigh 1 against the quick one's 3 x 4.
+        replica.tokens = {"queued": math.inf, "quick": 4.0}
         await _reported(running)
         demand = replicas.demand
     assert demand == pytest.approx({"queued": 3.0, "quick": 9.0})
+
+
+async def test_tokens_per_sequence_are_taken_within_one_and_the_most_any_model_holds() -> None:
+    async with fleet(1) as running, _replica_set(running) as replicas:
+        replica = next(iter(running.values()))[0]
+        _queued_and_quick(replica)
+        replica.tokens = {"queued": -5.0, "quick": 1e300}
+        await _reported(running)
+        demand = replicas.demand
+    work = {"queued": 1.0, "quick": 3.0 * MAX_TOKENS_PER_SEQUENCE}
+    assert demand == pytest.approx({a: 12 * w / sum(work.values()) for a, w in work.items()})
 
 
 async def test_a_client_that_just_started_reads_demand_at_its_full_size() -> None:

@@ -174,3 +174,23 @@ def test_tokens_per_sequence_name_only_adapters_with_a_sequence_ended_and_at_lea
         rates = admission.admission_rates()
     assert rates.keys() == {"alpha", "beta", "gamma"}
     assert admission.tokens_per_sequence(rates) == pytest.approx({"alpha": 1.0, "beta": 7.0})
+
+
+def test_tokens_per_sequence_stay_sane_when_the_wall_clock_steps_back() -> None:
+    clock = Clock()
+    admission = _admission(clock)
+    with admission.admit(1, "alpha"):
+        admission.ran("alpha", 1, 10)
+    clock.now += RATE_GRID_S
+    admission.admission_rates()
+    clock.now -= 10 * RATE_GRID_S
+    with admission.admit(1, "alpha"):
+        admission.ran("alpha", 1, 30)
+    tokens = admission.tokens_per_sequence(admission.admission_rates())
+    assert 10 <= tokens["alpha"] <= 30
+
+
+def test_a_sequence_that_ran_for_an_adapter_forgotten_meanwhile_is_not_counted() -> None:
+    admission = _admission(Clock())
+    admission.ran("alpha", 1, 10)
+    assert admission.tokens_per_sequence(["alpha"]) == {}

@@ -8,11 +8,12 @@ from pathlib import Path
 
 import pytest
 
-from loraserve.common.errors import InvalidArgument, ResourceExhausted, Unavailable
+from loraserve.common.errors import InvalidArgument, NotFound, ResourceExhausted, Unavailable
 from loraserve.inference.adapters import LLAMA_TARGET_MODULES, AdapterRegistry, CompatibilityChecker
 from loraserve.inference.engine import EngineFinish, StructuredOutput
 from loraserve.inference.metrics import InferenceMetrics
 from loraserve.inference.serving import Admission
+from loraserve.inference.serving.admission_rates import RATE_GRID_S, AdmissionRates
 from loraserve.inference.serving.generation import (
     FinishReason,
     GenerateCommand,
@@ -267,3 +268,69 @@ async def test_n_choices_stream_with_their_index_and_usage_once_at_the_end(
     assert [(c.index, c.token_ids) for c in chunks] == [(0, (0,)), (1, (0,)), (0, (1,)), (1, (1,))]
     assert [c.finish_reason for c in chunks] == [None, None] + [FinishReason.LENGTH] * 2
     assert [c.usage for c in chunks] == [None, None, None, Usage(3, 4)]
+
+
+class _Clock:
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def _counting(
+    engine: FakeEngine, registry: AdapterRegistry, metrics: InferenceMetrics
+) -> tuple[Generator, Admission, _Clock]:
+    """A generator whose admission reports as of a clock the test moves."""
+    clock = _Clock()
+    admission = Admission(4, rates=AdmissionRates(clock))
+    return Generator(engine, registry, admission, metrics), admission, clock
+
+
+def _reported_tokens(admission: Admission, clock: _Clock) -> dict[str, float]:
+    clock.now += RATE_GRID_S
+    return admission.tokens_per_sequence(admission.admission_rates())
+
+
+@pytest.mark.parametrize(
+    "refused",
+    [
+        GenerateCommand(adapter="nobody", prompt_text="hi"),
+        GenerateCommand(adapter="alpha", prompt_text=""),
+    ],
+)
+async def test_a_request_refused_before_the_engine_reports_no_tokens(
+    engine: FakeEngine,
+    registry: AdapterRegistry,
+    metrics: InferenceMetrics,
+    refused: GenerateCommand,
+) -> None:
+    generator, admission, clock = _counting(engine, registry, metrics)
+    with pytest.raises((NotFound, InvalidArgument)):
+        await _collect(generator, refused)
+    assert _reported_tokens(admission, clock) == {}
+
+
+async def test_a_stream_closed_midway_reports_the_tokens_it_generated(
+    engine: FakeEngine, registry: AdapterRegistry, metrics: InferenceMetrics
+) -> None:
+    generator, admission, clock = _counting(engine, registry, metrics)
+    command = GenerateCommand(
+        adapter="alpha", prompt_text="hi", sampling=SamplingRequest(max_tokens=10)
+    )
+    stream = generator.generate(command)
+    await anext(stream)
+    await anext(stream)
+    await stream.aclose()
+    assert _reported_tokens(admission, clock) == pytest.approx({"alpha": 2.0})
+
+
+async def test_n_choices_report_the_tokens_of_each_sequence(
+    engine: FakeEngine, registry: AdapterRegistry, metrics: InferenceMetrics
+) -> None:
+    generator, admission, clock = _counting(engine, registry, metrics)
+    command = GenerateCommand(
+        adapter="alpha", prompt_text="hi", sampling=SamplingRequest(max_tokens=3, n=2)
+    )
+    await _collect(generator, command)
+    assert _reported_tokens(admission, clock) == pytest.approx({"alpha": 3.0})

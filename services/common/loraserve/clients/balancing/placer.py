@@ -57,8 +57,11 @@ class Placer:
         self._pending: dict[tuple[str, str], float] = {}
         self._readings = 0
         self._arrivals: dict[tuple[str, str], float] = {}
-        # Tokens per sequence of each adapter on each replica, as last reported.
+        # Tokens per sequence of each adapter on each replica, as last reported (none
+        # while a replica up does not report them), and as the last round placed by
+        # (None before the first).
         self._tokens: dict[tuple[str, str], float] = {}
+        self._placed_tokens: dict[tuple[str, str], float] | None = None
         # The replicas up, the second each one's rates are as of, the process that
         # answered, and whether all of them report rates, as of the last poll.
         self._as_of: dict[str, float] = {}
@@ -122,7 +125,9 @@ class Placer:
         smooth(self._pending, pending, self._policy.demand_smoothing)
         self._readings += 1
         self._arrivals = arrivals
-        self._tokens = tokens
+        # From a replica of a release that does not report them, an adapter running only
+        # there would be weighed by the others' tokens, not its own: none are used.
+        self._tokens = tokens if all(r.reports_tokens for r in up.values()) else {}
         self._as_of = {address: replica.rates_as_of for address, replica in up.items()}
         self._incarnation = {address: replica.replica_id for address, replica in up.items()}
         self._rates_everywhere = all(r.reports_rates is not False for r in up.values())
@@ -131,6 +136,9 @@ class Placer:
         """Places every adapter with demand for round `round_`, logging each moved."""
         up = sorted(self._as_of)
         self._recent.record(round_, Reading(self._arrivals, self._as_of, self._incarnation))
+        # Demand read between rounds (HAProxy's agent checks the room by it) weighs as
+        # this round placed.
+        self._placed_tokens = self._tokens
         weights, scale, by_rates = self._weights()
         demand = _per_adapter(weights, scale)
         before = self._placement or {}
@@ -186,7 +194,8 @@ class Placer:
         rates = self._recent.mean_rates(self._demand_rounds) or self._arrivals
         fresh = unbiased(self._policy.demand_smoothing, self._readings)
         if LEAST_RATE <= sum(rates.values()) < math.inf and self._rates_everywhere:
-            work = _work(rates, self._tokens)
+            placed = self._placed_tokens
+            work = _work(rates, self._tokens if placed is None else placed)
             total = sum(work.values())
             if total < math.inf:
                 return work, fresh * sum(self._pending.values()) / total, True
@@ -233,8 +242,8 @@ def _work(
 ) -> dict[tuple[str, str], float]:
     """Each rate times the tokens per sequence of its adapter there; where that replica
     has none to say (no sequence of it ended yet), the adapter's elsewhere, weighted by
-    rate; for an adapter no replica says of, the fleet's. All 1 where no replica reports
-    tokens (a release before 0.3): each rate as it is."""
+    rate; for an adapter no replica says of, the fleet's. With no tokens (a replica up
+    of a release before 0.3), each rate as it is."""
     known: dict[str, list[float]] = {}
     fleet = [0.0, 0.0]
     for key, per_sequence in tokens.items():

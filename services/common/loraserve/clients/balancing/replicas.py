@@ -8,8 +8,8 @@ report makes many independent client processes agree on the fleet's load, and th
 client's own count keeps its choices fresh between reports. Each report also says how
 many sequences of each adapter the replica admits per second, a rate the replica keeps
 over about the last 5 s: summed over the fleet (and averaged over a few rounds) it is
-each adapter's demand, which placement balances (`Placer`), the same in every client
-that reads it. A
+each adapter's demand, weighed by the tokens its sequences generate there, which
+placement balances (`Placer`), the same in every client that reads it. A
 replica whose poll is refused (UNAVAILABLE: gone, starting, draining after SIGTERM)
 leaves the choice until it answers again, as does one whose call failed UNAVAILABLE
 before any response; one that answers late stays on its last report until its polls have
@@ -44,6 +44,10 @@ log = logging.getLogger(__name__)
 
 ChannelFactory = Callable[[str], grpc.aio.Channel]
 
+# Past any model's context: a larger report is taken as this, so one replica's figure
+# cannot outweigh every other adapter's admissions by more than a real one could.
+MAX_TOKENS_PER_SEQUENCE = float(2**24)
+
 
 @dataclass(eq=False)
 class Replica:
@@ -63,9 +67,10 @@ class Replica:
     # Its admissions per second by adapter as last reported; which process reported
     # them; whether it reports them (None: no sign either way yet, as while idle).
     arrivals: dict[str, float] = field(default_factory=dict)
-    # Tokens its sequences of each adapter generate, as last reported (none from a
-    # release before 0.3).
+    # Tokens its sequences of each adapter generate, as last reported, and whether it
+    # reports them (not a release before 0.3).
     tokens_per_sequence: dict[str, float] = field(default_factory=dict)
+    reports_tokens: bool = False
     replica_id: str = ""
     reports_rates: bool | None = None
     # The wall-clock second its rates are as of, as it says (or the second its answer
@@ -217,7 +222,7 @@ class ReplicaSet:
                 # client's own count alone.
                 replica.up, replica.reported, replica.in_flight_at_report = True, 0, 0
                 replica.adapters, replica.arrivals, replica.reports_rates = {}, {}, None
-                replica.tokens_per_sequence = {}
+                replica.tokens_per_sequence, replica.reports_tokens = {}, False
                 return
             self._unanswered(replica, exc.code())
             return
@@ -298,9 +303,9 @@ class ReplicaSet:
 def _read_rates(replica: Replica, response: pb.GetReplicaLoadResponse) -> None:
     """A replica's admissions per second by adapter, from `response` (only finite,
     positive rates: a malformed one is no demand), and the tokens per sequence of those
-    (finite, at least 1). A replica reporting an adapter pending with no rate is of a
-    release before rates: none are taken from it, nor placed by, until another process
-    answers at its address (its `replica_id`)."""
+    (finite, taken within [1, MAX_TOKENS_PER_SEQUENCE]). A replica reporting an adapter
+    pending with no rate is of a release before rates: none are taken from it, nor
+    placed by, until another process answers at its address (its `replica_id`)."""
     if response.replica_id != replica.replica_id:
         replica.replica_id, replica.reports_rates = response.replica_id, None
     reported = response.adapter_admission_rates
@@ -313,8 +318,9 @@ def _read_rates(replica: Replica, response: pb.GetReplicaLoadResponse) -> None:
         if replica.reports_rates is False
         else {a: r for a, r in reported.items() if math.isfinite(r) and r > 0}
     )
+    replica.reports_tokens = response.reports_tokens_per_sequence
     replica.tokens_per_sequence = {
-        a: max(1.0, t)
+        a: min(max(1.0, t), MAX_TOKENS_PER_SEQUENCE)
         for a, t in response.adapter_tokens_per_sequence.items()
         if a in replica.arrivals and math.isfinite(t)
     }

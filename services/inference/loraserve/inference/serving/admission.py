@@ -63,8 +63,8 @@ class Admission:
 
     def tokens_per_sequence(self, adapters: Iterable[str]) -> dict[str, float]:
         """Of `adapters` (from the last `admission_rates`), the tokens a sequence that ran
-        generated lately (`AdmissionRates.tokens_per_sequence`)."""
-        return self._rates.tokens_per_sequence(adapters)
+        generated lately, as of the same moment (`AdmissionRates.tokens_per_sequence`)."""
+        return self._rates.tokens_per_sequence(adapters, self._rates.as_of)
 
     def ran(self, adapter: str, sequences: int, generated: int) -> None:
         """Counts a request of `adapter` (its label) that ran in the engine and ended:

@@ -114,16 +114,16 @@ class AdmissionRates:
                 del self._adapters[adapter]
         return rates
 
-    def tokens_per_sequence(self, adapters: Iterable[str]) -> dict[str, float]:
-        """Of `adapters` (those `rates` just reported), the tokens each sequence that
-        ran generated, weighted by how lately it ended, as of the same boundary: only
-        those with a sequence ended by then; at least 1 (the prefill's token)."""
+    def tokens_per_sequence(self, adapters: Iterable[str], as_of: float) -> dict[str, float]:
+        """Of `adapters` (those `rates` reported), the tokens each sequence that ran
+        generated, weighted by how lately it ended, as of `as_of` (the boundary those
+        rates were as of): only those with a sequence ended by then; at least 1."""
         means: dict[str, float] = {}
         for adapter in adapters:
             state = self._adapters.get(adapter)
-            ran = state.ran.as_of(self.as_of) if state is not None else 0.0
+            ran = state.ran.as_of(as_of) if state is not None else 0.0
             if state is not None and ran > 0:
-                means[adapter] = max(1.0, state.tokens.as_of(self.as_of) / ran)
+                means[adapter] = max(1.0, state.tokens.as_of(as_of) / ran)
         return means
 
 

@@ -224,8 +224,8 @@ class Generator:
         """Holds the request's place under its adapter's quota and in admission, weighed
         as the `sequences` (its n) the engine runs for it; sets what charges its tokens
         (prompt and generated: the prefill is work as decoding is) on `outcome`. Yields
-        when it was admitted (time.monotonic); counts the tokens it generated, if it
-        went to the engine, where routing reads how long its adapter's sequences run."""
+        when it was admitted (time.monotonic); counts the tokens it generated, where
+        routing reads how long its adapter's sequences run."""
         label = self._routed_label(ref)
         with (
             self._quotas.admit(ref.name, label, sequences) as charge,
@@ -236,7 +236,10 @@ class Generator:
             try:
                 yield outcome.admitted
             finally:
-                if outcome.submitted:
+                # One that generated nothing (refused, aborted in the engine's queue)
+                # held no step: counted, an overloaded adapter whose callers give up
+                # would read shorter just when it is too hot.
+                if outcome.generated:
                     self._admission.ran(label, sequences, outcome.generated)
 
     def _routed_label(self, ref: AdapterRef) -> str:

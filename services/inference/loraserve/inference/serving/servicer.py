@@ -143,6 +143,7 @@ class InferenceServicer(pb_grpc.InferenceServiceServicer):  # type: ignore[misc]
             adapter_admission_rates=rates,
             admission_rates_as_of=as_of,
             adapter_tokens_per_sequence=runtime.admission.tokens_per_sequence(rates),
+            reports_tokens_per_sequence=True,
         )
 
 

@@ -291,7 +291,7 @@ class GetReplicaLoadRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class GetReplicaLoadResponse(_message.Message):
-    __slots__ = ("pending_sequences", "max_pending_sequences", "resident_adapters", "replica_id", "adapter_pending_sequences", "adapter_admission_rates", "admission_rates_as_of", "adapter_tokens_per_sequence")
+    __slots__ = ("pending_sequences", "max_pending_sequences", "resident_adapters", "replica_id", "adapter_pending_sequences", "adapter_admission_rates", "admission_rates_as_of", "adapter_tokens_per_sequence", "reports_tokens_per_sequence")
     class AdapterPendingSequencesEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -321,6 +321,7 @@ class GetReplicaLoadResponse(_message.Message):
     ADAPTER_ADMISSION_RATES_FIELD_NUMBER: _ClassVar[int]
     ADMISSION_RATES_AS_OF_FIELD_NUMBER: _ClassVar[int]
     ADAPTER_TOKENS_PER_SEQUENCE_FIELD_NUMBER: _ClassVar[int]
+    REPORTS_TOKENS_PER_SEQUENCE_FIELD_NUMBER: _ClassVar[int]
     pending_sequences: int
     max_pending_sequences: int
     resident_adapters: _containers.RepeatedScalarFieldContainer[str]
@@ -329,7 +330,8 @@ class GetReplicaLoadResponse(_message.Message):
     adapter_admission_rates: _containers.ScalarMap[str, float]
     admission_rates_as_of: _timestamp_pb2.Timestamp
     adapter_tokens_per_sequence: _containers.ScalarMap[str, float]
-    def __init__(self, pending_sequences: _Optional[int] = ..., max_pending_sequences: _Optional[int] = ..., resident_adapters: _Optional[_Iterable[str]] = ..., replica_id: _Optional[str] = ..., adapter_pending_sequences: _Optional[_Mapping[str, int]] = ..., adapter_admission_rates: _Optional[_Mapping[str, float]] = ..., admission_rates_as_of: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., adapter_tokens_per_sequence: _Optional[_Mapping[str, float]] = ...) -> None: ...
+    reports_tokens_per_sequence: bool
+    def __init__(self, pending_sequences: _Optional[int] = ..., max_pending_sequences: _Optional[int] = ..., resident_adapters: _Optional[_Iterable[str]] = ..., replica_id: _Optional[str] = ..., adapter_pending_sequences: _Optional[_Mapping[str, int]] = ..., adapter_admission_rates: _Optional[_Mapping[str, float]] = ..., admission_rates_as_of: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., adapter_tokens_per_sequence: _Optional[_Mapping[str, float]] = ..., reports_tokens_per_sequence: _Optional[bool] = ...) -> None: ...
 
 class AdapterTiers(_message.Message):
     __slots__ = ("slots_in_use", "slot_capacity", "host_adapters", "host_capacity", "engine_adapters", "disk_revisions", "disk_bytes", "disk_capacity_bytes", "routed_adapters", "engine_misses", "disk_misses", "engine_evictions", "disk_evictions", "downloads", "load_wait_seconds_p50", "load_wait_seconds_p99")

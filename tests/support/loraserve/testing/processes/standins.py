@@ -61,6 +61,7 @@ class StandInReplica(pb_grpc.InferenceServiceServicer):  # type: ignore[misc]
             adapter_pending_sequences=self._admission.pending_by_adapter(),
             adapter_admission_rates=rates,
             adapter_tokens_per_sequence=self._admission.tokens_per_sequence(rates),
+            reports_tokens_per_sequence=True,
         )
 
 
