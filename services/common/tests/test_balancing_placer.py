@@ -139,11 +139,12 @@ def test_demand_weighs_an_adapters_admissions_by_the_tokens_its_sequences_genera
     assert sum(demand.values()) == pytest.approx(2.0)
 
 
-def test_an_adapter_without_tokens_reported_weighs_the_fleets_tokens_per_sequence() -> None:
+def test_an_adapter_no_replica_reports_tokens_for_counts_the_places_it_holds() -> None:
+    # Each pending once: "new" holds 1 of the 3 places, the others share the rest by
+    # their admissions x tokens (10 against 6).
     rates = {"alpha": 1.0, "beta": 3.0, "new": 1.0}
     demand = _observed((rates, {"alpha": 10, "beta": 2})).demand
-    fleet = (1.0 * 10 + 3.0 * 2) / 4
-    assert demand["new"] / demand["alpha"] == pytest.approx(fleet / 10)
+    assert demand == pytest.approx({"alpha": 1.25, "beta": 0.75, "new": 1.0})
 
 
 def test_an_adapter_without_tokens_on_one_replica_weighs_its_tokens_on_the_others() -> None:

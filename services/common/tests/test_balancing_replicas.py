@@ -278,15 +278,16 @@ async def test_a_rate_that_is_not_a_finite_positive_number_is_no_demand() -> Non
     assert demand == pytest.approx({"queued": 3.0, "quick": 9.0})
 
 
-async def test_tokens_per_sequence_not_finite_count_as_the_fleets() -> None:
+async def test_a_token_count_that_is_not_a_number_is_not_taken() -> None:
     async with fleet(1) as running, _replica_set(running) as replicas:
         replica = next(iter(running.values()))[0]
         _queued_and_quick(replica)
-        # Taken as 1, the queued adapter would weigh 1 against the quick one's 3 x 4.
-        replica.tokens = {"queued": math.inf, "quick": 4.0}
+        # Taken (as 1), the queued adapter would weigh 1 against the quick one's 3 x 4;
+        # unknown, it counts the 9 places it holds.
+        replica.tokens = {"queued": math.nan, "quick": 4.0}
         await _reported(running)
         demand = replicas.demand
-    assert demand == pytest.approx({"queued": 3.0, "quick": 9.0})
+    assert demand == pytest.approx({"queued": 9.0, "quick": 3.0})
 
 
 async def test_tokens_per_sequence_are_taken_within_one_and_the_most_any_model_holds() -> None:

@@ -181,7 +181,9 @@ class Placer:
         pending sequences, and whether by admissions. By admissions where every replica
         up reports them: an adapter's admissions per second (averaged over
         DEMAND_WINDOW_S of rounds) times the tokens its sequences generate (`_work`),
-        times the fleet's pending sequences per token of that (Little's law: a sequence
+        times the fleet's pending sequences per token of that (the places held by
+        adapters whose tokens no replica knows yet set aside: they count those); Little's
+        law: a sequence
         holds its place for as many engine steps as it generates tokens, so 8 streams
         of 150 tokens need more places than 40 requests of 4 a second). Its own pending
         sequences would count each request as long as it queues, so an adapter on a busy
@@ -195,10 +197,16 @@ class Placer:
         fresh = unbiased(self._policy.demand_smoothing, self._readings)
         if LEAST_RATE <= sum(rates.values()) < math.inf and self._rates_everywhere:
             placed = self._placed_tokens
-            work = _work(rates, self._tokens if placed is None else placed)
+            work, unknown = _work(rates, self._tokens if placed is None else placed)
+            # An adapter none of whose sequences has ended yet counts the places it
+            # holds now: weighed by the others' tokens, 8 streams of 200 tokens just
+            # begun read as 8 requests of 4 beside a cold adapter asked for often, and
+            # were placed whole on one replica until the first of them ended.
+            held = {k: fresh * p for k, p in self._pending.items() if k[0] in unknown}
+            rest = max(0.0, fresh * sum(self._pending.values()) - sum(held.values()))
             total = sum(work.values())
-            if total < math.inf:
-                return work, fresh * sum(self._pending.values()) / total, True
+            if 0 < total < math.inf:
+                return {**{k: w * rest / total for k, w in work.items()}, **held}, 1.0, True
         return self._pending, fresh, False
 
     def _followed(
@@ -239,27 +247,33 @@ class Placer:
 
 def _work(
     rates: Mapping[tuple[str, str], float], tokens: Mapping[tuple[str, str], float]
-) -> dict[tuple[str, str], float]:
+) -> tuple[dict[tuple[str, str], float], set[str]]:
     """Each rate times the tokens per sequence of its adapter there; where that replica
-    has none to say (no sequence of it ended yet), the adapter's elsewhere, weighted by
-    rate; for an adapter no replica says of, the fleet's. With no tokens (a replica up
-    of a release before 0.3), each rate as it is."""
+    has none to say (no sequence of it ended there yet), the adapter's elsewhere
+    (weighted by rate where it has any); and the adapters no replica says of, left out.
+    With no tokens at all (a replica up of a release before 0.3, or none ended yet),
+    each rate as it is, none left out."""
+    if not tokens:
+        return dict(rates), set()
     known: dict[str, list[float]] = {}
-    fleet = [0.0, 0.0]
     for key, per_sequence in tokens.items():
+        sums = known.setdefault(key[0], [0.0, 0.0, 0.0, 0.0])
         rate = rates.get(key, 0.0)
-        for sums in (known.setdefault(key[0], [0.0, 0.0]), fleet):
-            sums[0] += rate * per_sequence
-            sums[1] += rate
-    overall = fleet[0] / fleet[1] if fleet[1] > 0 else 1.0
-    work = {}
+        sums[0] += rate * per_sequence
+        sums[1] += rate
+        sums[2] += per_sequence
+        sums[3] += 1
+    work, unknown = {}, set()
     for key, rate in rates.items():
         reported = tokens.get(key)
         if reported is None:
             adapter = known.get(key[0])
-            reported = adapter[0] / adapter[1] if adapter and adapter[1] > 0 else overall
+            if adapter is None:
+                unknown.add(key[0])
+                continue
+            reported = adapter[0] / adapter[1] if adapter[1] > 0 else adapter[2] / adapter[3]
         work[key] = rate * reported
-    return work
+    return work, unknown
 
 
 def _per_adapter(weights: Mapping[tuple[str, str], float], scale: float) -> dict[str, float]:
