@@ -92,8 +92,10 @@ class HaproxyPlacement:
             # A placement over no replica is empty: written, it would unmap everything
             # because the agent's own calls fail (a wrong token, a CA), not the fleet.
             raise Unavailable("no replica answered the agent's load poll")
-        wanted = self.wanted(servers, placement, replicas.demand)
-        await self._write(wanted)
+        demand = replicas.demand
+        wanted = self.wanted(servers, placement, demand)
+        room = replica_room(demand, len(servers), self._policy.balance_factor)
+        await self._write(wanted, demand, room)
         return wanted
 
     def wanted(
@@ -140,16 +142,26 @@ class HaproxyPlacement:
         await self._replicas.start()
         return self._replicas
 
-    async def _write(self, wanted: dict[str, str]) -> None:
+    async def _write(self, wanted: dict[str, str], demand: dict[str, float], room: float) -> None:
+        """Brings HAProxy's map to `wanted`, logging each change with the adapter's
+        demand and a replica's room (what decided it)."""
         current = await self._api.map_entries(self._map_file)
         for adapter in sorted(current.keys() - wanted.keys()):
             await self._api.delete_entry(self._map_file, current[adapter])
-            log.info("placement.unmapped adapter=%r", adapter[:80])
+            log.info(
+                "placement.unmapped adapter=%r demand=%.2f room=%.2f",
+                adapter[:80],
+                demand.get(adapter, 0.0),
+                room,
+            )
         for adapter, server in sorted(wanted.items()):
             was = current[adapter].value if adapter in current else None
             if was != server:
                 await self._api.set_entry(self._map_file, adapter, server, new=was is None)
-                log.info("placement.moved adapter=%s server=%s was=%s", adapter, server, was)
+                log.info(
+                    "placement.moved adapter=%s server=%s was=%s demand=%.2f room=%.2f",
+                    *(adapter, server, was, demand.get(adapter, 0.0), room),
+                )
 
 
 def _until_placed(policy: BoundedLoad) -> float:
