@@ -242,7 +242,7 @@ async def test_a_hot_adapter_spills_to_the_second_replica_while_a_cold_one_stays
     served = owners(before, after)
     cold_at_home = after[homes[cold]][cold] - before[homes[cold]][cold]
     assert (cold_outcomes.ok, hot_outcomes.errors) == (ROUNDS, []), cold_outcomes
-    assert homes.get(hot) is None, homes
+    assert homes.get(hot) is None, (homes, _events(routed.haproxy.log_path.parent))
     # HAProxy bounds each request as it comes: at an instant when the hot streams restart
     # together the cold adapter's home can pass the bound, so a loaded machine may see
     # some of its requests spill; most stay home.
@@ -319,13 +319,19 @@ def _split(adapter: str, servers: list[str], placed: dict[str, str], directory: 
     """Why `adapter` was split: the servers its calls went to, as runs in the order
     they ended, beside what moved in the agent's log and HAProxy's."""
     runs = [f"{server} x{len(list(group))}" for server, group in itertools.groupby(servers)]
+    return f"{adapter} placed on {placed.get(adapter)}, served {runs}; events: {_events(directory)}"
+
+
+def _events(directory: Path) -> list[str]:
+    """The last map changes in the agent's log (each with the demand and room that
+    decided it) and server state changes in HAProxy's, in `directory`."""
     events = [
         line
         for log in ("haproxy-placement.log", "haproxy.log")
         for line in (directory / log).read_text(errors="replace").splitlines()
         if re.search(r"placement\.(moved|unmapped)|is (DOWN|UP)|Server .* (DOWN|UP)", line)
     ]
-    return f"{adapter} placed on {placed.get(adapter)}, served {runs}; events: {events[-40:]}"
+    return events[-40:]
 
 
 async def _settled_without(haproxy: Haproxy, adapter: str) -> bool:
