@@ -60,6 +60,9 @@ LOAD = Sampling(max_tokens=24, temperature=0.0, ignore_eos=True)
 # Streams of the hot adapter at once: HAProxy's bound (1.25x the mean of 2 replicas) lets
 # its home take about 5 of them.
 HOT_STREAMS = 8
+# Sequences in each hot request (its n, sampled: greedy takes one): the agent's demand
+# counts places in the engine.
+HOT_CHOICES = 4
 # Requests of each adapter in the affinity test, of the cold adapter in the spill test.
 ROUNDS = 6
 # Streams kept running on the adapter of the replica a test stops.
@@ -207,12 +210,14 @@ async def test_a_hot_adapter_spills_to_the_second_replica_while_a_cold_one_stays
     hot, cold = ADAPTERS[:2]
     # Hot streams of different lengths end at different times: batched on one engine,
     # equal ones would all end at once and leave the other replica, for an instant, above
-    # the bound of what remains in flight, spilling the cold adapter too. Long enough
-    # that each is in a replica nearly all the time, on a loaded machine too: with 16 to
-    # 44 tokens, two CPU-bound processes beside the suite kept only 0 to 3 of the 8 in,
-    # under the bound, and the agent rightly placed the adapter whole.
+    # the bound of what remains in flight, spilling the cold adapter too. Each request
+    # HOT_CHOICES sequences, so that the hot one is past the bound (4 pending sequences)
+    # with only one or two of its requests in a replica: with two CPU-bound processes
+    # beside the suite, this process and HAProxy were starved, the 8 streams kept 1 or 2
+    # of their requests in the replicas for long stretches (even at 96 to 208 tokens
+    # each), and the agent rightly mapped the adapter whole.
     hot_load = [
-        Sampling(max_tokens=96 + 16 * i, temperature=0.0, ignore_eos=True)
+        Sampling(max_tokens=96 + 16 * i, n=HOT_CHOICES, temperature=1.0, ignore_eos=True)
         for i in range(HOT_STREAMS)
     ]
     cold_outcomes = Outcomes()
