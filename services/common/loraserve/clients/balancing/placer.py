@@ -181,11 +181,10 @@ class Placer:
         pending sequences, and whether by admissions. By admissions where every replica
         up reports them: an adapter's admissions per second (averaged over
         DEMAND_WINDOW_S of rounds) times the tokens its sequences generate (`_work`),
-        times the fleet's pending sequences per token of that (the places held by
-        adapters whose tokens no replica knows yet set aside: they count those); Little's
-        law: a sequence
+        times the fleet's pending sequences per token of that (Little's law: a sequence
         holds its place for as many engine steps as it generates tokens, so 8 streams
-        of 150 tokens need more places than 40 requests of 4 a second). Its own pending
+        of 150 tokens need more places than 40 requests of 4 a second); an adapter
+        whose tokens no replica knows yet counts the places it holds. Its own pending
         sequences would count each request as long as it queues, so an adapter on a busy
         replica would look hotter than the same one on an idle replica, and moving it
         would change its demand: placement would chase its own effect. By pending
@@ -249,29 +248,27 @@ def _work(
     rates: Mapping[tuple[str, str], float], tokens: Mapping[tuple[str, str], float]
 ) -> tuple[dict[tuple[str, str], float], set[str]]:
     """Each rate times the tokens per sequence of its adapter there; where that replica
-    has none to say (no sequence of it ended there yet), the adapter's elsewhere
-    (weighted by rate where it has any); and the adapters no replica says of, left out.
+    has none to say (no sequence of it ended there yet), the adapter's elsewhere,
+    weighted by rate; and the adapters no replica says of, left out.
     With no tokens at all (a replica up of a release before 0.3, or none ended yet),
     each rate as it is, none left out."""
     if not tokens:
         return dict(rates), set()
+    # Adapter -> [its rates x tokens, its rates] over the replicas that report tokens.
     known: dict[str, list[float]] = {}
     for key, per_sequence in tokens.items():
-        sums = known.setdefault(key[0], [0.0, 0.0, 0.0, 0.0])
-        rate = rates.get(key, 0.0)
-        sums[0] += rate * per_sequence
-        sums[1] += rate
-        sums[2] += per_sequence
-        sums[3] += 1
+        sums = known.setdefault(key[0], [0.0, 0.0])
+        sums[0] += rates.get(key, 0.0) * per_sequence
+        sums[1] += rates.get(key, 0.0)
     work, unknown = {}, set()
     for key, rate in rates.items():
         reported = tokens.get(key)
         if reported is None:
-            adapter = known.get(key[0])
-            if adapter is None:
+            weighted, rated = known.get(key[0], (0.0, 0.0))
+            if not rated:
                 unknown.add(key[0])
                 continue
-            reported = adapter[0] / adapter[1] if adapter[1] > 0 else adapter[2] / adapter[3]
+            reported = weighted / rated
         work[key] = rate * reported
     return work, unknown
 
