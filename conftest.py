@@ -11,7 +11,9 @@ pytest_plugins = [
     "loraserve.testing.inference.openai_front",
     "loraserve.testing.engine.parity",
     "loraserve.testing.inference.stack",
-    "loraserve.testing.plugins.demo_warmup",
+    # Before demo_warmup, which imports it: registered first, its asserts are rewritten.
     "loraserve.testing.plugins.figures",
+    "loraserve.testing.plugins.demo_warmup",
+    "loraserve.testing.plugins.durations",
     "loraserve.testing.plugins.scheduling",
 ]

@@ -1,0 +1,104 @@
+"""What `.ci/run` tells at the end of every run: each phase's time, the native
+transport's state, and the slowest test modules. `.ci/run` runs here against a `make`
+that only records what it was asked (on PATH ahead of the real one), so each branch of
+the script is taken without building anything."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+FAKE_MAKE = """#!/bin/sh
+echo "make $1 LORASERVE_REQUIRE_NATIVE=${LORASERVE_REQUIRE_NATIVE:-}" >> "$CALLS"
+case "$1" in
+  native) exit "${NATIVE_STATUS:-0}" ;;
+  test) exit "${TEST_STATUS:-0}" ;;
+esac
+"""
+
+
+def _ci(tmp_path: Path, **statuses: str) -> tuple[subprocess.CompletedProcess[str], list[str]]:
+    """Runs a copy of `.ci/run` as root with apt-get found (the branch CI takes)."""
+    (tmp_path / ".ci").mkdir()
+    shutil.copy(ROOT / ".ci" / "run", tmp_path / ".ci" / "run")
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    for name, text in (
+        ("make", FAKE_MAKE),
+        ("apt-get", "#!/bin/sh\n"),
+        ("id", "#!/bin/sh\necho 0\n"),
+    ):
+        (bin_dir / name).write_text(text)
+        (bin_dir / name).chmod(0o755)
+    calls = tmp_path / "calls"
+    env = {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}", "CALLS": str(calls), **statuses}
+    env.pop("LORASERVE_REQUIRE_NATIVE", None)
+    done = subprocess.run(
+        ["bash", str(tmp_path / ".ci" / "run")],
+        capture_output=True,
+        text=True,
+        env=env,
+        check=False,
+    )
+    return done, calls.read_text().splitlines()
+
+
+def test_ci_ends_with_every_phase_timed_and_the_native_transport_required(tmp_path: Path) -> None:
+    done, calls = _ci(tmp_path)
+    assert done.returncode == 0, done.stderr
+    last = done.stdout.splitlines()[-8:]
+    assert last[0] == "=== CI phases ==="
+    assert [line.split()[-1] for line in last[1:6]] == [
+        "setup",
+        "native",
+        "haproxy",
+        "lint",
+        "test",
+    ]
+    assert "whole run, exit status 0" in last[6]
+    assert last[7].startswith("native transport: built; its tests are required to run")
+    # Where it built, the tests run with the requirement: a skipped native test fails.
+    assert "make test LORASERVE_REQUIRE_NATIVE=1" in calls
+
+
+def test_ci_says_at_its_end_that_the_native_transport_did_not_build(tmp_path: Path) -> None:
+    done, calls = _ci(tmp_path, NATIVE_STATUS="2")
+    assert done.returncode == 0, done.stderr
+    assert "native (failed: exit status 2)" in done.stdout
+    assert done.stdout.splitlines()[-1].startswith("native transport: make native FAILED")
+    assert "make test LORASERVE_REQUIRE_NATIVE=" in calls
+
+
+def test_ci_fails_with_its_summary_when_the_tests_fail(tmp_path: Path) -> None:
+    done, _ = _ci(tmp_path, TEST_STATUS="1")
+    assert done.returncode == 1
+    assert "test (failed: exit status 1)" in done.stdout
+    assert "whole run, exit status 1" in done.stdout
+
+
+@pytest.mark.parametrize("workers", ["0", "2"])
+def test_a_run_names_its_slowest_modules_slowest_first(tmp_path: Path, workers: str) -> None:
+    (tmp_path / "test_quick.py").write_text("def test_quick():\n    pass\n")
+    # The sleep is what is measured: this module must come out slower.
+    (tmp_path / "test_slow.py").write_text("import time\n\ndef test_slow():\n    time.sleep(0.5)\n")
+    done = subprocess.run(
+        [
+            *(sys.executable, "-m", "pytest", "-p", "loraserve.testing.plugins.durations"),
+            *("-n", workers, "-p", "no:cacheprovider", "--rootdir", str(tmp_path), str(tmp_path)),
+        ],
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+        check=False,
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    summary = done.stdout.split("slowest modules", 1)[1].splitlines()[1:]
+    slowest, next_slowest = [line.split() for line in summary if line.strip()][:2]
+    assert (slowest[-1], next_slowest[-1]) == ("test_slow.py", "test_quick.py")
+    assert float(slowest[0]) >= 0.5
