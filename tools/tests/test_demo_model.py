@@ -27,13 +27,9 @@ NEW_TOKENS = 32
 
 
 @pytest.fixture(scope="session")
-def demo_cache_dir(pytestconfig: pytest.Config) -> Path:
-    return pytestconfig.rootpath / ".cache" / "demo"
-
-
-@pytest.fixture(scope="session")
-def demo(demo_cache_dir: Path) -> DemoBuild:
-    return build_demo(demo_cache_dir)
+def demo(demo_trained: Path) -> DemoBuild:
+    # Once the session's background training ended: building here too trained it twice.
+    return build_demo(demo_trained)
 
 
 @cache
@@ -86,9 +82,9 @@ def test_demo_adapters_name_the_demo_model_not_a_path(demo: DemoBuild) -> None:
         assert demo.model_dir.name == DEMO_MODEL_NAME
 
 
-def test_demo_layout_names_where_the_build_is(demo: DemoBuild, demo_cache_dir: Path) -> None:
-    assert demo_layout(demo_cache_dir) == demo
-    assert is_demo_built(demo_cache_dir)
+def test_demo_layout_names_where_the_build_is(demo: DemoBuild, demo_trained: Path) -> None:
+    assert demo_layout(demo_trained) == demo
+    assert is_demo_built(demo_trained)
 
 
 def test_demo_is_not_built_in_an_empty_cache(tmp_path: Path) -> None:

@@ -1,8 +1,10 @@
 """Trains the demo model in the background from the start of a session that runs
-`tests/test_run_command.py`. On a fresh clone that training is minutes of one core which
-the run command's fixture would otherwise spend alone at its setup; started at collection,
-it overlaps the tests before it. The run command still finds the demo through its own
-check (`is_demo_built`), so what it runs is unchanged. On several workers (pytest-xdist)
+`tests/test_run_command.py` or `tools/tests/test_demo_model.py`. On a fresh clone that
+training is minutes of one core which their fixtures would otherwise spend alone at their
+setup; started at collection, it overlaps the tests before it. Both wait for it
+(`demo_trained`) rather than train beside it: the build has no lock, and each would train
+the whole demo again. The run command still finds the demo through its own check
+(`is_demo_built`), so what it runs is unchanged. On several workers (pytest-xdist)
 every worker collects every test, so only the first starts the training, and the others
 wait for it while its process lives (its pid is in the cache directory)."""
 
@@ -18,7 +20,8 @@ import pytest
 
 from loraserve.testing.plugins.figures import add_figure
 
-RUN_COMMAND_TESTS = "test_run_command.py"
+# The modules that use the demo (`demo_trained`).
+DEMO_TESTS = frozenset({"test_run_command.py", "test_demo_model.py"})
 # Longer than the training on a busy 2-core machine.
 TRAIN_TIMEOUT_S = 1200.0
 _PID_FILE = "warmup-train.pid"
@@ -37,7 +40,7 @@ def demo_cache_dir(config: pytest.Config) -> Path:
 def pytest_collection_finish(session: pytest.Session) -> None:
     if os.environ.get("PYTEST_XDIST_WORKER", "gw0") != "gw0":
         return
-    if not any(item.path.name == RUN_COMMAND_TESTS for item in session.items):
+    if not any(item.path.name in DEMO_TESTS for item in session.items):
         return
     # Here, not at the top: torch's import is seconds every other session need not pay.
     from loraserve.tiny.demo_model import is_demo_built
