@@ -1,7 +1,7 @@
 """`adapterctl quota` against a real store over gRPC and S3 (moto): quotas are entries of
 the store's change log (a store started afresh on the bucket, and every watcher, sees
 them), and bad input is refused with a clear status or exit code with nothing
-committed. tests/test_quotas.py runs a real replica that enforces them."""
+committed. tests/test_quota_enforcement.py runs a real replica that enforces them."""
 
 from __future__ import annotations
 
