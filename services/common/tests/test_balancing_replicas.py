@@ -18,6 +18,7 @@ from loraserve.clients.balancing.replicas import MAX_TOKENS_PER_SEQUENCE
 from loraserve.clients.inference import InferenceClient, RetryPolicy
 from loraserve.inference.v1 import inference_pb2 as pb
 from loraserve.inference.v1 import inference_pb2_grpc as pb_grpc
+from loraserve.testing.fakes.clock import ManualClock
 from loraserve.testing.waiting import eventually
 
 FAST = BoundedLoad(poll_interval_s=0.02)
@@ -338,20 +339,10 @@ async def test_a_call_the_server_cancelled_before_its_first_message_is_sent_agai
     assert (completion.text, replica.refusals) == ("replica-0", 0)
 
 
-class WallClock:
-    """Stands in for the `time` module in the replica set: a wall clock a test moves."""
-
-    def __init__(self, now: float) -> None:
-        self.now = now
-
-    def time(self) -> float:
-        return self.now
-
-
 async def test_clients_started_apart_first_place_at_the_same_boundary_of_the_wall_clock(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    wall = WallClock(1000.0)
+    wall = ManualClock(1000.0)
     monkeypatch.setattr(replicas_module, "time", wall)
     policy = BoundedLoad(poll_interval_s=0.02, placement_interval_s=2.0)
     async with fleet(3) as running:
@@ -379,7 +370,7 @@ async def test_clients_started_apart_first_place_at_the_same_boundary_of_the_wal
 async def test_a_client_follows_an_adapter_to_where_it_was_admitted_since_it_placed_it(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    wall = WallClock(1000.0)
+    wall = ManualClock(1000.0)
     monkeypatch.setattr(replicas_module, "time", wall)
     policy = BoundedLoad(poll_interval_s=0.02, placement_interval_s=2.0, demand_smoothing=1)
     async with fleet(3) as running:
@@ -407,7 +398,7 @@ async def test_a_client_follows_an_adapter_to_where_it_was_admitted_since_it_pla
 
 
 async def _next_round(
-    wall: WallClock, running: dict[str, tuple[ReportingReplica, grpc.aio.Server]]
+    wall: ManualClock, running: dict[str, tuple[ReportingReplica, grpc.aio.Server]]
 ) -> None:
     """Moves the wall clock to the next placement round, and waits until it is placed."""
     wall.now += BoundedLoad().placement_interval_s

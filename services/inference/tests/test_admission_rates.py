@@ -15,22 +15,15 @@ from loraserve.inference.serving.admission_rates import (
     RATE_TIME_CONSTANT_S,
     AdmissionRates,
 )
+from loraserve.testing.fakes.clock import ManualClock
 
 
-class Clock:
-    def __init__(self) -> None:
-        self.now = 1000.0
-
-    def __call__(self) -> float:
-        return self.now
-
-
-def _admission(clock: Clock) -> Admission:
+def _admission(clock: ManualClock) -> Admission:
     return Admission(8, rates=AdmissionRates(clock))
 
 
 def test_admission_rates_weigh_each_sequence_by_its_age() -> None:
-    clock = Clock()
+    clock = ManualClock()
     admission = _admission(clock)
     with admission.admit(2, "alpha"):
         pass
@@ -50,7 +43,7 @@ def test_admission_rates_weigh_each_sequence_by_its_age() -> None:
 
 
 def test_admission_rates_read_alike_anywhere_between_two_boundaries_of_the_grid() -> None:
-    clock = Clock()
+    clock = ManualClock()
     admission = _admission(clock)
     with admission.admit(3, "alpha"):
         pass
@@ -66,7 +59,7 @@ def test_admission_rates_read_alike_anywhere_between_two_boundaries_of_the_grid(
 
 
 def test_admission_rate_of_a_steady_stream_reads_its_rate() -> None:
-    clock, draws = Clock(), random.Random(7)
+    clock, draws = ManualClock(), random.Random(7)
     admission = _admission(clock)
     readings = []
     for _ in range(20_000):
@@ -79,7 +72,7 @@ def test_admission_rate_of_a_steady_stream_reads_its_rate() -> None:
 
 
 def test_admission_forgets_an_idle_adapter_and_rates_it_from_zero_again() -> None:
-    clock = Clock()
+    clock = ManualClock()
     admission = _admission(clock)
     with admission.admit(2, "alpha"):
         pass
@@ -92,7 +85,7 @@ def test_admission_forgets_an_idle_adapter_and_rates_it_from_zero_again() -> Non
 
 
 def test_admission_rates_report_a_lone_request_read_before_the_next_boundary_then_after() -> None:
-    clock = Clock()
+    clock = ManualClock()
     admission = _admission(clock)
     with admission.admit(1, "alpha"):
         pass
@@ -105,7 +98,7 @@ def test_admission_rates_report_a_lone_request_read_before_the_next_boundary_the
 
 
 def test_admission_keeps_reporting_an_adapter_still_pending_past_forgetting() -> None:
-    clock = Clock()
+    clock = ManualClock()
     admission = _admission(clock)
     with admission.admit(1, "alpha"):
         clock.now += 3600
@@ -113,7 +106,7 @@ def test_admission_keeps_reporting_an_adapter_still_pending_past_forgetting() ->
 
 
 def test_admission_rates_stay_sane_when_the_wall_clock_steps_back() -> None:
-    clock = Clock()
+    clock = ManualClock()
     admission = _admission(clock)
     with admission.admit(1, "alpha"):
         pass
@@ -128,7 +121,7 @@ def test_admission_rates_stay_sane_when_the_wall_clock_steps_back() -> None:
 
 
 def test_admission_rates_say_the_second_they_are_as_of() -> None:
-    clock = Clock()
+    clock = ManualClock()
     admission = _admission(clock)
     clock.now = 1000.7
     admission.admission_rates()
@@ -136,7 +129,7 @@ def test_admission_rates_say_the_second_they_are_as_of() -> None:
 
 
 def test_tokens_per_sequence_weigh_each_ended_sequence_by_its_age() -> None:
-    clock = Clock()
+    clock = ManualClock()
     admission = _admission(clock)
     with admission.admit(2, "alpha"):
         admission.ran("alpha", 2, 40)
@@ -151,7 +144,7 @@ def test_tokens_per_sequence_weigh_each_ended_sequence_by_its_age() -> None:
 
 
 def test_tokens_per_sequence_read_alike_anywhere_between_two_boundaries_of_the_grid() -> None:
-    clock = Clock()
+    clock = ManualClock()
     admission = _admission(clock)
     with admission.admit(1, "alpha"):
         admission.ran("alpha", 1, 10)
@@ -165,7 +158,7 @@ def test_tokens_per_sequence_read_alike_anywhere_between_two_boundaries_of_the_g
 
 
 def test_tokens_per_sequence_name_only_adapters_with_a_sequence_ended_and_at_least_one() -> None:
-    clock = Clock()
+    clock = ManualClock()
     admission = _admission(clock)
     with admission.admit(1, "alpha"), admission.admit(1, "beta"), admission.admit(1, "gamma"):
         admission.ran("alpha", 1, 0)
@@ -177,7 +170,7 @@ def test_tokens_per_sequence_name_only_adapters_with_a_sequence_ended_and_at_lea
 
 
 def test_tokens_per_sequence_stay_sane_when_the_wall_clock_steps_back() -> None:
-    clock = Clock()
+    clock = ManualClock()
     admission = _admission(clock)
     with admission.admit(1, "alpha"):
         admission.ran("alpha", 1, 10)
@@ -191,6 +184,6 @@ def test_tokens_per_sequence_stay_sane_when_the_wall_clock_steps_back() -> None:
 
 
 def test_a_sequence_that_ran_for_an_adapter_forgotten_meanwhile_is_not_counted() -> None:
-    admission = _admission(Clock())
+    admission = _admission(ManualClock())
     admission.ran("alpha", 1, 10)
     assert admission.tokens_per_sequence(["alpha"]) == {}

@@ -9,6 +9,7 @@ from collections import Counter
 from collections.abc import Callable
 
 from loraserve.inference.serving.fairness import FairGate
+from loraserve.testing.fakes.clock import ManualClock
 
 
 async def _queue(gate: FairGate, order: list[str], adapter: str, release: asyncio.Event) -> None:
@@ -265,19 +266,9 @@ class _Holders:
 Hold = float | dict[str, float] | Callable[[int], float]
 
 
-class _Clock:
-    """A monotonic clock the test moves by hand."""
-
-    def __init__(self) -> None:
-        self.now = 1000.0
-
-    def __call__(self) -> float:
-        return self.now
-
-
 async def _history(
     gate: FairGate,
-    clock: _Clock,
+    clock: ManualClock,
     rates: dict[str, float],
     seconds: float,
     hold_s: Hold = 0.0,
@@ -335,7 +326,7 @@ async def _after(
 ) -> _Holders:
     """Holders over a fresh gate whose history is `phases`: (rates, seconds) each, or
     (rates, seconds, seconds each request holds its place)."""
-    clock = _Clock()
+    clock = ManualClock()
     known = weights or {}
     gate = FairGate(capacity, lambda a: known.get(a, 1.0), headroom, clock)
     for rates, seconds, *hold in phases:
@@ -573,7 +564,7 @@ async def test_a_burst_of_the_others_filling_the_engine_does_not_let_a_held_floo
     def hold(inside: int) -> float:
         return 0.1 + 0.025 * inside
 
-    clock = _Clock()
+    clock = ManualClock()
     gate = FairGate(16, lambda _: 1.0, 2, clock)
     rates = {"flood": 30.0, **{name: 0.5 for name in "abcdefghijkl"}}
     await _history(gate, clock, {"flood": 40.0}, 10.0, hold)

@@ -13,6 +13,7 @@ from loraserve.inference.app import InferenceApp
 from loraserve.inference.metrics import InferenceMetrics
 from loraserve.inference.metrics.adapter_series import OTHER, RERANK_INTERVAL_S
 from loraserve.inference.settings import parse_settings
+from loraserve.testing.fakes.clock import ManualClock
 
 K = 20
 ADAPTERS = [f"adapter-{i:04d}" for i in range(2000)]
@@ -26,16 +27,8 @@ PER_ADAPTER = (
 SeriesKey = tuple[str, tuple[tuple[str, str], ...]]
 
 
-class FakeClock:
-    def __init__(self) -> None:
-        self.now = 1000.0
-
-    def __call__(self) -> float:
-        return self.now
-
-
-def _metrics(top: int = K) -> tuple[InferenceMetrics, FakeClock]:
-    clock = FakeClock()
+def _metrics(top: int = K) -> tuple[InferenceMetrics, ManualClock]:
+    clock = ManualClock()
     return InferenceMetrics(CollectorRegistry(), top_adapters=top, clock=clock), clock
 
 
@@ -64,7 +57,7 @@ def _request(metrics: InferenceMetrics, adapter: str, n: int = 1) -> None:
         metrics.adapter_load_failed(adapter)
 
 
-def _round(metrics: InferenceMetrics, clock: FakeClock, hot: list[str]) -> None:
+def _round(metrics: InferenceMetrics, clock: ManualClock, hot: list[str]) -> None:
     """One re-rank interval of traffic: every adapter once, `hot` ones Zipf-heavy."""
     for rank, adapter in enumerate(hot):
         _request(metrics, adapter, max(1, 400 // (rank + 1)))

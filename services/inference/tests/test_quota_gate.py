@@ -7,14 +7,7 @@ import pytest
 from loraserve.common.errors import InvalidArgument, QuotaExceeded
 from loraserve.common.quota import Quota
 from loraserve.inference.serving.quotas import DEFAULT_QUOTA, QuotaGate
-
-
-class Clock:
-    def __init__(self) -> None:
-        self.now = 100.0
-
-    def __call__(self) -> float:
-        return self.now
+from loraserve.testing.fakes.clock import ManualClock
 
 
 class Throttles:
@@ -27,7 +20,7 @@ class Throttles:
 
 def test_an_adapter_at_its_in_flight_limit_is_refused_until_one_ends() -> None:
     throttles = Throttles()
-    gate = QuotaGate(Clock(), throttles)
+    gate = QuotaGate(ManualClock(100.0), throttles)
     gate.set_quota("alpha", Quota(max_in_flight=2))
     with gate.admit("alpha", "alpha"), gate.admit("alpha", "alpha"):
         with pytest.raises(QuotaExceeded) as refused, gate.admit("alpha", "alpha"):
@@ -42,7 +35,7 @@ def test_an_adapter_at_its_in_flight_limit_is_refused_until_one_ends() -> None:
 
 
 def test_in_flight_counts_each_request_as_its_sequences() -> None:
-    gate = QuotaGate(Clock())
+    gate = QuotaGate(ManualClock(100.0))
     gate.set_quota("alpha", Quota(max_in_flight=4))
     with gate.admit("alpha", "alpha", 3):
         assert gate.in_flight("alpha") == 3
@@ -55,7 +48,7 @@ def test_in_flight_counts_each_request_as_its_sequences() -> None:
 
 def test_a_request_of_more_sequences_than_the_limit_is_invalid_not_throttled() -> None:
     throttles = Throttles()
-    gate = QuotaGate(Clock(), throttles)
+    gate = QuotaGate(ManualClock(100.0), throttles)
     gate.set_quota("alpha", Quota(max_in_flight=2))
     with (
         pytest.raises(InvalidArgument, match=r"n=3 .*max_in_flight"),
@@ -66,7 +59,7 @@ def test_a_request_of_more_sequences_than_the_limit_is_invalid_not_throttled() -
 
 
 def test_tokens_per_second_refuse_after_the_bucket_is_spent_and_say_when_to_retry() -> None:
-    clock = Clock()
+    clock = ManualClock(100.0)
     gate = QuotaGate(clock)
     gate.set_quota("alpha", Quota(tokens_per_second=100))
     with gate.admit("alpha", "alpha") as charge:
@@ -80,7 +73,7 @@ def test_tokens_per_second_refuse_after_the_bucket_is_spent_and_say_when_to_retr
 
 
 def test_tokens_per_minute_refill_at_a_sixtieth_per_second() -> None:
-    clock = Clock()
+    clock = ManualClock(100.0)
     gate = QuotaGate(clock)
     gate.set_quota("alpha", Quota(tokens_per_minute=600))
     with gate.admit("alpha", "alpha") as charge:
@@ -94,7 +87,7 @@ def test_tokens_per_minute_refill_at_a_sixtieth_per_second() -> None:
 
 
 def test_the_default_quota_applies_to_adapters_without_their_own() -> None:
-    gate = QuotaGate(Clock())
+    gate = QuotaGate(ManualClock(100.0))
     gate.set_quota(DEFAULT_QUOTA, Quota(max_in_flight=1))
     gate.set_quota("vip", Quota(max_in_flight=3))
     with gate.admit("alpha", "alpha"):
@@ -108,7 +101,7 @@ def test_the_default_quota_applies_to_adapters_without_their_own() -> None:
 
 
 def test_a_quota_change_applies_at_once_to_requests_after_it() -> None:
-    gate = QuotaGate(Clock())
+    gate = QuotaGate(ManualClock(100.0))
     gate.set_quota("alpha", Quota(max_in_flight=5))
     with gate.admit("alpha", "alpha"), gate.admit("alpha", "alpha"):
         gate.set_quota("alpha", Quota(max_in_flight=2))
@@ -117,7 +110,7 @@ def test_a_quota_change_applies_at_once_to_requests_after_it() -> None:
 
 
 def test_a_listing_replaces_every_quota_including_the_default() -> None:
-    gate = QuotaGate(Clock())
+    gate = QuotaGate(ManualClock(100.0))
     gate.set_quota("alpha", Quota(max_in_flight=1))
     gate.replace_quotas(Quota(max_in_flight=2), {"beta": Quota(max_in_flight=1)})
     with (

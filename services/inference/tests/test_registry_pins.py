@@ -23,6 +23,7 @@ from loraserve.common.revisions.names import AdapterRef
 from loraserve.common.rpc.security import Role, current_role
 from loraserve.inference.adapters import AdapterRegistry, RevisionLife
 from loraserve.inference.cache import CachedRevision, Holder
+from loraserve.testing.fakes.clock import ManualClock
 from loraserve.testing.fakes.engine import (
     CacheDirectory,
     FakeEngine,
@@ -284,18 +285,10 @@ async def test_a_pinned_revision_that_is_yanked_leaves_the_engine(
     assert registry.is_loaded("alpha", 2)
 
 
-class _Clock:
-    def __init__(self) -> None:
-        self.now = 0.0
-
-    def __call__(self) -> float:
-        return self.now
-
-
 async def test_a_pin_used_within_the_idle_time_is_not_evicted_by_another_callers_pin(
     engine: FakeEngine, fetcher: FakeFetcher
 ) -> None:
-    clock = _Clock()
+    clock = ManualClock(0.0)
     pins = PinSettings(PinPolicy.ANY, idle_s=60, max_pinned=2)
     registry = fake_registry(engine, fetcher, pins=pins, clock=clock)
     for revision in (1, 2, 3):

@@ -1,4 +1,5 @@
-"""In-memory stand-ins for fast unit tests of logic: a blob store, an engine and revision
-cache, a revision source, the registry, the synchronizer's fetcher, registry and store."""
+"""In-memory stand-ins for fast unit tests of logic: a blob store, a clock the test moves,
+an engine and revision cache, a revision source, the registry, the synchronizer's
+fetcher, registry and store."""
 
-__all__ = ["blobs", "engine", "registry", "revisions", "sync", "sync_store"]
+__all__ = ["blobs", "clock", "engine", "registry", "revisions", "sync", "sync_store"]
