@@ -9,9 +9,9 @@ markers.
 Every row says the commit that measured it and, where the code its benchmark declares
 (measured_code) changed since, how many commits and days behind HEAD it is; a row more
 than 30 days behind is shown stale. Ages are as of the HEAD the block was made at, which
-it names: tests/test_bench.py checks that the README's figures, goals, verdicts and
-commits are the committed results' (`comparable`), never how old they are, so a change
-that claims no performance effect lands without rerunning any benchmark."""
+it names: bench/tests/test_method_readme_table.py checks that the README's figures, goals,
+verdicts and commits are the committed results' (`comparable`), never how old they are, so
+a change that claims no performance effect lands without rerunning any benchmark."""
 
 from __future__ import annotations
 
