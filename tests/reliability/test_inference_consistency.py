@@ -64,7 +64,7 @@ async def test_pinned_load_overtaken_by_a_delete_is_discarded_and_the_request_is
 ) -> None:
     first = adapter_files(tiny_adapter(seed=1))
     await stack.push("alpha", adapter_files(tiny_adapter(seed=2)))
-    await eventually(lambda: _is_current(stack.inference, "alpha", 2), "alpha@2 routed")
+    await eventually(lambda: stack.inference.routes("alpha", 2), "alpha@2 routed")
     await eventually(
         lambda: _absent(stack.inference, "alpha", 1), "alpha@1 removed after the route flipped"
     )
@@ -74,7 +74,7 @@ async def test_pinned_load_overtaken_by_a_delete_is_discarded_and_the_request_is
     async with asyncio.timeout(GUARD_S):
         await stalled.hit.wait()
     await stack.delete("alpha")
-    await eventually(lambda: _is_current(stack.inference, "alpha", 0), "the delete applied")
+    await eventually(lambda: stack.inference.routes("alpha", 0), "the delete applied")
     stack.proxy.release()
 
     assert await code_of(request) == grpc.StatusCode.NOT_FOUND
@@ -200,7 +200,7 @@ async def test_relist_routes_nothing_for_an_adapter_deleted_and_pushed_again_unp
             # alpha@2 is pinned below while no revision is current.
             extra=("--pin-policy", "any"),
         ) as inference:
-            await eventually(lambda: _is_current(inference, "alpha", 1), "alpha@1 routed")
+            await eventually(lambda: inference.routes("alpha", 1), "alpha@1 routed")
             proxy.cut()
             async with store_stub(store.address) as stub:
                 await stub.DeleteAdapter(store_pb.DeleteAdapterRequest(name="alpha"))
@@ -212,8 +212,8 @@ async def test_relist_routes_nothing_for_an_adapter_deleted_and_pushed_again_unp
                 s3_bucket, tmp_path / "store-restarted.log", port=port, extra=retention
             ):
                 proxy.restore()
-                await eventually(lambda: _is_current(inference, "beta", 1), "the relist applied")
-                await eventually(lambda: _is_current(inference, "alpha", 0), "alpha unrouted")
+                await eventually(lambda: inference.routes("beta", 1), "the relist applied")
+                await eventually(lambda: inference.routes("alpha", 0), "alpha unrouted")
 
                 not_found = grpc.StatusCode.NOT_FOUND
                 assert await code_of(inference.generate("alpha", 4)) == not_found
@@ -222,10 +222,6 @@ async def test_relist_routes_nothing_for_an_adapter_deleted_and_pushed_again_unp
                 assert (revision, len(tokens)) == (2, 4)
                 assert await inference.current("alpha") == 0
     assert "sync.watch_behind" in caplog.text
-
-
-async def _is_current(inference: RunningInference, name: str, revision: int) -> bool:
-    return await inference.current(name) == revision
 
 
 async def _absent(inference: RunningInference, name: str, revision: int) -> bool:

@@ -18,7 +18,7 @@ import pytest
 from loraserve.adapterstore.blobs.blobstore import blob_key
 from loraserve.adapterstore.v1 import adapterstore_pb2 as store_pb
 from loraserve.testing.adapters.models import TinyAdapterFactory
-from loraserve.testing.inference.app import PROMPT, RunningInference, adapter_files, inference_app
+from loraserve.testing.inference.app import PROMPT, adapter_files, inference_app
 from loraserve.testing.plugins.figures import add_figure
 from loraserve.testing.processes.services import free_port, store_process
 from loraserve.testing.processes.tcpproxy import tcp_proxy
@@ -77,7 +77,7 @@ async def test_watch_reset_while_three_revisions_are_pushed_serves_the_latest_ea
         ) as inference,
     ):
         await push(store, "flaky", adapter_files(tiny_adapter(seed=1)))
-        await eventually(lambda: _is_current(inference, "flaky", 1), "flaky@1 routed", GUARD_S)
+        await eventually(lambda: inference.routes("flaky", 1), "flaky@1 routed", GUARD_S)
         proxy.cut()
         add_figure(pytestconfig, "faults.watch_resets")
         latest = tiny_adapter(seed=4)
@@ -86,7 +86,7 @@ async def test_watch_reset_while_three_revisions_are_pushed_serves_the_latest_ea
                 store, "flaky", adapter_files(tiny_adapter(seed=seed) if seed < 4 else latest)
             )
         proxy.restore()
-        await eventually(lambda: _is_current(inference, "flaky", 4), "flaky@4 routed", GUARD_S)
+        await eventually(lambda: inference.routes("flaky", 4), "flaky@4 routed", GUARD_S)
         revision, tokens = await inference.generate("flaky", 8)
         applied = [call for call in inference.add_calls if call.startswith("flaky@")]
     expected = await asyncio.to_thread(greedy_tokens, tiny_model_dir, latest, PROMPT, 8)
@@ -158,7 +158,3 @@ async def test_store_and_inference_restarted_mid_swap_converge_serving_only_acke
     assert (revision, list(tokens)) == (2, expected)
     assert [(r.reported_revision, r.type) for r in reports_after] == [(2, store_pb.REPORT_TYPE_ACK)]
     assert list((cache / ".tmp").glob("*")) == []
-
-
-async def _is_current(inference: RunningInference, name: str, revision: int) -> bool:
-    return await inference.current(name) == revision

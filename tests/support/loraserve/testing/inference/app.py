@@ -77,6 +77,10 @@ class RunningInference:
         response = await self.stub.ListAdapters(pb.ListAdaptersRequest(), timeout=10)
         return next((s.revision for s in response.adapters if s.name == name and s.current), 0)
 
+    async def routes(self, name: str, revision: int) -> bool:
+        """Whether the server routes `name` to `revision` (0: to none), for `eventually`."""
+        return await self.current(name) == revision
+
     async def statuses(self, name: str) -> dict[int, Any]:
         response = await self.stub.ListAdapters(pb.ListAdaptersRequest(), timeout=10)
         return {s.revision: s for s in response.adapters if s.name == name}
