@@ -14,6 +14,7 @@ import types
 from collections import Counter
 from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -45,6 +46,8 @@ if TYPE_CHECKING:
 pytestmark = pytest.mark.engine
 
 REQUESTS = 1000
+# Requests a rollout's change under load sends at the least.
+UNDER_LOAD = 400
 # Requests in flight at once: enough to keep the engine's batch full.
 CONCURRENCY = 32
 ALICE = "alice-secret"
@@ -203,34 +206,92 @@ async def _current_is(replica: RunningInference, revision: int) -> bool:
     return await replica.current("alpha") == revision
 
 
-async def _under_load(rollout: Rollout, change: str) -> Counter[int]:
-    """The revisions that served 400 requests sent while a rollout starts and is then
-    promoted or aborted (`change`); any failed request fails the test."""
-    load = asyncio.create_task(rollout.served_many([""] * 200 + [f"u{i}" for i in range(200)]))
-    await rollout.start(50)
-    if change == "promote":
-        await rollout.store.PromoteRollout(
-            store_pb.PromoteRolloutRequest(name="alpha", expected_candidate_revision=2)
+@dataclass
+class Load:
+    """CONCURRENCY callers sending requests back to back until `stop` is set and
+    UNDER_LOAD were sent; the revision that served each, and when each was sent and
+    answered, as the caller saw it. Any failed request fails `run`. `changes`: per change
+    made under it, when it was asked for and when the replica was seen to apply it."""
+
+    rollout: Rollout
+    stop: asyncio.Event = field(default_factory=asyncio.Event)
+    served: Counter[int] = field(default_factory=Counter)
+    spans: list[tuple[float, float]] = field(default_factory=list)
+    sent: int = 0
+    changes: dict[str, tuple[float, float]] = field(default_factory=dict)
+
+    async def run(self) -> None:
+        async with asyncio.TaskGroup() as callers:
+            for _ in range(CONCURRENCY):
+                callers.create_task(self._caller())
+
+    async def _caller(self) -> None:
+        while not (self.stop.is_set() and self.sent >= UNDER_LOAD):
+            # Half of them with caller keys of their own, which pick their arm by hash.
+            key = f"u{self.sent}" if self.sent % 2 else ""
+            self.sent += 1
+            sent_at = time.monotonic()
+            revision = await self.rollout.served(key)
+            self.spans.append((sent_at, time.monotonic()))
+            self.served[revision] += 1
+
+    def in_flight_throughout(self, since: float, until: float) -> bool:
+        """Whether some request was in flight at every moment from `since` to `until`."""
+        reach = since
+        for sent_at, answered_at in sorted(self.spans):
+            if sent_at > reach:
+                break
+            reach = max(reach, answered_at)
+        return reach > until
+
+
+async def _under_load(rollout: Rollout, change: str) -> Load:
+    """Starts a rollout, then promotes or aborts it (`change`), while requests stream."""
+    load = Load(rollout)
+    running = asyncio.create_task(load.run())
+    try:
+        # The engine's batch is full before anything changes (unless the load failed).
+        await eventually(
+            lambda: running.done() or len(load.spans) >= CONCURRENCY, "the load is answered"
         )
-    else:
-        await rollout.store.AbortRollout(store_pb.AbortRolloutRequest(name="alpha"))
-    return await load
+        asked = time.monotonic()
+        await rollout.start(50)
+        load.changes["start"] = (asked, time.monotonic())
+        asked = time.monotonic()
+        if change == "promote":
+            await rollout.store.PromoteRollout(
+                store_pb.PromoteRolloutRequest(name="alpha", expected_candidate_revision=2)
+            )
+            await eventually(lambda: _current_is(rollout.replica, 2), "the replica routes alpha@2")
+        else:
+            await rollout.store.AbortRollout(store_pb.AbortRolloutRequest(name="alpha"))
+            await rollout.applied(None)
+        load.changes[change] = (asked, time.monotonic())
+    except BaseException:
+        running.cancel()
+        raise
+    load.stop.set()
+    await running
+    return load
+
+
+def _assert_ran_across(load: Load) -> None:
+    assert sum(load.served.values()) == load.sent >= UNDER_LOAD
+    assert set(load.served) <= {1, 2}
+    for change, (asked, applied) in load.changes.items():
+        assert load.in_flight_throughout(asked, applied), f"no request in flight across {change}"
 
 
 async def test_no_request_fails_while_a_rollout_starts_and_is_promoted_under_load(
     rollout: Rollout,
 ) -> None:
-    served = await _under_load(rollout, "promote")
-    assert sum(served.values()) == 400
-    assert set(served) <= {1, 2}
+    _assert_ran_across(await _under_load(rollout, "promote"))
 
 
 async def test_no_request_fails_while_a_rollout_starts_and_is_aborted_under_load(
     rollout: Rollout,
 ) -> None:
-    served = await _under_load(rollout, "abort")
-    assert sum(served.values()) == 400
-    assert set(served) <= {1, 2}
+    _assert_ran_across(await _under_load(rollout, "abort"))
 
 
 def test_the_claimed_keys_fall_on_both_sides_of_a_50_percent_split() -> None:

@@ -5,6 +5,7 @@ serves demo adapters, takes a push, and leaves no process behind after Ctrl-C.""
 from __future__ import annotations
 
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -21,6 +22,7 @@ from loraserve.clients.inference import Sampling, SyncInferenceClient
 from loraserve.demo.showcase import SWAP_ADAPTER
 from loraserve.testing.engine.session import ENGINE_ENV
 from loraserve.testing.processes.services import free_port
+from loraserve.testing.waiting import eventually
 from loraserve.tiny.demo_model import build_demo
 
 pytestmark = [pytest.mark.engine, pytest.mark.slow, pytest.mark.timeout(1200)]
@@ -37,6 +39,8 @@ class RunCommand:
     process: subprocess.Popen[str]
     store_address: str
     inference_address: str
+    # Where the servers' logs are (--state-dir).
+    state_dir: Path
     lines: list[str] = field(default_factory=list)
     ready: threading.Event = field(default_factory=threading.Event)
 
@@ -58,6 +62,7 @@ def run_command(
 ) -> Iterator[RunCommand]:
     root = pytestconfig.rootpath
     store_port, inference_port = free_port(), free_port()
+    state_dir = tmp_path_factory.mktemp("run")
     argv = [
         sys.executable,
         "-m",
@@ -65,7 +70,7 @@ def run_command(
         f"--store-port={store_port}",
         f"--inference-port={inference_port}",
         f"--cache-dir={demo_trained}",
-        f"--state-dir={tmp_path_factory.mktemp('run')}",
+        f"--state-dir={state_dir}",
         "--stop-timeout=30",
     ]
     process = subprocess.Popen(
@@ -76,7 +81,7 @@ def run_command(
         text=True,
         env={**os.environ, **ENGINE_ENV},
     )
-    run = RunCommand(process, f"127.0.0.1:{store_port}", f"127.0.0.1:{inference_port}")
+    run = RunCommand(process, f"127.0.0.1:{store_port}", f"127.0.0.1:{inference_port}", state_dir)
     threading.Thread(target=run.read_output, daemon=True).start()
     try:
         run.ready.wait(READY_TIMEOUT_S)
@@ -121,12 +126,60 @@ def _served_revision(run: RunCommand, adapter: str, revision: int) -> str:
             time.sleep(0.5)
 
 
-def test_showcase_shows_two_adapters_and_a_push_mid_stream(run_command: RunCommand) -> None:
+def _shown(output: str, pattern: str) -> str:
+    """The text the showcase printed where `pattern`'s group is; fails if it printed no
+    such line."""
+    found = re.search(pattern, output, re.MULTILINE)
+    assert found is not None, f"no line matches {pattern!r} in:\n{output}"
+    return found.group(1)
+
+
+def _swap_order(log: str) -> tuple[int, int, int | None]:
+    """Where in the inference log (line numbers) request 1 started, the pushed revision
+    was routed, and request 1 ended (None: not yet). Request 1 is the last request on
+    the first revision to start before the routing."""
+    lines = log.splitlines()
+    routed = next(
+        (i for i, line in enumerate(lines) if f"adapter.routed name={SWAP_ADAPTER} rev=2 " in line),
+        None,
+    )
+    assert routed is not None, f"{SWAP_ADAPTER}@2 was never routed:\n{log}"
+    started = re.compile(rf"generate\.started request_id=(\S+) adapter={SWAP_ADAPTER} rev=1 ")
+    first = [
+        (i, m.group(1)) for i, line in enumerate(lines[:routed]) if (m := started.search(line))
+    ]
+    assert first, f"no request on {SWAP_ADAPTER}@1 started before @2 was routed:\n{log}"
+    start, request_id = first[-1]
+    ended = re.compile(rf"generate\.(finished|cancelled) request_id={re.escape(request_id)}\b")
+    end = next((i for i, line in enumerate(lines) if ended.search(line)), None)
+    return start, routed, end
+
+
+async def test_showcase_shows_two_adapters_and_a_push_mid_stream(run_command: RunCommand) -> None:
     output = run_command.output()
     assert "matey" in output
     assert f"request 2, sent after the push, got {SWAP_ADAPTER}@2" in output
     assert f"pushed {SWAP_ADAPTER}@2; new requests go to it" in output
     assert f"request 1, still streaming from {SWAP_ADAPTER}@1 after the push" in output
+    # The showcase reads request 1's first words before it pushes and the later ones only
+    # once the inference service routes the pushed revision: words in both say request
+    # 1's stream went on across the push, as the client saw it.
+    before = _shown(output, rf"request 1 started on {SWAP_ADAPTER}@1: (.*)\.\.\.$")
+    later = _shown(
+        output,
+        rf"request 1, still streaming from {SWAP_ADAPTER}@1 after the push: \.\.\.(.*)\.\.\.$",
+    )
+    assert before.strip(), output
+    assert later.strip(), f"request 1 gave nothing after the push:\n{output}"
+    # And as the server saw it, in the order its log records: request 1 began before
+    # the push was routed and ended (the showcase closes it) only after.
+    log_path = run_command.state_dir / "inference.log"
+    await eventually(
+        lambda: _swap_order(log_path.read_text())[2] is not None, "request 1's end is logged"
+    )
+    start, routed, end = _swap_order(log_path.read_text())
+    assert end is not None
+    assert start < routed < end, f"request 1 ended before the push was routed:\n{log_path}"
 
 
 def test_adapterctl_generate_streams_a_demo_adapter(run_command: RunCommand) -> None:
