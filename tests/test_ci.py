@@ -5,6 +5,7 @@ the script is taken without building anything."""
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import subprocess
@@ -102,3 +103,22 @@ def test_a_run_names_its_slowest_modules_slowest_first(tmp_path: Path, workers: 
     slowest, next_slowest = [line.split() for line in summary if line.strip()][:2]
     assert (slowest[-1], next_slowest[-1]) == ("test_slow.py", "test_quick.py")
     assert float(slowest[0]) >= 0.5
+
+
+def test_a_run_writes_every_modules_seconds_where_asked(tmp_path: Path) -> None:
+    for name in ("test_a.py", "test_b.py"):
+        (tmp_path / name).write_text("def test_it():\n    pass\n")
+    record = tmp_path / "durations.json"
+    done = subprocess.run(
+        [
+            *(sys.executable, "-m", "pytest", "-p", "loraserve.testing.plugins.durations"),
+            *("-p", "no:cacheprovider", "--rootdir", str(tmp_path), str(tmp_path)),
+            f"--record-module-durations={record}",
+        ],
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+        check=False,
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert sorted(json.loads(record.read_text())) == ["test_a.py", "test_b.py"]

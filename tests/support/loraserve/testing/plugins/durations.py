@@ -10,6 +10,9 @@ so its time is that worker's.
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
+
 import pytest
 
 # How many modules the summary names.
@@ -21,11 +24,21 @@ def slowest(seconds: dict[str, float], count: int = SLOWEST) -> list[tuple[str, 
     return sorted(seconds.items(), key=lambda item: (-item[1], item[0]))[:count]
 
 
-class ModuleSeconds:
-    """Sums each module's reported seconds and prints the slowest at the end."""
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption(
+        "--record-module-durations",
+        metavar="PATH",
+        help="write every module's seconds to PATH (JSON, slowest first) at the end",
+    )
 
-    def __init__(self) -> None:
+
+class ModuleSeconds:
+    """Sums each module's reported seconds, prints the slowest at the end and, when
+    asked, writes them all."""
+
+    def __init__(self, record: Path | None) -> None:
         self.seconds: dict[str, float] = {}
+        self._record = record
 
     def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
         module = report.nodeid.split("::", 1)[0]
@@ -38,9 +51,15 @@ class ModuleSeconds:
         for module, spent in slowest(self.seconds):
             terminalreporter.write_line(f"{spent:8.1f} s  {module}")
         terminalreporter.write_line(f"{sum(self.seconds.values()):8.1f} s  every module, summed")
+        if self._record is not None:
+            every = slowest(self.seconds, len(self.seconds))
+            self._record.write_text(json.dumps({m: round(s, 1) for m, s in every}, indent=1) + "\n")
+            terminalreporter.write_line(f"every module's seconds: {self._record}")
 
 
 def pytest_configure(config: pytest.Config) -> None:
     # On the controller only (or a run without workers): it sees every worker's reports.
     if not hasattr(config, "workerinput"):
-        config.pluginmanager.register(ModuleSeconds(), "loraserve-module-seconds")
+        record = config.getoption("--record-module-durations")
+        plugin = ModuleSeconds(Path(record) if record else None)
+        config.pluginmanager.register(plugin, "loraserve-module-seconds")
