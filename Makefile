@@ -79,9 +79,13 @@ lint: setup
 # worker), so a second one fills the cores; each test module stays on one worker, with
 # its module fixtures, the slow modules first (loraserve.testing.plugins.scheduling).
 # TEST_WORKERS=0 runs it in this process.
+# RECORD_DURATIONS=1 writes each module's seconds to tests/module_durations.json, the order
+# the next runs hand modules out in, longest first (commit it).
 TEST_WORKERS ?= 2
+RECORD_DURATIONS ?=
 test: lint
-	$(VENV)/bin/pytest -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder
+	$(VENV)/bin/pytest -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder \
+	  $(if $(RECORD_DURATIONS),--record-module-durations=tests/module_durations.json)
 
 # Offline, from the crate sources Debian packages (services/inference/native/README.md);
 # for this interpreter's ABI3, so one build serves every CPython >= 3.10. Copied in place

@@ -122,3 +122,27 @@ def test_a_run_writes_every_modules_seconds_where_asked(tmp_path: Path) -> None:
     )
     assert done.returncode == 0, done.stdout + done.stderr
     assert sorted(json.loads(record.read_text())) == ["test_a.py", "test_b.py"]
+
+
+def test_modules_are_handed_out_longest_first_by_their_recorded_seconds(tmp_path: Path) -> None:
+    for name in ("test_a.py", "test_b.py", "test_c.py", "test_new.py"):
+        (tmp_path / name).write_text("def test_it():\n    pass\n")
+    (tmp_path / "tests").mkdir()
+    (tmp_path / "tests" / "module_durations.json").write_text(
+        json.dumps({"test_b.py": 30.0, "test_c.py": 3.0, "test_a.py": 1.0})
+    )
+    done = subprocess.run(
+        [
+            *(sys.executable, "-m", "pytest", "-p", "loraserve.testing.plugins.scheduling"),
+            *("-n", "1", "--dist", "loadfile", "--no-loadscope-reorder", "-v"),
+            *("-p", "no:cacheprovider", "--rootdir", str(tmp_path), str(tmp_path)),
+        ],
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+        check=False,
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    ran = [line.split("::")[0].split()[-1] for line in done.stdout.splitlines() if "PASSED" in line]
+    # test_b's 30 s make it slow; the rest by seconds, the one not recorded last.
+    assert ran == ["test_b.py", "test_c.py", "test_a.py", "test_new.py"]
