@@ -11,6 +11,7 @@ pytest_plugins = [
     "loraserve.testing.inference.openai_front",
     "loraserve.testing.engine.parity",
     "loraserve.testing.inference.stack",
+    "loraserve.testing.processes.fleet",
     # Before demo_warmup, which imports it: registered first, its asserts are rewritten.
     "loraserve.testing.plugins.figures",
     "loraserve.testing.plugins.demo_warmup",

@@ -146,3 +146,48 @@ def test_modules_are_handed_out_longest_first_by_their_recorded_seconds(tmp_path
     ran = [line.split("::")[0].split()[-1] for line in done.stdout.splitlines() if "PASSED" in line]
     # test_b's 30 s make it slow; the rest by seconds, the one not recorded last.
     assert ran == ["test_b.py", "test_c.py", "test_a.py", "test_new.py"]
+
+
+def _fleet_suite(root: Path, stray: bool = False) -> subprocess.CompletedProcess[str]:
+    """A suite whose two fleet modules and two others ask for a `process_fleet` of their own
+    making, run on two workers."""
+    (root / "tests" / "reliability").mkdir(parents=True)
+    (root / "conftest.py").write_text(
+        "import pytest\n\n@pytest.fixture(scope='session')\ndef process_fleet():\n"
+        "    return 'fleet'\n"
+    )
+    uses = "def test_it(process_fleet):\n    pass\n"
+    (root / "tests" / "test_fleet.py").write_text(uses)
+    (root / "tests" / "reliability" / "test_tracing_fleet.py").write_text(uses)
+    for name in ("test_a.py", "test_b.py"):
+        (root / "tests" / name).write_text(uses if stray else "def test_it():\n    pass\n")
+    return subprocess.run(
+        [
+            *(sys.executable, "-m", "pytest", "-p", "loraserve.testing.plugins.scheduling"),
+            *("-n", "2", "--dist", "loadfile", "--no-loadscope-reorder", "-v"),
+            *("-p", "no:cacheprovider", "--rootdir", str(root), "tests"),
+        ],
+        capture_output=True,
+        text=True,
+        cwd=root,
+        check=False,
+    )
+
+
+def test_the_fleets_modules_run_on_one_worker_the_killing_one_last(tmp_path: Path) -> None:
+    done = _fleet_suite(tmp_path)
+    assert done.returncode == 0, done.stdout + done.stderr
+    ran = [line.split() for line in done.stdout.splitlines() if "PASSED" in line]
+    fleet = [(words[0], words[-1]) for words in ran if "fleet" in words[-1]]
+    assert [module for _, module in fleet] == [
+        "tests/reliability/test_tracing_fleet.py::test_it",
+        "tests/test_fleet.py::test_it",
+    ]
+    assert fleet[0][0] == fleet[1][0]
+
+
+def test_a_module_that_asks_for_the_fleet_unlisted_fails_the_run(tmp_path: Path) -> None:
+    done = _fleet_suite(tmp_path, stray=True)
+    assert done.returncode != 0
+    assert "tests/test_a.py uses process_fleet but is not in" in done.stdout
+    assert "2 passed, 2 errors" in done.stdout

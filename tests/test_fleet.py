@@ -1,7 +1,8 @@
 """A fleet of real processes: two `adapterstore serve` and three `inference serve` (each
 its own vLLM CPU engine on the tiny model) on one bucket (moto over HTTP); the fleet
-and what tests ask of it are in `loraserve.testing.processes.fleet`. One fleet serves every test
-here (module scope): its start-up is most of the module's time.
+and what tests ask of it are in `loraserve.testing.processes.fleet`. The session's one
+fleet (`process_fleet`) serves every test here and tests/reliability/test_tracing_fleet.py's,
+which runs first: its start-up is most of the module's time.
 
 Which replica served a request is read from each replica's own Prometheus counter of
 Generate calls by adapter (`loraserve_inference_requests_total`), scraped before and
@@ -15,13 +16,10 @@ SIGKILLs a replica and therefore runs last in this module.
 from __future__ import annotations
 
 import asyncio
-import itertools
 import json
 import time
 from collections import Counter
-from collections.abc import AsyncIterator
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -45,7 +43,6 @@ from loraserve.testing.processes.fleet import (
     grpc_revisions,
     http_revisions,
     owners,
-    running_fleet,
 )
 from loraserve.testing.store.calls import push, store_stub
 from loraserve.testing.waiting import eventually
@@ -56,7 +53,6 @@ PROMPT = [1, 40, 41, 42, 43, 44, 45]
 SHORT = Sampling(max_tokens=4, temperature=0.0, ignore_eos=True)
 LOAD = Sampling(max_tokens=24, temperature=0.0, ignore_eos=True)
 RETRY = RetryPolicy(max_attempts=20, initial_backoff=0.05, max_backoff=0.5)
-_buckets = itertools.count(1)
 # Status stays a handful of objects per replica, not one per adapter: with this many, one
 # object per adapter would be 9 times the bound (16 shards a replica). Issue 25's count,
 # 2,000, is checked on the store alone (services/adapterstore/tests/
@@ -69,24 +65,11 @@ PUSHERS = 16
 SETTLED_S = 12.0
 
 
-@pytest.fixture(scope="module")
-async def fleet(
-    s3_server: str,
-    tiny_model_dir: Path,
-    tiny_adapter: TinyAdapterFactory,
-    tmp_path_factory: pytest.TempPathFactory,
-) -> AsyncIterator[Fleet]:
-    directory = tmp_path_factory.mktemp("fleet")
-    bucket = f"fleet-{next(_buckets)}"
-    async with running_fleet(s3_server, tiny_model_dir, tiny_adapter, directory, bucket) as running:
-        yield running
-
-
 async def test_every_request_for_an_adapter_goes_to_the_replica_it_is_placed_on(
-    fleet: Fleet,
+    process_fleet: Fleet,
 ) -> None:
-    names = {r.process.address: r.name for r in fleet.replicas}
-    async with InferenceClient(fleet.addresses, retry=RETRY) as client:
+    names = {r.process.address: r.name for r in process_fleet.replicas}
+    async with InferenceClient(process_fleet.addresses, retry=RETRY) as client:
         # Before its first placement (the next round of the wall clock) a client sends
         # each adapter where hashing and residency alone would; the requests show it
         # demand to place. Counted once the placement held SETTLED_S: by then the
@@ -103,10 +86,10 @@ async def test_every_request_for_an_adapter_goes_to_the_replica_it_is_placed_on(
 
         await eventually(settled, "every adapter placed, and still", FLEET_GUARD_S)
         placed = {name: {names[client.placement[name]]} for name in ADAPTERS}
-        before = await fleet.served()
+        before = await process_fleet.served()
         for _ in range(4):
             await _each_adapter_once(client)
-    assert owners(before, await fleet.served()) == placed
+    assert owners(before, await process_fleet.served()) == placed
 
 
 async def _each_adapter_once(client: InferenceClient) -> None:
@@ -119,30 +102,33 @@ async def _each_adapter_once(client: InferenceClient) -> None:
 
 
 async def test_a_push_wait_all_to_either_store_returns_once_every_replica_acked(
-    fleet: Fleet, tiny_adapter: TinyAdapterFactory
+    process_fleet: Fleet, tiny_adapter: TinyAdapterFactory
 ) -> None:
     name = ADAPTERS[0]
-    for store, revision, seed in ((fleet.stores[1], 2, 101), (fleet.stores[0], 3, 102)):
+    for store, revision, seed in (
+        (process_fleet.stores[1], 2, 101),
+        (process_fleet.stores[0], 3, 102),
+    ):
         directory = str(tiny_adapter(seed=seed))
         wait = ("--wait", "all", "--timeout", str(FLEET_GUARD_S))
         pushed = await ctl("push", "--store", store.address, name, directory, *wait)
         assert (pushed.code, pushed.out.strip()) == (0, f"{name}@{revision}"), pushed.err
         # push --wait all returned: every replica has reported the revision already.
-        assert await acked(fleet, name, revision)
+        assert await acked(process_fleet, name, revision)
         await eventually(
-            lambda: all_serve(fleet, {name: revision}),  # noqa: B023 - awaited in this turn
+            lambda: all_serve(process_fleet, {name: revision}),  # noqa: B023 - awaited in this turn
             f"every replica serves {name}@{revision}",
             FLEET_GUARD_S,
         )
-    for replica in fleet.replicas:
+    for replica in process_fleet.replicas:
         async with InferenceClient(replica.process.address) as client:
             served = await client.generate(name, PROMPT, SHORT)
         assert (replica.name, served.revision) == (replica.name, 3)
 
 
-async def acked(fleet: Fleet, name: str, revision: int) -> bool:
+async def acked(process_fleet: Fleet, name: str, revision: int) -> bool:
     """Both stores' `adapterctl status NAME` show every replica serving `revision`, ACKed."""
-    for store in fleet.stores:
+    for store in process_fleet.stores:
         result = await ctl("status", "--store", store.address, "--json", name)
         assert result.code == 0, result.err
         statuses = json.loads(result.out).get("statuses", [])
@@ -153,7 +139,7 @@ async def acked(fleet: Fleet, name: str, revision: int) -> bool:
             and int(s["serving_revision"] or 0) == revision
             and int(s["reported_revision"] or 0) == revision
         }
-        if acks != {replica.name for replica in fleet.replicas}:
+        if acks != {replica.name for replica in process_fleet.replicas}:
             return False
     return True
 
@@ -164,56 +150,56 @@ ROLLOUT_REQUESTS = 1000
 
 
 async def _two_revisions(
-    fleet: Fleet, tiny_adapter: TinyAdapterFactory, name: str, seed: int, rank: int = 8
+    process_fleet: Fleet, tiny_adapter: TinyAdapterFactory, name: str, seed: int, rank: int = 8
 ) -> None:
     """NAME@1 current on every replica, NAME@2 (of `rank`) pushed without promoting."""
-    async with store_stub(fleet.stores[0].address) as stub:
+    async with store_stub(process_fleet.stores[0].address) as stub:
         await push(stub, name, adapter_files(tiny_adapter(seed=seed)))
         candidate = tiny_adapter(rank=rank, seed=seed + 1)
         await push(stub, name, adapter_files(candidate), no_promote=True)
     await eventually(
-        lambda: all_serve(fleet, {name: 1}), f"every replica serves {name}@1", FLEET_GUARD_S
+        lambda: all_serve(process_fleet, {name: 1}), f"every replica serves {name}@1", FLEET_GUARD_S
     )
 
 
-async def _rollout(fleet: Fleet, call: str, request: Any) -> store_pb.RolloutResponse:
+async def _rollout(process_fleet: Fleet, call: str, request: Any) -> store_pb.RolloutResponse:
     """A rollout call through the second store: two replicas follow the first one."""
-    async with store_stub(fleet.stores[1].address) as stub:
+    async with store_stub(process_fleet.stores[1].address) as stub:
         response: store_pb.RolloutResponse = await getattr(stub, call)(request, timeout=60)
     return response
 
 
 async def _start(
-    fleet: Fleet, name: str, weight: float, guards: store_pb.RolloutGuards | None = None
+    process_fleet: Fleet, name: str, weight: float, guards: store_pb.RolloutGuards | None = None
 ) -> None:
     """Starts the rollout of NAME@2 and waits until every replica splits at `weight`."""
     guards = guards or store_pb.RolloutGuards(abort_on_nack=True)
     request = store_pb.StartRolloutRequest(name=name, revision=2, weight=weight, guards=guards)
-    await _rollout(fleet, "StartRollout", request)
+    await _rollout(process_fleet, "StartRollout", request)
     await eventually(
-        lambda: fleet.splits(name, 2, weight),
+        lambda: process_fleet.splits(name, 2, weight),
         f"every replica splits {name} at {weight} %",
         FLEET_GUARD_S,
     )
 
 
-async def _every_front(fleet: Fleet, name: str, keys: list[str]) -> list[list[int]]:
+async def _every_front(process_fleet: Fleet, name: str, keys: list[str]) -> list[list[int]]:
     """The revisions that served `keys` on every replica, over gRPC then over HTTP."""
     return list(
         await asyncio.gather(
-            *(grpc_revisions(replica, name, keys) for replica in fleet.replicas),
-            *(http_revisions(replica, name, keys) for replica in fleet.replicas),
+            *(grpc_revisions(replica, name, keys) for replica in process_fleet.replicas),
+            *(http_revisions(replica, name, keys) for replica in process_fleet.replicas),
         )
     )
 
 
 async def test_weight_20_sends_20_percent_of_1000_requests_to_the_candidate_on_every_replica(
-    fleet: Fleet, tiny_adapter: TinyAdapterFactory
+    process_fleet: Fleet, tiny_adapter: TinyAdapterFactory
 ) -> None:
-    await _two_revisions(fleet, tiny_adapter, "canary-share", seed=201)
-    await _start(fleet, "canary-share", 20)
+    await _two_revisions(process_fleet, tiny_adapter, "canary-share", seed=201)
+    await _start(process_fleet, "canary-share", 20)
     keys = [""] * ROLLOUT_REQUESTS
-    replicas = fleet.replicas
+    replicas = process_fleet.replicas
     served = await asyncio.gather(*(grpc_revisions(r, "canary-share", keys) for r in replicas))
     shares = {
         r.name: Counter(s)[2] / ROLLOUT_REQUESTS for r, s in zip(replicas, served, strict=True)
@@ -223,13 +209,13 @@ async def test_weight_20_sends_20_percent_of_1000_requests_to_the_candidate_on_e
 
 
 async def test_one_caller_key_gets_one_revision_on_every_replica_and_both_fronts(
-    fleet: Fleet, tiny_adapter: TinyAdapterFactory
+    process_fleet: Fleet, tiny_adapter: TinyAdapterFactory
 ) -> None:
-    await _two_revisions(fleet, tiny_adapter, "canary-keys", seed=203)
-    await _start(fleet, "canary-keys", 50)
+    await _two_revisions(process_fleet, tiny_adapter, "canary-keys", seed=203)
+    await _start(process_fleet, "canary-keys", 50)
     keys = [f"user-{i}" for i in range(20)] * 2
     by_key: dict[str, set[int]] = {}
-    for revisions in await _every_front(fleet, "canary-keys", keys):
+    for revisions in await _every_front(process_fleet, "canary-keys", keys):
         for key, revision in zip(keys, revisions, strict=True):
             by_key.setdefault(key, set()).add(revision)
     assert all(len(revisions) == 1 for revisions in by_key.values()), by_key
@@ -238,101 +224,109 @@ async def test_one_caller_key_gets_one_revision_on_every_replica_and_both_fronts
 
 @pytest.mark.parametrize(("change", "revision"), [("promote", 2), ("abort", 1)])
 async def test_once_a_promote_or_abort_is_applied_every_replica_serves_one_revision(
-    fleet: Fleet, tiny_adapter: TinyAdapterFactory, change: str, revision: int
+    process_fleet: Fleet, tiny_adapter: TinyAdapterFactory, change: str, revision: int
 ) -> None:
     """Promote: every request, with a key or without, goes to the candidate on every
     replica and front as soon as the replica has applied the promote's seq; abort: to
     the current revision."""
     name = f"canary-{change}"
-    await _two_revisions(fleet, tiny_adapter, name, seed=205 if change == "promote" else 207)
-    await _start(fleet, name, 50)
+    await _two_revisions(
+        process_fleet, tiny_adapter, name, seed=205 if change == "promote" else 207
+    )
+    await _start(process_fleet, name, 50)
     if change == "promote":
         promote = store_pb.PromoteRolloutRequest(name=name, expected_candidate_revision=2)
-        ended = await _rollout(fleet, "PromoteRollout", promote)
+        ended = await _rollout(process_fleet, "PromoteRollout", promote)
     else:
-        ended = await _rollout(fleet, "AbortRollout", store_pb.AbortRolloutRequest(name=name))
-    await eventually(lambda: fleet.applied(ended.seq), f"seq {ended.seq} applied", FLEET_GUARD_S)
+        ended = await _rollout(
+            process_fleet, "AbortRollout", store_pb.AbortRolloutRequest(name=name)
+        )
+    await eventually(
+        lambda: process_fleet.applied(ended.seq), f"seq {ended.seq} applied", FLEET_GUARD_S
+    )
     keys = [""] * 50 + [f"user-{i}" for i in range(50)]
-    served = await _every_front(fleet, name, keys)
+    served = await _every_front(process_fleet, name, keys)
     assert all(set(revisions) == {revision} for revisions in served), served
 
 
-async def _ended_by_guard(fleet: Fleet, name: str) -> store_pb.Rollout | None:
-    async with store_stub(fleet.stores[0].address) as stub:
+async def _ended_by_guard(process_fleet: Fleet, name: str) -> store_pb.Rollout | None:
+    async with store_stub(process_fleet.stores[0].address) as stub:
         response = await stub.GetRollout(store_pb.GetRolloutRequest(name=name), timeout=60)
     rollout: store_pb.Rollout = response.rollout
     return rollout if rollout.state == store_pb.ROLLOUT_STATE_ABORTED else None
 
 
-async def _status(fleet: Fleet, name: str) -> str:
-    env = {"ADAPTERSTORE_ADDR": fleet.stores[0].address}
+async def _status(process_fleet: Fleet, name: str) -> str:
+    env = {"ADAPTERSTORE_ADDR": process_fleet.stores[0].address}
     result = await ctl("rollout", "status", name, env=env)
     assert result.code == 0, result.err
     return result.out
 
 
-async def _all_current_after(fleet: Fleet, rollout: store_pb.Rollout) -> None:
+async def _all_current_after(process_fleet: Fleet, rollout: store_pb.Rollout) -> None:
     """Once every replica applied the abort, every request goes to @1."""
-    await eventually(lambda: fleet.applied(rollout.update_seq), "abort applied", FLEET_GUARD_S)
+    await eventually(
+        lambda: process_fleet.applied(rollout.update_seq), "abort applied", FLEET_GUARD_S
+    )
     served = await asyncio.gather(
-        *(grpc_revisions(r, rollout.adapter_name, [""] * 20) for r in fleet.replicas)
+        *(grpc_revisions(r, rollout.adapter_name, [""] * 20) for r in process_fleet.replicas)
     )
     assert all(set(revisions) == {1} for revisions in served), served
 
 
 async def test_a_candidate_one_replica_refuses_aborts_the_rollout_and_status_says_why(
-    fleet: Fleet, tiny_adapter: TinyAdapterFactory
+    process_fleet: Fleet, tiny_adapter: TinyAdapterFactory
 ) -> None:
     name = "canary-rank"
-    await _two_revisions(fleet, tiny_adapter, name, seed=209, rank=SMALL_MAX_RANK * 2)
+    await _two_revisions(process_fleet, tiny_adapter, name, seed=209, rank=SMALL_MAX_RANK * 2)
     guards = store_pb.RolloutGuards(abort_on_nack=True)
     request = store_pb.StartRolloutRequest(name=name, revision=2, weight=20, guards=guards)
-    await _rollout(fleet, "StartRollout", request)
+    await _rollout(process_fleet, "StartRollout", request)
     aborted: list[store_pb.Rollout] = []
 
     async def ended() -> bool:
-        aborted[:] = [r for r in [await _ended_by_guard(fleet, name)] if r is not None]
+        aborted[:] = [r for r in [await _ended_by_guard(process_fleet, name)] if r is not None]
         return bool(aborted)
 
     await eventually(ended, "the guard aborted the rollout", FLEET_GUARD_S)
-    status = await _status(fleet, name)
+    status = await _status(process_fleet, name)
     assert "aborted" in status
     assert f"replica replica-2 refused {name}@2" in status
     refusal = f"rank {SMALL_MAX_RANK * 2}, above this engine's max_lora_rank {SMALL_MAX_RANK}"
     assert refusal in status
-    await _all_current_after(fleet, aborted[0])
+    await _all_current_after(process_fleet, aborted[0])
 
 
 async def test_a_candidate_erring_above_the_margin_aborts_the_rollout_and_status_says_why(
-    fleet: Fleet, tiny_adapter: TinyAdapterFactory
+    process_fleet: Fleet, tiny_adapter: TinyAdapterFactory
 ) -> None:
     """Every replica's engine fails each request of FAILING_REVISION (the fleet's
     injected fault); the current revision serves."""
     name = FAILING_REVISION.split("@")[0]
-    await _two_revisions(fleet, tiny_adapter, name, seed=211)
+    await _two_revisions(process_fleet, tiny_adapter, name, seed=211)
     # One caller: every request comes keyless from this host's address.
     guards = store_pb.RolloutGuards(
         abort_on_nack=True, max_error_rate_margin=10, min_requests=10, min_callers=1
     )
-    await _start(fleet, name, 50, guards)
+    await _start(process_fleet, name, 50, guards)
     codes: Counter[str] = Counter()
     aborted: list[store_pb.Rollout] = []
 
     async def ended() -> bool:
-        aborted[:] = [r for r in [await _ended_by_guard(fleet, name)] if r is not None]
+        aborted[:] = [r for r in [await _ended_by_guard(process_fleet, name)] if r is not None]
         if not aborted:
             for replica_codes in await asyncio.gather(
-                *(grpc_codes(r, name, 20) for r in fleet.replicas)
+                *(grpc_codes(r, name, 20) for r in process_fleet.replicas)
             ):
                 codes.update(replica_codes)
         return bool(aborted)
 
     await eventually(ended, "the guard aborted the rollout", FLEET_GUARD_S)
     assert set(codes) == {"OK", "UNAVAILABLE"}, codes
-    status = await _status(fleet, name)
+    status = await _status(process_fleet, name)
     assert "rollout-guard" in status
     assert "guard max_error_rate_margin: the candidate's error rate 100.0 %" in status
-    await _all_current_after(fleet, aborted[0])
+    await _all_current_after(process_fleet, aborted[0])
 
 
 @dataclass
@@ -361,11 +355,11 @@ async def load(
 
 
 async def test_with_150_adapters_status_of_any_lists_every_replica_from_few_objects(
-    fleet: Fleet, tiny_adapter: TinyAdapterFactory
+    process_fleet: Fleet, tiny_adapter: TinyAdapterFactory
 ) -> None:
     names = [f"many-{i:04d}" for i in range(MANY_ADAPTERS)]
     files = adapter_files(tiny_adapter(seed=104))
-    async with store_stub(fleet.stores[1].address) as stub:
+    async with store_stub(process_fleet.stores[1].address) as stub:
         pending = iter(names)
 
         async def pusher() -> None:
@@ -375,34 +369,36 @@ async def test_with_150_adapters_status_of_any_lists_every_replica_from_few_obje
         async with asyncio.TaskGroup() as group:
             for _ in range(PUSHERS):
                 group.create_task(pusher())
-    store = fleet.stores[0].address
+    store = process_fleet.stores[0].address
 
     async def listed(name: str) -> bool:
         result = await ctl("status", "--store", store, name, "--json")
         assert result.code == 0, result.err
         statuses = json.loads(result.out).get("statuses", [])
-        return sorted(s["replica_id"] for s in statuses) == [r.name for r in fleet.replicas]
+        return sorted(s["replica_id"] for s in statuses) == [r.name for r in process_fleet.replicas]
 
     for name in (names[0], names[MANY_ADAPTERS // 2], names[-1]):
         await eventually(lambda name=name: listed(name), f"{name} lists all three", FLEET_GUARD_S)
-    objects = fleet.bucket.client().list_objects_v2(Bucket=fleet.bucket.bucket, Prefix="fleet/")
+    objects = process_fleet.bucket.client().list_objects_v2(
+        Bucket=process_fleet.bucket.bucket, Prefix="fleet/"
+    )
     shards = objects.get("KeyCount", 0)
-    assert shards <= len(fleet.replicas) * STATUS_SHARDS, shards
+    assert shards <= len(process_fleet.replicas) * STATUS_SHARDS, shards
 
 
 async def test_an_adapters_requests_move_on_when_its_replica_is_killed(
-    fleet: Fleet, tiny_adapter: TinyAdapterFactory
+    process_fleet: Fleet, tiny_adapter: TinyAdapterFactory
 ) -> None:
     adapter = ADAPTERS[1]
-    before = await fleet.served()
+    before = await process_fleet.served()
     outcome, stop = LoadOutcome(), asyncio.Event()
-    async with InferenceClient(fleet.addresses, retry=RETRY) as client:
+    async with InferenceClient(process_fleet.addresses, retry=RETRY) as client:
         await client.generate(adapter, PROMPT, SHORT)
-        (owner,) = owners(before, await fleet.served())[adapter]
+        (owner,) = owners(before, await process_fleet.served())[adapter]
         workers = [asyncio.create_task(load(client, adapter, outcome, stop)) for _ in range(3)]
         try:
             await eventually(lambda: outcome.ok >= 3, "load runs on the owner", FLEET_GUARD_S)
-            victim = next(r for r in fleet.replicas if r.name == owner)
+            victim = next(r for r in process_fleet.replicas if r.name == owner)
             await victim.process.kill_group()
             at_kill = outcome.ok
             await eventually(
@@ -414,13 +410,13 @@ async def test_an_adapters_requests_move_on_when_its_replica_is_killed(
     # The killed replica is still live to the store (its reports stop only now): push
     # --wait all names it once the timeout passes.
     directory = str(tiny_adapter(seed=103))
-    store = fleet.stores[0].address
+    store = process_fleet.stores[0].address
     pushed = await ctl("push", "--store", store, adapter, directory, "--wait", "--timeout", "20")
     assert pushed.code == EXIT_UNREACHABLE, pushed.err
     assert f"replica {owner} did not report {adapter}@2 in time" in pushed.err
     moved_to = {
         r.name
-        for r in fleet.replicas
+        for r in process_fleet.replicas
         if r.name != owner
         and (await asyncio.to_thread(r.served))[adapter] > before[r.name][adapter]
     }

@@ -1,17 +1,17 @@
 """One push, followed through the fleet (issue 57's "done when"): `adapterctl push
---trace`, a store process and two replica processes, each exporting to one in-process
-OTLP receiver, give one trace in which the store's push is a child of adapterctl's
-upload, each replica's sync of the revision a child of the store's push, with their
-download, verify, engine load and route flip; and the first Generate each replica serves
-of the new revision is a trace of its own that links to the push. alpha@1 is served
-first, so @2 loads as each replica syncs it (make-before-break)."""
+--trace` to the session's fleet of processes (`process_fleet`), whose stores and
+replicas export to one in-process OTLP receiver, gives one trace in which the store's
+push is a child of adapterctl's upload, and the sync of the revision on each replica
+of that store a child of the store's push, with their download, verify, engine load and
+route flip; and the first Generate each of those replicas serves of the new revision is
+a trace of its own that links to the push. traced@1 is served first, so @2 loads as each
+replica syncs it (make-before-break). It runs before tests/test_fleet.py, whose last
+test kills a replica."""
 
 from __future__ import annotations
 
 import re
 from collections.abc import Sequence
-from contextlib import AsyncExitStack
-from pathlib import Path
 
 import grpc
 import pytest
@@ -20,17 +20,17 @@ from loraserve.inference.v1 import inference_pb2_grpc as pb_grpc
 from loraserve.testing.adapters.ctl import ctl
 from loraserve.testing.adapters.models import TinyAdapterFactory
 from loraserve.testing.inference.app import greedy
-from loraserve.testing.otlp import OtlpReceiver, ReceivedSpan, otlp_receiver
-from loraserve.testing.processes.services import inference_process, store_process
-from loraserve.testing.s3.endpoint import S3Bucket
+from loraserve.testing.otlp import OtlpReceiver, ReceivedSpan
+from loraserve.testing.processes.fleet import Fleet
 from loraserve.testing.waiting import eventually
 
 pytestmark = [pytest.mark.faults, pytest.mark.slow]
 
 TRACE_ID = re.compile(r"trace_id=([0-9a-f]{32})\b")
-REPLICAS = ("replica-a", "replica-b")
-# Spans leave each process within a tenth of a second instead of OTLP's 5 s batches.
-FAST_EXPORT = {"OTEL_BSP_SCHEDULE_DELAY": "100"}
+# The fleet's replicas of its first store, which the push goes to.
+REPLICAS = ("replica-0", "replica-1")
+# An adapter no other test of the fleet uses.
+ADAPTER = "traced"
 REPLICA_STEPS = (
     "loraserve.replica.sync",
     "loraserve.replica.install",
@@ -76,7 +76,7 @@ async def _trace(receiver: OtlpReceiver, trace_id: str) -> list[ReceivedSpan]:
 
 async def _serves(address: str) -> bool:
     try:
-        await _generate(address, "alpha")
+        await _generate(address, ADAPTER)
     except grpc.aio.AioRpcError:
         return False
     return True
@@ -91,44 +91,31 @@ async def _generate(address: str, adapter: str) -> None:
 
 
 async def test_one_push_is_one_trace_across_ctl_store_and_two_replicas(
-    tiny_model_dir: Path, tiny_adapter: TinyAdapterFactory, s3_bucket: S3Bucket, tmp_path: Path
+    process_fleet: Fleet, tiny_adapter: TinyAdapterFactory
 ) -> None:
-    async with otlp_receiver() as receiver, AsyncExitStack() as stack:
-        traced = ("--otlp-traces-endpoint", receiver.endpoint)
-        store = await stack.enter_async_context(
-            store_process(s3_bucket, tmp_path / "store.log", extra=traced)
-        )
-        replicas = [
-            await stack.enter_async_context(
-                inference_process(
-                    tiny_model_dir,
-                    store.address,
-                    tmp_path / f"cache-{name}",
-                    tmp_path / f"{name}.log",
-                    extra=(*traced, "--replica-id", name),
-                    env=FAST_EXPORT,
-                )
-            )
-            for name in REPLICAS
-        ]
-        # alpha@1 served (so loaded) everywhere: its next revision loads as it syncs,
-        # where a never-served adapter is only routed and loads on its first request.
-        first = await ctl("push", "alpha", str(tiny_adapter(seed=1)), "--store", store.address)
-        assert first.code == 0, first.err
-        for process in replicas:
-            await eventually(lambda p=process: _serves(p.address), "alpha@1 served", GUARD_S)
-        pushed = await ctl(
-            "push", "alpha", str(tiny_adapter(seed=2)), "--trace", "--store", store.address,
-            *traced,
-        )  # fmt: skip
-        assert pushed.code == 0, pushed.err
-        [trace_id] = TRACE_ID.findall(pushed.err)
-        spans = await _trace(receiver, trace_id)
-        before = len(receiver.spans("loraserve.generate"))
-        for process in replicas:
-            await _generate(process.address, "alpha")
-        await receiver.wait_for("loraserve.generate", before + len(REPLICAS), GUARD_S)
-        generates = receiver.spans("loraserve.generate")[before:]
+    receiver = process_fleet.spans
+    assert receiver is not None
+    traced = ("--otlp-traces-endpoint", receiver.endpoint)
+    store = process_fleet.stores[0]
+    replicas = [r.process for r in process_fleet.replicas if r.name in REPLICAS]
+    # traced@1 served (so loaded) on both: its next revision loads as it syncs, where a
+    # never-served adapter is only routed and loads on its first request.
+    first = await ctl("push", ADAPTER, str(tiny_adapter(seed=1)), "--store", store.address)
+    assert first.code == 0, first.err
+    for process in replicas:
+        await eventually(lambda p=process: _serves(p.address), f"{ADAPTER}@1 served", GUARD_S)
+    pushed = await ctl(
+        "push", ADAPTER, str(tiny_adapter(seed=2)), "--trace", "--store", store.address,
+        *traced,
+    )  # fmt: skip
+    assert pushed.code == 0, pushed.err
+    [trace_id] = TRACE_ID.findall(pushed.err)
+    spans = await _trace(receiver, trace_id)
+    before = len(receiver.spans("loraserve.generate"))
+    for process in replicas:
+        await _generate(process.address, ADAPTER)
+    await receiver.wait_for("loraserve.generate", before + len(REPLICAS), GUARD_S)
+    generates = receiver.spans("loraserve.generate")[before:]
 
     ctl_upload = _of(spans, "loraserve.ctl.upload_file")
     store_push = _of(spans, "loraserve.store.push")

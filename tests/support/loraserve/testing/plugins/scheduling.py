@@ -17,12 +17,18 @@ RECORD_DURATIONS=1`), so the last module handed out is a short one and neither w
 left with minutes alone at the end. A module that recorded more than `SLOW_S` counts as
 slow even unmarked; one not recorded yet keeps its place in collection order after the
 recorded ones of its group.
+
+The modules that share the session's fleet of processes (`process_fleet`) are one unit
+of work, on one worker, in the order `FLEET_MODULES` gives: on two workers each would
+start a fleet of its own. A test of a module that asks for the fleet and is not listed
+there fails, before the fleet starts.
 """
 
 from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -32,6 +38,11 @@ _WAITS_FOR_TRAINING = "demo_trained"
 DURATIONS = Path("tests") / "module_durations.json"
 # Recorded seconds past which a module is scheduled with the slow ones.
 SLOW_S = 20.0
+# The modules that use `process_fleet` (loraserve.testing.processes.fleet), in the order
+# they run: test_fleet's last test SIGKILLs a replica.
+FLEET_MODULES = ("tests/reliability/test_tracing_fleet.py", "tests/test_fleet.py")
+_FLEET_FIXTURE = "process_fleet"
+_UNLISTED = pytest.StashKey[str]()
 
 
 def recorded_durations(root: Path) -> dict[str, float]:
@@ -48,9 +59,21 @@ def _module(item: pytest.Item) -> str:
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    for item in items:
+        if (
+            _FLEET_FIXTURE in getattr(item, "fixturenames", ())
+            and _module(item) not in FLEET_MODULES
+        ):
+            item.stash[_UNLISTED] = (
+                f"{_module(item)} uses {_FLEET_FIXTURE} but is not in "
+                "loraserve.testing.plugins.scheduling.FLEET_MODULES: it would start a fleet"
+            )
     if not hasattr(config, "workerinput"):
         return
     seconds = recorded_durations(config.rootpath)
+    # The fleet's modules go out as one, by their seconds together, in their order.
+    together = sum(seconds.get(module, 0.0) for module in FLEET_MODULES)
+    seconds.update(dict.fromkeys(FLEET_MODULES, together))
     slow = {
         _module(item)
         for item in items
@@ -60,8 +83,33 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         _module(item) for item in items if _WAITS_FOR_TRAINING in getattr(item, "fixturenames", ())
     }
 
-    def order(item: pytest.Item) -> tuple[bool, bool, float]:
+    def order(item: pytest.Item) -> tuple[bool, bool, float, int]:
         module = _module(item)
-        return (module not in slow, module in waiting, -seconds.get(module, -1.0))
+        place = FLEET_MODULES.index(module) if module in FLEET_MODULES else 0
+        return (module not in slow, module in waiting, -seconds.get(module, -1.0), place)
 
     items.sort(key=order)
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtest_setup(item: pytest.Item) -> None:
+    # Before any fixture: the fleet is never started for a module it is not kept for.
+    unlisted = item.stash.get(_UNLISTED, None)
+    if unlisted is not None:
+        pytest.fail(unlisted, pytrace=False)
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
+    """`--dist loadfile`, with the fleet's modules one unit of work."""
+    if config.getoption("dist") != "loadfile":
+        return None
+    from xdist.scheduler import LoadFileScheduling
+
+    # xdist ships no type hints: its scheduler is Any to mypy.
+    class SharedFleetScheduling(LoadFileScheduling):  # type: ignore[misc]
+        def _split_scope(self, nodeid: str) -> str:
+            module = super()._split_scope(nodeid)
+            return FLEET_MODULES[0] if module in FLEET_MODULES else module
+
+    return SharedFleetScheduling(config, log)

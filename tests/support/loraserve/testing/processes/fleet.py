@@ -12,6 +12,13 @@ which no other test uses. Every replica also serves the OpenAI front.
 
 Three engines share this machine's cores, so every wait is a bounded `eventually` and
 nothing measures time.
+
+`process_fleet` is the session's one fleet, shared by every module that asks for it:
+its start-up is minutes of a worker, once per run instead of once per module. The
+modules that use it run on one worker, in the order
+`loraserve.testing.plugins.scheduling.FLEET_MODULES` gives. Its stores and replicas
+export their spans to one receiver (`Fleet.spans`), as a deployment's would to its
+collector.
 """
 
 from __future__ import annotations
@@ -26,6 +33,7 @@ from pathlib import Path
 
 import grpc
 import httpx
+import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from loraserve.clients.inference import InferenceClient
@@ -35,6 +43,7 @@ from loraserve.inference.v1 import inference_pb2_grpc as ipb_grpc
 from loraserve.testing.adapters.models import TinyAdapterFactory
 from loraserve.testing.inference.app import adapter_files, greedy
 from loraserve.testing.inference.faulty import FAILING_ENV
+from loraserve.testing.otlp import OtlpReceiver, otlp_receiver
 from loraserve.testing.processes.services import (
     InferenceProcess,
     StoreProcess,
@@ -57,6 +66,8 @@ SMALL_MAX_RANK = 8
 # The engine LoRA name whose every request fails on every replica.
 FAILING_REVISION = "canary-errors@2"
 REQUESTS_METRIC = "loraserve_inference_requests"
+# Spans leave each replica within a tenth of a second instead of OTLP's 5 s batches.
+FAST_EXPORT = {"OTEL_BSP_SCHEDULE_DELAY": "100"}
 
 
 @dataclass
@@ -94,6 +105,8 @@ class Fleet:
     stores: list[StoreProcess]
     replicas: list[Replica]
     bucket: S3Bucket
+    # Where every store and replica exports its spans; None: they export none.
+    spans: OtlpReceiver | None = None
 
     @property
     def addresses(self) -> str:
@@ -123,14 +136,16 @@ async def running_fleet(
     tiny_adapter: TinyAdapterFactory,
     directory: Path,
     bucket_name: str,
+    spans: OtlpReceiver | None = None,
 ) -> AsyncIterator[Fleet]:
     """Two stores and three replicas (two on the first store, one on the second), every
-    replica serving ADAPTERS at revision 1."""
+    replica serving ADAPTERS at revision 1; with `spans`, each exports its spans there."""
     bucket = S3Bucket(s3_server, bucket_name)
     bucket.client().create_bucket(Bucket=bucket.bucket)
+    traced = ("--otlp-traces-endpoint", spans.endpoint) if spans is not None else ()
     async with AsyncExitStack() as stack:
         # The guards look at the rollouts twice a second.
-        guards = ["--rollout-check-interval", "0.5"]
+        guards = ["--rollout-check-interval", "0.5", *traced]
         stores = [
             await stack.enter_async_context(
                 store_process(bucket, directory / f"store-{i}.log", extra=guards)
@@ -152,6 +167,7 @@ async def running_fleet(
                 # The tests name callers with x-rollout-key, as a trusted gateway would.
                 "--trust-rollout-key-header",
                 *(("--max-lora-rank", str(SMALL_MAX_RANK)) if i == REPLICAS - 1 else ()),
+                *traced,
             ]
             process = await stack.enter_async_context(
                 inference_process(
@@ -162,7 +178,7 @@ async def running_fleet(
                     extra=extra,
                     guard_s=FLEET_GUARD_S,
                     module="loraserve.testing.inference.faulty",
-                    env={FAILING_ENV: FAILING_REVISION},
+                    env={FAILING_ENV: FAILING_REVISION, **(FAST_EXPORT if traced else {})},
                 )
             )
             replicas[i] = Replica(name, process, metrics_port, openai_port)
@@ -170,13 +186,29 @@ async def running_fleet(
         async with asyncio.TaskGroup() as group:
             for i in range(REPLICAS):
                 group.create_task(start(i))
-        running = Fleet(stores, [r for r in replicas if r is not None], bucket)
+        running = Fleet(stores, [r for r in replicas if r is not None], bucket, spans)
         await eventually(
             lambda: all_serve(running, {name: 1 for name in ADAPTERS}),
             "every replica serves every adapter at revision 1",
             FLEET_GUARD_S,
         )
         yield running
+
+
+@pytest.fixture(scope="session")
+async def process_fleet(
+    s3_server: str,
+    tiny_model_dir: Path,
+    tiny_adapter: TinyAdapterFactory,
+    tmp_path_factory: pytest.TempPathFactory,
+) -> AsyncIterator[Fleet]:
+    """The session's fleet (`running_fleet`, traced), shared by FLEET_MODULES."""
+    directory = tmp_path_factory.mktemp("fleet")
+    async with (
+        otlp_receiver() as spans,
+        running_fleet(s3_server, tiny_model_dir, tiny_adapter, directory, "fleet", spans) as fleet,
+    ):
+        yield fleet
 
 
 async def all_serve(fleet: Fleet, revisions: dict[str, int]) -> bool:
