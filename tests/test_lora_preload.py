@@ -63,7 +63,9 @@ async def test_a_preloaded_adapter_generates_what_vllms_own_load_generates(
     # alpha 3 x rank: the scale (3.0) that the preload folds into lora_B.
     files = tiny_adapter(rank=8, seed=302, alpha=24)
     preloaded = _handle(engine, "via-preload", files)
+    start = await engine.preload_counts()
     await engine.add_lora(preloaded)
+    after_preload = await engine.preload_counts()
     # The same files under another path and id, loaded by vLLM itself when a request
     # names an adapter it has not loaded.
     copy = tmp_path / "copy"
@@ -71,10 +73,24 @@ async def test_a_preloaded_adapter_generates_what_vllms_own_load_generates(
     by_vllm = _handle(engine, "via-vllm", copy)
     try:
         ours = await _greedy(vllm_engine, preloaded, "preload-parity-ours")
+        after_ours = await engine.preload_counts()
         theirs = await _greedy(vllm_engine, by_vllm, "preload-parity-theirs")
+        after_theirs = await engine.preload_counts()
     finally:
         await engine.remove_lora(preloaded.lora_int_id)
         await engine.remove_lora(by_vllm.lora_int_id)
+    # Parity says nothing unless each side took its own path: one load served from
+    # the preload, and (generating with it loading nothing more) one load that vLLM
+    # made on its step loop for the request naming the copy.
+    assert after_preload == {
+        "preloaded": start["preloaded"] + 1,
+        "on_step_loop": start["on_step_loop"],
+    }
+    assert after_ours == after_preload
+    assert after_theirs == {
+        "preloaded": after_preload["preloaded"],
+        "on_step_loop": after_preload["on_step_loop"] + 1,
+    }
     assert len(ours) == 8
     assert ours == theirs
 

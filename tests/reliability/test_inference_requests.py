@@ -4,7 +4,9 @@ at every point of a stream, against the whole inference server on the real engin
 Each bad request ends with its status code and leaves the engine serving; every
 cancel or deadline aborts the engine request, so nothing stays running: the engine
 (by vLLM's own counters) generated fewer tokens than the request asked for and never
-finished it, which a request left to run to its end cannot fake.
+finished it, which a request left to run to its end cannot fake. A deadline over
+before the first token leaves the engine no work at all; one that passes mid-stream
+(tokens received first) aborts a request the engine was generating for.
 """
 
 from __future__ import annotations
@@ -270,18 +272,50 @@ async def test_client_cancel_right_after_sending_aborts_the_engine_request(
     assert work.generated_tokens < LONG
 
 
-@pytest.mark.parametrize("deadline_s", [0.001, 0.05, 0.3, 1.0])
-async def test_deadline_at_any_point_ends_deadline_exceeded_and_aborts_the_engine_request(
-    deadline_s: float, served: RunningInference, pytestconfig: pytest.Config
+async def _past_deadline(served: RunningInference, deadline_s: float) -> tuple[Any, int]:
+    """The status a long generation with `deadline_s` ends with, and the tokens its
+    client received first: any at all, and the engine had the request."""
+    received = 0
+    call = served.stub.Generate(greedy("alpha", LONG, prompt=[7] * 8), timeout=deadline_s)
+    try:
+        async for message in call:
+            received += len(message.token_ids)
+    except grpc.aio.AioRpcError as e:
+        return e.code(), received
+    return grpc.StatusCode.OK, received
+
+
+async def test_deadline_over_before_the_first_token_ends_deadline_exceeded_with_no_engine_work(
+    served: RunningInference, pytestconfig: pytest.Config
 ) -> None:
     before = engine_work()
-    code = await _code(served, greedy("alpha", LONG, prompt=[7] * 8), timeout=deadline_s)
+    # 1 ms: over before any engine step could make a token, whether the call had reached
+    # the server by then or not (it varies with the load).
+    code, received = await _past_deadline(served, 0.001)
     add_figure(pytestconfig, "faults.client_deadlines")
     work = await _work_once_idle(served, before)
 
     assert code == grpc.StatusCode.DEADLINE_EXCEEDED
+    assert received == 0
+    assert work == EngineWork(generated_tokens=0, finished_requests=0)
+
+
+@pytest.mark.parametrize("deadline_s", [0.05, 0.3, 1.0])
+async def test_deadline_mid_stream_ends_deadline_exceeded_and_aborts_the_engine_request(
+    deadline_s: float, served: RunningInference, pytestconfig: pytest.Config
+) -> None:
+    before = engine_work()
+    code, received = await _past_deadline(served, deadline_s)
+    add_figure(pytestconfig, "faults.client_deadlines")
+    work = await _work_once_idle(served, before)
+
+    assert code == grpc.StatusCode.DEADLINE_EXCEEDED
+    # Tokens streamed before the deadline: the engine was generating for the request
+    # when it passed, so what follows is that engine request's abort.
+    assert received > 0
     assert work.finished_requests == 0
-    assert work.generated_tokens < LONG
+    assert received <= work.generated_tokens < LONG
+    await eventually(lambda: _cancelled(served) == 1, "the call counted as CANCELLED")
 
 
 async def test_many_clients_cancelling_at_once_leave_nothing_running(

@@ -51,9 +51,11 @@ PUSH_EVERY_S = 3.0
 # up, and a push swaps revisions without cutting the streams on the old one, so an
 # UNAVAILABLE would be a stream lost to a swap, not a clean end.
 CLEAN = {grpc.StatusCode.RESOURCE_EXHAUSTED}
-# RSS growth allowed between the warm-up and the end of the soak: allocator noise,
-# not a leak proportional to the streams served.
-RSS_SLACK = 1.15
+# Growth of the server process's resident memory allowed from the warm-up to the end:
+# what its allocator and gRPC buffers still settle into. A leak of what each stream
+# carries (its request, its chunks: a few KiB) over the thousands of streams served
+# after the warm-up grows past it.
+RSS_GROWTH_BYTES = 16 << 20
 GUARD_S = 120
 WEIGHTS = "adapter_model.safetensors"
 
@@ -68,17 +70,12 @@ def _variant(files: AdapterFiles, seed: int) -> AdapterFiles:
     return files | {WEIGHTS: save(changed)}
 
 
-def _rss() -> int:
-    """Resident memory of this process (servers, store, moto) and its children (the
-    engine core)."""
-    me = psutil.Process()
-    total = me.memory_info().rss
-    for child in me.children(recursive=True):
-        try:
-            total += child.memory_info().rss
-        except psutil.NoSuchProcess:
-            continue
-    return int(total)
+def _server_rss() -> int:
+    """Resident memory of the process under test: this one, where `inference_app` runs
+    the inference server (and the store and the clients, which keep nothing per
+    stream). Not the engine core's process, whose memory is mostly the KV cache vLLM
+    allocates at its start, so that its gigabytes do not drown a leak in their noise."""
+    return int(psutil.Process().memory_info().rss)
 
 
 class Soak:
@@ -120,7 +117,7 @@ class Soak:
     async def sampler(self) -> None:
         while time.monotonic() < self.deadline:
             self.peak_in_engine = max(self.peak_in_engine, await self.inference.in_engine())
-            self.rss.append(await asyncio.to_thread(_rss))
+            self.rss.append(await asyncio.to_thread(_server_rss))
             await asyncio.sleep(0.5)
 
 
@@ -189,7 +186,7 @@ async def test_soak_streams_end_cleanly_memory_stays_flat_and_state_matches_the_
     assert set(soak.outcomes) <= {"OK", *(code.name for code in CLEAN)}, soak.outcomes
     assert soak.outcomes["OK"] > 0
     assert 100 <= soak.peak_in_engine <= MAX_PENDING
-    assert soak.rss[-1] <= warm * RSS_SLACK
+    assert soak.rss[-1] - warm <= RSS_GROWTH_BYTES, (int(warm) >> 20, soak.rss[-1] >> 20)
     assert len(final) == ADAPTERS
     assert sum(final.values()) == ADAPTERS + soak.pushes
     assert left_in_engine == 0

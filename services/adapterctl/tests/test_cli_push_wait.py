@@ -9,10 +9,12 @@ from __future__ import annotations
 import asyncio
 from collections.abc import AsyncIterator
 from pathlib import Path
+from typing import Any
 
 import grpc
 import pytest
 
+from loraserve.adapterctl.commands import fleet_wait
 from loraserve.adapterctl.failures import EXIT_FAILED, EXIT_OK, EXIT_UNREACHABLE
 from loraserve.adapterstore.v1 import adapterstore_pb2 as pb
 from loraserve.adapterstore.v1 import adapterstore_pb2_grpc as pb_grpc
@@ -28,6 +30,41 @@ REPLICAS = ("r1", "r2", "r3")
 async def stub(store_server: RunningStore) -> AsyncIterator[pb_grpc.AdapterStoreServiceStub]:
     async with grpc.aio.insecure_channel(store_server.address) as channel:
         yield pb_grpc.AdapterStoreServiceStub(channel)
+
+
+class _Looks:
+    """The replicas serving `revision` in each look the wait took at the fleet (its
+    real calls, recorded): how a test knows the wait saw some reports and went on."""
+
+    def __init__(self, monkeypatch: pytest.MonkeyPatch, revision: int) -> None:
+        self.serving: list[set[str]] = []
+        real = fleet_wait.statuses_of
+        acks = {
+            (revision, pb.REVISION_SERVING_STATE_ROUTED),
+            (revision, pb.REVISION_SERVING_STATE_LOADED),
+        }
+
+        async def recorded(stub: Any, name: str, timeout_s: float) -> list[Any]:
+            found = await real(stub, name, timeout_s)
+            self.serving.append(
+                {s.replica_id for s in found for r in s.revisions if (r.revision, r.state) in acks}
+            )
+            return found
+
+        monkeypatch.setattr(fleet_wait, "statuses_of", recorded)
+
+    def looked_again_after_seeing(self, replicas: set[str]) -> bool:
+        return any(replicas <= seen for seen in self.serving[:-1])
+
+
+async def _went_on_waiting(
+    looks: _Looks, replicas: set[str], waiting: asyncio.Task[CtlResult]
+) -> None:
+    """Until the wait took another look after one that saw `replicas` serving, or ended."""
+    await eventually(
+        lambda: waiting.done() or looks.looked_again_after_seeing(replicas),
+        f"the wait looked again after seeing {sorted(replicas)} serve",
+    )
 
 
 async def _fleet_serving_revision_one(
@@ -55,14 +92,18 @@ async def _push_wait(store: RunningStore, tmp_path: Path, *flags: str) -> asynci
 
 
 async def test_push_wait_all_returns_once_every_live_replica_reports_the_revision(
-    store_server: RunningStore, stub: pb_grpc.AdapterStoreServiceStub, tmp_path: Path
+    store_server: RunningStore,
+    stub: pb_grpc.AdapterStoreServiceStub,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     await _fleet_serving_revision_one(store_server, stub, tmp_path)
+    looks = _Looks(monkeypatch, 2)
     waiting = await _push_wait(store_server, tmp_path, "all", "--timeout", "60")
     await _when_pushed(stub, 2)
     for replica in REPLICAS[:2]:
         await stub.ReportReplicaStatus(report_request(replica, {"alpha": routed(2)}))
-    await asyncio.sleep(0.5)
+    await _went_on_waiting(looks, {"r1", "r2"}, waiting)
     assert not waiting.done(), "push --wait all returned before r3 reported"
     state = pb.REVISION_SERVING_STATE_ROUTED
     await stub.ReportReplicaStatus(report_request("r3", {"alpha": routed(2, state)}))
@@ -134,14 +175,18 @@ async def _rollback_wait(store: RunningStore, *flags: str) -> asyncio.Task[CtlRe
 
 
 async def test_rollback_wait_all_returns_once_every_live_replica_reports_the_revision(
-    store_server: RunningStore, stub: pb_grpc.AdapterStoreServiceStub, tmp_path: Path
+    store_server: RunningStore,
+    stub: pb_grpc.AdapterStoreServiceStub,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     await _fleet_serving_revision_two(store_server, stub, tmp_path)
+    looks = _Looks(monkeypatch, 1)
     waiting = await _rollback_wait(store_server, "all", "--timeout", "60")
     await _when_pushed(stub, 1)
     for replica in REPLICAS[:2]:
         await stub.ReportReplicaStatus(report_request(replica, {"alpha": routed(1)}))
-    await asyncio.sleep(0.5)
+    await _went_on_waiting(looks, {"r1", "r2"}, waiting)
     assert not waiting.done(), "rollback --wait all returned before r3 reported"
     await stub.ReportReplicaStatus(report_request("r3", {"alpha": routed(1)}))
     result = await asyncio.wait_for(waiting, 60)

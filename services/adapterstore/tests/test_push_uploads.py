@@ -7,11 +7,13 @@ from __future__ import annotations
 import asyncio
 import logging
 from dataclasses import replace
+from datetime import UTC, datetime, timedelta
 
 import grpc
 import pytest
 from safetensors.numpy import save
 
+from loraserve.adapterstore import store as store_module
 from loraserve.adapterstore.v1 import adapterstore_pb2 as pb
 from loraserve.testing.adapters.files import AdapterFiles, lora_config, lora_tensors, tiny_adapter
 from loraserve.testing.adapters.pushes import push_requests
@@ -103,17 +105,43 @@ async def test_start_up_sweeps_uploads_older_than_the_bound(s3_bucket: S3Bucket)
     assert pushed.revision.revision == 1
 
 
+def _last_part_sent(bucket: S3Bucket, key: str) -> datetime:
+    """When the last part of the upload of `key` arrived: the age the sweep reads, as
+    moto gives every upload one fixed `Initiated` date (see s3sweep)."""
+    client = bucket.client()
+    uploads = client.list_multipart_uploads(Bucket=bucket.bucket).get("Uploads", [])
+    upload_id = next(u["UploadId"] for u in uploads if u["Key"] == key)
+    parts = client.list_parts(Bucket=bucket.bucket, Key=key, UploadId=upload_id)["Parts"]
+    sent: datetime = max(part["LastModified"] for part in parts)
+    return sent
+
+
 async def test_start_up_keeps_uploads_younger_than_the_bound(
-    s3_bucket: S3Bucket, caplog: pytest.LogCaptureFixture
+    s3_bucket: S3Bucket, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     caplog.set_level(logging.INFO, logger="loraserve.adapterstore")
-    _start_upload(s3_bucket, "tmp/in-progress-elsewhere")
+    abandoned, in_progress = "tmp/abandoned-an-hour-ago", "tmp/in-progress-elsewhere"
+    _start_upload(s3_bucket, abandoned)
+    left_at = _last_part_sent(s3_bucket, abandoned)
+    # S3 may give the time a part arrived to the second only: the other upload's part
+    # must arrive in a later second for the two to fall on either side of a cutoff.
+    await eventually(lambda: datetime.now(UTC) >= left_at + timedelta(seconds=1), "a second passed")
+    _start_upload(s3_bucket, in_progress)
+    sent_at = _last_part_sent(s3_bucket, in_progress)
+    assert sent_at > left_at
+    # The store starts an hour after a moment between the two: one upload is past the
+    # bound, the other within it. Without one past it, nothing would show the sweep ran.
+    start_up = left_at + (sent_at - left_at) / 2 + timedelta(seconds=3600)
+    monkeypatch.setattr(store_module, "now", lambda: start_up)
     async with serve_store(s3_bucket, stale_upload_age_s=3600) as server:
-        # A push and its listing: the sweep (started before them) has long had its turn.
+        await eventually(
+            lambda: abandoned not in s3_bucket.multipart_uploads(), "the sweep aborted one"
+        )
         await push(server.stub, "a", tiny_adapter())
         await server.stub.ListAdapters(pb.ListAdaptersRequest())
-    assert s3_bucket.multipart_uploads() == ["tmp/in-progress-elsewhere"]
-    assert "blob.stale_upload_aborted" not in caplog.text
+    assert s3_bucket.multipart_uploads() == [in_progress]
+    assert f"blob.stale_upload_aborted key={abandoned}" in caplog.text
+    assert f"blob.stale_upload_aborted key={in_progress}" not in caplog.text
 
 
 async def test_retry_of_a_committed_push_is_answered_from_its_header(

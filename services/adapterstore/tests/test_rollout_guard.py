@@ -112,6 +112,18 @@ def test_ttft_p95_above_the_margin_condemns_the_candidate() -> None:
     assert current.requests == 0
 
 
+def test_ttft_p95_within_the_margin_does_not_condemn_the_candidate() -> None:
+    # 40 % slower than the current revision, under a margin of 50 %: judged (enough
+    # requests and callers, as above) and let through.
+    within = verdict(
+        rollout(max_ttft_p95_margin=50.0, min_requests=1),
+        ArmFigures(1, 10, ttft_p95_s=0.1, callers=3),
+        ArmFigures(2, 10, ttft_p95_s=0.14, callers=3),
+        [],
+    )
+    assert within == ""
+
+
 def test_a_nack_condemns_the_candidate_when_asked() -> None:
     nack = RevisionReport(2, ServingState.FAILED, ReplicaError(9, "rank 16 > 8"))
     reason = verdict(rollout(abort_on_nack=True), ArmFigures(1), ArmFigures(2), [("r2", nack)])

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from pathlib import Path
+from typing import Literal
 
 import pytest
 
@@ -23,11 +24,36 @@ from loraserve.inference.serving.generation import (
     Usage,
 )
 from loraserve.testing.fakes.engine import CacheDirectory, FakeEngine, make_revision
+from loraserve.testing.waiting import eventually
+
+
+class _Steps(asyncio.Event):
+    """The fake engine's step gate, counting the generations waiting at it: cleared, a
+    count of one says the stream waits on the engine's next step."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.set()
+        self.waiting = 0
+
+    async def wait(self) -> Literal[True]:
+        self.waiting += 1
+        try:
+            return await super().wait()
+        finally:
+            self.waiting -= 1
 
 
 @pytest.fixture
 def engine() -> FakeEngine:
-    return FakeEngine()
+    engine = FakeEngine()
+    engine.steps = _Steps()
+    return engine
+
+
+def _waiting_on_a_step(engine: FakeEngine) -> bool:
+    assert isinstance(engine.steps, _Steps)
+    return engine.steps.waiting == 1
 
 
 @pytest.fixture
@@ -153,7 +179,7 @@ async def test_chunks_stream_before_generation_ends(
         first = await anext(stream)
         engine.steps.clear()
         reading = asyncio.ensure_future(anext(stream))
-        await asyncio.sleep(0.01)
+        await eventually(lambda: _waiting_on_a_step(engine), "the stream waits on a step")
 
         assert first.token_ids == (0,)
         assert not reading.done()
@@ -193,7 +219,7 @@ async def test_cancelling_the_consumer_aborts_the_engine_request(
 
     task = asyncio.create_task(consume())
     await started.wait()
-    await asyncio.sleep(0.01)
+    await eventually(lambda: _waiting_on_a_step(engine), "the consumer waits on a step")
     task.cancel()
     with pytest.raises(asyncio.CancelledError):
         await task

@@ -22,6 +22,13 @@ from loraserve.testing.fakes.engine import (
     make_revision,
 )
 from loraserve.testing.fakes.registry import fake_registry, state_of
+from loraserve.testing.waiting import eventually
+
+
+def _adding(engine: FakeEngine, lora_name: str) -> bool:
+    """Whether the engine was asked to load `lora_name` (and, `adding` cleared, holds it
+    there)."""
+    return any(call.lora_name == lora_name for call in engine.add_calls)
 
 
 async def test_install_routes_name_to_the_revision(
@@ -71,7 +78,7 @@ async def test_new_revision_is_loaded_before_the_route_flips(
     installing = asyncio.create_task(
         registry.install(make_revision(cache_dir, "alpha", 2).manifest, make_current=True)
     )
-    await asyncio.sleep(0.01)
+    await eventually(lambda: _adding(engine, "alpha@2"), "the engine is loading alpha@2")
 
     async with registry.acquire(AdapterRef("alpha")) as lease:
         assert lease.revision == 1
@@ -187,13 +194,15 @@ async def test_request_for_an_adapter_whose_first_revision_is_loading_waits_for_
     installing = asyncio.create_task(
         registry.install(make_revision(cache_dir, "alpha", 1).manifest, make_current=True)
     )
-    await asyncio.sleep(0.01)
+    await eventually(lambda: _adding(engine, "alpha@1"), "the engine is loading alpha@1")
 
     async def request() -> int:
         async with registry.acquire(AdapterRef("alpha")) as lease:
             return lease.revision
 
     waiting = asyncio.create_task(request())
+    # The behaviour itself: while the load is held, the request gets no answer (nothing
+    # to wait on for that but time; a request refused at once would be done by now).
     await asyncio.sleep(0.01)
     assert not waiting.done()
     engine.adding.set()
@@ -210,7 +219,7 @@ async def test_install_cancelled_mid_load_still_lands_the_load(
     installing = asyncio.create_task(
         registry.install(make_revision(cache_dir, "alpha", 1).manifest, make_current=True)
     )
-    await asyncio.sleep(0.01)
+    await eventually(lambda: _adding(engine, "alpha@1"), "the engine is loading alpha@1")
     installing.cancel()
     with pytest.raises(asyncio.CancelledError):
         await installing

@@ -4,6 +4,7 @@ for a candidate whose rollout ends while it loads go on, on the current revision
 from __future__ import annotations
 
 import asyncio
+from typing import Literal
 
 import pytest
 
@@ -12,6 +13,21 @@ from loraserve.common.revisions.names import AdapterRef
 from loraserve.inference.adapters import AdapterRegistry
 from loraserve.testing.fakes.engine import FakeEngine, FakeFetcher, fake_manifest
 from loraserve.testing.waiting import eventually
+
+
+class _Removing(asyncio.Event):
+    """The fake engine's remove_lora gate, counting the removals held at it."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.held = 0
+
+    async def wait(self) -> Literal[True]:
+        self.held += 1
+        try:
+            return await super().wait()
+        finally:
+            self.held -= 1
 
 
 async def _served(registry: AdapterRegistry) -> int:
@@ -33,11 +49,12 @@ async def test_requests_waiting_on_a_candidate_whose_rollout_ended_mid_load_go_o
     waiting = [asyncio.create_task(_served(registry)) for _ in range(3)]
     await eventually(lambda: ("alpha", 2) in fetcher.fetches, "the candidate's load started")
     registry.end_rollout("alpha")
-    engine.removing.clear()
+    engine.removing = removing = _Removing()
     fetcher.gate.set()
     await eventually(lambda: len(engine.add_calls) == 2, "the candidate reached the engine")
-    await asyncio.sleep(0.05)
-    engine.removing.set()
+    # The waiters' moment of danger: the candidate loaded, its removal not yet done.
+    await eventually(lambda: removing.held == 1, "the candidate's removal is under way")
+    removing.set()
     served = await asyncio.wait_for(asyncio.gather(*waiting), 30)
     assert len(served) == 3
     assert set(served) <= {1, 2}
