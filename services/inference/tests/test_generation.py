@@ -23,6 +23,7 @@ from loraserve.inference.serving.generation import (
     SamplingRequest,
     Usage,
 )
+from loraserve.testing.fakes.clock import ManualClock
 from loraserve.testing.fakes.engine import CacheDirectory, FakeEngine, make_revision
 from loraserve.testing.waiting import eventually
 
@@ -296,24 +297,16 @@ async def test_n_choices_stream_with_their_index_and_usage_once_at_the_end(
     assert [c.usage for c in chunks] == [None, None, None, Usage(3, 4)]
 
 
-class _Clock:
-    def __init__(self) -> None:
-        self.now = 1000.0
-
-    def __call__(self) -> float:
-        return self.now
-
-
 def _counting(
     engine: FakeEngine, registry: AdapterRegistry, metrics: InferenceMetrics
-) -> tuple[Generator, Admission, _Clock]:
+) -> tuple[Generator, Admission, ManualClock]:
     """A generator whose admission reports as of a clock the test moves."""
-    clock = _Clock()
+    clock = ManualClock()
     admission = Admission(4, rates=AdmissionRates(clock))
     return Generator(engine, registry, admission, metrics), admission, clock
 
 
-def _reported_tokens(admission: Admission, clock: _Clock) -> dict[str, float]:
+def _reported_tokens(admission: Admission, clock: ManualClock) -> dict[str, float]:
     clock.now += RATE_GRID_S
     return admission.tokens_per_sequence(admission.admission_rates())
 
