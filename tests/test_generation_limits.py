@@ -27,7 +27,7 @@ pytestmark = pytest.mark.engine
 
 
 async def test_several_prompts_answer_each_as_vllm(
-    parity_fronts: Fronts, greedy: list[int]
+    parity_fronts: Fronts, parity_greedy_tokens: list[int]
 ) -> None:
     other = [1, 300, 17, 88]
     body = openai_body({}) | {"prompt": [PROMPT, other]}
@@ -40,10 +40,10 @@ async def test_several_prompts_answer_each_as_vllm(
 
 
 async def test_stop_token_ids_end_the_issue_example_early(
-    parity_fronts: Fronts, greedy: list[int]
+    parity_fronts: Fronts, parity_greedy_tokens: list[int]
 ) -> None:
     """The issue's example: stop_token_ids stopped vLLM early and was ignored here."""
-    stop = greedy[3]
+    stop = parity_greedy_tokens[3]
     body = openai_body({"max_tokens": 24, "stop_token_ids": [stop]}) | {"prompt": PROMPT}
     completion = (await parity_fronts.http.post("/v1/completions", json=body)).json()["choices"][0]
     assert completion["finish_reason"] == "stop"

@@ -96,14 +96,14 @@ CASES = {
 
 @pytest.mark.parametrize("option", list(CASES))
 async def test_option_answers_as_vllm_on_grpc_and_http(
-    parity_fronts: Fronts, greedy: list[int], option: str
+    parity_fronts: Fronts, parity_greedy_tokens: list[int], option: str
 ) -> None:
     case = CASES[option]
-    options = case.options(greedy, parity_fronts.engine.decode)
+    options = case.options(parity_greedy_tokens, parity_fronts.engine.decode)
     expected = await direct(parity_fronts, PROMPT, options)
     if case.reference is not None:
         reference = await direct(
-            parity_fronts, PROMPT, case.reference(greedy, parity_fronts.engine.decode)
+            parity_fronts, PROMPT, case.reference(parity_greedy_tokens, parity_fronts.engine.decode)
         )
         assert expected != reference, f"{option} changes nothing here: pick a stronger value"
 

@@ -141,7 +141,7 @@ async def inference_stack(
 
 
 @pytest.fixture
-async def stack(
+async def serving_stack(
     store_server: RunningStore,
     vllm_engine: AsyncLLM,
     tiny_model_dir: Path,
@@ -155,109 +155,124 @@ async def stack(
 
 
 async def test_push_while_streaming_finishes_old_stream_on_old_revision_and_retires_it(
-    stack: Stack,
+    serving_stack: Stack,
 ) -> None:
-    rev1_dir, rev2_dir = stack.adapter(rank=8, seed=1), stack.adapter(rank=8, seed=2)
+    rev1_dir, rev2_dir = (
+        serving_stack.adapter(rank=8, seed=1),
+        serving_stack.adapter(rank=8, seed=2),
+    )
     long_tokens = 400
-    expected_long = oracle(stack.model_dir, rev1_dir, long_tokens)
-    expected_new = oracle(stack.model_dir, rev2_dir, SHORT)
+    expected_long = oracle(serving_stack.model_dir, rev1_dir, long_tokens)
+    expected_new = oracle(serving_stack.model_dir, rev2_dir, SHORT)
     assert expected_long[:SHORT] != expected_new, "the two revisions must differ"
-    await stack.push("swap", rev1_dir)
-    await stack.served("swap", 1)
-    rev1_lora_id = (await stack.revisions("swap"))[1].lora_int_id
+    await serving_stack.push("swap", rev1_dir)
+    await serving_stack.served("swap", 1)
+    rev1_lora_id = (await serving_stack.revisions("swap"))[1].lora_int_id
 
-    engine = stack.engine
+    engine = serving_stack.engine
     engine.hold("swap@1")
     draining = asyncio.create_task(
-        messages(stack.inference.Generate(_request("swap", long_tokens)))
+        messages(serving_stack.inference.Generate(_request("swap", long_tokens)))
     )
     await engine.until_held(1, draining)
-    await stack.push("swap", rev2_dir)
-    await stack.served("swap", 2)
+    await serving_stack.push("swap", rev2_dir)
+    await serving_stack.served("swap", 2)
     engine.let_go()
-    new_requests = await asyncio.gather(*(stack.generate("swap") for _ in range(3)))
+    new_requests = await asyncio.gather(*(serving_stack.generate("swap") for _ in range(3)))
     long_stream = await draining
 
     assert long_stream[0].revision == 1
     assert tuple(t for message in long_stream for t in message.token_ids) == expected_long
     assert new_requests == [(2, expected_new)] * 3
     await eventually(
-        lambda: _lora_gone(stack.engine, rev1_lora_id), "revision 1 removed from the engine"
+        lambda: _lora_gone(serving_stack.engine, rev1_lora_id), "revision 1 removed from the engine"
     )
-    await eventually(lambda: not (stack.cache_dir / "swap" / "1").exists(), "rev 1 files deleted")
-    assert (stack.cache_dir / "swap" / "2").is_dir()
+    await eventually(
+        lambda: not (serving_stack.cache_dir / "swap" / "1").exists(), "rev 1 files deleted"
+    )
+    assert (serving_stack.cache_dir / "swap" / "2").is_dir()
 
 
 async def _lora_gone(engine: VllmEngine, lora_int_id: int) -> bool:
     return lora_int_id not in await engine.list_loras()
 
 
-async def test_rollback_routes_the_name_back_to_the_older_revision(stack: Stack) -> None:
-    rev1_dir, rev2_dir = stack.adapter(seed=11), stack.adapter(seed=12)
-    await stack.push("roll", rev1_dir)
-    await stack.push("roll", rev2_dir)
-    await stack.served("roll", 2)
-    await stack.store_stub.SetCurrentRevision(
+async def test_rollback_routes_the_name_back_to_the_older_revision(serving_stack: Stack) -> None:
+    rev1_dir, rev2_dir = serving_stack.adapter(seed=11), serving_stack.adapter(seed=12)
+    await serving_stack.push("roll", rev1_dir)
+    await serving_stack.push("roll", rev2_dir)
+    await serving_stack.served("roll", 2)
+    await serving_stack.store_stub.SetCurrentRevision(
         store_pb.SetCurrentRevisionRequest(name="roll", revision=1)
     )
-    await stack.served("roll", 1)
-    assert await stack.generate("roll") == (1, oracle(stack.model_dir, rev1_dir, SHORT))
+    await serving_stack.served("roll", 1)
+    assert await serving_stack.generate("roll") == (
+        1,
+        oracle(serving_stack.model_dir, rev1_dir, SHORT),
+    )
 
 
-async def test_pinned_revision_is_served_beside_the_current_one(stack: Stack) -> None:
-    rev1_dir, rev2_dir = stack.adapter(seed=21), stack.adapter(seed=22)
-    await stack.push("pin", rev1_dir)
-    await stack.push("pin", rev2_dir)
-    await stack.served("pin", 2)
-    pinned, current = await asyncio.gather(stack.generate("pin@1"), stack.generate("pin"))
-    assert pinned == (1, oracle(stack.model_dir, rev1_dir, SHORT))
-    assert current == (2, oracle(stack.model_dir, rev2_dir, SHORT))
+async def test_pinned_revision_is_served_beside_the_current_one(serving_stack: Stack) -> None:
+    rev1_dir, rev2_dir = serving_stack.adapter(seed=21), serving_stack.adapter(seed=22)
+    await serving_stack.push("pin", rev1_dir)
+    await serving_stack.push("pin", rev2_dir)
+    await serving_stack.served("pin", 2)
+    pinned, current = await asyncio.gather(
+        serving_stack.generate("pin@1"), serving_stack.generate("pin")
+    )
+    assert pinned == (1, oracle(serving_stack.model_dir, rev1_dir, SHORT))
+    assert current == (2, oracle(serving_stack.model_dir, rev2_dir, SHORT))
 
 
-async def test_delete_stops_serving_the_name_and_its_status_with_it(stack: Stack) -> None:
-    await stack.push("gone", stack.adapter(seed=31))
-    await stack.served("gone", 1)
-    await stack.store_stub.DeleteAdapter(store_pb.DeleteAdapterRequest(name="gone"))
-    await eventually(lambda: _unrouted(stack, "gone"), "gone unrouted")
+async def test_delete_stops_serving_the_name_and_its_status_with_it(serving_stack: Stack) -> None:
+    await serving_stack.push("gone", serving_stack.adapter(seed=31))
+    await serving_stack.served("gone", 1)
+    await serving_stack.store_stub.DeleteAdapter(store_pb.DeleteAdapterRequest(name="gone"))
+    await eventually(lambda: _unrouted(serving_stack, "gone"), "gone unrouted")
     with pytest.raises(grpc.aio.AioRpcError) as err:
-        await stack.generate("gone")
+        await serving_stack.generate("gone")
     assert err.value.code() is grpc.StatusCode.NOT_FOUND
     with pytest.raises(grpc.aio.AioRpcError) as err:
-        await stack.generate("gone@1")
+        await serving_stack.generate("gone@1")
     assert err.value.code() is grpc.StatusCode.NOT_FOUND
     with pytest.raises(grpc.aio.AioRpcError) as err:
-        await _replica_status(stack, "gone")
+        await _replica_status(serving_stack, "gone")
     assert err.value.code() is grpc.StatusCode.NOT_FOUND
 
 
 async def test_rank_above_the_engine_limit_is_nacked_and_the_old_revision_keeps_serving(
-    stack: Stack,
+    serving_stack: Stack,
 ) -> None:
-    good_dir = stack.adapter(rank=8, seed=41)
-    await stack.push("big", good_dir)
-    await stack.served("big", 1)
-    too_big = stack.engine.info.max_lora_rank * 2
-    await stack.push("big", stack.adapter(rank=too_big, seed=42))
+    good_dir = serving_stack.adapter(rank=8, seed=41)
+    await serving_stack.push("big", good_dir)
+    await serving_stack.served("big", 1)
+    too_big = serving_stack.engine.info.max_lora_rank * 2
+    await serving_stack.push("big", serving_stack.adapter(rank=too_big, seed=42))
 
     async def nacked() -> bool:
-        status = await _replica_status(stack, "big")
+        status = await _replica_status(serving_stack, "big")
         return status is not None and status.type == store_pb.REPORT_TYPE_NACK
 
     await eventually(nacked, "NACK of big@2 reported")
-    status = await _replica_status(stack, "big")
+    status = await _replica_status(serving_stack, "big")
     assert status is not None
     assert (status.reported_revision, status.serving_revision) == (2, 1)
     assert status.last_error.code == grpc.StatusCode.FAILED_PRECONDITION.value[0]
     assert f"rank {too_big}" in status.last_error.message
-    assert await stack.generate("big") == (1, oracle(stack.model_dir, good_dir, SHORT))
+    assert await serving_stack.generate("big") == (
+        1,
+        oracle(serving_stack.model_dir, good_dir, SHORT),
+    )
 
 
-async def _unrouted(stack: Stack, name: str) -> bool:
-    return await stack.running.current(name) == 0
+async def _unrouted(serving_stack: Stack, name: str) -> bool:
+    return await serving_stack.running.current(name) == 0
 
 
-async def _replica_status(stack: Stack, name: str) -> Any:
-    response = await stack.store_stub.GetAdapterStatus(store_pb.GetAdapterStatusRequest(name=name))
+async def _replica_status(serving_stack: Stack, name: str) -> Any:
+    response = await serving_stack.store_stub.GetAdapterStatus(
+        store_pb.GetAdapterStatusRequest(name=name)
+    )
     return next((s for s in response.statuses if s.replica_id == REPLICA), None)
 
 

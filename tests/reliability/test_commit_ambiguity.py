@@ -35,9 +35,9 @@ def _env(store: RunningStore) -> dict[str, str]:
     return {"ADAPTERSTORE_ADDR": store.address}
 
 
-def _lose_next_log_reply(proxy: S3FaultProxy) -> Rule:
+def _lose_next_log_reply(fault_proxy: S3FaultProxy) -> Rule:
     """S3 applies the next log PUT; its reply never reaches the store."""
-    return proxy.add(Fault.CUT_RESPONSE, "PUT", "log/", after_bytes=0, times=1)
+    return fault_proxy.add(Fault.CUT_RESPONSE, "PUT", "log/", after_bytes=0, times=1)
 
 
 async def _revisions(store: RunningStore, name: str) -> list[int]:
@@ -47,9 +47,9 @@ async def _revisions(store: RunningStore, name: str) -> list[int]:
 
 
 async def test_push_whose_log_reply_is_lost_makes_exactly_one_revision(
-    proxied_store: RunningStore, proxy: S3FaultProxy, s3_bucket: S3Bucket, tmp_path: Path
+    proxied_store: RunningStore, fault_proxy: S3FaultProxy, s3_bucket: S3Bucket, tmp_path: Path
 ) -> None:
-    lost = _lose_next_log_reply(proxy)
+    lost = _lose_next_log_reply(fault_proxy)
     result = await ctl("push", "alpha", str(write_adapter_dir(tmp_path)), env=_env(proxied_store))
     assert lost.hits == 1
     assert (result.code, result.out) == (0, "alpha@1\n"), result.err
@@ -58,12 +58,12 @@ async def test_push_whose_log_reply_is_lost_makes_exactly_one_revision(
 
 
 async def test_rollback_whose_log_reply_is_lost_reports_success(
-    proxied_store: RunningStore, proxy: S3FaultProxy, s3_bucket: S3Bucket, tmp_path: Path
+    proxied_store: RunningStore, fault_proxy: S3FaultProxy, s3_bucket: S3Bucket, tmp_path: Path
 ) -> None:
     env = _env(proxied_store)
     await ctl("push", "alpha", str(write_adapter_dir(tmp_path / "a")), env=env)
     await ctl("push", "alpha", str(write_adapter_dir(tmp_path / "b", seed=1)), env=env)
-    lost = _lose_next_log_reply(proxy)
+    lost = _lose_next_log_reply(fault_proxy)
     result = await ctl("rollback", "alpha", "1", "--expect-current", "2", env=env)
     assert lost.hits == 1
     assert (result.code, result.out, result.err) == (0, "alpha@1\n", "")
@@ -71,11 +71,11 @@ async def test_rollback_whose_log_reply_is_lost_reports_success(
 
 
 async def test_delete_whose_log_reply_is_lost_reports_success(
-    proxied_store: RunningStore, proxy: S3FaultProxy, s3_bucket: S3Bucket, tmp_path: Path
+    proxied_store: RunningStore, fault_proxy: S3FaultProxy, s3_bucket: S3Bucket, tmp_path: Path
 ) -> None:
     env = _env(proxied_store)
     await ctl("push", "alpha", str(write_adapter_dir(tmp_path)), env=env)
-    lost = _lose_next_log_reply(proxy)
+    lost = _lose_next_log_reply(fault_proxy)
     result = await ctl("delete", "alpha", "--yes", env=env)
     assert lost.hits == 1
     assert (result.code, result.out, result.err) == (0, "deleted alpha\n", "")
@@ -83,14 +83,14 @@ async def test_delete_whose_log_reply_is_lost_reports_success(
 
 
 async def test_cli_push_retried_after_unavailable_makes_one_revision(
-    proxied_store: RunningStore, proxy: S3FaultProxy, s3_bucket: S3Bucket, tmp_path: Path
+    proxied_store: RunningStore, fault_proxy: S3FaultProxy, s3_bucket: S3Bucket, tmp_path: Path
 ) -> None:
     """The commit lands, but the store cannot confirm it (the read-back is refused
     too) and answers UNAVAILABLE; adapterctl's retry carries the same key."""
-    lost = _lose_next_log_reply(proxy)
+    lost = _lose_next_log_reply(fault_proxy)
     # The commit holds the log's lock, so the first log GET after the lost reply
     # is the commit's own read-back, not the poller's.
-    refused = proxy.add(Fault.REFUSE, "GET", "log/", times=1, after=lost)
+    refused = fault_proxy.add(Fault.REFUSE, "GET", "log/", times=1, after=lost)
     result = await ctl("push", "alpha", str(write_adapter_dir(tmp_path)), env=_env(proxied_store))
     assert refused.hits == 1
     assert (result.code, result.out) == (0, "alpha@1\n"), result.err

@@ -69,9 +69,9 @@ def _closed_port() -> int:
 
 
 @pytest.fixture
-async def url_store(s3_bucket: S3Bucket, proxy: S3FaultProxy) -> AsyncIterator[RunningStore]:
+async def url_store(s3_bucket: S3Bucket, fault_proxy: S3FaultProxy) -> AsyncIterator[RunningStore]:
     """A store that reaches S3 directly and signs URLs for the proxy's endpoint."""
-    async with running_store(s3_bucket, download_url_endpoint=proxy.endpoint_url) as store:
+    async with running_store(s3_bucket, download_url_endpoint=fault_proxy.endpoint_url) as store:
         yield store
 
 
@@ -124,38 +124,38 @@ def _signatures(urls: RevisionUrls) -> list[str]:
 
 
 async def test_replica_cache_reads_the_blobs_from_s3_not_through_the_store(
-    url_store: RunningStore, proxy: S3FaultProxy, tmp_path: Path
+    url_store: RunningStore, fault_proxy: S3FaultProxy, tmp_path: Path
 ) -> None:
     files = await _pushed(url_store)
     client = _client(url_store)
     metrics = InferenceMetrics()
     root = await _fetched(client, tmp_path / "cache", metrics=metrics)
     assert _on_disk(root, "alpha") == files
-    assert ("GET", _key(files)) in proxy.requests
-    assert ("GET", _key(files, CONFIG)) in proxy.requests
+    assert ("GET", _key(files)) in fault_proxy.requests
+    assert ("GET", _key(files, CONFIG)) in fault_proxy.requests
     assert (client.url_requests, client.streams) == (1, 0)
     exposition = generate_latest(metrics.registry).decode()
     assert 'loraserve_inference_adapter_downloads_total{path="direct"} 1.0' in exposition
 
 
 async def test_a_refused_url_is_asked_for_again_once_and_then_read_directly(
-    url_store: RunningStore, proxy: S3FaultProxy, tmp_path: Path
+    url_store: RunningStore, fault_proxy: S3FaultProxy, tmp_path: Path
 ) -> None:
     files = await _pushed(url_store)
-    refused = proxy.add(Fault.REFUSE, "GET", _key(files), times=1)
+    refused = fault_proxy.add(Fault.REFUSE, "GET", _key(files), times=1)
     client = _client(url_store)
     root = await _fetched(client, tmp_path / "cache")
     assert _on_disk(root, "alpha") == files
     assert refused.hits == 1
     assert (client.url_requests, client.streams) == (2, 0)
-    assert proxy.requests.count(("GET", _key(files))) == 2
+    assert fault_proxy.requests.count(("GET", _key(files))) == 2
 
 
 async def test_a_url_refused_twice_falls_back_to_the_store_stream(
-    url_store: RunningStore, proxy: S3FaultProxy, tmp_path: Path
+    url_store: RunningStore, fault_proxy: S3FaultProxy, tmp_path: Path
 ) -> None:
     files = await _pushed(url_store)
-    refused = proxy.add(Fault.REFUSE, "GET", _key(files))
+    refused = fault_proxy.add(Fault.REFUSE, "GET", _key(files))
     client = _client(url_store)
     root = await _fetched(client, tmp_path / "cache")
     assert _on_disk(root, "alpha") == files
@@ -203,7 +203,7 @@ async def test_a_store_that_hands_out_no_urls_sends_downloads_to_the_stream_with
 
 
 async def test_bytes_in_s3_that_differ_from_the_manifest_are_data_loss_and_nothing_lands(
-    url_store: RunningStore, proxy: S3FaultProxy, s3_bucket: S3Bucket, tmp_path: Path
+    url_store: RunningStore, fault_proxy: S3FaultProxy, s3_bucket: S3Bucket, tmp_path: Path
 ) -> None:
     files = await _pushed(url_store)
     _tamper(s3_bucket, files, len(files[WEIGHTS]) // 2)
@@ -211,7 +211,7 @@ async def test_bytes_in_s3_that_differ_from_the_manifest_are_data_loss_and_nothi
     with pytest.raises(DataLoss, match="sha256"):
         await _fetched(client, tmp_path / "cache")
     # Read directly, twice (the cache retries a DataLoss once), never streamed.
-    assert proxy.requests.count(("GET", _key(files))) == 2
+    assert fault_proxy.requests.count(("GET", _key(files))) == 2
     assert client.streams == 0
     assert _nothing_landed(tmp_path / "cache")
 
@@ -230,7 +230,7 @@ async def test_ranged_reads_of_bytes_that_differ_from_the_manifest_are_data_loss
 
 
 async def test_parallel_ranged_reads_assemble_the_file_and_check_its_sha256(
-    url_store: RunningStore, proxy: S3FaultProxy, tmp_path: Path
+    url_store: RunningStore, fault_proxy: S3FaultProxy, tmp_path: Path
 ) -> None:
     files = await _pushed(url_store)
     range_size = len(files[WEIGHTS]) // 5
@@ -240,30 +240,30 @@ async def test_parallel_ranged_reads_assemble_the_file_and_check_its_sha256(
     assert _on_disk(root, "alpha") == files
     # One GET per range (the last one shorter), none through the store.
     ranges = -(-len(files[WEIGHTS]) // range_size)
-    assert proxy.requests.count(("GET", _key(files))) == ranges
+    assert fault_proxy.requests.count(("GET", _key(files))) == ranges
     assert (client.url_requests, client.streams) == (1, 0)
 
 
 async def test_a_mixed_fleet_of_streaming_and_direct_replicas_both_get_the_revision(
-    url_store: RunningStore, proxy: S3FaultProxy, tmp_path: Path
+    url_store: RunningStore, fault_proxy: S3FaultProxy, tmp_path: Path
 ) -> None:
     files = await _pushed(url_store)
     # A replica set to `--adapter-download stream` reads as replicas did before issue 24.
     streaming, direct = _client(url_store), _client(url_store)
     old = await _fetched(streaming, tmp_path / "old", fetch=FetchSettings(direct=False))
-    gets_by_the_old_one = proxy.requests.count(("GET", _key(files)))
+    gets_by_the_old_one = fault_proxy.requests.count(("GET", _key(files)))
     new = await _fetched(direct, tmp_path / "new")
     assert _on_disk(old, "alpha") == files
     assert _on_disk(new, "alpha") == files
     assert (streaming.url_requests, streaming.streams) == (0, 1)
     assert (direct.url_requests, direct.streams) == (1, 0)
     assert gets_by_the_old_one == 0
-    assert proxy.requests.count(("GET", _key(files))) == 1
+    assert fault_proxy.requests.count(("GET", _key(files))) == 1
 
 
 async def test_a_presigned_url_never_appears_in_logs_errors_or_metrics(
     url_store: RunningStore,
-    proxy: S3FaultProxy,
+    fault_proxy: S3FaultProxy,
     s3_bucket: S3Bucket,
     tmp_path: Path,
     caplog: pytest.LogCaptureFixture,
@@ -276,7 +276,7 @@ async def test_a_presigned_url_never_appears_in_logs_errors_or_metrics(
     assert all(signatures)
     # Every path a download can take: alpha refused twice (then streamed), beta's bytes
     # differing from its manifest.
-    proxy.add(Fault.REFUSE, "GET", _key(alpha), times=2)
+    fault_proxy.add(Fault.REFUSE, "GET", _key(alpha), times=2)
     _tamper(s3_bucket, beta, 0)
     metrics = InferenceMetrics()
     with caplog.at_level(logging.DEBUG), pytest.raises(DataLoss) as caught:

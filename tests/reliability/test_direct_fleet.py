@@ -55,24 +55,24 @@ async def test_a_streaming_replica_and_a_direct_replica_serve_the_same_revision(
     tiny_model_dir: Path,
     tiny_adapter: TinyAdapterFactory,
     s3_bucket: S3Bucket,
-    proxy: S3FaultProxy,
+    fault_proxy: S3FaultProxy,
     tmp_path: Path,
 ) -> None:
     files = adapter_files(tiny_adapter(seed=5))
     weights_key = blob_key(hashlib.sha256(files[WEIGHTS]).hexdigest())
-    async with running_store(s3_bucket, download_url_endpoint=proxy.endpoint_url) as store:
+    async with running_store(s3_bucket, download_url_endpoint=fault_proxy.endpoint_url) as store:
         async with store_stub(store.address) as stub:
             await push(stub, "alpha", files)
         old, old_metrics = await _serve_once(
             vllm_engine, tiny_model_dir, store, tmp_path / "old", ["--adapter-download", "stream"]
         )
-        gets_by_the_old_replica = proxy.requests.count(("GET", weights_key))
+        gets_by_the_old_replica = fault_proxy.requests.count(("GET", weights_key))
         new, new_metrics = await _serve_once(
             vllm_engine, tiny_model_dir, store, tmp_path / "new", []
         )
     assert old == new
     assert (old[0], len(old[1])) == (1, 8)
     assert gets_by_the_old_replica == 0
-    assert proxy.requests.count(("GET", weights_key)) == 1
+    assert fault_proxy.requests.count(("GET", weights_key)) == 1
     assert 'loraserve_inference_adapter_downloads_total{path="stream"} 1.0' in old_metrics
     assert 'loraserve_inference_adapter_downloads_total{path="direct"} 1.0' in new_metrics

@@ -84,33 +84,39 @@ def _resized(files: AdapterFiles, module: str, side: str, columns: int, rows: in
     return _with_weights(files, change)
 
 
-async def _still_serves_revision_one(stack: Stack) -> None:
-    revision, tokens = await stack.inference.generate("alpha", 6)
+async def _still_serves_revision_one(serving_stack: Stack) -> None:
+    revision, tokens = await serving_stack.inference.generate("alpha", 6)
     assert (revision, len(tokens)) == (1, 6)
-    assert await stack.inference.current("alpha") == 1
-    assert await health_status(stack.inference.address) == health_pb2.HealthCheckResponse.SERVING
+    assert await serving_stack.inference.current("alpha") == 1
+    assert (
+        await health_status(serving_stack.inference.address)
+        == health_pb2.HealthCheckResponse.SERVING
+    )
 
 
 async def test_corrupt_blob_is_nacked_with_data_loss_and_the_old_revision_keeps_serving(
-    stack: Stack, tiny_adapter: TinyAdapterFactory, s3_bucket: S3Bucket, pytestconfig: pytest.Config
+    serving_stack: Stack,
+    tiny_adapter: TinyAdapterFactory,
+    s3_bucket: S3Bucket,
+    pytestconfig: pytest.Config,
 ) -> None:
     files = adapter_files(tiny_adapter(seed=2))
-    await stack.push("alpha", files, no_promote=True)
+    await serving_stack.push("alpha", files, no_promote=True)
     flipped = bytearray(files[WEIGHTS])
     flipped[len(flipped) // 2] ^= 0x01
     key = blob_key(hashlib.sha256(files[WEIGHTS]).hexdigest())
     s3_bucket.client().put_object(Bucket=s3_bucket.bucket, Key=key, Body=bytes(flipped))
     add_figure(pytestconfig, "faults.corrupt_blobs")
-    await stack.set_current("alpha", 2)
-    report = await stack.report("alpha", 2)
+    await serving_stack.set_current("alpha", 2)
+    report = await serving_stack.report("alpha", 2)
     assert report.type == store_pb.REPORT_TYPE_NACK
     assert (report.last_error.code, report.serving_revision) == (DATA_LOSS, 1)
-    assert "alpha@2" not in stack.inference.add_calls
-    await _still_serves_revision_one(stack)
+    assert "alpha@2" not in serving_stack.inference.add_calls
+    await _still_serves_revision_one(serving_stack)
 
 
 async def test_s3_read_cut_mid_download_is_retried_and_the_engine_loads_the_whole_adapter(
-    stack: Stack,
+    serving_stack: Stack,
     tiny_adapter: TinyAdapterFactory,
     tiny_model_dir: Path,
     tmp_path: Path,
@@ -119,17 +125,17 @@ async def test_s3_read_cut_mid_download_is_retried_and_the_engine_loads_the_whol
     source = tiny_adapter(seed=2)
     files = adapter_files(source)
     key = blob_key(hashlib.sha256(files[WEIGHTS]).hexdigest())
-    cut = stack.proxy.add(
+    cut = serving_stack.proxy.add(
         Fault.CUT_RESPONSE, "GET", key, after_bytes=len(files[WEIGHTS]) // 2, times=2
     )
-    await stack.push("alpha", files)
-    report = await stack.report("alpha", 2)
+    await serving_stack.push("alpha", files)
+    report = await serving_stack.report("alpha", 2)
     add_figure(pytestconfig, "faults.s3_cuts_mid_download", cut.hits)
-    revision, tokens = await stack.inference.generate("alpha", 8)
+    revision, tokens = await serving_stack.inference.generate("alpha", 8)
     expected = await asyncio.to_thread(greedy_tokens, tiny_model_dir, source, PROMPT, 8)
     assert cut.hits == 2
     assert report.type == store_pb.REPORT_TYPE_ACK
-    assert stack.inference.add_calls.count("alpha@2") == 1
+    assert serving_stack.inference.add_calls.count("alpha@2") == 1
     assert (revision, list(tokens)) == (2, expected)
     assert list((tmp_path / "cache" / ".tmp").glob("*")) == []
 
@@ -159,17 +165,17 @@ BAD_FOR_THE_MODEL: dict[str, tuple[Callable[[TinyAdapterFactory], AdapterFiles],
 
 @pytest.mark.parametrize("case", BAD_FOR_THE_MODEL, ids=list(BAD_FOR_THE_MODEL))
 async def test_adapter_incompatible_with_the_model_is_nacked_and_the_old_revision_keeps_serving(
-    case: str, stack: Stack, tiny_adapter: TinyAdapterFactory, pytestconfig: pytest.Config
+    case: str, serving_stack: Stack, tiny_adapter: TinyAdapterFactory, pytestconfig: pytest.Config
 ) -> None:
     build, reason = BAD_FOR_THE_MODEL[case]
-    await stack.push("alpha", build(tiny_adapter))
+    await serving_stack.push("alpha", build(tiny_adapter))
     add_figure(pytestconfig, "bad_inputs.incompatible_adapters")
-    report = await stack.report("alpha", 2)
+    report = await serving_stack.report("alpha", 2)
     assert report.type == store_pb.REPORT_TYPE_NACK
     assert report.last_error.code == FAILED_PRECONDITION
     assert reason in report.last_error.message
-    assert "alpha@2" not in stack.inference.add_calls
-    await _still_serves_revision_one(stack)
+    assert "alpha@2" not in serving_stack.inference.add_calls
+    await _still_serves_revision_one(serving_stack)
 
 
 def _filled(part: str, value: float) -> Callable[[dict[str, Any]], dict[str, Any]]:
@@ -199,16 +205,16 @@ POISONED: dict[str, tuple[Callable[[AdapterFiles], AdapterFiles], str]] = {
 
 @pytest.mark.parametrize("case", POISONED, ids=list(POISONED))
 async def test_poisoned_revision_written_around_the_store_is_nacked_and_the_old_one_serves(
-    case: str, stack: Stack, tiny_adapter: TinyAdapterFactory, s3_bucket: S3Bucket
+    case: str, serving_stack: Stack, tiny_adapter: TinyAdapterFactory, s3_bucket: S3Bucket
 ) -> None:
     poison, reason = POISONED[case]
     revision = await asyncio.to_thread(
         commit_around_the_store, s3_bucket, "alpha", poison(adapter_files(tiny_adapter(seed=2)))
     )
-    report = await stack.report("alpha", revision)
+    report = await serving_stack.report("alpha", revision)
     assert report.type == store_pb.REPORT_TYPE_NACK
     assert report.last_error.code == FAILED_PRECONDITION
     assert f"adapter alpha@{revision}: " in report.last_error.message
     assert reason in report.last_error.message
-    assert f"alpha@{revision}" not in stack.inference.add_calls
-    await _still_serves_revision_one(stack)
+    assert f"alpha@{revision}" not in serving_stack.inference.add_calls
+    await _still_serves_revision_one(serving_stack)

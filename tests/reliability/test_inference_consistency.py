@@ -60,46 +60,49 @@ def weights_key(files: AdapterFiles) -> str:
 
 
 async def test_pinned_load_overtaken_by_a_delete_is_discarded_and_the_request_is_not_found(
-    stack: Stack, tiny_adapter: TinyAdapterFactory
+    serving_stack: Stack, tiny_adapter: TinyAdapterFactory
 ) -> None:
     first = adapter_files(tiny_adapter(seed=1))
-    await stack.push("alpha", adapter_files(tiny_adapter(seed=2)))
-    await eventually(lambda: stack.inference.routes("alpha", 2), "alpha@2 routed")
+    await serving_stack.push("alpha", adapter_files(tiny_adapter(seed=2)))
+    await eventually(lambda: serving_stack.inference.routes("alpha", 2), "alpha@2 routed")
     await eventually(
-        lambda: _absent(stack.inference, "alpha", 1), "alpha@1 removed after the route flipped"
+        lambda: _absent(serving_stack.inference, "alpha", 1),
+        "alpha@1 removed after the route flipped",
     )
-    stalled = stack.proxy.add(Fault.STALL, "GET", weights_key(first))
+    stalled = serving_stack.proxy.add(Fault.STALL, "GET", weights_key(first))
 
-    request = asyncio.ensure_future(stack.inference.generate("alpha@1", 4))
+    request = asyncio.ensure_future(serving_stack.inference.generate("alpha@1", 4))
     async with asyncio.timeout(GUARD_S):
         await stalled.hit.wait()
-    await stack.delete("alpha")
-    await eventually(lambda: stack.inference.routes("alpha", 0), "the delete applied")
-    stack.proxy.release()
+    await serving_stack.delete("alpha")
+    await eventually(lambda: serving_stack.inference.routes("alpha", 0), "the delete applied")
+    serving_stack.proxy.release()
 
     assert await code_of(request) == grpc.StatusCode.NOT_FOUND
-    assert await code_of(stack.inference.generate("alpha@1", 4)) == grpc.StatusCode.NOT_FOUND
-    await eventually(
-        lambda: _absent(stack.inference, "alpha", 2), "alpha@2 drained after the delete"
+    assert (
+        await code_of(serving_stack.inference.generate("alpha@1", 4)) == grpc.StatusCode.NOT_FOUND
     )
-    assert await stack.inference.statuses("alpha") == {}
-    assert stack.inference.add_calls.count("alpha@1") == 1
-    assert not (stack.cache / "alpha" / "1").exists()
+    await eventually(
+        lambda: _absent(serving_stack.inference, "alpha", 2), "alpha@2 drained after the delete"
+    )
+    assert await serving_stack.inference.statuses("alpha") == {}
+    assert serving_stack.inference.add_calls.count("alpha@1") == 1
+    assert not (serving_stack.cache / "alpha" / "1").exists()
 
 
 async def test_revision_nacked_after_its_download_leaves_no_files(
-    stack: Stack, tiny_adapter: TinyAdapterFactory
+    serving_stack: Stack, tiny_adapter: TinyAdapterFactory
 ) -> None:
     # Only the tensors show it: lora_A of one layer narrower than the layer.
-    await stack.push("alpha", _narrowed(adapter_files(tiny_adapter(seed=2))))
+    await serving_stack.push("alpha", _narrowed(adapter_files(tiny_adapter(seed=2))))
 
-    report = await stack.report("alpha", 2)
+    report = await serving_stack.report("alpha", 2)
 
     assert report.type == store_pb.REPORT_TYPE_NACK
     assert "lora_A" in report.last_error.message
-    assert not (stack.cache / "alpha" / "2").exists()
-    assert list((stack.cache / ".tmp").iterdir()) == []
-    assert await stack.inference.current("alpha") == 1
+    assert not (serving_stack.cache / "alpha" / "2").exists()
+    assert list((serving_stack.cache / ".tmp").iterdir()) == []
+    assert await serving_stack.inference.current("alpha") == 1
 
 
 INCOMPATIBLE_BY_MANIFEST: dict[str, tuple[Callable[[TinyAdapterFactory], AdapterFiles], str]] = {
@@ -115,51 +118,51 @@ INCOMPATIBLE_BY_MANIFEST: dict[str, tuple[Callable[[TinyAdapterFactory], Adapter
 
 @pytest.mark.parametrize("case", INCOMPATIBLE_BY_MANIFEST, ids=list(INCOMPATIBLE_BY_MANIFEST))
 async def test_adapter_incompatible_by_its_manifest_is_nacked_without_downloading_it(
-    case: str, stack: Stack, tiny_adapter: TinyAdapterFactory
+    case: str, serving_stack: Stack, tiny_adapter: TinyAdapterFactory
 ) -> None:
     build, reason = INCOMPATIBLE_BY_MANIFEST[case]
     files = build(tiny_adapter)
-    await stack.push("alpha", files)
+    await serving_stack.push("alpha", files)
 
-    report = await stack.report("alpha", 2)
+    report = await serving_stack.report("alpha", 2)
 
     assert report.type == store_pb.REPORT_TYPE_NACK
     assert report.last_error.code == grpc.StatusCode.FAILED_PRECONDITION.value[0]
     assert reason in report.last_error.message
-    assert stack.blob_gets(weights_key(files)) == 0
-    assert not (stack.cache / "alpha" / "2").exists()
-    listed = (await stack.inference.statuses("alpha"))[2]
+    assert serving_stack.blob_gets(weights_key(files)) == 0
+    assert not (serving_stack.cache / "alpha" / "2").exists()
+    listed = (await serving_stack.inference.statuses("alpha"))[2]
     assert (listed.state, reason in listed.last_error) == (inference_pb.ADAPTER_STATE_FAILED, True)
 
 
 async def test_cache_left_by_an_earlier_run_is_swept_at_start_and_routable_revisions_reused(
-    stack: Stack,
+    serving_stack: Stack,
     vllm_engine: AsyncLLM,
     tiny_model_dir: Path,
     tiny_adapter: TinyAdapterFactory,
 ) -> None:
-    # `stack` serves alpha@1; an earlier run with its own cache also served beta@1.
-    earlier = stack.cache.parent / "earlier-cache"
-    await stack.push("beta", adapter_files(tiny_adapter(seed=3)))
+    # `serving_stack` serves alpha@1; an earlier run with its own cache also served beta@1.
+    earlier = serving_stack.cache.parent / "earlier-cache"
+    await serving_stack.push("beta", adapter_files(tiny_adapter(seed=3)))
     async with inference_app(
         vllm_engine,
         model_dir=tiny_model_dir,
-        store_address=stack.store.address,
+        store_address=serving_stack.store.address,
         cache_dir=earlier,
         replica_id="earlier-replica",
     ):
         pass
     assert _revision_dirs(earlier) == ["alpha/1", "beta/1"]
-    await stack.delete("beta")
+    await serving_stack.delete("beta")
     (earlier / "gamma" / "7").mkdir(parents=True)
     (earlier / "gamma" / "7" / WEIGHTS).write_bytes(b"left over")
     (earlier / ".tmp" / "alpha-1-half-done").mkdir(parents=True)
-    alpha_gets = stack.blob_gets(weights_key(adapter_files(tiny_adapter(seed=1))))
+    alpha_gets = serving_stack.blob_gets(weights_key(adapter_files(tiny_adapter(seed=1))))
 
     async with inference_app(
         vllm_engine,
         model_dir=tiny_model_dir,
-        store_address=stack.store.address,
+        store_address=serving_stack.store.address,
         cache_dir=earlier,
         replica_id="later-replica",
     ) as later:
@@ -169,7 +172,7 @@ async def test_cache_left_by_an_earlier_run_is_swept_at_start_and_routable_revis
         # The earlier run's index of use stays: it orders this run's prefetch.
         assert sorted(p.name for p in earlier.iterdir()) == [".index.json", ".tmp", "alpha"]
         assert list((earlier / ".tmp").iterdir()) == []
-    assert stack.blob_gets(weights_key(adapter_files(tiny_adapter(seed=1)))) == alpha_gets
+    assert serving_stack.blob_gets(weights_key(adapter_files(tiny_adapter(seed=1)))) == alpha_gets
 
 
 async def test_relist_routes_nothing_for_an_adapter_deleted_and_pushed_again_unpromoted(

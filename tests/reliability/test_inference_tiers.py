@@ -52,14 +52,14 @@ class Tiers:
     def __init__(
         self,
         store: RunningStore,
-        proxy: S3FaultProxy,
+        fault_proxy: S3FaultProxy,
         files: dict[str, AdapterFiles],
         dirs: dict[str, Path],
         llm: AsyncLLM,
         model_dir: Path,
         cache: Path,
     ) -> None:
-        self.store, self.proxy, self.files, self.dirs = store, proxy, files, dirs
+        self.store, self.proxy, self.files, self.dirs = store, fault_proxy, files, dirs
         self.llm, self.model_dir, self.cache = llm, model_dir, cache
 
     @property
@@ -99,7 +99,7 @@ class Tiers:
 @pytest.fixture
 async def tiers(
     proxied_store: RunningStore,
-    proxy: S3FaultProxy,
+    fault_proxy: S3FaultProxy,
     vllm_engine: AsyncLLM,
     tiny_model_dir: Path,
     tiny_adapter: TinyAdapterFactory,
@@ -110,7 +110,9 @@ async def tiers(
     async with store_stub(proxied_store.address) as stub:
         for name in NAMES:
             await push(stub, name, files[name])
-    return Tiers(proxied_store, proxy, files, dirs, vllm_engine, tiny_model_dir, tmp_path / "cache")
+    return Tiers(
+        proxied_store, fault_proxy, files, dirs, vllm_engine, tiny_model_dir, tmp_path / "cache"
+    )
 
 
 async def listed(inference: RunningInference) -> dict[str, Any]:

@@ -30,7 +30,7 @@ async def _page(address: str, token: str) -> pb.ListAdaptersResponse:
 
 
 async def test_page_from_a_replica_behind_the_listing_is_unavailable_then_complete(
-    store_server: RunningStore, proxied_store: RunningStore, proxy: S3FaultProxy
+    store_server: RunningStore, proxied_store: RunningStore, fault_proxy: S3FaultProxy
 ) -> None:
     async with store_stub(store_server.address) as stub:
         await push(stub, "a1", tiny_adapter())
@@ -38,7 +38,7 @@ async def test_page_from_a_replica_behind_the_listing_is_unavailable_then_comple
     # The lagging replica has folded both pushes before its log reads are refused.
     async with store_stub(proxied_store.address) as stub:
         assert (await stub.ListAdapters(pb.ListAdaptersRequest())).seq == 2
-    proxy.add(Fault.REFUSE, "GET", "log/")
+    fault_proxy.add(Fault.REFUSE, "GET", "log/")
     async with store_stub(store_server.address) as stub:
         await push(stub, "b", tiny_adapter())
     first = await _page(store_server.address, "")
@@ -52,7 +52,7 @@ async def test_page_from_a_replica_behind_the_listing_is_unavailable_then_comple
             page = await _page(proxied_store.address, token)
         except grpc.aio.AioRpcError as e:
             refusals.append(f"{e.code().name}: {e.details()}")
-            proxy.clear()  # the replica can read the log again; ask for the same page
+            fault_proxy.clear()  # the replica can read the log again; ask for the same page
             continue
         assert page.seq == 3
         names += [a.name for a in page.adapters]

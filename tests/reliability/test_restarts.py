@@ -101,7 +101,7 @@ async def test_store_and_inference_restarted_mid_swap_converge_serving_only_acke
     tiny_model_dir: Path,
     tiny_adapter: TinyAdapterFactory,
     s3_bucket: S3Bucket,
-    proxy: S3FaultProxy,
+    fault_proxy: S3FaultProxy,
     tmp_path: Path,
     pytestconfig: pytest.Config,
 ) -> None:
@@ -109,12 +109,12 @@ async def test_store_and_inference_restarted_mid_swap_converge_serving_only_acke
     cache = tmp_path / "cache"
     first, second = tiny_adapter(seed=1), tiny_adapter(seed=2)
     second_files = adapter_files(second)
-    stalled = proxy.add(
+    stalled = fault_proxy.add(
         Fault.STALL, "GET", blob_key(hashlib.sha256(second_files[WEIGHTS]).hexdigest())
     )
     served_before: list[int] = []
     async with store_process(
-        s3_bucket, tmp_path / "store-1.log", port=port, endpoint_url=proxy.endpoint_url
+        s3_bucket, tmp_path / "store-1.log", port=port, endpoint_url=fault_proxy.endpoint_url
     ) as store:
         async with inference_app(
             vllm_engine,
@@ -135,11 +135,11 @@ async def test_store_and_inference_restarted_mid_swap_converge_serving_only_acke
             await store.wait()
             add_figure(pytestconfig, "faults.sigkill_store")
         add_figure(pytestconfig, "faults.inference_restarts")
-    proxy.drop()
-    proxy.clear()
+    fault_proxy.drop()
+    fault_proxy.clear()
     async with (
         store_process(
-            s3_bucket, tmp_path / "store-2.log", port=port, endpoint_url=proxy.endpoint_url
+            s3_bucket, tmp_path / "store-2.log", port=port, endpoint_url=fault_proxy.endpoint_url
         ) as store,
         inference_app(
             vllm_engine,

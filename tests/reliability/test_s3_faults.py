@@ -48,13 +48,13 @@ async def _download(stub: Any, name: str) -> tuple[pb.Revision, dict[str, bytes]
 
 async def test_push_with_every_s3_upload_cut_fails_unavailable_and_commits_nothing(
     proxied_store: RunningStore,
-    proxy: S3FaultProxy,
+    fault_proxy: S3FaultProxy,
     s3_bucket: S3Bucket,
     pytestconfig: pytest.Config,
 ) -> None:
     before = s3_bucket.keys()
     # Every PUT: each upload of the push, whatever key layout the blob store uses.
-    cut = proxy.add(Fault.CUT_REQUEST, "PUT", "", after_bytes=100)
+    cut = fault_proxy.add(Fault.CUT_REQUEST, "PUT", "", after_bytes=100)
     async with store_stub(proxied_store.address) as stub:
         with pytest.raises(grpc.aio.AioRpcError) as caught:
             await push(stub, "cut", tiny_adapter())
@@ -70,12 +70,12 @@ async def test_push_with_every_s3_upload_cut_fails_unavailable_and_commits_nothi
 
 async def test_push_with_one_s3_upload_cut_is_retried_and_commits_once(
     proxied_store: RunningStore,
-    proxy: S3FaultProxy,
+    fault_proxy: S3FaultProxy,
     s3_bucket: S3Bucket,
     pytestconfig: pytest.Config,
 ) -> None:
     # The push's first PUT is one of its uploads, whatever key layout the blob store uses.
-    cut = proxy.add(Fault.CUT_REQUEST, "PUT", "", after_bytes=100, times=1)
+    cut = fault_proxy.add(Fault.CUT_REQUEST, "PUT", "", after_bytes=100, times=1)
     files = tiny_adapter()
     before = set(s3_bucket.keys())
     async with store_stub(proxied_store.address) as stub:
@@ -93,13 +93,13 @@ async def test_push_with_one_s3_upload_cut_is_retried_and_commits_once(
 
 
 async def test_download_with_s3_read_cut_ends_unavailable_and_the_next_download_is_whole(
-    proxied_store: RunningStore, proxy: S3FaultProxy, pytestconfig: pytest.Config
+    proxied_store: RunningStore, fault_proxy: S3FaultProxy, pytestconfig: pytest.Config
 ) -> None:
     files = tiny_adapter()
     async with store_stub(proxied_store.address) as stub:
         await push(stub, "read-cut", files)
         weights_key = blob_key(hashlib.sha256(files[WEIGHTS]).hexdigest())
-        proxy.add(Fault.CUT_RESPONSE, "GET", weights_key, after_bytes=2000, times=1)
+        fault_proxy.add(Fault.CUT_RESPONSE, "GET", weights_key, after_bytes=2000, times=1)
         add_figure(pytestconfig, "faults.s3_cuts_mid_download")
         with pytest.raises(grpc.aio.AioRpcError) as caught:
             await _download(stub, "read-cut")

@@ -22,11 +22,11 @@ pytestmark = pytest.mark.faults
 
 
 async def test_store_on_s3_ignoring_if_none_match_exits_1_saying_so(
-    s3_bucket: S3Bucket, proxy: S3FaultProxy, tmp_path: Path
+    s3_bucket: S3Bucket, fault_proxy: S3FaultProxy, tmp_path: Path
 ) -> None:
-    proxy.add(Fault.STRIP_IF_NONE_MATCH, "PUT", PROBE_PREFIX)
+    fault_proxy.add(Fault.STRIP_IF_NONE_MATCH, "PUT", PROBE_PREFIX)
     async with store_process(
-        s3_bucket, tmp_path / "store.log", endpoint_url=proxy.endpoint_url, wait_serving=False
+        s3_bucket, tmp_path / "store.log", endpoint_url=fault_proxy.endpoint_url, wait_serving=False
     ) as store:
         code = await store.wait()
     assert code == 1
@@ -36,11 +36,11 @@ async def test_store_on_s3_ignoring_if_none_match_exits_1_saying_so(
 
 
 async def test_probe_passes_on_moto_in_two_requests_then_one_leaving_one_object(
-    s3_bucket: S3Bucket, proxy: S3FaultProxy
+    s3_bucket: S3Bucket, fault_proxy: S3FaultProxy
 ) -> None:
-    blobs = S3BlobStore(s3_location(replace(s3_bucket, endpoint_url=proxy.endpoint_url)))
+    blobs = S3BlobStore(s3_location(replace(s3_bucket, endpoint_url=fault_proxy.endpoint_url)))
     await check_conditional_put(blobs)
-    first = len(proxy.requests)
+    first = len(fault_proxy.requests)
     await check_conditional_put(blobs)
-    assert (first, len(proxy.requests) - first) == (2, 1)
+    assert (first, len(fault_proxy.requests) - first) == (2, 1)
     assert s3_bucket.keys() == [PROBE_KEY]

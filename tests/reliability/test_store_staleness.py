@@ -53,15 +53,15 @@ async def proxied_store(bucket: S3Bucket) -> AsyncIterator[tuple[RunningStore, S
             yield store, proxy
 
 
-def cut_off(proxy: S3FaultProxy) -> None:
+def cut_off(fault_proxy: S3FaultProxy) -> None:
     """Every S3 request of the store from now on hangs, as behind a dead network."""
     for method in ("GET", "PUT", "HEAD", "DELETE", "POST"):
-        proxy.add(Fault.STALL, method, "")
+        fault_proxy.add(Fault.STALL, method, "")
 
 
-def reconnect(proxy: S3FaultProxy) -> None:
-    proxy.clear()
-    proxy.release()
+def reconnect(fault_proxy: S3FaultProxy) -> None:
+    fault_proxy.clear()
+    fault_proxy.release()
 
 
 async def test_store_cut_off_from_s3_turns_not_serving_and_back(s3_bucket: S3Bucket) -> None:

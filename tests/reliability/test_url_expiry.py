@@ -54,9 +54,9 @@ class CountingClient(StoreClient):
 
 
 @pytest.fixture
-async def url_store(s3_bucket: S3Bucket, proxy: S3FaultProxy) -> AsyncIterator[RunningStore]:
+async def url_store(s3_bucket: S3Bucket, fault_proxy: S3FaultProxy) -> AsyncIterator[RunningStore]:
     """A store that reaches S3 directly and signs URLs for the proxy's endpoint."""
-    async with running_store(s3_bucket, download_url_endpoint=proxy.endpoint_url) as store:
+    async with running_store(s3_bucket, download_url_endpoint=fault_proxy.endpoint_url) as store:
         yield store
 
 
@@ -86,13 +86,13 @@ def store_clock_behind(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(download_urls, "now", lambda: now() - timedelta(hours=1))
 
 
-def _gets(proxy: S3FaultProxy, adapters: dict[str, AdapterFiles]) -> int:
+def _gets(fault_proxy: S3FaultProxy, adapters: dict[str, AdapterFiles]) -> int:
     keys = {
         blob_key(hashlib.sha256(data).hexdigest())
         for files in adapters.values()
         for data in files.values()
     }
-    return sum(1 for method, key in proxy.requests if method == "GET" and key in keys)
+    return sum(1 for method, key in fault_proxy.requests if method == "GET" and key in keys)
 
 
 async def _fetch_all(client: StoreClient, root: Path) -> Path:
@@ -115,24 +115,24 @@ def _on_disk(root: Path, name: str) -> AdapterFiles:
 async def test_urls_that_arrive_expired_are_never_used_and_downloads_stream(
     pushed: dict[str, AdapterFiles],
     client: CountingClient,
-    proxy: S3FaultProxy,
+    fault_proxy: S3FaultProxy,
     tmp_path: Path,
 ) -> None:
     root = await _fetch_all(client, tmp_path / "cache")
     assert {name: _on_disk(root, name) for name in NAMES} == pushed
-    assert _gets(proxy, pushed) == 0
+    assert _gets(fault_proxy, pushed) == 0
     assert (client.url_requests, client.streams) == (1, len(NAMES))
 
 
 async def test_urls_refused_although_unexpired_cost_one_download_two_gets_not_every_download(
     pushed: dict[str, AdapterFiles],
     client: CountingClient,
-    proxy: S3FaultProxy,
+    fault_proxy: S3FaultProxy,
     tmp_path: Path,
 ) -> None:
     # Storage refuses every URL the store signs: their clocks are far apart.
     rules = [
-        proxy.add(Fault.REFUSE, "GET", blob_key(hashlib.sha256(data).hexdigest()))
+        fault_proxy.add(Fault.REFUSE, "GET", blob_key(hashlib.sha256(data).hexdigest()))
         for files in pushed.values()
         for data in files.values()
     ]
@@ -145,11 +145,11 @@ async def test_urls_refused_although_unexpired_cost_one_download_two_gets_not_ev
 async def test_urls_about_to_expire_are_renewed_before_the_next_file(
     pushed: dict[str, AdapterFiles],
     client: CountingClient,
-    proxy: S3FaultProxy,
+    fault_proxy: S3FaultProxy,
     tmp_path: Path,
 ) -> None:
     # An hour passes with every GET: the URLs have expired by the second file.
-    fetcher = Fetcher(client, FetchSettings(), clock=lambda: 3600.0 * _gets(proxy, pushed))
+    fetcher = Fetcher(client, FetchSettings(), clock=lambda: 3600.0 * _gets(fault_proxy, pushed))
     manifest = await client.get_revision("alpha", 1)
     staging = tmp_path / "staging"
     staging.mkdir()
@@ -159,4 +159,4 @@ async def test_urls_about_to_expire_are_renewed_before_the_next_file(
         await fetcher.close()
     assert {p.name: p.read_bytes() for p in staging.iterdir()} == pushed["alpha"]
     assert len(pushed["alpha"]) == 2
-    assert (client.url_requests, client.streams, _gets(proxy, pushed)) == (2, 0, 2)
+    assert (client.url_requests, client.streams, _gets(fault_proxy, pushed)) == (2, 0, 2)

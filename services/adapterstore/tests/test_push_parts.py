@@ -86,15 +86,15 @@ async def test_push_in_concurrent_parts_commits_each_file_whole_at_its_sha256(
 
 
 async def test_push_refused_after_parts_landed_leaves_no_upload_and_no_blob(
-    s3_bucket: S3Bucket, proxy: S3FaultProxy
+    s3_bucket: S3Bucket, fault_proxy: S3FaultProxy
 ) -> None:
     files = _many_parts_adapter(nan_at_end=True)
-    async with serve_store(replace(s3_bucket, endpoint_url=proxy.endpoint_url)) as server:
+    async with serve_store(replace(s3_bucket, endpoint_url=fault_proxy.endpoint_url)) as server:
         with pytest.raises(grpc.aio.AioRpcError) as refused:
             await push(server.stub, "bad", files)
         listed = await server.stub.ListAdapters(pb.ListAdaptersRequest())
     parts_sent = [
-        key for method, key in proxy.requests if method == "PUT" and key.startswith("blobs/")
+        key for method, key in fault_proxy.requests if method == "PUT" and key.startswith("blobs/")
     ]
     assert refused.value.code() == grpc.StatusCode.INVALID_ARGUMENT
     assert "NaN" in (refused.value.details() or "")
@@ -105,13 +105,13 @@ async def test_push_refused_after_parts_landed_leaves_no_upload_and_no_blob(
 
 
 async def test_push_of_a_small_adapter_puts_each_new_file_once_without_multipart(
-    s3_bucket: S3Bucket, proxy: S3FaultProxy
+    s3_bucket: S3Bucket, fault_proxy: S3FaultProxy
 ) -> None:
     files = tiny_adapter()
-    async with serve_store(replace(s3_bucket, endpoint_url=proxy.endpoint_url)) as server:
-        proxy.requests.clear()
+    async with serve_store(replace(s3_bucket, endpoint_url=fault_proxy.endpoint_url)) as server:
+        fault_proxy.requests.clear()
         await push(server.stub, "small", files)
-    to_blobs = [(method, key) for method, key in proxy.requests if key.startswith("blobs/")]
+    to_blobs = [(method, key) for method, key in fault_proxy.requests if key.startswith("blobs/")]
     new_files = sorted(blob_key(hashlib.sha256(data).hexdigest()) for data in files.values())
     assert sorted(key for method, key in to_blobs if method == "PUT") == new_files
     assert [method for method, _ in to_blobs if method not in {"HEAD", "PUT"}] == []

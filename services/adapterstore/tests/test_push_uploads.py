@@ -45,11 +45,11 @@ def _parts(bucket: S3Bucket) -> list[int]:
     ]
 
 
-def _writes(proxy: S3FaultProxy) -> list[tuple[str, str]]:
+def _writes(fault_proxy: S3FaultProxy) -> list[tuple[str, str]]:
     """Requests that would store bytes of a push: uploads and staged objects."""
     return [
         (method, key)
-        for method, key in proxy.requests
+        for method, key in fault_proxy.requests
         if method in ("PUT", "POST") and key.startswith(("blobs/", "tmp/"))
     ]
 
@@ -145,13 +145,13 @@ async def test_start_up_keeps_uploads_younger_than_the_bound(
 
 
 async def test_retry_of_a_committed_push_is_answered_from_its_header(
-    s3_bucket: S3Bucket, proxy: S3FaultProxy
+    s3_bucket: S3Bucket, fault_proxy: S3FaultProxy
 ) -> None:
     files = _big_adapter()
     header = next(push_requests("big", files, idempotency_key=KEY))
-    async with serve_store(replace(s3_bucket, endpoint_url=proxy.endpoint_url)) as server:
+    async with serve_store(replace(s3_bucket, endpoint_url=fault_proxy.endpoint_url)) as server:
         first = await push(server.stub, "big", files, idempotency_key=KEY)
-        proxy.requests.clear()
+        fault_proxy.requests.clear()
         call = server.stub.PushAdapter(timeout=GUARD_S)
         await call.write(header)
         # Not one chunk sent, the stream still open: the answer needs none of them.
@@ -160,22 +160,22 @@ async def test_retry_of_a_committed_push_is_answered_from_its_header(
         listed = await server.stub.ListRevisions(pb.ListRevisionsRequest(name="big"))
     assert (retried.revision, retried.seq) == (first.revision, first.seq)
     assert [r.revision for r in listed.revisions] == [1]
-    assert _writes(proxy) == []
+    assert _writes(fault_proxy) == []
 
 
 async def test_retry_of_a_committed_push_without_sha256s_uploads_nothing(
-    s3_bucket: S3Bucket, proxy: S3FaultProxy
+    s3_bucket: S3Bucket, fault_proxy: S3FaultProxy
 ) -> None:
     files = _big_adapter()
-    async with serve_store(replace(s3_bucket, endpoint_url=proxy.endpoint_url)) as server:
+    async with serve_store(replace(s3_bucket, endpoint_url=fault_proxy.endpoint_url)) as server:
         first = await push(server.stub, "big", files, idempotency_key=KEY, declare_sha256=False)
-        proxy.requests.clear()
+        fault_proxy.requests.clear()
         retried = await push(server.stub, "big", files, idempotency_key=KEY, declare_sha256=False)
         other = tiny_adapter(seed=3)
         reused = await _push_code(server.stub, other, declare_sha256=False)
     assert (retried.revision, retried.seq) == (first.revision, first.seq)
     assert reused == "INVALID_ARGUMENT"
-    assert _writes(proxy) == []
+    assert _writes(fault_proxy) == []
 
 
 async def _push_code(stub: object, files: AdapterFiles, **header: object) -> str:

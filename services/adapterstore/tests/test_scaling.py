@@ -33,8 +33,8 @@ QUIET_LOG = LogSettings(poll_interval=600, snapshot_every=1000, log_retention=0)
 GUARD_S = 30
 
 
-def _proxied(bucket: S3Bucket, proxy: S3FaultProxy, prefix: str = "") -> S3BlobStore:
-    return S3BlobStore(s3_location(replace(bucket, endpoint_url=proxy.endpoint_url), prefix))
+def _proxied(bucket: S3Bucket, fault_proxy: S3FaultProxy, prefix: str = "") -> S3BlobStore:
+    return S3BlobStore(s3_location(replace(bucket, endpoint_url=fault_proxy.endpoint_url), prefix))
 
 
 async def _seed(store: AdapterStore, adapters: int) -> None:
@@ -57,33 +57,33 @@ def _shapes(requests: list[tuple[str, str]], prefix: str) -> list[tuple[str, str
 
 
 async def test_a_push_makes_the_same_s3_requests_with_twice_the_adapters(
-    s3_bucket: S3Bucket, proxy: S3FaultProxy, open_store: StoreFactory
+    s3_bucket: S3Bucket, fault_proxy: S3FaultProxy, open_store: StoreFactory
 ) -> None:
     shapes = []
     for adapters in (SMALL, LARGE):
         prefix = f"n{adapters}/"
-        store = await open_store(_proxied(s3_bucket, proxy, prefix), QUIET_LOG)
+        store = await open_store(_proxied(s3_bucket, fault_proxy, prefix), QUIET_LOG)
         await _seed(store, adapters)
-        before = len(proxy.requests)
+        before = len(fault_proxy.requests)
         await push(store, "a00001", tiny_adapter(seed=1))
-        shapes.append(_shapes(proxy.requests[before:], prefix))
+        shapes.append(_shapes(fault_proxy.requests[before:], prefix))
     assert shapes[0] == shapes[1]
 
 
 async def test_a_commit_makes_no_listing(
     s3_bucket: S3Bucket,
-    proxy: S3FaultProxy,
+    fault_proxy: S3FaultProxy,
     open_store: StoreFactory,
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     # Past the store's first block of log entries, whose commits list the snapshots.
     monkeypatch.setattr(logstorage, "PRUNE_BLOCK", 10)
-    store = await open_store(_proxied(s3_bucket, proxy), QUIET_LOG)
+    store = await open_store(_proxied(s3_bucket, fault_proxy), QUIET_LOG)
     await _seed(store, SMALL)
-    before = len(proxy.listings)
+    before = len(fault_proxy.listings)
     await push(store, "a00001", tiny_adapter(seed=1))
     await store.delete("a00002", "tester")
-    assert proxy.listings[before:] == []
+    assert fault_proxy.listings[before:] == []
 
 
 class _DeleteRecordingBlobs(MemoryBlobStore):
@@ -110,53 +110,53 @@ async def test_pruning_deletes_log_entries_by_block_oldest_first(
 
 
 async def test_a_push_returns_while_its_snapshot_is_still_being_written(
-    s3_bucket: S3Bucket, proxy: S3FaultProxy, open_store: StoreFactory
+    s3_bucket: S3Bucket, fault_proxy: S3FaultProxy, open_store: StoreFactory
 ) -> None:
     store = await open_store(
-        _proxied(s3_bucket, proxy), replace(QUIET_LOG, snapshot_every=1, log_retention=1)
+        _proxied(s3_bucket, fault_proxy), replace(QUIET_LOG, snapshot_every=1, log_retention=1)
     )
-    held = proxy.add(Fault.STALL, "PUT", "snapshots/")
+    held = fault_proxy.add(Fault.STALL, "PUT", "snapshots/")
     async with asyncio.timeout(GUARD_S):
         result = await push(store, "alpha", tiny_adapter())
         await held.hit.wait()
     assert result.seq == 1
     assert not _stored(s3_bucket, snapshot_key(1))
-    proxy.clear()
-    proxy.release()
+    fault_proxy.clear()
+    fault_proxy.release()
     await eventually(lambda: _stored(s3_bucket, snapshot_key(1)), "snapshot 1 written")
 
 
 async def test_pruning_reads_one_log_key_not_the_whole_log(
-    s3_bucket: S3Bucket, proxy: S3FaultProxy, open_store: StoreFactory
+    s3_bucket: S3Bucket, fault_proxy: S3FaultProxy, open_store: StoreFactory
 ) -> None:
     store = await open_store(
-        _proxied(s3_bucket, proxy), replace(QUIET_LOG, snapshot_every=10, log_retention=5)
+        _proxied(s3_bucket, fault_proxy), replace(QUIET_LOG, snapshot_every=10, log_retention=5)
     )
     await _seed(store, SMALL)
     await eventually(lambda: not _stored(s3_bucket, log_key(15)), "entries 1-15 pruned")
-    log_listings = [q for q in proxy.listings if q["prefix"] == "log/"]
+    log_listings = [q for q in fault_proxy.listings if q["prefix"] == "log/"]
     assert log_listings
     assert all(q.get("max-keys") == "1" for q in log_listings)
     assert _stored(s3_bucket, log_key(16))
 
 
 async def test_a_restart_makes_the_same_s3_requests_with_twice_the_adapters(
-    s3_bucket: S3Bucket, proxy: S3FaultProxy, open_store: StoreFactory
+    s3_bucket: S3Bucket, fault_proxy: S3FaultProxy, open_store: StoreFactory
 ) -> None:
     settings = replace(QUIET_LOG, snapshot_every=10)
     shapes = []
     for adapters in (SMALL, LARGE):
         prefix = f"n{adapters}/"
-        seeder = await open_store(_proxied(s3_bucket, proxy, prefix), settings)
+        seeder = await open_store(_proxied(s3_bucket, fault_proxy, prefix), settings)
         await _seed(seeder, adapters + 3)
         await eventually(
             lambda p=prefix, a=adapters: _stored(s3_bucket, p + snapshot_key(a)),
             f"the snapshot at seq {adapters}",
         )
-        before = len(proxy.requests)
-        restarted = await open_store(_proxied(s3_bucket, proxy, prefix), settings)
+        before = len(fault_proxy.requests)
+        restarted = await open_store(_proxied(s3_bucket, fault_proxy, prefix), settings)
         assert restarted.adapter_count == adapters + 3
-        shapes.append(_shapes(proxy.requests[before:], prefix))
+        shapes.append(_shapes(fault_proxy.requests[before:], prefix))
     assert shapes[0] == shapes[1]
 
 

@@ -52,15 +52,17 @@ async def test_1100_nacks_with_4kib_reasons_come_in_pages_a_default_client_reads
 
 
 async def test_status_pages_read_each_status_from_storage_once_per_change(
-    s3_bucket: S3Bucket, proxy: S3FaultProxy
+    s3_bucket: S3Bucket, fault_proxy: S3FaultProxy
 ) -> None:
-    async with serve_store(replace(s3_bucket, endpoint_url=proxy.endpoint_url)) as server:
+    async with serve_store(replace(s3_bucket, endpoint_url=fault_proxy.endpoint_url)) as server:
         await push(server.stub, "x", tiny_adapter())
         await report_nacks(server.stub, "x", replicas=120)
         first = await all_status_pages(server.stub, page_size=50)
-        proxy.requests.clear()
+        fault_proxy.requests.clear()
         again = await all_status_pages(server.stub, page_size=50)
-        status_reads = [k for m, k in proxy.requests if m == "GET" and k.startswith("status/")]
+        status_reads = [
+            k for m, k in fault_proxy.requests if m == "GET" and k.startswith("status/")
+        ]
     assert [len(p.statuses) for p in first] == [50, 50, 20]
     assert again == first
     assert status_reads == []

@@ -127,7 +127,7 @@ async def parity_fronts(
 
 
 @pytest.fixture(scope="module")
-async def greedy(parity_fronts: Fronts) -> list[int]:
+async def parity_greedy_tokens(parity_fronts: Fronts) -> list[int]:
     """vLLM's own greedy answer to PROMPT, MAX_TOKENS long."""
     answer = await direct(parity_fronts, PROMPT, {"max_tokens": MAX_TOKENS})
     return list(answer[0].token_ids)

@@ -79,12 +79,12 @@ async def replica_answer(
 
 
 @pytest.fixture
-async def stack(
+async def serving_stack(
     vllm_engine: AsyncLLM,
     tiny_model_dir: Path,
     tiny_adapter: TinyAdapterFactory,
     proxied_store: RunningStore,
-    proxy: S3FaultProxy,
+    fault_proxy: S3FaultProxy,
     tmp_path: Path,
 ) -> AsyncIterator[Stack]:
     """Adapter `alpha` revision 1 (tiny adapter seed 1) pushed and served."""
@@ -99,4 +99,4 @@ async def stack(
         # The suite pins revisions that are no longer (or not yet) current.
         extra=("--pin-policy", "any"),
     ) as inference:
-        yield Stack(proxied_store, proxy, inference, cache)
+        yield Stack(proxied_store, fault_proxy, inference, cache)

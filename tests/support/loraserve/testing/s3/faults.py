@@ -348,7 +348,7 @@ async def s3_fault_proxy(target_port: int) -> AsyncIterator[S3FaultProxy]:
 
 
 @pytest.fixture
-async def proxy(s3_bucket: S3Bucket) -> AsyncIterator[S3FaultProxy]:
+async def fault_proxy(s3_bucket: S3Bucket) -> AsyncIterator[S3FaultProxy]:
     """A fault proxy in front of the test's bucket."""
     port = urlsplit(s3_bucket.endpoint_url).port
     assert port is not None

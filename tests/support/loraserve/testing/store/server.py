@@ -129,9 +129,11 @@ async def module_store_server(module_s3_bucket: S3Bucket) -> AsyncIterator[Runni
 
 
 @pytest.fixture
-async def proxied_store(s3_bucket: S3Bucket, proxy: S3FaultProxy) -> AsyncIterator[RunningStore]:
-    """A store server that reaches the test's bucket only through `proxy`."""
-    async with running_store(replace(s3_bucket, endpoint_url=proxy.endpoint_url)) as store:
+async def proxied_store(
+    s3_bucket: S3Bucket, fault_proxy: S3FaultProxy
+) -> AsyncIterator[RunningStore]:
+    """A store server that reaches the test's bucket only through `fault_proxy`."""
+    async with running_store(replace(s3_bucket, endpoint_url=fault_proxy.endpoint_url)) as store:
         yield store
 
 
