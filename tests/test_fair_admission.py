@@ -26,15 +26,12 @@ from loraserve.testing.inference.app import (
     inference_app,
 )
 from loraserve.testing.store.server import RunningStore
-from loraserve.testing.waiting import eventually
+from loraserve.testing.waiting import PROCESS_GUARD_S, eventually
 
 if TYPE_CHECKING:
     from vllm.v1.engine.async_llm import AsyncLLM
 
 pytestmark = pytest.mark.engine
-
-# Guards against a hang only; nothing here measures time.
-GUARD_S = 120
 
 
 # Adapters that fill the engine's LoRA slots (and `cold`, one more).
@@ -111,7 +108,7 @@ async def _until_waiting(gate: FairGate, count: int) -> None:
 async def _first_token(inference: RunningInference, adapter: str, order: list[str]) -> None:
     """Streams one generation, noting `adapter` in `order` when its first token comes."""
     first = True
-    async for message in inference.stub.Generate(greedy(adapter, 8), timeout=GUARD_S):
+    async for message in inference.stub.Generate(greedy(adapter, 8), timeout=PROCESS_GUARD_S):
         if first and message.token_ids:
             order.append(adapter)
             first = False
@@ -127,7 +124,7 @@ async def _queued_behind_a_flood(
     assert isinstance(engine, HoldingEngine)
     # Held, its turn stays taken however fast the engine would run it.
     engine.hold("flood@1")
-    async with asyncio.timeout(GUARD_S):
+    async with asyncio.timeout(PROCESS_GUARD_S):
         blocker = asyncio.create_task(_first_token(inference, "flood", []))
         await engine.until_held(1, blocker)
         tasks = []
@@ -153,7 +150,7 @@ async def _refused(inference: RunningInference, adapter: str, order: list[str]) 
     """Sends one generation for a name no adapter has, noting "made-up" in `order` when
     it is refused."""
     with pytest.raises(grpc.aio.AioRpcError) as refused:
-        async for _ in inference.stub.Generate(greedy(adapter, 8), timeout=GUARD_S):
+        async for _ in inference.stub.Generate(greedy(adapter, 8), timeout=PROCESS_GUARD_S):
             pass
     assert refused.value.code() == grpc.StatusCode.NOT_FOUND
     order.append("made-up")
@@ -171,7 +168,7 @@ async def test_names_no_adapter_has_take_turns_as_one_adapter(
 
 
 async def _generate(inference: RunningInference, request: pb.GenerateRequest) -> None:
-    async for _ in inference.stub.Generate(request, timeout=GUARD_S):
+    async for _ in inference.stub.Generate(request, timeout=PROCESS_GUARD_S):
         pass
 
 
@@ -185,7 +182,7 @@ async def test_a_request_of_n_sequences_takes_n_places_in_the_engine(
     wide_request.sampling.n = 2
     wide_request.sampling.temperature = 1.0
     engine.hold("wide@1")
-    async with asyncio.timeout(GUARD_S):
+    async with asyncio.timeout(PROCESS_GUARD_S):
         wide = asyncio.create_task(_generate(two_places, wide_request))
         await engine.until_held(1, wide)
         other = asyncio.create_task(_generate(two_places, greedy("other", 4)))
@@ -206,7 +203,7 @@ async def _every_slot_held(inference: RunningInference) -> AsyncIterator[SlotGat
     engine = inference.engine
     assert isinstance(engine, HoldingEngine)
     engine.hold_each(*(f"{name}@1" for name in RESIDENTS))
-    async with asyncio.timeout(GUARD_S):
+    async with asyncio.timeout(PROCESS_GUARD_S):
         held = [asyncio.create_task(_first_token(inference, name, [])) for name in RESIDENTS]
         await engine.until_held(MAX_LORAS, *held)
         yield slots

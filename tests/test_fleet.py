@@ -35,7 +35,6 @@ from loraserve.testing.inference.app import adapter_files
 from loraserve.testing.processes.fleet import (
     ADAPTERS,
     FAILING_REVISION,
-    FLEET_GUARD_S,
     SMALL_MAX_RANK,
     Fleet,
     all_serve,
@@ -45,7 +44,7 @@ from loraserve.testing.processes.fleet import (
     owners,
 )
 from loraserve.testing.store.calls import push, store_stub
-from loraserve.testing.waiting import eventually
+from loraserve.testing.waiting import FLEET_GUARD_S, eventually
 
 pytestmark = [pytest.mark.engine, pytest.mark.slow]
 

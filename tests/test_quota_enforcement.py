@@ -33,7 +33,7 @@ from loraserve.testing.inference.app import (
 from loraserve.testing.s3.endpoint import S3Bucket
 from loraserve.testing.store.calls import push
 from loraserve.testing.store.server import RunningStore, running_store
-from loraserve.testing.waiting import eventually
+from loraserve.testing.waiting import PROCESS_GUARD_S, eventually
 
 if TYPE_CHECKING:
     from vllm.v1.engine.async_llm import AsyncLLM
@@ -41,8 +41,6 @@ if TYPE_CHECKING:
 pytestmark = pytest.mark.engine
 
 ADAPTERS = ("alpha", "beta", "gamma", "delta")
-# Guards against a hang only; nothing here measures time.
-GUARD_S = 120
 
 
 @dataclass
@@ -82,7 +80,7 @@ async def serving_stack(
                 engine_type=HoldingEngine,
             ) as inference,
             httpx.AsyncClient(
-                base_url=f"http://127.0.0.1:{inference.app.openai_port}", timeout=GUARD_S
+                base_url=f"http://127.0.0.1:{inference.app.openai_port}", timeout=PROCESS_GUARD_S
             ) as http,
         ):
             yield Stack(store, stub, inference, http)
@@ -104,7 +102,7 @@ async def grpc_code(
     """The status of one generation (short, unless `request`), and its `retry-after`
     trailing metadata (or, for other refusals, the status's message)."""
     request = request if request is not None else greedy(adapter, 4)
-    call = serving_stack.inference.stub.Generate(request, timeout=GUARD_S)
+    call = serving_stack.inference.stub.Generate(request, timeout=PROCESS_GUARD_S)
     try:
         async for _ in call:
             pass
@@ -229,7 +227,7 @@ async def test_a_replica_started_after_a_quota_was_set_enforces_it_from_the_list
         codes = []
         for _ in range(2):
             try:
-                await restarted.generate("delta", 4, timeout=GUARD_S)
+                await restarted.generate("delta", 4, timeout=PROCESS_GUARD_S)
                 codes.append(grpc.StatusCode.OK)
             except grpc.aio.AioRpcError as exc:
                 codes.append(exc.code())

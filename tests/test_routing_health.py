@@ -26,9 +26,8 @@ from loraserve.inference.settings import parse_settings
 from loraserve.testing.certs import make_certs
 from loraserve.testing.grpc import serving
 from loraserve.testing.inference.service import Served
+from loraserve.testing.waiting import GUARD_S
 
-# Guards against a hang only; nothing here measures time.
-GUARD_S = 60.0
 # Few quick retries: a call that lands on the starting replica fails fast.
 QUICK = RetryPolicy(max_attempts=2, initial_backoff=0.05, max_backoff=0.1)
 

@@ -25,10 +25,9 @@ from loraserve.testing.s3.endpoint import S3Bucket
 from loraserve.testing.s3.faults import Fault, Rule, S3FaultProxy, s3_fault_proxy
 from loraserve.testing.store.calls import keys_under, push, revision_numbers, store_stub
 from loraserve.testing.store.server import RunningStore
+from loraserve.testing.waiting import GUARD_S
 
 pytestmark = pytest.mark.faults
-
-GUARD_S = 60
 
 
 def _env(store: RunningStore) -> dict[str, str]:

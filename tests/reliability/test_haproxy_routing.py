@@ -40,7 +40,6 @@ from loraserve.testing.haproxy import Haproxy, haproxy_only, running_haproxy
 from loraserve.testing.processes.fleet import owners
 from loraserve.testing.processes.routed import (
     ADAPTERS,
-    GUARD_S,
     NO_RETRY,
     PROMPT,
     Outcomes,
@@ -50,7 +49,7 @@ from loraserve.testing.processes.routed import (
 )
 from loraserve.testing.processes.services import ChildProcess
 from loraserve.testing.processes.standins import standin_replicas
-from loraserve.testing.waiting import eventually
+from loraserve.testing.waiting import FLEET_GUARD_S, eventually
 
 pytestmark = [haproxy_only]
 
@@ -146,7 +145,9 @@ async def test_a_replica_sigkilled_under_full_load_of_three_fails_no_request_bef
         streaming(client, adapters, load) as outcomes,
     ):
         # Adapters placed on the victim: HAProxy must skip a mapping to a dead server.
-        await eventually(lambda: _placed_on(haproxy, "replica-1"), "adapters placed on it", GUARD_S)
+        await eventually(
+            lambda: _placed_on(haproxy, "replica-1"), "adapters placed on it", FLEET_GUARD_S
+        )
         await standins["replica-1"][1].kill_group()
         killed = outcomes.ok
         await eventually(lambda: haproxy.out_of_pool("replica-1"), "it leaves the pool")
@@ -164,13 +165,13 @@ async def test_placement_keeps_every_adapter_on_one_replica_under_a_skewed_full_
     async with standins_behind_haproxy(tmp_path) as (_, haproxy, client):
         async with streaming(client, adapters, [SHORT] * len(adapters)) as outcomes:
             await eventually(
-                lambda: _settled(haproxy, len(ZIPF_STREAMS)), "every adapter placed", GUARD_S
+                lambda: _settled(haproxy, len(ZIPF_STREAMS)), "every adapter placed", FLEET_GUARD_S
             )
             logged_from = haproxy.log_path.stat().st_size
             placed = await haproxy.placement()
             settled = outcomes.ok
             await eventually(
-                lambda: outcomes.ok >= settled + PLACED_REQUESTS, "load goes on", GUARD_S
+                lambda: outcomes.ok >= settled + PLACED_REQUESTS, "load goes on", FLEET_GUARD_S
             )
         served = haproxy.served(logged_from)
     assert outcomes.failed_before_first_token == 0, outcomes
@@ -227,7 +228,7 @@ async def test_a_hot_adapter_spills_to_the_second_replica_while_a_cold_one_stays
         # earlier test's left (the agent then maps it back as that fades): the map the
         # same over two rounds placed from what runs now.
         await eventually(
-            lambda: _settled_without(routed.haproxy, hot), "the hot one unplaced", GUARD_S
+            lambda: _settled_without(routed.haproxy, hot), "the hot one unplaced", FLEET_GUARD_S
         )
         # Asked for until the agent maps it: its home, shared with the hot one's
         # overflow, within the bound.
@@ -264,12 +265,12 @@ async def test_a_sigtermed_replica_leaves_the_pool_failing_no_request_before_its
     async with load_on(routed, ADAPTERS[:1], [LOAD] * LOAD_STREAMS) as outcomes:
         victim.process.terminate()
         await eventually(
-            lambda: routed.haproxy.out_of_pool(victim.name), "it leaves the pool", GUARD_S
+            lambda: routed.haproxy.out_of_pool(victim.name), "it leaves the pool", FLEET_GUARD_S
         )
         left = outcomes.ok
-        await eventually(lambda: outcomes.ok >= left + AFTER, "load goes on", GUARD_S)
+        await eventually(lambda: outcomes.ok >= left + AFTER, "load goes on", FLEET_GUARD_S)
     # Drained: it exits (the next test's restore replaces what has exited).
-    await victim.process.wait(GUARD_S)
+    await victim.process.wait(FLEET_GUARD_S)
     assert outcomes.failed_before_first_token == 0, outcomes
 
 
@@ -295,7 +296,7 @@ async def test_a_replica_sigkilled_under_load_fails_no_request_before_its_first_
         await victim.process.kill_group()
         at_kill = await asyncio.to_thread(survivor.served)
         killed = outcomes.ok
-        await eventually(lambda: outcomes.ok >= killed + AFTER, "load goes on", GUARD_S)
+        await eventually(lambda: outcomes.ok >= killed + AFTER, "load goes on", FLEET_GUARD_S)
     assert outcomes.failed_before_first_token == 0, outcomes
     # Every stream that ended OK after the kill ran on the survivor.
     assert sum((await asyncio.to_thread(survivor.served)).values()) >= sum(at_kill.values()) + AFTER

@@ -41,15 +41,13 @@ from loraserve.testing.s3.endpoint import S3Bucket
 from loraserve.testing.s3.faults import Fault
 from loraserve.testing.store.calls import push, store_stub
 from loraserve.testing.store.calls import rpc_code as code_of
-from loraserve.testing.waiting import eventually
+from loraserve.testing.waiting import GUARD_S, eventually
 
 if TYPE_CHECKING:
     from vllm.v1.engine.async_llm import AsyncLLM
 
 pytestmark = [pytest.mark.faults, pytest.mark.engine]
 
-# Guards against a hang only; nothing here measures time.
-GUARD_S = 60
 REPLICA = "consistency-replica"
 WEIGHTS = "adapter_model.safetensors"
 CONFIG = "adapter_config.json"

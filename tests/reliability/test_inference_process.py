@@ -23,10 +23,9 @@ from loraserve.testing.plugins.figures import add_figure
 from loraserve.testing.processes.services import InferenceProcess, inference_process
 from loraserve.testing.store.calls import push, store_stub
 from loraserve.testing.store.server import RunningStore
+from loraserve.testing.waiting import GUARD_S
 
 pytestmark = [pytest.mark.faults, pytest.mark.engine, pytest.mark.slow]
-
-GUARD_S = 60
 
 
 @pytest.fixture(scope="module")

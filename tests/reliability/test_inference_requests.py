@@ -31,14 +31,13 @@ from loraserve.testing.inference.app import (
 )
 from loraserve.testing.plugins.figures import add_figure
 from loraserve.testing.store.server import RunningStore
-from loraserve.testing.waiting import eventually
+from loraserve.testing.waiting import GUARD_S, eventually
 
 if TYPE_CHECKING:
     from vllm.v1.engine.async_llm import AsyncLLM
 
 pytestmark = [pytest.mark.faults, pytest.mark.engine]
 
-GUARD_S = 60
 MAX_MODEL_LEN = 512  # the session engine's
 # Tokens a cancelled request asks for: far more than the engine makes before any cancel
 # here reaches it, so vLLM's own count tells an aborted request (fewer tokens, never

@@ -29,12 +29,10 @@ from loraserve.testing.processes.services import (
 from loraserve.testing.s3.endpoint import S3Bucket
 from loraserve.testing.store.calls import push, store_stub
 from loraserve.testing.store.server import running_store
-from loraserve.testing.waiting import eventually
+from loraserve.testing.waiting import FLEET_GUARD_S, eventually
 
 pytestmark = [pytest.mark.faults, pytest.mark.engine, pytest.mark.slow]
 
-# Guards against a hang only; nothing here measures time.
-GUARD_S = 300
 FAILED_ATTEMPTS = 3
 # Above the tests' default --max-lora-rank of 16, so only a replica sized from the
 # store's adapters (or told 32) can serve it.
@@ -71,7 +69,7 @@ async def test_replica_started_before_the_store_waits_then_serves_the_stores_ada
             await eventually(
                 lambda: failed_attempts() >= FAILED_ATTEMPTS,
                 f"{FAILED_ATTEMPTS} x {failed_attempt} in the replica's log",
-                guard_s=GUARD_S,
+                guard_s=FLEET_GUARD_S,
             )
             return await later.enter_async_context(
                 store_process(s3_bucket, tmp_path / "store.log", port=port)
@@ -86,7 +84,7 @@ async def test_replica_started_before_the_store_waits_then_serves_the_stores_ada
                     tmp_path / "cache",
                     inference_log,
                     extra=["--max-lora-rank", max_lora_rank],
-                    guard_s=GUARD_S,
+                    guard_s=FLEET_GUARD_S,
                 ) as inference,
                 grpc.aio.insecure_channel(inference.address) as channel,
             ):

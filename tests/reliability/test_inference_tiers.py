@@ -31,7 +31,7 @@ from loraserve.testing.s3.faults import Fault, S3FaultProxy
 from loraserve.testing.store.calls import push, store_stub
 from loraserve.testing.store.calls import rpc_code as code_of
 from loraserve.testing.store.server import RunningStore
-from loraserve.testing.waiting import eventually
+from loraserve.testing.waiting import GUARD_S, eventually
 from loraserve.tiny.oracle import greedy_tokens
 
 if TYPE_CHECKING:
@@ -39,8 +39,6 @@ if TYPE_CHECKING:
 
 pytestmark = [pytest.mark.faults, pytest.mark.engine]
 
-# Guards against a hang only; nothing here measures time.
-GUARD_S = 60
 WEIGHTS = "adapter_model.safetensors"
 PROMPT = (5, 17, 42, 99, 3, 250, 7, 64)
 NAMES = ("a", "b", "c", "d")

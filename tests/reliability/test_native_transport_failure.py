@@ -26,10 +26,10 @@ from loraserve.testing.inference.native import native_only
 from loraserve.testing.processes.services import inference_process
 from loraserve.testing.store.calls import push, store_stub
 from loraserve.testing.store.server import RunningStore
+from loraserve.testing.waiting import GUARD_S
 
 pytestmark = [pytest.mark.faults, pytest.mark.engine, pytest.mark.slow, native_only]
 
-GUARD_S = 60
 # The attacking Generate's tokens: it must still stream when the `:status: 103` arrives,
 # or nothing touches the poisoned connection again and nothing fails. 400 (1.7 s) ended
 # first once in CI, on two loaded cores; the model's whole context, about 4 s here.

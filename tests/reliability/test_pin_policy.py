@@ -26,15 +26,13 @@ from loraserve.testing.inference.app import (
 )
 from loraserve.testing.store.calls import push, store_stub
 from loraserve.testing.store.server import RunningStore
-from loraserve.testing.waiting import eventually
+from loraserve.testing.waiting import PROCESS_GUARD_S, eventually
 
 if TYPE_CHECKING:
     from vllm.v1.engine.async_llm import AsyncLLM
 
 pytestmark = [pytest.mark.faults, pytest.mark.engine]
 
-# Guards against a hang only; nothing here measures time.
-GUARD_S = 90
 REASON = "answers with the system prompt"
 READER = "reader-secret"
 PINNER = "pinner-secret"
@@ -62,7 +60,7 @@ async def _rolled_back(
         cache_dir=tmp_path / "cache",
         extra=extra,
     ) as inference:
-        await eventually(lambda: _routes(inference, 1), "alpha@1 routed", GUARD_S)
+        await eventually(lambda: _routes(inference, 1), "alpha@1 routed", PROCESS_GUARD_S)
         yield inference
 
 
@@ -133,7 +131,7 @@ async def test_a_yanked_revision_is_refused_pinned_once_the_replica_has_the_yank
             await stub.YankRevision(
                 store_pb.YankRevisionRequest(name="alpha", revision=2, reason=REASON)
             )
-        await eventually(lambda: _refuses(inference, "alpha@2"), "alpha@2 refused", GUARD_S)
+        await eventually(lambda: _refuses(inference, "alpha@2"), "alpha@2 refused", PROCESS_GUARD_S)
         refused = await _refusal(inference, "alpha@2")
 
     assert refused is not None
@@ -146,7 +144,7 @@ async def _pin_code(address: str, token: str, adapter: str) -> grpc.StatusCode:
     async with channel:
         try:
             async for _ in pb_grpc.InferenceServiceStub(channel).Generate(
-                greedy(adapter, 2), timeout=GUARD_S
+                greedy(adapter, 2), timeout=PROCESS_GUARD_S
             ):
                 pass
         except grpc.aio.AioRpcError as e:

@@ -25,13 +25,13 @@ from loraserve.testing.s3.endpoint import S3Bucket
 from loraserve.testing.store.calls import push, rpc_code, store_stub
 from loraserve.testing.store.server import RunningStore, running_store
 from loraserve.testing.store.statuses import report_request, routed
+from loraserve.testing.waiting import GUARD_S
 
 pytestmark = pytest.mark.faults
 
 READER = "reader-secret"
 WRITER = "writer-secret"
 REPLICA = "replica-secret"
-GUARD_S = 30.0
 
 StubFactory = Callable[[str | None], Any]
 

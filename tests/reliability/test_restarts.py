@@ -26,7 +26,7 @@ from loraserve.testing.s3.endpoint import S3Bucket
 from loraserve.testing.s3.faults import Fault, S3FaultProxy
 from loraserve.testing.store.calls import push, store_stub
 from loraserve.testing.store.server import RunningStore
-from loraserve.testing.waiting import eventually
+from loraserve.testing.waiting import PROCESS_GUARD_S, eventually
 from loraserve.tiny.oracle import greedy_tokens
 
 if TYPE_CHECKING:
@@ -34,7 +34,6 @@ if TYPE_CHECKING:
 
 pytestmark = [pytest.mark.faults, pytest.mark.engine, pytest.mark.slow]
 
-GUARD_S = 90
 REPLICA = "restart-replica"
 WEIGHTS = "adapter_model.safetensors"
 
@@ -46,7 +45,7 @@ async def _reports(address: str, name: str) -> list[Any]:
 
 
 async def _acked(address: str, name: str, revision: int) -> None:
-    async with asyncio.timeout(GUARD_S):
+    async with asyncio.timeout(PROCESS_GUARD_S):
         while True:
             for status in await _reports(address, name):
                 if (status.reported_revision, status.type) == (
@@ -77,7 +76,7 @@ async def test_watch_reset_while_three_revisions_are_pushed_serves_the_latest_ea
         ) as inference,
     ):
         await push(store, "flaky", adapter_files(tiny_adapter(seed=1)))
-        await eventually(lambda: inference.routes("flaky", 1), "flaky@1 routed", GUARD_S)
+        await eventually(lambda: inference.routes("flaky", 1), "flaky@1 routed", PROCESS_GUARD_S)
         proxy.cut()
         add_figure(pytestconfig, "faults.watch_resets")
         latest = tiny_adapter(seed=4)
@@ -86,7 +85,7 @@ async def test_watch_reset_while_three_revisions_are_pushed_serves_the_latest_ea
                 store, "flaky", adapter_files(tiny_adapter(seed=seed) if seed < 4 else latest)
             )
         proxy.restore()
-        await eventually(lambda: inference.routes("flaky", 4), "flaky@4 routed", GUARD_S)
+        await eventually(lambda: inference.routes("flaky", 4), "flaky@4 routed", PROCESS_GUARD_S)
         revision, tokens = await inference.generate("flaky", 8)
         applied = [call for call in inference.add_calls if call.startswith("flaky@")]
     expected = await asyncio.to_thread(greedy_tokens, tiny_model_dir, latest, PROMPT, 8)
@@ -127,7 +126,7 @@ async def test_store_and_inference_restarted_mid_swap_converge_serving_only_acke
                 await push(stub, "swap", adapter_files(first))
                 await _acked(store.address, "swap", 1)
                 await push(stub, "swap", second_files)
-            async with asyncio.timeout(GUARD_S):
+            async with asyncio.timeout(PROCESS_GUARD_S):
                 await stalled.hit.wait()
             served_before.append((await inference.generate("swap", 4))[0])
             reports_mid_swap = await _reports(store.address, "swap")

@@ -34,6 +34,7 @@ from loraserve.testing.inference.app import RunningInference, adapter_files, gre
 from loraserve.testing.plugins.figures import add_figure
 from loraserve.testing.store.calls import push, store_stub
 from loraserve.testing.store.server import RunningStore
+from loraserve.testing.waiting import PROCESS_GUARD_S
 
 if TYPE_CHECKING:
     from vllm.v1.engine.async_llm import AsyncLLM
@@ -56,7 +57,6 @@ CLEAN = {grpc.StatusCode.RESOURCE_EXHAUSTED}
 # carries (its request, its chunks: a few KiB) over the thousands of streams served
 # after the warm-up grows past it.
 RSS_GROWTH_BYTES = 16 << 20
-GUARD_S = 120
 WEIGHTS = "adapter_model.safetensors"
 
 
@@ -97,7 +97,7 @@ class Soak:
             request = greedy(name, rng.randint(2, 24))
             finished = False
             try:
-                async for message in self.inference.stub.Generate(request, timeout=GUARD_S):
+                async for message in self.inference.stub.Generate(request, timeout=PROCESS_GUARD_S):
                     self.tokens += len(message.token_ids)
                     finished = message.finish_reason != 0
             except grpc.aio.AioRpcError as e:
@@ -134,7 +134,7 @@ async def _served_currents(inference: RunningInference) -> dict[str, int]:
 
 
 async def _converged(inference: RunningInference, store: Any) -> dict[str, int]:
-    async with asyncio.timeout(GUARD_S):
+    async with asyncio.timeout(PROCESS_GUARD_S):
         while True:
             wanted = await _store_currents(store)
             if await _served_currents(inference) == wanted:

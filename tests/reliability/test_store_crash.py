@@ -27,10 +27,9 @@ from loraserve.testing.store.calls import (
     revision_numbers,
     store_stub,
 )
+from loraserve.testing.waiting import GUARD_S
 
 pytestmark = [pytest.mark.faults, pytest.mark.slow]
-
-GUARD_S = 60
 
 
 async def _kill_store_before_commit(

@@ -25,10 +25,10 @@ from loraserve.testing.plugins.figures import add_figure
 from loraserve.testing.processes.services import StoreProcess, free_port, store_process
 from loraserve.testing.s3.endpoint import S3Bucket
 from loraserve.testing.store.calls import push, store_stub
+from loraserve.testing.waiting import GUARD_S
 
 pytestmark = [pytest.mark.faults, pytest.mark.slow]
 
-GUARD_S = 60
 # Longer than the test could need: the push held in flight must not be cut by it.
 GRACE_S = 60
 

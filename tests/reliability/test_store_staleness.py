@@ -31,7 +31,7 @@ from loraserve.testing.s3.endpoint import S3Bucket
 from loraserve.testing.s3.faults import Fault, S3FaultProxy, s3_fault_proxy
 from loraserve.testing.store.calls import push, store_stub
 from loraserve.testing.store.server import RunningStore, running_store
-from loraserve.testing.waiting import eventually
+from loraserve.testing.waiting import GUARD_S, eventually
 
 pytestmark = pytest.mark.faults
 
@@ -39,7 +39,6 @@ SERVING = health_pb2.HealthCheckResponse.SERVING
 NOT_SERVING = health_pb2.HealthCheckResponse.NOT_SERVING
 # Small enough that a stalled store turns stale within the test's patience.
 FAST_STALENESS: dict[str, Any] = {"max_staleness_s": 2.0, "heartbeat_interval": 0.2}
-GUARD_S = 30.0
 
 
 @asynccontextmanager

@@ -23,15 +23,13 @@ from loraserve.testing.processes.services import free_port, store_process
 from loraserve.testing.processes.tcpproxy import tcp_proxy
 from loraserve.testing.s3.endpoint import S3Bucket
 from loraserve.testing.store.calls import push, store_stub
-from loraserve.testing.waiting import eventually
+from loraserve.testing.waiting import PROCESS_GUARD_S, eventually
 from loraserve.tiny.oracle import greedy_tokens
 
 if TYPE_CHECKING:
     from vllm.v1.engine.async_llm import AsyncLLM
 
 pytestmark = [pytest.mark.faults, pytest.mark.engine, pytest.mark.slow]
-
-GUARD_S = 90
 
 
 async def _generate_code(inference: RunningInference, adapter: str) -> grpc.StatusCode:
@@ -89,7 +87,7 @@ async def test_replica_follows_a_store_restarted_on_an_emptied_bucket(
             await push(stub, "shared", adapter_files(tiny_adapter(seed=1)))
             for seed in (2, 3, 4, 5):
                 await push(stub, "gone", adapter_files(tiny_adapter(seed=seed)))
-        await eventually(lambda: inference.routes("gone", 4), "gone@4", GUARD_S)
+        await eventually(lambda: inference.routes("gone", 4), "gone@4", PROCESS_GUARD_S)
         assert (await inference.generate("shared", 4))[0] == 1
         await first.kill_group()
         _empty(s3_bucket)
@@ -100,10 +98,10 @@ async def test_replica_follows_a_store_restarted_on_an_emptied_bucket(
             # Revision 1 again, of other content; then a name the old store never had.
             await push(stub, "shared", adapter_files(renewed))
             await push(stub, "fresh", adapter_files(tiny_adapter(seed=7)))
-            await eventually(lambda: inference.routes("fresh", 1), "fresh@1", GUARD_S)
+            await eventually(lambda: inference.routes("fresh", 1), "fresh@1", PROCESS_GUARD_S)
             await eventually(lambda: inference.routes("gone", 0), "gone unrouted", 30)
             await eventually(
-                lambda: _serves(inference, "shared", expected), "shared@1 anew", GUARD_S
+                lambda: _serves(inference, "shared", expected), "shared@1 anew", PROCESS_GUARD_S
             )
             gone = await _generate_code(inference, "gone")
     assert gone == grpc.StatusCode.NOT_FOUND
@@ -137,18 +135,20 @@ async def test_pins_of_a_deleted_generation_go_when_a_relist_shows_the_name_rebo
         async with store_stub(first.address) as stub:
             for seed in (1, 2):
                 await push(stub, "x", adapter_files(tiny_adapter(seed=seed)))
-            await eventually(lambda: inference.routes("x", 2), "x@2 routed", GUARD_S)
+            await eventually(lambda: inference.routes("x", 2), "x@2 routed", PROCESS_GUARD_S)
             assert (await inference.generate("x@1", 4))[0] == 1  # pinned now
             proxy.cut()
             await stub.DeleteAdapter(store_pb.DeleteAdapterRequest(name="x"))
             await push(stub, "x", adapter_files(reborn))
             for seed in range(10, 20):
                 await push(stub, "filler", adapter_files(tiny_adapter(seed=seed)))
-        await eventually(lambda: _pruned(s3_bucket, 3), "the delete's entry pruned", GUARD_S)
+        await eventually(
+            lambda: _pruned(s3_bucket, 3), "the delete's entry pruned", PROCESS_GUARD_S
+        )
         await first.kill_group()
         async with store_process(s3_bucket, tmp_path / "store-2.log", port=port, extra=short_log):
             proxy.restore()
-            await eventually(lambda: inference.routes("x", 3), "x@3 routed", GUARD_S)
+            await eventually(lambda: inference.routes("x", 3), "x@3 routed", PROCESS_GUARD_S)
             pinned_old = await _generate_code(inference, "x@1")
             held = await inference.statuses("x")
             revision, tokens = await inference.generate("x", 8)

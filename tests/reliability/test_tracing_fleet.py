@@ -22,7 +22,7 @@ from loraserve.testing.adapters.models import TinyAdapterFactory
 from loraserve.testing.inference.app import greedy
 from loraserve.testing.otlp import OtlpReceiver, ReceivedSpan
 from loraserve.testing.processes.fleet import Fleet
-from loraserve.testing.waiting import eventually
+from loraserve.testing.waiting import FLEET_GUARD_S, eventually
 
 pytestmark = [pytest.mark.faults, pytest.mark.slow]
 
@@ -38,7 +38,6 @@ REPLICA_STEPS = (
     "loraserve.replica.engine_load",
     "loraserve.replica.route",
 )
-GUARD_S = 300.0
 
 
 def _of(spans: Sequence[ReceivedSpan], name: str, replica: str = "") -> ReceivedSpan:
@@ -70,7 +69,7 @@ async def _trace(receiver: OtlpReceiver, trace_id: str) -> list[ReceivedSpan]:
         names = {s.name for s in spans}
         return routed >= set(REPLICAS) and {"loraserve.ctl.push", "loraserve.store.push"} <= names
 
-    await eventually(complete, "the push's spans from ctl, store and every replica", GUARD_S)
+    await eventually(complete, "the push's spans from ctl, store and every replica", FLEET_GUARD_S)
     return [s for s in receiver.spans() if s.trace_id == trace_id]
 
 
@@ -85,7 +84,7 @@ async def _serves(address: str) -> bool:
 async def _generate(address: str, adapter: str) -> None:
     async with grpc.aio.insecure_channel(address) as channel:
         async for _ in pb_grpc.InferenceServiceStub(channel).Generate(
-            greedy(adapter, 2), timeout=GUARD_S
+            greedy(adapter, 2), timeout=FLEET_GUARD_S
         ):
             pass
 
@@ -103,7 +102,7 @@ async def test_one_push_is_one_trace_across_ctl_store_and_two_replicas(
     first = await ctl("push", ADAPTER, str(tiny_adapter(seed=1)), "--store", store.address)
     assert first.code == 0, first.err
     for process in replicas:
-        await eventually(lambda p=process: _serves(p.address), f"{ADAPTER}@1 served", GUARD_S)
+        await eventually(lambda p=process: _serves(p.address), f"{ADAPTER}@1 served", FLEET_GUARD_S)
     pushed = await ctl(
         "push", ADAPTER, str(tiny_adapter(seed=2)), "--trace", "--store", store.address,
         *traced,
@@ -114,7 +113,7 @@ async def test_one_push_is_one_trace_across_ctl_store_and_two_replicas(
     before = len(receiver.spans("loraserve.generate"))
     for process in replicas:
         await _generate(process.address, ADAPTER)
-    await receiver.wait_for("loraserve.generate", before + len(REPLICAS), GUARD_S)
+    await receiver.wait_for("loraserve.generate", before + len(REPLICAS), FLEET_GUARD_S)
     generates = receiver.spans("loraserve.generate")[before:]
 
     ctl_upload = _of(spans, "loraserve.ctl.upload_file")

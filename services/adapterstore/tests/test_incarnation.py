@@ -16,8 +16,8 @@ from loraserve.testing.s3.endpoint import S3Bucket
 from loraserve.testing.store.calls import push
 from loraserve.testing.store.server import serve_store
 from loraserve.testing.store.stores import s3_location
+from loraserve.testing.waiting import GUARD_S
 
-GUARD_S = 30
 # Heartbeats this often: a watch that is wrongly accepted shows it at once.
 QUICK_HEARTBEATS: dict[str, Any] = {"heartbeat_interval": 0.1}
 

@@ -16,8 +16,7 @@ from loraserve.common.config.sizes import parse_size
 from loraserve.common.errors import InvalidArgument
 from loraserve.testing.processes.services import free_port, wait_for_health
 from loraserve.testing.s3.endpoint import S3Bucket
-
-GUARD_S = 60
+from loraserve.testing.waiting import GUARD_S
 
 
 def test_sizes_accept_binary_units() -> None:

@@ -21,9 +21,8 @@ from loraserve.testing.s3.endpoint import S3Bucket
 from loraserve.testing.s3.faults import S3FaultProxy
 from loraserve.testing.store.calls import keys_under, push
 from loraserve.testing.store.server import serve_store
-from loraserve.testing.waiting import eventually
+from loraserve.testing.waiting import GUARD_S, eventually
 
-GUARD_S = 30
 KEY = "0b5e2c8e-7f52-4a4b-9a39-1f1d4f3c2a10"
 
 

@@ -25,12 +25,11 @@ from loraserve.testing.fakes.blobs import MemoryBlobStore
 from loraserve.testing.s3.endpoint import S3Bucket
 from loraserve.testing.s3.faults import Fault, S3FaultProxy
 from loraserve.testing.store.stores import StoreFactory, s3_location
-from loraserve.testing.waiting import eventually
+from loraserve.testing.waiting import GUARD_S, eventually
 
 SMALL, LARGE = 20, 40
 # The poller stays asleep while requests are counted.
 QUIET_LOG = LogSettings(poll_interval=600, snapshot_every=1000, log_retention=0)
-GUARD_S = 30
 
 
 def _proxied(bucket: S3Bucket, fault_proxy: S3FaultProxy, prefix: str = "") -> S3BlobStore:

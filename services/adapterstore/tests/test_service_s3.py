@@ -22,8 +22,7 @@ from loraserve.testing.s3.endpoint import S3Bucket
 from loraserve.testing.store.calls import keys_under
 from loraserve.testing.store.server import StoreServer, serve_store
 from loraserve.testing.store.statuses import report_request
-
-GUARD_S = 30
+from loraserve.testing.waiting import GUARD_S
 
 
 async def _push(

@@ -19,10 +19,7 @@ from loraserve.testing.adapters.files import tiny_adapter
 from loraserve.testing.adapters.pushes import push
 from loraserve.testing.fakes.blobs import MemoryBlobStore
 from loraserve.testing.store.stores import StoreFactory
-from loraserve.testing.waiting import eventually
-
-# Generous guard so a hang fails the test instead of the session; never an assertion on time.
-GUARD_S = 20
+from loraserve.testing.waiting import GUARD_S, eventually
 
 
 async def _events(store: AdapterStore, after_seq: int, count: int) -> list[Change]:

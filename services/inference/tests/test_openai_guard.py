@@ -22,6 +22,7 @@ from loraserve.inference.metrics import InferenceMetrics
 from loraserve.inference.openai import RunningHttpServer, create_openai_app, start_http_server
 from loraserve.inference.serving import Admission, Generator, Runtime, RuntimeRef
 from loraserve.testing.fakes.engine import CacheDirectory, FakeEngine, make_revision
+from loraserve.testing.waiting import GUARD_S
 
 MODEL = "fake-llama"
 READER = "reader-secret"
@@ -29,7 +30,6 @@ LIMIT = 1024 * 1024
 # Far more than the server would ever need to see: it must answer without it.
 DECLARED = 200 * 1024 * 1024
 SENT = 256 * 1024
-GUARD_S = 30.0
 
 
 @pytest.fixture

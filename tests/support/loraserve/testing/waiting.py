@@ -10,7 +10,15 @@ from collections.abc import Awaitable, Callable
 
 log = logging.getLogger(__name__)
 
+# Guards, by what a test waits for; each only stops a hung test, so a longer one costs a
+# passing test nothing.
+# A server's answer or reaction.
 GUARD_S = 60.0
+# A process that starts, restarts or stops, with its engine.
+PROCESS_GUARD_S = 120.0
+# Several engines starting or loading at once on two loaded cores (a fleet, a rollout
+# of replicas).
+FLEET_GUARD_S = 600.0
 POLL_S = 0.02
 
 

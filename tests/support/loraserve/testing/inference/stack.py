@@ -18,13 +18,12 @@ from loraserve.testing.inference.app import RunningInference, adapter_files, inf
 from loraserve.testing.s3.faults import S3FaultProxy
 from loraserve.testing.store.calls import push, store_stub
 from loraserve.testing.store.server import RunningStore
+from loraserve.testing.waiting import GUARD_S
 
 if TYPE_CHECKING:
     from vllm.v1.engine.async_llm import AsyncLLM
 
 REPLICA = "reliability-replica"
-# Guards against a hang only; nothing here measures time.
-GUARD_S = 60
 
 
 @dataclass

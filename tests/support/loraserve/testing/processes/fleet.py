@@ -54,11 +54,8 @@ from loraserve.testing.processes.services import (
 )
 from loraserve.testing.s3.endpoint import S3Bucket
 from loraserve.testing.store.calls import push, store_stub
-from loraserve.testing.waiting import eventually
+from loraserve.testing.waiting import FLEET_GUARD_S, eventually
 
-# Three engines starting and loading adapters on two loaded cores: generous guards,
-# which only stop a hung test.
-FLEET_GUARD_S = 600.0
 ADAPTERS = [f"fleet-{i}" for i in range(6)]
 REPLICAS = 3
 # replica-2's --max-lora-rank; the others take 16.

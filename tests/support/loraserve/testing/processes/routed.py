@@ -28,11 +28,10 @@ from loraserve.testing.processes.fleet import Fleet, Replica, all_serve, owners
 from loraserve.testing.processes.services import free_port, inference_process, store_process
 from loraserve.testing.s3.endpoint import S3Bucket
 from loraserve.testing.store.calls import push, store_stub
-from loraserve.testing.waiting import eventually
+from loraserve.testing.waiting import FLEET_GUARD_S, eventually
 
 # Two engines starting and loading adapters on two loaded cores: a guard that only stops
 # a hung test.
-GUARD_S = 600.0
 ADAPTERS = [f"routed-{i}" for i in range(4)]
 REPLICAS = 2
 PROMPT = [1, 40, 41, 42, 43, 44, 45]
@@ -89,7 +88,7 @@ async def streaming(
         for i, sampling in enumerate(load)
     ]
     try:
-        await eventually(lambda: outcomes.ok >= len(load), "load runs", GUARD_S)
+        await eventually(lambda: outcomes.ok >= len(load), "load runs", FLEET_GUARD_S)
         yield outcomes
     finally:
         stop.set()
@@ -134,9 +133,9 @@ class Routed:
         await eventually(
             lambda: all_serve(self.fleet, {name: 1 for name in ADAPTERS}),
             "every replica serves every adapter",
-            GUARD_S,
+            FLEET_GUARD_S,
         )
-        await eventually(self._all_in_pool, "HAProxy has every replica in its pool", GUARD_S)
+        await eventually(self._all_in_pool, "HAProxy has every replica in its pool", FLEET_GUARD_S)
 
     async def _all_in_pool(self) -> bool:
         return all([await self.haproxy.in_pool(r.name) for r in self.fleet.replicas])
@@ -166,7 +165,7 @@ class _Starter:
                     # Longer than HAProxy's checks take to notice NOT_SERVING (2 s).
                     *("--shutdown-delay", str(SHUTDOWN_DELAY_S)),
                 ],
-                guard_s=GUARD_S,
+                guard_s=FLEET_GUARD_S,
             )
         )
         # No OpenAI front here: port 0.
