@@ -45,7 +45,9 @@ if TYPE_CHECKING:
 
 pytestmark = pytest.mark.engine
 
-REQUESTS = 1000
+# Keyless requests pick their arm by a golden-ratio sequence, not by chance: any 100 in
+# a row put 20 +- 2 of them in a 20 % arm, so 100 tell what 1,000 did.
+REQUESTS = 100
 # Requests a rollout's change under load sends at the least.
 UNDER_LOAD = 400
 # Requests in flight at once: enough to keep the engine's batch full.
@@ -168,13 +170,13 @@ async def rollout(
         yield running
 
 
-async def test_weight_20_sends_20_percent_of_1000_requests_to_the_candidate(
+async def test_weight_20_sends_20_percent_of_100_requests_to_the_candidate(
     rollout: Rollout,
 ) -> None:
     await rollout.start(20)
     served = await rollout.served_many([""] * REQUESTS)
     assert set(served) == {1, 2}
-    assert abs(served[2] / REQUESTS - 0.20) <= 0.03
+    assert abs(served[2] - 20) <= 2
 
 
 @pytest.mark.parametrize("rollout", [["--trust-rollout-key-header"]], indirect=True)
