@@ -12,6 +12,8 @@ pytest_plugins = [
     "loraserve.testing.engine.parity",
     "loraserve.testing.inference.stack",
     "loraserve.testing.processes.fleet",
+    "loraserve.testing.inference.generate_fronts",
+    "loraserve.testing.inference.traced",
     # Before demo_warmup, which imports it: registered first, its asserts are rewritten.
     "loraserve.testing.plugins.figures",
     "loraserve.testing.plugins.demo_warmup",
