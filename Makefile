@@ -171,7 +171,7 @@ proto: setup
 	$(PY) -m loraserve.protogen .
 
 # The gRPC contracts against the previous release (pyproject.toml's [tool.loraserve.compat]),
-# buf-breaking style; `make test` runs it too (tests/test_contract_compat.py).
+# buf-breaking style; `make test` runs it too (tests/project/test_contract_compat.py).
 proto-compat: setup
 	$(PY) -m loraserve.protocompat --root .
 

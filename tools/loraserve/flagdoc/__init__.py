@@ -1,7 +1,7 @@
 """The README's configuration tables, generated from the servers' real parsers.
 
 `python -m loraserve.flagdoc README.md` rewrites them in place;
-`tests/test_docs.py` fails when the README's copy differs, and checks that every
+`tests/project/test_docs.py` fails when the README's copy differs, and checks that every
 environment variable named in a table really sets its flag.
 """
 

@@ -3,7 +3,7 @@
 `python -m loraserve.protocompat` compiles `proto/` as it was at the release that
 `[tool.loraserve.compat] previous-release` names (read with `git archive`) and as it is
 in the working tree, and reports every change that breaks a client of the old contracts
-(`rules`); `tests/test_contract_compat.py` runs it with the suite, `make proto-compat`
+(`rules`); `tests/project/test_contract_compat.py` runs it with the suite, `make proto-compat`
 on its own.
 """
 

@@ -2,7 +2,7 @@
 each contract (`loraserve.adapterstore.v1`, `loraserve.inference.v1`).
 
 The stubs are committed so that a plain `pip install` needs no code generator;
-`tests/test_protos.py` regenerates them and fails when the committed ones are stale.
+`tests/project/test_protos.py` regenerates them and fails when the committed ones are stale.
 """
 
 from __future__ import annotations

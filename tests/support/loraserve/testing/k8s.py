@@ -1,4 +1,4 @@
-"""The Kubernetes manifests under deploy/k8s as tests/test_k8s*.py read them: every
+"""The Kubernetes manifests under deploy/k8s as tests/deploy/test_k8s*.py read them: every
 document of every manifest, the two Deployments' containers (their args, environment,
 secret volumes, probes and ports), the settings each service parses from them, and the
 Certificates cert-manager issues into Secrets."""

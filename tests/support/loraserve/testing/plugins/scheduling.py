@@ -40,7 +40,11 @@ DURATIONS = Path("tests") / "module_durations.json"
 SLOW_S = 20.0
 # The modules that use `process_fleet` (loraserve.testing.processes.fleet), in the order
 # they run: test_fleet's last test SIGKILLs a replica.
-FLEET_MODULES = ("tests/reliability/test_tracing_fleet.py", "tests/test_fleet.py")
+FLEET_MODULES = (
+    "tests/reliability/test_tracing_fleet.py",
+    "tests/test_fleet_rollouts.py",
+    "tests/test_fleet.py",
+)
 _FLEET_FIXTURE = "process_fleet"
 _UNLISTED = pytest.StashKey[str]()
 

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 FAKE_MAKE = """#!/bin/sh
 echo "make $1 LORASERVE_REQUIRE_NATIVE=${LORASERVE_REQUIRE_NATIVE:-}" >> "$CALLS"
 case "$1" in

@@ -31,7 +31,7 @@ from loraserve.testing.waiting import eventually
 if TYPE_CHECKING:
     from vllm.v1.engine.async_llm import AsyncLLM
 
-DASHBOARD = Path(__file__).resolve().parents[1] / "deploy" / "grafana" / "loraserve.json"
+DASHBOARD = Path(__file__).resolve().parents[2] / "deploy" / "grafana" / "loraserve.json"
 DATASOURCE_UID = "${DS_PROMETHEUS}"
 # PromQL's words that are no metric: operators and modifiers (functions are followed by
 # a parenthesis, and are told apart by that).

@@ -12,7 +12,7 @@ from loraserve.adapterstore.settings import build_parser as store_parser
 from loraserve.flagdoc import serve_flags, tables
 from loraserve.inference.settings import build_parser as inference_parser
 
-README = Path(__file__).resolve().parents[1] / "README.md"
+README = Path(__file__).resolve().parents[2] / "README.md"
 PARSERS = {
     "adapterstore": (store_parser, "ADAPTERSTORE"),
     "inference": (inference_parser, "INFERENCE"),
@@ -63,7 +63,7 @@ _ROOTS = {
 
 
 def test_every_hop_of_the_architecture_names_a_function_that_exists() -> None:
-    repo = Path(__file__).resolve().parent.parent
+    repo = Path(__file__).resolve().parents[2]
     text = (repo / "docs" / "architecture.md").read_text("utf-8")
     hops = _HOP.findall(text)
     assert len(hops) > 20

@@ -1,5 +1,6 @@
-"""Runtime modules stay small enough to read in one sitting: no module in `services/`
-over 400 lines and no function over 60 (generated stubs and tests aside)."""
+"""Modules stay small enough to read in one sitting: no runtime module in `services/`
+over 400 lines and no function over 60 (generated stubs aside), and no test module over
+400 lines."""
 
 from __future__ import annotations
 
@@ -9,7 +10,8 @@ from pathlib import Path
 
 import pytest
 
-SERVICES = Path(__file__).resolve().parents[1] / "services"
+ROOT = Path(__file__).resolve().parents[2]
+SERVICES = ROOT / "services"
 MAX_MODULE_LINES = 400
 MAX_FUNCTION_LINES = 60
 
@@ -50,3 +52,17 @@ def test_functions_have_at_most_60_lines(path: Path) -> None:
 def test_the_size_checks_see_every_service() -> None:
     roots = {path.relative_to(SERVICES).parts[0] for path in MODULES}
     assert roots == {"adapterctl", "adapterstore", "common", "inference"}
+
+
+TEST_MODULES = sorted(
+    path
+    for folder in ("services", "tests", "tools", "bench")
+    for path in (ROOT / folder).rglob("test_*.py")
+    if ".venv" not in path.parts
+)
+
+
+@pytest.mark.parametrize("path", TEST_MODULES, ids=lambda path: str(path.relative_to(ROOT)))
+def test_test_module_has_at_most_400_lines(path: Path) -> None:
+    lines = len(path.read_text("utf-8").splitlines())
+    assert lines <= MAX_MODULE_LINES, f"{path.relative_to(ROOT)} has {lines} lines"

@@ -20,7 +20,7 @@ import yaml
 from loraserve.adapterstore.settings import parse_settings as parse_store_settings
 from loraserve.inference.settings import parse_settings as parse_inference_settings
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 COMPOSE: dict[str, Any] = yaml.safe_load((ROOT / "docker-compose.yml").read_text())
 SERVICES: dict[str, Any] = COMPOSE["services"]
 SCRIPTS = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["scripts"]

@@ -1,5 +1,5 @@
 """The Kubernetes manifests under deploy/k8s cannot be applied here (no cluster): check
-what can be checked, as tests/test_compose.py does for compose.
+what can be checked, as tests/deploy/test_compose.py does for compose.
 
 Every manifest parses and is listed in its kustomization; each container runs an image
 docker/ builds, with arguments and environment the service's real settings parser

@@ -10,7 +10,7 @@ import pytest
 
 from loraserve.protocompat.__main__ import main
 
-REPO_ROOT = Path(__file__).resolve().parents[1]
+REPO_ROOT = Path(__file__).resolve().parents[2]
 
 
 def test_the_contracts_are_compatible_with_the_previous_release(

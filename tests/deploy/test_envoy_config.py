@@ -15,7 +15,7 @@ from loraserve.adapterctl.settings import DEFAULT_INFERENCE_ADDRESS
 from loraserve.clients.routing import ADAPTER_HASH_HEADER
 from loraserve.inference.settings import parse_settings
 
-ENVOY = Path(__file__).resolve().parents[1] / "deploy" / "envoy" / "envoy.yaml"
+ENVOY = Path(__file__).resolve().parents[2] / "deploy" / "envoy" / "envoy.yaml"
 
 
 @pytest.fixture(scope="module")

@@ -12,7 +12,7 @@ import yaml
 from loraserve.adapterstore.compat import READ_FORMAT
 from loraserve.common.release import RELEASE
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 SEMVER = re.compile(r"(0|[1-9]\d*)\.(0|[1-9]\d*)\.(0|[1-9]\d*)")
 
 

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-PACKAGE = Path(__file__).resolve().parents[1] / "services/inference/loraserve/inference"
+PACKAGE = Path(__file__).resolve().parents[2] / "services/inference/loraserve/inference"
 PREFIX = "loraserve.inference."
 
 # Who may import whom, lowest layer first. The top-level modules `app` and `__main__`

@@ -6,7 +6,7 @@ from pathlib import Path
 
 from loraserve.protogen import stale_files
 
-REPO_ROOT = Path(__file__).resolve().parents[1]
+REPO_ROOT = Path(__file__).resolve().parents[2]
 
 
 def test_committed_stubs_match_a_fresh_generation() -> None:

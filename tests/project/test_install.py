@@ -22,7 +22,7 @@ from pathlib import Path
 import pytest
 from packaging.requirements import Requirement
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = ROOT / "tools" / "install_torch.py"
 MAKEFILE = (ROOT / "Makefile").read_text()
 LOCK = ROOT / "constraints" / "cpu.txt"
