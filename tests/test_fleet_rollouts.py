@@ -15,7 +15,6 @@ from typing import Any
 import pytest
 
 from loraserve.adapterstore.v1 import adapterstore_pb2 as store_pb
-from loraserve.clients.inference import RetryPolicy, Sampling
 from loraserve.testing.adapters.ctl import ctl
 from loraserve.testing.adapters.models import TinyAdapterFactory
 from loraserve.testing.inference.app import adapter_files
@@ -32,22 +31,6 @@ from loraserve.testing.store.calls import push, store_stub
 from loraserve.testing.waiting import FLEET_GUARD_S, eventually
 
 pytestmark = [pytest.mark.engine, pytest.mark.slow]
-
-PROMPT = [1, 40, 41, 42, 43, 44, 45]
-SHORT = Sampling(max_tokens=4, temperature=0.0, ignore_eos=True)
-LOAD = Sampling(max_tokens=24, temperature=0.0, ignore_eos=True)
-RETRY = RetryPolicy(max_attempts=20, initial_backoff=0.05, max_backoff=0.5)
-# Status stays a handful of objects per replica, not one per adapter: with this many, one
-# object per adapter would be 9 times the bound (16 shards a replica). Issue 25's count,
-# 2,000, is checked on the store alone (services/adapterstore/tests/
-# test_replica_reports.py); pushing that many through a fleet of processes costs minutes
-# of CI for what both already show.
-MANY_ADAPTERS = 150
-PUSHERS = 16
-# Longer than the reports leave a fresh placement alone (3 rounds, 6 s) and than the
-# replicas' admission rates remember (about 5 s).
-SETTLED_S = 12.0
-
 
 # Keyless requests pick their arm by a golden-ratio sequence, not by chance: any 100 in
 # a row put 20 +- 2 of them in a 20 % arm, so 100 per replica tell what 1,000 did.

@@ -50,6 +50,25 @@ def _ci(tmp_path: Path, **statuses: str) -> tuple[subprocess.CompletedProcess[st
     return done, calls.read_text().splitlines()
 
 
+# What `make test` runs the workers with, and each test's outcome on its own line.
+_LOADFILE = ("--dist", "loadfile", "--no-loadscope-reorder", "-v")
+
+
+def _pytest(root: Path, plugin: str, *args: str) -> subprocess.CompletedProcess[str]:
+    """A pytest run in `root` (its own rootdir, no cache) with one of the project's
+    plugins (`loraserve.testing.plugins.PLUGIN`) and `args`."""
+    return subprocess.run(
+        [
+            *(sys.executable, "-m", "pytest", "-p", f"loraserve.testing.plugins.{plugin}"),
+            *("-p", "no:cacheprovider", "--rootdir", str(root), *args),
+        ],
+        capture_output=True,
+        text=True,
+        cwd=root,
+        check=False,
+    )
+
+
 def test_ci_ends_with_every_phase_timed_and_the_native_transport_required(tmp_path: Path) -> None:
     done, calls = _ci(tmp_path)
     assert done.returncode == 0, done.stderr
@@ -88,16 +107,7 @@ def test_a_run_names_its_slowest_modules_slowest_first(tmp_path: Path, workers: 
     (tmp_path / "test_quick.py").write_text("def test_quick():\n    pass\n")
     # The sleep is what is measured: this module must come out slower.
     (tmp_path / "test_slow.py").write_text("import time\n\ndef test_slow():\n    time.sleep(0.5)\n")
-    done = subprocess.run(
-        [
-            *(sys.executable, "-m", "pytest", "-p", "loraserve.testing.plugins.durations"),
-            *("-n", workers, "-p", "no:cacheprovider", "--rootdir", str(tmp_path), str(tmp_path)),
-        ],
-        capture_output=True,
-        text=True,
-        cwd=tmp_path,
-        check=False,
-    )
+    done = _pytest(tmp_path, "durations", "-n", workers, str(tmp_path))
     assert done.returncode == 0, done.stdout + done.stderr
     summary = done.stdout.split("slowest modules", 1)[1].splitlines()[1:]
     slowest, next_slowest = [line.split() for line in summary if line.strip()][:2]
@@ -109,17 +119,7 @@ def test_a_run_writes_every_modules_seconds_where_asked(tmp_path: Path) -> None:
     for name in ("test_a.py", "test_b.py"):
         (tmp_path / name).write_text("def test_it():\n    pass\n")
     record = tmp_path / "durations.json"
-    done = subprocess.run(
-        [
-            *(sys.executable, "-m", "pytest", "-p", "loraserve.testing.plugins.durations"),
-            *("-p", "no:cacheprovider", "--rootdir", str(tmp_path), str(tmp_path)),
-            f"--record-module-durations={record}",
-        ],
-        capture_output=True,
-        text=True,
-        cwd=tmp_path,
-        check=False,
-    )
+    done = _pytest(tmp_path, "durations", str(tmp_path), f"--record-module-durations={record}")
     assert done.returncode == 0, done.stdout + done.stderr
     assert sorted(json.loads(record.read_text())) == ["test_a.py", "test_b.py"]
 
@@ -131,17 +131,7 @@ def test_modules_are_handed_out_longest_first_by_their_recorded_seconds(tmp_path
     (tmp_path / "tests" / "module_durations.json").write_text(
         json.dumps({"test_b.py": 30.0, "test_c.py": 3.0, "test_a.py": 1.0})
     )
-    done = subprocess.run(
-        [
-            *(sys.executable, "-m", "pytest", "-p", "loraserve.testing.plugins.scheduling"),
-            *("-n", "1", "--dist", "loadfile", "--no-loadscope-reorder", "-v"),
-            *("-p", "no:cacheprovider", "--rootdir", str(tmp_path), str(tmp_path)),
-        ],
-        capture_output=True,
-        text=True,
-        cwd=tmp_path,
-        check=False,
-    )
+    done = _pytest(tmp_path, "scheduling", *_LOADFILE, "-n", "1", str(tmp_path))
     assert done.returncode == 0, done.stdout + done.stderr
     ran = [line.split("::")[0].split()[-1] for line in done.stdout.splitlines() if "PASSED" in line]
     # test_b's 30 s make it slow; the rest by seconds, the one not recorded last.
@@ -161,17 +151,7 @@ def _fleet_suite(root: Path, stray: bool = False) -> subprocess.CompletedProcess
     (root / "tests" / "reliability" / "test_tracing_fleet.py").write_text(uses)
     for name in ("test_a.py", "test_b.py"):
         (root / "tests" / name).write_text(uses if stray else "def test_it():\n    pass\n")
-    return subprocess.run(
-        [
-            *(sys.executable, "-m", "pytest", "-p", "loraserve.testing.plugins.scheduling"),
-            *("-n", "2", "--dist", "loadfile", "--no-loadscope-reorder", "-v"),
-            *("-p", "no:cacheprovider", "--rootdir", str(root), "tests"),
-        ],
-        capture_output=True,
-        text=True,
-        cwd=root,
-        check=False,
-    )
+    return _pytest(root, "scheduling", *_LOADFILE, "-n", "2", "tests")
 
 
 def test_the_fleets_modules_run_on_one_worker_the_killing_one_last(tmp_path: Path) -> None:
