@@ -17,6 +17,7 @@ from __future__ import annotations
 import asyncio
 import json
 import time
+from collections.abc import AsyncIterator
 from dataclasses import dataclass
 
 import pytest
@@ -53,6 +54,14 @@ PUSHERS = 16
 # Longer than the reports leave a fresh placement alone (3 rounds, 6 s) and than the
 # replicas' admission rates remember (about 5 s).
 SETTLED_S = 12.0
+
+
+@pytest.fixture(scope="module", autouse=True)
+async def _fleet_stops_with_this_module(process_fleet: Fleet) -> AsyncIterator[None]:
+    """This module is the fleet's last (FLEET_MODULES): its three engines stop here, not
+    at the session's end, or they would share the cores with the rest of the run."""
+    yield
+    await process_fleet.stop()
 
 
 async def test_every_request_for_an_adapter_goes_to_the_replica_it_is_placed_on(

@@ -26,7 +26,7 @@ from __future__ import annotations
 import asyncio
 import urllib.request
 from collections import Counter
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from contextlib import AsyncExitStack, asynccontextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -97,6 +97,10 @@ class Replica:
         return response
 
 
+async def _nothing() -> None:
+    return None
+
+
 @dataclass
 class Fleet:
     stores: list[StoreProcess]
@@ -104,6 +108,9 @@ class Fleet:
     bucket: S3Bucket
     # Where every store and replica exports its spans; None: they export none.
     spans: OtlpReceiver | None = None
+    # Stops every process of the fleet now (once; the block that started it then has
+    # nothing left to stop).
+    stop: Callable[[], Awaitable[None]] = _nothing
 
     @property
     def addresses(self) -> str:
@@ -183,7 +190,7 @@ async def running_fleet(
         async with asyncio.TaskGroup() as group:
             for i in range(REPLICAS):
                 group.create_task(start(i))
-        running = Fleet(stores, [r for r in replicas if r is not None], bucket, spans)
+        running = Fleet(stores, [r for r in replicas if r is not None], bucket, spans, stack.aclose)
         await eventually(
             lambda: all_serve(running, {name: 1 for name in ADAPTERS}),
             "every replica serves every adapter at revision 1",
@@ -199,7 +206,9 @@ async def process_fleet(
     tiny_adapter: TinyAdapterFactory,
     tmp_path_factory: pytest.TempPathFactory,
 ) -> AsyncIterator[Fleet]:
-    """The session's fleet (`running_fleet`, traced), shared by FLEET_MODULES."""
+    """The session's fleet (`running_fleet`, traced), shared by FLEET_MODULES; the last
+    of them stops it when it ends (`Fleet.stop`), so its three engines do not take the
+    cores for the rest of the run."""
     directory = tmp_path_factory.mktemp("fleet")
     async with (
         otlp_receiver() as spans,
