@@ -3,7 +3,7 @@ session's real engine: during and after each attack a normal client still stream
 Generate, Health tells the truth, the server's memory stays bounded and nothing the
 attacker started is left held. The short variant of each attack class; the replica runs
 with a reader token and the stalled-write and handshake clocks shortened. (The OpenAI
-front's stalled reader: services/inference/tests/test_openai_streaming.py, whose engine
+front's stalled reader: services/inference/tests/openai/test_openai_streaming.py, whose engine
 can make more output than the kernel's socket buffers hold; this engine's context
 cannot.)"""
 

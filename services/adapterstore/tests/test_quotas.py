@@ -2,7 +2,8 @@
 ListQuotas and every watcher show and a restarted store folds back; setting what is
 set commits nothing; a retry with the same key is answered with the first seq; bad
 input is refused naming the problem, with nothing committed. What a replica does with
-a quota is in services/inference/tests/test_quota_gate.py and tests/test_quota_enforcement.py."""
+a quota is in services/inference/tests/serving/test_quota_gate.py and
+tests/test_quota_enforcement.py."""
 
 from __future__ import annotations
 
