@@ -56,7 +56,9 @@ _LOADFILE = ("--dist", "loadfile", "--no-loadscope-reorder", "-v")
 
 def _pytest(root: Path, plugin: str, *args: str) -> subprocess.CompletedProcess[str]:
     """A pytest run in `root` (its own rootdir, no cache) with one of the project's
-    plugins (`loraserve.testing.plugins.PLUGIN`) and `args`."""
+    plugins (`loraserve.testing.plugins.PLUGIN`) and `args`, and none of the options
+    this run was given through the environment."""
+    env = {k: v for k, v in os.environ.items() if k != "PYTEST_ADDOPTS"}
     return subprocess.run(
         [
             *(sys.executable, "-m", "pytest", "-p", f"loraserve.testing.plugins.{plugin}"),
@@ -65,6 +67,7 @@ def _pytest(root: Path, plugin: str, *args: str) -> subprocess.CompletedProcess[
         capture_output=True,
         text=True,
         cwd=root,
+        env=env,
         check=False,
     )
 

@@ -9,6 +9,7 @@ Real store servers over real gRPC and S3 over HTTP (moto); the mTLS store is a p
 from __future__ import annotations
 
 from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
 
@@ -103,11 +104,15 @@ def certs(tmp_path_factory: pytest.TempPathFactory) -> CertFiles:
     return make_certs(tmp_path_factory.mktemp("certs"))
 
 
-def _stub(address: str, certs: CertFiles, client: tuple[Path, Path]) -> Any:
+@asynccontextmanager
+async def _stub(address: str, certs: CertFiles, client: tuple[Path, Path]) -> AsyncIterator[Any]:
+    """A stub over a channel held open for the block: a channel nothing refers to is
+    closed when it is collected, and a stub alone does not keep it (grpc.aio)."""
     security = ClientSecurity(
         tls_ca_file=certs.ca_cert, tls_cert_file=client[0], tls_key_file=client[1]
     )
-    return pb_grpc.AdapterStoreServiceStub(secure_channel(address, security))
+    async with secure_channel(address, security) as channel:
+        yield pb_grpc.AdapterStoreServiceStub(channel)
 
 
 @pytest.fixture(scope="module")
@@ -128,9 +133,8 @@ async def mtls_store(
     async with store_process(
         module_s3_bucket, log, extra=certs.mtls_flags(), channel=channel
     ) as store:
-        await _stub(store.address, certs, client).PushAdapter(
-            push_requests("served", tiny_adapter())
-        )
+        async with _stub(store.address, certs, client) as stub:
+            await stub.PushAdapter(push_requests("served", tiny_adapter()))
         yield store.address
 
 
@@ -139,19 +143,21 @@ async def test_replica_certificate_reports_for_its_own_uri_only(
     mtls_store: str, certs: CertFiles, tmp_path: Path
 ) -> None:
     client = issue_uri_client_cert(certs, "spiffe://loraserve/replica/inference-7", tmp_path)
-    stub = _stub(mtls_store, certs, client)
-    own = await rpc_code(stub.ReportReplicaStatus(report_request("inference-7", {})))
-    other = await rpc_code(stub.ReportReplicaStatus(report_request("inference-8", {})))
-    assert (own, other) == (grpc.StatusCode.OK, grpc.StatusCode.PERMISSION_DENIED)
+    async with _stub(mtls_store, certs, client) as stub:
+        own = await rpc_code(stub.ReportReplicaStatus(report_request("inference-7", {})))
+        other = await rpc_code(stub.ReportReplicaStatus(report_request("inference-8", {})))
+        assert (own, other) == (grpc.StatusCode.OK, grpc.StatusCode.PERMISSION_DENIED)
 
 
 @pytest.mark.slow
 async def test_certificate_that_names_no_replica_cannot_report(
     mtls_store: str, certs: CertFiles
 ) -> None:
-    stub = _stub(mtls_store, certs, (certs.client_cert, certs.client_key))
-    code = await rpc_code(stub.ReportReplicaAlive(pb.ReportReplicaAliveRequest(replica_id="r1")))
-    assert code == grpc.StatusCode.PERMISSION_DENIED
+    async with _stub(mtls_store, certs, (certs.client_cert, certs.client_key)) as stub:
+        code = await rpc_code(
+            stub.ReportReplicaAlive(pb.ReportReplicaAliveRequest(replica_id="r1"))
+        )
+        assert code == grpc.StatusCode.PERMISSION_DENIED
 
 
 @pytest.mark.slow
@@ -159,9 +165,9 @@ async def test_certificate_under_another_uri_prefix_cannot_report(
     mtls_store: str, certs: CertFiles, tmp_path: Path
 ) -> None:
     client = issue_uri_client_cert(certs, "spiffe://elsewhere/replica/inference-7", tmp_path)
-    stub = _stub(mtls_store, certs, client)
-    code = await rpc_code(stub.ReportReplicaStatus(report_request("inference-7", {})))
-    assert code == grpc.StatusCode.PERMISSION_DENIED
+    async with _stub(mtls_store, certs, client) as stub:
+        code = await rpc_code(stub.ReportReplicaStatus(report_request("inference-7", {})))
+        assert code == grpc.StatusCode.PERMISSION_DENIED
 
 
 @pytest.mark.slow
@@ -169,8 +175,8 @@ async def test_replica_certificate_cannot_change_what_is_served(
     mtls_store: str, certs: CertFiles, tmp_path: Path
 ) -> None:
     client = issue_uri_client_cert(certs, "spiffe://loraserve/replica/inference-7", tmp_path)
-    stub = _stub(mtls_store, certs, client)
-    deleted = await rpc_code(stub.DeleteAdapter(pb.DeleteAdapterRequest(name="served")))
-    listed = await stub.ListAdapters(pb.ListAdaptersRequest())
-    assert deleted == grpc.StatusCode.PERMISSION_DENIED
-    assert [a.name for a in listed.adapters] == ["served"]
+    async with _stub(mtls_store, certs, client) as stub:
+        deleted = await rpc_code(stub.DeleteAdapter(pb.DeleteAdapterRequest(name="served")))
+        listed = await stub.ListAdapters(pb.ListAdaptersRequest())
+        assert deleted == grpc.StatusCode.PERMISSION_DENIED
+        assert [a.name for a in listed.adapters] == ["served"]
