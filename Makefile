@@ -31,7 +31,7 @@ LOCK ?= $(wildcard $(LOCK_FILE))
 # and text generation needs none of them.
 UNUSED := torchvision torchaudio torchcodec
 
-.PHONY: setup lock test test-quick lint proto proto-compat bench bench-gpu bench-readme native haproxy run clean
+.PHONY: setup venv lock test test-quick abuse lint proto proto-compat bench bench-gpu bench-readme native haproxy run clean
 
 # The native Generate transport (services/inference/native, Rust) is built where cargo and
 # Debian's packaged crates are (`make native` installs them, as root); elsewhere the service
@@ -47,6 +47,9 @@ setup: $(STAMP)
 	  echo "setup: the native transport is not built (no cargo, patch or crates: make" \
 	    "native); Generate will be served on grpc.aio" >&2; \
 	fi
+
+# The virtual environment alone, without the native build (CI times the two apart).
+venv: $(STAMP)
 
 # The servers' package, plus the developer tools (tools/: demo, tiny model builders) and the
 # test fixtures (tests/support/), each its own distribution so the servers' wheel holds
@@ -142,6 +145,12 @@ haproxy:
 test-quick: setup
 	$(VENV)/bin/pytest -m "not engine"
 
+# The abuse suite at full size (tests/abuse/; CI runs its short variant): every attack on
+# every listening port, on each transport built, in processes of their own; prints each
+# attack's normal-client p99 before, during and after and the server's peak RSS
+# ("reliability figures"). About 15 minutes on 2 cores.
+abuse: setup
+	LORASERVE_ABUSE=long $(VENV)/bin/pytest tests/abuse $(ABUSE_ARGS)
 # Every benchmark of a profile on the real vLLM engine (default profile ~80 min on 2
 # cores, BENCH_ARGS="--profile real" ~30 min; bench/README.md): prints tables, writes
 # bench/results/<UTC date-time>/ (results.json, report.md, PNG plots; commit them) and

@@ -86,6 +86,8 @@ def test_ci_ends_with_every_phase_timed_and_the_native_transport_required(tmp_pa
     ]
     assert "whole run, exit status 0" in last[6]
     assert last[7].startswith("native transport: built; its tests are required to run")
+    # Setup installs the environment alone: the native build is timed as its own phase.
+    assert [call.split()[1] for call in calls[:2]] == ["venv", "native"]
     # Where it built, the tests run with the requirement: a skipped native test fails.
     assert "make test LORASERVE_REQUIRE_NATIVE=1" in calls
 

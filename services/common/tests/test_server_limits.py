@@ -91,3 +91,35 @@ async def _first_message_or_code(watch: grpc.aio.UnaryStreamCall[Any, Any]) -> o
         except grpc.aio.AioRpcError as exc:
             return exc.code()
     return None
+
+
+@pytest.mark.parametrize(
+    ("accepted", "code"),
+    [(False, grpc.StatusCode.UNIMPLEMENTED), (True, grpc.StatusCode.OK)],
+    ids=["refused", "accepted"],
+)
+async def test_a_compressed_request_is_refused_unless_compressed_requests_are_accepted(
+    accepted: bool, code: grpc.StatusCode
+) -> None:
+    limits = ServerLimits(compressed_requests=accepted)
+    async with (
+        serving(lambda server: None, [], limits=limits) as running,
+        grpc.aio.insecure_channel(f"127.0.0.1:{running.port}") as channel,
+    ):
+        health = health_pb2_grpc.HealthStub(channel)
+        try:
+            await health.Check(health_pb2.HealthCheckRequest(), compression=grpc.Compression.Gzip)
+            outcome = grpc.StatusCode.OK
+        except grpc.aio.AioRpcError as exc:
+            outcome = exc.code()
+        assert outcome == code
+        # Uncompressed, the same call is served either way.
+        await health.Check(health_pb2.HealthCheckRequest())
+
+
+def test_compressed_requests_are_accepted_from_the_flag_or_the_environment() -> None:
+    assert not server_limits_from_args(_parser({}).parse_args([])).compressed_requests
+    flagged = _parser({}).parse_args(["--accept-compressed-requests"])
+    assert server_limits_from_args(flagged).compressed_requests
+    from_env = _parser({"APP_ACCEPT_COMPRESSED_REQUESTS": "1"}).parse_args([])
+    assert server_limits_from_args(from_env).compressed_requests

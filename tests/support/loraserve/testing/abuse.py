@@ -64,6 +64,8 @@ class RawPeer:
     conn: h2.connection.H2Connection = field(init=False)
     # Per stream: the grpc-status its trailers carried, or "reset".
     endings: dict[int, str] = field(default_factory=dict, init=False)
+    # Streams whose response HEADERS arrived.
+    responded: set[int] = field(default_factory=set, init=False)
     # Per stream: the body not yet sent (flow control), and whether END_STREAM follows.
     # A view, not a copy: an attack's bodies are not this process's memory to measure.
     _pending: dict[int, tuple[memoryview, bool]] = field(default_factory=dict, init=False)
@@ -135,7 +137,7 @@ class RawPeer:
         self.sock.settimeout(seconds)
         try:
             data = self.sock.recv(1 << 20)
-        except TimeoutError:
+        except (TimeoutError, BlockingIOError):
             return True
         except OSError:
             return False
@@ -152,6 +154,7 @@ class RawPeer:
                 status = dict((bytes(k).decode(), bytes(v).decode()) for k, v in event.headers)
                 self.endings[event.stream_id] = status.get("grpc-status", "?")
             elif isinstance(event, h2.events.ResponseReceived):
+                self.responded.add(event.stream_id)
                 status = dict((bytes(k).decode(), bytes(v).decode()) for k, v in event.headers)
                 if "grpc-status" in status:
                     self.endings[event.stream_id] = status["grpc-status"]
