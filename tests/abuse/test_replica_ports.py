@@ -96,10 +96,10 @@ async def replica(replicas: Callable[[], Awaitable[AbusedReplica]]) -> AbusedRep
 async def test_request_headers_carrying_status_103(
     replica: AbusedReplica, pytestconfig: pytest.Config
 ) -> None:
-    # As the reproduction: a peer with no token.
-    headers = call_headers(GENERATE_METHOD)
+    # Mid-connection: the frame comes while the same connection's call streams.
+    attack = status_headers
     await run_attack(
-        replica, "a_status_103", lambda port: status_headers(port, headers, LONG_BODY), pytestconfig
+        replica, "a_status_103", lambda port: attack(port, GENERATE, LONG_BODY), pytestconfig
     )
 
 

@@ -47,7 +47,11 @@ class PeakMemory:
         return self._status("VmHWM")
 
     def _status(self, key: str) -> int:
-        for line in (self._proc / "status").read_text().splitlines():
+        try:
+            status = (self._proc / "status").read_text()
+        except FileNotFoundError:
+            raise AssertionError(f"the server ({self._proc.name}) exited") from None
+        for line in status.splitlines():
             if line.startswith(f"{key}:"):
                 return int(line.split()[1]) * 1024
         raise AssertionError(f"no {key} in {self._proc}/status")

@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import socket
 import threading
+import time
 from collections import Counter
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
@@ -42,19 +43,26 @@ def _reopen(port: int, initial_window: int = 65535) -> RawPeer:
     return RawPeer(port, initial_window=initial_window)
 
 
-def status_headers(port: int, headers: Headers, body: bytes, interval_s: float = 0.1) -> Work:
-    """(a) A connection every `interval_s`: a call, then a request HEADERS frame carrying
-    a response's `:status: 103`."""
+def status_headers(port: int, headers: Headers, body: bytes, interval_s: float = 1.0) -> Work:
+    """(a) A connection every `interval_s`, each kept open: a call streaming, then on the
+    same connection a request HEADERS frame carrying a response's `:status: 103`."""
 
     def work(stop: threading.Event, tally: Tally) -> None:
-        while not stop.wait(interval_s):
-            peer = _reopen(port)
-            try:
-                peer.open(headers, body)
+        peers: list[RawPeer] = []
+        try:
+            while not stop.is_set():
+                peer = _reopen(port)
+                peers.append(peer)
+                stream = peer.open(headers, body)
+                while stream not in peer.responded and peer.read(0.05) and not stop.is_set():
+                    pass
                 peer.open_raw([(":status", "103"), *headers])
-                peer.read(0.2)
                 tally["frames"] += 1
-            finally:
+                deadline = time.monotonic() + interval_s
+                while time.monotonic() < deadline and not stop.is_set():
+                    tally["closed_by_server"] = sum(not p.read(0.01) for p in peers)
+        finally:
+            for peer in peers:
                 peer.close()
 
     return work
