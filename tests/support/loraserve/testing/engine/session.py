@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Any, Final
 
 import pytest
 
+from loraserve.testing.engine.starts import engine_starting
 from loraserve.testing.engine.work import count_work
 
 if TYPE_CHECKING:
@@ -73,8 +74,9 @@ async def vllm_engine(tiny_model_dir: Path) -> AsyncIterator[AsyncLLM]:
         )
     )
     started = time.monotonic()
-    # Built inside the session's event loop: AsyncLLM binds its output handler to it.
-    engine = AsyncLLM.from_engine_args(args)
+    async with engine_starting():
+        # Built inside the session's event loop: AsyncLLM binds its output handler to it.
+        engine = AsyncLLM.from_engine_args(args)
     count_work(engine)
     log.info("vllm_engine.started seconds=%.1f", time.monotonic() - started)
     try:

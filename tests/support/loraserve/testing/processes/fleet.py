@@ -41,6 +41,7 @@ from loraserve.inference.adapters import ROLLOUT_KEY_HEADER
 from loraserve.inference.v1 import inference_pb2 as ipb
 from loraserve.inference.v1 import inference_pb2_grpc as ipb_grpc
 from loraserve.testing.adapters.models import TinyAdapterFactory
+from loraserve.testing.engine.starts import engine_starting
 from loraserve.testing.inference.app import adapter_files, greedy
 from loraserve.testing.inference.faulty import FAILING_ENV
 from loraserve.testing.otlp import OtlpReceiver, otlp_receiver
@@ -187,7 +188,8 @@ async def running_fleet(
             )
             replicas[i] = Replica(name, process, metrics_port, openai_port)
 
-        async with asyncio.TaskGroup() as group:
+        # Alone: no other worker starts an engine beside these three.
+        async with engine_starting(alone=True), asyncio.TaskGroup() as group:
             for i in range(REPLICAS):
                 group.create_task(start(i))
         running = Fleet(stores, [r for r in replicas if r is not None], bucket, spans, stack.aclose)

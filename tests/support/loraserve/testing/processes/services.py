@@ -29,6 +29,7 @@ import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from loraserve.testing.engine.session import ENGINE_ENV
+from loraserve.testing.engine.starts import engine_starting
 from loraserve.testing.s3.endpoint import S3Bucket
 
 # Guards against a hang only; nothing here measures time.
@@ -235,13 +236,18 @@ async def inference_process(
         *extra,
     ]
     environment = os.environ | ENGINE_ENV | dict(env or {})
-    with log_path.open("ab") as log_file:
-        process = await asyncio.create_subprocess_exec(
-            *args, stdout=log_file, stderr=log_file, env=environment, start_new_session=True
-        )
-    running = InferenceProcess(process, log_path, address)
+    async with engine_starting():
+        with log_path.open("ab") as log_file:
+            process = await asyncio.create_subprocess_exec(
+                *args, stdout=log_file, stderr=log_file, env=environment, start_new_session=True
+            )
+        running = InferenceProcess(process, log_path, address)
+        try:
+            await _serving_or_exited(running, guard_s)
+        except BaseException:
+            await running.kill_group()
+            raise
     try:
-        await _serving_or_exited(running, guard_s)
         yield running
     finally:
         await running.kill_group()
