@@ -148,7 +148,7 @@ test-quick: setup
 # The abuse suite at full size (tests/abuse/; CI runs its short variant): every attack on
 # every listening port, on each transport built, in processes of their own; prints each
 # attack's normal-client p99 before, during and after and the server's peak RSS
-# ("reliability figures"). About 20 minutes on 2 cores.
+# ("reliability figures"). About 25 minutes on 2 cores.
 abuse: setup
 	LORASERVE_ABUSE=long $(VENV)/bin/pytest tests/abuse $(ABUSE_ARGS)
 # Every benchmark of a profile on the real vLLM engine (default profile ~80 min on 2
