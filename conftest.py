@@ -2,6 +2,8 @@
 
 pytest_plugins = [
     "loraserve.testing.adapters.models",
+    # Before engine.session, which imports it: registered first, its asserts are rewritten.
+    "loraserve.testing.engine.starts",
     "loraserve.testing.engine.session",
     "loraserve.testing.s3.endpoint",
     "loraserve.testing.s3.faults",

@@ -6,9 +6,11 @@ open file, and each hold opens its own."""
 from __future__ import annotations
 
 import asyncio
+import tempfile
 import uuid
 from contextlib import AbstractAsyncContextManager
 from contextvars import Context
+from pathlib import Path
 
 import pytest
 
@@ -16,8 +18,10 @@ from loraserve.testing.engine.starts import engine_starting
 
 
 @pytest.fixture(autouse=True)
-def _one_run(monkeypatch: pytest.MonkeyPatch) -> None:
+def _one_run(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     monkeypatch.setenv("PYTEST_XDIST_TESTRUNUID", f"test-{uuid.uuid4().hex}")
+    # The lock file in the test's own directory, not the machine's temporary one.
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
 
 
 async def test_engine_starts_share_the_lock() -> None:

@@ -4,7 +4,8 @@ starts beside them makes every one of them slower, and the fleet's start once ca
 near its guard. So every engine start holds a shared lock on one file of the run, and
 the fleet's start holds it alone: engine starts of the other worker wait while the
 fleet starts, and the fleet waits for those already under way. One process (no xdist)
-starts nothing beside itself and takes no lock."""
+starts nothing beside itself and takes no lock. Registered as a plugin too: xdist's
+controller removes the run's lock file when the run ends."""
 
 from __future__ import annotations
 
@@ -18,6 +19,9 @@ import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
+from typing import Any
+
+import pytest
 
 log = logging.getLogger(__name__)
 
@@ -33,9 +37,27 @@ _POLL_S = 0.1
 def _lock_path() -> Path | None:
     """The run's lock file, shared by its workers; None outside xdist."""
     run = os.environ.get("PYTEST_XDIST_TESTRUNUID")
-    if not run:
-        return None
+    return _run_lock(run) if run else None
+
+
+def _run_lock(run: str) -> Path:
     return Path(tempfile.gettempdir()) / f"loraserve-engine-starts-{run}.lock"
+
+
+_RUN = pytest.StashKey[str]()
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_testnodedown(node: Any, error: object) -> None:
+    """On xdist's controller: notes the run whose lock file to remove at its end."""
+    node.config.stash[_RUN] = node.workerinput["testrunuid"]
+
+
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    # On the controller, once every worker is down: no start can hold the file any more.
+    run = session.config.stash.get(_RUN, None)
+    if run is not None:
+        _run_lock(run).unlink(missing_ok=True)
 
 
 @asynccontextmanager
