@@ -39,10 +39,6 @@ async def kept_up(work: Work) -> AsyncIterator[Tally]:
         await running
 
 
-def _reopen(port: int, initial_window: int = 65535) -> RawPeer:
-    return RawPeer(port, initial_window=initial_window)
-
-
 def status_headers(port: int, headers: Headers, body: bytes, interval_s: float = 1.0) -> Work:
     """(a) A connection every `interval_s`, each kept open: a call streaming, then on the
     same connection a request HEADERS frame carrying a response's `:status: 103`."""
@@ -51,7 +47,7 @@ def status_headers(port: int, headers: Headers, body: bytes, interval_s: float =
         peers: list[RawPeer] = []
         try:
             while not stop.is_set():
-                peer = _reopen(port)
+                peer = RawPeer(port)
                 peers.append(peer)
                 stream = peer.open(headers, body)
                 while stream not in peer.responded and peer.read(0.05) and not stop.is_set():
@@ -73,7 +69,7 @@ def zero_window(port: int, headers: Headers, body: bytes, streams: int = 20) -> 
     send it nothing, yet it answers pings and SETTINGS as a live client does."""
 
     def work(stop: threading.Event, tally: Tally) -> None:
-        peer = _reopen(port, initial_window=0)
+        peer = RawPeer(port, initial_window=0)
         try:
             for _ in range(streams):
                 peer.open(headers, body)
@@ -93,7 +89,7 @@ def unfinished_bodies(port: int, path: str, streams: int = 200) -> Work:
     message it says is the message limit long and never ending it."""
 
     def work(stop: threading.Event, tally: Tally) -> None:
-        peers = [_reopen(port, initial_window=1024 * 1024) for _ in range(2)]
+        peers = [RawPeer(port, initial_window=1024 * 1024) for _ in range(2)]
         body = bytes([0]) + MESSAGE_LIMIT.to_bytes(4, "big") + bytes(1024 * 1024)
         try:
             for index in range(streams):
@@ -160,7 +156,7 @@ def reset_loop(port: int, headers: Headers, body: bytes) -> Work:
     connection (a fresh one when the server closes it, as it may with a GOAWAY)."""
 
     def work(stop: threading.Event, tally: Tally) -> None:
-        peer = _reopen(port)
+        peer = RawPeer(port)
         try:
             while not stop.is_set():
                 stream = peer.open(headers, body)
@@ -177,7 +173,7 @@ def reset_loop(port: int, headers: Headers, body: bytes) -> Work:
                 if not peer.read(0):
                     tally["closed_by_server"] += 1
                     peer.close()
-                    peer = _reopen(port)
+                    peer = RawPeer(port)
         finally:
             peer.close()
 
@@ -194,7 +190,7 @@ def gzip_bombs(
     timed = [*headers, ("grpc-timeout", f"{int(deadline_s * 1000)}m")]
 
     def work(stop: threading.Event, tally: Tally) -> None:
-        peer = _reopen(port)
+        peer = RawPeer(port)
         try:
             while tally["sent"] < count and not stop.wait(5 / per_s):
                 for _ in range(5):

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import grpc
 import psutil
-from grpc_health.v1 import health_pb2, health_pb2_grpc
+from grpc_health.v1 import health_pb2
 
 from loraserve.adapterstore.v1 import adapterstore_pb2 as store_pb
 from loraserve.adapterstore.v1 import adapterstore_pb2_grpc as store_pb_grpc
@@ -28,6 +28,7 @@ from loraserve.testing.processes.services import (
     InferenceProcess,
     StoreProcess,
     free_port,
+    health_status,
     inference_process,
     store_process,
 )
@@ -39,6 +40,7 @@ TOKEN = "abuse-reader-token"
 WRITER_TOKEN = "abuse-writer-token"
 AUTH = (("authorization", f"Bearer {TOKEN}"),)
 ADAPTER = "alpha"
+SERVING = int(health_pb2.HealthCheckResponse.SERVING)
 # An attacker that holds a reader token of its own, and asks for an adapter of its own:
 # what it may run is what any caller with a token may, admitted beside the normal client
 # by the replica's fair admission (per adapter), not in its place.
@@ -81,9 +83,7 @@ class AbusedReplica:
 
     async def serving(self) -> bool:
         """Whether Health says SERVING."""
-        health = health_pb2_grpc.HealthStub(self.channel)
-        answer = await health.Check(health_pb2.HealthCheckRequest(), metadata=AUTH, timeout=10)
-        return bool(answer.status == health_pb2.HealthCheckResponse.SERVING)
+        return await health_status(self.process.address) == SERVING
 
     async def nothing_held(self, port: int) -> None:
         """Waits until no sequence is admitted and the server holds no connection on
@@ -179,9 +179,8 @@ class AbusedStore:
         return time.monotonic() - started
 
     async def serving(self) -> bool:
-        health = health_pb2_grpc.HealthStub(self.channel)
-        answer = await health.Check(health_pb2.HealthCheckRequest(), metadata=AUTH, timeout=10)
-        return bool(answer.status == health_pb2.HealthCheckResponse.SERVING)
+        """Whether Health says SERVING."""
+        return await health_status(self.process.address) == SERVING
 
     async def nothing_held(self, port: int) -> None:
         """Waits until the store holds no connection on `port` but the normal client's."""
